@@ -1,0 +1,307 @@
+"""Building blocks shared by every ViT-family model.
+
+Parameter names follow timm (``patch_embed.proj``, ``blocks.N.attn.qkv`` ...) so that a
+vitkit state dict *is* a timm state dict wherever the architectures coincide. The forward
+paths skip identity modules instead of calling them: at batch 1 on a CPU the Python
+overhead of a dozen ``nn.Identity`` calls per block is measurable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IntPair = Tuple[int, int]
+
+
+def to_2tuple(value: Union[int, Sequence[int]]) -> IntPair:
+    """``224`` -> ``(224, 224)``; ``(224, 160)`` stays as it is."""
+    if isinstance(value, int):
+        return (value, value)
+    pair = tuple(int(v) for v in value)
+    if len(pair) != 2:
+        raise ValueError(f"expected an int or a pair (H, W), got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def lecun_normal_(tensor: torch.Tensor) -> torch.Tensor:
+    """Flax's default kernel init: truncated normal (2 std) with variance 1/fan_in.
+
+    The constant corrects the standard deviation of a normal truncated at two sigma, as
+    ``jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')`` does.
+    """
+    fan_in = tensor[0].numel() if tensor.dim() > 1 else tensor.numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    with torch.no_grad():
+        return nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-2 * std, b=2 * std)
+
+
+def xavier_uniform_fan(tensor: torch.Tensor, fan_in: int, fan_out: int) -> torch.Tensor:
+    """Glorot uniform with explicit fans (a fused qkv matrix is three D x D kernels)."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    with torch.no_grad():
+        return tensor.uniform_(-bound, bound)
+
+
+# ----------------------------------------------------------------------------- patches
+
+
+class PatchEmbed(nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, gh, gw, D) by a stride-P convolution.
+
+    A convolution with kernel = stride = P is exactly "flatten each P x P patch and apply
+    one shared linear map", the paper's Eq. 1, done in one kernel.
+    """
+
+    def __init__(self, img_size: IntPair, patch_size: IntPair, in_chans: int, embed_dim: int,
+                 bias: bool = True):
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.grid_size = self.grid_for(self.img_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, self.patch_size, stride=self.patch_size,
+                              bias=bias)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    def grid_for(self, img_size: IntPair) -> IntPair:
+        h, w = img_size
+        ph, pw = self.patch_size
+        if h % ph or w % pw:
+            raise ValueError(
+                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; "
+                f"resize or crop the input to a multiple of the patch size")
+        return (h // ph, w // pw)
+
+    def set_img_size(self, img_size: Union[int, IntPair]) -> None:
+        self.img_size = to_2tuple(img_size)
+        self.grid_size = self.grid_for(self.img_size)
+
+    def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
+        size = (x.shape[-2], x.shape[-1])
+        if strict and size != self.img_size:
+            raise ValueError(
+                f"input size {size[0]}x{size[1]} does not match the model's "
+                f"{self.img_size[0]}x{self.img_size[1]}; build the model with "
+                f"dynamic_img_size=True or call model.set_input_size({size})")
+        if not strict:
+            self.grid_for(size)  # clear error when not divisible
+        x = self.proj(x)
+        return x.permute(0, 2, 3, 1)  # (B, gh, gw, D)
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation: str = "bicubic",
+                            antialias: bool = True) -> torch.Tensor:
+    """Resample a (1, gh, gw, D) grid of embeddings to (1, H', W', D).
+
+    ``bicubic`` with ``antialias=True`` is timm's default (DeiT, timm checkpoints);
+    the official JAX code resizes bilinearly; Hugging Face uses bicubic without antialias.
+    """
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
+    if tuple(grid.shape[1:3]) == tuple(new_size):
+        return grid
+    mode = interpolation
+    antialias = antialias and mode != "nearest"
+    dtype = grid.dtype
+    x = grid.float().permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=tuple(new_size), mode=mode, antialias=antialias,
+                      align_corners=None if mode == "nearest" else False)
+    return x.permute(0, 2, 3, 1).to(dtype)
+
+
+def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
+                       old_size: Optional[IntPair] = None, num_prefix_tokens: int = 1,
+                       interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+    """Resample a flat (1, prefix + gh*gw, D) table to a new grid, prefix slots kept apart.
+
+    ``old_size`` defaults to a square grid; a table whose patch count is not a square
+    needs it spelled out.
+    """
+    n_patch = pos_embed.shape[1] - num_prefix_tokens
+    if old_size is None:
+        side = int(round(math.sqrt(n_patch)))
+        if side * side != n_patch:
+            raise ValueError(
+                f"cannot infer the grid of a position embedding with {n_patch} patch slots; "
+                f"pass its grid size")
+        old_size = (side, side)
+    if old_size[0] * old_size[1] != n_patch:
+        raise ValueError(f"position embedding has {n_patch} patch slots, "
+                         f"not {old_size[0]}x{old_size[1]}")
+    if tuple(old_size) == tuple(new_size):
+        return pos_embed
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = patches.reshape(1, old_size[0], old_size[1], -1)
+    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias)
+    return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
+
+
+def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2D sine-cosine embedding, laid out as big_vision's ``posemb_sincos_2d``.
+
+    Returns (1, gh*gw, dim): [sin(x w), cos(x w), sin(y w), cos(y w)] with D/4 frequencies.
+    """
+    if dim % 4:
+        raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {dim}")
+    gh, gw = grid_size
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64),
+                          torch.arange(gw, dtype=torch.float64), indexing="ij")
+    quarter = dim // 4
+    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    omega = 1.0 / temperature ** omega
+    y = y.flatten()[:, None] * omega[None, :]
+    x = x.flatten()[:, None] * omega[None, :]
+    pe = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+    return pe.float().unsqueeze(0)
+
+
+# ----------------------------------------------------------------------------- regularisers
+
+
+def drop_path(x: torch.Tensor, prob: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: drop the whole residual branch per sample, rescale the rest."""
+    if prob == 0.0 or not training:
+        return x
+    keep = 1.0 - prob
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class DropPath(nn.Module):
+    def __init__(self, prob: float = 0.0):
+        super().__init__()
+        self.prob = float(prob)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.prob, self.training)
+
+    def extra_repr(self) -> str:
+        return f"prob={self.prob:.3f}"
+
+
+class LayerScale(nn.Module):
+    """Per-channel residual-branch scale (CaiT); ``gamma`` as timm names it."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv projection (rows [q | k | v]).
+
+    The default path is ``F.scaled_dot_product_attention`` (fused kernels). When the caller
+    needs the attention weights, ``forward(x, return_attention=True)`` runs the explicit
+    softmax(q k^T / sqrt(d)) v path and returns them; both paths compute the same function.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = float(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = None
+        if return_attention:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            weights = F.dropout(attn, self.attn_drop) if self.training and self.attn_drop else attn
+            x = weights @ v
+        else:
+            x = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        x = self.proj(x.transpose(1, 2).reshape(B, N, C))
+        if self.proj_drop is not None:
+            x = self.proj_drop(x)
+        return x, attn
+
+
+# ----------------------------------------------------------------------------- MLP + block
+
+
+class Mlp(nn.Module):
+    """The transformer MLP: Linear -> GELU -> Linear (dropout after each when asked)."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
+        super().__init__()
+        if gelu not in ("exact", "tanh"):
+            raise ValueError(f"gelu must be 'exact' or 'tanh', got {gelu!r}")
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop) if drop > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1(x))
+        if self.drop is not None:
+            x = self.drop(x)
+        x = self.fc2(x)
+        if self.drop is not None:
+            x = self.drop(x)
+        return x
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + DropPath(LS(MSA(LN(x)))), then the same for the MLP."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
+                 norm_eps: float = 1e-6, gelu: str = "exact", drop: float = 0.0,
+                 attn_drop: float = 0.0, drop_path: float = 0.0,
+                 init_values: Optional[float] = None):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu, drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values else None
+        self.ls2 = LayerScale(dim, init_values) if init_values else None
+        self.drop_path = float(drop_path)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        y, attn = self.attn(self.norm1(x), return_attention)
+        if self.ls1 is not None:
+            y = self.ls1(y)
+        x = x + drop_path(y, self.drop_path, self.training)
+        y = self.mlp(self.norm2(x))
+        if self.ls2 is not None:
+            y = self.ls2(y)
+        x = x + drop_path(y, self.drop_path, self.training)
+        return x, attn

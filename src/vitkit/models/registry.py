@@ -1,0 +1,126 @@
+"""Model names -> configurations, and configurations -> modules.
+
+Names follow timm where timm has the model (``vit_base_patch16_224``); big_vision-style
+size strings (``"B/16"``) are accepted too. Each architecture family registers its config
+class and module class so that ``config.json`` alone can rebuild a model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple, Type
+
+from torch import nn
+
+from .vit import ViTConfig, VisionTransformer
+
+# architecture name -> (config class, module class)
+_ARCHITECTURES: Dict[str, Tuple[type, Type[nn.Module]]] = {}
+
+
+def register_architecture(name: str, config_cls: type, model_cls: Type[nn.Module]) -> None:
+    _ARCHITECTURES[name] = (config_cls, model_cls)
+
+
+def build_from_config(config: Any) -> nn.Module:
+    """Instantiate the module class registered for ``config.architecture``."""
+    arch = getattr(config, "architecture", None)
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(sorted(_ARCHITECTURES))}")
+    return _ARCHITECTURES[arch][1](config)
+
+
+def config_from_dict(d: Dict[str, Any]) -> Any:
+    arch = d.get("architecture", "vit")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r} in config; known: {', '.join(sorted(_ARCHITECTURES))}")
+    return _ARCHITECTURES[arch][0].from_dict(d)
+
+
+register_architecture("vit", ViTConfig, VisionTransformer)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    config: Any
+    description: str = ""
+
+
+_MODELS: Dict[str, ModelEntry] = {}
+
+
+def register_model(name: str, config: Any, description: str = "") -> None:
+    if name in _MODELS:
+        raise ValueError(f"model {name!r} is registered twice")
+    config.name = name
+    _MODELS[name] = ModelEntry(name, config, description)
+
+
+# ---------------------------------------------------------------- the paper's Table 1
+
+#: size letter -> (width, depth, heads, MLP width), paper Table 1 plus DeiT's Ti/S
+VIT_SIZES: Dict[str, Tuple[int, int, int, int]] = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+}
+_SIZE_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
+
+
+def vit_config(size: str, patch: int, img_size: int = 224, **kw: Any) -> ViTConfig:
+    width, depth, heads, mlp = VIT_SIZES[size]
+    # timm's fine-tuned 384 px weights are evaluated on the full image (crop_pct 1.0).
+    kw.setdefault("crop_pct", 1.0 if img_size >= 384 else 0.9)
+    return ViTConfig(img_size=img_size, patch_size=patch, embed_dim=width, depth=depth,
+                     num_heads=heads, mlp_dim=mlp, **kw)
+
+
+_VIT_VARIANTS = [
+    ("Ti", 16, 224), ("Ti", 16, 384),
+    ("S", 16, 224), ("S", 16, 384), ("S", 32, 224), ("S", 32, 384),
+    ("B", 16, 224), ("B", 16, 384), ("B", 32, 224), ("B", 32, 384), ("B", 8, 224),
+    ("L", 16, 224), ("L", 16, 384), ("L", 32, 224), ("L", 32, 384),
+    ("H", 14, 224),
+]
+for _size, _patch, _res in _VIT_VARIANTS:
+    register_model(f"vit_{_SIZE_WORDS[_size]}_patch{_patch}_{_res}", vit_config(_size, _patch, _res),
+                   f"ViT-{_size}/{_patch} at {_res} px")
+
+_SIZE_STRING = re.compile(r"^(Ti|S|B|L|H)/(\d+)$")
+
+
+def list_models(pattern: str = "*") -> List[str]:
+    """Registered model names, optionally filtered by a shell-style pattern."""
+    import fnmatch
+
+    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+
+
+def get_model_config(name: str) -> Any:
+    """The configuration behind a name (a copy: changing it changes nothing registered)."""
+    m = _SIZE_STRING.match(name)
+    if m:
+        return vit_config(m.group(1), int(m.group(2)), name=name)
+    if name not in _MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(_MODELS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `vitkit models`"
+        raise ValueError(f"unknown model {name!r}{hint}")
+    return _MODELS[name].config.replace()
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build a model by registered name (``vit_base_patch16_224``) or size string (``"B/16"``).
+
+    Keyword overrides change the configuration: ``create_model("B/16", img_size=384,
+    num_classes=10)``. The model is randomly initialised as the official code does; load
+    weights with :func:`vitkit.load_weights` or use :func:`vitkit.from_pretrained`.
+    """
+    config = get_model_config(name).replace(**overrides)
+    return build_from_config(config)
+

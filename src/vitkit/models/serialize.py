@@ -1,0 +1,48 @@
+"""Writing a model in vitkit's native layout: ``config.json`` + ``model.safetensors``.
+
+Reading (with format detection and every foreign layout) lives in :mod:`vitkit.weights`;
+writing the native layout is here so that ``model.save_pretrained`` needs nothing above
+``models/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict
+
+from torch import nn
+
+from .._version import __version__
+from ..utils import PathLike, atomic_path, write_json
+
+NATIVE_FORMAT = "vitkit"
+NATIVE_FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def native_config_dict(config: Any) -> Dict[str, Any]:
+    return {"format": NATIVE_FORMAT, "format_version": NATIVE_FORMAT_VERSION,
+            "vitkit_version": __version__, "config": config.to_dict()}
+
+
+def save_pretrained(model: nn.Module, directory: PathLike) -> Path:
+    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with atomic_path(directory / WEIGHTS_NAME) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
+    write_json(directory / CONFIG_NAME, native_config_dict(model.config))
+    return directory
+
+
+class SaveMixin:
+    def save_pretrained(self, directory: PathLike) -> Path:
+        """Save config and weights so :func:`vitkit.from_pretrained` rebuilds this model."""
+        return save_pretrained(self, directory)  # type: ignore[arg-type]
+
+
+__all__ = ["save_pretrained", "SaveMixin", "native_config_dict", "CONFIG_NAME", "WEIGHTS_NAME"]

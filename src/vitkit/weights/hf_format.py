@@ -1,0 +1,198 @@
+"""Hugging Face transformers ``ViTModel`` / ``ViTForImageClassification`` layout.
+
+HF keeps query/key/value as separate Linear layers and names everything differently; its
+ViT checkpoints use LayerNorm eps 1e-12 (read from their ``config.json``). ``ViTModel``'s
+pooler (dense + tanh on the class token) is the paper's pre-logits layer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from ..models import ViTConfig
+from .io import WeightsError
+from .timm_format import full_pos_embed
+
+_BLOCK = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+_BLOCK_NAMES = {
+    "layernorm_before": "norm1",
+    "layernorm_after": "norm2",
+    "attention.output.dense": "attn.proj",
+    "intermediate.dense": "mlp.fc1",
+    "output.dense": "mlp.fc2",
+}
+_TOP_NAMES = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "pooler.dense.weight": "pre_logits.fc.weight",
+    "pooler.dense.bias": "pre_logits.fc.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+_GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
+
+def is_hf(keys) -> bool:
+    return any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys)
+
+
+def to_native(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """HF names -> vitkit names; q, k, v are fused into one qkv projection."""
+    out: Dict[str, torch.Tensor] = {}
+    qkv: Dict[tuple, torch.Tensor] = {}
+    for key, value in sd.items():
+        k = key[len("vit."):] if key.startswith("vit.") else key
+        if k in _TOP_NAMES:
+            out[_TOP_NAMES[k]] = value
+            continue
+        m = _BLOCK.match(k)
+        if m is None:
+            out[f"unmapped:{key}"] = value  # reported as unexpected by name
+            continue
+        i, rest = m.group(1), m.group(2)
+        qm = re.match(r"^attention\.attention\.(query|key|value)\.(weight|bias)$", rest)
+        if qm:
+            qkv[(i, qm.group(2), qm.group(1))] = value
+            continue
+        name, _, leaf = rest.rpartition(".")
+        if name not in _BLOCK_NAMES:
+            out[f"unmapped:{key}"] = value
+            continue
+        out[f"blocks.{i}.{_BLOCK_NAMES[name]}.{leaf}"] = value
+    for (i, leaf) in sorted({(i, leaf) for (i, leaf, _) in qkv}):
+        parts = [qkv.get((i, leaf, p)) for p in ("query", "key", "value")]
+        if any(p is None for p in parts):
+            raise WeightsError(f"layer {i}: query/key/value {leaf} incomplete in the HF checkpoint")
+        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat(parts, dim=0)
+    return out
+
+
+def from_native(model) -> Dict[str, torch.Tensor]:
+    """vitkit model -> HF state dict (``ViTForImageClassification`` or ``ViTModel``)."""
+    cfg = model.config
+    _check_exportable(cfg)
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    classify = cfg.num_classes > 0
+    root = "vit." if classify else ""
+    inv_top = {v: k for k, v in _TOP_NAMES.items()}
+    inv_block = {v: k for k, v in _BLOCK_NAMES.items()}
+    out: Dict[str, torch.Tensor] = {}
+    D = cfg.embed_dim
+    for key, value in sd.items():
+        if key.startswith(("pos_embed", "cls_token", "head.", "pre_logits.")) or key in inv_top:
+            continue
+        m = re.match(r"^blocks\.(\d+)\.(.+)\.(weight|bias)$", key)
+        if not m:
+            raise WeightsError(f"no Hugging Face name for parameter {key!r}")
+        i, name, leaf = m.groups()
+        if name == "attn.qkv":
+            for part, chunk in zip(("query", "key", "value"), value.split(D, dim=0)):
+                out[f"{root}encoder.layer.{i}.attention.attention.{part}.{leaf}"] = chunk.contiguous()
+        else:
+            out[f"{root}encoder.layer.{i}.{inv_block[name]}.{leaf}"] = value.contiguous()
+    for native, hf in inv_top.items():
+        if native in sd and not native.startswith(("head.", "pre_logits.")):
+            out[root + hf] = sd[native].contiguous()
+    out[root + "embeddings.position_embeddings"] = full_pos_embed(model).cpu().contiguous()
+    if classify:
+        out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
+    elif cfg.representation_size:
+        out["pooler.dense.weight"], out["pooler.dense.bias"] = sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"]
+    return out
+
+
+def _check_exportable(cfg: ViTConfig) -> None:
+    problems = []
+    if getattr(cfg, "architecture", "vit") != "vit":
+        problems.append(f"architecture {cfg.architecture!r} has no HF ViT equivalent")
+    if not cfg.class_token or cfg.global_pool != "token" or cfg.use_fc_norm:
+        problems.append("HF ViT pools the class token (needs class_token=True, global_pool='token')")
+    if cfg.init_values:
+        problems.append("HF ViT has no LayerScale")
+    if cfg.pos_embed == "none":
+        problems.append("HF ViT always adds a position embedding")
+    if cfg.representation_size and cfg.num_classes:
+        problems.append("ViTForImageClassification has no pre-logits layer "
+                        "(a ViTModel pooler needs num_classes=0 and representation_size == embed_dim)")
+    if cfg.representation_size and cfg.representation_size != cfg.embed_dim:
+        problems.append("HF's pooler keeps the width (representation_size must equal embed_dim)")
+    if problems:
+        raise WeightsError("cannot export to Hugging Face ViT: " + "; ".join(problems))
+
+
+def config_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
+    square = cfg.img_size[0] == cfg.img_size[1] and cfg.patch_size[0] == cfg.patch_size[1]
+    classify = cfg.num_classes > 0
+    out: Dict[str, Any] = {
+        "model_type": "vit",
+        "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
+        "hidden_size": cfg.embed_dim,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+        "layer_norm_eps": cfg.norm_eps,
+        "image_size": cfg.img_size[0] if square else list(cfg.img_size),
+        "patch_size": cfg.patch_size[0] if square else list(cfg.patch_size),
+        "num_channels": cfg.in_chans,
+        "qkv_bias": cfg.qkv_bias,
+        "encoder_stride": cfg.patch_size[0],
+    }
+    if classify:
+        names = cfg.label_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+        out["id2label"] = {str(i): n for i, n in enumerate(names)}
+        out["label2id"] = {n: i for i, n in enumerate(names)}
+    return out
+
+
+def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "do_rescale": True,
+            "do_normalize": True, "image_mean": list(cfg.mean), "image_std": list(cfg.std),
+            "resample": 3 if cfg.interpolation == "bicubic" else 2,
+            "size": {"height": cfg.img_size[0], "width": cfg.img_size[1]}}
+
+
+def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None,
+                   preprocessor: Optional[Mapping[str, Any]] = None, **overrides: Any) -> ViTConfig:
+    """HF ``config.json`` (+ ``preprocessor_config.json``) -> ViTConfig."""
+    if hf.get("model_type") != "vit":
+        raise WeightsError(f"Hugging Face model_type {hf.get('model_type')!r} is not 'vit'")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _GELU:
+        raise WeightsError(f"unsupported hidden_act {act!r} in HF config")
+    keys = set(sd or ())
+    classify = any(k.startswith("classifier.") for k in keys) if sd is not None else \
+        any("ForImageClassification" in a for a in hf.get("architectures", []))
+    id2label = hf.get("id2label") or {}
+    num_classes = len(id2label) if classify else 0
+    if sd is not None and "classifier.weight" in keys:
+        num_classes = sd["classifier.weight"].shape[0]
+    has_pooler = any(k.startswith("pooler.") for k in keys)
+    kw: Dict[str, Any] = dict(
+        img_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
+        in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"],
+        depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+        mlp_dim=hf["intermediate_size"], norm_eps=hf.get("layer_norm_eps", 1e-12),
+        qkv_bias=hf.get("qkv_bias", True), gelu=_GELU[act], num_classes=num_classes,
+        representation_size=hf["hidden_size"] if has_pooler and not classify else None,
+        crop_pct=1.0,  # ViTImageProcessor resizes the whole image, no centre crop
+    )
+    if classify and len(id2label) == num_classes:
+        kw["label_names"] = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
+    if preprocessor:
+        if "image_mean" in preprocessor:
+            kw["mean"] = tuple(preprocessor["image_mean"])
+        if "image_std" in preprocessor:
+            kw["std"] = tuple(preprocessor["image_std"])
+    kw.update(overrides)
+    return ViTConfig(**kw)

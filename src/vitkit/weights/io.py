@@ -1,0 +1,120 @@
+"""Reading tensors from weight files without ever running code from them.
+
+- ``.safetensors``: safetensors (no code by construction);
+- ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``: ``torch.load(weights_only=True)`` — the restricted
+  unpickler that only rebuilds tensors and plain containers;
+- ``.npz``: ``np.load(allow_pickle=False)``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Dict, Mapping
+
+import numpy as np
+import torch
+
+from ..utils import PathLike
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+#: Containers that training scripts wrap state dicts in, tried in this order.
+WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module")
+
+
+class WeightsError(ValueError):
+    """A weight file that cannot be used: unreadable, unsafe, or not matching the model."""
+
+
+class UnsafeCheckpointError(WeightsError):
+    """The file asks the unpickler to build objects other than tensors (possibly code)."""
+
+
+def read_tensors(path: PathLike) -> Dict[str, object]:
+    """Return the flat ``name -> tensor/array`` mapping stored in a weight file."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsError(f"weights file not found: {path}")
+    if path.is_dir():
+        raise WeightsError(f"{path} is a folder; pass a file, or use from_pretrained() for folders")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return _read_safetensors(path)
+    if suffix == ".npz":
+        return _read_npz(path)
+    if suffix in TORCH_SUFFIXES:
+        return _read_torch(path)
+    raise WeightsError(f"unknown weights file type {suffix!r} for {path}; expected .safetensors, "
+                       f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)})")
+
+
+def _read_safetensors(path: Path) -> Dict[str, object]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return dict(load_file(str(path), device="cpu"))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise WeightsError(f"{path} is not a readable safetensors file: {e}") from e
+
+
+def _read_npz(path: Path) -> Dict[str, object]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            out = {}
+            for k in data.files:
+                arr = data[k]
+                if arr.dtype.kind not in "fiub":
+                    raise WeightsError(f"{path}: array {k!r} has dtype {arr.dtype}, expected numbers")
+                out[k] = arr
+            return out
+    except ValueError as e:
+        if isinstance(e, WeightsError):
+            raise
+        raise WeightsError(f"{path}: refused to load (it holds pickled objects, which are never "
+                           f"unpickled) or it is not an .npz archive: {e}") from e
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise WeightsError(f"{path} is not a readable .npz archive: {e}") from e
+
+
+def _read_torch(path: Path) -> Dict[str, object]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(
+            f"refused to load {path}: it asks to rebuild objects other than tensors, which could "
+            f"run code (only weights_only loading is done). Re-save it as a plain state dict or "
+            f"as safetensors from a trusted environment. Detail: {str(e).splitlines()[0]}") from e
+    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint: {e}") from e
+    return unwrap_state_dict(obj, str(path))
+
+
+def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, object]:
+    """Find the state dict inside common training-checkpoint wrappers."""
+    for _ in range(3):
+        if isinstance(obj, Mapping) and not _is_state_dict(obj):
+            inner = next((obj[k] for k in WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
+            if inner is None:
+                break
+            obj = inner
+    if not isinstance(obj, Mapping) or not _is_state_dict(obj):
+        raise WeightsError(f"{where}: no state dict of tensors found (top-level keys: "
+                           f"{_preview(obj)})")
+    sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if sd and all(k.startswith("module.") for k in sd):  # saved from DistributedDataParallel
+        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return sd
+
+
+def _is_state_dict(obj: Mapping) -> bool:
+    values = list(obj.values())
+    return bool(values) and sum(isinstance(v, torch.Tensor) for v in values) >= max(1, len(values) // 2)
+
+
+def _preview(obj: object) -> str:
+    if isinstance(obj, Mapping):
+        keys = list(obj.keys())[:8]
+        return ", ".join(map(str, keys)) + (" ..." if len(obj) > 8 else "")
+    return type(obj).__name__

@@ -1,0 +1,229 @@
+"""``load_weights``: any supported layout into a vitkit model, checked before anything is copied."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models.layers import resample_pos_embed, resample_pos_embed_grid
+from ..utils import PathLike
+from . import hf_format, npz_format
+from .io import WeightsError, read_tensors
+
+#: Weight file names looked for inside a folder, in order of preference.
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
+
+
+@dataclass
+class LoadReport:
+    """What a load did: the source format, and every name that did not line up."""
+
+    format: str
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+    resampled: List[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"format: {self.format}"]
+        for name in ("missing", "unexpected", "resampled"):
+            items = getattr(self, name)
+            if items:
+                lines.append(f"{name} ({len(items)}): {', '.join(items)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Source:
+    """Tensors read from a file or folder, with what is known about where they came from."""
+
+    tensors: Dict[str, Any]
+    format: str
+    config_json: Optional[Dict[str, Any]] = None
+    preprocessor_json: Optional[Dict[str, Any]] = None
+    path: Optional[Path] = None
+
+
+def detect_format(keys) -> str:
+    """Name the layout of a flat state dict from its key names."""
+    keys = list(keys)
+    found = npz_format.detect_layout(keys)
+    if found is not None:
+        return "npz" if found[0] == "vit_jax" else "big_vision"
+    if hf_format.is_hf(keys):
+        return "hf"
+    if "patch_embed.proj.weight" in keys:
+        return "timm"
+    preview = ", ".join(sorted(keys)[:6])
+    raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, "
+                       f"Hugging Face ViT, or official vit_jax / big_vision npz names")
+
+
+def _read_json(path: Path) -> Optional[Dict[str, Any]]:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WeightsError(f"{path} is not valid JSON: {e}") from e
+
+
+def read_source(path: PathLike) -> Source:
+    """Read a weight file, or a folder holding ``config.json`` and a weight file."""
+    path = Path(path)
+    if path.is_dir():
+        weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
+        if weights is None:
+            found = sorted(p.name for p in path.iterdir())[:10]
+            raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)}"
+                               f" (found: {', '.join(found) or 'nothing'})")
+        src = read_source(weights)
+        src.config_json = _read_json(path / "config.json")
+        src.preprocessor_json = _read_json(path / "preprocessor_config.json")
+        if src.config_json and src.config_json.get("format") == "vitkit":
+            src.format = "vitkit"
+        return src
+    tensors = read_tensors(path)
+    return Source(tensors, detect_format(tensors.keys()), path=path)
+
+
+def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Source tensors in vitkit names, plus facts (source grid, layout) for adaptation."""
+    facts: Dict[str, Any] = {}
+    if src.format in ("npz", "big_vision"):
+        sd, facts = npz_format.to_native(src.tensors)
+    elif src.format == "hf":
+        sd = hf_format.to_native(src.tensors)
+        if src.config_json:
+            cfg = hf_format.config_from_hf(src.config_json)
+            facts["grid"] = cfg.grid_size
+    else:
+        sd = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+              for k, v in src.tensors.items()}
+        if src.format == "vitkit" and src.config_json:
+            from ..models import config_from_dict
+
+            facts["grid"] = config_from_dict(src.config_json["config"]).grid_size
+    return sd, facts
+
+
+def _square_side(n: int) -> Optional[int]:
+    side = int(round(math.sqrt(n))) if n > 0 else 0
+    return side if side * side == n and n > 0 else None
+
+
+def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
+                     interpolation: str, antialias: bool, report: LoadReport) -> None:
+    """Fit the source position table to the model: class slot and grid size."""
+    grid = tuple(model.patch_embed.grid_size)
+    if "pos_embed" in sd and getattr(model, "pos_embed", None) is not None:
+        pos = sd["pos_embed"]
+        if pos.dim() != 3 or pos.shape[0] != 1:
+            raise WeightsError(f"pos_embed has shape {tuple(pos.shape)}, expected (1, tokens, width)")
+        prefix, n = model.num_prefix_tokens, pos.shape[1]
+        src_grid = facts.get("grid")
+        area = grid[0] * grid[1]
+        if src_grid is not None:
+            src_prefix = n - src_grid[0] * src_grid[1]
+        elif facts.get("pos_has_class_slot") is False:
+            src_prefix = 0
+        elif n in (prefix + area, area):  # the model's own grid, with or without prefix slots
+            src_prefix, src_grid = n - area, grid
+        elif _square_side(n - prefix) is None and _square_side(n):
+            src_prefix = 0
+        else:
+            src_prefix = prefix
+        if not 0 <= src_prefix <= prefix:
+            raise WeightsError(f"pos_embed has {n} slots: {src_prefix} prefix slots do not fit a model "
+                               f"with {prefix} prefix token(s)")
+        if src_grid is None:
+            side = _square_side(n - src_prefix)
+            if side is None:
+                raise WeightsError(f"pos_embed has {n} slots: not a square grid plus {src_prefix} prefix "
+                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid")
+            src_grid = (side, side)
+        if src_prefix < prefix:
+            # Prefix tokens the source adds after the positions (big_vision, timm
+            # no_embed_class): a zero slot is exactly "no position" for them.
+            pad = pos.new_zeros(1, prefix - src_prefix, pos.shape[-1])
+            pos = torch.cat([pad, pos], dim=1)
+        if tuple(src_grid) != grid:
+            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, interpolation, antialias)
+            report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
+                                    f"({interpolation})")
+        sd["pos_embed"] = pos
+    for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
+        if key in sd and getattr(model, key, None) is not None and sd[key].shape[1] != grid[axis]:
+            table = sd[key]
+            shape = (grid[0], 1) if axis == 0 else (1, grid[1])
+            t = table.unsqueeze(2) if axis == 0 else table.unsqueeze(1)
+            t = resample_pos_embed_grid(t, shape, interpolation, antialias)
+            sd[key] = t.squeeze(2) if axis == 0 else t.squeeze(1)
+            report.resampled.append(f"{key} {table.shape[1]} -> {grid[axis]}")
+
+
+def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
+                            exclude: Sequence[str] = (), report: Optional[LoadReport] = None) -> LoadReport:
+    """Copy ``sd`` into ``model`` after checking every name and shape; nothing is copied on error."""
+    report = report or LoadReport("state_dict")
+    exclude = tuple(exclude)
+    target = model.state_dict()
+    source = {k: v for k, v in sd.items() if not (exclude and k.startswith(exclude))}
+    report.unexpected = sorted(k.replace("unmapped:", "", 1) for k in source if k not in target)
+    report.missing = sorted(k for k in target if k not in source and not (exclude and k.startswith(exclude)))
+    mismatched = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}"
+                  for k, v in source.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
+    if mismatched:
+        hint = ""
+        if any(m.startswith("head.") for m in mismatched):
+            hint = " (a different number of classes: pass exclude=('head.',) to keep a fresh head)"
+        raise WeightsError("shape mismatch: " + "; ".join(mismatched) + hint)
+    if strict and (report.missing or report.unexpected):
+        parts = []
+        if report.missing:
+            parts.append(f"missing from the checkpoint: {_names(report.missing)}")
+        if report.unexpected:
+            parts.append(f"not in the model: {_names(report.unexpected)}")
+        raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts)
+                           + " (strict=False loads the rest)")
+    with torch.no_grad():
+        for k, v in source.items():
+            if k in target:
+                target[k].copy_(v.to(dtype=target[k].dtype))
+    return report
+
+
+def _names(names: List[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
+                 strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
+                 exclude: Sequence[str] = ()) -> LoadReport:
+    """Load weights in any supported layout into ``model`` (in place).
+
+    ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
+    hub layout), or an in-memory state dict. The layout is detected from key names. A
+    different patch grid is resampled (``interpolation`` 'bicubic' as timm/DeiT, 'bilinear'
+    as the official code). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
+    Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
+    every shape mismatch; the model is untouched when it raises.
+    """
+    if isinstance(source, Source):
+        src = source
+    elif isinstance(source, Mapping):
+        src = Source(dict(source), detect_format(source.keys()))
+    else:
+        src = read_source(source)
+    sd, facts = to_native(src)
+    report = LoadReport(src.format)
+    _adapt_pos_embed(sd, model, facts, interpolation, antialias, report)
+    return load_state_dict_checked(model, sd, strict, exclude, report)

@@ -1,0 +1,243 @@
+"""The official JAX layouts, flattened with ``/`` into an ``.npz``.
+
+- vit_jax (the paper's code): ``cls``, ``embedding/kernel`` (P, P, C, D), the position table
+  ``Transformer/posembed_input/pos_embedding`` (1, 1+N, D), blocks
+  ``Transformer/encoderblock_{i}/{LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
+  MlpBlock_3}``, ``Transformer/encoder_norm``, ``pre_logits``, ``head``; optionally under
+  ``opt/target/`` (checkpoints saved with their optimiser).
+- big_vision: a ``params/`` prefix, ``pos_embedding`` (1, N, D) at the top without a class
+  slot (its class token is added after the positions), block parts numbered
+  ``LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0``, and optionally
+  the ``scan`` layout: one ``Transformer/encoderblock`` whose arrays carry a leading depth axis.
+
+Attention kernels are stored per head: query/key/value (D, heads, head_dim), out
+(heads, head_dim, D). The official "gap" head normalises *before* pooling (``fc_norm=False``
+in vitkit/timm terms).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..models import ViTConfig
+from .io import WeightsError
+from .timm_format import full_pos_embed
+
+_VIT_JAX_PARTS = {"ln1": "LayerNorm_0", "mha": "MultiHeadDotProductAttention_1",
+                  "ln2": "LayerNorm_2", "mlp": "MlpBlock_3"}
+_BIG_VISION_PARTS = {"ln1": "LayerNorm_0", "mha": "MultiHeadDotProductAttention_0",
+                     "ln2": "LayerNorm_1", "mlp": "MlpBlock_0"}
+
+
+def detect_layout(keys) -> Optional[Tuple[str, str]]:
+    """(layout, prefix) for an official npz, or None. layout: 'vit_jax' | 'big_vision'."""
+    keys = set(keys)
+    for prefix in ("opt/target/", "params/", ""):
+        if f"{prefix}embedding/kernel" in keys:
+            big = (prefix == "params/" or f"{prefix}pos_embedding" in keys
+                   or f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in keys
+                   or f"{prefix}Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel" in keys)
+            return ("big_vision" if big else "vit_jax"), prefix
+    return None
+
+
+class _Reader:
+    """Indexed access to the block arrays of either layout (scan or per-block)."""
+
+    def __init__(self, w: Mapping[str, np.ndarray], layout: str, prefix: str):
+        self.w, self.prefix = w, prefix
+        self.parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
+        self.scan = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
+        if self.scan:
+            self.depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+        else:
+            ids = [int(m.group(1)) for k in w
+                   for m in [re.match(rf"^{re.escape(prefix)}Transformer/encoderblock_(\d+)/", k)] if m]
+            if not ids:
+                raise WeightsError("no Transformer/encoderblock_N arrays in the npz")
+            self.depth = max(ids) + 1
+        self.used = set()
+
+    def get(self, name: str) -> np.ndarray:
+        key = self.prefix + name
+        if key not in self.w:
+            raise WeightsError(f"npz is missing {key!r}")
+        self.used.add(key)
+        return self.w[key]
+
+    def has(self, name: str) -> bool:
+        return self.prefix + name in self.w
+
+    def block(self, i: int, part: str, leaf: str) -> np.ndarray:
+        p = self.parts[part.split("/")[0]]
+        sub = part.split("/", 1)[1] + "/" if "/" in part else ""
+        if self.scan:
+            return self.get(f"Transformer/encoderblock/{p}/{sub}{leaf}")[i]
+        return self.get(f"Transformer/encoderblock_{i}/{p}/{sub}{leaf}")
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Official npz -> vitkit state dict, plus facts for config inference."""
+    found = detect_layout(w)
+    if found is None:
+        raise WeightsError("not an official ViT npz: no 'embedding/kernel'")
+    layout, prefix = found
+    if any(k.startswith(f"{prefix}MAPHead_0/") for k in w):
+        raise WeightsError("this big_vision checkpoint uses a MAP (attention-pooling) head, "
+                           "which vitkit does not implement; MAPHead_0/* cannot be loaded")
+    r = _Reader(w, layout, prefix)
+    out: Dict[str, torch.Tensor] = {}
+    kernel = r.get("embedding/kernel")
+    if kernel.ndim != 4:
+        raise WeightsError(f"embedding/kernel has shape {kernel.shape}, expected (P, P, C, D)")
+    out["patch_embed.proj.weight"] = _t(kernel.transpose(3, 2, 0, 1))
+    out["patch_embed.proj.bias"] = _t(r.get("embedding/bias"))
+    if r.has("cls"):
+        out["cls_token"] = _t(r.get("cls")).reshape(1, 1, -1)
+    pos_key = "pos_embedding" if layout == "big_vision" else "Transformer/posembed_input/pos_embedding"
+    if r.has(pos_key):
+        pos = _t(r.get(pos_key))
+        out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])
+    D = kernel.shape[-1]
+    heads = None
+    for i in range(r.depth):
+        b = f"blocks.{i}."
+        for part, name in (("ln1", "norm1"), ("ln2", "norm2")):
+            out[b + name + ".weight"] = _t(r.block(i, part, "scale"))
+            out[b + name + ".bias"] = _t(r.block(i, part, "bias"))
+        qkv_w, qkv_b = [], []
+        for p in ("query", "key", "value"):
+            k = r.block(i, f"mha/{p}", "kernel")  # (D, H, hd)
+            heads = k.shape[1]
+            qkv_w.append(_t(k.reshape(D, -1)).T)
+            qkv_b.append(_t(r.block(i, f"mha/{p}", "bias")).reshape(-1))
+        out[b + "attn.qkv.weight"] = torch.cat(qkv_w, dim=0)
+        out[b + "attn.qkv.bias"] = torch.cat(qkv_b, dim=0)
+        out[b + "attn.proj.weight"] = _t(r.block(i, "mha/out", "kernel").reshape(-1, D)).T
+        out[b + "attn.proj.bias"] = _t(r.block(i, "mha/out", "bias"))
+        for j, fc in ((0, "fc1"), (1, "fc2")):
+            out[f"{b}mlp.{fc}.weight"] = _t(r.block(i, f"mlp/Dense_{j}", "kernel")).T
+            out[f"{b}mlp.{fc}.bias"] = _t(r.block(i, f"mlp/Dense_{j}", "bias"))
+    out["norm.weight"] = _t(r.get("Transformer/encoder_norm/scale"))
+    out["norm.bias"] = _t(r.get("Transformer/encoder_norm/bias"))
+    for name, native in (("pre_logits", "pre_logits.fc"), ("head", "head")):
+        if r.has(f"{name}/kernel"):
+            out[f"{native}.weight"] = _t(r.get(f"{name}/kernel")).T
+            out[f"{native}.bias"] = _t(r.get(f"{name}/bias"))
+    for k in w:  # anything not consumed is reported by name, never dropped silently
+        if k.startswith(prefix) and k not in r.used and not k.startswith(f"{prefix}Transformer/encoderblock"):
+            out[f"unmapped:{k}"] = _t(w[k]) if np.asarray(w[k]).dtype.kind in "fiub" else torch.zeros(0)
+    facts = {"layout": layout, "prefix": prefix, "num_heads": heads, "depth": r.depth,
+             "pos_has_class_slot": layout == "vit_jax"}
+    return out, facts
+
+
+def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str, np.ndarray]:
+    """vitkit model -> official npz arrays (``layout`` 'vit_jax' or 'big_vision')."""
+    cfg = model.config
+    problems = []
+    if getattr(cfg, "architecture", "vit") != "vit":
+        problems.append(f"architecture {cfg.architecture!r} has no official JAX layout")
+    if cfg.init_values:
+        problems.append("the official layout has no LayerScale")
+    if cfg.global_pool == "avg" and cfg.use_fc_norm:
+        problems.append("the official 'gap' head normalises before pooling; this model "
+                        "normalises after (fc_norm); build it with fc_norm=False")
+    if not cfg.qkv_bias:
+        problems.append("the official attention always has q/k/v biases")
+    if problems:
+        raise WeightsError("cannot export to the official npz layout: " + "; ".join(problems))
+    parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
+    prefix = "params/" if layout == "big_vision" else ""
+    sd = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
+    D, H = cfg.embed_dim, cfg.num_heads
+    hd = D // H
+    w: Dict[str, np.ndarray] = {}
+    w["embedding/kernel"] = sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0)
+    w["embedding/bias"] = sd["patch_embed.proj.bias"]
+    pos = full_pos_embed(model)
+    pos = None if pos is None else pos.cpu().float().numpy()
+    if layout == "big_vision":
+        if "cls_token" in sd:
+            # big_vision adds the class token after the positions: fold its slot in (exact).
+            w["cls"] = sd["cls_token"] + (pos[:, :1] if pos is not None else 0)
+        if pos is not None:
+            w["pos_embedding"] = pos[:, model.num_prefix_tokens:]
+    else:
+        if "cls_token" in sd:
+            w["cls"] = sd["cls_token"]
+        if pos is None:
+            pos = np.zeros((1, model.num_prefix_tokens + model.patch_embed.num_patches, D), np.float32)
+        w["Transformer/posembed_input/pos_embedding"] = pos
+    blocks = []
+    for i in range(cfg.depth):
+        b = f"blocks.{i}."
+        blk: Dict[str, np.ndarray] = {
+            f"{parts['ln1']}/scale": sd[b + "norm1.weight"], f"{parts['ln1']}/bias": sd[b + "norm1.bias"],
+            f"{parts['ln2']}/scale": sd[b + "norm2.weight"], f"{parts['ln2']}/bias": sd[b + "norm2.bias"],
+        }
+        qw = np.split(sd[b + "attn.qkv.weight"], 3, axis=0)
+        qb = np.split(sd[b + "attn.qkv.bias"], 3, axis=0)
+        for name, wt, bs in zip(("query", "key", "value"), qw, qb):
+            blk[f"{parts['mha']}/{name}/kernel"] = wt.T.reshape(D, H, hd)
+            blk[f"{parts['mha']}/{name}/bias"] = bs.reshape(H, hd)
+        blk[f"{parts['mha']}/out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(H, hd, D)
+        blk[f"{parts['mha']}/out/bias"] = sd[b + "attn.proj.bias"]
+        for j, fc in ((0, "fc1"), (1, "fc2")):
+            blk[f"{parts['mlp']}/Dense_{j}/kernel"] = sd[f"{b}mlp.{fc}.weight"].T
+            blk[f"{parts['mlp']}/Dense_{j}/bias"] = sd[f"{b}mlp.{fc}.bias"]
+        blocks.append(blk)
+    if scan:
+        if layout != "big_vision":
+            raise WeightsError("the scan layout exists only in big_vision checkpoints")
+        for name in blocks[0]:
+            w[f"Transformer/encoderblock/{name}"] = np.stack([blk[name] for blk in blocks])
+    else:
+        for i, blk in enumerate(blocks):
+            for name, arr in blk.items():
+                w[f"Transformer/encoderblock_{i}/{name}"] = arr
+    w["Transformer/encoder_norm/scale"] = sd["norm.weight"]
+    w["Transformer/encoder_norm/bias"] = sd["norm.bias"]
+    if cfg.representation_size:
+        w["pre_logits/kernel"] = sd["pre_logits.fc.weight"].T
+        w["pre_logits/bias"] = sd["pre_logits.fc.bias"]
+    if cfg.num_classes:
+        w["head/kernel"] = sd["head.weight"].T
+        w["head/bias"] = sd["head.bias"]
+    return {prefix + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
+
+
+def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **overrides: Any) -> ViTConfig:
+    """Architecture of an official checkpoint, as the official code would run it.
+
+    GELU is the tanh approximation (Flax's default, used to train these weights), LayerNorm
+    eps 1e-6, inputs in [-1, 1].
+    """
+    D, C, ph, pw = sd["patch_embed.proj.weight"].shape
+    class_token = "cls_token" in sd
+    kw: Dict[str, Any] = dict(
+        embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=facts["depth"],
+        num_heads=facts["num_heads"], mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        class_token=class_token, global_pool="token" if class_token else "avg",
+        fc_norm=None if class_token else False,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
+        gelu="tanh", norm_eps=1e-6,
+        pos_embed="learned" if "pos_embed" in sd else "sincos2d",
+    )
+    if "pos_embed" in sd:
+        n = sd["pos_embed"].shape[1] - (1 if facts["pos_has_class_slot"] and class_token else 0)
+        side = int(round(n ** 0.5))
+        if side * side != n:
+            raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
+        kw["img_size"] = (side * ph, side * pw)
+    kw.update(overrides)
+    return ViTConfig(**kw)

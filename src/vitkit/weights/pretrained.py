@@ -1,0 +1,110 @@
+"""``from_pretrained``: a ready model from a folder, a file or the Hugging Face Hub.
+
+The architecture comes from the source's own config when it has one (vitkit, timm hub,
+Hugging Face ``config.json``), else it is read off the tensor shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+from torch import nn
+
+from ..models import build_from_config, config_from_dict, get_model_config
+from ..utils import PathLike
+from . import hf_format, npz_format, timm_format
+from .load import Source, load_weights, read_source, to_native
+from .io import WeightsError
+
+HUB_PREFIX = "hf-hub:"
+_HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")
+_HUB_OPTIONAL_FILES = ("preprocessor_config.json",)
+
+
+def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
+    """Fetch ``config.json`` and one weight file of ``org/name[@revision]``; return their folder."""
+    repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1:
+        raise WeightsError(f"hub id {spec!r} should look like 'org/name' or 'org/name@revision'")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:
+        raise WeightsError("loading 'hf-hub:' weights needs the huggingface_hub package "
+                           "(pip install huggingface_hub); or download the folder yourself and "
+                           "pass its path") from e
+
+    def fetch(name: str) -> str:
+        return hf_hub_download(repo, name, revision=revision or None,
+                               cache_dir=None if cache_dir is None else str(cache_dir))
+
+    try:
+        config_path = Path(fetch("config.json"))
+    except Exception as e:  # the hub client raises many types; all mean "not available"
+        raise WeightsError(
+            f"could not fetch config.json of {repo!r} from the Hugging Face Hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). "
+            f"Offline or no access? Download the repository elsewhere and pass the local folder "
+            f"to from_pretrained().") from e
+    for name in _HUB_OPTIONAL_FILES + _HUB_WEIGHT_FILES:
+        try:
+            fetch(name)
+            if name in _HUB_WEIGHT_FILES:
+                break
+        except Exception as e:
+            if "EntryNotFound" not in type(e).__name__ and "NotFound" not in type(e).__name__:
+                raise WeightsError(f"could not fetch {name} of {repo!r}: {type(e).__name__}: {e}") from e
+    else:
+        raise WeightsError(f"{repo!r} has none of {', '.join(_HUB_WEIGHT_FILES)}")
+    return config_path.parent
+
+
+def config_for_source(src: Source, **overrides: Any):
+    """The model configuration a source describes (its config file, else its shapes)."""
+    cj = src.config_json
+    if cj and cj.get("format") == "vitkit":
+        return config_from_dict(cj["config"]).replace(**overrides)
+    if cj and cj.get("model_type") is not None:
+        return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
+    if src.format == "hf":
+        raise WeightsError("Hugging Face weights need their config.json (heads, eps, image size): "
+                           "pass the folder that holds both")
+    if cj and "architecture" in cj:
+        return timm_format.config_from_hub(cj, src.tensors, **overrides)
+    sd, facts = to_native(src)
+    if src.format in ("npz", "big_vision"):
+        return npz_format.infer_config(sd, facts, **overrides)
+    return timm_format.infer_config(sd, **overrides)
+
+
+def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
+                    interpolation: str = "bicubic", **overrides: Any) -> nn.Module:
+    """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
+
+    ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
+    from the source. Overrides change the configuration: ``img_size=384`` resamples the
+    position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head.
+    """
+    source_str = str(source)
+    path = download_from_hub(source_str[len(HUB_PREFIX):]) if source_str.startswith(HUB_PREFIX) \
+        else Path(source)
+    if not path.exists():
+        raise WeightsError(f"no such file or folder: {path}")
+    src = read_source(path)
+    stored = _named_config(src, model_name) if model_name else config_for_source(src)
+    config = stored.replace(**overrides)
+    model = build_from_config(config)
+    exclude: Tuple[str, ...] = ()
+    if config.num_classes != stored.num_classes:
+        exclude = ("head.",)
+    load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
+    model.eval()
+    return model
+
+
+def _named_config(src: Source, model_name: str):
+    """A registered architecture, with the class count the checkpoint's head has."""
+    config = get_model_config(model_name)
+    sd, _ = to_native(src)
+    classes = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    return config.replace(num_classes=classes)

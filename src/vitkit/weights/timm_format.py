@@ -1,0 +1,114 @@
+"""timm's VisionTransformer layout.
+
+vitkit's parameter names are timm's, so reading is the identity; what differs is handled
+here: timm has no pre-logits layer, no 2D / sincos position embedding modules (those are
+written out as the equivalent ``pos_embed`` table) and its hub ``config.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from ..models import VIT_SIZES, ViTConfig, get_model_config, list_models
+from .io import WeightsError
+
+HEADS_BY_WIDTH = {w: h for (w, _, h, _) in VIT_SIZES.values()}
+
+
+def full_pos_embed(model) -> Optional[torch.Tensor]:
+    """The model's position information as one (1, prefix + N, D) table, timm style.
+
+    Prefix tokens of models without a learned class slot get zeros, which is exactly
+    "no position embedding" for them; None when the model uses no position embedding.
+    """
+    if model.pos_embed is not None:
+        return model.pos_embed.detach()
+    patches = model.patch_pos_embed(model.patch_embed.grid_size)
+    if patches is None:
+        return None
+    prefix = patches.new_zeros(1, model.num_prefix_tokens, patches.shape[-1])
+    return torch.cat([prefix, patches.detach()], dim=1)
+
+
+def from_native(model) -> Dict[str, torch.Tensor]:
+    """vitkit model -> timm ``VisionTransformer`` state dict (same module config in timm)."""
+    cfg = model.config
+    if getattr(cfg, "architecture", "vit") != "vit":
+        raise WeightsError(f"export to timm is implemented for plain ViTs, not {cfg.architecture!r}")
+    if cfg.representation_size:
+        raise WeightsError("timm's VisionTransformer has no pre-logits (representation) layer; "
+                           "export this model as 'vitkit', 'npz' or 'hf' instead")
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+          if not k.startswith(("pos_embed_row", "pos_embed_col"))}
+    pos = full_pos_embed(model)
+    if pos is not None:
+        sd["pos_embed"] = pos.cpu().contiguous()
+    return sd
+
+
+def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
+    """Rebuild the architecture from a timm/vitkit-named state dict alone.
+
+    The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
+    table for the standard widths, else width / 64 (override with ``num_heads=``).
+    """
+    if "patch_embed.proj.weight" not in sd:
+        raise WeightsError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
+    D, C, ph, pw = sd["patch_embed.proj.weight"].shape
+    block_ids = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.")}
+    if not block_ids:
+        raise WeightsError("no transformer blocks ('blocks.N.*') in the state dict")
+    class_token = "cls_token" in sd
+    has_fc_norm = "fc_norm.weight" in sd
+    kw: Dict[str, Any] = dict(
+        embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
+        num_heads=HEADS_BY_WIDTH.get(D, max(1, D // 64)),
+        mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        class_token=class_token,
+        global_pool="token" if class_token and not has_fc_norm else "avg",
+        fc_norm=None if has_fc_norm or class_token else False,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
+        init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,
+        qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        pos_embed="learned" if "pos_embed" in sd else "none",
+    )
+    if "pos_embed" in sd:
+        n = sd["pos_embed"].shape[1] - (1 if class_token else 0)
+        side = int(round(n ** 0.5))
+        if side * side != n:
+            raise WeightsError(f"cannot infer the image size from a position embedding with {n} "
+                               f"patch slots; pass img_size=")
+        kw["img_size"] = (side * ph, side * pw)
+    kw.update(overrides)
+    return ViTConfig(**kw)
+
+
+def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
+    """A timm hub ``config.json`` (``architecture`` + ``pretrained_cfg``) -> ViTConfig."""
+    arch = str(cfg.get("architecture", ""))
+    pre = cfg.get("pretrained_cfg", {}) or {}
+    kw: Dict[str, Any] = {}
+    if "num_classes" in cfg:
+        kw["num_classes"] = int(cfg["num_classes"])
+    if cfg.get("global_pool") in ("token", "avg"):
+        kw["global_pool"] = cfg["global_pool"]
+    for src, dst in (("mean", "mean"), ("std", "std"), ("crop_pct", "crop_pct"),
+                     ("interpolation", "interpolation")):
+        if src in pre:
+            kw[dst] = tuple(pre[src]) if isinstance(pre[src], list) else pre[src]
+    if "input_size" in pre:
+        kw["img_size"] = tuple(pre["input_size"][1:])
+    names = cfg.get("label_names")
+    if isinstance(names, list) and len(names) == kw.get("num_classes", -1):
+        kw["label_names"] = [str(n) for n in names]
+    kw.update(overrides)
+    base = arch.split(".")[0]
+    if base in list_models():
+        config = get_model_config(base).replace(**kw)
+    else:  # unknown name: read the architecture off the weights
+        inferred = infer_config(sd)
+        config = inferred.replace(**kw)
+    return config
