@@ -100,7 +100,9 @@ class ViTConfig:
             if min(getattr(self, name)) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
         if any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+            near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
+            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
+                            f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})")
         if self.num_classes < 0 or self.depth <= 0 or self.in_chans <= 0:
             problems.append("num_classes must be >= 0, depth and in_chans > 0")
         if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:

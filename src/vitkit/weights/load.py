@@ -135,7 +135,7 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
         elif facts.get("pos_has_class_slot") is False:
             src_prefix = 0
         elif n in (prefix + area, area):  # the model's own grid, with or without prefix slots
-            src_prefix, src_grid = n - area, grid
+            src_prefix = n - area
         elif _square_side(n - prefix) is None and _square_side(n):
             src_prefix = 0
         else:
@@ -143,6 +143,8 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
         if not 0 <= src_prefix <= prefix:
             raise WeightsError(f"pos_embed has {n} slots: {src_prefix} prefix slots do not fit a model "
                                f"with {prefix} prefix token(s)")
+        if src_grid is None and n - src_prefix == area:
+            src_grid = grid
         if src_grid is None:
             side = _square_side(n - src_prefix)
             if side is None:

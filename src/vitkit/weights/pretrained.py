@@ -89,7 +89,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     path = download_from_hub(source_str[len(HUB_PREFIX):]) if source_str.startswith(HUB_PREFIX) \
         else Path(source)
     if not path.exists():
-        raise WeightsError(f"no such file or folder: {path}")
+        raise WeightsError(f"weights not found: {path} (no such file or folder)")
     src = read_source(path)
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
     config = stored.replace(**overrides)

@@ -1,0 +1,192 @@
+"""``vitkit <verb>``: a thin shell over the library; every verb calls a library function.
+
+Every verb takes ``--json`` for machine-readable output. Errors print one line to stderr
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import __version__
+
+
+def _fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _table(rows: List[List[str]], header: List[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    right = [i > 0 for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if r else str(c).ljust(w) for c, w, r in zip(cells, widths, right))
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+# ------------------------------------------------------------------------ verbs
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import get_model_config, list_models
+    from .models.complexity import complexity
+
+    names = list_models(args.filter)
+    if not names:
+        raise ValueError(f"no model matches {args.filter!r}")
+    infos = [(n, complexity(get_model_config(n))) for n in names]
+    if args.json:
+        _print_json([{"name": n, **c.to_dict()} for n, c in infos])
+        return 0
+    rows = [[n, f"{c.params / 1e6:.2f}M", f"{c.macs / 1e9:.2f}", f"{c.flops / 1e9:.2f}",
+             f"{c.img_size[0]}x{c.img_size[1]}", str(c.tokens)] for n, c in infos]
+    print(_table(rows, ["model", "params", "GMACs", "GFLOPs", "input", "tokens"]))
+    print("\nGFLOPs = 2 x GMACs (matrix products only); also accepted: size strings like 'B/16'.")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .models import get_model_config
+    from .models.complexity import complexity
+
+    overrides: Dict[str, Any] = {}
+    if args.img_size:
+        overrides["img_size"] = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
+    if args.patch_size:
+        overrides["patch_size"] = args.patch_size
+    config = get_model_config(args.name).replace(**overrides)
+    c = complexity(config)
+    d = c.to_dict()
+    d.update(name=args.name, embed_dim=config.embed_dim, mlp_dim=config.mlp_dim,
+             in_chans=config.in_chans, value_tokens=c.pixel_tokens * config.in_chans,
+             value_attn_entries=(c.pixel_tokens * config.in_chans) ** 2)
+    if args.json:
+        _print_json(d)
+        return 0
+    (h, w), (ph, pw), (gh, gw) = c.img_size, c.patch_size, c.grid
+    prefix = c.tokens - gh * gw
+    patch_entries = c.tokens * c.tokens
+    print(f"{args.name}")
+    print(f"  input       {h} x {w} x {config.in_chans}")
+    print(f"  patches     {ph} x {pw} -> grid {gh} x {gw} = {gh * gw} patches"
+          + (f" + {prefix} class token = {c.tokens} tokens" if prefix else f" = {c.tokens} tokens"))
+    print(f"  encoder     width {config.embed_dim}, {c.depth} layers, {c.heads} heads, MLP {config.mlp_dim}")
+    print(f"  parameters  {_fmt_int(c.params)}")
+    print(f"  compute     {c.macs / 1e9:.3f} GMACs = {c.flops / 1e9:.3f} GFLOPs per image "
+          f"(attention mixing {100 * c.attn_macs_share:.1f}%)")
+    print(f"  attention   {c.heads} heads x {c.tokens} x {c.tokens} = {_fmt_int(c.attn_entries_per_layer)} "
+          f"weights per image and layer = {_fmt_bytes(c.attn_bytes_per_layer_fp32)} in fp32")
+    print("  the quadratic cost, per head and layer:")
+    print(f"    {ph}x{pw} patches as tokens   {_fmt_int(c.tokens):>12} tokens -> "
+          f"{_fmt_int(patch_entries)} attention weights ({_fmt_bytes(4 * patch_entries)})")
+    print(f"    each pixel a token      {_fmt_int(c.pixel_tokens):>12} tokens -> "
+          f"{_fmt_int(c.pixel_attn_entries)} ({_fmt_bytes(4 * c.pixel_attn_entries)}), "
+          f"{c.pixel_attn_entries / patch_entries:,.0f}x more")
+    print(f"    each value a token      {_fmt_int(d['value_tokens']):>12} tokens -> "
+          f"{_fmt_int(d['value_attn_entries'])} ({_fmt_bytes(4 * d['value_attn_entries'])})")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .weights import export_weights, from_pretrained
+
+    model = from_pretrained(args.src, model_name=args.model, interpolation=args.interpolation)
+    out = export_weights(model, args.dst, "vitkit" if args.to == "vitkit" else args.to, scan=args.scan)
+    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": model.config.architecture,
+            "params": sum(p.numel() for p in model.parameters())}
+    if args.json:
+        _print_json(info)
+    else:
+        print(f"wrote {out} ({args.to}, {_fmt_int(info['params'])} parameters)")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .evaluate import predict_images
+    from .weights import from_pretrained
+
+    model = from_pretrained(args.weights, model_name=args.model)
+    preds = predict_images(model, args.images, top_k=args.top_k)
+    if args.json:
+        _print_json([p.to_dict() for p in preds])
+        return 0
+    for p in preds:
+        print(p.image)
+        for rank, (index, label, prob) in enumerate(p.top, 1):
+            print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
+    return 0
+
+
+# ------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers: build, "
+                                     "convert, inspect and run ViT-family models.")
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = verb("models", "list the registered models with parameters, compute and tokens")
+    p.add_argument("--filter", default="*", help="shell-style name pattern, e.g. 'vit_base*'")
+    p.set_defaults(func=cmd_models)
+
+    p = verb("info", "parameters, FLOPs, tokens and attention memory of a model")
+    p.add_argument("name", help="registered name or size string ('B/16')")
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX", help="H W (or one value)")
+    p.add_argument("--patch-size", type=int, metavar="P")
+    p.set_defaults(func=cmd_info)
+
+    p = verb("convert", "convert weights between layouts")
+    p.add_argument("src", help="file, folder or hf-hub:org/name")
+    p.add_argument("dst", help="output file or folder")
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf"])
+    p.add_argument("--model", help="architecture name when the source has no config")
+    p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
+    p.add_argument("--interpolation", default="bicubic", choices=["bicubic", "bilinear"])
+    p.set_defaults(func=cmd_convert)
+
+    p = verb("predict", "top-k classes of images")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--top-k", type=int, default=5)
+    p.set_defaults(func=cmd_predict)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vitkit {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Top-k prediction on image files with the preprocessing the weights' config prescribes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..data.transforms import EvalTransform, load_image
+
+
+@dataclass
+class Prediction:
+    image: str
+    top: List[Tuple[int, str, float]] = field(default_factory=list)  # (index, label, probability)
+
+    def to_dict(self) -> dict:
+        return {"image": self.image,
+                "top": [{"index": i, "label": l, "probability": p} for i, l, p in self.top]}
+
+
+def label_for(index: int, names: Optional[Sequence[str]]) -> str:
+    return names[index] if names and index < len(names) else f"class {index}"
+
+
+@torch.inference_mode()
+def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: int = 5,
+                   batch_size: int = 16) -> List[Prediction]:
+    """Classify image files; probabilities are the softmax of the logits."""
+    config = model.config
+    if config.num_classes <= 0:
+        raise ValueError("these weights have no classifier head (num_classes=0): nothing to predict")
+    transform = EvalTransform.from_config(config)
+    paths = [str(p) for p in images]
+    if not paths:
+        raise ValueError("no images given")
+    model.eval()
+    device = next(model.parameters()).device
+    k = max(1, min(top_k, config.num_classes))
+    out: List[Prediction] = []
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start:start + batch_size]
+        batch = torch.stack([transform(load_image(p, config.in_chans)) for p in chunk]).to(device)
+        probs = model(batch).float().softmax(dim=-1)
+        values, indices = probs.topk(k, dim=-1)
+        for p, vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
+            out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)]))
+    return out

@@ -1,0 +1,97 @@
+"""Every CLI verb on a tiny model, human and --json output."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+from conftest import randomize
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def tiny_weights(tmp_path):
+    model = randomize(vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=2, num_classes=3,
+                                          label_names=["ant", "bee", "cow"], crop_pct=1.0))
+    model.save_pretrained(tmp_path / "tiny")
+    return model, tmp_path / "tiny"
+
+
+@pytest.fixture
+def photo(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "photo.png"
+    Image.fromarray(rng.integers(0, 255, (40, 56, 4), dtype=np.uint8), "RGBA").save(path)
+    return path
+
+
+def test_models_table_and_json(capsys):
+    code, out, _ = run(capsys, "models", "--filter", "vit_base_patch16_224")
+    assert code == 0 and "86.57M" in out and "17.56" in out and "197" in out
+    code, out, _ = run(capsys, "models", "--json", "--filter", "vit_tiny*")
+    rows = json.loads(out)
+    assert {r["name"] for r in rows} == {"vit_tiny_patch16_224", "vit_tiny_patch16_384"}
+    assert next(r for r in rows if r["name"] == "vit_tiny_patch16_224")["params"] == 5_717_416
+
+
+def test_info_human_and_json(capsys):
+    code, out, _ = run(capsys, "info", "B/16")
+    assert code == 0 and "86,567,656" in out and "197 x 197" in out
+    code, out, _ = run(capsys, "info", "vit_base_patch16_224", "--img-size", "300", "300", "--patch-size", "1", "--json")
+    d = json.loads(out)
+    # the seeds' example: a 300x300x3 image with every value a token -> 270,000 tokens, 72.9e9 weights
+    assert d["value_tokens"] == 270_000 and d["value_attn_entries"] == 72_900_000_000
+    assert d["tokens"] == 90_001 and d["attn_bytes_per_layer_fp32"] == 4 * 12 * 90_001 ** 2
+    code, _, err = run(capsys, "info", "B/16", "--img-size", "300")
+    assert code == 2 and "288 or 304" in err
+
+
+def test_convert_each_format(capsys, tmp_path, tiny_weights):
+    model, path = tiny_weights
+    for fmt, dst in (("npz", "w.npz"), ("timm", "w.safetensors"), ("hf", "hf"), ("vitkit", "again")):
+        code, out, _ = run(capsys, "convert", str(path), str(tmp_path / dst), "--to", fmt, "--json")
+        assert code == 0 and json.loads(out)["format"] == fmt
+    back = vitkit.from_pretrained(tmp_path / "hf")
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.allclose(back(x), model(x), atol=1e-6)
+    code, _, err = run(capsys, "convert", str(path / "nothing"), str(tmp_path / "x.npz"), "--to", "npz")
+    assert code == 2 and "not found" in err
+
+
+def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
+    model, path = tiny_weights
+    code, out, _ = run(capsys, "predict", "--weights", str(path), str(photo), "--top-k", "2", "--json")
+    assert code == 0
+    pred = json.loads(out)[0]
+    assert [t["label"] for t in pred["top"]][0] in {"ant", "bee", "cow"} and len(pred["top"]) == 2
+    # the same numbers by hand: RGBA on white, resize to 32 (crop_pct 1), normalise with 0.5/0.5
+    im = Image.open(photo).convert("RGBA")
+    bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
+    im = Image.alpha_composite(bg, im).convert("RGB")
+    w, h = im.size
+    im = im.resize((round(w * 32 / h), 32), Image.Resampling.BICUBIC)
+    left = (im.size[0] - 32) // 2
+    arr = np.asarray(im.crop((left, 0, left + 32, 32)), np.float32) / 255
+    x = torch.from_numpy((arr.transpose(2, 0, 1) - 0.5) / 0.5)[None]
+    probs = model(x).softmax(-1)[0]
+    assert abs(pred["top"][0]["probability"] - probs.max().item()) < 1e-5
+    code, out, _ = run(capsys, "predict", "--weights", str(path), str(photo))
+    assert code == 0 and "%" in out
+    code, _, err = run(capsys, "predict", "--weights", str(path), "missing.jpg")
+    assert code == 2 and "image not found" in err
+
+
+def test_console_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "vitkit", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"vitkit {vitkit.__version__}"

@@ -1,0 +1,28 @@
+"""The analytic cost model agrees with PyTorch's own FLOP counter."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitkit
+from vitkit.models import get_model_config
+from vitkit.models.complexity import complexity
+
+
+@pytest.mark.parametrize("kw", [{}, {"representation_size": 48, "class_token": False, "global_pool": "avg",
+                                     "img_size": (32, 64)}])
+def test_macs_match_flop_counter(kw):
+    config = get_model_config("Ti/16").replace(img_size=kw.pop("img_size", 64), patch_size=8, depth=3,
+                                               num_classes=10, **kw)
+    model = vitkit.VisionTransformer(config).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randn(1, 3, *config.img_size), return_attention=True)  # explicit matmuls are counted
+    c = complexity(config)
+    assert counter.get_total_flops() == c.flops
+    assert c.params == sum(p.numel() for p in model.parameters())
+
+
+def test_reference_numbers():
+    c = complexity(get_model_config("vit_base_patch16_224"))
+    assert round(c.macs / 1e9, 1) == 17.6 and c.tokens == 197  # the DeiT paper's "17.6 GFLOPs" are MACs

@@ -1,0 +1,221 @@
+"""The ViT module: sizes, options, API contracts, initialisation."""
+
+import math
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.models import ViTConfig, VisionTransformer, count_parameters, get_model_config
+from conftest import max_diff, randomize
+
+PAPER_COUNTS = {
+    "vit_tiny_patch16_224": 5_717_416,
+    "vit_small_patch16_224": 22_050_664,
+    "vit_base_patch16_224": 86_567_656,
+    "vit_base_patch32_224": 88_224_232,
+    "vit_large_patch16_224": 304_326_632,
+    "vit_large_patch32_224": 306_535_400,
+    "vit_huge_patch14_224": 632_045_800,
+}
+
+
+@pytest.mark.parametrize("name,expected", sorted(PAPER_COUNTS.items()))
+def test_parameter_counts_exact(name, expected):
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    assert count_parameters(model) == expected
+
+
+def test_size_strings_match_registered_names():
+    with torch.device("meta"):
+        a = vitkit.create_model("B/16")
+        b = vitkit.create_model("B/16", img_size=384, num_classes=10)
+    assert count_parameters(a) == PAPER_COUNTS["vit_base_patch16_224"]
+    assert b.pos_embed.shape == (1, 24 * 24 + 1, 768) and b.head.out_features == 10
+
+
+def test_list_models_and_unknown_name():
+    names = vitkit.list_models()
+    for n in PAPER_COUNTS:
+        assert n in names
+    assert "vit_base_patch16_384" in names and "vit_small_patch32_384" in names
+    assert vitkit.list_models("vit_huge*") == ["vit_huge_patch14_224"]
+    with pytest.raises(ValueError, match="did you mean"):
+        vitkit.create_model("vit_base_patch16_244")
+    with pytest.raises(TypeError, match="unknown option"):
+        vitkit.create_model("Ti/16", not_an_option=1)
+
+
+def tiny(**kw):
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
+    base.update(kw)
+    return randomize(VisionTransformer(ViTConfig(**base)))
+
+
+@pytest.mark.parametrize("pos", ["learned", "learned_2d", "sincos2d", "none"])
+@pytest.mark.parametrize("pool,cls", [("token", True), ("avg", True), ("avg", False)])
+def test_options_forward_shapes(pos, pool, cls, images):
+    model = tiny(pos_embed=pos, global_pool=pool, class_token=cls, img_size=(32, 48))
+    x = images(3, 32, 48)
+    out = model(x)
+    assert out.shape == (3, 5) and torch.isfinite(out).all()
+    tokens = model.forward_features(x)
+    assert tokens.shape == (3, 4 * 6 + int(cls), 32)
+    assert model.forward_head(tokens, pre_logits=True).shape == (3, 32)
+
+
+def test_position_embedding_variants_are_used(images):
+    """Permuting whole patches changes the output only when positions are embedded."""
+    x = images(1, 32, 32)
+    # Reverse the order of the 4 patch rows (8 px each): same patches, other positions.
+    moved = x.reshape(1, 3, 4, 8, 32).flip(2).reshape(1, 3, 32, 32)
+    for pos in ("learned", "learned_2d", "sincos2d"):
+        model = tiny(pos_embed=pos, global_pool="avg", class_token=False)
+        assert max_diff(model(x), model(moved)) > 1e-4, pos
+    nopos = tiny(pos_embed="none", global_pool="avg", class_token=False)
+    assert max_diff(nopos(x), nopos(moved)) < 1e-5
+
+
+def test_learned_2d_is_row_plus_column_concat():
+    model = tiny(pos_embed="learned_2d")
+    pe = model.patch_pos_embed((4, 4)).reshape(4, 4, 32)
+    assert torch.equal(pe[1, 2, :16], model.pos_embed_row[0, 1])
+    assert torch.equal(pe[1, 2, 16:], model.pos_embed_col[0, 2])
+    assert {"pos_embed_row", "pos_embed_col"} <= model.no_weight_decay()
+
+
+def test_representation_layer_is_tanh(images):
+    model = tiny(representation_size=24)
+    feats = model.forward_head(model.forward_features(images(2, 32, 32)), pre_logits=True)
+    assert feats.shape == (2, 24) and feats.abs().max() <= 1.0
+    assert model.head.in_features == 24
+
+
+def test_layerscale_and_tanh_gelu_options():
+    model = VisionTransformer(ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                        mlp_dim=64, init_values=1e-5, gelu="tanh"))
+    assert torch.allclose(model.blocks[0].ls1.gamma, torch.full((32,), 1e-5))
+    assert model.blocks[0].mlp.act.approximate == "tanh"
+
+
+def test_invalid_configs_have_clear_errors():
+    with pytest.raises(ValueError, match="class_token"):
+        ViTConfig(global_pool="token", class_token=False)
+    with pytest.raises(ValueError, match="nearest multiples: 288 or 304"):
+        ViTConfig(img_size=300, patch_size=16)
+    with pytest.raises(ValueError, match="pos_embed must be one of"):
+        ViTConfig(pos_embed="rope")
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        ViTConfig(embed_dim=100, num_heads=3)
+
+
+def test_wrong_input_size_and_channels(images):
+    model = tiny()
+    with pytest.raises(ValueError, match="does not match the model's 32x32"):
+        model(images(1, 48, 48))
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, H, W\)"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+def test_fused_and_explicit_attention_agree(images):
+    model = tiny(depth=3)
+    x = images(2, 32, 32)
+    fused = model(x)
+    logits, attns = model(x, return_attention=True)
+    assert max_diff(fused, logits) < 1e-6
+    assert len(attns) == 3
+    for a in attns:
+        assert a.shape == (2, 4, 17, 17)
+        assert torch.allclose(a.sum(-1), torch.ones(2, 4, 17), atol=1e-5)
+        assert (a >= 0).all()
+
+
+def test_dynamic_img_size_and_set_input_size(images):
+    model = tiny(dynamic_img_size=True)
+    out = model(images(2, 48, 64))
+    assert out.shape == (2, 5)
+    with pytest.raises(ValueError, match="not divisible by the patch size"):
+        model(images(1, 36, 32))
+    fixed = tiny()
+    x = images(2, 48, 64)
+    dyn_out = tiny(dynamic_img_size=True)(x)  # same seed -> same weights
+    fixed.set_input_size((48, 64))
+    assert fixed.pos_embed.shape == (1, 1 + 6 * 8, 32)
+    assert fixed.config.img_size == (48, 64)
+    assert max_diff(fixed(x), dyn_out) < 1e-5
+
+
+def test_set_input_size_for_2d_and_sincos(images):
+    for pos in ("learned_2d", "sincos2d"):
+        model = tiny(pos_embed=pos)
+        model.set_input_size(64)
+        assert model(images(1, 64, 64)).shape == (1, 5)
+
+
+def test_reset_classifier_zero_head(images):
+    model = tiny()
+    model.reset_classifier(3)
+    assert model.head.out_features == 3
+    assert torch.count_nonzero(model.head.weight) == 0
+    assert model.config.num_classes == 3
+    model.reset_classifier(0)
+    assert model(images(2, 32, 32)).shape == (2, 32)
+
+
+def test_forward_intermediates(images):
+    model = tiny(depth=4)
+    x = images(2, 32, 32)
+    final, inter = model.forward_intermediates(x, indices=2)
+    assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 4)
+    assert max_diff(final, model.forward_features(x)) < 1e-6
+    only = model.forward_intermediates(x, indices=[0, -1], output_fmt="NLC", intermediates_only=True)
+    assert [t.shape for t in only] == [(2, 16, 32)] * 2
+    with_prefix = model.forward_intermediates(x, indices=[1], return_prefix_tokens=True, intermediates_only=True)
+    assert with_prefix[0][1].shape == (2, 1, 32)
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward_intermediates(x, indices=[7])
+
+
+def test_grad_checkpointing_same_gradients(images):
+    x = images(2, 32, 32)
+    grads = []
+    for ckpt in (False, True):
+        model = tiny()
+        model.train()
+        model.set_grad_checkpointing(ckpt)
+        model(x).sum().backward()
+        grads.append(model.patch_embed.proj.weight.grad.clone())
+    assert max_diff(*grads) < 1e-6
+
+
+def test_drop_path_linear_over_depth_and_train_mode_noise(images):
+    model = tiny(depth=5, drop_path_rate=0.2, drop_rate=0.1)
+    assert [round(b.drop_path, 4) for b in model.blocks] == [0.0, 0.05, 0.1, 0.15, 0.2]
+    x = images(4, 32, 32)
+    model.eval()
+    assert max_diff(model(x), model(x)) == 0
+    model.train()
+    torch.manual_seed(0)
+    assert max_diff(model(x), model(x)) > 0
+
+
+def test_no_weight_decay_names():
+    model = tiny()
+    assert model.no_weight_decay() == {"cls_token", "pos_embed"}
+
+
+def test_official_initialisation_statistics():
+    torch.manual_seed(0)
+    model = vitkit.create_model("S/16", num_classes=10)
+    D = 384
+    assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.cls_token) == 0
+    qkv = model.blocks[0].attn.qkv.weight
+    bound = math.sqrt(6 / (D + D))  # each of q, k, v as its own D x D kernel
+    assert qkv.abs().max() <= bound and qkv.abs().max() > 0.95 * bound
+    fc1 = model.blocks[0].mlp.fc1.weight
+    assert fc1.abs().max() <= math.sqrt(6 / (D + 4 * D))
+    assert model.blocks[0].mlp.fc1.bias.std() < 1e-5
+    assert abs(model.pos_embed.std().item() - 0.02) < 0.002
+    w = model.patch_embed.proj.weight
+    assert abs(w.std().item() - math.sqrt(1 / (3 * 16 * 16))) < 0.003  # LeCun normal

@@ -1,0 +1,250 @@
+"""Official npz layouts built by hand, every round trip, format detection, errors, safety."""
+
+import os
+import pickle
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import vitkit
+from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
+from conftest import max_diff, randomize
+
+
+def tiny(**kw):
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
+    base.update(kw)
+    return randomize(vitkit.VisionTransformer(vitkit.ViTConfig(**base)))
+
+
+def official_arrays(model, layout="vit_jax"):
+    """The official naming written out independently of vitkit's exporter (the spec, by hand)."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    D, H = model.config.embed_dim, model.config.num_heads
+    mha, ln2, mlp = (("MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3") if layout == "vit_jax"
+                     else ("MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"))
+    w = {"embedding/kernel": np.transpose(sd["patch_embed.proj.weight"], (2, 3, 1, 0)),
+         "embedding/bias": sd["patch_embed.proj.bias"],
+         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"],
+         "head/kernel": sd["head.weight"].T, "head/bias": sd["head.bias"]}
+    if layout == "vit_jax":
+        w["cls"] = sd["cls_token"]
+        w["Transformer/posembed_input/pos_embedding"] = sd["pos_embed"]
+    else:
+        w["cls"] = sd["cls_token"] + sd["pos_embed"][:, :1]
+        w["pos_embedding"] = sd["pos_embed"][:, 1:]
+    for i in range(model.config.depth):
+        b, p = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        w[p + "LayerNorm_0/scale"], w[p + "LayerNorm_0/bias"] = sd[b + "norm1.weight"], sd[b + "norm1.bias"]
+        w[p + ln2 + "/scale"], w[p + ln2 + "/bias"] = sd[b + "norm2.weight"], sd[b + "norm2.bias"]
+        for j, name in enumerate(("query", "key", "value")):
+            w[f"{p}{mha}/{name}/kernel"] = sd[b + "attn.qkv.weight"][j * D:(j + 1) * D].T.reshape(D, H, D // H)
+            w[f"{p}{mha}/{name}/bias"] = sd[b + "attn.qkv.bias"][j * D:(j + 1) * D].reshape(H, D // H)
+        w[f"{p}{mha}/out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(H, D // H, D)
+        w[f"{p}{mha}/out/bias"] = sd[b + "attn.proj.bias"]
+        for j, fc in enumerate(("fc1", "fc2")):
+            w[f"{p}{mlp}/Dense_{j}/kernel"] = sd[f"{b}mlp.{fc}.weight"].T
+            w[f"{p}{mlp}/Dense_{j}/bias"] = sd[f"{b}mlp.{fc}.bias"]
+    if model.config.representation_size:
+        w["pre_logits/kernel"], w["pre_logits/bias"] = sd["pre_logits.fc.weight"].T, sd["pre_logits.fc.bias"]
+    return w
+
+
+def test_official_vit_jax_npz_with_opt_target_prefix_and_pre_logits(tmp_path, images):
+    src = tiny(representation_size=24, gelu="tanh")
+    arrays = {"opt/target/" + k: v for k, v in official_arrays(src).items()}
+    arrays["opt/state/step"] = np.array(7)  # optimiser state beside the weights is ignored
+    np.savez(tmp_path / "official.npz", **arrays)
+    model = vitkit.from_pretrained(tmp_path / "official.npz")
+    c = model.config
+    assert (c.gelu, c.norm_eps, c.num_heads, c.representation_size, c.mean) == ("tanh", 1e-6, 4, 24, (0.5,) * 3)
+    x = images(2, 32, 32)
+    assert max_diff(model(x), src(x)) <= 1e-6
+
+
+def test_big_vision_layout_with_class_token_loads(tmp_path, images):
+    src = tiny()
+    arrays = {"params/" + k: v for k, v in official_arrays(src, "big_vision").items()}
+    np.savez(tmp_path / "bv.npz", **arrays)
+    assert detect_format(arrays) == "big_vision"
+    model = vitkit.from_pretrained(tmp_path / "bv.npz", gelu="exact")
+    x = images(2, 32, 32)
+    assert max_diff(model(x), src(x)) <= 1e-5
+
+
+def test_big_vision_scan_layout_and_sincos(tmp_path, images):
+    src = tiny(pos_embed="sincos2d", class_token=False, global_pool="avg", fc_norm=False)
+    path = vitkit.export_weights(src, tmp_path / "scan.npz", "big_vision", scan=True)
+    with np.load(path) as f:
+        assert f["params/Transformer/encoderblock/LayerNorm_0/scale"].shape == (2, 32)
+    model = vitkit.from_pretrained(path, gelu="exact")
+    assert model.config.pos_embed == "learned"  # the table was written out
+    x = images(2, 32, 32)
+    assert max_diff(model(x), src(x)) <= 1e-5
+
+
+def test_map_head_is_refused_by_name(tmp_path):
+    arrays = {"params/" + k: v for k, v in official_arrays(tiny(), "big_vision").items()}
+    arrays["params/MAPHead_0/probe"] = np.zeros((1, 1, 32), np.float32)
+    np.savez(tmp_path / "map.npz", **arrays)
+    with pytest.raises(WeightsError, match="MAPHead_0"):
+        vitkit.from_pretrained(tmp_path / "map.npz")
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"pos_embed": "learned_2d"},
+    {"pos_embed": "sincos2d", "img_size": (32, 48)},
+    {"class_token": False, "global_pool": "avg"},
+    {"init_values": 1e-5},
+    {"representation_size": 16, "num_classes": 0},
+])
+@pytest.mark.parametrize("fmt,name", [("vitkit", "out"), ("timm", "w.safetensors"), ("timm", "w.pth"),
+                                      ("hf", "hf"), ("npz", "w.npz"), ("big_vision", "bv.npz")])
+def test_every_format_round_trips(kw, fmt, name, tmp_path, images):
+    src = tiny(**kw)
+    try:
+        path = vitkit.export_weights(src, tmp_path / name, fmt)
+    except WeightsError as e:  # a layout that cannot express the model must say why
+        assert any(w in str(e) for w in ("LayerScale", "pre-logits", "pools the class token", "fc_norm",
+                                          "pooler")), str(e)
+        return
+    back = vitkit.VisionTransformer(src.config.replace(
+        pos_embed="learned" if fmt != "vitkit" and kw.get("pos_embed") else src.config.pos_embed))
+    load_weights(back, path)
+    x = images(2, *src.config.img_size)
+    assert max_diff(back.eval()(x), src(x)) <= 1e-6
+
+
+def test_timm_export_of_2d_embedding_runs_in_timm(tmp_path, images):
+    timm = pytest.importorskip("timm")
+    src = tiny(pos_embed="learned_2d", img_size=(32, 48))
+    path = vitkit.export_weights(src, tmp_path / "t.safetensors", "timm")
+    ref = timm.models.vision_transformer.VisionTransformer(
+        img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2, num_classes=5)
+    from safetensors.torch import load_file
+    ref.load_state_dict(load_file(path))
+    x = images(2, 32, 48)
+    assert max_diff(ref.eval()(x), src(x)) <= 1e-5
+
+
+# ------------------------------------------------------------------ errors and names
+
+
+def test_missing_and_unexpected_keys_named(images):
+    model = tiny()
+    sd = {k: v.clone() for k, v in tiny().state_dict().items()}
+    del sd["blocks.1.mlp.fc2.bias"]
+    sd["blocks.0.attn.q_norm.weight"] = torch.ones(8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(WeightsError) as e:
+        load_weights(model, sd)
+    assert "blocks.1.mlp.fc2.bias" in str(e.value) and "blocks.0.attn.q_norm.weight" in str(e.value)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "model changed on error"
+    report = load_weights(model, sd, strict=False)
+    assert report.missing == ["blocks.1.mlp.fc2.bias"] and report.unexpected == ["blocks.0.attn.q_norm.weight"]
+
+
+def test_shape_mismatch_names_key_and_shapes():
+    sd = tiny(num_classes=9).state_dict()
+    with pytest.raises(WeightsError, match=r"head.weight: checkpoint \(9, 32\) vs model \(5, 32\)"):
+        load_weights(tiny(), sd)
+    report = load_weights(tiny(), sd, exclude=("head.",))
+    assert not report.missing
+
+
+def test_from_pretrained_new_class_count_keeps_fresh_head(tmp_path):
+    src = tiny()
+    src.save_pretrained(tmp_path / "m")
+    model = vitkit.from_pretrained(tmp_path / "m", num_classes=3, img_size=48)
+    assert model.head.out_features == 3 and torch.count_nonzero(model.head.weight) == 0
+    assert model.pos_embed.shape == (1, 1 + 36, 32)
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, src.blocks[1].mlp.fc2.weight)
+
+
+def test_unknown_layout_and_bad_files(tmp_path):
+    with pytest.raises(WeightsError, match="unrecognised weight layout"):
+        detect_format(["conv1.weight", "fc.bias"])
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(WeightsError, match="not a readable safetensors"):
+        vitkit.from_pretrained(tmp_path / "junk.safetensors")
+    with pytest.raises(WeightsError, match="not found"):
+        vitkit.from_pretrained(tmp_path / "absent.npz")
+    (tmp_path / "w.onnx").write_bytes(b"")
+    with pytest.raises(WeightsError, match="unknown weights file type"):
+        vitkit.load_weights(tiny(), tmp_path / "w.onnx")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightsError, match="no weights in folder"):
+        vitkit.from_pretrained(tmp_path / "empty")
+
+
+def test_wrapped_and_ddp_prefixed_checkpoints(tmp_path, images):
+    src = tiny()
+    wrapped = {"epoch": 3, "model": {"module." + k: v for k, v in src.state_dict().items()}}
+    torch.save(wrapped, tmp_path / "ckpt.pth")
+    back = tiny(representation_size=None)
+    load_weights(back, tmp_path / "ckpt.pth")
+    x = images(1, 32, 32)
+    assert max_diff(back(x), src(x)) == 0
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_crafted_pickle_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = _Evil()
+    evil.marker = marker
+    payload = {"patch_embed.proj.weight": torch.zeros(1), "x": evil}
+    for name in ("evil.pth", "evil.bin"):
+        with open(tmp_path / name, "wb") as f:
+            torch.save(payload, f)
+        assert not marker.exists()
+        with pytest.raises(UnsafeCheckpointError, match="refused to load"):
+            vitkit.from_pretrained(tmp_path / name)
+        assert not marker.exists(), "unpickling ran code"
+    # an npz holding a pickled object array is refused too
+    np.savez(tmp_path / "evil.npz", obj=np.array([evil], dtype=object))
+    with pytest.raises(WeightsError, match="refused|pickled"):
+        vitkit.from_pretrained(tmp_path / "evil.npz")
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------ hub
+
+
+def test_hub_download_uses_hf_hub_download(tmp_path, monkeypatch, images):
+    src = tiny()
+    src.save_pretrained(tmp_path / "repo")
+    calls = []
+
+    def fake_download(repo, filename, revision=None, cache_dir=None):
+        calls.append((repo, filename, revision))
+        path = tmp_path / "repo" / filename
+        if not path.exists():
+            raise type("EntryNotFoundError", (Exception,), {})(filename)
+        return str(path)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=fake_download))
+    model = vitkit.from_pretrained("hf-hub:someone/tiny-vit@v1")
+    assert calls[0] == ("someone/tiny-vit", "config.json", "v1")
+    assert ("someone/tiny-vit", "model.safetensors", "v1") in calls
+    x = images(1, 32, 32)
+    assert max_diff(model(x), src(x)) == 0
+
+
+def test_hub_offline_gives_clear_message(monkeypatch):
+    def offline(*a, **k):
+        raise ConnectionError("Failed to resolve 'huggingface.co'")
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=offline))
+    with pytest.raises(WeightsError, match="Offline or no access.*local folder"):
+        vitkit.from_pretrained("hf-hub:org/name")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
+    with pytest.raises(WeightsError, match="pip install huggingface_hub"):
+        vitkit.from_pretrained("hf-hub:org/name")

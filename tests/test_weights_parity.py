@@ -1,0 +1,158 @@
+"""fp32 parity (<= 1e-5) with timm, Hugging Face transformers and timm's official-npz loader."""
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+
+timm = pytest.importorskip("timm")
+TOL = 1e-5
+
+
+def timm_pair(name, **kw):
+    ref = randomize(timm.create_model(name, pretrained=False, **kw))
+    ours = vitkit.create_model(name, **kw).eval()
+    report = vitkit.load_weights(ours, ref.state_dict())
+    assert report.format == "timm" and not report.missing and not report.unexpected
+    return ref, ours
+
+
+def assert_close(ref, ours, x):
+    with torch.no_grad():
+        a, b = ref(x), ours(x)
+    assert a.std() > 1e-2, "degenerate outputs would hide mapping errors"
+    assert max_diff(a, b) <= TOL
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224"])
+def test_timm_standard_models(name, images):
+    ref, ours = timm_pair(name, num_classes=11)
+    assert_close(ref, ours, images(2))
+
+
+def test_timm_non_square_avg_pool_without_class_token(images):
+    kw = dict(img_size=(96, 160), class_token=False, global_pool="avg", num_classes=7)
+    ref, ours = timm_pair("vit_small_patch16_224", **kw)
+    assert ours.fc_norm.weight is not None and isinstance(ours.norm, torch.nn.Identity)
+    assert_close(ref, ours, images(2, 96, 160))
+
+
+def test_timm_layerscale_model(images):
+    ref, ours = timm_pair("vit_tiny_patch16_224", init_values=1e-5, num_classes=3, img_size=64)
+    assert_close(ref, ours, images(2, 64, 64))
+
+
+def test_timm_dynamic_img_size(images):
+    ref, ours = timm_pair("vit_tiny_patch16_224", dynamic_img_size=True, num_classes=4, img_size=64)
+    assert_close(ref, ours, images(2, 80, 48))
+
+
+def test_timm_forward_intermediates_match(images):
+    ref, ours = timm_pair("vit_tiny_patch16_224", num_classes=4, img_size=64)
+    x = images(1, 64, 64)
+    with torch.no_grad():
+        _, a = ref.forward_intermediates(x, indices=[1, 5], norm=True)
+        _, b = ours.forward_intermediates(x, indices=[1, 5], norm=True)
+    assert all(max_diff(p, q) <= TOL for p, q in zip(a, b))
+
+
+def test_pos_embed_resampling_matches_timm():
+    from timm.layers import resample_abs_pos_embed
+    from vitkit.models import resample_pos_embed
+
+    pos = torch.randn(1, 1 + 14 * 14, 64, generator=torch.Generator().manual_seed(0))
+    ref = resample_abs_pos_embed(pos, new_size=(24, 24), num_prefix_tokens=1)
+    ours = resample_pos_embed(pos, (24, 24), num_prefix_tokens=1)
+    assert ours.shape == (1, 1 + 24 * 24, 64)
+    assert max_diff(ref, ours) <= 1e-6
+    # the whole model: 224 weights loaded into a 384 model resample the same way timm's does
+    ref_model = randomize(timm.create_model("vit_tiny_patch16_224", num_classes=2))
+    ours_384 = vitkit.create_model("vit_tiny_patch16_384", num_classes=2)
+    report = vitkit.load_weights(ours_384, ref_model.state_dict())
+    assert report.resampled and "14x14 -> 24x24" in report.resampled[0]
+    expected = resample_abs_pos_embed(ref_model.pos_embed.detach(), new_size=(24, 24), num_prefix_tokens=1)
+    assert max_diff(ours_384.pos_embed.detach(), expected) <= 1e-6
+
+
+def test_timm_no_embed_class_pos_table_loads_exactly(images):
+    """timm's no_embed_class / big_vision tables (no class slot) become a zero class slot."""
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", no_embed_class=True, num_classes=3, img_size=64))
+    ours = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=64).eval()
+    vitkit.load_weights(ours, ref.state_dict())
+    assert torch.count_nonzero(ours.pos_embed[:, 0]) == 0
+    assert_close(ref, ours, images(2, 64, 64))
+
+
+# ------------------------------------------------------------------ Hugging Face
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_config(**kw):
+    base = dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3, intermediate_size=768,
+                image_size=64, patch_size=16, num_labels=4,
+                id2label={0: "cat", 1: "dog", 2: "fox", 3: "owl"}, label2id={"cat": 0, "dog": 1, "fox": 2, "owl": 3})
+    base.update(kw)
+    return transformers.ViTConfig(**base)
+
+
+def test_hf_image_classification_to_vitkit(tmp_path, images):
+    ref = randomize(transformers.ViTForImageClassification(hf_config()))
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.norm_eps == 1e-12  # read from the HF config, not assumed
+    assert ours.config.label_names == ["cat", "dog", "fox", "owl"]
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a = ref(x).logits
+    assert a.std() > 1e-2 and max_diff(a, ours(x)) <= TOL
+
+
+def test_hf_vitmodel_pooler_is_pre_logits(tmp_path, images):
+    ref = randomize(transformers.ViTModel(hf_config()))
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.representation_size == 192 and ours.config.num_classes == 0
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        out = ref(x)
+        feats = ours.forward_features(x)
+    assert max_diff(out.last_hidden_state, feats) <= TOL
+    assert max_diff(out.pooler_output, ours(x)) <= TOL
+
+
+def test_vitkit_to_hf_loads_in_transformers(tmp_path, images):
+    ours = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=64, num_classes=3,
+                                         label_names=["a", "b", "c"]))
+    vitkit.export_weights(ours, tmp_path / "hf", "hf")
+    ref = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    assert ref.config.id2label[2] == "c"
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        assert max_diff(ref(x).logits, ours(x)) <= TOL
+
+
+# ------------------------------------------------------------------ official npz
+
+
+def test_vitkit_npz_read_by_timm_official_loader(tmp_path, images):
+    ours = randomize(vitkit.create_model("vit_small_patch16_224", img_size=64, num_classes=5))
+    path = vitkit.export_weights(ours, tmp_path / "vit.npz", "npz")
+    ref = timm.create_model("vit_small_patch16_224", img_size=64, num_classes=5).eval()
+    ref.load_pretrained(str(path))  # timm's own reader of the official layout
+    assert_close(ref, ours, images(2, 64, 64))
+    back = vitkit.create_model("vit_small_patch16_224", img_size=64, num_classes=5).eval()
+    assert vitkit.load_weights(back, path).format == "npz"
+    for (k, v), (k2, v2) in zip(ours.state_dict().items(), back.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+
+
+def test_big_vision_scan_npz_read_by_timm(tmp_path, images):
+    kw = dict(img_size=64, class_token=False, global_pool="avg", fc_norm=False, num_classes=5)
+    ours = randomize(vitkit.create_model("vit_tiny_patch16_224", **kw))
+    path = vitkit.export_weights(ours, tmp_path / "bv.npz", "big_vision", scan=True)
+    ref = timm.create_model("vit_tiny_patch16_224", **kw).eval()
+    ref.load_pretrained(str(path))
+    assert_close(ref, ours, images(2, 64, 64))
