@@ -219,3 +219,15 @@ def test_official_initialisation_statistics():
     assert abs(model.pos_embed.std().item() - 0.02) < 0.002
     w = model.patch_embed.proj.weight
     assert abs(w.std().item() - math.sqrt(1 / (3 * 16 * 16))) < 0.003  # LeCun normal
+
+
+def test_inference_fast_path_equals_autograd_path(images):
+    """The in-place GELU used without autograd computes exactly what the autograd path does."""
+    for gelu in ("exact", "tanh"):
+        model = tiny(gelu=gelu)
+        x = images(2, 32, 32)
+        with_grad = model(x)
+        assert with_grad.requires_grad
+        with torch.inference_mode():
+            fast = model(x)
+        assert torch.equal(with_grad.detach(), fast)

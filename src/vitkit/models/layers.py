@@ -270,7 +270,13 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop) if drop > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.fc1(x))
+        x = self.fc1(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            x = self.act(x)
+        else:
+            # Inference: GELU in place on the 4x-wide hidden tensor saves one allocation
+            # and one pass over the largest activation of the block.
+            x = torch.ops.aten.gelu_(x, approximate=self.act.approximate)
         if self.drop is not None:
             x = self.drop(x)
         x = self.fc2(x)
