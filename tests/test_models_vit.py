@@ -231,3 +231,20 @@ def test_inference_fast_path_equals_autograd_path(images):
         with torch.inference_mode():
             fast = model(x)
         assert torch.equal(with_grad.detach(), fast)
+
+
+def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
+    model = tiny()
+    x = images(2, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = model(x).detach()  # autograd on: PyTorch's own per-call casts
+        with torch.inference_mode():
+            cached, again = model(x), model(x)
+    assert torch.equal(plain, cached) and torch.equal(cached, again)
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight.mul_(2.0)  # an optimiser step or a load does this
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain2 = model(x).detach()
+        with torch.inference_mode():
+            cached2 = model(x)
+    assert torch.equal(plain2, cached2) and not torch.equal(cached2, cached)

@@ -156,3 +156,14 @@ def test_big_vision_scan_npz_read_by_timm(tmp_path, images):
     ref = timm.create_model("vit_tiny_patch16_224", **kw).eval()
     ref.load_pretrained(str(path))
     assert_close(ref, ours, images(2, 64, 64))
+
+
+def test_timm_hub_folder_from_save_for_hf(tmp_path, images):
+    """A folder as timm pushes to the Hub: config.json (architecture, model_args) + weights."""
+    from timm.models import save_for_hf
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=64, num_classes=3))
+    save_for_hf(ref, str(tmp_path), model_config={"label_names": ["a", "b", "c"]}, safe_serialization=True)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.img_size == (64, 64) and ours.config.label_names == ["a", "b", "c"]
+    assert_close(ref, ours, images(2, 64, 64))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .serialize import SaveMixin
-from .layers import (INTERPOLATIONS, Block, IntPair, PatchEmbed, lecun_normal_,
+from .layers import (INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
                      resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed,
                      to_2tuple, xavier_uniform_fan)
 
@@ -208,7 +208,7 @@ class VisionTransformer(SaveMixin, nn.Module):
             self.register_buffer("pos_embed_fixed", sincos_2d_pos_embed((gh, gw), D), persistent=False)
 
     def _new_head(self, num_classes: int) -> nn.Module:
-        return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        return Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     @torch.no_grad()
     def init_weights(self) -> None:

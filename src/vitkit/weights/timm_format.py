@@ -86,29 +86,39 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     return ViTConfig(**kw)
 
 
+#: timm ``model_args`` that mean the same thing in ViTConfig.
+_TIMM_ARGS = ("img_size", "patch_size", "in_chans", "class_token", "global_pool", "fc_norm",
+              "init_values", "qkv_bias", "dynamic_img_size", "embed_dim", "depth", "num_heads")
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
-    """A timm hub ``config.json`` (``architecture`` + ``pretrained_cfg``) -> ViTConfig."""
+    """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> ViTConfig."""
     arch = str(cfg.get("architecture", ""))
     pre = cfg.get("pretrained_cfg", {}) or {}
-    kw: Dict[str, Any] = {}
+    args = cfg.get("model_args", {}) or {}
+    unsupported = sorted(k for k in ("no_embed_class", "reg_tokens", "pre_norm", "qk_norm")
+                         if args.get(k))
+    if unsupported:
+        raise WeightsError(f"timm model_args {unsupported} have no vitkit ViT equivalent")
+    kw: Dict[str, Any] = {k: args[k] for k in _TIMM_ARGS if k in args and args[k] is not None}
+    if "mlp_ratio" in args:
+        width = kw.get("embed_dim") or sd["patch_embed.proj.weight"].shape[0]
+        kw["mlp_dim"] = int(width * args["mlp_ratio"])
     if "num_classes" in cfg:
         kw["num_classes"] = int(cfg["num_classes"])
     if cfg.get("global_pool") in ("token", "avg"):
         kw["global_pool"] = cfg["global_pool"]
-    for src, dst in (("mean", "mean"), ("std", "std"), ("crop_pct", "crop_pct"),
-                     ("interpolation", "interpolation")):
-        if src in pre:
-            kw[dst] = tuple(pre[src]) if isinstance(pre[src], list) else pre[src]
+    for key in ("mean", "std", "crop_pct", "interpolation"):
+        if key in pre:
+            kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
     if "input_size" in pre:
-        kw["img_size"] = tuple(pre["input_size"][1:])
+        kw.setdefault("img_size", tuple(pre["input_size"][1:]))
     names = cfg.get("label_names")
-    if isinstance(names, list) and len(names) == kw.get("num_classes", -1):
+    if isinstance(names, dict):
+        names = [names.get(str(i), names.get(i)) for i in range(len(names))]
+    if isinstance(names, list) and len(names) == kw.get("num_classes", -1) and None not in names:
         kw["label_names"] = [str(n) for n in names]
     kw.update(overrides)
     base = arch.split(".")[0]
-    if base in list_models():
-        config = get_model_config(base).replace(**kw)
-    else:  # unknown name: read the architecture off the weights
-        inferred = infer_config(sd)
-        config = inferred.replace(**kw)
-    return config
+    config = get_model_config(base) if base in list_models() else infer_config(sd)
+    return config.replace(**kw)
