@@ -248,3 +248,14 @@ def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
         with torch.inference_mode():
             cached2 = model(x)
     assert torch.equal(plain2, cached2) and not torch.equal(cached2, cached)
+
+
+def test_autocast_path_with_a_model_built_in_inference_mode(images):
+    x = images(1, 32, 32)
+    with torch.inference_mode():
+        model = tiny()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = tiny()(x).detach()
+    assert torch.equal(out, ref)

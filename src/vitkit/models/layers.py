@@ -226,7 +226,9 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if torch.is_grad_enabled() or not torch.is_autocast_enabled(device):
+        if torch.is_grad_enabled() or not torch.is_autocast_enabled(device) or self.weight.is_inference():
+            # Inference tensors (a model built under inference_mode) have no version counter,
+            # so a change to them could not be seen: no cache for them.
             return F.linear(x, self.weight, self.bias)
         dtype = torch.get_autocast_dtype(device)
         w = self.weight
