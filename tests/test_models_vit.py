@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.models import ViTConfig, VisionTransformer, count_parameters, get_model_config
+from vitkit.models import ViTConfig, VisionTransformer, count_parameters
 from conftest import max_diff, randomize
 
 PAPER_COUNTS = {

@@ -1,7 +1,6 @@
 """Official npz layouts built by hand, every round trip, format detection, errors, safety."""
 
 import os
-import pickle
 import sys
 import types
 
