@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.vitkit-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt scripts/setup-system.sh
+	bash scripts/setup-system.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt

@@ -1,0 +1,44 @@
+"""The IDX format of MNIST and Fashion-MNIST (LeCun et al.), gzip-compressed or raw.
+
+Header: two zero bytes, a type code, the number of dimensions, then one big-endian uint32
+per dimension; the data follows in C order, big-endian.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+class IDXError(ValueError):
+    """A file that is not a well-formed IDX file."""
+
+
+def read_idx(path: Union[str, Path]) -> np.ndarray:
+    """Read an IDX file (``.gz`` or raw) into a numpy array, checking header and size."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise IDXError(f"cannot read {path}: {e}") from e
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _TYPES:
+        raise IDXError(f"{path} is not an IDX file (bad magic {data[:4].hex() or 'empty'})")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise IDXError(f"{path}: truncated header")
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dtype = np.dtype(_TYPES[data[2]])
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        raise IDXError(f"{path}: {len(data)} bytes, expected {expected} for shape {shape} "
+                       f"(truncated or corrupt file)")
+    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+    return arr.astype(dtype.newbyteorder("="), copy=True)
