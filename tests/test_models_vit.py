@@ -224,7 +224,7 @@ def test_official_initialisation_statistics():
 def test_inference_fast_path_equals_autograd_path(images):
     """The in-place GELU used without autograd computes exactly what the autograd path does."""
     for gelu in ("exact", "tanh"):
-        model = tiny(gelu=gelu)
+        model = tiny(gelu=gelu, attn_impl="sdpa")  # the same attention kernel in both modes
         x = images(2, 32, 32)
         with_grad = model(x)
         assert with_grad.requires_grad
@@ -234,7 +234,7 @@ def test_inference_fast_path_equals_autograd_path(images):
 
 
 def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
-    model = tiny()
+    model = tiny(attn_impl="sdpa")  # the same attention kernel with and without autograd
     x = images(2, 32, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain = model(x).detach()  # autograd on: PyTorch's own per-call casts
@@ -253,9 +253,23 @@ def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
 def test_autocast_path_with_a_model_built_in_inference_mode(images):
     x = images(1, 32, 32)
     with torch.inference_mode():
-        model = tiny()
+        model = tiny(attn_impl="sdpa")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = tiny()(x).detach()
+        ref = tiny(attn_impl="sdpa")(x).detach()
     assert torch.equal(out, ref)
+
+
+def test_attention_impls_compute_the_same_gradients(images):
+    """'auto' trains through the explicit path on CPU; 'sdpa' through the fused kernel."""
+    x = images(2, 32, 32)
+    grads = {}
+    for impl in ("auto", "sdpa", "explicit"):
+        model = tiny(attn_impl=impl)
+        model.train()
+        model(x).square().sum().backward()
+        grads[impl] = model.blocks[0].attn.qkv.weight.grad
+    assert max_diff(grads["auto"], grads["sdpa"]) < 1e-5 and torch.equal(grads["auto"], grads["explicit"])
+    with pytest.raises(ValueError, match="attn_impl"):
+        tiny(attn_impl="flash")

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .serialize import SaveMixin
-from .layers import (INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
+from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
                      resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed,
                      to_2tuple, xavier_uniform_fan)
 
@@ -58,6 +58,8 @@ class ViTConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     init_values: Optional[float] = None
+    #: 'auto' (fused SDPA; the explicit path for CPU training, faster there), 'sdpa', 'explicit'.
+    attn_impl: str = "auto"
     dynamic_img_size: bool = False
     #: How position embeddings are resampled for a new grid (dynamic size, set_input_size).
     pos_embed_interpolation: str = "bicubic"
@@ -94,6 +96,8 @@ class ViTConfig:
             problems.append("pos_embed='learned_2d' needs an even embed_dim")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             problems.append("pos_embed='sincos2d' needs embed_dim divisible by 4")
+        if self.attn_impl not in ATTN_IMPLS:
+            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.pos_embed_interpolation not in INTERPOLATIONS:
             problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
         for name in ("img_size", "patch_size"):
@@ -178,7 +182,7 @@ class VisionTransformer(SaveMixin, nn.Module):
         rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear
         self.blocks = nn.ModuleList([
             Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu,
-                  cfg.drop_rate, cfg.attn_drop_rate, rates[i], cfg.init_values)
+                  cfg.drop_rate, cfg.attn_drop_rate, rates[i], cfg.init_values, cfg.attn_impl)
             for i in range(cfg.depth)])
         use_fc_norm = cfg.use_fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)
