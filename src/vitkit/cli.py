@@ -133,6 +133,60 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import resolve_config, train
+
+    overrides = {name: getattr(args, name) for name in _train_fields()}
+    if overrides.get("model_args") is not None:
+        overrides["model_args"] = json.loads(overrides["model_args"])
+    if args.no_progress:
+        overrides["progress"] = False
+    cfg = resolve_config(args.recipe, args.config, **overrides)
+    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"\nrun      {summary['run_dir']}")
+    print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
+    print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%)")
+    print(f"time     {summary['seconds']:.0f} s for {summary['steps']} steps ({summary['epochs']} epochs), "
+          f"{summary['train_img_s']:.0f} img/s")
+    return 0
+
+
+def _train_fields():
+    import dataclasses
+
+    from .train import TrainConfig
+
+    return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress")}
+
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field: every hyper-parameter is overridable."""
+    from .train import RECIPES
+
+    p.add_argument("--recipe", default="fmnist", choices=list(RECIPES))
+    p.add_argument("--config", help="YAML or JSON file of training options")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for name, f in _train_fields().items():
+        flag = "--" + name.replace("_", "-")
+        kind = str(f.type)
+        if name == "model_args":
+            p.add_argument(flag, help='ViT options as JSON, e.g. \'{"drop_path_rate": 0.1}\'')
+        elif name == "betas":
+            p.add_argument(flag, type=float, nargs=2)
+        elif "bool" in kind:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif "int" in kind:
+            p.add_argument(flag, type=int)
+        elif "float" in kind:
+            p.add_argument(flag, type=float)
+        else:
+            p.add_argument(flag)
+
+
 # ------------------------------------------------------------------------ parser
 
 
@@ -172,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
     p.set_defaults(func=cmd_predict)
+
+    p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
+    _add_train_flags(p)
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -1,0 +1,92 @@
+"""Training on real Fashion-MNIST: it learns, it writes a usable run, it stops cleanly."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.train import NonFiniteLoss, resolve_config, train
+from vitkit.train.checkpoint import checkpoint_paths, load_latest
+from vitkit.train.schedule import lr_at
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+def small(tmp_path, **kw):
+    base = dict(max_steps=120, out=str(tmp_path), name="run", checkpoint_every=60, progress=False,
+                val_size=2000, warmup_steps=20)
+    base.update(kw)
+    return resolve_config("fmnist", **base)
+
+
+@real
+@pytest.mark.slow
+def test_short_run_learns_and_writes_a_usable_run(tmp_path):
+    summary = train(small(tmp_path))
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train_loss" in r]
+    assert train_rows[-1]["train_loss"] < 0.6 * train_rows[0]["train_loss"]
+    assert train_rows[-1]["train_acc"] > train_rows[0]["train_acc"] + 0.2
+    assert summary["test_top1"] > 0.6  # chance is 0.1
+    assert summary["steps"] == 120 and summary["seconds"] > 0
+    assert (run / "training_curves.png").stat().st_size > 10_000
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 120
+    model = vitkit.from_pretrained(run / "model")
+    assert model.config.label_names[0] == "T-shirt/top" and model.config.in_chans == 1
+    test = fm.load_split("test")
+    x = (torch.from_numpy(test.images[:500])[:, None].float() / 255 - 0.2860) / 0.3530
+    with torch.inference_mode():
+        acc = (model(x).argmax(-1).numpy() == test.labels[:500]).mean()
+    assert abs(acc - summary["test_top1"]) < 0.08  # the saved model is the trained one
+    assert [p.name for p in checkpoint_paths(run)] == ["step_00000060.pt", "step_00000120.pt"]
+
+
+@real
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    from vitkit.train import loop
+
+    real_ce, calls = loop.F.cross_entropy, {"n": 0}
+
+    def poisoned(*a, **k):
+        calls["n"] += 1
+        out = real_ce(*a, **k)
+        return out * float("nan") if calls["n"] > 6 else out
+
+    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    with pytest.raises(NonFiniteLoss, match=r"at step 6 .*step_00000005\.pt"):
+        train(small(tmp_path, max_steps=20, checkpoint_every=5))
+    state = load_latest(tmp_path / "run")
+    assert state["step"] == 5 and all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_bad_inputs_have_clear_messages(tmp_path):
+    with pytest.raises(ValueError, match="unknown recipe"):
+        resolve_config("imagenet-in-5-minutes")
+    with pytest.raises(ValueError, match="unknown training option"):
+        resolve_config("fmnist", learning_rate=1.0)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        resolve_config("fmnist", optimizer="lion")
+    with pytest.raises(FileNotFoundError, match="no Fashion-MNIST files in"):
+        train(small(tmp_path, data_dir=str(tmp_path / "nothing-here")))
+    with pytest.raises(FileNotFoundError, match="cannot resume"):
+        train(small(tmp_path), resume=str(tmp_path / "not-a-run"))
+
+
+def test_schedule_warmup_then_cosine_and_linear():
+    assert lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, 10) == pytest.approx(1.0)
+    assert lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
+    assert lr_at(55, 100, 1.0, 10, "cosine") == pytest.approx(0.5)
+    assert lr_at(99, 100, 1.0, 10, "linear", 0.0) == pytest.approx(1 / 90, abs=1e-6)
+    assert lr_at(50, 100, 1.0, 0, "constant") == 1.0
+
+
+def test_config_file_and_recipe_precedence(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"lr": 0.5, "batch_size": 64}))
+    cfg = resolve_config("paper-finetune", str(tmp_path / "c.json"), batch_size=32)
+    assert (cfg.optimizer, cfg.lr, cfg.batch_size, cfg.weight_decay) == ("sgd", 0.5, 32, 0.0)
+    pre = resolve_config("paper-pretrain")
+    assert (pre.batch_size, pre.warmup_steps, pre.weight_decay, pre.schedule) == (4096, 10_000, 0.1, "linear")
