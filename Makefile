@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitkit-installed
 
-.PHONY: demo test setup bench clean
+.PHONY: demo tour test setup bench clean
 
 setup: $(STAMP)
 
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml requirements-dev.txt scripts/setup-system.sh
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
+# The main job: train the default ViT on Fashion-MNIST (about 5 minutes on 2 CPU cores).
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(VENV)/bin/vitkit train
+
+# A walk through models, costs, conversion and prediction (untrained weights).
+tour: $(STAMP)
+	$(PY) scripts/tour.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

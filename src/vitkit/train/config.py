@@ -36,8 +36,10 @@ class TrainConfig:
     warmup_steps: int = 200
     clip_grad: Optional[float] = 1.0
     label_smoothing: float = 0.0
-    crop_pad: int = 2
-    hflip: bool = True
+    #: Augmentation. Off by default: the 5-minute default run underfits (train accuracy ~
+    #: validation accuracy) and augmentation cost 2.4 points there; fmnist-long turns it on.
+    crop_pad: int = 0
+    hflip: bool = False
     val_size: int = 5000
     precision: str = "auto"
     compile: bool = False
@@ -79,7 +81,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # The default run: minutes on a 2-core CPU.
     "fmnist": {},
     # Longer and more regularised, for the last points of accuracy.
-    "fmnist-long": {"epochs": 40.0, "model_args": {"drop_path_rate": 0.1}, "label_smoothing": 0.1},
+    "fmnist-long": {"epochs": 40.0, "model_args": {"drop_path_rate": 0.1}, "label_smoothing": 0.1,
+                    "crop_pad": 2, "hflip": True},
     # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
     # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
     # tanh pre-logits head, dropout 0.1.

@@ -1,8 +1,8 @@
-"""`make demo` (foundation stage): build, save, convert and run a ViT end to end.
+"""`make tour`: build, save, convert and run a ViT end to end.
 
-Until the training issue lands the weights are untrained: the prediction shows the whole
-pipeline (config-driven preprocessing, official-layout round trip, class names), not
-knowledge. Output goes to demo_out/.
+The weights are untrained: the prediction shows the whole pipeline (config-driven
+preprocessing, official-layout round trip, class names), not knowledge. Output goes to
+demo_out/. `make demo` trains a model instead.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> int:
     print(f"max |logit difference| after the npz round trip: {diff:.2e}")
     cli(["predict", "--weights", str(out / "vit_tiny"), "--top-k", "3", *photos(out)])
     print("\n(untrained weights: a zero-initialised head gives uniform probabilities; "
-          "training arrives with the next capability)")
+          "`make demo` trains a model)")
     return 0
 
 
