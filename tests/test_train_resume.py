@@ -1,0 +1,50 @@
+"""A run killed with SIGKILL and resumed ends bitwise equal to an uninterrupted run (CPU)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitkit.data import fashion_mnist as fm
+from vitkit.train.checkpoint import checkpoint_paths
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
+
+ARGS = ["--max-steps", "40", "--checkpoint-every", "10", "--keep-checkpoints", "5", "--val-size", "1000",
+        "--batch-size", "128", "--warmup-steps", "5", "--crop-pad", "2", "--hflip", "--no-progress",
+        "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}']
+
+
+def vitkit_train(*extra):
+    return [sys.executable, "-m", "vitkit", "train", *ARGS, *extra]
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    subprocess.run(vitkit_train("--out", str(tmp_path), "--name", "straight"), check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.Popen(vitkit_train("--out", str(tmp_path), "--name", "killed"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "killed"
+    deadline = time.time() + 120
+    while not any(p.name == "step_00000020.pt" for p in checkpoint_paths(run)):
+        assert proc.poll() is None, "training ended before it could be killed"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "model").exists(), "the run was meant to die before finishing"
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "resuming" in done.stderr
+    a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    b = load_file(run / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
