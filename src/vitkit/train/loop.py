@@ -55,7 +55,11 @@ def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+    try:  # oneDNN's own probe for native bf16 (AVX-512 BF16 / AMX); a private API, so guarded
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    return torch.bfloat16 if native else None
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -97,6 +101,11 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     model.train(was_training)
     n = max(len(labels), 1)
     return total_loss / n, correct / n
+
+
+def _fresh_window() -> Dict[str, float]:
+    """Running sums for the train metrics of one logging interval."""
+    return {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
 
 
 def _autocast(device: torch.device, amp: Optional[torch.dtype]):
@@ -189,7 +198,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
     progress = Progress(total, start, enabled=cfg.progress)
     model.train()
     seen, train_time = 0, 0.0
-    window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter(), "images": 0}
+    window = _fresh_window()
     t_start = time.perf_counter()
     last_ckpt: Optional[Path] = None
     perm, perm_epoch = None, -1
@@ -240,7 +249,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
             log_metrics(row)
             progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
                                    "epoch": row["epoch"]})
-            window = {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
+            window = _fresh_window()
         if done % steps_per_epoch == 0 or done == total:
             val_loss, val_acc = evaluate(model, va_x, va_y, mean, std, cfg.eval_batch_size, amp)
             log_metrics({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
