@@ -90,3 +90,15 @@ def test_config_file_and_recipe_precedence(tmp_path):
     assert (cfg.optimizer, cfg.lr, cfg.batch_size, cfg.weight_decay) == ("sgd", 0.5, 32, 0.0)
     pre = resolve_config("paper-pretrain")
     assert (pre.batch_size, pre.warmup_steps, pre.weight_decay, pre.schedule) == (4096, 10_000, 0.1, "linear")
+
+
+@real
+def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_path):
+    train(small(tmp_path, max_steps=4, checkpoint_every=2))
+    config_path = tmp_path / "run" / "config.json"
+    cfg = json.loads(config_path.read_text())
+    cfg["model_args"] = {"embed_dim": 64, "num_heads": 2, "mlp_dim": 128}
+    cfg["max_steps"] = 6
+    config_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="does not fit model 'vit_fmnist'"):
+        train(small(tmp_path), resume=str(tmp_path / "run"))
