@@ -154,6 +154,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .evaluate import classification_report, plot_confusion
+    from .train.loop import load_split_tensors
+    from .weights import from_pretrained
+
+    model = from_pretrained(args.weights, model_name=args.model)
+    images, labels, classes = load_split_tensors(args.dataset, args.split, args.data_dir)
+    report = classification_report(model, images, labels, classes, args.batch_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_confusion(report, out / "confusion_matrix.png")
+    result = {"weights": args.weights, "dataset": args.dataset, "split": args.split,
+              "confusion_png": str(png), **report.to_dict()}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{args.dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
+          f"({report.count} images)")
+    for name, acc in report.per_class.items():
+        print(f"  {name:<16} {100 * acc:6.2f}%")
+    print(f"confusion matrix: {png}")
+    return 0
+
+
 def _train_fields():
     import dataclasses
 
@@ -226,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
     p.set_defaults(func=cmd_predict)
+
+    p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--data-dir")
+    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--out", default=".", help="folder for confusion_matrix.png")
+    p.set_defaults(func=cmd_eval)
 
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
     _add_train_flags(p)

@@ -45,6 +45,15 @@ def load_dataset(cfg: TrainConfig):
     raise ValueError(f"unknown dataset {cfg.dataset!r}; available: fashion-mnist")
 
 
+def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None):
+    """(uint8 images (N, C, H, W), int64 labels, class names) of one split, on the CPU."""
+    if dataset not in ("fashion-mnist", "fashion_mnist", "fmnist"):
+        raise ValueError(f"unknown dataset {dataset!r}; available: fashion-mnist")
+    data = fashion_mnist.load_split(split, data_dir)
+    images, labels = to_tensors(data.images, data.labels, torch.device("cpu"))
+    return images, labels, data.classes
+
+
 def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
     """bf16 autocast where the hardware does it well, fp16 on older GPUs, else fp32 (None)."""
     if cfg.precision == "fp32":

@@ -1,0 +1,96 @@
+"""Classification metrics on an in-memory split: top-1, top-5, per-class accuracy, confusion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..utils import atomic_path
+
+
+@dataclass
+class ClassificationReport:
+    top1: float
+    top5: float
+    per_class: Dict[str, float]
+    confusion: np.ndarray  # rows: true class, columns: predicted class
+    classes: List[str] = field(default_factory=list)
+    count: int = 0
+
+    def to_dict(self) -> dict:
+        return {"top1": self.top1, "top5": self.top5, "count": self.count, "per_class": self.per_class,
+                "confusion": self.confusion.tolist(), "classes": self.classes}
+
+
+def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> the model's input: channels, size and normalisation of its config."""
+    x = images_uint8.float() / 255.0
+    if x.shape[1] != config.in_chans:
+        if x.shape[1] == 1:
+            x = x.expand(-1, config.in_chans, -1, -1)
+        else:
+            raise ValueError(f"images have {x.shape[1]} channels, the model expects {config.in_chans}")
+    if tuple(x.shape[-2:]) != tuple(config.img_size):
+        x = F.interpolate(x, size=tuple(config.img_size), mode="bicubic", align_corners=False).clamp(0, 1)
+    mean = torch.tensor(config.mean, device=x.device).view(1, -1, 1, 1)
+    std = torch.tensor(config.std, device=x.device).view(1, -1, 1, 1)
+    return (x - mean) / std
+
+
+@torch.inference_mode()
+def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                          classes: Optional[List[str]] = None, batch_size: int = 500) -> ClassificationReport:
+    """Evaluate ``model`` on uint8 images (N, C, H, W) with integer labels."""
+    model.eval()
+    n_classes = model.config.num_classes
+    classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
+    confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
+    top5_hits = 0
+    for i in range(0, len(labels), batch_size):
+        logits = model(prepare_batch(images[i:i + batch_size], model.config)).float()
+        y = labels[i:i + batch_size]
+        k = min(5, n_classes)
+        top5_hits += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum().item()
+        pred = logits.argmax(-1)
+        np.add.at(confusion, (y.cpu().numpy(), pred.cpu().numpy()), 1)
+    count = int(confusion.sum())
+    support = confusion.sum(1)
+    per_class = {c: float(confusion[i, i] / support[i]) if support[i] else float("nan")
+                 for i, c in enumerate(classes)}
+    return ClassificationReport(float(np.trace(confusion) / max(count, 1)), top5_hits / max(count, 1),
+                                per_class, confusion, classes, count)
+
+
+def plot_confusion(report: ClassificationReport, path: Path, title: str = "") -> Path:
+    """Row-normalised confusion matrix as a PNG (true class down, prediction across)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = report.confusion.astype(float)
+    rows = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    n = len(report.classes)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.55 * n))
+    ax.imshow(rows, cmap="Blues", vmin=0, vmax=1)
+    for i in range(n):
+        for j in range(n):
+            if cm[i, j]:
+                ax.text(j, i, f"{100 * rows[i, j]:.0f}", ha="center", va="center", fontsize=8,
+                        color="white" if rows[i, j] > 0.5 else "black")
+    ax.set_xticks(range(n), report.classes, rotation=45, ha="right")
+    ax.set_yticks(range(n), report.classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title or f"top-1 {100 * report.top1:.2f}% on {report.count} images (row %)")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path

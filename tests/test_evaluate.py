@@ -1,0 +1,51 @@
+"""Classification metrics and `vitkit eval`."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import vitkit
+from vitkit.cli import main
+from vitkit.data import fashion_mnist as fm
+from vitkit.evaluate import classification_report, plot_confusion
+
+
+class Oracle(nn.Module):
+    """Reads the class off the image brightness (images are filled with 10 * (class + 1))."""
+
+    config = SimpleNamespace(num_classes=3, label_names=["a", "b", "c"], in_chans=1, img_size=(4, 4),
+                             mean=(0.0,), std=(1.0,))
+
+    def forward(self, x):
+        m = x.mean((1, 2, 3)) * 255 / 10 - 1
+        return -(m[:, None] - torch.arange(3.0)) ** 2
+
+
+def test_report_counts_and_confusion(tmp_path):
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    images = (10 * (labels + 1)).to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 4, 4).contiguous()
+    truth = labels.clone()
+    truth[5] = 0  # one image labelled 'a' that the oracle calls 'c'
+    report = classification_report(Oracle(), images, truth, batch_size=4)
+    assert report.top1 == pytest.approx(5 / 6) and report.top5 == 1.0 and report.count == 6
+    assert report.confusion.tolist() == [[2, 0, 1], [0, 2, 0], [0, 0, 1]]
+    assert report.per_class == {"a": pytest.approx(2 / 3), "b": 1.0, "c": 1.0}
+    png = plot_confusion(report, tmp_path / "cm.png")
+    assert png.stat().st_size > 5_000
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_cli_eval_on_fashion_mnist(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", depth=1, label_names=list(fm.CLASSES))
+    torch.nn.init.normal_(model.head.weight, std=0.1)
+    model.save_pretrained(tmp_path / "m")
+    code = main(["eval", "--weights", str(tmp_path / "m"), "--out", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["count"] == 10_000 and np.sum(out["confusion"]) == 10_000
+    assert out["top5"] >= out["top1"] and set(out["per_class"]) == set(fm.CLASSES)
+    assert (tmp_path / "confusion_matrix.png").is_file()
