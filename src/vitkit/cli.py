@@ -180,6 +180,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    import torch
+
+    from .evaluate import extract_features, fewshot_from_features
+    from .train.loop import load_split_tensors
+    from .weights import from_pretrained
+
+    model = from_pretrained(args.weights, model_name=args.model)
+    tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
+    te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
+    if args.pool:  # features of a random subset of the training pool are enough to draw shots from
+        pick = torch.randperm(len(tr_y), generator=torch.Generator().manual_seed(0))[:args.pool]
+        tr_x, tr_y = tr_x[pick], tr_y[pick]
+    feats_tr, feats_te = extract_features(model, tr_x), extract_features(model, te_x)
+    results = fewshot_from_features(feats_tr, tr_y, feats_te, te_y, args.shots, args.seeds)
+    if args.json:
+        print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
+                          "results": [r.to_dict() for r in results.values()]}))
+        return 0
+    print(f"few-shot linear evaluation ({args.dataset}, {args.seeds} seeds, ridge to {{-1, 1}} targets)")
+    for r in results.values():
+        print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
+    return 0
+
+
 def _train_fields():
     import dataclasses
 
@@ -262,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--out", default=".", help="folder for confusion_matrix.png")
     p.set_defaults(func=cmd_eval)
+
+    p = verb("fewshot", "the paper's few-shot linear evaluation of frozen features")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--data-dir")
+    p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--pool", type=int, default=10_000,
+                   help="training images to draw shots and the held-out split from (0: all)")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.set_defaults(func=cmd_fewshot)
 
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
     _add_train_flags(p)

@@ -1,0 +1,68 @@
+"""Few-shot ridge evaluation: near 100% on separable features, near chance on random labels."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.cli import main
+from vitkit.data import fashion_mnist as fm
+from vitkit.evaluate import fewshot_from_features, ridge_fit
+
+
+def blobs(n_per_class, classes=10, dim=32, spread=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=g, dtype=torch.float64) * 3
+    y = torch.arange(classes).repeat_interleave(n_per_class)
+    x = centres[y] + spread * torch.randn(len(y), dim, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def test_separable_features_are_near_perfect():
+    tr_x, tr_y = blobs(100, seed=2)
+    te_x, te_y = blobs(50, seed=2)  # same seed: the same class centres
+    res = fewshot_from_features(tr_x, tr_y, te_x, te_y, shots=[1, 5], seeds=3)
+    assert res[5].mean > 0.99 and res[1].mean > 0.9
+    assert len(res[5].per_seed) == 3 and all(l > 0 for l in res[5].lambdas)
+
+
+def test_random_labels_are_near_chance():
+    tr_x, _ = blobs(100, seed=3)
+    te_x, _ = blobs(100, seed=3)
+    g = torch.Generator().manual_seed(9)
+    tr_y = torch.randint(0, 10, (len(tr_x),), generator=g)
+    te_y = torch.randint(0, 10, (len(te_x),), generator=g)
+    res = fewshot_from_features(tr_x, tr_y, te_x, te_y, shots=[10], seeds=3, holdout_per_class=20)
+    assert abs(res[10].mean - 0.1) < 0.04
+
+
+def test_ridge_closed_form_matches_least_squares_limit_and_dual_form():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    w_true = torch.randn(5, 2, generator=g, dtype=torch.float64)
+    y = x @ w_true + 0.7
+    w, b = ridge_fit(x, y, 1e-9)  # primal (features < samples): recovers the exact solution
+    assert torch.allclose(w, w_true, atol=1e-6) and torch.allclose(b, torch.full((2,), 0.7, dtype=torch.float64))
+    xs = x[:4]  # dual form (features > samples) interpolates the targets when lambda -> 0
+    w, b = ridge_fit(xs, y[:4], 1e-9)
+    assert torch.allclose(xs @ w + b, y[:4], atol=1e-5)
+
+
+def test_not_enough_images_per_class_is_a_clear_error():
+    tr_x, tr_y = blobs(10)
+    with pytest.raises(ValueError, match="need 35 images per class"):
+        fewshot_from_features(tr_x, tr_y, tr_x, tr_y, shots=[25], holdout_per_class=10)
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_cli_fewshot_json(tmp_path, capsys):
+    torch.manual_seed(0)
+    vitkit.create_model("vit_fmnist", depth=1).save_pretrained(tmp_path / "m")
+    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--shots", "1", "5", "--seeds", "2",
+                 "--pool", "3000", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and [r["shots"] for r in out["results"]] == [1, 5]
+    one, five = (r["mean"] for r in out["results"])
+    # even random ViT features carry class information (chance is 10%), and more shots help
+    assert 0.15 < one < five <= 1
