@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -143,6 +144,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides["progress"] = False
     cfg = resolve_config(args.recipe, args.config, **overrides)
     summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -47,6 +47,7 @@ class TrainConfig:
     seed: int = 0
     out: str = "runs"
     name: Optional[str] = None
+    log_every: int = 50
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     eval_batch_size: int = 1000

@@ -22,6 +22,7 @@ from ..data import fashion_mnist
 from ..data.augment import normalize, random_crop, random_hflip
 from ..models import create_model
 from ..utils import write_json
+from . import distributed
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig
 from .plot import plot_curves
@@ -30,7 +31,6 @@ from .schedule import lr_at
 
 #: Per-channel statistics of the Fashion-MNIST training images (pixel values in [0, 1]).
 FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
-LOG_EVERY = 50
 
 
 class NonFiniteLoss(RuntimeError):
@@ -145,7 +145,16 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dist_info = distributed.setup()
+    try:
+        return _train(cfg, resume, log, dist_info)
+    finally:
+        distributed.cleanup(dist_info)
+
+
+def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str, Any]:
+    device, world, main = dist_info.device, dist_info.world, dist_info.main
+    run_dir = Path(resume) if resume else None
     train_set, test_set, mean, std = load_dataset(cfg)
 
     split = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(2021))
@@ -165,11 +174,15 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
     optimizer = make_optimizer(model, cfg)
     amp = pick_precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-    forward = torch.compile(model) if cfg.compile else model
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
+    forward = ddp or model
+    forward = torch.compile(forward) if cfg.compile else forward
 
-    micro = cfg.batch_size // cfg.accum_steps
-    if micro * cfg.accum_steps != cfg.batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by accum_steps {cfg.accum_steps}")
+    micro = cfg.batch_size // cfg.accum_steps  # global micro-batch; each rank takes 1/world of it
+    local = micro // world
+    if micro * cfg.accum_steps != cfg.batch_size or local * world != micro:
+        raise ValueError(f"batch_size {cfg.batch_size} must divide into {cfg.accum_steps} accumulation "
+                         f"steps x {world} processes")
     steps_per_epoch = len(tr_y) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size {cfg.batch_size} is larger than the {len(tr_y)} training images")
@@ -189,22 +202,28 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
-        log(f"resuming {run_dir} at step {start}/{total}")
+        if main:
+            log(f"resuming {run_dir} at step {start}/{total}")
     else:
-        run_dir = _run_dir(cfg)
-        write_json(run_dir / "config.json", cfg.to_dict())
+        run_dir = Path(distributed.broadcast(dist_info, str(_run_dir(cfg)) if main else None))
+        if main:
+            write_json(run_dir / "config.json", cfg.to_dict())
     metrics_path = run_dir / "metrics.jsonl"
 
-    def checkpoint(step: int) -> Path:
+    def checkpoint(step: int) -> Optional[Path]:
+        if not main:
+            return None
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step}
         return save_checkpoint(run_dir, step, state, cfg.keep_checkpoints)
 
     def log_metrics(row: Dict[str, Any]) -> None:
+        if not main:
+            return
         with open(metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
-    progress = Progress(total, start, enabled=cfg.progress)
+    progress = Progress(total, start, enabled=cfg.progress and main)
     model.train()
     seen, train_time = 0, 0.0
     window = _fresh_window()
@@ -224,15 +243,17 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         batch = perm[index * cfg.batch_size:(index + 1) * cfg.batch_size]
         for k in range(cfg.accum_steps):
             idx = batch[k * micro:(k + 1) * micro]
-            x = normalize(tr_x[idx], mean, std)
+            x = normalize(tr_x[idx], mean, std)  # the global micro-batch: the same draws on every rank
             x = random_crop(x, cfg.crop_pad, aug)
             if cfg.hflip:
                 x = random_hflip(x, aug)
-            y = tr_y[idx]
-            with _autocast(device, amp):
+            mine = slice(dist_info.rank * local, (dist_info.rank + 1) * local)
+            x, y = x[mine], tr_y[idx][mine]
+            sync = ddp is None or k == cfg.accum_steps - 1
+            with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
                 logits = forward(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-            if not torch.isfinite(loss):
+            if not math.isfinite(sum(distributed.sum_across(dist_info, [loss.item()]))):
                 progress.close()
                 where = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
                 raise NonFiniteLoss(f"loss became {loss.item()} at step {step} (lr {lr:.3g}): stopping"
@@ -250,8 +271,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         train_time += time.perf_counter() - t0
         seen += cfg.batch_size
         done = step + 1
-        if done % LOG_EVERY == 0 or done == total:
+        if done % cfg.log_every == 0 or done == total:
             now = time.perf_counter()
+            window["loss"], window["correct"], window["n"] = distributed.sum_across(
+                dist_info, [window["loss"], window["correct"], window["n"]])
             row = {"step": done, "epoch": round(done / steps_per_epoch, 3), "lr": lr,
                    "train_loss": window["loss"] / window["n"], "train_acc": window["correct"] / window["n"],
                    "img_s": window["n"] / max(now - window["t"], 1e-9)}
@@ -269,14 +292,17 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
 
     test_loss, test_acc = evaluate(model, te_x, te_y, mean, std, cfg.eval_batch_size, amp)
     val_loss, val_acc = evaluate(model, va_x, va_y, mean, std, cfg.eval_batch_size, amp)
-    model.save_pretrained(run_dir / "model")
-    plot_curves(metrics_path, run_dir / "training_curves.png")
+    if main:
+        model.save_pretrained(run_dir / "model")
+        plot_curves(metrics_path, run_dir / "training_curves.png")
     summary = {"run_dir": str(run_dir), "model": cfg.model, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()),
                "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc,
                "steps": total, "epochs": round(total / steps_per_epoch, 3),
                "seconds": round(time.perf_counter() - t_start, 2),
                "train_img_s": round(seen / max(train_time, 1e-9), 1),
-               "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device)}
-    write_json(run_dir / "summary.json", summary)
+               "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device),
+               "processes": world}
+    if main:
+        write_json(run_dir / "summary.json", summary)
     return summary

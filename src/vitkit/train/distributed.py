@@ -1,0 +1,63 @@
+"""Data-parallel training under torchrun: NCCL on GPUs, gloo on CPUs.
+
+Every rank draws the same global batch (order and augmentation come from shared seeds) and
+trains on its slice of it; DDP averages the gradients, so N processes follow the same
+trajectory as one process with the whole batch. Rank 0 alone writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    world: int
+    rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup() -> DistInfo:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK), if any."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    return DistInfo(world, rank, device)
+
+
+def sum_across(info: DistInfo, values: List[float]) -> List[float]:
+    if info.world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast(info: DistInfo, obj: Any) -> Any:
+    """Rank 0's value of ``obj`` on every rank."""
+    if info.world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.world > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,40 @@
+"""torchrun with 2 CPU processes (gloo) follows the same losses as 1 process at the same global batch."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vitkit.data import fashion_mnist as fm
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
+
+ARGS = ["--max-steps", "8", "--batch-size", "64", "--val-size", "500", "--precision", "fp32", "--log-every", "1",
+        "--warmup-steps", "1", "--lr", "2e-3", "--crop-pad", "2", "--hflip", "--no-progress", "--threads", "1",
+        "--json"]
+
+
+def losses(run: Path):
+    return [json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if "train_loss" in line]
+
+
+def test_two_gloo_processes_match_one(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun, "torchrun ships with torch"
+    one = subprocess.run([sys.executable, "-m", "vitkit", "train", *ARGS, "--out", str(tmp_path), "--name", "one"],
+                         capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "vitkit", "train", *ARGS,
+                          "--out", str(tmp_path), "--name", "two"], capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-2000:]
+    summaries = [json.loads(line) for line in two.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and summaries[0]["processes"] == 2  # rank 0 reports, once
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 8
+    assert a[-1] < a[0] - 0.05, "the comparison needs a run that learns"
+    assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
