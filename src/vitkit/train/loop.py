@@ -230,6 +230,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     t_start = time.perf_counter()
     last_ckpt: Optional[Path] = None
     perm, perm_epoch = None, -1
+    mine = slice(dist_info.rank * local, (dist_info.rank + 1) * local)  # this rank's part of a micro-batch
     for step in range(start, total):
         t0 = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
@@ -247,7 +248,6 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             x = random_crop(x, cfg.crop_pad, aug)
             if cfg.hflip:
                 x = random_hflip(x, aug)
-            mine = slice(dist_info.rank * local, (dist_info.rank + 1) * local)
             x, y = x[mine], tr_y[idx][mine]
             sync = ddp is None or k == cfg.accum_steps - 1
             with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
