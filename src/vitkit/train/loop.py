@@ -37,19 +37,22 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def load_split(dataset: str, split: str, data_dir: Optional[str] = None):
+    """One split of a named dataset as an ArrayDataset (the one place dataset names are known)."""
+    if dataset not in ("fashion-mnist", "fashion_mnist", "fmnist"):
+        raise ValueError(f"unknown dataset {dataset!r}; available: fashion-mnist")
+    return fashion_mnist.load_split(split, data_dir)
+
+
 def load_dataset(cfg: TrainConfig):
-    """(train, test) ArrayDatasets for ``cfg.dataset``."""
-    if cfg.dataset in ("fashion-mnist", "fashion_mnist", "fmnist"):
-        return (fashion_mnist.load_split("train", cfg.data_dir),
-                fashion_mnist.load_split("test", cfg.data_dir), FMNIST_MEAN, FMNIST_STD)
-    raise ValueError(f"unknown dataset {cfg.dataset!r}; available: fashion-mnist")
+    """(train, test) ArrayDatasets for ``cfg.dataset``, with its normalisation statistics."""
+    return (load_split(cfg.dataset, "train", cfg.data_dir), load_split(cfg.dataset, "test", cfg.data_dir),
+            FMNIST_MEAN, FMNIST_STD)
 
 
 def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None):
     """(uint8 images (N, C, H, W), int64 labels, class names) of one split, on the CPU."""
-    if dataset not in ("fashion-mnist", "fashion_mnist", "fmnist"):
-        raise ValueError(f"unknown dataset {dataset!r}; available: fashion-mnist")
-    data = fashion_mnist.load_split(split, data_dir)
+    data = load_split(dataset, split, data_dir)
     images, labels = to_tensors(data.images, data.labels, torch.device("cpu"))
     return images, labels, data.classes
 
