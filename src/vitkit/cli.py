@@ -108,7 +108,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .weights import export_weights, from_pretrained
 
     model = from_pretrained(args.src, model_name=args.model, interpolation=args.interpolation)
-    out = export_weights(model, args.dst, "vitkit" if args.to == "vitkit" else args.to, scan=args.scan)
+    out = export_weights(model, args.dst, args.to, scan=args.scan)
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": model.config.architecture,
             "params": sum(p.numel() for p in model.parameters())}
     if args.json:
