@@ -171,6 +171,31 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             report.resampled.append(f"{key} {table.shape[1]} -> {grid[axis]}")
 
 
+def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport) -> None:
+    """Fit RGB patch filters to a grey model (sum over colours) or grey filters to RGB (spread).
+
+    Summing keeps the response to a grey image unchanged, so an RGB model fine-tuned on grey
+    data starts from the function it had; spreading over C channels does the same the other
+    way round.
+    """
+    key = "patch_embed.proj.weight"
+    target = getattr(getattr(getattr(model, "patch_embed", None), "proj", None), "weight", None)
+    if key not in sd or target is None or sd[key].dim() != 4:
+        return
+    have, want = sd[key].shape[1], target.shape[1]
+    if have == want:
+        return
+    w = sd[key]
+    if want == 1:
+        sd[key] = w.sum(dim=1, keepdim=True)
+    elif have == 1:
+        sd[key] = w.repeat(1, want, 1, 1) / want
+    else:
+        raise WeightsError(f"{key}: the checkpoint takes {have} input channels and the model {want}; "
+                           f"only 1 <-> C adaptation is defined")
+    report.resampled.append(f"{key} {have} -> {want} input channels")
+
+
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
                             exclude: Sequence[str] = (), report: Optional[LoadReport] = None) -> LoadReport:
     """Copy ``sd`` into ``model`` after checking every name and shape; nothing is copied on error."""
@@ -228,4 +253,5 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     sd, facts = to_native(src)
     report = LoadReport(src.format)
     _adapt_pos_embed(sd, model, facts, interpolation, antialias, report)
+    _adapt_input_channels(sd, model, report)
     return load_state_dict_checked(model, sd, strict, exclude, report)

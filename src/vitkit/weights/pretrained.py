@@ -83,7 +83,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
     from the source. Overrides change the configuration: ``img_size=384`` resamples the
-    position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head.
+    position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head;
+    ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation).
     """
     source_str = str(source)
     path = download_from_hub(source_str[len(HUB_PREFIX):]) if source_str.startswith(HUB_PREFIX) \
@@ -92,7 +93,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
         raise WeightsError(f"weights not found: {path} (no such file or folder)")
     src = read_source(path)
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
-    config = stored.replace(**overrides)
+    config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
     if config.num_classes != stored.num_classes:
@@ -100,6 +101,18 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
     model.eval()
     return model
+
+
+def fit_channel_stats(stored, overrides: dict) -> dict:
+    """A new ``in_chans`` brings per-channel mean/std of that length unless they are given."""
+    chans = overrides.get("in_chans", stored.in_chans)
+    out = dict(overrides)
+    for key in ("mean", "std"):
+        values = tuple(out.get(key, getattr(stored, key)))
+        if len(values) != chans:
+            avg = sum(values) / len(values)
+            out[key] = (avg,) * chans
+    return out
 
 
 def _named_config(src: Source, model_name: str):
