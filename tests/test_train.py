@@ -42,6 +42,18 @@ def test_short_run_learns_and_writes_a_usable_run(tmp_path):
         acc = (model(x).argmax(-1).numpy() == test.labels[:500]).mean()
     assert abs(acc - summary["test_top1"]) < 0.08  # the saved model is the trained one
     assert [p.name for p in checkpoint_paths(run)] == ["step_00000060.pt", "step_00000120.pt"]
+    _check_tensorboard_mirrors_metrics(run, train_rows)
+
+
+def _check_tensorboard_mirrors_metrics(run, train_rows):
+    """When tensorboard is installed (requirements-dev), its events hold the same numbers."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    losses = acc.Scalars("train/loss")
+    assert [e.step for e in losses] == [r["step"] for r in train_rows]
+    assert losses[-1].value == pytest.approx(train_rows[-1]["train_loss"], rel=1e-6)
+    assert {"val/acc", "train/lr", "final/test_top1"} <= set(acc.Tags()["scalars"])
 
 
 @real

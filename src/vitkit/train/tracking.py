@@ -1,0 +1,60 @@
+"""Where a run's metrics go: ``metrics.jsonl`` always, TensorBoard when it is installed.
+
+The JSON lines file is the record (plots, resume and tests read it); TensorBoard is a view
+on the same rows, written only by the main process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+log = logging.getLogger("vitkit.train")
+
+
+def _tensorboard_writer(folder: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch's wrapper needs the tensorboard package
+        log.info("tensorboard is not installed: metrics go to metrics.jsonl only")
+        return None
+    return SummaryWriter(log_dir=str(folder))
+
+
+def scalar_tag(key: str) -> str:
+    """train_loss -> train/loss, val_acc -> val/acc, lr -> train/lr."""
+    group, sep, name = key.partition("_")
+    if sep and group in ("train", "val", "test"):
+        return f"{group}/{name}"
+    return f"train/{key}"
+
+
+class MetricsLog:
+    """Appends metric rows (dicts with a ``step``) to every enabled sink."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self.writer = _tensorboard_writer(Path(run_dir) / "tensorboard") if enabled and tensorboard else None
+
+    def write(self, row: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for key, value in row.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(scalar_tag(key), value, row["step"])
+
+    def close(self, summary: Optional[Dict[str, Any]] = None) -> None:
+        if self.writer is None:
+            return
+        if summary:
+            for key in ("test_top1", "test_loss", "val_top1"):
+                if isinstance(summary.get(key), (int, float)):
+                    self.writer.add_scalar(f"final/{key}", summary[key], summary.get("steps", 0))
+        self.writer.close()
+        self.writer = None
