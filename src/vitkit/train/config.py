@@ -22,6 +22,13 @@ class TrainConfig:
     model: str = DEFAULT_MODEL
     #: ViTConfig overrides, e.g. {"drop_path_rate": 0.1}; from a file or --model-args JSON.
     model_args: Dict[str, Any] = field(default_factory=dict)
+    #: Start from these weights (any format vitkit loads): the paper's fine-tuning.
+    init: Optional[str] = None
+    #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
+    init_head: str = "new"
+    #: Train and evaluate at this square size (in-memory images are resized on the device);
+    #: None: the data's own size.
+    img_size: Optional[int] = None
     epochs: float = 10.0
     max_steps: Optional[int] = None
     batch_size: int = 256
@@ -52,6 +59,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_batch_size: int = 1000
     threads: Optional[int] = None
+    #: Also log to TensorBoard (run_dir/tensorboard) when the tensorboard package is installed.
+    tensorboard: bool = True
     progress: bool = True
 
     def validate(self) -> None:
@@ -66,6 +75,10 @@ class TrainConfig:
             problems.append("batch_size and accum_steps must be positive")
         if self.max_steps is None and self.epochs <= 0:
             problems.append("epochs must be positive (or give max_steps)")
+        if self.init_head not in ("new", "keep"):
+            problems.append(f"init_head must be new or keep, not {self.init_head!r}")
+        if self.img_size is not None and self.img_size <= 0:
+            problems.append("img_size must be positive")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

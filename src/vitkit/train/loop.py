@@ -19,14 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import fashion_mnist
-from ..data.augment import normalize, random_crop, random_hflip
+from ..data.augment import random_crop, random_hflip
+from ..evaluate.metrics import prepare_batch
 from ..models import create_model
 from ..utils import write_json
 from . import distributed
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig
+from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
+from .tracking import MetricsLog
 from .schedule import lr_at
 
 #: Per-channel statistics of the Fashion-MNIST training images (pixel values in [0, 1]).
@@ -97,14 +100,14 @@ def to_tensors(images: np.ndarray, labels: np.ndarray, device: torch.device):
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std,
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
              batch_size: int, amp: Optional[torch.dtype]) -> Tuple[float, float]:
     """(mean cross-entropy, top-1 accuracy) over uint8 images."""
     was_training = model.training
     model.eval()
     total_loss, correct = 0.0, 0
     for i in range(0, len(labels), batch_size):
-        x = normalize(images[i:i + batch_size], mean, std)
+        x = prepare_batch(images[i:i + batch_size], model.config)
         y = labels[i:i + batch_size]
         with _autocast(x.device, amp):
             logits = model(x)
@@ -168,11 +171,16 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
 
     torch.manual_seed(cfg.seed)
-    model_args = dict(img_size=tuple(tr_x.shape[-2:]), in_chans=tr_x.shape[1],
-                      num_classes=len(train_set.classes), label_names=list(train_set.classes),
-                      mean=mean, std=std, crop_pct=1.0)
-    model_args.update(cfg.model_args)
-    model = create_model(cfg.model, **model_args).to(device)
+    data_args = dict(img_size=(cfg.img_size,) * 2 if cfg.img_size else tuple(tr_x.shape[-2:]),
+                     in_chans=tr_x.shape[1], num_classes=len(train_set.classes),
+                     label_names=list(train_set.classes))
+    if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
+        model = model_from_init(cfg.init, data_args, cfg.model_args, cfg.init_head,
+                                log=log if main else (lambda *a: None))
+    else:
+        model = create_model(cfg.model, **{**data_args, "mean": mean, "std": std, "crop_pct": 1.0,
+                                                **cfg.model_args})
+    model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     optimizer = make_optimizer(model, cfg)
     amp = pick_precision(cfg, device)
@@ -212,6 +220,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         if main:
             write_json(run_dir / "config.json", cfg.to_dict())
     metrics_path = run_dir / "metrics.jsonl"
+    metrics = MetricsLog(run_dir, enabled=main, tensorboard=cfg.tensorboard)
 
     def checkpoint(step: int) -> Optional[Path]:
         if not main:
@@ -219,12 +228,6 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step}
         return save_checkpoint(run_dir, step, state, cfg.keep_checkpoints)
-
-    def log_metrics(row: Dict[str, Any]) -> None:
-        if not main:
-            return
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
 
     progress = Progress(total, start, enabled=cfg.progress and main)
     model.train()
@@ -247,7 +250,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         batch = perm[index * cfg.batch_size:(index + 1) * cfg.batch_size]
         for k in range(cfg.accum_steps):
             idx = batch[k * micro:(k + 1) * micro]
-            x = normalize(tr_x[idx], mean, std)  # the global micro-batch: the same draws on every rank
+            x = prepare_batch(tr_x[idx], model.config)  # the global micro-batch: the same draws on every rank
             x = random_crop(x, cfg.crop_pad, aug)
             if cfg.hflip:
                 x = random_hflip(x, aug)
@@ -258,6 +261,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
             if not math.isfinite(sum(distributed.sum_across(dist_info, [loss.item()]))):
                 progress.close()
+                metrics.close()
                 where = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
                 raise NonFiniteLoss(f"loss became {loss.item()} at step {step} (lr {lr:.3g}): stopping"
                                     f"{where}. Lower --lr or raise --warmup-steps.")
@@ -281,24 +285,24 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             row = {"step": done, "epoch": round(done / steps_per_epoch, 3), "lr": lr,
                    "train_loss": window["loss"] / window["n"], "train_acc": window["correct"] / window["n"],
                    "img_s": window["n"] / max(now - window["t"], 1e-9)}
-            log_metrics(row)
+            metrics.write(row)
             progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
                                    "epoch": row["epoch"]})
             window = _fresh_window()
         if done % steps_per_epoch == 0 or done == total:
-            val_loss, val_acc = evaluate(model, va_x, va_y, mean, std, cfg.eval_batch_size, amp)
-            log_metrics({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
+            val_loss, val_acc = evaluate(model, va_x, va_y, cfg.eval_batch_size, amp)
+            metrics.write({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
                          "val_acc": val_acc})
         if done % cfg.checkpoint_every == 0 or done == total:
             last_ckpt = checkpoint(done)
     progress.close()
 
-    test_loss, test_acc = evaluate(model, te_x, te_y, mean, std, cfg.eval_batch_size, amp)
-    val_loss, val_acc = evaluate(model, va_x, va_y, mean, std, cfg.eval_batch_size, amp)
+    test_loss, test_acc = evaluate(model, te_x, te_y, cfg.eval_batch_size, amp)
+    val_loss, val_acc = evaluate(model, va_x, va_y, cfg.eval_batch_size, amp)
     if main:
         model.save_pretrained(run_dir / "model")
         plot_curves(metrics_path, run_dir / "training_curves.png")
-    summary = {"run_dir": str(run_dir), "model": cfg.model, "dataset": cfg.dataset,
+    summary = {"run_dir": str(run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()),
                "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc,
                "steps": total, "epochs": round(total / steps_per_epoch, 3),
@@ -306,6 +310,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                "train_img_s": round(seen / max(train_time, 1e-9), 1),
                "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device),
                "processes": world}
+    metrics.close(summary)
     if main:
         write_json(run_dir / "summary.json", summary)
     return summary

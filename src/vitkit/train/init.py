@@ -1,0 +1,55 @@
+"""Starting a run from existing weights (``--init``): the paper's fine-tuning set-up.
+
+The architecture comes from the weights (any format the loader reads); the input size,
+channels and class count come from the new data. Position embeddings are resampled to the
+new grid, RGB patch filters are summed for grey data, and with ``head="new"`` the
+pre-logits layer and the head are dropped for one zero-initialised linear layer, as the
+paper fine-tunes ("we remove the pre-trained prediction head and attach a zero-initialized
+D x K feedforward layer").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+from torch import nn
+
+from ..models import build_from_config
+from ..weights.io import WeightsError
+from ..weights.load import load_weights, read_source
+from ..weights.pretrained import HUB_PREFIX, config_for_source, download_from_hub, fit_channel_stats
+
+HEAD_MODES = ("new", "keep")
+
+
+def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str, Any],
+                    head: str = "new", log=print) -> nn.Module:
+    """A model shaped for the new data, holding the weights of ``source``.
+
+    ``data_args``: img_size, in_chans, num_classes, label_names of the new data.
+    ``model_args``: the run's ViTConfig overrides (e.g. drop_path_rate).
+    """
+    if head not in HEAD_MODES:
+        raise ValueError(f"init_head must be one of {HEAD_MODES}, not {head!r}")
+    path = download_from_hub(source[len(HUB_PREFIX):]) if source.startswith(HUB_PREFIX) else Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"--init weights not found: {path}")
+    src = read_source(path)
+    stored = config_for_source(src)
+    overrides = {**data_args, **model_args}
+    exclude: Tuple[str, ...] = ()
+    if head == "new":
+        overrides.setdefault("representation_size", None)
+        exclude = ("head.", "pre_logits.")
+    elif stored.num_classes != data_args["num_classes"]:
+        raise WeightsError(f"init_head='keep' needs the same classes: the weights have "
+                           f"{stored.num_classes}, the data {data_args['num_classes']}")
+    config = stored.replace(**fit_channel_stats(stored, overrides))
+    model = build_from_config(config)
+    report = load_weights(model, src, strict=True, exclude=exclude)
+    if head == "new":
+        model.reset_classifier(config.num_classes)
+    log(f"initialised from {source} ({report.format}); head: {head}"
+        + "".join(f"; {r}" for r in report.resampled))
+    return model

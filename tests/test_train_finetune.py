@@ -1,0 +1,84 @@
+"""Fine-tuning from existing weights (--init): new grid, new channels, the paper's new head."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.models.layers import resample_pos_embed
+from vitkit.train import resolve_config, train
+from vitkit.train.init import model_from_init
+from vitkit.weights.io import WeightsError
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+def _rgb_model(tmp_path):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", img_size=32, in_chans=3, patch_size=8, num_classes=5,
+                                pos_embed="learned", class_token=True, global_pool="token",
+                                representation_size=16, mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.save_pretrained(tmp_path / "rgb")
+    return model
+
+
+def test_init_adapts_grid_channels_and_replaces_the_head(tmp_path):
+    old = _rgb_model(tmp_path)
+    data = dict(img_size=(48, 48), in_chans=1, num_classes=10, label_names=[str(i) for i in range(10)])
+    logs = []
+    new = model_from_init(str(tmp_path / "rgb"), data, {"drop_path_rate": 0.1}, "new", log=logs.append)
+    assert new.config.img_size == (48, 48) and new.config.in_chans == 1
+    assert new.config.num_classes == 10 and new.config.drop_path_rate == 0.1
+    assert isinstance(new.pre_logits, torch.nn.Identity)  # the paper drops the pre-logits layer
+    assert torch.count_nonzero(new.head.weight) == 0 and torch.count_nonzero(new.head.bias) == 0
+    expected = resample_pos_embed(old.pos_embed.detach(), (6, 6), (4, 4), 1, "bicubic", True)
+    torch.testing.assert_close(new.pos_embed.detach(), expected)
+    torch.testing.assert_close(new.patch_embed.proj.weight, old.patch_embed.proj.weight.sum(1, keepdim=True))
+    assert "pos_embed 4x4 -> 6x6" in logs[0] and "3 -> 1 input channels" in logs[0]
+    assert len(new.config.mean) == 1 and new.config.mean[0] == pytest.approx(sum(old.config.mean) / 3)
+
+
+def test_grey_init_computes_what_the_rgb_model_computed_on_grey_images(tmp_path):
+    old = _rgb_model(tmp_path).eval()
+    data = dict(img_size=(32, 32), in_chans=1, num_classes=5, label_names=None)
+    new = model_from_init(str(tmp_path / "rgb"), data, {}, "keep", log=lambda *a: None).eval()
+    x = torch.rand(2, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), old(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=1e-5)
+
+
+def test_init_errors_are_clear(tmp_path):
+    _rgb_model(tmp_path)
+    data = dict(img_size=(32, 32), in_chans=3, num_classes=10, label_names=None)
+    with pytest.raises(WeightsError, match="same classes.*5.*10"):
+        model_from_init(str(tmp_path / "rgb"), data, {}, "keep")
+    with pytest.raises(FileNotFoundError, match="--init weights not found"):
+        model_from_init(str(tmp_path / "nothing"), data, {}, "new")
+    with pytest.raises(ValueError, match="init_head"):
+        resolve_config("fmnist", init_head="old")
+
+
+@real
+@pytest.mark.slow
+def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
+    base = dict(out=str(tmp_path), progress=False, val_size=1000, warmup_steps=10, log_every=5,
+                checkpoint_every=1000)
+    train(resolve_config("fmnist", name="small", max_steps=60, model_args={"pos_embed": "learned"}, **base))
+    logs = []
+    summary = train(resolve_config("paper-finetune", name="big", max_steps=40, batch_size=128, lr=0.03,
+                                   warmup_steps=5, init=str(tmp_path / "small" / "model"), img_size=40,
+                                   **{k: v for k, v in base.items() if k != "warmup_steps"}),
+                    log=logs.append)
+    assert any("pos_embed 7x7 -> 10x10" in line for line in logs)
+    run = tmp_path / "big"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert losses[-1] < 0.8 * losses[0]
+    assert summary["test_top1"] > 0.5 and summary["init"].endswith("model")
+    model = vitkit.from_pretrained(run / "model")
+    assert model.config.img_size == (40, 40) and model.pos_embed.shape[1] == 100
