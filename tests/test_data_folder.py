@@ -1,0 +1,171 @@
+"""ImageFolder on real generated files: every mode, EXIF rotation, and the broken files of real collections."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from vitkit.data.folder import BadImageError, ImageFolder, collate_skip_bad, decode_image
+
+
+def noise(h, w, c=3, seed=0):
+    shape = (h, w) if c == 1 else (h, w, c)
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def to_tensor(im):
+    arr = np.asarray(im)
+    return torch.from_numpy((arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)).copy())
+
+
+def to_tensor_8x8(im):
+    return to_tensor(im.resize((8, 8)))
+
+
+def jpeg_with_orientation(path):
+    """A 30x20 (w x h) JPEG whose top-left 10x10 is red, tagged 'rotate 90 degrees clockwise'."""
+    arr = np.zeros((20, 30, 3), np.uint8)
+    arr[:10, :10] = (255, 0, 0)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(arr).save(path, quality=95, exif=exif)
+
+
+@pytest.fixture
+def collection(tmp_path):
+    root = tmp_path / "photos"
+    cats, dogs = root / "cats", root / "dogs"
+    cats.mkdir(parents=True)
+    dogs.mkdir()
+    Image.fromarray(noise(12, 20)).save(cats / "rgb.jpg")
+    Image.fromarray(noise(10, 10, c=1)).save(cats / "grey.png")
+    Image.new("CMYK", (16, 8), (0, 255, 255, 0)).save(cats / "cmyk.jpg")  # pure red in CMYK
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[..., 2] = 255
+    rgba[:4, ..., 3] = 255  # top half opaque blue, bottom half transparent
+    Image.fromarray(rgba, "RGBA").save(dogs / "rgba.png")
+    palette = Image.new("P", (6, 6), 1)
+    palette.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    palette.putpixel((0, 0), 0)
+    palette.save(dogs / "palette.png", transparency=0)  # index 0 transparent, index 1 green
+    Image.fromarray((np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)).save(dogs / "deep.png")
+    jpeg_with_orientation(dogs / "rotated.jpeg")
+    Image.fromarray(noise(64, 64, seed=3)).save(tmp_path / "whole.jpg", quality=95)
+    data = (tmp_path / "whole.jpg").read_bytes()
+    (dogs / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (cats / "empty.png").write_bytes(b"")
+    (dogs / "notes.jpg").write_text("these are not pixels\n")
+    (dogs / "README.txt").write_text("ignored: not an image extension\n")
+    return root
+
+
+GOOD = {"cats": ["cmyk.jpg", "grey.png", "rgb.jpg"],
+        "dogs": ["deep.png", "palette.png", "rgba.png", "rotated.jpeg"]}
+
+
+def test_header_scan_skips_empty_and_non_images(collection, caplog):
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        ds = ImageFolder(collection)
+    assert ds.classes == ["cats", "dogs"]
+    assert sorted(p.rsplit("/", 1)[-1] for p, _ in ds.skipped) == ["empty.png", "notes.jpg"]
+    assert dict(ds.skipped)[str(collection / "cats" / "empty.png")].startswith("empty file")
+    assert str(collection / "dogs" / "notes.jpg") in caplog.text and "empty.png" in caplog.text
+    # The header check cannot see the truncation: the file is listed and fails when loaded.
+    names = [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
+    assert names == GOOD["cats"] + sorted(GOOD["dogs"] + ["truncated.jpg"])
+    assert ds[names.index("truncated.jpg")] is None and "image file is truncated" in caplog.text
+
+
+def test_full_scan_catches_truncation(collection):
+    ds = ImageFolder(collection, verify="full")
+    assert len(ds) == 7 and sorted(p.rsplit("/", 1)[-1] for p, _ in ds.skipped) == \
+        ["empty.png", "notes.jpg", "truncated.jpg"]
+    assert all(ds[i] is not None for i in range(len(ds)))
+    assert ImageFolder(collection, verify="full", scan_threads=2).skipped == ds.skipped
+    unchecked = ImageFolder(collection, verify="none")  # only the empty file is known before loading
+    assert [p.rsplit("/", 1)[-1] for p, _ in unchecked.skipped] == ["empty.png"] and len(unchecked) == 9
+
+
+def test_every_mode_decodes_to_rgb(collection):
+    ds = ImageFolder(collection, transform=to_tensor, verify="full")
+    out = {p.rsplit("/", 1)[-1]: ds[i] for i, (p, _) in enumerate(ds.samples)}
+    for name, (x, label) in out.items():
+        assert x.dtype == torch.uint8 and x.shape[0] == 3, name
+        assert label == (0 if name in GOOD["cats"] else 1)
+    assert out["rgb.jpg"][0].shape == (3, 12, 20) and out["grey.png"][0].shape == (3, 10, 10)
+    grey = out["grey.png"][0]
+    assert torch.equal(grey[0], grey[1]) and torch.equal(grey[0], grey[2])
+    assert out["cmyk.jpg"][0][:, 4, 8].tolist() == pytest.approx([255, 0, 0], abs=3)
+    rgba = out["rgba.png"][0]
+    assert rgba[:, 0, 0].tolist() == [0, 0, 255] and rgba[:, 7, 0].tolist() == [255, 255, 255]
+    palette = out["palette.png"][0]
+    assert palette[:, 0, 0].tolist() == [255, 255, 255] and palette[:, 3, 3].tolist() == [0, 255, 0]
+    deep = out["deep.png"][0][0]  # 16-bit values 0..63000 are scaled, not clipped at 255
+    assert deep[0, 0] == 0 and deep[7, 7] == round(63000 * 255 / 65535) and deep[0, 1] == round(1000 * 255 / 65535)
+
+
+def test_exif_orientation_is_applied(collection):
+    im = decode_image(collection / "dogs" / "rotated.jpeg")
+    assert im.size == (20, 30), "stored 30x20 with orientation 6 must come out 20 wide, 30 high"
+    arr = np.asarray(im).astype(int)
+    # The red top-left went top-right (the centre of the block: JPEG blurs its edges).
+    assert arr[2:8, -8:-2].mean(axis=(0, 1)) == pytest.approx([255, 0, 0], abs=12)
+    assert arr[2:8, 2:8].mean() < 12 and arr[-8:-2, -8:-2].mean() < 12
+
+
+def test_one_channel(collection):
+    ds = ImageFolder(collection, transform=to_tensor, channels=1, verify="full")
+    x, _ = ds[ds.samples.index((str(collection / "cats" / "cmyk.jpg"), 0))]
+    assert x.shape == (1, 8, 16)
+
+
+def test_strict_names_the_file(collection, tmp_path):
+    with pytest.raises(BadImageError, match="empty.png: empty file"):
+        ImageFolder(collection, strict=True)
+    (collection / "cats" / "empty.png").unlink()
+    (collection / "dogs" / "notes.jpg").unlink()
+    ds = ImageFolder(collection, strict=True)
+    with pytest.raises(BadImageError, match=r"truncated\.jpg: OSError: image file is truncated"):
+        ds[[p for p, _ in ds.samples].index(str(collection / "dogs" / "truncated.jpg"))]
+
+
+def test_dataloader_drops_and_counts_bad_files(collection):
+    ds = ImageFolder(collection, transform=to_tensor_8x8)  # header scan: the truncated file gets through
+    loader = DataLoader(ds, batch_size=3, num_workers=1, collate_fn=collate_skip_bad)
+    seen, skipped, labels = 0, 0, []
+    for images, batch_labels, n_skipped in loader:
+        if images is not None:
+            assert images.shape[1:] == (3, 8, 8) and len(images) == len(batch_labels)
+            seen += len(images)
+            labels += batch_labels.tolist()
+        skipped += n_skipped
+    assert (seen, skipped, len(ds.skipped)) == (7, 1, 2)
+    assert labels == [0, 0, 0, 1, 1, 1, 1]
+
+
+def test_collate_of_all_bad_batch():
+    images, labels, n = collate_skip_bad([None, None])
+    assert images is None and labels.shape == (0,) and n == 2
+
+
+def test_empty_and_missing_folders(tmp_path):
+    with pytest.raises(FileNotFoundError, match="image folder not found: .*nowhere"):
+        ImageFolder(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=f"no class subfolders in {tmp_path / 'empty'}"):
+        ImageFolder(tmp_path / "empty")
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "flat" / "a.png")
+    with pytest.raises(ValueError, match="holds 1 images directly"):
+        ImageFolder(tmp_path / "flat")
+    (tmp_path / "noimages" / "cls").mkdir(parents=True)
+    (tmp_path / "noimages" / "cls" / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match=f"no image files .* of {tmp_path / 'noimages'}"):
+        ImageFolder(tmp_path / "noimages")
+    (tmp_path / "allbad" / "cls").mkdir(parents=True)
+    (tmp_path / "allbad" / "cls" / "a.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="none of the 1 image files"):
+        ImageFolder(tmp_path / "allbad")
