@@ -1,0 +1,493 @@
+"""Tar shards in the webdataset layout, read as a stream: large image sets without a file per image.
+
+Millions of small files are slow to list, copy and open, above all on network disks; a
+few hundred tar files of ~1,000 images each are read sequentially instead. The layout is
+webdataset's, so its tools read these shards and vitkit reads theirs, without depending on
+the ``webdataset`` package: in each plain tar, consecutive members sharing a key (the path
+up to the first dot of the base name) form a sample -- ``KEY.jpg`` (or jpeg, png, webp, bmp,
+gif, tif, tiff) and ``KEY.cls``, the label as an ASCII integer. ``meta.json`` (class names,
+samples per shard) and ``classes.txt`` (one class name a line) beside the shards name the
+classes.
+
+Who reads what, in :class:`ShardDataset`: every epoch, all ranks shuffle the shard list the
+same way (from ``seed`` and the epoch), then deal it out: shard ``i`` of that order goes to
+rank ``i % world_size``, and a rank's shards go to its DataLoader workers the same way.
+Where there are fewer shards than readers (ranks, or one rank's workers), the split moves
+down to samples: every reader of a shard keeps every n-th sample of it, so no sample is
+read twice in an epoch and none is lost. Each worker then shuffles its samples within a
+buffer of ``shuffle_buffer`` samples, seeded by (seed, epoch, rank, worker): the same seed
+and epoch give the same sequence.
+
+Unequal shares and DDP: when the shard count is not a multiple of ranks x workers, or
+shards hold different numbers of samples, ranks see different numbers of samples, and a
+rank that runs out first leaves the others waiting in their next gradient all-reduce.
+``epoch_length`` (samples per rank, ``"auto"`` = all samples // world_size) makes every
+rank yield exactly that many: a reader that runs out starts over on its own shards (a few
+samples repeat), one with more stops early (a few wait for the next epoch, which shuffles
+differently). Leave it unset for evaluation, which must see every sample exactly once.
+
+Bad samples (an image Pillow cannot decode, a missing or non-integer ``.cls``, a label out
+of range) are logged (logger ``vitkit.data``) and come out as ``None``: use
+:func:`vitkit.data.folder.collate_skip_bad` as the DataLoader's ``collate_fn`` to drop and
+count them exactly across workers; ``strict=True`` raises instead. ``set_epoch`` changes
+the order of the next epoch; with ``persistent_workers=True`` the workers keep their own
+copy of the dataset and never see it, so leave persistent workers off.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import itertools
+import json
+import logging
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..utils import atomic_path
+from .folder import BadImageError, ImageFolder, decode_image
+
+logger = logging.getLogger("vitkit.data")
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+LABEL_EXTENSION = "cls"
+META_FILE = "meta.json"
+CLASSES_FILE = "classes.txt"
+
+ImageData = Union[bytes, str, Path]
+
+
+# ---------------------------------------------------------------------------------- writing
+
+def write_shards(samples: Iterable[Tuple[ImageData, Optional[str], int]], out_pattern: Union[str, Path],
+                 max_per_shard: int = 1000, classes: Optional[Sequence[str]] = None) -> List[Path]:
+    """Write (image bytes or file, extension, label) samples into tar shards; return their paths.
+
+    ``out_pattern`` holds one %-field for the shard number (``"out/shard-%06d.tar"``). Each
+    shard is written to a temporary file and renamed when complete, so a crash never leaves
+    half a shard under a shard's name. The extension may be None for a file (its suffix is
+    used). Members carry fixed times and owners: the same samples give byte-identical shards.
+    ``meta.json`` (and ``classes.txt`` when ``classes`` is given) is written beside them.
+    """
+    out_pattern = str(out_pattern)
+    if max_per_shard <= 0:
+        raise ValueError(f"max_per_shard must be positive, got {max_per_shard}")
+    try:
+        if out_pattern % 0 == out_pattern % 1:
+            raise TypeError
+    except TypeError:
+        raise ValueError(f"out_pattern needs one %-field for the shard number, like 'shard-%06d.tar'; "
+                         f"got {out_pattern!r}") from None
+    end = object()
+    it = iter(samples)
+    nxt = next(it, end)
+    paths: List[Path] = []
+    counts: Dict[str, int] = {}
+    index = 0
+    while nxt is not end:
+        path = Path(out_pattern % len(paths))
+        n = 0
+        with atomic_path(path) as tmp, tarfile.open(tmp, "w") as tar:
+            while nxt is not end and n < max_per_shard:
+                _add_sample(tar, f"{index:09d}", nxt, classes)
+                index, n = index + 1, n + 1
+                nxt = next(it, end)
+        paths.append(path)
+        counts[path.name] = n
+    if not paths:
+        raise ValueError("no samples to write")
+    if Path(out_pattern % len(paths)).exists():
+        logger.warning("%s exists from an earlier run and is not part of this set: a glob over the "
+                       "folder would pick it up (meta.json lists the %d shards written)",
+                       out_pattern % len(paths), len(paths))
+    _write_meta(paths[0].parent, classes, counts)
+    return paths
+
+
+def _add_sample(tar: tarfile.TarFile, key: str, sample: Tuple[ImageData, Optional[str], int],
+                classes: Optional[Sequence[str]]) -> None:
+    image, ext, label = sample
+    if isinstance(image, (str, Path)):
+        ext = ext or Path(image).suffix
+        data = Path(image).read_bytes()
+    else:
+        data = bytes(image)
+    ext = (ext or "").lower().lstrip(".")
+    if ext not in IMAGE_EXTENSIONS:
+        raise ValueError(f"sample {key}: image extension must be one of {IMAGE_EXTENSIONS}, got {ext!r}")
+    if not isinstance(label, (int, np.integer)) or label < 0 or (classes is not None and label >= len(classes)):
+        limit = f" below {len(classes)}" if classes is not None else ""
+        raise ValueError(f"sample {key}: label must be an integer >= 0{limit}, got {label!r}")
+    _add_member(tar, f"{key}.{ext}", data)
+    _add_member(tar, f"{key}.{LABEL_EXTENSION}", str(int(label)).encode("ascii"))
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _write_meta(folder: Path, classes: Optional[Sequence[str]], counts: Dict[str, int]) -> None:
+    meta = {"classes": list(classes) if classes is not None else None,
+            "num_samples": sum(counts.values()), "shards": counts}
+    with atomic_path(folder / META_FILE) as tmp:
+        tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    if classes is not None:
+        with atomic_path(folder / CLASSES_FILE) as tmp:
+            tmp.write_text("".join(f"{name}\n" for name in classes))
+
+
+def folder_to_shards(root: Union[str, Path], out_dir: Union[str, Path], max_per_shard: int = 1000,
+                     pattern: str = "shard-%06d.tar", seed: Optional[int] = 0,
+                     verify: str = "full") -> List[Path]:
+    """Pack an image folder (``root/<class>/<image>``) into shards, file bytes as they are.
+
+    The samples are shuffled (by ``seed``; None keeps the folder's order) before packing:
+    an image folder is sorted by class, and shards of one class each would leave the reader's
+    shuffle buffer to mix classes on its own. Files the folder scan rejects (``verify``, see
+    :class:`~vitkit.data.folder.ImageFolder`) are logged and left out.
+    """
+    folder = ImageFolder(root, verify=verify)
+    order = list(range(len(folder.samples)))
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(order)).tolist()
+    samples = ((folder.samples[i][0], None, folder.samples[i][1]) for i in order)
+    return write_shards(samples, Path(out_dir) / pattern, max_per_shard, folder.classes)
+
+
+# ---------------------------------------------------------------------------------- finding
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> List[str]:
+    """``"a-{000..002}.tar"`` -> a-000.tar, a-001.tar, a-002.tar; ``{x,y}`` lists alternatives."""
+    m = _BRACES.search(pattern)
+    if m is None:
+        return [pattern]
+    body = m.group(1)
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        first, last = numbers.groups()
+        if int(last) < int(first):
+            raise ValueError(f"brace range {{{body}}} in {pattern!r} runs backwards")
+        choices = [str(i).zfill(len(first)) for i in range(int(first), int(last) + 1)]
+    else:
+        choices = body.split(",")
+    rests = expand_braces(pattern[m.end():])
+    return [pattern[:m.start()] + choice + rest for choice in choices for rest in rests]
+
+
+def expand_shards(shards: Union[str, Path, Sequence[Union[str, Path]]]) -> List[str]:
+    """Shard paths from a list, a brace pattern, a glob, or a folder (its ``*.tar``, sorted)."""
+    if isinstance(shards, (str, Path)):
+        spec = str(shards)
+        if os.path.isdir(spec):
+            found = sorted(glob.glob(os.path.join(glob.escape(spec), "*.tar")))
+            if not found:
+                raise FileNotFoundError(f"no .tar shards in the folder {spec}")
+            return found
+        out: List[str] = []
+        for path in expand_braces(spec):
+            if glob.has_magic(path):
+                matched = sorted(glob.glob(path))
+                if not matched:
+                    raise FileNotFoundError(f"no shards match {path!r}")
+                out += matched
+            else:
+                out.append(path)
+    else:
+        out = [p for item in shards for p in expand_shards(item)]
+    if not out:
+        raise ValueError("no shards given")
+    missing = [p for p in out if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of {len(out)} shards not found, first: {missing[0]}")
+    return out
+
+
+def read_meta(folder: Union[str, Path]) -> Tuple[Optional[List[str]], Dict[str, int]]:
+    """Class names and samples per shard from ``meta.json``/``classes.txt`` in ``folder``, if there."""
+    folder = Path(folder)
+    classes, counts = None, {}
+    if (folder / META_FILE).is_file():
+        try:
+            meta = json.loads((folder / META_FILE).read_text())
+        except (ValueError, OSError) as e:
+            raise ValueError(f"cannot read {folder / META_FILE}: {e}") from e
+        classes = meta.get("classes")
+        counts = {str(k): int(v) for k, v in (meta.get("shards") or {}).items()}
+    if classes is None and (folder / CLASSES_FILE).is_file():
+        classes = [line.strip() for line in (folder / CLASSES_FILE).read_text().splitlines() if line.strip()]
+    return classes, counts
+
+
+# ---------------------------------------------------------------------------------- reading
+
+@dataclass
+class _Record:
+    """The raw members of one sample, as read from a shard."""
+
+    shard: str
+    key: str
+    members: Dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.shard}:{self.key}"
+
+
+def _split_name(name: str) -> Tuple[str, str]:
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+
+
+def iter_records(shard: str, strict: bool = False) -> Iterator[_Record]:
+    """The samples of one shard in order: consecutive members with the same key."""
+    current: Optional[_Record] = None
+    try:
+        with tarfile.open(shard, "r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, ext = _split_name(member.name)
+                data = tar.extractfile(member).read()
+                if current is None or current.key != key:
+                    if current is not None:
+                        yield current
+                    current = _Record(shard, key)
+                current.members[ext] = data
+        if current is not None:
+            yield current
+    except (tarfile.TarError, OSError, EOFError) as e:
+        if strict:
+            raise ValueError(f"shard {shard} is damaged: {e}") from e
+        logger.warning("shard %s is damaged (%s): the rest of it is skipped", shard, e)
+
+
+def count_samples(shard: str) -> int:
+    """The number of samples in a shard, from its member headers (no image is decoded)."""
+    keys, last = 0, None
+    with tarfile.open(shard, "r:*") as tar:
+        for member in tar:
+            key = _split_name(member.name)[0] if member.isfile() else None
+            if key is not None and key != last:
+                keys, last = keys + 1, key
+    return keys
+
+
+def decode_record(record: _Record, channels: int = 3, num_classes: Optional[int] = None
+                  ) -> Tuple[Image.Image, int]:
+    """A raw sample -> (upright RGB/L image, label); :class:`BadImageError` naming it if unusable."""
+    cls = record.members.get(LABEL_EXTENSION)
+    if cls is None:
+        raise BadImageError(record.name, f"no .{LABEL_EXTENSION} label member")
+    try:
+        label = int(cls.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise BadImageError(record.name, f"label {cls[:20]!r} is not an integer") from None
+    if label < 0 or (num_classes is not None and label >= num_classes):
+        raise BadImageError(record.name, f"label {label} is outside 0-{(num_classes or 1) - 1}")
+    ext = next((e for e in IMAGE_EXTENSIONS if e in record.members), None)
+    if ext is None:
+        raise BadImageError(record.name, f"no image member ({', '.join(IMAGE_EXTENSIONS)})")
+    return decode_image(record.members[ext], channels, name=f"{record.name}.{ext}"), label
+
+
+def _reading_plan(num_shards: int, rank: int, world_size: int, worker: int, num_workers: int
+                  ) -> Tuple[List[int], int, int]:
+    """Which shard positions one reader reads, and which of their samples it keeps.
+
+    Returns (positions, modulus, residue): sample ``k`` of the shard at position ``s`` is
+    kept when ``(k + s) % modulus == residue``. Shards are dealt out first across ranks, then
+    across a rank's workers; where one level has fewer shards than readers it splits samples.
+    """
+    positions = list(range(num_shards))
+    if num_shards >= world_size:
+        positions, modulus, residue = positions[rank::world_size], 1, 0
+    else:
+        modulus, residue = world_size, rank
+    if len(positions) >= num_workers:
+        positions = positions[worker::num_workers]
+    else:
+        modulus, residue = modulus * num_workers, residue + modulus * worker
+    return positions, modulus, residue
+
+
+def _default_rank_world() -> Tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ShardDataset(IterableDataset):
+    """Samples streamed from tar shards, split across ranks and workers, shuffled in a buffer.
+
+    ``shards``: a list of paths, a brace pattern (``"data/shard-{000000..000099}.tar"``), a
+    glob, or a folder. ``shuffle_buffer=0`` reads shards and samples in order (evaluation);
+    above 0 the shard order changes every epoch and samples are drawn at random from a buffer
+    of that many raw samples (memory: that many encoded images). ``rank``/``world_size``
+    default to torch.distributed's when it is initialised. See the module notes for how the
+    work is split, ``epoch_length`` and bad samples. Yields (transformed image, label), or
+    (PIL image, label) without a transform, or None for a bad sample.
+    """
+
+    def __init__(self, shards: Union[str, Path, Sequence[Union[str, Path]]],
+                 transform: Optional[Callable[[Image.Image], Any]] = None, channels: int = 3,
+                 seed: int = 0, shuffle_buffer: int = 0, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, epoch_length: Optional[Union[int, str]] = None,
+                 strict: bool = False, classes: Optional[Sequence[str]] = None):
+        super().__init__()
+        self.shards = expand_shards(shards)
+        if seed < 0 or shuffle_buffer < 0:
+            raise ValueError("seed and shuffle_buffer must be >= 0")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (torch.distributed's then)")
+        if world_size is not None and not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0-{world_size - 1}")
+        if not (epoch_length is None or epoch_length == "auto" or (isinstance(epoch_length, int) and epoch_length > 0)):
+            raise ValueError(f"epoch_length must be a positive int, 'auto' or None, got {epoch_length!r}")
+        self.transform = transform
+        self.channels = channels
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self._rank, self._world_size = rank, world_size
+        self._epoch_length = epoch_length
+        self.strict = strict
+        meta_classes, self._meta_counts = read_meta(Path(self.shards[0]).parent)
+        self.classes: Optional[List[str]] = list(classes) if classes is not None else meta_classes
+        self.epoch = 0
+        self._counts: Optional[List[int]] = None
+        if epoch_length == "auto":
+            self.samples_per_shard()  # counted once here, not again in every worker
+
+    # -- sizes
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else _default_rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size if self._world_size is not None else _default_rank_world()[1]
+
+    def samples_per_shard(self) -> List[int]:
+        """From ``meta.json`` when it lists every shard, else by reading the tar headers (once)."""
+        if self._counts is None:
+            names = [Path(s).name for s in self.shards]
+            if all(n in self._meta_counts for n in names):
+                self._counts = [self._meta_counts[n] for n in names]
+            else:
+                self._counts = [count_samples(s) for s in self.shards]
+        return self._counts
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.samples_per_shard())
+
+    def samples_per_rank(self) -> int:
+        """The same number for every rank: all samples // world_size (what ``"auto"`` uses)."""
+        n = self.num_samples // self.world_size
+        if n == 0:
+            raise ValueError(f"{self.num_samples} samples cannot feed {self.world_size} ranks")
+        return n
+
+    @property
+    def epoch_length(self) -> Optional[int]:
+        return self.samples_per_rank() if self._epoch_length == "auto" else self._epoch_length
+
+    def __len__(self) -> int:
+        if self.epoch_length is None:
+            raise TypeError("ShardDataset has a length per rank only with epoch_length set "
+                            "(a rank's share depends on how its shards fall)")
+        return self.epoch_length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch whose order the next iteration follows (call it before every epoch)."""
+        self.epoch = int(epoch)
+
+    # -- iteration
+    def __iter__(self) -> Iterator[Optional[Tuple[Any, int]]]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world_size = self.rank, self.world_size
+        quota = None
+        if self.epoch_length is not None:
+            quota = self.epoch_length // num_workers + (worker < self.epoch_length % num_workers)
+        records = self._records(rank, world_size, worker, num_workers, quota)
+        if self.shuffle_buffer > 0:
+            rng = np.random.default_rng([self.seed, self.epoch, rank, worker])
+            records = _buffer_shuffle(records, self.shuffle_buffer, rng)
+        if quota is not None:
+            records = itertools.islice(records, quota)
+        num_classes = len(self.classes) if self.classes is not None else None
+        for record in records:
+            try:
+                im, label = decode_record(record, self.channels, num_classes)
+            except BadImageError as e:
+                if self.strict:
+                    raise
+                logger.warning("skipping %s: %s", e.path, e.reason)
+                yield None
+                continue
+            yield (self.transform(im) if self.transform is not None else im), label
+
+    def _epoch_order(self) -> List[str]:
+        if self.shuffle_buffer == 0:
+            return list(self.shards)
+        permutation = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.shards))
+        return [self.shards[i] for i in permutation]
+
+    def _records(self, rank: int, world_size: int, worker: int, num_workers: int,
+                 quota: Optional[int]) -> Iterator[_Record]:
+        """This reader's raw samples; with a quota, passes over its shards repeat until it is met."""
+        order = self._epoch_order()
+        positions, modulus, residue = _reading_plan(len(order), rank, world_size, worker, num_workers)
+        produced, passes = 0, 0
+        while quota != 0:
+            pass_positions = positions
+            if passes and self.shuffle_buffer:
+                rng = np.random.default_rng([self.seed, self.epoch, rank, worker, passes])
+                pass_positions = [positions[i] for i in rng.permutation(len(positions))]
+            found = 0
+            for s in pass_positions:
+                for k, record in enumerate(iter_records(order[s], self.strict)):
+                    if (k + s) % modulus == residue:
+                        found += 1
+                        yield record
+            produced += found
+            passes += 1
+            if quota is None or produced >= quota:
+                return
+            if found == 0:
+                raise ValueError(f"rank {rank} worker {worker} of {num_workers} found no samples in its "
+                                 f"share of {len(order)} shards: too few samples for "
+                                 f"{world_size * num_workers} readers")
+            if passes == 1:
+                logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again",
+                            rank, worker, produced, quota)
+
+
+def _buffer_shuffle(items: Iterator[_Record], size: int, rng: np.random.Generator) -> Iterator[_Record]:
+    """Yield items in random order, holding at most ``size`` of them."""
+    buffer: List[_Record] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        i = int(rng.integers(len(buffer)))
+        buffer[i], item = item, buffer[i]
+        yield item
+    for i in rng.permutation(len(buffer)):
+        yield buffer[i]
