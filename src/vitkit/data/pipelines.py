@@ -1,0 +1,102 @@
+"""The paper's preprocessing for image files, with torchvision.transforms.v2.
+
+Training follows the ViT paper (and the Inception crop it inherits): a random crop of 8-100%
+of the area at an aspect ratio of 3/4-4/3, resized to the model's input, and a horizontal
+flip. Evaluation resizes the shorter side to ``floor(size / crop_pct)`` and keeps the centre,
+as timm does (:class:`vitkit.data.transforms.EvalTransform` is the same without
+torchvision). Both take a PIL image -- RGB, or L for a one-channel model -- and give a
+normalised float32 (C, H, W) tensor. The resizing runs in Pillow, on the PIL image, so the
+evaluation pipeline gives the pixels the weights were evaluated with.
+
+torchvision is imported inside the functions: vitkit itself runs without it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence, Tuple, Union
+
+IntOrPair = Union[int, Sequence[int]]
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+def _v2() -> Any:
+    try:
+        from torchvision.transforms import v2
+    except ImportError as e:
+        raise ImportError("the training and evaluation pipelines need torchvision: "
+                          "pip install torchvision") from e
+    return v2
+
+
+def _pair(size: IntOrPair) -> Tuple[int, int]:
+    pair = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+    if len(pair) != 2 or min(pair) <= 0:
+        raise ValueError(f"img_size must be a positive int or (height, width), got {size!r}")
+    return pair
+
+
+def _interpolation(name: str) -> Any:
+    if name not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {name!r}")
+    from torchvision.transforms import InterpolationMode
+    return {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
+            "nearest": InterpolationMode.NEAREST}[name]
+
+
+def _to_normalised_tensor(v2: Any, mean: Sequence[float], std: Sequence[float]) -> list:
+    import torch
+    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[float(m) for m in mean], std=[float(s) for s in std])]
+
+
+def train_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
+                    scale: Tuple[float, float] = (0.08, 1.0), ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+                    hflip: float = 0.5, interpolation: str = "bicubic") -> Callable[[Any], Any]:
+    """Inception crop (RandomResizedCrop) + horizontal flip + float + normalise."""
+    v2 = _v2()
+    if not 0 <= hflip <= 1:
+        raise ValueError(f"hflip is a probability, got {hflip}")
+    steps = [v2.RandomResizedCrop(_pair(img_size), scale=tuple(scale), ratio=tuple(ratio),
+                                  interpolation=_interpolation(interpolation), antialias=True)]
+    if hflip > 0:
+        steps.append(v2.RandomHorizontalFlip(p=hflip))
+    return v2.Compose(steps + _to_normalised_tensor(v2, mean, std))
+
+
+def eval_resize_size(img_size: IntOrPair, crop_pct: float) -> Union[int, Tuple[int, int]]:
+    """What the image is resized to before the centre crop: the shorter side for a square input."""
+    if not 0 < crop_pct <= 1:
+        raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+    h, w = _pair(img_size)
+    if h == w:
+        return math.floor(h / crop_pct)
+    return (math.floor(h / crop_pct), math.floor(w / crop_pct))
+
+
+def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
+                   crop_pct: float = 0.875, interpolation: str = "bicubic") -> Callable[[Any], Any]:
+    """Resize (shorter side to ``floor(size / crop_pct)``) + centre crop + float + normalise.
+
+    For a square ``img_size`` this is timm's evaluation exactly (torchvision's Resize
+    truncates the longer side, CenterCrop rounds its offset; ``EvalTransform`` rounds the
+    one and floors the other, so on some aspect ratios the two differ by a pixel). A
+    non-square ``img_size`` resizes each side by the same rule, as ``EvalTransform`` does.
+    """
+    v2 = _v2()
+    steps = [v2.Resize(eval_resize_size(img_size, crop_pct), interpolation=_interpolation(interpolation),
+                       antialias=True),
+             v2.CenterCrop(_pair(img_size))]
+    return v2.Compose(steps + _to_normalised_tensor(v2, mean, std))
+
+
+def from_model_config(config: Any, train: bool) -> Callable[[Any], Any]:
+    """The training or evaluation pipeline for a :class:`vitkit.models.vit.ViTConfig`.
+
+    Size, mean, std and interpolation come from the config (the weights' preprocessing);
+    ``crop_pct`` is used for evaluation only.
+    """
+    if train:
+        return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation)
+    return eval_transform(config.img_size, config.mean, config.std, crop_pct=config.crop_pct,
+                          interpolation=config.interpolation)
