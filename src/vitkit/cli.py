@@ -316,7 +316,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError, RuntimeError) as e:  # bad input, missing files, a diverged run
+        if isinstance(e, RuntimeError) and type(e).__name__ != "NonFiniteLoss":
+            raise  # a bug: keep its traceback
         print(f"vitkit {args.verb}: error: {e}", file=sys.stderr)
         return 2
 

@@ -7,7 +7,7 @@ it from (seed, step) and resume at any step with the same draws.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,3 @@ def random_hflip(x: torch.Tensor, generator: Optional[torch.Generator] = None, p
     flip = (torch.rand(x.shape[0], generator=generator, device="cpu") < p).to(x.device)
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
-
-def normalize(x_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> float, scaled to [0, 1] and normalised per channel."""
-    m = torch.tensor(mean, device=x_uint8.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=x_uint8.device).view(1, -1, 1, 1)
-    return (x_uint8.float() / 255.0 - m) / s

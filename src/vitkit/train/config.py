@@ -48,6 +48,11 @@ class TrainConfig:
     crop_pad: int = 0
     hflip: bool = False
     val_size: int = 5000
+    #: File datasets: DataLoader worker processes; bad image files an error instead of skipped;
+    #: samples held in the shuffle buffer of tar shards.
+    workers: int = 2
+    strict_data: bool = False
+    shuffle_buffer: int = 2000
     precision: str = "auto"
     compile: bool = False
     grad_checkpointing: bool = False
@@ -79,6 +84,8 @@ class TrainConfig:
             problems.append(f"init_head must be new or keep, not {self.init_head!r}")
         if self.img_size is not None and self.img_size <= 0:
             problems.append("img_size must be positive")
+        if self.workers < 0 or self.shuffle_buffer < 0:
+            problems.append("workers and shuffle_buffer must be >= 0")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

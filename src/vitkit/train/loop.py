@@ -11,53 +11,27 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import fashion_mnist
-from ..data.augment import random_crop, random_hflip
-from ..evaluate.metrics import prepare_batch
-from ..models import create_model
+from ..models import create_model, get_model_config
 from ..utils import write_json
 from . import distributed
+from .batches import Layout, MicroBatch
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig
+from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
 from .tracking import MetricsLog
 from .schedule import lr_at
 
-#: Per-channel statistics of the Fashion-MNIST training images (pixel values in [0, 1]).
-FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
-
-
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-def load_split(dataset: str, split: str, data_dir: Optional[str] = None):
-    """One split of a named dataset as an ArrayDataset (the one place dataset names are known)."""
-    if dataset not in ("fashion-mnist", "fashion_mnist", "fmnist"):
-        raise ValueError(f"unknown dataset {dataset!r}; available: fashion-mnist")
-    return fashion_mnist.load_split(split, data_dir)
-
-
-def load_dataset(cfg: TrainConfig):
-    """(train, test) ArrayDatasets for ``cfg.dataset``, with its normalisation statistics."""
-    return (load_split(cfg.dataset, "train", cfg.data_dir), load_split(cfg.dataset, "test", cfg.data_dir),
-            FMNIST_MEAN, FMNIST_STD)
-
-
-def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None):
-    """(uint8 images (N, C, H, W), int64 labels, class names) of one split, on the CPU."""
-    data = load_split(dataset, split, data_dir)
-    images, labels = to_tensors(data.images, data.labels, torch.device("cpu"))
-    return images, labels, data.classes
 
 
 def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
@@ -93,28 +67,24 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-def to_tensors(images: np.ndarray, labels: np.ndarray, device: torch.device):
-    x = torch.from_numpy(images)
-    x = x[:, None] if x.dim() == 3 else x.permute(0, 3, 1, 2)
-    return x.contiguous().to(device), torch.from_numpy(labels).to(device)
-
-
 @torch.inference_mode()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int, amp: Optional[torch.dtype]) -> Tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) over uint8 images."""
+def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches."""
     was_training = model.training
     model.eval()
-    total_loss, correct = 0.0, 0
-    for i in range(0, len(labels), batch_size):
-        x = prepare_batch(images[i:i + batch_size], model.config)
-        y = labels[i:i + batch_size]
+    device = next(model.parameters()).device
+    total_loss, correct, n = 0.0, 0, 0
+    for x, y, _ in batches:
+        if x is None:
+            continue
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with _autocast(x.device, amp):
             logits = model(x)
         total_loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
+        n += len(y)
     model.train(was_training)
-    n = max(len(labels), 1)
+    n = max(n, 1)
     return total_loss / n, correct / n
 
 
@@ -161,25 +131,23 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
 def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str, Any]:
     device, world, main = dist_info.device, dist_info.world, dist_info.main
     run_dir = Path(resume) if resume else None
-    train_set, test_set, mean, std = load_dataset(cfg)
-
-    split = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(2021))
-    val_idx, tr_idx = split[:cfg.val_size], split[cfg.val_size:]
-    all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
-    tr_x, tr_y = all_x[tr_idx.to(device)], all_y[tr_idx.to(device)]
-    va_x, va_y = all_x[val_idx.to(device)], all_y[val_idx.to(device)]
-    te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
+    # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
+    in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
+    data = open_data(cfg, device, channels=1 if in_chans == 1 else 3)
+    if data.skipped and main:
+        log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
+            f"{data.skipped[0][1]}); --strict-data makes them an error")
 
     torch.manual_seed(cfg.seed)
-    data_args = dict(img_size=(cfg.img_size,) * 2 if cfg.img_size else tuple(tr_x.shape[-2:]),
-                     in_chans=tr_x.shape[1], num_classes=len(train_set.classes),
-                     label_names=list(train_set.classes))
+    data_args = data.model_args(cfg.img_size)
     if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
         model = model_from_init(cfg.init, data_args, cfg.model_args, cfg.init_head,
                                 log=log if main else (lambda *a: None))
     else:
-        model = create_model(cfg.model, **{**data_args, "mean": mean, "std": std, "crop_pct": 1.0,
-                                                **cfg.model_args})
+        stats = {"mean": data.mean, "std": data.std}
+        if data.kind == "memory":
+            stats["crop_pct"] = 1.0  # whole small images, no centre crop
+        model = create_model(cfg.model, **{**data_args, **stats, **cfg.model_args})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     optimizer = make_optimizer(model, cfg)
@@ -189,14 +157,9 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     forward = ddp or model
     forward = torch.compile(forward) if cfg.compile else forward
 
-    micro = cfg.batch_size // cfg.accum_steps  # global micro-batch; each rank takes 1/world of it
-    local = micro // world
-    if micro * cfg.accum_steps != cfg.batch_size or local * world != micro:
-        raise ValueError(f"batch_size {cfg.batch_size} must divide into {cfg.accum_steps} accumulation "
-                         f"steps x {world} processes")
-    steps_per_epoch = len(tr_y) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"batch_size {cfg.batch_size} is larger than the {len(tr_y)} training images")
+    layout = Layout(cfg.batch_size, cfg.accum_steps, world, dist_info.rank)
+    layout.check()
+    steps_per_epoch = data.steps_per_epoch(layout)
     total = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
 
     start = 0
@@ -231,30 +194,22 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
 
     progress = Progress(total, start, enabled=cfg.progress and main)
     model.train()
-    seen, train_time = 0, 0.0
+    seen, train_time, skipped = 0, 0.0, 0
     window = _fresh_window()
     t_start = time.perf_counter()
     last_ckpt: Optional[Path] = None
-    perm, perm_epoch = None, -1
-    mine = slice(dist_info.rank * local, (dist_info.rank + 1) * local)  # this rank's part of a micro-batch
+    batches = data.train_batches(model.config, cfg, layout, start, total)
     for step in range(start, total):
         t0 = time.perf_counter()
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != perm_epoch:
-            g = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
-            perm, perm_epoch = torch.randperm(len(tr_y), generator=g).to(device), epoch
         lr = lr_at(step, total, cfg.lr, cfg.warmup_steps, cfg.schedule, cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        aug = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        batch = perm[index * cfg.batch_size:(index + 1) * cfg.batch_size]
         for k in range(cfg.accum_steps):
-            idx = batch[k * micro:(k + 1) * micro]
-            x = prepare_batch(tr_x[idx], model.config)  # the global micro-batch: the same draws on every rank
-            x = random_crop(x, cfg.crop_pad, aug)
-            if cfg.hflip:
-                x = random_hflip(x, aug)
-            x, y = x[mine], tr_y[idx][mine]
+            x, y, bad = next(batches)
+            skipped += bad
+            if x is None:  # every sample of this micro-batch was unreadable
+                continue
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = ddp is None or k == cfg.accum_steps - 1
             with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
                 logits = forward(x)
@@ -290,15 +245,15 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                                    "epoch": row["epoch"]})
             window = _fresh_window()
         if done % steps_per_epoch == 0 or done == total:
-            val_loss, val_acc = evaluate(model, va_x, va_y, cfg.eval_batch_size, amp)
+            val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
             metrics.write({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
                          "val_acc": val_acc})
         if done % cfg.checkpoint_every == 0 or done == total:
             last_ckpt = checkpoint(done)
     progress.close()
 
-    test_loss, test_acc = evaluate(model, te_x, te_y, cfg.eval_batch_size, amp)
-    val_loss, val_acc = evaluate(model, va_x, va_y, cfg.eval_batch_size, amp)
+    test_loss, test_acc = evaluate(model, data.eval_batches("test", model.config, cfg.eval_batch_size), amp)
+    val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
     if main:
         model.save_pretrained(run_dir / "model")
         plot_curves(metrics_path, run_dir / "training_curves.png")
@@ -309,7 +264,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                "seconds": round(time.perf_counter() - t_start, 2),
                "train_img_s": round(seen / max(train_time, 1e-9), 1),
                "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device),
-               "processes": world}
+               "processes": world, "skipped_files": len(data.skipped) + skipped}
     metrics.close(summary)
     if main:
         write_json(run_dir / "summary.json", summary)

@@ -1,0 +1,76 @@
+"""Dataset names: the one place ``--dataset`` values are known.
+
+Two kinds. *In-memory* datasets (Fashion-MNIST, CIFAR-10/100) load whole into uint8 arrays;
+the training loop augments them in batches on the device. *File* datasets (an image
+folder, tar shards) are decoded image by image in DataLoader workers through the paper's
+torchvision pipelines. A file dataset's ``--data-dir`` holds ``train/`` and ``test/`` (or
+``val/``): class subfolders of images, or ``.tar`` shards with their ``meta.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import cifar, fashion_mnist
+from .fashion_mnist import ArrayDataset, DatasetNotFound
+
+Stats = Tuple[Tuple[float, ...], Tuple[float, ...]]
+
+#: name -> (split loader (split, data_dir) -> ArrayDataset, per-channel mean and std in [0, 1]).
+IN_MEMORY: Dict[str, Tuple[Callable[[str, Optional[str]], ArrayDataset], Stats]] = {
+    "fashion-mnist": (lambda split, d: fashion_mnist.load_split(split, d), ((0.2860,), (0.3530,))),
+    "cifar10": (lambda split, d: cifar.load_split(split, d, variant="cifar10"),
+                ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))),
+    "cifar100": (lambda split, d: cifar.load_split(split, d, variant="cifar100"),
+                 ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))),
+}
+ALIASES = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10",
+           "cifar-100": "cifar100", "imagefolder": "folder", "webdataset": "shards"}
+FILE_DATASETS = ("folder", "shards")
+#: Normalisation of file datasets trained from scratch: the ViT paper's, to [-1, 1].
+FILE_STATS: Stats = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def canonical(name: str) -> str:
+    """The dataset's registered name; a clear error listing the names for anything else."""
+    name = ALIASES.get(name.lower(), name.lower())
+    if name not in IN_MEMORY and name not in FILE_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: "
+                         f"{', '.join(list(IN_MEMORY) + list(FILE_DATASETS))}")
+    return name
+
+
+def is_in_memory(name: str) -> bool:
+    return canonical(name) in IN_MEMORY
+
+
+def load_split(name: str, split: str, data_dir: Optional[str] = None) -> ArrayDataset:
+    """One split of an in-memory dataset as uint8 arrays."""
+    name = canonical(name)
+    if name not in IN_MEMORY:
+        raise ValueError(f"{name} is a file dataset: it is read through a DataLoader, not into memory")
+    return IN_MEMORY[name][0](split, data_dir)
+
+
+def stats(name: str) -> Stats:
+    name = canonical(name)
+    return IN_MEMORY[name][1] if name in IN_MEMORY else FILE_STATS
+
+
+def file_split_dirs(name: str, data_dir: Optional[str]) -> Tuple[Path, Path]:
+    """(train folder, test folder) of a file dataset: ``train/`` and ``test/`` (else ``val/``)."""
+    if not data_dir:
+        raise DatasetNotFound(f"--dataset {name} needs --data-dir: a folder with train/ and test/ "
+                              f"(or val/) subfolders")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DatasetNotFound(f"data folder not found: {root}")
+    train = root / "train"
+    held_out: List[Path] = [root / "test", root / "val"]
+    test = next((p for p in held_out if p.is_dir()), None)
+    if not train.is_dir() or test is None:
+        what = "class subfolders of images" if name == "folder" else ".tar shards"
+        raise DatasetNotFound(f"{root} must hold train/ and test/ (or val/), each with {what}; "
+                              f"found: {', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}")
+    return train, test

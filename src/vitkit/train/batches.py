@@ -1,0 +1,187 @@
+"""Where the loop's micro-batches come from: tensors in memory, or image files through a DataLoader.
+
+Every source follows one order so that the step counter alone says where a run is: epoch
+``e`` visits the training samples in ``epoch_order(seed, e)``, step ``s`` takes batch
+``s mod steps_per_epoch`` of it, micro-batch ``k`` the k-th slice of that, and rank ``r``
+the r-th part of the micro-batch. Randomness of augmentation is drawn from (seed, step) --
+per batch in memory, per sample for files -- so a resumed run sees the same pixels.
+Tar shards are streams: a resumed run re-reads the epoch up to its step (same order, same
+samples); their augmentation follows the worker's random state and is not replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..data.augment import random_crop, random_hflip
+from ..data.folder import ImageFolder, collate_skip_bad
+from ..evaluate.metrics import prepare_batch
+
+log = logging.getLogger("vitkit.train")
+
+MicroBatch = Tuple[Optional[torch.Tensor], torch.Tensor, int]  # (inputs, labels, bad samples dropped)
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
+    """The permutation of ``n`` training samples that epoch ``epoch`` follows."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def augment_seed(seed: int, step: int) -> int:
+    return seed * 1_000_003 + step
+
+
+@dataclass
+class Layout:
+    """How a step's batch splits: accumulation micro-batches, then ranks."""
+
+    batch_size: int
+    accum_steps: int
+    world: int
+    rank: int
+
+    @property
+    def micro(self) -> int:  # global micro-batch
+        return self.batch_size // self.accum_steps
+
+    @property
+    def local(self) -> int:  # this rank's part of it
+        return self.micro // self.world
+
+    def check(self) -> None:
+        if self.micro * self.accum_steps != self.batch_size or self.local * self.world != self.micro:
+            raise ValueError(f"batch_size {self.batch_size} must divide into {self.accum_steps} accumulation "
+                             f"steps x {self.world} processes")
+
+    def mine(self, micro_batch: torch.Tensor) -> torch.Tensor:
+        return micro_batch[self.rank * self.local:(self.rank + 1) * self.local]
+
+
+def index_plan(n: int, seed: int, layout: Layout, start: int, total: int
+               ) -> Iterator[Tuple[int, int, torch.Tensor]]:
+    """(step, k, global micro-batch indices) from ``start`` to ``total``."""
+    steps_per_epoch = n // layout.batch_size
+    perm, perm_epoch = None, -1
+    for step in range(start, total):
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch != perm_epoch:
+            perm, perm_epoch = epoch_order(seed, epoch, n), epoch
+        batch = perm[index * layout.batch_size:(index + 1) * layout.batch_size]
+        for k in range(layout.accum_steps):
+            yield step, k, batch[k * layout.micro:(k + 1) * layout.micro]
+
+
+class MemoryBatches:
+    """uint8 tensors on the device; crop and flip run on whole batches, drawn from (seed, step)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, crop_pad: int = 0, hflip: bool = False):
+        self.images, self.labels = images, labels
+        self.crop_pad, self.hflip = crop_pad, hflip
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def train(self, config: Any, seed: int, layout: Layout, start: int, total: int) -> Iterator[MicroBatch]:
+        aug, aug_step = None, -1
+        for step, _, idx in index_plan(len(self), seed, layout, start, total):
+            if step != aug_step:  # one generator per step, shared by its micro-batches
+                aug, aug_step = torch.Generator().manual_seed(augment_seed(seed, step)), step
+            idx = idx.to(self.images.device)
+            # the global micro-batch: the same draws on every rank, then this rank's part
+            x = random_crop(prepare_batch(self.images[idx], config), self.crop_pad, aug)
+            if self.hflip:
+                x = random_hflip(x, aug)
+            yield layout.mine(x), layout.mine(self.labels[idx]), 0
+
+    def eval(self, config: Any, batch_size: int) -> Iterator[MicroBatch]:
+        for i in range(0, len(self), batch_size):
+            yield prepare_batch(self.images[i:i + batch_size], config), self.labels[i:i + batch_size], 0
+
+
+class _Seeded(Dataset):
+    """Items ``(position, seed)`` -> the transformed sample, its random draws fixed by ``seed``."""
+
+    def __init__(self, folder: ImageFolder, indices: Sequence[int], transform: Callable):
+        self.folder, self.indices, self.transform = folder, list(indices), transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, item: Tuple[int, Optional[int]]):
+        position, seed = item
+        sample = self.folder[self.indices[position]]
+        if sample is None:
+            return None
+        if seed is None:
+            return self.transform(sample[0]), sample[1]
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
+            torch.manual_seed(seed)
+            return self.transform(sample[0]), sample[1]
+
+
+class FolderBatches:
+    """Part of an :class:`ImageFolder` decoded in DataLoader workers through a torchvision pipeline."""
+
+    def __init__(self, folder: ImageFolder, indices: Sequence[int], workers: int = 2):
+        self.folder, self.indices, self.workers = folder, list(indices), workers
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _loader(self, dataset: Dataset, batches: Any) -> DataLoader:
+        return DataLoader(dataset, batch_sampler=batches, num_workers=self.workers,
+                          collate_fn=collate_skip_bad, persistent_workers=False)
+
+    def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int
+              ) -> Iterator[MicroBatch]:
+        def plan() -> Iterator[List[Tuple[int, int]]]:
+            for step, k, idx in index_plan(len(self), seed, layout, start, total):
+                first = layout.rank * layout.local
+                yield [(int(i), (augment_seed(seed, step) * layout.accum_steps + k) * 65_536 + first + j)
+                       for j, i in enumerate(layout.mine(idx))]
+        yield from self._loader(_Seeded(self.folder, self.indices, transform), plan())
+
+    def eval(self, transform: Callable, batch_size: int) -> Iterator[MicroBatch]:
+        plan = [[(i, None) for i in range(s, min(s + batch_size, len(self)))]
+                for s in range(0, len(self), batch_size)]
+        yield from self._loader(_Seeded(self.folder, self.indices, transform), plan)
+
+
+class ShardBatches:
+    """A :class:`~vitkit.data.shards.ShardDataset` stream, ``local`` samples per micro-batch per rank."""
+
+    def __init__(self, make_dataset: Callable[..., Any], workers: int = 2):
+        self.make_dataset, self.workers = make_dataset, workers
+
+    def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int,
+              steps_per_epoch: int) -> Iterator[MicroBatch]:
+        dataset = self.make_dataset(transform=transform, seed=seed, shuffle=True)
+        epoch, skip = divmod(start, steps_per_epoch)
+        skip *= layout.accum_steps
+        left = (total - start) * layout.accum_steps
+        while left > 0:
+            dataset.set_epoch(epoch)
+            loader = DataLoader(dataset, batch_size=layout.local, num_workers=self.workers,
+                                collate_fn=collate_skip_bad, drop_last=True)
+            n = 0
+            for batch in loader:
+                if n >= steps_per_epoch * layout.accum_steps:
+                    break
+                n += 1
+                if n <= skip:  # resuming: the same order up to where the run stopped
+                    continue
+                yield batch
+                left -= 1
+                if left == 0:
+                    return
+            skip, epoch = 0, epoch + 1
+
+    def eval(self, transform: Callable, batch_size: int) -> Iterator[MicroBatch]:
+        dataset = self.make_dataset(transform=transform, seed=0, shuffle=False)
+        yield from DataLoader(dataset, batch_size=batch_size, num_workers=self.workers,
+                              collate_fn=collate_skip_bad)

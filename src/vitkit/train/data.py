@@ -1,0 +1,160 @@
+"""The data of a run: its splits, classes and shape, and the batches the loop reads.
+
+Validation is carved from the training split (``val_size`` samples, the same ones for every
+seed); the test split is the dataset's own (for file datasets ``test/``, else ``val/``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from ..data import datasets
+from ..data.folder import ImageFolder
+from ..data.pipelines import from_model_config
+from ..data.shards import ShardDataset
+from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
+from .config import TrainConfig
+
+log = logging.getLogger("vitkit.train")
+
+#: The validation split is the same for every seed and run.
+VAL_SPLIT_SEED = 2021
+
+
+def to_tensors(images: np.ndarray, labels: np.ndarray, device: torch.device):
+    """uint8 (N, H, W[, C]) arrays -> uint8 (N, C, H, W) and int64 label tensors on ``device``."""
+    x = torch.from_numpy(images)
+    x = x[:, None] if x.dim() == 3 else x.permute(0, 3, 1, 2)
+    return x.contiguous().to(device), torch.from_numpy(labels).to(device)
+
+
+def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None):
+    """(uint8 images (N, C, H, W), int64 labels, class names) of an in-memory split, on the CPU."""
+    data = datasets.load_split(dataset, split, data_dir)
+    images, labels = to_tensors(data.images, data.labels, torch.device("cpu"))
+    return images, labels, data.classes
+
+
+def _carve(n: int, val_size: int):
+    if not 0 < val_size < n:
+        raise ValueError(f"val_size {val_size} must be between 1 and the {n - 1} training samples "
+                         f"it is carved from")
+    split = torch.randperm(n, generator=torch.Generator().manual_seed(VAL_SPLIT_SEED))
+    return split[:val_size], split[val_size:]
+
+
+@dataclass
+class RunData:
+    """Splits and facts of a dataset; batch sources need the model's config (size, normalisation)."""
+
+    kind: str  # "memory", "folder" or "shards"
+    classes: List[str]
+    in_chans: int
+    img_size: Optional[tuple]  # the data's own size (in-memory), else None: the model's
+    mean: tuple
+    std: tuple
+    train: Any
+    val: Any
+    test: Any
+    n_train: int
+    skipped: List[Any] = field(default_factory=list)
+
+    def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
+        args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
+                                    label_names=list(self.classes))
+        size = (img_size,) * 2 if img_size else self.img_size
+        if size:
+            args["img_size"] = tuple(size)
+        return args
+
+    def steps_per_epoch(self, layout: Layout) -> int:
+        if self.kind == "shards":  # every rank streams its own share of the samples
+            steps = self.n_train // layout.world // layout.local // layout.accum_steps
+        else:
+            steps = self.n_train // layout.batch_size
+        if steps == 0:
+            raise ValueError(f"batch_size {layout.batch_size} is larger than the {self.n_train} training images")
+        return steps
+
+    def train_batches(self, config: Any, cfg: TrainConfig, layout: Layout, start: int, total: int
+                      ) -> Iterator[MicroBatch]:
+        if self.kind == "memory":
+            return self.train.train(config, cfg.seed, layout, start, total)
+        transform = from_model_config(config, train=True)
+        if self.kind == "folder":
+            return self.train.train(transform, cfg.seed, layout, start, total)
+        return self.train.train(transform, cfg.seed, layout, start, total, self.steps_per_epoch(layout))
+
+    def eval_batches(self, which: str, config: Any, batch_size: int) -> Iterator[MicroBatch]:
+        source = self.val if which == "val" else self.test
+        if self.kind == "memory":
+            return source.eval(config, batch_size)
+        return source.eval(from_model_config(config, train=False), batch_size)
+
+
+def open_data(cfg: TrainConfig, device: torch.device, channels: int = 3) -> RunData:
+    """Load (in memory) or scan (files) the dataset of ``cfg``; ``channels`` for file datasets."""
+    name = datasets.canonical(cfg.dataset)
+    if datasets.is_in_memory(name):
+        return _memory(cfg, name, device)
+    if name == "folder":
+        return _folder(cfg, channels)
+    return _shards(cfg, channels)
+
+
+def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
+    train_set = datasets.load_split(name, "train", cfg.data_dir)
+    test_set = datasets.load_split(name, "test", cfg.data_dir)
+    val_idx, tr_idx = _carve(len(train_set), cfg.val_size)
+    all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
+    te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
+    mean, std = datasets.stats(name)
+    tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
+    return RunData("memory", list(train_set.classes), all_x.shape[1], tuple(all_x.shape[-2:]), mean, std,
+                   train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip),
+                   val=MemoryBatches(all_x[val_idx], all_y[val_idx]), test=MemoryBatches(te_x, te_y),
+                   n_train=len(tr_idx))
+
+
+def _folder(cfg: TrainConfig, channels: int) -> RunData:
+    train_dir, test_dir = datasets.file_split_dirs("folder", cfg.data_dir)
+    train = ImageFolder(train_dir, channels=channels, strict=cfg.strict_data)
+    test = ImageFolder(test_dir, channels=channels, strict=cfg.strict_data)
+    if test.classes != train.classes:
+        raise ValueError(f"the class folders of {test_dir} ({len(test.classes)}) differ from those of "
+                         f"{train_dir} ({len(train.classes)})")
+    val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
+    mean, std = datasets.FILE_STATS
+    return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
+                   train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
+                   val=FolderBatches(train, val_idx.tolist(), cfg.workers),
+                   test=FolderBatches(test, range(len(test)), cfg.workers),
+                   n_train=len(tr_idx), skipped=train.skipped + test.skipped)
+
+
+def _shards(cfg: TrainConfig, channels: int) -> RunData:
+    train_dir, test_dir = datasets.file_split_dirs("shards", cfg.data_dir)
+    val_dir = test_dir.parent / "val" if (test_dir.parent / "val").is_dir() else test_dir
+
+    def maker(folder):
+        def make(transform, seed: int, shuffle: bool) -> ShardDataset:
+            if shuffle:  # training: ranks split the shards, all the same number of samples
+                return ShardDataset(folder, transform, channels, seed, cfg.shuffle_buffer,
+                                    epoch_length="auto", strict=cfg.strict_data)
+            return ShardDataset(folder, transform, channels, rank=0, world_size=1, strict=cfg.strict_data)
+        return make
+
+    probe = ShardDataset(train_dir, rank=0, world_size=1)
+    if probe.classes is None:
+        raise ValueError(f"no class names for the shards in {train_dir}: write meta.json or classes.txt "
+                         f"beside them (vitkit's write_shards does)")
+    mean, std = datasets.FILE_STATS
+    # validation: val/ when there is one, else the test split (a stream is not carved)
+    return RunData("shards", probe.classes, channels, None, mean[:channels], std[:channels],
+                   train=ShardBatches(maker(train_dir), cfg.workers), val=ShardBatches(maker(val_dir), cfg.workers),
+                   test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples)

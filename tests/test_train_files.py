@@ -1,0 +1,153 @@
+"""Training from image files: an ImageFolder and tar shards of real Fashion-MNIST pictures.
+
+The folder also holds the broken files of real collections (a truncated JPEG, a zero-byte
+file) and odd modes that must decode (a CMYK JPEG, an RGBA PNG): the run skips and counts
+the broken ones, or with strict_data stops naming them before anything is written.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.cli import main as cli
+from vitkit.data import fashion_mnist as fm
+from vitkit.data.folder import BadImageError, ImageFolder
+from vitkit.data.pipelines import from_model_config
+from vitkit.data.shards import folder_to_shards
+from vitkit.models import create_model
+from vitkit.train import resolve_config, train
+from vitkit.train.batches import FolderBatches, Layout, ShardBatches
+from vitkit.train.data import open_data
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+CLASSES = {0: "tshirt", 1: "trouser", 8: "bag"}  # three Fashion-MNIST classes
+TINY = {"in_chans": 1, "embed_dim": 48, "depth": 2, "num_heads": 2, "mlp_dim": 96}
+
+
+def write_pngs(root, split, per_class):
+    data = fm.load_split(split)
+    for label, name in CLASSES.items():
+        (root / split / name).mkdir(parents=True)
+        for n, i in enumerate(np.flatnonzero(data.labels == label)[:per_class]):
+            Image.fromarray(data.images[i]).save(root / split / name / f"{n:04d}.png")
+
+
+def add_odd_files(folder):
+    """Two files that must be skipped and two odd modes that must decode."""
+    Image.new("CMYK", (28, 28), (0, 0, 0, 200)).save(folder / "cmyk.jpg")
+    rgba = np.zeros((28, 28, 4), np.uint8)
+    rgba[..., 3] = 255
+    Image.fromarray(rgba, "RGBA").save(folder / "rgba.png")
+    whole = folder / "whole.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(whole)
+    data = whole.read_bytes()
+    whole.unlink()
+    (folder / "truncated.jpg").write_bytes(data[:len(data) // 2])
+    (folder / "empty.png").write_bytes(b"")
+
+
+@pytest.fixture(scope="module")
+def fmnist_folder(tmp_path_factory):
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    root = tmp_path_factory.mktemp("fmnist_files")
+    write_pngs(root, "train", 300)
+    write_pngs(root, "test", 100)
+    add_odd_files(root / "train" / "bag")
+    return root
+
+
+def config(tmp_path, data_dir, **kw):
+    base = dict(dataset="folder", data_dir=str(data_dir), img_size=28, model_args=TINY, max_steps=60,
+                batch_size=30, val_size=90, warmup_steps=10, lr=2e-3, out=str(tmp_path), name="run",
+                checkpoint_every=30, log_every=10, progress=False, workers=0, eval_batch_size=100)
+    base.update(kw)
+    return resolve_config("fmnist", **base)
+
+
+@real
+@pytest.mark.slow
+def test_image_folder_trains_skips_broken_files_and_counts_them(tmp_path, fmnist_folder, caplog):
+    summary = train(config(tmp_path, fmnist_folder))
+    assert summary["test_top1"] > 0.75  # three classes: chance is 1/3
+    # the zero-byte file at the scan; the truncated JPEG each time it is drawn (never in validation: 0 or more)
+    assert summary["skipped_files"] >= 1
+    assert any("empty.png" in r.getMessage() for r in caplog.records)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert losses[-1] < 0.7 * losses[0]
+    saved = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert saved["config"]["label_names"] == ["bag", "trouser", "tshirt"]
+
+
+def test_odd_modes_decode_and_broken_files_are_named(fmnist_folder):
+    folder = ImageFolder(fmnist_folder / "train", channels=1)
+    names = {p.split("/")[-1] for p, _ in folder.samples}
+    assert {"cmyk.jpg", "rgba.png", "truncated.jpg"} <= names  # a truncated JPEG has a valid header
+    assert [p.split("/")[-1] for p, _ in folder.skipped] == ["empty.png"]
+    for name in ("cmyk.jpg", "rgba.png"):
+        index = next(i for i, (p, _) in enumerate(folder.samples) if p.endswith(name))
+        image, _ = folder[index]
+        assert image.mode == "L" and image.size == (28, 28)
+    truncated = next(i for i, (p, _) in enumerate(folder.samples) if p.endswith("truncated.jpg"))
+    assert folder[truncated] is None
+
+
+def test_strict_data_stops_before_writing_anything(tmp_path, fmnist_folder):
+    with pytest.raises(BadImageError, match="empty.png"):
+        train(config(tmp_path, fmnist_folder, strict_data=True))
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_and_empty_datasets_are_clear_cli_errors(tmp_path, capsys):
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "empty" / "test").mkdir()
+    cases = [(["--dataset", "folder"], "needs --data-dir"),
+             (["--dataset", "folder", "--data-dir", str(tmp_path / "nowhere")], "not found"),
+             (["--dataset", "folder", "--data-dir", str(tmp_path)], "must hold train/ and test/"),
+             (["--dataset", "folder", "--data-dir", str(tmp_path / "empty")], "no class subfolders"),
+             (["--dataset", "imagenet"], "unknown dataset 'imagenet'")]
+    for flags, message in cases:
+        assert cli(["train", "--out", str(tmp_path / "runs"), "--no-progress", *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_folder_batches_resume_at_any_step_with_the_same_pixels(fmnist_folder):
+    """Per-sample seeds from (seed, step): starting at step 3 gives what step 3 gave, with workers too."""
+    folder = ImageFolder(fmnist_folder / "train", channels=1)
+    model = create_model("vit_fmnist", img_size=24, num_classes=3)
+    transform = from_model_config(model.config, train=True)  # random crops and flips
+    layout = Layout(batch_size=16, accum_steps=2, world=1, rank=0)
+    whole = list(FolderBatches(folder, range(len(folder)), workers=0).train(transform, 7, layout, 0, 5))
+    resumed = list(FolderBatches(folder, range(len(folder)), workers=2).train(transform, 7, layout, 3, 5))
+    assert len(whole) == 10 and len(resumed) == 4
+    for (xa, ya, _), (xb, yb, _) in zip(whole[6:], resumed):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert not torch.equal(whole[0][0], whole[2][0])
+
+
+@real
+@pytest.mark.slow
+def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):
+    data_dir = tmp_path / "shards"
+    folder_to_shards(fmnist_folder / "train", data_dir / "train", max_per_shard=200)
+    folder_to_shards(fmnist_folder / "test", data_dir / "test", max_per_shard=200)
+    cfg = config(tmp_path, data_dir, dataset="shards", workers=2, shuffle_buffer=300)
+    summary = train(cfg)
+    assert summary["test_top1"] > 0.75
+    # the stream from step 3 is the first run's stream from step 3 (deterministic pipeline)
+    data = open_data(cfg, torch.device("cpu"), channels=1)
+    model = create_model("vit_fmnist", num_classes=3)
+    transform = from_model_config(model.config, train=False)
+    layout = Layout(batch_size=30, accum_steps=1, world=1, rank=0)
+    source: ShardBatches = data.train
+    spe = data.steps_per_epoch(layout)
+    whole = [y for _, y, _ in source.train(transform, 0, layout, 0, spe + 2, spe)]
+    resumed = [y for _, y, _ in source.train(transform, 0, layout, 3, spe + 2, spe)]
+    assert len(whole) == spe + 2 and len(resumed) == spe - 1
+    for a, b in zip(whole[3:], resumed):
+        assert torch.equal(a, b)
