@@ -87,6 +87,19 @@ def test_bad_inputs_have_clear_messages(tmp_path):
         train(small(tmp_path), resume=str(tmp_path / "not-a-run"))
 
 
+@real
+def test_paper_pretrain_recipe_builds_the_tanh_pre_logits_head(tmp_path):
+    cfg = small(tmp_path, max_steps=2, batch_size=64, checkpoint_every=2)
+    cfg = resolve_config("paper-pretrain", **{k: v for k, v in cfg.to_dict().items()
+                                               if k in ("max_steps", "batch_size", "out", "name", "progress",
+                                                        "val_size", "checkpoint_every")})
+    assert cfg.optimizer == "adamw" and cfg.weight_decay == 0.1 and cfg.schedule == "linear"
+    train(cfg)
+    model = vitkit.from_pretrained(tmp_path / "run" / "model")
+    assert model.config.representation_size == model.config.embed_dim == 96
+    assert isinstance(model.pre_logits.act, torch.nn.Tanh) and model.config.drop_rate == 0.1
+
+
 def test_schedule_warmup_then_cosine_and_linear():
     assert lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
     assert lr_at(9, 100, 1.0, 10) == pytest.approx(1.0)

@@ -106,11 +106,11 @@ RECIPES: Dict[str, Dict[str, Any]] = {
                     "crop_pad": 2, "hflip": True},
     # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
     # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
-    # tanh pre-logits head, dropout 0.1.
+    # tanh pre-logits head (D units: "width" is the model's embed_dim), dropout 0.1.
     "paper-pretrain": {"optimizer": "adamw", "betas": (0.9, 0.999), "weight_decay": 0.1,
                        "batch_size": 4096, "warmup_steps": 10_000, "schedule": "linear",
                        "clip_grad": 1.0, "lr": 1e-3, "min_lr": 0.0, "crop_pad": 0, "hflip": True,
-                       "model_args": {"representation_size": None, "drop_rate": 0.1}},
+                       "model_args": {"representation_size": "width", "drop_rate": 0.1}},
     # The paper's fine-tuning: SGD momentum 0.9, batch 512, cosine, no weight decay, clip 1.
     "paper-finetune": {"optimizer": "sgd", "momentum": 0.9, "batch_size": 512, "weight_decay": 0.0,
                        "schedule": "cosine", "clip_grad": 1.0, "lr": 0.01, "warmup_steps": 500,

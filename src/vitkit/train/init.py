@@ -38,6 +38,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     src = read_source(path)
     stored = config_for_source(src)
     overrides = {**data_args, **model_args}
+    if overrides.get("representation_size") == "width":  # the pre-training recipe's D-unit pre-logits
+        overrides["representation_size"] = overrides.get("embed_dim", stored.embed_dim)
     exclude: Tuple[str, ...] = ()
     if head == "new":
         overrides.setdefault("representation_size", None)

@@ -88,6 +88,14 @@ def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torc
     return total_loss / n, correct / n
 
 
+def _resolve_width(model_name: str, model_args: Dict[str, Any]) -> Dict[str, Any]:
+    """``representation_size="width"``: the paper's pre-logits layer as wide as the model (D)."""
+    if model_args.get("representation_size") != "width":
+        return model_args
+    width = model_args.get("embed_dim", get_model_config(model_name).embed_dim)
+    return {**model_args, "representation_size": width}
+
+
 def _fresh_window() -> Dict[str, float]:
     """Running sums for the train metrics of one logging interval."""
     return {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
@@ -147,7 +155,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         stats = {"mean": data.mean, "std": data.std}
         if data.kind == "memory":
             stats["crop_pct"] = 1.0  # whole small images, no centre crop
-        model = create_model(cfg.model, **{**data_args, **stats, **cfg.model_args})
+        model = create_model(cfg.model, **{**data_args, **stats, **_resolve_width(cfg.model, cfg.model_args)})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     optimizer = make_optimizer(model, cfg)
