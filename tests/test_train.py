@@ -127,3 +127,15 @@ def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_p
     config_path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="does not fit model 'vit_fmnist'"):
         train(small(tmp_path), resume=str(tmp_path / "run"))
+
+
+def test_micro_batch_adds_accumulation_until_the_batch_fits():
+    from vitkit.train.batches import Layout
+
+    assert Layout.fitting(4096, 1, 1, 0, None).accum_steps == 1
+    assert (Layout.fitting(4096, 1, 1, 0, 256).accum_steps, Layout.fitting(4096, 1, 1, 0, 256).local) == (16, 256)
+    assert Layout.fitting(4096, 1, 8, 3, 256).accum_steps == 2  # 8 processes x 2 x 256
+    assert Layout.fitting(100, 1, 1, 0, 30).local == 25  # the fewest even steps: 4 x 25
+    assert Layout.fitting(512, 4, 1, 0, 1000).accum_steps == 4  # never fewer than asked
+    with pytest.raises(ValueError, match="must divide"):
+        Layout.fitting(7, 1, 2, 0, None)

@@ -53,6 +53,19 @@ class Layout:
     def local(self) -> int:  # this rank's part of it
         return self.micro // self.world
 
+    @classmethod
+    def fitting(cls, batch_size: int, accum_steps: int, world: int, rank: int,
+                micro_batch: Optional[int] = None) -> "Layout":
+        """The fewest accumulation steps (at least ``accum_steps``) that keep every process's
+        micro-batch at or under ``micro_batch`` and divide the batch evenly."""
+        accum = accum_steps
+        if micro_batch:
+            while accum <= batch_size and (batch_size % (accum * world) or batch_size // (accum * world) > micro_batch):
+                accum += 1
+        layout = cls(batch_size, min(accum, batch_size), world, rank)
+        layout.check()
+        return layout
+
     def check(self) -> None:
         if self.micro * self.accum_steps != self.batch_size or self.local * self.world != self.micro:
             raise ValueError(f"batch_size {self.batch_size} must divide into {self.accum_steps} accumulation "

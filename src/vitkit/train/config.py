@@ -33,6 +33,9 @@ class TrainConfig:
     max_steps: Optional[int] = None
     batch_size: int = 256
     accum_steps: int = 1
+    #: At most this many images per process per forward pass: accumulation steps are added
+    #: until the batch fits (None: accum_steps as given).
+    micro_batch: Optional[int] = None
     optimizer: str = "adamw"
     lr: float = 2e-3
     min_lr: float = 1e-5
@@ -76,6 +79,8 @@ class TrainConfig:
             problems.append(f"schedule must be cosine, linear or constant, not {self.schedule!r}")
         if self.precision not in ("auto", "bf16", "fp16", "fp32"):
             problems.append(f"precision must be auto, bf16, fp16 or fp32, not {self.precision!r}")
+        if self.micro_batch is not None and self.micro_batch <= 0:
+            problems.append("micro_batch must be positive")
         if self.batch_size <= 0 or self.accum_steps <= 0:
             problems.append("batch_size and accum_steps must be positive")
         if self.max_steps is None and self.epochs <= 0:
@@ -108,7 +113,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
     # tanh pre-logits head (D units: "width" is the model's embed_dim), dropout 0.1.
     "paper-pretrain": {"optimizer": "adamw", "betas": (0.9, 0.999), "weight_decay": 0.1,
-                       "batch_size": 4096, "warmup_steps": 10_000, "schedule": "linear",
+                       "batch_size": 4096, "micro_batch": 256, "warmup_steps": 10_000, "schedule": "linear",
                        "clip_grad": 1.0, "lr": 1e-3, "min_lr": 0.0, "crop_pad": 0, "hflip": True,
                        "model_args": {"representation_size": "width", "drop_rate": 0.1}},
     # The paper's fine-tuning: SGD momentum 0.9, batch 512, cosine, no weight decay, clip 1.

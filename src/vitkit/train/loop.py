@@ -165,8 +165,10 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     forward = ddp or model
     forward = torch.compile(forward) if cfg.compile else forward
 
-    layout = Layout(cfg.batch_size, cfg.accum_steps, world, dist_info.rank)
-    layout.check()
+    layout = Layout.fitting(cfg.batch_size, cfg.accum_steps, world, dist_info.rank, cfg.micro_batch)
+    if layout.accum_steps != cfg.accum_steps and main:
+        log(f"batch {cfg.batch_size} as {layout.accum_steps} accumulation steps of {layout.local} images "
+            f"x {world} processes (micro_batch {cfg.micro_batch})")
     steps_per_epoch = data.steps_per_epoch(layout)
     total = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
 
@@ -212,13 +214,13 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         lr = lr_at(step, total, cfg.lr, cfg.warmup_steps, cfg.schedule, cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for k in range(cfg.accum_steps):
+        for k in range(layout.accum_steps):
             x, y, bad = next(batches)
             skipped += bad
             if x is None:  # every sample of this micro-batch was unreadable
                 continue
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            sync = ddp is None or k == cfg.accum_steps - 1
+            sync = ddp is None or k == layout.accum_steps - 1
             with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
                 logits = forward(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
@@ -228,7 +230,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                 where = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
                 raise NonFiniteLoss(f"loss became {loss.item()} at step {step} (lr {lr:.3g}): stopping"
                                     f"{where}. Lower --lr or raise --warmup-steps.")
-            scaler.scale(loss / cfg.accum_steps).backward()
+            scaler.scale(loss / layout.accum_steps).backward()
             window["loss"] += loss.item() * len(y)
             window["correct"] += (logits.argmax(-1) == y).sum().item()
             window["n"] += len(y)
