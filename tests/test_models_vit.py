@@ -262,14 +262,18 @@ def test_autocast_path_with_a_model_built_in_inference_mode(images):
 
 
 def test_attention_impls_compute_the_same_gradients(images):
-    """'auto' trains through the explicit path on CPU; 'sdpa' through the fused kernel."""
+    """'auto' trains through the explicit path under CPU autocast, else through the fused kernel."""
     x = images(2, 32, 32)
     grads = {}
     for impl in ("auto", "sdpa", "explicit"):
-        model = tiny(attn_impl=impl)
-        model.train()
-        model(x).square().sum().backward()
-        grads[impl] = model.blocks[0].attn.qkv.weight.grad
-    assert max_diff(grads["auto"], grads["sdpa"]) < 1e-5 and torch.equal(grads["auto"], grads["explicit"])
+        for amp in (False, True):
+            model = tiny(attn_impl=impl)
+            model.train()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                model(x).float().square().sum().backward()
+            grads[impl, amp] = model.blocks[0].attn.qkv.weight.grad
+    assert max_diff(grads["auto", False], grads["explicit", False]) < 1e-5
+    assert torch.equal(grads["auto", False], grads["sdpa", False])
+    assert torch.equal(grads["auto", True], grads["explicit", True])
     with pytest.raises(ValueError, match="attn_impl"):
         tiny(attn_impl="flash")
