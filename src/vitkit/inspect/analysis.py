@@ -1,0 +1,147 @@
+"""The ViT paper's analyses (section 4.5, Fig. 6, 7, 11) as functions of a model.
+
+Every function works for any ViT-family model of vitkit: with or without prefix tokens
+(class, distillation), square or not, with fused attention on -- the attention weights come
+from the explicit path, which runs only inside these calls (``model(x, return_attention=True)``)
+and computes the same logits.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+from torch import nn
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def _grid(model: nn.Module, images: torch.Tensor) -> Tuple[int, int]:
+    ph, pw = model.patch_embed.patch_size
+    return images.shape[-2] // ph, images.shape[-1] // pw
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]:
+    """Per layer, the attention weights (B, heads, N, N) over [prefix tokens + patches].
+
+    Rows are queries, columns keys; each row sums to 1. The model is put in eval mode for
+    the call (no attention dropout) and restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        _, attns = model(images, return_attention=True)
+    finally:
+        model.train(was_training)
+    return [a.float() for a in attns]
+
+
+def _fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
+    if head_fusion == "mean":
+        return attn.mean(dim=1)
+    if head_fusion == "max":
+        return attn.amax(dim=1)
+    return attn.amin(dim=1)
+
+
+@torch.no_grad()
+def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str = "mean",
+                      discard_ratio: float = 0.0) -> torch.Tensor:
+    """Abnar & Zuidema's attention rollout -> (B, grid_h, grid_w), as the ViT paper used it.
+
+    Per layer: fuse the heads, drop the weakest ``discard_ratio`` of each row's weights (the
+    query's own weight is kept), add the identity for the residual path, renormalise rows;
+    then multiply the layers from first to last. The map is the class token's row over the
+    patches. Without a class token (global average pooling) it is the mean of the patch
+    rows: the pooled representation draws on every patch token equally. Each map is
+    normalised to sum 1 over the patches that the rollout reaches (prefix mass removed).
+    """
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    attns = attention_maps(model, images)
+    B, N = attns[0].shape[0], attns[0].shape[-1]
+    eye = torch.eye(N, device=attns[0].device)
+    rollout = eye.expand(B, N, N).clone()
+    for attn in attns:
+        a = _fuse_heads(attn, head_fusion)
+        if discard_ratio > 0:
+            k = int(N * discard_ratio)
+            if k:
+                threshold = a.kthvalue(k, dim=-1, keepdim=True).values
+                a = torch.where((a <= threshold) & (eye == 0), torch.zeros_like(a), a)
+        a = a + eye
+        a = a / a.sum(dim=-1, keepdim=True)
+        rollout = a @ rollout
+    prefix = getattr(model, "num_prefix_tokens", 0)
+    gh, gw = _grid(model, images)
+    rows = rollout[:, 0] if prefix and model.config.class_token else rollout[:, prefix:].mean(dim=1)
+    patches = rows[:, prefix:]
+    patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    return patches.reshape(B, gh, gw)
+
+
+def patch_distances(grid: Tuple[int, int], patch_size: Tuple[int, int]) -> torch.Tensor:
+    """(gh*gw, gh*gw) Euclidean distances in pixels between patch centres."""
+    gh, gw = grid
+    ys, xs = torch.meshgrid(torch.arange(gh) * float(patch_size[0]), torch.arange(gw) * float(patch_size[1]),
+                            indexing="ij")
+    centres = torch.stack([ys.reshape(-1), xs.reshape(-1)], dim=-1)
+    return torch.cdist(centres, centres)
+
+
+@torch.no_grad()
+def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """(layers, heads) mean attention distance in pixels (the paper's Fig. 7 right, Fig. 11).
+
+    For each patch query, the distance in the image to every patch key weighted by the
+    attention, averaged over queries and images. Prefix tokens have no place in the image:
+    their rows and columns are dropped and each patch row renormalised over the patches.
+    """
+    prefix = getattr(model, "num_prefix_tokens", 0)
+    dist = patch_distances(_grid(model, images), model.patch_embed.patch_size).to(images.device)
+    out = []
+    for attn in attention_maps(model, images):
+        a = attn[:, :, prefix:, prefix:]
+        a = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        out.append((a * dist).sum(dim=-1).mean(dim=(0, 2)))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def pos_embed_similarity(model: nn.Module) -> torch.Tensor:
+    """(gh, gw, gh, gw) cosine similarity between the position embeddings of patches (Fig. 7 centre).
+
+    ``[i, j]`` is the map of patch (i, j)'s similarity to every patch. Works for learned
+    (1D table), learned 2D and sine-cosine embeddings; a model without position embeddings
+    has nothing to compare and raises.
+    """
+    grid = tuple(model.patch_embed.grid_size)
+    pos = model.patch_pos_embed(grid)
+    if pos is None:
+        raise ValueError("the model has no position embeddings (pos_embed='none')")
+    pos = pos.reshape(-1, pos.shape[-1]).float()
+    pos = pos / pos.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    sim = pos @ pos.T
+    return sim.reshape(*grid, *grid)
+
+
+@torch.no_grad()
+def embedding_filters_pca(model: nn.Module, k: int = 28) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Top-k principal components of the patch-embedding filters (Fig. 7 left).
+
+    The D filters of the patch projection, each a flattened C x P x P vector, are centred and
+    decomposed; returns the components as (k, C, P, P) images (unit norm, orthogonal) and the
+    fraction of the variance each explains (sorted, summing to <= 1).
+    """
+    weight = model.patch_embed.proj.weight.detach().float()  # (D, C, P, P)
+    D = weight.shape[0]
+    flat = weight.reshape(D, -1)
+    flat = flat - flat.mean(dim=0, keepdim=True)
+    k = min(k, flat.shape[0], flat.shape[1])
+    _, s, vh = torch.linalg.svd(flat, full_matrices=False)
+    variance = s ** 2
+    explained = variance / variance.sum().clamp_min(1e-12)
+    return vh[:k].reshape(k, *weight.shape[1:]), explained[:k]

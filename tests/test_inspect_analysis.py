@@ -1,0 +1,125 @@
+"""The paper's analyses, checked by properties with known answers (not snapshots)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import randomize
+from vitkit.inspect import (attention_maps, attention_rollout, embedding_filters_pca, mean_attention_distance,
+                            pos_embed_similarity)
+from vitkit.models import ViTConfig, VisionTransformer
+
+
+def tiny(**kw):
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5)
+    base.update(kw)
+    return randomize(VisionTransformer(ViTConfig(**base)))
+
+
+def uniform_attention(model):
+    """Zero q and k projections: every logit equal, so every query attends uniformly."""
+    with torch.no_grad():
+        for blk in model.blocks:
+            D = blk.attn.qkv.weight.shape[1]
+            blk.attn.qkv.weight[:2 * D] = 0
+            blk.attn.qkv.bias[:2 * D] = 0
+    return model
+
+
+class FixedAttention(nn.Module):
+    """A stand-in model whose attention is whatever the test says."""
+
+    def __init__(self, attn, patch_size=8, class_token=True):
+        super().__init__()
+        self.attn = attn
+        self.patch_embed = nn.Module()
+        self.patch_embed.patch_size = (patch_size, patch_size)
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.config = ViTConfig(class_token=class_token, global_pool="token" if class_token else "avg")
+
+    def forward(self, x, return_attention=False):
+        return torch.zeros(x.shape[0], 2), [self.attn] * 3
+
+
+def test_identity_attention_leaves_no_patch_mass_and_uniform_gives_a_uniform_map():
+    N = 1 + 16
+    identity = torch.eye(N).expand(2, 4, N, N)
+    assert attention_rollout(FixedAttention(identity), torch.zeros(2, 3, 32, 32)).abs().sum() == 0
+    model = uniform_attention(tiny())
+    rollout = attention_rollout(model, torch.randn(2, 3, 32, 32))
+    assert rollout.shape == (2, 4, 4)
+    assert torch.allclose(rollout, torch.full_like(rollout, 1 / 16), atol=1e-6)
+
+
+@pytest.mark.parametrize("fusion", ["mean", "max", "min"])
+def test_rollout_options_and_no_class_token_on_a_non_square_grid(fusion):
+    model = tiny(img_size=(32, 48), class_token=False, global_pool="avg")
+    rollout = attention_rollout(model, torch.randn(2, 3, 32, 48), head_fusion=fusion, discard_ratio=0.5)
+    assert rollout.shape == (2, 4, 6) and (rollout >= 0).all()
+    assert torch.allclose(rollout.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
+    with pytest.raises(ValueError, match="head_fusion"):
+        attention_rollout(model, torch.randn(1, 3, 32, 48), head_fusion="median")
+
+
+def test_mean_distance_is_zero_for_self_attention_and_analytic_for_uniform():
+    N = 1 + 16
+    self_only = torch.eye(N).expand(2, 4, N, N)
+    assert mean_attention_distance(FixedAttention(self_only), torch.zeros(2, 3, 32, 32)).abs().max() == 0
+
+    g, p = 4, 8
+    cells = list(itertools.product(range(g), range(g)))
+    analytic = sum(p * math.dist(a, b) for a in cells for b in cells) / len(cells) ** 2
+    model = uniform_attention(tiny())  # with a class token: excluded, rows renormalised over patches
+    distance = mean_attention_distance(model, torch.randn(3, 3, 32, 32))
+    assert distance.shape == (3, 4)
+    assert torch.allclose(distance, torch.full_like(distance, analytic), atol=1e-4)
+
+
+def test_sincos_similarity_is_one_on_the_diagonal_and_falls_with_distance():
+    model = tiny(img_size=64, patch_size=8, embed_dim=64, pos_embed="sincos2d", class_token=False, global_pool="avg")
+    sim = pos_embed_similarity(model)
+    assert sim.shape == (8, 8, 8, 8)
+    diag = torch.stack([sim[i, j, i, j] for i in range(8) for j in range(8)])
+    assert torch.allclose(diag, torch.ones(64), atol=1e-5)
+    along_row = sim[0, 0, 0, :4]
+    assert (along_row[1:] < along_row[:-1]).all()  # from a corner, the next patches less and less similar
+    cells = torch.tensor(list(itertools.product(range(8), range(8))), dtype=torch.float32)
+    dist = torch.cdist(cells, cells)
+    flat = sim.reshape(64, 64)
+    by_distance = [flat[(dist > lo) & (dist <= hi)].mean() for lo, hi in ((0, 1), (1, 3), (3, 6), (6, 11))]
+    assert all(a > b for a, b in zip(by_distance, by_distance[1:]))  # on average, falls with grid distance
+
+
+def test_learned_similarity_on_a_non_square_grid():
+    sim = pos_embed_similarity(tiny(img_size=(32, 48)))
+    assert sim.shape == (4, 6, 4, 6)
+    assert torch.allclose(sim[1, 2, 1, 2], torch.tensor(1.0))
+    with pytest.raises(ValueError, match="no position"):
+        pos_embed_similarity(tiny(pos_embed="none"))
+
+
+def test_filter_pca_components_orthonormal_and_variance_sorted():
+    model = tiny(embed_dim=64)
+    comps, explained = embedding_filters_pca(model, k=28)
+    assert comps.shape == (28, 3, 8, 8)
+    flat = comps.reshape(28, -1)
+    assert torch.allclose(flat @ flat.T, torch.eye(28), atol=1e-5)
+    assert (explained[1:] <= explained[:-1]).all() and explained.sum() <= 1 + 1e-6
+
+
+def test_inspection_never_changes_the_logits():
+    model = tiny(drop_rate=0.0)
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    before = model(x)
+    maps = attention_maps(model, x)
+    attention_rollout(model, x)
+    mean_attention_distance(model, x)
+    assert len(maps) == 3 and maps[0].shape == (2, 4, 17, 17)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(2, 4, 17), atol=1e-5)
+    assert torch.equal(model(x), before)  # the fused path is untouched afterwards
+    logits, _ = model(x, return_attention=True)
+    assert torch.allclose(logits, before, atol=1e-5)
