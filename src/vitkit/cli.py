@@ -134,6 +134,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect import inspect_model
+    from .weights import from_pretrained
+
+    model = from_pretrained(args.weights, model_name=args.model)
+    result = inspect_model(model, args.out, args.image, title=str(args.weights))
+    if args.json:
+        _print_json(result.to_dict())
+        return 0
+    for image, label, prob in result.predictions:
+        print(f"{image}: {label} ({100 * prob:.1f}%)")
+    print(f"{len(result.figures)} figures and {result.report} written")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import resolve_config, train
 
@@ -301,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training images to draw shots and the held-out split from (0: all)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.set_defaults(func=cmd_fewshot)
+
+    p = verb("inspect", "the paper's analyses as PNG figures and a self-contained report.html")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--image", nargs="+", help="image files (default: scikit-image's sample photos, or "
+                                             "Fashion-MNIST test images for a 28x28 grey model)")
+    p.add_argument("--out", default="inspect_out", help="folder for the figures and report.html")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.set_defaults(func=cmd_inspect)
 
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
     _add_train_flags(p)

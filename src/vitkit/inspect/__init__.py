@@ -5,3 +5,7 @@ from .analysis import (attention_maps, attention_rollout, embedding_filters_pca,
 
 __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "pos_embed_similarity",
            "embedding_filters_pca", "patch_distances"]
+
+from .report import InspectResult, inspect_model  # noqa: E402  (figures need matplotlib, a dependency)
+
+__all__ += ["inspect_model", "InspectResult"]

@@ -1,0 +1,128 @@
+"""Figures of the analyses (matplotlib, off-screen): each function writes one PNG and returns its path."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Sequence, Union
+
+import numpy as np
+import torch
+
+PathLike = Union[str, Path]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def _upsample(grid_map: torch.Tensor, size: Sequence[int]) -> np.ndarray:
+    m = torch.nn.functional.interpolate(grid_map[None, None].float(), size=tuple(size), mode="bilinear",
+                                        align_corners=False)[0, 0]
+    m = m - m.min()
+    return (m / m.max().clamp_min(1e-12)).numpy()
+
+
+def rollout_overlay(image: np.ndarray, rollout: torch.Tensor, path: PathLike, title: str = "") -> Path:
+    """The image, the rollout map, and the image weighted by the map (the paper's Fig. 6)."""
+    plt = _plt()
+    h, w = image.shape[:2]
+    heat = _upsample(rollout, (h, w))
+    fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
+    cmap = "gray" if image.ndim == 2 else None
+    axes[0].imshow(image, cmap=cmap)
+    axes[0].set_title("input")
+    axes[1].imshow(heat, cmap="inferno")
+    axes[1].set_title("attention rollout")
+    weighted = image.astype(np.float32) / 255.0 * (heat if image.ndim == 2 else heat[..., None])
+    axes[2].imshow(weighted, cmap=cmap)
+    axes[2].set_title("input x rollout")
+    for ax in axes:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], prefix: int, class_row: bool,
+                              path: PathLike, image: int = 0) -> Path:
+    """Per layer, where the class token (``class_row``; else the average patch) looks, heads averaged."""
+    plt = _plt()
+    L = len(maps)
+    cols = min(L, 6)
+    rows = math.ceil(L / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False)
+    for layer, attn in enumerate(maps):
+        a = attn[image].mean(dim=0)  # heads averaged: (N, N)
+        row = a[0, prefix:] if class_row else a[prefix:, prefix:].mean(dim=0)
+        ax = axes[layer // cols][layer % cols]
+        ax.imshow(row.reshape(*grid).numpy(), cmap="viridis")
+        ax.set_title(f"layer {layer + 1}", fontsize=9)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.suptitle("class-token attention per layer" if class_row else "mean patch attention per layer")
+    return _save(fig, path)
+
+
+def attention_distance_scatter(distance: torch.Tensor, path: PathLike, image_size: int = 0) -> Path:
+    """Mean attention distance of every head against depth (the paper's Fig. 7 right)."""
+    plt = _plt()
+    L, H = distance.shape
+    fig, ax = plt.subplots(figsize=(4.8, 3.6))
+    for head in range(H):
+        ax.scatter(np.arange(1, L + 1), distance[:, head].numpy(), s=14, label=f"head {head + 1}")
+    ax.set_xticks(range(1, L + 1))
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    if image_size:
+        ax.set_ylim(0, image_size)
+    if H <= 16:
+        ax.legend(fontsize=6, ncol=2, loc="lower right")
+    ax.set_title("attention distance by head and layer")
+    return _save(fig, path)
+
+
+def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
+    """For each patch position, its cosine similarity to every other (the paper's Fig. 7 centre)."""
+    plt = _plt()
+    gh, gw = sim.shape[:2]
+    fig, axes = plt.subplots(gh, gw, figsize=(0.9 * gw + 1, 0.9 * gh), squeeze=False)
+    for i in range(gh):
+        for j in range(gw):
+            axes[i][j].imshow(sim[i, j].numpy(), cmap="viridis", vmin=-1, vmax=1)
+            axes[i][j].axis("off")
+    fig.suptitle("position embedding similarity")
+    return _save(fig, path)
+
+
+def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: PathLike) -> Path:
+    """The principal components of the patch-embedding filters as images (the paper's Fig. 7 left)."""
+    plt = _plt()
+    k = components.shape[0]
+    cols = min(k, 7)
+    rows = math.ceil(k / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.3 * cols, 1.4 * rows), squeeze=False)
+    for n in range(k):
+        c = components[n]
+        img = c.permute(1, 2, 0).numpy() if c.shape[0] == 3 else c[0].numpy()
+        img = (img - img.min()) / max(float(img.max() - img.min()), 1e-12)
+        ax = axes[n // cols][n % cols]
+        ax.imshow(img, cmap=None if c.shape[0] == 3 else "gray")
+        ax.set_title(f"{100 * explained[n]:.1f}%", fontsize=7)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.suptitle("principal components of the patch-embedding filters")
+    return _save(fig, path)

@@ -1,0 +1,139 @@
+"""`vitkit inspect`: every analysis of a model as PNG figures and one self-contained report.html.
+
+The report embeds its images as data URIs, so it is one file that opens offline and can be
+mailed or attached. Without images given, the inputs are the photos that ship inside
+scikit-image (astronaut, chelsea, coffee, rocket), or for a 28x28 one-channel model the
+first Fashion-MNIST test images.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from ..data.transforms import EvalTransform, load_image
+from ..evaluate.predict import label_for
+from . import figures
+from .analysis import (attention_maps, attention_rollout, embedding_filters_pca, mean_attention_distance,
+                       pos_embed_similarity)
+
+SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
+
+
+@dataclass
+class InspectResult:
+    out_dir: Path
+    figures: Dict[str, Path] = field(default_factory=dict)
+    predictions: List[Tuple[str, str, float]] = field(default_factory=list)  # (image, label, probability)
+    report: Optional[Path] = None
+
+    def to_dict(self) -> dict:
+        return {"out_dir": str(self.out_dir), "report": str(self.report),
+                "figures": {k: str(v) for k, v in self.figures.items()},
+                "predictions": [{"image": i, "label": lab, "probability": p} for i, lab, p in self.predictions]}
+
+
+def default_images(model: nn.Module) -> List[Tuple[str, Image.Image]]:
+    """(name, PIL image) inputs when none are given (see the module notes)."""
+    cfg = model.config
+    if cfg.in_chans == 1 and tuple(cfg.img_size) == (28, 28):
+        try:
+            from ..data import fashion_mnist
+
+            test = fashion_mnist.load_split("test", download=False)
+            return [(f"fashion-mnist test #{i}", Image.fromarray(test.images[i])) for i in range(4)]
+        except (OSError, ValueError):
+            pass
+    try:
+        from skimage import data
+    except ImportError as e:
+        raise ValueError("no --image given and scikit-image (whose sample photos are the default) "
+                         "is not installed: pass --image FILE ...") from e
+    return [(name, Image.fromarray(getattr(data, name)())) for name in SKIMAGE_PHOTOS]
+
+
+def _model_view(im: Image.Image, transform: EvalTransform, channels: int) -> Tuple[np.ndarray, torch.Tensor]:
+    """What the model sees: the resized, centre-cropped pixels (for display) and its input tensor."""
+    im = im.convert("L" if channels == 1 else "RGB")
+    resized = transform.resize(im)
+    th, tw = transform.img_size
+    w, h = resized.size
+    left, top = (w - tw) // 2, (h - th) // 2
+    view = np.asarray(resized.crop((left, top, left + tw, top + th)))
+    return view, transform(im)
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def write_report(result: InspectResult, model: nn.Module, title: str) -> Path:
+    """report.html with every figure embedded, the configuration and the predictions."""
+    cfg = model.config
+    rows = "".join(f"<tr><td>{html.escape(img)}</td><td>{html.escape(label)}</td><td>{100 * p:.1f}%</td></tr>"
+                   for img, label, p in result.predictions)
+    sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
+                       f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\"></section>"
+                       for name, path in result.figures.items())
+    config_json = html.escape(json.dumps(cfg.to_dict(), indent=1, default=str))
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: vitkit inspect</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+img{{max-width:100%}}table{{border-collapse:collapse}}td,th{{padding:2px 10px;border-bottom:1px solid #ddd}}
+pre{{background:#f6f6f6;padding:1em;font-size:12px;max-height:24em;overflow:auto}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<p>{cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size[0]}x{cfg.patch_size[1]},
+input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p in model.parameters()):,} parameters.</p>
+<h2>predictions</h2><table><tr><th>image</th><th>top-1</th><th>probability</th></tr>{rows}</table>
+{sections}
+<h2>configuration</h2><pre>{config_json}</pre>
+</body></html>
+"""
+    path = result.out_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+@torch.no_grad()
+def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
+                  title: Optional[str] = None, pca_components: int = 28) -> InspectResult:
+    """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``."""
+    model.eval()
+    cfg = model.config
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    named = ([(str(p), load_image(p, cfg.in_chans)) for p in images] if images else default_images(model))
+    transform = EvalTransform.from_config(cfg)
+    views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
+    x = torch.stack(tensors).to(next(model.parameters()).device)
+    result = InspectResult(out)
+    probs = model(x).float().softmax(-1).cpu()
+    for (name, _), p in zip(named, probs):
+        result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
+    rollout = attention_rollout(model, x).cpu()
+    for i, ((name, _), view) in enumerate(zip(named, views)):
+        label = result.predictions[i][1]
+        result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
+            view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}: {label}")
+    maps = [m.cpu() for m in attention_maps(model, x[:1])]
+    grid = (x.shape[-2] // cfg.patch_size[0], x.shape[-1] // cfg.patch_size[1])
+    result.figures["attention_per_layer"] = figures.class_attention_per_layer(
+        maps, grid, model.num_prefix_tokens, cfg.class_token, out / "attention_per_layer.png")
+    result.figures["attention_distance"] = figures.attention_distance_scatter(
+        mean_attention_distance(model, x).cpu(), out / "attention_distance.png", image_size=max(cfg.img_size))
+    if cfg.pos_embed != "none":
+        result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
+            pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
+    comps, explained = embedding_filters_pca(model, pca_components)
+    result.figures["filter_pca"] = figures.filter_pca_grid(comps.cpu(), explained.cpu(), out / "filter_pca.png")
+    result.report = write_report(result, model, title or cfg.name or "ViT")
+    return result
