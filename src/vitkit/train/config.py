@@ -102,6 +102,14 @@ class TrainConfig:
         return d
 
 
+def resolve_width(model_args: Dict[str, Any], default_width: int) -> Dict[str, Any]:
+    """``representation_size="width"`` (a recipe's way to say D) -> the model's width: the
+    ``embed_dim`` override, else ``default_width`` (the architecture's)."""
+    if model_args.get("representation_size") != "width":
+        return model_args
+    return {**model_args, "representation_size": model_args.get("embed_dim", default_width)}
+
+
 #: Named recipes: overrides of the defaults above.
 RECIPES: Dict[str, Dict[str, Any]] = {
     # The default run: minutes on a 2-core CPU.

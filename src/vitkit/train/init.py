@@ -10,15 +10,15 @@ D x K feedforward layer").
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Tuple
 
 from torch import nn
 
 from ..models import build_from_config
 from ..weights.io import WeightsError
+from .config import resolve_width
 from ..weights.load import load_weights, read_source
-from ..weights.pretrained import HUB_PREFIX, config_for_source, download_from_hub, fit_channel_stats
+from ..weights.pretrained import config_for_source, fit_channel_stats, weights_path
 
 HEAD_MODES = ("new", "keep")
 
@@ -32,14 +32,12 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     """
     if head not in HEAD_MODES:
         raise ValueError(f"init_head must be one of {HEAD_MODES}, not {head!r}")
-    path = download_from_hub(source[len(HUB_PREFIX):]) if source.startswith(HUB_PREFIX) else Path(source)
+    path = weights_path(source)
     if not path.exists():
         raise FileNotFoundError(f"--init weights not found: {path}")
     src = read_source(path)
     stored = config_for_source(src)
-    overrides = {**data_args, **model_args}
-    if overrides.get("representation_size") == "width":  # the pre-training recipe's D-unit pre-logits
-        overrides["representation_size"] = overrides.get("embed_dim", stored.embed_dim)
+    overrides = {**data_args, **resolve_width(model_args, stored.embed_dim)}
     exclude: Tuple[str, ...] = ()
     if head == "new":
         overrides.setdefault("representation_size", None)

@@ -22,7 +22,7 @@ from ..utils import write_json
 from . import distributed
 from .batches import Layout, MicroBatch
 from .checkpoint import load_latest, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, resolve_width
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .init import model_from_init
 from .plot import plot_curves
@@ -88,14 +88,6 @@ def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torc
     return total_loss / n, correct / n
 
 
-def _resolve_width(model_name: str, model_args: Dict[str, Any]) -> Dict[str, Any]:
-    """``representation_size="width"``: the paper's pre-logits layer as wide as the model (D)."""
-    if model_args.get("representation_size") != "width":
-        return model_args
-    width = model_args.get("embed_dim", get_model_config(model_name).embed_dim)
-    return {**model_args, "representation_size": width}
-
-
 def _fresh_window() -> Dict[str, float]:
     """Running sums for the train metrics of one logging interval."""
     return {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
@@ -155,7 +147,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         stats = {"mean": data.mean, "std": data.std}
         if data.kind == "memory":
             stats["crop_pct"] = 1.0  # whole small images, no centre crop
-        model = create_model(cfg.model, **{**data_args, **stats, **_resolve_width(cfg.model, cfg.model_args)})
+        model = create_model(cfg.model, **{**data_args, **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model).embed_dim)})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     optimizer = make_optimizer(model, cfg)
@@ -192,7 +184,6 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         run_dir = Path(distributed.broadcast(dist_info, str(_run_dir(cfg)) if main else None))
         if main:
             write_json(run_dir / "config.json", cfg.to_dict())
-    metrics_path = run_dir / "metrics.jsonl"
     metrics = MetricsLog(run_dir, enabled=main, tensorboard=cfg.tensorboard)
 
     def checkpoint(step: int) -> Optional[Path]:
@@ -266,7 +257,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
     if main:
         model.save_pretrained(run_dir / "model")
-        plot_curves(metrics_path, run_dir / "training_curves.png")
+        plot_curves(metrics.path, run_dir / "training_curves.png")
     summary = {"run_dir": str(run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()),
                "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc,

@@ -86,9 +86,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head;
     ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation).
     """
-    source_str = str(source)
-    path = download_from_hub(source_str[len(HUB_PREFIX):]) if source_str.startswith(HUB_PREFIX) \
-        else Path(source)
+    path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)")
     src = read_source(path)
@@ -101,6 +99,12 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
     model.eval()
     return model
+
+
+def weights_path(source: PathLike) -> Path:
+    """The local file or folder of ``source``: ``"hf-hub:org/name"`` is downloaded first."""
+    text = str(source)
+    return download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
 
 
 def fit_channel_stats(stored, overrides: dict) -> dict:
