@@ -331,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple:
+    """Errors reported as one line: bad input, missing files, and a diverged run.
+
+    NonFiniteLoss can only have been raised when training was imported, so it is looked up
+    there instead of importing training for every verb.
+    """
+    loop = sys.modules.get("vitkit.train.loop")
+    return (ValueError, OSError) + ((loop.NonFiniteLoss,) if loop is not None else ())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -339,8 +349,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError, RuntimeError) as e:  # bad input, missing files, a diverged run
-        if isinstance(e, RuntimeError) and type(e).__name__ != "NonFiniteLoss":
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
             raise  # a bug: keep its traceback
         print(f"vitkit {args.verb}: error: {e}", file=sys.stderr)
         return 2
