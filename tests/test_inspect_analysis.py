@@ -37,6 +37,7 @@ class FixedAttention(nn.Module):
         self.attn = attn
         self.patch_embed = nn.Module()
         self.patch_embed.patch_size = (patch_size, patch_size)
+        self.patch_embed.grid_for = lambda size: (size[0] // patch_size, size[1] // patch_size)
         self.num_prefix_tokens = 1 if class_token else 0
         self.config = ViTConfig(class_token=class_token, global_pool="token" if class_token else "avg")
 

@@ -67,13 +67,16 @@ class EvalTransform:
             size = (math.floor(tw / self.crop_pct), math.floor(th / self.crop_pct))
         return im.resize(size, self.resample)
 
-    def __call__(self, im: Image.Image) -> torch.Tensor:
+    def view(self, im: Image.Image) -> Image.Image:
+        """The pixels the model sees: resized, centre-cropped, before normalisation."""
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
         left, top = (w - tw) // 2, (h - th) // 2
-        im = im.crop((left, top, left + tw, top + th))
-        arr = np.asarray(im, dtype=np.float32) / 255.0
+        return im.crop((left, top, left + tw, top + th))
+
+    def __call__(self, im: Image.Image) -> torch.Tensor:
+        arr = np.asarray(self.view(im), dtype=np.float32) / 255.0
         arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
         arr = (arr - self.mean) / self.std
         return torch.from_numpy(np.ascontiguousarray(arr))

@@ -16,11 +16,6 @@ from torch import nn
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def _grid(model: nn.Module, images: torch.Tensor) -> Tuple[int, int]:
-    ph, pw = model.patch_embed.patch_size
-    return images.shape[-2] // ph, images.shape[-1] // pw
-
-
 @torch.no_grad()
 def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]:
     """Per layer, the attention weights (B, heads, N, N) over [prefix tokens + patches].
@@ -76,7 +71,7 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
         a = a / a.sum(dim=-1, keepdim=True)
         rollout = a @ rollout
     prefix = getattr(model, "num_prefix_tokens", 0)
-    gh, gw = _grid(model, images)
+    gh, gw = model.patch_embed.grid_for(images.shape[-2:])
     rows = rollout[:, 0] if prefix and model.config.class_token else rollout[:, prefix:].mean(dim=1)
     patches = rows[:, prefix:]
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -101,7 +96,8 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
     their rows and columns are dropped and each patch row renormalised over the patches.
     """
     prefix = getattr(model, "num_prefix_tokens", 0)
-    dist = patch_distances(_grid(model, images), model.patch_embed.patch_size).to(images.device)
+    grid = model.patch_embed.grid_for(images.shape[-2:])
+    dist = patch_distances(grid, model.patch_embed.patch_size).to(images.device)
     out = []
     for attn in attention_maps(model, images):
         a = attn[:, :, prefix:, prefix:]

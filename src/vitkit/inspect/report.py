@@ -64,12 +64,7 @@ def default_images(model: nn.Module) -> List[Tuple[str, Image.Image]]:
 def _model_view(im: Image.Image, transform: EvalTransform, channels: int) -> Tuple[np.ndarray, torch.Tensor]:
     """What the model sees: the resized, centre-cropped pixels (for display) and its input tensor."""
     im = im.convert("L" if channels == 1 else "RGB")
-    resized = transform.resize(im)
-    th, tw = transform.img_size
-    w, h = resized.size
-    left, top = (w - tw) // 2, (h - th) // 2
-    view = np.asarray(resized.crop((left, top, left + tw, top + th)))
-    return view, transform(im)
+    return np.asarray(transform.view(im)), transform(im)
 
 
 def _data_uri(path: Path) -> str:
@@ -125,7 +120,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
             view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}: {label}")
     maps = [m.cpu() for m in attention_maps(model, x[:1])]
-    grid = (x.shape[-2] // cfg.patch_size[0], x.shape[-1] // cfg.patch_size[1])
+    grid = model.patch_embed.grid_for(x.shape[-2:])
     result.figures["attention_per_layer"] = figures.class_attention_per_layer(
         maps, grid, model.num_prefix_tokens, cfg.class_token, out / "attention_per_layer.png")
     result.figures["attention_distance"] = figures.attention_distance_scatter(
