@@ -283,17 +283,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def prepare_run(args, kind: str):
+    """Threads and device from the options -> (device, machine info, results path for ``kind``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-
     info = machine_info(device)
-    out = args.out or os.path.join(RESULTS_DIR, f"inference_{device_slug(device, info)}_"
+    out = args.out or os.path.join(RESULTS_DIR, f"{kind}_{device_slug(device, info)}_"
                                                 f"{datetime.date.today().isoformat()}.json")
+    return device, info, out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device, info, out = prepare_run(args, "inference")
     settings = {"models": args.models, "batch_sizes": args.batch_sizes, "dtypes": args.dtypes,
                 "repeats": args.repeats, "min_time_s": args.min_time, "warmup": args.warmup,
                 "device": str(device), "threads": torch.get_num_threads(), "quick": args.quick,

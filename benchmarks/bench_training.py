@@ -41,8 +41,8 @@ from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import (NOISY_SPREAD, RESULTS_DIR, bf16_skip_reason, device_slug,  # noqa: E402
-                             machine_info, pool, precision, synchronize, write_json_atomic)
+from bench_inference import (NOISY_SPREAD, bf16_skip_reason, pool, precision, prepare_run,  # noqa: E402
+                             synchronize, write_json_atomic)
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224"]
 DEFAULT_BATCH_SIZE = 32
@@ -316,18 +316,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-
-    info = machine_info(device)
+    device, info, out = prepare_run(args, "training")
     if device.type == "cpu":
         info.update(cpu_details())
     info["device_name"] = info["cuda_device"] if device.type == "cuda" else info["cpu_model"]
-    out = args.out or os.path.join(RESULTS_DIR, f"training_{device_slug(device, info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
     cfg = TrainConfig()
     settings = {"models": args.models, "batch_size": args.batch_size, "img_size": IMG_SIZE,
                 "precisions": args.precisions, "vitkit_attn": args.vitkit_attn, "rounds": args.rounds,
