@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Tuple, Type
 
 from torch import nn
 
+from .hybrid import ResNetV2, ResNetV2Config
 from .vit import ViTConfig, VisionTransformer
 
 # architecture name -> (config class, module class)
@@ -39,6 +40,7 @@ def config_from_dict(d: Dict[str, Any]) -> Any:
 
 
 register_architecture("vit", ViTConfig, VisionTransformer)
+register_architecture("resnetv2", ResNetV2Config, ResNetV2)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,34 @@ register_model("vit_fmnist", ViTConfig(img_size=28, patch_size=4, in_chans=1, nu
                                        pos_embed="sincos2d", mean=(0.2860,), std=(0.3530,),
                                        crop_pct=1.0),
                "ViT for 28x28 grey images (the default of `vitkit train`)")
+
+# ---------------------------------------------------------------- the ResNet hybrids (section 3.1)
+
+def _resnetv2(*layers: int) -> Dict[str, Any]:
+    return {"type": "resnetv2", "layers": list(layers), "width_factor": 1}
+
+
+#: (timm name stem, size, projection patch, backbone, what it is); timm's names and counts.
+#: The paper's R50 hybrid drops stage 4 and extends stage 3 to 9 blocks (output stride 16).
+_HYBRID_VARIANTS = [
+    ("vit_tiny_r_s16_p8", "Ti", 8, _resnetv2(), "R+ViT-Ti: the ResNet stem alone (stride 4), 8x8 patches",
+     (224, 384)),
+    ("vit_small_r26_s32", "S", 1, _resnetv2(2, 2, 2, 2), "R26+ViT-S/32 hybrid", (224, 384)),
+    ("vit_base_r26_s32", "B", 1, _resnetv2(2, 2, 2, 2), "R26+ViT-B/32 hybrid", (224,)),
+    ("vit_base_r50_s16", "B", 1, _resnetv2(3, 4, 9), "R50+ViT-B/16 hybrid of the paper (stages 3, 4, 9)",
+     (224, 384)),
+    ("vit_large_r50_s32", "L", 1, _resnetv2(3, 4, 6, 3), "R50+ViT-L/32 hybrid (all four R50 stages)",
+     (224, 384)),
+]
+for _stem, _size, _patch, _backbone, _what, _sizes in _HYBRID_VARIANTS:
+    for _res in _sizes:
+        register_model(f"{_stem}_{_res}", vit_config(_size, _patch, _res, backbone=dict(_backbone)),
+                       f"{_what} at {_res} px")
+
+# The CNN alone: the hybrid's non-pre-activation ResNetV2 with a pooled linear head. Not
+# timm's resnetv2_50 (pre-activation, BatchNorm), hence its own name.
+register_model("resnetv2_50_nopreact", ResNetV2Config(layers=(3, 4, 6, 3)),
+               "ResNet-50 of the hybrids (GroupNorm, weight standardisation, not pre-activation) as a classifier")
 
 _SIZE_STRING = re.compile(r"^(Ti|S|B|L|H)/(\d+)$")
 

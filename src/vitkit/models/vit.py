@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .serialize import SaveMixin
+from .hybrid import HybridEmbed, backbone_feature_size, backbone_reduction, init_backbone_, normalize_backbone
 from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
                      resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed,
                      to_2tuple, xavier_uniform_fan)
@@ -70,12 +71,22 @@ class ViTConfig:
     crop_pct: float = 0.9
     interpolation: str = "bicubic"
     label_names: Optional[List[str]] = None
+    #: A CNN run before the patch embedding (the paper's hybrid, section 3.1), as a JSON-able
+    #: dict: ``{"type": "resnetv2", "layers": [3, 4, 9], "width_factor": 1}`` (see
+    #: :mod:`vitkit.models.hybrid`). ``patch_size`` then tiles the CNN's feature map (1 for
+    #: most hybrids) and the grid is (feature map) / patch_size.
+    backbone: Optional[Dict[str, Any]] = None
     architecture: str = "vit"
     name: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
         self.patch_size = to_2tuple(self.patch_size)
+        if self.backbone is not None:
+            try:
+                self.backbone = normalize_backbone(self.backbone)
+            except ValueError as e:
+                raise ValueError(f"invalid ViT config: {e}") from None
         self.mean = tuple(float(m) for m in self.mean)
         self.std = tuple(float(s) for s in self.std)
         self.validate()
@@ -103,7 +114,14 @@ class ViTConfig:
         for name in ("img_size", "patch_size"):
             if min(getattr(self, name)) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        if any(i % p for i, p in zip(self.img_size, self.patch_size)):
+        if self.backbone is not None and min(self.img_size) > 0 and min(self.patch_size) > 0:
+            feat = backbone_feature_size(self.backbone, self.img_size)
+            if any(f % p for f, p in zip(feat, self.patch_size)):
+                step = backbone_reduction(self.backbone)
+                problems.append(f"img_size {self.img_size} gives a {feat[0]}x{feat[1]} backbone feature map "
+                                f"(stride {step}), not divisible by patch_size {self.patch_size}; use a "
+                                f"multiple of {step * self.patch_size[0]}x{step * self.patch_size[1]}")
+        elif any(i % p for i, p in zip(self.img_size, self.patch_size)):
             near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
             problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
                             f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})")
@@ -127,7 +145,16 @@ class ViTConfig:
 
     @property
     def grid_size(self) -> IntPair:
+        if self.backbone is not None:
+            fh, fw = backbone_feature_size(self.backbone, self.img_size)
+            return (fh // self.patch_size[0], fw // self.patch_size[1])
         return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def token_patch_size(self) -> IntPair:
+        """Pixels per token side: the patch size, times the backbone's stride for hybrids."""
+        r = backbone_reduction(self.backbone) if self.backbone is not None else 1
+        return (r * self.patch_size[0], r * self.patch_size[1])
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -173,7 +200,11 @@ class VisionTransformer(SaveMixin, nn.Module):
         self.dynamic_img_size = cfg.dynamic_img_size
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
+        if cfg.backbone is not None:
+            # The hybrid: a CNN, then a patch_size projection of its feature map.
+            self.patch_embed = HybridEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D, cfg.backbone)
+        else:
+            self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         self._build_pos_embed()
@@ -223,11 +254,14 @@ class VisionTransformer(SaveMixin, nn.Module):
         - q, k, v, out, MLP kernels: Xavier uniform, each q/k/v its own D x D kernel (the
           official code keeps them separate, so the fused matrix is initialised in thirds);
           attention biases 0, MLP biases N(0, 1e-6);
-        - pre-logits: LeCun normal, bias 0; classifier head: zeros (official ``head_kernel_init``).
+        - pre-logits: LeCun normal, bias 0; classifier head: zeros (official ``head_kernel_init``);
+        - a hybrid's CNN: LeCun-normal kernels, GroupNorm scale 1 and bias 0 (Flax defaults).
         """
         D = self.embed_dim
         lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
+        if isinstance(self.patch_embed, HybridEmbed):
+            init_backbone_(self.patch_embed.backbone)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
@@ -254,6 +288,7 @@ class VisionTransformer(SaveMixin, nn.Module):
 
     @property
     def patch_size(self) -> IntPair:
+        """Pixels per token side (for a hybrid: backbone stride x projection patch)."""
         return self.patch_embed.patch_size
 
     def no_weight_decay(self) -> set:
@@ -439,7 +474,8 @@ class VisionTransformer(SaveMixin, nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"img_size={c.img_size}, patch_size={c.patch_size}, grid={self.patch_embed.grid_size}, "
+        hybrid = f"backbone={c.backbone['type']}{c.backbone['layers']}, " if c.backbone else ""
+        return (f"{hybrid}img_size={c.img_size}, patch_size={c.patch_size}, grid={self.patch_embed.grid_size}, "
                 f"pos_embed={c.pos_embed}, global_pool={self.global_pool}")
 
 
