@@ -1,8 +1,9 @@
 """Analytic cost of a ViT: parameters, multiply-accumulates, tokens, attention memory.
 
 Counts the matrix products (patch projection, qkv, q k^T, attention x v, output
-projection, MLP, pre-logits, head); LayerNorm, GELU, softmax and additions are left out,
-as fvcore and timm's tables do. FLOPs = 2 x MACs (the convention of
+projection, MLP, pre-logits, head) and, for hybrids and the ResNetV2 classifier, every
+convolution of the CNN (at its SAME-padded output size); LayerNorm, GroupNorm, GELU, ReLU,
+softmax, pooling and additions are left out, as fvcore and timm's tables do. FLOPs = 2 x MACs (the convention of
 ``torch.utils.flop_counter``); many papers quote MACs and call them FLOPs (ViT-B/16 at
 224 px: 17.6 G MACs = 35.1 GFLOPs).
 """
@@ -14,6 +15,8 @@ from typing import Any, Dict
 
 import torch
 
+from .hybrid import (ResNetV2Config, backbone_channels, backbone_feature_size, backbone_macs, backbone_reduction,
+                     resnet_complexity_macs)
 from .vit import ViTConfig
 
 
@@ -32,6 +35,8 @@ class Complexity:
     attn_macs_share: float
     pixel_tokens: int
     pixel_attn_entries: int
+    #: MACs of the CNN of a hybrid (or of a ResNet classifier's convolutions), included in macs
+    backbone_macs: int = 0
 
     @property
     def flops(self) -> int:
@@ -53,11 +58,21 @@ def count_params(config: ViTConfig) -> int:
 
 
 def complexity(config: ViTConfig) -> Complexity:
+    """Cost of one image. For a hybrid, ``patch_size`` is the pixels per token (backbone
+    stride x projection patch) and ``backbone_macs`` the CNN's share of ``macs``."""
+    if isinstance(config, ResNetV2Config):
+        return _resnet_complexity(config)
     D, M, depth, H = config.embed_dim, config.mlp_dim, config.depth, config.num_heads
     (h, w), (ph, pw) = config.img_size, config.patch_size
-    gh, gw = h // ph, w // pw
+    gh, gw = config.grid_size
     n = gh * gw + (1 if config.class_token else 0)
-    embed = gh * gw * D * config.in_chans * ph * pw
+    cnn = 0
+    if config.backbone is not None:
+        cnn = backbone_macs(config.backbone, config.img_size, config.in_chans)
+        embed = cnn + gh * gw * D * backbone_channels(config.backbone) * ph * pw
+        ph, pw = config.token_patch_size
+    else:
+        embed = gh * gw * D * config.in_chans * ph * pw
     attn_mix = 2 * n * n * D  # q k^T and attention x v, all heads together
     per_block = 3 * n * D * D + attn_mix + n * D * D + 2 * n * D * M
     head_in = D
@@ -73,4 +88,17 @@ def complexity(config: ViTConfig) -> Complexity:
         grid=(gh, gw), tokens=n, heads=H, depth=depth,
         attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
         attn_macs_share=depth * attn_mix / macs,
-        pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)
+        pixel_tokens=pixels, pixel_attn_entries=pixels * pixels, backbone_macs=cnn)
+
+
+def _resnet_complexity(config: ResNetV2Config) -> Complexity:
+    """A CNN has no tokens and no attention: those fields are 0; ``grid`` is its final map."""
+    cnn, head = resnet_complexity_macs(config)
+    h, w = config.img_size
+    r = backbone_reduction(config.backbone)
+    pixels = h * w
+    return Complexity(
+        params=count_params(config), macs=cnn + head, img_size=(h, w), patch_size=(r, r),
+        grid=backbone_feature_size(config.backbone, config.img_size), tokens=0, heads=0,
+        depth=sum(config.layers), attn_entries_per_layer=0, attn_bytes_per_layer_fp32=0,
+        attn_macs_share=0.0, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels, backbone_macs=cnn)
