@@ -111,7 +111,11 @@ def from_native(model) -> Dict[str, torch.Tensor]:
 def _check_exportable(cfg: ViTConfig) -> None:
     problems = []
     if getattr(cfg, "architecture", "vit") != "vit":
-        problems.append(f"architecture {cfg.architecture!r} has no HF ViT equivalent")
+        raise WeightsError(f"cannot export to Hugging Face ViT: architecture {cfg.architecture!r} "
+                           f"has no HF ViT equivalent")
+    if getattr(cfg, "backbone", None) is not None:
+        problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
+                        "implemented); export it as 'vitkit', 'timm' or 'npz'")
     if not cfg.class_token or cfg.global_pool != "token" or cfg.use_fc_norm:
         problems.append("HF ViT pools the class token (needs class_token=True, global_pool='token')")
     if cfg.init_values:

@@ -61,6 +61,8 @@ def detect_format(keys) -> str:
         return "hf"
     if "patch_embed.proj.weight" in keys:
         return "timm"
+    if "stem.conv.weight" in keys and any(k.startswith("stages.") for k in keys):
+        return "timm"  # a ResNetV2 classifier (timm's names)
     preview = ", ".join(sorted(keys)[:6])
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, "
                        f"Hugging Face ViT, or official vit_jax / big_vision npz names")
@@ -110,7 +112,9 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         if src.format == "vitkit" and src.config_json:
             from ..models import config_from_dict
 
-            facts["grid"] = config_from_dict(src.config_json["config"]).grid_size
+            grid = getattr(config_from_dict(src.config_json["config"]), "grid_size", None)
+            if grid is not None:
+                facts["grid"] = grid
     return sd, facts
 
 
@@ -122,6 +126,8 @@ def _square_side(n: int) -> Optional[int]:
 def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
                      interpolation: str, antialias: bool, report: LoadReport) -> None:
     """Fit the source position table to the model: class slot and grid size."""
+    if getattr(model, "patch_embed", None) is None:
+        return  # a CNN: no positions
     grid = tuple(model.patch_embed.grid_size)
     if "pos_embed" in sd and getattr(model, "pos_embed", None) is not None:
         pos = sd["pos_embed"]
@@ -171,16 +177,29 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             report.resampled.append(f"{key} {table.shape[1]} -> {grid[axis]}")
 
 
-def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport) -> None:
-    """Fit RGB patch filters to a grey model (sum over colours) or grey filters to RGB (spread).
+def _first_conv(model: nn.Module) -> Optional[str]:
+    """Name of the convolution that sees the image: the patch projection of a ViT, the stem
+    of a hybrid's CNN or of a ResNet (the first Conv2d registered)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return name
+    return None
 
-    Summing keeps the response to a grey image unchanged, so an RGB model fine-tuned on grey
-    data starts from the function it had; spreading over C channels does the same the other
-    way round.
+
+def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport) -> None:
+    """Fit RGB input filters to a grey model (sum over colours) or grey filters to RGB (spread).
+
+    For a plain convolution, summing keeps the response to a grey image unchanged, so an RGB
+    model fine-tuned on grey data starts from the function it had; spreading over C channels
+    does the same the other way round. (A weight-standardised stem, as in the hybrids, is
+    re-standardised after the sum: a close start, not the same function.)
     """
-    key = "patch_embed.proj.weight"
-    target = getattr(getattr(getattr(model, "patch_embed", None), "proj", None), "weight", None)
-    if key not in sd or target is None or sd[key].dim() != 4:
+    name = _first_conv(model)
+    if name is None:
+        return
+    key = f"{name}.weight"
+    target = model.get_submodule(name).weight
+    if key not in sd or sd[key].dim() != 4:
         return
     have, want = sd[key].shape[1], target.shape[1]
     if have == want:

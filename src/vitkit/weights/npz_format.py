@@ -13,6 +13,14 @@
 Attention kernels are stored per head: query/key/value (D, heads, head_dim), out
 (heads, head_dim, D). The official "gap" head normalises *before* pooling (``fc_norm=False``
 in vitkit/timm terms).
+
+The ResNet hybrids (vit_jax ``R50+ViT-B_16``, augreg ``R_Ti_16``, ``R26_S_32``, ``R50_L_32``)
+store their CNN beside ``Transformer/``: ``conv_root/kernel`` (7, 7, C, 64) HWIO,
+``gn_root/{scale,bias}``, and per stage s and unit u (both from 1)
+``block{s}/unit{u}/{conv1,conv2,conv3}/kernel``, ``.../{gn1,gn2,gn3}/{scale,bias}``, on each
+stage's first unit ``.../conv_proj/kernel`` and ``.../gn_proj/{scale,bias}``. GroupNorm
+parameters may be stored as (C,) or (1, 1, 1, C). ``embedding/kernel`` is then the projection
+of the CNN's feature map (1, 1, C_feat, D) for patch 1.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import numpy as np
 import torch
 
 from ..models import ViTConfig
+from ..models.hybrid import backbone_in_chans, backbone_reduction, infer_backbone
 from .io import WeightsError
 from .timm_format import full_pos_embed
 
@@ -84,6 +93,81 @@ def _t(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
+_UNIT_LEAVES = {f"{conv}/kernel" for conv in ("conv1", "conv2", "conv3")} | {
+    f"{gn}/{leaf}" for gn in ("gn1", "gn2", "gn3") for leaf in ("scale", "bias")}
+_PROJ_LEAVES = {"conv_proj/kernel", "gn_proj/scale", "gn_proj/bias"}
+
+
+def _hwio(r: _Reader, name: str) -> torch.Tensor:
+    k = r.get(name)
+    if k.ndim != 4:
+        raise WeightsError(f"hybrid npz: {r.prefix}{name} has shape {k.shape}, expected an HWIO kernel (kh, kw, in, out)")
+    return _t(k.transpose(3, 2, 0, 1))
+
+
+def _gn(r: _Reader, name: str) -> torch.Tensor:
+    a = r.get(name)
+    if a.ndim == 4 and a.shape[:3] == (1, 1, 1):
+        a = a.reshape(-1)
+    if a.ndim != 1:
+        raise WeightsError(f"hybrid npz: {r.prefix}{name} has shape {a.shape}, expected (C,) or (1, 1, 1, C)")
+    return _t(a)
+
+
+def _hybrid_to_native(w: Mapping[str, np.ndarray], r: _Reader) -> Dict[str, torch.Tensor]:
+    """The CNN of an official hybrid npz -> ``patch_embed.backbone.*`` (timm's names).
+
+    Every ``block{s}/unit{u}/...`` name is checked before anything is converted: stages and
+    units must be numbered 1..n without gaps, each unit must hold exactly conv1-3 and gn1-3,
+    and the first unit of each stage (only it) the conv_proj / gn_proj shortcut.
+    """
+    pattern = re.compile(rf"^{re.escape(r.prefix)}block(\d+)/unit(\d+)/(.+)$")
+    units: Dict[Tuple[int, int], set] = {}
+    for k in w:
+        m = pattern.match(k)
+        if m:
+            units.setdefault((int(m.group(1)), int(m.group(2))), set()).add(m.group(3))
+    stages = sorted({s for s, _ in units})
+    if stages != list(range(1, len(stages) + 1)):
+        raise WeightsError(f"hybrid npz: CNN stages are numbered {stages}; expected block1..block{len(stages)}")
+    if len(stages) > 4:
+        raise WeightsError(f"hybrid npz: {len(stages)} CNN stages; a ResNetV2 has at most 4")
+    layers = []
+    for s in stages:
+        ids = sorted(u for st, u in units if st == s)
+        if ids != list(range(1, len(ids) + 1)):
+            raise WeightsError(f"hybrid npz: block{s} has units {ids}; expected unit1..unit{len(ids)}")
+        layers.append(len(ids))
+        for u in ids:
+            want = _UNIT_LEAVES | (_PROJ_LEAVES if u == 1 else set())
+            have = units[(s, u)]
+            if have != want:
+                parts = []
+                if want - have:
+                    parts.append(f"missing {sorted(want - have)}")
+                if have - want:
+                    parts.append(f"unknown {sorted(have - want)}")
+                raise WeightsError(f"hybrid npz: block{s}/unit{u} does not have the ResNetV2 unit layout: "
+                                   + "; ".join(parts))
+    out: Dict[str, torch.Tensor] = {}
+    root = "patch_embed.backbone.stem." if layers else "patch_embed.backbone."
+    out[root + "conv.weight"] = _hwio(r, "conv_root/kernel")
+    out[root + "norm.weight"] = _gn(r, "gn_root/scale")
+    out[root + "norm.bias"] = _gn(r, "gn_root/bias")
+    for s, depth in enumerate(layers, start=1):
+        for u in range(1, depth + 1):
+            src, dst = f"block{s}/unit{u}/", f"patch_embed.backbone.stages.{s - 1}.blocks.{u - 1}."
+            for i in (1, 2, 3):
+                out[f"{dst}conv{i}.weight"] = _hwio(r, f"{src}conv{i}/kernel")
+                out[f"{dst}norm{i}.weight"] = _gn(r, f"{src}gn{i}/scale")
+                out[f"{dst}norm{i}.bias"] = _gn(r, f"{src}gn{i}/bias")
+            if u == 1:
+                out[f"{dst}downsample.conv.weight"] = _hwio(r, f"{src}conv_proj/kernel")
+                out[f"{dst}downsample.norm.weight"] = _gn(r, f"{src}gn_proj/scale")
+                out[f"{dst}downsample.norm.bias"] = _gn(r, f"{src}gn_proj/bias")
+    return out
+
+
 def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """Official npz -> vitkit state dict, plus facts for config inference."""
     found = detect_layout(w)
@@ -95,6 +179,12 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
                            "which vitkit does not implement; MAPHead_0/* cannot be loaded")
     r = _Reader(w, layout, prefix)
     out: Dict[str, torch.Tensor] = {}
+    hybrid = r.has("conv_root/kernel")
+    if hybrid:
+        out.update(_hybrid_to_native(w, r))
+    elif any(re.match(rf"^{re.escape(prefix)}(gn_root|block\d+/unit\d+)/", k) for k in w):
+        raise WeightsError("npz has ResNet arrays (gn_root or block*/unit*) but no conv_root/kernel: "
+                           "not a known hybrid layout")
     kernel = r.get("embedding/kernel")
     if kernel.ndim != 4:
         raise WeightsError(f"embedding/kernel has shape {kernel.shape}, expected (P, P, C, D)")
@@ -136,7 +226,7 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
         if k.startswith(prefix) and k not in r.used and not k.startswith(f"{prefix}Transformer/encoderblock"):
             out[f"unmapped:{k}"] = _t(w[k]) if np.asarray(w[k]).dtype.kind in "fiub" else torch.zeros(0)
     facts = {"layout": layout, "prefix": prefix, "num_heads": heads, "depth": r.depth,
-             "pos_has_class_slot": layout == "vit_jax"}
+             "pos_has_class_slot": layout == "vit_jax", "hybrid": hybrid}
     return out, facts
 
 
@@ -145,7 +235,8 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     cfg = model.config
     problems = []
     if getattr(cfg, "architecture", "vit") != "vit":
-        problems.append(f"architecture {cfg.architecture!r} has no official JAX layout")
+        raise WeightsError(f"cannot export to the official npz layout: architecture {cfg.architecture!r} "
+                           f"has no official JAX layout")
     if cfg.init_values:
         problems.append("the official layout has no LayerScale")
     if cfg.global_pool == "avg" and cfg.use_fc_norm:
@@ -153,6 +244,9 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
                         "normalises after (fc_norm); build it with fc_norm=False")
     if not cfg.qkv_bias:
         problems.append("the official attention always has q/k/v biases")
+    backbone = getattr(cfg, "backbone", None)
+    if backbone is not None and layout != "vit_jax":
+        problems.append("big_vision has no ResNet hybrid layout (export hybrids as 'npz', the vit_jax layout)")
     if problems:
         raise WeightsError("cannot export to the official npz layout: " + "; ".join(problems))
     parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
@@ -163,6 +257,8 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     w: Dict[str, np.ndarray] = {}
     w["embedding/kernel"] = sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0)
     w["embedding/bias"] = sd["patch_embed.proj.bias"]
+    if backbone is not None:
+        w.update(_hybrid_from_native(sd, backbone["layers"]))
     pos = full_pos_embed(model)
     pos = None if pos is None else pos.cpu().float().numpy()
     if layout == "big_vision":
@@ -215,6 +311,28 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     return {prefix + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
 
 
+def _hybrid_from_native(sd: Mapping[str, np.ndarray], layers) -> Dict[str, np.ndarray]:
+    """A hybrid's CNN in the official naming (kernels HWIO, GroupNorm parameters (C,))."""
+    def hwio(key: str) -> np.ndarray:
+        return sd[key].transpose(2, 3, 1, 0)
+
+    root = "patch_embed.backbone.stem." if layers else "patch_embed.backbone."
+    w = {"conv_root/kernel": hwio(root + "conv.weight"),
+         "gn_root/scale": sd[root + "norm.weight"], "gn_root/bias": sd[root + "norm.bias"]}
+    for s, depth in enumerate(layers):
+        for u in range(depth):
+            src, dst = f"patch_embed.backbone.stages.{s}.blocks.{u}.", f"block{s + 1}/unit{u + 1}/"
+            for i in (1, 2, 3):
+                w[f"{dst}conv{i}/kernel"] = hwio(f"{src}conv{i}.weight")
+                w[f"{dst}gn{i}/scale"] = sd[f"{src}norm{i}.weight"]
+                w[f"{dst}gn{i}/bias"] = sd[f"{src}norm{i}.bias"]
+            if u == 0:
+                w[f"{dst}conv_proj/kernel"] = hwio(f"{src}downsample.conv.weight")
+                w[f"{dst}gn_proj/scale"] = sd[f"{src}downsample.norm.weight"]
+                w[f"{dst}gn_proj/bias"] = sd[f"{src}downsample.norm.bias"]
+    return w
+
+
 def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     """Architecture of an official checkpoint, as the official code would run it.
 
@@ -233,11 +351,15 @@ def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **ove
         gelu="tanh", norm_eps=1e-6,
         pos_embed="learned" if "pos_embed" in sd else "sincos2d",
     )
+    backbone = infer_backbone(sd) if facts.get("hybrid") else None
+    if backbone is not None:
+        kw.update(backbone=backbone, in_chans=backbone_in_chans(sd))
     if "pos_embed" in sd:
         n = sd["pos_embed"].shape[1] - (1 if facts["pos_has_class_slot"] and class_token else 0)
         side = int(round(n ** 0.5))
         if side * side != n:
             raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
-        kw["img_size"] = (side * ph, side * pw)
+        r = backbone_reduction(backbone) if backbone is not None else 1
+        kw["img_size"] = (side * ph * r, side * pw * r)
     kw.update(overrides)
     return ViTConfig(**kw)

@@ -123,5 +123,6 @@ def _named_config(src: Source, model_name: str):
     """A registered architecture, with the class count the checkpoint's head has."""
     config = get_model_config(model_name)
     sd, _ = to_native(src)
-    classes = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    head = "head.fc.weight" if "head.fc.weight" in sd else "head.weight"  # ResNetV2: a 1x1 conv head
+    classes = sd[head].shape[0] if head in sd else 0
     return config.replace(num_classes=classes)

@@ -1,8 +1,9 @@
-"""timm's VisionTransformer layout.
+"""timm's VisionTransformer layout (and its ResNet hybrids and non-pre-activation ResNetV2).
 
 vitkit's parameter names are timm's, so reading is the identity; what differs is handled
 here: timm has no pre-logits layer, no 2D / sincos position embedding modules (those are
-written out as the equivalent ``pos_embed`` table) and its hub ``config.json``.
+written out as the equivalent ``pos_embed`` table) and its hub ``config.json``. A hybrid's
+CNN (``patch_embed.backbone.*``) has timm's names too and is read off the shapes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from ..models import VIT_SIZES, ViTConfig, get_model_config, list_models
+from ..models.hybrid import (backbone_in_chans, backbone_reduction, infer_backbone,
+                             infer_resnet_config)
 from .io import WeightsError
 
 HEADS_BY_WIDTH = {w: h for (w, _, h, _) in VIT_SIZES.values()}
@@ -35,8 +38,11 @@ def full_pos_embed(model) -> Optional[torch.Tensor]:
 def from_native(model) -> Dict[str, torch.Tensor]:
     """vitkit model -> timm ``VisionTransformer`` state dict (same module config in timm)."""
     cfg = model.config
+    if getattr(cfg, "architecture", "vit") == "resnetv2":
+        # timm's ResNetV2(preact=False, stem_type='same', conv_layer=StdConv2dSame(eps=1e-8)): same names
+        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if getattr(cfg, "architecture", "vit") != "vit":
-        raise WeightsError(f"export to timm is implemented for plain ViTs, not {cfg.architecture!r}")
+        raise WeightsError(f"export to timm is implemented for ViTs and ResNetV2, not {cfg.architecture!r}")
     if cfg.representation_size:
         raise WeightsError("timm's VisionTransformer has no pre-logits (representation) layer; "
                            "export this model as 'vitkit', 'npz' or 'hf' instead")
@@ -54,9 +60,20 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
+    if "patch_embed.proj.weight" not in sd and "stem.conv.weight" in sd:
+        try:
+            return infer_resnet_config(sd, **overrides)
+        except ValueError as e:
+            raise WeightsError(str(e)) from None
     if "patch_embed.proj.weight" not in sd:
         raise WeightsError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
     D, C, ph, pw = sd["patch_embed.proj.weight"].shape
+    try:
+        backbone = infer_backbone(sd)
+    except ValueError as e:
+        raise WeightsError(f"hybrid backbone: {e}") from None
+    if backbone is not None:
+        C = backbone_in_chans(sd)
     block_ids = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.")}
     if not block_ids:
         raise WeightsError("no transformer blocks ('blocks.N.*') in the state dict")
@@ -74,6 +91,7 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
         pos_embed="learned" if "pos_embed" in sd else "none",
+        backbone=backbone,
     )
     if "pos_embed" in sd:
         n = sd["pos_embed"].shape[1] - (1 if class_token else 0)
@@ -81,7 +99,8 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         if side * side != n:
             raise WeightsError(f"cannot infer the image size from a position embedding with {n} "
                                f"patch slots; pass img_size=")
-        kw["img_size"] = (side * ph, side * pw)
+        r = backbone_reduction(backbone) if backbone is not None else 1
+        kw["img_size"] = (side * ph * r, side * pw * r)
     kw.update(overrides)
     return ViTConfig(**kw)
 
@@ -121,4 +140,7 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
     kw.update(overrides)
     base = arch.split(".")[0]
     config = get_model_config(base) if base in list_models() else infer_config(sd)
+    if not isinstance(config, ViTConfig):  # a ResNet: the ViT arguments do not apply
+        known = set(config.to_dict())
+        kw = {k: v for k, v in kw.items() if k in known}
     return config.replace(**kw)
