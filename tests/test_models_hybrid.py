@@ -321,6 +321,11 @@ def test_config_json_round_trip(tmp_path, images):
     ({"type": "resnetv2", "layers": [3], "depth": 50}, "unknown field"),
     ({"type": "resnetv2", "layers": [3], "width_factor": 0}, "width_factor"),
     ([3, 4, 9], "must be a dict"),
+    ({"type": "conv", "channels": [32, 60], "strides": [1, 2]}, "multiples of 8"),
+    ({"type": "conv", "channels": [32, 64], "strides": [1]}, "one per layer"),
+    ({"type": "conv", "channels": [32, 64], "strides": [1, 3]}, "strides must be 1 or 2"),
+    ({"type": "conv", "channels": [], "strides": []}, "non-empty"),
+    ({"type": "conv", "channels": [32], "strides": [1], "layers": [1]}, "unknown field"),
 ])
 def test_bad_backbone_config_is_a_clear_error(backbone, match):
     with pytest.raises(ValueError, match=match):
@@ -373,7 +378,9 @@ def test_initialisation_follows_flax_defaults():
     hybrid_config((1, 1), img_size=(38, 22)),
     hybrid_config((), img_size=64, patch=8, depth=1),
     ResNetV2Config(layers=(1, 1), img_size=(30, 42), num_classes=3),
-], ids=["two_stages_odd", "stem_p8", "resnet"])
+    ViTConfig(img_size=(30, 22), patch_size=1, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
+              backbone={"type": "conv", "channels": [8, 16, 24], "strides": [1, 2, 2]}),
+], ids=["two_stages_odd", "stem_p8", "resnet", "conv_odd"])
 def test_macs_match_flop_counter(config):
     model = vitkit.models.build_from_config(config).eval()
     counter = FlopCounterMode(display=False)
@@ -455,3 +462,44 @@ def test_pre_activation_resnet_is_refused_clearly(tmp_path):
     save_file(sd, str(tmp_path / "bit.safetensors"))
     with pytest.raises(WeightsError, match="pre-activation"):
         vitkit.from_pretrained(tmp_path / "bit.safetensors")
+
+
+# ------------------------------------------------------------------ the small conv backbone
+
+CONV = {"type": "conv", "channels": [16, 24, 32], "strides": [1, 2, 2]}
+
+
+def conv_hybrid(**kw):
+    base = dict(img_size=28, patch_size=1, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                num_heads=2, mlp_dim=64, global_pool="avg", class_token=False, pos_embed="sincos2d",
+                backbone=CONV)
+    base.update(kw)
+    return randomize(VisionTransformer(ViTConfig(**base)))
+
+
+def test_conv_backbone_tokens_cover_four_pixels_like_patch_4():
+    model = conv_hybrid()
+    assert model.patch_embed.grid_size == (7, 7) and model.patch_embed.patch_size == (4, 4)
+    names = [k for k in model.state_dict() if k.startswith("patch_embed.backbone.")]
+    assert names == [f"patch_embed.backbone.{i}.{m}.{p}" for i in range(3)
+                     for m, p in (("conv", "weight"), ("norm", "weight"), ("norm", "bias"))]
+    assert "conv[16/1, 24/2, 32/2]" in repr(model)
+
+
+def test_conv_backbone_output_does_not_depend_on_the_batch():
+    """GroupNorm, not BatchNorm: training steps of one image do not see the others (what makes
+    DDP with any process count follow the trajectory of one process)."""
+    model = conv_hybrid().train()
+    x = torch.randn(6, 1, 28, 28)
+    assert max_diff(model(x)[:2], model(x[:2])) < 1e-5
+
+
+def test_conv_hybrid_round_trips_and_refuses_the_official_layout(tmp_path, images):
+    model = conv_hybrid().eval()
+    x = images(2, 28, 28, c=1)
+    model.save_pretrained(tmp_path / "m")
+    again = vitkit.from_pretrained(tmp_path / "m").eval()
+    assert again.config.backbone == CONV
+    assert max_diff(model(x), again(x)) == 0.0
+    with pytest.raises(WeightsError, match="only ResNet hybrids"):
+        vitkit.export_weights(model, tmp_path / "m.npz", format="npz")

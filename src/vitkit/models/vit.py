@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .serialize import SaveMixin
-from .hybrid import HybridEmbed, backbone_feature_size, backbone_reduction, init_backbone_, normalize_backbone
+from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
+                     normalize_backbone)
 from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
                      resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed,
                      to_2tuple, xavier_uniform_fan)
@@ -474,7 +475,7 @@ class VisionTransformer(SaveMixin, nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        hybrid = f"backbone={c.backbone['type']}{c.backbone['layers']}, " if c.backbone else ""
+        hybrid = f"backbone={describe_backbone(c.backbone)}, " if c.backbone else ""
         return (f"{hybrid}img_size={c.img_size}, patch_size={c.patch_size}, grid={self.patch_embed.grid_size}, "
                 f"pos_embed={c.pos_embed}, global_pool={self.global_pool}")
 

@@ -247,6 +247,9 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     backbone = getattr(cfg, "backbone", None)
     if backbone is not None and layout != "vit_jax":
         problems.append("big_vision has no ResNet hybrid layout (export hybrids as 'npz', the vit_jax layout)")
+    elif backbone is not None and backbone["type"] != "resnetv2":
+        problems.append(f"the official layout has only ResNet hybrids, not a {backbone['type']!r} backbone "
+                        f"(export as 'vitkit' or 'timm')")
     if problems:
         raise WeightsError("cannot export to the official npz layout: " + "; ".join(problems))
     parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
