@@ -124,3 +124,17 @@ def test_inspection_never_changes_the_logits():
     assert torch.equal(model(x), before)  # the fused path is untouched afterwards
     logits, _ = model(x, return_attention=True)
     assert torch.allclose(logits, before, atol=1e-5)
+
+
+def test_filters_of_a_hybrid_are_its_first_convolution_as_applied():
+    from vitkit.inspect import embedding_filters
+
+    from vitkit import create_model
+
+    model = create_model("vit_fmnist_hybrid")
+    filters = embedding_filters(model)
+    first = model.patch_embed.backbone[0].conv
+    assert filters.shape == (32, 1, 3, 3)
+    assert torch.equal(filters, first.standardized_weight().detach())
+    comps, explained = embedding_filters_pca(model, k=28)
+    assert comps.shape == (9, 1, 3, 3) and explained.sum() <= 1 + 1e-6

@@ -125,14 +125,26 @@ def pos_embed_similarity(model: nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
+def embedding_filters(model: nn.Module) -> torch.Tensor:
+    """The filters that look at pixels: the patch projection (D, C, P, P) of a plain ViT; for a
+    hybrid, whose projection sees CNN features, the CNN's first convolution (as it is applied:
+    weight-standardised where the layer standardises)."""
+    backbone = getattr(model.patch_embed, "backbone", None)
+    if backbone is None:
+        return model.patch_embed.proj.weight.detach().float()
+    first = next(m for m in backbone.modules() if isinstance(m, nn.Conv2d))
+    weight = first.standardized_weight() if hasattr(first, "standardized_weight") else first.weight
+    return weight.detach().float()
+
+
 def embedding_filters_pca(model: nn.Module, k: int = 28) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k principal components of the patch-embedding filters (Fig. 7 left).
 
-    The D filters of the patch projection, each a flattened C x P x P vector, are centred and
-    decomposed; returns the components as (k, C, P, P) images (unit norm, orthogonal) and the
-    fraction of the variance each explains (sorted, summing to <= 1).
+    The filters (:func:`embedding_filters`), each a flattened C x P x P vector, are centred
+    and decomposed; returns the components as (k, C, P, P) images (unit norm, orthogonal)
+    and the fraction of the variance each explains (sorted, summing to <= 1).
     """
-    weight = model.patch_embed.proj.weight.detach().float()  # (D, C, P, P)
+    weight = embedding_filters(model)  # (D, C, P, P)
     D = weight.shape[0]
     flat = weight.reshape(D, -1)
     flat = flat - flat.mean(dim=0, keepdim=True)

@@ -108,7 +108,8 @@ def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
     return _save(fig, path)
 
 
-def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: PathLike) -> Path:
+def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: PathLike,
+                    what: str = "the patch-embedding filters") -> Path:
     """The principal components of the patch-embedding filters as images (the paper's Fig. 7 left)."""
     plt = _plt()
     k = components.shape[0]
@@ -124,5 +125,5 @@ def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: Pat
         ax.set_title(f"{100 * explained[n]:.1f}%", fontsize=7)
     for ax in axes.flat:
         ax.axis("off")
-    fig.suptitle("principal components of the patch-embedding filters")
+    fig.suptitle(f"principal components of {what}")
     return _save(fig, path)

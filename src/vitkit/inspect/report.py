@@ -129,6 +129,9 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
     comps, explained = embedding_filters_pca(model, pca_components)
-    result.figures["filter_pca"] = figures.filter_pca_grid(comps.cpu(), explained.cpu(), out / "filter_pca.png")
+    hybrid = getattr(model.patch_embed, "backbone", None) is not None
+    result.figures["filter_pca"] = figures.filter_pca_grid(
+        comps.cpu(), explained.cpu(), out / "filter_pca.png",
+        "the CNN's first filters (hybrid)" if hybrid else "the patch-embedding filters")
     result.report = write_report(result, model, title or cfg.name or "ViT")
     return result
