@@ -21,7 +21,7 @@ import torch
 
 import vitkit
 from vitkit.evaluate.metrics import prepare_batch
-from vitkit.inspect import inspect_model, mean_attention_distance, pos_embed_similarity
+from vitkit.inspect import inspect_model, mean_attention_distance, patch_distances, pos_embed_similarity
 from vitkit.train.data import load_split_tensors
 
 FIGURES = ("rollout_1", "rollout_2", "attention_per_layer", "attention_distance",
@@ -79,6 +79,9 @@ def main(argv=None) -> int:
         "mean_attention_distance_px": {
             f"layer {i + 1}": {"min_head": round(float(d.min()), 2), "max_head": round(float(d.max()), 2),
                                "mean": round(float(d.mean()), 2)} for i, d in enumerate(distance)},
+        # the reference point: what attention spread evenly over every patch would give
+        "uniform_attention_px": round(float(patch_distances(model.patch_embed.grid_size,
+                                                             model.patch_embed.patch_size).mean()), 2),
         "image_size_px": list(model.config.img_size),
         "patch_size_px": list(model.config.patch_size),
         "pos_embed": model.config.pos_embed,

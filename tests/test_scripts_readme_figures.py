@@ -45,6 +45,7 @@ def test_script_writes_the_figures_and_stats(tmp_path, capsys):
     layers = stats["mean_attention_distance_px"]
     assert list(layers) == [f"layer {i}" for i in range(1, 5)]
     diagonal = 28 * 2 ** 0.5
+    assert 0 < stats["uniform_attention_px"] < diagonal
     for row in layers.values():
         assert 0 < row["min_head"] <= row["mean"] <= row["max_head"] < diagonal
 
