@@ -9,6 +9,7 @@ import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.train import NonFiniteLoss, resolve_config, train
 from vitkit.train.checkpoint import checkpoint_paths, load_latest
+from vitkit.train.config import DEFAULT_MODEL
 from vitkit.train.schedule import lr_at
 
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
@@ -125,7 +126,7 @@ def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_p
     cfg["model_args"] = {"embed_dim": 64, "num_heads": 2, "mlp_dim": 128}
     cfg["max_steps"] = 6
     config_path.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="does not fit model 'vit_fmnist'"):
+    with pytest.raises(ValueError, match=f"does not fit model '{DEFAULT_MODEL}'"):
         train(small(tmp_path), resume=str(tmp_path / "run"))
 
 

@@ -77,13 +77,17 @@ def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], pre
     return _save(fig, path)
 
 
-def attention_distance_scatter(distance: torch.Tensor, path: PathLike, image_size: int = 0) -> Path:
-    """Mean attention distance of every head against depth (the paper's Fig. 7 right)."""
+def attention_distance_scatter(distance: torch.Tensor, path: PathLike, image_size: int = 0,
+                               uniform: float = 0.0) -> Path:
+    """Mean attention distance of every head against depth (the paper's Fig. 7 right); with
+    ``uniform``, a dashed line where attention spread evenly over all patches would sit."""
     plt = _plt()
     L, H = distance.shape
     fig, ax = plt.subplots(figsize=(4.8, 3.6))
     for head in range(H):
         ax.scatter(np.arange(1, L + 1), distance[:, head].numpy(), s=14, label=f"head {head + 1}")
+    if uniform:
+        ax.axhline(uniform, color="gray", linestyle="--", linewidth=1, label="uniform attention")
     ax.set_xticks(range(1, L + 1))
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
@@ -99,11 +103,15 @@ def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
     """For each patch position, its cosine similarity to every other (the paper's Fig. 7 centre)."""
     plt = _plt()
     gh, gw = sim.shape[:2]
-    fig, axes = plt.subplots(gh, gw, figsize=(0.9 * gw + 1, 0.9 * gh), squeeze=False)
+    fig, axes = plt.subplots(gh, gw, figsize=(0.9 * gw + 1.6, 0.9 * gh), squeeze=False)
+    # one colour scale for all tiles, from the lowest similarity to 1: a fixed -1..1 scale
+    # shows smooth (e.g. sine-cosine) embeddings, all above ~0.7, as one flat colour
+    low = min(float(sim.min()), 0.99)
     for i in range(gh):
         for j in range(gw):
-            axes[i][j].imshow(sim[i, j].numpy(), cmap="viridis", vmin=-1, vmax=1)
+            shown = axes[i][j].imshow(sim[i, j].numpy(), cmap="viridis", vmin=low, vmax=1)
             axes[i][j].axis("off")
+    fig.colorbar(shown, ax=axes, shrink=0.8, label="cosine similarity")
     fig.suptitle("position embedding similarity")
     return _save(fig, path)
 

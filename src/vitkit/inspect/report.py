@@ -24,7 +24,7 @@ from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
 from . import figures
 from .analysis import (attention_maps, attention_rollout, embedding_filters_pca, mean_attention_distance,
-                       pos_embed_similarity)
+                       patch_distances, pos_embed_similarity)
 
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
@@ -123,8 +123,10 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     grid = model.patch_embed.grid_for(x.shape[-2:])
     result.figures["attention_per_layer"] = figures.class_attention_per_layer(
         maps, grid, model.num_prefix_tokens, cfg.class_token, out / "attention_per_layer.png")
+    uniform = float(patch_distances(grid, model.patch_embed.patch_size).mean())
     result.figures["attention_distance"] = figures.attention_distance_scatter(
-        mean_attention_distance(model, x).cpu(), out / "attention_distance.png", image_size=max(cfg.img_size))
+        mean_attention_distance(model, x).cpu(), out / "attention_distance.png", image_size=max(cfg.img_size),
+        uniform=uniform)
     if cfg.pos_embed != "none":
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
