@@ -55,6 +55,8 @@ def test_info_human_and_json(capsys):
     assert d["tokens"] == 90_001 and d["attn_bytes_per_layer_fp32"] == 4 * 12 * 90_001 ** 2
     code, _, err = run(capsys, "info", "B/16", "--img-size", "300")
     assert code == 2 and "288 or 304" in err
+    code, _, err = run(capsys, "info", "resnetv2_50_nopreact")
+    assert code == 2 and "CNN, not a ViT" in err
 
 
 def test_convert_each_format(capsys, tmp_path, tiny_weights):

@@ -140,3 +140,22 @@ def test_micro_batch_adds_accumulation_until_the_batch_fits():
     assert Layout.fitting(512, 4, 1, 0, 1000).accum_steps == 4  # never fewer than asked
     with pytest.raises(ValueError, match="must divide"):
         Layout.fitting(7, 1, 2, 0, None)
+
+
+@real
+def test_the_cnn_baseline_trains_through_the_same_loop(tmp_path):
+    """The ResNetV2 classifier (the paper's CNN baseline) has no embed_dim; the loop does not need one."""
+    summary = train(small(tmp_path, model="resnetv2_50_nopreact", model_args={"layers": [1]}, max_steps=3,
+                          batch_size=32, checkpoint_every=3, val_size=200))
+    assert summary["steps"] == 3
+    model = vitkit.from_pretrained(tmp_path / "run" / "model")
+    assert model.config.architecture == "resnetv2" and model.config.in_chans == 1
+
+
+def test_width_pre_logits_need_a_vit():
+    from vitkit.models import get_model_config
+    from vitkit.train.config import resolve_width
+
+    assert resolve_width({"representation_size": "width"}, get_model_config("S/16"))["representation_size"] == 384
+    with pytest.raises(ValueError, match="has no embed_dim"):
+        resolve_width({"representation_size": "width"}, get_model_config("resnetv2_50_nopreact"))

@@ -72,6 +72,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.patch_size:
         overrides["patch_size"] = args.patch_size
     config = get_model_config(args.name).replace(**overrides)
+    if not hasattr(config, "embed_dim"):
+        raise ValueError(f"{args.name} is a {config.architecture} CNN, not a ViT: `vitkit info` describes "
+                         f"token costs; `vitkit models --filter {args.name}` lists its parameters and GMACs")
     c = complexity(config)
     d = c.to_dict()
     d.update(name=args.name, embed_dim=config.embed_dim, mlp_dim=config.mlp_dim,

@@ -105,12 +105,16 @@ class TrainConfig:
         return d
 
 
-def resolve_width(model_args: Dict[str, Any], default_width: int) -> Dict[str, Any]:
+def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
     """``representation_size="width"`` (a recipe's way to say D) -> the model's width: the
-    ``embed_dim`` override, else ``default_width`` (the architecture's)."""
+    ``embed_dim`` override, else the architecture's (``config``); CNNs have no such layer."""
     if model_args.get("representation_size") != "width":
         return model_args
-    return {**model_args, "representation_size": model_args.get("embed_dim", default_width)}
+    width = model_args.get("embed_dim", getattr(config, "embed_dim", None))
+    if width is None:
+        raise ValueError(f"a pre-logits layer of the model's width needs a ViT; {config.name or config.architecture} "
+                         f"has no embed_dim (drop representation_size from the model args)")
+    return {**model_args, "representation_size": width}
 
 
 #: Named recipes: overrides of the defaults above.

@@ -37,7 +37,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         raise FileNotFoundError(f"--init weights not found: {path}")
     src = read_source(path)
     stored = config_for_source(src)
-    overrides = {**data_args, **resolve_width(model_args, stored.embed_dim)}
+    overrides = {**data_args, **resolve_width(model_args, stored)}
     exclude: Tuple[str, ...] = ()
     if head == "new":
         overrides.setdefault("representation_size", None)

@@ -147,7 +147,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         stats = {"mean": data.mean, "std": data.std}
         if data.kind == "memory":
             stats["crop_pct"] = 1.0  # whole small images, no centre crop
-        model = create_model(cfg.model, **{**data_args, **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model).embed_dim)})
+        model = create_model(cfg.model, **{**data_args, **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     optimizer = make_optimizer(model, cfg)
