@@ -17,6 +17,7 @@ import torch
 
 from .hybrid import (ResNetV2Config, backbone_channels, backbone_feature_size, backbone_macs, backbone_reduction,
                      resnet_complexity_macs)
+from .cait import CaiTConfig, cait_macs
 from .vit import ViTConfig
 
 
@@ -62,6 +63,8 @@ def complexity(config: ViTConfig) -> Complexity:
     stride x projection patch) and ``backbone_macs`` the CNN's share of ``macs``."""
     if isinstance(config, ResNetV2Config):
         return _resnet_complexity(config)
+    if isinstance(config, CaiTConfig):
+        return _cait_complexity(config)
     D, M, depth, H = config.embed_dim, config.mlp_dim, config.depth, config.num_heads
     (h, w), (ph, pw) = config.img_size, config.patch_size
     gh, gw = config.grid_size
@@ -102,3 +105,18 @@ def _resnet_complexity(config: ResNetV2Config) -> Complexity:
         grid=backbone_feature_size(config.backbone, config.img_size), tokens=0, heads=0,
         depth=sum(config.layers), attn_entries_per_layer=0, attn_bytes_per_layer_fp32=0,
         attn_macs_share=0.0, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels, backbone_macs=cnn)
+
+
+def _cait_complexity(config: CaiTConfig) -> Complexity:
+    """CaiT: ``tokens`` and the attention entries are those of the self-attention layers
+    (patches only; the class token joins in the ``cls_depth`` class-attention layers, whose
+    cost is in ``macs``); ``depth`` counts the self-attention layers."""
+    macs, mix = cait_macs(config)
+    (h, w), gh, gw = config.img_size, *config.grid_size
+    n, H = gh * gw, config.num_heads
+    pixels = h * w
+    return Complexity(
+        params=count_params(config), macs=macs, img_size=(h, w), patch_size=config.patch_size,
+        grid=(gh, gw), tokens=n, heads=H, depth=config.depth,
+        attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
+        attn_macs_share=mix / macs, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)

@@ -180,3 +180,7 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     config = get_model_config(name).replace(**overrides)
     return build_from_config(config)
 
+
+
+# ---------------------------------------------------------------- CaiT (Touvron et al., 2021)
+from . import cait as _cait  # noqa: E402,F401  (registers "cait" and timm's cait_* names)
