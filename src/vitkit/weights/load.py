@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models.cait import is_cait_state_dict
 from ..models.layers import resample_pos_embed, resample_pos_embed_grid
 from ..utils import PathLike
 from . import hf_format, npz_format
@@ -63,6 +64,8 @@ def detect_format(keys) -> str:
         return "timm"
     if "stem.conv.weight" in keys and any(k.startswith("stages.") for k in keys):
         return "timm"  # a ResNetV2 classifier (timm's names)
+    if is_cait_state_dict(keys):
+        return "timm"  # a CaiT (timm's names; the official checkpoints are the same under 'model')
     preview = ", ".join(sorted(keys)[:6])
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, "
                        f"Hugging Face ViT, or official vit_jax / big_vision npz names")
@@ -133,7 +136,9 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
         pos = sd["pos_embed"]
         if pos.dim() != 3 or pos.shape[0] != 1:
             raise WeightsError(f"pos_embed has shape {tuple(pos.shape)}, expected (1, tokens, width)")
-        prefix, n = model.num_prefix_tokens, pos.shape[1]
+        # CaiT's table covers the patches only although its output has a class token.
+        prefix = getattr(model, "pos_embed_prefix_tokens", model.num_prefix_tokens)
+        n = pos.shape[1]
         src_grid = facts.get("grid")
         area = grid[0] * grid[1]
         if src_grid is not None:

@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from ..models import VIT_SIZES, ViTConfig, get_model_config, list_models
+from ..models.cait import infer_cait_config, is_cait_state_dict
 from ..models.hybrid import (backbone_in_chans, backbone_reduction, infer_backbone,
                              infer_resnet_config)
 from .io import WeightsError
@@ -38,11 +39,12 @@ def full_pos_embed(model) -> Optional[torch.Tensor]:
 def from_native(model) -> Dict[str, torch.Tensor]:
     """vitkit model -> timm ``VisionTransformer`` state dict (same module config in timm)."""
     cfg = model.config
-    if getattr(cfg, "architecture", "vit") == "resnetv2":
-        # timm's ResNetV2(preact=False, stem_type='same', conv_layer=StdConv2dSame(eps=1e-8)): same names
+    if getattr(cfg, "architecture", "vit") in ("resnetv2", "cait"):
+        # timm's ResNetV2(preact=False, stem_type='same', conv_layer=StdConv2dSame(eps=1e-8)) and
+        # timm's Cait: the same names
         return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if getattr(cfg, "architecture", "vit") != "vit":
-        raise WeightsError(f"export to timm is implemented for ViTs and ResNetV2, not {cfg.architecture!r}")
+        raise WeightsError(f"export to timm is implemented for ViTs, ResNetV2 and CaiT, not {cfg.architecture!r}")
     if cfg.representation_size:
         raise WeightsError("timm's VisionTransformer has no pre-logits (representation) layer; "
                            "export this model as 'vitkit', 'npz' or 'hf' instead")
@@ -60,6 +62,11 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
+    if is_cait_state_dict(sd):
+        try:
+            return infer_cait_config(sd, **overrides)
+        except (ValueError, TypeError) as e:
+            raise WeightsError(f"CaiT state dict: {e}") from None
     if "patch_embed.proj.weight" not in sd and "stem.conv.weight" in sd:
         try:
             return infer_resnet_config(sd, **overrides)
@@ -140,7 +147,14 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
     kw.update(overrides)
     base = arch.split(".")[0]
     config = get_model_config(base) if base in list_models() else infer_config(sd)
-    if not isinstance(config, ViTConfig):  # a ResNet: the ViT arguments do not apply
+    if not isinstance(config, ViTConfig):  # a ResNet or a CaiT: only the arguments they share apply
+        if config.architecture == "cait":
+            kw.update({k: args[k] for k in ("mlp_ratio",) if k in args})
+            if "depth_token_only" in args:
+                kw["cls_depth"] = int(args["depth_token_only"])
+            if "mlp_ratio_token_only" in args:
+                kw["cls_mlp_ratio"] = args["mlp_ratio_token_only"]
+            kw.update(overrides)
         known = set(config.to_dict())
         kw = {k: v for k, v in kw.items() if k in known}
     return config.replace(**kw)
