@@ -18,6 +18,7 @@ import torch
 from .hybrid import (ResNetV2Config, backbone_channels, backbone_feature_size, backbone_macs, backbone_reduction,
                      resnet_complexity_macs)
 from .cait import CaiTConfig, cait_macs
+from .convit import ConViTConfig, convit_macs
 from .vit import ViTConfig
 
 
@@ -63,6 +64,8 @@ def complexity(config: ViTConfig) -> Complexity:
     stride x projection patch) and ``backbone_macs`` the CNN's share of ``macs``."""
     if isinstance(config, ResNetV2Config):
         return _resnet_complexity(config)
+    if isinstance(config, ConViTConfig):
+        return _convit_complexity(config)
     if isinstance(config, CaiTConfig):
         return _cait_complexity(config)
     D, M, depth, H = config.embed_dim, config.mlp_dim, config.depth, config.num_heads
@@ -114,6 +117,20 @@ def _cait_complexity(config: CaiTConfig) -> Complexity:
     macs, mix = cait_macs(config)
     (h, w), gh, gw = config.img_size, *config.grid_size
     n, H = gh * gw, config.num_heads
+    pixels = h * w
+    return Complexity(
+        params=count_params(config), macs=macs, img_size=(h, w), patch_size=config.patch_size,
+        grid=(gh, gw), tokens=n, heads=H, depth=config.depth,
+        attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
+        attn_macs_share=mix / macs, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)
+
+def _convit_complexity(config: ConViTConfig) -> Complexity:
+    """ConViT: ``tokens`` and the attention entries are those of the MHSA layers (class token +
+    patches); the GPSA layers attend over the patches only (and add the positional scores
+    v_pos . r_ij, counted once per image as timm computes them)."""
+    macs, mix = convit_macs(config)
+    (h, w), (gh, gw) = config.img_size, config.grid_size
+    n, H = gh * gw + 1, config.num_heads
     pixels = h * w
     return Complexity(
         params=count_params(config), macs=macs, img_size=(h, w), patch_size=config.patch_size,

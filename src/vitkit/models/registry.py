@@ -184,3 +184,6 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
 
 # ---------------------------------------------------------------- CaiT (Touvron et al., 2021)
 from . import cait as _cait  # noqa: E402,F401  (registers "cait" and timm's cait_* names)
+
+# ---------------------------------------------------------------- ConViT (d'Ascoli et al., 2021)
+from . import convit as _convit  # noqa: E402,F401  (registers "convit" and timm's convit_* names)

@@ -14,6 +14,7 @@ import torch
 
 from ..models import VIT_SIZES, ViTConfig, get_model_config, list_models
 from ..models.cait import infer_cait_config, is_cait_state_dict
+from ..models.convit import infer_convit_config, is_convit_state_dict
 from ..models.hybrid import (backbone_in_chans, backbone_reduction, infer_backbone,
                              infer_resnet_config)
 from .io import WeightsError
@@ -39,6 +40,8 @@ def full_pos_embed(model) -> Optional[torch.Tensor]:
 def from_native(model) -> Dict[str, torch.Tensor]:
     """vitkit model -> timm ``VisionTransformer`` state dict (same module config in timm)."""
     cfg = model.config
+    if getattr(cfg, "architecture", "vit") == "convit":  # timm's ConVit: the same names
+        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if getattr(cfg, "architecture", "vit") in ("resnetv2", "cait"):
         # timm's ResNetV2(preact=False, stem_type='same', conv_layer=StdConv2dSame(eps=1e-8)) and
         # timm's Cait: the same names
@@ -62,6 +65,11 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
+    if is_convit_state_dict(sd):  # GPSA layers: heads from the gates, no class slot in pos_embed
+        try:
+            return infer_convit_config(sd, **overrides)
+        except (ValueError, TypeError) as e:
+            raise WeightsError(f"ConViT state dict: {e}") from None
     if is_cait_state_dict(sd):
         try:
             return infer_cait_config(sd, **overrides)
@@ -148,6 +156,15 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
     base = arch.split(".")[0]
     config = get_model_config(base) if base in list_models() else infer_config(sd)
     if not isinstance(config, ViTConfig):  # a ResNet or a CaiT: only the arguments they share apply
+        if config.architecture == "convit":  # timm passes the width per head
+            if "embed_dim" in args:
+                kw["embed_dim"] = int(args["embed_dim"]) * int(args.get("num_heads", config.num_heads))
+            kw.update({k: args[k] for k in ("local_up_to_layer", "locality_strength") if k in args})
+            kw.pop("mlp_dim", None)
+            if "embed_dim" in args or "mlp_ratio" in args:
+                ratio = args.get("mlp_ratio", config.mlp_dim / config.embed_dim)
+                kw["mlp_dim"] = int(kw.get("embed_dim", config.embed_dim) * ratio)
+            kw.update(overrides)
         if config.architecture == "cait":
             kw.update({k: args[k] for k in ("mlp_ratio",) if k in args})
             if "depth_token_only" in args:

@@ -1,0 +1,583 @@
+"""ConViT: "Improving Vision Transformers with Soft Convolutional Inductive Biases" (d'Ascoli et al., 2021).
+
+A DeiT whose first layers replace self-attention by *gated positional self-attention*
+(GPSA). Each GPSA head mixes two attention matrices with a learned gate
+``lambda_h = sigmoid(gating_param_h)``::
+
+    A_h = (1 - lambda_h) softmax(q_i . k_j / sqrt(d)) + lambda_h softmax(v_pos_h . r_ij)
+
+``r_ij = (dx, dy, dx^2 + dy^2)`` is the offset from query patch i to key patch j on the
+patch grid and ``v_pos_h`` (the rows of ``pos_proj``) a learned 3-vector per head. At
+initialisation ("local init") ``v_pos_h = alpha (2 dx_h, 2 dy_h, -1)`` for the heads of a
+sqrt(H) x sqrt(H) kernel, so that head h's positional attention is
+``softmax(-alpha ||r - delta_h||^2)``: a soft convolution tap at offset ``delta_h`` whose
+sharpness is the locality strength ``alpha``; the value projection starts as the identity
+and every gate at sigmoid(1) = 0.73. The rows are renormalised after mixing (as timm and
+the official code do). Facts that decide parity with timm's ``convit_*`` (and the official
+checkpoints, which carry timm's names under ``'model'``):
+
+- widths are ``48 x heads`` (tiny 192/4, small 432/9, base 768/16), 12 layers, MLP ratio 4,
+  no q/k/v biases (``qkv_bias=False``), LayerNorm eps 1e-6, exact GELU;
+- GPSA in the first ``local_up_to_layer = 10`` layers (``attn.qk``, ``attn.v``, ``attn.proj``,
+  ``attn.pos_proj`` with a bias, ``attn.gating_param``), plain MHSA after (``attn.qkv``,
+  ``attn.proj``);
+- the class token is concatenated *after* the GPSA layers: they see patches only; the learned
+  absolute position embedding ``pos_embed`` (1, patches, D) has no class slot;
+- ImageNet mean/std, crop 0.875, bicubic.
+
+For a non-square grid the offsets are taken on the real (rows, columns) grid; for square
+grids this is timm's table exactly. ``model(x, return_attention=True)`` returns per layer the
+(B, heads, N, N) weights: patch-only (N = patches) for the GPSA layers, [class] + patches
+after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path,
+                     resample_pos_embed, to_2tuple)
+from .serialize import SaveMixin
+from .vit import IMAGENET_MEAN, IMAGENET_STD
+
+CONVIT_GLOBAL_POOLS = ("token", "avg")
+CONVIT_POS_EMBEDS = ("learned", "none")
+
+
+@dataclass
+class ConViTConfig:
+    """Everything needed to rebuild a ConViT, plus the preprocessing its weights expect.
+
+    ``embed_dim`` is the full width (timm's ``convit_*`` pass 48 per head and multiply).
+    """
+
+    img_size: Tuple[int, int] = (224, 224)
+    patch_size: Tuple[int, int] = (16, 16)
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 16
+    mlp_dim: int = 3072
+    #: GPSA in layers 0 .. local_up_to_layer - 1, then MHSA; the class token joins after them.
+    local_up_to_layer: int = 10
+    #: alpha of the local init: how sharply each head's positional attention peaks at its offset.
+    locality_strength: float = 1.0
+    #: Start GPSA as a convolution (value = identity, positional attention at kernel offsets).
+    use_local_init: bool = True
+    global_pool: str = "token"
+    pos_embed: str = "learned"
+    qkv_bias: bool = False
+    norm_eps: float = 1e-6
+    gelu: str = "exact"
+    #: Dropout after the embeddings, the attention output and inside the MLP (identity at inference).
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    #: Attention kernel of the MHSA layers (GPSA always runs the explicit path).
+    attn_impl: str = "auto"
+    dynamic_img_size: bool = False
+    pos_embed_interpolation: str = "bicubic"
+    pos_embed_antialias: bool = True
+    # ---- what the weights expect at the input, and what their outputs mean
+    mean: Tuple[float, ...] = IMAGENET_MEAN
+    std: Tuple[float, ...] = IMAGENET_STD
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+    label_names: Optional[List[str]] = None
+    architecture: str = "convit"
+    name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self.img_size = to_2tuple(self.img_size)
+        self.patch_size = to_2tuple(self.patch_size)
+        self.mean = tuple(float(m) for m in self.mean)
+        self.std = tuple(float(s) for s in self.std)
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        if self.architecture != "convit":
+            problems.append(f"architecture must be 'convit', got {self.architecture!r}")
+        if self.global_pool not in CONVIT_GLOBAL_POOLS:
+            problems.append(f"global_pool must be one of {CONVIT_GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.pos_embed not in CONVIT_POS_EMBEDS:
+            problems.append(f"pos_embed must be one of {CONVIT_POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.gelu not in ("exact", "tanh"):
+            problems.append(f"gelu must be 'exact' or 'tanh', got {self.gelu!r}")
+        if self.embed_dim <= 0 or self.num_heads <= 0 or self.mlp_dim <= 0:
+            problems.append("embed_dim, num_heads and mlp_dim must be positive")
+        elif self.embed_dim % self.num_heads:
+            problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.depth <= 0:
+            problems.append(f"depth must be positive, got {self.depth}")
+        elif not 0 <= self.local_up_to_layer < self.depth:
+            problems.append(f"local_up_to_layer must be in 0..{self.depth - 1} (GPSA layers, then at least one "
+                            f"MHSA layer that the class token joins), got {self.local_up_to_layer}")
+        if not (math.isfinite(self.locality_strength) and self.locality_strength > 0):
+            problems.append(f"locality_strength must be a positive number, got {self.locality_strength}")
+        if self.attn_impl not in ATTN_IMPLS:
+            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
+        if self.pos_embed_interpolation not in INTERPOLATIONS:
+            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
+        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            if not 0.0 <= getattr(self, rate) < 1.0:
+                problems.append(f"{rate} must be in [0, 1), got {getattr(self, rate)}")
+        for name in ("img_size", "patch_size"):
+            if min(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if min(self.img_size) > 0 and min(self.patch_size) > 0 and \
+                any(i % p for i, p in zip(self.img_size, self.patch_size)):
+            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+        if self.num_classes < 0 or self.in_chans <= 0:
+            problems.append("num_classes must be >= 0 and in_chans > 0")
+        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
+            if len(self.mean) == 3 and self.in_chans != 3:
+                self.mean = (self.mean[0],) * self.in_chans
+                self.std = (self.std[0],) * self.in_chans
+            else:
+                problems.append(f"mean/std need {self.in_chans} values")
+        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
+            problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        if problems:
+            raise ValueError("invalid ConViT config: " + "; ".join(problems))
+
+    # The ViT-config facts that code shared with ViTs reads (inspection, complexity, transforms).
+    @property
+    def class_token(self) -> bool:
+        return True
+
+    @property
+    def backbone(self) -> None:
+        return None
+
+    @property
+    def distill_token(self) -> bool:
+        return False
+
+    @property
+    def grid_size(self) -> IntPair:
+        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def token_patch_size(self) -> IntPair:
+        return self.patch_size
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ConViTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ConViT config fields: {', '.join(unknown)}")
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> "ConViTConfig":
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
+                and overrides["num_classes"] != len(self.label_names):
+            overrides["label_names"] = None
+        return dataclasses.replace(self, **overrides)
+
+
+# ----------------------------------------------------------------------------- GPSA
+
+
+def relative_positions(grid: IntPair, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(N, N, 3) table r_ij = (dx, dy, dx^2 + dy^2) from query patch i to key patch j, row-major
+    patches on a (rows, columns) grid; timm's ``rel_indices`` for square grids."""
+    gh, gw = grid
+    rows = torch.arange(gh, dtype=torch.float32).repeat_interleave(gw)
+    cols = torch.arange(gw, dtype=torch.float32).repeat(gh)
+    dx = cols[None, :] - cols[:, None]
+    dy = rows[None, :] - rows[:, None]
+    return torch.stack([dx, dy, dx * dx + dy * dy], dim=-1).to(device=device, dtype=dtype)
+
+
+def kernel_offsets(num_heads: int) -> List[Tuple[float, float]]:
+    """(dx, dy) of each head that the local init places on a sqrt(H) x sqrt(H) kernel (head
+    ``h1 + k h2`` at dx = h2 - c, dy = h1 - c); heads beyond k*k keep a random init."""
+    k = int(num_heads ** 0.5)
+    centre = (k - 1) / 2 if k % 2 == 0 else k // 2
+    offsets: List[Tuple[float, float]] = [(0.0, 0.0)] * (k * k)
+    for h1 in range(k):
+        for h2 in range(k):
+            offsets[h1 + k * h2] = (float(h2 - centre), float(h1 - centre))
+    return offsets
+
+
+class GPSA(nn.Module):
+    """Gated positional self-attention (timm's names: qk, v, proj, pos_proj, gating_param)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, locality_strength: float = 1.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.locality_strength = float(locality_strength)
+        self.qk = Linear(dim, dim * 2, bias=qkv_bias)
+        self.v = Linear(dim, dim, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
+        self.pos_proj = Linear(3, num_heads)
+        self.gating_param = nn.Parameter(torch.ones(num_heads))
+        self.attn_drop = float(attn_drop)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+        self._rel_cache: Optional[Tuple[Any, torch.Tensor]] = None
+
+    def rel_indices(self, grid: IntPair) -> torch.Tensor:
+        w = self.pos_proj.weight
+        key = (tuple(grid), w.device, w.dtype)
+        if self._rel_cache is None or self._rel_cache[0] != key:
+            self._rel_cache = (key, relative_positions(grid, w.device, w.dtype))
+        return self._rel_cache[1]
+
+    def gates(self) -> torch.Tensor:
+        """lambda per head: the weight of the positional attention, in (0, 1)."""
+        return torch.sigmoid(self.gating_param)
+
+    def positional_attention(self, grid: IntPair) -> torch.Tensor:
+        """(heads, N, N) softmax(v_pos . r_ij): each head's input-independent attention."""
+        return self.pos_proj(self.rel_indices(grid)).permute(2, 0, 1).softmax(dim=-1)
+
+    @torch.no_grad()
+    def local_init(self) -> None:
+        """Start as a convolution: value = identity, head h's positional attention peaked at its
+        kernel offset with sharpness alpha (the paper's Eq. 5; timm/official ``local_init``)."""
+        self.v.weight.copy_(torch.eye(self.dim))
+        w = self.pos_proj.weight
+        for h, (dx, dy) in enumerate(kernel_offsets(self.num_heads)):
+            w[h, 2] = -1.0
+            w[h, 1] = 2.0 * dy
+            w[h, 0] = 2.0 * dx
+        w.mul_(self.locality_strength)
+
+    def forward(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False):
+        B, N, C = x.shape
+        if N != grid[0] * grid[1]:
+            raise ValueError(f"GPSA got {N} tokens for a {grid[0]}x{grid[1]} patch grid (patches only)")
+        H, d = self.num_heads, self.head_dim
+        q, k = self.qk(x).reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        positional = self.positional_attention(grid).unsqueeze(0)
+        gate = torch.sigmoid(self.gating_param).view(1, H, 1, 1)
+        attn = (1.0 - gate) * content + gate * positional
+        attn = attn / attn.sum(dim=-1, keepdim=True)
+        weights = F.dropout(attn, self.attn_drop) if self.training and self.attn_drop else attn
+        v = self.v(x).reshape(B, N, H, d).transpose(1, 2)
+        x = self.proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+        if self.proj_drop is not None:
+            x = self.proj_drop(x)
+        return x, attn if return_attention else None
+
+
+class GPSABlock(nn.Module):
+    """Pre-LN block with GPSA: x + DropPath(GPSA(LN(x))), then x + DropPath(MLP(LN(x)))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = False,
+                 norm_eps: float = 1e-6, gelu: str = "exact", drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0, locality_strength: float = 1.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = GPSA(dim, num_heads, qkv_bias, attn_drop, drop, locality_strength)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, mlp_dim, gelu, drop)
+        self.drop_path = float(drop_path)
+
+    def forward(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False):
+        y, attn = self.attn(self.norm1(x), grid, return_attention)
+        x = x + drop_path(y, self.drop_path, self.training)
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+        return x, attn
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class ConViT(SaveMixin, nn.Module):
+    """ConViT: patch embedding + positions, GPSA layers on patches, [class] token, MHSA layers, head.
+
+    ``model(x)`` -> logits (B, num_classes) or pooled features when ``num_classes == 0``.
+    ``model(x, return_attention=True)`` -> ``(logits, [per-layer (B, heads, N, N)])`` with
+    N = patches for GPSA layers and 1 + patches for the MHSA layers.
+    """
+
+    def __init__(self, config: Optional[ConViTConfig] = None, **overrides: Any):
+        super().__init__()
+        cfg = (config or ConViTConfig()).replace(**overrides) if overrides else (config or ConViTConfig())
+        self.config = cfg
+        D = cfg.embed_dim
+        self.embed_dim = self.num_features = D
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.dynamic_img_size = cfg.dynamic_img_size
+        self.local_up_to_layer = cfg.local_up_to_layer
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.num_prefix_tokens = 1
+        self.pos_embed_prefix_tokens = 0  # the position table covers the patches only
+        gh, gw = self.patch_embed.grid_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, D)) if cfg.pos_embed == "learned" else None
+        self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
+        rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList([
+            GPSABlock(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
+                      cfg.attn_drop_rate, rates[i], cfg.locality_strength)
+            if i < cfg.local_up_to_layer else
+            Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
+                  cfg.attn_drop_rate, rates[i], None, cfg.attn_impl)
+            for i in range(cfg.depth)])
+        self.norm = nn.LayerNorm(D, eps=cfg.norm_eps)
+        self.head = Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """As the official ConViT code (DeiT's recipe): linear kernels, position embedding and
+        class token N(0, 0.02) truncated at +-2, zero biases, LayerNorm 1/0, PyTorch's default
+        for the patch convolution, gates 1 (lambda = 0.73); then the local init of every GPSA
+        layer when ``use_local_init``."""
+        self.patch_embed.proj.reset_parameters()
+        for p in (self.pos_embed, self.cls_token):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, GPSA):
+                nn.init.ones_(m.gating_param)
+        if self.config.use_local_init:
+            for m in self.modules():
+                if isinstance(m, GPSA):
+                    m.local_init()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def patch_size(self) -> IntPair:
+        return self.patch_embed.patch_size
+
+    def gpsa_layers(self) -> List[GPSA]:
+        return [blk.attn for blk in self.blocks if isinstance(blk, GPSABlock)]
+
+    def gates(self) -> torch.Tensor:
+        """(GPSA layers, heads) gate values lambda = sigmoid(gating_param)."""
+        layers = self.gpsa_layers()
+        if not layers:
+            return torch.zeros(0, self.config.num_heads)
+        return torch.stack([a.gates() for a in layers])
+
+    def no_weight_decay(self) -> set:
+        """Parameters the DeiT/ConViT recipe exempts from weight decay."""
+        names = {"cls_token", "pos_embed"}
+        return {n for n, _ in self.named_parameters() if n in names}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = bool(enable)
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the head by a zero-initialised linear layer (fine-tuning)."""
+        if global_pool is not None:
+            if global_pool not in CONVIT_GLOBAL_POOLS:
+                raise ValueError(f"global_pool must be one of {CONVIT_GLOBAL_POOLS}, got {global_pool!r}")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        device = self.patch_embed.proj.weight.device
+        self.head = (Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()).to(device)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        label_names = self.config.label_names
+        if label_names is not None and len(label_names) != num_classes:
+            label_names = None
+        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool,
+                                          label_names=label_names)
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
+        """Change the native input size; the position embedding is resampled in place."""
+        img_size = to_2tuple(img_size)
+        old_grid = self.patch_embed.grid_size
+        self.patch_embed.set_img_size(img_size)
+        if self.pos_embed is not None:
+            cfg = self.config
+            self.pos_embed = nn.Parameter(resample_pos_embed(
+                self.pos_embed.data, self.patch_embed.grid_size, old_grid, 0,
+                cfg.pos_embed_interpolation, cfg.pos_embed_antialias))
+        self.config = self.config.replace(img_size=img_size)
+
+    def patch_pos_embed(self, grid: IntPair) -> Optional[torch.Tensor]:
+        """The (1, gh*gw, D) position embedding of the patches for a grid (None without one)."""
+        if self.pos_embed is None:
+            return None
+        if tuple(grid) == tuple(self.patch_embed.grid_size):
+            return self.pos_embed
+        cfg = self.config
+        return resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, 0,
+                                  cfg.pos_embed_interpolation, cfg.pos_embed_antialias)
+
+    # ------------------------------------------------------------------ forward pieces
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
+        """Images -> patch tokens with positions (B, gh*gw, D), and the grid. No class token yet."""
+        x = self.patch_embed(x, strict=not self.dynamic_img_size)
+        B, gh, gw, D = x.shape
+        x = x.reshape(B, gh * gw, D)
+        pos = self.patch_pos_embed((gh, gw))
+        if pos is not None:
+            x = x + pos
+        if self.pos_drop is not None:
+            x = self.pos_drop(x)
+        return x, (gh, gw)
+
+    def _run_block(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
+        args = (x, grid, return_attention) if i < self.local_up_to_layer else (x, return_attention)
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return checkpoint(blk, *args, use_reentrant=False)
+        return blk(*args)
+
+    def encode(self, x: torch.Tensor, return_attention: bool = False):
+        """Images -> final normalised tokens (B, 1 + N, D) and, when asked, per-layer attention."""
+        x, grid = self.embed(x)
+        attns: List[torch.Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            if i == self.local_up_to_layer:
+                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+            x, attn = self._run_block(i, blk, x, grid, return_attention)
+            if return_attention:
+                attns.append(attn)
+        return self.norm(x), attns
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encode(x)[0]
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens -> logits; ``pre_logits=True`` stops at the pooled representation."""
+        x = self.pool(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        tokens, attns = self.encode(x, return_attention)
+        logits = self.forward_head(tokens)
+        return (logits, attns) if return_attention else logits
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"img_size={c.img_size}, patch_size={c.patch_size}, grid={self.patch_embed.grid_size}, "
+                f"gpsa_layers={c.local_up_to_layer}/{c.depth}, locality_strength={c.locality_strength}, "
+                f"global_pool={self.global_pool}")
+
+
+# ----------------------------------------------------------------------------- cost, weights
+
+
+def convit_macs(config: ConViTConfig) -> Tuple[int, int]:
+    """(total MACs, attention-mixing MACs) of one image: the matrix products, counted as
+    ``FlopCounterMode`` does (the positional scores v_pos . r_ij are a (N^2 x 3) x (3 x H)
+    product per forward; at batch 1 that is per image, as timm computes it per image)."""
+    D, M, H = config.embed_dim, config.mlp_dim, config.num_heads
+    gh, gw = config.grid_size
+    n = gh * gw
+    (ph, pw), C = config.patch_size, config.in_chans
+    embed = n * D * C * ph * pw
+    L = config.local_up_to_layer
+    gpsa_mix = 2 * n * n * D
+    gpsa = 2 * n * D * D + n * D * D + n * D * D + n * n * 3 * H + gpsa_mix + 2 * n * D * M
+    t = n + 1
+    mhsa_mix = 2 * t * t * D
+    mhsa = 3 * t * D * D + mhsa_mix + t * D * D + 2 * t * D * M
+    total = embed + L * gpsa + (config.depth - L) * mhsa + D * config.num_classes
+    return total, L * gpsa_mix + (config.depth - L) * mhsa_mix
+
+
+def is_convit_state_dict(sd: Mapping[str, Any]) -> bool:
+    """timm/official ConViT names: GPSA layers have ``attn.gating_param`` / ``attn.qk``."""
+    return any(k.endswith(("attn.gating_param", "attn.qk.weight", "attn.pos_proj.weight")) for k in sd)
+
+
+def infer_convit_config(sd: Mapping[str, Any], **overrides: Any) -> ConViTConfig:
+    """A ConViT's config from a timm/vitkit-named state dict alone.
+
+    Heads are the length of ``gating_param``; GPSA layers the blocks that have one; the image
+    size comes from a square position table (else pass ``img_size=``). The pooling (timm's
+    default: the class token) is not in the weights.
+    """
+    if "patch_embed.proj.weight" not in sd:
+        raise ValueError("not a ConViT state dict: 'patch_embed.proj.weight' is missing")
+    D, C, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
+    block_ids = sorted({int(k.split(".")[1]) for k in sd if k.startswith("blocks.")})
+    if not block_ids:
+        raise ValueError("no transformer blocks ('blocks.N.*') in the state dict")
+    depth = block_ids[-1] + 1
+    gpsa = [i for i in block_ids if f"blocks.{i}.attn.gating_param" in sd]
+    if gpsa != list(range(len(gpsa))):
+        raise ValueError(f"GPSA layers must come first; found gating parameters in blocks {gpsa}")
+    if gpsa:
+        heads = int(sd["blocks.0.attn.gating_param"].shape[0])
+        qkv_bias = "blocks.0.attn.qk.bias" in sd
+    else:
+        heads = max(1, D // 48)  # timm's ConViTs: 48 channels per head
+        qkv_bias = "blocks.0.attn.qkv.bias" in sd
+    kw: Dict[str, Any] = dict(
+        embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=depth, num_heads=heads,
+        mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]), local_up_to_layer=len(gpsa),
+        qkv_bias=qkv_bias, pos_embed="learned" if "pos_embed" in sd else "none",
+        num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0)
+    if "pos_embed" in sd and "img_size" not in overrides:
+        n = int(sd["pos_embed"].shape[1])
+        side = int(round(n ** 0.5))
+        if side * side != n:
+            raise ValueError(f"cannot infer the image size from a ConViT position embedding with {n} "
+                             f"patch slots; pass img_size=")
+        kw["img_size"] = (side * ph, side * pw)
+    kw.update(overrides)
+    return ConViTConfig(**kw)
+
+
+# ----------------------------------------------------------------------------- registration
+
+from .registry import register_architecture, register_model  # noqa: E402  (registry imports this module last)
+
+register_architecture("convit", ConViTConfig, ConViT)
+
+#: timm's names and sizes: 48 channels per head, GPSA in the first 10 of 12 layers.
+_CONVIT_VARIANTS = (("tiny", "Ti", 4), ("small", "S", 9), ("base", "B", 16))
+for _size, _letter, _heads in _CONVIT_VARIANTS:
+    register_model(f"convit_{_size}", ConViTConfig(embed_dim=48 * _heads, num_heads=_heads, mlp_dim=4 * 48 * _heads,
+                                                   depth=12, local_up_to_layer=10, locality_strength=1.0),
+                   f"ConViT-{_letter}: {_heads} heads x 48, GPSA in layers 1-10, 224 px")
+
+__all__ = ["ConViTConfig", "ConViT", "GPSA", "GPSABlock", "relative_positions", "kernel_offsets", "convit_macs",
+           "is_convit_state_dict", "infer_convit_config"]
