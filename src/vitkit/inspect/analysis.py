@@ -3,7 +3,9 @@
 Every function works for any ViT-family model of vitkit: with or without prefix tokens
 (class, distillation), square or not, with fused attention on -- the attention weights come
 from the explicit path, which runs only inside these calls (``model(x, return_attention=True)``)
-and computes the same logits.
+and computes the same logits. Layers that run before the prefix tokens join (ConViT's GPSA
+layers, whose class token is concatenated after them) give patch-only maps: their prefix count
+is the map's size minus the patches.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ HEAD_FUSIONS = ("mean", "max", "min")
 @torch.no_grad()
 def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]:
     """Per layer, the attention weights (B, heads, N, N) over [prefix tokens + patches].
+
+    N is the layer's own token count: patches only for layers that run before the prefix
+    tokens are added (ConViT's GPSA layers), prefix tokens first otherwise.
 
     Rows are queries, columns keys; each row sums to 1. The model is put in eval mode for
     the call (no attention dropout) and restored afterwards.
@@ -57,18 +62,26 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     attns = attention_maps(model, images)
-    B, N = attns[0].shape[0], attns[0].shape[-1]
-    eye = torch.eye(N, device=attns[0].device)
+    B, N = attns[-1].shape[0], attns[-1].shape[-1]
+    eye = torch.eye(N, device=attns[-1].device)
     rollout = eye.expand(B, N, N).clone()
     for attn in attns:
         a = _fuse_heads(attn, head_fusion)
+        n = a.shape[-1]
+        own_eye = eye[N - n:, N - n:]
         if discard_ratio > 0:
-            k = int(N * discard_ratio)
+            k = int(n * discard_ratio)
             if k:
                 threshold = a.kthvalue(k, dim=-1, keepdim=True).values
-                a = torch.where((a <= threshold) & (eye == 0), torch.zeros_like(a), a)
-        a = a + eye
+                a = torch.where((a <= threshold) & (own_eye == 0), torch.zeros_like(a), a)
+        a = a + own_eye
         a = a / a.sum(dim=-1, keepdim=True)
+        if n < N:
+            # A layer before the prefix tokens join (ConViT's GPSA): they are not in the
+            # sequence yet, so they carry only themselves (identity rows) through it.
+            full = eye.expand(B, N, N).clone()
+            full[:, N - n:, N - n:] = a
+            a = full
         rollout = a @ rollout
     prefix = getattr(model, "num_prefix_tokens", 0)
     gh, gw = model.patch_embed.grid_for(images.shape[-2:])
@@ -95,11 +108,11 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
     attention, averaged over queries and images. Prefix tokens have no place in the image:
     their rows and columns are dropped and each patch row renormalised over the patches.
     """
-    prefix = getattr(model, "num_prefix_tokens", 0)
     grid = model.patch_embed.grid_for(images.shape[-2:])
     dist = patch_distances(grid, model.patch_embed.patch_size).to(images.device)
     out = []
     for attn in attention_maps(model, images):
+        prefix = attn.shape[-1] - grid[0] * grid[1]  # 0 for layers before the prefix tokens join
         a = attn[:, :, prefix:, prefix:]
         a = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
         out.append((a * dist).sum(dim=-1).mean(dim=(0, 2)))
@@ -153,3 +166,19 @@ def embedding_filters_pca(model: nn.Module, k: int = 28) -> Tuple[torch.Tensor, 
     variance = s ** 2
     explained = variance / variance.sum().clamp_min(1e-12)
     return vh[:k].reshape(k, *weight.shape[1:]), explained[:k]
+
+
+@torch.no_grad()
+def convit_gates(model: nn.Module) -> torch.Tensor:
+    """(GPSA layers, heads) gate values lambda = sigmoid(gating_param) of a ConViT.
+
+    lambda near 1: the head attends by position (the convolution-like prior); near 0: by
+    content. The ConViT paper's Fig. 6 plots them against depth: late GPSA layers escape
+    locality. Raises for models without gated positional attention.
+    """
+    params = [blk.attn.gating_param for blk in getattr(model, "blocks", [])
+              if hasattr(getattr(blk, "attn", None), "gating_param")]
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no gated positional self-attention (GPSA) layers: "
+                         f"gates exist in ConViT models only")
+    return torch.stack([torch.sigmoid(p.detach().float()) for p in params]).cpu()

@@ -59,7 +59,11 @@ def rollout_overlay(image: np.ndarray, rollout: torch.Tensor, path: PathLike, ti
 
 def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], prefix: int, class_row: bool,
                               path: PathLike, image: int = 0) -> Path:
-    """Per layer, where the class token (``class_row``; else the average patch) looks, heads averaged."""
+    """Per layer, where the class token (``class_row``; else the average patch) looks, heads averaged.
+
+    A layer whose map has no prefix tokens (ConViT's GPSA layers, before the class token
+    joins) shows its average patch row, titled "(patches)".
+    """
     plt = _plt()
     L = len(maps)
     cols = min(L, 6)
@@ -67,10 +71,12 @@ def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], pre
     fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False)
     for layer, attn in enumerate(maps):
         a = attn[image].mean(dim=0)  # heads averaged: (N, N)
-        row = a[0, prefix:] if class_row else a[prefix:, prefix:].mean(dim=0)
+        own = min(prefix, a.shape[-1] - grid[0] * grid[1])  # this layer's prefix tokens
+        by_class = class_row and own > 0
+        row = a[0, own:] if by_class else a[own:, own:].mean(dim=0)
         ax = axes[layer // cols][layer % cols]
         ax.imshow(row.reshape(*grid).numpy(), cmap="viridis")
-        ax.set_title(f"layer {layer + 1}", fontsize=9)
+        ax.set_title(f"layer {layer + 1}" + ("" if by_class or not class_row else " (patches)"), fontsize=9)
     for ax in axes.flat:
         ax.axis("off")
     fig.suptitle("class-token attention per layer" if class_row else "mean patch attention per layer")
@@ -96,6 +102,28 @@ def attention_distance_scatter(distance: torch.Tensor, path: PathLike, image_siz
     if H <= 16:
         ax.legend(fontsize=6, ncol=2, loc="lower right")
     ax.set_title("attention distance by head and layer")
+    return _save(fig, path)
+
+
+def convit_gates_plot(gates: torch.Tensor, path: PathLike) -> Path:
+    """Gate value lambda of every head against the GPSA layer (the ConViT paper's Fig. 6):
+    1 = attends by position (the convolutional prior), 0 = by content; dashed at the
+    initial sigmoid(1)."""
+    plt = _plt()
+    L, H = gates.shape
+    fig, ax = plt.subplots(figsize=(4.8, 3.6))
+    layers = np.arange(1, L + 1)
+    for head in range(H):
+        ax.plot(layers, gates[:, head].numpy(), marker="o", markersize=4, linewidth=0.8, label=f"head {head + 1}")
+    ax.plot(layers, gates.mean(dim=1).numpy(), color="black", linewidth=2, label="mean")
+    ax.axhline(1 / (1 + math.exp(-1)), color="gray", linestyle="--", linewidth=1, label="at initialisation")
+    ax.set_xticks(range(1, L + 1))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("GPSA layer")
+    ax.set_ylabel("gate $\\lambda$ = sigmoid(gating_param)")
+    if H <= 16:
+        ax.legend(fontsize=6, ncol=2, loc="lower left")
+    ax.set_title("positional vs content attention per head")
     return _save(fig, path)
 
 

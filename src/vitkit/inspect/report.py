@@ -23,8 +23,8 @@ from torch import nn
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
 from . import figures
-from .analysis import (attention_maps, attention_rollout, embedding_filters_pca, mean_attention_distance,
-                       patch_distances, pos_embed_similarity)
+from .analysis import (attention_maps, attention_rollout, convit_gates, embedding_filters_pca,
+                       mean_attention_distance, patch_distances, pos_embed_similarity)
 
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
@@ -127,6 +127,8 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     result.figures["attention_distance"] = figures.attention_distance_scatter(
         mean_attention_distance(model, x).cpu(), out / "attention_distance.png", image_size=max(cfg.img_size),
         uniform=uniform)
+    if getattr(cfg, "architecture", "vit") == "convit" and cfg.local_up_to_layer > 0:
+        result.figures["convit_gates"] = figures.convit_gates_plot(convit_gates(model), out / "convit_gates.png")
     if cfg.pos_embed != "none":
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
