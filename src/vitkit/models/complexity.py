@@ -71,7 +71,7 @@ def complexity(config: ViTConfig) -> Complexity:
     D, M, depth, H = config.embed_dim, config.mlp_dim, config.depth, config.num_heads
     (h, w), (ph, pw) = config.img_size, config.patch_size
     gh, gw = config.grid_size
-    n = gh * gw + (1 if config.class_token else 0)
+    n = gh * gw + int(config.class_token) + int(config.distill_token)
     cnn = 0
     if config.backbone is not None:
         cnn = backbone_macs(config.backbone, config.img_size, config.in_chans)
@@ -86,7 +86,7 @@ def complexity(config: ViTConfig) -> Complexity:
     if config.representation_size:
         tail += D * config.representation_size
         head_in = config.representation_size
-    tail += head_in * config.num_classes
+    tail += head_in * config.num_classes * (2 if config.distill_token else 1)  # DeiT: a second head
     macs = embed + depth * per_block + tail
     pixels = h * w
     return Complexity(
@@ -123,6 +123,7 @@ def _cait_complexity(config: CaiTConfig) -> Complexity:
         grid=(gh, gw), tokens=n, heads=H, depth=config.depth,
         attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
         attn_macs_share=mix / macs, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)
+
 
 def _convit_complexity(config: ConViTConfig) -> Complexity:
     """ConViT: ``tokens`` and the attention entries are those of the MHSA layers (class token +

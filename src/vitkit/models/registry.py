@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple, Type
 from torch import nn
 
 from .hybrid import ResNetV2, ResNetV2Config
-from .vit import ViTConfig, VisionTransformer
+from .vit import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, VisionTransformer
 
 # architecture name -> (config class, module class)
 _ARCHITECTURES: Dict[str, Tuple[type, Type[nn.Module]]] = {}
@@ -91,6 +91,18 @@ _VIT_VARIANTS = [
 for _size, _patch, _res in _VIT_VARIANTS:
     register_model(f"vit_{_SIZE_WORDS[_size]}_patch{_patch}_{_res}", vit_config(_size, _patch, _res),
                    f"ViT-{_size}/{_patch} at {_res} px")
+
+# ---------------------------------------------------------------- DeiT (Touvron et al., 2021)
+# The plain ViT trained on ImageNet-1k alone with strong regularisation (ImageNet mean/std,
+# crop 0.875); the distilled variants add a distillation token and a second head whose
+# average with the class head is the prediction.
+for _size in ("Ti", "S", "B"):
+    for _res in ((224, 384) if _size == "B" else (224,)):
+        for _distilled in (False, True):
+            _name = f"deit_{_SIZE_WORDS[_size]}{'_distilled' if _distilled else ''}_patch16_{_res}"
+            register_model(_name, vit_config(_size, 16, _res, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                                             crop_pct=1.0 if _res == 384 else 0.875, distill_token=_distilled),
+                           f"DeiT-{_size}/16 at {_res} px" + (", distillation token" if _distilled else ""))
 
 # The default model of `vitkit train` on Fashion-MNIST (28x28 grey): patch 4 gives a 7x7 grid
 # (49 tokens), fine enough for 28 px garments while attention stays cheap; width 96 with 4

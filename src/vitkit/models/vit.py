@@ -47,6 +47,9 @@ class ViTConfig:
     mlp_dim: int = 3072
     global_pool: str = "token"
     class_token: bool = True
+    #: DeiT's distillation token: a second prefix token with its own head (``head_dist``),
+    #: trained against a teacher; inference averages the two heads.
+    distill_token: bool = False
     #: LayerNorm after pooling (timm's ``fc_norm``) instead of before it; None = avg pool only.
     fc_norm: Optional[bool] = None
     pos_embed: str = "learned"
@@ -100,6 +103,10 @@ class ViTConfig:
             problems.append(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         if self.global_pool == "token" and not self.class_token:
             problems.append("global_pool='token' needs class_token=True (or use global_pool='avg')")
+        if self.distill_token and not (self.class_token and self.global_pool == "token"
+                                       and not self.representation_size):
+            problems.append("distill_token=True is DeiT's layout: it needs class_token=True, "
+                            "global_pool='token' and no representation_size")
         if self.gelu not in ("exact", "tanh"):
             problems.append(f"gelu must be 'exact' or 'tanh', got {self.gelu!r}")
         if self.embed_dim % self.num_heads:
@@ -207,7 +214,10 @@ class VisionTransformer(SaveMixin, nn.Module):
         else:
             self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
-        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distill_token else None
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distill_token)
+        #: DeiT: while training with a teacher, return (class logits, distillation logits).
+        self.distilled_training = False
         self._build_pos_embed()
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
 
@@ -226,6 +236,7 @@ class VisionTransformer(SaveMixin, nn.Module):
         else:
             self.pre_logits = nn.Identity()
         self.head = self._new_head(cfg.num_classes)
+        self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token else None
         self.init_weights()
 
     # ------------------------------------------------------------------ construction
@@ -265,7 +276,7 @@ class VisionTransformer(SaveMixin, nn.Module):
             init_backbone_(self.patch_embed.backbone)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
+        for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col, self.dist_token):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
         for blk in self.blocks:
@@ -281,9 +292,10 @@ class VisionTransformer(SaveMixin, nn.Module):
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     # ------------------------------------------------------------------ public API
 
@@ -294,11 +306,17 @@ class VisionTransformer(SaveMixin, nn.Module):
 
     def no_weight_decay(self) -> set:
         """Parameters the paper's recipes exempt from weight decay."""
-        names = {"cls_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
+        names = {"cls_token", "dist_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
         return {n for n, _ in self.named_parameters() if n in names}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = bool(enable)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """DeiT: in training mode, return both heads' logits for the distillation loss."""
+        if enable and self.dist_token is None:
+            raise ValueError("distilled training needs a model with a distillation token (distill_token=True)")
+        self.distilled_training = bool(enable)
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """Replace the head by a zero-initialised linear layer (the paper's fine-tuning)."""
@@ -311,9 +329,12 @@ class VisionTransformer(SaveMixin, nn.Module):
         self.num_classes = num_classes
         device = self.patch_embed.proj.weight.device
         self.head = self._new_head(num_classes).to(device)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        if self.dist_token is not None:
+            self.head_dist = self._new_head(num_classes).to(device)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
         label_names = self.config.label_names
         if label_names is not None and len(label_names) != num_classes:
             label_names = None
@@ -372,8 +393,8 @@ class VisionTransformer(SaveMixin, nn.Module):
         return None
 
     def prefix_tokens(self, batch: int) -> List[torch.Tensor]:
-        """Tokens that precede the patches (class; subclasses add distillation etc.)."""
-        return [self.cls_token.expand(batch, -1, -1)] if self.cls_token is not None else []
+        """Tokens that precede the patches: class, then DeiT's distillation token."""
+        return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
 
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
         """Images -> token sequence with position information, and the patch grid."""
@@ -422,7 +443,19 @@ class VisionTransformer(SaveMixin, nn.Module):
         return x[:, 0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits; ``pre_logits=True`` stops at the representation before the head."""
+        """Tokens -> logits; ``pre_logits=True`` stops at the representation before the head.
+
+        With a distillation token (DeiT) the class and distillation heads are averaged, or,
+        in distilled training, returned as a pair (class logits, distillation logits).
+        """
+        if self.dist_token is not None:
+            cls, dist = x[:, 0], x[:, 1]
+            if pre_logits:
+                return (cls + dist) / 2
+            cls, dist = self.head(cls), self.head_dist(dist)
+            if self.distilled_training and self.training:
+                return cls, dist
+            return (cls + dist) / 2
         x = self.pre_logits(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
@@ -486,7 +519,7 @@ def count_parameters(model: nn.Module) -> int:
 
 def num_tokens(config: ViTConfig) -> int:
     gh, gw = config.grid_size
-    return gh * gw + (1 if config.class_token else 0)
+    return gh * gw + int(config.class_token) + int(config.distill_token)
 
 
 __all__ = ["ViTConfig", "VisionTransformer", "count_parameters", "num_tokens"]

@@ -93,12 +93,13 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     if not block_ids:
         raise WeightsError("no transformer blocks ('blocks.N.*') in the state dict")
     class_token = "cls_token" in sd
+    distill_token = "dist_token" in sd  # DeiT's distilled models
     has_fc_norm = "fc_norm.weight" in sd
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
         num_heads=HEADS_BY_WIDTH.get(D, max(1, D // 64)),
         mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
-        class_token=class_token,
+        class_token=class_token, distill_token=distill_token,
         global_pool="token" if class_token and not has_fc_norm else "avg",
         fc_norm=None if has_fc_norm or class_token else False,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
@@ -109,7 +110,7 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         backbone=backbone,
     )
     if "pos_embed" in sd:
-        n = sd["pos_embed"].shape[1] - (1 if class_token else 0)
+        n = sd["pos_embed"].shape[1] - int(class_token) - int(distill_token)
         side = int(round(n ** 0.5))
         if side * side != n:
             raise WeightsError(f"cannot infer the image size from a position embedding with {n} "
