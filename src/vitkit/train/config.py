@@ -53,6 +53,12 @@ class TrainConfig:
     #: accuracy; crop + flip cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
     crop_pad: int = 0
     hflip: bool = False
+    #: DeiT's distillation: "none", "soft" or "hard" against ``teacher`` (any weights vitkit
+    #: loads, or torchvision:NAME:FILE); soft uses ``alpha`` and the temperature ``tau``.
+    distill: str = "none"
+    teacher: Optional[str] = None
+    alpha: float = 0.5
+    tau: float = 1.0
     val_size: int = 5000
     #: File datasets: DataLoader worker processes; bad image files an error instead of skipped;
     #: samples held in the shuffle buffer of tar shards.
@@ -94,6 +100,12 @@ class TrainConfig:
             problems.append("img_size must be positive")
         if self.workers < 0 or self.shuffle_buffer < 0:
             problems.append("workers and shuffle_buffer must be >= 0")
+        if self.distill not in ("none", "soft", "hard"):
+            problems.append(f"distill must be none, soft or hard, not {self.distill!r}")
+        elif self.distill != "none" and not self.teacher:
+            problems.append(f"distill={self.distill!r} needs --teacher WEIGHTS")
+        if not 0.0 <= self.alpha <= 1.0 or self.tau <= 0:
+            problems.append("alpha must be in [0, 1] and tau > 0")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

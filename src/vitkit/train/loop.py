@@ -24,6 +24,7 @@ from .batches import Layout, MicroBatch
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig, resolve_width
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
+from .distill import InputSpec, distillation_loss, load_teacher, split_outputs
 from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
@@ -150,6 +151,14 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         model = create_model(cfg.model, **{**data_args, **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
+    teacher = None
+    if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
+        teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
+        student_input = InputSpec.of(model.config)
+        if getattr(model, "dist_token", None) is not None:
+            model.set_distilled_training(True)
+        if main:
+            log(f"distilling ({cfg.distill}) from {cfg.teacher}")
     optimizer = make_optimizer(model, cfg)
     amp = pick_precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
@@ -213,8 +222,10 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = ddp is None or k == layout.accum_steps - 1
             with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
-                logits = forward(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+                outputs = forward(x)
+                taught = teacher(x, student_input) if teacher is not None else None
+                loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
+                logits = split_outputs(outputs)[0]
             if not math.isfinite(sum(distributed.sum_across(dist_info, [loss.item()]))):
                 progress.close()
                 metrics.close()
