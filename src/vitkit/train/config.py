@@ -59,6 +59,10 @@ class TrainConfig:
     teacher: Optional[str] = None
     alpha: float = 0.5
     tau: float = 1.0
+    #: Model EMA (DeiT: 0.99996): an exponential moving average of the weights, updated after
+    #: every optimiser step, checkpointed, evaluated at the end (``test_top1_ema``) and saved
+    #: as ``run_dir/model_ema/``; None: off.
+    ema_decay: Optional[float] = None
     val_size: int = 5000
     #: File datasets: DataLoader worker processes; bad image files an error instead of skipped;
     #: samples held in the shuffle buffer of tar shards.
@@ -106,6 +110,8 @@ class TrainConfig:
             problems.append(f"distill={self.distill!r} needs --teacher WEIGHTS")
         if not 0.0 <= self.alpha <= 1.0 or self.tau <= 0:
             problems.append("alpha must be in [0, 1] and tau > 0")
+        if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
+            problems.append(f"ema_decay must be in [0, 1), not {self.ema_decay}")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

@@ -24,6 +24,7 @@ from .batches import Layout, MicroBatch
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig, resolve_width
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
+from .ema import ModelEma
 from .distill import InputSpec, distillation_loss, load_teacher, split_outputs
 from .init import model_from_init
 from .plot import plot_curves
@@ -160,6 +161,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         if main:
             log(f"distilling ({cfg.distill}) from {cfg.teacher}")
     optimizer = make_optimizer(model, cfg)
+    ema = ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     amp = pick_precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
@@ -186,6 +188,10 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"])
+        if ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"the checkpoint in {run_dir} has no EMA weights but ema_decay is set")
+            ema.load_state_dict(state["ema"])
         start = int(state["step"])
         if main:
             log(f"resuming {run_dir} at step {start}/{total}")
@@ -200,6 +206,8 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             return None
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step}
+        if ema is not None:
+            state["ema"] = ema.state_dict()
         return save_checkpoint(run_dir, step, state, cfg.keep_checkpoints)
 
     progress = Progress(total, start, enabled=cfg.progress and main)
@@ -242,6 +250,8 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(model)
         train_time += time.perf_counter() - t0
         seen += cfg.batch_size
         done = step + 1
@@ -266,12 +276,21 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
 
     test_loss, test_acc = evaluate(model, data.eval_batches("test", model.config, cfg.eval_batch_size), amp)
     val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
+    ema_results = {}
+    if ema is not None:
+        ema_test_loss, ema_test_acc = evaluate(ema.module, data.eval_batches("test", model.config,
+                                                                            cfg.eval_batch_size), amp)
+        ema_val_loss, ema_val_acc = evaluate(ema.module, data.eval_batches("val", model.config,
+                                                                          cfg.eval_batch_size), amp)
+        ema_results = {"test_top1_ema": ema_test_acc, "test_loss_ema": ema_test_loss, "val_top1_ema": ema_val_acc}
     if main:
         model.save_pretrained(run_dir / "model")
+        if ema is not None:
+            ema.module.save_pretrained(run_dir / "model_ema")
         plot_curves(metrics.path, run_dir / "training_curves.png")
     summary = {"run_dir": str(run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()),
-               "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc,
+               "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc, **ema_results,
                "steps": total, "epochs": round(total / steps_per_epoch, 3),
                "seconds": round(time.perf_counter() - t_start, 2),
                "train_img_s": round(seen / max(train_time, 1e-9), 1),
