@@ -53,6 +53,15 @@ class TrainConfig:
     #: accuracy; crop + flip cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
     crop_pad: int = 0
     hflip: bool = False
+    #: DeiT's batch regularisers (timm semantics, on the device, drawn from (seed, step)):
+    #: Mixup / CutMix Beta alphas (0: off; DeiT 0.8 / 1.0), the chance of CutMix when both are
+    #: on; the loss is then soft-target cross-entropy with label smoothing folded into the
+    #: targets, and train accuracy is measured against the argmax of the mixed targets.
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mixup_switch_prob: float = 0.5
+    #: Random erasing probability per sample (DeiT 0.25; timm 'pixel' mode, one box).
+    random_erasing: float = 0.0
     #: DeiT's distillation: "none", "soft" or "hard" against ``teacher`` (any weights vitkit
     #: loads, or torchvision:NAME:FILE); soft uses ``alpha`` and the temperature ``tau``.
     distill: str = "none"
@@ -112,6 +121,10 @@ class TrainConfig:
             problems.append("alpha must be in [0, 1] and tau > 0")
         if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
             problems.append(f"ema_decay must be in [0, 1), not {self.ema_decay}")
+        if self.mixup < 0 or self.cutmix < 0:
+            problems.append("mixup and cutmix are Beta alphas: >= 0 (0 turns them off)")
+        if not 0.0 <= self.mixup_switch_prob <= 1.0 or not 0.0 <= self.random_erasing <= 1.0:
+            problems.append("mixup_switch_prob and random_erasing are probabilities in [0, 1]")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

@@ -14,6 +14,10 @@ distillation logits (the same tensor for a student without a distillation token)
   the KL summed and divided by batch x classes as the official DeiT code does (the paper's
   Eq. 2 leaves the reduction unsaid);
 - hard: ``CE(cls, y) / 2 + CE(dist, argmax teacher) / 2`` (alpha and tau do not apply).
+
+``y`` is class indices, or soft targets (B, C) -- Mixup/CutMix's, label smoothing already
+folded in -- for which ``CE`` is the soft-target cross-entropy ``mean_b sum_c -y log p`` and
+``label_smoothing`` is not applied again. The teacher sees the same (mixed) inputs (DeiT).
 """
 
 from __future__ import annotations
@@ -124,11 +128,15 @@ def split_outputs(outputs: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]
 
 def distillation_loss(outputs, labels: torch.Tensor, teacher_logits: Optional[torch.Tensor], mode: str,
                       alpha: float = 0.5, tau: float = 1.0, label_smoothing: float = 0.0) -> torch.Tensor:
-    """DeiT's loss for ``mode`` in ("none", "soft", "hard"); see the module notes."""
+    """DeiT's loss for ``mode`` in ("none", "soft", "hard"); ``labels`` are class indices or
+    soft targets (B, C); see the module notes."""
     if mode not in DISTILL_MODES:
         raise ValueError(f"distill must be one of {DISTILL_MODES}, not {mode!r}")
     cls, dist = split_outputs(outputs)
-    base = F.cross_entropy(cls.float(), labels, label_smoothing=label_smoothing)
+    if labels.is_floating_point():  # soft targets: smoothing is already in them
+        base = F.cross_entropy(cls.float(), labels.float())
+    else:
+        base = F.cross_entropy(cls.float(), labels, label_smoothing=label_smoothing)
     if mode == "none":
         return base
     if teacher_logits is None:

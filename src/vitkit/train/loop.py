@@ -20,7 +20,8 @@ from torch import nn
 from ..models import create_model, get_model_config
 from ..utils import write_json
 from . import distributed
-from .batches import Layout, MicroBatch
+from ..data.mixing import mixup_cutmix, random_erasing
+from .batches import Layout, MicroBatch, augment_seed
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig, resolve_width
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
@@ -34,6 +35,11 @@ from .schedule import lr_at
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+def mix_seed(seed: int, step: int, k: int, rank: int) -> int:
+    """The seed of micro-batch ``k`` of ``step`` on ``rank`` for erasing and Mixup/CutMix."""
+    return (((augment_seed(seed, step) * 1024 + k) * 4096 + rank) * 2 + 1) % 2 ** 63
 
 
 def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
@@ -217,6 +223,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     t_start = time.perf_counter()
     last_ckpt: Optional[Path] = None
     batches = data.train_batches(model.config, cfg, layout, start, total)
+    mixing = cfg.mixup > 0 or cfg.cutmix > 0
     for step in range(start, total):
         t0 = time.perf_counter()
         lr = lr_at(step, total, cfg.lr, cfg.warmup_steps, cfg.schedule, cfg.min_lr)
@@ -228,6 +235,12 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             if x is None:  # every sample of this micro-batch was unreadable
                 continue
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
+                gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, k, dist_info.rank))
+                x = random_erasing(x, cfg.random_erasing, gen)
+                if mixing:
+                    x, y, _ = mixup_cutmix(x, y, model.config.num_classes, cfg.mixup, cfg.cutmix,
+                                           cfg.mixup_switch_prob, cfg.label_smoothing, gen)
             sync = ddp is None or k == layout.accum_steps - 1
             with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
                 outputs = forward(x)
@@ -242,7 +255,9 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                                     f"{where}. Lower --lr or raise --warmup-steps.")
             scaler.scale(loss / layout.accum_steps).backward()
             window["loss"] += loss.item() * len(y)
-            window["correct"] += (logits.argmax(-1) == y).sum().item()
+            # with mixing, accuracy is against the argmax of the mixed targets
+            hard = y.argmax(-1) if y.is_floating_point() else y
+            window["correct"] += (logits.argmax(-1) == hard).sum().item()
             window["n"] += len(y)
         if cfg.clip_grad:
             scaler.unscale_(optimizer)
