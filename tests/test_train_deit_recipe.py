@@ -63,3 +63,43 @@ def test_a_run_with_ema_reports_and_saves_the_average(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(raw.state_dict().values(), avg.state_dict().values()))
     ckpt = torch.load(tmp_path / "ema" / "checkpoints" / "step_00000006.pt", weights_only=True)
     assert all(torch.equal(ckpt["ema"][k], v) for k, v in avg.state_dict().items())
+
+
+@pytest.mark.parametrize("world,accum", [(1, 1), (3, 1), (2, 2), (4, 1)])
+def test_repeated_augmentation_shows_each_selected_sample_k_times_across_ranks(world, accum):
+    from collections import Counter
+
+    from vitkit.train.batches import Layout, index_plan
+
+    n, batch, k = 600, 48, 3
+    seen, per_rank = Counter(), []
+    for rank in range(world):
+        layout = Layout(batch, accum, world, rank)
+        steps = n // batch
+        mine = [layout.mine(idx) for _, _, idx in index_plan(n, 7, layout, 0, steps, repeats=k)]
+        ranks_share = torch.cat(mine).tolist()
+        per_rank.append(len(ranks_share))
+        seen.update(ranks_share)
+        # resuming mid-epoch gives the same indices from there on
+        later = [layout.mine(idx) for _, _, idx in index_plan(n, 7, layout, 5, steps, repeats=k)]
+        assert torch.equal(torch.cat(later), torch.cat(mine[5 * accum:]))
+    assert sum(per_rank) == (n // batch) * batch  # an epoch keeps (about) the dataset's size
+    counts = Counter(seen.values())
+    # every index that appears appears k times, up to the rounding at the epoch's end
+    assert counts[k] >= len(seen) - 2 and set(counts) <= set(range(1, k + 1))
+    assert len(seen) == pytest.approx(n / k, abs=batch / k + 2)
+    # timm's RepeatAugSampler: rank r deals positions r, r + world, ... of the repeated permutation
+    if world == k:  # each rank then holds one copy of each selected index
+        assert all(c == k for c in seen.values())
+    # without repeats: a plain permutation
+    plain = torch.cat([idx for _, _, idx in index_plan(n, 7, Layout(batch, 1, 1, 0), 0, n // batch)])
+    assert len(set(plain.tolist())) == len(plain)
+
+
+def test_repeated_aug_refuses_shards_and_bad_values(tmp_path):
+    with pytest.raises(ValueError, match="repeated_aug must be"):
+        resolve_config("fmnist", repeated_aug=0)
+    with pytest.raises(ValueError, match="tar shards"):
+        train(resolve_config("fmnist", dataset="shards", data_dir=str(tmp_path), repeated_aug=3,
+                             out=str(tmp_path), name="x", progress=False))
+    assert not (tmp_path / "x").exists()

@@ -12,6 +12,7 @@ samples); their augmentation follows the worker's random state and is not replay
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -30,6 +31,27 @@ MicroBatch = Tuple[Optional[torch.Tensor], torch.Tensor, int]  # (inputs, labels
 def epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
     """The permutation of ``n`` training samples that epoch ``epoch`` follows."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def repeated_order(seed: int, epoch: int, n: int, repeats: int, layout: "Layout") -> torch.Tensor:
+    """Repeated augmentation (DeiT; timm's RepeatAugSampler): the epoch's permutation with each
+    index repeated ``repeats`` times in a row, padded to a multiple of the processes, dealt out
+    round-robin (rank r takes positions r, r + world, ...), each rank keeping ceil(n / world)
+    (timm's ``selected_round=0``) -- so an epoch still has about ``n`` samples, the first
+    ``n / repeats`` of the permutation each ``repeats`` times in different augmentations.
+
+    Returned in this module's global layout: micro-batch m holds every rank's m-th share
+    (rank r's part is positions ``[r * local, (r + 1) * local)`` of it, as :meth:`Layout.mine`).
+    """
+    perm = epoch_order(seed, epoch, n)
+    world = layout.world
+    per_rank = math.ceil(n * repeats / world)
+    rep = perm.repeat_interleave(repeats)
+    rep = torch.cat([rep, rep[:per_rank * world - len(rep)]])
+    keep = math.ceil(n / world)
+    streams = torch.stack([rep[r::world][:keep] for r in range(world)])  # (world, keep)
+    micros = keep // layout.local
+    return streams[:, :micros * layout.local].reshape(world, micros, layout.local).transpose(0, 1).reshape(-1)
 
 
 def augment_seed(seed: int, step: int) -> int:
@@ -75,15 +97,17 @@ class Layout:
         return micro_batch[self.rank * self.local:(self.rank + 1) * self.local]
 
 
-def index_plan(n: int, seed: int, layout: Layout, start: int, total: int
+def index_plan(n: int, seed: int, layout: Layout, start: int, total: int, repeats: int = 1
                ) -> Iterator[Tuple[int, int, torch.Tensor]]:
-    """(step, k, global micro-batch indices) from ``start`` to ``total``."""
+    """(step, k, global micro-batch indices) from ``start`` to ``total``; ``repeats`` > 1:
+    repeated augmentation (:func:`repeated_order`)."""
     steps_per_epoch = n // layout.batch_size
     perm, perm_epoch = None, -1
     for step in range(start, total):
         epoch, index = divmod(step, steps_per_epoch)
         if epoch != perm_epoch:
-            perm, perm_epoch = epoch_order(seed, epoch, n), epoch
+            perm = epoch_order(seed, epoch, n) if repeats <= 1 else repeated_order(seed, epoch, n, repeats, layout)
+            perm_epoch = epoch
         batch = perm[index * layout.batch_size:(index + 1) * layout.batch_size]
         for k in range(layout.accum_steps):
             yield step, k, batch[k * layout.micro:(k + 1) * layout.micro]
@@ -99,9 +123,10 @@ class MemoryBatches:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def train(self, config: Any, seed: int, layout: Layout, start: int, total: int) -> Iterator[MicroBatch]:
+    def train(self, config: Any, seed: int, layout: Layout, start: int, total: int, repeats: int = 1
+              ) -> Iterator[MicroBatch]:
         aug, aug_step = None, -1
-        for step, _, idx in index_plan(len(self), seed, layout, start, total):
+        for step, _, idx in index_plan(len(self), seed, layout, start, total, repeats):
             if step != aug_step:  # one generator per step, shared by its micro-batches
                 aug, aug_step = torch.Generator().manual_seed(augment_seed(seed, step)), step
             idx = idx.to(self.images.device)
@@ -150,10 +175,10 @@ class FolderBatches:
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.workers,
                           collate_fn=collate_skip_bad, persistent_workers=False)
 
-    def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int
+    def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int, repeats: int = 1
               ) -> Iterator[MicroBatch]:
         def plan() -> Iterator[List[Tuple[int, int]]]:
-            for step, k, idx in index_plan(len(self), seed, layout, start, total):
+            for step, k, idx in index_plan(len(self), seed, layout, start, total, repeats):
                 first = layout.rank * layout.local
                 yield [(int(i), (augment_seed(seed, step) * layout.accum_steps + k) * 65_536 + first + j)
                        for j, i in enumerate(layout.mine(idx))]

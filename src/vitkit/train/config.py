@@ -62,6 +62,10 @@ class TrainConfig:
     mixup_switch_prob: float = 0.5
     #: Random erasing probability per sample (DeiT 0.25; timm 'pixel' mode, one box).
     random_erasing: float = 0.0
+    #: Repeated augmentation (DeiT 3; timm's RepeatAugSampler): each sample of an epoch's
+    #: selection appears this many times, in different augmentations, split across processes;
+    #: an epoch keeps the dataset's size. Not for tar shards.
+    repeated_aug: int = 1
     #: DeiT's distillation: "none", "soft" or "hard" against ``teacher`` (any weights vitkit
     #: loads, or torchvision:NAME:FILE); soft uses ``alpha`` and the temperature ``tau``.
     distill: str = "none"
@@ -125,6 +129,8 @@ class TrainConfig:
             problems.append("mixup and cutmix are Beta alphas: >= 0 (0 turns them off)")
         if not 0.0 <= self.mixup_switch_prob <= 1.0 or not 0.0 <= self.random_erasing <= 1.0:
             problems.append("mixup_switch_prob and random_erasing are probabilities in [0, 1]")
+        if self.repeated_aug < 1:
+            problems.append("repeated_aug must be >= 1 (1: off)")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

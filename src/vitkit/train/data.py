@@ -84,10 +84,10 @@ class RunData:
     def train_batches(self, config: Any, cfg: TrainConfig, layout: Layout, start: int, total: int
                       ) -> Iterator[MicroBatch]:
         if self.kind == "memory":
-            return self.train.train(config, cfg.seed, layout, start, total)
+            return self.train.train(config, cfg.seed, layout, start, total, cfg.repeated_aug)
         transform = from_model_config(config, train=True)
         if self.kind == "folder":
-            return self.train.train(transform, cfg.seed, layout, start, total)
+            return self.train.train(transform, cfg.seed, layout, start, total, cfg.repeated_aug)
         return self.train.train(transform, cfg.seed, layout, start, total, self.steps_per_epoch(layout))
 
     def eval_batches(self, which: str, config: Any, batch_size: int) -> Iterator[MicroBatch]:
@@ -138,6 +138,9 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
+    if cfg.repeated_aug > 1:
+        raise ValueError("repeated_aug needs indexable data (in-memory or an image folder); tar shards "
+                         "are streams: use --repeated-aug 1")
     train_dir, test_dir = datasets.file_split_dirs("shards", cfg.data_dir)
     val_dir = test_dir.parent / "val" if (test_dir.parent / "val").is_dir() else test_dir
 
