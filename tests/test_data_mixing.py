@@ -101,3 +101,54 @@ def test_random_erasing_changes_about_p_of_the_samples_inside_one_box():
     assert min(areas) >= 0.015 and max(areas) <= 0.36  # 2%-1/3 (rounded sides)
     assert torch.equal(out, random_erasing(x, 0.25, gen(7)))
     assert random_erasing(x, 0.0, gen(7)) is x
+
+
+def test_randaugment_parses_timm_specs_and_refuses_others():
+    from vitkit.data.randaugment import parse_randaugment
+    from vitkit.train import resolve_config
+
+    assert parse_randaugment("m9-mstd0.5") == (2, 9.0, 0.5)
+    assert parse_randaugment("rand-m9-mstd0.5-inc1") == (2, 9.0, 0.5)
+    assert parse_randaugment("m7-n3") == (3, 7.0, 0.0)
+    for bad in ("m9-foo", "mstd0.5", "m11", "m9-inc0", ""):
+        with pytest.raises(ValueError, match="randaugment"):
+            parse_randaugment(bad)
+    with pytest.raises(ValueError, match="randaugment 'x9'"):
+        resolve_config("fmnist", randaugment="x9")
+
+
+def test_randaugment_is_deterministic_for_a_generator_and_changes_images():
+    from vitkit.data.randaugment import OPS, RandAugment, apply_op
+
+    x = torch.randint(0, 256, (64, 3, 20, 20), generator=gen(0), dtype=torch.uint8)
+    ra = RandAugment.from_spec("m9-mstd0.5")
+    a, b = ra(x, gen(1)), ra(x, gen(1))
+    assert torch.equal(a, b) and a.dtype == torch.uint8 and a.shape == x.shape
+    assert not torch.equal(a, ra(x, gen(2)))
+    changed = (a != x).flatten(1).any(1).float().mean()
+    assert 0.5 < changed < 0.95  # each of 2 ops applied with p 0.5
+    plan = ra.draw(2000, gen(3))
+    mags = torch.tensor([m for ops in plan for _, m, _ in ops])
+    assert mags.mean() == pytest.approx(9.0, abs=0.05) and mags.std() == pytest.approx(0.5, abs=0.05)
+    assert sum(len(ops) for ops in plan) / 2000 == pytest.approx(1.0, abs=0.06)
+    for op in OPS:  # every op keeps shape and dtype, on grey and colour images
+        for img in (x[0], x[0, :1]):
+            out = apply_op(img, op, 9.0, negate=True)
+            assert out.shape == img.shape and out.dtype == torch.uint8
+    assert torch.equal(apply_op(x[0], "Invert", 0.0), 255 - x[0])
+    assert torch.equal(apply_op(x[0], "PosterizeIncreasing", 10.0), torch.zeros_like(x[0]))  # 0 bits
+
+
+def test_randaugment_in_the_file_pipeline():
+    pytest.importorskip("torchvision")
+    from PIL import Image
+
+    from vitkit.data.pipelines import train_transform
+
+    img = Image.fromarray(torch.randint(0, 256, (40, 40, 3), generator=gen(0), dtype=torch.uint8).numpy())
+    t = train_transform(32, (0.5,) * 3, (0.5,) * 3, randaugment="m9-mstd0.5")
+    assert "RandAugment" in repr(t)
+    torch.manual_seed(0)
+    a = t(img)
+    torch.manual_seed(0)
+    assert torch.equal(a, t(img)) and a.shape == (3, 32, 32) and a.dtype == torch.float32

@@ -14,7 +14,7 @@ torchvision is imported inside the functions: vitkit itself runs without it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 IntOrPair = Union[int, Sequence[int]]
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
@@ -52,8 +52,13 @@ def _to_normalised_tensor(v2: Any, mean: Sequence[float], std: Sequence[float]) 
 
 def train_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
                     scale: Tuple[float, float] = (0.08, 1.0), ratio: Tuple[float, float] = (3 / 4, 4 / 3),
-                    hflip: float = 0.5, interpolation: str = "bicubic") -> Callable[[Any], Any]:
-    """Inception crop (RandomResizedCrop) + horizontal flip + float + normalise."""
+                    hflip: float = 0.5, interpolation: str = "bicubic", randaugment: Optional[str] = None
+                    ) -> Callable[[Any], Any]:
+    """Inception crop (RandomResizedCrop) + horizontal flip [+ RandAugment] + float + normalise.
+
+    ``randaugment``: a spec such as "m9-mstd0.5" (DeiT), applied after the flip as in timm, by
+    :class:`vitkit.data.randaugment.RandAugment` from torch's random state (seeded per sample).
+    """
     v2 = _v2()
     if not 0 <= hflip <= 1:
         raise ValueError(f"hflip is a probability, got {hflip}")
@@ -61,7 +66,26 @@ def train_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[fl
                                   interpolation=_interpolation(interpolation), antialias=True)]
     if hflip > 0:
         steps.append(v2.RandomHorizontalFlip(p=hflip))
+    if randaugment:
+        from .randaugment import RandAugment
+
+        steps += [v2.ToImage(), _TensorOp(RandAugment.from_spec(randaugment))]
     return v2.Compose(steps + _to_normalised_tensor(v2, mean, std))
+
+
+class _TensorOp:
+    """A callable on uint8 (C, H, W) tensors as a pipeline step (the result stays an Image)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, img: Any) -> Any:
+        import torch
+        from torchvision import tv_tensors
+        return tv_tensors.Image(self.fn(img.as_subclass(torch.Tensor)))
+
+    def __repr__(self) -> str:
+        return f"{type(self.fn).__name__}()"
 
 
 def eval_resize_size(img_size: IntOrPair, crop_pct: float) -> Union[int, Tuple[int, int]]:
@@ -90,13 +114,14 @@ def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[flo
     return v2.Compose(steps + _to_normalised_tensor(v2, mean, std))
 
 
-def from_model_config(config: Any, train: bool) -> Callable[[Any], Any]:
+def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None) -> Callable[[Any], Any]:
     """The training or evaluation pipeline for a :class:`vitkit.models.vit.ViTConfig`.
 
     Size, mean, std and interpolation come from the config (the weights' preprocessing);
     ``crop_pct`` is used for evaluation only.
     """
     if train:
-        return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation)
+        return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation,
+                               randaugment=randaugment)
     return eval_transform(config.img_size, config.mean, config.std, crop_pct=config.crop_pct,
                           interpolation=config.interpolation)

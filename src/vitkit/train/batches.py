@@ -114,11 +114,16 @@ def index_plan(n: int, seed: int, layout: Layout, start: int, total: int, repeat
 
 
 class MemoryBatches:
-    """uint8 tensors on the device; crop and flip run on whole batches, drawn from (seed, step)."""
+    """uint8 tensors on the device; crop and flip run on whole batches, drawn from (seed, step).
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, crop_pad: int = 0, hflip: bool = False):
+    ``randaugment`` (a :class:`~vitkit.data.randaugment.RandAugment`) runs per image on the
+    uint8 micro-batch first, its draws from the same (seed, step) generator.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, crop_pad: int = 0, hflip: bool = False,
+                 randaugment: Optional[Callable] = None):
         self.images, self.labels = images, labels
-        self.crop_pad, self.hflip = crop_pad, hflip
+        self.crop_pad, self.hflip, self.randaugment = crop_pad, hflip, randaugment
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -131,7 +136,10 @@ class MemoryBatches:
                 aug, aug_step = torch.Generator().manual_seed(augment_seed(seed, step)), step
             idx = idx.to(self.images.device)
             # the global micro-batch: the same draws on every rank, then this rank's part
-            x = random_crop(prepare_batch(self.images[idx], config), self.crop_pad, aug)
+            pixels = self.images[idx]
+            if self.randaugment is not None:
+                pixels = self.randaugment(pixels, aug)
+            x = random_crop(prepare_batch(pixels, config), self.crop_pad, aug)
             if self.hflip:
                 x = random_hflip(x, aug)
             yield layout.mine(x), layout.mine(self.labels[idx]), 0

@@ -62,6 +62,9 @@ class TrainConfig:
     mixup_switch_prob: float = 0.5
     #: Random erasing probability per sample (DeiT 0.25; timm 'pixel' mode, one box).
     random_erasing: float = 0.0
+    #: RandAugment, timm's spec without "rand-": "m9-mstd0.5" (DeiT: 2 ops, magnitude ~ N(9, 0.5));
+    #: in memory per image on the device from (seed, step), for image folders in the pipeline.
+    randaugment: Optional[str] = None
     #: Repeated augmentation (DeiT 3; timm's RepeatAugSampler): each sample of an epoch's
     #: selection appears this many times, in different augmentations, split across processes;
     #: an epoch keeps the dataset's size. Not for tar shards.
@@ -129,6 +132,12 @@ class TrainConfig:
             problems.append("mixup and cutmix are Beta alphas: >= 0 (0 turns them off)")
         if not 0.0 <= self.mixup_switch_prob <= 1.0 or not 0.0 <= self.random_erasing <= 1.0:
             problems.append("mixup_switch_prob and random_erasing are probabilities in [0, 1]")
+        if self.randaugment:
+            from ..data.randaugment import parse_randaugment
+            try:
+                parse_randaugment(self.randaugment)
+            except ValueError as e:
+                problems.append(str(e))
         if self.repeated_aug < 1:
             problems.append("repeated_aug must be >= 1 (1: off)")
         if self.keep_checkpoints < 1:

@@ -16,6 +16,7 @@ import torch
 from ..data import datasets
 from ..data.folder import ImageFolder
 from ..data.pipelines import from_model_config
+from ..data.randaugment import RandAugment
 from ..data.shards import ShardDataset
 from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
 from .config import TrainConfig
@@ -85,7 +86,7 @@ class RunData:
                       ) -> Iterator[MicroBatch]:
         if self.kind == "memory":
             return self.train.train(config, cfg.seed, layout, start, total, cfg.repeated_aug)
-        transform = from_model_config(config, train=True)
+        transform = from_model_config(config, train=True, randaugment=cfg.randaugment)
         if self.kind == "folder":
             return self.train.train(transform, cfg.seed, layout, start, total, cfg.repeated_aug)
         return self.train.train(transform, cfg.seed, layout, start, total, self.steps_per_epoch(layout))
@@ -116,7 +117,8 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     mean, std = datasets.stats(name)
     tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
     return RunData("memory", list(train_set.classes), all_x.shape[1], tuple(all_x.shape[-2:]), mean, std,
-                   train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip),
+                   train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
+                                       RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]), test=MemoryBatches(te_x, te_y),
                    n_train=len(tr_idx))
 
