@@ -22,7 +22,6 @@ checkpoints (timm's names under a ``'model'`` key) load without renaming.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -33,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .layers import (ATTN_IMPLS, INTERPOLATIONS, IntPair, Linear, Mlp, PatchEmbed, drop_path,
                      resample_pos_embed, to_2tuple)
+from .config_base import ConfigMixin
 from .serialize import SaveMixin
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -53,7 +53,9 @@ def layer_scale_init(depth: int) -> float:
 
 
 @dataclass
-class CaiTConfig:
+class CaiTConfig(ConfigMixin):
+    KIND = "CaiT"
+
     """Everything needed to rebuild a CaiT, plus the preprocessing its weights expect.
 
     Defaults are ``cait_xxs24_224``. MLP widths are timm's ``int(embed_dim * mlp_ratio)``.
@@ -176,31 +178,6 @@ class CaiTConfig:
     @property
     def class_token(self) -> bool:
         return True
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "CaiTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown CaiT config fields: {', '.join(unknown)}")
-        return cls(**d)
-
-    def replace(self, **overrides: Any) -> "CaiTConfig":
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
-                and overrides["num_classes"] != len(self.label_names):
-            overrides["label_names"] = None
-        return dataclasses.replace(self, **overrides)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -33,7 +33,6 @@ after them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -45,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path,
                      resample_pos_embed, to_2tuple)
+from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
@@ -53,7 +53,9 @@ CONVIT_POS_EMBEDS = ("learned", "none")
 
 
 @dataclass
-class ConViTConfig:
+class ConViTConfig(ConfigMixin):
+    KIND = "ConViT"
+
     """Everything needed to rebuild a ConViT, plus the preprocessing its weights expect.
 
     ``embed_dim`` is the full width (timm's ``convit_*`` pass 48 per head and multiply).
@@ -170,31 +172,6 @@ class ConViTConfig:
     @property
     def token_patch_size(self) -> IntPair:
         return self.patch_size
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ConViTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ConViT config fields: {', '.join(unknown)}")
-        return cls(**d)
-
-    def replace(self, **overrides: Any) -> "ConViTConfig":
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
-                and overrides["num_classes"] != len(self.label_names):
-            overrides["label_names"] = None
-        return dataclasses.replace(self, **overrides)
 
 
 # ----------------------------------------------------------------------------- GPSA

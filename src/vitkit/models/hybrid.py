@@ -37,7 +37,6 @@ count still follow one trajectory.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import IntPair, lecun_normal_, to_2tuple
+from .config_base import ConfigMixin
 from .serialize import SaveMixin
 
 BACKBONE_TYPES = ("resnetv2", "conv")
@@ -489,7 +489,9 @@ def backbone_in_chans(sd: Mapping[str, Any], prefix: str = "patch_embed.backbone
 
 
 @dataclass
-class ResNetV2Config:
+class ResNetV2Config(ConfigMixin):
+    KIND = "ResNetV2"
+
     """A ResNetV2 classifier: the hybrid's (non-pre-activation) backbone, average pool, linear head.
 
     Not BiT's pre-activation classifier and not timm's ``resnetv2_50`` (pre-activation with
@@ -541,31 +543,6 @@ class ResNetV2Config:
     @property
     def backbone(self) -> Dict[str, Any]:
         return {"type": "resnetv2", "layers": list(self.layers), "width_factor": self.width_factor}
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ResNetV2Config":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ResNetV2 config fields: {', '.join(unknown)}")
-        return cls(**d)
-
-    def replace(self, **overrides: Any) -> "ResNetV2Config":
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
-                and overrides["num_classes"] != len(self.label_names):
-            overrides["label_names"] = None
-        return dataclasses.replace(self, **overrides)
 
 
 class ClassifierHead(nn.Module):

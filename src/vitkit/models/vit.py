@@ -7,7 +7,6 @@ embeddings, LayerScale, the tanh pre-logits layer). Every architectural choice l
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
                      normalize_backbone)
@@ -34,7 +34,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
-class ViTConfig:
+class ViTConfig(ConfigMixin):
+    KIND = "ViT"
+
     """Everything needed to rebuild a ViT, plus the preprocessing its weights expect."""
 
     img_size: Tuple[int, int] = (224, 224)
@@ -163,31 +165,6 @@ class ViTConfig:
         """Pixels per token side: the patch size, times the backbone's stride for hybrids."""
         r = backbone_reduction(self.backbone) if self.backbone is not None else 1
         return (r * self.patch_size[0], r * self.patch_size[1])
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ViTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ViT config fields: {', '.join(unknown)}")
-        return cls(**d)
-
-    def replace(self, **overrides: Any) -> "ViTConfig":
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
-                and overrides["num_classes"] != len(self.label_names):
-            overrides["label_names"] = None
-        return dataclasses.replace(self, **overrides)
 
 
 class VisionTransformer(SaveMixin, nn.Module):
