@@ -103,3 +103,62 @@ def test_repeated_aug_refuses_shards_and_bad_values(tmp_path):
         train(resolve_config("fmnist", dataset="shards", data_dir=str(tmp_path), repeated_aug=3,
                              out=str(tmp_path), name="x", progress=False))
     assert not (tmp_path / "x").exists()
+
+
+def test_the_deit_recipe_resolves_to_the_papers_values():
+    cfg = resolve_config("deit")
+    assert cfg.optimizer == "adamw" and cfg.betas == (0.9, 0.999)
+    assert cfg.lr == pytest.approx(5e-4 * cfg.batch_size / 512) and cfg.lr_scale_batch is None
+    assert (cfg.weight_decay, cfg.schedule, cfg.warmup_epochs, cfg.min_lr, cfg.epochs, cfg.clip_grad) == \
+        (0.05, "cosine", 5.0, 1e-5, 300.0, None)
+    assert (cfg.randaugment, cfg.mixup, cfg.cutmix, cfg.mixup_switch_prob, cfg.random_erasing) == \
+        ("m9-mstd0.5", 0.8, 1.0, 0.5, 0.25)
+    assert cfg.model_args == {"drop_path_rate": 0.1}
+    assert (cfg.repeated_aug, cfg.label_smoothing, cfg.ema_decay) == (3, 0.1, 0.99996)
+    # the linear scaling rule follows the run's batch: DeiT's 1024 -> 1e-3, an explicit lr is scaled too
+    assert resolve_config("deit", batch_size=1024).lr == pytest.approx(1e-3)
+    assert resolve_config("deit", batch_size=256, lr=1e-3).lr == pytest.approx(5e-4)
+    assert resolve_config("fmnist", lr_scale_batch=256, batch_size=512, lr=0.1).lr == pytest.approx(0.2)
+    assert resolve_config("fmnist").lr == 2e-3  # other recipes are not scaled
+
+
+@real
+@pytest.mark.slow
+def test_deit_pieces_train_and_resume_bitwise(tmp_path):
+    """Every piece on (RandAugment, Mixup/CutMix, erasing, repeats, drop-path, smoothing, EMA, warm-up
+    epochs, soft distillation): the loss is finite, and a run resumed from its step-10 checkpoint
+    ends bitwise equal to the uninterrupted one, raw and EMA weights."""
+    from safetensors.torch import load_file
+
+    teacher = tmp_path / "teacher"
+    vitkit.create_model("vit_fmnist", depth=1, embed_dim=32, num_heads=2, mlp_dim=64).save_pretrained(teacher)
+    deit = resolve_config("deit")
+    pieces = {k: getattr(deit, k) for k in ("randaugment", "mixup", "cutmix", "random_erasing", "repeated_aug",
+                                             "label_smoothing", "optimizer", "weight_decay", "clip_grad")}
+
+    def config(name):
+        return tiny(tmp_path, name, **pieces, lr=1e-3, warmup_epochs=0.003, ema_decay=0.9, log_every=5,
+                    model_args={"depth": 1, "embed_dim": 32, "num_heads": 2, "mlp_dim": 64,
+                                "drop_path_rate": 0.1}, distill="soft", teacher=str(teacher))
+
+    summary = train(config("straight"))
+    rows = [json.loads(r) for r in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    assert summary["steps"] == 20 and "test_top1_ema" in summary
+
+    train(config("resumed"))
+    run = tmp_path / "resumed"
+    (run / "checkpoints" / "step_00000020.pt").unlink()  # as if it had stopped after step 10
+    for folder in ("model", "model_ema"):
+        for f in (run / folder).iterdir():
+            f.unlink()
+        (run / folder).rmdir()
+    logs = []
+    train(config("ignored"), resume=str(run), log=logs.append)
+    assert any("resuming" in line and "step 10/20" in line for line in logs)
+    for folder in ("model", "model_ema"):
+        a = load_file(tmp_path / "straight" / folder / "model.safetensors")
+        b = load_file(run / folder / "model.safetensors")
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), f"resumed {folder} differs from the uninterrupted run"

@@ -180,6 +180,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             f"x {world} processes (micro_batch {cfg.micro_batch})")
     steps_per_epoch = data.steps_per_epoch(layout)
     total = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
+    warmup = cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch)
 
     start = 0
     if resume:
@@ -226,7 +227,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     mixing = cfg.mixup > 0 or cfg.cutmix > 0
     for step in range(start, total):
         t0 = time.perf_counter()
-        lr = lr_at(step, total, cfg.lr, cfg.warmup_steps, cfg.schedule, cfg.min_lr)
+        lr = lr_at(step, total, cfg.lr, warmup, cfg.schedule, cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
         for k in range(layout.accum_steps):
