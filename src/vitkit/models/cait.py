@@ -103,8 +103,6 @@ class CaiTConfig(ConfigMixin):
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
         self.patch_size = to_2tuple(self.patch_size)
-        self.mean = tuple(float(m) for m in self.mean)
-        self.std = tuple(float(s) for s in self.std)
         self.validate()
 
     def validate(self) -> None:
@@ -143,15 +141,7 @@ class CaiTConfig(ConfigMixin):
             problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
-        if isinstance(self.in_chans, int) and self.in_chans > 0 and \
-                (len(self.mean) != self.in_chans or len(self.std) != self.in_chans):
-            if len(self.mean) == 3 and len(self.std) == 3 and self.in_chans != 3:
-                self.mean = (self.mean[0],) * self.in_chans
-                self.std = (self.std[0],) * self.in_chans
-            else:
-                problems.append(f"mean/std need {self.in_chans} values")
-        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
-            problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        problems += self._io_problems()
         if problems:
             raise ValueError("invalid CaiT config: " + "; ".join(problems))
 

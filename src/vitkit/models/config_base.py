@@ -8,13 +8,31 @@ Each architecture's config is a dataclass (``ViTConfig``, ``ResNetV2Config``, ``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, TypeVar
+from typing import Any, Dict, List, TypeVar
 
 C = TypeVar("C", bound="ConfigMixin")
 
 
 class ConfigMixin:
     KIND = "model"
+
+    def _io_problems(self) -> List[str]:
+        """Checks of the input/output fields every family has (in_chans, num_classes, mean,
+        std, label_names); coerces mean/std to float tuples and spreads the RGB default over
+        another channel count (its first value), as the configs always have."""
+        problems = []
+        self.mean = tuple(float(m) for m in self.mean)
+        self.std = tuple(float(s) for s in self.std)
+        chans = self.in_chans if isinstance(self.in_chans, int) and self.in_chans > 0 else None
+        if chans and (len(self.mean) != chans or len(self.std) != chans):
+            if len(self.mean) == 3 and len(self.std) == 3 and chans != 3:
+                self.mean = (self.mean[0],) * chans
+                self.std = (self.std[0],) * chans
+            else:
+                problems.append(f"mean/std need {chans} values")
+        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
+            problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        return problems
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready: tuples become lists."""

@@ -515,8 +515,6 @@ class ResNetV2Config(ConfigMixin):
     def __post_init__(self) -> None:
         self.layers = tuple(int(n) for n in self.layers)
         self.img_size = to_2tuple(self.img_size)
-        self.mean = tuple(float(m) for m in self.mean)
-        self.std = tuple(float(s) for s in self.std)
         self.validate()
 
     def validate(self) -> None:
@@ -529,14 +527,7 @@ class ResNetV2Config(ConfigMixin):
             problems.append("a ResNetV2 classifier needs at least one stage")
         if self.num_classes < 0 or self.in_chans <= 0 or min(self.img_size) <= 0:
             problems.append("num_classes must be >= 0, in_chans and img_size > 0")
-        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
-            if len(self.mean) == 3 and self.in_chans != 3:
-                self.mean = (self.mean[0],) * self.in_chans
-                self.std = (self.std[0],) * self.in_chans
-            else:
-                problems.append(f"mean/std need {self.in_chans} values")
-        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
-            problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        problems += self._io_problems()
         if problems:
             raise ValueError("invalid ResNetV2 config: " + "; ".join(problems))
 

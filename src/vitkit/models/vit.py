@@ -93,8 +93,6 @@ class ViTConfig(ConfigMixin):
                 self.backbone = normalize_backbone(self.backbone)
             except ValueError as e:
                 raise ValueError(f"invalid ViT config: {e}") from None
-        self.mean = tuple(float(m) for m in self.mean)
-        self.std = tuple(float(s) for s in self.std)
         self.validate()
 
     def validate(self) -> None:
@@ -137,15 +135,7 @@ class ViTConfig(ConfigMixin):
                             f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})")
         if self.num_classes < 0 or self.depth <= 0 or self.in_chans <= 0:
             problems.append("num_classes must be >= 0, depth and in_chans > 0")
-        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
-            if len(self.mean) == 3 and self.in_chans != 3:
-                # Tolerate the RGB default on other channel counts: use the first value.
-                self.mean = (self.mean[0],) * self.in_chans
-                self.std = (self.std[0],) * self.in_chans
-            else:
-                problems.append(f"mean/std need {self.in_chans} values")
-        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
-            problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        problems += self._io_problems()
         if problems:
             raise ValueError("invalid ViT config: " + "; ".join(problems))
 
