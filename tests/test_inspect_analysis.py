@@ -138,3 +138,19 @@ def test_filters_of_a_hybrid_are_its_first_convolution_as_applied():
     assert torch.equal(filters, first.standardized_weight().detach())
     comps, explained = embedding_filters_pca(model, k=28)
     assert comps.shape == (9, 1, 3, 3) and explained.sum() <= 1 + 1e-6
+
+
+def test_cait_class_attention_layers_in_rollout_and_distance():
+    """CaiT: self-attention over patches, then class attention where only the class token's
+    row is updated. The rollout is a distribution over the patches; the distance has one row
+    per self-attention layer (class attention has no patch queries)."""
+    from vitkit.models.cait import CaiT, CaiTConfig
+
+    model = randomize(CaiT(CaiTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, cls_depth=2,
+                                      num_heads=2, num_classes=3))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    maps = attention_maps(model, x)
+    assert [tuple(m.shape[-2:]) for m in maps] == [(16, 16), (16, 16), (1, 17), (1, 17)]
+    rollout = attention_rollout(model, x)
+    assert rollout.shape == (2, 4, 4) and torch.allclose(rollout.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
+    assert mean_attention_distance(model, x).shape == (2, 2)

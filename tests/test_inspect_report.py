@@ -102,3 +102,16 @@ def test_report_opens_in_headless_chromium_with_every_image_loaded(tmp_path, sav
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.shape == (1400, 1100)
     assert pixels.std() > 20 and len(np.unique(pixels)) > 64, "the screenshot is blank"
+
+
+def test_inspect_runs_on_cait(tmp_path):
+    from vitkit.inspect import inspect_model
+    from vitkit.models.cait import CaiT, CaiTConfig
+
+    model = randomize(CaiT(CaiTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, cls_depth=1,
+                                      num_heads=2, num_classes=3)))
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
+    result = inspect_model(model, tmp_path / "out", images=[photo])
+    assert set(result.figures) == {"rollout_1", "attention_per_layer", "attention_distance",
+                                   "position_embedding_similarity", "filter_pca"}

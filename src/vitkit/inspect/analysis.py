@@ -67,6 +67,14 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
     rollout = eye.expand(B, N, N).clone()
     for attn in attns:
         a = _fuse_heads(attn, head_fusion)
+        if a.shape[-2] != a.shape[-1]:
+            # Class attention (CaiT): only the class token's row is updated; with the
+            # residual path and renormalised, the other tokens carry themselves through.
+            row = a[:, 0] + eye[0, N - a.shape[-1]:]
+            full = eye.expand(B, N, N).clone()
+            full[:, 0, N - a.shape[-1]:] = row / row.sum(dim=-1, keepdim=True)
+            rollout = full @ rollout
+            continue
         n = a.shape[-1]
         own_eye = eye[N - n:, N - n:]
         if discard_ratio > 0:
@@ -107,11 +115,15 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
     For each patch query, the distance in the image to every patch key weighted by the
     attention, averaged over queries and images. Prefix tokens have no place in the image:
     their rows and columns are dropped and each patch row renormalised over the patches.
+    CaiT's class-attention layers have no patch queries and are left out (one row per
+    self-attention layer).
     """
     grid = model.patch_embed.grid_for(images.shape[-2:])
     dist = patch_distances(grid, model.patch_embed.patch_size).to(images.device)
     out = []
     for attn in attention_maps(model, images):
+        if attn.shape[-2] != attn.shape[-1]:
+            continue  # class attention (CaiT): no patch queries, no distance to measure
         prefix = attn.shape[-1] - grid[0] * grid[1]  # 0 for layers before the prefix tokens join
         a = attn[:, :, prefix:, prefix:]
         a = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)

@@ -129,7 +129,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         uniform=uniform)
     if getattr(cfg, "architecture", "vit") == "convit" and cfg.local_up_to_layer > 0:
         result.figures["convit_gates"] = figures.convit_gates_plot(convit_gates(model), out / "convit_gates.png")
-    if cfg.pos_embed != "none":
+    if getattr(cfg, "pos_embed", "learned") != "none":  # CaiT: always a learned table
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
     comps, explained = embedding_filters_pca(model, pca_components)
