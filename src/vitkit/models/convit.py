@@ -382,11 +382,8 @@ class ConViT(SaveMixin, nn.Module):
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
-        label_names = self.config.label_names
-        if label_names is not None and len(label_names) != num_classes:
-            label_names = None
-        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool,
-                                          label_names=label_names)
+        # replace() drops label names that no longer fit the class count
+        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool)
 
     @torch.no_grad()
     def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:

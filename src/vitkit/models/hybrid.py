@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import IntPair, lecun_normal_, to_2tuple
+from .layers import IntPair, PatchEmbed, lecun_normal_, to_2tuple
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 
@@ -433,18 +433,11 @@ class HybridEmbed(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.grid_size = self.grid_for(self.img_size)
 
+    # the same input checks as a plain patch embedding (its grid_for is this class's)
+    check_images = PatchEmbed.check_images
+
     def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(
-                f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
-        size = (x.shape[-2], x.shape[-1])
-        if strict and size != self.img_size:
-            raise ValueError(
-                f"input size {size[0]}x{size[1]} does not match the model's "
-                f"{self.img_size[0]}x{self.img_size[1]}; build the model with "
-                f"dynamic_img_size=True or call model.set_input_size({size})")
-        if not strict:
-            self.grid_for(size)  # clear error when the feature map does not tile
+        self.check_images(x, strict)
         x = self.proj(self.backbone(x))
         return x.permute(0, 2, 3, 1)
 

@@ -88,7 +88,9 @@ class PatchEmbed(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.grid_size = self.grid_for(self.img_size)
 
-    def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
+    def check_images(self, x: torch.Tensor, strict: bool = True) -> None:
+        """Clear errors for a wrong layout, channel count or size (any size, when not ``strict``,
+        that the grid can tile)."""
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(
                 f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
@@ -100,6 +102,9 @@ class PatchEmbed(nn.Module):
                 f"dynamic_img_size=True or call model.set_input_size({size})")
         if not strict:
             self.grid_for(size)  # clear error when not divisible
+
+    def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
+        self.check_images(x, strict)
         x = self.proj(x)
         return x.permute(0, 2, 3, 1)  # (B, gh, gw, D)
 
