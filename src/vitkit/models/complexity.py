@@ -114,27 +114,23 @@ def _cait_complexity(config: CaiTConfig) -> Complexity:
     """CaiT: ``tokens`` and the attention entries are those of the self-attention layers
     (patches only; the class token joins in the ``cls_depth`` class-attention layers, whose
     cost is in ``macs``); ``depth`` counts the self-attention layers."""
-    macs, mix = cait_macs(config)
-    (h, w), gh, gw = config.img_size, *config.grid_size
-    n, H = gh * gw, config.num_heads
-    pixels = h * w
-    return Complexity(
-        params=count_params(config), macs=macs, img_size=(h, w), patch_size=config.patch_size,
-        grid=(gh, gw), tokens=n, heads=H, depth=config.depth,
-        attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
-        attn_macs_share=mix / macs, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)
+    gh, gw = config.grid_size
+    return _token_model_complexity(config, *cait_macs(config), tokens=gh * gw)
 
 
 def _convit_complexity(config: ConViTConfig) -> Complexity:
     """ConViT: ``tokens`` and the attention entries are those of the MHSA layers (class token +
     patches); the GPSA layers attend over the patches only (and add the positional scores
     v_pos . r_ij, counted once per image as timm computes them)."""
-    macs, mix = convit_macs(config)
-    (h, w), (gh, gw) = config.img_size, config.grid_size
-    n, H = gh * gw + 1, config.num_heads
-    pixels = h * w
+    gh, gw = config.grid_size
+    return _token_model_complexity(config, *convit_macs(config), tokens=gh * gw + 1)
+
+
+def _token_model_complexity(config, macs: int, mix: int, tokens: int) -> Complexity:
+    """The Complexity record of a CaiT/ConViT from its MACs, attention-mixing MACs and tokens."""
+    (h, w), H, pixels = config.img_size, config.num_heads, config.img_size[0] * config.img_size[1]
     return Complexity(
         params=count_params(config), macs=macs, img_size=(h, w), patch_size=config.patch_size,
-        grid=(gh, gw), tokens=n, heads=H, depth=config.depth,
-        attn_entries_per_layer=H * n * n, attn_bytes_per_layer_fp32=4 * H * n * n,
+        grid=tuple(config.grid_size), tokens=tokens, heads=H, depth=config.depth,
+        attn_entries_per_layer=H * tokens * tokens, attn_bytes_per_layer_fp32=4 * H * tokens * tokens,
         attn_macs_share=mix / macs, pixel_tokens=pixels, pixel_attn_entries=pixels * pixels)
