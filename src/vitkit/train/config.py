@@ -87,6 +87,13 @@ class TrainConfig:
     #: as ``run_dir/model_ema/``; None: off.
     ema_decay: Optional[float] = None
     val_size: int = 5000
+    #: Train on this fraction of the training split (after validation is carved out), the
+    #: same share of every class, the same images for every model and seed, and each smaller
+    #: fraction's images inside every larger one's: the small-data regime (benchmarks/small_data.py).
+    train_fraction: float = 1.0
+    #: Validate every this many steps (None: at the end of every epoch, which on a small
+    #: fraction of the data would be every few steps).
+    val_every: Optional[int] = None
     #: File datasets: DataLoader worker processes; bad image files an error instead of skipped;
     #: samples held in the shuffle buffer of tar shards.
     workers: int = 2
@@ -151,6 +158,10 @@ class TrainConfig:
             problems.append("warmup_epochs must be >= 0")
         if self.lr_scale_batch is not None and self.lr_scale_batch <= 0:
             problems.append("lr_scale_batch must be positive")
+        if not 0.0 < self.train_fraction <= 1.0:
+            problems.append(f"train_fraction must be in (0, 1], not {self.train_fraction}")
+        if self.val_every is not None and self.val_every < 1:
+            problems.append("val_every must be >= 1 (or None: every epoch)")
         if self.keep_checkpoints < 1:
             problems.append("keep_checkpoints must be >= 1")
         if problems:

@@ -7,6 +7,7 @@ seed); the test split is the dataset's own (for file datasets ``test/``, else ``
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -25,6 +26,8 @@ log = logging.getLogger("vitkit.train")
 
 #: The validation split is the same for every seed and run.
 VAL_SPLIT_SEED = 2021
+#: So is the labelled subset of a train_fraction below 1.
+SUBSET_SEED = 2022
 
 
 def to_tensors(images: np.ndarray, labels: np.ndarray, device: torch.device):
@@ -47,6 +50,34 @@ def _carve(n: int, val_size: int):
                          f"it is carved from")
     split = torch.randperm(n, generator=torch.Generator().manual_seed(VAL_SPLIT_SEED))
     return split[:val_size], split[val_size:]
+
+
+def class_subset(labels: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Positions of ``fraction`` of every class in ``labels`` (at least one each), sorted.
+
+    Each class is shuffled once with a fixed seed and its first ceil(fraction x count)
+    members kept, so the subset depends only on the labels and the fraction, and a smaller
+    fraction's images are inside every larger one's (1% of the labels within 10%).
+    """
+    if fraction >= 1.0:
+        return torch.arange(len(labels))
+    labels = labels.cpu()
+    g = torch.Generator().manual_seed(SUBSET_SEED)
+    keep = []
+    for c in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == c).flatten()
+        members = members[torch.randperm(len(members), generator=g)]
+        keep.append(members[:max(1, math.ceil(fraction * len(members)))])
+    return torch.cat(keep).sort().values
+
+
+def _labelled_subset(tr_idx: torch.Tensor, labels: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The part of the training indices ``tr_idx`` a train_fraction keeps (``labels``: all of them)."""
+    if fraction >= 1.0:
+        return tr_idx
+    kept = tr_idx[class_subset(labels[tr_idx], fraction)]
+    log.info(f"train_fraction {fraction:g}: {len(kept)} of {len(tr_idx)} training images")
+    return kept
 
 
 @dataclass
@@ -112,6 +143,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     train_set = datasets.load_split(name, "train", cfg.data_dir)
     test_set = datasets.load_split(name, "test", cfg.data_dir)
     val_idx, tr_idx = _carve(len(train_set), cfg.val_size)
+    tr_idx = _labelled_subset(tr_idx, torch.from_numpy(train_set.labels), cfg.train_fraction)
     all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
     te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
     mean, std = datasets.stats(name)
@@ -131,6 +163,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
         raise ValueError(f"the class folders of {test_dir} ({len(test.classes)}) differ from those of "
                          f"{train_dir} ({len(train.classes)})")
     val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
+    tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
     mean, std = datasets.FILE_STATS
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
@@ -140,6 +173,9 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
+    if cfg.train_fraction < 1.0:
+        raise ValueError("train_fraction needs indexable data (in-memory or an image folder); tar shards "
+                         "are streams: write a smaller set of shards instead")
     if cfg.repeated_aug > 1:
         raise ValueError("repeated_aug needs indexable data (in-memory or an image folder); tar shards "
                          "are streams: use --repeated-aug 1")

@@ -282,7 +282,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
             progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
                                    "epoch": row["epoch"]})
             window = _fresh_window()
-        if done % steps_per_epoch == 0 or done == total:
+        if done % (cfg.val_every or steps_per_epoch) == 0 or done == total:
             val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
             metrics.write({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
                          "val_acc": val_acc})
