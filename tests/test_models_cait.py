@@ -140,6 +140,30 @@ def test_timm_to_vitkit_parity(case, images):
     assert a.std() > 1e-2 and max_diff(a, b) <= TOL
 
 
+INTERMEDIATE_CALLS = [dict(indices=None), dict(indices=1, norm=True), dict(indices=[0, -1], output_fmt="NLC"),
+                      dict(indices=[0], intermediates_only=True, stop_early=True)]
+
+
+@pytest.mark.parametrize("kw", INTERMEDIATE_CALLS)
+def test_forward_intermediates_match_timm(kw, images):
+    """Patch tokens of the self-attention layers only; the final tokens as forward_features."""
+    pytest.importorskip("timm")
+    cfg = tiny_config()
+    ref = randomize(timm_cait(cfg)).eval()
+    ours = CaiT(cfg).eval()
+    vitkit.load_weights(ours, ref.state_dict())
+    x = images(2, *cfg.img_size)
+    with torch.no_grad():
+        a, b = ref.forward_intermediates(x, **kw), ours.forward_intermediates(x, **kw)
+    if not kw.get("intermediates_only"):
+        assert max_diff(a[0], b[0]) <= TOL and max_diff(b[0], ours.forward_features(x)) <= TOL
+        a, b = a[1], b[1]
+    assert [t.shape for t in a] == [t.shape for t in b] and len(b) >= 1
+    assert all(max_diff(p, q) <= TOL for p, q in zip(a, b))
+    with pytest.raises(ValueError, match="out of range"):
+        ours.forward_intermediates(x, indices=[cfg.depth])
+
+
 @pytest.mark.parametrize("case", sorted(PARITY))
 def test_vitkit_to_timm_export_parity(case, tmp_path, images):
     pytest.importorskip("timm")

@@ -106,6 +106,26 @@ def test_timm_to_vitkit_parity(case, images):
     assert max_diff(gpsa, attns[0]) <= TOL
 
 
+@pytest.mark.parametrize("kw", [dict(indices=None), dict(indices=2, norm=True), dict(indices=[0, -1], output_fmt="NLC"),
+                                dict(indices=[2], stop_early=True), dict(indices=[1], intermediates_only=True)])
+def test_forward_intermediates_match_timm(kw, images):
+    """Patch tokens of every layer, the class token left out after it joins (timm's contract)."""
+    pytest.importorskip("timm")
+    cfg = tiny_config()
+    ref = randomize(timm_convit(cfg)).eval()
+    ours = ConViT(cfg).eval()
+    vitkit.load_weights(ours, ref.state_dict())
+    x = images(2, *cfg.img_size)
+    with torch.no_grad():
+        a, b = ref.forward_intermediates(x, **kw), ours.forward_intermediates(x, **kw)
+    if not kw.get("intermediates_only"):
+        assert max_diff(a[0], b[0]) <= TOL
+        a, b = a[1], b[1]
+    assert [t.shape for t in a] == [t.shape for t in b] and len(b) >= 1
+    assert all(max_diff(p, q) <= TOL for p, q in zip(a, b))
+    assert b[-1].shape[-1 if kw.get("output_fmt") == "NLC" else 1] == cfg.embed_dim
+
+
 def test_vitkit_to_timm_parity(tmp_path, images):
     pytest.importorskip("timm")
     cfg = tiny_config()

@@ -19,7 +19,7 @@ Stats = Tuple[Tuple[float, ...], Tuple[float, ...]]
 
 #: name -> (split loader (split, data_dir) -> ArrayDataset, per-channel mean and std in [0, 1]).
 IN_MEMORY: Dict[str, Tuple[Callable[[str, Optional[str]], ArrayDataset], Stats]] = {
-    "fashion-mnist": (lambda split, d: fashion_mnist.load_split(split, d), ((0.2860,), (0.3530,))),
+    "fashion-mnist": (lambda split, d: fashion_mnist.load_split(split, d), (fashion_mnist.MEAN, fashion_mnist.STD)),
     "cifar10": (lambda split, d: cifar.load_split(split, d, variant="cifar10"),
                 ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))),
     "cifar100": (lambda split, d: cifar.load_split(split, d, variant="cifar100"),

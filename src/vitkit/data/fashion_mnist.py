@@ -31,6 +31,9 @@ FILES = {
     ("test", "labels"): "t10k-labels-idx1-ubyte",
 }
 SIZES = {"train": 60_000, "test": 10_000}
+#: Pixel mean and std of the training split in [0, 1]: the normalisation of training runs and
+#: of the models registered for these images.
+MEAN, STD = (0.2860,), (0.3530,)
 OFFICIAL_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 #: MD5 of the official .gz archives (as published with the dataset).
 OFFICIAL_MD5 = {

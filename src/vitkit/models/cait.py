@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, IntPair, Linear, Mlp, PatchEmbed, drop_path,
-                     resample_pos_embed, to_2tuple)
+from .layers import (ATTN_IMPLS, INTERPOLATIONS, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt, drop_path,
+                     patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 
@@ -426,12 +426,40 @@ class CaiT(SaveMixin, nn.Module):
             x, attn = self._run(blk, x, return_attention)
             if return_attention:
                 attns.append(attn)
+        return self._class_attention(x, attns if return_attention else None), attns
+
+    def _class_attention(self, x: torch.Tensor, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """Patch tokens -> normalised [class, patches] after the class-attention layers
+        (their maps appended to ``attns`` when given)."""
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         for blk in self.blocks_token_only:
-            cls, attn = self._run(blk, x, cls, return_attention)
-            if return_attention:
+            cls, attn = self._run(blk, x, cls, attns is not None)
+            if attns is not None:
                 attns.append(attn)
-        return self.norm(torch.cat((cls, x), dim=1)), attns
+        return self.norm(torch.cat((cls, x), dim=1))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+                              stop_early: bool = False):
+        """Patch tokens after chosen self-attention layers (timm's contract for CaiT).
+
+        ``indices`` count the self-attention layers only (the class-attention layers update
+        just the class token). Returns ``(final tokens, intermediates)`` -- the final tokens
+        after the class-attention layers, as :meth:`forward_features` -- or only the
+        intermediates, each (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC.
+        """
+        check_output_fmt(output_fmt)
+        take = take_block_indices(len(self.blocks), indices)
+        x, grid = self.embed(x)
+        outs = []
+        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks[: last + 1]):
+            x, _ = self._run(blk, x, False)
+            if i in take:
+                outs.append(patch_tokens_as(self.norm(x) if norm else x, grid, output_fmt))
+        if intermediates_only:
+            return outs
+        return self._class_attention(x), outs
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.encode(x)[0]

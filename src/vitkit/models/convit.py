@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path,
-                     resample_pos_embed, to_2tuple)
+from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt,
+                     drop_path, patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .vit import IMAGENET_MEAN, IMAGENET_STD
@@ -442,6 +442,32 @@ class ConViT(SaveMixin, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.encode(x)[0]
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+                              stop_early: bool = False):
+        """Patch tokens after chosen layers (timm's contract for ConViT): the class token,
+        which joins after the GPSA layers, is left out of every intermediate.
+
+        Returns ``(final tokens, intermediates)`` or only the intermediates, each
+        (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC; with ``stop_early`` the final tokens
+        are those of the last chosen layer, normalised.
+        """
+        check_output_fmt(output_fmt)
+        take = take_block_indices(len(self.blocks), indices)
+        x, grid = self.embed(x)
+        outs = []
+        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks[: last + 1]):
+            if i == self.local_up_to_layer:
+                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+            x, _ = self._run_block(i, blk, x, grid, False)
+            if i in take:
+                y = self.norm(x) if norm else x
+                outs.append(patch_tokens_as(y[:, 1:] if i >= self.local_up_to_layer else y, grid, output_fmt))
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         if self.global_pool == "avg":

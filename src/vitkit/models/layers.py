@@ -9,7 +9,7 @@ overhead of a dozen ``nn.Identity`` calls per block is measurable.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -182,6 +182,34 @@ def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000
 
 
 # ----------------------------------------------------------------------------- regularisers
+
+
+def take_block_indices(depth: int, indices: Optional[Union[int, Sequence[int]]]) -> List[int]:
+    """The blocks ``forward_intermediates`` returns (timm's contract): an int n takes the last n,
+    a sequence those blocks (negative from the end), None all of them; out of range is an error."""
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
+        return list(range(depth - indices, depth))
+    take = [i + depth if i < 0 else i for i in indices]
+    bad = [i for i in take if not 0 <= i < depth]
+    if bad:
+        raise ValueError(f"block indices {bad} out of range for depth {depth}")
+    return take
+
+
+def check_output_fmt(output_fmt: str) -> None:
+    if output_fmt not in ("NCHW", "NLC"):
+        raise ValueError("output_fmt must be 'NCHW' or 'NLC'")
+
+
+def patch_tokens_as(tokens: torch.Tensor, grid: IntPair, output_fmt: str) -> torch.Tensor:
+    """Patch tokens (B, gh*gw, D) as they are (NLC) or as a feature map (B, D, gh, gw) (NCHW)."""
+    if output_fmt == "NLC":
+        return tokens
+    return tokens.reshape(tokens.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
 
 
 def drop_path(x: torch.Tensor, prob: float, training: bool) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Tuple, Type
 
 from torch import nn
 
+from ..data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
 from .hybrid import ResNetV2, ResNetV2Config
 from .vit import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, VisionTransformer
 
@@ -112,7 +113,7 @@ for _size in ("Ti", "S", "B"):
 register_model("vit_fmnist", ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10,
                                        embed_dim=96, depth=4, num_heads=3, mlp_dim=192,
                                        global_pool="avg", class_token=False, fc_norm=False,
-                                       pos_embed="sincos2d", mean=(0.2860,), std=(0.3530,),
+                                       pos_embed="sincos2d", mean=FMNIST_MEAN, std=FMNIST_STD,
                                        crop_pct=1.0),
                "ViT for 28x28 grey images (plain: patch 4)")
 
@@ -126,7 +127,7 @@ register_model("vit_fmnist_hybrid",
                ViTConfig(img_size=28, patch_size=1, in_chans=1, num_classes=10,
                          embed_dim=96, depth=2, num_heads=3, mlp_dim=192,
                          global_pool="avg", class_token=False, fc_norm=False,
-                         pos_embed="sincos2d", mean=(0.2860,), std=(0.3530,), crop_pct=1.0,
+                         pos_embed="sincos2d", mean=FMNIST_MEAN, std=FMNIST_STD, crop_pct=1.0,
                          backbone={"type": "conv", "channels": [32, 64, 96], "strides": [1, 2, 2]}),
                "conv-stem hybrid ViT for 28x28 grey images")
 

@@ -19,9 +19,9 @@ from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
                      normalize_backbone)
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, lecun_normal_,
-                     resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed,
-                     to_2tuple, xavier_uniform_fan)
+from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, check_output_fmt,
+                     lecun_normal_, patch_tokens_as, resample_pos_embed, resample_pos_embed_grid,
+                     sincos_2d_pos_embed, take_block_indices, to_2tuple, xavier_uniform_fan)
 
 POS_EMBEDS = ("learned", "learned_2d", "sincos2d", "none")
 GLOBAL_POOLS = ("token", "avg")
@@ -439,32 +439,18 @@ class VisionTransformer(SaveMixin, nn.Module):
         or only the intermediates; each is (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC,
         paired with its prefix tokens when ``return_prefix_tokens``.
         """
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError("output_fmt must be 'NCHW' or 'NLC'")
-        depth = len(self.blocks)
-        if indices is None:
-            take = list(range(depth))
-        elif isinstance(indices, int):
-            if not 0 < indices <= depth:
-                raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
-            take = list(range(depth - indices, depth))
-        else:
-            take = [i + depth if i < 0 else i for i in indices]
-            bad = [i for i in take if not 0 <= i < depth]
-            if bad:
-                raise ValueError(f"block indices {bad} out of range for depth {depth}")
+        check_output_fmt(output_fmt)
+        take = take_block_indices(len(self.blocks), indices)
         wanted = set(take)
-        x, (gh, gw) = self.embed(x)
-        B = x.shape[0]
+        x, grid = self.embed(x)
         outs = []
-        last = max(take) if (stop_early or intermediates_only) else depth - 1
+        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
         for i, blk in enumerate(self.blocks[: last + 1]):
             x, _ = self._run_block(blk, x, False)
             if i in wanted:
                 y = self.norm(x) if norm else x
                 prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]
-                if output_fmt == "NCHW":
-                    spatial = spatial.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()
+                spatial = patch_tokens_as(spatial, grid, output_fmt)
                 outs.append((spatial, prefix) if return_prefix_tokens else spatial)
         if intermediates_only:
             return outs
