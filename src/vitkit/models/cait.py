@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt, drop_path,
+from .layers import (IntPair, Linear, Mlp, PatchEmbed, check_output_fmt, drop_path,
                      patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
@@ -125,20 +125,9 @@ class CaiTConfig(ConfigMixin):
                 problems.append(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.init_values is not None and not self.init_values > 0:
             problems.append(f"init_values (LayerScale epsilon) must be > 0 or None, got {self.init_values!r}")
-        if self.attn_impl not in ATTN_IMPLS:
-            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
-        if self.pos_embed_interpolation not in INTERPOLATIONS:
-            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
-        for name in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                problems.append(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        sizes_ok = True
-        for name in ("img_size", "patch_size"):
-            if min(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
-                sizes_ok = False
-        if sizes_ok and any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+        problems += self._token_problems(("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                                          "drop_path_rate"))
+        problems += self._patch_grid_problems()
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         problems += self._io_problems()

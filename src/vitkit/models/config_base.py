@@ -8,7 +8,9 @@ Each architecture's config is a dataclass (``ViTConfig``, ``ResNetV2Config``, ``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, TypeVar
+from typing import Any, Dict, List, Sequence, TypeVar
+
+from .layers import ATTN_IMPLS, INTERPOLATIONS
 
 C = TypeVar("C", bound="ConfigMixin")
 
@@ -33,6 +35,33 @@ class ConfigMixin:
         if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         return problems
+
+    def _token_problems(self, rates: Sequence[str] = ("drop_rate", "attn_drop_rate", "drop_path_rate")
+                        ) -> List[str]:
+        """Checks of the fields every patch-token family has (ViT, CaiT, ConViT): attention
+        kernel and position-interpolation names, dropout ``rates`` in [0, 1), positive image
+        and patch sizes."""
+        problems = []
+        if self.attn_impl not in ATTN_IMPLS:
+            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
+        if self.pos_embed_interpolation not in INTERPOLATIONS:
+            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
+        for rate in rates:
+            if not 0.0 <= getattr(self, rate) < 1.0:
+                problems.append(f"{rate} must be in [0, 1), got {getattr(self, rate)!r}")
+        for name in ("img_size", "patch_size"):
+            if min(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        return problems
+
+    def _patch_grid_problems(self) -> List[str]:
+        """img_size must be a whole number of patches (nothing to say while a size is not positive)."""
+        if min(self.img_size) <= 0 or min(self.patch_size) <= 0 or \
+                not any(i % p for i, p in zip(self.img_size, self.patch_size)):
+            return []
+        near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
+        return [f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
+                f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})"]
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready: tuples become lists."""

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt,
+from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt,
                      drop_path, patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
@@ -124,19 +124,7 @@ class ConViTConfig(ConfigMixin):
                             f"MHSA layer that the class token joins), got {self.local_up_to_layer}")
         if not (math.isfinite(self.locality_strength) and self.locality_strength > 0):
             problems.append(f"locality_strength must be a positive number, got {self.locality_strength}")
-        if self.attn_impl not in ATTN_IMPLS:
-            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
-        if self.pos_embed_interpolation not in INTERPOLATIONS:
-            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
-        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            if not 0.0 <= getattr(self, rate) < 1.0:
-                problems.append(f"{rate} must be in [0, 1), got {getattr(self, rate)}")
-        for name in ("img_size", "patch_size"):
-            if min(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        if min(self.img_size) > 0 and min(self.patch_size) > 0 and \
-                any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+        problems += self._token_problems() + self._patch_grid_problems()
         if self.num_classes < 0 or self.in_chans <= 0:
             problems.append("num_classes must be >= 0 and in_chans > 0")
         problems += self._io_problems()

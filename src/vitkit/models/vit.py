@@ -19,7 +19,7 @@ from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
                      normalize_backbone)
-from .layers import (ATTN_IMPLS, INTERPOLATIONS, Block, IntPair, Linear, PatchEmbed, check_output_fmt,
+from .layers import (Block, IntPair, Linear, PatchEmbed, check_output_fmt,
                      lecun_normal_, patch_tokens_as, resample_pos_embed, resample_pos_embed_grid,
                      sincos_2d_pos_embed, take_block_indices, to_2tuple, xavier_uniform_fan)
 
@@ -115,13 +115,7 @@ class ViTConfig(ConfigMixin):
             problems.append("pos_embed='learned_2d' needs an even embed_dim")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             problems.append("pos_embed='sincos2d' needs embed_dim divisible by 4")
-        if self.attn_impl not in ATTN_IMPLS:
-            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
-        if self.pos_embed_interpolation not in INTERPOLATIONS:
-            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
-        for name in ("img_size", "patch_size"):
-            if min(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        problems += self._token_problems()
         if self.backbone is not None and min(self.img_size) > 0 and min(self.patch_size) > 0:
             feat = backbone_feature_size(self.backbone, self.img_size)
             if any(f % p for f, p in zip(feat, self.patch_size)):
@@ -129,10 +123,8 @@ class ViTConfig(ConfigMixin):
                 problems.append(f"img_size {self.img_size} gives a {feat[0]}x{feat[1]} backbone feature map "
                                 f"(stride {step}), not divisible by patch_size {self.patch_size}; use a "
                                 f"multiple of {step * self.patch_size[0]}x{step * self.patch_size[1]}")
-        elif any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
-            problems.append(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
-                            f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})")
+        elif self.backbone is None:
+            problems += self._patch_grid_problems()
         if self.num_classes < 0 or self.depth <= 0 or self.in_chans <= 0:
             problems.append("num_classes must be >= 0, depth and in_chans > 0")
         problems += self._io_problems()
