@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (IntPair, Linear, Mlp, PatchEmbed, check_output_fmt, drop_path,
-                     patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
+from .layers import (IntPair, Linear, Mlp, PatchEmbed, drop_path,
+                     patch_tokens_as, resample_pos_embed, intermediates_plan, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 
@@ -437,11 +437,9 @@ class CaiT(SaveMixin, nn.Module):
         after the class-attention layers, as :meth:`forward_features` -- or only the
         intermediates, each (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC.
         """
-        check_output_fmt(output_fmt)
-        take = take_block_indices(len(self.blocks), indices)
+        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
         x, grid = self.embed(x)
         outs = []
-        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
         for i, blk in enumerate(self.blocks[: last + 1]):
             x, _ = self._run(blk, x, False)
             if i in take:

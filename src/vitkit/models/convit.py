@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, check_output_fmt,
-                     drop_path, patch_tokens_as, resample_pos_embed, take_block_indices, to_2tuple)
+from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, 
+                     drop_path, patch_tokens_as, resample_pos_embed, intermediates_plan, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .vit import IMAGENET_MEAN, IMAGENET_STD
@@ -441,11 +441,9 @@ class ConViT(SaveMixin, nn.Module):
         (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC; with ``stop_early`` the final tokens
         are those of the last chosen layer, normalised.
         """
-        check_output_fmt(output_fmt)
-        take = take_block_indices(len(self.blocks), indices)
+        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
         x, grid = self.embed(x)
         outs = []
-        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
         for i, blk in enumerate(self.blocks[: last + 1]):
             if i == self.local_up_to_layer:
                 x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)

@@ -200,9 +200,13 @@ def take_block_indices(depth: int, indices: Optional[Union[int, Sequence[int]]])
     return take
 
 
-def check_output_fmt(output_fmt: str) -> None:
+def intermediates_plan(depth: int, indices: Optional[Union[int, Sequence[int]]], output_fmt: str,
+                       stop_early: bool, intermediates_only: bool) -> Tuple[set, int]:
+    """Checked ``forward_intermediates`` arguments -> (blocks to return, last block to run)."""
     if output_fmt not in ("NCHW", "NLC"):
         raise ValueError("output_fmt must be 'NCHW' or 'NLC'")
+    take = take_block_indices(depth, indices)
+    return set(take), (max(take) if (stop_early or intermediates_only) else depth - 1)
 
 
 def patch_tokens_as(tokens: torch.Tensor, grid: IntPair, output_fmt: str) -> torch.Tensor:

@@ -19,9 +19,9 @@ from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
                      normalize_backbone)
-from .layers import (Block, IntPair, Linear, PatchEmbed, check_output_fmt,
+from .layers import (Block, IntPair, Linear, PatchEmbed, 
                      lecun_normal_, patch_tokens_as, resample_pos_embed, resample_pos_embed_grid,
-                     sincos_2d_pos_embed, take_block_indices, to_2tuple, xavier_uniform_fan)
+                     sincos_2d_pos_embed, intermediates_plan, to_2tuple, xavier_uniform_fan)
 
 POS_EMBEDS = ("learned", "learned_2d", "sincos2d", "none")
 GLOBAL_POOLS = ("token", "avg")
@@ -431,15 +431,12 @@ class VisionTransformer(SaveMixin, nn.Module):
         or only the intermediates; each is (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC,
         paired with its prefix tokens when ``return_prefix_tokens``.
         """
-        check_output_fmt(output_fmt)
-        take = take_block_indices(len(self.blocks), indices)
-        wanted = set(take)
+        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
         x, grid = self.embed(x)
         outs = []
-        last = max(take) if (stop_early or intermediates_only) else len(self.blocks) - 1
         for i, blk in enumerate(self.blocks[: last + 1]):
             x, _ = self._run_block(blk, x, False)
-            if i in wanted:
+            if i in take:
                 y = self.norm(x) if norm else x
                 prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]
                 spatial = patch_tokens_as(spatial, grid, output_fmt)
