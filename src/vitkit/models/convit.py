@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, 
-                     drop_path, patch_tokens_as, resample_pos_embed, intermediates_plan, to_2tuple)
+from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, intermediates_plan, patch_tokens_as,
+                     resample_pos_embed, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .vit import IMAGENET_MEAN, IMAGENET_STD

@@ -9,7 +9,7 @@ overhead of a dozen ``nn.Identity`` calls per block is measurable.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -181,31 +181,30 @@ def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000
     return pe.float().unsqueeze(0)
 
 
-# ----------------------------------------------------------------------------- regularisers
-
-
-def take_block_indices(depth: int, indices: Optional[Union[int, Sequence[int]]]) -> List[int]:
-    """The blocks ``forward_intermediates`` returns (timm's contract): an int n takes the last n,
-    a sequence those blocks (negative from the end), None all of them; out of range is an error."""
-    if indices is None:
-        return list(range(depth))
-    if isinstance(indices, int):
-        if not 0 < indices <= depth:
-            raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
-        return list(range(depth - indices, depth))
-    take = [i + depth if i < 0 else i for i in indices]
-    bad = [i for i in take if not 0 <= i < depth]
-    if bad:
-        raise ValueError(f"block indices {bad} out of range for depth {depth}")
-    return take
+# ----------------------------------------------------------------------------- forward_intermediates
 
 
 def intermediates_plan(depth: int, indices: Optional[Union[int, Sequence[int]]], output_fmt: str,
-                       stop_early: bool, intermediates_only: bool) -> Tuple[set, int]:
-    """Checked ``forward_intermediates`` arguments -> (blocks to return, last block to run)."""
+                       stop_early: bool, intermediates_only: bool) -> Tuple[Set[int], int]:
+    """Checked ``forward_intermediates`` arguments -> (blocks to return, last block to run).
+
+    timm's contract: an int n takes the last n blocks, a sequence those blocks (negative from
+    the end), None all of them; out of range is an error. Blocks after the last one returned
+    need not run when only the intermediates are wanted or ``stop_early`` asks so.
+    """
     if output_fmt not in ("NCHW", "NLC"):
         raise ValueError("output_fmt must be 'NCHW' or 'NLC'")
-    take = take_block_indices(depth, indices)
+    if indices is None:
+        take = list(range(depth))
+    elif isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
+        take = list(range(depth - indices, depth))
+    else:
+        take = [i + depth if i < 0 else i for i in indices]
+        bad = [i for i in take if not 0 <= i < depth]
+        if bad:
+            raise ValueError(f"block indices {bad} out of range for depth {depth}")
     return set(take), (max(take) if (stop_early or intermediates_only) else depth - 1)
 
 
@@ -214,6 +213,9 @@ def patch_tokens_as(tokens: torch.Tensor, grid: IntPair, output_fmt: str) -> tor
     if output_fmt == "NLC":
         return tokens
     return tokens.reshape(tokens.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+
+
+# ----------------------------------------------------------------------------- regularisers
 
 
 def drop_path(x: torch.Tensor, prob: float, training: bool) -> torch.Tensor:

@@ -19,9 +19,9 @@ from .config_base import ConfigMixin
 from .serialize import SaveMixin
 from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
                      normalize_backbone)
-from .layers import (Block, IntPair, Linear, PatchEmbed, 
-                     lecun_normal_, patch_tokens_as, resample_pos_embed, resample_pos_embed_grid,
-                     sincos_2d_pos_embed, intermediates_plan, to_2tuple, xavier_uniform_fan)
+from .layers import (Block, IntPair, Linear, PatchEmbed, intermediates_plan, lecun_normal_, patch_tokens_as,
+                     resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed, to_2tuple,
+                     xavier_uniform_fan)
 
 POS_EMBEDS = ("learned", "learned_2d", "sincos2d", "none")
 GLOBAL_POOLS = ("token", "avg")
@@ -116,15 +116,15 @@ class ViTConfig(ConfigMixin):
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             problems.append("pos_embed='sincos2d' needs embed_dim divisible by 4")
         problems += self._token_problems()
-        if self.backbone is not None and min(self.img_size) > 0 and min(self.patch_size) > 0:
+        if self.backbone is None:
+            problems += self._patch_grid_problems()
+        elif min(self.img_size) > 0 and min(self.patch_size) > 0:
             feat = backbone_feature_size(self.backbone, self.img_size)
             if any(f % p for f, p in zip(feat, self.patch_size)):
                 step = backbone_reduction(self.backbone)
                 problems.append(f"img_size {self.img_size} gives a {feat[0]}x{feat[1]} backbone feature map "
                                 f"(stride {step}), not divisible by patch_size {self.patch_size}; use a "
                                 f"multiple of {step * self.patch_size[0]}x{step * self.patch_size[1]}")
-        elif self.backbone is None:
-            problems += self._patch_grid_problems()
         if self.num_classes < 0 or self.depth <= 0 or self.in_chans <= 0:
             problems.append("num_classes must be >= 0, depth and in_chans > 0")
         problems += self._io_problems()
