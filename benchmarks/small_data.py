@@ -46,6 +46,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,7 +116,6 @@ def train_one(arm: str, fraction: float, seed: int, args: argparse.Namespace) ->
         raise SystemExit(f"{arm} needs the {teacher} arm's model of the same fraction and seed first: "
                          f"list {teacher} before {arm} in --arms")
     if run_dir.exists():  # an interrupted run: start it again from scratch
-        import shutil
         shutil.rmtree(run_dir)
     args.work.mkdir(parents=True, exist_ok=True)
     cfg_file = args.work / f"{name}.json"
@@ -130,6 +130,11 @@ def train_one(arm: str, fraction: float, seed: int, args: argparse.Namespace) ->
     return summary
 
 
+def _accuracies(results: Dict[str, Any], arm: str, fraction: float) -> List[float]:
+    """Test top-1 of every seed of one arm at one fraction."""
+    return [r["test_top1"] for r in results["runs"].values() if r["arm"] == arm and r["fraction"] == fraction]
+
+
 def table(results: Dict[str, Any]) -> str:
     """Markdown: one row per arm, test top-1 (mean over seeds, +- std when several) per fraction."""
     fractions = results["settings"]["fractions"]
@@ -139,7 +144,7 @@ def table(results: Dict[str, Any]) -> str:
     for arm in results["settings"]["arms"]:
         cells = []
         for f in fractions:
-            accs = [r["test_top1"] for r in results["runs"].values() if r["arm"] == arm and r["fraction"] == f]
+            accs = _accuracies(results, arm, f)
             if not accs:
                 cells.append("–")
                 continue
@@ -160,7 +165,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     for arm in results["settings"]["arms"]:
         xs, ys = [], []
         for f in results["settings"]["fractions"]:
-            accs = [r["test_top1"] for r in results["runs"].values() if r["arm"] == arm and r["fraction"] == f]
+            accs = _accuracies(results, arm, f)
             if accs:
                 xs.append(results["n_labels"][str(f)])
                 ys.append(100 * statistics.mean(accs))
@@ -209,7 +214,7 @@ def main(argv: List[str] = None) -> int:
         summary = train_one(arm, fraction, seed, args)
         cfg = json.loads((args.work / name / "config.json").read_text())
         results["runs"][name] = {"arm": arm, "fraction": fraction, "seed": seed, **summary, "config": cfg}
-        results["n_labels"][str(fraction)] = _n_labels(args.work / name)
+        results["n_labels"][str(fraction)] = summary["train_images"]
         print(f"test top-1 {100 * summary['test_top1']:.2f}%  ({summary['seconds']:.0f} s, "
               f"{summary['train_img_s']:.0f} img/s)", flush=True)
         write_json_atomic(out, results)  # after every run: nothing finished is lost
@@ -223,18 +228,6 @@ def main(argv: List[str] = None) -> int:
         plot(results, args.figure)
         print(f"wrote {args.figure}")
     return 0
-
-
-def _n_labels(run_dir: Path) -> int:
-    """How many labelled images the run trained on (steps per epoch x batch is a floor; the
-    subset size is exact from the same function the run used)."""
-    from vitkit.data import datasets
-    from vitkit.train.data import _carve, class_subset
-
-    cfg = json.loads((run_dir / "config.json").read_text())
-    labels = torch.from_numpy(datasets.load_split(cfg["dataset"], "train", cfg.get("data_dir")).labels)
-    _, tr_idx = _carve(len(labels), cfg["val_size"])
-    return len(class_subset(labels[tr_idx], cfg["train_fraction"]))
 
 
 if __name__ == "__main__":

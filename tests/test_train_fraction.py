@@ -43,5 +43,6 @@ def test_a_run_on_one_percent_trains_on_that_subset_and_validates_when_told(tmp_
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val_acc" in r] == [10, 20, 30]
     # 1% of the 59,500 images left after validation, ~595 images: 9 batches of 64 per epoch
+    assert 590 <= summary["train_images"] <= 605
     assert summary["epochs"] == pytest.approx(30 / 9, abs=1e-3)
     assert summary["test_top1"] > 0.3  # it still learns from 595 labels (chance 0.1)
