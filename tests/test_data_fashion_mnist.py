@@ -106,3 +106,15 @@ def test_real_fashion_mnist_splits():
     assert train.images.shape == (60_000, 28, 28) and test.images.shape == (10_000, 28, 28)
     assert np.bincount(train.labels).tolist() == [6000] * 10 and np.bincount(test.labels).tolist() == [1000] * 10
     assert train.images.dtype == np.uint8 and 60 < train.images.mean() < 90
+
+
+def test_registered_fashion_mnist_models_expect_the_datasets_statistics():
+    """models/ cannot import data/, so the statistics are written twice; they must agree,
+    and with the dataset table training runs normalise by."""
+    from vitkit.data import datasets
+    from vitkit.models import get_model_config
+
+    assert datasets.stats("fashion-mnist") == (fm.MEAN, fm.STD)
+    for name in ("vit_fmnist", "vit_fmnist_hybrid"):
+        config = get_model_config(name)
+        assert (config.mean, config.std) == (fm.MEAN, fm.STD), name

@@ -13,7 +13,6 @@ from typing import Any, Dict, List, Tuple, Type
 
 from torch import nn
 
-from ..data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
 from .hybrid import ResNetV2, ResNetV2Config
 from .vit import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, VisionTransformer
 
@@ -104,6 +103,10 @@ for _size in ("Ti", "S", "B"):
             register_model(_name, vit_config(_size, 16, _res, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                                              crop_pct=1.0 if _res == 384 else 0.875, distill_token=_distilled),
                            f"DeiT-{_size}/16 at {_res} px" + (", distillation token" if _distilled else ""))
+
+#: Fashion-MNIST's training-set pixel statistics (the models below expect them). models/ does
+#: not import data/, so they are written here as well as in data.fashion_mnist; a test keeps both equal.
+FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
 
 # The default model of `vitkit train` on Fashion-MNIST (28x28 grey): patch 4 gives a 7x7 grid
 # (49 tokens), fine enough for 28 px garments while attention stays cheap; width 96 with 4
