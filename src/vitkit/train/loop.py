@@ -225,6 +225,11 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     last_ckpt: Optional[Path] = None
     batches = data.train_batches(model.config, cfg, layout, start, total)
     mixing = cfg.mixup > 0 or cfg.cutmix > 0
+
+    def score(net: nn.Module, split: str) -> Tuple[float, float]:
+        return evaluate(net, data.eval_batches(split, model.config, cfg.eval_batch_size), amp)
+
+    final_val: Optional[Tuple[float, float]] = None  # the last step's validation, made in the loop
     for step in range(start, total):
         t0 = time.perf_counter()
         lr = lr_at(step, total, cfg.lr, warmup, cfg.schedule, cfg.min_lr)
@@ -283,21 +288,20 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                                    "epoch": row["epoch"]})
             window = _fresh_window()
         if done % (cfg.val_every or steps_per_epoch) == 0 or done == total:
-            val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
+            val_loss, val_acc = final_val = score(model, "val")
             metrics.write({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
                          "val_acc": val_acc})
         if done % cfg.checkpoint_every == 0 or done == total:
             last_ckpt = checkpoint(done)
     progress.close()
 
-    test_loss, test_acc = evaluate(model, data.eval_batches("test", model.config, cfg.eval_batch_size), amp)
-    val_loss, val_acc = evaluate(model, data.eval_batches("val", model.config, cfg.eval_batch_size), amp)
+    test_loss, test_acc = score(model, "test")
+    # the loop validated after its last step; a run resumed at its end has not run the loop
+    val_loss, val_acc = final_val if start < total else score(model, "val")
     ema_results = {}
     if ema is not None:
-        ema_test_loss, ema_test_acc = evaluate(ema.module, data.eval_batches("test", model.config,
-                                                                            cfg.eval_batch_size), amp)
-        ema_val_loss, ema_val_acc = evaluate(ema.module, data.eval_batches("val", model.config,
-                                                                          cfg.eval_batch_size), amp)
+        ema_test_loss, ema_test_acc = score(ema.module, "test")
+        ema_val_loss, ema_val_acc = score(ema.module, "val")
         ema_results = {"test_top1_ema": ema_test_acc, "test_loss_ema": ema_test_loss, "val_top1_ema": ema_val_acc}
     if main:
         model.save_pretrained(run_dir / "model")
