@@ -277,6 +277,42 @@ def test_attention_analyses_work_on_convit(images):
         assert max_diff(model(x), model(x, return_attention=True)[0]) <= TOL  # MHSA: SDPA vs explicit
 
 
+def _gpsa_output_and_grads(impl, dtype, scale):
+    torch.manual_seed(0)
+    gpsa = randomize(GPSA(48, 4, impl=impl), scale=scale).to(dtype)
+    x = torch.randn(2, 16, 48, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+    y = gpsa(x, (4, 4))[0]
+    (y * torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(dtype)).sum().backward()
+    grads = {n: p.grad.double() for n, p in gpsa.named_parameters() if n != "pos_proj.bias"}
+    return y.double(), {**grads, "x": x.grad.double()}  # pos_proj.bias: softmax-invariant, grad 0
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_fused_and_explicit_gpsa_are_the_same_function_and_gradient(scale):
+    """The fused path mixes SDPA's output with the positional one; against a float64 explicit
+    reference it is as exact as the explicit fp32 path, outputs and every gradient."""
+    ref_y, ref_g = _gpsa_output_and_grads("explicit", torch.float64, scale)
+    for impl in ("sdpa", "explicit"):
+        y, grads = _gpsa_output_and_grads(impl, torch.float32, scale)
+        assert max_diff(y, ref_y) <= 1e-5 * ref_y.abs().max().item(), impl
+        for name, g in ref_g.items():
+            assert max_diff(grads[name], g) <= 1e-4 * g.abs().max().item(), (impl, name)
+
+
+def test_convit_attn_impl_reaches_gpsa_and_both_paths_agree(images):
+    x = images(2, 32, 32)
+    outs = {}
+    for impl in ("sdpa", "explicit"):
+        model = randomize(ConViT(tiny_config(attn_impl=impl)))
+        assert all(b.attn.impl == impl for b in model.blocks)
+        outs[impl] = model(x)
+    assert max_diff(outs["sdpa"], outs["explicit"]) <= TOL
+    with torch.no_grad():  # the weights are still returned on request, from either kernel choice
+        assert GPSA(16, 2, impl="sdpa")(torch.randn(1, 4, 16), (2, 2), True)[1].shape == (1, 2, 4, 4)
+    with pytest.raises(ValueError, match="attention impl"):
+        GPSA(16, 2, impl="flash")
+
+
 def test_inspect_writes_the_gate_figure(tmp_path):
     pytest.importorskip("matplotlib")
     from vitkit.inspect import inspect_model

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, intermediates_plan, patch_tokens_as,
+from .layers import (ATTN_IMPLS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, explicit_attention,
+                     intermediates_plan, patch_tokens_as,
                      resample_pos_embed, to_2tuple)
 from .config_base import ConfigMixin
 from .serialize import SaveMixin
@@ -84,7 +85,8 @@ class ConViTConfig(ConfigMixin):
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    #: Attention kernel of the MHSA layers (GPSA always runs the explicit path).
+    #: Attention kernel, as ViTConfig's: GPSA's content attention fuses too when it has no
+    #: attention dropout in training (the gated mix is then made of the two outputs).
     attn_impl: str = "auto"
     dynamic_img_size: bool = False
     pos_embed_interpolation: str = "bicubic"
@@ -180,13 +182,22 @@ def kernel_offsets(num_heads: int) -> List[Tuple[float, float]]:
 
 
 class GPSA(nn.Module):
-    """Gated positional self-attention (timm's names: qk, v, proj, pos_proj, gating_param)."""
+    """Gated positional self-attention (timm's names: qk, v, proj, pos_proj, gating_param).
+
+    attn = (1 - g) softmax(q k^T / sqrt(d)) + g softmax(v_pos . r_ij) per head, renormalised
+    (timm and the official code divide by the row sums, which are 1 up to rounding). The
+    fused path uses that attn @ v = (1 - g) SDPA(q, k, v) + g (positional @ v), so the
+    content attention never materialises; the explicit path returns the weights.
+    """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, locality_strength: float = 1.0):
+                 proj_drop: float = 0.0, locality_strength: float = 1.0, impl: str = "auto"):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        self.impl = impl
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -234,14 +245,21 @@ class GPSA(nn.Module):
             raise ValueError(f"GPSA got {N} tokens for a {grid[0]}x{grid[1]} patch grid (patches only)")
         H, d = self.num_heads, self.head_dim
         q, k = self.qk(x).reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)
-        content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        v = self.v(x).reshape(B, N, H, d).transpose(1, 2)
         positional = self.positional_attention(grid).unsqueeze(0)
         gate = torch.sigmoid(self.gating_param).view(1, H, 1, 1)
-        attn = (1.0 - gate) * content + gate * positional
-        attn = attn / attn.sum(dim=-1, keepdim=True)
-        weights = F.dropout(attn, self.attn_drop) if self.training and self.attn_drop else attn
-        v = self.v(x).reshape(B, N, H, d).transpose(1, 2)
-        x = self.proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+        dropout = self.training and self.attn_drop > 0
+        attn = None
+        if return_attention or dropout or explicit_attention(self.impl, x, self.qk.weight):
+            # Dropout acts on the mixed weights (timm), so it needs them whole.
+            content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+            attn = (1.0 - gate) * content + gate * positional
+            attn = attn / attn.sum(dim=-1, keepdim=True)
+            out = (F.dropout(attn, self.attn_drop) if dropout else attn) @ v
+        else:
+            content = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            out = (1.0 - gate) * content + gate * (positional.to(v.dtype) @ v)
+        x = self.proj(out.transpose(1, 2).reshape(B, N, C))
         if self.proj_drop is not None:
             x = self.proj_drop(x)
         return x, attn if return_attention else None
@@ -252,10 +270,10 @@ class GPSABlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = False,
                  norm_eps: float = 1e-6, gelu: str = "exact", drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, locality_strength: float = 1.0):
+                 drop_path: float = 0.0, locality_strength: float = 1.0, attn_impl: str = "auto"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = GPSA(dim, num_heads, qkv_bias, attn_drop, drop, locality_strength)
+        self.attn = GPSA(dim, num_heads, qkv_bias, attn_drop, drop, locality_strength, attn_impl)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, mlp_dim, gelu, drop)
         self.drop_path = float(drop_path)
@@ -300,7 +318,7 @@ class ConViT(SaveMixin, nn.Module):
         rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList([
             GPSABlock(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
-                      cfg.attn_drop_rate, rates[i], cfg.locality_strength)
+                      cfg.attn_drop_rate, rates[i], cfg.locality_strength, cfg.attn_impl)
             if i < cfg.local_up_to_layer else
             Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
                   cfg.attn_drop_rate, rates[i], None, cfg.attn_impl)

@@ -330,13 +330,19 @@ class Attention(nn.Module):
         return x, attn if return_attention else None
 
     def _explicit(self, x: torch.Tensor) -> bool:
-        if self.impl != "auto":
-            return self.impl == "explicit"
-        # PyTorch's fused CPU attention has a slow bf16 backward: for CPU training under
-        # autocast the explicit path is 1.5x (ViT-Ti/16, 224 px) to 3x (28 px, 50 tokens)
-        # faster here. In fp32 the fused kernel is as fast or faster (ViT-S/16: 1.17x).
-        return (x.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
-                and (x.requires_grad or self.qkv.weight.requires_grad))
+        return explicit_attention(self.impl, x, self.qkv.weight)
+
+
+def explicit_attention(impl: str, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether an attention layer of kernel choice ``impl`` should run the explicit softmax
+    path on input ``x`` (``weight``: one of its projections, to tell training from inference)."""
+    if impl != "auto":
+        return impl == "explicit"
+    # PyTorch's fused CPU attention has a slow bf16 backward: for CPU training under
+    # autocast the explicit path is 1.5x (ViT-Ti/16, 224 px) to 3x (28 px, 50 tokens)
+    # faster here. In fp32 the fused kernel is as fast or faster (ViT-S/16: 1.17x).
+    return (x.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+            and (x.requires_grad or weight.requires_grad))
 
 
 # ----------------------------------------------------------------------------- MLP + block
