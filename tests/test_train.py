@@ -130,6 +130,29 @@ def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_p
         train(small(tmp_path), resume=str(tmp_path / "run"))
 
 
+def test_resume_takes_only_the_machine_fields_from_the_new_invocation(tmp_path, capsys):
+    """--resume continues the saved run: threads/workers/progress/tensorboard may change (the
+    machine), a changed hyper-parameter is refused by name instead of being silently dropped."""
+    from vitkit.cli import main
+    from vitkit.train.config import resumed_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = small(tmp_path, threads=1, epochs=3.0, lr=1e-3)
+    (run / "config.json").write_text(json.dumps(saved.to_dict()))
+    cfg = resumed_config(str(run), resolve_config("fmnist", threads=2, lr=5.0, progress=True))
+    assert (cfg.threads, cfg.lr, cfg.progress, cfg.max_steps) == (2, 1e-3, False, 120)
+    assert resumed_config(str(run), resolve_config("fmnist")).threads == 1  # not given: as saved
+    assert main(["train", "--resume", str(run), "--lr", "0.001", "--epochs", "9", "--name", "run",
+                 "--model-args", '{"depth": 4}']) == 2
+    err = capsys.readouterr().err
+    assert "--epochs (saved: 3.0, given: 9.0)" in err and '--model-args (saved: {}, given: {"depth": 4})' in err
+    assert "--lr" not in err and "--name" not in err and "--threads" in err  # equal values are no conflict
+    assert main(["train", "--resume", str(run), "--config", str(run / "config.json")]) == 2
+    assert "not --config" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]  # refused before anything was written
+
+
 def test_micro_batch_adds_accumulation_until_the_batch_fits():
     from vitkit.train.batches import Layout
 

@@ -258,3 +258,43 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
     cfg = TrainConfig(**values)
     cfg.validate()
     return cfg
+
+
+#: Fields that describe the machine a run executes on, not the run: ``--resume`` takes them
+#: from the new invocation where they are set (e.g. two threads once the CPU is free again),
+#: everything else from the run's ``config.json``, so the run continues as it started.
+RUNTIME_FIELDS = ("threads", "workers", "progress", "tensorboard")
+
+
+def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:
+    """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that
+    differ from the defaults (those were asked for)."""
+    saved = Path(run_dir) / "config.json"
+    if not saved.is_file():
+        raise FileNotFoundError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
+    values = json.loads(saved.read_text())
+    defaults = TrainConfig()
+    values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)})
+    values["betas"] = tuple(values["betas"])
+    cfg = TrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
+    """Explicit options (None: not given) that ``--resume`` would have to ignore: any field
+    outside RUNTIME_FIELDS whose value differs from the saved one."""
+    saved = Path(run_dir) / "config.json"
+    if not saved.is_file():
+        return []  # not a run directory: resuming says so
+    values = json.loads(saved.read_text())
+    out = []
+    for k, v in overrides.items():
+        if v is None or k in RUNTIME_FIELDS:
+            continue
+        old = values.get(k)
+        if isinstance(v, tuple):
+            v = list(v)
+        if old != v:
+            out.append(f"--{k.replace('_', '-')} (saved: {json.dumps(old)}, given: {json.dumps(v)})")
+    return out

@@ -23,7 +23,7 @@ from . import distributed
 from ..data.mixing import mixup_cutmix, random_erasing
 from .batches import Layout, MicroBatch, augment_seed
 from .checkpoint import load_latest, save_checkpoint
-from .config import TrainConfig, resolve_width
+from .config import TrainConfig, resolve_width, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .ema import ModelEma
 from .distill import InputSpec, distillation_loss, load_teacher, split_outputs
@@ -119,13 +119,8 @@ def _run_dir(cfg: TrainConfig) -> Path:
 
 def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``)."""
-    if resume:
-        run_dir = Path(resume)
-        saved = run_dir / "config.json"
-        if not saved.is_file():
-            raise FileNotFoundError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
-        cfg = TrainConfig(**{**json.loads(saved.read_text()), "progress": cfg.progress})
-        cfg.betas = tuple(cfg.betas)
+    if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
+        cfg = resumed_config(resume, cfg)
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
