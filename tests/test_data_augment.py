@@ -1,5 +1,6 @@
 """Batched augmentation: each sample gets its own crop/flip, reproducibly from a generator."""
 
+import pytest
 import torch
 
 from vitkit.data.augment import random_crop, random_hflip
@@ -24,3 +25,24 @@ def test_hflip_flips_some_samples():
     flipped = [torch.equal(o, s.flip(-1)) for o, s in zip(out, x)]
     kept = [torch.equal(o, s) for o, s in zip(out, x)]
     assert all(f or k for f, k in zip(flipped, kept)) and 10 < sum(flipped) < 54
+
+
+def test_memory_batches_pad_crops_with_black_and_augment_before_normalising():
+    """A crop's padding is pixel 0 (black, as torchvision's RandomCrop fills), so after
+    normalisation it equals the background of a black image, never the mean-grey that padding
+    the normalised tensor would paint; a flipped, cropped white square stays a square of 255s."""
+    from types import SimpleNamespace
+
+    from vitkit.train.batches import Layout, MemoryBatches
+
+    config = SimpleNamespace(in_chans=1, img_size=(8, 8), mean=(0.3,), std=(0.5,))
+    images = torch.zeros(16, 1, 8, 8, dtype=torch.uint8)
+    images[:, :, 3:5, 3:5] = 255
+    batches = MemoryBatches(images, torch.zeros(16, dtype=torch.long), crop_pad=2, hflip=True)
+    layout = Layout.fitting(16, 1, 1, 0)
+    x, _, _ = next(batches.train(config, 0, layout, 0, 1))
+    black, white = (0 - 0.3) / 0.5, (1 - 0.3) / 0.5
+    assert sorted(x.unique().tolist()) == [pytest.approx(black), pytest.approx(white)]
+    assert all(int((img == white).sum()) == 4 for img in x)  # the square is cut, never padded
+    moved = sum(not torch.equal(img, x[0]) for img in x)
+    assert moved > 0  # the crops differ from sample to sample

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 
 def random_crop(x: torch.Tensor, pad: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Zero-pad by ``pad`` and cut a random H x W window per sample (B, C, H, W)."""
+    """Zero-pad by ``pad`` and cut a random H x W window per sample (B, C, H, W); on uint8
+    pixels the pad is black, as in torchvision's RandomCrop."""
     if pad <= 0:
         return x
     B, C, H, W = x.shape

@@ -116,8 +116,11 @@ def index_plan(n: int, seed: int, layout: Layout, start: int, total: int, repeat
 class MemoryBatches:
     """uint8 tensors on the device; crop and flip run on whole batches, drawn from (seed, step).
 
-    ``randaugment`` (a :class:`~vitkit.data.randaugment.RandAugment`) runs per image on the
-    uint8 micro-batch first, its draws from the same (seed, step) generator.
+    Augmentation works on the uint8 pixels, before resizing and normalisation, in timm's
+    order: crop (the padding is black, pixel 0, as torchvision's ``RandomCrop(padding=...)``
+    fills; padding the normalised tensor with 0 would paint mean-grey bands that test images
+    never have), flip, then ``randaugment`` (a :class:`~vitkit.data.randaugment.RandAugment`)
+    per image, all drawn from the same (seed, step) generator.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, crop_pad: int = 0, hflip: bool = False,
@@ -136,13 +139,12 @@ class MemoryBatches:
                 aug, aug_step = torch.Generator().manual_seed(augment_seed(seed, step)), step
             idx = idx.to(self.images.device)
             # the global micro-batch: the same draws on every rank, then this rank's part
-            pixels = self.images[idx]
+            pixels = random_crop(self.images[idx], self.crop_pad, aug)
+            if self.hflip:
+                pixels = random_hflip(pixels, aug)
             if self.randaugment is not None:
                 pixels = self.randaugment(pixels, aug)
-            x = random_crop(prepare_batch(pixels, config), self.crop_pad, aug)
-            if self.hflip:
-                x = random_hflip(x, aug)
-            yield layout.mine(x), layout.mine(self.labels[idx]), 0
+            yield layout.mine(prepare_batch(pixels, config)), layout.mine(self.labels[idx]), 0
 
     def eval(self, config: Any, batch_size: int) -> Iterator[MicroBatch]:
         for i in range(0, len(self), batch_size):

@@ -58,6 +58,8 @@ class TrainConfig:
     label_smoothing: float = 0.0
     #: Augmentation. Off by default: a 5-minute run underfits (train accuracy ~ validation
     #: accuracy; crop + flip cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
+    #: Random crop: pad by this many pixels of the data (black, pixel 0) and cut a window of
+    #: the data's size; then a horizontal flip with probability 0.5.
     crop_pad: int = 0
     hflip: bool = False
     #: DeiT's batch regularisers (timm semantics, on the device, drawn from (seed, step)):
