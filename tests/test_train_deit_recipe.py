@@ -154,9 +154,12 @@ def test_deit_pieces_train_and_resume_bitwise(tmp_path):
         for f in (run / folder).iterdir():
             f.unlink()
         (run / folder).rmdir()
+    first_process = torch.load(run / "checkpoints" / "step_00000010.pt", weights_only=True)["seconds"]
     logs = []
-    train(config("ignored"), resume=str(run), log=logs.append)
+    resumed = train(config("ignored"), resume=str(run), log=logs.append)
     assert any("resuming" in line and "step 10/20" in line for line in logs)
+    # the run's time counts the first process's seconds up to its checkpoint, then the second's
+    assert resumed["resumed_at_step"] == 10 and resumed["seconds"] > first_process > 0
     for folder in ("model", "model_ema"):
         a = load_file(tmp_path / "straight" / folder / "model.safetensors")
         b = load_file(run / folder / "model.safetensors")

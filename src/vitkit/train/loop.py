@@ -177,7 +177,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
     total = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
     warmup = cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch)
 
-    start = 0
+    start, prior_seconds = 0, 0.0  # prior_seconds: the wall clock of earlier processes of this run
     if resume:
         state = load_latest(run_dir)
         if state is None:
@@ -195,6 +195,7 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                 raise ValueError(f"the checkpoint in {run_dir} has no EMA weights but ema_decay is set")
             ema.load_state_dict(state["ema"])
         start = int(state["step"])
+        prior_seconds = float(state.get("seconds", 0.0))
         if main:
             log(f"resuming {run_dir} at step {start}/{total}")
     else:
@@ -207,7 +208,8 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         if not main:
             return None
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step}
+                 "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
+                 "seconds": prior_seconds + time.perf_counter() - t_start}
         if ema is not None:
             state["ema"] = ema.state_dict()
         return save_checkpoint(run_dir, step, state, cfg.keep_checkpoints)
@@ -307,7 +309,8 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
                "params": sum(p.numel() for p in model.parameters()),
                "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc, **ema_results,
                "train_images": data.n_train, "steps": total, "epochs": round(total / steps_per_epoch, 3),
-               "seconds": round(time.perf_counter() - t_start, 2),
+               "seconds": round(prior_seconds + time.perf_counter() - t_start, 2),
+               **({"resumed_at_step": start} if start else {}),
                "train_img_s": round(seen / max(train_time, 1e-9), 1),
                "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device),
                "processes": world, "skipped_files": len(data.skipped) + skipped}
