@@ -191,10 +191,10 @@ def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
 RECIPES: Dict[str, Dict[str, Any]] = {
     # The default run: minutes on a 2-core CPU.
     "fmnist": {},
-    # Longer, deeper (4 transformer layers) and regularised (crop, flip, label smoothing,
-    # stochastic depth), for the last points of accuracy.
-    "fmnist-long": {"epochs": 30.0, "model_args": {"depth": 4, "drop_path_rate": 0.1}, "label_smoothing": 0.1,
-                    "crop_pad": 2, "hflip": True},
+    # Longer and deeper (4 transformer layers), with crop + flip; no label smoothing or
+    # stochastic depth: at 40 epochs this small model underfits, and dropping both gained
+    # 0.6 points (README: Training).
+    "fmnist-long": {"epochs": 40.0, "model_args": {"depth": 4}, "crop_pad": 2, "hflip": True},
     # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
     # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
     # tanh pre-logits head (D units: "width" is the model's embed_dim), dropout 0.1.
