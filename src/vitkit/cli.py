@@ -167,7 +167,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if conflicts:
             raise ValueError(f"--resume continues {args.resume} as its config.json says; only "
                              f"{', '.join('--' + f for f in RUNTIME_FIELDS)} can change there, not "
-                             f"{'; '.join(conflicts)} (for another recipe, start a new run; --init RUN/model starts it from these weights)")
+                             f"{'; '.join(conflicts)} (for another recipe, start a new run; "
+                             f"--init RUN/model starts it from these weights)")
     cfg = resolve_config(args.recipe, args.config, **overrides)
     summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports

@@ -192,8 +192,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # The default run: minutes on a 2-core CPU.
     "fmnist": {},
     # Longer and deeper (4 transformer layers), with crop + flip; no label smoothing or
-    # stochastic depth: at 40 epochs this small model underfits, and dropping both gained
-    # 0.6 points (README: Training).
+    # stochastic depth: this small model underfits them (30 epochs with both: 92.8% test;
+    # 40 without: 93.2-93.4%; README: Training).
     "fmnist-long": {"epochs": 40.0, "model_args": {"depth": 4}, "crop_pad": 2, "hflip": True},
     # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
     # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
