@@ -268,13 +268,19 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
 RUNTIME_FIELDS = ("threads", "workers", "progress", "tensorboard")
 
 
+def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The fields a run saved in its ``config.json`` (None: not a run directory)."""
+    saved = Path(run_dir) / "config.json"
+    return json.loads(saved.read_text()) if saved.is_file() else None
+
+
 def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:
     """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that
     differ from the defaults (those were asked for)."""
-    saved = Path(run_dir) / "config.json"
-    if not saved.is_file():
-        raise FileNotFoundError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
-    values = json.loads(saved.read_text())
+    values = _saved_values(run_dir)
+    if values is None:
+        raise FileNotFoundError(f"cannot resume: {Path(run_dir) / 'config.json'} not found "
+                                f"(is {run_dir} a run directory?)")
     defaults = TrainConfig()
     values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)})
     values["betas"] = tuple(values["betas"])
@@ -286,10 +292,9 @@ def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:
 def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
     """Explicit options (None: not given) that ``--resume`` would have to ignore: any field
     outside RUNTIME_FIELDS whose value differs from the saved one."""
-    saved = Path(run_dir) / "config.json"
-    if not saved.is_file():
+    values = _saved_values(run_dir)
+    if values is None:
         return []  # not a run directory: resuming says so
-    values = json.loads(saved.read_text())
     out = []
     for k, v in overrides.items():
         if v is None or k in RUNTIME_FIELDS:

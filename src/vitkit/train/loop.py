@@ -7,7 +7,6 @@ so the position in the data is the step counter alone (what resuming needs).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
