@@ -1,7 +1,8 @@
 """Collect finished `vitkit train` runs into one results file (accuracy, time, img/s spread).
 
     python benchmarks/collect_runs.py --kind fmnist_hybrid --goal "test top-1 >= 91% within 5 min" \
-        runs/default-6ep runs/h5 --note default-6ep="vitkit train (the default)"
+        runs/default-6ep runs/h5 --note default-6ep="vitkit train (the default)" \
+        --plot docs/figures/fmnist_runs.png --goal-top1 0.91
 
 Each run contributes its summary.json, config.json and the spread of the img/s it logged
 (min / median / max over the logging windows): on a shared CPU the spread says how much of a
@@ -22,6 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+
+from vitkit.train.plot import plot_val_curves  # noqa: E402
 
 
 def run_record(run_dir: Path) -> dict:
@@ -46,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--goal", default="", help="what the runs were measured against")
     ap.add_argument("--note", action="append", default=[], metavar="RUN=TEXT", help="a note on one run")
     ap.add_argument("--out", help="results file (default benchmarks/results/<kind>_<device>_<date>.json)")
+    ap.add_argument("--plot", type=Path, help="also draw the runs' validation curves into this PNG")
+    ap.add_argument("--goal-top1", type=float, help="with --plot: a dashed line at this accuracy (0..1)")
     args = ap.parse_args(argv)
 
     notes = dict(n.split("=", 1) for n in args.note)
@@ -60,6 +65,10 @@ def main(argv=None) -> int:
         print(f"{name}: {s['model']} test top-1 {100 * s['test_top1']:.2f}% in {s['seconds']:.0f} s, "
               f"{s['train_img_s']:.0f} img/s (spread {r['img_s_spread']})")
     print(f"wrote {out}")
+    if args.plot:
+        curves = {name: r["val_curve"] for name, r in data["runs"].items()}
+        plot_val_curves(curves, args.plot, goal=args.goal_top1, title=f"{args.kind}: validation top-1")
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -1,9 +1,11 @@
-"""The training-curve figure of a run (loss and accuracy against steps)."""
+"""Training figures: one run's curves (loss and accuracy against steps), and several runs'
+validation accuracy side by side."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
 from ..utils import atomic_path
 
@@ -30,6 +32,40 @@ def plot_curves(metrics_path: Path, out_path: Path) -> Path:
     ax2.legend()
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return out_path
+
+
+def plot_val_curves(curves: Mapping[str, Sequence[Sequence[float]]], out_path: Path,
+                    goal: Optional[float] = None, title: str = "validation top-1") -> Path:
+    """Validation accuracy against epochs for several runs on one axis, so recipes of different
+    lengths compare at a glance. ``curves`` maps a label to ``[(epoch, accuracy 0..1), ...]``;
+    ``goal`` (0..1) draws a dashed target line."""
+    if not curves:
+        raise ValueError("no runs to plot")
+    for label, points in curves.items():
+        if not points:
+            raise ValueError(f"run {label!r} has no validation points")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, points in curves.items():
+        epochs, accs = zip(*[(p[0], 100 * p[1]) for p in points])
+        line, = ax.plot(epochs, accs, label=f"{label} ({accs[-1]:.2f})")
+        ax.plot(epochs[-1], accs[-1], "o", color=line.get_color())
+    if goal is not None:
+        ax.axhline(100 * goal, color="black", linestyle="--", linewidth=1, label=f"goal {100 * goal:g}%")
+    finals = [100 * points[-1][1] for points in curves.values()]
+    ax.set_ylim(min(finals) - 4, max(finals + ([100 * goal] if goal is not None else [])) + 1)
+    ax.set(xlabel="epoch", ylabel="accuracy (%)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     with atomic_path(out_path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
