@@ -182,3 +182,15 @@ def test_width_pre_logits_need_a_vit():
     assert resolve_width({"representation_size": "width"}, get_model_config("S/16"))["representation_size"] == 384
     with pytest.raises(ValueError, match="has no embed_dim"):
         resolve_width({"representation_size": "width"}, get_model_config("resnetv2_50_nopreact"))
+
+
+def test_busy_cpu_note_only_when_the_cpu_is_busy_and_threads_are_not_split(monkeypatch):
+    from vitkit.train import loop
+
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(loop.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
+    note = loop.busy_cpu_note(None)
+    assert "load 2.1" in note and "2 cores" in note and "--threads 1 each" in note
+    assert loop.busy_cpu_note(1) is None  # the user already split the CPU
+    monkeypatch.setattr(loop.os, "getloadavg", lambda: (0.4, 1.0, 0.5))
+    assert loop.busy_cpu_note(None) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -116,6 +117,21 @@ def _run_dir(cfg: TrainConfig) -> Path:
     return path
 
 
+def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
+    """A hint when this run takes every core of a CPU that is already busy: two runs that each
+    use all threads oversubscribe OpenMP and slow each other far beyond their share (measured on
+    2 cores: ~25 img/s instead of ~1,000), while one thread each keeps ~600 img/s per run."""
+    if threads or not hasattr(os, "getloadavg"):
+        return None
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load < max(1.0, cores / 2):
+        return None
+    return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
+            f"uses {torch.get_num_threads()} threads; runs that share a CPU should split it, e.g. "
+            f"--threads {max(1, cores // 2)} each")
+
+
 def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``)."""
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
@@ -132,6 +148,9 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
 
 def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str, Any]:
     device, world, main = dist_info.device, dist_info.world, dist_info.main
+    note = busy_cpu_note(cfg.threads) if main and world == 1 and device.type == "cpu" else None
+    if note:
+        log(note)
     run_dir = Path(resume) if resume else None
     # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
     in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
