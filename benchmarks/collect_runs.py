@@ -66,8 +66,10 @@ def main(argv=None) -> int:
               f"{s['train_img_s']:.0f} img/s (spread {r['img_s_spread']})")
     print(f"wrote {out}")
     if args.plot:
-        curves = {name: r["val_curve"] for name, r in data["runs"].items()}
-        plot_val_curves(curves, args.plot, goal=args.goal_top1, title=f"{args.kind}: validation top-1")
+        curves = {f"{name}: test {100 * r['summary']['test_top1']:.2f}": r["val_curve"]
+                  for name, r in data["runs"].items()}
+        plot_val_curves(curves, args.plot, goal=args.goal_top1, title=f"{args.kind}: validation top-1",
+                        goal_label="goal (test top-1)")
         print(f"wrote {args.plot}")
     return 0
 

@@ -40,10 +40,11 @@ def plot_curves(metrics_path: Path, out_path: Path) -> Path:
 
 
 def plot_val_curves(curves: Mapping[str, Sequence[Sequence[float]]], out_path: Path,
-                    goal: Optional[float] = None, title: str = "validation top-1") -> Path:
+                    goal: Optional[float] = None, title: str = "validation top-1",
+                    goal_label: str = "goal") -> Path:
     """Validation accuracy against epochs for several runs on one axis, so recipes of different
     lengths compare at a glance. ``curves`` maps a label to ``[(epoch, accuracy 0..1), ...]``;
-    ``goal`` (0..1) draws a dashed target line."""
+    ``goal`` (0..1) draws a dashed target line, named by ``goal_label``."""
     if not curves:
         raise ValueError("no runs to plot")
     for label, points in curves.items():
@@ -57,10 +58,10 @@ def plot_val_curves(curves: Mapping[str, Sequence[Sequence[float]]], out_path: P
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, points in curves.items():
         epochs, accs = zip(*[(p[0], 100 * p[1]) for p in points])
-        line, = ax.plot(epochs, accs, label=f"{label} ({accs[-1]:.2f})")
+        line, = ax.plot(epochs, accs, label=f"{label} (val {accs[-1]:.2f})")
         ax.plot(epochs[-1], accs[-1], "o", color=line.get_color())
     if goal is not None:
-        ax.axhline(100 * goal, color="black", linestyle="--", linewidth=1, label=f"goal {100 * goal:g}%")
+        ax.axhline(100 * goal, color="black", linestyle="--", linewidth=1, label=f"{goal_label} {100 * goal:g}%")
     finals = [100 * points[-1][1] for points in curves.values()]
     ax.set_ylim(min(finals) - 4, max(finals + ([100 * goal] if goal is not None else [])) + 1)
     ax.set(xlabel="epoch", ylabel="accuracy (%)", title=title)
