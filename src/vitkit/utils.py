@@ -34,3 +34,22 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 def write_json(path: PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def pyplot():
+    """matplotlib's pyplot on the off-screen Agg backend (imported on first use: figures are
+    optional work, and matplotlib is slow to import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig: Any, path: PathLike, **savefig: Any) -> Path:
+    """Write ``fig`` as a 110-dpi PNG atomically (a crash leaves no half image) and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, **savefig)
+    pyplot().close(fig)
+    return Path(path)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import atomic_path
+from ..utils import pyplot, save_png
 
 
 @dataclass
@@ -69,11 +69,7 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
 
 def plot_confusion(report: ClassificationReport, path: Path, title: str = "") -> Path:
     """Row-normalised confusion matrix as a PNG (true class down, prediction across)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cm = report.confusion.astype(float)
     rows = cm / np.maximum(cm.sum(1, keepdims=True), 1)
     n = len(report.classes)
@@ -90,7 +86,4 @@ def plot_confusion(report: ClassificationReport, path: Path, title: str = "") ->
     ax.set_ylabel("true")
     ax.set_title(title or f"top-1 {100 * report.top1:.2f}% on {report.count} images (row %)")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

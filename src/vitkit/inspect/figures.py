@@ -9,24 +9,14 @@ from typing import List, Sequence, Union
 import numpy as np
 import torch
 
+from ..utils import pyplot, save_png
+
 PathLike = Union[str, Path]
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path: PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
-    return path
+    """Figures here are trimmed to their content (``bbox_inches='tight'``)."""
+    return save_png(fig, path, bbox_inches="tight")
 
 
 def _upsample(grid_map: torch.Tensor, size: Sequence[int]) -> np.ndarray:
@@ -38,7 +28,7 @@ def _upsample(grid_map: torch.Tensor, size: Sequence[int]) -> np.ndarray:
 
 def rollout_overlay(image: np.ndarray, rollout: torch.Tensor, path: PathLike, title: str = "") -> Path:
     """The image, the rollout map, and the image weighted by the map (the paper's Fig. 6)."""
-    plt = _plt()
+    plt = pyplot()
     h, w = image.shape[:2]
     heat = _upsample(rollout, (h, w))
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
@@ -64,7 +54,7 @@ def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], pre
     A layer whose map has no prefix tokens (ConViT's GPSA layers, before the class token
     joins) shows its average patch row, titled "(patches)".
     """
-    plt = _plt()
+    plt = pyplot()
     L = len(maps)
     cols = min(L, 6)
     rows = math.ceil(L / cols)
@@ -87,7 +77,7 @@ def attention_distance_scatter(distance: torch.Tensor, path: PathLike, image_siz
                                uniform: float = 0.0) -> Path:
     """Mean attention distance of every head against depth (the paper's Fig. 7 right); with
     ``uniform``, a dashed line where attention spread evenly over all patches would sit."""
-    plt = _plt()
+    plt = pyplot()
     L, H = distance.shape
     fig, ax = plt.subplots(figsize=(4.8, 3.6))
     for head in range(H):
@@ -109,7 +99,7 @@ def convit_gates_plot(gates: torch.Tensor, path: PathLike) -> Path:
     """Gate value lambda of every head against the GPSA layer (the ConViT paper's Fig. 6):
     1 = attends by position (the convolutional prior), 0 = by content; dashed at the
     initial sigmoid(1)."""
-    plt = _plt()
+    plt = pyplot()
     L, H = gates.shape
     fig, ax = plt.subplots(figsize=(4.8, 3.6))
     layers = np.arange(1, L + 1)
@@ -129,7 +119,7 @@ def convit_gates_plot(gates: torch.Tensor, path: PathLike) -> Path:
 
 def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
     """For each patch position, its cosine similarity to every other (the paper's Fig. 7 centre)."""
-    plt = _plt()
+    plt = pyplot()
     gh, gw = sim.shape[:2]
     fig, axes = plt.subplots(gh, gw, figsize=(0.9 * gw + 1.6, 0.9 * gh), squeeze=False)
     # one colour scale for all tiles, from the lowest similarity to 1: a fixed -1..1 scale
@@ -147,7 +137,7 @@ def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
 def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: PathLike,
                     what: str = "the patch-embedding filters") -> Path:
     """The principal components of the patch-embedding filters as images (the paper's Fig. 7 left)."""
-    plt = _plt()
+    plt = pyplot()
     k = components.shape[0]
     cols = min(k, 7)
     rows = math.ceil(k / cols)

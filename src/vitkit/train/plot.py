@@ -7,15 +7,11 @@ import json
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from ..utils import atomic_path
+from ..utils import pyplot, save_png
 
 
 def plot_curves(metrics_path: Path, out_path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     train = [r for r in rows if "train_loss" in r]
     val = [r for r in rows if "val_acc" in r]
@@ -33,10 +29,7 @@ def plot_curves(metrics_path: Path, out_path: Path) -> Path:
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_path(out_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return out_path
+    return save_png(fig, out_path)
 
 
 def plot_val_curves(curves: Mapping[str, Sequence[Sequence[float]]], out_path: Path,
@@ -50,25 +43,21 @@ def plot_val_curves(curves: Mapping[str, Sequence[Sequence[float]]], out_path: P
     for label, points in curves.items():
         if not points:
             raise ValueError(f"run {label!r} has no validation points")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    finals = []
     for label, points in curves.items():
         epochs, accs = zip(*[(p[0], 100 * p[1]) for p in points])
         line, = ax.plot(epochs, accs, label=f"{label} (val {accs[-1]:.2f})")
         ax.plot(epochs[-1], accs[-1], "o", color=line.get_color())
+        finals.append(accs[-1])
+    top = max(finals)
     if goal is not None:
         ax.axhline(100 * goal, color="black", linestyle="--", linewidth=1, label=f"{goal_label} {100 * goal:g}%")
-    finals = [100 * points[-1][1] for points in curves.values()]
-    ax.set_ylim(min(finals) - 4, max(finals + ([100 * goal] if goal is not None else [])) + 1)
+        top = max(top, 100 * goal)
+    ax.set_ylim(min(finals) - 4, top + 1)
     ax.set(xlabel="epoch", ylabel="accuracy (%)", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    with atomic_path(out_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return out_path
+    return save_png(fig, out_path)
