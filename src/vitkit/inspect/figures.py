@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Sequence, Union
+from typing import List, Sequence
 
 import numpy as np
 import torch
 
-from ..utils import pyplot, save_png
-
-PathLike = Union[str, Path]
+from ..utils import PathLike, pyplot, save_png
 
 
 def _save(fig, path: PathLike) -> Path:
