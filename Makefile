@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitkit-installed
 
-.PHONY: demo tour test setup bench clean
+.PHONY: demo tour test lint setup bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ tour: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff: pycodestyle, pyflakes (unused and undefined names), import order; pyproject.toml [tool.ruff]
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_inference.py

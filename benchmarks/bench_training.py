@@ -41,8 +41,7 @@ from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import (NOISY_SPREAD, bf16_skip_reason, pool, precision, prepare_run,  # noqa: E402
-                             synchronize, write_json_atomic)
+from bench_inference import NOISY_SPREAD, bf16_skip_reason, pool, precision, prepare_run, synchronize, write_json_atomic  # noqa: E402
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224"]
 DEFAULT_BATCH_SIZE = 32

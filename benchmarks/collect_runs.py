@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
-
 from vitkit.train.plot import plot_val_curves  # noqa: E402
 
 

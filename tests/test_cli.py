@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 import vitkit
-from vitkit.cli import main
 from conftest import randomize
+from vitkit.cli import main
 
 
 def run(capsys, *argv):
@@ -48,7 +48,8 @@ def test_models_table_and_json(capsys):
 def test_info_human_and_json(capsys):
     code, out, _ = run(capsys, "info", "B/16")
     assert code == 0 and "86,567,656" in out and "197 x 197" in out
-    code, out, _ = run(capsys, "info", "vit_base_patch16_224", "--img-size", "300", "300", "--patch-size", "1", "--json")
+    code, out, _ = run(capsys, "info", "vit_base_patch16_224", "--img-size", "300", "300", "--patch-size", "1",
+                       "--json")
     d = json.loads(out)
     # the seeds' example: a 300x300x3 image with every value a token -> 270,000 tokens, 72.9e9 weights
     assert d["value_tokens"] == 270_000 and d["value_attn_entries"] == 72_900_000_000

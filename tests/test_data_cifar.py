@@ -93,7 +93,8 @@ def test_cifar100_fine_and_coarse(isolated):
     assert fine.labels.tolist() == [lab[1] for lab in labels] and fine.classes[0] == "fine0"
     assert coarse.labels.tolist() == [lab[0] for lab in labels]
     assert coarse.classes == cifar.CIFAR100_COARSE_CLASSES  # no coarse meta file: built-in names
-    assert len(cifar.CIFAR100_FINE_CLASSES) == 100 and cifar.CIFAR100_FINE_CLASSES == sorted(cifar.CIFAR100_FINE_CLASSES)
+    fine = cifar.CIFAR100_FINE_CLASSES
+    assert len(fine) == 100 and fine == sorted(fine)
 
 
 def make_archive(folder, archive):
@@ -153,7 +154,8 @@ def test_download_is_checked_and_atomic(isolated):
         cache = cifar.user_cache_dir()
         assert not [p for p in cache.iterdir()], "half-written or unchecked file left behind"
         got = cifar.locate("cifar10", url=url, md5=md5)
-        assert got == cache / "cifar-10-binary.tar.gz" and len(cifar.load_split("test", got.parent, download=False)) == 3
+        assert got == cache / "cifar-10-binary.tar.gz"
+        assert len(cifar.load_split("test", got.parent, download=False)) == 3
     finally:
         server.shutdown()
     with pytest.raises(DatasetNotFound, match="download from"):

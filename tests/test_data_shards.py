@@ -13,8 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vitkit.data.folder import BadImageError, collate_skip_bad
-from vitkit.data.shards import (ShardDataset, _reading_plan, expand_braces, folder_to_shards,
-                                write_shards)
+from vitkit.data.shards import ShardDataset, _reading_plan, expand_braces, folder_to_shards, write_shards
 
 
 def image_of(sample_id):

@@ -24,7 +24,7 @@ def test_separable_features_are_near_perfect():
     te_x, te_y = blobs(50, seed=2)  # same seed: the same class centres
     res = fewshot_from_features(tr_x, tr_y, te_x, te_y, shots=[1, 5], seeds=3)
     assert res[5].mean > 0.99 and res[1].mean > 0.9
-    assert len(res[5].per_seed) == 3 and all(l > 0 for l in res[5].lambdas)
+    assert len(res[5].per_seed) == 3 and all(lam > 0 for lam in res[5].lambdas)
 
 
 def test_random_labels_are_near_chance():

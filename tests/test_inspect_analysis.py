@@ -8,9 +8,14 @@ import torch
 from torch import nn
 
 from conftest import randomize
-from vitkit.inspect import (attention_maps, attention_rollout, embedding_filters_pca, mean_attention_distance,
-                            pos_embed_similarity)
-from vitkit.models import ViTConfig, VisionTransformer
+from vitkit.inspect import (
+    attention_maps,
+    attention_rollout,
+    embedding_filters_pca,
+    mean_attention_distance,
+    pos_embed_similarity,
+)
+from vitkit.models import VisionTransformer, ViTConfig
 
 
 def tiny(**kw):
@@ -127,9 +132,8 @@ def test_inspection_never_changes_the_logits():
 
 
 def test_filters_of_a_hybrid_are_its_first_convolution_as_applied():
-    from vitkit.inspect import embedding_filters
-
     from vitkit import create_model
+    from vitkit.inspect import embedding_filters
 
     model = create_model("vit_fmnist_hybrid")
     filters = embedding_filters(model)

@@ -10,11 +10,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
+from conftest import max_diff, randomize
 from vitkit.models import CaiT, CaiTConfig, count_parameters
 from vitkit.models.cait import layer_scale_init
 from vitkit.models.complexity import complexity
 from vitkit.weights import WeightsError
-from conftest import max_diff, randomize
 
 TOL = 1e-5
 
@@ -80,7 +80,8 @@ def test_layer_scale_epsilons_follow_the_paper_and_timm():
     code) registers 1e-5 for the 24-layer models and for XXS-36, 1e-6 for S-36, M-36, M-48."""
     timm = pytest.importorskip("timm")
     assert [layer_scale_init(d) for d in (12, 18, 20, 24, 36, 48)] == [0.1, 0.1, 1e-5, 1e-5, 1e-6, 1e-6]
-    assert CaiTConfig(depth=12).layer_scale_init == 0.1 and CaiTConfig(depth=12, init_values=1e-3).layer_scale_init == 1e-3
+    assert CaiTConfig(depth=12).layer_scale_init == 0.1
+    assert CaiTConfig(depth=12, init_values=1e-3).layer_scale_init == 1e-3
     for name in TIMM_COUNTS:
         cfg = vitkit.models.get_model_config(name)
         expected = 1e-5 if cfg.depth == 24 or name.startswith("cait_xxs36") else 1e-6

@@ -12,11 +12,11 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
+from conftest import max_diff, randomize
 from vitkit.models import ConViT, ConViTConfig, count_parameters
 from vitkit.models.complexity import complexity
 from vitkit.models.convit import GPSA, kernel_offsets, relative_positions
 from vitkit.weights import WeightsError
-from conftest import max_diff, randomize
 
 TOL = 1e-5
 

@@ -6,7 +6,7 @@ import torch
 
 import vitkit
 from conftest import max_diff, randomize
-from vitkit.models import ViTConfig, VisionTransformer, count_parameters
+from vitkit.models import VisionTransformer, ViTConfig, count_parameters
 from vitkit.models.complexity import complexity
 
 timm = pytest.importorskip("timm")

@@ -11,10 +11,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.models import ResNetV2, ResNetV2Config, ViTConfig, VisionTransformer, count_parameters
+from conftest import max_diff, randomize
+from vitkit.models import ResNetV2, ResNetV2Config, VisionTransformer, ViTConfig, count_parameters
 from vitkit.models.complexity import complexity
 from vitkit.weights import WeightsError
-from conftest import max_diff, randomize
 
 TOL = 1e-5
 
@@ -103,6 +103,7 @@ def test_std_conv_same_equals_timm(kernel, stride, size):
     """Weight standardisation (biased variance, eps 1e-8) and SAME padding, layer by layer."""
     pytest.importorskip("timm")
     from timm.layers import StdConv2dSame as TimmStdConv
+
     from vitkit.models.hybrid import StdConv2dSame
 
     ref = TimmStdConv(8, 4, kernel, stride=stride, eps=1e-8)
@@ -191,7 +192,8 @@ def official_hybrid_arrays(sd, num_heads, gn_4d=False):
     stem = "patch_embed.backbone.stem." if "patch_embed.backbone.stem.conv.weight" in sd else "patch_embed.backbone."
     w["conv_root/kernel"] = hwio(sd[stem + "conv.weight"])
     w["gn_root/scale"], w["gn_root/bias"] = gn(sd[stem + "norm.weight"]), gn(sd[stem + "norm.bias"])
-    unit = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.(downsample\.)?(conv|norm)(\d?)\.(weight|bias)$")
+    unit = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\."
+                      r"(downsample\.)?(conv|norm)(\d?)\.(weight|bias)$")
     for k, v in sd.items():
         m = unit.match(k)
         if m:

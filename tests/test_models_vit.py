@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.models import ViTConfig, VisionTransformer, count_parameters
 from conftest import max_diff, randomize
+from vitkit.models import VisionTransformer, ViTConfig, count_parameters
 
 PAPER_COUNTS = {
     "vit_tiny_patch16_224": 5_717_416,

@@ -8,8 +8,8 @@ import pytest
 
 import vitkit
 import vitkit.data.fashion_mnist as fm
-from vitkit.inspect import pos_embed_similarity
 from conftest import randomize
+from vitkit.inspect import pos_embed_similarity
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "readme_figures.py"
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
 from conftest import max_diff, randomize
+from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
 
 
 def tiny(**kw):

@@ -59,6 +59,7 @@ def test_timm_forward_intermediates_match(images):
 
 def test_pos_embed_resampling_matches_timm():
     from timm.layers import resample_abs_pos_embed
+
     from vitkit.models import resample_pos_embed
 
     pos = torch.randn(1, 1 + 14 * 14, 64, generator=torch.Generator().manual_seed(0))

@@ -19,7 +19,7 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return {"image": self.image,
-                "top": [{"index": i, "label": l, "probability": p} for i, l, p in self.top]}
+                "top": [{"index": i, "label": name, "probability": p} for i, name, p in self.top]}
 
 
 def label_for(index: int, names: Optional[Sequence[str]]) -> str:

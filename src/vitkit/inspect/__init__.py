@@ -1,7 +1,15 @@
 """What a ViT learned: the paper's analyses (figures and the report come with the CLI)."""
 
-from .analysis import (attention_maps, attention_rollout, convit_gates, embedding_filters, embedding_filters_pca,
-                       mean_attention_distance, patch_distances, pos_embed_similarity)
+from .analysis import (
+                       attention_maps,
+                       attention_rollout,
+                       convit_gates,
+                       embedding_filters,
+                       embedding_filters_pca,
+                       mean_attention_distance,
+                       patch_distances,
+                       pos_embed_similarity,
+)
 
 __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "pos_embed_similarity",
            "embedding_filters", "embedding_filters_pca", "patch_distances", "convit_gates"]

@@ -23,8 +23,15 @@ from torch import nn
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
 from . import figures
-from .analysis import (attention_maps, attention_rollout, convit_gates, embedding_filters_pca,
-                       mean_attention_distance, patch_distances, pos_embed_similarity)
+from .analysis import (
+    attention_maps,
+    attention_rollout,
+    convit_gates,
+    embedding_filters_pca,
+    mean_attention_distance,
+    patch_distances,
+    pos_embed_similarity,
+)
 
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 

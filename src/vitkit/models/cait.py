@@ -30,9 +30,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (IntPair, Linear, Mlp, PatchEmbed, drop_path, intermediates_plan, patch_tokens_as,
-                     resample_pos_embed, to_2tuple)
 from .config_base import ConfigMixin
+from .layers import (
+    IntPair,
+    Linear,
+    Mlp,
+    PatchEmbed,
+    drop_path,
+    intermediates_plan,
+    patch_tokens_as,
+    resample_pos_embed,
+    to_2tuple,
+)
 from .serialize import SaveMixin
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -15,10 +15,16 @@ from typing import Any, Dict
 
 import torch
 
-from .hybrid import (ResNetV2Config, backbone_channels, backbone_feature_size, backbone_macs, backbone_reduction,
-                     resnet_complexity_macs)
 from .cait import CaiTConfig, cait_macs
 from .convit import ConViTConfig, convit_macs
+from .hybrid import (
+    ResNetV2Config,
+    backbone_channels,
+    backbone_feature_size,
+    backbone_macs,
+    backbone_reduction,
+    resnet_complexity_macs,
+)
 from .vit import ViTConfig
 
 

@@ -42,10 +42,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import (ATTN_IMPLS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, explicit_attention,
-                     intermediates_plan, patch_tokens_as,
-                     resample_pos_embed, to_2tuple)
 from .config_base import ConfigMixin
+from .layers import (
+    ATTN_IMPLS,
+    Block,
+    IntPair,
+    Linear,
+    Mlp,
+    PatchEmbed,
+    drop_path,
+    explicit_attention,
+    intermediates_plan,
+    patch_tokens_as,
+    resample_pos_embed,
+    to_2tuple,
+)
 from .serialize import SaveMixin
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 

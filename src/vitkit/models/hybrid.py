@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import IntPair, PatchEmbed, lecun_normal_, to_2tuple
 from .config_base import ConfigMixin
+from .layers import IntPair, PatchEmbed, lecun_normal_, to_2tuple
 from .serialize import SaveMixin
 
 BACKBONE_TYPES = ("resnetv2", "conv")
@@ -629,7 +629,8 @@ def infer_resnet_config(sd: Mapping[str, Any], **overrides: Any) -> ResNetV2Conf
     return ResNetV2Config(**kw)
 
 
-__all__ = ["BACKBONE_TYPES", "normalize_backbone", "describe_backbone", "ConvNormAct", "ConvBackbone", "backbone_reduction", "backbone_channels",
+__all__ = ["BACKBONE_TYPES", "normalize_backbone", "describe_backbone", "ConvNormAct", "ConvBackbone",
+           "backbone_reduction", "backbone_channels",
            "backbone_feature_size", "backbone_macs", "StdConv2dSame", "GroupNormAct", "MaxPool2dSame",
            "ResNetStem", "Bottleneck", "ResNetStage", "ResNetV2Backbone", "build_backbone", "init_backbone_",
            "HybridEmbed", "infer_backbone", "backbone_in_chans", "ResNetV2Config", "ResNetV2",

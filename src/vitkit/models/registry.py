@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple, Type
 from torch import nn
 
 from .hybrid import ResNetV2, ResNetV2Config
-from .vit import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, VisionTransformer
+from .vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
 
 # architecture name -> (config class, module class)
 _ARCHITECTURES: Dict[str, Tuple[type, Type[nn.Module]]] = {}

@@ -16,12 +16,29 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config_base import ConfigMixin
+from .hybrid import (
+    HybridEmbed,
+    backbone_feature_size,
+    backbone_reduction,
+    describe_backbone,
+    init_backbone_,
+    normalize_backbone,
+)
+from .layers import (
+    Block,
+    IntPair,
+    Linear,
+    PatchEmbed,
+    intermediates_plan,
+    lecun_normal_,
+    patch_tokens_as,
+    resample_pos_embed,
+    resample_pos_embed_grid,
+    sincos_2d_pos_embed,
+    to_2tuple,
+    xavier_uniform_fan,
+)
 from .serialize import SaveMixin
-from .hybrid import (HybridEmbed, backbone_feature_size, backbone_reduction, describe_backbone, init_backbone_,
-                     normalize_backbone)
-from .layers import (Block, IntPair, Linear, PatchEmbed, intermediates_plan, lecun_normal_, patch_tokens_as,
-                     resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed, to_2tuple,
-                     xavier_uniform_fan)
 
 POS_EMBEDS = ("learned", "learned_2d", "sincos2d", "none")
 GLOBAL_POOLS = ("token", "avg")

@@ -16,9 +16,9 @@ from torch import nn
 
 from ..models import build_from_config
 from ..weights.io import WeightsError
-from .config import resolve_width
 from ..weights.load import load_weights, read_source
 from ..weights.pretrained import config_for_source, fit_channel_stats, weights_path
+from .config import resolve_width
 
 HEAD_MODES = ("new", "keep")
 

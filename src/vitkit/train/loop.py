@@ -17,21 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.mixing import mixup_cutmix, random_erasing
 from ..models import create_model, get_model_config
 from ..utils import write_json
 from . import distributed
-from ..data.mixing import mixup_cutmix, random_erasing
 from .batches import Layout, MicroBatch, augment_seed
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig, resolve_width, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
-from .ema import ModelEma
 from .distill import InputSpec, distillation_loss, load_teacher, split_outputs
+from .ema import ModelEma
 from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
-from .tracking import MetricsLog
 from .schedule import lr_at
+from .tracking import MetricsLog
+
 
 class NonFiniteLoss(RuntimeError):
     pass
@@ -168,7 +169,8 @@ def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str,
         stats = {"mean": data.mean, "std": data.std}
         if data.kind == "memory":
             stats["crop_pct"] = 1.0  # whole small images, no centre crop
-        model = create_model(cfg.model, **{**data_args, **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))})
+        model_args = resolve_width(cfg.model_args, get_model_config(cfg.model))
+        model = create_model(cfg.model, **{**data_args, **stats, **model_args})
     model = model.to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     teacher = None

@@ -101,7 +101,8 @@ _PROJ_LEAVES = {"conv_proj/kernel", "gn_proj/scale", "gn_proj/bias"}
 def _hwio(r: _Reader, name: str) -> torch.Tensor:
     k = r.get(name)
     if k.ndim != 4:
-        raise WeightsError(f"hybrid npz: {r.prefix}{name} has shape {k.shape}, expected an HWIO kernel (kh, kw, in, out)")
+        raise WeightsError(f"hybrid npz: {r.prefix}{name} has shape {k.shape}, "
+                           f"expected an HWIO kernel (kh, kw, in, out)")
     return _t(k.transpose(3, 2, 0, 1))
 
 

@@ -14,8 +14,8 @@ from torch import nn
 from ..models import build_from_config, config_from_dict, get_model_config
 from ..utils import PathLike
 from . import hf_format, npz_format, timm_format
-from .load import Source, load_weights, read_source, to_native
 from .io import WeightsError
+from .load import Source, load_weights, read_source, to_native
 
 HUB_PREFIX = "hf-hub:"
 _HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")

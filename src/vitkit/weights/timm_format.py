@@ -15,8 +15,7 @@ import torch
 from ..models import VIT_SIZES, ViTConfig, get_model_config, list_models
 from ..models.cait import infer_cait_config, is_cait_state_dict
 from ..models.convit import infer_convit_config, is_convit_state_dict
-from ..models.hybrid import (backbone_in_chans, backbone_reduction, infer_backbone,
-                             infer_resnet_config)
+from ..models.hybrid import backbone_in_chans, backbone_reduction, infer_backbone, infer_resnet_config
 from .io import WeightsError
 
 HEADS_BY_WIDTH = {w: h for (w, _, h, _) in VIT_SIZES.values()}
