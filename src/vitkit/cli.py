@@ -63,7 +63,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .models import get_model_config
+    from .models import family_of, get_model_config
     from .models.complexity import complexity
 
     overrides: Dict[str, Any] = {}
@@ -72,7 +72,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.patch_size:
         overrides["patch_size"] = args.patch_size
     config = get_model_config(args.name).replace(**overrides)
-    if not hasattr(config, "embed_dim"):
+    if not family_of(config).tokens:
         raise ValueError(f"{args.name} is a {config.architecture} CNN, not a ViT: `vitkit info` describes "
                          f"token costs; `vitkit models --filter {args.name}` lists its parameters and GMACs")
     c = complexity(config)

@@ -91,9 +91,9 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
             full[:, N - n:, N - n:] = a
             a = full
         rollout = a @ rollout
-    prefix = getattr(model, "num_prefix_tokens", 0)
+    prefix = model.num_prefix_tokens
     gh, gw = model.patch_embed.grid_for(images.shape[-2:])
-    rows = rollout[:, 0] if prefix and model.config.class_token else rollout[:, prefix:].mean(dim=1)
+    rows = rollout[:, 0] if model.cls_token is not None else rollout[:, prefix:].mean(dim=1)
     patches = rows[:, prefix:]
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return patches.reshape(B, gh, gw)

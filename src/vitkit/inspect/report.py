@@ -13,7 +13,7 @@ import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
+from ..models import family_of
 from . import figures
 from .analysis import (
     attention_maps,
@@ -34,6 +35,18 @@ from .analysis import (
 )
 
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
+
+
+def _gates_figure(model: nn.Module, path: Path) -> Optional[Path]:
+    gates = convit_gates(model) if model.gates().numel() else None
+    return None if gates is None else figures.convit_gates_plot(gates, path)
+
+
+#: Analyses a family may ask for beside the paper's (``Family.analyses``): name -> (figure
+#: name, writer of the figure from the model; None when the model has nothing to show).
+EXTRA_ANALYSES: Dict[str, Tuple[str, Callable[[nn.Module, Path], Optional[Path]]]] = {
+    "gates": ("convit_gates", _gates_figure),
+}
 
 
 @dataclass
@@ -129,14 +142,17 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     maps = [m.cpu() for m in attention_maps(model, x[:1])]
     grid = model.patch_embed.grid_for(x.shape[-2:])
     result.figures["attention_per_layer"] = figures.class_attention_per_layer(
-        maps, grid, model.num_prefix_tokens, cfg.class_token, out / "attention_per_layer.png")
+        maps, grid, model.num_prefix_tokens, model.cls_token is not None, out / "attention_per_layer.png")
     uniform = float(patch_distances(grid, model.patch_embed.patch_size).mean())
     result.figures["attention_distance"] = figures.attention_distance_scatter(
         mean_attention_distance(model, x).cpu(), out / "attention_distance.png", image_size=max(cfg.img_size),
         uniform=uniform)
-    if getattr(cfg, "architecture", "vit") == "convit" and cfg.local_up_to_layer > 0:
-        result.figures["convit_gates"] = figures.convit_gates_plot(convit_gates(model), out / "convit_gates.png")
-    if getattr(cfg, "pos_embed", "learned") != "none":  # CaiT: always a learned table
+    for name in family_of(cfg).analyses:  # the family's own analyses (ConViT: its gates)
+        stem, write = EXTRA_ANALYSES[name]
+        written = write(model, out / f"{stem}.png")
+        if written is not None:
+            result.figures[stem] = written
+    if model.patch_pos_embed(model.patch_embed.grid_size) is not None:
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
     comps, explained = embedding_filters_pca(model, pca_components)

@@ -1,20 +1,33 @@
-"""Model definitions. Imports nothing else of vitkit (see docs/architecture.md)."""
+"""Model definitions. Imports nothing of vitkit above ``models/`` (see docs/architecture.md).
 
+Importing this package registers every family (each file registers its own, see
+:mod:`.registry`): ViT (with DeiT and the hybrids), the ResNetV2 classifier, CaiT, ConViT.
+"""
+
+from .base import TokenModel
 from .cait import CaiT, CaiTConfig
+from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
-from .hybrid import HybridEmbed, ResNetV2, ResNetV2Config
+from .hybrid import HybridEmbed
 from .layers import Attention, Block, DropPath, LayerScale, Mlp, PatchEmbed, resample_pos_embed
 from .registry import (
-                       VIT_SIZES,
-                       build_from_config,
-                       config_from_dict,
-                       create_model,
-                       get_model_config,
-                       list_models,
-                       register_architecture,
-                       register_model,
+    Family,
+    build_from_config,
+    config_from_dict,
+    create_model,
+    families,
+    family,
+    family_of,
+    family_of_state_dict,
+    get_model_config,
+    list_models,
+    register_architecture,
+    register_family,
+    register_model,
+    unregister_family,
 )
-from .vit import VisionTransformer, ViTConfig, count_parameters, num_tokens
+from .resnetv2 import ResNetV2, ResNetV2Config
+from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
     "ConViT", "ConViTConfig",
@@ -23,5 +36,6 @@ __all__ = [
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",
     "VIT_SIZES", "build_from_config", "config_from_dict", "create_model", "get_model_config",
     "list_models", "register_architecture", "register_model", "ViTConfig", "VisionTransformer",
-    "count_parameters", "num_tokens",
+    "count_parameters", "num_tokens", "Family", "register_family", "unregister_family", "family", "family_of",
+    "families", "family_of_state_dict", "TokenModel", "TokenConfig", "ConfigMixin",
 ]

@@ -23,30 +23,18 @@ checkpoints (timm's names under a ``'model'`` key) load without renaming.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from .config_base import ConfigMixin
-from .layers import (
-    IntPair,
-    Linear,
-    Mlp,
-    PatchEmbed,
-    drop_path,
-    intermediates_plan,
-    patch_tokens_as,
-    resample_pos_embed,
-    to_2tuple,
-)
-from .serialize import SaveMixin
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-GLOBAL_POOLS = ("token", "avg")
+from . import positions
+from .base import TokenModel
+from .complexity import Complexity, token_complexity
+from .config_base import IMAGENET_MEAN, IMAGENET_STD, TokenConfig
+from .layers import Linear, Mlp, PatchEmbed, drop_path
+from .registry import Family, register_family, register_model
 
 
 def layer_scale_init(depth: int) -> float:
@@ -62,19 +50,19 @@ def layer_scale_init(depth: int) -> float:
 
 
 @dataclass
-class CaiTConfig(ConfigMixin):
-    KIND = "CaiT"
-
+class CaiTConfig(TokenConfig):
     """Everything needed to rebuild a CaiT, plus the preprocessing its weights expect.
 
     Defaults are ``cait_xxs24_224``. MLP widths are timm's ``int(embed_dim * mlp_ratio)``.
-    ``init_values=None`` takes the paper's LayerScale epsilon for ``depth``.
+    ``init_values=None`` takes the paper's LayerScale epsilon for ``depth``. ``attn_impl``
+    picks the class-attention kernel ('auto'/'sdpa' fused, 'explicit' softmax); talking heads
+    are always explicit.
     """
 
-    img_size: Tuple[int, int] = (224, 224)
-    patch_size: Tuple[int, int] = (16, 16)
-    in_chans: int = 3
-    num_classes: int = 1000
+    KIND: ClassVar[str] = "CaiT"
+    RATES: ClassVar[Tuple[str, ...]] = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                                        "drop_path_rate")
+
     embed_dim: int = 192
     depth: int = 24
     num_heads: int = 4
@@ -82,66 +70,29 @@ class CaiTConfig(ConfigMixin):
     #: class-attention layers (timm's ``depth_token_only``) and their MLP ratio
     cls_depth: int = 2
     cls_mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    norm_eps: float = 1e-6
     init_values: Optional[float] = None
-    global_pool: str = "token"
     #: timm's dropouts: head (``drop_rate``), after the position embedding, after the
     #: attention/MLP projections and on the attention weights of the self-attention layers
-    #: (the class-attention layers have none, as in timm and the official code).
-    drop_rate: float = 0.0
+    #: (the class-attention layers have none, as in timm and the official code); stochastic
+    #: depth is the same rate in every self-attention layer (the official code).
     pos_drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
-    attn_drop_rate: float = 0.0
-    #: stochastic depth, the same rate in every self-attention layer (the official code)
-    drop_path_rate: float = 0.0
-    #: class attention: 'auto'/'sdpa' fused, 'explicit' softmax; talking heads are always explicit
-    attn_impl: str = "auto"
-    dynamic_img_size: bool = False
-    pos_embed_interpolation: str = "bicubic"
-    pos_embed_antialias: bool = True
-    # ---- what the weights expect at the input, and what their outputs mean
     mean: Tuple[float, ...] = IMAGENET_MEAN
     std: Tuple[float, ...] = IMAGENET_STD
     crop_pct: float = 1.0
-    interpolation: str = "bicubic"
-    label_names: Optional[List[str]] = None
     architecture: str = "cait"
-    name: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.img_size = to_2tuple(self.img_size)
-        self.patch_size = to_2tuple(self.patch_size)
-        self.validate()
-
-    def validate(self) -> None:
+    def family_problems(self) -> List[str]:
         problems = []
-        if self.architecture != "cait":
-            problems.append(f"architecture must be 'cait', got {self.architecture!r}")
-        if self.global_pool not in GLOBAL_POOLS:
-            problems.append(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
-        for name in ("embed_dim", "depth", "num_heads", "in_chans"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not isinstance(self.cls_depth, int) or self.cls_depth < 1:
             problems.append(f"cls_depth must be >= 1 (the class token joins in the class-attention "
                             f"layers), got {self.cls_depth!r}")
-        if isinstance(self.num_heads, int) and self.num_heads > 0 and isinstance(self.embed_dim, int) \
-                and self.embed_dim % self.num_heads:
-            problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         for name in ("mlp_ratio", "cls_mlp_ratio"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.init_values is not None and not self.init_values > 0:
             problems.append(f"init_values (LayerScale epsilon) must be > 0 or None, got {self.init_values!r}")
-        problems += self._token_problems(("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate",
-                                          "drop_path_rate"))
-        problems += self._patch_grid_problems()
-        if self.num_classes < 0:
-            problems.append(f"num_classes must be >= 0, got {self.num_classes}")
-        problems += self._io_problems()
-        if problems:
-            raise ValueError("invalid CaiT config: " + "; ".join(problems))
+        return problems
 
     @property
     def mlp_dim(self) -> int:
@@ -154,18 +105,6 @@ class CaiTConfig(ConfigMixin):
     @property
     def layer_scale_init(self) -> float:
         return layer_scale_init(self.depth) if self.init_values is None else float(self.init_values)
-
-    @property
-    def grid_size(self) -> IntPair:
-        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-
-    @property
-    def token_patch_size(self) -> IntPair:
-        return self.patch_size
-
-    @property
-    def class_token(self) -> bool:
-        return True
 
 
 # ----------------------------------------------------------------------------- attention
@@ -293,31 +232,25 @@ class ClassAttentionBlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-class CaiT(SaveMixin, nn.Module):
+class CaiT(TokenModel):
     """CaiT: patch embedding + positions, talking-heads LayerScale layers on the patches,
     class-attention layers for the class token, final LayerNorm on [class, patches], head.
 
     ``model(x)`` -> logits; ``model(x, return_attention=True)`` -> ``(logits, maps)`` with
     ``depth`` self-attention maps (B, H, N, N) over the patches, then ``cls_depth``
-    class-attention maps (B, H, 1, 1 + N).
+    class-attention maps (B, H, 1, 1 + N). ``forward_intermediates`` indices count the
+    self-attention layers only (the class-attention layers update just the class token).
     """
 
-    def __init__(self, config: Optional[CaiTConfig] = None, **overrides: Any):
-        super().__init__()
-        cfg = (config or CaiTConfig()).replace(**overrides) if overrides else (config or CaiTConfig())
-        self.config = cfg
-        D = cfg.embed_dim
-        self.embed_dim = self.num_features = D
-        self.num_classes = cfg.num_classes
-        self.global_pool = cfg.global_pool
-        self.dynamic_img_size = cfg.dynamic_img_size
-        self.grad_checkpointing = False
-        self.num_prefix_tokens = 1  # in the output sequence [class, patches]
-        self.pos_embed_prefix_tokens = 0  # the position table covers the patches only
+    config_cls = CaiTConfig
 
+    def __init__(self, config: Optional[CaiTConfig] = None, **overrides: Any):
+        super().__init__(config, **overrides)
+        cfg, D = self.config, self.config.embed_dim
+        self.num_prefix_tokens = 1  # in the output sequence [class, patches]
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches, D))
+        positions.build(self, "learned", self.patch_embed.grid_size, D)  # the table covers the patches only
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate) if cfg.pos_drop_rate > 0 else None
         eps = cfg.layer_scale_init
         self.blocks = nn.ModuleList([
@@ -331,9 +264,6 @@ class CaiT(SaveMixin, nn.Module):
         self.head_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
         self.head = self._new_head(cfg.num_classes)
         self.init_weights()
-
-    def _new_head(self, num_classes: int) -> nn.Module:
-        return Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -352,125 +282,22 @@ class CaiT(SaveMixin, nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    # ------------------------------------------------------------------ public API
-
-    @property
-    def patch_size(self) -> IntPair:
-        return self.patch_embed.patch_size
-
-    def no_weight_decay(self) -> set:
-        return {"pos_embed", "cls_token"}
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = bool(enable)
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        """Replace the head by a zero-initialised linear layer (0: the model returns features)."""
-        if global_pool is not None:
-            if global_pool not in GLOBAL_POOLS:
-                raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        self.head = self._new_head(num_classes).to(self.patch_embed.proj.weight.device)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        # replace() drops label names that no longer fit the class count
-        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool)
-
-    @torch.no_grad()
-    def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
-        """Change the native input size; the position table is resampled in place."""
-        img_size = to_2tuple(img_size)
-        old_grid = self.patch_embed.grid_size
-        self.patch_embed.set_img_size(img_size)
-        cfg = self.config
-        new = resample_pos_embed(self.pos_embed.data, self.patch_embed.grid_size, old_grid, 0,
-                                 cfg.pos_embed_interpolation, cfg.pos_embed_antialias)
-        self.pos_embed = nn.Parameter(new)
-        self.config = cfg.replace(img_size=img_size)
-
-    def patch_pos_embed(self, grid: IntPair) -> torch.Tensor:
-        """The (1, gh*gw, D) position embedding of the patches for a grid."""
-        cfg = self.config
-        return resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, 0,
-                                  cfg.pos_embed_interpolation, cfg.pos_embed_antialias)
-
-    # ------------------------------------------------------------------ forward pieces
-
-    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
-        """Images -> patch tokens with positions (no class token yet), and the grid."""
-        x = self.patch_embed(x, strict=not self.dynamic_img_size)
-        B, gh, gw, D = x.shape
-        x = x.reshape(B, gh * gw, D)
-        if (gh, gw) == self.patch_embed.grid_size:
-            x = x + self.pos_embed
-        else:
-            x = x + self.patch_pos_embed((gh, gw))
-        if self.pos_drop is not None:
-            x = self.pos_drop(x)
-        return x, (gh, gw)
-
-    def _run(self, blk: nn.Module, *args):
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(blk, *args, use_reentrant=False)
-        return blk(*args)
-
-    def encode(self, x: torch.Tensor, return_attention: bool = False):
-        """Images -> final normalised tokens [class, patches] (B, 1 + N, D), and the maps."""
-        x, _ = self.embed(x)
-        attns: List[torch.Tensor] = []
-        for blk in self.blocks:
-            x, attn = self._run(blk, x, return_attention)
-            if return_attention:
-                attns.append(attn)
-        return self._class_attention(x, attns if return_attention else None), attns
-
-    def _class_attention(self, x: torch.Tensor, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+    def _finish(self, x: torch.Tensor, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """Patch tokens -> normalised [class, patches] after the class-attention layers
         (their maps appended to ``attns`` when given)."""
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         for blk in self.blocks_token_only:
-            cls, attn = self._run(blk, x, cls, attns is not None)
+            cls, attn = self._checkpointed(blk, x, cls, attns is not None)
             if attns is not None:
                 attns.append(attn)
         return self.norm(torch.cat((cls, x), dim=1))
 
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
-                              norm: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
-                              stop_early: bool = False):
-        """Patch tokens after chosen self-attention layers (timm's contract for CaiT).
-
-        ``indices`` count the self-attention layers only (the class-attention layers update
-        just the class token). Returns ``(final tokens, intermediates)`` -- the final tokens
-        after the class-attention layers, as :meth:`forward_features` -- or only the
-        intermediates, each (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC.
-        """
-        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
-        x, grid = self.embed(x)
-        outs = []
-        for i, blk in enumerate(self.blocks[: last + 1]):
-            x, _ = self._run(blk, x, False)
-            if i in take:
-                outs.append(patch_tokens_as(self.norm(x) if norm else x, grid, output_fmt))
-        if intermediates_only:
-            return outs
-        return self._class_attention(x), outs
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encode(x)[0]
-
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits; ``pre_logits=True`` stops at the pooled features."""
-        x = x[:, 1:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        """Tokens -> logits; ``pre_logits=True`` stops at the pooled features (head dropout after pooling)."""
+        x = self.pool(x)
         if self.head_drop is not None:
             x = self.head_drop(x)
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        tokens, attns = self.encode(x, return_attention)
-        logits = self.forward_head(tokens)
-        return (logits, attns) if return_attention else logits
 
     def extra_repr(self) -> str:
         c = self.config
@@ -496,6 +323,24 @@ def cait_macs(config: CaiTConfig) -> Tuple[int, int]:
     ca = D * D + 2 * (n + 1) * D * D + ca_mix + D * D + 2 * D * config.cls_mlp_dim
     total = embed + config.depth * sa + config.cls_depth * ca + D * config.num_classes
     return total, config.depth * sa_mix + config.cls_depth * ca_mix
+
+
+def cait_complexity(config: CaiTConfig) -> Complexity:
+    """``tokens`` and the attention entries are those of the self-attention layers (patches
+    only; the class token joins in the ``cls_depth`` class-attention layers, whose cost is in
+    ``macs``); ``depth`` counts the self-attention layers."""
+    gh, gw = config.grid_size
+    return token_complexity(config, *cait_macs(config), tokens=gh * gw)
+
+
+def cait_timm_args(args: Mapping[str, Any], config: CaiTConfig) -> Dict[str, Any]:
+    """timm's Cait ``model_args`` -> CaiTConfig fields."""
+    kw = {k: args[k] for k in ("embed_dim", "init_values", "mlp_ratio") if args.get(k) is not None}
+    if "depth_token_only" in args:
+        kw["cls_depth"] = int(args["depth_token_only"])
+    if "mlp_ratio_token_only" in args:
+        kw["cls_mlp_ratio"] = args["mlp_ratio_token_only"]
+    return kw
 
 
 def infer_cait_config(sd: Mapping[str, Any], **overrides: Any) -> CaiTConfig:
@@ -533,7 +378,7 @@ def infer_cait_config(sd: Mapping[str, Any], **overrides: Any) -> CaiTConfig:
     return CaiTConfig(**kw)
 
 
-def is_cait_state_dict(keys) -> bool:
+def is_cait_state_dict(keys: Collection[str]) -> bool:
     return any(str(k).startswith("blocks_token_only.") for k in keys)
 
 
@@ -552,10 +397,10 @@ CAIT_VARIANTS = [
 ]
 
 
-# registry.py imports this module at its end (after its own definitions), so the names are there.
-from .registry import register_architecture, register_model  # noqa: E402
+FAMILY = register_family(Family(
+    name="cait", config_cls=CaiTConfig, model_cls=CaiT, complexity=cait_complexity, matches=is_cait_state_dict,
+    infer_config=infer_cait_config, detect_priority=10, timm_args=cait_timm_args))
 
-register_architecture("cait", CaiTConfig, CaiT)
 for _name, _width, _depth, _heads, _size, _eps in CAIT_VARIANTS:
     register_model(_name, CaiTConfig(img_size=_size, patch_size=16, embed_dim=_width, depth=_depth,
                                      num_heads=_heads, init_values=_eps),
@@ -563,5 +408,5 @@ for _name, _width, _depth, _heads, _size, _eps in CAIT_VARIANTS:
 
 
 __all__ = ["CaiTConfig", "CaiT", "TalkingHeadAttention", "ClassAttention", "LayerScaleBlock",
-           "ClassAttentionBlock", "layer_scale_init", "cait_macs", "infer_cait_config", "is_cait_state_dict",
-           "CAIT_VARIANTS"]
+           "ClassAttentionBlock", "layer_scale_init", "cait_macs", "cait_complexity", "cait_timm_args",
+           "infer_cait_config", "is_cait_state_dict", "CAIT_VARIANTS", "FAMILY"]

@@ -1,22 +1,35 @@
-"""What every model configuration shares: JSON round trips and checked copies.
+"""What every model configuration shares: JSON round trips, checked copies, and the fields of
+every patch-token family.
 
-Each architecture's config is a dataclass (``ViTConfig``, ``ResNetV2Config``, ``CaiTConfig``,
-``ConViTConfig``) that ``config.json`` stores; this mixin gives them one ``to_dict`` /
-``from_dict`` / ``replace`` instead of four copies. ``KIND`` names the family in errors.
+Each family's config is a dataclass that ``config.json`` stores. :class:`ConfigMixin` gives
+them one ``to_dict`` / ``from_dict`` / ``replace`` and the input/output checks;
+:class:`TokenConfig` declares the fields every patch-token family (ViT, CaiT, ConViT) has,
+with their checks, once: a family subclasses it, adds its own fields, redeclares the defaults
+its weights differ in, and lists its own problems in ``family_problems``. ``KIND`` names the
+family in errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from .layers import ATTN_IMPLS, INTERPOLATIONS
+from .layers import ATTN_IMPLS, INTERPOLATIONS, IntPair, to_2tuple
+
+#: Normalisation of the two weight families (DESIGN: inputs travel with the weights): the
+#: official Google weights expect [-1, 1], DeiT/CaiT/ConViT/MAE weights ImageNet statistics.
+INCEPTION_MEAN = (0.5, 0.5, 0.5)
+INCEPTION_STD = (0.5, 0.5, 0.5)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+GLOBAL_POOLS = ("token", "avg")
 
 C = TypeVar("C", bound="ConfigMixin")
 
 
 class ConfigMixin:
-    KIND = "model"
+    KIND: ClassVar[str] = "model"
 
     def _io_problems(self) -> List[str]:
         """Checks of the input/output fields every family has (in_chans, num_classes, mean,
@@ -36,32 +49,10 @@ class ConfigMixin:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         return problems
 
-    def _token_problems(self, rates: Sequence[str] = ("drop_rate", "attn_drop_rate", "drop_path_rate")
-                        ) -> List[str]:
-        """Checks of the fields every patch-token family has (ViT, CaiT, ConViT): attention
-        kernel and position-interpolation names, dropout ``rates`` in [0, 1), positive image
-        and patch sizes."""
-        problems = []
-        if self.attn_impl not in ATTN_IMPLS:
-            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
-        if self.pos_embed_interpolation not in INTERPOLATIONS:
-            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
-        for rate in rates:
-            if not 0.0 <= getattr(self, rate) < 1.0:
-                problems.append(f"{rate} must be in [0, 1), got {getattr(self, rate)!r}")
-        for name in ("img_size", "patch_size"):
-            if min(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        return problems
-
-    def _patch_grid_problems(self) -> List[str]:
-        """img_size must be a whole number of patches (nothing to say while a size is not positive)."""
-        if min(self.img_size) <= 0 or min(self.patch_size) <= 0 or \
-                not any(i % p for i, p in zip(self.img_size, self.patch_size)):
-            return []
-        near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
-        return [f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
-                f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})"]
+    def _positive_int_problems(self, names: Sequence[str]) -> List[str]:
+        """Each of ``names`` must be an int > 0 (not a bool, a float or a string)."""
+        return [f"{name} must be a positive integer, got {getattr(self, name)!r}" for name in names
+                if not _is_int(getattr(self, name)) or getattr(self, name) <= 0]
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready: tuples become lists."""
@@ -89,3 +80,117 @@ class ConfigMixin:
                 and overrides["num_classes"] != len(self.label_names):
             overrides["label_names"] = None
         return dataclasses.replace(self, **overrides)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class ImageConfig(ConfigMixin):
+    """The fields of every family: the input, the classes, and what the weights expect at the
+    input and what their outputs mean (the preprocessing travels with the weights)."""
+
+    img_size: Tuple[int, int] = (224, 224)
+    in_chans: int = 3
+    num_classes: int = 1000
+    mean: Tuple[float, ...] = INCEPTION_MEAN
+    std: Tuple[float, ...] = INCEPTION_STD
+    #: evaluation keeps this share of the image (resize to size / crop_pct, centre crop)
+    crop_pct: float = 0.9
+    interpolation: str = "bicubic"
+    label_names: Optional[List[str]] = None
+    #: the family (what ``config.json`` is rebuilt by); each family's config sets its own
+    architecture: str = "vit"
+    name: Optional[str] = None
+
+    def _architecture_problems(self) -> List[str]:
+        own = type(self).__dataclass_fields__["architecture"].default
+        return [] if self.architecture == own else [f"architecture must be {own!r}, got {self.architecture!r}"]
+
+
+@dataclass
+class TokenConfig(ImageConfig):
+    """The fields every patch-token family shares, and their checks.
+
+    Defaults are the ViT-B/16 of the paper; families redeclare the defaults that differ.
+    """
+
+    KIND: ClassVar[str] = "token model"
+    #: dropout-rate fields, each checked to lie in [0, 1)
+    RATES: ClassVar[Tuple[str, ...]] = ("drop_rate", "attn_drop_rate", "drop_path_rate")
+
+    patch_size: Tuple[int, int] = (16, 16)
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    #: the readout: the class token, or the mean of the patch tokens
+    global_pool: str = "token"
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    #: stochastic depth (linear over depth, or as the family's paper says)
+    drop_path_rate: float = 0.0
+    #: 'auto' (fused SDPA; the explicit path for CPU training, faster there), 'sdpa', 'explicit'.
+    attn_impl: str = "auto"
+    #: any input size at run time, position embeddings resampled for its grid
+    dynamic_img_size: bool = False
+    #: How position embeddings are resampled for a new grid (dynamic size, set_input_size).
+    pos_embed_interpolation: str = "bicubic"
+    pos_embed_antialias: bool = True
+
+    def __post_init__(self) -> None:
+        self.img_size = to_2tuple(self.img_size)
+        self.patch_size = to_2tuple(self.patch_size)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise one ValueError listing every problem of the configuration."""
+        problems = self._architecture_problems()
+        problems += self._positive_int_problems(("embed_dim", "depth", "num_heads", "in_chans"))
+        if _is_int(self.num_heads) and self.num_heads > 0 and _is_int(self.embed_dim) \
+                and self.embed_dim % self.num_heads:
+            problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if not _is_int(self.num_classes) or self.num_classes < 0:
+            problems.append(f"num_classes must be an integer >= 0, got {self.num_classes!r}")
+        if self.global_pool not in GLOBAL_POOLS:
+            problems.append(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.attn_impl not in ATTN_IMPLS:
+            problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
+        if self.pos_embed_interpolation not in INTERPOLATIONS:
+            problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
+        for rate in self.RATES:
+            value = getattr(self, rate)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                problems.append(f"{rate} must be in [0, 1), got {value!r}")
+        for name in ("img_size", "patch_size"):
+            if min(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        problems += self.family_problems()
+        if min(self.img_size) > 0 and min(self.patch_size) > 0:
+            problems += self.grid_problems()
+        problems += self._io_problems()
+        if problems:
+            raise ValueError(f"invalid {self.KIND} config: " + "; ".join(problems))
+
+    def family_problems(self) -> List[str]:
+        """The checks of the family's own fields."""
+        return []
+
+    def grid_problems(self) -> List[str]:
+        """img_size must be a whole number of patches (sizes are positive here)."""
+        if not any(i % p for i, p in zip(self.img_size, self.patch_size)):
+            return []
+        near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
+        return [f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
+                f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})"]
+
+    @property
+    def grid_size(self) -> IntPair:
+        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def token_patch_size(self) -> IntPair:
+        """Pixels per token side."""
+        return self.patch_size

@@ -35,50 +35,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from .config_base import ConfigMixin
-from .layers import (
-    ATTN_IMPLS,
-    Block,
-    IntPair,
-    Linear,
-    Mlp,
-    PatchEmbed,
-    drop_path,
-    explicit_attention,
-    intermediates_plan,
-    patch_tokens_as,
-    resample_pos_embed,
-    to_2tuple,
-)
-from .serialize import SaveMixin
-from .vit import IMAGENET_MEAN, IMAGENET_STD
+from . import positions
+from .base import TokenModel
+from .complexity import Complexity, token_complexity
+from .config_base import IMAGENET_MEAN, IMAGENET_STD, TokenConfig
+from .layers import ATTN_IMPLS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, explicit_attention
+from .registry import Family, register_family, register_model
 
-CONVIT_GLOBAL_POOLS = ("token", "avg")
 CONVIT_POS_EMBEDS = ("learned", "none")
 
 
 @dataclass
-class ConViTConfig(ConfigMixin):
-    KIND = "ConViT"
-
+class ConViTConfig(TokenConfig):
     """Everything needed to rebuild a ConViT, plus the preprocessing its weights expect.
 
     ``embed_dim`` is the full width (timm's ``convit_*`` pass 48 per head and multiply).
+    ``attn_impl`` is ViTConfig's: GPSA's content attention fuses too when it has no attention
+    dropout in training (the gated mix is then made of the two outputs).
     """
 
-    img_size: Tuple[int, int] = (224, 224)
-    patch_size: Tuple[int, int] = (16, 16)
-    in_chans: int = 3
-    num_classes: int = 1000
-    embed_dim: int = 768
-    depth: int = 12
+    KIND: ClassVar[str] = "ConViT"
+
     num_heads: int = 16
     mlp_dim: int = 3072
     #: GPSA in layers 0 .. local_up_to_layer - 1, then MHSA; the class token joins after them.
@@ -87,83 +70,26 @@ class ConViTConfig(ConfigMixin):
     locality_strength: float = 1.0
     #: Start GPSA as a convolution (value = identity, positional attention at kernel offsets).
     use_local_init: bool = True
-    global_pool: str = "token"
+    #: a learned table over the patches (no class slot), or none
     pos_embed: str = "learned"
     qkv_bias: bool = False
-    norm_eps: float = 1e-6
     gelu: str = "exact"
-    #: Dropout after the embeddings, the attention output and inside the MLP (identity at inference).
-    drop_rate: float = 0.0
-    attn_drop_rate: float = 0.0
-    drop_path_rate: float = 0.0
-    #: Attention kernel, as ViTConfig's: GPSA's content attention fuses too when it has no
-    #: attention dropout in training (the gated mix is then made of the two outputs).
-    attn_impl: str = "auto"
-    dynamic_img_size: bool = False
-    pos_embed_interpolation: str = "bicubic"
-    pos_embed_antialias: bool = True
-    # ---- what the weights expect at the input, and what their outputs mean
     mean: Tuple[float, ...] = IMAGENET_MEAN
     std: Tuple[float, ...] = IMAGENET_STD
     crop_pct: float = 0.875
-    interpolation: str = "bicubic"
-    label_names: Optional[List[str]] = None
     architecture: str = "convit"
-    name: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.img_size = to_2tuple(self.img_size)
-        self.patch_size = to_2tuple(self.patch_size)
-        self.validate()
-
-    def validate(self) -> None:
-        problems = []
-        if self.architecture != "convit":
-            problems.append(f"architecture must be 'convit', got {self.architecture!r}")
-        if self.global_pool not in CONVIT_GLOBAL_POOLS:
-            problems.append(f"global_pool must be one of {CONVIT_GLOBAL_POOLS}, got {self.global_pool!r}")
-        if self.pos_embed not in CONVIT_POS_EMBEDS:
-            problems.append(f"pos_embed must be one of {CONVIT_POS_EMBEDS}, got {self.pos_embed!r}")
+    def family_problems(self) -> List[str]:
+        problems = positions.check(self.pos_embed, self.embed_dim, CONVIT_POS_EMBEDS)
         if self.gelu not in ("exact", "tanh"):
             problems.append(f"gelu must be 'exact' or 'tanh', got {self.gelu!r}")
-        if self.embed_dim <= 0 or self.num_heads <= 0 or self.mlp_dim <= 0:
-            problems.append("embed_dim, num_heads and mlp_dim must be positive")
-        elif self.embed_dim % self.num_heads:
-            problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.depth <= 0:
-            problems.append(f"depth must be positive, got {self.depth}")
-        elif not 0 <= self.local_up_to_layer < self.depth:
+        problems += self._positive_int_problems(("mlp_dim",))
+        if isinstance(self.depth, int) and self.depth > 0 and not 0 <= self.local_up_to_layer < self.depth:
             problems.append(f"local_up_to_layer must be in 0..{self.depth - 1} (GPSA layers, then at least one "
                             f"MHSA layer that the class token joins), got {self.local_up_to_layer}")
         if not (math.isfinite(self.locality_strength) and self.locality_strength > 0):
             problems.append(f"locality_strength must be a positive number, got {self.locality_strength}")
-        problems += self._token_problems() + self._patch_grid_problems()
-        if self.num_classes < 0 or self.in_chans <= 0:
-            problems.append("num_classes must be >= 0 and in_chans > 0")
-        problems += self._io_problems()
-        if problems:
-            raise ValueError("invalid ConViT config: " + "; ".join(problems))
-
-    # The ViT-config facts that code shared with ViTs reads (inspection, complexity, transforms).
-    @property
-    def class_token(self) -> bool:
-        return True
-
-    @property
-    def backbone(self) -> None:
-        return None
-
-    @property
-    def distill_token(self) -> bool:
-        return False
-
-    @property
-    def grid_size(self) -> IntPair:
-        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-
-    @property
-    def token_patch_size(self) -> IntPair:
-        return self.patch_size
+        return problems
 
 
 # ----------------------------------------------------------------------------- GPSA
@@ -299,32 +225,25 @@ class GPSABlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-class ConViT(SaveMixin, nn.Module):
+class ConViT(TokenModel):
     """ConViT: patch embedding + positions, GPSA layers on patches, [class] token, MHSA layers, head.
 
     ``model(x)`` -> logits (B, num_classes) or pooled features when ``num_classes == 0``.
     ``model(x, return_attention=True)`` -> ``(logits, [per-layer (B, heads, N, N)])`` with
-    N = patches for GPSA layers and 1 + patches for the MHSA layers.
+    N = patches for GPSA layers and 1 + patches for the MHSA layers. ``forward_intermediates``
+    returns the patch tokens of chosen layers, the class token left out (timm's contract).
     """
 
-    def __init__(self, config: Optional[ConViTConfig] = None, **overrides: Any):
-        super().__init__()
-        cfg = (config or ConViTConfig()).replace(**overrides) if overrides else (config or ConViTConfig())
-        self.config = cfg
-        D = cfg.embed_dim
-        self.embed_dim = self.num_features = D
-        self.num_classes = cfg.num_classes
-        self.global_pool = cfg.global_pool
-        self.dynamic_img_size = cfg.dynamic_img_size
-        self.local_up_to_layer = cfg.local_up_to_layer
-        self.grad_checkpointing = False
+    config_cls = ConViTConfig
 
+    def __init__(self, config: Optional[ConViTConfig] = None, **overrides: Any):
+        super().__init__(config, **overrides)
+        cfg, D = self.config, self.config.embed_dim
+        self.local_up_to_layer = cfg.local_up_to_layer
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.num_prefix_tokens = 1
-        self.pos_embed_prefix_tokens = 0  # the position table covers the patches only
-        gh, gw = self.patch_embed.grid_size
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, D)) if cfg.pos_embed == "learned" else None
+        positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D)  # the table covers the patches only
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
         rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList([
@@ -335,7 +254,7 @@ class ConViT(SaveMixin, nn.Module):
                   cfg.attn_drop_rate, rates[i], None, cfg.attn_impl)
             for i in range(cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.norm_eps)
-        self.head = Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = self._new_head(cfg.num_classes)
         self.init_weights()
 
     @torch.no_grad()
@@ -345,9 +264,8 @@ class ConViT(SaveMixin, nn.Module):
         for the patch convolution, gates 1 (lambda = 0.73); then the local init of every GPSA
         layer when ``use_local_init``."""
         self.patch_embed.proj.reset_parameters()
-        for p in (self.pos_embed, self.cls_token):
-            if p is not None:
-                nn.init.trunc_normal_(p, std=0.02)
+        for p in positions.parameters(self) + [self.cls_token]:
+            nn.init.trunc_normal_(p, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -359,15 +277,8 @@ class ConViT(SaveMixin, nn.Module):
             elif isinstance(m, GPSA):
                 nn.init.ones_(m.gating_param)
         if self.config.use_local_init:
-            for m in self.modules():
-                if isinstance(m, GPSA):
-                    m.local_init()
-
-    # ------------------------------------------------------------------ public API
-
-    @property
-    def patch_size(self) -> IntPair:
-        return self.patch_embed.patch_size
+            for m in self.gpsa_layers():
+                m.local_init()
 
     def gpsa_layers(self) -> List[GPSA]:
         return [blk.attn for blk in self.blocks if isinstance(blk, GPSABlock)]
@@ -379,125 +290,13 @@ class ConViT(SaveMixin, nn.Module):
             return torch.zeros(0, self.config.num_heads)
         return torch.stack([a.gates() for a in layers])
 
-    def no_weight_decay(self) -> set:
-        """Parameters the DeiT/ConViT recipe exempts from weight decay."""
-        names = {"cls_token", "pos_embed"}
-        return {n for n, _ in self.named_parameters() if n in names}
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = bool(enable)
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        """Replace the head by a zero-initialised linear layer (fine-tuning)."""
-        if global_pool is not None:
-            if global_pool not in CONVIT_GLOBAL_POOLS:
-                raise ValueError(f"global_pool must be one of {CONVIT_GLOBAL_POOLS}, got {global_pool!r}")
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        device = self.patch_embed.proj.weight.device
-        self.head = (Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()).to(device)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        # replace() drops label names that no longer fit the class count
-        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool)
-
-    @torch.no_grad()
-    def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
-        """Change the native input size; the position embedding is resampled in place."""
-        img_size = to_2tuple(img_size)
-        old_grid = self.patch_embed.grid_size
-        self.patch_embed.set_img_size(img_size)
-        if self.pos_embed is not None:
-            cfg = self.config
-            self.pos_embed = nn.Parameter(resample_pos_embed(
-                self.pos_embed.data, self.patch_embed.grid_size, old_grid, 0,
-                cfg.pos_embed_interpolation, cfg.pos_embed_antialias))
-        self.config = self.config.replace(img_size=img_size)
-
-    def patch_pos_embed(self, grid: IntPair) -> Optional[torch.Tensor]:
-        """The (1, gh*gw, D) position embedding of the patches for a grid (None without one)."""
-        if self.pos_embed is None:
-            return None
-        if tuple(grid) == tuple(self.patch_embed.grid_size):
-            return self.pos_embed
-        cfg = self.config
-        return resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, 0,
-                                  cfg.pos_embed_interpolation, cfg.pos_embed_antialias)
-
-    # ------------------------------------------------------------------ forward pieces
-
-    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
-        """Images -> patch tokens with positions (B, gh*gw, D), and the grid. No class token yet."""
-        x = self.patch_embed(x, strict=not self.dynamic_img_size)
-        B, gh, gw, D = x.shape
-        x = x.reshape(B, gh * gw, D)
-        pos = self.patch_pos_embed((gh, gw))
-        if pos is not None:
-            x = x + pos
-        if self.pos_drop is not None:
-            x = self.pos_drop(x)
-        return x, (gh, gw)
-
-    def _run_block(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
-        args = (x, grid, return_attention) if i < self.local_up_to_layer else (x, return_attention)
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(blk, *args, use_reentrant=False)
-        return blk(*args)
-
-    def encode(self, x: torch.Tensor, return_attention: bool = False):
-        """Images -> final normalised tokens (B, 1 + N, D) and, when asked, per-layer attention."""
-        x, grid = self.embed(x)
-        attns: List[torch.Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            if i == self.local_up_to_layer:
-                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-            x, attn = self._run_block(i, blk, x, grid, return_attention)
-            if return_attention:
-                attns.append(attn)
-        return self.norm(x), attns
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encode(x)[0]
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
-                              norm: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
-                              stop_early: bool = False):
-        """Patch tokens after chosen layers (timm's contract for ConViT): the class token,
-        which joins after the GPSA layers, is left out of every intermediate.
-
-        Returns ``(final tokens, intermediates)`` or only the intermediates, each
-        (B, D, gh, gw) for NCHW or (B, gh*gw, D) for NLC; with ``stop_early`` the final tokens
-        are those of the last chosen layer, normalised.
-        """
-        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
-        x, grid = self.embed(x)
-        outs = []
-        for i, blk in enumerate(self.blocks[: last + 1]):
-            if i == self.local_up_to_layer:
-                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-            x, _ = self._run_block(i, blk, x, grid, False)
-            if i in take:
-                y = self.norm(x) if norm else x
-                outs.append(patch_tokens_as(y[:, 1:] if i >= self.local_up_to_layer else y, grid, output_fmt))
-        if intermediates_only:
-            return outs
-        return self.norm(x), outs
-
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens:].mean(dim=1)
-        return x[:, 0]
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits; ``pre_logits=True`` stops at the pooled representation."""
-        x = self.pool(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        tokens, attns = self.encode(x, return_attention)
-        logits = self.forward_head(tokens)
-        return (logits, attns) if return_attention else logits
+    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
+        """GPSA layers see the patches (and their grid); the class token joins before the first MHSA layer."""
+        if i < self.local_up_to_layer:
+            return self._checkpointed(blk, x, grid, return_attention)
+        if i == self.local_up_to_layer:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self._checkpointed(blk, x, return_attention)
 
     def extra_repr(self) -> str:
         c = self.config
@@ -528,7 +327,26 @@ def convit_macs(config: ConViTConfig) -> Tuple[int, int]:
     return total, L * gpsa_mix + (config.depth - L) * mhsa_mix
 
 
-def is_convit_state_dict(sd: Mapping[str, Any]) -> bool:
+def convit_complexity(config: ConViTConfig) -> Complexity:
+    """``tokens`` and the attention entries are those of the MHSA layers (class token +
+    patches); the GPSA layers attend over the patches only (and add the positional scores
+    v_pos . r_ij, counted once per image as timm computes them)."""
+    gh, gw = config.grid_size
+    return token_complexity(config, *convit_macs(config), tokens=gh * gw + 1)
+
+
+def convit_timm_args(args: Mapping[str, Any], config: ConViTConfig) -> Dict[str, Any]:
+    """timm's ConVit ``model_args`` -> ConViTConfig fields (timm passes the width per head)."""
+    kw = {k: args[k] for k in ("local_up_to_layer", "locality_strength") if k in args}
+    if "embed_dim" in args:
+        kw["embed_dim"] = int(args["embed_dim"]) * int(args.get("num_heads", config.num_heads))
+    if "embed_dim" in args or "mlp_ratio" in args:
+        ratio = args.get("mlp_ratio", config.mlp_dim / config.embed_dim)
+        kw["mlp_dim"] = int(kw.get("embed_dim", config.embed_dim) * ratio)
+    return kw
+
+
+def is_convit_state_dict(sd: Collection[str]) -> bool:
     """timm/official ConViT names: GPSA layers have ``attn.gating_param`` / ``attn.qk``."""
     return any(k.endswith(("attn.gating_param", "attn.qk.weight", "attn.pos_proj.weight")) for k in sd)
 
@@ -574,9 +392,10 @@ def infer_convit_config(sd: Mapping[str, Any], **overrides: Any) -> ConViTConfig
 
 # ----------------------------------------------------------------------------- registration
 
-from .registry import register_architecture, register_model  # noqa: E402  (registry imports this module last)
-
-register_architecture("convit", ConViTConfig, ConViT)
+FAMILY = register_family(Family(
+    name="convit", config_cls=ConViTConfig, model_cls=ConViT, complexity=convit_complexity,
+    matches=is_convit_state_dict, infer_config=infer_convit_config, detect_priority=10,
+    timm_args=convit_timm_args, analyses=("gates",)))
 
 #: timm's names and sizes: 48 channels per head, GPSA in the first 10 of 12 layers.
 _CONVIT_VARIANTS = (("tiny", "Ti", 4), ("small", "S", 9), ("base", "B", 16))
@@ -586,4 +405,4 @@ for _size, _letter, _heads in _CONVIT_VARIANTS:
                    f"ConViT-{_letter}: {_heads} heads x 48, GPSA in layers 1-10, 224 px")
 
 __all__ = ["ConViTConfig", "ConViT", "GPSA", "GPSABlock", "relative_positions", "kernel_offsets", "convit_macs",
-           "is_convit_state_dict", "infer_convit_config"]
+           "convit_complexity", "convit_timm_args", "is_convit_state_dict", "infer_convit_config", "FAMILY"]

@@ -53,36 +53,13 @@ def xavier_uniform_fan(tensor: torch.Tensor, fan_in: int, fan_out: int) -> torch
 # ----------------------------------------------------------------------------- patches
 
 
-class PatchEmbed(nn.Module):
-    """Image (B, C, H, W) -> patch tokens (B, gh, gw, D) by a stride-P convolution.
-
-    A convolution with kernel = stride = P is exactly "flatten each P x P patch and apply
-    one shared linear map", the paper's Eq. 1, done in one kernel.
-    """
-
-    def __init__(self, img_size: IntPair, patch_size: IntPair, in_chans: int, embed_dim: int,
-                 bias: bool = True):
-        super().__init__()
-        self.img_size = to_2tuple(img_size)
-        self.patch_size = to_2tuple(patch_size)
-        self.in_chans = in_chans
-        self.embed_dim = embed_dim
-        self.grid_size = self.grid_for(self.img_size)
-        self.proj = nn.Conv2d(in_chans, embed_dim, self.patch_size, stride=self.patch_size,
-                              bias=bias)
+class PatchGrid:
+    """What a patch embedding answers about its token grid (:class:`PatchEmbed`, the hybrid's
+    ``HybridEmbed``); each defines ``grid_for(img_size)``, the grid of an input size."""
 
     @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
-
-    def grid_for(self, img_size: IntPair) -> IntPair:
-        h, w = img_size
-        ph, pw = self.patch_size
-        if h % ph or w % pw:
-            raise ValueError(
-                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; "
-                f"resize or crop the input to a multiple of the patch size")
-        return (h // ph, w // pw)
 
     def set_img_size(self, img_size: Union[int, IntPair]) -> None:
         self.img_size = to_2tuple(img_size)
@@ -102,6 +79,33 @@ class PatchEmbed(nn.Module):
                 f"dynamic_img_size=True or call model.set_input_size({size})")
         if not strict:
             self.grid_for(size)  # clear error when not divisible
+
+
+class PatchEmbed(PatchGrid, nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, gh, gw, D) by a stride-P convolution.
+
+    A convolution with kernel = stride = P is exactly "flatten each P x P patch and apply
+    one shared linear map", the paper's Eq. 1, done in one kernel.
+    """
+
+    def __init__(self, img_size: IntPair, patch_size: IntPair, in_chans: int, embed_dim: int,
+                 bias: bool = True):
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.set_img_size(img_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, self.patch_size, stride=self.patch_size,
+                              bias=bias)
+
+    def grid_for(self, img_size: IntPair) -> IntPair:
+        h, w = img_size
+        ph, pw = self.patch_size
+        if h % ph or w % pw:
+            raise ValueError(
+                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; "
+                f"resize or crop the input to a multiple of the patch size")
+        return (h // ph, w // pw)
 
     def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
         self.check_images(x, strict)

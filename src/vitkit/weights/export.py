@@ -8,12 +8,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..utils import PathLike, atomic_path, write_json
 from . import hf_format, npz_format, timm_format
 from .io import WeightsError
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
+_LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face ViT", "npz": "official JAX", "big_vision": "big_vision"}
 
 
 def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: bool = False) -> Path:
@@ -28,8 +30,15 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     :class:`WeightsError` saying which feature is in the way.
     """
     path = Path(path)
+    if format not in EXPORT_FORMATS:
+        raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     if format == "vitkit":
         return save_pretrained(model, path)
+    fam = family_of(model.config)
+    if format not in fam.layouts:
+        raise WeightsError(f"{fam.config_cls.KIND} models (architecture {fam.name!r}) have no {_LAYOUT_NAMES[format]} "
+                           f"layout ({format!r}); "
+                           f"export them as {', '.join(repr(f) for f in ('vitkit',) + fam.layouts)}")
     if format == "timm":
         sd = timm_format.from_native(model)
         if path.suffix == ".safetensors":

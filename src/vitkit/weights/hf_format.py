@@ -13,8 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from ..models import ViTConfig
+from ..models.positions import full_table
 from .io import WeightsError
-from .timm_format import full_pos_embed
 
 _BLOCK = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
 _BLOCK_NAMES = {
@@ -100,7 +100,7 @@ def from_native(model) -> Dict[str, torch.Tensor]:
     for native, hf in inv_top.items():
         if native in sd and not native.startswith(("head.", "pre_logits.")):
             out[root + hf] = sd[native].contiguous()
-    out[root + "embeddings.position_embeddings"] = full_pos_embed(model).cpu().contiguous()
+    out[root + "embeddings.position_embeddings"] = full_table(model).cpu().contiguous()
     if classify:
         out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
     elif cfg.representation_size:
@@ -110,10 +110,7 @@ def from_native(model) -> Dict[str, torch.Tensor]:
 
 def _check_exportable(cfg: ViTConfig) -> None:
     problems = []
-    if getattr(cfg, "architecture", "vit") != "vit":
-        raise WeightsError(f"cannot export to Hugging Face ViT: architecture {cfg.architecture!r} "
-                           f"has no HF ViT equivalent")
-    if getattr(cfg, "backbone", None) is not None:
+    if cfg.backbone is not None:
         problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
                         "implemented); export it as 'vitkit', 'timm' or 'npz'")
     if not cfg.class_token or cfg.global_pool != "token" or cfg.use_fc_norm:

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.cait import is_cait_state_dict
-from ..models.layers import resample_pos_embed, resample_pos_embed_grid
+from ..models import family_of_state_dict, positions
+from ..models.layers import resample_pos_embed
 from ..utils import PathLike
 from . import hf_format, npz_format
 from .io import WeightsError, read_tensors
@@ -60,12 +60,8 @@ def detect_format(keys) -> str:
         return "npz" if found[0] == "vit_jax" else "big_vision"
     if hf_format.is_hf(keys):
         return "hf"
-    if "patch_embed.proj.weight" in keys:
-        return "timm"
-    if "stem.conv.weight" in keys and any(k.startswith("stages.") for k in keys):
-        return "timm"  # a ResNetV2 classifier (timm's names)
-    if is_cait_state_dict(keys):
-        return "timm"  # a CaiT (timm's names; the official checkpoints are the same under 'model')
+    if family_of_state_dict(keys) is not None:
+        return "timm"  # vitkit's names are timm's (the official DeiT/CaiT/ConViT .pth files too, under 'model')
     preview = ", ".join(sorted(keys)[:6])
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, "
                        f"Hugging Face ViT, or official vit_jax / big_vision npz names")
@@ -128,16 +124,17 @@ def _square_side(n: int) -> Optional[int]:
 
 def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
                      interpolation: str, antialias: bool, report: LoadReport) -> None:
-    """Fit the source position table to the model: class slot and grid size."""
-    if getattr(model, "patch_embed", None) is None:
+    """Fit the source position table to the model: prefix slots and grid size (a flat table,
+    the form every layout stores); the model's other kinds fit their own parameters."""
+    if getattr(model, "pos_embed_kind", None) is None:
         return  # a CNN: no positions
     grid = tuple(model.patch_embed.grid_size)
-    if "pos_embed" in sd and getattr(model, "pos_embed", None) is not None:
+    if "pos_embed" in sd and model.pos_embed is not None:
         pos = sd["pos_embed"]
         if pos.dim() != 3 or pos.shape[0] != 1:
             raise WeightsError(f"pos_embed has shape {tuple(pos.shape)}, expected (1, tokens, width)")
-        # CaiT's table covers the patches only although its output has a class token.
-        prefix = getattr(model, "pos_embed_prefix_tokens", model.num_prefix_tokens)
+        # CaiT's and ConViT's tables cover the patches only although their outputs have a class token.
+        prefix = model.pos_embed_prefix_tokens
         n = pos.shape[1]
         src_grid = facts.get("grid")
         area = grid[0] * grid[1]
@@ -172,14 +169,8 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
                                     f"({interpolation})")
         sd["pos_embed"] = pos
-    for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
-        if key in sd and getattr(model, key, None) is not None and sd[key].shape[1] != grid[axis]:
-            table = sd[key]
-            shape = (grid[0], 1) if axis == 0 else (1, grid[1])
-            t = table.unsqueeze(2) if axis == 0 else table.unsqueeze(1)
-            t = resample_pos_embed_grid(t, shape, interpolation, antialias)
-            sd[key] = t.squeeze(2) if axis == 0 else t.squeeze(1)
-            report.resampled.append(f"{key} {table.shape[1]} -> {grid[axis]}")
+    for note in positions.fit_state_dict(sd, model, interpolation, antialias):
+        report.resampled.append(note)
 
 
 def _first_conv(model: nn.Module) -> Optional[str]:

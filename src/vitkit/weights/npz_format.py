@@ -33,8 +33,8 @@ import torch
 
 from ..models import ViTConfig
 from ..models.hybrid import backbone_in_chans, backbone_reduction, infer_backbone
+from ..models.positions import full_table
 from .io import WeightsError
-from .timm_format import full_pos_embed
 
 _VIT_JAX_PARTS = {"ln1": "LayerNorm_0", "mha": "MultiHeadDotProductAttention_1",
                   "ln2": "LayerNorm_2", "mlp": "MlpBlock_3"}
@@ -235,9 +235,6 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     """vitkit model -> official npz arrays (``layout`` 'vit_jax' or 'big_vision')."""
     cfg = model.config
     problems = []
-    if getattr(cfg, "architecture", "vit") != "vit":
-        raise WeightsError(f"cannot export to the official npz layout: architecture {cfg.architecture!r} "
-                           f"has no official JAX layout")
     if cfg.init_values:
         problems.append("the official layout has no LayerScale")
     if cfg.global_pool == "avg" and cfg.use_fc_norm:
@@ -263,7 +260,7 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     w["embedding/bias"] = sd["patch_embed.proj.bias"]
     if backbone is not None:
         w.update(_hybrid_from_native(sd, backbone["layers"]))
-    pos = full_pos_embed(model)
+    pos = full_table(model)
     pos = None if pos is None else pos.cpu().float().numpy()
     if layout == "big_vision":
         if "cls_token" in sd:

@@ -1,0 +1,202 @@
+"""What every patch-token model shares: timm's uniform API, written once.
+
+A family's module (``VisionTransformer``, ``CaiT``, ``ConViT``) subclasses :class:`TokenModel`
+and builds its parts with timm's names: ``patch_embed`` (grid, patch size, input checks),
+``cls_token`` (a Parameter, or None), the position embedding (:mod:`.positions`), ``blocks``,
+``norm``, the heads and ``pos_drop``. It then only says what differs: which tokens precede
+the patches from the start (:meth:`prefix_tokens`), how layer ``i`` runs (:meth:`_layer`: a
+ConViT's class token joins between two layers), how the last tokens are finished
+(:meth:`_finish`: CaiT's class attention) and how tokens become logits (:meth:`forward_head`).
+``forward``, ``forward_features``, ``forward_intermediates``, ``reset_classifier``,
+``set_input_size``, ``no_weight_decay`` and gradient checkpointing come from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from . import positions
+from .config_base import GLOBAL_POOLS, TokenConfig
+from .layers import IntPair, Linear, intermediates_plan, patch_tokens_as, to_2tuple
+from .serialize import SaveMixin
+
+
+class TokenModel(SaveMixin, nn.Module):
+    """Patch tokens through a transformer: the shared half of every token family.
+
+    ``model(x)`` -> logits (B, num_classes), or pooled features when ``num_classes == 0``.
+    ``model(x, return_attention=True)`` -> ``(logits, [per-layer attention weights])``.
+    """
+
+    #: the family's config class (the default configuration when none is given)
+    config_cls: type = TokenConfig
+    #: parameters the papers' recipes exempt from weight decay (besides 1-D tensors)
+    NO_WEIGHT_DECAY = ("cls_token", "dist_token") + positions.PARAMETER_NAMES
+
+    def __init__(self, config: Optional[TokenConfig] = None, **overrides: Any):
+        super().__init__()
+        cfg = config if config is not None else self.config_cls()
+        self.config = cfg.replace(**overrides) if overrides else cfg
+        self.embed_dim = self.num_features = self.config.embed_dim
+        self.num_classes = self.config.num_classes
+        self.global_pool = self.config.global_pool
+        self.dynamic_img_size = self.config.dynamic_img_size
+        self.grad_checkpointing = False
+        self.pos_drop: Optional[nn.Module] = None
+
+    # ------------------------------------------------------------------ heads
+
+    #: attributes holding classifier heads (DeiT adds ``head_dist``)
+    def head_names(self) -> Tuple[str, ...]:
+        return ("head",)
+
+    def _new_head(self, num_classes: int) -> nn.Module:
+        return Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    @torch.no_grad()
+    def _zero_heads(self) -> None:
+        """Zero-initialised classifiers (the official code's ``head_kernel_init``; the paper's fine-tuning)."""
+        for name in self.head_names():
+            head = getattr(self, name)
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the heads by zero-initialised linear layers (0 classes: the model returns features)."""
+        if global_pool is not None and global_pool != self.global_pool:
+            if global_pool not in GLOBAL_POOLS:
+                raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a class token")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        device = self.patch_embed.proj.weight.device
+        for name in self.head_names():
+            setattr(self, name, self._new_head(num_classes).to(device))
+        self._zero_heads()
+        # replace() drops label names that no longer fit the class count
+        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def patch_size(self) -> IntPair:
+        """Pixels per token side (for a hybrid: the CNN's stride x the projection patch)."""
+        return self.patch_embed.patch_size
+
+    def no_weight_decay(self) -> set:
+        """Parameters the papers' recipes exempt from weight decay."""
+        return {n for n, _ in self.named_parameters() if n in self.NO_WEIGHT_DECAY}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = bool(enable)
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
+        """Change the native input size; position embeddings are resampled in place."""
+        img_size = to_2tuple(img_size)
+        old_grid = self.patch_embed.grid_size
+        self.patch_embed.set_img_size(img_size)
+        positions.resample_(self, old_grid, self.patch_embed.grid_size)
+        self.config = self.config.replace(img_size=img_size)
+
+    def patch_pos_embed(self, grid: IntPair) -> Optional[torch.Tensor]:
+        """The (1, gh*gw, D) position embedding of the patch tokens of a grid (None without one)."""
+        return positions.patch_table(self, grid)
+
+    # ------------------------------------------------------------------ forward pieces
+
+    def prefix_tokens(self, batch: int) -> List[torch.Tensor]:
+        """Tokens that precede the patches from the first layer on (none unless the family has them)."""
+        return []
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
+        """Images -> the first layer's tokens (prefix + patches, with positions), and the patch grid."""
+        x = self.patch_embed(x, strict=not self.dynamic_img_size)
+        B, gh, gw, D = x.shape
+        x = positions.add(self, x.reshape(B, gh * gw, D), (gh, gw), self.prefix_tokens(B))
+        if self.pos_drop is not None:
+            x = self.pos_drop(x)
+        return x, (gh, gw)
+
+    def _checkpointed(self, blk: nn.Module, *args):
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return checkpoint(blk, *args, use_reentrant=False)
+        return blk(*args)
+
+    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
+        """Layer ``i`` (``blk``) on the tokens -> (tokens, attention weights or None)."""
+        return self._checkpointed(blk, x, return_attention)
+
+    def _finish(self, x: torch.Tensor, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """The last layer's tokens -> the final normalised tokens (further maps appended to ``attns``)."""
+        return self.norm(x)
+
+    def encode(self, x: torch.Tensor, return_attention: bool = False):
+        """Images -> final normalised tokens (B, N, D) and, when asked, per-layer attention."""
+        x, grid = self.embed(x)
+        attns: List[torch.Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            x, attn = self._layer(i, blk, x, grid, return_attention)
+            if return_attention:
+                attns.append(attn)
+        return self._finish(x, attns if return_attention else None), attns
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encode(x)[0]
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Final tokens -> the pooled representation: the class token, or the mean of the patches."""
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens -> logits; ``pre_logits=True`` stops at the pooled representation."""
+        x = self.pool(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        tokens, attns = self.encode(x, return_attention)
+        logits = self.forward_head(tokens)
+        return (logits, attns) if return_attention else logits
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, output_fmt: str = "NCHW", return_prefix_tokens: bool = False,
+                              intermediates_only: bool = False, stop_early: bool = False):
+        """Features of chosen layers (timm's contract).
+
+        ``indices``: an int n takes the last n layers of ``blocks``, a sequence takes those
+        (negative from the end), None takes all. Returns ``(final_tokens, intermediates)``, or
+        only the intermediates; each is the patch tokens as (B, D, gh, gw) for NCHW or
+        (B, gh*gw, D) for NLC, paired with the layer's prefix tokens when
+        ``return_prefix_tokens``. With ``stop_early`` the final tokens are those of the last
+        chosen layer, finished as after the last one.
+        """
+        take, last = intermediates_plan(len(self.blocks), indices, output_fmt, stop_early, intermediates_only)
+        x, grid = self.embed(x)
+        patches = grid[0] * grid[1]
+        outs = []
+        for i, blk in enumerate(self.blocks[: last + 1]):
+            x, _ = self._layer(i, blk, x, grid, False)
+            if i in take:
+                y = self.norm(x) if norm else x
+                prefix, spatial = y[:, : y.shape[1] - patches], y[:, y.shape[1] - patches:]
+                spatial = patch_tokens_as(spatial, grid, output_fmt)
+                outs.append((spatial, prefix) if return_prefix_tokens else spatial)
+        if intermediates_only:
+            return outs
+        return self._finish(x), outs
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"img_size={c.img_size}, patch_size={c.patch_size}, grid={self.patch_embed.grid_size}, "
+                f"pos_embed={self.pos_embed_kind}, global_pool={self.global_pool}")
+
+
+__all__ = ["TokenModel"]

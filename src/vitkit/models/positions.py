@@ -1,0 +1,230 @@
+"""Position-embedding kinds: one table of small functions, one row per kind.
+
+A kind says how its parameters are built on a model, what (1, gh*gw, D) table the patches
+of a grid get, how the parameters are resampled in place for a new native grid, what it
+asks of the width, how a state dict of the kind is fitted to another grid while loading,
+and what one flat (1, prefix + gh*gw, D) table in timm's layout it is equal to (the form
+every foreign layout stores). Models, the loader and the exporters call the functions of
+this module; a new kind is one new row here.
+
+Parameter names are timm's: ``pos_embed`` (the learned table, with ``pos_embed_prefix_tokens``
+slots for prefix tokens in front of the patches when the family has them), and vitkit's own
+``pos_embed_row`` / ``pos_embed_col`` for the paper's 2D ablation. ``sincos2d`` keeps its
+fixed table in the non-persistent buffer ``pos_embed_fixed``. The resampling follows the
+model's ``config.pos_embed_interpolation`` and ``config.pos_embed_antialias``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .layers import IntPair, resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed
+
+#: Every parameter a kind may create (position tables are exempt from weight decay).
+PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col")
+
+
+def _resample_args(model: nn.Module):
+    cfg = model.config
+    return cfg.pos_embed_interpolation, cfg.pos_embed_antialias
+
+
+# ----------------------------------------------------------------------------- learned (1D table)
+
+
+def _learned_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> None:
+    model.pos_embed = nn.Parameter(torch.zeros(1, slots + grid[0] * grid[1], dim))
+
+
+def _learned_table(model: nn.Module, grid: IntPair) -> torch.Tensor:
+    table = model.pos_embed[:, model.pos_embed_prefix_tokens:]
+    return resample_pos_embed(table, grid, model.patch_embed.grid_size, 0, *_resample_args(model))
+
+
+def _learned_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    model.pos_embed = nn.Parameter(resample_pos_embed(model.pos_embed.data, new, old, model.pos_embed_prefix_tokens,
+                                                      *_resample_args(model)))
+
+
+# ----------------------------------------------------------------------------- learned_2d (row + column)
+
+
+def _2d_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> None:
+    # The paper's 2D ablation: a row and a column table of D/2 each, concatenated.
+    model.pos_embed_row = nn.Parameter(torch.zeros(1, grid[0], dim // 2))
+    model.pos_embed_col = nn.Parameter(torch.zeros(1, grid[1], dim // 2))
+
+
+def _resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str, antialias: bool) -> torch.Tensor:
+    """A (1, n, D') row (axis 0) or column (axis 1) table resampled to ``size`` entries."""
+    if table.shape[1] == size:
+        return table
+    grid = table.unsqueeze(2 if axis == 0 else 1)
+    out = resample_pos_embed_grid(grid, (size, 1) if axis == 0 else (1, size), interpolation, antialias)
+    return out.squeeze(2 if axis == 0 else 1)
+
+
+def _2d_tables(model: nn.Module, grid: IntPair):
+    args = _resample_args(model)
+    return (_resample_axis(model.pos_embed_row, 0, grid[0], *args),
+            _resample_axis(model.pos_embed_col, 1, grid[1], *args))
+
+
+def _2d_table(model: nn.Module, grid: IntPair) -> torch.Tensor:
+    row, col = _2d_tables(model, grid)
+    gh, gw = grid
+    full = torch.cat([row[:, :, None, :].expand(-1, gh, gw, -1), col[:, None, :, :].expand(-1, gh, gw, -1)], dim=-1)
+    return full.reshape(1, gh * gw, -1)
+
+
+def _2d_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    row, col = _2d_tables(model, new)
+    model.pos_embed_row, model.pos_embed_col = nn.Parameter(row.detach()), nn.Parameter(col.detach())
+
+
+def _2d_fit_state(sd: Dict[str, torch.Tensor], grid: IntPair, interpolation: str, antialias: bool) -> List[str]:
+    notes = []
+    for axis, key in enumerate(("pos_embed_row", "pos_embed_col")):
+        if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
+            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]}")
+            sd[key] = _resample_axis(sd[key], axis, grid[axis], interpolation, antialias)
+    return notes
+
+
+# ----------------------------------------------------------------------------- sincos2d (fixed)
+
+
+def _sincos_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> None:
+    model.register_buffer("pos_embed_fixed", sincos_2d_pos_embed(grid, dim), persistent=False)
+
+
+def _sincos_table(model: nn.Module, grid: IntPair) -> torch.Tensor:
+    if tuple(grid) != tuple(model.patch_embed.grid_size):
+        return sincos_2d_pos_embed(grid, model.embed_dim).to(model.pos_embed_fixed)
+    return model.pos_embed_fixed
+
+
+def _sincos_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    model.pos_embed_fixed = sincos_2d_pos_embed(new, model.embed_dim).to(model.pos_embed_fixed.device)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+def _no_notes(*args) -> List[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class PosEmbedKind:
+    """The functions of one position-embedding kind (see the module notes)."""
+
+    #: (model, grid, width, prefix slots) -> None: create the parameters on the model
+    build: Callable[[nn.Module, IntPair, int, int], None]
+    #: (model, grid) -> (1, gh*gw, D) positions of the patches, or None
+    table: Callable[[nn.Module, IntPair], Optional[torch.Tensor]]
+    #: (model, old grid, new grid) -> None: resample the parameters in place
+    resample: Callable[[nn.Module, IntPair, IntPair], None]
+    #: the width the kind needs: D is divisible by this
+    width_multiple: int = 1
+    #: (state dict, model grid, interpolation, antialias) -> notes: fit a loaded state dict's
+    #: parameters of this kind to the model's grid in place (the learned table, which every
+    #: foreign layout stores, is fitted by the loader itself: it also infers prefix slots)
+    fit_state: Callable[[Dict[str, torch.Tensor], IntPair, str, bool], List[str]] = _no_notes
+
+
+KINDS: Dict[str, PosEmbedKind] = {
+    "learned": PosEmbedKind(_learned_build, _learned_table, _learned_resample),
+    "learned_2d": PosEmbedKind(_2d_build, _2d_table, _2d_resample, width_multiple=2, fit_state=_2d_fit_state),
+    "sincos2d": PosEmbedKind(_sincos_build, _sincos_table, _sincos_resample, width_multiple=4),
+    "none": PosEmbedKind(_nothing, _nothing, _nothing),
+}
+
+
+def check(kind: str, dim: int, allowed: Sequence[str] = tuple(KINDS)) -> List[str]:
+    """Problems with position-embedding ``kind`` for width ``dim`` (a family may allow fewer kinds)."""
+    if kind not in allowed:
+        return [f"pos_embed must be one of {tuple(allowed)}, got {kind!r}"]
+    multiple = KINDS[kind].width_multiple
+    if isinstance(dim, int) and dim % multiple:
+        return [f"pos_embed={kind!r} needs embed_dim divisible by {multiple}, got {dim}"]
+    return []
+
+
+def build(model: nn.Module, kind: str, grid: IntPair, dim: int, slots: int = 0) -> None:
+    """Create ``kind``'s parameters on ``model`` for its native ``grid``; the learned table gets
+    ``slots`` prefix slots in front of the patches (the ViT's class / distillation tokens)."""
+    for name in PARAMETER_NAMES:
+        setattr(model, name, None)
+    model.pos_embed_kind = kind
+    model.pos_embed_prefix_tokens = slots if kind == "learned" else 0
+    KINDS[kind].build(model, tuple(grid), dim, model.pos_embed_prefix_tokens)
+
+
+def parameters(model: nn.Module) -> List[nn.Parameter]:
+    """The model's position parameters (for initialisation)."""
+    return [p for p in (getattr(model, n, None) for n in PARAMETER_NAMES) if p is not None]
+
+
+def patch_table(model: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
+    """(1, gh*gw, D) positions of the patches of ``grid`` (resampled when it is not the native one)."""
+    return KINDS[model.pos_embed_kind].table(model, tuple(grid))
+
+
+def resample_(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    """Resample the model's position parameters in place from grid ``old`` to ``new``."""
+    KINDS[model.pos_embed_kind].resample(model, tuple(old), tuple(new))
+
+
+def add(model: nn.Module, x: torch.Tensor, grid: IntPair, prefix: List[torch.Tensor]) -> torch.Tensor:
+    """Patch tokens (B, gh*gw, D) -> ``prefix`` + patches with their positions (B, P + gh*gw, D).
+
+    Prefix tokens take their slots of the learned table when it has them, else no position.
+    """
+    if model.pos_embed_kind == "learned" and tuple(grid) == tuple(model.patch_embed.grid_size) \
+            and model.pos_embed_prefix_tokens == len(prefix):
+        # The common case: the stored table (with its prefix slots) as it is, in one addition.
+        if prefix:
+            x = torch.cat(prefix + [x], dim=1)
+        return x + model.pos_embed
+    pos = patch_table(model, grid)
+    if pos is not None:
+        x = x + pos
+    if prefix:
+        if model.pos_embed_prefix_tokens:
+            prefix = [t + model.pos_embed[:, i:i + 1] for i, t in enumerate(prefix)]
+        x = torch.cat(prefix + [x], dim=1)
+    return x
+
+
+def full_table(model: nn.Module) -> Optional[torch.Tensor]:
+    """The model's positions as one (1, slots + gh*gw, D) table, timm style (None without any).
+
+    A learned table is returned as stored; other kinds are written out for the native grid
+    with a zero slot per prefix token, which is exactly "no position" for it.
+    """
+    if model.pos_embed_kind == "learned":
+        return model.pos_embed.detach()
+    patches = patch_table(model, model.patch_embed.grid_size)
+    if patches is None:
+        return None
+    prefix = patches.new_zeros(1, model.num_prefix_tokens, patches.shape[-1])
+    return torch.cat([prefix, patches.detach()], dim=1)
+
+
+def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation: str, antialias: bool) -> List[str]:
+    """Fit the state dict's parameters of the model's kind (other than the learned table) to the
+    model's grid; returns what was resampled."""
+    return KINDS[model.pos_embed_kind].fit_state(sd, tuple(model.patch_embed.grid_size), interpolation, antialias)
+
+
+__all__ = ["PARAMETER_NAMES", "PosEmbedKind", "KINDS", "check", "build", "parameters", "patch_table", "resample_",
+           "add", "full_table", "fit_state_dict"]
