@@ -1,20 +1,20 @@
-"""The paper's preprocessing for image files, with torchvision.transforms.v2.
+"""The paper's preprocessing for image files: training with torchvision.transforms.v2, evaluation as prediction.
 
 Training follows the ViT paper (and the Inception crop it inherits): a random crop of 8-100%
 of the area at an aspect ratio of 3/4-4/3, resized to the model's input, and a horizontal
-flip. Evaluation resizes the shorter side to ``floor(size / crop_pct)`` and keeps the centre,
-as timm does (:class:`vitkit.data.transforms.EvalTransform` is the same without
-torchvision). Both take a PIL image -- RGB, or L for a one-channel model -- and give a
-normalised float32 (C, H, W) tensor. The resizing runs in Pillow, on the PIL image, so the
-evaluation pipeline gives the pixels the weights were evaluated with.
+flip. Evaluation is :class:`vitkit.data.transforms.EvalTransform`, the one evaluation path
+that ``vitkit predict`` and ``vitkit inspect`` use too (timm's: resize to ``floor(size /
+crop_pct)``, keep the centre). Both take a PIL image -- RGB, or L for a one-channel model --
+and give a normalised float32 (C, H, W) tensor; the resizing runs in Pillow, on the PIL image.
 
-torchvision is imported inside the functions: vitkit itself runs without it.
+torchvision is imported inside the training functions: vitkit itself runs without it.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+from .transforms import EvalTransform
 
 IntOrPair = Union[int, Sequence[int]]
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
@@ -88,30 +88,10 @@ class _TensorOp:
         return f"{type(self.fn).__name__}()"
 
 
-def eval_resize_size(img_size: IntOrPair, crop_pct: float) -> Union[int, Tuple[int, int]]:
-    """What the image is resized to before the centre crop: the shorter side for a square input."""
-    if not 0 < crop_pct <= 1:
-        raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-    h, w = _pair(img_size)
-    if h == w:
-        return math.floor(h / crop_pct)
-    return (math.floor(h / crop_pct), math.floor(w / crop_pct))
-
-
 def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
                    crop_pct: float = 0.875, interpolation: str = "bicubic") -> Callable[[Any], Any]:
-    """Resize (shorter side to ``floor(size / crop_pct)``) + centre crop + float + normalise.
-
-    For a square ``img_size`` this is timm's evaluation exactly (torchvision's Resize
-    truncates the longer side, CenterCrop rounds its offset; ``EvalTransform`` rounds the
-    one and floors the other, so on some aspect ratios the two differ by a pixel). A
-    non-square ``img_size`` resizes each side by the same rule, as ``EvalTransform`` does.
-    """
-    v2 = _v2()
-    steps = [v2.Resize(eval_resize_size(img_size, crop_pct), interpolation=_interpolation(interpolation),
-                       antialias=True),
-             v2.CenterCrop(_pair(img_size))]
-    return v2.Compose(steps + _to_normalised_tensor(v2, mean, std))
+    """Resize to ``floor(size / crop_pct)`` + centre crop + float + normalise: :class:`EvalTransform`."""
+    return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation)
 
 
 def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None) -> Callable[[Any], Any]:

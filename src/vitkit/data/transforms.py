@@ -1,40 +1,40 @@
 """Evaluation preprocessing as the weights' config prescribes: resize, centre crop, normalise.
 
-The resize keeps ``crop_pct`` of the image after cropping, as timm evaluates: the shorter
-side goes to ``floor(size / crop_pct)`` and the centre ``size`` is kept; a non-square input
-size resizes each side by the same rule. Pure Pillow + numpy, so prediction needs no
-torchvision.
+The one evaluation path for image files: prediction, ``vitkit inspect`` and the validation
+and test splits of image folders and shards all use :class:`EvalTransform`, so each sees the
+pixels the others see. It is timm's evaluation transform exactly (tested pixel for pixel
+against ``timm.data.create_transform``): the image is resized to ``floor(size / crop_pct)``
+-- for a square size, its shorter side, the longer one in proportion and truncated (as
+torchvision's ``Resize``); for a non-square size, by the ratio that brings one side to its
+target and keeps the aspect (timm's ``ResizeKeepRatio``) -- then the centre ``size`` is cut
+(offsets rounded as torchvision's ``CenterCrop``). Pure Pillow + numpy, so prediction needs
+no torchvision.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Sequence, Tuple, Union
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
+
+from .images import load_image  # noqa: F401 (the decoder every reader uses; re-exported)
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
              "nearest": Image.Resampling.NEAREST}
 
 
-def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
-    """Open an image file upright (EXIF orientation applied) as RGB, or L for 1 channel."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
-    try:
-        with Image.open(path) as im:
-            im = ImageOps.exif_transpose(im)
-            if im.mode in ("RGBA", "LA", "P"):
-                im = im.convert("RGBA")
-                background = Image.new("RGBA", im.size, (255, 255, 255, 255))
-                im = Image.alpha_composite(background, im)
-            return im.convert("L" if channels == 1 else "RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
+def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], crop_pct: float) -> Tuple[int, int]:
+    """(width, height) an image of ``image_size`` (width, height) is resized to before the
+    centre crop to ``img_size`` (height, width)."""
+    w, h = image_size
+    sh, sw = math.floor(img_size[0] / crop_pct), math.floor(img_size[1] / crop_pct)
+    if sh == sw:  # the shorter side to the scale size, the longer one truncated
+        return (sh, int(sh * h / w)) if w <= h else (int(sh * w / h), sh)
+    ratio = min(h / sh, w / sw)
+    return round(w / ratio), round(h / ratio)
 
 
 class EvalTransform:
@@ -45,7 +45,9 @@ class EvalTransform:
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
         if interpolation not in _RESAMPLE:
-            raise ValueError(f"interpolation must be one of {list(_RESAMPLE)}")
+            raise ValueError(f"interpolation must be one of {list(_RESAMPLE)}, got {interpolation!r}")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"std must be positive, got {tuple(std)}")
         self.img_size = tuple(img_size)
         self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
         self.std = np.asarray(std, dtype=np.float32)[:, None, None]
@@ -57,22 +59,14 @@ class EvalTransform:
         return cls(config.img_size, config.mean, config.std, config.crop_pct, config.interpolation)
 
     def resize(self, im: Image.Image) -> Image.Image:
-        th, tw = self.img_size
-        if th == tw:
-            short = math.floor(th / self.crop_pct)
-            w, h = im.size
-            scale = short / min(w, h)
-            size = (max(tw, round(w * scale)), max(th, round(h * scale)))
-        else:
-            size = (math.floor(tw / self.crop_pct), math.floor(th / self.crop_pct))
-        return im.resize(size, self.resample)
+        return im.resize(eval_resize_size(im.size, self.img_size, self.crop_pct), self.resample)
 
     def view(self, im: Image.Image) -> Image.Image:
         """The pixels the model sees: resized, centre-cropped, before normalisation."""
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
-        left, top = (w - tw) // 2, (h - th) // 2
+        left, top = int(round((w - tw) / 2.0)), int(round((h - th) / 2.0))
         return im.crop((left, top, left + tw, top + th))
 
     def __call__(self, im: Image.Image) -> torch.Tensor:
@@ -80,3 +74,6 @@ class EvalTransform:
         arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
         arr = (arr - self.mean) / self.std
         return torch.from_numpy(np.ascontiguousarray(arr))
+
+    def __repr__(self) -> str:
+        return f"EvalTransform(img_size={self.img_size}, crop_pct={self.crop_pct})"

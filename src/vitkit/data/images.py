@@ -1,0 +1,108 @@
+"""The one image decoder: every file vitkit reads as an image goes through :func:`decode_image`.
+
+Prediction, evaluation, inspection, image folders and tar shards all see the same pixels of
+a file. Decoding converts every mode Pillow opens to RGB (or L for ``channels=1``), upright
+as the EXIF orientation says: transparency (RGBA, LA, PA, palette or grey with a transparent
+colour) is composited on white, CMYK is converted, and 16-bit or 32-bit grey (``I;16``,
+``I``, ``F``) is scaled to 8 bits rather than clipped (Pillow's own ``convert`` would clip
+a 16-bit image to near-white). Anything Pillow cannot decode, truncated files included, is
+a :class:`BadImageError` naming the file.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+from pathlib import Path
+from typing import BinaryIO, Optional, Union
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+logger = logging.getLogger("vitkit.data")
+
+#: What Pillow raises on a damaged or unsupported file (plugins raise more than OSError).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
+                 Image.DecompressionBombError)
+_HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+_ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
+
+ImageSource = Union[str, Path, bytes, BinaryIO]
+
+
+class BadImageError(ValueError):
+    """A file that cannot be decoded as an image; ``path`` names it, ``reason`` says why."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"cannot read image {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image Pillow can identify"
+    return f"{type(error).__name__}: {error}"
+
+
+def _high_depth_to_l(im: Image.Image) -> Image.Image:
+    """16/32-bit integer or float grey -> 8-bit L, scaled (Pillow's convert would clip at 255)."""
+    arr = np.asarray(im)
+    if im.mode == "F":
+        arr = arr * 255.0 if arr.size and np.nanmax(arr) <= 1.0 else arr
+        out = np.clip(np.nan_to_num(arr), 0, 255).round()
+    else:
+        arr = arr.astype(np.int64)
+        if im.mode.startswith("I;16") or (arr.size and arr.max() > 255):
+            out = (np.clip(arr, 0, 65535) * 255 + 32767) // 65535
+        else:
+            out = np.clip(arr, 0, 255)
+    return Image.fromarray(out.astype(np.uint8), "L")
+
+
+def to_rgb(im: Image.Image, channels: int = 3) -> Image.Image:
+    """Any Pillow mode -> RGB (``channels=3``) or L (``channels=1``); transparency onto white."""
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    if im.mode in _HIGH_DEPTH_MODES:
+        im = _high_depth_to_l(im)
+    if im.mode in _ALPHA_MODES or "transparency" in im.info:
+        im = im.convert("RGBA")
+        im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im)
+    return im.convert("L" if channels == 1 else "RGB")
+
+
+def decode_image(source: ImageSource, channels: int = 3, name: Optional[str] = None) -> Image.Image:
+    """A file, its bytes or an open binary file -> an upright RGB/L image, fully decoded.
+
+    Raises :class:`BadImageError` (naming ``name`` or the path) for anything Pillow cannot
+    decode, truncated files included.
+    """
+    name = name or (str(source) if isinstance(source, (str, Path)) else "<bytes>")
+    if isinstance(source, bytes):
+        source = io.BytesIO(source)
+    try:
+        with Image.open(source) as im:
+            im.load()
+            try:
+                im = ImageOps.exif_transpose(im)
+            except DECODE_ERRORS as e:  # the pixels are fine; only the orientation tag is not
+                logger.warning("ignoring the unreadable EXIF orientation of %s (%s)", name, _reason(e))
+            return to_rgb(im, channels)
+    except FileNotFoundError:
+        raise
+    except DECODE_ERRORS as e:
+        raise BadImageError(name, _reason(e)) from e
+
+
+def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
+    """An image file, upright, as RGB (or L for ``channels=1``): :func:`decode_image` with a
+    plain FileNotFoundError for a path that is not a file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    return decode_image(path, channels)
+
+
+__all__ = ["BadImageError", "DECODE_ERRORS", "ImageSource", "to_rgb", "decode_image", "load_image"]

@@ -1,0 +1,78 @@
+"""One decoder and one evaluation transform: timm's evaluation pixels, the same for every reader."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import pipelines
+from vitkit.data.folder import ImageFolder
+from vitkit.data.images import decode_image, load_image
+from vitkit.data.transforms import EvalTransform
+from vitkit.evaluate import predict_images
+
+MEAN, STD = (0.2, 0.4, 0.6), (0.5, 0.25, 0.125)
+
+
+def noise_image(w, h, seed=0):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+@pytest.mark.parametrize("img_size", [32, (24, 40), (40, 24)])
+@pytest.mark.parametrize("crop_pct", [0.875, 0.9, 1.0])
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_eval_transform_is_timms_pixel_for_pixel(img_size, crop_pct, interpolation):
+    timm_data = pytest.importorskip("timm.data")
+    pair = (img_size, img_size) if isinstance(img_size, int) else img_size
+    ref = timm_data.create_transform(input_size=(3, *pair), is_training=False, interpolation=interpolation,
+                                     mean=MEAN, std=STD, crop_pct=crop_pct)
+    ours = EvalTransform(pair, MEAN, STD, crop_pct, interpolation)
+    for seed, (w, h) in enumerate([(50, 40), (40, 50), (333, 500), (97, 64), (71, 71), (35, 99)]):
+        im = noise_image(w, h, seed)
+        expected = ref(im)
+        assert expected.shape == ours(im).shape == (3, *pair)
+        assert torch.allclose(ours(im), expected, atol=1e-6), (w, h)
+
+
+def test_validation_of_files_uses_the_prediction_transform():
+    transform = pipelines.eval_transform((24, 40), MEAN, STD, crop_pct=0.9, interpolation="bilinear")
+    assert isinstance(transform, EvalTransform)
+    im = noise_image(61, 47)
+    assert torch.equal(transform(im), EvalTransform((24, 40), MEAN, STD, 0.9, "bilinear")(im))
+
+
+def write_png_16bit(path, value):
+    Image.fromarray(np.full((20, 30), value, dtype=np.uint16)).save(path)
+
+
+def test_one_decoder_scales_16_bit_and_composites_alpha(tmp_path):
+    write_png_16bit(tmp_path / "deep.png", 32768)
+    grey = np.asarray(load_image(tmp_path / "deep.png", channels=1))
+    assert grey.dtype == np.uint8 and abs(int(grey.mean()) - 128) <= 1  # scaled, not clipped to 255
+    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, 0  # fully transparent red: white
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "clear.png")
+    assert np.asarray(load_image(tmp_path / "clear.png")).min() == 255
+    for name in ("deep.png", "clear.png"):
+        assert np.array_equal(np.asarray(load_image(tmp_path / name)), np.asarray(decode_image(tmp_path / name)))
+    with pytest.raises(FileNotFoundError):
+        load_image(tmp_path / "missing.png")
+
+
+def test_predict_sees_the_pixels_that_folder_validation_sees(tmp_path):
+    """The 16-bit file that `vitkit predict` once clipped to white: the same tensor on both paths."""
+    import vitkit
+
+    (tmp_path / "a").mkdir()
+    write_png_16bit(tmp_path / "a" / "deep.png", 20000)
+    noise_image(37, 23).save(tmp_path / "a" / "wide.png")
+    model = vitkit.create_model("vit_fmnist", in_chans=3, mean=MEAN, std=STD, num_classes=2, img_size=28,
+                                crop_pct=0.875).eval()
+    folder = ImageFolder(tmp_path, channels=3)
+    transform = pipelines.from_model_config(model.config, train=False)
+    seen = {}
+    model.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0].clone()))
+    for i, (path, _) in enumerate(folder.samples):
+        seen.clear()
+        predict_images(model, [path], top_k=1)
+        assert torch.equal(seen["x"][0], transform(folder[i][0])), path
