@@ -78,13 +78,14 @@ def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
     assert code == 0
     pred = json.loads(out)[0]
     assert [t["label"] for t in pred["top"]][0] in {"ant", "bee", "cow"} and len(pred["top"]) == 2
-    # the same numbers by hand: RGBA on white, resize to 32 (crop_pct 1), normalise with 0.5/0.5
+    # the same numbers by hand: RGBA on white, the shorter side to 32 (crop_pct 1) and the longer
+    # truncated, the centre offset rounded (timm's / torchvision's evaluation), normalise with 0.5/0.5
     im = Image.open(photo).convert("RGBA")
     bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
     im = Image.alpha_composite(bg, im).convert("RGB")
     w, h = im.size
-    im = im.resize((round(w * 32 / h), 32), Image.Resampling.BICUBIC)
-    left = (im.size[0] - 32) // 2
+    im = im.resize((int(w * 32 / h), 32), Image.Resampling.BICUBIC)
+    left = int(round((im.size[0] - 32) / 2))
     arr = np.asarray(im.crop((left, 0, left + 32, 32)), np.float32) / 255
     x = torch.from_numpy((arr.transpose(2, 0, 1) - 0.5) / 0.5)[None]
     probs = model(x).softmax(-1)[0]

@@ -53,3 +53,23 @@ def save_png(fig: Any, path: PathLike, **savefig: Any) -> Path:
         fig.savefig(tmp, format="png", dpi=110, **savefig)
     pyplot().close(fig)
     return Path(path)
+
+
+#: The random streams of a run, each drawn from its own seed (:func:`seed_for`).
+SEED_STREAMS = ("init", "order", "augment", "mix", "sample", "shard-order", "shard-buffer")
+
+
+def seed_for(seed: int, stream: str, *index: int) -> int:
+    """The 63-bit seed of one random stream of a run: ``stream`` (one of ``SEED_STREAMS``) at
+    ``index`` (epoch, step, micro-batch, rank, ...) under the run's ``seed``.
+
+    numpy's SeedSequence hashes the whole key, so every (seed, stream, index) gives an
+    independent stream and nearby keys share nothing -- no multipliers that could collide.
+    A pure function of its arguments: a resumed run draws what the uninterrupted run drew.
+    """
+    import numpy as np
+
+    key = [int(seed), SEED_STREAMS.index(stream), *(int(i) for i in index)]
+    if min(key) < 0:
+        raise ValueError(f"seeds and indices must be >= 0, got {key}")
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))

@@ -53,8 +53,9 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..utils import atomic_path
-from .folder import BadImageError, ImageFolder, decode_image
+from ..utils import atomic_path, seed_for
+from .folder import ImageFolder
+from .images import BadImageError, decode_image
 
 logger = logging.getLogger("vitkit.data")
 
@@ -426,7 +427,7 @@ class ShardDataset(IterableDataset):
             quota = self.epoch_length // num_workers + (worker < self.epoch_length % num_workers)
         records = self._records(rank, world_size, worker, num_workers, quota)
         if self.shuffle_buffer > 0:
-            rng = np.random.default_rng([self.seed, self.epoch, rank, worker])
+            rng = np.random.default_rng(seed_for(self.seed, "shard-buffer", self.epoch, rank, worker))
             records = _buffer_shuffle(records, self.shuffle_buffer, rng)
         if quota is not None:
             records = itertools.islice(records, quota)
@@ -445,7 +446,8 @@ class ShardDataset(IterableDataset):
     def _epoch_order(self) -> List[str]:
         if self.shuffle_buffer == 0:
             return list(self.shards)
-        permutation = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.shards))
+        rng = np.random.default_rng(seed_for(self.seed, "shard-order", self.epoch))
+        permutation = rng.permutation(len(self.shards))
         return [self.shards[i] for i in permutation]
 
     def _records(self, rank: int, world_size: int, worker: int, num_workers: int,
@@ -457,7 +459,7 @@ class ShardDataset(IterableDataset):
         while quota != 0:
             pass_positions = positions
             if passes and self.shuffle_buffer:
-                rng = np.random.default_rng([self.seed, self.epoch, rank, worker, passes])
+                rng = np.random.default_rng(seed_for(self.seed, "shard-buffer", self.epoch, rank, worker, passes))
                 pass_positions = [positions[i] for i in rng.permutation(len(positions))]
             found = 0
             for s in pass_positions:

@@ -22,15 +22,21 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..evaluate.metrics import prepare_batch
+from ..utils import seed_for
 
 log = logging.getLogger("vitkit.train")
 
 MicroBatch = Tuple[Optional[torch.Tensor], torch.Tensor, int]  # (inputs, labels, bad samples dropped)
 
 
+def generator(seed: int, stream: str, *index: int) -> torch.Generator:
+    """A CPU generator for one random stream of the run (:func:`vitkit.utils.seed_for`)."""
+    return torch.Generator().manual_seed(seed_for(seed, stream, *index))
+
+
 def epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
     """The permutation of ``n`` training samples that epoch ``epoch`` follows."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return torch.randperm(n, generator=generator(seed, "order", epoch))
 
 
 def repeated_order(seed: int, epoch: int, n: int, repeats: int, layout: "Layout") -> torch.Tensor:
@@ -52,10 +58,6 @@ def repeated_order(seed: int, epoch: int, n: int, repeats: int, layout: "Layout"
     streams = torch.stack([rep[r::world][:keep] for r in range(world)])  # (world, keep)
     micros = keep // layout.local
     return streams[:, :micros * layout.local].reshape(world, micros, layout.local).transpose(0, 1).reshape(-1)
-
-
-def augment_seed(seed: int, step: int) -> int:
-    return seed * 1_000_003 + step
 
 
 @dataclass
@@ -136,7 +138,7 @@ class MemoryBatches:
         aug, aug_step = None, -1
         for step, _, idx in index_plan(len(self), seed, layout, start, total, repeats):
             if step != aug_step:  # one generator per step, shared by its micro-batches
-                aug, aug_step = torch.Generator().manual_seed(augment_seed(seed, step)), step
+                aug, aug_step = generator(seed, "augment", step), step
             idx = idx.to(self.images.device)
             # the global micro-batch: the same draws on every rank, then this rank's part
             pixels = random_crop(self.images[idx], self.crop_pad, aug)
@@ -190,8 +192,7 @@ class FolderBatches:
         def plan() -> Iterator[List[Tuple[int, int]]]:
             for step, k, idx in index_plan(len(self), seed, layout, start, total, repeats):
                 first = layout.rank * layout.local
-                yield [(int(i), (augment_seed(seed, step) * layout.accum_steps + k) * 65_536 + first + j)
-                       for j, i in enumerate(layout.mine(idx))]
+                yield [(int(i), seed_for(seed, "sample", step, k, first + j)) for j, i in enumerate(layout.mine(idx))]
         yield from self._loader(_Seeded(self.folder, self.indices, transform), plan())
 
     def eval(self, transform: Callable, batch_size: int) -> Iterator[MicroBatch]:

@@ -48,6 +48,13 @@ def sum_across(info: DistInfo, values: List[float]) -> List[float]:
     return t.tolist()
 
 
+def sum_tensor(info: DistInfo, t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the ranks (in place under DDP; one all-reduce)."""
+    if info.world > 1:
+        dist.all_reduce(t)
+    return t
+
+
 def broadcast(info: DistInfo, obj: Any) -> Any:
     """Rank 0's value of ``obj`` on every rank."""
     if info.world == 1:

@@ -1,7 +1,16 @@
-"""The training loop: in-memory data, batched augmentation, mixed precision, checkpoints.
+"""The training run as four named steps over one state: build, restore, loop, summarise.
+
+``build`` opens the data and makes the model, its optimiser, precision and batch layout;
+``restore`` continues from the last checkpoint or makes the run folder; ``loop`` trains;
+``summarise`` scores, saves and writes ``summary.json``. They share a :class:`Run`.
 
 The data order is a function of (seed, epoch) and augmentation randomness of (seed, step),
-so the position in the data is the step counter alone (what resuming needs).
+so the position in the data is the step counter alone (what resuming needs). The loop body
+never waits for the device: losses and accuracy accumulate there and the host reads them --
+one sync and, under DDP, one all-reduce -- at the logging interval and before every
+validation and checkpoint (nanoGPT's rule: host syncs only at the logging interval). A
+non-finite loss therefore stops the run within one interval, naming its first step, and a
+checkpoint is written only once every step before it is known to be finite.
 """
 
 from __future__ import annotations
@@ -10,8 +19,9 @@ import contextlib
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,13 +29,13 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..models import create_model, get_model_config
-from ..utils import write_json
+from ..utils import seed_for, write_json
 from . import distributed
-from .batches import Layout, MicroBatch, augment_seed
+from .batches import Layout, MicroBatch, generator
 from .checkpoint import load_latest, save_checkpoint
 from .config import TrainConfig, resolve_width, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
-from .distill import InputSpec, distillation_loss, load_teacher, split_outputs
+from .distill import InputSpec, Teacher, distillation_loss, load_teacher, split_outputs
 from .ema import ModelEma
 from .init import model_from_init
 from .plot import plot_curves
@@ -36,11 +46,6 @@ from .tracking import MetricsLog
 
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-def mix_seed(seed: int, step: int, k: int, rank: int) -> int:
-    """The seed of micro-batch ``k`` of ``step`` on ``rank`` for erasing and Mixup/CutMix."""
-    return (((augment_seed(seed, step) * 1024 + k) * 4096 + rank) * 2 + 1) % 2 ** 63
 
 
 def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
@@ -76,46 +81,32 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-@torch.inference_mode()
-def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    total_loss, correct, n = 0.0, 0, 0
-    for x, y, _ in batches:
-        if x is None:
-            continue
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with _autocast(x.device, amp):
-            logits = model(x)
-        total_loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
-        correct += (logits.argmax(-1) == y).sum().item()
-        n += len(y)
-    model.train(was_training)
-    n = max(n, 1)
-    return total_loss / n, correct / n
-
-
-def _fresh_window() -> Dict[str, float]:
-    """Running sums for the train metrics of one logging interval."""
-    return {"loss": 0.0, "correct": 0, "n": 0, "t": time.perf_counter()}
-
-
 def _autocast(device: torch.device, amp: Optional[torch.dtype]):
     if amp is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=amp)
 
 
-def _run_dir(cfg: TrainConfig) -> Path:
-    name = cfg.name or f"{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(cfg.out) / name
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue "
-                              f"it or another --name")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+@torch.inference_mode()
+def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, correct
+    n = 0
+    for x, y, _ in batches:
+        if x is None:
+            continue
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with _autocast(x.device, amp):
+            logits = model(x)
+        total += torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
+                              (logits.argmax(-1) == y).sum().double()])
+        n += len(y)
+    model.train(was_training)
+    loss, correct = total.tolist()
+    return loss / max(n, 1), correct / max(n, 1)
 
 
 def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
@@ -133,6 +124,108 @@ def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
             f"--threads {max(1, cores // 2)} each")
 
 
+# ----------------------------------------------------------------------------- the run's state
+
+
+@dataclass
+class Run:
+    """What the steps of a run share: the parts ``build`` makes and the counters the loop keeps."""
+
+    cfg: TrainConfig
+    dist: distributed.DistInfo
+    log: Callable[[str], None]
+    data: RunData
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    amp: Optional[torch.dtype]
+    layout: Layout
+    steps_per_epoch: int
+    total: int
+    warmup: int
+    forward: Callable[..., Any]
+    ddp: Optional[nn.Module] = None
+    ema: Optional[ModelEma] = None
+    teacher: Optional[Teacher] = None
+    student_input: Optional[InputSpec] = None
+    run_dir: Optional[Path] = None
+    metrics: Optional[MetricsLog] = None
+    #: the step this process started at, and the seconds (all, training only) of earlier processes
+    start: int = 0
+    prior_seconds: float = 0.0
+    prior_train_seconds: Optional[float] = 0.0
+    t_start: float = field(default_factory=time.perf_counter)
+    train_seconds: float = 0.0
+    skipped: int = 0
+    last_ckpt: Optional[Path] = None
+    final_val: Optional[Tuple[float, float]] = None
+
+    @property
+    def main(self) -> bool:
+        return self.dist.main
+
+    def note(self, message: str) -> None:
+        if self.main:
+            self.log(message)
+
+    def seconds(self) -> float:
+        """Wall clock of the run so far, over every process that worked on it."""
+        return self.prior_seconds + time.perf_counter() - self.t_start
+
+    def score(self, net: nn.Module, split: str) -> Tuple[float, float]:
+        batches = self.data.eval_batches(split, self.model.config, self.cfg.eval_batch_size)
+        return evaluate(net, batches, self.amp)
+
+
+class Window:
+    """The train metrics of one logging interval, kept on the device until read.
+
+    One (2,) tensor per step -- the summed loss and the correct predictions of its micro-batches
+    on this rank -- and the image count on the host; :meth:`check` reads the steps not yet
+    read in one transfer (one all-reduce under DDP) and stops the run at a non-finite loss.
+    """
+
+    def __init__(self, first_step: int):
+        self.pending: List[torch.Tensor] = []
+        self.pending_n: List[int] = []
+        self.next_step = first_step  # the step of pending[0]
+        self.loss, self.correct, self.n = 0.0, 0.0, 0
+        self.t = time.perf_counter()
+
+    def add(self, stats: torch.Tensor, n: int) -> None:
+        self.pending.append(stats)
+        self.pending_n.append(n)
+
+    def check(self, run: Run) -> None:
+        if not self.pending:
+            return
+        device = self.pending[0].device
+        counts = torch.tensor(self.pending_n, dtype=torch.float64, device=device)[:, None]
+        table = distributed.sum_tensor(run.dist, torch.cat([torch.stack(self.pending).double(), counts], dim=1))
+        rows = table.tolist()  # the one host sync of the interval
+        for i, (loss, correct, n) in enumerate(rows):
+            if not math.isfinite(loss):
+                step = self.next_step + i
+                lr = lr_at(step, run.total, run.cfg.lr, run.warmup, run.cfg.schedule, run.cfg.min_lr)
+                where = f"; the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else ""
+                raise NonFiniteLoss(f"loss became {loss / max(n, 1)} at step {step} (lr {lr:.3g}): stopping"
+                                    f"{where}. Lower --lr or raise --warmup-steps.")
+            self.loss, self.correct, self.n = self.loss + loss, self.correct + correct, self.n + int(n)
+        self.next_step += len(rows)
+        self.pending, self.pending_n = [], []
+
+    def row(self, run: Run, done: int, lr: float) -> Dict[str, float]:
+        """The metrics row of the interval ending at step ``done``."""
+        self.check(run)
+        n = max(self.n, 1)
+        return {"step": done, "epoch": round(done / run.steps_per_epoch, 3), "lr": lr,
+                "train_loss": self.loss / n, "train_acc": self.correct / n,
+                "img_s": self.n / max(time.perf_counter() - self.t, 1e-9)}
+
+
+# ----------------------------------------------------------------------------- the four steps
+
+
 def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``)."""
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
@@ -142,199 +235,239 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         torch.set_num_threads(cfg.threads)
     dist_info = distributed.setup()
     try:
-        return _train(cfg, resume, log, dist_info)
+        run = build(cfg, dist_info, log)
+        restore(run, resume)
+        loop(run)
+        return summarise(run)
     finally:
         distributed.cleanup(dist_info)
 
 
-def _train(cfg: TrainConfig, resume: Optional[str], log, dist_info) -> Dict[str, Any]:
+def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
+    """The data, the model (with its teacher), the optimiser, the precision and the batch layout."""
     device, world, main = dist_info.device, dist_info.world, dist_info.main
     note = busy_cpu_note(cfg.threads) if main and world == 1 and device.type == "cpu" else None
     if note:
         log(note)
-    run_dir = Path(resume) if resume else None
     # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
     in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
     data = open_data(cfg, device, channels=1 if in_chans == 1 else 3)
     if data.skipped and main:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
-
-    torch.manual_seed(cfg.seed)
-    data_args = data.model_args(cfg.img_size)
-    if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-        model = model_from_init(cfg.init, data_args, cfg.model_args, cfg.init_head,
-                                log=log if main else (lambda *a: None))
-    else:
-        stats = {"mean": data.mean, "std": data.std}
-        if data.kind == "memory":
-            stats["crop_pct"] = 1.0  # whole small images, no centre crop
-        model_args = resolve_width(cfg.model_args, get_model_config(cfg.model))
-        model = create_model(cfg.model, **{**data_args, **stats, **model_args})
-    model = model.to(device)
+    model = _build_model(cfg, data, log if main else (lambda *a: None)).to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
-    teacher = None
-    if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
-        teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
-        student_input = InputSpec.of(model.config)
-        if getattr(model, "dist_token", None) is not None:
-            model.set_distilled_training(True)
-        if main:
-            log(f"distilling ({cfg.distill}) from {cfg.teacher}")
-    optimizer = make_optimizer(model, cfg)
-    ema = ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     amp = pick_precision(cfg, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
-    forward = ddp or model
-    forward = torch.compile(forward) if cfg.compile else forward
-
     layout = Layout.fitting(cfg.batch_size, cfg.accum_steps, world, dist_info.rank, cfg.micro_batch)
     if layout.accum_steps != cfg.accum_steps and main:
         log(f"batch {cfg.batch_size} as {layout.accum_steps} accumulation steps of {layout.local} images "
             f"x {world} processes (micro_batch {cfg.micro_batch})")
     steps_per_epoch = data.steps_per_epoch(layout)
-    total = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
-    warmup = cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch)
+    run = Run(cfg, dist_info, log, data, model, make_optimizer(model, cfg),
+              torch.amp.GradScaler(device.type, enabled=amp is torch.float16), amp, layout, steps_per_epoch,
+              total=cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch),
+              warmup=cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch),
+              forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), ddp=ddp,
+              ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None)
+    if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
+        run.teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
+        run.student_input = InputSpec.of(model.config)
+        if getattr(model, "dist_token", None) is not None:
+            model.set_distilled_training(True)
+        run.note(f"distilling ({cfg.distill}) from {cfg.teacher}")
+    return run
 
-    start, prior_seconds = 0, 0.0  # prior_seconds: the wall clock of earlier processes of this run
-    if resume:
-        state = load_latest(run_dir)
-        if state is None:
-            raise FileNotFoundError(f"cannot resume: no checkpoints in {run_dir / 'checkpoints'}")
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise ValueError(f"the checkpoint in {run_dir} does not fit model {cfg.model!r}: "
-                             f"{str(e).splitlines()[0]}") from e
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"])
-        if ema is not None:
-            if "ema" not in state:
-                raise ValueError(f"the checkpoint in {run_dir} has no EMA weights but ema_decay is set")
-            ema.load_state_dict(state["ema"])
-        start = int(state["step"])
-        prior_seconds = float(state.get("seconds", 0.0))
-        if main:
-            log(f"resuming {run_dir} at step {start}/{total}")
+
+def _build_model(cfg: TrainConfig, data: RunData, log) -> nn.Module:
+    """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
+    torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
+    data_args = data.model_args(cfg.img_size)
+    if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
+        return model_from_init(cfg.init, data_args, cfg.model_args, cfg.init_head, log=log)
+    stats = {"mean": data.mean, "std": data.std}
+    if data.kind == "memory":
+        stats["crop_pct"] = 1.0  # whole small images, no centre crop
+    model_args = resolve_width(cfg.model_args, get_model_config(cfg.model))
+    return create_model(cfg.model, **{**data_args, **stats, **model_args})
+
+
+def restore(run: Run, resume: Optional[str]) -> None:
+    """Continue from the run's last checkpoint (model, optimiser, scaler, RNG, EMA, step, seconds),
+    or make the run's folder and write its config.json; open the metrics log."""
+    if not resume:
+        main_dir = str(_run_dir(run.cfg)) if run.main else None
+        run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
+        if run.main:
+            write_json(run.run_dir / "config.json", run.cfg.to_dict())
     else:
-        run_dir = Path(distributed.broadcast(dist_info, str(_run_dir(cfg)) if main else None))
-        if main:
-            write_json(run_dir / "config.json", cfg.to_dict())
-    metrics = MetricsLog(run_dir, enabled=main, tensorboard=cfg.tensorboard)
+        run.run_dir = Path(resume)
+        state = load_latest(run.run_dir)
+        if state is None:
+            raise FileNotFoundError(f"cannot resume: no checkpoints in {run.run_dir / 'checkpoints'}")
+        try:
+            run.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise ValueError(f"the checkpoint in {run.run_dir} does not fit model {run.cfg.model!r}: "
+                             f"{str(e).splitlines()[0]}") from e
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"])
+        if run.ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"the checkpoint in {run.run_dir} has no EMA weights but ema_decay is set")
+            run.ema.load_state_dict(state["ema"])
+        run.start = int(state["step"])
+        run.prior_seconds = float(state.get("seconds", 0.0))
+        run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
+        run.note(f"resuming {run.run_dir} at step {run.start}/{run.total}")
+    run.metrics = MetricsLog(run.run_dir, enabled=run.main, tensorboard=run.cfg.tensorboard)
+    run.t_start = time.perf_counter()
 
-    def checkpoint(step: int) -> Optional[Path]:
-        if not main:
-            return None
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
-                 "seconds": prior_seconds + time.perf_counter() - t_start}
-        if ema is not None:
-            state["ema"] = ema.state_dict()
-        return save_checkpoint(run_dir, step, state, cfg.keep_checkpoints)
 
-    progress = Progress(total, start, enabled=cfg.progress and main)
-    model.train()
-    seen, train_time, skipped = 0, 0.0, 0
-    window = _fresh_window()
-    t_start = time.perf_counter()
-    last_ckpt: Optional[Path] = None
-    batches = data.train_batches(model.config, cfg, layout, start, total)
+def _run_dir(cfg: TrainConfig) -> Path:
+    name = cfg.name or f"{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(cfg.out) / name
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue "
+                              f"it or another --name")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def loop(run: Run) -> None:
+    """Train from ``run.start`` to ``run.total``: log, validate and checkpoint at their intervals."""
+    cfg = run.cfg
+    progress = Progress(run.total, run.start, enabled=cfg.progress and run.main)
+    run.model.train()
+    batches = run.data.train_batches(run.model.config, cfg, run.layout, run.start, run.total)
+    window = Window(run.start)
+    try:
+        for step in range(run.start, run.total):
+            t0 = time.perf_counter()
+            lr = lr_at(step, run.total, cfg.lr, run.warmup, cfg.schedule, cfg.min_lr)
+            window.add(*_step(run, step, lr, batches))
+            run.train_seconds += time.perf_counter() - t0
+            done = step + 1
+            last = done == run.total
+            if done % cfg.log_every == 0 or last:
+                row = window.row(run, done, lr)
+                run.metrics.write(row)
+                progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
+                                       "epoch": row["epoch"]})
+                window = Window(done)
+            if done % (cfg.val_every or run.steps_per_epoch) == 0 or last:
+                window.check(run)
+                val_loss, val_acc = run.final_val = run.score(run.model, "val")
+                run.metrics.write({"step": done, "epoch": round(done / run.steps_per_epoch, 3),
+                                   "val_loss": val_loss, "val_acc": val_acc})
+            if done % cfg.checkpoint_every == 0 or last:
+                window.check(run)
+                run.last_ckpt = _checkpoint(run, done)
+    except NonFiniteLoss:
+        run.metrics.close()
+        raise
+    finally:
+        progress.close()
+
+
+def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tuple[torch.Tensor, int]:
+    """One optimiser step over the step's micro-batches -> ((summed loss, correct) on the device, images)."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    stats, n = torch.zeros(2, device=run.dist.device), 0
+    for k in range(run.layout.accum_steps):
+        x, y, bad = next(batches)
+        run.skipped += bad
+        if x is None:  # every sample of this micro-batch was unreadable
+            continue
+        stats += _micro_batch(run, step, k, x, y)
+        n += len(y)
+    cfg = run.cfg
+    if cfg.clip_grad:
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None:
+        run.ema.update(run.model)
+    return stats, n
+
+
+def _micro_batch(run: Run, step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, correct), on the device."""
+    cfg, device = run.cfg, run.dist.device
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     mixing = cfg.mixup > 0 or cfg.cutmix > 0
+    if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
+        gen = generator(cfg.seed, "mix", step, k, run.dist.rank)
+        x = random_erasing(x, cfg.random_erasing, gen)
+        if mixing:
+            x, y, _ = mixup_cutmix(x, y, run.model.config.num_classes, cfg.mixup, cfg.cutmix,
+                                   cfg.mixup_switch_prob, cfg.label_smoothing, gen)
+    sync = run.ddp is None or k == run.layout.accum_steps - 1
+    with (contextlib.nullcontext() if sync else run.ddp.no_sync()), _autocast(device, run.amp):
+        outputs = run.forward(x)
+        taught = run.teacher(x, run.student_input) if run.teacher is not None else None
+        loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
+        logits = split_outputs(outputs)[0]
+    run.scaler.scale(loss / run.layout.accum_steps).backward()
+    hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
+    return torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
 
-    def score(net: nn.Module, split: str) -> Tuple[float, float]:
-        return evaluate(net, data.eval_batches(split, model.config, cfg.eval_batch_size), amp)
 
-    final_val: Optional[Tuple[float, float]] = None  # the last step's validation, made in the loop
-    for step in range(start, total):
-        t0 = time.perf_counter()
-        lr = lr_at(step, total, cfg.lr, warmup, cfg.schedule, cfg.min_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for k in range(layout.accum_steps):
-            x, y, bad = next(batches)
-            skipped += bad
-            if x is None:  # every sample of this micro-batch was unreadable
-                continue
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
-                gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, k, dist_info.rank))
-                x = random_erasing(x, cfg.random_erasing, gen)
-                if mixing:
-                    x, y, _ = mixup_cutmix(x, y, model.config.num_classes, cfg.mixup, cfg.cutmix,
-                                           cfg.mixup_switch_prob, cfg.label_smoothing, gen)
-            sync = ddp is None or k == layout.accum_steps - 1
-            with (contextlib.nullcontext() if sync else ddp.no_sync()), _autocast(device, amp):
-                outputs = forward(x)
-                taught = teacher(x, student_input) if teacher is not None else None
-                loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
-                logits = split_outputs(outputs)[0]
-            if not math.isfinite(sum(distributed.sum_across(dist_info, [loss.item()]))):
-                progress.close()
-                metrics.close()
-                where = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
-                raise NonFiniteLoss(f"loss became {loss.item()} at step {step} (lr {lr:.3g}): stopping"
-                                    f"{where}. Lower --lr or raise --warmup-steps.")
-            scaler.scale(loss / layout.accum_steps).backward()
-            window["loss"] += loss.item() * len(y)
-            # with mixing, accuracy is against the argmax of the mixed targets
-            hard = y.argmax(-1) if y.is_floating_point() else y
-            window["correct"] += (logits.argmax(-1) == hard).sum().item()
-            window["n"] += len(y)
-        if cfg.clip_grad:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
-            ema.update(model)
-        train_time += time.perf_counter() - t0
-        seen += cfg.batch_size
-        done = step + 1
-        if done % cfg.log_every == 0 or done == total:
-            now = time.perf_counter()
-            window["loss"], window["correct"], window["n"] = distributed.sum_across(
-                dist_info, [window["loss"], window["correct"], window["n"]])
-            row = {"step": done, "epoch": round(done / steps_per_epoch, 3), "lr": lr,
-                   "train_loss": window["loss"] / window["n"], "train_acc": window["correct"] / window["n"],
-                   "img_s": window["n"] / max(now - window["t"], 1e-9)}
-            metrics.write(row)
-            progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
-                                   "epoch": row["epoch"]})
-            window = _fresh_window()
-        if done % (cfg.val_every or steps_per_epoch) == 0 or done == total:
-            val_loss, val_acc = final_val = score(model, "val")
-            metrics.write({"step": done, "epoch": round(done / steps_per_epoch, 3), "val_loss": val_loss,
-                         "val_acc": val_acc})
-        if done % cfg.checkpoint_every == 0 or done == total:
-            last_ckpt = checkpoint(done)
-    progress.close()
+def _checkpoint(run: Run, step: int) -> Optional[Path]:
+    """Save the state that resuming needs (rank 0); only called once the steps before are known finite."""
+    if not run.main:
+        return None
+    state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+             "scaler": run.scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
+             "seconds": run.seconds()}
+    if run.prior_train_seconds is not None:
+        state["train_seconds"] = run.prior_train_seconds + run.train_seconds
+    if run.ema is not None:
+        state["ema"] = run.ema.state_dict()
+    return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints)
 
-    test_loss, test_acc = score(model, "test")
+
+def summarise(run: Run) -> Dict[str, Any]:
+    """Score the model (and its EMA) on test and validation, save it and the curves, write summary.json."""
+    cfg, data, model = run.cfg, run.data, run.model
+    test_loss, test_acc = run.score(model, "test")
     # the loop validated after its last step; a run resumed at its end has not run the loop
-    val_loss, val_acc = final_val if start < total else score(model, "val")
+    val_loss, val_acc = run.final_val if run.final_val is not None else run.score(model, "val")
     ema_results = {}
-    if ema is not None:
-        ema_test_loss, ema_test_acc = score(ema.module, "test")
-        ema_val_loss, ema_val_acc = score(ema.module, "val")
-        ema_results = {"test_top1_ema": ema_test_acc, "test_loss_ema": ema_test_loss, "val_top1_ema": ema_val_acc}
-    if main:
-        model.save_pretrained(run_dir / "model")
-        if ema is not None:
-            ema.module.save_pretrained(run_dir / "model_ema")
-        plot_curves(metrics.path, run_dir / "training_curves.png")
-    summary = {"run_dir": str(run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
+    if run.ema is not None:
+        ema_test_loss, ema_test_acc = run.score(run.ema.module, "test")
+        ema_results = {"test_top1_ema": ema_test_acc, "test_loss_ema": ema_test_loss,
+                       "val_top1_ema": run.score(run.ema.module, "val")[1]}
+    if run.main:
+        model.save_pretrained(run.run_dir / "model")
+        if run.ema is not None:
+            run.ema.module.save_pretrained(run.run_dir / "model_ema")
+        plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
+    summary = {"run_dir": str(run.run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()),
                "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc, **ema_results,
-               "train_images": data.n_train, "steps": total, "epochs": round(total / steps_per_epoch, 3),
-               "seconds": round(prior_seconds + time.perf_counter() - t_start, 2),
-               **({"resumed_at_step": start} if start else {}),
-               "train_img_s": round(seen / max(train_time, 1e-9), 1),
-               "precision": str(amp).replace("torch.", "") if amp else "fp32", "device": str(device),
-               "processes": world, "skipped_files": len(data.skipped) + skipped}
-    metrics.close(summary)
-    if main:
-        write_json(run_dir / "summary.json", summary)
+               "train_images": data.n_train, "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
+               "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
+               **_throughput(run), "precision": str(run.amp).replace("torch.", "") if run.amp else "fp32",
+               "device": str(run.dist.device), "processes": run.dist.world,
+               "skipped_files": len(data.skipped) + run.skipped}
+    run.metrics.close(summary)
+    if run.main:
+        write_json(run.run_dir / "summary.json", summary)
     return summary
+
+
+def _throughput(run: Run) -> Dict[str, Any]:
+    """Training images per second (steps only: no evaluation, no start-up) and which steps it covers:
+    every step of the run when the checkpoints carried their training seconds, else this process's."""
+    if run.prior_train_seconds is not None:
+        steps, seconds, scope = run.total, run.prior_train_seconds + run.train_seconds, "all steps"
+    else:
+        steps, seconds = run.total - run.start, run.train_seconds
+        scope = f"steps {run.start + 1}-{run.total} (since the resume; earlier checkpoints kept no training time)"
+    return {"train_img_s": round(steps * run.cfg.batch_size / max(seconds, 1e-9), 1),
+            "train_img_s_covers": scope}
