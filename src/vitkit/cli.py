@@ -7,6 +7,7 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -152,12 +153,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from .train import resolve_config, train
+def train_config(args: argparse.Namespace):
+    """The run's TrainConfig from ``vitkit train``'s flags (recipe <- --config <- flags)."""
+    from .train import resolve_config
 
     overrides = {name: getattr(args, name) for name in _train_fields()}
-    if overrides.get("model_args") is not None:
-        overrides["model_args"] = json.loads(overrides["model_args"])
+    if isinstance(overrides.get("model_args"), str):
+        try:
+            overrides["model_args"] = json.loads(overrides["model_args"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--model-args is not valid JSON ({e}): {overrides['model_args']!r}") from None
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:
@@ -169,7 +174,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"{', '.join('--' + f for f in RUNTIME_FIELDS)} can change there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init RUN/model starts it from these weights)")
-    cfg = resolve_config(args.recipe, args.config, **overrides)
+    return resolve_config(args.recipe, args.config, **overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+
+    cfg = train_config(args)
     summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
         return 0
@@ -236,36 +247,47 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
 
 def _train_fields():
-    import dataclasses
-
     from .train import TrainConfig
 
     return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress")}
 
 
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field: every hyper-parameter is overridable."""
-    from .train import RECIPES
+def _optional(parse):
+    """A flag type that also takes ``none`` (or ``off``): switch the optional field off."""
+    from .train.config import OFF
 
-    p.add_argument("--recipe", default="fmnist", choices=list(RECIPES))
-    p.add_argument("--config", help="YAML or JSON file of training options")
+    def convert(text: str):
+        return OFF if text.lower() in ("none", "off") else parse(text)
+
+    convert.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its errors
+    return convert
+
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field: every hyper-parameter is overridable, its help the field's comment."""
+    from .train import RECIPES, TrainConfig
+    from .utils import field_comments
+
+    p.add_argument("--recipe", default="fmnist", choices=list(RECIPES), help=field_comments(TrainConfig)["recipe"])
+    p.add_argument("--config", help="YAML or JSON file of training options (over the recipe; flags win)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    comments = field_comments(TrainConfig)
     for name, f in _train_fields().items():
-        flag = "--" + name.replace("_", "-")
-        kind = str(f.type)
+        flag, kind = "--" + name.replace("_", "-"), str(f.type)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
+        help = comments.get(name, "").replace("%", "%%") + f" [default: {shown}"
+        help += "; 'none' unsets it]" if "Optional" in kind else "]"
         if name == "model_args":
-            p.add_argument(flag, help='ViT options as JSON, e.g. \'{"drop_path_rate": 0.1}\'')
+            p.add_argument(flag, metavar="JSON", help=help)
         elif name == "betas":
-            p.add_argument(flag, type=float, nargs=2)
+            p.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), help=help)
         elif "bool" in kind:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif "int" in kind:
-            p.add_argument(flag, type=int)
-        elif "float" in kind:
-            p.add_argument(flag, type=float)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
         else:
-            p.add_argument(flag)
+            parse = int if "int" in kind else float if "float" in kind else str
+            p.add_argument(flag, type=_optional(parse) if "Optional" in kind else parse, help=help)
 
 
 # ------------------------------------------------------------------------ parser

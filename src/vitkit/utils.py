@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Dict, Iterator, List, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -69,7 +69,30 @@ def seed_for(seed: int, stream: str, *index: int) -> int:
     """
     import numpy as np
 
+    if stream not in SEED_STREAMS:
+        raise ValueError(f"unknown random stream {stream!r}; known: {', '.join(SEED_STREAMS)}")
     key = [int(seed), SEED_STREAMS.index(stream), *(int(i) for i in index)]
     if min(key) < 0:
         raise ValueError(f"seeds and indices must be >= 0, got {key}")
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def field_comments(cls: type) -> Dict[str, str]:
+    """The ``#:`` comment lines written above each field of a class (Sphinx's attribute docs),
+    joined into one line per field: the help text of the command-line flags made from them."""
+    import inspect
+    import re
+
+    out: Dict[str, str] = {}
+    pending: List[str] = []
+    for line in inspect.getsource(cls).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+            continue
+        field = re.match(r"^\s+(\w+)\s*:", line)
+        if field and pending:
+            out[field.group(1)] = " ".join(pending)
+        if text:
+            pending = []
+    return out

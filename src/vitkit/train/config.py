@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches 91% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -15,59 +15,81 @@ DEFAULT_MODEL = "vit_fmnist_hybrid"
 
 @dataclass
 class TrainConfig:
-    """Every hyper-parameter of a run; saved as ``config.json`` in the run directory."""
+    """Every hyper-parameter of a run; saved as ``config.json`` in the run directory.
 
+    The ``#:`` comment above each field is its ``vitkit train --help`` text.
+    """
+
+    #: Named recipe whose values replace these defaults (a config file and flags override it).
     recipe: str = "fmnist"
+    #: fashion-mnist, cifar10, cifar100, folder (an ImageFolder) or shards (webdataset tar shards).
     dataset: str = "fashion-mnist"
+    #: Where the dataset is (file datasets: the folder with train/ and test/ or val/).
     data_dir: Optional[str] = None
+    #: Registered model name or size string ("B/16"); see `vitkit models`.
     model: str = DEFAULT_MODEL
-    #: ViTConfig overrides, e.g. {"drop_path_rate": 0.1}; from a file or --model-args JSON.
+    #: Model config overrides as JSON, e.g. {"drop_path_rate": 0.1}; merged into the recipe's.
     model_args: Dict[str, Any] = field(default_factory=dict)
     #: Start from these weights (any format vitkit loads): the paper's fine-tuning.
     init: Optional[str] = None
     #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
     init_head: str = "new"
     #: Train and evaluate at this square size (in-memory images are resized on the device);
-    #: None: the data's own size.
+    #: none: the data's own size.
     img_size: Optional[int] = None
-    #: 6 epochs of 128: the default run's budget of about 5 minutes on 2 CPU cores (batch 128
-    #: learned 0.8 points more than 256 in 2 epochs, at the same img/s).
+    #: Epochs to train: 6 of batch 128 are the default run's budget of about 5 minutes on 2
+    #: CPU cores (batch 128 learned 0.8 points more than 256 in 2 epochs, at the same img/s).
     epochs: float = 6.0
+    #: Stop after this many optimiser steps instead (none: from epochs).
     max_steps: Optional[int] = None
+    #: Images per optimiser step, over every process and accumulation step.
     batch_size: int = 128
+    #: Micro-batches accumulated per optimiser step.
     accum_steps: int = 1
     #: At most this many images per process per forward pass: accumulation steps are added
-    #: until the batch fits (None: accum_steps as given).
+    #: until the batch fits (none: accum_steps as given).
     micro_batch: Optional[int] = None
+    #: adamw (decoupled weight decay), adam or sgd (with momentum).
     optimizer: str = "adamw"
+    #: Peak learning rate, reached after the warm-up.
     lr: float = 2e-3
+    #: Learning rate at the end of the decay.
     min_lr: float = 1e-5
+    #: Weight decay of the weight matrices (not of biases, norms, tokens, positions).
     weight_decay: float = 0.05
+    #: Adam's beta1 and beta2.
     betas: Tuple[float, float] = (0.9, 0.999)
+    #: SGD's momentum.
     momentum: float = 0.9
+    #: Decay after the warm-up: cosine, linear or constant.
     schedule: str = "cosine"
+    #: Linear warm-up from 0, in optimiser steps.
     warmup_steps: int = 200
     #: Warm-up in epochs (DeiT: 5), converted with the run's steps per epoch; wins over
     #: warmup_steps when given.
     warmup_epochs: Optional[float] = None
     #: The linear scaling rule: when set, resolve_config turns ``lr`` into
     #: ``lr * batch_size / lr_scale_batch`` (DeiT: 5e-4 x batch / 512) and stores the scaled
-    #: lr (this field then None, so a saved config is not scaled twice).
+    #: lr (this field then none, so a saved config is not scaled twice).
     lr_scale_batch: Optional[int] = None
+    #: Clip the global gradient norm to this (the paper: 1); none: no clipping.
     clip_grad: Optional[float] = 1.0
+    #: Label smoothing of the cross-entropy targets.
     label_smoothing: float = 0.0
-    #: Augmentation. Off by default: a 5-minute run underfits (train accuracy ~ validation
-    #: accuracy; crop + flip cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
     #: Random crop: pad by this many pixels of the data (black, pixel 0) and cut a window of
-    #: the data's size; then a horizontal flip with probability 0.5.
+    #: the data's size. Augmentation is off by default: a 5-minute run underfits (crop + flip
+    #: cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
     crop_pad: int = 0
+    #: Horizontal flip with probability 0.5 (after the crop).
     hflip: bool = False
     #: DeiT's batch regularisers (timm semantics, on the device, drawn from (seed, step)):
-    #: Mixup / CutMix Beta alphas (0: off; DeiT 0.8 / 1.0), the chance of CutMix when both are
-    #: on; the loss is then soft-target cross-entropy with label smoothing folded into the
-    #: targets, and train accuracy is measured against the argmax of the mixed targets.
+    #: the Mixup Beta alpha (0: off; DeiT 0.8). With Mixup or CutMix the loss is soft-target
+    #: cross-entropy with label smoothing folded into the targets, and train accuracy is
+    #: measured against the argmax of the mixed targets.
     mixup: float = 0.0
+    #: The CutMix Beta alpha (0: off; DeiT 1.0).
     cutmix: float = 0.0
+    #: The chance of CutMix when both Mixup and CutMix are on.
     mixup_switch_prob: float = 0.5
     #: Random erasing probability per sample (DeiT 0.25; timm 'pixel' mode, one box).
     random_erasing: float = 0.0
@@ -78,42 +100,58 @@ class TrainConfig:
     #: selection appears this many times, in different augmentations, split across processes;
     #: an epoch keeps the dataset's size. Not for tar shards.
     repeated_aug: int = 1
-    #: DeiT's distillation: "none", "soft" or "hard" against ``teacher`` (any weights vitkit
-    #: loads, or torchvision:NAME:FILE); soft uses ``alpha`` and the temperature ``tau``.
+    #: DeiT's distillation: none, soft or hard against --teacher.
     distill: str = "none"
+    #: The distillation teacher: any weights vitkit loads, or torchvision:NAME:FILE.
     teacher: Optional[str] = None
+    #: Soft distillation: the weight of the teacher's term.
     alpha: float = 0.5
+    #: Soft distillation: the temperature.
     tau: float = 1.0
     #: Model EMA (DeiT: 0.99996): an exponential moving average of the weights, updated after
     #: every optimiser step, checkpointed, evaluated at the end (``test_top1_ema``) and saved
-    #: as ``run_dir/model_ema/``; None: off.
+    #: as ``run_dir/model_ema/``; none: off.
     ema_decay: Optional[float] = None
+    #: Training images held out for validation (the same ones for every seed).
     val_size: int = 5000
     #: Train on this fraction of the training split (after validation is carved out), the
     #: same share of every class, the same images for every model and seed, and each smaller
     #: fraction's images inside every larger one's: the small-data regime (benchmarks/small_data.py).
     train_fraction: float = 1.0
-    #: Validate every this many steps (None: at the end of every epoch, which on a small
+    #: Validate every this many steps (none: at the end of every epoch, which on a small
     #: fraction of the data would be every few steps).
     val_every: Optional[int] = None
-    #: File datasets: DataLoader worker processes; bad image files an error instead of skipped;
-    #: samples held in the shuffle buffer of tar shards.
+    #: File datasets: DataLoader worker processes.
     workers: int = 2
+    #: File datasets: a bad image file is an error instead of skipped and counted.
     strict_data: bool = False
+    #: Tar shards: samples held in the shuffle buffer.
     shuffle_buffer: int = 2000
+    #: auto (bf16 where the hardware does it well, fp16 on older GPUs, else fp32), bf16, fp16, fp32.
     precision: str = "auto"
+    #: torch.compile the model (README: costs 10-40 s of compilation on 2 CPU cores; measured there).
     compile: bool = False
+    #: Recompute activations in the backward pass (less memory, more time).
     grad_checkpointing: bool = False
+    #: The run's seed: initialisation, data order, augmentation and dropout all derive from it.
     seed: int = 0
+    #: Folder the run directory is made in.
     out: str = "runs"
+    #: The run directory's name under --out (none: model name and time).
     name: Optional[str] = None
+    #: Log training metrics every this many steps.
     log_every: int = 50
+    #: Write a checkpoint every this many steps (and at the end).
     checkpoint_every: int = 500
+    #: Checkpoints kept (the newest).
     keep_checkpoints: int = 2
+    #: Images per forward pass in validation and testing.
     eval_batch_size: int = 1000
+    #: CPU threads (none: PyTorch's default, every core).
     threads: Optional[int] = None
     #: Also log to TensorBoard (run_dir/tensorboard) when the tensorboard package is installed.
     tensorboard: bool = True
+    #: Show the progress bar.
     progress: bool = True
 
     def validate(self) -> None:
@@ -142,8 +180,8 @@ class TrainConfig:
             problems.append(f"distill={self.distill!r} needs --teacher WEIGHTS")
         if not 0.0 <= self.alpha <= 1.0 or self.tau <= 0:
             problems.append("alpha must be in [0, 1] and tau > 0")
-        if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
-            problems.append(f"ema_decay must be in [0, 1), not {self.ema_decay}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            problems.append(f"ema_decay must be in (0, 1), not {self.ema_decay} (none switches the EMA off)")
         if self.mixup < 0 or self.cutmix < 0:
             problems.append("mixup and cutmix are Beta alphas: >= 0 (0 turns them off)")
         if not 0.0 <= self.mixup_switch_prob <= 1.0 or not 0.0 <= self.random_erasing <= 1.0:
@@ -164,8 +202,8 @@ class TrainConfig:
             problems.append(f"train_fraction must be in (0, 1], not {self.train_fraction}")
         if self.val_every is not None and self.val_every < 1:
             problems.append("val_every must be >= 1 (or None: every epoch)")
-        if self.keep_checkpoints < 1:
-            problems.append("keep_checkpoints must be >= 1")
+        if min(self.keep_checkpoints, self.log_every, self.checkpoint_every, self.eval_batch_size) < 1:
+            problems.append("keep_checkpoints, log_every, checkpoint_every and eval_batch_size must be >= 1")
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
@@ -240,19 +278,49 @@ def load_config_file(path: str) -> Dict[str, Any]:
     return data
 
 
+class _Off:
+    """The command line's ``none``: switch an optional field off. (None itself means "not given"
+    there; in a config file, ``null`` is this.)"""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+OFF = _Off()
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, Any]:
+    """``update`` merged into ``base``: dicts merge key by key (recursively), other values replace,
+    and a None (JSON null) removes the key, so a flag can undo one key of a recipe's model_args."""
+    out = dict(base)
+    for key, value in update.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrides: Any) -> TrainConfig:
-    """Defaults <- recipe <- config file <- explicit overrides (None means "not given")."""
+    """Defaults <- recipe <- config file <- explicit overrides (None: not given; ``OFF``: switch
+    an optional field off). ``model_args`` is merged deeply across the three, not replaced."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
     values: Dict[str, Any] = {"recipe": recipe}
-    values.update(RECIPES[recipe])
-    if file:
-        values.update(load_config_file(file))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for layer in (RECIPES[recipe], load_config_file(file) if file else {}, given):
+        for key, value in layer.items():
+            if key == "model_args" and isinstance(value, Mapping):
+                value = deep_merge(values.get(key, {}), value)
+            values[key] = None if value is OFF else value
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
+    if not isinstance(values.get("model_args", {}), Mapping):
+        raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
     if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
@@ -302,8 +370,9 @@ def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
         if v is None or k in RUNTIME_FIELDS:
             continue
         old = values.get(k)
-        if isinstance(v, tuple):
-            v = list(v)
+        v = None if v is OFF else list(v) if isinstance(v, tuple) else v
+        if k == "model_args" and isinstance(v, Mapping) and isinstance(old, Mapping):
+            v = deep_merge(old, v)  # model_args given again only conflict where they change something
         if old != v:
             out.append(f"--{k.replace('_', '-')} (saved: {json.dumps(old)}, given: {json.dumps(v)})")
     return out
