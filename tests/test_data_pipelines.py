@@ -93,5 +93,5 @@ def test_bad_arguments_and_missing_torchvision(monkeypatch):
     with pytest.raises(ValueError, match="crop_pct"):
         pipelines.eval_transform(32, MEAN, STD, crop_pct=1.5)
     monkeypatch.setitem(sys.modules, "torchvision.transforms", None)
-    with pytest.raises(ImportError, match="pip install torchvision"):
+    with pytest.raises(ImportError, match=r"pip install 'vitkit\[train\]'"):
         pipelines.train_transform(32, MEAN, STD)

@@ -245,5 +245,5 @@ def test_hub_offline_gives_clear_message(monkeypatch):
     with pytest.raises(WeightsError, match="Offline or no access.*local folder"):
         vitkit.from_pretrained("hf-hub:org/name")
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
-    with pytest.raises(WeightsError, match="pip install huggingface_hub"):
+    with pytest.raises(WeightsError, match=r"pip install 'vitkit\[hub\]'"):
         vitkit.from_pretrained("hf-hub:org/name")

@@ -25,7 +25,7 @@ def _v2() -> Any:
         from torchvision.transforms import v2
     except ImportError as e:
         raise ImportError("the training and evaluation pipelines need torchvision: "
-                          "pip install torchvision") from e
+                          "pip install 'vitkit[train]'") from e
     return v2
 
 

@@ -269,7 +269,7 @@ def load_config_file(path: str) -> Dict[str, Any]:
         try:
             import yaml
         except ImportError as e:
-            raise ValueError("YAML config files need PyYAML (pip install pyyaml); or use JSON") from e
+            raise ValueError("YAML config files need PyYAML: pip install 'vitkit[train]' (or use JSON)") from e
         data = yaml.safe_load(text) or {}
     else:
         data = json.loads(text)

@@ -104,7 +104,7 @@ def _torchvision_teacher(spec: str, num_classes: int):
     try:
         import torchvision
     except ImportError as e:
-        raise ValueError("a torchvision teacher needs torchvision (pip install vitkit[data])") from e
+        raise ValueError("a torchvision teacher needs torchvision: pip install 'vitkit[train]'") from e
     if name not in torchvision.models.list_models(module=torchvision.models):
         raise ValueError(f"unknown torchvision classifier {name!r}")
     from ..weights.io import read_tensors

@@ -31,7 +31,7 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
         from huggingface_hub import hf_hub_download
     except ImportError as e:
         raise WeightsError("loading 'hf-hub:' weights needs the huggingface_hub package "
-                           "(pip install huggingface_hub); or download the folder yourself and "
+                           "(pip install 'vitkit[hub]'); or download the folder yourself and "
                            "pass its path") from e
 
     def fetch(name: str) -> str:
