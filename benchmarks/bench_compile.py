@@ -1,0 +1,120 @@
+"""What ``vitkit train --compile`` costs and gives: compile seconds and steady-state training speed.
+
+One training step is what ``vitkit train`` runs: forward under autocast (bf16) or in fp32,
+cross-entropy, backward, AdamW step (``make_optimizer``), zero_grad. For each model the
+compiled module (``torch.compile``, default mode, as the flag does) is timed against eager:
+
+- ``compile_s``: the first compiled step minus an eager step, with an empty inductor cache
+  (``TORCHINDUCTOR_CACHE_DIR`` set to a fresh folder before torch is imported), so it is the
+  cost a first run pays; later runs of the same model reuse the cache;
+- steady state: after warm-up, ``--rounds`` rounds in which eager and compiled each run a
+  window of ``--steps`` steps, alternating which goes first; reported are the median img/s
+  of each and the median of the per-round ratios compiled / eager (> 1: compile is faster).
+
+    python benchmarks/bench_compile.py --quick    # the default model only, < 2 min on 2 cores
+    python benchmarks/bench_compile.py            # default model, plain vit_fmnist, ViT-Ti/16; bf16 and fp32
+
+This is a benchmark, not a test: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="vitkit-inductor-"))
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import vitkit  # noqa: E402
+from vitkit.train.config import TrainConfig  # noqa: E402
+from vitkit.train.loop import make_optimizer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
+from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+
+#: (model, batch, image side, channels): the default run's model, its plain twin, a 224-px ViT
+CASES = [("vit_fmnist_hybrid", 128, 28, 1), ("vit_fmnist", 128, 28, 1), ("vit_tiny_patch16_224", 32, 224, 3)]
+
+
+def make_step(model, fwd, batch: int, side: int, chans: int, amp: bool):
+    optimizer = make_optimizer(model, TrainConfig())
+    x, y = torch.randn(batch, chans, side, side), torch.randint(0, 10, (batch,))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(fwd(x).float(), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def timed(fn, n: int = 1) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return time.perf_counter() - t0
+
+
+def measure(name: str, batch: int, side: int, chans: int, amp: bool, args) -> dict:
+    torch.manual_seed(0)
+    eager_model = vitkit.create_model(name, num_classes=10).train()
+    compiled_model = vitkit.create_model(name, num_classes=10).train()
+    compiled_model.load_state_dict(eager_model.state_dict())
+    torch._dynamo.reset()
+    steps = {"eager": make_step(eager_model, eager_model, batch, side, chans, amp),
+             "compiled": make_step(compiled_model, torch.compile(compiled_model), batch, side, chans, amp)}
+    eager_first = timed(steps["eager"])
+    compile_s = timed(steps["compiled"]) - eager_first
+    for _ in range(args.warmup):
+        steps["eager"](), steps["compiled"]()
+    samples = {"eager": [], "compiled": []}
+    for r in range(args.rounds):
+        for kind in (("eager", "compiled") if r % 2 == 0 else ("compiled", "eager")):
+            samples[kind].append(args.steps * batch / timed(steps[kind], args.steps))
+    ratios = [c / e for c, e in zip(samples["compiled"], samples["eager"])]
+    return {"model": name, "batch": batch, "img_size": side, "precision": "bf16" if amp else "fp32",
+            "compile_s": round(compile_s, 1), "eager_img_s": round(statistics.median(samples["eager"]), 1),
+            "compiled_img_s": round(statistics.median(samples["compiled"]), 1),
+            "ratio_compiled_over_eager": round(statistics.median(ratios), 3), "samples": samples}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the default model in bf16 only")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=8, help="steps per timed window")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", help="results JSON (default: benchmarks/results/compile_<device>_<date>.json)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = machine_info(torch.device("cpu"))
+    info["threads"] = torch.get_num_threads()
+    cases = CASES[:1] if args.quick else CASES
+    rows = []
+    for name, batch, side, chans in cases:
+        for amp in ((True,) if args.quick else (True, False)):
+            row = measure(name, batch, side, chans, amp, args)
+            rows.append(row)
+            print(f"{name:<22} b{batch:<4} {row['precision']}: compile {row['compile_s']:5.1f} s, eager "
+                  f"{row['eager_img_s']:7.1f} img/s, compiled {row['compiled_img_s']:7.1f} img/s, "
+                  f"ratio {row['ratio_compiled_over_eager']:.3f}", flush=True)
+    out = args.out or os.path.join(RESULTS_DIR, f"compile_{device_slug(torch.device('cpu'), info)}_"
+                                                f"{datetime.date.today().isoformat()}.json")
+    write_json_atomic(out, {"benchmark": "compile", "machine": info, "settings": vars(args), "rows": rows})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
