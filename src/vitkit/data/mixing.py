@@ -6,12 +6,15 @@ DeiT trains with them:
 - Mixup / CutMix: per batch, when both are on, CutMix with probability ``switch_prob`` else
   Mixup; ``lam ~ Beta(alpha, alpha)`` of the chosen one. Each sample is mixed with the sample
   at the mirrored position (the batch flipped). CutMix pastes a box of side
-  ``sqrt(1 - lam)`` times the image's, centred uniformly and clipped to the image, and
-  corrects ``lam`` to ``1 - box area / image area``. Targets are
+  ``cut = int(sqrt(1 - lam) * side)`` pixels (rows ``cy - cut // 2`` to ``cy + (cut + 1) // 2``,
+  as the ``rand_bbox`` of the timm the tests pin, 1.0.31; older timm, DeiT's included, ended
+  it at ``cy + cut // 2``, one pixel short for an odd ``cut``), its centre uniform over the
+  pixels, clipped to the image, and corrects ``lam`` to ``1 - box area / image area``. Targets are
   ``lam * smooth(y) + (1 - lam) * smooth(y_flipped)`` with ``smooth`` the label-smoothed
   one-hot (``1 - s + s / C`` on the class, ``s / C`` elsewhere).
 - Random erasing ('pixel' mode, one box): with probability ``p`` per sample, a box of
-  2%-1/3 of the area at a log-uniform aspect ratio in [0.3, 3.3] (up to 10 tries to fit) is
+  2%-1/3 of the area at a log-uniform aspect ratio in [0.3, 1/0.3] (timm's ``min_aspect=0.3``,
+  ``max_aspect = 1 / min_aspect``; not torchvision's 3.3) (up to 10 tries to fit) is
   filled with standard-normal values (the batch is already normalised).
 
 Everything is batched on the batch's device; randomness comes from an explicit CPU
@@ -48,8 +51,8 @@ def cutmix_box(shape: Tuple[int, ...], lam: float, generator: Optional[torch.Gen
     cut_h, cut_w = int(H * ratio), int(W * ratio)
     cy = int(torch.randint(0, H, (1,), generator=generator))
     cx = int(torch.randint(0, W, (1,), generator=generator))
-    y0, y1 = min(max(cy - cut_h // 2, 0), H), min(max(cy + cut_h // 2, 0), H)
-    x0, x1 = min(max(cx - cut_w // 2, 0), W), min(max(cx + cut_w // 2, 0), W)
+    y0, y1 = min(max(cy - cut_h // 2, 0), H), min(max(cy + (cut_h + 1) // 2, 0), H)
+    x0, x1 = min(max(cx - cut_w // 2, 0), W), min(max(cx + (cut_w + 1) // 2, 0), W)
     return (y0, y1, x0, x1), 1.0 - (y1 - y0) * (x1 - x0) / float(H * W)
 
 
@@ -85,7 +88,7 @@ def mixup_cutmix(x: torch.Tensor, labels: torch.Tensor, num_classes: int, mixup_
 
 
 def random_erasing(x: torch.Tensor, p: float, generator: Optional[torch.Generator] = None,
-                   scale: Tuple[float, float] = (0.02, 1 / 3), ratio: Tuple[float, float] = (0.3, 3.3),
+                   scale: Tuple[float, float] = (0.02, 1 / 3), ratio: Tuple[float, float] = (0.3, 1 / 0.3),
                    attempts: int = 10) -> torch.Tensor:
     """timm's RandomErasing(mode='pixel', max_count=1) on a normalised (B, C, H, W) batch."""
     if p <= 0:

@@ -10,9 +10,11 @@ side (each with a random sign), colour / contrast / brightness / sharpness facto
 equalize and invert take no magnitude. Geometric ops fill with timm's ImageNet mean pixel
 (124, 116, 104) (its mean, 115, for one channel).
 
-The ops are torchvision.transforms.v2.functional on tensors rather than PIL's (the
-enhancement means are not rounded; shears and translations are about the centre, bilinear),
-so pixels can differ from timm's by rounding; the distribution of ops is timm's. Draws come
+The ops are torchvision.transforms.v2.functional on tensors rather than PIL's, with timm's
+geometry (shears about the top-left corner, translations by the same sub-pixel offset in the
+same direction, bilinear); the enhancement means are not rounded as Pillow rounds them, so
+pixels can differ from timm's by a grey level (tested op by op against timm's); the
+distribution of ops is timm's. Draws come
 from an explicit ``torch.Generator`` (or torch's global state when none is given, as in a
 DataLoader worker seeded per sample).
 """
@@ -128,10 +130,13 @@ def apply_op(img: torch.Tensor, name: str, mag: float, negate: bool = False) -> 
     if name in ("ShearX", "ShearY"):
         degrees = math.degrees(math.atan(sign * 0.3 * level))
         shear = [degrees, 0.0] if name == "ShearX" else [0.0, degrees]
-        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, interpolation=bilinear, fill=fill)
+        # about the top-left corner, as timm's PIL affine (1, f, 0, 0, 1, 0) shears
+        return F.affine(img, angle=0.0, translate=[0.0, 0.0], scale=1.0, shear=shear, interpolation=bilinear,
+                        fill=fill, center=[0.0, 0.0])
     if name in ("TranslateXRel", "TranslateYRel"):
+        # timm's PIL offset samples the input at x + pct * W: the image moves by -pct * W (sub-pixel)
         pct = sign * 0.45 * level
-        shift = [round(pct * W), 0] if name == "TranslateXRel" else [0, round(pct * H)]
+        shift = [-pct * W, 0.0] if name == "TranslateXRel" else [0.0, -pct * H]
         return F.affine(img, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0], interpolation=bilinear,
                         fill=fill)
     raise ValueError(f"unknown RandAugment op {name!r}")
