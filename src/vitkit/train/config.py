@@ -129,7 +129,8 @@ class TrainConfig:
     shuffle_buffer: int = 2000
     #: auto (bf16 where the hardware does it well, fp16 on older GPUs, else fp32), bf16, fp16, fp32.
     precision: str = "auto"
-    #: torch.compile the model (README: costs 10-40 s of compilation on 2 CPU cores; measured there).
+    #: torch.compile the model: 11-44 s of compilation on 2 CPU cores, then 0.99x (the default
+    #: model, bf16) to 1.2x eager speed (benchmarks/bench_compile.py; README, Training).
     compile: bool = False
     #: Recompute activations in the backward pass (less memory, more time).
     grad_checkpointing: bool = False
