@@ -169,8 +169,7 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
                                     f"({interpolation})")
         sd["pos_embed"] = pos
-    for note in positions.fit_state_dict(sd, model, interpolation, antialias):
-        report.resampled.append(note)
+    report.resampled.extend(positions.fit_state_dict(sd, model, interpolation, antialias))
 
 
 def _first_conv(model: nn.Module) -> Optional[str]:
