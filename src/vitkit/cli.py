@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
@@ -110,9 +111,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from .weights import export_weights, from_pretrained
+    from .weights.export import ExportWarning
 
     model = from_pretrained(args.src, model_name=args.model, interpolation=args.interpolation)
-    out = export_weights(model, args.dst, args.to, scan=args.scan)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", ExportWarning)
+        out = export_weights(model, args.dst, args.to, scan=args.scan)
+    for note in notes:
+        print(f"vitkit convert: note: {note.message}", file=sys.stderr)
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": model.config.architecture,
             "params": sum(p.numel() for p in model.parameters())}
     if args.json:

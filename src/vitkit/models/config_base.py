@@ -12,6 +12,7 @@ family in errors.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, TypeVar
 
@@ -36,8 +37,18 @@ class ConfigMixin:
         std, label_names); coerces mean/std to float tuples and spreads the RGB default over
         another channel count (its first value), as the configs always have."""
         problems = []
-        self.mean = tuple(float(m) for m in self.mean)
-        self.std = tuple(float(s) for s in self.std)
+        try:
+            self.mean = tuple(float(m) for m in self.mean)
+            self.std = tuple(float(s) for s in self.std)
+        except (TypeError, ValueError):
+            return [f"mean and std must be lists of numbers, got {self.mean!r} and {self.std!r}"]
+        if not all(math.isfinite(s) and s > 0 for s in self.std) or not all(math.isfinite(m) for m in self.mean):
+            problems.append(f"std must be positive and mean finite (inputs are divided by std), got mean "
+                            f"{self.mean} and std {self.std}")
+        if not isinstance(self.crop_pct, (int, float)) or not 0 < self.crop_pct <= 1:
+            problems.append(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            problems.append(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         chans = self.in_chans if isinstance(self.in_chans, int) and self.in_chans > 0 else None
         if chans and (len(self.mean) != chans or len(self.std) != chans):
             if len(self.mean) == 3 and len(self.std) == 3 and chans != 3:
@@ -141,15 +152,19 @@ class TokenConfig(ImageConfig):
     pos_embed_antialias: bool = True
 
     def __post_init__(self) -> None:
-        self.img_size = to_2tuple(self.img_size)
-        self.patch_size = to_2tuple(self.patch_size)
+        for name in ("img_size", "patch_size"):
+            try:
+                setattr(self, name, to_2tuple(getattr(self, name)))
+            except (TypeError, ValueError):
+                raise ValueError(f"invalid {self.KIND} config: {name} must be an int or a pair (H, W) of ints, "
+                                 f"got {getattr(self, name)!r}") from None
         self.validate()
 
     def validate(self) -> None:
         """Raise one ValueError listing every problem of the configuration."""
         problems = self._architecture_problems()
         problems += self._positive_int_problems(("embed_dim", "depth", "num_heads", "in_chans"))
-        if _is_int(self.num_heads) and self.num_heads > 0 and _is_int(self.embed_dim) \
+        if _is_int(self.num_heads) and self.num_heads > 0 and _is_int(self.embed_dim) and self.embed_dim > 0 \
                 and self.embed_dim % self.num_heads:
             problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not _is_int(self.num_classes) or self.num_classes < 0:

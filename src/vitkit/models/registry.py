@@ -31,6 +31,10 @@ def _no_args(args: Mapping[str, Any], config: Any) -> Dict[str, Any]:
     return {}
 
 
+def _config_dict(config: Any) -> Dict[str, Any]:
+    return config.to_dict()
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything shared code needs to know about one model family."""
@@ -51,6 +55,9 @@ class Family:
     to_timm: Callable[[nn.Module], Dict[str, torch.Tensor]] = _state_dict
     #: (timm hub ``model_args``, the base config) -> this family's config fields
     timm_args: Callable[[Mapping[str, Any], Any], Dict[str, Any]] = _no_args
+    #: config -> the config that describes ``to_timm``'s state dict (as a dict; what a timm
+    #: export carries in its metadata and what reading it back must rebuild)
+    timm_config: Callable[[Any], Dict[str, Any]] = _config_dict
     #: the weight layouts that can express the family (besides vitkit's own)
     layouts: Tuple[str, ...] = ("timm",)
     #: extra analyses of ``vitkit inspect`` that apply (names from :mod:`vitkit.inspect.report`)
@@ -114,6 +121,8 @@ def build_from_config(config: Any) -> nn.Module:
 
 def config_from_dict(d: Dict[str, Any]) -> Any:
     """A config from its ``to_dict`` form (``config.json``); the family comes from ``architecture``."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"a model config must be a mapping of fields, not {type(d).__name__}")
     arch = d.get("architecture", "vit")
     if arch not in _FAMILIES:
         raise ValueError(f"unknown architecture {arch!r} in config; known: {', '.join(sorted(_FAMILIES))}")

@@ -336,6 +336,14 @@ def vit_to_timm(model: VisionTransformer) -> Dict[str, torch.Tensor]:
     return sd
 
 
+def vit_timm_config(config: ViTConfig) -> Dict[str, Any]:
+    """The config of ``vit_to_timm``'s state dict: 2D and sine-cosine positions became a learned table."""
+    d = config.to_dict()
+    if d["pos_embed"] in ("learned_2d", "sincos2d"):
+        d["pos_embed"] = "learned"
+    return d
+
+
 #: timm ``model_args`` that mean the same thing in ViTConfig.
 _TIMM_ARGS = ("class_token", "fc_norm", "init_values", "embed_dim")
 _TIMM_UNSUPPORTED = ("no_embed_class", "reg_tokens", "pre_norm", "qk_norm")
@@ -354,7 +362,7 @@ def vit_timm_args(args: Mapping[str, Any], config: ViTConfig) -> Dict[str, Any]:
 FAMILY = register_family(Family(
     name="vit", config_cls=ViTConfig, model_cls=VisionTransformer, complexity=vit_complexity,
     matches=is_vit_state_dict, infer_config=infer_vit_config, detect_priority=-10, to_timm=vit_to_timm,
-    timm_args=vit_timm_args, layouts=("timm", "hf", "npz", "big_vision")))
+    timm_args=vit_timm_args, timm_config=vit_timm_config, layouts=("timm", "hf", "npz", "big_vision")))
 
 
 # ----------------------------------------------------------------------------- names: the paper's Table 1
@@ -459,5 +467,5 @@ for _stem, _size, _patch, _backbone, _what, _sizes in _HYBRID_VARIANTS:
 
 
 __all__ = ["ViTConfig", "VisionTransformer", "count_parameters", "num_tokens", "vit_complexity",
-           "is_vit_state_dict", "infer_vit_config", "vit_to_timm", "vit_timm_args", "FAMILY", "VIT_SIZES",
-           "HEADS_BY_WIDTH", "vit_config", "POS_EMBEDS", "FMNIST_MEAN", "FMNIST_STD"]
+           "is_vit_state_dict", "infer_vit_config", "vit_to_timm", "vit_timm_args", "vit_timm_config", "FAMILY",
+           "VIT_SIZES", "HEADS_BY_WIDTH", "vit_config", "POS_EMBEDS", "FMNIST_MEAN", "FMNIST_STD"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -13,6 +16,7 @@ from ..models.serialize import save_pretrained
 from ..utils import PathLike, atomic_path, write_json
 from . import hf_format, npz_format, timm_format
 from .io import WeightsError
+from .load import CONFIG_METADATA_KEY
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
 _LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face ViT", "npz": "official JAX", "big_vision": "big_vision"}
@@ -40,15 +44,7 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
                            f"layout ({format!r}); "
                            f"export them as {', '.join(repr(f) for f in ('vitkit',) + fam.layouts)}")
     if format == "timm":
-        sd = timm_format.from_native(model)
-        if path.suffix == ".safetensors":
-            _save_safetensors(sd, path)
-        elif path.suffix in (".pth", ".pt", ".bin"):
-            with atomic_path(path) as tmp:
-                torch.save(sd, tmp)
-        else:
-            raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
-        return path
+        return _export_timm(model, path)
     if format == "hf":
         sd = hf_format.from_native(model)
         path.mkdir(parents=True, exist_ok=True)
@@ -66,8 +62,34 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
 
 
-def _save_safetensors(sd, path: Path) -> None:
+class ExportWarning(UserWarning):
+    """An export that timm reads but vitkit cannot rebuild from alone (it says what to pass)."""
+
+
+def _export_timm(model: nn.Module, path: Path) -> Path:
+    """timm's state dict. A ``.safetensors`` file also carries the vitkit config that describes it
+    (in its metadata, which timm ignores), so vitkit reads it back exactly. A bare ``.pth`` holds
+    tensors only: when its architecture cannot be read back off the shapes (heads of a
+    non-standard width, a conv backbone), a :class:`ExportWarning` says what to pass when loading."""
+    sd = timm_format.from_native(model)
+    if path.suffix == ".safetensors":
+        _save_safetensors(sd, path, {CONFIG_METADATA_KEY: json.dumps(timm_format.timm_config(model))})
+    elif path.suffix in (".pth", ".pt", ".bin"):
+        with atomic_path(path) as tmp:
+            torch.save(sd, tmp)
+        lost = timm_format.bare_state_dict_losses(sd, model)
+        if lost:
+            warnings.warn(f"{path} holds tensors only; read back off its shapes alone it would have "
+                          f"{'; '.join(lost)}. Load it with the architecture given (model_name= or those fields "
+                          f"as keywords), or export a .safetensors file, which carries vitkit's config",
+                          ExportWarning, stacklevel=3)
+    else:
+        raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
+    return path
+
+
+def _save_safetensors(sd, path: Path, metadata: Optional[Dict[str, str]] = None) -> None:
     from safetensors.torch import save_file
 
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp))
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp), metadata=metadata)

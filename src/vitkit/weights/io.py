@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Dict, Mapping
@@ -82,13 +83,37 @@ def _read_torch(path: Path) -> Dict[str, object]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UnsafeCheckpointError(
-            f"refused to load {path}: it asks to rebuild objects other than tensors, which could "
-            f"run code (only weights_only loading is done). Re-save it as a plain state dict or "
-            f"as safetensors from a trusted environment. Detail: {str(e).splitlines()[0]}") from e
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise WeightsError(f"{path} is not a readable PyTorch checkpoint: {e}") from e
+        raise _unpickling_error(path, e) from None
+    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint: {str(e).splitlines()[0]}") from None
     return unwrap_state_dict(obj, str(path))
+
+
+def _unpickling_error(path: Path, error: Exception) -> WeightsError:
+    """torch's weights_only refusal in vitkit's words: a file that names a Python object to build
+    is unsafe (and never loaded); anything else is not a checkpoint. torch's own hint to retry
+    with ``weights_only=False`` is never passed on."""
+    text = str(error)
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    if named:
+        return UnsafeCheckpointError(
+            f"refused to load {path}: it asks to build the Python object {named.group(1)!r}, and objects "
+            f"other than tensors could run code; vitkit only loads tensors. Re-save the weights as "
+            f"safetensors (or a plain state dict) in an environment you trust")
+    detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    return WeightsError(f"{path} is not a PyTorch checkpoint of tensors that vitkit can read "
+                        f"({detail.group(1).strip() if detail else 'not a torch.save file'})")
+
+
+def safetensors_metadata(path: PathLike) -> Dict[str, str]:
+    """The string metadata a ``.safetensors`` file carries in its header ({} when none)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise WeightsError(f"{path} is not a readable safetensors file: {e}") from e
 
 
 def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, object]:

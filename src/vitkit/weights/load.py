@@ -16,11 +16,13 @@ from ..models import family_of_state_dict, positions
 from ..models.layers import resample_pos_embed
 from ..utils import PathLike
 from . import hf_format, npz_format
-from .io import WeightsError, read_tensors
+from .io import WeightsError, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz")
 FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
+#: The safetensors metadata key under which a timm export stores the vitkit config describing it.
+CONFIG_METADATA_KEY = "vitkit_config"
 
 
 @dataclass
@@ -71,9 +73,12 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise WeightsError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path} must hold a JSON object, not {type(data).__name__}")
+    return data
 
 
 def read_source(path: PathLike) -> Source:
@@ -92,7 +97,16 @@ def read_source(path: PathLike) -> Source:
             src.format = "vitkit"
         return src
     tensors = read_tensors(path)
-    return Source(tensors, detect_format(tensors.keys()), path=path)
+    src = Source(tensors, detect_format(tensors.keys()), path=path)
+    if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
+        text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
+        if text is not None:
+            try:
+                src.config_json = {"format": "vitkit", "config": json.loads(text)}
+            except json.JSONDecodeError as e:
+                raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
+            src.format = "vitkit"
+    return src
 
 
 def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:

@@ -63,6 +63,10 @@ def config_for_source(src: Source, **overrides: Any):
     """The model configuration a source describes (its config file, else its shapes)."""
     cj = src.config_json
     if cj and cj.get("format") == "vitkit":
+        if not isinstance(cj.get("config"), dict):
+            where = src.path.parent / "config.json" if src.path else "config.json"
+            raise WeightsError(f"{where}: a vitkit config.json needs a \"config\" object "
+                               f"(the model's fields), got {cj.get('config')!r}")
         return config_from_dict(cj["config"]).replace(**overrides)
     if cj and cj.get("model_type") is not None:
         return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)

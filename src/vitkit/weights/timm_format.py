@@ -10,7 +10,8 @@ architecture off a bare state dict's shapes, and ``timm_args`` translates timm's
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+import json
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
@@ -34,6 +35,31 @@ def from_native(model) -> Dict[str, torch.Tensor]:
         return fam.to_timm(model)
     except ValueError as e:
         raise WeightsError(str(e)) from None
+
+
+def timm_config(model) -> Dict[str, Any]:
+    """The vitkit config (a dict) that describes ``from_native(model)``'s state dict."""
+    return family_of(model.config).timm_config(model.config)
+
+
+#: Config fields a bare state dict need not carry to compute the same logits: what the input
+#: expects, names, regularisation, kernel choices, resampling choices, initial values.
+_NOT_IN_WEIGHTS = frozenset({
+    "mean", "std", "crop_pct", "interpolation", "label_names", "name", "drop_rate", "attn_drop_rate",
+    "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size", "pos_embed_interpolation",
+    "pos_embed_antialias", "init_values", "locality_strength", "use_local_init"})
+
+
+def bare_state_dict_losses(sd: Mapping[str, Any], model) -> List[str]:
+    """What reading ``model``'s timm state dict back from its shapes alone would get wrong: each
+    config field that changes the function and is read differently (empty: nothing is lost)."""
+    try:
+        got = infer_config(sd).to_dict()
+    except WeightsError as e:
+        return [str(e)]
+    want = timm_config(model)
+    return [f"{k} ({json.dumps(want[k])} in the model, {json.dumps(got.get(k))} read off the shapes)"
+            for k in want if k not in _NOT_IN_WEIGHTS and want[k] != got.get(k)]
 
 
 def infer_config(sd: Mapping[str, Any], **overrides: Any):
