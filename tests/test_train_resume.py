@@ -1,5 +1,6 @@
 """A run killed with SIGKILL and resumed ends bitwise equal to an uninterrupted run (CPU)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -48,3 +49,6 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     b = load_file(run / "model" / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "train_loss" in r]
+    assert steps == sorted(set(steps)), "rows written after the last checkpoint came twice after the resume"

@@ -169,6 +169,9 @@ def train_config(args: argparse.Namespace):
             overrides["model_args"] = json.loads(overrides["model_args"])
         except json.JSONDecodeError as e:
             raise ValueError(f"--model-args is not valid JSON ({e}): {overrides['model_args']!r}") from None
+        if not isinstance(overrides["model_args"], dict):
+            raise ValueError(f"--model-args must be a JSON object of model options, e.g. '{{\"depth\": 4}}', "
+                             f"not {json.dumps(overrides['model_args'])}")
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:

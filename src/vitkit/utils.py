@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -16,19 +17,49 @@ PathLike = Union[str, "os.PathLike[str]"]
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it over ``path``.
 
-    A crash or an exception leaves the old file (or nothing) in place, never half a file.
+    A crash or an exception leaves the old file (or nothing) in place, never half a file; a
+    killed process can leave its temporary (``.NAME.*.tmp``), which :func:`remove_stale_temporaries`
+    deletes. The file gets the permissions the umask gives a new file (mkstemp's are 0600), so
+    colleagues can read a shared run. A full disk is said in words, naming the file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left on device while writing {path}; nothing was "
+                                        f"replaced (the previous file, if any, is intact)") from e
         raise
+
+
+#: The suffix of atomic_path's temporaries.
+TEMP_SUFFIX = ".tmp"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(folder: PathLike) -> int:
+    """Delete the temporaries that killed writers left in ``folder`` and its subfolders
+    (``.NAME.*.tmp`` of :func:`atomic_path`); call it only while holding the folder (its
+    writer's lock). Returns how many were removed."""
+    removed = 0
+    for tmp in Path(folder).rglob(f".*{TEMP_SUFFIX}"):
+        if tmp.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed += 1
+    return removed
 
 
 def write_json(path: PathLike, obj: Any) -> None:

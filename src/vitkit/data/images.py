@@ -100,6 +100,8 @@ def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
     """An image file, upright, as RGB (or L for ``channels=1``): :func:`decode_image` with a
     plain FileNotFoundError for a path that is not a file."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not an image file (pass the images in it)")
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
     return decode_image(path, channels)

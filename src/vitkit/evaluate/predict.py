@@ -39,7 +39,9 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
         raise ValueError("no images given")
     model.eval()
     device = next(model.parameters()).device
-    k = max(1, min(top_k, config.num_classes))
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    k = min(top_k, config.num_classes)
     out: List[Prediction] = []
     for start in range(0, len(paths), batch_size):
         chunk = paths[start:start + batch_size]

@@ -1,16 +1,31 @@
-"""Checkpoints written atomically (temp file + rename), the last k kept; read without pickle code."""
+"""Checkpoints: finite, written atomically and read back before they count; resumed from the newest intact one.
+
+A checkpoint is written only when every tensor of its model and optimiser state is finite
+(a diverged run must not leave a "last good checkpoint" full of NaN), to a temporary file
+that is read back (``weights_only``) before it is renamed into place; then the oldest beyond
+``keep`` are deleted, so the newest finite checkpoint is never the one removed. Resuming takes
+the newest checkpoint that loads; a zero-byte or truncated one (a full disk, a kill at the
+wrong moment on a file system without atomic rename) is skipped and said so. A checkpoint
+that asks to build Python objects is refused by name, never loaded.
+"""
 
 from __future__ import annotations
 
+import pickle
 import re
+import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..utils import atomic_path
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+class NonFiniteState(RuntimeError):
+    """The state to checkpoint holds NaN or infinite values."""
 
 
 def checkpoint_paths(run_dir: Path) -> List[Path]:
@@ -22,19 +37,76 @@ def checkpoint_paths(run_dir: Path) -> List[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _tensors(obj: Any) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def non_finite_parts(state: Dict[str, Any]) -> List[str]:
+    """The parts of a checkpoint state (model, optimizer, ema) holding NaN or inf."""
+    return [part for part in ("model", "optimizer", "ema") if part in state and any(
+        t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in _tensors(state[part]))]
+
+
 def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int) -> Path:
+    """Write ``state`` as ``checkpoints/step_N.pt``: checked finite, written to a temporary file,
+    read back, renamed; then the oldest beyond ``keep`` are deleted."""
+    bad = non_finite_parts(state)
+    if bad:
+        raise NonFiniteState(f"the {' and '.join(bad)} state at step {step} is not finite")
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.pt"
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
+        back = torch.load(tmp, map_location="cpu", weights_only=True)  # a file that cannot be read never counts
+        if back.get("step") != step:
+            raise OSError(f"checkpoint {path} did not read back as written (step {back.get('step')!r})")
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 
 
-def load_latest(run_dir: Path) -> Optional[Dict[str, Any]]:
+def read_checkpoint(path: Path) -> Dict[str, Any]:
+    """A checkpoint's state (tensors and plain containers only); ValueError naming an unsafe file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if named:
+            raise ValueError(f"refused to resume from {path}: it asks to build the Python object "
+                             f"{named.group(1)!r}, which could run code; vitkit never loads it. Delete it "
+                             f"to resume from the checkpoint before it") from None
+        raise OSError(f"{path} is not a readable checkpoint ({str(e).splitlines()[-1][:200]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise OSError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(state, dict) or "step" not in state or "model" not in state:
+        raise OSError(f"{path} is not a vitkit checkpoint (no step and model state)")
+    return state
+
+
+def load_intact(run_dir: Path, log: Callable[[str], None] = print) -> Optional[Tuple[Dict[str, Any], Path]]:
+    """The newest checkpoint that reads, and its path (None: no checkpoint at all). Unreadable
+    newer ones are skipped with a line each; an unsafe one stops with ValueError."""
     paths = checkpoint_paths(run_dir)
-    if not paths:
-        return None
-    return torch.load(paths[-1], map_location="cpu", weights_only=True)
+    for path in reversed(paths):
+        try:
+            return read_checkpoint(path), path
+        except OSError as e:
+            log(f"skipping a checkpoint that does not load: {e}")
+    if paths:
+        raise OSError(f"none of the {len(paths)} checkpoints in {Path(run_dir) / 'checkpoints'} loads; "
+                      f"the run cannot be resumed")
+    return None
+
+
+def load_latest(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The state of the newest checkpoint that loads (None without checkpoints)."""
+    found = load_intact(run_dir, log=lambda message: None)
+    return None if found is None else found[0]

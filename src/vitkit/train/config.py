@@ -169,6 +169,8 @@ class TrainConfig:
             problems.append("batch_size and accum_steps must be positive")
         if self.max_steps is None and self.epochs <= 0:
             problems.append("epochs must be positive (or give max_steps)")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"max_steps must be >= 1 (or none: from epochs), not {self.max_steps}")
         if self.init_head not in ("new", "keep"):
             problems.append(f"init_head must be new or keep, not {self.init_head!r}")
         if self.img_size is not None and self.img_size <= 0:

@@ -160,8 +160,11 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     train = ImageFolder(train_dir, channels=channels, strict=cfg.strict_data)
     test = ImageFolder(test_dir, channels=channels, strict=cfg.strict_data)
     if test.classes != train.classes:
-        raise ValueError(f"the class folders of {test_dir} ({len(test.classes)}) differ from those of "
-                         f"{train_dir} ({len(train.classes)})")
+        only_train = sorted(set(train.classes) - set(test.classes))
+        only_test = sorted(set(test.classes) - set(train.classes))
+        raise ValueError(f"the class folders of {test_dir} differ from those of {train_dir}: only in "
+                         f"{train_dir.name}/: {', '.join(only_train) or 'none'}; only in {test_dir.name}/: "
+                         f"{', '.join(only_test) or 'none'}")
     val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
     mean, std = datasets.FILE_STATS

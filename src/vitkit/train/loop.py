@@ -29,10 +29,10 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..models import create_model, get_model_config
-from ..utils import seed_for, write_json
+from ..utils import remove_stale_temporaries, seed_for, write_json
 from . import distributed
 from .batches import Layout, MicroBatch, generator
-from .checkpoint import load_latest, save_checkpoint
+from .checkpoint import NonFiniteState, load_intact, save_checkpoint
 from .config import TrainConfig, resolve_width, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, Teacher, distillation_loss, load_teacher, split_outputs
@@ -40,6 +40,7 @@ from .ema import ModelEma
 from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
+from .runlock import RunLock
 from .schedule import lr_at
 from .tracking import MetricsLog
 
@@ -149,6 +150,7 @@ class Run:
     teacher: Optional[Teacher] = None
     student_input: Optional[InputSpec] = None
     run_dir: Optional[Path] = None
+    lock: Optional[RunLock] = None
     metrics: Optional[MetricsLog] = None
     #: the step this process started at, and the seconds (all, training only) of earlier processes
     start: int = 0
@@ -234,12 +236,15 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dist_info = distributed.setup()
+    run = None
     try:
         run = build(cfg, dist_info, log)
         restore(run, resume)
         loop(run)
         return summarise(run)
     finally:
+        if run is not None and run.lock is not None:
+            run.lock.release()
         distributed.cleanup(dist_info)
 
 
@@ -293,46 +298,72 @@ def _build_model(cfg: TrainConfig, data: RunData, log) -> nn.Module:
 
 
 def restore(run: Run, resume: Optional[str]) -> None:
-    """Continue from the run's last checkpoint (model, optimiser, scaler, RNG, EMA, step, seconds),
-    or make the run's folder and write its config.json; open the metrics log."""
+    """Continue from the run's newest intact checkpoint (model, optimiser, scaler, RNG, EMA, step,
+    seconds), or make the run's folder and write its config.json; the writer (rank 0) holds the
+    folder's lock from here to the end, and clears what killed writers left behind."""
     if not resume:
-        main_dir = str(_run_dir(run.cfg)) if run.main else None
+        main_dir = str(_new_run_dir(run)) if run.main else None
         run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
         if run.main:
             write_json(run.run_dir / "config.json", run.cfg.to_dict())
     else:
         run.run_dir = Path(resume)
-        state = load_latest(run.run_dir)
-        if state is None:
-            raise FileNotFoundError(f"cannot resume: no checkpoints in {run.run_dir / 'checkpoints'}")
-        try:
-            run.model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise ValueError(f"the checkpoint in {run.run_dir} does not fit model {run.cfg.model!r}: "
-                             f"{str(e).splitlines()[0]}") from e
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"])
-        if run.ema is not None:
-            if "ema" not in state:
-                raise ValueError(f"the checkpoint in {run.run_dir} has no EMA weights but ema_decay is set")
-            run.ema.load_state_dict(state["ema"])
-        run.start = int(state["step"])
-        run.prior_seconds = float(state.get("seconds", 0.0))
-        run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
-        run.note(f"resuming {run.run_dir} at step {run.start}/{run.total}")
+        if run.main:
+            run.lock = RunLock(run.run_dir).acquire()
+            removed = remove_stale_temporaries(run.run_dir)
+            if removed:
+                run.log(f"removed {removed} partial file(s) that an interrupted process left in {run.run_dir}")
+        _load_state(run, run.run_dir)
     run.metrics = MetricsLog(run.run_dir, enabled=run.main, tensorboard=run.cfg.tensorboard)
+    if resume and run.main:
+        run.metrics.truncate_after(run.start)  # rows written after the checkpoint come again
     run.t_start = time.perf_counter()
 
 
-def _run_dir(cfg: TrainConfig) -> Path:
-    name = cfg.name or f"{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(cfg.out) / name
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue "
-                              f"it or another --name")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _load_state(run: Run, run_dir: Path) -> None:
+    found = load_intact(run_dir, log=run.note)
+    if found is None:
+        raise FileNotFoundError(f"cannot resume: no checkpoints in {run_dir / 'checkpoints'}")
+    state, path = found
+    try:
+        run.model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"the checkpoint {path} does not fit model {run.cfg.model!r}: "
+                         f"{str(e).splitlines()[0]}") from e
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"])
+    if run.ema is not None:
+        if "ema" not in state:
+            raise ValueError(f"the checkpoint {path} has no EMA weights but ema_decay is set")
+        run.ema.load_state_dict(state["ema"])
+    run.start = int(state["step"])
+    run.prior_seconds = float(state.get("seconds", 0.0))
+    run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
+    run.last_ckpt = path
+    run.note(f"resuming {run_dir} at step {run.start}/{run.total} ({path.name})")
+
+
+def _new_run_dir(run: Run) -> Path:
+    """The new run's folder, made and locked: ``--name``, or the model's name and the time with a
+    number added until the name is free (two runs started in the same second get two folders)."""
+    cfg = run.cfg
+    base = (cfg.name or f"{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = Path(cfg.out) / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if cfg.name is None:
+                continue  # taken: the next number
+        run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
+        if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
+            run.lock.release()
+            raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
+                                  f"or another --name")
+        return path
+    raise FileExistsError(f"no free run directory named {base}-N in {cfg.out}")
 
 
 def loop(run: Run) -> None:
@@ -428,7 +459,12 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
         state["train_seconds"] = run.prior_train_seconds + run.train_seconds
     if run.ema is not None:
         state["ema"] = run.ema.state_dict()
-    return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints)
+    try:
+        return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints)
+    except NonFiniteState as e:
+        where = f"; the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else ""
+        raise NonFiniteLoss(f"{e} although every loss before was finite: stopping{where}. "
+                            f"Lower --lr or raise --warmup-steps.") from None
 
 
 def summarise(run: Run) -> Dict[str, Any]:

@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..utils import atomic_path
+
 log = logging.getLogger("vitkit.train")
 
 
@@ -38,6 +40,16 @@ class MetricsLog:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.writer = _tensorboard_writer(Path(run_dir) / "tensorboard") if enabled and tensorboard else None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the rows after ``step`` (a resumed run writes them again from its checkpoint)."""
+        if not self.enabled or not self.path.is_file():
+            return
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            with atomic_path(self.path) as tmp:
+                tmp.write_text("".join(line + "\n" for line in kept))
 
     def write(self, row: Dict[str, Any]) -> None:
         if not self.enabled:

@@ -1,0 +1,57 @@
+"""One writer per run folder: an exclusive lock held for the life of the run.
+
+``run_dir/.lock`` is locked with ``fcntl.flock`` by the process that writes the run (rank 0)
+and holds its pid, host and start time for the message a second writer gets. The kernel
+releases a flock when its process dies, however it dies, so the lock of a killed run is never
+stale: ``--resume`` takes it at once. Where ``fcntl`` does not exist (Windows) the lock is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".lock"
+
+
+class RunLocked(OSError):
+    """Another process is writing this run."""
+
+
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock or raise :class:`RunLocked` naming the process that holds it."""
+        if fcntl is None:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunLocked(f"{self.path.parent} is being written by {holder}; wait for it to finish "
+                            f"(--resume it then) or start another run (--name)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,281 @@
+"""Faults and bad input (issue 16): each ends in one clear line, and nothing is written or lost.
+
+One test or more per class of the hostile-user report: non-finite state never checkpointed,
+one writer per run folder (real processes), checkpoints that do not load skipped on resume,
+full disks said in words, leftovers of killed writers removed, file modes from the umask,
+every export read back, honest words for bad files and flags.
+"""
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.train import NonFiniteLoss, resolve_config, train
+from vitkit.train.checkpoint import NonFiniteState, checkpoint_paths, load_intact, save_checkpoint
+from vitkit.train.runlock import RunLock
+from vitkit.weights import UnsafeCheckpointError, WeightsError
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+def small(tmp_path, **kw):
+    base = dict(max_steps=12, out=str(tmp_path), name="run", checkpoint_every=4, progress=False, val_size=500,
+                warmup_steps=2, log_every=4, eval_batch_size=500, tensorboard=False)
+    base.update(kw)
+    return resolve_config("fmnist", **base)
+
+
+def listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def cli(*argv, **kw):
+    return subprocess.run([sys.executable, "-m", "vitkit", *argv], capture_output=True, text=True, **kw)
+
+
+# ---------------------------------------------------------------- 1. the last good checkpoint is good
+
+
+def test_a_non_finite_state_is_never_written_and_the_finite_one_is_kept(tmp_path):
+    good = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {0: {"exp_avg": torch.zeros(3)}}}, "step": 1}
+    first = save_checkpoint(tmp_path, 1, good, keep=1)
+    bad = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {0: {"exp_avg": torch.tensor([0, float("nan"), 0])}}},
+           "step": 2}
+    with pytest.raises(NonFiniteState, match="optimizer state at step 2 is not finite"):
+        save_checkpoint(tmp_path, 2, bad, keep=1)
+    assert checkpoint_paths(tmp_path) == [first]  # keep=1 did not rotate the finite one away
+    assert load_intact(tmp_path)[0]["step"] == 1
+
+
+@real
+@pytest.mark.slow
+def test_a_diverging_run_names_a_finite_checkpoint_that_still_loads(tmp_path):
+    cfg = small(tmp_path, lr=1e6, warmup_steps=0, clip_grad=None, keep_checkpoints=1, checkpoint_every=1,
+                log_every=1, max_steps=30)
+    with pytest.raises(NonFiniteLoss, match=r"at step \d+ .*last good checkpoint is .*step_\d+\.pt") as info:
+        train(cfg)
+    named = str(info.value).split("last good checkpoint is ")[1].split(".pt")[0] + ".pt"
+    state = torch.load(named, weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert checkpoint_paths(tmp_path / "run") == [tmp_path / "run" / "checkpoints" / os.path.basename(named)]
+
+
+# ---------------------------------------------------------------- 2. one writer per run folder
+
+
+@real
+@pytest.mark.slow
+def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp_path):
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    first = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--out", str(tmp_path), "--name", "run",
+                              "--max-steps", "400", "--checkpoint-every", "5", "--val-size", "500", "--threads", "1",
+                              "--no-progress", "--no-tensorboard"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    run = tmp_path / "run"
+    try:
+        deadline = time.time() + 120
+        while not checkpoint_paths(run):
+            assert first.poll() is None and time.time() < deadline, "no checkpoint appeared"
+            time.sleep(0.05)
+        before = (run / "metrics.jsonl").read_bytes() if (run / "metrics.jsonl").exists() else b""
+        second = cli("train", "--resume", str(run), "--no-progress", env=env)
+        assert second.returncode == 2 and "is being written by process" in second.stderr
+        assert "Traceback" not in second.stderr and str(first.pid) in second.stderr
+        third = cli("train", "--out", str(tmp_path), "--name", "run", "--max-steps", "2", env=env)
+        assert third.returncode == 2 and "is being written by process" in third.stderr  # a new run, same name
+        assert (run / "metrics.jsonl").read_bytes()[:len(before)] == before  # nothing overwritten
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    RunLock(run).acquire().release()  # the killed process's lock died with it: --resume may take it at once
+
+
+def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    from vitkit.train.loop import Run, _new_run_dir
+
+    cfg = resolve_config("fmnist", out=str(tmp_path), model="S/16")
+    runs = [Run.__new__(Run) for _ in range(3)]
+    folders = []
+    for run in runs:
+        run.cfg = cfg
+        folders.append(_new_run_dir(run))
+    assert len(set(folders)) == 3 and all(f.parent == tmp_path for f in folders)  # "S/16" is no subfolder
+    for run in runs:
+        run.lock.release()
+
+
+# ---------------------------------------------------------------- 5. resume, disks, checkpoints
+
+
+def fake_run(tmp_path, steps=(4, 8)):
+    run = tmp_path / "run"
+    for s in steps:
+        save_checkpoint(run, s, {"model": {"w": torch.full((2,), float(s))}, "step": s}, keep=5)
+    return run
+
+
+def test_resume_skips_a_zero_byte_or_truncated_checkpoint_and_says_so(tmp_path):
+    run = fake_run(tmp_path)
+    newest = checkpoint_paths(run)[-1]
+    said = []
+    for damage in (b"", newest.read_bytes()[:40]):
+        newest.write_bytes(damage)
+        state, path = load_intact(run, log=said.append)
+        assert state["step"] == 4 and path.name == "step_00000004.pt"
+    assert len(said) == 2 and all("does not load" in s and "step_00000008.pt" in s for s in said)
+
+
+def test_resume_refuses_a_crafted_checkpoint_by_name(tmp_path):
+    run = fake_run(tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    newest = checkpoint_paths(run)[-1]
+    torch.save({"model": {}, "step": 8, "x": Evil()}, newest)
+    with pytest.raises(ValueError, match="refused to resume from .*step_00000008.pt.*posix.system"):
+        load_intact(run)
+    assert not marker.exists()
+
+
+def test_a_full_disk_is_said_in_words_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    run = fake_run(tmp_path, steps=(4,))
+    real_save = torch.save
+
+    def full(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="no space left on device while writing .*step_00000008.pt.*intact"):
+        save_checkpoint(run, 8, {"model": {"w": torch.ones(2)}, "step": 8}, keep=1)
+    monkeypatch.undo()
+    assert listing(run) == ["checkpoints", "checkpoints/step_00000004.pt"]  # no temporary left either
+    assert load_intact(run)[0]["step"] == 4
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--max-steps", "0", "max_steps must be >= 1"), ("--max-steps", "-5", "max_steps must be >= 1"),
+    ("--log-every", "0", "log_every"), ("--checkpoint-every", "0", "checkpoint_every"),
+    ("--batch-size", "0", "batch_size"), ("--model-args", '{"num_heads": 0}', "num_heads must be a positive"),
+    ("--model-args", '{"embed_dim": "wide"}', "embed_dim must be a positive integer"),
+    ("--model-args", "null", "--model-args must be a JSON object"),
+    ("--model-args", "[1]", "--model-args must be a JSON object"),
+])
+def test_bad_values_end_in_one_line_and_leave_no_folder(tmp_path, flag, value, words):
+    done = cli("train", "--out", str(tmp_path), "--name", "run", flag, value, "--no-progress", "--threads", "1")
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- 6. leftovers and modes
+
+
+@real
+@pytest.mark.slow
+def test_resume_removes_partial_files_and_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        train(small(tmp_path, max_steps=8))
+    finally:
+        os.umask(old)
+    run = tmp_path / "run"
+    for name in ("config.json", "summary.json", "model/model.safetensors"):
+        assert stat.S_IMODE((run / name).stat().st_mode) == 0o644, name
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in checkpoint_paths(run))
+    # a kill after step 8's rows were logged but before its checkpoint, mid-write of two files
+    (run / "checkpoints" / "step_00000008.pt").unlink()
+    for leftover in (run / "checkpoints" / ".step_00000008.pt.abc123.tmp", run / ".summary.json.x.tmp"):
+        leftover.write_bytes(b"\0" * 1000)
+    train(small(tmp_path, max_steps=8), resume=str(run))
+    assert not list(run.rglob("*.tmp"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for kind in ("train_loss", "val_acc"):
+        steps = [r["step"] for r in rows if kind in r]
+        assert steps == sorted(set(steps)) and steps[-1] == 8, f"{kind} rows: {steps}"
+
+
+# ---------------------------------------------------------------- 7. every export reads back
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("vit_fmnist_hybrid", {}), ("vit_fmnist", {}), ("deit_tiny_distilled_patch16_224", dict(img_size=32, depth=1)),
+    ("cait_xxs24_224", dict(img_size=32, depth=2)), ("convit_tiny", dict(img_size=32, depth=2, local_up_to_layer=1)),
+    ("resnetv2_50_nopreact", dict(layers=(1, 1), img_size=64)),
+])
+def test_every_model_reads_back_from_its_timm_export_with_the_same_logits(tmp_path, name, kw):
+    from conftest import randomize
+
+    model = randomize(vitkit.create_model(name, **kw))
+    x = torch.randn(2, model.config.in_chans, *model.config.img_size)
+    path = vitkit.export_weights(model, tmp_path / "w.safetensors", "timm")
+    back = vitkit.from_pretrained(path)
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+    assert back.config.mean == model.config.mean  # the preprocessing travels too
+
+
+def test_a_bare_pth_says_what_its_shapes_cannot_give_back(tmp_path):
+    from conftest import randomize
+
+    model = randomize(vitkit.create_model("vit_fmnist"))
+    with pytest.warns(UserWarning, match=r"num_heads \(3 in the model, 1 read off the shapes\)"):
+        path = vitkit.export_weights(model, tmp_path / "w.pth", "timm")
+    back = vitkit.from_pretrained(path, num_heads=3, pos_embed="learned")
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(back(x), model(x), atol=1e-6)
+
+
+# ---------------------------------------------------------------- 8. honest words
+
+
+def test_random_bytes_are_not_called_a_pickle_and_no_unsafe_hint_is_given(tmp_path):
+    (tmp_path / "noise.pth").write_bytes(np.random.default_rng(0).integers(0, 256, 500, dtype=np.uint8).tobytes())
+    with pytest.raises(WeightsError, match="is not a PyTorch checkpoint") as info:
+        vitkit.from_pretrained(tmp_path / "noise.pth")
+    assert not isinstance(info.value, UnsafeCheckpointError) and "weights_only" not in str(info.value)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"w": Evil()}, tmp_path / "evil.pth")
+    with pytest.raises(UnsafeCheckpointError, match="Python object 'print'") as info:
+        vitkit.from_pretrained(tmp_path / "evil.pth")
+    assert "weights_only=False" not in str(info.value) and "weights_only` set to `False" not in str(info.value)
+
+
+def test_predict_on_a_folder_and_top_k_zero_say_what_is_wrong(tmp_path):
+    vitkit.create_model("vit_fmnist").save_pretrained(tmp_path / "m")
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "a.png")
+    done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path))
+    assert done.returncode == 2 and "is a folder, not an image file" in done.stderr
+    done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path / "a.png"), "--top-k", "0")
+    assert done.returncode == 2 and "top_k must be a positive integer" in done.stderr
+
+
+def test_differing_class_folders_are_named(tmp_path):
+    for split, classes in (("train", ("ant", "bee")), ("test", ("ant", "cow"))):
+        for c in classes:
+            (tmp_path / split / c).mkdir(parents=True)
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / split / c / "x.png")
+    with pytest.raises(ValueError, match="only in train/: bee; only in test/: cow"):
+        train(resolve_config("fmnist", dataset="folder", data_dir=str(tmp_path), out=str(tmp_path / "runs"),
+                             model="vit_fmnist", max_steps=1, workers=0, progress=False))
+    assert not (tmp_path / "runs").exists()
