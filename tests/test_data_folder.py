@@ -76,7 +76,8 @@ def test_header_scan_skips_empty_and_non_images(collection, caplog):
     # The header check cannot see the truncation: the file is listed and fails when loaded.
     names = [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
     assert names == GOOD["cats"] + sorted(GOOD["dogs"] + ["truncated.jpg"])
-    assert ds[names.index("truncated.jpg")] is None and "image file is truncated" in caplog.text
+    bad = ds[names.index("truncated.jpg")]
+    assert bad.name.endswith("truncated.jpg") and "image file is truncated" in bad.reason + caplog.text
 
 
 def test_full_scan_catches_truncation(collection):
@@ -135,20 +136,23 @@ def test_strict_names_the_file(collection, tmp_path):
 def test_dataloader_drops_and_counts_bad_files(collection):
     ds = ImageFolder(collection, transform=to_tensor_8x8)  # header scan: the truncated file gets through
     loader = DataLoader(ds, batch_size=3, num_workers=1, collate_fn=collate_skip_bad)
-    seen, skipped, labels = 0, 0, []
-    for images, batch_labels, n_skipped in loader:
+    seen, skipped, labels = 0, [], []
+    for images, batch_labels, names in loader:
         if images is not None:
             assert images.shape[1:] == (3, 8, 8) and len(images) == len(batch_labels)
             seen += len(images)
             labels += batch_labels.tolist()
-        skipped += n_skipped
-    assert (seen, skipped, len(ds.skipped)) == (7, 1, 2)
+        skipped += names
+    assert (seen, len(skipped), len(ds.skipped)) == (7, 1, 2)
+    assert skipped == [str(collection / "dogs" / "truncated.jpg")]  # named, not just counted
     assert labels == [0, 0, 0, 1, 1, 1, 1]
 
 
 def test_collate_of_all_bad_batch():
-    images, labels, n = collate_skip_bad([None, None])
-    assert images is None and labels.shape == (0,) and n == 2
+    from vitkit.data.images import Skipped
+
+    images, labels, names = collate_skip_bad([None, Skipped("a.png", "truncated")])
+    assert images is None and labels.shape == (0,) and names == ("<unnamed sample>", "a.png")
 
 
 def test_empty_and_missing_folders(tmp_path):

@@ -13,6 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vitkit.data.folder import BadImageError, collate_skip_bad
+from vitkit.data.images import Skipped
 from vitkit.data.shards import ShardDataset, _reading_plan, expand_braces, folder_to_shards, write_shards
 
 
@@ -178,8 +179,8 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, caplog):
     ])
     with caplog.at_level(logging.WARNING, logger="vitkit.data"):
         out = list(ShardDataset(shard))
-    assert [s is None for s in out] == [False, True, True, True, False]
-    assert [ident(s) for s in out if s is not None] == [(1, 1), (2, 0)]
+    assert [isinstance(s, Skipped) for s in out] == [False, True, True, True, False]
+    assert [ident(s) for s in out if not isinstance(s, Skipped)] == [(1, 1), (2, 0)]
     assert f"{shard}:a/k1.png" in caplog.text and "no .cls label" in caplog.text and "not an integer" in caplog.text
     with pytest.raises(BadImageError, match=r"bad-0\.tar:a/k1\.png"):
         list(ShardDataset(shard, strict=True))
@@ -189,7 +190,9 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, caplog):
     cut.write_bytes(data[:2600])
     with caplog.at_level(logging.WARNING, logger="vitkit.data"):
         partial = list(ShardDataset(cut))
-    assert len(partial) < 5 and "is damaged" in caplog.text
+    assert len(partial) < 6 and "is damaged" in caplog.text
+    lost = [s for s in partial if isinstance(s, Skipped)]
+    assert lost and lost[-1].name == f"{cut}#rest"  # the lost rest is counted, and named
 
 
 def test_dataloader_with_a_worker(shards, tmp_path):
@@ -197,12 +200,12 @@ def test_dataloader_with_a_worker(shards, tmp_path):
     bad = write_tar(tmp_path / "extra.tar", [("x.png", b"garbage"), ("x.cls", b"0")])
     ds = ShardDataset(list(paths) + [bad], transform=to_tensor, shuffle_buffer=3, seed=1)
     loader = DataLoader(ds, batch_size=3, num_workers=1, collate_fn=collate_skip_bad)
-    images, skipped = [], 0
-    for x, labels, n_skipped in loader:
+    images, skipped = [], []
+    for x, labels, names in loader:
         if x is not None:
             assert x.shape[1:] == (3, 4, 5) and x.dtype == torch.uint8 and len(labels) == len(x)
             images += x[:, 0, 0, 0].tolist()
-        skipped += n_skipped
-    assert sorted(images) == list(range(7)) and skipped == 1
+        skipped += names
+    assert sorted(images) == list(range(7)) and skipped == [f"{bad}:x.png"]
     again = [i for x, _, _ in loader if x is not None for i in x[:, 0, 0, 0].tolist()]
     assert again == images, "same seed and epoch: same order through a worker"

@@ -7,12 +7,14 @@ every export read back, honest words for bad files and flags.
 """
 
 import errno
+import io
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 
 import numpy as np
@@ -22,6 +24,7 @@ from PIL import Image
 
 import vitkit
 from vitkit.data import fashion_mnist as fm
+from vitkit.data.shards import decode_record, folder_to_shards, iter_records
 from vitkit.train import NonFiniteLoss, resolve_config, train
 from vitkit.train.checkpoint import NonFiniteState, checkpoint_paths, load_intact, save_checkpoint
 from vitkit.train.runlock import RunLock
@@ -279,3 +282,92 @@ def test_differing_class_folders_are_named(tmp_path):
         train(resolve_config("fmnist", dataset="folder", data_dir=str(tmp_path), out=str(tmp_path / "runs"),
                              model="vit_fmnist", max_steps=1, workers=0, progress=False))
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- 3. no sample vanishes without a word
+
+
+def make_shards(root, per_class=24, max_per_shard=16, bad_images=False):
+    """train/ and test/ shards of 28x28 grey noise images of two classes (or undecodable bytes)."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        folder = root / "images" / split
+        for c in ("a", "b"):
+            (folder / c).mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(folder / c / f"{i}.png")
+        paths = folder_to_shards(folder, root / "shards" / split, max_per_shard=max_per_shard)
+        for path in paths if bad_images else ():
+            with tarfile.open(path) as tar:
+                members = [(m, tar.extractfile(m).read()) for m in tar if m.isfile()]
+            with tarfile.open(path, "w") as tar:
+                for m, data in members:
+                    data = b"not a png" if m.name.endswith(".png") else data
+                    m.size = len(data)
+                    tar.addfile(m, io.BytesIO(data))
+    return root / "shards"
+
+
+def shard_config(tmp_path, data_dir, **kw):
+    base = dict(dataset="shards", data_dir=str(data_dir), model="vit_fmnist", max_steps=6, batch_size=8,
+                val_size=8, warmup_steps=1, out=str(tmp_path / "runs"), name="run", log_every=2, checkpoint_every=3,
+                progress=False, workers=0, eval_batch_size=16, tensorboard=False, shuffle_buffer=4)
+    base.update(kw)
+    return resolve_config("fmnist", **base)
+
+
+def test_a_truncated_shard_is_counted_and_a_garbage_one_named(tmp_path):
+    data = make_shards(tmp_path)
+    shard = sorted((data / "train").glob("*.tar"))[0]
+    shard.write_bytes(shard.read_bytes()[:len(shard.read_bytes()) // 2])  # cut at a block boundary
+    usable = 0
+    for record in iter_records(str(shard)):
+        try:
+            decode_record(record)
+            usable += 1
+        except Exception:
+            pass
+    # meta.json knows the shard held 16: every lost sample is counted once, over two epochs
+    summary = train(shard_config(tmp_path, data, max_steps=12, name="counted"))
+    assert summary["skipped_files"] == 16 - usable > 0
+    (data / "train" / "meta.json").unlink()  # no counts: the lost rest is one named skip
+    summary = train(shard_config(tmp_path, data, max_steps=8))
+    assert summary["skipped_files"] >= 1
+    (data / "train" / "zz-garbage.tar").write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(ValueError, match=r"zz-garbage\.tar is not a readable tar file"):
+        train(shard_config(tmp_path, data, name="again"))
+    assert not (tmp_path / "runs" / "again").exists()
+
+
+def test_every_sample_undecodable_stops_with_a_line_not_an_empty_run(tmp_path):
+    data = make_shards(tmp_path, bad_images=True)
+    with pytest.raises(ValueError, match="saw no usable image: every sample was skipped"):
+        train(shard_config(tmp_path, data))
+
+
+def test_too_few_samples_per_worker_is_an_error_not_a_hang(tmp_path):
+    data = make_shards(tmp_path, per_class=24, max_per_shard=12)  # 48 images in 4 shards
+    done = cli("train", "--dataset", "shards", "--data-dir", str(data), "--model", "vit_fmnist", "--workers", "4",
+               "--batch-size", "16", "--max-steps", "3", "--val-size", "8", "--out", str(tmp_path / "runs"),
+               "--no-progress", "--threads", "1", "--no-tensorboard", timeout=240)
+    assert done.returncode == 2 and "no full batch of 16 samples" in done.stderr, done.stderr[-500:]
+
+
+# ---------------------------------------------------------------- 4. no wrong answer with exit code 0
+
+
+@real
+def test_eval_takes_the_dataset_from_the_weights_or_refuses_a_mismatch(tmp_path):
+    model = vitkit.create_model("vit_fmnist", num_classes=10, label_names=[f"c{i}" for i in range(10)])
+    model.save_pretrained(tmp_path / "other")
+    done = cli("eval", "--weights", str(tmp_path / "other"), "--out", str(tmp_path))
+    assert done.returncode == 2 and "pass --dataset" in done.stderr
+    done = cli("eval", "--weights", str(tmp_path / "other"), "--dataset", "fashion-mnist", "--out", str(tmp_path))
+    assert done.returncode == 2 and "trained on other classes" in done.stderr
+    vitkit.create_model("vit_fmnist", num_classes=3).save_pretrained(tmp_path / "three")
+    done = cli("eval", "--weights", str(tmp_path / "three"), "--dataset", "fashion-mnist", "--out", str(tmp_path))
+    assert done.returncode == 2 and "predicts 3 classes and the data has 10" in done.stderr
+    vitkit.create_model("vit_fmnist", label_names=fm.CLASSES).save_pretrained(tmp_path / "fmnist")  # found alone
+    done = cli("eval", "--weights", str(tmp_path / "fmnist"), "--out", str(tmp_path), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["dataset"] == "fashion-mnist"
+    assert not list(tmp_path.glob("confusion_matrix.png"))[1:]  # written once, where asked

@@ -73,8 +73,8 @@ def config(tmp_path, data_dir, **kw):
 def test_image_folder_trains_skips_broken_files_and_counts_them(tmp_path, fmnist_folder, caplog):
     summary = train(config(tmp_path, fmnist_folder))
     assert summary["test_top1"] > 0.75  # three classes: chance is 1/3
-    # the zero-byte file at the scan; the truncated JPEG each time it is drawn (never in validation: 0 or more)
-    assert summary["skipped_files"] >= 1
+    # the zero-byte file at the scan; the truncated JPEG once, however often it is drawn (if it was)
+    assert summary["skipped_files"] in (1, 2)
     assert any("empty.png" in r.getMessage() for r in caplog.records)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
@@ -93,7 +93,7 @@ def test_odd_modes_decode_and_broken_files_are_named(fmnist_folder):
         image, _ = folder[index]
         assert image.mode == "L" and image.size == (28, 28)
     truncated = next(i for i, (p, _) in enumerate(folder.samples) if p.endswith("truncated.jpg"))
-    assert folder[truncated] is None
+    assert folder[truncated].name.endswith("truncated.jpg")
 
 
 def test_strict_data_stops_before_writing_anything(tmp_path, fmnist_folder):

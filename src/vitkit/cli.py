@@ -39,6 +39,11 @@ def _table(rows: List[List[str]], header: List[str]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def _preview(names: Sequence[str], n: int = 3) -> str:
+    shown = ", ".join(map(str, list(names)[:n]))
+    return f"{len(names)}: {shown}" + (", ..." if len(names) > n else "")
+
+
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
 
@@ -207,22 +212,31 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .data import datasets
     from .evaluate import classification_report, plot_confusion
     from .train.loop import load_split_tensors
     from .weights import from_pretrained
 
     model = from_pretrained(args.weights, model_name=args.model)
-    images, labels, classes = load_split_tensors(args.dataset, args.split, args.data_dir)
+    names = model.config.label_names
+    dataset = args.dataset or datasets.dataset_for_labels(names)
+    if dataset is None:
+        raise ValueError(f"the weights' classes ({_preview(names) if names else 'no label names'}) are none of "
+                         f"{', '.join(datasets.CLASS_NAMES)}: pass --dataset")
+    images, labels, classes = load_split_tensors(dataset, args.split, args.data_dir)
+    if names and list(names) != list(classes):
+        raise ValueError(f"the weights were trained on other classes ({_preview(names)}) than {dataset}'s "
+                         f"({_preview(classes)}): evaluate them on their own dataset")
     report = classification_report(model, images, labels, classes, args.batch_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_confusion(report, out / "confusion_matrix.png")
-    result = {"weights": args.weights, "dataset": args.dataset, "split": args.split,
+    result = {"weights": args.weights, "dataset": dataset, "split": args.split,
               "confusion_png": str(png), **report.to_dict()}
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{args.dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
+    print(f"{dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
           f"({report.count} images)")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
@@ -341,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
-    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--dataset", help="fashion-mnist, cifar10 or cifar100 (default: the one whose classes the "
+                                     "weights name)")
     p.add_argument("--data-dir")
     p.add_argument("--split", default="test", choices=["train", "test"])
     p.add_argument("--model", help="architecture name when the weights have no config")

@@ -32,6 +32,17 @@ FILE_DATASETS = ("folder", "shards")
 FILE_STATS: Stats = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
+#: The class names of the in-memory datasets (the weights of a model trained on one carry them).
+CLASS_NAMES: Dict[str, List[str]] = {"fashion-mnist": list(fashion_mnist.CLASSES),
+                                     "cifar10": list(cifar.CIFAR10_CLASSES),
+                                     "cifar100": list(cifar.CIFAR100_FINE_CLASSES)}
+
+
+def dataset_for_labels(label_names: Optional[List[str]]) -> Optional[str]:
+    """The in-memory dataset whose classes these label names are (None: none of them)."""
+    return next((name for name, classes in CLASS_NAMES.items() if list(label_names or []) == classes), None)
+
+
 def canonical(name: str) -> str:
     """The dataset's registered name; a clear error listing the names for anything else."""
     name = ALIASES.get(name.lower(), name.lower())

@@ -11,9 +11,10 @@ a worker (a worker's copy of the dataset is lost with it):
 * ``ImageFolder`` scans every file once at construction, in the calling process; what the
   scan rejects is in ``.skipped`` and never reaches ``.samples``.
 * A file the scan let through but that fails to decode later (``verify="header"`` does not
-  decode, so it lets truncated JPEGs through) makes ``__getitem__`` return ``None``;
-  :func:`collate_skip_bad` drops the ``None``\\ s of a batch and returns how many it dropped
-  with the batch, so the training loop adds the counts up in the main process.
+  decode, so it lets truncated JPEGs through) makes ``__getitem__`` return a
+  :class:`~vitkit.data.images.Skipped` naming it; :func:`collate_skip_bad` drops those from a
+  batch and returns their names with it, so the training loop counts each file once, by name,
+  in the main process.
 
 How much the scan checks is ``verify``: ``"header"`` (default) opens each file and runs
 Pillow's ``verify()`` -- it catches empty files, non-images, bad headers and, for PNG, bad
@@ -39,7 +40,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from .images import DECODE_ERRORS, BadImageError, ImageSource, _reason, decode_image, to_rgb  # noqa: F401 (public)
+from .images import DECODE_ERRORS, BadImageError, ImageSource, Skipped, _reason, decode_image, to_rgb  # noqa: F401
 
 logger = logging.getLogger("vitkit.data")
 
@@ -72,18 +73,21 @@ def check_image(path: Union[str, Path], verify: str = "header", channels: int = 
     return None
 
 
-def collate_skip_bad(batch: Sequence[Optional[Tuple[Any, int]]]) -> Tuple[Optional[Any], torch.Tensor, int]:
-    """DataLoader ``collate_fn``: drop the ``None`` of bad samples -> (images, labels, n_skipped).
+def collate_skip_bad(batch: Sequence[Any]) -> Tuple[Optional[Any], torch.Tensor, Tuple[str, ...]]:
+    """DataLoader ``collate_fn``: drop the bad samples of a batch -> (images, labels, their names).
 
-    Add ``n_skipped`` up over the batches to count bad files exactly, whatever the number of
-    workers. A batch whose samples were all bad gives ``(None, empty labels, n_skipped)``.
+    Datasets give a :class:`~vitkit.data.images.Skipped` (or None) for a sample they cannot use;
+    the names come back with the batch, so a run counts each unused file or shard sample once
+    however often it is met and whatever the number of workers. A batch whose samples were all
+    bad gives ``(None, empty labels, names)``.
     """
-    good = [sample for sample in batch if sample is not None]
-    n_skipped = len(batch) - len(good)
+    good = [sample for sample in batch if sample is not None and not isinstance(sample, Skipped)]
+    names = tuple(s.name if isinstance(s, Skipped) else "<unnamed sample>" for s in batch
+                  if s is None or isinstance(s, Skipped))
     if not good:
-        return None, torch.empty(0, dtype=torch.int64), n_skipped
+        return None, torch.empty(0, dtype=torch.int64), names
     images, labels = default_collate(good)
-    return images, labels, n_skipped
+    return images, labels, names
 
 
 def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIONS
@@ -183,15 +187,16 @@ class ImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> Optional[Tuple[Any, int]]:
+    def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
         path, label = self.samples[index]
         try:
             im = decode_image(path, self.channels)
         except (BadImageError, FileNotFoundError) as e:
             if self.strict:
                 raise
-            logger.warning("skipping %s: %s", path, getattr(e, "reason", e))
-            return None
+            reason = str(getattr(e, "reason", e))
+            logger.warning("skipping %s: %s", path, reason)
+            return Skipped(str(path), reason)
         return (self.transform(im) if self.transform is not None else im), label
 
     def __repr__(self) -> str:

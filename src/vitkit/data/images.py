@@ -15,7 +15,7 @@ import io
 import logging
 import struct
 from pathlib import Path
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, NamedTuple, Optional, Union
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -29,6 +29,15 @@ _HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
 
 ImageSource = Union[str, Path, bytes, BinaryIO]
+
+
+class Skipped(NamedTuple):
+    """What a dataset gives instead of a sample it cannot use: which one (a file, or a shard and
+    sample number) and why. :func:`vitkit.data.folder.collate_skip_bad` drops these from a
+    batch and returns their names, so a run counts every unused sample once, by name."""
+
+    name: str
+    reason: str
 
 
 class BadImageError(ValueError):
@@ -107,4 +116,4 @@ def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
     return decode_image(path, channels)
 
 
-__all__ = ["BadImageError", "DECODE_ERRORS", "ImageSource", "to_rgb", "decode_image", "load_image"]
+__all__ = ["Skipped", "BadImageError", "DECODE_ERRORS", "ImageSource", "to_rgb", "decode_image", "load_image"]

@@ -27,9 +27,11 @@ samples repeat), one with more stops early (a few wait for the next epoch, which
 differently). Leave it unset for evaluation, which must see every sample exactly once.
 
 Bad samples (an image Pillow cannot decode, a missing or non-integer ``.cls``, a label out
-of range) are logged (logger ``vitkit.data``) and come out as ``None``: use
-:func:`vitkit.data.folder.collate_skip_bad` as the DataLoader's ``collate_fn`` to drop and
-count them exactly across workers; ``strict=True`` raises instead. ``set_epoch`` changes
+of range) and the lost rest of a damaged shard are logged (logger ``vitkit.data``) and come
+out as :class:`~vitkit.data.images.Skipped` naming them: use
+:func:`vitkit.data.folder.collate_skip_bad` as the DataLoader's ``collate_fn`` to drop them and
+count them exactly, by name, across workers; ``strict=True`` raises instead. A file among the
+shards that is no tar at all stops the reader at its start, named. ``set_epoch`` changes
 the order of the next epoch; with ``persistent_workers=True`` the workers keep their own
 copy of the dataset and never see it, so leave persistent workers off.
 """
@@ -55,7 +57,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..utils import atomic_path, seed_for
 from .folder import ImageFolder
-from .images import BadImageError, decode_image
+from .images import BadImageError, Skipped, decode_image
 
 logger = logging.getLogger("vitkit.data")
 
@@ -254,8 +256,14 @@ def _split_name(name: str) -> Tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
-def iter_records(shard: str, strict: bool = False) -> Iterator[_Record]:
-    """The samples of one shard in order: consecutive members with the same key."""
+def iter_records(shard: str, strict: bool = False) -> Iterator[Union[_Record, Skipped]]:
+    """The samples of one shard in order: consecutive members with the same key.
+
+    Where the tar is damaged -- unreadable from some point, or cut short at a block boundary,
+    which ``tarfile`` reads as a clean end (a tar ends with two zero blocks) -- the sample being
+    read comes out as it is (decoding judges it) and then a :class:`Skipped` named
+    ``SHARD#rest`` stands for the lost rest; ``strict`` raises instead.
+    """
     current: Optional[_Record] = None
     try:
         with tarfile.open(shard, "r|*") as tar:
@@ -269,22 +277,48 @@ def iter_records(shard: str, strict: bool = False) -> Iterator[_Record]:
                         yield current
                     current = _Record(shard, key)
                 current.members[ext] = data
+        if not _ends_like_a_tar(shard):
+            raise tarfile.ReadError("it ends without the end-of-archive blocks: cut short")
         if current is not None:
             yield current
     except (tarfile.TarError, OSError, EOFError) as e:
         if strict:
             raise ValueError(f"shard {shard} is damaged: {e}") from e
         logger.warning("shard %s is damaged (%s): the rest of it is skipped", shard, e)
+        if current is not None:
+            yield current
+        yield Skipped(f"{shard}#rest", f"the tar is damaged ({e}); the samples after this point are lost")
+
+
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")  # gzip, bzip2, xz: their streams detect a cut themselves
+
+
+def _ends_like_a_tar(path: str) -> bool:
+    """Whether an uncompressed tar ends with its two zero blocks (compressed ones: always true)."""
+    with open(path, "rb") as f:
+        if f.read(6).startswith(_COMPRESSED):
+            return True
+        f.seek(0, os.SEEK_END)
+        if f.tell() < 1024:
+            return False
+        f.seek(-1024, os.SEEK_END)
+        return f.read(1024) == bytes(1024)
 
 
 def count_samples(shard: str) -> int:
-    """The number of samples in a shard, from its member headers (no image is decoded)."""
+    """The number of samples in a shard, from its member headers (no image is decoded). A file
+    that is no tar at all is a ValueError naming it; a damaged one counts what precedes the damage."""
     keys, last = 0, None
-    with tarfile.open(shard, "r:*") as tar:
-        for member in tar:
-            key = _split_name(member.name)[0] if member.isfile() else None
-            if key is not None and key != last:
-                keys, last = keys + 1, key
+    try:
+        with tarfile.open(shard, "r:*") as tar:
+            for member in tar:
+                key = _split_name(member.name)[0] if member.isfile() else None
+                if key is not None and key != last:
+                    keys, last = keys + 1, key
+    except (tarfile.TarError, OSError, EOFError) as e:
+        if keys == 0:
+            raise ValueError(f"shard {shard} is not a readable tar file ({e})") from None
+        logger.warning("shard %s is damaged after %d samples (%s)", shard, keys, e)
     return keys
 
 
@@ -418,7 +452,7 @@ class ShardDataset(IterableDataset):
         self.epoch = int(epoch)
 
     # -- iteration
-    def __iter__(self) -> Iterator[Optional[Tuple[Any, int]]]:
+    def __iter__(self) -> Iterator[Union[Tuple[Any, int], Skipped]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world_size = self.rank, self.world_size
@@ -433,13 +467,16 @@ class ShardDataset(IterableDataset):
             records = itertools.islice(records, quota)
         num_classes = len(self.classes) if self.classes is not None else None
         for record in records:
+            if isinstance(record, Skipped):
+                yield record
+                continue
             try:
                 im, label = decode_record(record, self.channels, num_classes)
             except BadImageError as e:
                 if self.strict:
                     raise
                 logger.warning("skipping %s: %s", e.path, e.reason)
-                yield None
+                yield Skipped(e.path, e.reason)
                 continue
             yield (self.transform(im) if self.transform is not None else im), label
 
@@ -464,7 +501,9 @@ class ShardDataset(IterableDataset):
             found = 0
             for s in pass_positions:
                 for k, record in enumerate(iter_records(order[s], self.strict)):
-                    if (k + s) % modulus == residue:
+                    if isinstance(record, Skipped):
+                        yield from self._lost(order[s], k, record, lambda j: (j + s) % modulus == residue)
+                    elif (k + s) % modulus == residue:
                         found += 1
                         yield record
             produced += found
@@ -478,6 +517,18 @@ class ShardDataset(IterableDataset):
             if passes == 1:
                 logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again",
                             rank, worker, produced, quota)
+
+    def _lost(self, shard: str, read: int, rest: Skipped, mine: Callable[[int], bool]) -> Iterator[Skipped]:
+        """The samples a damaged shard lost after ``read`` of them: one :class:`Skipped` each (those of
+        this reader) when ``meta.json`` gives the shard's count, else the one ``rest`` (its first reader)."""
+        expected = self._meta_counts.get(Path(shard).name)
+        if expected is None:
+            if mine(0):
+                yield rest
+            return
+        for j in range(read, expected):
+            if mine(j):
+                yield Skipped(f"{shard}#{j}", rest.reason)
 
 
 def _buffer_shuffle(items: Iterator[_Record], size: int, rng: np.random.Generator) -> Iterator[_Record]:

@@ -50,6 +50,10 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     model.eval()
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
+    data_classes = max(len(classes), int(labels.max()) + 1 if len(labels) else 0)
+    if data_classes != n_classes:
+        raise ValueError(f"the model predicts {n_classes} classes and the data has {data_classes}: "
+                         f"evaluate it on the data it was trained for")
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     top5_hits = 0
     for i in range(0, len(labels), batch_size):

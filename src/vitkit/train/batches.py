@@ -21,12 +21,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
+from ..data.images import Skipped
 from ..evaluate.metrics import prepare_batch
 from ..utils import seed_for
 
 log = logging.getLogger("vitkit.train")
 
-MicroBatch = Tuple[Optional[torch.Tensor], torch.Tensor, int]  # (inputs, labels, bad samples dropped)
+#: (inputs, labels, names of the bad samples dropped from it)
+MicroBatch = Tuple[Optional[torch.Tensor], torch.Tensor, Tuple[str, ...]]
 
 
 def generator(seed: int, stream: str, *index: int) -> torch.Generator:
@@ -146,11 +148,11 @@ class MemoryBatches:
                 pixels = random_hflip(pixels, aug)
             if self.randaugment is not None:
                 pixels = self.randaugment(pixels, aug)
-            yield layout.mine(prepare_batch(pixels, config)), layout.mine(self.labels[idx]), 0
+            yield layout.mine(prepare_batch(pixels, config)), layout.mine(self.labels[idx]), ()
 
     def eval(self, config: Any, batch_size: int) -> Iterator[MicroBatch]:
         for i in range(0, len(self), batch_size):
-            yield prepare_batch(self.images[i:i + batch_size], config), self.labels[i:i + batch_size], 0
+            yield prepare_batch(self.images[i:i + batch_size], config), self.labels[i:i + batch_size], ()
 
 
 class _Seeded(Dataset):
@@ -165,8 +167,8 @@ class _Seeded(Dataset):
     def __getitem__(self, item: Tuple[int, Optional[int]]):
         position, seed = item
         sample = self.folder[self.indices[position]]
-        if sample is None:
-            return None
+        if isinstance(sample, Skipped):
+            return sample
         if seed is None:
             return self.transform(sample[0]), sample[1]
         with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
@@ -228,6 +230,10 @@ class ShardBatches:
                 left -= 1
                 if left == 0:
                     return
+            if n == 0:  # every worker holds less than one batch: each epoch would be empty, forever
+                raise ValueError(f"the shards give no full batch of {layout.local} samples to any of the "
+                                 f"{max(self.workers, 1)} DataLoader worker(s) of this process: use fewer "
+                                 f"--workers or a smaller --batch-size")
             skip, epoch = 0, epoch + 1
 
     def eval(self, transform: Callable, batch_size: int) -> Iterator[MicroBatch]:

@@ -158,7 +158,8 @@ class Run:
     prior_train_seconds: Optional[float] = 0.0
     t_start: float = field(default_factory=time.perf_counter)
     train_seconds: float = 0.0
-    skipped: int = 0
+    #: names of the samples the batch sources dropped (each counted once, however often met)
+    skipped: set = field(default_factory=set)
     last_ckpt: Optional[Path] = None
     final_val: Optional[Tuple[float, float]] = None
 
@@ -217,9 +218,14 @@ class Window:
         self.pending, self.pending_n = [], []
 
     def row(self, run: Run, done: int, lr: float) -> Dict[str, float]:
-        """The metrics row of the interval ending at step ``done``."""
+        """The metrics row of the interval ending at step ``done``; an interval without a single
+        usable image stops the run (the data source gives nothing but skipped samples)."""
         self.check(run)
-        n = max(self.n, 1)
+        if self.n == 0:
+            first = ", ".join(sorted(run.skipped)[:3]) or "none named"
+            raise ValueError(f"steps up to {done} saw no usable image: every sample was skipped "
+                             f"({len(run.skipped)} so far; first: {first}); see the log for why")
+        n = self.n
         return {"step": done, "epoch": round(done / run.steps_per_epoch, 3), "lr": lr,
                 "train_loss": self.loss / n, "train_acc": self.correct / n,
                 "img_s": self.n / max(time.perf_counter() - self.t, 1e-9)}
@@ -409,7 +415,7 @@ def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tupl
     stats, n = torch.zeros(2, device=run.dist.device), 0
     for k in range(run.layout.accum_steps):
         x, y, bad = next(batches)
-        run.skipped += bad
+        run.skipped.update(bad)
         if x is None:  # every sample of this micro-batch was unreadable
             continue
         stats += _micro_batch(run, step, k, x, y)
@@ -490,7 +496,7 @@ def summarise(run: Run) -> Dict[str, Any]:
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **_throughput(run), "precision": str(run.amp).replace("torch.", "") if run.amp else "fp32",
                "device": str(run.dist.device), "processes": run.dist.world,
-               "skipped_files": len(data.skipped) + run.skipped}
+               "skipped_files": len({name for name, _ in data.skipped} | run.skipped)}
     run.metrics.close(summary)
     if run.main:
         write_json(run.run_dir / "summary.json", summary)
