@@ -371,3 +371,15 @@ def test_eval_takes_the_dataset_from_the_weights_or_refuses_a_mismatch(tmp_path)
     done = cli("eval", "--weights", str(tmp_path / "fmnist"), "--out", str(tmp_path), "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["dataset"] == "fashion-mnist"
     assert not list(tmp_path.glob("confusion_matrix.png"))[1:]  # written once, where asked
+
+
+# ---------------------------------------------------------------- 9. no silent divergence from the reference
+
+
+def test_an_hf_pooler_with_another_activation_is_refused_by_name(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8, pooler_act="relu")
+    transformers.ViTModel(config).save_pretrained(tmp_path / "hf")
+    with pytest.raises(WeightsError, match="pooler_act 'relu'"):
+        vitkit.from_pretrained(tmp_path / "hf")

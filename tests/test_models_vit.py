@@ -8,6 +8,7 @@ import torch
 import vitkit
 from conftest import max_diff, randomize
 from vitkit.models import VisionTransformer, ViTConfig, count_parameters
+from vitkit.models.layers import fast_inference
 
 PAPER_COUNTS = {
     "vit_tiny_patch16_224": 5_717_416,
@@ -228,7 +229,7 @@ def test_inference_fast_path_equals_autograd_path(images):
         x = images(2, 32, 32)
         with_grad = model(x)
         assert with_grad.requires_grad
-        with torch.inference_mode():
+        with torch.inference_mode(), fast_inference(model):
             fast = model(x)
         assert torch.equal(with_grad.detach(), fast)
 
@@ -238,16 +239,37 @@ def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
     x = images(2, 32, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain = model(x).detach()  # autograd on: PyTorch's own per-call casts
-        with torch.inference_mode():
+        with torch.inference_mode(), fast_inference(model):
             cached, again = model(x), model(x)
     assert torch.equal(plain, cached) and torch.equal(cached, again)
-    with torch.no_grad():
-        model.blocks[0].mlp.fc1.weight.mul_(2.0)  # an optimiser step or a load does this
+    assert not any("_autocast_cache" in m.__dict__ for m in model.modules())  # dropped on exit
+    # outside fast_inference nothing is kept: a fused AdamW step (no version bump) is seen at once
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        before = model(x)
+    model(x).square().mean().backward()
+    opt.step()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain2 = model(x).detach()
-        with torch.inference_mode():
-            cached2 = model(x)
-    assert torch.equal(plain2, cached2) and not torch.equal(cached2, cached)
+        with torch.no_grad():
+            after = model(x)
+    assert torch.equal(plain2, after) and not torch.equal(after, before)
+
+
+def test_hooks_see_what_module_names_say_as_in_timm(images):
+    model = tiny().eval()
+    seen = {}
+    mlp = model.blocks[0].mlp
+    mlp.fc1.register_forward_hook(lambda m, i, o: seen.__setitem__("fc1", o.clone()))
+    mlp.act.register_forward_hook(lambda m, i, o: seen.__setitem__("act", (i[0].clone(), o.clone())))
+    x = images(1, 32, 32)
+    for context in (torch.no_grad(), fast_inference(model)):
+        seen.clear()
+        with torch.no_grad(), context:
+            model(x)
+        act_in, act_out = seen["act"]
+        assert torch.equal(seen["fc1"], act_in)  # pre-activation, not GELU(fc1(x))
+        assert torch.equal(act_out, mlp.act(act_in))
 
 
 def test_autocast_path_with_a_model_built_in_inference_mode(images):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..data.transforms import EvalTransform, load_image
+from ..models.layers import fast_inference
 
 
 @dataclass
@@ -43,11 +44,12 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     k = min(top_k, config.num_classes)
     out: List[Prediction] = []
-    for start in range(0, len(paths), batch_size):
-        chunk = paths[start:start + batch_size]
-        batch = torch.stack([transform(load_image(p, config.in_chans)) for p in chunk]).to(device)
-        probs = model(batch).float().softmax(dim=-1)
-        values, indices = probs.topk(k, dim=-1)
-        for p, vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
-            out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)]))
+    with fast_inference(model):
+        for start in range(0, len(paths), batch_size):
+            chunk = paths[start:start + batch_size]
+            batch = torch.stack([transform(load_image(p, config.in_chans)) for p in chunk]).to(device)
+            probs = model(batch).float().softmax(dim=-1)
+            values, indices = probs.topk(k, dim=-1)
+            for p, vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
+                out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)]))
     return out

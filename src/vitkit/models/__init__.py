@@ -9,7 +9,7 @@ from .cait import CaiT, CaiTConfig
 from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
 from .hybrid import HybridEmbed
-from .layers import Attention, Block, DropPath, LayerScale, Mlp, PatchEmbed, resample_pos_embed
+from .layers import Attention, Block, DropPath, LayerScale, Mlp, PatchEmbed, fast_inference, resample_pos_embed
 from .registry import (
     Family,
     build_from_config,
@@ -37,5 +37,5 @@ __all__ = [
     "VIT_SIZES", "build_from_config", "config_from_dict", "create_model", "get_model_config",
     "list_models", "register_architecture", "register_model", "ViTConfig", "VisionTransformer",
     "count_parameters", "num_tokens", "Family", "register_family", "unregister_family", "family", "family_of",
-    "families", "family_of_state_dict", "TokenModel", "TokenConfig", "ConfigMixin",
+    "families", "family_of_state_dict", "TokenModel", "TokenConfig", "ConfigMixin", "fast_inference",
 ]

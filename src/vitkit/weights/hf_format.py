@@ -179,6 +179,12 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
     if sd is not None and "classifier.weight" in keys:
         num_classes = sd["classifier.weight"].shape[0]
     has_pooler = any(k.startswith("pooler.") for k in keys)
+    if has_pooler and not classify and hf.get("pooler_act", "tanh") != "tanh":
+        raise WeightsError(f"the HF pooler uses pooler_act {hf['pooler_act']!r}; vitkit's pre-logits layer is the "
+                           f"paper's tanh: load it as ViTForImageClassification or without the pooler")
+    if hf.get("pooler_output_size") not in (None, hf["hidden_size"]) and has_pooler and not classify:
+        raise WeightsError(f"pooler_output_size {hf['pooler_output_size']} differs from the width "
+                           f"{hf['hidden_size']}; vitkit's pre-logits layer keeps the width")
     kw: Dict[str, Any] = dict(
         img_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
         in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"],
