@@ -178,12 +178,19 @@ def test_a_full_disk_is_said_in_words_and_the_previous_checkpoint_stays(tmp_path
     ("--model-args", '{"embed_dim": "wide"}', "embed_dim must be a positive integer"),
     ("--model-args", "null", "--model-args must be a JSON object"),
     ("--model-args", "[1]", "--model-args must be a JSON object"),
+    ("--model-args", '{"heads": 4}', "unknown option(s) heads of a ViT config"),
+    ("--model-args", '{"std": [0]}', "std must be positive"),
 ])
 def test_bad_values_end_in_one_line_and_leave_no_folder(tmp_path, flag, value, words):
     done = cli("train", "--out", str(tmp_path), "--name", "run", flag, value, "--no-progress", "--threads", "1")
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_vitkit_debug_shows_the_traceback_of_an_input_error(tmp_path):
+    done = cli("train", "--out", str(tmp_path), "--max-steps", "0", env=dict(os.environ, VITKIT_DEBUG="1"))
+    assert done.returncode == 1 and "Traceback" in done.stderr and "max_steps must be >= 1" in done.stderr
 
 
 # ---------------------------------------------------------------- 6. leftovers and modes

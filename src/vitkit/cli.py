@@ -1,7 +1,7 @@
 """``vitkit <verb>``: a thin shell over the library; every verb calls a library function.
 
-Every verb takes ``--json`` for machine-readable output. Errors print one line to stderr
-and exit with status 2.
+Every verb takes ``--json`` for machine-readable output. Errors of input print one line to
+stderr and exit with status 2 (``VITKIT_DEBUG=1`` shows their traceback instead).
 """
 
 from __future__ import annotations
@@ -408,8 +408,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args.func(args) or 0)
     except Exception as e:
-        if not isinstance(e, _user_errors()):
-            raise  # a bug: keep its traceback
+        if not isinstance(e, _user_errors()) or os.environ.get("VITKIT_DEBUG"):
+            raise  # a bug (or VITKIT_DEBUG=1): keep its traceback
         print(f"vitkit {args.verb}: error: {e}", file=sys.stderr)
         return 2
 

@@ -29,6 +29,11 @@ GLOBAL_POOLS = ("token", "avg")
 C = TypeVar("C", bound="ConfigMixin")
 
 
+class UnknownOption(ValueError, TypeError):
+    """A keyword that is no field of the config (a TypeError as for any bad keyword, and a
+    ValueError: bad input, one line on the command line)."""
+
+
 class ConfigMixin:
     KIND: ClassVar[str] = "model"
 
@@ -86,7 +91,8 @@ class ConfigMixin:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UnknownOption(f"unknown option(s) {', '.join(unknown)} of a {self.KIND} config; known: "
+                                f"{', '.join(sorted(known))}")
         if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
                 and overrides["num_classes"] != len(self.label_names):
             overrides["label_names"] = None
