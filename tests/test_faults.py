@@ -89,8 +89,8 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
     run = tmp_path / "run"
     try:
         deadline = time.time() + 120
-        while not checkpoint_paths(run):
-            assert first.poll() is None and time.time() < deadline, "no checkpoint appeared"
+        while len(checkpoint_paths(run)) < 2:
+            assert first.poll() is None and time.time() < deadline, "no checkpoints appeared"
             time.sleep(0.05)
         before = (run / "metrics.jsonl").read_bytes() if (run / "metrics.jsonl").exists() else b""
         second = cli("train", "--resume", str(run), "--no-progress", env=env)
@@ -103,6 +103,22 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
         first.send_signal(signal.SIGKILL)
         first.wait()
     RunLock(run).acquire().release()  # the killed process's lock died with it: --resume may take it at once
+    # a torn newest checkpoint: a real resume falls back to the one before and says so
+    newest, previous = checkpoint_paths(run)[-1], checkpoint_paths(run)[-2]
+    newest.write_bytes(newest.read_bytes()[:100])
+    resumed = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        said = []
+        for line in resumed.stderr:
+            said.append(line)
+            if "resuming" in line:
+                break
+        assert any("does not load" in line and newest.name in line for line in said), said
+        assert previous.name in said[-1], said
+    finally:
+        resumed.send_signal(signal.SIGKILL)
+        resumed.wait()
 
 
 def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
