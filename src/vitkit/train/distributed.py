@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,14 +38,6 @@ def setup() -> DistInfo:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     return DistInfo(world, rank, device)
-
-
-def sum_across(info: DistInfo, values: List[float]) -> List[float]:
-    if info.world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=info.device)
-    dist.all_reduce(t)
-    return t.tolist()
 
 
 def sum_tensor(info: DistInfo, t: torch.Tensor) -> torch.Tensor:
