@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ..utils import atomic_path
+from ..weights.io import unsafe_object
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
@@ -78,10 +79,10 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        named = unsafe_object(e)
         if named:
             raise ValueError(f"refused to resume from {path}: it asks to build the Python object "
-                             f"{named.group(1)!r}, which could run code; vitkit never loads it. Delete it "
+                             f"{named!r}, which could run code; vitkit never loads it. Delete it "
                              f"to resume from the checkpoint before it") from None
         raise OSError(f"{path} is not a readable checkpoint ({str(e).splitlines()[-1][:200]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:

@@ -171,6 +171,11 @@ class Run:
         if self.main:
             self.log(message)
 
+    def stopping(self) -> str:
+        """How a diverged run ends its message: where to resume from, and what to change."""
+        where = f"; the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else ""
+        return f"stopping{where}. Lower --lr or raise --warmup-steps."
+
     def seconds(self) -> float:
         """Wall clock of the run so far, over every process that worked on it."""
         return self.prior_seconds + time.perf_counter() - self.t_start
@@ -210,9 +215,8 @@ class Window:
             if not math.isfinite(loss):
                 step = self.next_step + i
                 lr = lr_at(step, run.total, run.cfg.lr, run.warmup, run.cfg.schedule, run.cfg.min_lr)
-                where = f"; the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else ""
-                raise NonFiniteLoss(f"loss became {loss / max(n, 1)} at step {step} (lr {lr:.3g}): stopping"
-                                    f"{where}. Lower --lr or raise --warmup-steps.")
+                raise NonFiniteLoss(f"loss became {loss / max(n, 1)} at step {step} (lr {lr:.3g}): "
+                                    f"{run.stopping()}")
             self.loss, self.correct, self.n = self.loss + loss, self.correct + correct, self.n + int(n)
         self.next_step += len(rows)
         self.pending, self.pending_n = [], []
@@ -468,9 +472,7 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
     try:
         return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints)
     except NonFiniteState as e:
-        where = f"; the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else ""
-        raise NonFiniteLoss(f"{e} although every loss before was finite: stopping{where}. "
-                            f"Lower --lr or raise --warmup-steps.") from None
+        raise NonFiniteLoss(f"{e} although every loss before was finite: {run.stopping()}") from None
 
 
 def summarise(run: Run) -> Dict[str, Any]:

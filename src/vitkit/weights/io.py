@@ -12,7 +12,7 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import torch
@@ -89,15 +89,22 @@ def _read_torch(path: Path) -> Dict[str, object]:
     return unwrap_state_dict(obj, str(path))
 
 
+def unsafe_object(error: Exception) -> Optional[str]:
+    """The Python object a file asked torch's weights_only unpickler to build (the name of a
+    global it refused), or None when the refusal was not about an object (not a checkpoint)."""
+    named = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return named.group(1) if named else None
+
+
 def _unpickling_error(path: Path, error: Exception) -> WeightsError:
     """torch's weights_only refusal in vitkit's words: a file that names a Python object to build
     is unsafe (and never loaded); anything else is not a checkpoint. torch's own hint to retry
     with ``weights_only=False`` is never passed on."""
     text = str(error)
-    named = re.search(r"GLOBAL ([\w.]+)", text)
+    named = unsafe_object(error)
     if named:
         return UnsafeCheckpointError(
-            f"refused to load {path}: it asks to build the Python object {named.group(1)!r}, and objects "
+            f"refused to load {path}: it asks to build the Python object {named!r}, and objects "
             f"other than tensors could run code; vitkit only loads tensors. Re-save the weights as "
             f"safetensors (or a plain state dict) in an environment you trust")
     detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
