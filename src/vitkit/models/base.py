@@ -115,14 +115,22 @@ class TokenModel(SaveMixin, nn.Module):
         """Tokens that precede the patches from the first layer on (none unless the family has them)."""
         return []
 
-    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
-        """Images -> the first layer's tokens (prefix + patches, with positions), and the patch grid."""
+    def patch_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
+        """Images -> patch embeddings (B, gh*gw, D) without positions, and the grid (where the
+        pre-training objectives of :mod:`vitkit.selfsup` mask or corrupt them)."""
         x = self.patch_embed(x, strict=not self.dynamic_img_size)
         B, gh, gw, D = x.shape
-        x = positions.add(self, x.reshape(B, gh * gw, D), (gh, gw), self.prefix_tokens(B))
-        if self.pos_drop is not None:
-            x = self.pos_drop(x)
-        return x, (gh, gw)
+        return x.reshape(B, gh * gw, D), (gh, gw)
+
+    def embed_tokens(self, x: torch.Tensor, grid: IntPair) -> torch.Tensor:
+        """Patch embeddings (B, gh*gw, D) -> the first layer's tokens: prefix + patches, with positions."""
+        x = positions.add(self, x, grid, self.prefix_tokens(x.shape[0]))
+        return x if self.pos_drop is None else self.pos_drop(x)
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
+        """Images -> the first layer's tokens (prefix + patches, with positions), and the patch grid."""
+        x, grid = self.patch_tokens(x)
+        return self.embed_tokens(x, grid), grid
 
     def _checkpointed(self, blk: nn.Module, *args):
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
@@ -140,6 +148,11 @@ class TokenModel(SaveMixin, nn.Module):
     def encode(self, x: torch.Tensor, return_attention: bool = False):
         """Images -> final normalised tokens (B, N, D) and, when asked, per-layer attention."""
         x, grid = self.embed(x)
+        return self.encode_tokens(x, grid, return_attention)
+
+    def encode_tokens(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False):
+        """The first layer's tokens (B, L, D) -> final normalised tokens and, when asked, per-layer
+        attention (L may be fewer than the grid's patches: MAE encodes the visible ones only)."""
         attns: List[torch.Tensor] = []
         for i, blk in enumerate(self.blocks):
             x, attn = self._layer(i, blk, x, grid, return_attention)

@@ -167,18 +167,26 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
     return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
 
 
-def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+SINCOS_SPACINGS = ("big_vision", "mae")
+
+
+def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0,
+                        spacing: str = "big_vision") -> torch.Tensor:
     """Fixed 2D sine-cosine embedding, laid out as big_vision's ``posemb_sincos_2d``.
 
-    Returns (1, gh*gw, dim): [sin(x w), cos(x w), sin(y w), cos(y w)] with D/4 frequencies.
+    Returns (1, gh*gw, dim): [sin(x w), cos(x w), sin(y w), cos(y w)] with D/4 frequencies
+    w_i = T^(-i / s). The two references differ only in s: big_vision spans [1, 1/T] (s = D/4 - 1);
+    MAE (and Hugging Face's ViTMAE, after its half swap) stops one step short (s = D/4).
     """
     if dim % 4:
         raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {dim}")
+    if spacing not in SINCOS_SPACINGS:
+        raise ValueError(f"spacing must be one of {SINCOS_SPACINGS}, got {spacing!r}")
     gh, gw = grid_size
     y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64),
                           torch.arange(gw, dtype=torch.float64), indexing="ij")
     quarter = dim // 4
-    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    omega = torch.arange(quarter, dtype=torch.float64) / (quarter if spacing == "mae" else max(quarter - 1, 1))
     omega = 1.0 / temperature ** omega
     y = y.flatten()[:, None] * omega[None, :]
     x = x.flatten()[:, None] * omega[None, :]
@@ -419,6 +427,23 @@ class Mlp(nn.Module):
         """Whether a hook sees fc1's output or act: then they must be what their names say."""
         return bool(self.fc1._forward_hooks or self.act._forward_hooks or self.act._forward_pre_hooks
                     or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+
+
+@torch.no_grad()
+def init_block_(blk: "Block") -> None:
+    """The official vit_jax initialisation of one block: Xavier-uniform kernels (q, k and v each
+    as its own D x D kernel, as the official code keeps them), zero attention biases, N(0, 1e-6)
+    MLP biases. (The ViT's blocks and MAE's decoder blocks both use it.)"""
+    D = blk.attn.proj.in_features
+    for part in blk.attn.qkv.weight.split(D, dim=0):
+        xavier_uniform_fan(part, D, D)
+    if blk.attn.qkv.bias is not None:
+        nn.init.zeros_(blk.attn.qkv.bias)
+    xavier_uniform_fan(blk.attn.proj.weight, D, D)
+    nn.init.zeros_(blk.attn.proj.bias)
+    for fc in (blk.mlp.fc1, blk.mlp.fc2):
+        xavier_uniform_fan(fc.weight, fc.in_features, fc.out_features)
+        nn.init.normal_(fc.bias, std=1e-6)
 
 
 class Block(nn.Module):

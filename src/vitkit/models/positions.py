@@ -195,14 +195,23 @@ def add(model: nn.Module, x: torch.Tensor, grid: IntPair, prefix: List[torch.Ten
         if prefix:
             x = torch.cat(prefix + [x], dim=1)
         return x + model.pos_embed
+    return join_prefix(model, add_to_patches(model, x, grid), prefix)
+
+
+def add_to_patches(model: nn.Module, x: torch.Tensor, grid: IntPair) -> torch.Tensor:
+    """Patch tokens (B, gh*gw, D) + their positions (MAE adds them before it drops the masked patches)."""
     pos = patch_table(model, grid)
-    if pos is not None:
-        x = x + pos
-    if prefix:
-        if model.pos_embed_prefix_tokens:
-            prefix = [t + model.pos_embed[:, i:i + 1] for i, t in enumerate(prefix)]
-        x = torch.cat(prefix + [x], dim=1)
-    return x
+    return x if pos is None else x + pos
+
+
+def join_prefix(model: nn.Module, x: torch.Tensor, prefix: List[torch.Tensor]) -> torch.Tensor:
+    """``prefix`` tokens, with their slots of the learned table where it has them, in front of
+    the tokens ``x`` (B, L, D) whose positions are already added."""
+    if not prefix:
+        return x
+    if model.pos_embed_prefix_tokens:
+        prefix = [t + model.pos_embed[:, i:i + 1] for i, t in enumerate(prefix)]
+    return torch.cat(prefix + [x], dim=1)
 
 
 def full_table(model: nn.Module) -> Optional[torch.Tensor]:
@@ -227,4 +236,4 @@ def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation:
 
 
 __all__ = ["PARAMETER_NAMES", "PosEmbedKind", "KINDS", "check", "build", "parameters", "patch_table", "resample_",
-           "add", "full_table", "fit_state_dict"]
+           "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict"]

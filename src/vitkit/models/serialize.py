@@ -21,13 +21,17 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-def native_config_dict(config: Any) -> Dict[str, Any]:
+def native_config_dict(config: Any, **extra: Any) -> Dict[str, Any]:
+    """``config.json``'s content: the model's config, and ``extra`` top-level entries (a
+    pre-training model adds ``"pretraining"``: its objective and options; ``config`` stays its
+    encoder's, so every reader of the architecture finds a plain ViT there)."""
     return {"format": NATIVE_FORMAT, "format_version": NATIVE_FORMAT_VERSION,
-            "vitkit_version": __version__, "config": config.to_dict()}
+            "vitkit_version": __version__, "config": config.to_dict(), **extra}
 
 
-def save_pretrained(model: nn.Module, directory: PathLike) -> Path:
-    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically)."""
+def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, **extra: Any) -> Path:
+    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically);
+    ``config`` (default ``model.config``) and ``extra`` as :func:`native_config_dict` says."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -35,7 +39,7 @@ def save_pretrained(model: nn.Module, directory: PathLike) -> Path:
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with atomic_path(directory / WEIGHTS_NAME) as tmp:
         save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
-    write_json(directory / CONFIG_NAME, native_config_dict(model.config))
+    write_json(directory / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
     return directory
 
 

@@ -34,7 +34,7 @@ from .hybrid import (
     init_backbone_,
     normalize_backbone,
 )
-from .layers import Block, IntPair, PatchEmbed, lecun_normal_, xavier_uniform_fan
+from .layers import Block, IntPair, PatchEmbed, init_block_, lecun_normal_
 from .registry import Family, register_family, register_model, register_name_pattern
 
 POS_EMBEDS = tuple(positions.KINDS)
@@ -175,7 +175,6 @@ class VisionTransformer(TokenModel):
         - pre-logits: LeCun normal, bias 0; classifier head: zeros (official ``head_kernel_init``);
         - a hybrid's CNN: LeCun-normal kernels, GroupNorm scale 1 and bias 0 (Flax defaults).
         """
-        D = self.embed_dim
         lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
         if isinstance(self.patch_embed, HybridEmbed):
@@ -185,15 +184,7 @@ class VisionTransformer(TokenModel):
         for p in positions.parameters(self) + ([self.dist_token] if self.dist_token is not None else []):
             nn.init.normal_(p, std=0.02)
         for blk in self.blocks:
-            for part in blk.attn.qkv.weight.split(D, dim=0):
-                xavier_uniform_fan(part, D, D)
-            if blk.attn.qkv.bias is not None:
-                nn.init.zeros_(blk.attn.qkv.bias)
-            xavier_uniform_fan(blk.attn.proj.weight, D, D)
-            nn.init.zeros_(blk.attn.proj.bias)
-            for fc in (blk.mlp.fc1, blk.mlp.fc2):
-                xavier_uniform_fan(fc.weight, fc.in_features, fc.out_features)
-                nn.init.normal_(fc.bias, std=1e-6)
+            init_block_(blk)
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)

@@ -13,13 +13,15 @@ from torch import nn
 
 from ..models import family_of
 from ..models.serialize import save_pretrained
+from ..selfsup import Pretrainer
 from ..utils import PathLike, atomic_path, write_json
-from . import hf_format, npz_format, timm_format
+from . import hf_format, npz_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import CONFIG_METADATA_KEY
 
-EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
-_LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face ViT", "npz": "official JAX", "big_vision": "big_vision"}
+EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
+_LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face ViT", "npz": "official JAX", "big_vision": "big_vision",
+                 "mae": "official MAE"}
 
 
 def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: bool = False) -> Path:
@@ -28,7 +30,13 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     - ``vitkit``: a folder with config.json + model.safetensors (as ``save_pretrained``);
     - ``timm``: a timm state dict, ``.safetensors`` or ``.pth`` by the file's suffix;
     - ``hf``: a Hugging Face ViT folder (config.json, preprocessor_config.json, model.safetensors);
-    - ``npz``: the paper's vit_jax npz; ``big_vision``: big_vision's (``scan=True`` stacks blocks).
+    - ``npz``: the paper's vit_jax npz; ``big_vision``: big_vision's (``scan=True`` stacks blocks);
+    - ``mae``: the official MAE checkpoint (a ``.pth`` of tensors under ``model``; MAE models).
+
+    A pre-training model (:mod:`vitkit.selfsup`) exports whole as ``vitkit``, ``hf`` (SimMIM as
+    ``ViTForMaskedImageModeling``, MAE as ``ViTMAEForPreTraining``) and ``mae``; as ``timm``,
+    ``npz`` and ``big_vision``, which have no place for its decoder, its encoder is written
+    (an :class:`ExportWarning` says so).
 
     Files are written atomically. Layouts that cannot express the model raise a
     :class:`WeightsError` saying which feature is in the way.
@@ -36,8 +44,19 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     path = Path(path)
     if format not in EXPORT_FORMATS:
         raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+    if isinstance(model, Pretrainer):
+        if format == "vitkit":
+            return model.save_pretrained(path)
+        if format in ("hf", "mae"):
+            return selfsup_format.export(model, path, format)
+        warnings.warn(f"the {_LAYOUT_NAMES[format]} layout has no place for {model.objective}'s decoder: "
+                      f"{path} holds its encoder (a ViT without head)", ExportWarning, stacklevel=2)
+        model = model.encoder
     if format == "vitkit":
         return save_pretrained(model, path)
+    if format == "mae":
+        raise WeightsError("the official MAE layout holds MAE pre-training models; this is a classifier "
+                           "(export it as 'timm': MAE's fine-tuned checkpoints are timm state dicts)")
     fam = family_of(model.config)
     if format not in fam.layouts:
         raise WeightsError(f"{fam.config_cls.KIND} models (architecture {fam.name!r}) have no {_LAYOUT_NAMES[format]} "

@@ -16,7 +16,9 @@ from ..models import ViTConfig
 from ..models.positions import full_table
 from .io import WeightsError
 
-_BLOCK = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+#: a layer's parameters: ``encoder.layer.N.`` on the hub and in saved files, ``layers.N.`` in a
+#: transformers 5 model's own state dict
+_BLOCK = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)$")
 _BLOCK_NAMES = {
     "layernorm_before": "norm1",
     "layernorm_after": "norm2",
@@ -24,6 +26,10 @@ _BLOCK_NAMES = {
     "intermediate.dense": "mlp.fc1",
     "output.dense": "mlp.fc2",
 }
+#: transformers 5's in-memory names of the same parameters
+_BLOCK_NAMES_V5 = {"attention.o_proj": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+_QKV = re.compile(r"^attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(weight|bias)$")
+_QKV_PARTS = {"q": "query", "k": "key", "v": "value"}
 _TOP_NAMES = {
     "embeddings.cls_token": "cls_token",
     "embeddings.position_embeddings": "pos_embed",
@@ -43,34 +49,71 @@ def is_hf(keys) -> bool:
     return any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys)
 
 
+class LayerNames:
+    """Collects the parameters of HF transformer layers and gives them vitkit's block names
+    (``{prefix}N.norm1`` ...), fusing query/key/value into one qkv projection."""
+
+    def __init__(self, prefix: str = "blocks."):
+        self.prefix = prefix
+        self.out: Dict[str, torch.Tensor] = {}
+        self.qkv: Dict[tuple, torch.Tensor] = {}
+
+    def add(self, layer: str, rest: str, value: torch.Tensor) -> bool:
+        """Take ``rest`` (the name within layer ``layer``); False when it is no layer parameter."""
+        qm = _QKV.match(rest)
+        if qm:
+            part = qm.group(1) or _QKV_PARTS[qm.group(2)]
+            self.qkv[(layer, qm.group(3), part)] = value
+            return True
+        name, _, leaf = rest.rpartition(".")
+        native = _BLOCK_NAMES.get(name) or _BLOCK_NAMES_V5.get(name)
+        if native is None:
+            return False
+        self.out[f"{self.prefix}{layer}.{native}.{leaf}"] = value
+        return True
+
+    def finish(self) -> Dict[str, torch.Tensor]:
+        for (i, leaf) in sorted({(i, leaf) for (i, leaf, _) in self.qkv}):
+            parts = [self.qkv.get((i, leaf, p)) for p in ("query", "key", "value")]
+            if any(p is None for p in parts):
+                raise WeightsError(f"layer {i}: query/key/value {leaf} incomplete in the HF checkpoint")
+            self.out[f"{self.prefix}{i}.attn.qkv.{leaf}"] = torch.cat(parts, dim=0)
+        return self.out
+
+
 def to_native(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """HF names -> vitkit names; q, k, v are fused into one qkv projection."""
     out: Dict[str, torch.Tensor] = {}
-    qkv: Dict[tuple, torch.Tensor] = {}
+    layers = LayerNames()
     for key, value in sd.items():
         k = key[len("vit."):] if key.startswith("vit.") else key
         if k in _TOP_NAMES:
             out[_TOP_NAMES[k]] = value
             continue
         m = _BLOCK.match(k)
-        if m is None:
+        if m is None or not layers.add(m.group(1), m.group(2), value):
             out[f"unmapped:{key}"] = value  # reported as unexpected by name
+    out.update(layers.finish())
+    return out
+
+
+def layers_from_native(sd: Mapping[str, torch.Tensor], prefix: str, hf_prefix: str, width: int
+                       ) -> Dict[str, torch.Tensor]:
+    """vitkit block parameters ``{prefix}N.*`` -> HF layer names ``{hf_prefix}N.*`` (the hub's)."""
+    inv_block = {v: k for k, v in _BLOCK_NAMES.items()}
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        m = re.match(rf"^{re.escape(prefix)}(\d+)\.(.+)\.(weight|bias)$", key)
+        if not m:
             continue
-        i, rest = m.group(1), m.group(2)
-        qm = re.match(r"^attention\.attention\.(query|key|value)\.(weight|bias)$", rest)
-        if qm:
-            qkv[(i, qm.group(2), qm.group(1))] = value
-            continue
-        name, _, leaf = rest.rpartition(".")
-        if name not in _BLOCK_NAMES:
-            out[f"unmapped:{key}"] = value
-            continue
-        out[f"blocks.{i}.{_BLOCK_NAMES[name]}.{leaf}"] = value
-    for (i, leaf) in sorted({(i, leaf) for (i, leaf, _) in qkv}):
-        parts = [qkv.get((i, leaf, p)) for p in ("query", "key", "value")]
-        if any(p is None for p in parts):
-            raise WeightsError(f"layer {i}: query/key/value {leaf} incomplete in the HF checkpoint")
-        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat(parts, dim=0)
+        i, name, leaf = m.groups()
+        if name == "attn.qkv":
+            for part, chunk in zip(("query", "key", "value"), value.split(width, dim=0)):
+                out[f"{hf_prefix}{i}.attention.attention.{part}.{leaf}"] = chunk.contiguous()
+        elif name in inv_block:
+            out[f"{hf_prefix}{i}.{inv_block[name]}.{leaf}"] = value.contiguous()
+        else:
+            raise WeightsError(f"no Hugging Face name for parameter {key!r}")
     return out
 
 
@@ -82,21 +125,10 @@ def from_native(model) -> Dict[str, torch.Tensor]:
     classify = cfg.num_classes > 0
     root = "vit." if classify else ""
     inv_top = {v: k for k, v in _TOP_NAMES.items()}
-    inv_block = {v: k for k, v in _BLOCK_NAMES.items()}
-    out: Dict[str, torch.Tensor] = {}
-    D = cfg.embed_dim
-    for key, value in sd.items():
-        if key.startswith(("pos_embed", "cls_token", "head.", "pre_logits.")) or key in inv_top:
-            continue
-        m = re.match(r"^blocks\.(\d+)\.(.+)\.(weight|bias)$", key)
-        if not m:
+    for key in sd:
+        if not (key.startswith(("pos_embed", "cls_token", "head.", "pre_logits.", "blocks.")) or key in inv_top):
             raise WeightsError(f"no Hugging Face name for parameter {key!r}")
-        i, name, leaf = m.groups()
-        if name == "attn.qkv":
-            for part, chunk in zip(("query", "key", "value"), value.split(D, dim=0)):
-                out[f"{root}encoder.layer.{i}.attention.attention.{part}.{leaf}"] = chunk.contiguous()
-        else:
-            out[f"{root}encoder.layer.{i}.{inv_block[name]}.{leaf}"] = value.contiguous()
+    out = layers_from_native(sd, "blocks.", f"{root}encoder.layer.", cfg.embed_dim)
     for native, hf in inv_top.items():
         if native in sd and not native.startswith(("head.", "pre_logits.")):
             out[root + hf] = sd[native].contiguous()
@@ -166,8 +198,8 @@ def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
 def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None,
                    preprocessor: Optional[Mapping[str, Any]] = None, **overrides: Any) -> ViTConfig:
     """HF ``config.json`` (+ ``preprocessor_config.json``) -> ViTConfig."""
-    if hf.get("model_type") != "vit":
-        raise WeightsError(f"Hugging Face model_type {hf.get('model_type')!r} is not 'vit'")
+    if hf.get("model_type") not in ("vit", "vit_mae"):
+        raise WeightsError(f"Hugging Face model_type {hf.get('model_type')!r} is not 'vit' (or 'vit_mae')")
     act = hf.get("hidden_act", "gelu")
     if act not in _GELU:
         raise WeightsError(f"unsupported hidden_act {act!r} in HF config")

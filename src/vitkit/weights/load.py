@@ -14,8 +14,9 @@ from torch import nn
 
 from ..models import family_of_state_dict, positions
 from ..models.layers import resample_pos_embed
+from ..selfsup import Pretrainer
 from ..utils import PathLike
-from . import hf_format, npz_format
+from . import hf_format, npz_format, selfsup_format
 from .io import WeightsError, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
@@ -52,11 +53,15 @@ class Source:
     config_json: Optional[Dict[str, Any]] = None
     preprocessor_json: Optional[Dict[str, Any]] = None
     path: Optional[Path] = None
+    #: the objective of a pre-training model (simmim, mpp, mae), else None
+    pretraining: Optional[str] = None
 
 
 def detect_format(keys) -> str:
     """Name the layout of a flat state dict from its key names."""
     keys = list(keys)
+    if any(k.startswith("encoder.patch_embed.") for k in keys):
+        return "vitkit"  # a vitkit pre-training model: its ViT under encoder., the objective's parts beside it
     found = npz_format.detect_layout(keys)
     if found is not None:
         return "npz" if found[0] == "vit_jax" else "big_vision"
@@ -95,9 +100,11 @@ def read_source(path: PathLike) -> Source:
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         if src.config_json and src.config_json.get("format") == "vitkit":
             src.format = "vitkit"
+        src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
         return src
     tensors = read_tensors(path)
     src = Source(tensors, detect_format(tensors.keys()), path=path)
+    src.pretraining = selfsup_format.detect(tensors.keys(), None)
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
         text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
         if text is not None:
@@ -110,18 +117,22 @@ def read_source(path: PathLike) -> Source:
 
 
 def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    """Source tensors in vitkit names, plus facts (source grid, layout) for adaptation."""
+    """Source tensors in vitkit names, plus facts (source grid, layout) for adaptation. Of a
+    pre-training model, its encoder's (what fine-tuning, evaluation and inspection load)."""
     facts: Dict[str, Any] = {}
+    tensors = src.tensors
+    if src.pretraining:
+        tensors = selfsup_format.split(src.pretraining, src.format, tensors)[0]
     if src.format in ("npz", "big_vision"):
-        sd, facts = npz_format.to_native(src.tensors)
+        sd, facts = npz_format.to_native(tensors)
     elif src.format == "hf":
-        sd = hf_format.to_native(src.tensors)
+        sd = hf_format.to_native(tensors)
         if src.config_json:
             cfg = hf_format.config_from_hf(src.config_json)
             facts["grid"] = cfg.grid_size
     else:
         sd = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
-              for k, v in src.tensors.items()}
+              for k, v in tensors.items()}
         if src.format == "vitkit" and src.config_json:
             from ..models import config_from_dict
 
@@ -225,8 +236,10 @@ def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module, report:
 
 
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
-                            exclude: Sequence[str] = (), report: Optional[LoadReport] = None) -> LoadReport:
-    """Copy ``sd`` into ``model`` after checking every name and shape; nothing is copied on error."""
+                            exclude: Sequence[str] = (), report: Optional[LoadReport] = None,
+                            copy: bool = True) -> LoadReport:
+    """Copy ``sd`` into ``model`` after checking every name and shape; nothing is copied on error
+    (``copy=False``: check only)."""
     report = report or LoadReport("state_dict")
     exclude = tuple(exclude)
     target = model.state_dict()
@@ -248,10 +261,11 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
             parts.append(f"not in the model: {_names(report.unexpected)}")
         raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts)
                            + " (strict=False loads the rest)")
-    with torch.no_grad():
-        for k, v in source.items():
-            if k in target:
-                target[k].copy_(v.to(dtype=target[k].dtype))
+    if copy:
+        with torch.no_grad():
+            for k, v in source.items():
+                if k in target:
+                    target[k].copy_(v.to(dtype=target[k].dtype))
     return report
 
 
@@ -276,10 +290,32 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
         src = source
     elif isinstance(source, Mapping):
         src = Source(dict(source), detect_format(source.keys()))
+        src.pretraining = selfsup_format.detect(source.keys(), None)
     else:
         src = read_source(source)
+    if isinstance(model, Pretrainer):
+        return _load_pretrainer(model, src, strict, interpolation, antialias)
     sd, facts = to_native(src)
     report = LoadReport(src.format)
     _adapt_pos_embed(sd, model, facts, interpolation, antialias, report)
     _adapt_input_channels(sd, model, report)
     return load_state_dict_checked(model, sd, strict, exclude, report)
+
+
+def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation: str, antialias: bool
+                     ) -> LoadReport:
+    """A pre-training source into a pre-training model: the encoder as any ViT is loaded, the
+    objective's parts by name; both are checked before either is copied."""
+    if src.pretraining != model.objective:
+        what = f"a {src.pretraining} model" if src.pretraining else "no pre-training model (no decoder or mask token)"
+        raise WeightsError(f"the weights hold {what}, the model is {model.objective}; load a plain ViT's weights "
+                           f"into model.encoder")
+    own = selfsup_format.split(src.pretraining, src.format, src.tensors)[1]
+    report = load_state_dict_checked(model, own, strict, exclude=("encoder.",), copy=False,
+                                     report=LoadReport(src.format))
+    encoder = load_weights(model.encoder, src, strict, interpolation, antialias)
+    load_state_dict_checked(model, own, strict, exclude=("encoder.",))
+    report.missing += [f"encoder.{k}" for k in encoder.missing]
+    report.unexpected += [f"encoder.{k}" for k in encoder.unexpected]
+    report.resampled += encoder.resampled
+    return report

@@ -7,15 +7,16 @@ Hugging Face ``config.json``), else it is read off the tensor shapes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from torch import nn
 
 from ..models import build_from_config, config_from_dict, get_model_config
+from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike
-from . import hf_format, npz_format, timm_format
+from . import hf_format, npz_format, selfsup_format, timm_format
 from .io import WeightsError
-from .load import Source, load_weights, read_source, to_native
+from .load import WEIGHT_FILES, Source, load_weights, read_source, to_native
 
 HUB_PREFIX = "hf-hub:"
 _HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")
@@ -70,6 +71,9 @@ def config_for_source(src: Source, **overrides: Any):
         return config_from_dict(cj["config"]).replace(**overrides)
     if cj and cj.get("model_type") is not None:
         return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
+    if src.pretraining and src.format == "vitkit":
+        raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "
+                           "pass the folder that holds both")
     if src.format == "hf":
         raise WeightsError("Hugging Face weights need their config.json (heads, eps, image size): "
                            "pass the folder that holds both")
@@ -78,22 +82,30 @@ def config_for_source(src: Source, **overrides: Any):
     sd, facts = to_native(src)
     if src.format in ("npz", "big_vision"):
         return npz_format.infer_config(sd, facts, **overrides)
+    if src.pretraining == "mae":  # the official MAE layout: ImageNet statistics, as MAE trains
+        overrides = {**selfsup_format.official_mae_encoder_overrides(), **overrides}
     return timm_format.infer_config(sd, **overrides)
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
-                    interpolation: str = "bicubic", **overrides: Any) -> nn.Module:
+                    interpolation: str = "bicubic", encoder_only: bool = False, **overrides: Any) -> nn.Module:
     """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
     from the source. Overrides change the configuration: ``img_size=384`` resamples the
     position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head;
     ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation).
+
+    A pre-training model (a vitkit pre-training run, Hugging Face ``ViTForMaskedImageModeling``
+    / ``ViTMAEForPreTraining``, an official MAE checkpoint) comes back as the
+    :mod:`vitkit.selfsup` model; ``encoder_only=True`` gives its encoder, a plain ViT.
     """
     path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)")
     src = read_source(path)
+    if src.pretraining and not encoder_only:
+        return _pretrainer(src, model_name, strict, interpolation, overrides)
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
@@ -105,10 +117,35 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     return model
 
 
+def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: str,
+                overrides: Dict[str, Any]) -> nn.Module:
+    """The pre-training model a source holds, at its own size (fine-tuning changes sizes)."""
+    if model_name or overrides:
+        given = ", ".join(([f"model_name={model_name!r}"] if model_name else []) + sorted(overrides))
+        raise WeightsError(f"a pre-training model loads as it was saved ({given} cannot change it); fine-tune "
+                           f"its encoder instead (vitkit train --init), or pass encoder_only=True")
+    encoder = config_for_source(src)
+    model = pretrainer_from_configs(encoder, selfsup_format.options(src.pretraining, src.tensors, src.config_json,
+                                                                    encoder))
+    load_weights(model, src, strict=strict, interpolation=interpolation)
+    return model.eval()
+
+
 def weights_path(source: PathLike) -> Path:
-    """The local file or folder of ``source``: ``"hf-hub:org/name"`` is downloaded first."""
+    """The local file or folder of ``source``: ``"hf-hub:org/name"`` is downloaded first; a
+    training run's folder (``runs/NAME``) stands for the model it saved (``runs/NAME/model``)."""
     text = str(source)
-    return download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
+    path = download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
+    return run_model_folder(path) or path
+
+
+def run_model_folder(path: Path) -> Optional[Path]:
+    """``path/model`` when ``path`` is a vitkit run's folder (its config.json is a training
+    config, its model saved in ``model/``), else None."""
+    if path.is_dir() and not any((path / n).is_file() for n in WEIGHT_FILES) \
+            and (path / "model" / "config.json").is_file():
+        return path / "model"
+    return None
 
 
 def fit_channel_stats(stored, overrides: dict) -> dict:

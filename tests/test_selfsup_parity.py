@@ -1,0 +1,147 @@
+"""Pre-training models against their references, fp32, <= 1e-5 on the same weights and masks:
+SimMIM vs transformers' ViTForMaskedImageModeling, MAE vs ViTMAEForPreTraining (with and
+without norm_pix_loss), and the official MAE checkpoint layout (its encoder as timm loads it)."""
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.selfsup import MAE, SimMIM
+from vitkit.weights import export_weights
+
+transformers = pytest.importorskip("transformers")
+TOL = 1e-5
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32,
+             patch_size=8, num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12)
+MAE_DECODER = dict(decoder_hidden_size=16, decoder_num_hidden_layers=2, decoder_num_attention_heads=2,
+                   decoder_intermediate_size=48)
+
+
+def images(batch=3, size=32, seed=1):
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def hf_simmim():
+    cfg = transformers.ViTConfig(**SIZES, encoder_stride=8)
+    return randomize(transformers.ViTForMaskedImageModeling(cfg))
+
+
+def hf_mae(norm_pix_loss):
+    cfg = transformers.ViTMAEConfig(**SIZES, **MAE_DECODER, mask_ratio=0.75, norm_pix_loss=norm_pix_loss)
+    return randomize(transformers.ViTMAEForPreTraining(cfg))
+
+
+def test_simmim_matches_transformers(tmp_path):
+    ref = hf_simmim()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert isinstance(ours, SimMIM) and ours.config.mask_block == 32  # the paper's block tiles 32 px
+    x = images()
+    mask = torch.rand(3, 16, generator=torch.Generator().manual_seed(2)) < 0.5
+    with torch.no_grad():
+        a = ref(x, bool_masked_pos=mask)
+        b = ours(x, mask=mask)
+    assert a.reconstruction.std() > 1e-2
+    assert max_diff(a.reconstruction, b.reconstruction) <= TOL
+    assert abs(a.loss.item() - b.loss.item()) <= TOL
+    assert torch.equal(b.mask, mask.float())
+    assert max_diff(b.pred, ours.patchify(a.reconstruction)) <= TOL  # per-patch predictions, MAE's layout
+
+
+def test_simmim_exports_back_to_transformers(tmp_path):
+    ref = hf_simmim()
+    model = SimMIM(vitkit.ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_dim=64,
+                                    norm_eps=1e-12), mask_block=16)
+    report = vitkit.load_weights(model, ref.state_dict())  # transformers 5's in-memory names
+    assert report.format == "hf" and not report.missing and not report.unexpected
+    export_weights(model, tmp_path / "hf", "hf")
+    back = transformers.ViTForMaskedImageModeling.from_pretrained(tmp_path / "hf").eval()
+    x, mask = images(2), torch.rand(2, 16, generator=torch.Generator().manual_seed(3)) < 0.6
+    with torch.no_grad():
+        a, b, c = ref(x, bool_masked_pos=mask), back(x, bool_masked_pos=mask), model(x, mask=mask)
+    assert max_diff(a.reconstruction, b.reconstruction) <= TOL
+    assert max_diff(a.reconstruction, c.reconstruction) <= TOL
+
+
+@pytest.mark.parametrize("norm_pix_loss", [True, False])
+def test_mae_matches_transformers(tmp_path, norm_pix_loss):
+    ref = hf_mae(norm_pix_loss)
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert isinstance(ours, MAE) and ours.config.norm_pix_loss is norm_pix_loss
+    assert (ours.config.decoder_dim, ours.config.decoder_depth, ours.config.decoder_heads) == (16, 2, 2)
+    x = images()
+    noise = torch.rand(3, 16, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        a = ref(x, noise=noise)
+        b = ours(x, noise=noise)
+    assert torch.equal(a.mask, b.mask) and torch.equal(a.ids_restore, b.ids_restore)
+    assert b.mask.sum(1).tolist() == [12.0] * 3  # 75% of 16
+    assert a.logits.std() > 1e-2
+    assert max_diff(a.logits, b.pred) <= TOL
+    assert abs(a.loss.item() - b.loss.item()) <= TOL
+
+
+def test_mae_exports_back_to_transformers(tmp_path):
+    ref = hf_mae(True)
+    ref.save_pretrained(tmp_path / "ref")
+    ours = vitkit.from_pretrained(tmp_path / "ref")
+    export_weights(ours, tmp_path / "hf", "hf")
+    back = transformers.ViTMAEForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert back.config.norm_pix_loss and back.config.decoder_hidden_size == 16
+    x, noise = images(2), torch.rand(2, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        a, b = ref(x, noise=noise), back(x, noise=noise)
+    assert max_diff(a.logits, b.logits) <= TOL and abs(a.loss.item() - b.loss.item()) <= TOL
+    # transformers 5's own in-memory names (q_proj, decoder_layers.N ...) load as well
+    again = MAE(ours.encoder.config, ours.config)
+    report = vitkit.load_weights(again, ref.state_dict())
+    assert not report.missing and not report.unexpected
+    with torch.no_grad():
+        assert max_diff(again.eval()(x, noise=noise).pred, a.logits) <= TOL
+
+
+def mae_vitb_like():
+    """A small MAE in the official layout's shape: class token, learned table (held at MAE's sincos).
+    The layout stores no head counts: ViT-Ti's width gives its 3 heads, the decoder MAE's 16."""
+    enc = vitkit.ViTConfig(img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, mlp_dim=128)
+    return randomize(MAE(enc, decoder_dim=32, decoder_depth=1, decoder_heads=16, decoder_mlp_dim=64))
+
+
+def test_official_mae_checkpoint_round_trip(tmp_path):
+    model = mae_vitb_like()
+    path = export_weights(model, tmp_path / "mae_pretrain_full.pth", "mae")
+    raw = torch.load(path, weights_only=True)["model"]
+    assert {"mask_token", "decoder_embed.weight", "decoder_pos_embed", "decoder_blocks.0.attn.qkv.weight",
+            "decoder_pred.bias", "cls_token", "pos_embed", "blocks.1.mlp.fc2.weight", "norm.weight"} <= set(raw)
+    back = vitkit.from_pretrained(path)
+    assert isinstance(back, MAE) and back.config.decoder_heads == 16
+    assert back.encoder.config.mean == vitkit.models.config_base.IMAGENET_MEAN  # MAE's statistics
+    x, noise = images(2), torch.rand(2, 16, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        a, b = model(x, noise=noise), back(x, noise=noise)
+    assert max_diff(a.pred, b.pred) <= TOL and abs(a.loss.item() - b.loss.item()) <= TOL
+
+
+def test_official_mae_encoder_loads_as_timm_loads_it(tmp_path):
+    """MAE's released encoders are timm ViTs: vitkit reads the full checkpoint's encoder as timm
+    reads the encoder-only release (the same file without decoder_* and mask_token)."""
+    timm = pytest.importorskip("timm")
+    model = mae_vitb_like()
+    path = export_weights(model, tmp_path / "mae.pth", "mae")
+    encoder = vitkit.from_pretrained(path, encoder_only=True)
+    assert isinstance(encoder, vitkit.VisionTransformer) and encoder.num_classes == 0
+    full = torch.load(path, weights_only=True)["model"]
+    released = {k: v for k, v in full.items() if not k.startswith(("decoder_", "mask_token"))}
+    torch.save({"model": released}, tmp_path / "mae_pretrain_encoder.pth")
+    ref = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, mlp_ratio=128 / 192,
+                            num_classes=0)
+    ref.load_state_dict(timm.models.vision_transformer.checkpoint_filter_fn(released, ref))
+    x = images(2)
+    with torch.no_grad():
+        assert max_diff(ref.eval().forward_features(x), encoder.forward_features(x)) <= TOL
+        assert max_diff(ref(x), encoder(x)) <= TOL
+    plain = vitkit.from_pretrained(tmp_path / "mae_pretrain_encoder.pth")  # the released encoder-only file
+    with torch.no_grad():
+        assert max_diff(plain(x), encoder(x)) <= TOL
