@@ -133,11 +133,24 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _classifier(model, weights: str):
+    """A model with classes, or one clear line: a pre-training model (or a headless encoder) has none."""
+    from .selfsup import is_pretrainer
+
+    if is_pretrainer(model):
+        raise ValueError(f"{weights} is a {model.objective} pre-training model: it has no classifier; fine-tune it "
+                         f"first (vitkit train --init {weights}), or read its encoder with vitkit fewshot / inspect")
+    if not getattr(model.config, "num_classes", 1):
+        raise ValueError(f"{weights} has no classifier head (num_classes 0): fine-tune it first "
+                         f"(vitkit train --init {weights}), or read it with vitkit fewshot / inspect")
+    return model
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from .evaluate import predict_images
     from .weights import from_pretrained
 
-    model = from_pretrained(args.weights, model_name=args.model)
+    model = _classifier(from_pretrained(args.weights, model_name=args.model), args.weights)
     preds = predict_images(model, args.images, top_k=args.top_k)
     if args.json:
         _print_json([p.to_dict() for p in preds])
@@ -164,11 +177,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_config(args: argparse.Namespace):
-    """The run's TrainConfig from ``vitkit train``'s flags (recipe <- --config <- flags)."""
+def train_config(args: argparse.Namespace, objective: Optional[str] = None):
+    """The run's TrainConfig from ``vitkit train``'s (or ``pretrain``'s) flags (recipe <- --config <- flags)."""
     from .train import resolve_config
 
-    overrides = {name: getattr(args, name) for name in _train_fields()}
+    overrides = {name: getattr(args, name, None) for name in _train_fields()}
+    overrides["objective"] = objective
     if isinstance(overrides.get("model_args"), str):
         try:
             overrides["model_args"] = json.loads(overrides["model_args"])
@@ -180,15 +194,22 @@ def train_config(args: argparse.Namespace):
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:
-        from .train.config import RUNTIME_FIELDS, resume_conflicts
+        from .train.config import RUNTIME_FIELDS, resume_conflicts, saved_objective
 
+        saved = saved_objective(args.resume)
+        if saved is not None and (saved == "classify") != (args.verb == "train"):
+            kind, verb = ("classification", "train") if saved == "classify" else (f"{saved} pre-training", "pretrain")
+            raise ValueError(f"{args.resume} is a {kind} run: resume it with vitkit {verb} --resume")
+        if objective is None:
+            overrides.pop("objective")  # pretrain --resume without --objective: the saved one
         conflicts = resume_conflicts(args.resume, overrides) + (["--config"] if args.config else [])
         if conflicts:
             raise ValueError(f"--resume continues {args.resume} as its config.json says; only "
                              f"{', '.join('--' + f for f in RUNTIME_FIELDS)} can change there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init RUN/model starts it from these weights)")
-    return resolve_config(args.recipe, args.config, **overrides)
+    recipe = args.recipe or (f"{objective}-fmnist" if objective else "fmnist")  # pretrain --resume: the saved
+    return resolve_config(recipe, args.config, **overrides)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -209,6 +230,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from .train import train
+
+    if not args.objective and not args.resume:
+        raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
+    cfg = train_config(args, args.objective)
+    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"\nrun       {summary['run_dir']}")
+    print(f"model     {summary['objective']} on {summary['model']} ({_fmt_int(summary['params'])} parameters, "
+          f"{summary['precision']}; {summary['train_images']:,} images, no labels)")
+    acc = f", colour accuracy {100 * summary['test_colour_acc']:.1f}%" if "test_colour_acc" in summary else ""
+    print(f"test      pre-training loss {summary['test_loss']:.4f}{acc}")
+    if summary.get("fewshot"):
+        shots = "  ".join(f"{k}-shot {100 * v:.1f}%" for k, v in summary["fewshot"].items())
+        print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
+    print(f"time      {summary['seconds']:.0f} s for {summary['steps']} steps ({summary['epochs']} epochs), "
+          f"{summary['train_img_s']:.0f} img/s")
+    print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -217,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .train.loop import load_split_tensors
     from .weights import from_pretrained
 
-    model = from_pretrained(args.weights, model_name=args.model)
+    model = _classifier(from_pretrained(args.weights, model_name=args.model), args.weights)
     names = model.config.label_names
     dataset = args.dataset or datasets.dataset_for_labels(names)
     if dataset is None:
@@ -251,7 +298,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from .train.loop import load_split_tensors
     from .weights import from_pretrained
 
-    model = from_pretrained(args.weights, model_name=args.model)
+    model = from_pretrained(args.weights, model_name=args.model, encoder_only=True)  # a pre-training model's ViT
     tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
     te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
     if args.pool:  # features of a random subset of the training pool are enough to draw shots from
@@ -272,7 +319,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 def _train_fields():
     from .train import TrainConfig
 
-    return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress")}
+    return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress", "objective")}
 
 
 def _optional(parse):
@@ -286,17 +333,30 @@ def _optional(parse):
     return convert
 
 
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field: every hyper-parameter is overridable, its help the field's comment."""
+def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None:
+    """One flag per TrainConfig field: every hyper-parameter is overridable, its help the field's
+    comment. ``vitkit train`` shows classification's fields, ``vitkit pretrain`` the objectives'
+    and none of those that need labels."""
     from .train import RECIPES, TrainConfig
+    from .train.config import LABEL_FIELDS, OBJECTIVE_OPTIONS
     from .utils import field_comments
 
-    p.add_argument("--recipe", default="fmnist", choices=list(RECIPES), help=field_comments(TrainConfig)["recipe"])
+    recipes = [r for r in RECIPES if r.endswith("-fmnist") and r.split("-")[0] in ("simmim", "mpp", "mae")]
+    if pretrain:
+        p.add_argument("--recipe", choices=recipes, help="named recipe whose values replace the defaults "
+                       "(a config file and flags override it) [default: OBJECTIVE-fmnist]")
+    else:
+        p.add_argument("--recipe", default="fmnist", choices=[r for r in RECIPES if r not in recipes],
+                       help=field_comments(TrainConfig)["recipe"])
     p.add_argument("--config", help="YAML or JSON file of training options (over the recipe; flags win)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     comments = field_comments(TrainConfig)
+    hidden = set(LABEL_FIELDS) | {"init_head", "alpha", "tau", "mixup_switch_prob"} if pretrain else \
+        set(OBJECTIVE_OPTIONS)
     for name, f in _train_fields().items():
+        if name in hidden:
+            continue
         flag, kind = "--" + name.replace("_", "-"), str(f.type)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
@@ -386,6 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
     _add_train_flags(p)
     p.set_defaults(func=cmd_train)
+
+    p = verb("pretrain", "self-supervised pre-training of a ViT on images without labels: SimMIM, the paper's "
+                         "masked patch prediction or MAE (default: Fashion-MNIST's 60k training images)")
+    p.add_argument("--objective", choices=["simmim", "mpp", "mae"],
+                   help="simmim: masked blocks' pixels by L1 (arXiv 2111.09886); mpp: the ViT paper's masked patch "
+                        "prediction (3-bit mean colour); mae: masked autoencoder (arXiv 2111.06377)")
+    _add_train_flags(p, pretrain=True)
+    p.set_defaults(func=cmd_pretrain)
     return parser
 
 

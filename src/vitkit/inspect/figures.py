@@ -151,3 +151,30 @@ def filter_pca_grid(components: torch.Tensor, explained: torch.Tensor, path: Pat
         ax.axis("off")
     fig.suptitle(f"principal components of {what}")
     return _save(fig, path)
+
+
+def reconstruction_grid(views: dict, path: PathLike, objective: str, names: Sequence[str] = (),
+                        note: str = "") -> Path:
+    """A pre-training model at work, one image a row: the image, what the model saw (masked patches
+    grey) and its prediction (visible patches as they are, masked ones as predicted)."""
+    plt = pyplot()
+    rows = len(views["image"])
+    fig, axes = plt.subplots(rows, 3, figsize=(6.6, 2.25 * rows), squeeze=False)
+    what = {"mae": "reconstruction", "simmim": "reconstruction", "mpp": "predicted 3-bit mean colours"}
+    for r in range(rows):
+        for c, (key, title) in enumerate((("image", "image"), ("masked", "masked input"),
+                                          ("prediction", what.get(objective, "prediction")))):
+            img = views[key][r].permute(1, 2, 0).cpu().numpy()
+            ax = axes[r, c]
+            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
+                      vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(title, fontsize=10)
+        share = 100 * float(views["mask"][r].float().mean())
+        axes[r, 0].set_ylabel(f"{names[r] if r < len(names) else ''}\n{share:.0f}% masked", fontsize=8)
+    fig.suptitle(f"{objective}: masked patches and the model's prediction" + (f"\n{note}" if note else ""),
+                 fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

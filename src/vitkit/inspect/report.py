@@ -23,6 +23,7 @@ from torch import nn
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
 from ..models import family_of
+from ..selfsup import is_pretrainer
 from . import figures
 from .analysis import (
     attention_maps,
@@ -91,11 +92,19 @@ def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def write_report(result: InspectResult, model: nn.Module, title: str) -> Path:
-    """report.html with every figure embedded, the configuration and the predictions."""
+def write_report(result: InspectResult, model: nn.Module, title: str, pretraining: Optional[dict] = None) -> Path:
+    """report.html with every figure embedded, the configuration and the predictions (a
+    pre-training model's encoder has no classes: its objective instead)."""
     cfg = model.config
     rows = "".join(f"<tr><td>{html.escape(img)}</td><td>{html.escape(label)}</td><td>{100 * p:.1f}%</td></tr>"
                    for img, label, p in result.predictions)
+    if pretraining is not None:
+        options = ", ".join(f"{k} {v}" for k, v in pretraining.items() if k != "objective")
+        table = (f"<h2>pre-training</h2><p>{html.escape(pretraining['objective'])} ({html.escape(options)}): the "
+                 f"encoder below has no classifier yet; fine-tune it with <code>vitkit train --init</code>.</p>")
+    else:
+        table = (f"<h2>predictions</h2><table><tr><th>image</th><th>top-1</th><th>probability</th></tr>"
+                 f"{rows}</table>")
     sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
                        f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\"></section>"
                        for name, path in result.figures.items())
@@ -108,7 +117,7 @@ pre{{background:#f6f6f6;padding:1em;font-size:12px;max-height:24em;overflow:auto
 <body><h1>{html.escape(title)}</h1>
 <p>{cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size[0]}x{cfg.patch_size[1]},
 input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p in model.parameters()):,} parameters.</p>
-<h2>predictions</h2><table><tr><th>image</th><th>top-1</th><th>probability</th></tr>{rows}</table>
+{table}
 {sections}
 <h2>configuration</h2><pre>{config_json}</pre>
 </body></html>
@@ -121,8 +130,12 @@ input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p i
 @torch.no_grad()
 def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
                   title: Optional[str] = None, pca_components: int = 28) -> InspectResult:
-    """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``."""
+    """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``.
+
+    A pre-training model (:mod:`vitkit.selfsup`) is inspected through its encoder, and a
+    reconstruction figure shows its objective at work on the same images."""
     model.eval()
+    pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,14 +144,21 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
     x = torch.stack(tensors).to(next(model.parameters()).device)
     result = InspectResult(out)
-    probs = model(x).float().softmax(-1).cpu()
-    for (name, _), p in zip(named, probs):
-        result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
+    if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
+        shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
+        result.figures["reconstruction"] = figures.reconstruction_grid(
+            shown, out / "reconstruction.png", pretrainer.objective, [Path(n).name for n, _ in named],
+            note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
+            if getattr(pretrainer.config, "norm_pix_loss", False) else "")
+    elif cfg.num_classes:
+        probs = model(x).float().softmax(-1).cpu()
+        for (name, _), p in zip(named, probs):
+            result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
     rollout = attention_rollout(model, x).cpu()
     for i, ((name, _), view) in enumerate(zip(named, views)):
-        label = result.predictions[i][1]
+        label = f": {result.predictions[i][1]}" if result.predictions else ""
         result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
-            view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}: {label}")
+            view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
     maps = [m.cpu() for m in attention_maps(model, x[:1])]
     grid = model.patch_embed.grid_for(x.shape[-2:])
     result.figures["attention_per_layer"] = figures.class_attention_per_layer(
@@ -160,5 +180,6 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     result.figures["filter_pca"] = figures.filter_pca_grid(
         comps.cpu(), explained.cpu(), out / "filter_pca.png",
         "the CNN's first filters (hybrid)" if hybrid else "the patch-embedding filters")
-    result.report = write_report(result, model, title or cfg.name or "ViT")
+    result.report = write_report(result, model, title or cfg.name or "ViT",
+                                 pretrainer.config.to_dict() if pretrainer is not None else None)
     return result

@@ -196,6 +196,28 @@ class Pretrainer(nn.Module):
             given = {k: drawn[k] if v is None else v for k, v in given.items()}
         return {k: v.to(images.device) for k, v in given.items()}
 
+    def pixel_prediction(self, images: torch.Tensor, out: PretrainOutput) -> torch.Tensor:
+        """What the model predicts for each patch, as pixels in [0, 1] (B, C, H, W)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def visualise(self, images: torch.Tensor, generator: Optional[torch.Generator] = None
+                  ) -> Dict[str, torch.Tensor]:
+        """Images (the model's input) -> pixels in [0, 1] for a figure: ``image``; ``masked``,
+        the input with its masked patches grey; ``prediction``, the visible patches as they
+        are and the masked ones as predicted; and the patch ``mask`` (B, N)."""
+        was_training = self.training
+        self.eval()
+        draws = {k: v.to(images.device) for k, v in self.draw(images.shape[0], generator).items()}
+        out = self(images, **draws)
+        self.train(was_training)
+        image = self.pixels(images.float()).clamp(0, 1)
+        P = self.patch_size[0] * self.patch_size[1] * images.shape[1]
+        where = self.unpatchify(out.mask.float()[..., None].expand(-1, -1, P)) > 0.5
+        pred = self.pixel_prediction(images, out).float().clamp(0, 1)
+        return {"image": image, "masked": torch.where(where, torch.full_like(image, 0.5), image),
+                "prediction": torch.where(where, pred, image), "mask": out.mask}
+
     def no_weight_decay(self) -> set:
         """The encoder's exemptions (tokens, positions) and the objective's tokens."""
         own = {n for n, _ in self.named_parameters() if n.endswith(("mask_token", "pos_embed"))}

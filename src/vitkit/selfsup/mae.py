@@ -156,5 +156,14 @@ class MAE(Pretrainer):
         loss = (per_patch * mask).sum() / mask.sum()
         return PretrainOutput(loss=loss, pred=pred, mask=mask, target=target, ids_restore=ids_restore)
 
+    def pixel_prediction(self, images: torch.Tensor, out: PretrainOutput) -> torch.Tensor:
+        """Predictions as pixels; with ``norm_pix_loss`` the model predicts normalised patches, shown
+        with the true patch's mean and variance put back (the only way to look at them)."""
+        pred = out.pred.float()
+        if self.config.norm_pix_loss:
+            patches = self.patchify(images.float())
+            pred = pred * (patches.var(-1, keepdim=True) + 1.0e-6) ** 0.5 + patches.mean(-1, keepdim=True)
+        return self.pixels(self.unpatchify(pred))
+
 
 __all__ = ["MAE", "MAEConfig", "mae_pos_table"]

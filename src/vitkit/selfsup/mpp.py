@@ -134,5 +134,11 @@ class MaskedPatchPrediction(Pretrainer):
         correct = ((logits.argmax(-1) == target) & mask).sum()
         return PretrainOutput(loss=loss, pred=logits, mask=weight, target=target, kinds=kinds, correct=correct)
 
+    def pixel_prediction(self, images: torch.Tensor, out: PretrainOutput) -> torch.Tensor:
+        """Each patch flat in the centre of its predicted colour cell."""
+        colours = class_colour(out.pred.argmax(-1), self.channels, self.config.bits)  # (B, N, C)
+        P = self.patch_size[0] * self.patch_size[1]
+        return self.unpatchify(colours[:, :, None, :].expand(-1, -1, P, -1).flatten(2))
+
 
 __all__ = ["MaskedPatchPrediction", "MPPConfig", "colour_class", "class_colour"]

@@ -90,6 +90,9 @@ class SimMIM(Pretrainer):
         loss = (l1 * weight).sum() / (pixels + 1e-5) / images.shape[1]
         return PretrainOutput(loss=loss, pred=pred, mask=weight, target=target, reconstruction=recon)
 
+    def pixel_prediction(self, images: torch.Tensor, out: PretrainOutput) -> torch.Tensor:
+        return self.pixels(out.reconstruction.float())
+
 
 def unpatchify_channels_first(maps: torch.Tensor, patch_size) -> torch.Tensor:
     """(B, C*ph*pw, gh, gw) -> (B, C, gh*ph, gw*pw): PyTorch's pixel shuffle, also for

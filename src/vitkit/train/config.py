@@ -30,7 +30,25 @@ class TrainConfig:
     model: str = DEFAULT_MODEL
     #: Model config overrides as JSON, e.g. {"drop_path_rate": 0.1}; merged into the recipe's.
     model_args: Dict[str, Any] = field(default_factory=dict)
-    #: Start from these weights (any format vitkit loads): the paper's fine-tuning.
+    #: What the run learns: classify (from labels: vitkit train) or a self-supervised objective
+    #: (simmim, mpp, mae: vitkit pretrain, which never reads the labels).
+    objective: str = "classify"
+    #: Pre-training: the share of patches masked (none: the paper's, SimMIM 0.6, MPP 0.5, MAE 0.75).
+    mask_ratio: Optional[float] = None
+    #: SimMIM: side of the square mask blocks in pixels, whole patches that tile the image (none:
+    #: 32, the paper's).
+    mask_block: Optional[int] = None
+    #: MAE: normalise each target patch by its own mean and variance (none: on, as the released models).
+    norm_pix_loss: Optional[bool] = None
+    #: MAE: the decoder's width (none: 512, MAE's).
+    decoder_dim: Optional[int] = None
+    #: MAE: the decoder's depth (none: 8).
+    decoder_depth: Optional[int] = None
+    #: MAE: the decoder's heads (none: 16).
+    decoder_heads: Optional[int] = None
+    #: MAE: the decoder's MLP width (none: 2048).
+    decoder_mlp_dim: Optional[int] = None
+    #: Start from these weights (any format vitkit loads, or a run's folder): the paper's fine-tuning.
     init: Optional[str] = None
     #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
     init_head: str = "new"
@@ -112,7 +130,8 @@ class TrainConfig:
     #: every optimiser step, checkpointed, evaluated at the end (``test_top1_ema``) and saved
     #: as ``run_dir/model_ema/``; none: off.
     ema_decay: Optional[float] = None
-    #: Training images held out for validation (the same ones for every seed).
+    #: Training images held out for validation (the same ones for every seed); 0: none held out,
+    #: every training image is trained on and validation rows score the test split.
     val_size: int = 5000
     #: Train on this fraction of the training split (after validation is carved out), the
     #: same share of every class, the same images for every model and seed, and each smaller
@@ -207,13 +226,53 @@ class TrainConfig:
             problems.append("val_every must be >= 1 (or None: every epoch)")
         if min(self.keep_checkpoints, self.log_every, self.checkpoint_every, self.eval_batch_size) < 1:
             problems.append("keep_checkpoints, log_every, checkpoint_every and eval_batch_size must be >= 1")
+        if not isinstance(self.val_size, int) or self.val_size < 0:
+            problems.append(f"val_size must be an integer >= 0 (0: validate on the test split), not {self.val_size!r}")
+        problems += self.objective_problems()
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
+
+    def objective_problems(self) -> list:
+        """A pre-training run's options fit its objective; classification uses none of them,
+        and pre-training none of classification's label machinery."""
+        from ..selfsup import OBJECTIVES, objective_class
+
+        if self.objective not in ("classify",) + tuple(OBJECTIVES):
+            return [f"objective must be classify, {', '.join(OBJECTIVES)}, not {self.objective!r}"]
+        given = [name for name in OBJECTIVE_OPTIONS if getattr(self, name) is not None]
+        if self.objective == "classify":
+            return [f"{', '.join(given)} only apply to pre-training (vitkit pretrain --objective ...)"] if given else []
+        problems = [f"{name} does not apply to {self.objective} (it is {'/'.join(OBJECTIVE_OPTIONS[name])}'s)"
+                    for name in given if self.objective not in OBJECTIVE_OPTIONS[name]]
+        labelled = [f"{name}={getattr(self, name)!r}" for name, off in LABEL_FIELDS.items()
+                    if getattr(self, name) != off]
+        if labelled:
+            problems.append(f"pre-training reads no labels, so {', '.join(labelled)} cannot apply (fine-tune with "
+                            f"vitkit train --init RUN for those)")
+        if not problems:
+            try:
+                objective_class(self.objective).config_cls(**self.objective_options())
+            except (TypeError, ValueError) as e:
+                problems.append(str(e))
+        return problems
+
+    def objective_options(self) -> Dict[str, Any]:
+        """The pre-training objective's options that this run sets (the rest are the paper's)."""
+        return {name: getattr(self, name) for name in OBJECTIVE_OPTIONS if getattr(self, name) is not None}
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+
+#: The pre-training options of TrainConfig and the objectives each applies to.
+OBJECTIVE_OPTIONS: Dict[str, Tuple[str, ...]] = {
+    "mask_ratio": ("simmim", "mpp", "mae"), "mask_block": ("simmim",), "norm_pix_loss": ("mae",),
+    "decoder_dim": ("mae",), "decoder_depth": ("mae",), "decoder_heads": ("mae",), "decoder_mlp_dim": ("mae",)}
+#: Classification's fields that need labels (or a classifier), with their "off" values.
+LABEL_FIELDS: Dict[str, Any] = {"mixup": 0.0, "cutmix": 0.0, "label_smoothing": 0.0, "distill": "none",
+                                "teacher": None, "init": None}
 
 
 def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
@@ -260,6 +319,23 @@ RECIPES: Dict[str, Dict[str, Any]] = {
              "mixup_switch_prob": 0.5, "random_erasing": 0.25, "model_args": {"drop_path_rate": 0.1},
              "repeated_aug": 3, "label_smoothing": 0.1, "ema_decay": 0.99996},
 }
+
+
+#: Self-supervised pre-training on Fashion-MNIST's training images without their labels
+#: (``vitkit pretrain --objective X`` takes recipe ``X-fmnist``): the plain ViT (the hybrid's CNN
+#: would see masked pixels), every training image (val_size 0: validation rows score the test
+#: images), AdamW with MAE's betas (0.9, 0.95) and weight decay 0.05, crop + flip.
+_PRETRAIN_FMNIST: Dict[str, Any] = {
+    "model": "vit_fmnist", "val_size": 0, "epochs": 10.0, "batch_size": 256, "lr": 1.5e-3, "min_lr": 1e-5,
+    "betas": (0.9, 0.95), "weight_decay": 0.05, "warmup_steps": 200, "crop_pad": 2, "hflip": True}
+RECIPES.update({
+    # SimMIM: a 4 px block (one patch) is to 28 px what the paper's 32 px block is to 192 px
+    "simmim-fmnist": {**_PRETRAIN_FMNIST, "mask_block": 4},
+    "mpp-fmnist": dict(_PRETRAIN_FMNIST),
+    # MAE with a light decoder (MAE's ablation: depth 1-2 costs little accuracy when fine-tuning)
+    "mae-fmnist": {**_PRETRAIN_FMNIST, "decoder_dim": 64, "decoder_depth": 2, "decoder_heads": 4,
+                   "decoder_mlp_dim": 128},
+})
 
 
 def load_config_file(path: str) -> Dict[str, Any]:
@@ -339,6 +415,12 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
 #: from the new invocation where they are set (e.g. two threads once the CPU is free again),
 #: everything else from the run's ``config.json``, so the run continues as it started.
 RUNTIME_FIELDS = ("threads", "workers", "progress", "tensorboard")
+
+
+def saved_objective(run_dir: str) -> Optional[str]:
+    """What a run folder's saved configuration learns (None: not a run folder)."""
+    values = _saved_values(run_dir)
+    return None if values is None else values.get("objective", "classify")
 
 
 def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:

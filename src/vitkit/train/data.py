@@ -45,6 +45,9 @@ def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None)
 
 
 def _carve(n: int, val_size: int):
+    """(validation indices, training indices); val_size 0: no validation, all of them trained on."""
+    if val_size == 0:
+        return torch.arange(0), torch.arange(n)
     if not 0 < val_size < n:
         raise ValueError(f"val_size {val_size} must be between 1 and the {n - 1} training samples "
                          f"it is carved from")
@@ -148,10 +151,11 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
     mean, std = datasets.stats(name)
     tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
+    test = MemoryBatches(te_x, te_y)
     return RunData("memory", list(train_set.classes), all_x.shape[1], tuple(all_x.shape[-2:]), mean, std,
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
-                   val=MemoryBatches(all_x[val_idx], all_y[val_idx]), test=MemoryBatches(te_x, te_y),
+                   val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
                    n_train=len(tr_idx))
 
 
@@ -168,10 +172,11 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
     mean, std = datasets.FILE_STATS
+    test_batches = FolderBatches(test, range(len(test)), cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
-                   val=FolderBatches(train, val_idx.tolist(), cfg.workers),
-                   test=FolderBatches(test, range(len(test)), cfg.workers),
+                   val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
+                   test=test_batches,
                    n_train=len(tr_idx), skipped=train.skipped + test.skipped)
 
 

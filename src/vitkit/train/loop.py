@@ -24,24 +24,23 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..data.mixing import mixup_cutmix, random_erasing
-from ..models import create_model, get_model_config
+from ..models import get_model_config
+from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
 from . import distributed
-from .batches import Layout, MicroBatch, generator
+from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, load_intact, save_checkpoint
-from .config import TrainConfig, resolve_width, resumed_config
+from .config import TrainConfig, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
-from .distill import InputSpec, Teacher, distillation_loss, load_teacher, split_outputs
+from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
-from .init import model_from_init
 from .plot import plot_curves
 from .progress import Progress
 from .runlock import RunLock
 from .schedule import lr_at
+from .tasks import Classification, task_for
 from .tracking import MetricsLog
 
 
@@ -82,32 +81,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-def _autocast(device: torch.device, amp: Optional[torch.dtype]):
-    if amp is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=amp)
-
-
-@torch.inference_mode()
 def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, correct
-    n = 0
-    for x, y, _ in batches:
-        if x is None:
-            continue
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with _autocast(x.device, amp):
-            logits = model(x)
-        total += torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
-                              (logits.argmax(-1) == y).sum().double()])
-        n += len(y)
-    model.train(was_training)
-    loss, correct = total.tolist()
-    return loss / max(n, 1), correct / max(n, 1)
+    """(mean cross-entropy, top-1 accuracy) of a classifier over (inputs, labels, skipped) batches."""
+    return Classification().evaluate(model, batches, amp)
 
 
 def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
@@ -145,6 +121,8 @@ class Run:
     total: int
     warmup: int
     forward: Callable[..., Any]
+    #: what the run learns (:mod:`.tasks`): classification or a pre-training objective
+    task: Any = field(default_factory=Classification)
     ddp: Optional[nn.Module] = None
     ema: Optional[ModelEma] = None
     teacher: Optional[Teacher] = None
@@ -180,9 +158,29 @@ class Run:
         """Wall clock of the run so far, over every process that worked on it."""
         return self.prior_seconds + time.perf_counter() - self.t_start
 
-    def score(self, net: nn.Module, split: str) -> Tuple[float, float]:
-        batches = self.data.eval_batches(split, self.model.config, self.cfg.eval_batch_size)
-        return evaluate(net, batches, self.amp)
+    @property
+    def model_name(self) -> str:
+        """The model trained: the --model name, or for --init the architecture the weights hold."""
+        if not self.cfg.init:
+            return self.cfg.model
+        config = self.input_config
+        return config.name or config.architecture
+
+    @property
+    def input_config(self) -> Any:
+        """The config that says what the model's input is (a pre-training model's encoder's)."""
+        return encoder_of(self.model).config
+
+    def no_sync(self, k: int):
+        """DDP synchronises gradients on the last micro-batch of a step only."""
+        if self.ddp is None or k == self.layout.accum_steps - 1:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
+
+    def score(self, net: nn.Module, split: str) -> Tuple[float, Optional[float]]:
+        """(loss, accuracy or None) of ``net`` on ``split``, as the run's task measures them."""
+        batches = self.data.eval_batches(split, self.input_config, self.cfg.eval_batch_size)
+        return self.task.evaluate(net, batches, self.amp)
 
 
 class Window:
@@ -230,9 +228,11 @@ class Window:
             raise ValueError(f"steps up to {done} saw no usable image: every sample was skipped "
                              f"({len(run.skipped)} so far; first: {first}); see the log for why")
         n = self.n
-        return {"step": done, "epoch": round(done / run.steps_per_epoch, 3), "lr": lr,
-                "train_loss": self.loss / n, "train_acc": self.correct / n,
-                "img_s": self.n / max(time.perf_counter() - self.t, 1e-9)}
+        row = {"step": done, "epoch": round(done / run.steps_per_epoch, 3), "lr": lr, "train_loss": self.loss / n}
+        if run.task.has_accuracy:
+            row["train_acc"] = self.correct / n
+        row["img_s"] = self.n / max(time.perf_counter() - self.t, 1e-9)
+        return row
 
 
 # ----------------------------------------------------------------------------- the four steps
@@ -270,7 +270,9 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     if data.skipped and main:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
-    model = _build_model(cfg, data, log if main else (lambda *a: None)).to(device)
+    task = task_for(cfg)
+    torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
+    model = task.build_model(cfg, data, log if main else (lambda *a: None)).to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     amp = pick_precision(cfg, device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
@@ -283,7 +285,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
               torch.amp.GradScaler(device.type, enabled=amp is torch.float16), amp, layout, steps_per_epoch,
               total=cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch),
               warmup=cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch),
-              forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), ddp=ddp,
+              forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), task=task, ddp=ddp,
               ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None)
     if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
         run.teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
@@ -292,19 +294,6 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
             model.set_distilled_training(True)
         run.note(f"distilling ({cfg.distill}) from {cfg.teacher}")
     return run
-
-
-def _build_model(cfg: TrainConfig, data: RunData, log) -> nn.Module:
-    """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
-    torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
-    data_args = data.model_args(cfg.img_size)
-    if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-        return model_from_init(cfg.init, data_args, cfg.model_args, cfg.init_head, log=log)
-    stats = {"mean": data.mean, "std": data.std}
-    if data.kind == "memory":
-        stats["crop_pct"] = 1.0  # whole small images, no centre crop
-    model_args = resolve_width(cfg.model_args, get_model_config(cfg.model))
-    return create_model(cfg.model, **{**data_args, **stats, **model_args})
 
 
 def restore(run: Run, resume: Optional[str]) -> None:
@@ -358,7 +347,7 @@ def _new_run_dir(run: Run) -> Path:
     """The new run's folder, made and locked: ``--name``, or the model's name and the time with a
     number added until the name is free (two runs started in the same second get two folders)."""
     cfg = run.cfg
-    base = (cfg.name or f"{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
+    base = (cfg.name or f"{run.model_name}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = Path(cfg.out) / (base if n == 1 else f"{base}-{n}")
@@ -381,7 +370,7 @@ def loop(run: Run) -> None:
     cfg = run.cfg
     progress = Progress(run.total, run.start, enabled=cfg.progress and run.main)
     run.model.train()
-    batches = run.data.train_batches(run.model.config, cfg, run.layout, run.start, run.total)
+    batches = run.data.train_batches(run.input_config, cfg, run.layout, run.start, run.total)
     window = Window(run.start)
     try:
         for step in range(run.start, run.total):
@@ -394,14 +383,15 @@ def loop(run: Run) -> None:
             if done % cfg.log_every == 0 or last:
                 row = window.row(run, done, lr)
                 run.metrics.write(row)
-                progress.update(done, {"loss": row["train_loss"], "acc": row["train_acc"], "img/s": row["img_s"],
-                                       "epoch": row["epoch"]})
+                progress.update(done, {"loss": row["train_loss"], **({"acc": row["train_acc"]} if "train_acc" in row
+                                                                     else {}),
+                                       "img/s": row["img_s"], "epoch": row["epoch"]})
                 window = Window(done)
             if done % (cfg.val_every or run.steps_per_epoch) == 0 or last:
                 window.check(run)
                 val_loss, val_acc = run.final_val = run.score(run.model, "val")
-                run.metrics.write({"step": done, "epoch": round(done / run.steps_per_epoch, 3),
-                                   "val_loss": val_loss, "val_acc": val_acc})
+                run.metrics.write({"step": done, "epoch": round(done / run.steps_per_epoch, 3), "val_loss": val_loss,
+                                   **({"val_acc": val_acc} if val_acc is not None else {})})
             if done % cfg.checkpoint_every == 0 or last:
                 window.check(run)
                 run.last_ckpt = _checkpoint(run, done)
@@ -422,7 +412,8 @@ def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tupl
         run.skipped.update(bad)
         if x is None:  # every sample of this micro-batch was unreadable
             continue
-        stats += _micro_batch(run, step, k, x, y)
+        stats += run.task.micro_batch(run, step, k, x.to(run.dist.device, non_blocking=True),
+                                      y.to(run.dist.device, non_blocking=True))
         n += len(y)
     cfg = run.cfg
     if cfg.clip_grad:
@@ -434,28 +425,6 @@ def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tupl
     if run.ema is not None:
         run.ema.update(run.model)
     return stats, n
-
-
-def _micro_batch(run: Run, step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, correct), on the device."""
-    cfg, device = run.cfg, run.dist.device
-    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    mixing = cfg.mixup > 0 or cfg.cutmix > 0
-    if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
-        gen = generator(cfg.seed, "mix", step, k, run.dist.rank)
-        x = random_erasing(x, cfg.random_erasing, gen)
-        if mixing:
-            x, y, _ = mixup_cutmix(x, y, run.model.config.num_classes, cfg.mixup, cfg.cutmix,
-                                   cfg.mixup_switch_prob, cfg.label_smoothing, gen)
-    sync = run.ddp is None or k == run.layout.accum_steps - 1
-    with (contextlib.nullcontext() if sync else run.ddp.no_sync()), _autocast(device, run.amp):
-        outputs = run.forward(x)
-        taught = run.teacher(x, run.student_input) if run.teacher is not None else None
-        loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
-        logits = split_outputs(outputs)[0]
-    run.scaler.scale(loss / run.layout.accum_steps).backward()
-    hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
-    return torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
 
 
 def _checkpoint(run: Run, step: int) -> Optional[Path]:
@@ -478,22 +447,14 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
 def summarise(run: Run) -> Dict[str, Any]:
     """Score the model (and its EMA) on test and validation, save it and the curves, write summary.json."""
     cfg, data, model = run.cfg, run.data, run.model
-    test_loss, test_acc = run.score(model, "test")
-    # the loop validated after its last step; a run resumed at its end has not run the loop
-    val_loss, val_acc = run.final_val if run.final_val is not None else run.score(model, "val")
-    ema_results = {}
-    if run.ema is not None:
-        ema_test_loss, ema_test_acc = run.score(run.ema.module, "test")
-        ema_results = {"test_top1_ema": ema_test_acc, "test_loss_ema": ema_test_loss,
-                       "val_top1_ema": run.score(run.ema.module, "val")[1]}
+    results = run.task.results(run)
     if run.main:
         model.save_pretrained(run.run_dir / "model")
         if run.ema is not None:
             run.ema.module.save_pretrained(run.run_dir / "model_ema")
         plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
-    summary = {"run_dir": str(run.run_dir), "model": cfg.model, "init": cfg.init, "dataset": cfg.dataset,
-               "params": sum(p.numel() for p in model.parameters()),
-               "test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc, **ema_results,
+    summary = {"run_dir": str(run.run_dir), "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
+               "params": sum(p.numel() for p in model.parameters()), **results,
                "train_images": data.n_train, "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **_throughput(run), "precision": str(run.amp).replace("torch.", "") if run.amp else "fp32",

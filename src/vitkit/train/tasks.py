@@ -1,0 +1,219 @@
+"""What a run learns: classification (``vitkit train``) or a self-supervised objective
+(``vitkit pretrain``). One loop (:mod:`.loop`) serves both; a task says how its model is
+built, what one micro-batch's loss is, how a split is scored and what the summary reports.
+
+Pre-training draws each micro-batch's masks from ``(seed, "mask", step, micro-batch)`` for the
+whole global micro-batch and keeps this rank's part, as augmentation does, so a resumed run and
+a run on any number of processes draw what one uninterrupted process draws. Validation and
+test losses use masks from ``(0, "eval-mask", batch)``: the same for every run and seed, so
+curves and runs compare. Labels are never read by pre-training; at the end, when the data is
+in memory, the frozen encoder's few-shot accuracy (the paper's linear evaluation) says what
+the features are worth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.mixing import mixup_cutmix, random_erasing
+from ..models import create_model, get_model_config
+from ..selfsup import Pretrainer, create_pretrainer, encoder_of
+from ..utils import seed_for
+from .batches import MicroBatch, generator
+from .config import TrainConfig, resolve_width
+from .data import RunData
+from .distill import distillation_loss, split_outputs
+from .init import model_from_init
+
+if TYPE_CHECKING:
+    from .loop import Run
+
+#: the few-shot evaluation a pre-training run ends with: shots per class, seeds, training pool
+FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (1, 5, 10, 25), 3, 10_000
+
+
+def autocast(device: torch.device, amp: Optional[torch.dtype]):
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=amp)
+
+
+def model_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
+    """The model's config overrides: the data's size, channels, classes and statistics, then the run's."""
+    stats = {"mean": data.mean, "std": data.std}
+    if data.kind == "memory":
+        stats["crop_pct"] = 1.0  # whole small images, no centre crop
+    return {**data.model_args(cfg.img_size), **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))}
+
+
+class Classification:
+    """``vitkit train``: cross-entropy on labels (with DeiT's distillation, Mixup/CutMix, erasing)."""
+
+    name = "classify"
+    has_accuracy = True
+
+    def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
+        """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
+        if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
+            return model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
+        return create_model(cfg.model, **model_args_for(cfg, data))
+
+    def micro_batch(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, correct), on the device."""
+        cfg, device = run.cfg, run.dist.device
+        mixing = cfg.mixup > 0 or cfg.cutmix > 0
+        if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
+            gen = generator(cfg.seed, "mix", step, k, run.dist.rank)
+            x = random_erasing(x, cfg.random_erasing, gen)
+            if mixing:
+                x, y, _ = mixup_cutmix(x, y, run.model.config.num_classes, cfg.mixup, cfg.cutmix,
+                                       cfg.mixup_switch_prob, cfg.label_smoothing, gen)
+        with run.no_sync(k), autocast(device, run.amp):
+            outputs = run.forward(x)
+            taught = run.teacher(x, run.student_input) if run.teacher is not None else None
+            loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
+            logits = split_outputs(outputs)[0]
+        run.scaler.scale(loss / run.layout.accum_steps).backward()
+        hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
+        return torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
+                 ) -> Tuple[float, Optional[float]]:
+        """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, correct
+        n = 0
+        for x, y, _ in batches:
+            if x is None:
+                continue
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(x.device, amp):
+                logits = model(x)
+            total += torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
+                                  (logits.argmax(-1) == y).sum().double()])
+            n += len(y)
+        model.train(was_training)
+        loss, correct = total.tolist()
+        return loss / max(n, 1), correct / max(n, 1)
+
+    def results(self, run: "Run") -> Dict[str, Any]:
+        """The summary's scores: test and validation top-1 (and the EMA's)."""
+        test_loss, test_acc = run.score(run.model, "test")
+        # the loop validated after its last step; a run resumed at its end has not run the loop
+        val_loss, val_acc = run.final_val if run.final_val is not None else run.score(run.model, "val")
+        out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc}
+        if run.ema is not None:
+            ema_test_loss, ema_test_acc = run.score(run.ema.module, "test")
+            out.update(test_top1_ema=ema_test_acc, test_loss_ema=ema_test_loss,
+                       val_top1_ema=run.score(run.ema.module, "val")[1])
+        return out
+
+
+class Pretraining:
+    """``vitkit pretrain``: a :mod:`vitkit.selfsup` objective on the images alone."""
+
+    def __init__(self, objective: str):
+        self.name = objective
+        self.has_accuracy = objective == "mpp"  # MPP's colour classes; pixel regression has no accuracy
+
+    def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
+        encoder = get_model_config(cfg.model).replace(**{**model_args_for(cfg, data), "num_classes": 0,
+                                                         "label_names": None})
+        return create_pretrainer(cfg.objective, encoder, **cfg.objective_options())
+
+    def _draws(self, model: Pretrainer, batch: int, gen: torch.Generator, device: torch.device,
+               part=None) -> Dict[str, torch.Tensor]:
+        draws = model.draw(batch, gen)
+        return {k: (v if part is None else part(v)).to(device, non_blocking=True) for k, v in draws.items()}
+
+    def micro_batch(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, summed accuracy)."""
+        cfg, device = run.cfg, run.dist.device
+        if cfg.random_erasing:
+            x = random_erasing(x, cfg.random_erasing, generator(cfg.seed, "mix", step, k, run.dist.rank))
+        # the global micro-batch's masks, then this rank's part (as augmentation draws)
+        draws = self._draws(run.model, run.layout.micro, generator(cfg.seed, "mask", step, k), device,
+                            run.layout.mine)
+        with run.no_sync(k), autocast(device, run.amp):
+            out = run.forward(x, **draws)
+        run.scaler.scale(out.loss / run.layout.accum_steps).backward()
+        n = len(x)
+        return torch.stack([out.loss.detach().float() * n, _accuracy(out) * n])
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
+                 ) -> Tuple[float, Optional[float]]:
+        """(mean pre-training loss, MPP's colour accuracy or None) with the fixed evaluation masks."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        total = torch.zeros(2, dtype=torch.float64, device=device)
+        n = 0
+        for i, (x, _, _) in enumerate(batches):
+            if x is None:
+                continue
+            x = x.to(device, non_blocking=True)
+            draws = self._draws(model, len(x), torch.Generator().manual_seed(seed_for(0, "eval-mask", i)), device)
+            with autocast(x.device, amp):
+                out = model(x, **draws)
+            total += torch.stack([out.loss.double() * len(x), _accuracy(out).double() * len(x)])
+            n += len(x)
+        model.train(was_training)
+        loss, acc = (total / max(n, 1)).tolist()
+        return loss, acc if self.has_accuracy else None
+
+    def results(self, run: "Run") -> Dict[str, Any]:
+        """The summary's scores: the pre-training loss on test and validation images (and the
+        EMA's), and the frozen encoder's few-shot accuracy when the data is in memory."""
+        test_loss, test_acc = run.score(run.model, "test")
+        val_loss, val_acc = run.final_val if run.final_val is not None else run.score(run.model, "val")
+        out: Dict[str, Any] = {"objective": self.name, "test_loss": test_loss, "val_loss": val_loss}
+        if self.has_accuracy:
+            out.update(test_colour_acc=test_acc, val_colour_acc=val_acc)
+        if run.ema is not None:
+            out["test_loss_ema"] = run.score(run.ema.module, "test")[0]
+        if run.data.kind == "memory":
+            try:
+                out["fewshot"] = fewshot_probe(encoder_of(run.ema.module if run.ema is not None else run.model),
+                                               run.data)
+            except ValueError as e:  # too few labelled images per class for the shots
+                run.note(f"no few-shot evaluation: {e}")
+        return out
+
+
+def _accuracy(out) -> torch.Tensor:
+    """The share of scored patches predicted right (MPP), else 0."""
+    if out.correct is None:
+        return out.loss.new_zeros(()).float()
+    return out.correct.float() / out.mask.sum().clamp_min(1).float()
+
+
+def fewshot_probe(encoder: nn.Module, data: RunData) -> Dict[str, float]:
+    """Few-shot linear accuracy of the frozen ``encoder`` (``FEWSHOT_SHOTS`` per class, mean over
+    ``FEWSHOT_SEEDS``) with shots drawn from ``FEWSHOT_POOL`` training images (the same for every
+    run, as ``vitkit fewshot`` draws them): {shots: accuracy}."""
+    from ..evaluate import extract_features, fewshot_from_features
+
+    train, test = data.train, data.test
+    pick = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(0))[:FEWSHOT_POOL]
+    pick = pick.to(train.labels.device)
+    feats_tr = extract_features(encoder, train.images[pick]).cpu()
+    feats_te = extract_features(encoder, test.images).cpu()
+    results = fewshot_from_features(feats_tr, train.labels[pick].cpu(), feats_te, test.labels.cpu(),
+                                    FEWSHOT_SHOTS, FEWSHOT_SEEDS)
+    return {str(k): r.mean for k, r in results.items()}
+
+
+def task_for(cfg: TrainConfig):
+    return Classification() if cfg.objective == "classify" else Pretraining(cfg.objective)
+
+
+__all__ = ["Classification", "Pretraining", "task_for", "fewshot_probe", "autocast", "model_args_for"]
