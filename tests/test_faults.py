@@ -92,13 +92,16 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
         while len(checkpoint_paths(run)) < 2:
             assert first.poll() is None and time.time() < deadline, "no checkpoints appeared"
             time.sleep(0.05)
-        before = (run / "metrics.jsonl").read_bytes() if (run / "metrics.jsonl").exists() else b""
+        def metrics():  # rows appear from step 50 (log_every): before that there is no file
+            return (run / "metrics.jsonl").read_bytes() if (run / "metrics.jsonl").exists() else b""
+
+        before = metrics()
         second = cli("train", "--resume", str(run), "--no-progress", env=env)
         assert second.returncode == 2 and "is being written by process" in second.stderr
         assert "Traceback" not in second.stderr and str(first.pid) in second.stderr
         third = cli("train", "--out", str(tmp_path), "--name", "run", "--max-steps", "2", env=env)
         assert third.returncode == 2 and "is being written by process" in third.stderr  # a new run, same name
-        assert (run / "metrics.jsonl").read_bytes()[:len(before)] == before  # nothing overwritten
+        assert metrics()[:len(before)] == before  # nothing overwritten
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()

@@ -23,13 +23,16 @@ def losses(run: Path):
             if "train_loss" in line]
 
 
-def test_two_gloo_processes_match_one(tmp_path):
+@pytest.mark.parametrize("verb", [["train"], ["pretrain", "--objective", "mpp"]], ids=["train", "pretrain-mpp"])
+def test_two_gloo_processes_match_one(tmp_path, verb):
+    """Pre-training too: each rank keeps its part of masks drawn for the whole micro-batch (MPP's
+    corruption draws the most: its mask, the 80/10/10 kinds and the source patches)."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"
-    one = subprocess.run([sys.executable, "-m", "vitkit", "train", *ARGS, "--out", str(tmp_path), "--name", "one"],
+    one = subprocess.run([sys.executable, "-m", "vitkit", *verb, *ARGS, "--out", str(tmp_path), "--name", "one"],
                          capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "vitkit", "train", *ARGS,
+    two = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "vitkit", *verb, *ARGS,
                           "--out", str(tmp_path), "--name", "two"], capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-2000:]
     summaries = [json.loads(line) for line in two.stdout.splitlines() if line.startswith("{")]

@@ -1,0 +1,148 @@
+"""`vitkit pretrain` on real Fashion-MNIST images: the loss falls, the summary reports the frozen
+encoder's few-shot accuracy, the run feeds `train --init`, `fewshot` and `inspect`; a run killed
+with SIGKILL resumes to the same bits; bad input ends in one line with nothing written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.selfsup import MAE, MaskedPatchPrediction, SimMIM
+from vitkit.train.checkpoint import checkpoint_paths
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
+
+SHORT = ["--max-steps", "60", "--log-every", "10", "--warmup-steps", "10", "--batch-size", "128", "--no-progress",
+         "--no-tensorboard", "--threads", "2"]
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "vitkit", *args], capture_output=True, text=True, env=env)
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """One short run of each objective (60 steps of 128 images)."""
+    out = tmp_path_factory.mktemp("pretrain")
+    runs = {}
+    for objective in ("simmim", "mpp", "mae"):
+        done = cli("pretrain", "--objective", objective, *SHORT, "--out", str(out), "--name", objective, "--json")
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[objective] = (out / objective, json.loads(done.stdout.splitlines()[-1]))
+    return runs
+
+
+@pytest.mark.parametrize("objective,cls", [("simmim", SimMIM), ("mpp", MaskedPatchPrediction), ("mae", MAE)])
+def test_pretraining_learns_and_saves_the_objective(pretrained, objective, cls):
+    run, summary = pretrained[objective]
+    train = [r for r in rows(run) if "train_loss" in r]
+    assert train[-1]["train_loss"] < 0.85 * train[0]["train_loss"], [r["train_loss"] for r in train]
+    assert ("train_acc" in train[0]) is (objective == "mpp")  # only MPP's colour classes have an accuracy
+    assert summary["objective"] == objective and summary["model"] == "vit_fmnist"
+    assert summary["train_images"] == 60_000  # every training image, no labels, nothing held out
+    assert set(summary["fewshot"]) == {"1", "5", "10", "25"}
+    assert summary["fewshot"]["25"] > 0.5  # the frozen encoder's features carry the classes, already
+    model = vitkit.from_pretrained(run)  # the run's folder stands for its model
+    assert isinstance(model, cls) and model.encoder.config.name == "vit_fmnist"
+    assert (run / "training_curves.png").stat().st_size > 0
+
+
+def test_fine_tuning_fewshot_and_inspect_read_a_pretraining_run(pretrained, tmp_path):
+    run, _ = pretrained["mae"]
+    done = cli("train", "--init", str(run), "--max-steps", "40", "--warmup-steps", "5", "--val-size", "1000",
+               "--no-progress",
+               "--no-tensorboard", "--out", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["model"] == "vit_fmnist" and summary["init"] == str(run)  # named after what was trained
+    assert os.path.basename(summary["run_dir"]).startswith("vit_fmnist-")
+    tuned = vitkit.from_pretrained(summary["run_dir"])
+    encoder = load_file(run / "model" / "model.safetensors")
+    start = encoder["encoder.blocks.0.mlp.fc1.weight"]
+    assert tuned.state_dict()["blocks.0.mlp.fc1.weight"].shape == start.shape  # the encoder, fine-tuned
+    assert not torch.equal(tuned.state_dict()["blocks.0.mlp.fc1.weight"], start)
+    assert tuned.num_classes == 10 and summary["test_top1"] > 0.25  # learning (chance: 0.1)
+    few = cli("fewshot", "--weights", str(run), "--shots", "5", "--pool", "2000", "--seeds", "1", "--json")
+    assert few.returncode == 0, few.stderr
+    assert json.loads(few.stdout)["results"][0]["mean"] > 0.3
+    seen = cli("inspect", "--weights", str(run), "--out", str(tmp_path / "inspect"), "--json")
+    assert seen.returncode == 0, seen.stderr
+    figures = json.loads(seen.stdout)["figures"]
+    assert "reconstruction" in figures and "attention_distance" in figures
+    html = (tmp_path / "inspect" / "report.html").read_text()
+    assert "pre-training" in html and "vitkit train --init" in html
+    refused = cli("predict", str(tmp_path / "inspect" / "reconstruction.png"), "--weights", str(run))
+    assert refused.returncode == 2 and "has no classifier" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    args = ["pretrain", "--objective", "mpp", "--max-steps", "30", "--checkpoint-every", "10", "--keep-checkpoints",
+            "5", "--batch-size", "64", "--warmup-steps", "5", "--no-progress", "--threads", "1", "--no-tensorboard",
+            "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--out", str(tmp_path)]
+    straight = cli(*args, "--name", "straight", env=env)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", *args, "--name", "killed"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "killed"
+    deadline = time.time() + 180
+    while not any(p.name == "step_00000020.pt" for p in checkpoint_paths(run)):
+        assert proc.poll() is None, "pre-training ended before it could be killed"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "model").exists(), "the run was meant to die before finishing"
+    wrong = cli("train", "--resume", str(run), env=env)
+    assert wrong.returncode == 2 and "mpp pre-training run: resume it with vitkit pretrain --resume" in wrong.stderr
+    done = cli("pretrain", "--resume", str(run), "--no-progress", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "resuming" in done.stderr
+    a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    b = load_file(run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and "mpp_head.weight" in a
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--objective", "mae", "--mask-ratio", "1.5"], "mask_ratio must be in (0, 1)"),
+    (["--objective", "mpp", "--mask-ratio", "0"], "mask_ratio must be in (0, 1)"),
+    (["--objective", "simmim", "--mask-block", "8"], "mask_block 8 px does not tile the 28x28 image"),
+    (["--objective", "mae", "--mask-block", "4"], "mask_block does not apply to mae"),
+    (["--objective", "mae", "--model", "vit_fmnist_hybrid"], "cannot pre-train a hybrid"),
+    (["--objective", "simmim", "--model", "convit_tiny", "--img-size", "32"], "ConViT's gated positional attention"),
+    (["--objective", "mae", "--decoder-heads", "5"], "decoder_dim 64 is not divisible by decoder_heads 5"),
+    ([], "--objective is required"),
+])
+def test_bad_pretraining_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+    done = cli("pretrain", *args, "--max-steps", "2", "--threads", "1", "--out", str(tmp_path / "runs"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_flags_of_the_other_verb_are_refused(tmp_path):
+    assert cli("pretrain", "--objective", "mae", "--mixup", "0.8").returncode == 2  # no labels to mix
+    assert cli("train", "--mask-ratio", "0.5").returncode == 2  # no masks in classification
+
+
+def test_a_fine_tuning_source_whose_encoder_does_not_fit(pretrained, tmp_path):
+    run, _ = pretrained["simmim"]
+    done = cli("train", "--init", str(run), "--model-args", '{"mlp_dim": 128}', "--max-steps", "2", "--threads", "1",
+               "--out", str(tmp_path / "runs"))
+    assert done.returncode == 2 and "shape mismatch" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
