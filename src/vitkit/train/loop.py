@@ -66,19 +66,36 @@ def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on weight matrices only: not on biases, norms, tokens or position tables."""
+    """Weight decay on weight matrices only: not on biases, norms, tokens or position tables.
+
+    With ``layer_decay`` (BEiT's and MAE's fine-tuning rule) each group also carries an
+    ``lr_scale``: decay^(depth + 1 - layer) for the embedding (layer 0), block i (layer i + 1)
+    and the rest (the final norm and the head, layer depth + 1, scale 1)."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    depth = len(getattr(model, "blocks", ()))
+    groups: Dict[Tuple[bool, int], List[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+            layer = layer_of(name, depth) if cfg.layer_decay is not None else depth + 1
+            groups.setdefault((p.ndim <= 1 or name in skip, layer), []).append(p)
+    decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
+    params = [{"params": ps, "weight_decay": 0.0 if no_wd else cfg.weight_decay,
+               "lr_scale": decay ** (depth + 1 - layer)} for (no_wd, layer), ps in sorted(groups.items())]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
     if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
-        return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas)
+
+
+def layer_of(name: str, depth: int) -> int:
+    """The layer a parameter belongs to for layer-wise decay: 0 the embedding (patches, tokens,
+    positions), i + 1 block i, depth + 1 everything after the blocks."""
+    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
 
 
 def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
@@ -405,7 +422,7 @@ def loop(run: Run) -> None:
 def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tuple[torch.Tensor, int]:
     """One optimiser step over the step's micro-batches -> ((summed loss, correct) on the device, images)."""
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     stats, n = torch.zeros(2, device=run.dist.device), 0
     for k in range(run.layout.accum_steps):
         x, y, bad = next(batches)
