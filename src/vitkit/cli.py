@@ -124,8 +124,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         out = export_weights(model, args.dst, args.to, scan=args.scan)
     for note in notes:
         print(f"vitkit convert: note: {note.message}", file=sys.stderr)
-    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": model.config.architecture,
-            "params": sum(p.numel() for p in model.parameters())}
+    arch = getattr(model.config, "architecture", None) or f"{model.config.objective} pre-training (vit)"
+    whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
+    written = model if whole else model.encoder  # layouts without a decoder hold the encoder
+    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
+            "params": sum(p.numel() for p in written.parameters())}
     if args.json:
         _print_json(info)
     else:
@@ -212,15 +215,26 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
     return resolve_config(recipe, args.config, **overrides)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """Train (or pre-train); the summary to print, or None when it was printed as JSON or this
+    process is not the one that reports (under torchrun, rank 0 reports)."""
     from .train import train
 
-    cfg = train_config(args)
     summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
-        return 0
+    if os.environ.get("RANK", "0") != "0":
+        return None
     if args.json:
         print(json.dumps(summary))
+        return None
+    return summary
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = train_config(args)
+    if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
+        raise ValueError(f"the configuration asks for {cfg.objective} pre-training: run it with vitkit pretrain")
+    summary = _run(cfg, args)
+    if summary is None:
         return 0
     print(f"\nrun      {summary['run_dir']}")
     print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
@@ -231,16 +245,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from .train import train
-
     if not args.objective and not args.resume:
         raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
-    cfg = train_config(args, args.objective)
-    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
-        return 0
-    if args.json:
-        print(json.dumps(summary))
+    summary = _run(train_config(args, args.objective), args)
+    if summary is None:
         return 0
     print(f"\nrun       {summary['run_dir']}")
     print(f"model     {summary['objective']} on {summary['model']} ({_fmt_int(summary['params'])} parameters, "
@@ -400,7 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("convert", "convert weights between layouts")
     p.add_argument("src", help="file, folder or hf-hub:org/name")
     p.add_argument("dst", help="output file or folder")
-    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf"])
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae"],
+                   help="a pre-training model: vitkit, hf (SimMIM, MAE), mae (the official MAE .pth); "
+                        "timm/npz/big_vision write its encoder")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
     p.add_argument("--interpolation", default="bicubic", choices=["bicubic", "bilinear"])

@@ -361,10 +361,12 @@ def _load_state(run: Run, run_dir: Path) -> None:
 
 
 def _new_run_dir(run: Run) -> Path:
-    """The new run's folder, made and locked: ``--name``, or the model's name and the time with a
-    number added until the name is free (two runs started in the same second get two folders)."""
+    """The new run's folder, made and locked: ``--name``, or the model's name (after the objective
+    for pre-training: ``mae-vit_fmnist-...``) and the time with a number added until the name is
+    free (two runs started in the same second get two folders)."""
     cfg = run.cfg
-    base = (cfg.name or f"{run.model_name}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
+    what = run.model_name if cfg.objective == "classify" else f"{cfg.objective}-{run.model_name}"
+    base = (cfg.name or f"{what}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = Path(cfg.out) / (base if n == 1 else f"{base}-{n}")

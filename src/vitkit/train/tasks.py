@@ -82,27 +82,15 @@ class Classification:
         hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
         return torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
 
-    @torch.inference_mode()
     def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
                  ) -> Tuple[float, Optional[float]]:
         """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, correct
-        n = 0
-        for x, y, _ in batches:
-            if x is None:
-                continue
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(x.device, amp):
-                logits = model(x)
-            total += torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
-                                  (logits.argmax(-1) == y).sum().double()])
-            n += len(y)
-        model.train(was_training)
-        loss, correct = total.tolist()
-        return loss / max(n, 1), correct / max(n, 1)
+        def score(i: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = model(x)
+            return torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
+                                (logits.argmax(-1) == y).sum().double()])
+
+        return _evaluate(model, batches, amp, score)
 
     def results(self, run: "Run") -> Dict[str, Any]:
         """The summary's scores: test and validation top-1 (and the EMA's)."""
@@ -148,26 +136,15 @@ class Pretraining:
         n = len(x)
         return torch.stack([out.loss.detach().float() * n, _accuracy(out) * n])
 
-    @torch.inference_mode()
     def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
                  ) -> Tuple[float, Optional[float]]:
         """(mean pre-training loss, MPP's colour accuracy or None) with the fixed evaluation masks."""
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        total = torch.zeros(2, dtype=torch.float64, device=device)
-        n = 0
-        for i, (x, _, _) in enumerate(batches):
-            if x is None:
-                continue
-            x = x.to(device, non_blocking=True)
-            draws = self._draws(model, len(x), torch.Generator().manual_seed(seed_for(0, "eval-mask", i)), device)
-            with autocast(x.device, amp):
-                out = model(x, **draws)
-            total += torch.stack([out.loss.double() * len(x), _accuracy(out).double() * len(x)])
-            n += len(x)
-        model.train(was_training)
-        loss, acc = (total / max(n, 1)).tolist()
+        def score(i: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            gen = torch.Generator().manual_seed(seed_for(0, "eval-mask", i))
+            out = model(x, **self._draws(model, len(x), gen, x.device))
+            return torch.stack([out.loss.double(), _accuracy(out).double()]) * len(x)
+
+        loss, acc = _evaluate(model, batches, amp, score)
         return loss, acc if self.has_accuracy else None
 
     def results(self, run: "Run") -> Dict[str, Any]:
@@ -187,6 +164,28 @@ class Pretraining:
             except ValueError as e:  # too few labelled images per class for the shots
                 run.note(f"no few-shot evaluation: {e}")
         return out
+
+
+@torch.inference_mode()
+def _evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype], score
+              ) -> Tuple[float, float]:
+    """Both of ``score(batch index, inputs, labels)``'s sums (a (2,) tensor) over the batches,
+    divided by the images, in eval mode; one host sync at the end."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    n = 0
+    for i, (x, y, _) in enumerate(batches):
+        if x is None:
+            continue
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(x.device, amp):
+            total += score(i, x, y)
+        n += len(y)
+    model.train(was_training)
+    first, second = (total / max(n, 1)).tolist()
+    return first, second
 
 
 def _accuracy(out) -> torch.Tensor:
