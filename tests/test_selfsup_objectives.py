@@ -151,6 +151,19 @@ def test_every_objective_on_every_vit_option(objective, encoder, tmp_path):
 
 
 @pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
+def test_load_weights_takes_a_pretraining_state_dict_and_refuses_another_objective(objective):
+    a, b = randomize(make(objective, tiny())), make(objective, tiny())
+    report = vitkit.load_weights(b, a.state_dict())
+    assert report.format == "vitkit" and not report.missing and not report.unexpected
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    other = "mae" if objective != "mae" else "simmim"
+    with pytest.raises(vitkit.WeightsError, match=f"hold a {objective} model, the model is {other}"):
+        vitkit.load_weights(make(other, tiny()), a.state_dict())
+    with pytest.raises(vitkit.WeightsError, match="no pre-training model"):
+        vitkit.load_weights(b, vitkit.create_model("vit_fmnist").state_dict())
+
+
+@pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
 def test_a_few_steps_lower_the_loss(objective):
     torch.manual_seed(0)
     model = make(objective, tiny())

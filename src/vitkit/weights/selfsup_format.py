@@ -60,6 +60,9 @@ def detect(keys, config_json: Optional[Mapping[str, Any]]) -> Optional[str]:
     if cj.get("format") == "vitkit":
         entry = cj.get(CONFIG_KEY)
         return entry.get("objective") if isinstance(entry, Mapping) else None
+    if any(k.startswith("encoder.patch_embed.") for k in keys):  # vitkit's names, no config at hand
+        own = {"decoder.weight": "simmim", "mpp_head.weight": "mpp", "decoder_embed.weight": "mae"}
+        return next((objective for key, objective in own.items() if key in keys), None)
     if "vit.embeddings.mask_token" in keys and "decoder.0.weight" in keys:
         return "simmim"
     if any(k.startswith("decoder.decoder_") for k in keys):
