@@ -110,6 +110,21 @@ def test_mae_masks_by_noise_and_the_encoder_sees_the_visible_patches():
     assert torch.equal(out.ids_restore, torch.argsort(torch.argsort(noise, 1), 1))
 
 
+@pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
+def test_bf16_autocast_keeps_the_mask_and_loss_in_fp32(objective):
+    """A bf16 sum of ones is exact only up to 256: the mask that normalises the loss stays fp32."""
+    model = make(objective, tiny(img_size=64))  # 16x16 grid: 256 patches an image
+    x = torch.randn(4, 3, 64, 64)
+    draws = model.draw(4, torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x, **draws)
+    assert out.mask.dtype == torch.float32 and out.loss.dtype == torch.float32
+    assert out.mask.sum().item() == draws.get("mask", out.mask).float().sum().item() > 256
+    with torch.no_grad():
+        ref = model(x, **draws).loss
+    assert abs(out.loss.item() - ref.item()) < 0.05 * abs(ref.item())
+
+
 def test_draws_follow_the_generator():
     for objective in ("simmim", "mpp", "mae"):
         model = make(objective, tiny())

@@ -128,7 +128,7 @@ class MaskedPatchPrediction(Pretrainer):
         x = enc.encode_tokens(enc.embed_tokens(tokens, grid), grid)[0][:, enc.num_prefix_tokens:]
         logits = self.mpp_head(x)
         target = self.targets(images)
-        weight = mask.to(logits.dtype)
+        weight = mask.float()  # fp32 under autocast too: a bf16 sum of ones is exact only to 256
         ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")  # (B, N)
         loss = (ce * weight).sum() / weight.sum().clamp_min(1)
         correct = ((logits.argmax(-1) == target) & mask).sum()

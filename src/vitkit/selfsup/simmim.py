@@ -84,7 +84,7 @@ class SimMIM(Pretrainer):
         mask = self._draws(images, {"mask": mask})["mask"]
         recon = self.reconstruct(images, mask)
         pred, target = self.patchify(recon), self.patchify(images)
-        weight = mask.to(pred.dtype)
+        weight = mask.float()  # fp32 under autocast too: a bf16 sum of ones is exact only to 256
         l1 = F.l1_loss(pred.float(), target.float(), reduction="none").sum(-1)  # (B, N): over ph*pw*C
         pixels = weight.sum() * self.patch_size[0] * self.patch_size[1]
         loss = (l1 * weight).sum() / (pixels + 1e-5) / images.shape[1]

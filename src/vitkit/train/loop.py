@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -96,11 +96,6 @@ def layer_of(name: str, depth: int) -> int:
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
     return depth + 1
-
-
-def evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]) -> Tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) of a classifier over (inputs, labels, skipped) batches."""
-    return Classification().evaluate(model, batches, amp)
 
 
 def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
