@@ -186,7 +186,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
             ax1.bar(x, statistics.mean(accs), width * 0.9, color=f"C{i}", label=LABELS[source] if j == 0 else None)
             ax1.plot([x] * len(accs), accs, "k.", markersize=4)
     ax1.set_xticks(range(len(results["settings"]["fractions"])))
-    ax1.set_xticklabels([f"{100 * f:g}% of labels ({results['n_labels'].get(str(f), '?')} images)"
+    ax1.set_xticklabels([f"{100 * f:g}% of labels ({results['n_labels'].get(str(f), 0):,} images)"
                          for f in results["settings"]["fractions"]])
     lows = [100 * r["mean"] for r in results["table"].values()]
     ax1.set_ylim(min(lows) - 6, max(lows) + 3)
