@@ -1,4 +1,9 @@
-"""Shared test helpers: random weights that exercise every mapping."""
+"""Shared test helpers: random weights that exercise every mapping; a run killed mid-way."""
+
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -27,3 +32,19 @@ def images():
     def make(batch=2, h=224, w=224, c=3, seed=1):
         return torch.randn(batch, c, h, w, generator=torch.Generator().manual_seed(seed))
     return make
+
+
+def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:
+    """Start ``python -m vitkit ARGS`` and SIGKILL it once ``run`` holds the checkpoint of ``step``."""
+    from vitkit.train.checkpoint import checkpoint_paths
+
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not any(p.name == f"step_{step:08d}.pt" for p in checkpoint_paths(run)):
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "model").exists(), "the run was meant to die before finishing"

@@ -4,19 +4,17 @@ with SIGKILL resumes to the same bits; bad input ends in one line with nothing w
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import vitkit
+from conftest import kill_at_checkpoint
 from vitkit.data import fashion_mnist as fm
 from vitkit.selfsup import MAE, MaskedPatchPrediction, SimMIM
-from vitkit.train.checkpoint import checkpoint_paths
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
@@ -95,17 +93,8 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
             "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--out", str(tmp_path)]
     straight = cli(*args, "--name", "straight", env=env)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", *args, "--name", "killed"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = tmp_path / "killed"
-    deadline = time.time() + 180
-    while not any(p.name == "step_00000020.pt" for p in checkpoint_paths(run)):
-        assert proc.poll() is None, "pre-training ended before it could be killed"
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run / "model").exists(), "the run was meant to die before finishing"
+    kill_at_checkpoint([*args, "--name", "killed"], env, run, 20)
     wrong = cli("train", "--resume", str(run), env=env)
     assert wrong.returncode == 2 and "mpp pre-training run: resume it with vitkit pretrain --resume" in wrong.stderr
     done = cli("pretrain", "--resume", str(run), "--no-progress", env=env)

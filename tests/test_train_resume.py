@@ -2,17 +2,15 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import kill_at_checkpoint
 from vitkit.data import fashion_mnist as fm
-from vitkit.train.checkpoint import checkpoint_paths
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
@@ -30,17 +28,8 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(vitkit_train("--out", str(tmp_path), "--name", "straight"), check=True, env=env,
                    capture_output=True)
-    proc = subprocess.Popen(vitkit_train("--out", str(tmp_path), "--name", "killed"), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = tmp_path / "killed"
-    deadline = time.time() + 120
-    while not any(p.name == "step_00000020.pt" for p in checkpoint_paths(run)):
-        assert proc.poll() is None, "training ended before it could be killed"
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run / "model").exists(), "the run was meant to die before finishing"
+    kill_at_checkpoint(["train", *ARGS, "--out", str(tmp_path), "--name", "killed"], env, run, 20)
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
