@@ -61,11 +61,6 @@ def encoder_of(model: nn.Module) -> nn.Module:
     return model.encoder if isinstance(model, Pretrainer) else model
 
 
-def objective_defaults(name: str) -> Dict[str, Any]:
-    """The options of an objective and their defaults (the papers')."""
-    return objective_class(name).config_cls().to_dict()
-
-
 __all__ = ["OBJECTIVES", "CONFIG_KEY", "Pretrainer", "PretrainConfig", "PretrainOutput", "SimMIM", "SimMIMConfig",
            "MaskedPatchPrediction", "MPPConfig", "MAE", "MAEConfig", "create_pretrainer", "pretrainer_from_configs",
-           "objective_class", "is_pretrainer", "encoder_of", "objective_defaults", "encoder_config"]
+           "objective_class", "is_pretrainer", "encoder_of", "encoder_config"]

@@ -169,11 +169,10 @@ class Pretrainer(nn.Module):
         std = images.new_tensor(cfg.std).view(1, -1, 1, 1)
         return images * std + mean
 
-    def check_images(self, images: torch.Tensor) -> IntPair:
-        """Clear errors for a wrong layout or size; returns the grid (always the native one:
-        the objectives' masks and decoders are built for it)."""
+    def check_images(self, images: torch.Tensor) -> None:
+        """Clear errors for a wrong layout or size: the native one only (the objectives' masks
+        and decoders are built for its grid)."""
         self.encoder.patch_embed.check_images(images, strict=True)
-        return self.grid
 
     def check_draw(self, name: str, value: torch.Tensor, batch: int, dtype: Optional[torch.dtype] = None) -> None:
         """A given mask/noise must be (B, N) for this batch and grid."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..models import positions
 from ..models.layers import Block, init_block_, sincos_2d_pos_embed, xavier_uniform_fan
-from .base import PretrainConfig, Pretrainer, PretrainOutput
+from .base import PretrainConfig, Pretrainer, PretrainOutput, masked_mean
 from .masking import noise as draw_noise
 from .masking import shuffle_ids
 
@@ -153,7 +153,7 @@ class MAE(Pretrainer):
         pred = self.forward_decoder(latent, ids_restore)
         target = self.targets(images)
         per_patch = ((pred.float() - target) ** 2).mean(-1)
-        loss = (per_patch * mask).sum() / mask.sum()
+        loss = masked_mean(per_patch, mask)  # keep < N: at least one patch is masked
         return PretrainOutput(loss=loss, pred=pred, mask=mask, target=target, ids_restore=ids_restore)
 
     def pixel_prediction(self, images: torch.Tensor, out: PretrainOutput) -> torch.Tensor:

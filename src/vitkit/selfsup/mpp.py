@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import PretrainConfig, Pretrainer, PretrainOutput, count_for
+from .base import PretrainConfig, Pretrainer, PretrainOutput, count_for, masked_mean
 from .masking import MASK_TOKEN, RANDOM_PATCH, corruption, random_mask
 
 
@@ -130,7 +130,7 @@ class MaskedPatchPrediction(Pretrainer):
         target = self.targets(images)
         weight = mask.float()  # fp32 under autocast too: a bf16 sum of ones is exact only to 256
         ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")  # (B, N)
-        loss = (ce * weight).sum() / weight.sum().clamp_min(1)
+        loss = masked_mean(ce, weight)
         correct = ((logits.argmax(-1) == target) & mask).sum()
         return PretrainOutput(loss=loss, pred=logits, mask=weight, target=target, kinds=kinds, correct=correct)
 

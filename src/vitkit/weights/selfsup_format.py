@@ -72,10 +72,6 @@ def detect(keys, config_json: Optional[Mapping[str, Any]]) -> Optional[str]:
     return None
 
 
-def is_official_mae(keys) -> bool:
-    return "decoder_embed.weight" in set(keys)
-
-
 def options(objective: str, src_tensors: Mapping[str, Any], config_json: Optional[Mapping[str, Any]],
             encoder_config: Any) -> Dict[str, Any]:
     """The objective's options a source describes (its config, else its shapes)."""
@@ -208,5 +204,5 @@ def _need_class_token(encoder: nn.Module, layout: str) -> None:
                            f"as 'vitkit'")
 
 
-__all__ = ["detect", "options", "split", "export", "is_official_mae", "official_mae_encoder_overrides",
+__all__ = ["detect", "options", "split", "export", "official_mae_encoder_overrides",
            "OWN_PREFIXES"]
