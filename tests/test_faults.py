@@ -34,7 +34,7 @@ real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian datase
 
 
 def small(tmp_path, **kw):
-    base = dict(max_steps=12, out=str(tmp_path), name="run", checkpoint_every=4, progress=False, val_size=500,
+    base = dict(max_steps=12, runs_dir=str(tmp_path), name="run", checkpoint_every=4, progress=False, val_size=500,
                 warmup_steps=2, log_every=4, eval_batch_size=500, tensorboard=False)
     base.update(kw)
     return resolve_config("fmnist", **base)
@@ -82,7 +82,7 @@ def test_a_diverging_run_names_a_finite_checkpoint_that_still_loads(tmp_path):
 @pytest.mark.slow
 def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
-    first = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--out", str(tmp_path), "--name", "run",
+    first = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), "--name", "run",
                               "--max-steps", "400", "--checkpoint-every", "5", "--val-size", "500", "--threads", "1",
                               "--no-progress", "--no-tensorboard"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -99,7 +99,7 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
         second = cli("train", "--resume", str(run), "--no-progress", env=env)
         assert second.returncode == 2 and "is being written by process" in second.stderr
         assert "Traceback" not in second.stderr and str(first.pid) in second.stderr
-        third = cli("train", "--out", str(tmp_path), "--name", "run", "--max-steps", "2", env=env)
+        third = cli("train", "--runs-dir", str(tmp_path), "--name", "run", "--max-steps", "2", env=env)
         assert third.returncode == 2 and "is being written by process" in third.stderr  # a new run, same name
         assert metrics()[:len(before)] == before  # nothing overwritten
     finally:
@@ -127,7 +127,7 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
 def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     from vitkit.train.loop import Run, _new_run_dir
 
-    cfg = resolve_config("fmnist", out=str(tmp_path), model="S/16")
+    cfg = resolve_config("fmnist", runs_dir=str(tmp_path), model="S/16")
     runs = [Run.__new__(Run) for _ in range(3)]
     folders = []
     for run in runs:
@@ -201,14 +201,14 @@ def test_a_full_disk_is_said_in_words_and_the_previous_checkpoint_stays(tmp_path
     ("--model-args", '{"std": [0]}', "std must be positive"),
 ])
 def test_bad_values_end_in_one_line_and_leave_no_folder(tmp_path, flag, value, words):
-    done = cli("train", "--out", str(tmp_path), "--name", "run", flag, value, "--no-progress", "--threads", "1")
+    done = cli("train", "--runs-dir", str(tmp_path), "--name", "run", flag, value, "--no-progress", "--threads", "1")
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
 
 
 def test_vitkit_debug_shows_the_traceback_of_an_input_error(tmp_path):
-    done = cli("train", "--out", str(tmp_path), "--max-steps", "0", env=dict(os.environ, VITKIT_DEBUG="1"))
+    done = cli("train", "--runs-dir", str(tmp_path), "--max-steps", "0", env=dict(os.environ, VITKIT_DEBUG="1"))
     assert done.returncode == 1 and "Traceback" in done.stderr and "max_steps must be >= 1" in done.stderr
 
 
@@ -305,7 +305,7 @@ def test_differing_class_folders_are_named(tmp_path):
             (tmp_path / split / c).mkdir(parents=True)
             Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / split / c / "x.png")
     with pytest.raises(ValueError, match="only in train/: bee; only in test/: cow"):
-        train(resolve_config("fmnist", dataset="folder", data_dir=str(tmp_path), out=str(tmp_path / "runs"),
+        train(resolve_config("fmnist", dataset="folder", data_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"),
                              model="vit_fmnist", max_steps=1, workers=0, progress=False))
     assert not (tmp_path / "runs").exists()
 
@@ -336,7 +336,8 @@ def make_shards(root, per_class=24, max_per_shard=16, bad_images=False):
 
 def shard_config(tmp_path, data_dir, **kw):
     base = dict(dataset="shards", data_dir=str(data_dir), model="vit_fmnist", max_steps=6, batch_size=8,
-                val_size=8, warmup_steps=1, out=str(tmp_path / "runs"), name="run", log_every=2, checkpoint_every=3,
+                val_size=8, warmup_steps=1, runs_dir=str(tmp_path / "runs"), name="run", log_every=2,
+                checkpoint_every=3,
                 progress=False, workers=0, eval_batch_size=16, tensorboard=False, shuffle_buffer=4)
     base.update(kw)
     return resolve_config("fmnist", **base)
@@ -374,7 +375,7 @@ def test_every_sample_undecodable_stops_with_a_line_not_an_empty_run(tmp_path):
 def test_too_few_samples_per_worker_is_an_error_not_a_hang(tmp_path):
     data = make_shards(tmp_path, per_class=24, max_per_shard=12)  # 48 images in 4 shards
     done = cli("train", "--dataset", "shards", "--data-dir", str(data), "--model", "vit_fmnist", "--workers", "4",
-               "--batch-size", "16", "--max-steps", "3", "--val-size", "8", "--out", str(tmp_path / "runs"),
+               "--batch-size", "16", "--max-steps", "3", "--val-size", "8", "--runs-dir", str(tmp_path / "runs"),
                "--no-progress", "--threads", "1", "--no-tensorboard", timeout=240)
     assert done.returncode == 2 and "no full batch of 16 samples" in done.stderr, done.stderr[-500:]
 

@@ -67,7 +67,7 @@ def test_eval_refuses_a_pretraining_model(tmp_path, capsys):
 def test_train_refuses_a_pretraining_config_and_pretraining_refuses_labels(tmp_path, capsys):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"objective": "mae"}))
-    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "runs")]) == 2
+    assert main(["train", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "run it with vitkit pretrain" in capsys.readouterr().err
     with pytest.raises(ValueError, match="only apply to pre-training"):
         resolve_config("fmnist", mask_ratio=0.5)

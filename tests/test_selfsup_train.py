@@ -37,7 +37,7 @@ def pretrained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
     runs = {}
     for objective in ("simmim", "mpp", "mae"):
-        done = cli("pretrain", "--objective", objective, *SHORT, "--out", str(out), "--name", objective, "--json")
+        done = cli("pretrain", "--objective", objective, *SHORT, "--runs-dir", str(out), "--name", objective, "--json")
         assert done.returncode == 0, done.stderr[-3000:]
         runs[objective] = (out / objective, json.loads(done.stdout.splitlines()[-1]))
     return runs
@@ -62,7 +62,7 @@ def test_fine_tuning_fewshot_and_inspect_read_a_pretraining_run(pretrained, tmp_
     run, _ = pretrained["mae"]
     done = cli("train", "--init", str(run), "--max-steps", "40", "--warmup-steps", "5", "--val-size", "1000",
                "--no-progress",
-               "--no-tensorboard", "--out", str(tmp_path), "--json")
+               "--no-tensorboard", "--runs-dir", str(tmp_path), "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["model"] == "vit_fmnist" and summary["init"] == str(run)  # named after what was trained
@@ -90,7 +90,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
     args = ["pretrain", "--objective", "mpp", "--max-steps", "30", "--checkpoint-every", "10", "--keep-checkpoints",
             "5", "--batch-size", "64", "--warmup-steps", "5", "--no-progress", "--threads", "1", "--no-tensorboard",
-            "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--out", str(tmp_path)]
+            "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--runs-dir", str(tmp_path)]
     straight = cli(*args, "--name", "straight", env=env)
     assert straight.returncode == 0, straight.stderr[-2000:]
     run = tmp_path / "killed"
@@ -117,7 +117,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     ([], "--objective is required"),
 ])
 def test_bad_pretraining_input_is_one_line_and_writes_nothing(tmp_path, args, message):
-    done = cli("pretrain", *args, "--max-steps", "2", "--threads", "1", "--out", str(tmp_path / "runs"))
+    done = cli("pretrain", *args, "--max-steps", "2", "--threads", "1", "--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -132,6 +132,6 @@ def test_flags_of_the_other_verb_are_refused(tmp_path):
 def test_a_fine_tuning_source_whose_encoder_does_not_fit(pretrained, tmp_path):
     run, _ = pretrained["simmim"]
     done = cli("train", "--init", str(run), "--model-args", '{"mlp_dim": 128}', "--max-steps", "2", "--threads", "1",
-               "--out", str(tmp_path / "runs"))
+               "--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 2 and "shape mismatch" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists()

@@ -29,11 +29,11 @@ def test_two_gloo_processes_match_one(tmp_path, verb):
     corruption draws the most: its mask, the 80/10/10 kinds and the source patches)."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"
-    one = subprocess.run([sys.executable, "-m", "vitkit", *verb, *ARGS, "--out", str(tmp_path), "--name", "one"],
+    one = subprocess.run([sys.executable, "-m", "vitkit", *verb, *ARGS, "--runs-dir", str(tmp_path), "--name", "one"],
                          capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "vitkit", *verb, *ARGS,
-                          "--out", str(tmp_path), "--name", "two"], capture_output=True, text=True)
+                          "--runs-dir", str(tmp_path), "--name", "two"], capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-2000:]
     summaries = [json.loads(line) for line in two.stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1 and summaries[0]["processes"] == 2  # rank 0 reports, once

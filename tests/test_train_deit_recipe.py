@@ -46,7 +46,7 @@ def test_ema_follows_the_recurrence_after_every_step():
 
 def tiny(tmp_path, name, **kw):
     base = dict(model="vit_fmnist", model_args={"depth": 1, "embed_dim": 32, "num_heads": 2, "mlp_dim": 64},
-                max_steps=20, batch_size=32, warmup_steps=3, val_size=256, out=str(tmp_path), name=name,
+                max_steps=20, batch_size=32, warmup_steps=3, val_size=256, runs_dir=str(tmp_path), name=name,
                 checkpoint_every=10, keep_checkpoints=5, progress=False, threads=1, eval_batch_size=512,
                 tensorboard=False)
     base.update(kw)
@@ -101,7 +101,7 @@ def test_repeated_aug_refuses_shards_and_bad_values(tmp_path):
         resolve_config("fmnist", repeated_aug=0)
     with pytest.raises(ValueError, match="tar shards"):
         train(resolve_config("fmnist", dataset="shards", data_dir=str(tmp_path), repeated_aug=3,
-                             out=str(tmp_path), name="x", progress=False))
+                             runs_dir=str(tmp_path), name="x", progress=False))
     assert not (tmp_path / "x").exists()
 
 

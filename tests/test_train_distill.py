@@ -94,7 +94,7 @@ def test_a_deit_student_distils_from_a_vitkit_teacher(tmp_path):
     teacher_dir = tmp_path / "teacher"
     randomize(vitkit.create_model("vit_fmnist_hybrid")).save_pretrained(teacher_dir)
     cfg = resolve_config("fmnist", model="vit_fmnist", max_steps=30, batch_size=64, warmup_steps=5,
-                         val_size=500, out=str(tmp_path), name="student", checkpoint_every=30, progress=False,
+                         val_size=500, runs_dir=str(tmp_path), name="student", checkpoint_every=30, progress=False,
                          model_args={"class_token": True, "global_pool": "token", "distill_token": True},
                          distill="hard", teacher=str(teacher_dir))
     summary = train(cfg)
@@ -105,6 +105,6 @@ def test_a_deit_student_distils_from_a_vitkit_teacher(tmp_path):
     assert student.config.distill_token and student.head_dist.weight.abs().sum() > 0  # its head learned
     with pytest.raises(ValueError, match="distillation needs the same classes"):
         randomize(vitkit.create_model("vit_fmnist_hybrid", num_classes=3)).save_pretrained(tmp_path / "t3")
-        train(resolve_config("fmnist", max_steps=2, out=str(tmp_path), name="bad", progress=False,
+        train(resolve_config("fmnist", max_steps=2, runs_dir=str(tmp_path), name="bad", progress=False,
                              distill="soft", teacher=str(tmp_path / "t3")))
     assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -62,7 +62,7 @@ def fmnist_folder(tmp_path_factory):
 
 def config(tmp_path, data_dir, **kw):
     base = dict(dataset="folder", data_dir=str(data_dir), img_size=28, model_args=TINY, max_steps=60,
-                batch_size=30, val_size=90, warmup_steps=10, lr=2e-3, out=str(tmp_path), name="run",
+                batch_size=30, val_size=90, warmup_steps=10, lr=2e-3, runs_dir=str(tmp_path), name="run",
                 checkpoint_every=30, log_every=10, progress=False, workers=0, eval_batch_size=100)
     base.update(kw)
     return resolve_config("fmnist", **base)
@@ -111,7 +111,7 @@ def test_missing_and_empty_datasets_are_clear_cli_errors(tmp_path, capsys):
              (["--dataset", "folder", "--data-dir", str(tmp_path / "empty")], "no class subfolders"),
              (["--dataset", "imagenet"], "unknown dataset 'imagenet'")]
     for flags, message in cases:
-        assert cli(["train", "--out", str(tmp_path / "runs"), "--no-progress", *flags]) == 2
+        assert cli(["train", "--runs-dir", str(tmp_path / "runs"), "--no-progress", *flags]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 

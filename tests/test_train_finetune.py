@@ -66,7 +66,7 @@ def test_init_errors_are_clear(tmp_path):
 @real
 @pytest.mark.slow
 def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
-    base = dict(out=str(tmp_path), progress=False, val_size=1000, warmup_steps=10, log_every=5,
+    base = dict(runs_dir=str(tmp_path), progress=False, val_size=1000, warmup_steps=10, log_every=5,
                 checkpoint_every=1000)
     train(resolve_config("fmnist", name="small", max_steps=60, model_args={"pos_embed": "learned"}, **base))
     logs = []

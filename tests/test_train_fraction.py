@@ -37,7 +37,7 @@ def test_bad_fraction_and_val_every_are_refused():
 @real
 def test_a_run_on_one_percent_trains_on_that_subset_and_validates_when_told(tmp_path):
     cfg = resolve_config("fmnist", train_fraction=0.01, max_steps=30, batch_size=64, val_every=10,
-                         warmup_steps=5, val_size=500, out=str(tmp_path), name="run", progress=False,
+                         warmup_steps=5, val_size=500, runs_dir=str(tmp_path), name="run", progress=False,
                          checkpoint_every=30)
     summary = train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

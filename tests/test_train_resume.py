@@ -26,10 +26,10 @@ def vitkit_train(*extra):
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
-    subprocess.run(vitkit_train("--out", str(tmp_path), "--name", "straight"), check=True, env=env,
+    subprocess.run(vitkit_train("--runs-dir", str(tmp_path), "--name", "straight"), check=True, env=env,
                    capture_output=True)
     run = tmp_path / "killed"
-    kill_at_checkpoint(["train", *ARGS, "--out", str(tmp_path), "--name", "killed"], env, run, 20)
+    kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed"], env, run, 20)
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -10,6 +10,7 @@ import torch
 
 import vitkit
 from conftest import max_diff, randomize
+from vitkit.utils import MissingExtra
 from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
 
 
@@ -245,5 +246,5 @@ def test_hub_offline_gives_clear_message(monkeypatch):
     with pytest.raises(WeightsError, match="Offline or no access.*local folder"):
         vitkit.from_pretrained("hf-hub:org/name")
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
-    with pytest.raises(WeightsError, match=r"pip install 'vitkit\[hub\]'"):
+    with pytest.raises(MissingExtra, match=r"pip install -e '\.\[hub\]'.*pip install 'vitkit\[hub\]'"):
         vitkit.from_pretrained("hf-hub:org/name")

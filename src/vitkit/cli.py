@@ -115,10 +115,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .weights import export_weights, from_pretrained
+    from .weights import export_weights
     from .weights.export import ExportWarning
 
-    model = from_pretrained(args.src, model_name=args.model, interpolation=args.interpolation)
+    model = _load(args, interpolation=args.interpolation)
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always", ExportWarning)
         out = export_weights(model, args.dst, args.to, scan=args.scan)
@@ -136,6 +136,32 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace, **kwargs):
+    """The model behind ``--weights``/``SRC``: a run folder stands for the model it saved, and
+    the verb says so on stderr (a run that has not finished has no model yet: one line)."""
+    from pathlib import Path
+
+    from .weights import from_pretrained
+    from .weights.pretrained import run_model_folder
+
+    source = getattr(args, "weights", None) or args.src
+    folder = Path(source)
+    if folder.is_dir() and (folder / "config.json").is_file() and (folder / "checkpoints").is_dir() \
+            and run_model_folder(folder) is None and not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{source} is a run that has not finished: it has no model/ yet "
+                                f"(vitkit {_run_verb(folder)} --resume {source} finishes it)")
+    if run_model_folder(folder) is not None:
+        print(f"vitkit {args.verb}: reading {run_model_folder(folder)} (the model run {source} saved)",
+              file=sys.stderr)
+    return from_pretrained(source, model_name=args.model, **kwargs)
+
+
+def _run_verb(run_dir) -> str:
+    from .train.config import saved_objective
+
+    return "train" if saved_objective(str(run_dir)) in (None, "classify") else "pretrain"
+
+
 def _classifier(model, weights: str):
     """A model with classes, or one clear line: a pre-training model (or a headless encoder) has none."""
     from .selfsup import is_pretrainer
@@ -151,9 +177,8 @@ def _classifier(model, weights: str):
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .evaluate import predict_images
-    from .weights import from_pretrained
 
-    model = _classifier(from_pretrained(args.weights, model_name=args.model), args.weights)
+    model = _classifier(_load(args), args.weights)
     preds = predict_images(model, args.images, top_k=args.top_k)
     if args.json:
         _print_json([p.to_dict() for p in preds])
@@ -167,10 +192,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_model
-    from .weights import from_pretrained
 
-    model = from_pretrained(args.weights, model_name=args.model)
-    result = inspect_model(model, args.out, args.image, title=str(args.weights))
+    model = _load(args)
+    result = inspect_model(model, args.out or _inspect_folder(args.weights), args.image, title=str(args.weights),
+                           progress=not args.no_progress)
     if args.json:
         _print_json(result.to_dict())
         return 0
@@ -178,6 +203,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{image}: {label} ({100 * prob:.1f}%)")
     print(f"{len(result.figures)} figures and {result.report} written")
     return 0
+
+
+def _inspect_folder(weights: str) -> str:
+    """Where ``vitkit inspect`` writes without ``--out``: beside a run's model (``runs/NAME/inspect``),
+    else ``runs/inspect-NAME`` -- never the current directory itself."""
+    from pathlib import Path
+
+    from .weights.pretrained import run_model_folder
+
+    path = Path(weights)
+    if run_model_folder(path) is not None:
+        return str(path / "inspect")
+    if path.name == "model" and (path.parent / "config.json").is_file():  # runs/NAME/model
+        return str(path.parent / "inspect")
+    stem = path.stem if path.suffix else path.name
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in (stem or "model")).strip(".-") or "model"
+    return str(Path("runs") / f"inspect-{name}")
 
 
 def train_config(args: argparse.Namespace, objective: Optional[str] = None):
@@ -270,9 +312,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .data import datasets
     from .evaluate import classification_report, plot_confusion
     from .train.loop import load_split_tensors
-    from .weights import from_pretrained
+    from .utils import write_json
 
-    model = _classifier(from_pretrained(args.weights, model_name=args.model), args.weights)
+    model = _classifier(_load(args), args.weights)
     names = model.config.label_names
     dataset = args.dataset or datasets.dataset_for_labels(names)
     if dataset is None:
@@ -282,12 +324,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if names and list(names) != list(classes):
         raise ValueError(f"the weights were trained on other classes ({_preview(names)}) than {dataset}'s "
                          f"({_preview(classes)}): evaluate them on their own dataset")
-    report = classification_report(model, images, labels, classes, args.batch_size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_confusion(report, out / "confusion_matrix.png")
-    result = {"weights": args.weights, "dataset": dataset, "split": args.split,
-              "confusion_png": str(png), **report.to_dict()}
+    report = classification_report(model, images, labels, classes, args.batch_size,
+                                   progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
+    result = {"weights": args.weights, "dataset": dataset, "split": args.split, **report.to_dict()}
+    png = None
+    if args.out:  # files only where asked: the confusion matrix and the numbers beside it
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
+        write_json(out / "eval.json", result)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -295,7 +340,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"({report.count} images)")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
-    print(f"confusion matrix: {png}")
+    print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
+          "eval.json there)")
     return 0
 
 
@@ -304,16 +350,17 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
     from .evaluate import extract_features, fewshot_from_features
     from .train.loop import load_split_tensors
-    from .weights import from_pretrained
 
-    model = from_pretrained(args.weights, model_name=args.model, encoder_only=True)  # a pre-training model's ViT
+    model = _load(args, encoder_only=True)  # a pre-training model's ViT
     tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
     te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
     if args.pool:  # features of a random subset of the training pool are enough to draw shots from
         pick = torch.randperm(len(tr_y), generator=torch.Generator().manual_seed(0))[:args.pool]
         tr_x, tr_y = tr_x[pick], tr_y[pick]
-    feats_tr, feats_te = extract_features(model, tr_x), extract_features(model, te_x)
-    results = fewshot_from_features(feats_tr, tr_y, feats_te, te_y, args.shots, args.seeds)
+    show = not args.no_progress
+    feats_tr = extract_features(model, tr_x, progress=show, label="extracting train features")
+    feats_te = extract_features(model, te_x, progress=show, label="extracting test features")
+    results = fewshot_from_features(feats_tr, tr_y, feats_te, te_y, args.shots, args.seeds, progress=show)
     if args.json:
         print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in results.values()]}))
@@ -431,7 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "test"])
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--out", default=".", help="folder for confusion_matrix.png")
+    p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
+                                                "(default: print only, write nothing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=cmd_eval)
 
     p = verb("fewshot", "the paper's few-shot linear evaluation of frozen features")
@@ -443,14 +492,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=int, default=10_000,
                    help="training images to draw shots and the held-out split from (0: all)")
     p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=cmd_fewshot)
 
     p = verb("inspect", "the paper's analyses as PNG figures and a self-contained report.html")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
     p.add_argument("--image", nargs="+", help="image files (default: scikit-image's sample photos, or "
                                              "Fashion-MNIST test images for a 28x28 grey model)")
-    p.add_argument("--out", default="inspect_out", help="folder for the figures and report.html")
+    p.add_argument("--out", metavar="DIR", help="folder to write the figures and report.html into (default: "
+                                                "RUN/inspect for a run's model, else runs/inspect-NAME)")
     p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=cmd_inspect)
 
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
@@ -473,8 +525,10 @@ def _user_errors() -> tuple:
     NonFiniteLoss can only have been raised when training was imported, so it is looked up
     there instead of importing training for every verb.
     """
+    from .utils import MissingExtra
+
     loop = sys.modules.get("vitkit.train.loop")
-    return (ValueError, OSError) + ((loop.NonFiniteLoss,) if loop is not None else ())
+    return (ValueError, OSError, MissingExtra) + ((loop.NonFiniteLoss,) if loop is not None else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -9,9 +9,11 @@ torchvision pipelines. A file dataset's ``--data-dir`` holds ``train/`` and ``te
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .. import tiny
 from . import cifar, fashion_mnist
 from .fashion_mnist import ArrayDataset, DatasetNotFound
 
@@ -61,7 +63,11 @@ def load_split(name: str, split: str, data_dir: Optional[str] = None) -> ArrayDa
     name = canonical(name)
     if name not in IN_MEMORY:
         raise ValueError(f"{name} is a file dataset: it is read through a DataLoader, not into memory")
-    return IN_MEMORY[name][0](split, data_dir)
+    data = IN_MEMORY[name][0](split, data_dir)
+    if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale
+        images, labels = tiny.shrink_split(split, data.images, data.labels)
+        data = dataclasses.replace(data, images=images, labels=labels)
+    return data
 
 
 def stats(name: str) -> Stats:

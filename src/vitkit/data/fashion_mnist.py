@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from ..progress import copy_with_progress
 from ..utils import atomic_path
 from .idx import IDXError, read_idx
 
@@ -120,8 +120,9 @@ def _how_to_get(tried: Sequence[Path], error: Optional[BaseException]) -> str:
 
 
 def download_files(dest: Path, base_url: str = OFFICIAL_URL,
-                   checksums: Optional[Dict[str, str]] = None, timeout: float = 60.0) -> Path:
-    """Download the four archives into ``dest``; each is checked before it is renamed into place."""
+                   checksums: Optional[Dict[str, str]] = None, timeout: float = 60.0, progress: bool = True) -> Path:
+    """Download the four archives into ``dest``; each is checked before it is renamed into place.
+    ``progress``: megabytes and ETA on stderr for a file that takes more than 5 s."""
     checksums = checksums or OFFICIAL_MD5
     dest.mkdir(parents=True, exist_ok=True)
     for stem in FILES.values():
@@ -132,7 +133,7 @@ def download_files(dest: Path, base_url: str = OFFICIAL_URL,
         with atomic_path(target) as tmp:
             with urllib.request.urlopen(base_url.rstrip("/") + "/" + name, timeout=timeout) as r, \
                     open(tmp, "wb") as f:
-                shutil.copyfileobj(r, f)
+                copy_with_progress(r, f, f"downloading {name}", enabled=progress)
             got = _md5(tmp)
             if got != checksums[name]:
                 raise OSError(f"checksum mismatch for {name}: got md5 {got}, expected {checksums[name]}")

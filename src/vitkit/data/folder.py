@@ -40,6 +40,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
+from ..progress import track
 from .images import DECODE_ERRORS, BadImageError, ImageSource, Skipped, _reason, decode_image, to_rgb  # noqa: F401
 
 logger = logging.getLogger("vitkit.data")
@@ -90,11 +91,13 @@ def collate_skip_bad(batch: Sequence[Any]) -> Tuple[Optional[Any], torch.Tensor,
     return images, labels, names
 
 
-def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIONS
+def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIONS, progress: bool = False
                 ) -> Tuple[List[str], List[Tuple[str, int]]]:
     """Sorted class names and (path, class index) of every file with an image extension.
 
     Subfolders of a class folder belong to that class; hidden files and folders are ignored.
+    ``progress``: the class folders listed so far on stderr, once listing has taken 5 s (a
+    million files on a network file system).
     """
     root = Path(root)
     if not root.exists():
@@ -110,7 +113,7 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
         hint = f" (it holds {loose} images directly: move them into a subfolder per class)" if loose else ""
         raise ValueError(f"no class subfolders in {root}: expected {root}/<class name>/<image file>{hint}")
     samples: List[Tuple[str, int]] = []
-    for index, name in enumerate(classes):
+    for index, name in track(list(enumerate(classes)), f"listing {root}", enabled=progress, unit="classes"):
         found = 0
         for folder, subfolders, files in os.walk(root / name, followlinks=True):
             subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
@@ -134,12 +137,14 @@ class ImageFolder(Dataset):
     (see the module notes); use :func:`collate_skip_bad` as the DataLoader's ``collate_fn``.
     With ``strict=True`` a bad file raises :class:`BadImageError` naming it, during the scan
     or on loading. ``scan_threads`` > 1 checks files in parallel (Pillow decodes outside the
-    GIL), for large folders on a machine with cores to spare.
+    GIL), for large folders on a machine with cores to spare. ``progress``: the files listed and
+    checked so far on stderr, with the ETA, once the scan has taken 5 s (ImageNet's 1.28 million
+    files: minutes).
     """
 
     def __init__(self, root: Union[str, Path], transform: Optional[Callable[[Image.Image], Any]] = None,
                  channels: int = 3, verify: str = "header", strict: bool = False,
-                 extensions: Sequence[str] = IMG_EXTENSIONS, scan_threads: int = 1):
+                 extensions: Sequence[str] = IMG_EXTENSIONS, scan_threads: int = 1, progress: bool = True):
         if verify not in VERIFY_LEVELS:
             raise ValueError(f"verify must be one of {VERIFY_LEVELS}, got {verify!r}")
         if channels not in (1, 3):
@@ -148,15 +153,17 @@ class ImageFolder(Dataset):
         self.transform = transform
         self.channels = channels
         self.strict = strict
-        self.classes, candidates = find_images(self.root, extensions)
+        self.classes, candidates = find_images(self.root, extensions, progress)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.samples: List[Tuple[str, int]] = []
         self.skipped: List[Tuple[str, str]] = []
-        self._scan(candidates, verify, scan_threads)
+        self._scan(candidates, verify, scan_threads, progress)
 
-    def _scan(self, candidates: List[Tuple[str, int]], verify: str, threads: int) -> None:
+    def _scan(self, candidates: List[Tuple[str, int]], verify: str, threads: int, progress: bool) -> None:
         paths = [path for path, _ in candidates]
-        for sample, reason in zip(candidates, self._check_all(paths, verify, threads)):
+        checked = track(self._check_all(paths, verify, threads), f"checking {self.root} ({verify})", len(paths),
+                        progress, unit="files")
+        for reason, sample in zip(checked, candidates):  # checked first: zip then ends it, which draws its end
             if reason is None:
                 self.samples.append(sample)
                 continue

@@ -7,13 +7,15 @@ that ``vitkit predict`` and ``vitkit inspect`` use too (timm's: resize to ``floo
 crop_pct)``, keep the centre). Both take a PIL image -- RGB, or L for a one-channel model --
 and give a normalised float32 (C, H, W) tensor; the resizing runs in Pillow, on the PIL image.
 
-torchvision is imported inside the training functions: vitkit itself runs without it.
+torchvision (the ``train`` extra) is imported when a training pipeline is built: vitkit
+itself, and evaluation, run without it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
+from ..utils import require
 from .transforms import EvalTransform
 
 IntOrPair = Union[int, Sequence[int]]
@@ -21,12 +23,7 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 
 
 def _v2() -> Any:
-    try:
-        from torchvision.transforms import v2
-    except ImportError as e:
-        raise ImportError("the training and evaluation pipelines need torchvision: "
-                          "pip install 'vitkit[train]'") from e
-    return v2
+    return require("torchvision.transforms.v2", "train", "the training pipeline of image files (folder, shards)")
 
 
 def _pair(size: IntOrPair) -> Tuple[int, int]:

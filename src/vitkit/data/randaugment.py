@@ -27,6 +27,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..utils import require
+
 OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing",
        "SolarizeAdd", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing",
        "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
@@ -62,6 +64,8 @@ class RandAugment:
     """Callable on uint8 (B, C, H, W) or (C, H, W) tensors with an optional generator."""
 
     def __init__(self, num_ops: int = 2, magnitude: float = 9.0, magnitude_std: float = 0.5, prob: float = 0.5):
+        # the ops are torchvision's: fail here, where the run is set up, not in the first batch
+        require("torchvision.transforms.v2", "train", "RandAugment (--randaugment)")
         self.num_ops, self.magnitude, self.magnitude_std, self.prob = num_ops, magnitude, magnitude_std, prob
 
     @classmethod

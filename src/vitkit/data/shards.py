@@ -55,6 +55,7 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..progress import track
 from ..utils import atomic_path, seed_for
 from .folder import ImageFolder
 from .images import BadImageError, Skipped, decode_image
@@ -423,7 +424,9 @@ class ShardDataset(IterableDataset):
             if all(n in self._meta_counts for n in names):
                 self._counts = [self._meta_counts[n] for n in names]
             else:
-                self._counts = [count_samples(s) for s in self.shards]
+                # every tar's headers read once: minutes for a large compressed set without meta.json
+                self._counts = [count_samples(s) for s in track(self.shards, "counting samples in shards",
+                                                                unit="shards")]
         return self._counts
 
     @property

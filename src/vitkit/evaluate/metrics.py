@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..progress import track
 from ..utils import pyplot, save_png
 
 
@@ -45,8 +46,13 @@ def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
 
 @torch.inference_mode()
 def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                          classes: Optional[List[str]] = None, batch_size: int = 500) -> ClassificationReport:
-    """Evaluate ``model`` on uint8 images (N, C, H, W) with integer labels."""
+                          classes: Optional[List[str]] = None, batch_size: int = 500, progress: bool = True,
+                          label: str = "evaluating") -> ClassificationReport:
+    """Evaluate ``model`` on uint8 images (N, C, H, W) with integer labels.
+
+    ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
+    evaluation has run 5 s (:func:`vitkit.progress.track`).
+    """
     model.eval()
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
@@ -56,7 +62,7 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
                          f"evaluate it on the data it was trained for")
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     top5_hits = 0
-    for i in range(0, len(labels), batch_size):
+    for i in track(range(0, len(labels), batch_size), label, enabled=progress, unit="batches"):
         logits = model(prepare_batch(images[i:i + batch_size], model.config)).float()
         y = labels[i:i + batch_size]
         k = min(5, n_classes)

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from .. import tiny
+from ..utils import require
+
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches 91% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
 DEFAULT_MODEL = "vit_fmnist_hybrid"
@@ -158,9 +161,9 @@ class TrainConfig:
     grad_checkpointing: bool = False
     #: The run's seed: initialisation, data order, augmentation and dropout all derive from it.
     seed: int = 0
-    #: Folder the run directory is made in.
-    out: str = "runs"
-    #: The run directory's name under --out (none: model name and time).
+    #: Folder the run directory is made in (the run writes only into runs_dir/NAME).
+    runs_dir: str = "runs"
+    #: The run directory's name under runs_dir (none: the trained model's name and the time).
     name: Optional[str] = None
     #: Log training metrics every this many steps.
     log_every: int = 50
@@ -236,6 +239,20 @@ class TrainConfig:
         problems += self.objective_problems()
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
+        self.require_packages()
+
+    def require_packages(self) -> None:
+        """Import the optional packages this run will use, so that a missing one is one line
+        (:class:`vitkit.utils.MissingExtra`) before any data is read or run folder made."""
+        from ..data.datasets import ALIASES, FILE_DATASETS
+
+        dataset = ALIASES.get(self.dataset.lower(), self.dataset.lower())
+        if dataset in FILE_DATASETS:
+            require("torchvision.transforms.v2", "train", f"training on image files (--dataset {dataset})")
+        if self.randaugment:
+            require("torchvision.transforms.v2", "train", "RandAugment (--randaugment)")
+        if self.distill != "none" and (self.teacher or "").startswith("torchvision:"):
+            require("torchvision", "train", "torchvision teachers (--teacher torchvision:NAME:FILE)")
 
     def objective_problems(self) -> list:
         """A pre-training run's options fit its objective; classification uses none of them,
@@ -352,10 +369,7 @@ def load_config_file(path: str) -> Dict[str, Any]:
         raise FileNotFoundError(f"config file not found: {p}")
     text = p.read_text()
     if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as e:
-            raise ValueError("YAML config files need PyYAML: pip install 'vitkit[train]' (or use JSON)") from e
+        yaml = require("yaml", "train", f"YAML config files such as {p.name} (or write it as JSON)")
         data = yaml.safe_load(text) or {}
     else:
         data = json.loads(text)
@@ -404,11 +418,14 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
+        renamed = [f"{k} (now {RENAMED[k]})" if k in RENAMED else k for k in unknown]
+        raise ValueError(f"unknown training option(s): {', '.join(renamed)}")
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
+    if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
+        values = tiny.shrink_config(values, TrainConfig)
     if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
         batch = values.get("batch_size", TrainConfig.batch_size)
         values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]
@@ -430,10 +447,20 @@ def saved_objective(run_dir: str) -> Optional[str]:
     return None if values is None else values.get("objective", "classify")
 
 
+#: Fields renamed since runs were first saved: a run folder's older ``config.json`` still resumes.
+RENAMED = {"out": "runs_dir"}
+
+
 def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     """The fields a run saved in its ``config.json`` (None: not a run directory)."""
     saved = Path(run_dir) / "config.json"
-    return json.loads(saved.read_text()) if saved.is_file() else None
+    if not saved.is_file():
+        return None
+    values = json.loads(saved.read_text())
+    for old, new in RENAMED.items():
+        if isinstance(values, dict) and old in values:
+            values.setdefault(new, values.pop(old))
+    return values
 
 
 def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:

@@ -161,8 +161,8 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
     train_dir, test_dir = datasets.file_split_dirs("folder", cfg.data_dir)
-    train = ImageFolder(train_dir, channels=channels, strict=cfg.strict_data)
-    test = ImageFolder(test_dir, channels=channels, strict=cfg.strict_data)
+    train = ImageFolder(train_dir, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
+    test = ImageFolder(test_dir, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
     if test.classes != train.classes:
         only_train = sorted(set(train.classes) - set(test.classes))
         only_test = sorted(set(test.classes) - set(train.classes))

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..utils import require
+
 DISTILL_MODES = ("none", "soft", "hard")
 TORCHVISION_PREFIX = "torchvision:"
 #: torchvision classifiers expect ImageNet statistics at 224 px.
@@ -101,10 +103,7 @@ def _torchvision_teacher(spec: str, num_classes: int):
     if not sep or not name or not path:
         raise ValueError(f"a torchvision teacher is torchvision:NAME:FILE (e.g. torchvision:resnet18:r18.pth), "
                          f"got torchvision:{spec}")
-    try:
-        import torchvision
-    except ImportError as e:
-        raise ValueError("a torchvision teacher needs torchvision: pip install 'vitkit[train]'") from e
+    torchvision = require("torchvision", "train", "torchvision teachers (--teacher torchvision:NAME:FILE)")
     if name not in torchvision.models.list_models(module=torchvision.models):
         raise ValueError(f"unknown torchvision classifier {name!r}")
     from ..weights.io import read_tensors

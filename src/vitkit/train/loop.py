@@ -16,8 +16,10 @@ checkpoint is written only once every step before it is known to be finite.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .. import tiny
 from ..models import get_model_config
 from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
@@ -252,6 +255,8 @@ class Window:
 
 def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``)."""
+    if resume and (Path(resume) / "summary.json").is_file():  # written last: the run is complete
+        return finished_summary(Path(resume), log)
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
         cfg = resumed_config(resume, cfg)
     cfg.validate()
@@ -268,6 +273,15 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         if run is not None and run.lock is not None:
             run.lock.release()
         distributed.cleanup(dist_info)
+
+
+def finished_summary(run_dir: Path, log=print) -> Dict[str, Any]:
+    """``--resume`` of a run that has finished: its summary as it was written, with nothing run
+    again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
+        f"unchanged; to train longer, start a new run with --init {run_dir})")
+    return summary
 
 
 def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
@@ -362,9 +376,9 @@ def _new_run_dir(run: Run) -> Path:
     cfg = run.cfg
     what = run.model_name if cfg.objective == "classify" else f"{cfg.objective}-{run.model_name}"
     base = (cfg.name or f"{what}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
-        path = Path(cfg.out) / (base if n == 1 else f"{base}-{n}")
+        path = Path(cfg.runs_dir) / (base if n == 1 else f"{base}-{n}")
         try:
             path.mkdir()
         except FileExistsError:
@@ -372,11 +386,27 @@ def _new_run_dir(run: Run) -> Path:
                 continue  # taken: the next number
         run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
         if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
-            run.lock.release()
-            raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
-                                  f"or another --name")
+            if not _abandoned(path):
+                run.lock.release()
+                raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
+                                      f"or another --name")
+            for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
+                target = path / leftover
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+            run.log(f"reusing {path}: the run there stopped before its first checkpoint (nothing to resume)")
         return path
-    raise FileExistsError(f"no free run directory named {base}-N in {cfg.out}")
+    raise FileExistsError(f"no free run directory named {base}-N in {cfg.runs_dir}")
+
+
+#: What a run writes before its first checkpoint: a folder holding only these (its lock free)
+#: was left by a run that was refused or stopped with nothing to resume.
+ABANDONED_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
+
+
+def _abandoned(path: Path) -> bool:
+    if any(p.name not in ABANDONED_FILES + (".lock",) for p in path.iterdir()):
+        return False
+    return not (path / "checkpoints").is_dir() or not any((path / "checkpoints").iterdir())
 
 
 def loop(run: Run) -> None:
@@ -473,7 +503,8 @@ def summarise(run: Run) -> Dict[str, Any]:
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **_throughput(run), "precision": str(run.amp).replace("torch.", "") if run.amp else "fp32",
                "device": str(run.dist.device), "processes": run.dist.world,
-               "skipped_files": len({name for name, _ in data.skipped} | run.skipped)}
+               "skipped_files": len({name for name, _ in data.skipped} | run.skipped),
+               **({"tiny": "VITKIT_TINY was set: a test-scale run, not a result"} if tiny.enabled() else {})}
     run.metrics.close(summary)
     if run.main:
         write_json(run.run_dir / "summary.json", summary)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..models import create_model, get_model_config
+from ..progress import track
 from ..selfsup import Pretrainer, create_pretrainer, encoder_of
 from ..utils import seed_for
 from .batches import MicroBatch, generator
@@ -94,14 +95,14 @@ class Classification:
 
     def results(self, run: "Run") -> Dict[str, Any]:
         """The summary's scores: test and validation top-1 (and the EMA's)."""
-        test_loss, test_acc = run.score(run.model, "test")
+        test_loss, test_acc = final_score(run, run.model, "test")
         # the loop validated after its last step; a run resumed at its end has not run the loop
-        val_loss, val_acc = run.final_val if run.final_val is not None else run.score(run.model, "val")
+        val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
         out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc}
         if run.ema is not None:
-            ema_test_loss, ema_test_acc = run.score(run.ema.module, "test")
+            ema_test_loss, ema_test_acc = final_score(run, run.ema.module, "test", "EMA")
             out.update(test_top1_ema=ema_test_acc, test_loss_ema=ema_test_loss,
-                       val_top1_ema=run.score(run.ema.module, "val")[1])
+                       val_top1_ema=final_score(run, run.ema.module, "val", "EMA")[1])
         return out
 
 
@@ -150,20 +151,36 @@ class Pretraining:
     def results(self, run: "Run") -> Dict[str, Any]:
         """The summary's scores: the pre-training loss on test and validation images (and the
         EMA's), and the frozen encoder's few-shot accuracy when the data is in memory."""
-        test_loss, test_acc = run.score(run.model, "test")
-        val_loss, val_acc = run.final_val if run.final_val is not None else run.score(run.model, "val")
+        test_loss, test_acc = final_score(run, run.model, "test")
+        val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
         out: Dict[str, Any] = {"objective": self.name, "test_loss": test_loss, "val_loss": val_loss}
         if self.has_accuracy:
             out.update(test_colour_acc=test_acc, val_colour_acc=val_acc)
         if run.ema is not None:
-            out["test_loss_ema"] = run.score(run.ema.module, "test")[0]
+            out["test_loss_ema"] = final_score(run, run.ema.module, "test", "EMA")[0]
         if run.data.kind == "memory":
             try:
                 out["fewshot"] = fewshot_probe(encoder_of(run.ema.module if run.ema is not None else run.model),
-                                               run.data)
+                                               run.data, progress=run.cfg.progress and run.main)
             except ValueError as e:  # too few labelled images per class for the shots
                 run.note(f"no few-shot evaluation: {e}")
         return out
+
+
+def final_score(run: "Run", net: nn.Module, split: str, which: str = "") -> Tuple[float, Optional[float]]:
+    """``run.score(net, split)`` with a progress line: the scoring after training starts when the
+    training bar has ended and takes minutes on large splits (ViT-S/16: ~110 s for test,
+    validation and the EMA's). Rank 0 draws it, unless the run has ``progress`` off; like any
+    :func:`~vitkit.progress.track`, it prints nothing when the split is scored within 5 s."""
+    source = run.data.val if split == "val" else run.data.test
+    size = run.cfg.eval_batch_size
+    total = -(-len(source) // size) if hasattr(source, "__len__") else None  # shards: a stream
+    batches = run.data.eval_batches(split, run.input_config, size)
+    label = " ".join(filter(None, ["evaluating", which, split]))
+    # counts the batches handed to the device: on a GPU a few ahead of those computed, as no
+    # host sync is added (the task's one sync ends the scoring)
+    shown = track(batches, label, total, enabled=run.cfg.progress and run.main, unit="batches")
+    return run.task.evaluate(net, shown, run.amp)
 
 
 @torch.inference_mode()
@@ -195,19 +212,20 @@ def _accuracy(out) -> torch.Tensor:
     return out.correct.float() / out.mask.sum().clamp_min(1).float()
 
 
-def fewshot_probe(encoder: nn.Module, data: RunData) -> Dict[str, float]:
+def fewshot_probe(encoder: nn.Module, data: RunData, progress: bool = False) -> Dict[str, float]:
     """Few-shot linear accuracy of the frozen ``encoder`` (``FEWSHOT_SHOTS`` per class, mean over
     ``FEWSHOT_SEEDS``) with shots drawn from ``FEWSHOT_POOL`` training images (the same for every
-    run, as ``vitkit fewshot`` draws them): {shots: accuracy}."""
+    run, as ``vitkit fewshot`` draws them): {shots: accuracy}. ``progress``: lines on stderr
+    while the features are extracted, when that takes more than 5 s."""
     from ..evaluate import extract_features, fewshot_from_features
 
     train, test = data.train, data.test
     pick = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(0))[:FEWSHOT_POOL]
     pick = pick.to(train.labels.device)
-    feats_tr = extract_features(encoder, train.images[pick]).cpu()
-    feats_te = extract_features(encoder, test.images).cpu()
+    feats_tr = extract_features(encoder, train.images[pick], progress=progress, label="extracting train features").cpu()
+    feats_te = extract_features(encoder, test.images, progress=progress, label="extracting test features").cpu()
     results = fewshot_from_features(feats_tr, train.labels[pick].cpu(), feats_te, test.labels.cpu(),
-                                    FEWSHOT_SHOTS, FEWSHOT_SEEDS)
+                                    FEWSHOT_SHOTS, FEWSHOT_SEEDS, progress=progress)
     return {str(k): r.mean for k, r in results.items()}
 
 
@@ -215,4 +233,4 @@ def task_for(cfg: TrainConfig):
     return Classification() if cfg.objective == "classify" else Pretraining(cfg.objective)
 
 
-__all__ = ["Classification", "Pretraining", "task_for", "fewshot_probe", "autocast", "model_args_for"]
+__all__ = ["Classification", "Pretraining", "task_for", "fewshot_probe", "final_score", "autocast", "model_args_for"]

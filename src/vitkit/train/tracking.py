@@ -11,18 +11,18 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..utils import atomic_path
+from ..utils import MissingExtra, atomic_path, require
 
 log = logging.getLogger("vitkit.train")
 
 
 def _tensorboard_writer(folder: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # torch's wrapper needs the tensorboard package
-        log.info("tensorboard is not installed: metrics go to metrics.jsonl only")
+    try:  # torch's wrapper needs the tensorboard package (the train extra)
+        tensorboard = require("torch.utils.tensorboard", "train", "TensorBoard logs")
+    except MissingExtra as e:  # optional: metrics.jsonl is the record, so the run goes on without it
+        log.info("%s; metrics go to metrics.jsonl only", e)
         return None
-    return SummaryWriter(log_dir=str(folder))
+    return tensorboard.SummaryWriter(log_dir=str(folder))
 
 
 def scalar_tag(key: str) -> str:

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..models import build_from_config, config_from_dict, get_model_config
 from ..selfsup import pretrainer_from_configs
-from ..utils import PathLike
+from ..utils import PathLike, require
 from . import hf_format, npz_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, to_native
@@ -28,16 +28,11 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
     repo, _, revision = spec.partition("@")
     if repo.count("/") != 1:
         raise WeightsError(f"hub id {spec!r} should look like 'org/name' or 'org/name@revision'")
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as e:
-        raise WeightsError("loading 'hf-hub:' weights needs the huggingface_hub package "
-                           "(pip install 'vitkit[hub]'); or download the folder yourself and "
-                           "pass its path") from e
+    hub = require("huggingface_hub", "hub", "'hf-hub:' sources (or pass a folder downloaded elsewhere)")
 
     def fetch(name: str) -> str:
-        return hf_hub_download(repo, name, revision=revision or None,
-                               cache_dir=None if cache_dir is None else str(cache_dir))
+        return hub.hf_hub_download(repo, name, revision=revision or None,
+                                   cache_dir=None if cache_dir is None else str(cache_dir))
 
     try:
         config_path = Path(fetch("config.json"))

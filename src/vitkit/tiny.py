@@ -1,0 +1,41 @@
+"""``VITKIT_TINY=1``: every command at a tiny scale, with the same words.
+
+The test suite runs each command of README.md and docs/*.md as written (tests/test_docs.py);
+this switch makes that take seconds instead of hours without changing a single flag. It is
+read in two places only: the training configuration (steps, batch, validation size) and the
+in-memory datasets (the first images of each split). Never set it for real work: it is printed
+in every run's summary, so a tiny result cannot pass for a real one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+#: Images kept of each in-memory split: enough for every class, a validation carve and a
+#: few-shot draw of 25 shots + 50 held out per class.
+SPLIT_IMAGES = {"train": 3000, "test": 500}
+#: At most this many optimisation steps, images per batch, validation and evaluation images.
+LIMITS = {"max_steps": 2, "batch_size": 16, "val_size": 200, "eval_batch_size": 250}
+
+
+def enabled() -> bool:
+    return os.environ.get("VITKIT_TINY", "") not in ("", "0")
+
+
+def shrink_config(values: Dict[str, Any], defaults: Any) -> Dict[str, Any]:
+    """Training option values with the tiny limits applied (``defaults``: TrainConfig, for unset ones)."""
+    out = dict(values)
+    for key, limit in LIMITS.items():
+        value = out.get(key, getattr(defaults, key))
+        if key == "val_size" and value == 0:
+            continue  # no validation carve stays none
+        out[key] = limit if value is None else min(value, limit)
+    out["micro_batch"] = None
+    return out
+
+
+def shrink_split(split: str, images, labels):
+    """The first images of a split (Fashion-MNIST's and CIFAR's are in no class order)."""
+    n = SPLIT_IMAGES.get(split, len(labels))
+    return images[:n], labels[:n]

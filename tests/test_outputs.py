@@ -1,0 +1,116 @@
+"""Where the verbs write: ``--out`` is the folder a verb writes into, nothing lands in the
+current directory unasked, a run folder stands for its model wherever weights are read, and a
+run folder's name is never blocked or rewritten by a run that is over."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.cli import main
+from vitkit.data import fashion_mnist as fm
+
+pytestmark = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+TINY = ["--max-steps", "2", "--batch-size", "16", "--val-size", "100", "--threads", "1", "--no-progress",
+        "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished two-step run of the default model: runs/r with model/, summary.json, checkpoints."""
+    root = tmp_path_factory.mktemp("outputs")
+    assert main(["train", *TINY, "--runs-dir", str(root / "runs"), "--name", "r"]) == 0
+    return root / "runs" / "r"
+
+
+def files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_eval_writes_nothing_without_out_and_both_files_with_it(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--weights", str(run), "--split", "test"]) == 0
+    assert files(tmp_path) == []  # printed only
+    said = capsys.readouterr()
+    assert "top-1" in said.out and f"reading {run / 'model'}" in said.err
+    assert main(["eval", "--weights", str(run), "--out", "ev", "--json"]) == 0
+    assert files(tmp_path) == ["ev", "ev/confusion_matrix.png", "ev/eval.json"]
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text()) == printed
+
+
+def test_inspect_writes_beside_the_run_or_under_runs_never_into_the_current_folder(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "--weights", str(run), "--json"]) == 0
+    assert files(tmp_path) == []
+    assert (run / "inspect" / "report.html").is_file()
+    vitkit.from_pretrained(run).save_pretrained(tmp_path / "weights" / "my model")
+    assert main(["inspect", "--weights", str(tmp_path / "weights" / "my model"), "--json"]) == 0
+    assert (tmp_path / "runs" / "inspect-my-model" / "report.html").is_file()
+    assert {p.name for p in tmp_path.iterdir()} == {"weights", "runs"}
+
+
+def test_a_run_folder_is_read_as_its_model_by_every_verb(run, tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    image = tmp_path / "boot.png"
+    Image.fromarray(fm.load_split("test").images[0]).save(image)
+    direct = vitkit.from_pretrained(run / "model")
+    via_run = vitkit.from_pretrained(run)
+    x = torch.rand(2, 1, 28, 28)
+    assert torch.equal(direct.eval()(x), via_run.eval()(x))
+    verbs = [["predict", "--weights", str(run), str(image), "--top-k", "2"],
+             ["fewshot", "--weights", str(run), "--shots", "1", "--seeds", "1", "--pool", "800"],
+             ["convert", str(run), str(tmp_path / "w.safetensors"), "--to", "timm"]]
+    for argv in verbs:
+        assert main(argv) == 0, argv
+        assert f"reading {run / 'model'}" in capsys.readouterr().err, argv
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path / "runs"), "--name", "ft", "--init", str(run)]) == 0
+    assert json.loads((tmp_path / "runs" / "ft" / "summary.json").read_text())["init"] == str(run)
+
+
+def test_resuming_a_finished_run_says_so_and_rewrites_nothing(run, capsys):
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "inspect" not in p.parts}
+    assert main(["train", "--resume", str(run), "--json"]) == 0
+    said = capsys.readouterr()
+    assert "finished at step 2: nothing to resume" in said.err
+    assert json.loads(said.out) == json.loads((run / "summary.json").read_text())
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "inspect" not in p.parts}
+    assert after == before
+
+
+def test_an_unfinished_run_given_as_weights_is_one_line(tmp_path, capsys):
+    (tmp_path / "r" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "r" / "config.json").write_text(json.dumps({"objective": "mae"}))
+    assert main(["fewshot", "--weights", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has not finished" in err and f"vitkit pretrain --resume {tmp_path / 'r'}" in err
+
+
+def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    left = runs / "x"
+    (left / "checkpoints").mkdir(parents=True)
+    (left / "config.json").write_text("{}")  # what a run refused after its folder was made leaves
+    (left / "metrics.jsonl").write_text("")
+    assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "x"]) == 0
+    assert f"reusing {left}" in capsys.readouterr().err and (left / "model").is_dir()
+    kept = runs / "y"
+    (kept / "checkpoints").mkdir(parents=True)
+    (kept / "checkpoints" / "step_4.pt").write_bytes(b"x")  # something to resume: never reused
+    assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "y"]) == 2
+    assert "already exists" in capsys.readouterr().err and (kept / "checkpoints" / "step_4.pt").is_file()
+
+
+def test_a_size_string_model_makes_one_flat_folder_named_after_it(tmp_path):
+    from vitkit.train import resolve_config
+    from vitkit.train.loop import Run, _new_run_dir
+
+    run = Run.__new__(Run)
+    run.cfg = resolve_config("fmnist", runs_dir=str(tmp_path), model="S/16")
+    folder = _new_run_dir(run)
+    run.lock.release()
+    assert folder.parent == tmp_path and folder.name.startswith("S-16-")
