@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitkit-installed
 
-.PHONY: demo tour test lint setup bench clean
+.PHONY: demo tour test lint setup bench figures clean
 
 setup: $(STAMP)
 
@@ -34,5 +34,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_inference.py
 
+# The README's inspection figures (docs/figures/) from one named run, never from whatever is newest:
+#   make figures MODEL=runs/NAME
+figures: $(STAMP)
+	@test -n "$(MODEL)" || { echo "make figures: say which run: make figures MODEL=runs/NAME (e.g. the folder make demo printed)" >&2; exit 2; }
+	$(PY) scripts/readme_figures.py --weights $(MODEL)
+
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache
+	rm -rf $(VENV) demo_out inspect_out .pytest_cache

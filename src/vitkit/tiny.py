@@ -14,9 +14,9 @@ from typing import Any, Dict
 
 #: Images kept of each in-memory split: enough for every class, a validation carve and a
 #: few-shot draw of 25 shots + 50 held out per class.
-SPLIT_IMAGES = {"train": 3000, "test": 500}
+SPLIT_IMAGES = {"train": 3000, "test": 200}
 #: At most this many optimisation steps, images per batch, validation and evaluation images.
-LIMITS = {"max_steps": 2, "batch_size": 16, "val_size": 200, "eval_batch_size": 250}
+LIMITS = {"max_steps": 2, "batch_size": 16, "val_size": 50, "eval_batch_size": 250}
 
 
 def enabled() -> bool:
