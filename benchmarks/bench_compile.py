@@ -11,7 +11,7 @@ compiled module (``torch.compile``, default mode, as the flag does) is timed aga
   window of ``--steps`` steps, alternating which goes first; reported are the median img/s
   of each and the median of the per-round ratios compiled / eager (> 1: compile is faster).
 
-    python benchmarks/bench_compile.py --quick    # the default model only, < 2 min on 2 cores
+    python benchmarks/bench_compile.py --quick    # the default model only, < 2 min on 2 cores (to SMOKE_DIR)
     python benchmarks/bench_compile.py            # default model, plain vit_fmnist, ViT-Ti/16; bf16 and fp32
 
 This is a benchmark, not a test: run it on a quiet machine.
@@ -26,7 +26,6 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="vitkit-inductor-"))
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -38,7 +37,7 @@ from vitkit.train.config import TrainConfig  # noqa: E402
 from vitkit.train.loop import make_optimizer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 
 #: (model, batch, image side, channels): the default run's model, its plain twin, a 224-px ViT
 CASES = [("vit_fmnist_hybrid", 128, 28, 1), ("vit_fmnist", 128, 28, 1), ("vit_tiny_patch16_224", 32, 224, 3)]
@@ -89,12 +88,13 @@ def measure(name: str, batch: int, side: int, chans: int, amp: bool, args) -> di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="the default model in bf16 only")
+    p.add_argument("--quick", action="store_true", help="smoke check: the default model in bf16 only")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=8, help="steps per timed window")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int)
-    p.add_argument("--out", help="results JSON (default: benchmarks/results/compile_<device>_<date>.json)")
+    p.add_argument("--out", help="results file, or a folder for the default name (default: benchmarks/results/"
+                                 f"compile_<device>_<date>.json; with --quick, the same name in {SMOKE_DIR})")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,8 +109,7 @@ def main(argv=None) -> int:
             print(f"{name:<22} b{batch:<4} {row['precision']}: compile {row['compile_s']:5.1f} s, eager "
                   f"{row['eager_img_s']:7.1f} img/s, compiled {row['compiled_img_s']:7.1f} img/s, "
                   f"ratio {row['ratio_compiled_over_eager']:.3f}", flush=True)
-    out = args.out or os.path.join(RESULTS_DIR, f"compile_{device_slug(torch.device('cpu'), info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
+    out = results_path(args.out, dated_name("compile", torch.device("cpu"), info), smoke=args.quick)
     write_json_atomic(out, {"benchmark": "compile", "machine": info, "settings": vars(args), "rows": rows})
     print(f"wrote {out}")
     return 0

@@ -9,7 +9,7 @@ shifts CPU speed (see build_pair). The reported figure is the median images/seco
 all samples, and the ratio vitkit/timm (goal: >= 1.0).
 
     python benchmarks/bench_inference.py                 # full run (slow on a small CPU)
-    python benchmarks/bench_inference.py --quick         # smoke check: tiny, batch 1 and 8
+    python benchmarks/bench_inference.py --quick         # smoke check: tiny, batch 1 and 8 (written to SMOKE_DIR)
     python benchmarks/bench_inference.py --models vit_small_patch16_224 --batch-sizes 32 --dtypes bf16
 
 This is a benchmark, not a test: run it on a quiet machine. Only stdlib, torch, timm, vitkit.
@@ -45,6 +45,10 @@ QUICK_REPEATS = 3
 LOGITS_TOLERANCE = 1e-4  # fp32, same weights: anything above this is a real difference
 NOISY_SPREAD = 1.25  # max/min of one implementation's samples above this: machine was busy
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: Where a smoke check (``--quick``, ``--smoke``) writes unless given ``--out``. Never
+#: benchmarks/results/: its files are the tracked results of full runs, named by device and
+#: day, so a smoke check on the same day would overwrite one.
+SMOKE_DIR = os.path.join(tempfile.gettempdir(), "vitkit-bench-smoke")
 
 
 # ---------------------------------------------------------------------------- machine
@@ -102,6 +106,21 @@ def device_slug(device: torch.device, info: dict) -> str:
     name = info.get("cuda_device") if device.type == "cuda" else info.get("cpu_model")
     slug = re.sub(r"[^a-z0-9]+", "-", f"{device.type} {name or ''}".lower()).strip("-")
     return slug or device.type
+
+
+def dated_name(kind: str, device: torch.device, info: dict) -> str:
+    """The results file name of a benchmark: ``<kind>_<device-slug>_<date>.json``."""
+    return f"{kind}_{device_slug(device, info)}_{datetime.date.today().isoformat()}.json"
+
+
+def results_path(out, name: str, smoke: bool = False) -> str:
+    """Where the results file ``name`` goes: ``--out`` when given (a file, or a folder -- one
+    that exists or ends in '/' -- to hold ``name``), else benchmarks/results/ for a full run
+    and :data:`SMOKE_DIR` for a smoke check."""
+    if out:
+        out = str(out)
+        return os.path.join(out, name) if os.path.isdir(out) or out.endswith(("/", os.sep)) else out
+    return os.path.join(SMOKE_DIR if smoke else RESULTS_DIR, name)
 
 
 # ---------------------------------------------------------------------------- timing
@@ -274,8 +293,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="default: cuda when available, else cpu")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--out", help="JSON path (default benchmarks/results/"
-                                 "inference_<device-slug>_<date>.json)")
+    p.add_argument("--out", help="results file, or a folder for the default name (default: benchmarks/results/"
+                                 "inference_<device-slug>_<date>.json; with --quick, the same name in "
+                                 f"{SMOKE_DIR})")
     p.add_argument("--quick", action="store_true",
                    help="smoke check: tiny model, batch 1 and 8, 3 repeats (explicit options win)")
     args = p.parse_args(argv)
@@ -295,9 +315,7 @@ def prepare_run(args, kind: str):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     info = machine_info(device)
-    out = args.out or os.path.join(RESULTS_DIR, f"{kind}_{device_slug(device, info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
-    return device, info, out
+    return device, info, results_path(args.out, dated_name(kind, device, info), smoke=args.quick)
 
 
 def main(argv=None) -> int:

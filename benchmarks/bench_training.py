@@ -15,7 +15,7 @@ allocated second runs slower on a CPU, whichever library it is). Reported: the m
 images/second of each, the ratio vitkit/timm of the medians (goal: >= 1.0), and the median
 of the per-round paired ratios (less sensitive to slow drift).
 
-    python benchmarks/bench_training.py --quick       # smoke check: ViT-Ti, batch 8, < 1 min on a CPU
+    python benchmarks/bench_training.py --quick       # smoke check: ViT-Ti, batch 8, < 1 min on a CPU (to SMOKE_DIR)
     python benchmarks/bench_training.py               # ViT-Ti and ViT-S, batch 32, fp32 and bf16
     python benchmarks/bench_training.py --models vit_tiny_patch16_224 --precisions bf16 --vitkit-attn auto sdpa
 
@@ -41,7 +41,16 @@ from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import NOISY_SPREAD, bf16_skip_reason, pool, precision, prepare_run, synchronize, write_json_atomic  # noqa: E402
+from bench_inference import (  # noqa: E402
+    NOISY_SPREAD,
+    SMOKE_DIR,
+    bf16_skip_reason,
+    pool,
+    precision,
+    prepare_run,
+    synchronize,
+    write_json_atomic,
+)
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224"]
 DEFAULT_BATCH_SIZE = 32
@@ -293,7 +302,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="default: cuda when available, else cpu")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--out", help="JSON path (default benchmarks/results/training_<device-slug>_<date>.json)")
+    p.add_argument("--out", help="results file, or a folder for the default name (default: benchmarks/results/"
+                                 f"training_<device-slug>_<date>.json; with --quick, the same name in {SMOKE_DIR})")
     p.add_argument("--quick", action="store_true",
                    help=f"smoke check: ViT-Ti, batch {QUICK_BATCH_SIZE}, {QUICK_ROUNDS} rounds of 1 step, "
                         "1 warm-up step (explicit options win)")

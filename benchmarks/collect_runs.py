@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 from vitkit.train.plot import plot_val_curves  # noqa: E402
 
 
@@ -47,15 +47,15 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", required=True, help="results file prefix, e.g. fmnist_hybrid")
     ap.add_argument("--goal", default="", help="what the runs were measured against")
     ap.add_argument("--note", action="append", default=[], metavar="RUN=TEXT", help="a note on one run")
-    ap.add_argument("--out", help="results file (default benchmarks/results/<kind>_<device>_<date>.json)")
+    ap.add_argument("--out", help="results file, or a folder for the default name "
+                                  "(default benchmarks/results/<kind>_<device>_<date>.json)")
     ap.add_argument("--plot", type=Path, help="also draw the runs' validation curves into this PNG")
     ap.add_argument("--goal-top1", type=float, help="with --plot: a dashed line at this accuracy (0..1)")
     args = ap.parse_args(argv)
 
     notes = dict(n.split("=", 1) for n in args.note)
     info = machine_info(torch.device("cpu"))
-    out = args.out or os.path.join(RESULTS_DIR, f"{args.kind}_{device_slug(torch.device('cpu'), info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
+    out = results_path(args.out, dated_name(args.kind, torch.device("cpu"), info))
     data = {"benchmark": args.kind, "goal": args.goal, "date": datetime.date.today().isoformat(),
             "machine": info, "notes": notes, "runs": {p.name: run_record(p) for p in args.runs}}
     write_json_atomic(out, data)

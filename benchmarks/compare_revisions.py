@@ -17,7 +17,6 @@ Arguments after ``--`` go to ``vitkit train``. A benchmark, not a test: run it o
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 
 KEYS = ("test_top1", "val_top1", "train_img_s", "seconds", "steps")
 
@@ -59,7 +58,8 @@ def main(argv=None) -> int:
     p.add_argument("--before", required=True, type=Path, help="the other checkout (its src/ is run)")
     p.add_argument("--after", type=Path, default=here, help="default: this checkout")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--out", help="results JSON (default: benchmarks/results/revisions_<device>_<date>.json)")
+    p.add_argument("--out", help="results file, or a folder for the default name "
+                                 "(default: benchmarks/results/revisions_<device>_<date>.json)")
     p.add_argument("train_args", nargs="*", help="after --: arguments of vitkit train")
     args = p.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -80,8 +80,7 @@ def main(argv=None) -> int:
     print(f"median img/s: before {medians['before']['train_img_s']:.0f}, after {medians['after']['train_img_s']:.0f} "
           f"(after / before {ratio:.3f})")
     info = machine_info(torch.device("cpu"))
-    out = args.out or os.path.join(RESULTS_DIR, f"revisions_{device_slug(torch.device('cpu'), info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
+    out = results_path(args.out, dated_name("revisions", torch.device("cpu"), info))
     write_json_atomic(out, {"benchmark": "compare_revisions", "machine": info, "train_args": args.train_args,
                             "revisions": {k: git_revision(t) for k, t in trees.items()}, "runs": runs,
                             "medians": medians, "img_s_after_over_before": round(ratio, 3)})

@@ -14,12 +14,15 @@ Each objective (SimMIM, the ViT paper's masked patch prediction, MAE) pre-trains
   random initialisation.
 
     python benchmarks/selfsup.py                         # 3 objectives, 3 seeds (about 80 min on 2 cores)
-    python benchmarks/selfsup.py --objectives mae --seeds 0 --pretrain-epochs 0.2 --steps 20 --work /tmp/ss
-                                                         # smoke check (minutes)
+    python benchmarks/selfsup.py --smoke                 # smoke check (minutes): MAE, seed 0, 1%,
+                                                         # 0.2 pre-training epochs, 20 fine-tuning steps
 
 Every run is a ``vitkit`` subprocess with its own folder under ``--work``; a finished run is not
 repeated when the benchmark is started again. Results: ``benchmarks/results/selfsup_<device>_<date>.json``
 (rewritten after every run), the table as Markdown (``--table``) and a figure (``--figure``).
+A smoke check (``--smoke``, or shortened with ``--pretrain-epochs`` / ``--steps``) writes its
+results and runs under ``bench_inference.SMOKE_DIR`` instead (unless ``--out`` / ``--work``
+say otherwise): never over the day's real results, and never a run a full benchmark would reuse.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 
 OBJECTIVES = ("simmim", "mpp", "mae")
 LABELS = {"scratch": "from scratch", "simmim": "SimMIM", "mpp": "masked patch prediction (ViT 4.6)", "mae": "MAE"}
@@ -52,6 +55,8 @@ COMMON = {"model": "vit_fmnist", "warmup_steps": 30, "crop_pad": 2, "hflip": Tru
           "min_lr": 1e-5, "tensorboard": False}
 SCRATCH = {"lr": 1e-3}
 PRETRAINED = {"lr": 3e-3, "layer_decay": 0.75}
+#: --smoke: the options a smoke check runs with (explicit options win)
+SMOKE = {"objectives": ["mae"], "fractions": [0.01], "seeds": [0], "pretrain_epochs": 0.2, "steps": 20}
 
 
 def vitkit(*args: str) -> Dict[str, Any]:
@@ -79,7 +84,7 @@ def pretrain(objective: str, args: argparse.Namespace) -> Dict[str, Any]:
     done = finished(run)
     if done is None:
         extra = ["--epochs", str(args.pretrain_epochs)] if args.pretrain_epochs else []
-        done = vitkit("pretrain", "--objective", objective, "--out", str(args.work), "--name", run.name,
+        done = vitkit("pretrain", "--objective", objective, "--runs-dir", str(args.work), "--name", run.name,
                       "--no-progress", *extra, *_threads(args))
     return done
 
@@ -97,7 +102,7 @@ def finetune(source: str, fraction: float, seed: int, args: argparse.Namespace) 
             recipe["init"] = str(args.work / f"pretrain-{source}")
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps(recipe, indent=1))
-        done = vitkit("train", "--config", str(cfg), "--out", str(args.work), "--name", run.name, "--no-progress",
+        done = vitkit("train", "--config", str(cfg), "--runs-dir", str(args.work), "--name", run.name, "--no-progress",
                       *_threads(args))
     return done
 
@@ -210,24 +215,41 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     save_png(fig, path)
 
 
+def parse_options(ap: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """The options with the defaults filled in. Shortened pre-training or fine-tuning is a smoke
+    check even without ``--smoke`` (its numbers are no benchmark result): it writes where one does."""
+    args = ap.parse_args(argv)
+    for key, value in (SMOKE if args.smoke else {}).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
+    args.objectives = args.objectives or list(OBJECTIVES)
+    args.fractions = args.fractions or list(FRACTIONS)
+    args.seeds = args.seeds or [0, 1, 2]
+    args.work = args.work or (Path(SMOKE_DIR) / "selfsup" if args.smoke else Path("runs/selfsup"))
+    return args
+
+
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    ap.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS), choices=list(FRACTIONS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="fine-tuning seeds")
+    ap.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), help="default: all")
+    ap.add_argument("--fractions", nargs="+", type=float, choices=list(FRACTIONS), help="default: all")
+    ap.add_argument("--seeds", nargs="+", type=int, help="fine-tuning seeds (default 0 1 2)")
     ap.add_argument("--pretrain-epochs", type=float, help="override the recipes' pre-training epochs (smoke checks)")
     ap.add_argument("--steps", type=int, help="override the fine-tuning steps (smoke checks)")
     ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
-    ap.add_argument("--work", type=Path, default=Path("runs/selfsup"), help="run directories")
-    ap.add_argument("--out", help="results JSON (default benchmarks/results/selfsup_<device>_<date>.json)")
+    ap.add_argument("--work", type=Path, help=f"run directories (default runs/selfsup; smoke: {SMOKE_DIR}/selfsup)")
+    ap.add_argument("--out", help="results file, or a folder for the default name (default benchmarks/results/"
+                                  f"selfsup_<device>_<date>.json; smoke: the same name in {SMOKE_DIR})")
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     ap.add_argument("--figure", type=Path, help="also write the figure (PNG) here")
-    args = ap.parse_args(argv)
+    ap.add_argument("--smoke", action="store_true", help="smoke check: " + ", ".join(
+        f"{k.replace('_', '-')} {v}" for k, v in SMOKE.items()) + " (explicit options win)")
+    args = parse_options(ap, argv)
     args.work.mkdir(parents=True, exist_ok=True)
 
     info = machine_info(torch.device("cpu"))
-    out = args.out or os.path.join(RESULTS_DIR, f"selfsup_{device_slug(torch.device('cpu'), info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
+    out = results_path(args.out, dated_name("selfsup", torch.device("cpu"), info), smoke=args.smoke)
     results: Dict[str, Any] = {
         "benchmark": "selfsup", "date": datetime.date.today().isoformat(), "machine": info,
         "settings": {"objectives": args.objectives, "fractions": args.fractions, "seeds": args.seeds,

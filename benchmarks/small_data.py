@@ -30,7 +30,7 @@ subset of a fraction is fixed, class-balanced and nested (``train_fraction``), v
 images.
 
     python benchmarks/small_data.py                      # 4 arms x 3 fractions, 1 seed (about 35 min on 2 cores)
-    python benchmarks/small_data.py --steps 200 --fractions 0.01 --arms vit resnet   # smoke check
+    python benchmarks/small_data.py --smoke              # smoke check: 30 steps, 1%, arms vit and resnet
     python benchmarks/small_data.py --arms vit convit deit resnet deit_distilled --seeds 0 1
 
 Every run is a ``vitkit train`` subprocess with its own run directory under ``--work``;
@@ -38,6 +38,9 @@ a finished run is not repeated when the benchmark is started again (a crash lose
 the run in progress), and processes given disjoint ``--arms`` can share ``--work``.
 Results: ``benchmarks/results/small_data_<device>_<date>.json`` (rewritten after every run),
 the table as Markdown (``--table``; docs/small_data.md quotes it) and a figure (``--figure``).
+A smoke check (``--smoke``) writes its results and runs under ``bench_inference.SMOKE_DIR``
+instead (unless ``--out`` / ``--work`` say otherwise): run names do not carry the step count,
+so a 200-step run left in ``runs/small_data`` would be reused by the full benchmark.
 """
 
 from __future__ import annotations
@@ -57,12 +60,14 @@ from typing import Any, Dict, List
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import RESULTS_DIR, device_slug, machine_info, write_json_atomic  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 
 FRACTIONS = (0.01, 0.1, 1.0)
 DEFAULT_ARMS = ("vit", "convit", "deit", "resnet")
 DEFAULT_STEPS = 800
 DEFAULT_WARMUP = 80
+#: --smoke: the options a smoke check runs with (explicit options win)
+SMOKE = {"arms": ["vit", "resnet"], "fractions": [0.01], "steps": 30, "warmup": 5}
 
 _VIT_TI_LIKE = {"img_size": 28, "patch_size": 4, "embed_dim": 96, "depth": 4, "num_heads": 4, "mlp_dim": 384}
 _DEIT_REGULARISERS = {"randaugment": "m9-mstd0.5", "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5,
@@ -96,7 +101,7 @@ def run_config(arm: str, fraction: float, seed: int, args: argparse.Namespace) -
            "max_steps": args.steps, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "weight_decay": 0.05,
            "schedule": "cosine", "warmup_steps": args.warmup, "warmup_epochs": None, "clip_grad": 1.0,
            "train_fraction": fraction, "val_every": max(args.steps // 3, 1), "checkpoint_every": args.steps,
-           "keep_checkpoints": 1, "seed": seed, "out": str(args.work), "name": run_name(arm, fraction, seed),
+           "keep_checkpoints": 1, "seed": seed, "runs_dir": str(args.work), "name": run_name(arm, fraction, seed),
            "tensorboard": False, "threads": args.threads, **spec["train"]}
     if args.data_dir:
         cfg["data_dir"] = args.data_dir
@@ -184,24 +189,33 @@ def plot(results: Dict[str, Any], path: Path) -> None:
 
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS))
-    ap.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS))
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), help=f"default: {' '.join(DEFAULT_ARMS)}")
+    ap.add_argument("--fractions", nargs="+", type=float, help=f"default: {' '.join(map(str, FRACTIONS))}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimiser steps of batch 128, every run")
-    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
+    ap.add_argument("--steps", type=int, help=f"optimiser steps of batch 128, every run (default {DEFAULT_STEPS})")
+    ap.add_argument("--warmup", type=int, help=f"warm-up steps (default {DEFAULT_WARMUP})")
     ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
     ap.add_argument("--data-dir", help="Fashion-MNIST files (default: vitkit's search order)")
-    ap.add_argument("--work", type=Path, default=Path("runs/small_data"), help="run directories")
-    ap.add_argument("--out", help="results JSON (default benchmarks/results/small_data_<device>_<date>.json)")
+    ap.add_argument("--work", type=Path, help=f"run directories (default runs/small_data; smoke: "
+                                              f"{SMOKE_DIR}/small_data)")
+    ap.add_argument("--out", help="results file, or a folder for the default name (default benchmarks/results/"
+                                  f"small_data_<device>_<date>.json; smoke: the same name in {SMOKE_DIR})")
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     ap.add_argument("--figure", type=Path, help="also write the figure (PNG) here")
+    ap.add_argument("--smoke", action="store_true", help="smoke check: " + ", ".join(
+        f"{k} {v}" for k, v in SMOKE.items()) + " (explicit options win)")
     args = ap.parse_args(argv)
+    defaults = {"arms": list(DEFAULT_ARMS), "fractions": list(FRACTIONS), "steps": DEFAULT_STEPS,
+                "warmup": DEFAULT_WARMUP}
+    for key, value in (SMOKE if args.smoke else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.work = args.work or (Path(SMOKE_DIR) / "small_data" if args.smoke else Path("runs/small_data"))
     if any(not 0 < f <= 1 for f in args.fractions):
         ap.error("fractions must be in (0, 1]")
 
     info = machine_info(torch.device("cpu"))
-    out = args.out or os.path.join(RESULTS_DIR, f"small_data_{device_slug(torch.device('cpu'), info)}_"
-                                                f"{datetime.date.today().isoformat()}.json")
+    out = results_path(args.out, dated_name("small_data", torch.device("cpu"), info), smoke=args.smoke)
     results: Dict[str, Any] = {
         "benchmark": "small_data", "date": datetime.date.today().isoformat(), "machine": info,
         "settings": {"arms": args.arms, "fractions": args.fractions, "seeds": args.seeds, "steps": args.steps,

@@ -1,8 +1,10 @@
 """`make tour`: build, save, convert and run a ViT end to end.
 
 The weights are untrained: the prediction shows the whole pipeline (config-driven
-preprocessing, official-layout round trip, class names), not knowledge. Output goes to
-demo_out/. `make demo` trains a model instead.
+preprocessing, official-layout round trip, class names), not knowledge. The classifier is
+given random weights first: a freshly built model's head is zero-initialised, so its logits
+are all zero and any round trip would look exact. Output goes to demo_out/. `make demo`
+trains a model instead.
 """
 
 from __future__ import annotations
@@ -41,15 +43,21 @@ def main() -> int:
     torch.manual_seed(0)
     model = vitkit.create_model("vit_tiny_patch16_224", num_classes=3,
                                 label_names=["astronaut", "cat", "coffee"])
+    with torch.no_grad():  # a random head: zero logits (the default init) would compare equal anyway
+        torch.nn.init.normal_(model.head.weight, std=0.1)
+        torch.nn.init.normal_(model.head.bias, std=0.1)
     model.save_pretrained(out / "vit_tiny")
     cli(["convert", str(out / "vit_tiny"), str(out / "vit_tiny.npz"), "--to", "npz"])
     back = vitkit.from_pretrained(out / "vit_tiny.npz", gelu="exact")
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
-        diff = (back(x) - model.eval()(x)).abs().max().item()
-    print(f"max |logit difference| after the npz round trip: {diff:.2e}")
+        reference = model.eval()(x)
+        diff = (back(x) - reference).abs().max().item()
+    same = " (bit-identical)" if diff == 0 else ""
+    print(f"max |logit difference| after the npz round trip: {diff:.2e}{same}, "
+          f"logits up to {reference.abs().max().item():.2f}")
     cli(["predict", "--weights", str(out / "vit_tiny"), "--top-k", "3", *photos(out)])
-    print("\n(untrained weights: a zero-initialised head gives uniform probabilities; "
+    print("\n(untrained weights with a random head: the probabilities are noise; "
           "`make demo` trains a model)")
     return 0
 

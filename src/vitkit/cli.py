@@ -95,13 +95,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     patch_entries = c.tokens * c.tokens
     print(f"{args.name}")
     print(f"  input       {h} x {w} x {config.in_chans}")
-    print(f"  patches     {ph} x {pw} -> grid {gh} x {gw} = {gh * gw} patches"
-          + (f" + {prefix} class token = {c.tokens} tokens" if prefix else f" = {c.tokens} tokens"))
+    print(f"  patches     {ph} x {pw} -> grid {gh} x {gw} = {gh * gw:,} patches"
+          + (f" + {prefix} class token = {c.tokens:,} tokens" if prefix else f" = {c.tokens:,} tokens"))
     print(f"  encoder     width {config.embed_dim}, {c.depth} layers, {c.heads} heads, MLP {config.mlp_dim}")
     print(f"  parameters  {_fmt_int(c.params)}")
     print(f"  compute     {c.macs / 1e9:.3f} GMACs = {c.flops / 1e9:.3f} GFLOPs per image "
           f"(attention mixing {100 * c.attn_macs_share:.1f}%)")
-    print(f"  attention   {c.heads} heads x {c.tokens} x {c.tokens} = {_fmt_int(c.attn_entries_per_layer)} "
+    print(f"  attention   {c.heads} heads x {c.tokens:,} x {c.tokens:,} = {_fmt_int(c.attn_entries_per_layer)} "
           f"weights per image and layer = {_fmt_bytes(c.attn_bytes_per_layer_fp32)} in fp32")
     print("  the quadratic cost, per head and layer:")
     print(f"    {ph}x{pw} patches as tokens   {_fmt_int(c.tokens):>12} tokens -> "
@@ -281,7 +281,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"\nrun      {summary['run_dir']}")
     print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
     print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%)")
-    print(f"time     {summary['seconds']:.0f} s for {summary['steps']} steps ({summary['epochs']} epochs), "
+    print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     return 0
 
@@ -300,7 +300,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if summary.get("fewshot"):
         shots = "  ".join(f"{k}-shot {100 * v:.1f}%" for k, v in summary["fewshot"].items())
         print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
-    print(f"time      {summary['seconds']:.0f} s for {summary['steps']} steps ({summary['epochs']} epochs), "
+    print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
     return 0
@@ -337,7 +337,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({report.count} images)")
+          f"({report.count:,} images)")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "

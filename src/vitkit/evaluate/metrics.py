@@ -94,6 +94,6 @@ def plot_confusion(report: ClassificationReport, path: Path, title: str = "") ->
     ax.set_yticks(range(n), report.classes)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title(title or f"top-1 {100 * report.top1:.2f}% on {report.count} images (row %)")
+    ax.set_title(title or f"top-1 {100 * report.top1:.2f}% on {report.count:,} images (row %)")
     fig.tight_layout()
     return save_png(fig, path)

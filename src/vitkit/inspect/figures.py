@@ -56,7 +56,7 @@ def class_attention_per_layer(maps: List[torch.Tensor], grid: Sequence[int], pre
     L = len(maps)
     cols = min(L, 6)
     rows = math.ceil(L / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False, layout="constrained")
     for layer, attn in enumerate(maps):
         a = attn[image].mean(dim=0)  # heads averaged: (N, N)
         own = min(prefix, a.shape[-1] - grid[0] * grid[1])  # this layer's prefix tokens

@@ -1,0 +1,141 @@
+"""Where the benchmarks write: full runs to benchmarks/results/, smoke checks never there.
+
+benchmarks/results/ holds the tracked results, one file per benchmark, device and day: a smoke
+check run the same day must not overwrite one. Every script names its output through
+``bench_inference.results_path``; here ``RESULTS_DIR`` and ``SMOKE_DIR`` point into tmp_path,
+and the slow parts (timing, training) run at tiny sizes or are replaced.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """(results, smoke) folders in tmp_path standing in for benchmarks/results/ and SMOKE_DIR."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # bench_compile sets it on import
+    import bench_inference
+
+    results, smoke = tmp_path / "results", tmp_path / "smoke"
+    monkeypatch.setattr(bench_inference, "RESULTS_DIR", str(results))
+    monkeypatch.setattr(bench_inference, "SMOKE_DIR", str(smoke))
+    return results, smoke
+
+
+def _files(folder: Path) -> list:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) \
+        if folder.exists() else []
+
+
+def test_only_results_path_knows_the_results_folder():
+    """No script builds a path into benchmarks/results/ by itself: all go through results_path."""
+    for script in BENCH.glob("*.py"):
+        text = script.read_text()
+        if script.name != "bench_inference.py":
+            assert not any(s in text for s in ("RESULTS_DIR", '/ "results"', ', "results")')), script
+
+
+def test_results_path_file_folder_and_defaults(dirs, tmp_path):
+    import bench_inference as bi
+
+    results, smoke = dirs
+    assert bi.results_path(None, "x.json") == str(results / "x.json")
+    assert bi.results_path(None, "x.json", smoke=True) == str(smoke / "x.json")
+    assert bi.results_path(str(tmp_path / "f.json"), "x.json", smoke=True) == str(tmp_path / "f.json")
+    assert bi.results_path(tmp_path, "x.json") == str(tmp_path / "x.json")  # an existing folder
+    assert bi.results_path(f"{tmp_path}/new/", "x.json") == f"{tmp_path}/new/x.json"  # a folder to make
+
+
+def test_bench_inference_quick_writes_to_the_smoke_folder(dirs, capsys):
+    import bench_inference
+
+    results, smoke = dirs
+    assert bench_inference.main(["--quick", "--batch-sizes", "1", "--dtypes", "fp32", "--repeats", "1",
+                                 "--min-time", "0", "--warmup", "1", "--threads", "1", "--device", "cpu"]) == 0
+    assert _files(results) == []
+    [name] = _files(smoke)
+    assert name.startswith("inference_cpu") and json.loads((smoke / name).read_text())["settings"]["quick"]
+
+
+def test_bench_training_quick_writes_to_the_smoke_folder(dirs):
+    """bench_training shares bench_inference's prepare_run (timed above): its path, without the timing."""
+    import bench_training
+
+    results, smoke = dirs
+    for argv, folder in ((["--quick"], smoke), ([], results)):
+        out = bench_training.prepare_run(bench_training.parse_args([*argv, "--device", "cpu"]), "training")[2]
+        assert Path(out).parent == folder and Path(out).name.startswith("training_cpu")
+
+
+def test_bench_compile_quick_writes_to_the_smoke_folder(dirs, monkeypatch, tmp_path):
+    import bench_compile
+
+    results, smoke = dirs
+    row = {"precision": "bf16", "compile_s": 1.0, "eager_img_s": 1.0, "compiled_img_s": 1.0,
+           "ratio_compiled_over_eager": 1.0}
+    monkeypatch.setattr(bench_compile, "measure", lambda *a, **k: dict(row))  # no torch.compile here
+    assert bench_compile.main(["--quick"]) == 0
+    assert _files(results) == [] and [n[:8] for n in _files(smoke)] == ["compile_"]
+    assert bench_compile.main([]) == 0  # a full run: benchmarks/results/
+    assert [n[:8] for n in _files(results)] == ["compile_"]
+    assert bench_compile.main(["--quick", "--out", str(tmp_path / "mine.json")]) == 0
+    assert (tmp_path / "mine.json").is_file()
+
+
+def _fake_run(work: Path, name: str) -> dict:
+    (work / name).mkdir(parents=True, exist_ok=True)
+    (work / name / "config.json").write_text("{}")
+    return {"test_top1": 0.5, "test_loss": 1.0, "seconds": 1.0, "train_img_s": 1.0, "train_images": 600,
+            "params": 1000}
+
+
+def test_selfsup_smoke_and_shortened_runs_write_to_the_smoke_folder(dirs, monkeypatch):
+    import selfsup
+
+    results, smoke = dirs
+    monkeypatch.setattr(selfsup, "pretrain", lambda o, a: _fake_run(a.work, f"pretrain-{o}"))
+    monkeypatch.setattr(selfsup, "finetune", lambda s, f, seed, a: _fake_run(a.work, f"ft-{s}-f{f:g}-s{seed}"))
+    monkeypatch.setattr(selfsup, "fewshot", lambda w, a: {str(k): 0.5 for k in selfsup.SHOTS})
+    monkeypatch.setattr(selfsup, "random_encoder", lambda a: "random")
+    assert selfsup.main(["--smoke"]) == 0
+    assert _files(results) == []
+    assert [n for n in _files(smoke) if n.endswith(".json") and "/" not in n][0].startswith("selfsup_")
+    assert (smoke / "selfsup" / "pretrain-mae").is_dir()  # the runs too: never runs/selfsup
+
+    assert selfsup.main(["--objectives", "mae", "--fractions", "0.01", "--seeds", "0", "--steps", "5"]) == 0
+    assert _files(results) == []  # shortened fine-tuning: a smoke check too
+
+
+def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):
+    import small_data
+
+    results, smoke = dirs
+    monkeypatch.setattr(small_data, "train_one",
+                        lambda arm, f, seed, a: _fake_run(a.work, small_data.run_name(arm, f, seed)))
+    assert small_data.main(["--smoke"]) == 0
+    assert _files(results) == []
+    written = _files(smoke)
+    assert any(n.startswith("small_data_") for n in written)
+    assert "small_data/vit-f0.01-s0/config.json" in written  # smoke runs: never runs/small_data
+
+
+def test_smoke_options_keep_what_is_given(dirs, monkeypatch):
+    import small_data
+
+    seen = {}
+    monkeypatch.setattr(small_data, "train_one",
+                        lambda arm, f, seed, a: seen.update(steps=a.steps) or _fake_run(a.work, "x"))
+    monkeypatch.setattr(small_data, "run_name", lambda *a: "x")
+    assert small_data.main(["--smoke", "--steps", "7", "--arms", "vit"]) == 0
+    assert seen == {"steps": 7}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
