@@ -34,6 +34,21 @@ def test_cli_inspect_writes_figures_and_a_self_contained_report(tmp_path, saved_
     page = (out / "report.html").read_text()
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(names)
     assert not re.search(r'(src|href)="(https?:|//|file:)', page)  # nothing to fetch: opens offline
+    captions = re.findall(r'<p class="caption">([^<]+)</p>', page)
+    assert len(captions) == len(names) and all(len(c) > 40 for c in captions)  # every figure says what it shows
+    assert "averaged over the 1 image of this report" in page and "patch 4x4," in page
+
+
+def test_the_report_of_a_hybrid_names_its_tokens_in_pixels(tmp_path):
+    from vitkit.inspect import inspect_model
+
+    model = randomize(vitkit.create_model("vit_fmnist_hybrid", in_chans=3, num_classes=3, mean=(0.5,) * 3,
+                                          std=(0.5,) * 3, label_names=["a", "b", "c"]))
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (28, 28, 3), dtype=np.uint8)).save(photo)
+    result = inspect_model(model, tmp_path / "out", images=[photo], progress=False)
+    page = result.report.read_text()
+    assert "tokens of 4x4 px from a CNN (patch 1x1 on its feature map)" in page and "patch 1x1," not in page
 
 
 def test_default_images_are_the_scikit_image_photos(tmp_path, saved_model):

@@ -114,3 +114,13 @@ def test_a_size_string_model_makes_one_flat_folder_named_after_it(tmp_path):
     folder = _new_run_dir(run)
     run.lock.release()
     assert folder.parent == tmp_path and folder.name.startswith("S-16-")
+
+
+def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VITKIT_TINY", "1")  # test scale: the first 200 test images
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "ema", "--ema-decay", "0.9"]) == 0
+    said = capsys.readouterr()
+    summary = json.loads((tmp_path / "ema" / "summary.json").read_text())
+    assert f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%" in said.out
+    assert said.err.startswith("training vit_fmnist_hybrid (234,442 parameters")  # the first line says what and where
+    assert "test-scale run" in summary["tiny"] and summary["train_images"] < 3000  # never passes for a result

@@ -149,6 +149,7 @@ def test_resume_takes_only_the_machine_fields_from_the_new_invocation(tmp_path, 
     err = capsys.readouterr().err
     assert "--epochs (saved: 3.0, given: 9.0)" in err and '--model-args (saved: {}, given: {"depth": 4})' in err
     assert "--lr" not in err and "--name" not in err and "--threads" in err  # equal values are no conflict
+    assert "--no-progress, --[no-]tensorboard can change" in err and "--progress," not in err  # real flags only
     assert main(["train", "--resume", str(run), "--config", str(run / "config.json")]) == 2
     assert "not --config" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]  # refused before anything was written

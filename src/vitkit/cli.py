@@ -222,6 +222,10 @@ def _inspect_folder(weights: str) -> str:
     return str(Path("runs") / f"inspect-{name}")
 
 
+#: The flags of the runtime fields whose flag is not ``--FIELD``.
+RUNTIME_FLAGS = {"progress": "--no-progress", "tensorboard": "--[no-]tensorboard"}
+
+
 def train_config(args: argparse.Namespace, objective: Optional[str] = None):
     """The run's TrainConfig from ``vitkit train``'s (or ``pretrain``'s) flags (recipe <- --config <- flags)."""
     from .train import resolve_config
@@ -250,7 +254,8 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
         conflicts = resume_conflicts(args.resume, overrides) + (["--config"] if args.config else [])
         if conflicts:
             raise ValueError(f"--resume continues {args.resume} as its config.json says; only "
-                             f"{', '.join('--' + f for f in RUNTIME_FIELDS)} can change there, not "
+                             f"{', '.join(RUNTIME_FLAGS.get(f, '--' + f) for f in RUNTIME_FIELDS)} can change "
+                             f"there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init RUN/model starts it from these weights)")
     recipe = args.recipe or (f"{objective}-fmnist" if objective else "fmnist")  # pretrain --resume: the saved
@@ -281,6 +286,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"\nrun      {summary['run_dir']}")
     print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
     print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%)")
+    if "test_top1_ema" in summary:
+        print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
+              f"{100 * summary['val_top1_ema']:.2f}%; model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     return 0
@@ -326,7 +334,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          f"({_preview(classes)}): evaluate them on their own dataset")
     report = classification_report(model, images, labels, classes, args.batch_size,
                                    progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
-    result = {"weights": args.weights, "dataset": dataset, "split": args.split, **report.to_dict()}
+    result = {"weights": args.weights, "dataset": dataset, "split": args.split, "precision": "fp32",
+              **report.to_dict()}
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
         out = Path(args.out)
@@ -337,7 +346,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({report.count:,} images)")
+          f"({report.count:,} images, fp32)")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "

@@ -73,7 +73,8 @@ def default_images(model: nn.Module) -> List[Tuple[str, Image.Image]]:
             from ..data import fashion_mnist
 
             test = fashion_mnist.load_split("test", download=False)
-            return [(f"fashion-mnist test #{i}", Image.fromarray(test.images[i])) for i in range(4)]
+            return [(f"fashion-mnist test #{i} (true: {test.classes[test.labels[i]].replace('/', ' or ')})",
+                     Image.fromarray(test.images[i])) for i in range(4)]
         except (OSError, ValueError):
             pass
     data = require("skimage.data", "inspect", "the default photos of vitkit inspect (or pass --image FILE ...)")
@@ -90,6 +91,32 @@ def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+#: What each figure shows, under it in report.html ({n}: the images the figure is computed on).
+CAPTIONS = {
+    "rollout": "Attention rollout (Abnar &amp; Zuidema; the paper's Fig. 6): the attention that reaches the "
+               "output, heads averaged and the residual path added, multiplied through the layers; bright "
+               "regions are what the prediction draws on.",
+    "attention_per_layer": "What the class token (without one, the mean patch row) attends to in each layer, "
+                           "for the first image, heads averaged.",
+    "attention_distance": "Mean attention distance (the paper's Fig. 7 right) of every head in every layer, "
+                          "averaged over the {n} of this report: how far in pixels a head looks; the "
+                          "dashed line is attention spread evenly over the grid.",
+    "position_embedding_similarity": "Cosine similarity of each patch's position embedding to every other's "
+                                     "(Fig. 7 centre): the small map at row i, column j belongs to patch (i, j).",
+    "filter_pca": "Principal components of the filters that look at pixels (Fig. 7 left), with the share of "
+                  "the variance each explains.",
+    "reconstruction": "The pre-training objective at work on the same images: the image, what the model is "
+                      "given, and what it predicts.",
+    "convit_gates": "ConViT's gate of every head against the layer (its paper's Fig. 6): 1 is positional, "
+                    "convolution-like attention, 0 is content attention.",
+}
+
+
+def _caption(name: str, images: int) -> str:
+    counted = f"{images:,} image" + ("s" if images != 1 else "")
+    return CAPTIONS.get(name.split("_")[0] if name.startswith("rollout_") else name, "").format(n=counted)
+
+
 def write_report(result: InspectResult, model: nn.Module, title: str, pretraining: Optional[dict] = None) -> Path:
     """report.html with every figure embedded, the configuration and the predictions (a
     pre-training model's encoder has no classes: its objective instead)."""
@@ -101,19 +128,26 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
         table = (f"<h2>pre-training</h2><p>{html.escape(pretraining['objective'])} ({html.escape(options)}): the "
                  f"encoder below has no classifier yet; fine-tune it with <code>vitkit train --init</code>.</p>")
     else:
-        table = (f"<h2>predictions</h2><table><tr><th>image</th><th>top-1</th><th>probability</th></tr>"
+        table = (f"<h2>predictions</h2><table><tr><th>image</th><th>predicted</th><th>probability</th></tr>"
                  f"{rows}</table>")
+    images = max(len(result.predictions), sum(name.startswith("rollout_") for name in result.figures))
     sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
-                       f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\"></section>"
+                       f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\">"
+                       f"<p class=\"caption\">{_caption(name, images)}</p></section>"
                        for name, path in result.figures.items())
+    tokens = model.patch_embed.patch_size  # pixels per token: a hybrid's CNN stride x its patch
+    backbone = getattr(model.patch_embed, "backbone", None) is not None
+    embedding = (f"tokens of {tokens[0]}x{tokens[1]} px from a CNN (patch {cfg.patch_size[0]}x{cfg.patch_size[1]} "
+                 f"on its feature map)" if backbone else f"patch {tokens[0]}x{tokens[1]}")
     config_json = html.escape(json.dumps(cfg.to_dict(), indent=1, default=str))
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: vitkit inspect</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
-img{{max-width:100%}}table{{border-collapse:collapse}}td,th{{padding:2px 10px;border-bottom:1px solid #ddd}}
+img{{max-width:100%}}.caption{{color:#555;max-width:60em}}
+table{{border-collapse:collapse}}td,th{{padding:2px 10px;border-bottom:1px solid #ddd}}
 pre{{background:#f6f6f6;padding:1em;font-size:12px;max-height:24em;overflow:auto}}</style></head>
 <body><h1>{html.escape(title)}</h1>
-<p>{cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size[0]}x{cfg.patch_size[1]},
+<p>{cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, {embedding},
 input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p in model.parameters()):,} parameters.</p>
 {table}
 {sections}
@@ -186,7 +220,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         for (name, _), p in zip(named, probs if probs is not None else []):
             result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
         for i, ((name, _), view) in enumerate(zip(named, views)):
-            label = f": {result.predictions[i][1]}" if result.predictions else ""
+            label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
             result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
                 view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
             bar.advance()

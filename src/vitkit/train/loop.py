@@ -267,12 +267,24 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
     try:
         run = build(cfg, dist_info, log)
         restore(run, resume)
+        run.note(_starting(run))
         loop(run)
         return summarise(run)
     finally:
         if run is not None and run.lock is not None:
             run.lock.release()
         distributed.cleanup(dist_info)
+
+
+def _starting(run: Run) -> str:
+    """The first line a run prints: what it trains, how long, and where it writes (so piped output
+    says something before the first progress line)."""
+    cfg = run.cfg
+    what = "training" if cfg.objective == "classify" else f"{cfg.objective} pre-training of"
+    params = sum(p.numel() for p in run.model.parameters())
+    precision = str(run.amp).replace("torch.", "") if run.amp else "fp32"
+    return (f"{what} {run.model_name} ({params:,} parameters, {precision}) on {cfg.dataset}: steps "
+            f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
 
 
 def finished_summary(run_dir: Path, log=print) -> Dict[str, Any]:
