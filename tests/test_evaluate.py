@@ -1,28 +1,16 @@
 """Classification metrics and `vitkit eval`."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import vitkit
+from conftest import Oracle
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.evaluate import classification_report, plot_confusion
-
-
-class Oracle(nn.Module):
-    """Reads the class off the image brightness (images are filled with 10 * (class + 1))."""
-
-    config = SimpleNamespace(num_classes=3, label_names=["a", "b", "c"], in_chans=1, img_size=(4, 4),
-                             mean=(0.0,), std=(1.0,))
-
-    def forward(self, x):
-        m = x.mean((1, 2, 3)) * 255 / 10 - 1
-        return -(m[:, None] - torch.arange(3.0)) ** 2
 
 
 def test_report_counts_and_confusion(tmp_path):

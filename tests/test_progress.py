@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 
 import vitkit
+from conftest import Oracle
 from vitkit import progress
 from vitkit.progress import Progress, copy_with_progress, track
 
@@ -109,21 +109,6 @@ def no_delay(monkeypatch):
     monkeypatch.setattr(progress, "DELAY_S", 0.0)
 
 
-class Oracle(nn.Module):
-    """A classifier of 4x4 grey images (the brightness decides), with a ViT's config and feature API."""
-
-    config = SimpleNamespace(num_classes=3, label_names=["a", "b", "c"], in_chans=1, img_size=(4, 4),
-                             mean=(0.0,), std=(1.0,))
-
-    def forward(self, x):
-        m = x.mean((1, 2, 3)) * 255 / 10 - 1
-        return -(m[:, None] - torch.arange(3.0)) ** 2
-
-    def forward_features(self, x):
-        return x.flatten(1)
-
-    def forward_head(self, x, pre_logits=False):
-        return x
 
 
 def oracle_data(n=12):
