@@ -38,6 +38,11 @@ def checkpoint_paths(run_dir: Path) -> List[Path]:
     return [p for _, p in sorted(found)]
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint file holds, from its name (``step_00000500.pt`` -> 500)."""
+    return int(_NAME.match(Path(path).name).group(1))
+
+
 def _tensors(obj: Any) -> Iterable[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj

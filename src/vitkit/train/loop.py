@@ -34,7 +34,7 @@ from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
 from . import distributed
 from .batches import Layout, MicroBatch
-from .checkpoint import NonFiniteState, load_intact, save_checkpoint
+from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
 from .config import TrainConfig, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, Teacher, load_teacher
@@ -255,7 +255,7 @@ class Window:
 
 def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``)."""
-    if resume and (Path(resume) / "summary.json").is_file():  # written last: the run is complete
+    if resume and _finished(Path(resume)):
         return finished_summary(Path(resume), log)
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
         cfg = resumed_config(resume, cfg)
@@ -285,6 +285,17 @@ def _starting(run: Run) -> str:
     precision = str(run.amp).replace("torch.", "") if run.amp else "fp32"
     return (f"{what} {run.model_name} ({params:,} parameters, {precision}) on {cfg.dataset}: steps "
             f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
+
+
+def _finished(run_dir: Path) -> bool:
+    """A run is complete when its summary.json (written last) stands and its newest checkpoint is
+    the step the summary ends at; without that checkpoint (a kill before it, or a file removed),
+    resuming goes on from the newest one there is."""
+    summary, checkpoints = run_dir / "summary.json", checkpoint_paths(run_dir)
+    if not summary.is_file() or not checkpoints:
+        return False
+    steps = json.loads(summary.read_text()).get("steps")
+    return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
 
 
 def finished_summary(run_dir: Path, log=print) -> Dict[str, Any]:
