@@ -1,5 +1,6 @@
 """Every CLI verb on a tiny model, human and --json output."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -99,3 +100,18 @@ def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
 def test_console_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "vitkit", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"vitkit {vitkit.__version__}"
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["fewshot", "--weights", "w", "--shots", "0"], "--shots must be >= 1"),
+    (["fewshot", "--weights", "w", "--seeds", "0"], "--seeds >= 1"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["eval", "--weights", "w", "--splt", "test"], "unrecognized arguments: --splt test (did you mean --split?)"),
+    (["info", "B/16", "--img-size", "x"], "argument --img-size: invalid int value: 'x'"),
+])
+def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words, capsys):
+    with pytest.raises(SystemExit) if argv[0] != "fewshot" else contextlib.nullcontext() as raised:
+        code = main(argv)
+    code = raised.value.code if argv[0] != "fewshot" else code
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "usage:" not in err, err

@@ -199,6 +199,8 @@ def test_a_full_disk_is_said_in_words_and_the_previous_checkpoint_stays(tmp_path
     ("--model-args", "[1]", "--model-args must be a JSON object"),
     ("--model-args", '{"heads": 4}', "unknown option(s) heads of a ViT config"),
     ("--model-args", '{"std": [0]}', "std must be positive"),
+    ("--lr", "-1", "lr must be > 0"), ("--lrr", "1", "(did you mean --lr?)"),
+    ("--recipe", "deit2", "invalid choice: 'deit2'"),
 ])
 def test_bad_values_end_in_one_line_and_leave_no_folder(tmp_path, flag, value, words):
     done = cli("train", "--runs-dir", str(tmp_path), "--name", "run", flag, value, "--no-progress", "--threads", "1")

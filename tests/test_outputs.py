@@ -3,6 +3,7 @@ current directory unasked, a run folder stands for its model wherever weights ar
 run folder's name is never blocked or rewritten by a run that is over."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -82,12 +83,27 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(run, capsys):
     assert after == before
 
 
-def test_an_unfinished_run_given_as_weights_is_one_line(tmp_path, capsys):
-    (tmp_path / "r" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "r" / "config.json").write_text(json.dumps({"objective": "mae"}))
-    assert main(["fewshot", "--weights", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "has not finished" in err and f"vitkit pretrain --resume {tmp_path / 'r'}" in err
+def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, capsys):
+    from vitkit.train.runlock import RunLock
+
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"objective": "mae"}))
+    tiny = ["--runs-dir", str(tmp_path / "runs"), "--max-steps", "1", "--no-progress"]
+    for argv in (["fewshot", "--weights", str(run)], ["train", "--init", str(run), *tiny],
+                 ["train", "--distill", "soft", "--teacher", str(run), *tiny]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "stopped before it finished" in err, err
+        assert f"vitkit pretrain --resume {run}" in err, err
+    lock = RunLock(run).acquire()  # a writer at work: wait for it, resuming would be refused
+    try:
+        assert main(["eval", "--weights", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"still being written by process {os.getpid()}" in err and "--resume" not in err
+    finally:
+        lock.release()
+    assert not (tmp_path / "runs").exists()  # refused before any run folder was made
 
 
 def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):

@@ -191,8 +191,12 @@ def test_busy_cpu_note_only_when_the_cpu_is_busy_and_threads_are_not_split(monke
 
     monkeypatch.setattr(loop.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(loop.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
+    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 2)
     note = loop.busy_cpu_note(None)
-    assert "load 2.1" in note and "2 cores" in note and "--threads 1 each" in note
+    assert "load 2.1" in note and "2 cores" in note and "uses 2 threads" in note and "--threads 1 each" in note
     assert loop.busy_cpu_note(1) is None  # the user already split the CPU
+    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 1)
+    assert loop.busy_cpu_note(None) is None  # so did OMP_NUM_THREADS=1: no advice to do what it does
+    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(loop.os, "getloadavg", lambda: (0.4, 1.0, 0.5))
     assert loop.busy_cpu_note(None) is None

@@ -141,25 +141,18 @@ def _load(args: argparse.Namespace, **kwargs):
     the verb says so on stderr (a run that has not finished has no model yet: one line)."""
     from pathlib import Path
 
+    from .train.runlock import unfinished_run
     from .weights import from_pretrained
     from .weights.pretrained import run_model_folder
 
     source = getattr(args, "weights", None) or args.src
     folder = Path(source)
-    if folder.is_dir() and (folder / "config.json").is_file() and (folder / "checkpoints").is_dir() \
-            and run_model_folder(folder) is None and not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{source} is a run that has not finished: it has no model/ yet "
-                                f"(vitkit {_run_verb(folder)} --resume {source} finishes it)")
+    if unfinished_run(source):
+        raise FileNotFoundError(unfinished_run(source))
     if run_model_folder(folder) is not None:
         print(f"vitkit {args.verb}: reading {run_model_folder(folder)} (the model run {source} saved)",
               file=sys.stderr)
     return from_pretrained(source, model_name=args.model, **kwargs)
-
-
-def _run_verb(run_dir) -> str:
-    from .train.config import saved_objective
-
-    return "train" if saved_objective(str(run_dir)) in (None, "classify") else "pretrain"
 
 
 def _classifier(model, weights: str):
@@ -276,6 +269,11 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return summary
 
 
+def _tiny_note(summary: Dict[str, Any]) -> None:
+    if summary.get("tiny"):
+        print(f"note     {summary['tiny']}")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
@@ -291,6 +289,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{100 * summary['val_top1_ema']:.2f}%; model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
+    _tiny_note(summary)
     return 0
 
 
@@ -311,6 +310,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
+    _tiny_note(summary)
     return 0
 
 
@@ -360,6 +360,9 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from .evaluate import extract_features, fewshot_from_features
     from .train.loop import load_split_tensors
 
+    if min(args.shots) < 1 or args.seeds < 1 or args.pool < 0:  # before the features are computed
+        raise ValueError(f"--shots must be >= 1, --seeds >= 1 and --pool >= 0 (0: all), not {args.shots}, "
+                         f"{args.seeds} and {args.pool}")
     model = _load(args, encoder_only=True)  # a pre-training model's ViT
     tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
     te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
@@ -440,9 +443,26 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 # ------------------------------------------------------------------------ parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes are one line like every other input error (exit 2), with the flag
+    meant when one is close, instead of argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unknown(self, extra: List[str]):
+        import difflib
+
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        guesses = [g for word in extra if word.startswith("-")
+                   for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
+        self.error(f"unrecognized arguments: {' '.join(extra)}"
+                   + (f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers: build, "
-                                     "convert, inspect and run ViT-family models.")
+    parser = _Parser(prog="vitkit", description="Vision Transformers: build, "
+                     "convert, inspect and run ViT-family models.")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 
@@ -542,7 +562,10 @@ def _user_errors() -> tuple:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the verb's own parser, which knows the flags that were meant
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -76,6 +76,8 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
     ``progress``: a line on stderr with the (shots, seed) fits done, once they have run 5 s
     (100 classes of 768-d features: about 10 s on one CPU thread).
     """
+    if not shots or min(shots) < 1 or seeds < 1:
+        raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
     classes = int(max(train_y.max(), test_y.max()).item()) + 1
     by_class = [torch.nonzero(train_y == c).flatten() for c in range(classes)]
     results: Dict[int, FewShotResult] = {}

@@ -194,6 +194,8 @@ class TrainConfig:
             problems.append("batch_size and accum_steps must be positive")
         if self.max_steps is None and self.epochs <= 0:
             problems.append("epochs must be positive (or give max_steps)")
+        if not self.lr > 0 or (self.min_lr is not None and self.min_lr < 0):
+            problems.append(f"lr must be > 0 and min_lr >= 0, not {self.lr} and {self.min_lr}")
         if self.max_steps is not None and self.max_steps < 1:
             problems.append(f"max_steps must be >= 1 (or none: from epochs), not {self.max_steps}")
         if self.init_head not in ("new", "keep"):
@@ -425,6 +427,7 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
     if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
+        TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
         values = tiny.shrink_config(values, TrainConfig)
     if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
         batch = values.get("batch_size", TrainConfig.batch_size)

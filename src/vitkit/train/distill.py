@@ -89,7 +89,10 @@ def load_teacher(source: str, num_classes: int, device: Union[str, torch.device]
         model, spec = _torchvision_teacher(source[len(TORCHVISION_PREFIX):], num_classes)
     else:
         from ..weights.pretrained import from_pretrained
+        from .runlock import unfinished_run
 
+        if unfinished_run(source):
+            raise FileNotFoundError(f"--teacher {unfinished_run(source)}")
         model = from_pretrained(source)
         spec = InputSpec.of(model.config)
         if model.config.num_classes != num_classes:

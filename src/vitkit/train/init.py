@@ -19,6 +19,7 @@ from ..weights.io import WeightsError
 from ..weights.load import load_weights, read_source
 from ..weights.pretrained import config_for_source, fit_channel_stats, weights_path
 from .config import resolve_width
+from .runlock import unfinished_run
 
 HEAD_MODES = ("new", "keep")
 
@@ -32,6 +33,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     """
     if head not in HEAD_MODES:
         raise ValueError(f"init_head must be one of {HEAD_MODES}, not {head!r}")
+    if unfinished_run(source):
+        raise FileNotFoundError(f"--init {unfinished_run(source)}")
     path = weights_path(source)
     if not path.exists():
         raise FileNotFoundError(f"--init weights not found: {path}")

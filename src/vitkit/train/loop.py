@@ -108,12 +108,11 @@ def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
     if threads or not hasattr(os, "getloadavg"):
         return None
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    if load < max(1.0, cores / 2):
+    load, threads = os.getloadavg()[0], torch.get_num_threads()
+    if load < max(1.0, cores / 2) or threads <= max(1, cores // 2):  # busy, but this run already takes its share
         return None
     return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
-            f"uses {torch.get_num_threads()} threads; runs that share a CPU should split it, e.g. "
-            f"--threads {max(1, cores // 2)} each")
+            f"uses {threads} threads; runs that share a CPU should split it, e.g. --threads {max(1, cores // 2)} each")
 
 
 # ----------------------------------------------------------------------------- the run's state

@@ -9,6 +9,7 @@ no-op.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -55,3 +56,37 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def holder(run_dir: Path) -> Optional[str]:
+    """Who writes ``run_dir`` now ("process N on HOST since ..."), or None when nobody does."""
+    path = Path(run_dir) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only when no writer holds it
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)  # and closing gives the shared lock back at once
+    return None
+
+
+def unfinished_run(source: str) -> Optional[str]:
+    """Why ``source`` cannot be read as weights when it is a run folder without its model yet
+    (None otherwise): being written now, or stopped, with the command that finishes it."""
+    folder = Path(source)
+    if not ((folder / "config.json").is_file() and (folder / "checkpoints").is_dir()) \
+            or (folder / "model" / "config.json").is_file() or (folder / "model.safetensors").is_file():
+        return None
+    writer = holder(folder)
+    if writer is not None:
+        return f"{source} is a run still being written by {writer}: its model is saved when it finishes"
+    try:
+        objective = json.loads((folder / "config.json").read_text()).get("objective", "classify")
+    except (OSError, ValueError, AttributeError):
+        objective = "classify"
+    verb = "train" if objective == "classify" else "pretrain"
+    return f"{source} is a run that stopped before it finished: it has no model/ yet (vitkit {verb} --resume " \
+           f"{source} finishes it)"
