@@ -18,6 +18,14 @@ TINY = ["--max-steps", "2", "--batch-size", "16", "--val-size", "100", "--thread
         "--no-tensorboard"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def test_scale():
+    """VITKIT_TINY=1: the first 200 test images (what is checked here is where files go, not scores)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("VITKIT_TINY", "1")
+        yield
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A finished two-step run of the default model: runs/r with model/, summary.json, checkpoints."""
@@ -64,7 +72,7 @@ def test_a_run_folder_is_read_as_its_model_by_every_verb(run, tmp_path, monkeypa
     x = torch.rand(2, 1, 28, 28)
     assert torch.equal(direct.eval()(x), via_run.eval()(x))
     verbs = [["predict", "--weights", str(run), str(image), "--top-k", "2"],
-             ["fewshot", "--weights", str(run), "--shots", "1", "--seeds", "1", "--pool", "800"],
+             ["fewshot", "--weights", str(run), "--shots", "1", "--seeds", "1"],
              ["convert", str(run), str(tmp_path / "w.safetensors"), "--to", "timm"]]
     for argv in verbs:
         assert main(argv) == 0, argv
@@ -132,8 +140,7 @@ def test_a_size_string_model_makes_one_flat_folder_named_after_it(tmp_path):
     assert folder.parent == tmp_path and folder.name.startswith("S-16-")
 
 
-def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("VITKIT_TINY", "1")  # test scale: the first 200 test images
+def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsys):
     assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "ema", "--ema-decay", "0.9"]) == 0
     said = capsys.readouterr()
     summary = json.loads((tmp_path / "ema" / "summary.json").read_text())
