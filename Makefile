@@ -36,9 +36,14 @@ bench: $(STAMP)
 
 # The README's inspection figures (docs/figures/) from one named run, never from whatever is newest:
 #   make figures MODEL=runs/NAME
+# (MODEL is checked before anything is set up or installed)
+ifneq ($(filter figures,$(MAKECMDGOALS)),)
+ifeq ($(MODEL),)
+$(error make figures: say which run: make figures MODEL=runs/NAME (e.g. the folder make demo printed))
+endif
+endif
 figures: $(STAMP)
-	@test -n "$(MODEL)" || { echo "make figures: say which run: make figures MODEL=runs/NAME (e.g. the folder make demo printed)" >&2; exit 2; }
-	$(PY) scripts/readme_figures.py --weights $(MODEL)
+	$(PY) scripts/readme_figures.py --weights "$(MODEL)"
 
 clean:
 	rm -rf $(VENV) demo_out inspect_out .pytest_cache

@@ -62,8 +62,8 @@ def resolve_model(weights: Path) -> tuple[Path, Optional[Path], Optional[float]]
     ``test_top1``) or ``model_ema/`` (its ``test_top1_ema``)."""
     path = weights_path(weights)
     if not path.exists():
-        raise SystemExit(f"--weights {weights}: no such file or folder (a run folder runs/NAME, "
-                         f"or weights vitkit loads)")
+        raise FileNotFoundError(f"--weights {weights}: no such file or folder (a run folder runs/NAME, "
+                                f"or weights vitkit loads)")
     key = {"model": "test_top1", "model_ema": "test_top1_ema"}.get(path.name)
     summary = path.parent / "summary.json"
     if key is None or not summary.is_file():
@@ -218,8 +218,11 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    path, summary, top1 = resolve_model(args.weights)
-    model = vitkit.from_pretrained(path).eval()
+    try:
+        path, summary, top1 = resolve_model(args.weights)
+        model = vitkit.from_pretrained(path).eval()
+    except (OSError, ValueError) as e:  # one line, exit 2, as vitkit's own verbs
+        ap.error(str(e))
     record = model_record(model, path, summary, top1)
     print(f"model: {path} ({record['architecture']}, {record['parameters']:,} parameters, test top-1 "
           + (f"{top1}% from {summary})" if top1 is not None else "unknown: no run summary.json beside it)"),

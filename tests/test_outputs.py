@@ -96,7 +96,8 @@ def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, cap
 
     run = tmp_path / "r"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"objective": "mae"}))
+    (run / "checkpoints" / "step_00000004.pt").write_bytes(b"x")
+    (run / "config.json").write_text(json.dumps({"recipe": "mae-fmnist", "objective": "mae"}))
     tiny = ["--runs-dir", str(tmp_path / "runs"), "--max-steps", "1", "--no-progress"]
     for argv in (["fewshot", "--weights", str(run)], ["train", "--init", str(run), *tiny],
                  ["train", "--distill", "soft", "--teacher", str(run), *tiny]):
@@ -112,6 +113,18 @@ def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, cap
     finally:
         lock.release()
     assert not (tmp_path / "runs").exists()  # refused before any run folder was made
+    (run / "checkpoints" / "step_00000004.pt").unlink()  # killed before its first checkpoint
+    assert main(["predict", "--weights", str(run), "x.png"]) == 2
+    assert "stopped before its first checkpoint: it has no model and nothing to resume (vitkit pretrain --name r " \
+           in capsys.readouterr().err
+
+
+def test_inspect_refusing_an_image_leaves_no_folder(run, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not an image")
+    for image in (tmp_path / "missing.png", tmp_path / "notes.txt"):
+        assert main(["inspect", "--weights", str(run), "--image", str(image), "--out", str(tmp_path / "o")]) == 2
+        assert capsys.readouterr().err.count("error:") == 1
+    assert not (tmp_path / "o").exists() and not (run / "inspect").exists()
 
 
 def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):

@@ -75,8 +75,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     overrides: Dict[str, Any] = {}
     if args.img_size:
+        if len(args.img_size) > 2:
+            raise ValueError(f"--img-size takes one value or two (H W), not {len(args.img_size)}")
         overrides["img_size"] = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
-    if args.patch_size:
+    if args.patch_size is not None:
         overrides["patch_size"] = args.patch_size
     config = get_model_config(args.name).replace(**overrides)
     if not family_of(config).tokens:
@@ -250,7 +252,7 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
                              f"{', '.join(RUNTIME_FLAGS.get(f, '--' + f) for f in RUNTIME_FIELDS)} can change "
                              f"there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
-                             f"--init RUN/model starts it from these weights)")
+                             f"--init {args.resume} starts one from this run's model once it has finished)")
     recipe = args.recipe or (f"{objective}-fmnist" if objective else "fmnist")  # pretrain --resume: the saved
     return resolve_config(recipe, args.config, **overrides)
 
@@ -269,9 +271,9 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def _tiny_note(summary: Dict[str, Any]) -> None:
+def _tiny_note(summary: Dict[str, Any], width: int = 9) -> None:
     if summary.get("tiny"):
-        print(f"note     {summary['tiny']}")
+        print(f"{'note':<{width}}{summary['tiny']}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -310,7 +312,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
-    _tiny_note(summary)
+    _tiny_note(summary, 10)
     return 0
 
 

@@ -194,7 +194,6 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     with waiting_bar(None, "inspecting", progress, unit="steps") as bar:
         named = [] if images else default_images(model)
         n = len(images) if images else len(named)
@@ -205,6 +204,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         for path in images or ():
             named.append((str(path), load_image(path, cfg.in_chans)))
             bar.advance()
+        out.mkdir(parents=True, exist_ok=True)  # once every image has loaded: a bad one leaves no folder
         transform = EvalTransform.from_config(cfg)
         views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
         x = torch.stack(tensors).to(next(model.parameters()).device)

@@ -194,6 +194,9 @@ class TrainConfig:
             problems.append("batch_size and accum_steps must be positive")
         if self.max_steps is None and self.epochs <= 0:
             problems.append("epochs must be positive (or give max_steps)")
+        if (self.threads is not None and self.threads < 1) or self.workers < 0:
+            problems.append(f"threads must be >= 1 (or none: every core) and workers >= 0, not {self.threads} "
+                            f"and {self.workers}")
         if not self.lr > 0 or (self.min_lr is not None and self.min_lr < 0):
             problems.append(f"lr must be > 0 and min_lr >= 0, not {self.lr} and {self.min_lr}")
         if self.max_steps is not None and self.max_steps < 1:

@@ -77,16 +77,21 @@ def unfinished_run(source: str) -> Optional[str]:
     """Why ``source`` cannot be read as weights when it is a run folder without its model yet
     (None otherwise): being written now, or stopped, with the command that finishes it."""
     folder = Path(source)
-    if not ((folder / "config.json").is_file() and (folder / "checkpoints").is_dir()) \
-            or (folder / "model" / "config.json").is_file() or (folder / "model.safetensors").is_file():
+    if not (folder / "config.json").is_file() or (folder / "model" / "config.json").is_file() \
+            or (folder / "model.safetensors").is_file():
+        return None
+    try:
+        saved = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or "recipe" not in saved:  # a model's config.json, not a run's
         return None
     writer = holder(folder)
     if writer is not None:
         return f"{source} is a run still being written by {writer}: its model is saved when it finishes"
-    try:
-        objective = json.loads((folder / "config.json").read_text()).get("objective", "classify")
-    except (OSError, ValueError, AttributeError):
-        objective = "classify"
-    verb = "train" if objective == "classify" else "pretrain"
+    verb = "train" if saved.get("objective", "classify") == "classify" else "pretrain"
+    if not any((folder / "checkpoints").glob("step_*.pt")):
+        return f"{source} is a run that stopped before its first checkpoint: it has no model and nothing to " \
+               f"resume (vitkit {verb} --name {folder.name} runs it again in the same folder)"
     return f"{source} is a run that stopped before it finished: it has no model/ yet (vitkit {verb} --resume " \
            f"{source} finishes it)"
