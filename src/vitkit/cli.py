@@ -148,12 +148,10 @@ def _load(args: argparse.Namespace, **kwargs):
     from .weights.pretrained import run_model_folder
 
     source = getattr(args, "weights", None) or args.src
-    folder = Path(source)
-    if unfinished_run(source):
-        raise FileNotFoundError(unfinished_run(source))
-    if run_model_folder(folder) is not None:
-        print(f"vitkit {args.verb}: reading {run_model_folder(folder)} (the model run {source} saved)",
-              file=sys.stderr)
+    if why := unfinished_run(source):
+        raise FileNotFoundError(why)
+    if (model_folder := run_model_folder(Path(source))) is not None:
+        print(f"vitkit {args.verb}: reading {model_folder} (the model run {source} saved)", file=sys.stderr)
     return from_pretrained(source, model_name=args.model, **kwargs)
 
 

@@ -91,8 +91,8 @@ def load_teacher(source: str, num_classes: int, device: Union[str, torch.device]
         from ..weights.pretrained import from_pretrained
         from .runlock import unfinished_run
 
-        if unfinished_run(source):
-            raise FileNotFoundError(f"--teacher {unfinished_run(source)}")
+        if why := unfinished_run(source):
+            raise FileNotFoundError(f"--teacher {why}")
         model = from_pretrained(source)
         spec = InputSpec.of(model.config)
         if model.config.num_classes != num_classes:

@@ -33,8 +33,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     """
     if head not in HEAD_MODES:
         raise ValueError(f"init_head must be one of {HEAD_MODES}, not {head!r}")
-    if unfinished_run(source):
-        raise FileNotFoundError(f"--init {unfinished_run(source)}")
+    if why := unfinished_run(source):
+        raise FileNotFoundError(f"--init {why}")
     path = weights_path(source)
     if not path.exists():
         raise FileNotFoundError(f"--init weights not found: {path}")

@@ -173,6 +173,11 @@ class Run:
         return self.prior_seconds + time.perf_counter() - self.t_start
 
     @property
+    def precision(self) -> str:
+        """The autocast dtype as torch names it ("bfloat16"), or "fp32" without autocast."""
+        return str(self.amp).replace("torch.", "") if self.amp else "fp32"
+
+    @property
     def model_name(self) -> str:
         """The model trained: the --model name, or for --init the architecture the weights hold."""
         if not self.cfg.init:
@@ -281,8 +286,7 @@ def _starting(run: Run) -> str:
     cfg = run.cfg
     what = "training" if cfg.objective == "classify" else f"{cfg.objective} pre-training of"
     params = sum(p.numel() for p in run.model.parameters())
-    precision = str(run.amp).replace("torch.", "") if run.amp else "fp32"
-    return (f"{what} {run.model_name} ({params:,} parameters, {precision}) on {cfg.dataset}: steps "
+    return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}) on {cfg.dataset}: steps "
             f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
 
 
@@ -523,7 +527,7 @@ def summarise(run: Run) -> Dict[str, Any]:
                "params": sum(p.numel() for p in model.parameters()), **results,
                "train_images": data.n_train, "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
-               **_throughput(run), "precision": str(run.amp).replace("torch.", "") if run.amp else "fp32",
+               **_throughput(run), "precision": run.precision,
                "device": str(run.dist.device), "processes": run.dist.world,
                "skipped_files": len({name for name, _ in data.skipped} | run.skipped),
                **({"tiny": "VITKIT_TINY was set: a test-scale run, not a result"} if tiny.enabled() else {})}
