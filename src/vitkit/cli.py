@@ -120,7 +120,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .weights import export_weights
     from .weights.export import ExportWarning
 
+    onnx_only = [f for f, v in (("--quantize", args.quantize), ("--exporter", args.exporter),
+                                ("--opset", args.opset)) if v is not None]
+    if onnx_only and args.to != "onnx":
+        raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
+    if args.scan and args.to != "big_vision":
+        raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     model = _load(args, interpolation=args.interpolation)
+    if args.to == "onnx":
+        return _convert_onnx(model, args)
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always", ExportWarning)
         out = export_weights(model, args.dst, args.to, scan=args.scan)
@@ -136,6 +144,48 @@ def cmd_convert(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out} ({args.to}, {_fmt_int(info['params'])} parameters)")
     return 0
+
+
+def _convert_onnx(model, args: argparse.Namespace) -> int:
+    from .deploy import export_onnx
+    from .deploy.runtime import calibration_images
+
+    calibration = calibration_images(model) if args.quantize == "int8-static" else None
+    out = export_onnx(model, args.dst, exporter=args.exporter or "dynamo", opset=args.opset, quantize=args.quantize,
+                      calibration=calibration)
+    info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
+            "params": sum(p.numel() for p in model.parameters()), "quantization": args.quantize or "none",
+            "exporter": args.exporter or "dynamo", "bytes": out.stat().st_size}
+    if args.json:
+        _print_json(info)
+    else:
+        what = {"int8": "int8 dynamic", "int8-static": "int8 static (QDQ)"}.get(args.quantize, "fp32")
+        print(f"wrote {out} (ONNX, {what}, {_fmt_int(info['params'])} parameters, {_fmt_bytes(info['bytes'])}; "
+              f"batch dimension dynamic, preprocessing in its metadata)")
+    return 0
+
+
+def _runtime_model(args: argparse.Namespace):
+    """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
+    running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
+    from .deploy.runtime import is_onnx, load_for_runtime
+
+    stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
+    if is_onnx(args.weights):
+        if args.model:
+            raise ValueError("--model names an architecture for weights without a config; an .onnx file is "
+                             "its own graph")
+        return load_for_runtime(args.weights, args.runtime, args.quantize, **stand_ins)
+    model = _classifier(_load(args), args.weights)
+    return load_for_runtime(args.weights, args.runtime, args.quantize, model=model, **stand_ins)
+
+
+def _runtime_name(model) -> str:
+    """How the model runs, for the printed line: fp32, or ONNX Runtime and its quantization."""
+    quantization = getattr(model, "quantization", None)
+    if quantization is None:
+        return "fp32"
+    return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
 
 
 def _load(args: argparse.Namespace, **kwargs):
@@ -171,7 +221,7 @@ def _classifier(model, weights: str):
 def cmd_predict(args: argparse.Namespace) -> int:
     from .evaluate import predict_images
 
-    model = _classifier(_load(args), args.weights)
+    model = _runtime_model(args)
     preds = predict_images(model, args.images, top_k=args.top_k)
     if args.json:
         _print_json([p.to_dict() for p in preds])
@@ -322,7 +372,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .train.loop import load_split_tensors
     from .utils import write_json
 
-    model = _classifier(_load(args), args.weights)
+    model = _runtime_model(args)
     names = model.config.label_names
     dataset = args.dataset or datasets.dataset_for_labels(names)
     if dataset is None:
@@ -334,7 +384,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          f"({_preview(classes)}): evaluate them on their own dataset")
     report = classification_report(model, images, labels, classes, args.batch_size,
                                    progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
-    result = {"weights": args.weights, "dataset": dataset, "split": args.split, "precision": "fp32",
+    result = {"weights": args.weights, "dataset": dataset, "split": args.split, "precision": _runtime_name(model),
               **report.to_dict()}
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
@@ -346,7 +396,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({report.count:,} images, fp32)")
+          f"({report.count:,} images, {_runtime_name(model)})")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
@@ -443,6 +493,14 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 # ------------------------------------------------------------------------ parser
 
 
+def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", choices=["torch", "onnxruntime"],
+                   help="torch (default for weights) or onnxruntime (default for an .onnx file; weights are "
+                        "exported on the fly)")
+    p.add_argument("--quantize", choices=["int8", "int8-static"],
+                   help="with --runtime onnxruntime and weights: run the int8 model (see vitkit convert --to onnx)")
+
+
 class _Parser(argparse.ArgumentParser):
     """Command-line mistakes are one line like every other input error (exit 2), with the flag
     meant when one is close, instead of argparse's usage block."""
@@ -484,9 +542,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("convert", "convert weights between layouts")
     p.add_argument("src", help="file, folder or hf-hub:org/name")
     p.add_argument("dst", help="output file or folder")
-    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae"],
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae", "onnx"],
                    help="a pre-training model: vitkit, hf (SimMIM, MAE), mae (the official MAE .pth); "
-                        "timm/npz/big_vision write its encoder")
+                        "timm/npz/big_vision write its encoder; onnx: a classifier for ONNX Runtime (DST.onnx, "
+                        "preprocessing in its metadata)")
+    p.add_argument("--quantize", choices=["int8", "int8-static"],
+                   help="onnx: int8 (ONNX Runtime dynamic quantization) or int8-static (QDQ calibrated on 256 "
+                        "training images of the dataset the labels name)")
+    p.add_argument("--exporter", choices=["dynamo", "torchscript"], help="onnx: torch.onnx.export's path "
+                                                                         "(default dynamo)")
+    p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
     p.add_argument("--interpolation", default="bicubic", choices=["bicubic", "bilinear"])
@@ -494,19 +559,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("predict", "top-k classes of images")
     p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
+    _add_runtime_flags(p)
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help="an .onnx file without vitkit metadata: its input H W (or one value)")
+    p.add_argument("--mean", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel mean")
+    p.add_argument("--std", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel std")
+    p.add_argument("--labels", nargs="+", help="an .onnx file without vitkit metadata: class names")
     p.set_defaults(func=cmd_predict)
 
     p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
-    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
     p.add_argument("--dataset", help="fashion-mnist, cifar10 or cifar100 (default: the one whose classes the "
                                      "weights name)")
     p.add_argument("--data-dir")
     p.add_argument("--split", default="test", choices=["train", "test"])
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
+    _add_runtime_flags(p)
     p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
                                                 "(default: print only, write nothing)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

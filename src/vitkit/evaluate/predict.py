@@ -39,7 +39,7 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     if not paths:
         raise ValueError("no images given")
     model.eval()
-    device = next(model.parameters()).device
+    device = next(model.parameters(), torch.empty(0)).device  # an ONNX Runtime model has none: the CPU
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     k = min(top_k, config.num_classes)

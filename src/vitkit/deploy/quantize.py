@@ -1,0 +1,97 @@
+"""int8 ONNX models through ONNX Runtime's own quantization tools (no home-made kernels).
+
+- ``int8`` (dynamic): ``quantize_dynamic`` stores MatMul/Gemm weights as int8 and quantizes
+  their input activations per batch at run time. Needs no data.
+- ``int8-static``: ``quantize_static`` in the QDQ format, per-channel int8 weights, with
+  activation ranges measured on calibration images (MinMax over a few hundred training
+  images); only MatMul/Gemm/Conv are quantized: LayerNorm, softmax and GELU stay float,
+  where int8 costs a transformer the most accuracy for the least time.
+
+Both first run ORT's ``quant_pre_process`` (shape inference and graph clean-up), as its
+documentation asks. Accuracy of each on a trained model is measured in
+``benchmarks/bench_onnx.py``, not assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..utils import PathLike, require
+
+QUANTIZATIONS = ("int8", "int8-static")
+_OPS = ["MatMul", "Gemm", "Conv"]
+
+
+def quantize_onnx(src: PathLike, dst: PathLike, method: str = "int8", config: Any = None,
+                  calibration: Optional[torch.Tensor] = None, batch_size: int = 32) -> Path:
+    """Write the int8 form of the fp32 ONNX model ``src`` at ``dst`` (see the module docstring).
+    ``calibration``: uint8 images (N, C, H, W), prepared with ``config``'s preprocessing."""
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {method!r}")
+    q = require("onnxruntime.quantization", "onnx", "int8 quantization")
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    dst = Path(dst)
+    with tempfile.TemporaryDirectory(prefix=".vitkit-quant-", dir=dst.parent) as work:
+        pre = Path(work) / "pre.onnx"
+        with _quiet_root_logger():
+            _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, batch_size)
+    return dst
+
+
+def _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, batch_size) -> None:
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    if method == "int8":
+        q.quantize_dynamic(str(pre), str(dst), weight_type=q.QuantType.QInt8, op_types_to_quantize=_OPS,
+                           per_channel=False)
+        return
+    if calibration is None or config is None:
+        raise ValueError("int8-static quantization needs calibration images and the model's config")
+    q.quantize_static(str(pre), str(dst), _Calibration(calibration, config, batch_size),
+                      quant_format=q.QuantFormat.QDQ, per_channel=True, op_types_to_quantize=_OPS,
+                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
+                      calibrate_method=q.CalibrationMethod.MinMax, extra_options={"ActivationSymmetric": True})
+
+
+class _Calibration:
+    """ONNX Runtime's CalibrationDataReader protocol over uint8 images: ``get_next`` returns one
+    prepared batch as ``{"pixel_values": array}``, then None."""
+
+    def __init__(self, images: torch.Tensor, config: Any, batch_size: int):
+        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError("calibration images must be a uint8 tensor (N, C, H, W)")
+        if len(images) == 0:
+            raise ValueError("calibration needs at least one image")
+        self.images, self.config, self.batch_size, self.start = images, config, batch_size, 0
+
+    def get_next(self):
+        from ..evaluate.metrics import prepare_batch
+        from .onnx_export import INPUT_NAME
+
+        if self.start >= len(self.images):
+            return None
+        batch = self.images[self.start:self.start + self.batch_size]
+        self.start += self.batch_size
+        return {INPUT_NAME: prepare_batch(batch, self.config).numpy()}
+
+    def rewind(self):
+        self.start = 0
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """ORT's quantizer logs advice through the root logger (WARNING:root:...); vitkit already
+    follows it (pre-processing runs first), so that line is noise to a user. Restored after."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)

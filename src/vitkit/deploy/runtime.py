@@ -1,0 +1,183 @@
+"""ONNX Runtime as a drop-in for a vitkit model: ``OnnxModel`` and ``load_for_runtime``.
+
+``OnnxModel`` is an ``nn.Module`` only so that vitkit's evaluation code (``predict_images``,
+``classification_report``) and a user's ``model(x)`` take it unchanged: it holds no
+parameters; its ``forward`` hands the batch to an ONNX Runtime session (CPU execution
+provider) and returns the output as a torch tensor. Its ``config`` is the exported model's
+vitkit config, read from the file's metadata (:mod:`vitkit.deploy.onnx_export`), so the
+preprocessing is exactly the one the model was trained with. A file exported elsewhere has
+no such metadata: then the input size, mean and std must be given (the class count and the
+channels are read off the graph).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..utils import PathLike
+from .onnx_export import CONFIG_KEY, onnx_modules
+
+RUNTIMES = ("torch", "onnxruntime")
+
+
+class OnnxMetadataError(ValueError):
+    """An ONNX file without vitkit's metadata, and no preprocessing given to stand in for it."""
+
+
+@dataclass
+class OnnxConfig:
+    """The preprocessing facts of an ONNX model that vitkit did not export (what a vitkit
+    config offers evaluation code; the architecture is unknown)."""
+
+    img_size: Tuple[int, int]
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    in_chans: int
+    num_classes: int
+    label_names: List[str] = field(default_factory=list)
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+    architecture: str = "onnx"
+
+
+class OnnxModel(nn.Module):
+    """An exported model run by ONNX Runtime (see the module docstring).
+
+    ``threads``: ONNX Runtime's intra-op threads (default: torch's thread count, which
+    ``vitkit --threads`` sets). ``img_size``/``mean``/``std``/``labels`` stand in for missing
+    metadata and are refused when the file has its own (they would contradict it).
+    """
+
+    def __init__(self, path: PathLike, threads: Optional[int] = None, img_size: Optional[Sequence[int]] = None,
+                 mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
+                 labels: Optional[Sequence[str]] = None):
+        super().__init__()
+        onnx, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {self.path}")
+        try:
+            proto = onnx.load(str(self.path), load_external_data=False)
+        except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
+            raise OnnxMetadataError(f"{self.path} is not a readable ONNX model ({type(e).__name__})") from None
+        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.log_severity_level = 3  # errors only: ORT's notes on unused initializers are not the user's
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise OnnxMetadataError(f"ONNX Runtime cannot load {self.path}: {str(e).strip().splitlines()[0]}") \
+                from None
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+            raise OnnxMetadataError(f"{self.path} takes {len(inputs)} inputs of shapes "
+                                    f"{[i.shape for i in inputs]}: vitkit runs image models with one "
+                                    f"(batch, channels, height, width) input")
+        self.input_name = inputs[0].name
+        self.quantization = self.metadata.get("vitkit.quantization", "unknown")
+        self.config = self._config(inputs[0].shape, outputs[0].shape, img_size, mean, std, labels)
+
+    def _config(self, in_shape, out_shape, img_size, mean, std, labels):
+        given = {k: v for k, v in (("img_size", img_size), ("mean", mean), ("std", std), ("labels", labels))
+                 if v is not None}
+        if CONFIG_KEY in self.metadata:
+            if given:
+                raise OnnxMetadataError(f"{self.path} carries its own preprocessing (vitkit metadata): "
+                                        f"drop {', '.join('--' + k.replace('_', '-') for k in given)}")
+            from ..models import config_from_dict
+
+            return config_from_dict(json.loads(self.metadata[CONFIG_KEY])["config"])
+        missing = [k for k in ("img_size", "mean", "std") if k not in given]
+        if missing:
+            raise OnnxMetadataError(f"{self.path} has no vitkit metadata (it was not exported by vitkit "
+                                    f"convert --to onnx): give its preprocessing with "
+                                    f"{', '.join('--' + k.replace('_', '-') for k in missing)} "
+                                    f"(and --labels for class names), or re-export it with vitkit")
+        chans = in_shape[1] if isinstance(in_shape[1], int) else len(mean)
+        size = tuple(img_size) if len(img_size) == 2 else (img_size[0], img_size[0])
+        classes = out_shape[-1] if isinstance(out_shape[-1], int) else 0
+        problems = [f"--{k} has {len(v)} values for {chans} channels" for k, v in (("mean", mean), ("std", std))
+                    if len(v) != chans]
+        if any(s <= 0 for s in std):
+            problems.append("--std values must be positive")
+        if labels and classes and len(labels) != classes:
+            problems.append(f"--labels names {len(labels)} classes, the model has {classes}")
+        fixed = [d for d in in_shape[2:] if isinstance(d, int)]
+        if len(fixed) == 2 and tuple(fixed) != size:
+            problems.append(f"--img-size {size[0]} {size[1]} differs from the graph's input {fixed[0]}x{fixed[1]}")
+        if problems:
+            raise OnnxMetadataError(f"{self.path}: " + "; ".join(problems))
+        return OnnxConfig(size, tuple(mean), tuple(std), chans, classes, list(labels or []))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, C, H, W) prepared as ``config`` says -> the model's output (B, classes)."""
+        array = x.detach().to("cpu", torch.float32).contiguous().numpy()
+        return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+
+    def extra_repr(self) -> str:
+        return f"{self.path}, quantization={self.quantization}"
+
+
+def is_onnx(source: PathLike) -> bool:
+    return str(source).lower().endswith(".onnx")
+
+
+def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
+                     model: Optional[nn.Module] = None, **preprocessing: Any) -> nn.Module:
+    """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model) or ``onnxruntime``
+    (an ``.onnx`` file as is, or weights exported on the fly into a temporary file, quantized
+    when ``quantize`` says so). ``runtime=None`` picks onnxruntime for ``.onnx`` files, torch
+    otherwise. ``model`` is the already-loaded vitkit model of ``source`` (weights only)."""
+    runtime = runtime or ("onnxruntime" if is_onnx(source) else "torch")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+    given = sorted(k for k, v in preprocessing.items() if v is not None)
+    if is_onnx(source):
+        if runtime == "torch":
+            raise ValueError(f"{source} is an ONNX model: it runs on --runtime onnxruntime")
+        if quantize:
+            raise ValueError(f"{source} is already exported: quantize while exporting "
+                             f"(vitkit convert WEIGHTS OUT.onnx --to onnx --quantize {quantize})")
+        return OnnxModel(source, **preprocessing)
+    if given:
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand in for the metadata of an "
+                         f".onnx file without it; {source} carries its own preprocessing")
+    if runtime == "torch":
+        if quantize:
+            raise ValueError("--quantize needs --runtime onnxruntime (int8 models run on ONNX Runtime)")
+        return model
+    from .onnx_export import export_onnx
+
+    folder = tempfile.mkdtemp(prefix="vitkit-onnx-")
+    path = Path(folder) / "model.onnx"
+    try:
+        export_onnx(model, path, quantize=quantize, calibration=calibration_images(model) if quantize == "int8-static"
+                    else None)
+        return OnnxModel(path)
+    finally:  # the session holds the model in memory: the file is not needed once it is loaded
+        if path.exists():
+            os.unlink(path)
+        os.rmdir(folder)
+
+
+def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:
+    """``count`` training images (a fixed random draw) of the dataset the model's labels name."""
+    from ..data import datasets
+    from ..train.data import load_split_tensors
+
+    name = datasets.dataset_for_labels(model.config.label_names)
+    if name is None:
+        raise ValueError("int8-static needs calibration images: the model's classes name no built-in dataset; "
+                         "export with vitkit.export_onnx(model, path, quantize='int8-static', calibration=IMAGES)")
+    images, _, _ = load_split_tensors(name, "train")
+    pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
+    return images[pick]

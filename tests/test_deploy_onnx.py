@@ -1,0 +1,244 @@
+"""ONNX export and ONNX Runtime inference, checked against PyTorch and onnxruntime themselves:
+every family's logits through ORT match the PyTorch model's, the file's metadata is enough for
+`vitkit predict`, int8 models run and agree, and every bad input is one line."""
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.cli import main
+from vitkit.data import fashion_mnist as fm
+from vitkit.deploy import OnnxExportError, OnnxModel, export_onnx, read_metadata
+
+SMALL = dict(depth=2, num_classes=5)
+FAMILIES = {  # (registered name, overrides): each family at a small size
+    "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, **SMALL)),
+    "vit_avg_pool_non_square": ("vit_tiny_patch16_224", dict(img_size=(32, 48), patch_size=8, global_pool="avg",
+                                                              class_token=False, **SMALL)),
+    "deit_distilled": ("deit_tiny_distilled_patch16_224", dict(img_size=32, patch_size=8, **SMALL)),
+    "convit": ("convit_tiny", dict(img_size=32, patch_size=8, local_up_to_layer=1, **SMALL)),
+    "cait": ("cait_xxs24_224", dict(img_size=32, patch_size=8, **SMALL)),
+    "hybrid": ("vit_tiny_r_s16_p8_224", dict(img_size=64, **SMALL)),
+    "bit_cnn": ("resnetv2_50_nopreact", dict(img_size=64, layers=[1], num_classes=5)),
+}
+
+
+def ort_logits(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_onnx_runtime_matches_pytorch_for_every_family_at_two_batch_sizes(family, tmp_path):
+    name, overrides = FAMILIES[family]
+    model = randomize(vitkit.create_model(name, **overrides))
+    path = export_onnx(model, tmp_path / f"{family}.onnx")
+    h, w = model.config.img_size
+    for batch in (1, 3):  # the batch dimension is dynamic: neither is the exporter's example batch (2)
+        x = torch.randn(batch, model.config.in_chans, h, w, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = model(x)
+        got = ort_logits(path, x)  # onnxruntime itself, not vitkit's wrapper
+        assert got.shape == expected.shape == (batch, 5)
+        assert max_diff(got, expected) <= 1e-4, family
+    shape = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim
+    assert shape[0].dim_param and [d.dim_value for d in shape[1:]] == [model.config.in_chans, h, w]
+
+
+def test_the_torchscript_exporter_matches_too_and_headless_models_export_features(tmp_path):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=0))
+    path = export_onnx(model, tmp_path / "f.onnx", exporter="torchscript")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert max_diff(ort_logits(path, x), model(x)) <= 1e-4
+    assert onnx.load(str(path)).graph.output[0].name == "features"
+    assert read_metadata(path)["vitkit.exporter"] == "torchscript"
+
+
+def test_metadata_describes_the_preprocessing_for_any_reader(tmp_path):
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 48), patch_size=8, depth=1, num_classes=3,
+                                in_chans=1, mean=(0.25,), std=(0.5,), label_names=["cat", "dog", "fox"])
+    meta = read_metadata(export_onnx(model, tmp_path / "m.onnx"))
+    assert json.loads(meta["input_size"]) == [1, 32, 48]
+    assert json.loads(meta["mean"]) == [0.25] and json.loads(meta["std"]) == [0.5]
+    assert json.loads(meta["labels"]) == ["cat", "dog", "fox"] and meta["vitkit.quantization"] == "none"
+    assert json.loads(meta["vitkit.config"])["config"]["img_size"] == [32, 48]
+    assert meta["vitkit.version"] == vitkit.__version__
+
+
+def test_predict_on_the_onnx_file_alone_matches_predict_on_the_weights(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 40), patch_size=8, depth=2,
+                                          num_classes=3, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25),
+                                          label_names=["cat", "dog", "fox"]), scale=0.3)
+    model.save_pretrained(tmp_path / "weights")
+    assert main(["convert", str(tmp_path / "weights"), str(tmp_path / "m.onnx"), "--to", "onnx", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "onnx" and info["quantization"] == "none" and info["bytes"] > 0
+    photos = []
+    for i in range(3):  # photos of another size: the metadata's resize and crop must be applied
+        pixels = np.random.default_rng(i).integers(0, 256, (50 + 7 * i, 61, 3), dtype=np.uint8)
+        photos.append(str(tmp_path / f"p{i}.png"))
+        Image.fromarray(pixels).save(photos[-1])
+    assert main(["predict", *photos, "--weights", str(tmp_path / "weights"), "--json", "--top-k", "3"]) == 0
+    torch_preds = json.loads(capsys.readouterr().out)
+    assert main(["predict", *photos, "--weights", str(tmp_path / "m.onnx"), "--json", "--top-k", "3"]) == 0
+    onnx_preds = json.loads(capsys.readouterr().out)
+    for a, b in zip(torch_preds, onnx_preds):
+        assert [t["label"] for t in a["top"]] == [t["label"] for t in b["top"]]
+        assert np.allclose([t["probability"] for t in a["top"]], [t["probability"] for t in b["top"]], atol=1e-5)
+    assert {t["label"] for t in onnx_preds[0]["top"]} == {"cat", "dog", "fox"}
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    path = tmp_path / "foreign.onnx"
+    with torch.no_grad():  # exported by plain torch.onnx, as another project would
+        torch.onnx.export(model, (torch.zeros(2, 3, 32, 32),), str(path), dynamo=False,
+                          dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no vitkit metadata" in err and "--img-size, --mean, --std" in err
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(path), "--img-size", "32", "--mean", "0.5",
+                 "0.5", "0.5", "--std", "0.5", "0.5", "0.5", "--labels", "a", "b", "c", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["top"][0]["label"] in "abc"
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(path), "--img-size", "32", "--mean", "0.5",
+                 "--std", "0.5", "0.5", "0.5"]) == 2  # one mean for three channels
+    assert "--mean has 1 values for 3 channels" in capsys.readouterr().err
+    vitkit_file = export_onnx(model, tmp_path / "v.onnx")
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(vitkit_file), "--img-size", "64"]) == 2
+    assert "carries its own preprocessing" in capsys.readouterr().err
+
+
+def test_bad_inputs_are_one_line_each(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    model.save_pretrained(tmp_path / "w")
+    w = str(tmp_path / "w")
+    (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all" * 10)
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+    image = str(tmp_path / "a.png")
+    cases = {
+        ("convert", w, str(tmp_path / "x.pth"), "--to", "timm", "--quantize", "int8"): "apply to --to onnx",
+        ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--scan"): "--scan applies to --to big_vision",
+        ("convert", w, str(tmp_path / "x.bin"), "--to", "onnx"): "must end in .onnx",
+        ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--opset", "9"): "opset must be",
+        ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--quantize", "int8-static"):
+            "name no built-in dataset",
+        ("predict", image, "--weights", str(tmp_path / "junk.onnx")): "not a readable ONNX model",
+        ("predict", image, "--weights", str(tmp_path / "missing.onnx")): "not found",
+        ("predict", image, "--weights", w, "--quantize", "int8"): "--quantize needs --runtime onnxruntime",
+        ("predict", image, "--weights", w, "--mean", "0.5"): "stand in for the metadata",
+        ("eval", "--weights", str(tmp_path / "junk.onnx"), "--runtime", "torch"): "runs on --runtime onnxruntime",
+    }
+    for argv, words in cases.items():
+        assert main(list(argv)) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, (argv, err)
+    assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x.onnx*"))  # nothing half-written
+
+
+def test_pre_training_models_and_huge_models_are_refused_before_any_work(tmp_path):
+    from vitkit.selfsup import pretrainer_from_configs
+
+    encoder = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1).config
+    mae = pretrainer_from_configs(encoder, {"objective": "mae"})
+    with pytest.raises(OnnxExportError, match="pre-training model has no ONNX form"):
+        export_onnx(mae, tmp_path / "m.onnx")
+    with pytest.raises(OnnxExportError, match="past the single-file ONNX limit"):
+        export_onnx(vitkit.create_model("vit_huge_patch14_224", depth=1, embed_dim=16, num_heads=1, mlp_dim=32,
+                                        num_classes=70_000_000), tmp_path / "h.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
+    import vitkit.deploy.onnx_export as ox
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    (tmp_path / "m.onnx").write_bytes(b"the previous export")
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ox.onnx_modules("test")[0], "save_model", broken)
+    with pytest.raises(OSError):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+    assert (tmp_path / "m.onnx").read_bytes() == b"the previous export"
+
+
+def test_onnxruntime_missing_names_the_extra(tmp_path, monkeypatch, capsys):
+    from test_extras import assert_names_extra, hide
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    hide(monkeypatch, "onnxruntime")
+    with pytest.raises(ImportError) as e:
+        export_onnx(model, tmp_path / "m.onnx")
+    assert_names_extra(e, "onnx", "onnxruntime")
+    model.save_pretrained(tmp_path / "w")
+    assert main(["eval", "--weights", str(tmp_path / "w"), "--runtime", "onnxruntime"]) == 2
+    assert "pip install -e '.[onnx]'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small ViT trained for a few seconds on real Fashion-MNIST (enough to make decisions)."""
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    torch.manual_seed(0)
+    train = fm.load_split("train")
+    x = torch.from_numpy(train.images[:4096]).unsqueeze(1)
+    y = torch.from_numpy(train.labels[:4096]).long()
+    model = vitkit.create_model("vit_fmnist", depth=2, label_names=train.classes)
+    from vitkit.evaluate.metrics import prepare_batch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for step in range(100):
+        i = torch.randint(0, len(y), (64,))
+        loss = torch.nn.functional.cross_entropy(model(prepare_batch(x[i], model.config)), y[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["int8", "int8-static"])
+def test_int8_models_run_and_agree_with_fp32_on_most_predictions(trained, method, tmp_path):
+    from vitkit.deploy.runtime import calibration_images
+    from vitkit.evaluate import classification_report
+
+    test = fm.load_split("test")
+    images = torch.from_numpy(test.images[:1000]).unsqueeze(1)
+    labels = torch.from_numpy(test.labels[:1000]).long()
+    calibration = calibration_images(trained) if method == "int8-static" else None
+    q = OnnxModel(export_onnx(trained, tmp_path / "q.onnx", quantize=method, calibration=calibration))
+    fp32 = OnnxModel(export_onnx(trained, tmp_path / "f.onnx"))
+    assert q.quantization == {"int8": "int8-dynamic"}.get(method, method)
+    assert os.path.getsize(tmp_path / "q.onnx") < 0.6 * os.path.getsize(tmp_path / "f.onnx")  # int8 weights
+    from vitkit.evaluate.metrics import prepare_batch
+
+    x = prepare_batch(images, trained.config)
+    agree = (q(x).argmax(-1) == fp32(x).argmax(-1)).float().mean().item()
+    top1 = classification_report(trained, images, labels, progress=False).top1
+    assert top1 > 0.55  # it learned (chance is 0.1), so agreement is about decisions, not noise
+    assert agree > 0.9, agree
+
+
+def test_eval_on_onnxruntime_matches_eval_on_torch(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 200 test images
+    trained.save_pretrained(tmp_path / "w")
+    results = {}
+    for runtime in ("torch", "onnxruntime"):
+        assert main(["eval", "--weights", str(tmp_path / "w"), "--runtime", runtime, "--json", "--no-progress"]) == 0
+        results[runtime] = json.loads(capsys.readouterr().out)
+    assert results["onnxruntime"]["precision"] == "onnxruntime fp32" and results["torch"]["precision"] == "fp32"
+    assert results["onnxruntime"]["confusion"] == results["torch"]["confusion"]
