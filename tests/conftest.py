@@ -1,5 +1,7 @@
-"""Shared test helpers: random weights that exercise every mapping; a run killed mid-way."""
+"""Shared test helpers: random weights that exercise every mapping; a run killed mid-way; a fake Hub."""
 
+import fnmatch
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +35,23 @@ def images():
     def make(batch=2, h=224, w=224, c=3, seed=1):
         return torch.randn(batch, c, h, w, generator=torch.Generator().manual_seed(seed))
     return make
+
+
+def fake_snapshot_download(remote, calls):
+    """huggingface_hub.snapshot_download serving the files of ``remote`` (a local folder) that match
+    allow_patterns, copied to a cache folder as the real one does; records (repo, patterns, revision)."""
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, cache_dir=None, **kw):
+        calls.append((repo_id, tuple(allow_patterns), revision))
+        snapshot = remote.parent / "cache" / repo_id.replace("/", "--") / (revision or "main")
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for path in remote.rglob("*"):
+            name = path.relative_to(remote).as_posix()
+            if path.is_file() and any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, snapshot / name)
+        return str(snapshot)
+    return snapshot_download
 
 
 def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitkit
-from conftest import max_diff, randomize
+from conftest import fake_snapshot_download, max_diff, randomize
 from vitkit.utils import MissingExtra
 from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
 
@@ -218,33 +218,48 @@ def test_crafted_pickle_is_refused_and_never_runs(tmp_path):
 # ------------------------------------------------------------------ hub
 
 
-def test_hub_download_uses_hf_hub_download(tmp_path, monkeypatch, images):
+def test_hub_download_uses_snapshot_download(tmp_path, monkeypatch, images):
     src = tiny()
     src.save_pretrained(tmp_path / "repo")
     calls = []
-
-    def fake_download(repo, filename, revision=None, cache_dir=None):
-        calls.append((repo, filename, revision))
-        path = tmp_path / "repo" / filename
-        if not path.exists():
-            raise type("EntryNotFoundError", (Exception,), {})(filename)
-        return str(path)
-
-    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=fake_download))
+    fake = fake_snapshot_download(tmp_path / "repo", calls)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=fake))
     model = vitkit.from_pretrained("hf-hub:someone/tiny-vit@v1")
-    assert calls[0] == ("someone/tiny-vit", "config.json", "v1")
-    assert ("someone/tiny-vit", "model.safetensors", "v1") in calls
+    assert calls == [("someone/tiny-vit", ("config.json", "preprocessor_config.json", "model.safetensors"), "v1")]
     x = images(1, 32, 32)
     assert max_diff(model(x), src(x)) == 0
+
+
+def test_hub_download_asks_for_other_weights_only_without_safetensors(tmp_path, monkeypatch, images):
+    """timm and transformers repositories carry model.safetensors beside pytorch_model.bin: one is fetched."""
+    src = tiny()
+    vitkit.export_weights(src, tmp_path / "repo", format="hf")
+    (tmp_path / "repo" / "pytorch_model.bin").write_bytes(b"not fetched")
+    calls = []
+    fake = fake_snapshot_download(tmp_path / "repo", calls)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=fake))
+    folder = vitkit.weights.download_from_hub("org/with-both")
+    assert len(calls) == 1 and not (folder / "pytorch_model.bin").exists()
+    (tmp_path / "repo" / "model.safetensors").rename(tmp_path / "repo" / "elsewhere.safetensors")
+    folder = vitkit.weights.download_from_hub("org/bin-only@other")
+    assert calls[-1] == ("org/bin-only", ("pytorch_model.bin", "model.npz"), "other")
+    assert (folder / "pytorch_model.bin").read_bytes() == b"not fetched" and (folder / "config.json").is_file()
+    (tmp_path / "repo" / "pytorch_model.bin").unlink()
+    with pytest.raises(WeightsError, match="has none of model.safetensors, pytorch_model.bin, model.npz"):
+        vitkit.weights.download_from_hub("org/no-weights")
+    (tmp_path / "repo" / "config.json").unlink()
+    with pytest.raises(WeightsError, match="'org/none' has no config.json"):
+        vitkit.weights.download_from_hub("org/none")
 
 
 def test_hub_offline_gives_clear_message(monkeypatch):
     def offline(*a, **k):
         raise ConnectionError("Failed to resolve 'huggingface.co'")
 
-    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=offline))
-    with pytest.raises(WeightsError, match="Offline or no access.*local folder"):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=offline))
+    with pytest.raises(WeightsError, match="could not reach the Hugging Face Hub.*offline.*local folder") as e:
         vitkit.from_pretrained("hf-hub:org/name")
+    assert "\n" not in str(e.value) and "ConnectionError: Failed to resolve" in str(e.value)
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
     with pytest.raises(MissingExtra, match=r"pip install -e '\.\[hub\]'.*pip install 'vitkit\[hub\]'"):
         vitkit.from_pretrained("hf-hub:org/name")

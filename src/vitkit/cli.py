@@ -165,6 +165,35 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .train.runlock import unfinished_run
+    from .weights.hub import check_repo_id, push_to_hub, save_for_hub
+
+    repo_id = check_repo_id(args.repo_id)  # before any work: a typo should not cost a save
+    if why := unfinished_run(args.src):
+        raise FileNotFoundError(why)
+    if not Path(args.src).exists():
+        raise FileNotFoundError(f"weights not found: {args.src} (no such file or folder)")
+    if args.dry_run:
+        folder = save_for_hub(args.src, args.dry_run, repo_id=repo_id)
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        if args.json:
+            _print_json({"repo_id": repo_id, "folder": str(folder), "files": files})
+        else:
+            print(f"wrote {folder} ({len(files)} files: {', '.join(files)}): what vitkit push would upload "
+                  f"to {repo_id}")
+        return 0
+    url = push_to_hub(args.src, repo_id, token=args.token, private=args.private, revision=args.revision,
+                      commit_message=args.message)
+    if args.json:
+        _print_json({"repo_id": repo_id, "url": url})
+    else:
+        print(f"pushed {args.src} to {repo_id}: {url}\nload it with vitkit.from_pretrained(\"hf-hub:{repo_id}\")")
+    return 0
+
+
 def _runtime_model(args: argparse.Namespace):
     """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
     running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
@@ -556,6 +585,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
     p.add_argument("--interpolation", default="bicubic", choices=["bicubic", "bilinear"])
     p.set_defaults(func=cmd_convert)
+
+    p = verb("push", "share a model or a run on the Hugging Face Hub (config.json, model.safetensors and a model "
+                     "card with the run's scores and figures)")
+    p.add_argument("src", help="a run folder (runs/NAME), a saved model folder or a weight file")
+    p.add_argument("repo_id", help="org/name on the Hub (created when missing)")
+    p.add_argument("--token", help="a write token (default: HF_TOKEN or hf auth login)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--revision", help="an existing branch to commit to (default: main)")
+    p.add_argument("--message", help="the commit message")
+    p.add_argument("--dry-run", metavar="DIR", help="write what would be pushed into DIR (new or empty); push "
+                                                    "nothing")
+    p.set_defaults(func=cmd_push)
 
     p = verb("predict", "top-k classes of images")
     p.add_argument("images", nargs="+", help="image files")

@@ -19,40 +19,101 @@ from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, to_native
 
 HUB_PREFIX = "hf-hub:"
+#: What ``hf-hub:`` fetches of a repository: the configs, then one weight file. safetensors is
+#: asked for alone first because timm and transformers repositories carry it beside
+#: ``pytorch_model.bin``: both would double the download.
+_HUB_CONFIG_FILES = ("config.json", "preprocessor_config.json")
 _HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")
-_HUB_OPTIONAL_FILES = ("preprocessor_config.json",)
+
+#: huggingface_hub's errors that say what went wrong, matched by class name along the
+#: exception's hierarchy (most derived first, so GatedRepoError is not read as its parent
+#: RepositoryNotFoundError): the classes moved from ``huggingface_hub.utils`` to
+#: ``huggingface_hub.errors`` within the versions the ``hub`` extra allows; their names did not.
+_HUB_ERRORS = {"GatedRepoError": "gated", "RepositoryNotFoundError": "no-repo",
+               "RevisionNotFoundError": "no-revision", "LocalEntryNotFoundError": "offline",
+               "OfflineModeIsEnabled": "offline", "EntryNotFoundError": "no-file",
+               "LocalTokenNotFoundError": "auth"}
+
+
+def hub_failure(e: BaseException) -> Tuple[str, Optional[int], str]:
+    """What a huggingface_hub call's exception means: ``(kind, HTTP status or None, "Type: its
+    first line")``; kind is one of gated, no-repo, no-revision, no-file, offline, auth (HTTP 401/403, no
+    token), http (another HTTP status), network, other. ``snapshot_download`` raises
+    LocalEntryNotFoundError for every failure it cannot serve from the cache, with the real one
+    (a missing revision, a refused connection) as its cause: the cause decides when it says more."""
+    kind, status = _hub_kind(e)
+    cause = e.__cause__ or e.__context__
+    if kind == "offline" and cause is not None:
+        inner, inner_status = _hub_kind(cause)
+        if inner not in ("network", "other", "offline"):
+            kind, status, e = inner, inner_status, cause
+    text = str(e).strip()
+    return kind, status, f"{type(e).__name__}: {text.splitlines()[0] if text else 'no detail'}"
+
+
+def _hub_kind(e: BaseException) -> Tuple[str, Optional[int]]:
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    status = status if isinstance(status, int) else None
+    names = [cls.__name__ for cls in type(e).__mro__]
+    for name in names:
+        if name in _HUB_ERRORS:
+            return _HUB_ERRORS[name], status
+    if status in (401, 403):
+        return "auth", status
+    if status is not None or "HTTPError" in names:
+        return "http", status
+    # the transports raise OSError (requests) or their own RequestError tree (httpx)
+    if isinstance(e, (OSError, TimeoutError)) or {"RequestError", "TransportError"} & set(names):
+        return "network", status
+    return "other", status
 
 
 def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
-    """Fetch ``config.json`` and one weight file of ``org/name[@revision]``; return their folder."""
+    """Fetch ``config.json`` (and ``preprocessor_config.json``) and one weight file of
+    ``org/name[@revision]`` into the Hugging Face cache; return their folder."""
     repo, _, revision = spec.partition("@")
-    if repo.count("/") != 1:
+    if repo.count("/") != 1 or not all(repo.split("/")):
         raise WeightsError(f"hub id {spec!r} should look like 'org/name' or 'org/name@revision'")
     hub = require("huggingface_hub", "hub", "'hf-hub:' sources (or pass a folder downloaded elsewhere)")
 
-    def fetch(name: str) -> str:
-        return hub.hf_hub_download(repo, name, revision=revision or None,
-                                   cache_dir=None if cache_dir is None else str(cache_dir))
-
-    try:
-        config_path = Path(fetch("config.json"))
-    except Exception as e:  # the hub client raises many types; all mean "not available"
-        raise WeightsError(
-            f"could not fetch config.json of {repo!r} from the Hugging Face Hub "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). "
-            f"Offline or no access? Download the repository elsewhere and pass the local folder "
-            f"to from_pretrained().") from e
-    for name in _HUB_OPTIONAL_FILES + _HUB_WEIGHT_FILES:
+    def fetch(patterns: Tuple[str, ...]) -> Path:
         try:
-            fetch(name)
-            if name in _HUB_WEIGHT_FILES:
-                break
-        except Exception as e:
-            if "EntryNotFound" not in type(e).__name__ and "NotFound" not in type(e).__name__:
-                raise WeightsError(f"could not fetch {name} of {repo!r}: {type(e).__name__}: {e}") from e
-    else:
-        raise WeightsError(f"{repo!r} has none of {', '.join(_HUB_WEIGHT_FILES)}")
-    return config_path.parent
+            return Path(hub.snapshot_download(repo, revision=revision or None, allow_patterns=list(patterns),
+                                              cache_dir=None if cache_dir is None else str(cache_dir)))
+        except Exception as e:  # the client and its transports raise many types: hub_failure sorts them
+            raise WeightsError(_download_problem(repo, revision, e)) from e
+
+    folder = fetch(_HUB_CONFIG_FILES + _HUB_WEIGHT_FILES[:1])
+    if not (folder / _HUB_WEIGHT_FILES[0]).is_file():
+        folder = fetch(_HUB_WEIGHT_FILES[1:])  # the same revision's snapshot folder
+    at = f"{repo}@{revision}" if revision else repo
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{at!r} has no config.json: not a model repository from_pretrained() can read "
+                           f"(download its weights and pass the file)")
+    if not any((folder / name).is_file() for name in _HUB_WEIGHT_FILES):
+        raise WeightsError(f"{at!r} has none of {', '.join(_HUB_WEIGHT_FILES)}")
+    return folder
+
+
+def _download_problem(repo: str, revision: str, e: BaseException) -> str:
+    """One line for a failed download: which case it is and what to do."""
+    kind, status, detail = hub_failure(e)
+    login = "set HF_TOKEN or log in (hf auth login)"
+    if kind == "gated":
+        return f"{repo!r} is gated: accept its terms on https://huggingface.co/{repo}, then {login}"
+    if kind == "no-repo":
+        return f"no model repository {repo!r} on the Hugging Face Hub (if it is private: {login})"
+    if kind == "no-revision":
+        return f"{repo!r} has no revision {revision!r}: give an existing branch, tag or commit after '@'"
+    if kind == "auth":
+        return f"the Hugging Face Hub refused access to {repo!r} (HTTP {status or '401'}): {login}"
+    if kind in ("offline", "network"):
+        return (f"could not reach the Hugging Face Hub for {repo!r} and it is not in the cache (offline? {detail}); "
+                f"download the repository elsewhere and pass its local folder to from_pretrained()")
+    if kind == "no-file":
+        return f"{repo!r} lacks a file from_pretrained() needs ({detail})"
+    http = f"HTTP {status}, " if status else ""
+    return f"could not fetch {repo!r} from the Hugging Face Hub ({http}{detail})"
 
 
 def config_for_source(src: Source, **overrides: Any):
