@@ -89,6 +89,28 @@ def test_bench_compile_quick_writes_to_the_smoke_folder(dirs, monkeypatch, tmp_p
     assert (tmp_path / "mine.json").is_file()
 
 
+def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
+    """bench_onnx at its smallest (ViT-Ti at 32 px, one round): every path is built and exported
+    for real, and the row's ratios come from the measured medians."""
+    import bench_onnx
+
+    results, smoke = dirs
+    real_pair = bench_onnx.build_pair
+    monkeypatch.setattr(bench_onnx, "build_pair", lambda name, device, vitkit_first: [
+        m.eval() for m in real_pair(name, device, vitkit_first)])
+    monkeypatch.setattr(bench_onnx, "gemm_gflops", lambda: 100.0)
+    monkeypatch.setattr(bench_onnx, "measure", lambda paths, x, rounds, t: {
+        name: {"median_img_s": 10.0 + i, "samples_img_s": [10.0 + i], "iters": 1} for i, name in enumerate(paths)})
+    assert bench_onnx.main(["--quick"]) == 0
+    assert _files(results) == []
+    [name] = _files(smoke)
+    row = json.loads((smoke / name).read_text())["rows"][0]
+    assert name.startswith("onnx_cpu") and row["ort_fp32_max_abs_diff_vs_timm"] < 1e-4
+    assert set(row["paths"]) == {"timm fp32", "timm bf16", "vitkit fp32", "vitkit bf16", "ort fp32", "ort int8",
+                                 "ort int8-static"}
+    assert row["vitkit_fastest"] == "ort int8-static" and row["fastest_over_timm_fastest"] == 16.0 / 11.0
+
+
 def _fake_run(work: Path, name: str) -> dict:
     (work / name).mkdir(parents=True, exist_ok=True)
     (work / name / "config.json").write_text("{}")

@@ -172,12 +172,12 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
 def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:
     """``count`` training images (a fixed random draw) of the dataset the model's labels name."""
     from ..data import datasets
-    from ..train.data import load_split_tensors
 
     name = datasets.dataset_for_labels(model.config.label_names)
     if name is None:
         raise ValueError("int8-static needs calibration images: the model's classes name no built-in dataset; "
                          "export with vitkit.export_onnx(model, path, quantize='int8-static', calibration=IMAGES)")
-    images, _, _ = load_split_tensors(name, "train")
+    images = torch.from_numpy(datasets.load_split(name, "train").images)
     pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
-    return images[pick]
+    picked = images[pick]  # (N, H, W) grey or (N, H, W, C) colour -> (N, C, H, W)
+    return (picked[:, None] if picked.dim() == 3 else picked.permute(0, 3, 1, 2)).contiguous()

@@ -1,0 +1,239 @@
+"""Deployment speed and int8 accuracy: vitkit on ONNX Runtime against timm in PyTorch, one run.
+
+Speed. For each model and batch size, every path computes the same function (timm's random
+weights loaded into vitkit, then exported), and the paths are timed in turns, ``--rounds``
+rounds with the order reversed every other round, so drift of the machine hits all alike:
+
+- ``timm fp32``, ``timm bf16`` (autocast): timm in PyTorch, inference_mode;
+- ``vitkit fp32``, ``vitkit bf16``: vitkit in PyTorch inside ``fast_inference``, as
+  ``vitkit predict`` runs; ``vitkit bf16 compiled`` (``--compile``): the same under
+  ``torch.compile`` (inductor: fused norms and GELU);
+- ``ort fp32``, ``ort int8``, ``ort int8-static``: ``vitkit.export_onnx`` (dynamo exporter)
+  run by ONNX Runtime's CPU provider with the same thread count; int8 is ONNX Runtime's
+  dynamic quantization, int8-static its QDQ form (calibrated here on random images: speed only).
+
+Reported: median img/s per path, the ratios of vitkit's fastest path to timm's fastest and of
+ORT fp32 to timm fp32, and the bf16 GEMM limit: a bf16 2048x3072x768 matrix product (the
+shape of ViT-B's MLP at batch 32 per 6304 tokens, cut to fit) timed in the same run, divided
+by the model's GFLOPs per image, is the img/s a model made only of such GEMMs would reach;
+vitkit's bf16 paths are reported as fractions of it.
+
+Accuracy (``--weights RUN``, e.g. the folder ``make demo`` prints): Fashion-MNIST test top-1
+of the trained model in PyTorch fp32, ONNX Runtime fp32, int8 and int8-static (calibrated on
+256 training images), and how many predictions each int8 model changes.
+
+    python benchmarks/bench_onnx.py --weights runs/NAME              # full run, ~15 min on 2 cores
+    python benchmarks/bench_onnx.py --quick                          # smoke: ViT-Ti, batch 1 (to SMOKE_DIR)
+
+This is a benchmark, not a test: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import vitkit
+from vitkit.deploy import OnnxModel, export_onnx
+from vitkit.models.complexity import complexity
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
+from bench_inference import build_pair, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+
+DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"]
+DEFAULT_BATCH_SIZES = [1, 32]
+TIMM_PATHS = ("timm fp32", "timm bf16")
+GEMM = (2048, 3072, 768)
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+def paths_for(timm_model, vk_model, batch: int, folder: str, compile_bf16: bool) -> dict:
+    """name -> a function running one batch, for every path of the module docstring."""
+    def torch_path(model, bf16: bool, fast: bool):
+        def forward(x):
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            keep = vitkit.models.fast_inference(model) if fast else contextlib.nullcontext()
+            with torch.inference_mode(), autocast, keep:
+                return model(x)
+        return forward
+
+    paths = {"timm fp32": torch_path(timm_model, False, False), "timm bf16": torch_path(timm_model, True, False),
+             "vitkit fp32": torch_path(vk_model, False, True), "vitkit bf16": torch_path(vk_model, True, True)}
+    if compile_bf16:
+        paths["vitkit bf16 compiled"] = torch_path(torch.compile(vk_model, dynamic=False), True, False)
+    h, w = vk_model.config.img_size
+    calibration = torch.randint(0, 256, (32, 3, h, w), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for name, quantize in (("ort fp32", None), ("ort int8", "int8"), ("ort int8-static", "int8-static")):
+        file = export_onnx(vk_model, os.path.join(folder, f"{quantize or 'fp32'}.onnx"), quantize=quantize,
+                           calibration=calibration if quantize == "int8-static" else None)
+        paths[name] = OnnxModel(file, threads=torch.get_num_threads())
+    return paths
+
+
+def timed(fn, x, iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn(x)
+    return time.perf_counter() - start
+
+
+def measure(paths: dict, x: torch.Tensor, rounds: int, min_time: float) -> dict:
+    """Warm up each path (compiles, ORT's first-run allocations), size the iterations so one timing
+    lasts about ``min_time``, then ``rounds`` interleaved rounds; median img/s per path."""
+    iters = {}
+    for name, fn in paths.items():
+        for _ in range(2):
+            fn(x)
+        one = min(timed(fn, x, 1) for _ in range(2))
+        iters[name] = max(1, round(min_time / one))
+    samples = {name: [] for name in paths}
+    names = list(paths)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(iters[name] * len(x) / timed(paths[name], x, iters[name]))
+    return {name: {"median_img_s": statistics.median(s), "samples_img_s": s, "iters": iters[name]}
+            for name, s in samples.items()}
+
+
+def gemm_gflops(rounds: int = 5) -> float:
+    """bf16 GFLOP/s of the GEMM shape ``GEMM`` on this CPU, best of ``rounds`` timings."""
+    m, n, k = GEMM
+    a = torch.randn(m, k).bfloat16()
+    b = torch.randn(k, n).bfloat16()
+    with torch.inference_mode():
+        for _ in range(3):
+            a @ b
+        best = min(timed(lambda _: a @ b, None, 10) / 10 for _ in range(rounds))
+    return 2 * m * n * k / best / 1e9
+
+
+# ---------------------------------------------------------------------------- accuracy
+
+
+def int8_accuracy(weights: str) -> dict:
+    """Fashion-MNIST test top-1 of a trained model on each runtime (see the module docstring)."""
+    from vitkit.deploy.runtime import calibration_images
+    from vitkit.evaluate import classification_report
+    from vitkit.evaluate.metrics import prepare_batch
+    from vitkit.train.data import load_split_tensors
+
+    model = vitkit.from_pretrained(weights)
+    images, labels, classes = load_split_tensors("fashion-mnist", "test")
+    x = prepare_batch(images, model.config)
+    out = {"weights": weights, "model": model.config.architecture, "images": len(labels)}
+    with torch.inference_mode():
+        reference = torch.cat([model(x[i:i + 1000]) for i in range(0, len(x), 1000)]).argmax(-1)
+    out["torch fp32"] = {"top1": classification_report(model, images, labels, classes, progress=False).top1}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, quantize in (("ort fp32", None), ("ort int8", "int8"), ("ort int8-static", "int8-static")):
+            file = export_onnx(model, os.path.join(folder, "m.onnx"), quantize=quantize,
+                               calibration=calibration_images(model) if quantize == "int8-static" else None)
+            runtime = OnnxModel(file)
+            pred = torch.cat([runtime(x[i:i + 1000]) for i in range(0, len(x), 1000)]).argmax(-1)
+            out[name] = {"top1": classification_report(runtime, images, labels, classes, progress=False).top1,
+                         "changed_predictions": int((pred != reference).sum()), "bytes": os.path.getsize(file)}
+    for name in ("ort int8", "ort int8-static"):
+        out[name]["points_below_fp32"] = 100 * (out["ort fp32"]["top1"] - out[name]["top1"])
+    return out
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", help=f"default: {' '.join(DEFAULT_MODELS)}")
+    p.add_argument("--batch-sizes", nargs="+", type=int, help="default: 1 32")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timings per path (default 5)")
+    p.add_argument("--min-time", type=float, default=1.0, help="target seconds per timing (default 1)")
+    p.add_argument("--compile", action="store_true", help="also time vitkit bf16 under torch.compile")
+    p.add_argument("--weights", help="a trained Fashion-MNIST model (run folder): measure int8's accuracy cost")
+    p.add_argument("--threads", type=int, help="torch and ONNX Runtime threads (default: torch's)")
+    p.add_argument("--out", help="results file or folder (default: benchmarks/results/onnx_<device>_<date>.json)")
+    p.add_argument("--quick", action="store_true", help="smoke check: ViT-Ti, batch 1, 2 rounds of 0.1 s")
+    args = p.parse_args(argv)
+    args.models = args.models or (DEFAULT_MODELS[:1] if args.quick else DEFAULT_MODELS)
+    args.batch_sizes = args.batch_sizes or ([1] if args.quick else DEFAULT_BATCH_SIZES)
+    if args.quick:
+        args.rounds, args.min_time = 2, 0.1
+    if args.rounds < 1 or args.min_time < 0 or min(args.batch_sizes) < 1:
+        p.error("--rounds and --batch-sizes must be >= 1, --min-time >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    info = machine_info(device)
+    info["onnxruntime"] = __import__("onnxruntime").__version__
+    out = results_path(args.out, dated_name("onnx", device, info), smoke=args.quick)
+    settings = {k: getattr(args, k) for k in ("models", "batch_sizes", "rounds", "min_time", "compile", "weights")}
+    settings.update(threads=torch.get_num_threads(),
+                    started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    print(f"{info['cpu_model']} | torch {info['torch']} | timm {info['timm']} | onnxruntime {info['onnxruntime']} "
+          f"| threads {settings['threads']}", flush=True)
+    limit = gemm_gflops()
+    print(f"bf16 GEMM {'x'.join(map(str, GEMM))}: {limit:.0f} GFLOP/s", flush=True)
+    rows = []
+    for name in args.models:
+        timm_model, vk_model = build_pair(name, torch.device("cpu"), vitkit_first=False)
+        gflop = complexity(vk_model.config).flops / 1e9
+        with tempfile.TemporaryDirectory() as folder:
+            for batch in args.batch_sizes:
+                paths = paths_for(timm_model, vk_model, batch, folder, args.compile)
+                x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(batch))
+                with torch.inference_mode():
+                    expected = timm_model(x[:2])
+                fp32_diff = (paths["ort fp32"](x[:2]) - expected).abs().max().item()
+                results = measure(paths, x, args.rounds, args.min_time)
+                medians = {k: v["median_img_s"] for k, v in results.items()}
+                timm_best = max(medians[k] for k in TIMM_PATHS)
+                ours = {k: v for k, v in medians.items() if k not in TIMM_PATHS}
+                best = max(ours, key=ours.get)
+                gemm_limit = limit / gflop
+                row = {"model": name, "batch": batch, "gflop_per_image": gflop, "paths": results,
+                       "ort_fp32_max_abs_diff_vs_timm": fp32_diff, "vitkit_fastest": best,
+                       "fastest_over_timm_fastest": ours[best] / timm_best,
+                       "ort_fp32_over_timm_fp32": medians["ort fp32"] / medians["timm fp32"],
+                       "bf16_gemm_limit_img_s": gemm_limit,
+                       "bf16_fraction_of_gemm_limit": {k: medians[k] / gemm_limit for k in medians
+                                                       if k.startswith("vitkit bf16")}}
+                rows.append(row)
+                print(f"\n{name} batch {batch} (ORT fp32 vs timm logits {fp32_diff:.1e}; bf16 GEMM limit "
+                      f"{gemm_limit:.1f} img/s)")
+                for k, v in sorted(medians.items(), key=lambda kv: -kv[1]):
+                    print(f"  {k:<22} {v:8.1f} img/s")
+                print(f"  fastest vitkit ({best}) / fastest timm: {row['fastest_over_timm_fastest']:.2f}x; "
+                      f"ORT fp32 / timm fp32: {row['ort_fp32_over_timm_fp32']:.2f}x; bf16 of the GEMM limit: "
+                      + ", ".join(f"{k} {100 * f:.0f}%" for k, f in row["bf16_fraction_of_gemm_limit"].items()),
+                      flush=True)
+        del timm_model, vk_model
+    accuracy = None
+    if args.weights:
+        accuracy = int8_accuracy(args.weights)
+        print(f"\nint8 on {args.weights} (Fashion-MNIST test, {accuracy['images']:,} images):")
+        for k in ("torch fp32", "ort fp32", "ort int8", "ort int8-static"):
+            extra = (f"  ({accuracy[k]['points_below_fp32']:+.2f} points below ORT fp32, "
+                     f"{accuracy[k]['changed_predictions']} predictions changed)" if "int8" in k else "")
+            print(f"  {k:<16} top-1 {100 * accuracy[k]['top1']:.2f}%{extra}")
+    settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    write_json_atomic(out, {"benchmark": "onnx", "machine": info, "settings": settings,
+                            "bf16_gemm_gflop_s": limit, "rows": rows, "int8_accuracy": accuracy})
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
