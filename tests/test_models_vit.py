@@ -8,7 +8,7 @@ import torch
 import vitkit
 from conftest import max_diff, randomize
 from vitkit.models import VisionTransformer, ViTConfig, count_parameters
-from vitkit.models.layers import fast_inference
+from vitkit.models.layers import compile_for_inference, fast_inference
 
 PAPER_COUNTS = {
     "vit_tiny_patch16_224": 5_717_416,
@@ -254,6 +254,19 @@ def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
         with torch.no_grad():
             after = model(x)
     assert torch.equal(plain2, after) and not torch.equal(after, before)
+
+
+def test_compile_for_inference_computes_what_eager_bf16_computes(images):
+    """Inductor with freezing (weights folded in as constants, prepacked) is the same function:
+    under bf16 autocast it agrees with the eager fast path to bf16 rounding."""
+    model = tiny(attn_impl="sdpa").eval()
+    x = images(4, 32, 32)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with fast_inference(model):
+            eager = model(x).float()
+        compiled = compile_for_inference(model)(x).float()
+    assert compiled.shape == eager.shape
+    assert (compiled - eager).abs().max().item() < 0.05 * eager.abs().max().item()
 
 
 def test_hooks_see_what_module_names_say_as_in_timm(images):

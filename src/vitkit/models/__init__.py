@@ -9,7 +9,17 @@ from .cait import CaiT, CaiTConfig
 from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
 from .hybrid import HybridEmbed
-from .layers import Attention, Block, DropPath, LayerScale, Mlp, PatchEmbed, fast_inference, resample_pos_embed
+from .layers import (
+    Attention,
+    Block,
+    DropPath,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+    compile_for_inference,
+    fast_inference,
+    resample_pos_embed,
+)
 from .registry import (
     Family,
     build_from_config,
@@ -38,4 +48,5 @@ __all__ = [
     "list_models", "register_architecture", "register_model", "ViTConfig", "VisionTransformer",
     "count_parameters", "num_tokens", "Family", "register_family", "unregister_family", "family", "family_of",
     "families", "family_of_state_dict", "TokenModel", "TokenConfig", "ConfigMixin", "fast_inference",
+    "compile_for_inference",
 ]
