@@ -328,9 +328,11 @@ def fast_inference(model: nn.Module) -> Iterator[nn.Module]:
 def compile_for_inference(model: nn.Module) -> nn.Module:
     """``torch.compile`` for inference with inductor's freezing: the weights become constants of
     the compiled graph, so their bf16 casts are folded away and linear layers run on weights
-    prepacked for oneDNN; norms and GELU are fused as in any compile. ViT-B/16 bf16 at batch 32
-    on this project's 2-core CPU: 15.0 img/s under :func:`fast_inference`, 18.6 compiled so
-    (``benchmarks/bench_onnx.py --compile``). Call it under ``torch.inference_mode()`` (freezing
+    prepacked for oneDNN; norms and GELU are fused as in any compile. On this project's 2-core
+    CPU it gains little over :func:`fast_inference` (ViT-B/16 bf16, batch 32, interleaved runs:
+    -2% to +8%; ViT-Ti/16: +8%; ``benchmarks/bench_onnx.py --compile``), the GEMMs being
+    oneDNN's either way; it is the PyTorch path's last lever before ONNX Runtime's int8.
+    Call it under ``torch.inference_mode()`` (freezing
     applies only without autograd). Weights changed after the first call are not seen: compile
     again. Each new input shape compiles once (seconds to a minute)."""
     return torch.compile(model, dynamic=False, options={"freezing": True})
