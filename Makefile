@@ -29,7 +29,7 @@ test: $(STAMP)
 
 # ruff: pycodestyle, pyflakes (unused and undefined names), import order; pyproject.toml [tool.ruff]
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts hubconf.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_inference.py
