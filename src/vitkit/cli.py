@@ -147,15 +147,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:
-    from .deploy import export_onnx
+    from .deploy import EXPORTERS, export_onnx
     from .deploy.runtime import calibration_images
 
     calibration = calibration_images(model) if args.quantize == "int8-static" else None
-    out = export_onnx(model, args.dst, exporter=args.exporter or "dynamo", opset=args.opset, quantize=args.quantize,
+    exporter = args.exporter or EXPORTERS[0]
+    out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize,
                       calibration=calibration)
     info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
             "params": sum(p.numel() for p in model.parameters()), "quantization": args.quantize or "none",
-            "exporter": args.exporter or "dynamo", "bytes": out.stat().st_size}
+            "exporter": exporter, "bytes": out.stat().st_size}
     if args.json:
         _print_json(info)
     else:

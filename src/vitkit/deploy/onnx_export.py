@@ -94,14 +94,15 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
     from ..selfsup import is_pretrainer
 
     problems = []
+    params = sum(p.numel() for p in model.parameters())
     if is_pretrainer(model):
         problems.append(f"a {model.objective} pre-training model has no ONNX form (its loss needs masks "
                         f"drawn at run time): export its encoder (from_pretrained(..., encoder_only=True)) "
                         f"or fine-tune it first")
     elif not hasattr(getattr(model, "config", None), "img_size"):
         problems.append(f"export_onnx takes a vitkit model (with a .config), not {type(model).__name__}")
-    elif sum(p.numel() * 4 for p in model.parameters()) >= PROTO_LIMIT:
-        problems.append(f"{model.config.architecture} has {sum(p.numel() for p in model.parameters()):,} parameters: "
+    elif params * 4 >= PROTO_LIMIT:
+        problems.append(f"{model.config.architecture} has {params:,} parameters: "
                         f"over 2 GB in fp32, past the single-file ONNX limit vitkit writes")
     if path.suffix != ".onnx":
         problems.append(f"the ONNX file's name must end in .onnx, not {path.name!r}")

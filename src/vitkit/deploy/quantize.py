@@ -40,6 +40,8 @@ def quantize_onnx(src: PathLike, dst: PathLike, method: str = "int8", config: An
     q = require("onnxruntime.quantization", "onnx", "int8 quantization")
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    if method == "int8-static" and (calibration is None or config is None):
+        raise ValueError("int8-static quantization needs calibration images and the model's config")
     dst = Path(dst)
     with tempfile.TemporaryDirectory(prefix=".vitkit-quant-", dir=dst.parent) as work:
         pre = Path(work) / "pre.onnx"
@@ -54,8 +56,6 @@ def _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, 
         q.quantize_dynamic(str(pre), str(dst), weight_type=q.QuantType.QInt8, op_types_to_quantize=_DYNAMIC_OPS,
                            per_channel=False)
         return
-    if calibration is None or config is None:
-        raise ValueError("int8-static quantization needs calibration images and the model's config")
     q.quantize_static(str(pre), str(dst), _Calibration(calibration, config, batch_size),
                       quant_format=q.QuantFormat.QDQ, per_channel=True, op_types_to_quantize=_STATIC_OPS,
                       activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,

@@ -13,7 +13,6 @@ channels are read off the graph).
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from ..utils import PathLike
-from .onnx_export import CONFIG_KEY, onnx_modules
+from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
 
 RUNTIMES = ("torch", "onnxruntime")
 
@@ -60,15 +59,14 @@ class OnnxModel(nn.Module):
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  labels: Optional[Sequence[str]] = None):
         super().__init__()
-        onnx, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
+        _, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"ONNX model not found: {self.path}")
         try:
-            proto = onnx.load(str(self.path), load_external_data=False)
+            self.metadata = read_metadata(self.path)
         except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
             raise OnnxMetadataError(f"{self.path} is not a readable ONNX model ({type(e).__name__})") from None
-        self.metadata = {p.key: p.value for p in proto.metadata_props}
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.log_severity_level = 3  # errors only: ORT's notes on unused initializers are not the user's
@@ -157,16 +155,11 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
         return model
     from .onnx_export import export_onnx
 
-    folder = tempfile.mkdtemp(prefix="vitkit-onnx-")
-    path = Path(folder) / "model.onnx"
-    try:
-        export_onnx(model, path, quantize=quantize, calibration=calibration_images(model) if quantize == "int8-static"
-                    else None)
+    # the session holds the model in memory: the file is not needed once it is loaded
+    with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as folder:
+        path = export_onnx(model, Path(folder) / "model.onnx", quantize=quantize,
+                           calibration=calibration_images(model) if quantize == "int8-static" else None)
         return OnnxModel(path)
-    finally:  # the session holds the model in memory: the file is not needed once it is loaded
-        if path.exists():
-            os.unlink(path)
-        os.rmdir(folder)
 
 
 def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:

@@ -332,9 +332,9 @@ def compile_for_inference(model: nn.Module) -> nn.Module:
     CPU it gains little over :func:`fast_inference` (ViT-B/16 bf16, batch 32, interleaved runs:
     -2% to +8%; ViT-Ti/16: +8%; ``benchmarks/bench_onnx.py --compile``), the GEMMs being
     oneDNN's either way; it is the PyTorch path's last lever before ONNX Runtime's int8.
-    Call it under ``torch.inference_mode()`` (freezing
-    applies only without autograd). Weights changed after the first call are not seen: compile
-    again. Each new input shape compiles once (seconds to a minute)."""
+    Call it under ``torch.inference_mode()`` (freezing applies only without autograd). Weights
+    changed after the first call are not seen: compile again. Each new input shape compiles once
+    (seconds to a minute)."""
     return torch.compile(model, dynamic=False, options={"freezing": True})
 
 
