@@ -25,9 +25,9 @@ from PIL import Image
 import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.data.shards import decode_record, folder_to_shards, iter_records
+from vitkit.runlock import RunLock
 from vitkit.train import NonFiniteLoss, resolve_config, train
 from vitkit.train.checkpoint import NonFiniteState, checkpoint_paths, load_intact, save_checkpoint
-from vitkit.train.runlock import RunLock
 from vitkit.weights import UnsafeCheckpointError, WeightsError
 
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

@@ -92,7 +92,7 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(run, capsys):
 
 
 def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, capsys):
-    from vitkit.train.runlock import RunLock
+    from vitkit.runlock import RunLock
 
     run = tmp_path / "r"
     (run / "checkpoints").mkdir(parents=True)

@@ -169,7 +169,7 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .train.runlock import unfinished_run
+    from .runlock import unfinished_run
     from .weights.hub import check_repo_id, push_to_hub, save_for_hub
 
     repo_id = check_repo_id(args.repo_id)  # before any work: a typo should not cost a save
@@ -223,7 +223,7 @@ def _load(args: argparse.Namespace, **kwargs):
     the verb says so on stderr (a run that has not finished has no model yet: one line)."""
     from pathlib import Path
 
-    from .train.runlock import unfinished_run
+    from .runlock import unfinished_run
     from .weights import from_pretrained
     from .weights.pretrained import run_model_folder
 

@@ -88,8 +88,8 @@ def load_teacher(source: str, num_classes: int, device: Union[str, torch.device]
     if source.startswith(TORCHVISION_PREFIX):
         model, spec = _torchvision_teacher(source[len(TORCHVISION_PREFIX):], num_classes)
     else:
+        from ..runlock import unfinished_run
         from ..weights.pretrained import from_pretrained
-        from .runlock import unfinished_run
 
         if why := unfinished_run(source):
             raise FileNotFoundError(f"--teacher {why}")

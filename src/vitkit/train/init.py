@@ -15,11 +15,11 @@ from typing import Any, Dict, Tuple
 from torch import nn
 
 from ..models import build_from_config
+from ..runlock import unfinished_run
 from ..weights.io import WeightsError
 from ..weights.load import load_weights, read_source
 from ..weights.pretrained import config_for_source, fit_channel_stats, weights_path
 from .config import resolve_width
-from .runlock import unfinished_run
 
 HEAD_MODES = ("new", "keep")
 

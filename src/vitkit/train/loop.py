@@ -30,6 +30,7 @@ from torch import nn
 
 from .. import tiny
 from ..models import get_model_config
+from ..runlock import RunLock
 from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
 from . import distributed
@@ -41,7 +42,6 @@ from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
 from .plot import plot_curves
 from .progress import Progress
-from .runlock import RunLock
 from .schedule import lr_at
 from .tasks import Classification, task_for
 from .tracking import MetricsLog

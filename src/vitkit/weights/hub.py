@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from .._version import __version__
+from ..runlock import unfinished_run
 from ..utils import PathLike, require
 from .io import WeightsError
 from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder
@@ -81,10 +82,6 @@ def _model_and_run(source: Union[nn.Module, PathLike]) -> Tuple[nn.Module, Optio
             raise WeightsError(f"a {type(source).__name__} has no save_pretrained(): push_to_hub takes vitkit "
                                f"models (vitkit.create_model, from_pretrained, vitkit.selfsup)")
         return source, None
-    # runlock is train's: imported here, as the CLI does, so that importing vitkit.weights does
-    # not import the training stack
-    from ..train.runlock import unfinished_run
-
     path = Path(source)
     if not path.exists():
         raise WeightsError(f"{path}: no such run, model folder or weight file")
