@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..utils import PathLike, require
+from ..utils import PathLike, require, work_folder
 
 EXPORTERS = ("dynamo", "torchscript")
 INPUT_NAME = "pixel_values"
@@ -60,22 +59,26 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
 
     ``quantize``: ``None`` (fp32), ``"int8"`` (ONNX Runtime's dynamic int8: weights int8,
     activations quantized per batch at run time) or ``"int8-static"`` (QDQ with activation
-    ranges calibrated on ``calibration``: uint8 images ``(N, C, H, W)``, e.g. 256 training
-    images; see :mod:`vitkit.deploy.quantize`). The file is written atomically.
+    ranges calibrated on ``calibration``: uint8 images ``(N, C, H, W)``; by default 256
+    training images of the built-in dataset the model's class names name, see
+    :mod:`vitkit.deploy.quantize`). The file is written atomically.
     """
-    from .quantize import QUANTIZATIONS, quantize_onnx
+    from .quantize import QUANTIZATIONS, calibration_images, quantize_onnx
 
     path = Path(path)
     problems = _problems(model, path, exporter, opset, quantize, calibration, QUANTIZATIONS)
     if problems:
         raise OnnxExportError("; ".join(problems))
+    if quantize == "int8-static" and calibration is None:
+        calibration = calibration_images(model)  # one line when the class names name no dataset
     onnx, _ = onnx_modules("ONNX export")
     if exporter == "dynamo":
         require("onnxscript", "onnx", "ONNX export (the dynamo exporter; or exporter='torchscript')")
     config = model.config
     path.parent.mkdir(parents=True, exist_ok=True)
-    # built in a private folder beside the target, then renamed over it: a crash leaves no half file
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work:
+    # built in a private folder beside the target, then renamed over it: a crash leaves no half file,
+    # and a killed export's folder is removed by the next export of the same name
+    with work_folder(path.parent, path.name) as work:
         fp32 = Path(work) / "fp32.onnx"
         _export_graph(model, fp32, exporter, opset)
         final = fp32
@@ -112,8 +115,6 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
         problems.append(f"opset must be an integer from 17 (LayerNormalization) to 23, not {opset!r}")
     if quantize is not None and quantize not in quantizations:
         problems.append(f"quantize must be one of {', '.join(quantizations)}, not {quantize!r}")
-    if quantize == "int8-static" and calibration is None:
-        problems.append("int8-static quantization needs calibration images (uint8, N x C x H x W)")
     if quantize != "int8-static" and calibration is not None:
         problems.append("calibration images are used by int8-static quantization only")
     return problems

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
-from ..utils import PathLike, require
+from ..utils import PathLike, require, work_folder
 
 QUANTIZATIONS = ("int8", "int8-static")
 _DYNAMIC_OPS = ["MatMul", "Gemm"]
@@ -43,7 +43,7 @@ def quantize_onnx(src: PathLike, dst: PathLike, method: str = "int8", config: An
     if method == "int8-static" and (calibration is None or config is None):
         raise ValueError("int8-static quantization needs calibration images and the model's config")
     dst = Path(dst)
-    with tempfile.TemporaryDirectory(prefix=".vitkit-quant-", dir=dst.parent) as work:
+    with work_folder(dst.parent, "vitkit-quant") as work:
         pre = Path(work) / "pre.onnx"
         with _quiet_root_logger():
             _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, batch_size)
@@ -85,6 +85,20 @@ class _Calibration:
 
     def rewind(self):
         self.start = 0
+
+
+def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:
+    """``count`` training images (a fixed random draw) of the dataset the model's labels name."""
+    from ..data import datasets
+
+    name = datasets.dataset_for_labels(model.config.label_names)
+    if name is None:
+        raise ValueError("int8-static needs calibration images: the model's classes name no built-in dataset; "
+                         "export with vitkit.export_onnx(model, path, quantize='int8-static', calibration=IMAGES)")
+    images = torch.from_numpy(datasets.load_split(name, "train").images)
+    pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
+    picked = images[pick]  # (N, H, W) grey or (N, H, W, C) colour -> (N, C, H, W)
+    return (picked[:, None] if picked.dim() == 3 else picked.permute(0, 3, 1, 2)).contiguous()
 
 
 @contextlib.contextmanager

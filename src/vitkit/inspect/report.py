@@ -25,7 +25,7 @@ from ..evaluate.predict import label_for
 from ..models import family_of
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
-from ..utils import require
+from ..utils import require, write_text
 from . import figures
 from .analysis import (
     attention_maps,
@@ -155,7 +155,7 @@ input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p i
 </body></html>
 """
     path = result.out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_text(path, page)
     return path
 
 

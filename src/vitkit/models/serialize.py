@@ -13,7 +13,7 @@ from typing import Any, Dict
 from torch import nn
 
 from .._version import __version__
-from ..utils import PathLike, atomic_path, write_json
+from ..utils import PathLike, atomic_path, new_folder, write_json
 
 NATIVE_FORMAT = "vitkit"
 NATIVE_FORMAT_VERSION = 1
@@ -30,16 +30,16 @@ def native_config_dict(config: Any, **extra: Any) -> Dict[str, Any]:
 
 
 def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, **extra: Any) -> Path:
-    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically);
-    ``config`` (default ``model.config``) and ``extra`` as :func:`native_config_dict` says."""
+    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically; a
+    failed save removes the folder it made); ``config`` (default ``model.config``) and ``extra``
+    as :func:`native_config_dict` says."""
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(directory / WEIGHTS_NAME) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
-    write_json(directory / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
+    with new_folder(directory) as directory:  # a failed save removes the folder it made
+        with atomic_path(directory / WEIGHTS_NAME) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
+        write_json(directory / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
     return directory
 
 

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..utils import MissingExtra, atomic_path, require
+from ..utils import DiskFull, MissingExtra, atomic_path, is_disk_full, require
 
 log = logging.getLogger("vitkit.train")
 
@@ -33,6 +33,15 @@ def scalar_tag(key: str) -> str:
     return f"train/{key}"
 
 
+def _step_of(line: str) -> Optional[int]:
+    """The step of a metrics row; None for a blank or torn line (a row cut short by a kill)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step", 0) if isinstance(row, dict) else None
+
+
 class MetricsLog:
     """Appends metric rows (dicts with a ``step``) to every enabled sink."""
 
@@ -46,7 +55,7 @@ class MetricsLog:
         if not self.enabled or not self.path.is_file():
             return
         lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
         if len(kept) != len(lines):
             with atomic_path(self.path) as tmp:
                 tmp.write_text("".join(line + "\n" for line in kept))
@@ -54,8 +63,17 @@ class MetricsLog:
     def write(self, row: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        with open(self.path, "ab") as f:
+            end = f.tell()
+            try:
+                f.write((json.dumps(row) + "\n").encode())
+                f.flush()
+            except OSError as e:  # never half a row: cut the file back to the rows before
+                f.truncate(end)
+                if is_disk_full(e, self.path.parent):
+                    raise DiskFull(self.path, "the rows before are intact; free some space, then --resume the "
+                                              "run") from None
+                raise
         if self.writer is not None:
             for key, value in row.items():
                 if key not in ("step", "epoch") and isinstance(value, (int, float)):

@@ -14,7 +14,7 @@ from torch import nn
 from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
-from ..utils import PathLike, atomic_path, write_json
+from ..utils import PathLike, atomic_path, new_folder, write_json
 from . import hf_format, npz_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import CONFIG_METADATA_KEY
@@ -66,10 +66,10 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
         return _export_timm(model, path)
     if format == "hf":
         sd = hf_format.from_native(model)
-        path.mkdir(parents=True, exist_ok=True)
-        _save_safetensors(sd, path / "model.safetensors")
-        write_json(path / "config.json", hf_format.config_to_hf(model.config))
-        write_json(path / "preprocessor_config.json", hf_format.preprocessor_to_hf(model.config))
+        with new_folder(path):  # a failed export removes the folder it made
+            _save_safetensors(sd, path / "model.safetensors")
+            write_json(path / "config.json", hf_format.config_to_hf(model.config))
+            write_json(path / "preprocessor_config.json", hf_format.preprocessor_to_hf(model.config))
         return path
     if format in ("npz", "big_vision"):
         if path.suffix != ".npz":
@@ -97,10 +97,12 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
         with atomic_path(path) as tmp:
             torch.save(sd, tmp)
         lost = timm_format.bare_state_dict_losses(sd, model)
+        names = " (its class names are not kept either: predictions name classes by number)" \
+            if model.config.label_names else ""
         if lost:
             warnings.warn(f"{path} holds tensors only; read back off its shapes alone it would have "
                           f"{'; '.join(lost)}. Load it with the architecture given (model_name= or those fields "
-                          f"as keywords), or export a .safetensors file, which carries vitkit's config",
+                          f"as keywords){names}, or export a .safetensors file, which carries vitkit's config",
                           ExportWarning, stacklevel=3)
     else:
         raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -26,7 +25,7 @@ from torch import nn
 
 from .._version import __version__
 from ..runlock import unfinished_run
-from ..utils import PathLike, require
+from ..utils import PathLike, check_output, copy_file, new_folder, require, write_text
 from .io import WeightsError
 from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder
 
@@ -65,13 +64,15 @@ def save_for_hub(model_or_run: Union[nn.Module, PathLike], folder: PathLike, rep
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise WeightsError(f"{folder} is not an empty folder: save_for_hub writes a new one (old figures "
                            f"or files left there would be pushed too)")
+    check_output(folder, "folder", "the hub folder")
     model, run = _model_and_run(model_or_run)
-    model.save_pretrained(folder)
-    figures = _copy_figures(run, folder) if run is not None else []
-    summary = _read_json(run / "summary.json") if run is not None else None
-    config = json.loads((folder / "config.json").read_text())
-    params = sum(p.numel() for p in model.parameters())
-    (folder / CARD_NAME).write_text(model_card(config, params, repo_id, summary, figures))
+    with new_folder(folder):  # a failure (a full disk) removes what was written
+        model.save_pretrained(folder)
+        figures = _copy_figures(run, folder) if run is not None else []
+        summary = _read_json(run / "summary.json") if run is not None else None
+        config = json.loads((folder / "config.json").read_text())
+        params = sum(p.numel() for p in model.parameters())
+        write_text(folder / CARD_NAME, model_card(config, params, repo_id, summary, figures))
     return folder
 
 
@@ -99,8 +100,7 @@ def _copy_figures(run: Path, folder: Path) -> List[Path]:
     copied: Dict[str, Path] = {}
     for png in sorted(run.glob("*.png")) + sorted((run / "inspect").glob("*.png")):
         if png.is_file() and png.name not in copied:
-            (folder / FIGURES).mkdir(exist_ok=True)
-            shutil.copyfile(png, folder / FIGURES / png.name)
+            copy_file(png, folder / FIGURES / png.name)
             copied[png.name] = Path(FIGURES) / png.name
     return list(copied.values())
 
