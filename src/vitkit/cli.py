@@ -10,11 +10,14 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
+from .utils import check_output
 
 
 def _fmt_int(n: int) -> str:
@@ -126,6 +129,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
+    check_output(args.dst, "folder" if args.to in ("vitkit", "hf") else "file", "DST")  # before the work
     model = _load(args, interpolation=args.interpolation)
     if args.to == "onnx":
         return _convert_onnx(model, args)
@@ -148,12 +152,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:
     from .deploy import EXPORTERS, export_onnx
-    from .deploy.runtime import calibration_images
 
-    calibration = calibration_images(model) if args.quantize == "int8-static" else None
     exporter = args.exporter or EXPORTERS[0]
-    out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize,
-                      calibration=calibration)
+    out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize)
     info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
             "params": sum(p.numel() for p in model.parameters()), "quantization": args.quantize or "none",
             "exporter": exporter, "bytes": out.stat().st_size}
@@ -173,6 +174,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .weights.hub import check_repo_id, push_to_hub, save_for_hub
 
     repo_id = check_repo_id(args.repo_id)  # before any work: a typo should not cost a save
+    if args.dry_run:
+        check_output(args.dry_run, "folder", "--dry-run")
     if why := unfinished_run(args.src):
         raise FileNotFoundError(why)
     if not Path(args.src).exists():
@@ -251,6 +254,8 @@ def _classifier(model, weights: str):
 def cmd_predict(args: argparse.Namespace) -> int:
     from .evaluate import predict_images
 
+    if args.top_k < 1:  # before the weights are read
+        raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
     model = _runtime_model(args)
     preds = predict_images(model, args.images, top_k=args.top_k)
     if args.json:
@@ -266,8 +271,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_model
 
+    out = args.out or _inspect_folder(args.weights)
+    check_output(out, "folder", "--out")
     model = _load(args)
-    result = inspect_model(model, args.out or _inspect_folder(args.weights), args.image, title=str(args.weights),
+    result = inspect_model(model, out, args.image, title=str(args.weights),
                            progress=not args.no_progress)
     if args.json:
         _print_json(result.to_dict())
@@ -356,6 +363,7 @@ def _tiny_note(summary: Dict[str, Any], width: int = 9) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
+    check_output(cfg.runs_dir, "folder", "--runs-dir")
     if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
         raise ValueError(f"the configuration asks for {cfg.objective} pre-training: run it with vitkit pretrain")
     summary = _run(cfg, args)
@@ -376,7 +384,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_pretrain(args: argparse.Namespace) -> int:
     if not args.objective and not args.resume:
         raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
-    summary = _run(train_config(args, args.objective), args)
+    cfg = train_config(args, args.objective)
+    check_output(cfg.runs_dir, "folder", "--runs-dir")
+    summary = _run(cfg, args)
     if summary is None:
         return 0
     print(f"\nrun       {summary['run_dir']}")
@@ -402,6 +412,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .train.loop import load_split_tensors
     from .utils import write_json
 
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer, not {args.batch_size}")
+    if args.out:  # checked before the evaluation, not after it
+        check_output(args.out, "folder", "--out")
     model = _runtime_model(args)
     names = model.config.label_names
     dataset = args.dataset or datasets.dataset_for_labels(names)
@@ -662,19 +676,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple:
-    """Errors reported as one line: bad input, missing files, and a diverged run.
+# ------------------------------------------------------------------------ the error boundary
 
-    NonFiniteLoss can only have been raised when training was imported, so it is looked up
-    there instead of importing training for every verb.
-    """
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Python is when it arrives, so that it unwinds exactly as Ctrl-C does:
+    every ``finally`` and context manager runs (temporaries and work folders removed, the run's
+    lock released) before the process exits."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while cleaning up ends it at once
+    raise Terminated()
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for an exception that reached the command line: the message of an input error
+    as it is, the others named in plain words (the traceback is one VITKIT_DEBUG=1 away)."""
+    from .utils import is_disk_full
+
+    text = " ".join(str(e).split()) if str(e).strip() else ""
+    if is_disk_full(e, os.getcwd()):
+        where = f" while writing {e.filename}" if getattr(e, "filename", None) else ""
+        return text if "no space left on device while writing" in text else \
+            f"no space left on device{where}: free some space and run it again"
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and any(
+            words in text for words in ("can't allocate memory", "DefaultCPUAllocator", "out of memory"))):
+        return (f"out of memory ({text or 'MemoryError'}): use a smaller --batch-size, --img-size or model, or "
+                f"free memory")
+    if isinstance(e, RecursionError):
+        return "the input is nested too deeply to read (a recursion limit was reached)"
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 13] ...: 'x'"
+        return f"{e.strerror}: {e.filename}"
+    if isinstance(e, (ValueError, OSError)) or _is_user_error(e):
+        return text or type(e).__name__
+    return (f"unexpected {type(e).__name__}: {text or 'no detail'} (VITKIT_DEBUG=1 shows where; please report it "
+            f"if the input was sound)")
+
+
+def _is_user_error(e: BaseException) -> bool:
+    """vitkit's own errors of input that are not ValueError/OSError (a missing extra, a diverged run)."""
     from .utils import MissingExtra
 
     loop = sys.modules.get("vitkit.train.loop")
-    return (ValueError, OSError, MissingExtra) + ((loop.NonFiniteLoss,) if loop is not None else ())
+    return isinstance(e, MissingExtra) or (loop is not None and isinstance(e, loop.NonFiniteLoss))
+
+
+def _one_line_warnings(verb: str):
+    """Warnings as one line each (``vitkit VERB: note: ...``) instead of Python's two lines with a
+    source line; returns the previous hook."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"vitkit {verb}: note: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = show
+    return previous
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
+    error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the verb's own parser, which knows the flags that were meant
@@ -683,13 +745,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    debug = bool(os.environ.get("VITKIT_DEBUG"))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    previous_warn = _one_line_warnings(args.verb)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:
+        if debug:
+            raise
+        signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        print(f"vitkit {args.verb}: stopped by {signal_name}; partial files were removed", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except Exception as e:
-        if not isinstance(e, _user_errors()) or os.environ.get("VITKIT_DEBUG"):
-            raise  # a bug (or VITKIT_DEBUG=1): keep its traceback
-        print(f"vitkit {args.verb}: error: {e}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"vitkit {args.verb}: error: {describe_error(e)}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = previous_warn
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 if __name__ == "__main__":  # pragma: no cover

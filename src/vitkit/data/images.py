@@ -111,6 +111,8 @@ def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder, not an image file (pass the images in it)")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a regular file (a FIFO, a socket or a device): pass an image file")
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
     return decode_image(path, channels)

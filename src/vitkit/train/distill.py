@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import require
+from ..utils import first_line, require
 
 DISTILL_MODES = ("none", "soft", "hard")
 TORCHVISION_PREFIX = "torchvision:"
@@ -117,7 +117,7 @@ def _torchvision_teacher(spec: str, num_classes: int):
         model.load_state_dict(state)
     except RuntimeError as e:
         raise ValueError(f"{path} does not fit torchvision's {name} with {num_classes} classes: "
-                         f"{str(e).splitlines()[0]}") from None
+                         f"{first_line(e)}") from None
     return model, InputSpec((224, 224), 3, _TV_MEAN, _TV_STD)
 
 

@@ -30,9 +30,10 @@ from torch import nn
 
 from .. import tiny
 from ..models import get_model_config
+from ..models.complexity import memory_floor
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import remove_stale_temporaries, seed_for, write_json
+from ..utils import available_memory, first_line, remove_stale_temporaries, seed_for, write_json
 from . import distributed
 from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
@@ -113,6 +114,23 @@ def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
         return None
     return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
             f"uses {threads} threads; runs that share a CPU should split it, e.g. --threads {max(1, cores // 2)} each")
+
+
+def check_memory(config: Any, micro_batch: int, eval_batch: int) -> None:
+    """Refuse, before the first step, a micro-batch (or evaluation batch) that cannot fit in the
+    memory left, by a lower bound of what it needs (:func:`vitkit.models.complexity.memory_floor`):
+    one line instead of an allocation traceback or the kernel's out-of-memory kill mid-run."""
+    available = available_memory()
+    if available is None:
+        return
+    for batch, training, flag in ((micro_batch, True, "--batch-size (or --micro-batch)"),
+                                  (eval_batch, False, "--eval-batch-size")):
+        need = memory_floor(config, batch, training)
+        if need is not None and need > available:
+            h, w = config.img_size
+            raise ValueError(f"{'training' if training else 'evaluating'} {batch} images of {h}x{w} at once needs "
+                             f"at least {need / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free: "
+                             f"lower {flag} or --img-size")
 
 
 # ----------------------------------------------------------------------------- the run's state
@@ -274,6 +292,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         run.note(_starting(run))
         loop(run)
         return summarise(run)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the command line: say what is kept
+        if run is not None and run.run_dir is not None and run.main:
+            log(_interrupted(run))
+        raise
     finally:
         if run is not None and run.lock is not None:
             run.lock.release()
@@ -288,6 +310,16 @@ def _starting(run: Run) -> str:
     params = sum(p.numel() for p in run.model.parameters())
     return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}) on {cfg.dataset}: steps "
             f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
+
+
+def _interrupted(run: Run) -> str:
+    """What an interrupted run keeps: its last checkpoint and the command that goes on from it."""
+    verb = "train" if run.cfg.objective == "classify" else "pretrain"
+    if run.last_ckpt is None:
+        return f"interrupted before the first checkpoint of {run.run_dir}: nothing to resume (vitkit {verb} " \
+               f"--name {run.run_dir.name} starts it again there)"
+    return f"interrupted; {run.run_dir} keeps its checkpoint of step {checkpoint_step(run.last_ckpt)}: " \
+           f"vitkit {verb} --resume {run.run_dir} goes on from there"
 
 
 def _finished(run_dir: Path) -> bool:
@@ -332,6 +364,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     if layout.accum_steps != cfg.accum_steps and main:
         log(f"batch {cfg.batch_size} as {layout.accum_steps} accumulation steps of {layout.local} images "
             f"x {world} processes (micro_batch {cfg.micro_batch})")
+    check_memory(encoder_of(model).config, layout.local, cfg.eval_batch_size)
     steps_per_epoch = data.steps_per_epoch(layout)
     run = Run(cfg, dist_info, log, data, model, make_optimizer(model, cfg),
               torch.amp.GradScaler(device.type, enabled=amp is torch.float16), amp, layout, steps_per_epoch,
@@ -380,7 +413,7 @@ def _load_state(run: Run, run_dir: Path) -> None:
         run.model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise ValueError(f"the checkpoint {path} does not fit model {run.cfg.model!r}: "
-                         f"{str(e).splitlines()[0]}") from e
+                         f"{first_line(e)}") from e
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])

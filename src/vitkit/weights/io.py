@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..utils import PathLike
+from ..utils import PathLike, first_line
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: Containers that training scripts wrap state dicts in, tried in this order.
@@ -39,7 +39,11 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
         raise WeightsError(f"weights file not found: {path}")
     if path.is_dir():
         raise WeightsError(f"{path} is a folder; pass a file, or use from_pretrained() for folders")
+    if not path.is_file():
+        raise WeightsError(f"{path} is not a regular file (a FIFO or a device?): pass a weight file")
     suffix = path.suffix.lower()
+    if suffix in (".safetensors", ".npz") + TORCH_SUFFIXES and path.stat().st_size == 0:
+        raise WeightsError(f"{path} is empty (0 bytes): not a checkpoint (an interrupted download or copy?)")
     if suffix == ".safetensors":
         return _read_safetensors(path)
     if suffix == ".npz":
@@ -85,7 +89,7 @@ def _read_torch(path: Path) -> Dict[str, object]:
     except pickle.UnpicklingError as e:
         raise _unpickling_error(path, e) from None
     except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
-        raise WeightsError(f"{path} is not a readable PyTorch checkpoint: {str(e).splitlines()[0]}") from None
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({first_line(e)})") from None
     return unwrap_state_dict(obj, str(path))
 
 
