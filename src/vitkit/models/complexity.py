@@ -74,4 +74,20 @@ def token_complexity(config: Any, macs: int, mix: int, tokens: int, patch_size: 
         backbone_macs=backbone_macs)
 
 
-__all__ = ["Complexity", "count_params", "complexity", "token_complexity"]
+def memory_floor(config: Any, batch: int, training: bool = True) -> Optional[int]:
+    """A lower bound of the bytes a pass of ``batch`` images takes: the fp32 weights (with their
+    gradients and Adam's two moments when ``training``) and, per image, the activations no
+    kernel avoids in the cheapest precision (bf16): four (tokens x width) tensors a block (its
+    input, attention output, MLP output and the residual), kept for every block when training,
+    one block at a time otherwise. Attention's tokens x tokens weights are left out (fused
+    kernels never hold them), so the true need is higher: a size refused by this bound cannot
+    run. None for a family without tokens (the ResNetV2 classifier)."""
+    if not hasattr(config, "embed_dim"):
+        return None
+    c = complexity(config)
+    per_block = 4 * c.tokens * config.embed_dim * 2  # bf16
+    per_image = per_block * (c.depth if training else 1)
+    return c.params * 4 * (4 if training else 1) + batch * per_image
+
+
+__all__ = ["Complexity", "count_params", "complexity", "token_complexity", "memory_floor"]

@@ -25,6 +25,9 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 GLOBAL_POOLS = ("token", "avg")
+#: The largest image side a model is built for: 16,384 px is a million 16 px patches, past what
+#: attention can hold in memory; larger sizes were typos (and allocation tracebacks).
+MAX_IMG_SIZE = 16_384
 
 C = TypeVar("C", bound="ConfigMixin")
 
@@ -188,6 +191,11 @@ class TokenConfig(ImageConfig):
         for name in ("img_size", "patch_size"):
             if min(getattr(self, name)) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if max(self.img_size) > MAX_IMG_SIZE:
+            problems.append(f"img_size {self.img_size} is past {MAX_IMG_SIZE:,} px a side (a million patches of 16 "
+                            f"px; attention could not hold it)")
+        if not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < 1:
+            problems.append(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
         problems += self.family_problems()
         if min(self.img_size) > 0 and min(self.patch_size) > 0:
             problems += self.grid_problems()

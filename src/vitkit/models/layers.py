@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from typing import Iterator, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -20,13 +21,24 @@ IntPair = Tuple[int, int]
 
 
 def to_2tuple(value: Union[int, Sequence[int]]) -> IntPair:
-    """``224`` -> ``(224, 224)``; ``(224, 160)`` stays as it is."""
-    if isinstance(value, int):
-        return (value, value)
-    pair = tuple(int(v) for v in value)
-    if len(pair) != 2:
-        raise ValueError(f"expected an int or a pair (H, W), got {value!r}")
-    return pair  # type: ignore[return-value]
+    """``224`` -> ``(224, 224)``; ``(224, 160)`` stays as it is. Whole numbers only: ``28.5``,
+    ``"28"`` or ``True`` are refused rather than truncated or read as 1."""
+    items = (value, value) if not isinstance(value, (list, tuple)) else tuple(value)
+    if len(items) != 2 or not all(_whole(v) for v in items):
+        raise ValueError(f"expected an int or a pair (H, W) of ints, got {value!r}")
+    return (int(items[0]), int(items[1]))
+
+
+def _whole(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        return value.is_integer()
+    try:
+        operator.index(value)  # int, numpy integers
+    except TypeError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- init

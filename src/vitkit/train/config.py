@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
+import os
+import re
+import stat
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import tiny
-from ..utils import require
+from ..models.config_base import MAX_IMG_SIZE
+from ..utils import require, usable_cores
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches 91% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -181,6 +188,19 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
+        """Raise one ValueError listing every problem: each field's type first (a string where a
+        number belongs, NaN or infinity, a bool for a count), then every range and combination."""
+        problems = type_problems(self.__dict__)
+        if problems:  # the range checks below compare numbers: they need the types right
+            raise ValueError("invalid training config: " + "; ".join(problems))
+        problems = self.range_problems()
+        problems += self.objective_problems()
+        if problems:
+            raise ValueError("invalid training config: " + "; ".join(problems))
+        self.require_packages()
+
+    def range_problems(self) -> list:
+        """Every value in its range, every combination possible (types already checked)."""
         problems = []
         if self.optimizer not in ("adamw", "adam", "sgd"):
             problems.append(f"optimizer must be adamw, adam or sgd, not {self.optimizer!r}")
@@ -241,10 +261,38 @@ class TrainConfig:
             problems.append("keep_checkpoints, log_every, checkpoint_every and eval_batch_size must be >= 1")
         if not isinstance(self.val_size, int) or self.val_size < 0:
             problems.append(f"val_size must be an integer >= 0 (0: validate on the test split), not {self.val_size!r}")
-        problems += self.objective_problems()
-        if problems:
-            raise ValueError("invalid training config: " + "; ".join(problems))
-        self.require_packages()
+        problems += self._bound_problems()
+        return problems
+
+    def _bound_problems(self) -> list:
+        """The ranges of the optimiser's numbers, and the sizes a machine bounds (cores)."""
+        problems = []
+        if self.weight_decay < 0 or self.label_smoothing < 0 or self.label_smoothing >= 1:
+            problems.append(f"weight_decay must be >= 0 and label_smoothing in [0, 1), not {self.weight_decay} and "
+                            f"{self.label_smoothing}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1) (Adam's beta1 and beta2), not {list(self.betas)}")
+        if not 0.0 <= self.momentum <= 1.0:
+            problems.append(f"momentum must be in [0, 1], not {self.momentum}")
+        if self.clip_grad is not None and self.clip_grad <= 0:
+            problems.append(f"clip_grad must be > 0 (none: no clipping), not {self.clip_grad}")
+        if self.warmup_steps < 0 or self.crop_pad < 0:
+            problems.append(f"warmup_steps and crop_pad must be >= 0, not {self.warmup_steps} and {self.crop_pad}")
+        if not 0 <= self.seed < 2 ** 63:
+            problems.append(f"seed must be in [0, 2^63), not {self.seed}")
+        if self.img_size is not None and self.img_size > MAX_IMG_SIZE:
+            problems.append(f"img_size {self.img_size} is past the {MAX_IMG_SIZE:,} px vitkit trains at")
+        cores = usable_cores()
+        if self.threads is not None and self.threads > cores:
+            problems.append(f"threads must be at most the {cores} core(s) this process may use, not {self.threads} "
+                            f"(more threads than cores only wait on each other)")
+        if self.workers > 4 * cores:
+            problems.append(f"workers must be at most {4 * cores} (4 per core of the {cores} this process may use), "
+                            f"not {self.workers}")
+        if self.name is not None and (not self.name.strip() or self.name in (".", "..") or "/" in self.name
+                                      or os.sep in self.name):
+            problems.append(f"name must be a folder name (no '/', not '.' or '..'), not {self.name!r}")
+        return problems
 
     def require_packages(self) -> None:
         """Import the optional packages this run will use, so that a missing one is one line
@@ -367,20 +415,254 @@ RECIPES.update({
 })
 
 
+# ------------------------------------------------------------------ field types, as people write them
+
+
+def field_kinds() -> Dict[str, Tuple[str, bool]]:
+    """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none."""
+    kinds = {}
+    for f in dataclasses.fields(TrainConfig):
+        text = str(f.type)
+        optional = text.startswith("Optional[")
+        base = text[len("Optional["):-1] if optional else text
+        kinds[f.name] = ({"Tuple[float, float]": "pair", "Dict[str, Any]": "mapping"}.get(base, base), optional)
+    return kinds
+
+
+#: A number written as text: YAML 1.1 reads 1e-3 and 1e4 (no dot) as strings.
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_EXPECTED = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "text",
+             "pair": "two numbers", "mapping": "a mapping of model options"}
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it, for messages (YAML's dates and JSON's floats included)."""
+    text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_field(name: str, value: Any, coerce: bool = False) -> Tuple[Any, Optional[str], Optional[str]]:
+    """``(value, problem, note)`` for one field: the value (coerced when ``coerce`` and it is
+    unambiguous: "1e-3" or 1e4 for a number, 1e4 for an integer), a problem naming the field, the
+    value and what is allowed, or a note saying what was coerced."""
+    kind, optional = field_kinds()[name]
+    if value is None:
+        return None, None if optional else f"{name} cannot be none ({_EXPECTED[kind]} is expected)", None
+    if kind == "pair":
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            return value, f"{name} {_show(list(value) if isinstance(value, tuple) else value)} is not two numbers", None
+        pair = [_number(name, v, "float", coerce) for v in value]
+        bad = next((p for _, p, _ in pair if p), None)
+        notes = [n for _, _, n in pair if n]
+        return tuple(v for v, _, _ in pair), bad, "; ".join(notes) or None
+    if kind == "mapping":
+        if not isinstance(value, Mapping):
+            return value, f"{name} must be a mapping of model options, e.g. {{\"depth\": 4}}, not {_show(value)}", None
+        bad = _non_finite(value)
+        return value, (f"{name}: {bad} is not finite" if bad else None), None
+    if kind in ("int", "float"):
+        return _number(name, value, kind, coerce)
+    if kind == "bool":
+        return value, None if isinstance(value, bool) else f"{name} {_show(value)} is not true or false", None
+    if not isinstance(value, str):
+        hint = " (YAML reads an unquoted date as a date: quote it)" if type(value).__name__ in ("date", "datetime") \
+            else " (quote it)" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        return value, f"{name} {_show(value)} is not text{hint}", None
+    return value, None, None
+
+
+def _number(name: str, value: Any, kind: str, coerce: bool) -> Tuple[Any, Optional[str], Optional[str]]:
+    what = _EXPECTED[kind]
+    read = value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return value, f"{name} {_show(value)} is not {what}", None
+    if isinstance(value, str):
+        if not coerce or not _NUMBER.fullmatch(value.strip()):
+            return value, f"{name} {_show(value)} is not {what}", None
+        read = float(value)
+    if not math.isfinite(read):
+        return value, f"{name} {_show(value)} is not finite ({what} is expected)", None
+    if kind == "int":
+        if isinstance(read, float):
+            if not read.is_integer():
+                return value, f"{name} {_show(value)} is not {what}", None
+            if not coerce:
+                return value, f"{name} {_show(value)} is not {what} (write {int(read)})", None
+            read = int(read)
+        return read, None, (f"{name} {_show(value)} read as {read}" if read is not value else None)
+    note = f"{name} {_show(value)} read as {float(read):g}" if isinstance(value, str) else None
+    return float(read) if isinstance(read, float) else read, None, note
+
+
+def _non_finite(value: Any, where: str = "") -> Optional[str]:
+    """The first NaN or infinite number inside nested lists and mappings, by its path."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'a value'} {value}"
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) \
+        else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def type_problems(values: Mapping[str, Any]) -> List[str]:
+    """The fields of ``values`` whose type is wrong (no coercion: the API takes what it is given)."""
+    kinds = field_kinds()
+    return [p for name, value in values.items() if name in kinds
+            for p in (check_field(name, value)[1],) if p]
+
+
+def coerce_fields(values: Mapping[str, Any], where: str) -> Tuple[Dict[str, Any], List[str]]:
+    """Check and coerce the fields of one layer of a configuration (a file): the coerced values and
+    the notes that say what was read how; a ValueError naming ``where``, each field, its value and
+    what is allowed for the rest."""
+    kinds = field_kinds()
+    out, notes, problems = {}, [], []
+    for name, value in values.items():
+        if name not in kinds:
+            out[name] = value  # resolve_config names unknown options, with renamed ones
+            continue
+        value, problem, note = check_field(name, value, coerce=True)
+        out[name] = value
+        problems += [problem] if problem else []
+        notes += [f"{where}: {note}"] if note else []
+    if problems:
+        raise ValueError(f"{where}: " + "; ".join(problems))
+    return out, notes
+
+
+# ------------------------------------------------------------------ config files
+
+#: What a config file may hold, checked before anything is expanded, printed or written: its
+#: size, and the number and nesting of its values (a YAML alias "bomb" repeats a list by
+#: reference: a 1 KB file can stand for 10^9 values once written out).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 10_000
+MAX_CONFIG_DEPTH = 32
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
 def load_config_file(path: str) -> Dict[str, Any]:
-    """A YAML or JSON file of TrainConfig fields."""
+    """A YAML or JSON file of TrainConfig fields: read within bounds, refused in one line naming
+    the file (and the line and column) when it is no mapping of fields, with duplicate keys, too
+    large, too deeply nested, or not text. YAML dates stay text (``name: 2024-01-01``)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"config file not found: {p}")
-    text = p.read_text()
-    if p.suffix in (".yaml", ".yml"):
-        yaml = require("yaml", "train", f"YAML config files such as {p.name} (or write it as JSON)")
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+    if p.is_dir() or not stat.S_ISREG(p.stat().st_mode):
+        raise ValueError(f"config file {p} is not a regular file (a folder, a FIFO?)")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config file {p} is {p.stat().st_size:,} bytes: a training config is a few hundred "
+                         f"(at most {MAX_CONFIG_BYTES:,} are read)")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {p} is not UTF-8 text (byte {e.start})") from None
+    suffix = p.suffix.lower()
+    if suffix not in YAML_SUFFIXES + (".json",):
+        raise ValueError(f"config file {p}: name it .yaml, .yml or .json (its suffix says how to read it)")
+    data = _read_yaml(p, text) if suffix in YAML_SUFFIXES else _read_json(p, text)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a mapping of config fields")
+        raise ValueError(f"config file {p}: expected a mapping of config fields (field: value), got "
+                         f"{type(data).__name__}")
+    _check_shape(p, data)
+    keys = [k for k in data if not isinstance(k, str)]
+    if keys:
+        raise ValueError(f"config file {p}: field names are text, not {_show(keys[0])}")
     return data
+
+
+def _read_json(p: Path, text: str) -> Any:
+    def no_duplicates(pairs):
+        seen, twice = set(), set()
+        for key, _ in pairs:
+            (twice if key in seen else seen).add(key)
+        twice = sorted(twice)
+        if twice:
+            raise ValueError(f"config file {p}: {', '.join(twice)} given twice")
+        return dict(pairs)
+
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as e:
+        empty = " (the file is empty)" if not text.strip() else ""
+        raise ValueError(f"config file {p} is not valid JSON{empty}: {e.msg} at line {e.lineno}, column {e.colno}") \
+            from None
+    except RecursionError:
+        raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
+
+
+def _read_yaml(p: Path, text: str) -> Any:
+    yaml = require("yaml", "train", f"YAML config files such as {p.name} (or write it as JSON)")
+    try:
+        return yaml.load(text, Loader=_yaml_loader(yaml, p))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(e.problem or e.context or "").split())
+        if "tab" in problem or "'\\t'" in problem:
+            problem += " (YAML indents with spaces, not tabs)"
+        if "constructor for the tag" in problem:
+            problem += " (vitkit reads plain YAML, without tags)"
+        raise ValueError(f"config file {p} is not valid YAML{at}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {p} is not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
+
+
+def _yaml_loader(yaml, p: Path):
+    """PyYAML's safe loader without its date resolver (a date is text to vitkit) and refusing
+    duplicate keys (PyYAML keeps the last silently)."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+    def mapping(loader, node):
+        seen, twice = set(), set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            key = key if isinstance(key, (str, int, float, bool, type(None))) else repr(key)
+            (twice if key in seen else seen).add(key)
+        twice = sorted(map(str, twice))
+        if twice:
+            raise ValueError(f"config file {p}: {', '.join(twice)} given twice (line {node.start_mark.line + 1})")
+        return loader.construct_mapping(node, deep=True)
+
+    Loader.add_constructor("tag:yaml.org,2002:map", mapping)
+    return Loader
+
+
+def _check_shape(p: Path, data: Any) -> None:
+    """Count values and nesting with a budget, so that shared references (YAML aliases) are
+    counted as often as they would be written out, and the walk stops at the first bound."""
+    budget = [MAX_CONFIG_VALUES]
+
+    def walk(value: Any, depth: int) -> None:
+        if depth > MAX_CONFIG_DEPTH:
+            raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)")
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(f"config file {p} holds more than {MAX_CONFIG_VALUES:,} values once its references "
+                             f"(YAML aliases) are written out: a training config holds a few dozen")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for child in children:
+            walk(child, depth + 1)
+
+    walk(data, 0)
+
+
+class ConfigNote(UserWarning):
+    """A value of a config file read in another type than written (``lr: 1e-3``, which YAML
+    reads as text, as the number 0.001), said once per value."""
 
 
 class _Off:
@@ -415,7 +697,12 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
         raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
     values: Dict[str, Any] = {"recipe": recipe}
     given = {k: v for k, v in overrides.items() if v is not None}
-    for layer in (RECIPES[recipe], load_config_file(file) if file else {}, given):
+    from_file: Dict[str, Any] = {}
+    if file:
+        from_file, notes = coerce_fields(load_config_file(file), str(file))
+        for note in notes:  # said, not silent: the command line prints each as one "note:" line
+            warnings.warn(ConfigNote(note), stacklevel=2)
+    for layer in (RECIPES[recipe], from_file, given):
         for key, value in layer.items():
             if key == "model_args" and isinstance(value, Mapping):
                 value = deep_merge(values.get(key, {}), value)
@@ -427,18 +714,31 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
         raise ValueError(f"unknown training option(s): {', '.join(renamed)}")
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
-    if "betas" in values:
+    if isinstance(values.get("betas"), list):
         values["betas"] = tuple(values["betas"])
-    if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
-        TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
-        values = tiny.shrink_config(values, TrainConfig)
-    if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
-        batch = values.get("batch_size", TrainConfig.batch_size)
-        values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]
-        values["lr_scale_batch"] = None
-    cfg = TrainConfig(**values)
-    cfg.validate()
+    with _naming(file, {k for k in from_file if k not in given}):
+        if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
+            TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
+            values = tiny.shrink_config(values, TrainConfig)
+        if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
+            batch = values.get("batch_size", TrainConfig.batch_size)
+            values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]
+            values["lr_scale_batch"] = None
+        cfg = TrainConfig(**values)
+        cfg.validate()
     return cfg
+
+
+@contextlib.contextmanager
+def _naming(file: Optional[str], fields: set):
+    """A problem with a field the config file set (and no flag replaced) names the file too."""
+    try:
+        yield
+    except ValueError as e:
+        named = sorted(f for f in fields if re.search(rf"\b{f}\b", str(e)))
+        if file and named:
+            raise ValueError(f"{file} ({', '.join(named)}): {e}") from None
+        raise
 
 
 #: Fields that describe the machine a run executes on, not the run: ``--resume`` takes them
@@ -462,9 +762,15 @@ def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     saved = Path(run_dir) / "config.json"
     if not saved.is_file():
         return None
-    values = json.loads(saved.read_text())
+    try:
+        values = json.loads(saved.read_text())
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{saved} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's configuration "
+                         f"is damaged") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{saved} holds {type(values).__name__}, not a run's configuration")
     for old, new in RENAMED.items():
-        if isinstance(values, dict) and old in values:
+        if old in values:
             values.setdefault(new, values.pop(old))
     return values
 
@@ -478,7 +784,13 @@ def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:
                                 f"(is {run_dir} a run directory?)")
     defaults = TrainConfig()
     values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)})
-    values["betas"] = tuple(values["betas"])
+    unknown = sorted(set(values) - set(field_kinds()))
+    if unknown:
+        raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    if isinstance(values.get("threads"), int) and values["threads"] > usable_cores():
+        values["threads"] = usable_cores()  # saved on a larger machine: this one's cores
     cfg = TrainConfig(**values)
     cfg.validate()
     return cfg
