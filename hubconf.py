@@ -41,7 +41,9 @@ def _entry(name):
     def entry(pretrained_weights=None, **overrides):
         if pretrained_weights is None:
             return _vitkit.create_model(name, **overrides)
-        return _vitkit.from_pretrained(pretrained_weights, **overrides)
+        model = _vitkit.from_pretrained(pretrained_weights, **overrides)
+        _check_architecture(name, model, pretrained_weights, overrides)
+        return model
 
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = (f"``{name}``: randomly initialised (``vitkit.create_model({name!r}, **overrides)``), or "
@@ -49,6 +51,19 @@ def _entry(name):
                      f"``\"hf-hub:org/name\"``; ``vitkit.from_pretrained(pretrained_weights, **overrides)``).")
     entry.__module__ = __name__
     return entry
+
+
+def _check_architecture(name, model, weights, overrides):
+    """An entry point named for one architecture given another's weights says so, instead of
+    returning the other model under this name (the keywords given count as part of the name:
+    ``depth=1`` asks for that depth)."""
+    from vitkit.models import get_model_config
+    from vitkit.weights.timm_format import architecture_differences
+
+    differences = architecture_differences(model.config, get_model_config(name).replace(**overrides))
+    if differences:
+        raise ValueError(f"{weights} holds another architecture than {name}: {'; '.join(differences[:4])}; load it "
+                         f"with the entry point vitkit_model({str(weights)!r}) (its own config decides)")
 
 
 for _name in _vitkit.list_models():

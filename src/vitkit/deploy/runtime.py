@@ -13,6 +13,7 @@ channels are read off the graph).
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..utils import PathLike
+from ..models.config_base import MAX_IMG_SIZE
+from ..utils import PathLike, first_line, work_folder
 from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
 
 RUNTIMES = ("torch", "onnxruntime")
@@ -73,16 +75,57 @@ class OnnxModel(nn.Module):
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         except Exception as e:
-            raise OnnxMetadataError(f"ONNX Runtime cannot load {self.path}: {str(e).strip().splitlines()[0]}") \
+            raise OnnxMetadataError(f"ONNX Runtime cannot load {self.path}: {first_line(e)}") \
                 from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) != 1 or len(inputs[0].shape) != 4:
-            raise OnnxMetadataError(f"{self.path} takes {len(inputs)} inputs of shapes "
-                                    f"{[i.shape for i in inputs]}: vitkit runs image models with one "
-                                    f"(batch, channels, height, width) input")
+        self._check_graph(inputs, outputs)
         self.input_name = inputs[0].name
         self.quantization = self.metadata.get("vitkit.quantization", "unknown")
         self.config = self._config(inputs[0].shape, outputs[0].shape, img_size, mean, std, labels)
+        self._check_claims(inputs[0].shape, outputs[0].shape)
+
+    def _check_graph(self, inputs, outputs) -> None:
+        """What vitkit can feed and read: one float32 (batch, channels, height, width) input and
+        one (batch, classes) output."""
+        problems = []
+        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+            problems.append(f"it takes {len(inputs)} input(s) of shape(s) {[i.shape for i in inputs]}, not one "
+                            f"(batch, channels, height, width)")
+        elif inputs[0].type != "tensor(float)":
+            problems.append(f"its input {inputs[0].name!r} is {inputs[0].type}, not tensor(float) (vitkit feeds "
+                            f"normalised float32 pixels)")
+        if len(outputs) < 1 or len(outputs[0].shape) != 2:
+            problems.append(f"its first output has shape {outputs[0].shape if outputs else 'none'}, not "
+                            f"(batch, classes)")
+        if problems:
+            raise OnnxMetadataError(f"{self.path} is no image model vitkit can run: " + "; ".join(problems))
+
+    def _check_claims(self, in_shape, out_shape) -> None:
+        """What the file's metadata says (its config, and the input_size and labels entries for
+        other readers) against what its graph holds: channels, image size and classes. A file
+        whose metadata lies is refused, never believed."""
+        config, problems = self.config, []
+        fixed = [d if isinstance(d, int) else None for d in in_shape[1:]]
+        if fixed[0] is not None and fixed[0] != config.in_chans:
+            problems.append(f"{config.in_chans} input channels, the graph takes {fixed[0]}")
+        if None not in fixed[1:] and tuple(fixed[1:]) != tuple(config.img_size):
+            problems.append(f"{config.img_size[0]}x{config.img_size[1]} images, the graph takes "
+                            f"{fixed[1]}x{fixed[2]}")
+        classes = out_shape[-1] if isinstance(out_shape[-1], int) else None
+        if classes is not None and config.num_classes and classes != config.num_classes:
+            problems.append(f"{config.num_classes} classes, the graph outputs {classes}")
+        for key, want in (("input_size", [config.in_chans, *config.img_size]),
+                          ("labels", list(config.label_names or []))):
+            if key in self.metadata and CONFIG_KEY in self.metadata:
+                try:
+                    said = json.loads(self.metadata[key])
+                except ValueError:
+                    said = self.metadata[key]
+                if said != want:
+                    problems.append(f"{key} {_brief(said)} in its metadata, {_brief(want)} in its vitkit config")
+        if problems:
+            raise OnnxMetadataError(f"{self.path}: its metadata does not match its graph (it says "
+                                    + "; ".join(problems) + "): re-export it (vitkit convert --to onnx)")
 
     def _config(self, in_shape, out_shape, img_size, mean, std, labels):
         given = {k: v for k, v in (("img_size", img_size), ("mean", mean), ("std", std), ("labels", labels))
@@ -93,7 +136,12 @@ class OnnxModel(nn.Module):
                                         f"drop {', '.join('--' + k.replace('_', '-') for k in given)}")
             from ..models import config_from_dict
 
-            return config_from_dict(json.loads(self.metadata[CONFIG_KEY])["config"])
+            try:
+                stored = json.loads(self.metadata[CONFIG_KEY])
+                return config_from_dict(stored["config"])
+            except (ValueError, TypeError, KeyError) as e:
+                raise OnnxMetadataError(f"{self.path}: its {CONFIG_KEY} metadata is not a valid vitkit config "
+                                        f"({first_line(e)})") from None
         missing = [k for k in ("img_size", "mean", "std") if k not in given]
         if missing:
             raise OnnxMetadataError(f"{self.path} has no vitkit metadata (it was not exported by vitkit "
@@ -101,12 +149,16 @@ class OnnxModel(nn.Module):
                                     f"{', '.join('--' + k.replace('_', '-') for k in missing)} "
                                     f"(and --labels for class names), or re-export it with vitkit")
         chans = in_shape[1] if isinstance(in_shape[1], int) else len(mean)
+        if len(img_size) not in (1, 2):
+            raise OnnxMetadataError(f"--img-size takes one value or two (H W), not {len(img_size)}")
         size = tuple(img_size) if len(img_size) == 2 else (img_size[0], img_size[0])
         classes = out_shape[-1] if isinstance(out_shape[-1], int) else 0
         problems = [f"--{k} has {len(v)} values for {chans} channels" for k, v in (("mean", mean), ("std", std))
                     if len(v) != chans]
-        if any(s <= 0 for s in std):
-            problems.append("--std values must be positive")
+        if not all(0 < s <= MAX_IMG_SIZE for s in size):
+            problems.append(f"--img-size must be between 1 and {MAX_IMG_SIZE:,} px, not {size[0]} {size[1]}")
+        if not all(math.isfinite(s) and s > 0 for s in std) or not all(math.isfinite(m) for m in mean):
+            problems.append("--std values must be positive and --mean values finite")
         if labels and classes and len(labels) != classes:
             problems.append(f"--labels names {len(labels)} classes, the model has {classes}")
         fixed = [d for d in in_shape[2:] if isinstance(d, int)]
@@ -119,10 +171,28 @@ class OnnxModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, C, H, W) prepared as ``config`` says -> the model's output (B, classes)."""
         array = x.detach().to("cpu", torch.float32).contiguous().numpy()
-        return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+        try:
+            out = self.session.run(None, {self.input_name: array})[0]
+        except Exception as e:  # ORT's own error types (Fail, InvalidArgument, ...): one line naming the file
+            raise OnnxMetadataError(f"ONNX Runtime could not run {self.path} on a batch of shape "
+                                    f"{tuple(array.shape)}: {first_line(e)}") from None
+        classes = self.config.num_classes
+        if out.ndim != 2 or out.shape[0] != array.shape[0] or (classes and out.shape[1] != classes):
+            raise OnnxMetadataError(f"{self.path} gave an output of shape {tuple(out.shape)} for {array.shape[0]} "
+                                    f"images where (batch, {classes or 'features'}) was expected: its metadata "
+                                    f"does not match its graph")
+        return torch.from_numpy(out)
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
+
+
+def _brief(value: Any) -> str:
+    """A metadata value short enough for one line: a long list as its length and first items."""
+    if isinstance(value, list) and len(value) > 3:
+        return f"[{', '.join(json.dumps(v) for v in value[:3])}, ... ({len(value)} in all)]"
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def is_onnx(source: PathLike) -> bool:
@@ -155,22 +225,9 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
         return model
     from .onnx_export import export_onnx
 
-    # the session holds the model in memory: the file is not needed once it is loaded
-    with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as folder:
+    # the session holds the model in memory: the file is not needed once it is loaded (a killed
+    # process's folder is removed by the next export on the fly)
+    with work_folder(tempfile.gettempdir(), "vitkit-onnx") as folder:
         path = export_onnx(model, Path(folder) / "model.onnx", quantize=quantize,
-                           calibration=calibration_images(model) if quantize == "int8-static" else None)
+                           calibration=None)
         return OnnxModel(path)
-
-
-def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:
-    """``count`` training images (a fixed random draw) of the dataset the model's labels name."""
-    from ..data import datasets
-
-    name = datasets.dataset_for_labels(model.config.label_names)
-    if name is None:
-        raise ValueError("int8-static needs calibration images: the model's classes name no built-in dataset; "
-                         "export with vitkit.export_onnx(model, path, quantize='int8-static', calibration=IMAGES)")
-    images = torch.from_numpy(datasets.load_split(name, "train").images)
-    pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
-    picked = images[pick]  # (N, H, W) grey or (N, H, W, C) colour -> (N, C, H, W)
-    return (picked[:, None] if picked.dim() == 3 else picked.permute(0, 3, 1, 2)).contiguous()

@@ -188,6 +188,10 @@ class Pretrainer(nn.Module):
         """The random inputs of a batch of ``batch`` images (CPU tensors, first dimension B)."""
         raise NotImplementedError
 
+    def draw_problems(self) -> List[str]:
+        """Why :meth:`draw` cannot honour the configuration (checked before a run starts)."""
+        return []
+
     def _draws(self, images: torch.Tensor, given: Dict[str, Optional[torch.Tensor]]) -> Dict[str, torch.Tensor]:
         """``given`` draws, the missing ones drawn now (global random state), on the images' device."""
         if any(v is None for v in given.values()):

@@ -42,17 +42,35 @@ def random_mask(batch: int, n: int, count: int, generator: Optional[torch.Genera
     return torch.zeros(batch, n, dtype=torch.bool).scatter_(1, order[:, :count], True)
 
 
-def block_tiling(img_size: IntPair, patch_size: IntPair, block: int) -> List[str]:
+def block_tiling(img_size: IntPair, patch_size: IntPair, block: int, ratio: Optional[float] = None) -> List[str]:
     """Problems of a SimMIM mask block of ``block`` pixels: it must be a whole number of patches
-    on each side and tile the image (SimMIM: 32 px blocks on 192 px images of 16 px patches)."""
+    on each side and tile the image (SimMIM: 32 px blocks on 192 px images of 16 px patches),
+    and, given the mask ``ratio``, leave enough blocks for that ratio to be drawn (one block
+    masks everything; a few blocks mask a share far from the one asked for)."""
     if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
         return [f"mask_block must be a positive number of pixels, got {block!r}"]
-    if all(block % p == 0 and s % block == 0 for s, p in zip(img_size, patch_size)):
-        return []
     fits = [b for b in range(1, max(img_size) + 1)
             if all(b % p == 0 and s % b == 0 for s, p in zip(img_size, patch_size))]
-    return [f"mask_block {block} px does not tile the {img_size[0]}x{img_size[1]} image in whole "
-            f"{patch_size[0]}x{patch_size[1]} patches; blocks that do: {', '.join(map(str, fits)) or 'none'} px"]
+    if block not in fits:
+        return [f"mask_block {block} px does not tile the {img_size[0]}x{img_size[1]} image in whole "
+                f"{patch_size[0]}x{patch_size[1]} patches; blocks that do: {', '.join(map(str, fits)) or 'none'} px"]
+    n = (img_size[0] // block) * (img_size[1] // block)
+    if ratio is None:
+        return []
+    masked = block_count(n, ratio)
+    if n < 2 or abs(masked / n - ratio) > 0.1:
+        smaller = ", ".join(map(str, [b for b in fits if b < block][-4:])) or "none"
+        what = "is the whole image: its one block would always be masked" if n < 2 else \
+            f"leaves {n} blocks, of which a mask_ratio of {ratio:g} masks {masked} ({masked / n:.0%})"
+        return [f"mask_block {block} px {what}, whatever mask_ratio says; smaller blocks that tile the "
+                f"{img_size[0]}x{img_size[1]} image: {smaller} px"]
+    return []
+
+
+def block_count(n: int, ratio: float) -> int:
+    """How many of ``n`` blocks SimMIM masks at ``ratio``: ceil(ratio x n), at least one, and one
+    fewer than all (an image with no visible block has nothing to predict from)."""
+    return min(math.ceil(ratio * n), n - 1) or 1
 
 
 def block_mask(batch: int, grid: IntPair, patch_size: IntPair, block: int, ratio: float,
@@ -61,7 +79,7 @@ def block_mask(batch: int, grid: IntPair, patch_size: IntPair, block: int, ratio
     at random per image (as its MaskGenerator), each covering (block / patch)^2 patches."""
     sh, sw = block // patch_size[0], block // patch_size[1]
     bh, bw = grid[0] // sh, grid[1] // sw
-    blocks = random_mask(batch, bh * bw, min(math.ceil(ratio * bh * bw), bh * bw - 1) or 1, generator)
+    blocks = random_mask(batch, bh * bw, block_count(bh * bw, ratio), generator)
     blocks = blocks.reshape(batch, bh, bw)
     return blocks.repeat_interleave(sh, dim=1).repeat_interleave(sw, dim=2).reshape(batch, grid[0] * grid[1])
 
@@ -90,5 +108,5 @@ def corruption(mask: torch.Tensor, split: Tuple[float, float, float],
     return kinds, torch.where(kinds == RANDOM_PATCH, sources, positions)
 
 
-__all__ = ["noise", "shuffle_ids", "random_mask", "block_tiling", "block_mask", "corruption",
+__all__ = ["noise", "shuffle_ids", "random_mask", "block_tiling", "block_count", "block_mask", "corruption",
            "INTACT", "MASK_TOKEN", "RANDOM_PATCH", "UNCHANGED"]

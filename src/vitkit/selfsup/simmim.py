@@ -62,8 +62,17 @@ class SimMIM(Pretrainer):
         nn.init.trunc_normal_(self.decoder.weight, std=0.02, a=-0.04, b=0.04)
         nn.init.zeros_(self.decoder.bias)
 
+    def draw_problems(self) -> List[str]:
+        """Why this model cannot draw its own masks as configured (a block so large that the
+        mask ratio cannot be honoured); masks given to ``forward`` need none of this."""
+        return block_tiling(self.encoder.config.img_size, self.patch_size, self.config.mask_block,
+                            self.config.mask_ratio)
+
     def draw(self, batch: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
         cfg = self.config
+        problems = self.draw_problems()
+        if problems:
+            raise ValueError("invalid simmim config: " + "; ".join(problems))
         return {"mask": block_mask(batch, self.grid, self.patch_size, cfg.mask_block, cfg.mask_ratio, generator)}
 
     def reconstruct(self, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

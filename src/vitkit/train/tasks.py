@@ -116,7 +116,11 @@ class Pretraining:
     def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
         encoder = get_model_config(cfg.model).replace(**{**model_args_for(cfg, data), "num_classes": 0,
                                                          "label_names": None})
-        return create_pretrainer(cfg.objective, encoder, **cfg.objective_options())
+        model = create_pretrainer(cfg.objective, encoder, **cfg.objective_options())
+        problems = model.draw_problems()  # the masks it will draw, checked before the run folder is made
+        if problems:
+            raise ValueError(f"invalid {cfg.objective} config: " + "; ".join(problems))
+        return model
 
     def _draws(self, model: Pretrainer, batch: int, gen: torch.Generator, device: torch.device,
                part=None) -> Dict[str, torch.Tensor]:

@@ -210,6 +210,9 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
     num_classes = len(id2label) if classify else 0
     if sd is not None and "classifier.weight" in keys:
         num_classes = sd["classifier.weight"].shape[0]
+        if id2label and len(id2label) != num_classes:  # transformers keeps the two equal: an edited file
+            raise WeightsError(f"the config's id2label names {len(id2label)} classes where its classifier holds "
+                               f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
     has_pooler = any(k.startswith("pooler.") for k in keys)
     if has_pooler and not classify and hf.get("pooler_act", "tanh") != "tanh":
         raise WeightsError(f"the HF pooler uses pooler_act {hf['pooler_act']!r}; vitkit's pre-logits layer is the "

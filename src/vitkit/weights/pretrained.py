@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+import torch
 from torch import nn
 
-from ..models import build_from_config, config_from_dict, get_model_config
+from ..models import build_from_config, config_from_dict, family_of, get_model_config
 from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike, require
 from . import hf_format, npz_format, selfsup_format, timm_format
@@ -126,7 +127,10 @@ def config_for_source(src: Source, **overrides: Any):
                                f"(the model's fields), got {cj.get('config')!r}")
         return config_from_dict(cj["config"]).replace(**overrides)
     if cj and cj.get("model_type") is not None:
-        return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
+        try:
+            return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
+        except WeightsError as e:  # which file said it
+            raise WeightsError(f"{src.path.parent / 'config.json' if src.path else 'config.json'}: {e}") from None
     if src.pretraining and src.format == "vitkit":
         raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "
                            "pass the folder that holds both")
@@ -163,6 +167,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if src.pretraining and not encoder_only:
         return _pretrainer(src, model_name, strict, interpolation, overrides)
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
+    if not model_name:
+        check_claims(stored, src)
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
@@ -171,6 +177,41 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
     model.eval()
     return model
+
+
+def check_claims(config: Any, src: Source) -> None:
+    """What a source says about itself (its config.json, or the config in a safetensors file's
+    metadata) against what its tensors hold: the classes of its head, the channels of its first
+    convolution and (vitkit and Hugging Face layouts, whose configs fix the grid) the slots of its
+    position table. A file that contradicts itself is refused by name: believing its config would
+    load its weights into another shape (resampled or adapted) without a word."""
+    if src.config_json is None:
+        return  # read off the shapes: consistent by construction
+    sd, _ = to_native(src)
+    with torch.device("meta"):
+        model = build_from_config(config)
+    target = model.state_dict()
+    checks = [("head.weight", 0, "num_classes", "classes in its head"),
+              ("head.fc.weight", 0, "num_classes", "classes in its head")]
+    conv = next((name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is not None:
+        checks.append((f"{conv}.weight", 1, "in_chans", "input channels in its first convolution"))
+    if src.format in ("vitkit", "hf"):
+        checks.append(("pos_embed", 1, "img_size", "position slots (a grid of another image size)"))
+    problems = [f"{field} {_claimed(config, field)} where its weights hold {sd[key].shape[dim]} {what}"
+                for key, dim, field, what in checks
+                if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
+    if problems:
+        raise WeightsError(f"{src.path or 'the weights'}: its config does not match its weights (the config says "
+                           f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it")
+
+
+def _claimed(config: Any, field: str) -> str:
+    value = getattr(config, field)
+    if field == "img_size":
+        grid = getattr(config, "grid_size", None)
+        return f"{value[0]}x{value[1]}" + (f" (a {grid[0]}x{grid[1]} grid)" if grid else "")
+    return str(value)
 
 
 def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: str,
@@ -217,8 +258,13 @@ def fit_channel_stats(stored, overrides: dict) -> dict:
 
 
 def _named_config(src: Source, model_name: str):
-    """A registered architecture, with the class count the checkpoint's head has."""
+    """A registered architecture, with the class count the checkpoint's head has. Foreign layouts
+    store positions as one learned table (timm's ``pos_embed``): an architecture with 2D or
+    sine-cosine positions is read in the equivalent form its timm export has (the same function),
+    so ``vitkit convert RUN w.pth --to timm`` reads back with ``model_name=`` as its note says."""
     config = get_model_config(model_name)
+    if src.format != "vitkit" and "timm" in family_of(config).layouts:
+        config = config_from_dict(family_of(config).timm_config(config))
     sd, _ = to_native(src)
     head = "head.fc.weight" if "head.fc.weight" in sd else "head.weight"  # ResNetV2: a 1x1 conv head
     classes = sd[head].shape[0] if head in sd else 0

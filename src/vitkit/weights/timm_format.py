@@ -50,6 +50,21 @@ _NOT_IN_WEIGHTS = frozenset({
     "pos_embed_antialias", "init_values", "locality_strength", "use_local_init"})
 
 
+#: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,
+#: channels) and how positions are stored (2D / sine-cosine tables are exported as a learned one).
+_ADAPTED = frozenset({"img_size", "num_classes", "in_chans", "pos_embed"})
+
+
+def architecture_differences(config, other) -> List[str]:
+    """The fields in which ``config`` is another architecture than ``other`` (empty: the same,
+    up to what loading adapts: image size, classes, channels, the form of the position table,
+    and what weights do not hold: preprocessing, names, regularisation)."""
+    a, b = config.to_dict(), other.to_dict()
+    skip = _NOT_IN_WEIGHTS | _ADAPTED
+    return [f"{k} {json.dumps(a.get(k))} (not {json.dumps(b.get(k))})" for k in sorted(set(a) | set(b))
+            if k not in skip and a.get(k) != b.get(k)]
+
+
 def bare_state_dict_losses(sd: Mapping[str, Any], model) -> List[str]:
     """What reading ``model``'s timm state dict back from its shapes alone would get wrong: each
     config field that changes the function and is read differently (empty: nothing is lost)."""
