@@ -129,7 +129,7 @@ def gemm_gflops(rounds: int = 5) -> float:
 
 def int8_accuracy(weights: str) -> dict:
     """Fashion-MNIST test top-1 of a trained model on each runtime (see the module docstring)."""
-    from vitkit.deploy.runtime import calibration_images
+    from vitkit.deploy.quantize import calibration_images
     from vitkit.evaluate.metrics import prepare_batch
     from vitkit.train.data import load_split_tensors
 

@@ -298,7 +298,7 @@ def test_predict_on_a_folder_and_top_k_zero_say_what_is_wrong(tmp_path):
     done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path))
     assert done.returncode == 2 and "is a folder, not an image file" in done.stderr
     done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path / "a.png"), "--top-k", "0")
-    assert done.returncode == 2 and "top_k must be a positive integer" in done.stderr
+    assert done.returncode == 2 and "--top-k must be a positive integer" in done.stderr
 
 
 def test_differing_class_folders_are_named(tmp_path):

@@ -292,13 +292,24 @@ def test_torch_hub_load_from_a_checkout(tmp_path, images):
     assert isinstance(model, vitkit.VisionTransformer)
     assert model.config.num_classes == 3 and model.config.depth == 1 and model.config.embed_dim == 192
     saved = tiny().save_pretrained(tmp_path / "tiny")
-    for loaded in (torch.hub.load(str(ROOT), "vit_tiny_patch16_224", str(saved), source="local"),
+    shape = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64)  # the entry's name, as changed
+    for loaded in (torch.hub.load(str(ROOT), "vit_tiny_patch16_224", str(saved), source="local", **shape),
                    torch.hub.load(str(ROOT), "vitkit_model", str(saved), source="local")):
         x = images(1, 32, 32)
         with torch.no_grad():
             assert torch.equal(loaded(x), vitkit.from_pretrained(saved)(x))
     by_name = torch.hub.load(str(ROOT), "vitkit_model", "vit_tiny_patch16_224", source="local", depth=1)
     assert by_name.config.depth == 1
+
+
+def test_a_hub_entry_refuses_another_architectures_weights(tmp_path):
+    """vit_small_patch16_224 given a Ti-shaped model's weights says so instead of returning that model."""
+    saved = tiny().save_pretrained(tmp_path / "tiny")
+    with pytest.raises(ValueError, match=r"holds another architecture than vit_small_patch16_224: .*depth 2 \(not 12\)"
+                                         r".*vitkit_model"):
+        torch.hub.load(str(ROOT), "vit_small_patch16_224", str(saved), source="local")
+    with pytest.raises(ValueError, match="embed_dim 32 \\(not 192\\)"):  # the depth given, the width not
+        torch.hub.load(str(ROOT), "vit_tiny_patch16_224", str(saved), source="local", depth=2)
 
 
 def test_hubconf_lists_every_registered_model():

@@ -1,0 +1,639 @@
+"""Faults, second pass (issue 26): files that lie, config files as people write them, every error
+one line, full disks, signals, absurd sizes and the round trips the notes promise.
+
+Each class has several cases of its own; each case asserts the exit code, that no traceback is
+printed, the words of the message and what is left on disk. Full disks are real (a small tmpfs,
+mounted where the test may; skipped with the reason where not) and signals go to real processes.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+
+import vitkit
+from conftest import randomize
+from vitkit.data import fashion_mnist as fm
+from vitkit.train import resolve_config
+from vitkit.train.checkpoint import checkpoint_paths, save_checkpoint
+from vitkit.train.config import ConfigNote, TrainConfig
+from vitkit.utils import DiskFull, atomic_path, remove_stale_temporaries, sweep_work_folders, work_folder
+from vitkit.weights import WeightsError
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+ENV = dict(os.environ, PYTHONHASHSEED="0")
+
+
+def cli(*argv, **kw):
+    kw.setdefault("env", ENV)
+    return subprocess.run([sys.executable, "-m", "vitkit", *map(str, argv)], capture_output=True, text=True, **kw)
+
+
+def one_line(done, code=2):
+    """The process ended with ``code`` and said one line (after any notes), without a traceback."""
+    said = ("reading ", ": note: ", "the CPU is already busy")  # what a verb says on its way, before the error
+    lines = [line for line in done.stderr.strip().splitlines() if not any(s in line for s in said)]
+    assert done.returncode == code, (done.returncode, done.stderr[-800:])
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-800:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A Fashion-MNIST-shaped classifier (random weights, the data's class names), saved."""
+    folder = tmp_path_factory.mktemp("model") / "fmnist"
+    randomize(vitkit.create_model("vit_fmnist", label_names=list(fm.CLASSES))).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("img") / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)).save(path)
+    return path
+
+
+# ---------------------------------------------------------------- 1. a file whose metadata lies is refused
+
+
+@pytest.fixture(scope="module")
+def onnx_file(model_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "m.onnx"
+    vitkit.export_onnx(vitkit.from_pretrained(model_dir), path, exporter="torchscript")
+    return path
+
+
+def with_metadata(src, dst, **changes):
+    proto = onnx.load(str(src))
+    for entry in proto.metadata_props:
+        if entry.key in changes:
+            entry.value = changes[entry.key]
+    onnx.save(proto, str(dst))
+    return dst
+
+
+def foreign_graph(path, in_type=TensorProto.FLOAT, in_shape=("N", 1, 28, 28), out_shape=("N", 10), extra=()):
+    """A small graph not made by vitkit: Cast + Flatten + MatMul (784 -> 10), then ``extra`` nodes."""
+    w = numpy_helper.from_array(np.zeros((784, 10), np.float32), "W")
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT), helper.make_node("Flatten", ["xf"], ["f"]),
+             helper.make_node("MatMul", ["f", "W"], ["y0" if extra else "y"]), *extra]
+    inits = [w] + ([numpy_helper.from_array(np.array([2], np.int64), "axes")] if extra else [])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", in_type, list(in_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def config_meta(onnx_file, **fields):
+    meta = {p.key: p.value for p in onnx.load(str(onnx_file)).metadata_props}
+    stored = json.loads(meta["vitkit.config"])
+    stored["config"].update(fields)
+    return json.dumps(stored)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("three_classes", "it says 3 classes, the graph outputs 10"),
+    ("twenty_classes", "it says 20 classes, the graph outputs 10"),
+    ("rgb", "it says 3 input channels, the graph takes 1"),
+    ("size", "56x56 images, the graph takes 28x28"),
+    ("labels_entry", "labels [\"a\", \"b\", \"c\", ... (10 in all)] in its metadata"),
+    ("garbage", "its vitkit.config metadata is not a valid vitkit config"),
+])
+def test_an_onnx_file_whose_metadata_lies_is_refused(onnx_file, image, tmp_path, case, words):
+    lie = {"three_classes": {"vitkit.config": config_meta(onnx_file, num_classes=3, label_names=["a", "b", "c"])},
+           "twenty_classes": {"vitkit.config": config_meta(onnx_file, num_classes=20,
+                                                           label_names=[f"c{i}" for i in range(20)])},
+           "rgb": {"vitkit.config": config_meta(onnx_file, in_chans=3, mean=[0.5] * 3, std=[0.5] * 3)},
+           "size": {"vitkit.config": config_meta(onnx_file, img_size=[56, 56])},
+           "labels_entry": {"labels": json.dumps(list("abcdefghij"))},
+           "garbage": {"vitkit.config": "{not json"}}[case]
+    path = with_metadata(onnx_file, tmp_path / f"{case}.onnx", **lie)
+    line = one_line(cli("predict", "--weights", path, image))
+    assert words in line and str(path) in line, line
+
+
+@pytest.mark.parametrize("graph,words", [
+    (dict(in_type=TensorProto.UINT8), "its input 'x' is tensor(uint8), not tensor(float)"),
+    (dict(in_shape=("N", 28, 28)), "not one (batch, channels, height, width)"),
+    (dict(out_shape=("N", 10, 1), extra=[helper.make_node("Unsqueeze", ["y0", "axes"], ["y"])]),
+     "first output has shape ['N', 10, 1], not (batch, classes)"),
+])
+def test_an_onnx_graph_vitkit_cannot_feed_is_one_line(image, tmp_path, graph, words):
+    path = foreign_graph(tmp_path / "g.onnx", **graph)
+    line = one_line(cli("predict", "--weights", path, image, "--img-size", 28, "--mean", 0.5, "--std", 0.5))
+    assert "no image model vitkit can run" in line and words in line, line
+
+
+def test_an_output_that_contradicts_the_metadata_at_run_time_is_refused(onnx_file, image, tmp_path):
+    """A graph whose class dimension is symbolic (it follows the input's size) can only be caught
+    on its first batch."""
+    graph = helper.make_graph([helper.make_node("Flatten", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "K"])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for entry in onnx.load(str(onnx_file)).metadata_props:  # vitkit's metadata: 10 classes
+        proto.metadata_props.add(key=entry.key, value=entry.value)
+    onnx.save(proto, str(tmp_path / "k.onnx"))
+    line = one_line(cli("predict", "--weights", tmp_path / "k.onnx", image))
+    assert "gave an output of shape (1, 784)" in line and "(batch, 10)" in line, line
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("num_classes", 3, "num_classes 3 where its weights hold 10 classes in its head"),
+    ("in_chans", 3, "in_chans 3 where its weights hold 1 input channels"),
+])
+def test_a_config_json_that_contradicts_its_weights_is_refused(model_dir, image, tmp_path, field, value, words):
+    folder = tmp_path / "edited"
+    shutil.copytree(model_dir, folder)
+    stored = json.loads((folder / "config.json").read_text())
+    stored["config"].update({field: value, "label_names": None, "mean": [0.5] * 3, "std": [0.5] * 3}
+                            if field == "in_chans" else {field: value, "label_names": None})
+    (folder / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(WeightsError, match=words):
+        vitkit.from_pretrained(folder)
+    line = one_line(cli("predict", "--weights", folder, image))
+    assert "its config does not match its weights" in line and words in line
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"id2label": {"0": "a", "1": "b", "2": "c"}}, "id2label names 3 classes where its classifier holds 5"),
+    ({"image_size": 64}, "img_size 64x64 (a 8x8 grid) where its weights hold 17 position slots"),
+    ({"num_channels": 1}, "in_chans 1 where its weights hold 3 input channels"),
+])
+def test_a_hugging_face_config_that_contradicts_its_weights_is_refused(tmp_path, change, words):
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5)
+    folder = vitkit.export_weights(randomize(model), tmp_path / "hf", "hf")
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **change}))
+    with pytest.raises(WeightsError, match=words.replace("(", r"\(").replace(")", r"\)")) as info:
+        vitkit.from_pretrained(folder)
+    assert str(folder) in str(info.value)
+
+
+def test_a_timm_export_whose_stored_config_lies_is_refused(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    path = vitkit.export_weights(randomize(vitkit.create_model("vit_fmnist")), tmp_path / "w.safetensors", "timm")
+    with safe_open(str(path), "pt") as f:
+        stored = json.loads(f.metadata()["vitkit_config"])
+    stored.update(num_classes=7, label_names=None)
+    save_file(load_file(str(path)), str(tmp_path / "lie.safetensors"), metadata={"vitkit_config": json.dumps(stored)})
+    with pytest.raises(WeightsError, match="num_classes 7 where its weights hold 10 classes"):
+        vitkit.from_pretrained(tmp_path / "lie.safetensors")
+    assert vitkit.from_pretrained(path, num_classes=7).config.num_classes == 7  # asked for: a new head, as ever
+
+
+@pytest.mark.parametrize("name", ["zero.pth", "zero.safetensors", "zero.npz"])
+def test_a_zero_byte_weight_file_is_not_a_checkpoint(image, tmp_path, name):
+    (tmp_path / name).write_bytes(b"")
+    line = one_line(cli("predict", "--weights", tmp_path / name, "--model", "vit_fmnist", image))
+    assert "is empty (0 bytes): not a checkpoint" in line, line
+
+
+# ---------------------------------------------------------------- 2. config files as people write them
+
+
+def config_file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name,text,words", [
+    ("c.json", '{"hflip": "no"}', 'hflip "no" is not true or false'),
+    ("c.json", '{"batch_size": true}', "batch_size true is not an integer"),
+    ("c.json", '{"weight_decay": NaN}', "weight_decay NaN is not finite"),
+    ("c.yaml", "clip_grad: .nan\n", "clip_grad NaN is not finite"),
+    ("c.yaml", "tau: .inf\n", "tau Infinity is not finite"),
+    ("c.json", '{"min_lr": NaN}', "min_lr NaN is not finite"),
+    ("c.json", '{"betas": [0.9, 0.99, 0.999]}', "betas [0.9, 0.99, 0.999] is not two numbers"),
+    ("c.yaml", "warmup_steps: -1\n", "warmup_steps and crop_pad must be >= 0, not -1"),
+    ("c.yaml", "crop_pad: -2\n", "warmup_steps and crop_pad must be >= 0, not 200 and -2"),
+    ("c.yaml", "lr: fast\n", 'lr "fast" is not a finite number'),
+    ("c.yaml", "max_steps: 12.5\n", "max_steps 12.5 is not an integer"),
+    ("c.yaml", "name: 123\n", "name 123 is not text (quote it)"),
+    ("c.yaml", "x: [\n", "is not valid YAML at line 2, column 1"),
+    ("c.yml", "a:\n\tb: 1\n", "(YAML indents with spaces, not tabs)"),
+    ("c.YAML", "a: !!python/object/apply:os.system [echo]\n", "vitkit reads plain YAML, without tags"),
+    ("c.yaml", "lr: 1\nlr: 2\n", "lr given twice"),
+    ("c.json", '{"lr": 1, "lr": 2}', "lr given twice"),
+    ("c.json", "", "is not valid JSON (the file is empty)"),
+    ("c.json", "[1, 2]", "expected a mapping of config fields"),
+    ("c.json", '{"lr": 1e-3', "is not valid JSON: Expecting ',' delimiter at line 1, column 12"),
+    ("c.toml", "lr = 1\n", "name it .yaml, .yml or .json"),
+    ("c.yaml", "model_args: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("c.json", '{"model_args": ' + "[" * 50 + "]" * 50 + "}", "nested too deeply (at most 32 levels)"),
+    ("c.yaml", "1: 2\n", "field names are text, not 1"),
+    ("c.json", '{"model_args": {"drop_rate": Infinity}}', "model_args: drop_rate inf is not finite"),
+])
+def test_a_config_file_that_is_wrong_is_one_line_naming_file_field_and_value(tmp_path, name, text, words):
+    path = config_file(tmp_path, name, text)
+    line = one_line(cli("train", "--config", path, "--runs-dir", tmp_path / "runs", "--no-progress"))
+    assert words in line and name in line, line
+    assert not (tmp_path / "runs").exists()  # refused before a run folder was made
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcdefgh", "bcdefghi"):  # 10^9 values by reference in 350 bytes
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 10) + "]")
+    path = config_file(tmp_path, "bomb.yaml", "\n".join(lines + ["model_args: {x: *i}"]) + "\n")
+    started = time.time()
+    with pytest.raises(ValueError, match="holds more than 10,000 values once its references"):
+        resolve_config("fmnist", str(path))
+    assert time.time() - started < 5
+
+
+def test_a_huge_or_special_config_file_is_refused_unread(tmp_path):
+    big = config_file(tmp_path, "big.json", '{"name": "' + "x" * (1 << 21) + '"}')
+    with pytest.raises(ValueError, match="2,097,16.? bytes: a training config is a few hundred"):
+        resolve_config("fmnist", str(big))
+    os.mkfifo(tmp_path / "fifo.yaml")
+    with pytest.raises(ValueError, match="is not a regular file"):  # reading a FIFO would wait forever
+        resolve_config("fmnist", str(tmp_path / "fifo.yaml"))
+    (tmp_path / "latin.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        resolve_config("fmnist", str(tmp_path / "latin.yaml"))
+
+
+def test_unambiguous_numbers_are_coerced_and_said_dates_stay_text(tmp_path):
+    path = config_file(tmp_path, "c.YML", "lr: 1e-3\nmax_steps: 1e4\nname: 2024-01-01\nmin_lr: 0\n")
+    with pytest.warns(ConfigNote) as notes:
+        cfg = resolve_config("fmnist", str(path))
+    assert cfg.lr == 0.001 and cfg.max_steps == 10000 and isinstance(cfg.max_steps, int)
+    assert cfg.name == "2024-01-01" and cfg.min_lr == 0
+    said = sorted(str(n.message) for n in notes)
+    assert said == [f'{path}: lr "1e-3" read as 0.001', f'{path}: max_steps "1e4" read as 10000']
+    path = config_file(tmp_path, "c.json", '{"max_steps": 1e4, "epochs": 2}')  # JSON's 1e4 is a float
+    with pytest.warns(ConfigNote, match="max_steps 10000.0 read as 10000"):
+        assert resolve_config("fmnist", str(path)).max_steps == 10000
+    done = cli("train", "--config", config_file(tmp_path, "n.yaml", "lr: 1e-3\nmax_steps: 0\n"),
+               "--runs-dir", tmp_path / "r")
+    assert 'vitkit train: note: ' in done.stderr and 'lr "1e-3" read as 0.001' in done.stderr  # one line per note
+    assert "max_steps must be >= 1" in one_line(done)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("lr", "1e-3", 'lr "1e-3" is not a finite number'), ("max_steps", 1e4, "max_steps 10000.0 is not an integer "
+                                                                          "(write 10000)"),
+    ("hflip", "no", 'hflip "no" is not true or false'), ("batch_size", True, "batch_size true is not an integer"),
+    ("weight_decay", float("nan"), "weight_decay NaN is not finite"), ("betas", (0.9,), "is not two numbers"),
+    ("ema_decay", float("inf"), "ema_decay Infinity is not finite"), ("epochs", None, "epochs cannot be none"),
+])
+def test_the_api_takes_no_wrong_type_either(field, value, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--lr", "nan", "lr NaN is not finite"), ("--clip-grad", "inf", "clip_grad Infinity is not finite"),
+    ("--clip-grad", "0", "clip_grad must be > 0"), ("--betas", "0.9 1.5", "betas must be two numbers in [0, 1)"),
+    ("--momentum", "2", "momentum must be in [0, 1]"), ("--weight-decay", "-0.1", "weight_decay must be >= 0"),
+    ("--label-smoothing", "1", "label_smoothing in [0, 1)"), ("--seed", "-1", "seed must be in [0, 2^63)"),
+    ("--name", "..", "name must be a folder name"), ("--name", "a/b", "name must be a folder name"),
+])
+def test_bad_flag_values_are_refused_before_a_run_folder(tmp_path, flag, value, words):
+    line = one_line(cli("train", "--runs-dir", tmp_path, flag, *value.split(), "--no-progress"))
+    assert words in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_run_config_is_one_line_on_resume(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"recipe": "fmnist", "lr": ')
+    line = one_line(cli("train", "--resume", run))
+    assert "config.json is not valid JSON" in line and "damaged" in line, line
+    (run / "config.json").write_text(json.dumps({**TrainConfig().to_dict(), "wings": 2}))
+    (run / "checkpoints").mkdir()
+    save_checkpoint(run, 1, {"model": {}, "step": 1}, keep=1)
+    line = one_line(cli("train", "--resume", run))
+    assert "has fields no training run has: wings" in line, line
+
+
+# ---------------------------------------------------------------- 3. every error is one line
+
+
+def test_errors_of_every_kind_are_named_in_one_line():
+    from vitkit.cli import describe_error
+
+    assert describe_error(MemoryError()).startswith("out of memory (MemoryError): use a smaller --batch-size")
+    alloc = RuntimeError("[enforce fail at alloc_cpu.cpp:124] DefaultCPUAllocator: can't allocate memory: you tried "
+                         "to allocate 1099511627776 bytes.\nError code 12")
+    assert describe_error(alloc).startswith("out of memory ([enforce fail") and "\n" not in describe_error(alloc)
+    assert describe_error(KeyError("pos_embed")) == ("unexpected KeyError: 'pos_embed' (VITKIT_DEBUG=1 shows where; "
+                                                     "please report it if the input was sound)")
+    assert describe_error(RecursionError()).startswith("the input is nested too deeply")
+    assert describe_error(PermissionError(13, "Permission denied", "/root/x")) == "Permission denied: /root/x"
+    assert describe_error(OSError(28, "No space left on device")).startswith("no space left on device: free some")
+    assert describe_error(DiskFull("/d/f.pt")).startswith("no space left on device while writing /d/f.pt; nothing")
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_where(monkeypatch, capsys):
+    import vitkit.cli as cli_module
+
+    def broken(args):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    parser = cli_module.build_parser
+    monkeypatch.setattr(cli_module, "build_parser", lambda: _with_verb(parser(), "models", broken))
+    assert cli_module.main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("vitkit models: error: unexpected TypeError: unsupported operand type(s) for +: 'int' and 'str' "
+                   "(VITKIT_DEBUG=1 shows where; please report it if the input was sound)\n")
+    monkeypatch.setenv("VITKIT_DEBUG", "1")
+    with pytest.raises(TypeError):
+        cli_module.main(["models"])
+
+
+def _with_verb(parser, verb, func):
+    import argparse
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub.choices[verb].set_defaults(func=func)
+    return parser
+
+
+def test_outputs_are_checked_before_the_work_starts(model_dir, image, tmp_path):
+    (tmp_path / "o").write_text("a file")
+    started = time.time()
+    line = one_line(cli("eval", "--weights", tmp_path / "absent", "--out", tmp_path / "o"))
+    assert "--out" in line and "is a file, not a folder" in line, line  # said before the weights were looked at
+    line = one_line(cli("convert", model_dir, tmp_path / "o" / "w.npz", "--to", "npz"))
+    assert "DST" in line and "is a file, not a folder" in line, line
+    (tmp_path / "dir.pth").mkdir()
+    line = one_line(cli("convert", model_dir, tmp_path / "dir.pth", "--to", "timm"))
+    assert "is a folder, not a file name" in line, line
+    line = one_line(cli("inspect", "--weights", model_dir, "--out", tmp_path / "o", "--image", image))
+    assert "--out" in line and "is a file" in line, line
+    line = one_line(cli("push", model_dir, "org/name", "--dry-run", tmp_path / "o"))
+    assert "--dry-run" in line and "is a file" in line, line
+    line = one_line(cli("train", "--runs-dir", tmp_path / "o"))
+    assert "--runs-dir" in line and "is a file" in line, line
+    assert time.time() - started < 60
+    line = one_line(cli("eval", "--weights", model_dir, "--batch-size", "0"))
+    assert "--batch-size must be a positive integer, not 0" in line, line
+    os.mkfifo(tmp_path / "fifo.png")
+    line = one_line(cli("predict", "--weights", model_dir, tmp_path / "fifo.png"), 2)
+    assert "is not a regular file (a FIFO" in line, line
+
+
+def test_warnings_are_one_line_notes(model_dir, tmp_path):
+    """An export warning (a bare .pth loses what its shapes cannot give back) is one line, not two."""
+    done = cli("convert", model_dir, tmp_path / "w.pth", "--to", "timm")
+    notes = [line for line in done.stderr.splitlines() if "note:" in line]
+    assert done.returncode == 0 and len(notes) == 1 and notes[0].startswith("vitkit convert: note: ")
+    assert "class names are not kept either" in notes[0]
+
+
+# ---------------------------------------------------------------- 4. a full disk is one line everywhere
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs (mounting needs root and CAP_SYS_ADMIN: skipped, with the reason, where not)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'mount failed'}): full disks untested")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk, leave=48 * 1024):
+    """Fill the disk to ``leave`` bytes."""
+    free = shutil.disk_usage(disk).free
+    (disk / "filler").write_bytes(b"\0" * max(free - leave, 0))
+
+
+def test_a_full_disk_under_torch_s_zip_writer_keeps_the_previous_checkpoint(small_disk):
+    run = small_disk / "run"
+    first = save_checkpoint(run, 4, {"model": {"w": torch.ones(8)}, "step": 4}, keep=1)
+    fill(small_disk, leave=16 * 1024)
+    with pytest.raises(DiskFull, match=r"no space left on device while writing .*step_00000008.pt.*intact"):
+        save_checkpoint(run, 8, {"model": {"w": torch.ones(200_000)}, "step": 8}, keep=1)
+    assert checkpoint_paths(run) == [first] and not list(run.rglob("*.tmp"))
+
+
+def test_a_full_disk_removes_the_folders_it_started(small_disk):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2))  # 3.5 MB
+    fill(small_disk, leave=200 * 1024)
+    for call, target in ((lambda t: model.save_pretrained(t), small_disk / "a" / "model"),
+                         (lambda t: vitkit.export_weights(model, t, "hf"), small_disk / "hf"),
+                         (lambda t: vitkit.export_weights(model, t, "timm"), small_disk / "w.pth"),
+                         (lambda t: vitkit.export_weights(model, t, "npz"), small_disk / "w.npz")):
+        with pytest.raises(DiskFull, match="no space left on device while writing"):
+            call(target)
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler"], target  # nothing half-made
+    empty = small_disk / "empty"
+    empty.mkdir()
+    with pytest.raises(DiskFull):
+        model.save_pretrained(empty)
+    assert list(empty.iterdir()) == []  # a folder that was there stays, without what was half written
+
+
+def test_convert_and_push_on_a_full_disk_are_one_line_and_leave_nothing(small_disk, tmp_path):
+    src = tmp_path / "big"
+    randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2)).save_pretrained(src)
+    fill(small_disk, leave=200 * 1024)
+    line = one_line(cli("convert", src, small_disk / "out", "--to", "vitkit"))
+    assert "no space left on device while writing" in line and "model.safetensors" in line, line
+    line = one_line(cli("push", src, "org/name", "--dry-run", small_disk / "card"))
+    assert "no space left on device while writing" in line, line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_metrics_row_is_never_half_written(small_disk):
+    from vitkit.train.tracking import MetricsLog
+
+    log = MetricsLog(small_disk, tensorboard=False)
+    log.write({"step": 1, "train_loss": 1.0})
+    fill(small_disk, leave=0)
+    with pytest.raises(DiskFull, match="metrics.jsonl; the rows before are intact"):
+        log.write({"step": 2, "train_loss": 0.5, "pad": "x" * 65536})
+    assert (small_disk / "metrics.jsonl").read_text() == '{"step": 1, "train_loss": 1.0}\n'
+
+
+# ---------------------------------------------------------------- 5. signals
+
+
+def wait_for(predicate, proc, timeout=120, what="the file"):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the process ended before {what} appeared: {proc.stderr.read()[-500:]}"
+        assert time.time() < deadline, f"{what} never appeared"
+        time.sleep(0.02)
+
+
+def test_sigterm_during_an_onnx_export_exits_cleanly_and_leaves_nothing(model_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "convert", str(model_dir), str(tmp_path / "m.onnx"),
+                             "--to", "onnx", "--quantize", "int8"], env=ENV, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list(tmp_path.glob(".m.onnx.*.work")), proc, what="the export's work folder")
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "vitkit convert: stopped by SIGTERM; partial files were removed"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_predict_s_export_on_the_fly_leaves_no_temporary_folder(model_dir, image, tmp_path):
+    env = dict(ENV, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "predict", "--weights", str(model_dir), str(image),
+                             "--runtime", "onnxruntime"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+    wait_for(lambda: list(tmp_path.glob(".vitkit-onnx.*.work")), proc, what="the export's work folder")
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert not list(tmp_path.glob(".vitkit-onnx*")), list(tmp_path.iterdir())
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from vitkit.utils import atomic_path, work_folder
+with work_folder(sys.argv[1], "job") as folder, atomic_path(Path(sys.argv[1]) / "f.bin") as tmp:
+    (folder / "part").write_bytes(b"x" * 1000)
+    tmp.write_bytes(b"half")
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_writer_s_leftovers_are_swept_and_a_live_writer_s_are_not(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        live = sorted(p.name for p in tmp_path.iterdir())
+        assert sweep_work_folders(tmp_path, "job") == 0 and remove_stale_temporaries(tmp_path) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == live  # a live writer's work is kept
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert len(live) == 2  # the kill left its work folder and its temporary
+    with work_folder(tmp_path, "job") as mine:  # the next job of that name sweeps the dead one's folder
+        assert [p for p in tmp_path.iterdir() if p.is_dir()] == [mine]
+    with atomic_path(tmp_path / "f.bin") as tmp:  # the next writer of f.bin removes its dead temporary
+        tmp.write_bytes(b"whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+@real
+@pytest.mark.slow
+def test_sigterm_during_training_says_how_to_resume_and_releases_the_run(tmp_path):
+    from vitkit.runlock import holder
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), "--name", "run",
+                             "--max-steps", "400", "--checkpoint-every", "5", "--val-size", "500", "--threads", "1",
+                             "--no-progress", "--no-tensorboard"], env=ENV, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: checkpoint_paths(run), proc, what="a checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert f"vitkit train --resume {run} goes on from there" in lines[-2], lines
+    assert lines[-1] == "vitkit train: stopped by SIGTERM; partial files were removed"
+    assert holder(run) is None and not list(run.rglob("*.tmp"))
+
+
+# ---------------------------------------------------------------- 6. absurd sizes are refused up front
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--threads", "10000"], "threads must be at most the"),
+    (["train", "--threads", "100000"], "threads must be at most the"),
+    (["train", "--workers", "10000"], "workers must be at most"),
+    (["train", "--img-size", "100000"], "img_size 100000 is past the 16,384 px"),
+    pytest.param(["train", "--model-args", '{"img_size": 100000}'], "img_size (100000, 100000) is past 16,384 px",
+                 marks=real),
+    (["info", "B/16", "--img-size", "16", "16", "16"], "--img-size takes one value or two (H W), not 3"),
+])
+def test_absurd_sizes_are_one_line(tmp_path, argv, words):
+    line = one_line(cli(*argv, *(["--runs-dir", tmp_path / "runs"] if argv[0] == "train" else [])))
+    assert words in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+@real
+def test_a_batch_past_the_memory_is_refused_before_the_run_folder(tmp_path):
+    line = one_line(cli("train", "--runs-dir", tmp_path, "--batch-size", "100000000", "--model", "vit_fmnist",
+                        "--no-progress"))
+    assert "training 100000000 images of 28x28 at once needs at least" in line and "GiB are free" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_foreign_onnx_sizes_are_bounded(image, tmp_path):
+    path = foreign_graph(tmp_path / "g.onnx", in_shape=("N", 1, "H", "W"))  # any size: only the bound says no
+    for size, words in ((["16", "16", "16"], "--img-size takes one value or two (H W), not 3"),
+                        (["60000"], "--img-size must be between 1 and 16,384 px, not 60000 60000")):
+        line = one_line(cli("predict", "--weights", path, image, "--img-size", *size, "--mean", 0.5, "--std", 0.5))
+        assert words in line, line
+    line = one_line(cli("predict", "--weights", path, image, "--img-size", 28, "--mean", 0.5, "--std", "nan"))
+    assert "--std values must be positive" in line
+
+
+def test_image_sizes_are_whole_numbers():
+    with pytest.raises(ValueError, match=r"img_size must be an int or a pair \(H, W\) of ints, got 28.5"):
+        vitkit.create_model("vit_fmnist", img_size=28.5)
+    with pytest.raises(ValueError, match="got True"):
+        vitkit.create_model("vit_fmnist", img_size=True)
+    assert vitkit.create_model("vit_fmnist", img_size=np.int64(32)).config.img_size == (32, 32)
+
+
+# ---------------------------------------------------------------- 7. round trips the notes promise
+
+
+def test_a_bare_pth_reads_back_with_the_architecture_its_note_names(tmp_path, image):
+    model = randomize(vitkit.create_model("vit_fmnist_hybrid", label_names=list(fm.CLASSES)))  # sine-cosine positions
+    model.save_pretrained(tmp_path / "run_model")
+    done = cli("convert", tmp_path / "run_model", tmp_path / "q.pth", "--to", "timm")
+    assert done.returncode == 0 and "Load it with the architecture given" in done.stderr
+    back = json.loads(cli("predict", "--weights", tmp_path / "q.pth", "--model", "vit_fmnist_hybrid", image,
+                          "--json").stdout)[0]["top"]
+    want = json.loads(cli("predict", "--weights", tmp_path / "run_model", image, "--json").stdout)[0]["top"]
+    assert [t["index"] for t in back] == [t["index"] for t in want]
+    assert np.allclose([t["probability"] for t in back], [t["probability"] for t in want], atol=1e-6)
+
+
+@real
+@pytest.mark.slow
+def test_int8_static_from_python_finds_its_calibration_images_from_the_labels(model_dir, tmp_path):
+    from vitkit.deploy import OnnxModel
+
+    model = vitkit.from_pretrained(model_dir)
+    path = vitkit.export_onnx(model, tmp_path / "q.onnx", exporter="torchscript", quantize="int8-static")
+    assert OnnxModel(path).quantization == "int8-static"
+    nameless = randomize(vitkit.create_model("vit_fmnist"))
+    with pytest.raises(ValueError, match="the model's classes name no built-in dataset"):
+        vitkit.export_onnx(nameless, tmp_path / "n.onnx", exporter="torchscript", quantize="int8-static")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx"]
+
+
+def test_a_mask_block_that_cannot_honour_the_ratio_is_refused(tmp_path):
+    from vitkit.selfsup import SimMIM
+
+    encoder = vitkit.ViTConfig(img_size=28, patch_size=4, in_chans=1, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    with pytest.raises(ValueError, match="mask_block 28 px is the whole image.*smaller blocks .*: 4 px"):
+        SimMIM(encoder, mask_block=28).draw(2)
+    model = SimMIM(encoder, mask_block=4, mask_ratio=0.6)
+    assert model.draw(2)["mask"].float().mean().item() == pytest.approx(30 / 49)
+    line = one_line(cli("pretrain", "--objective", "simmim", "--mask-block", "28", "--runs-dir", tmp_path,
+                        "--no-progress"))
+    assert "mask_block 28 px is the whole image" in line, line
+    assert list(tmp_path.iterdir()) == []
