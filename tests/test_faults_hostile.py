@@ -538,8 +538,10 @@ def test_a_killed_writer_s_leftovers_are_swept_and_a_live_writer_s_are_not(tmp_p
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert len(live) == 2  # the kill left its work folder and its temporary
-    with work_folder(tmp_path, "job") as mine:  # the next job of that name sweeps the dead one's folder
-        assert [p for p in tmp_path.iterdir() if p.is_dir()] == [mine]
+    (tmp_path / ".editor.x.work").mkdir()  # another program's folder of the same form, without vitkit's lock file
+    with work_folder(tmp_path, "other") as mine:  # the next job in the folder sweeps the dead one's folder
+        assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted([".editor.x.work", mine.name])
+    (tmp_path / ".editor.x.work").rmdir()
     with atomic_path(tmp_path / "f.bin") as tmp:  # the next writer of f.bin removes its dead temporary
         tmp.write_bytes(b"whole")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]

@@ -207,11 +207,11 @@ def work_folder(parent: PathLike, name: str) -> Iterator[Path]:
     """A private folder ``parent/.NAME.XXXX.work`` for a job of several files (an ONNX export,
     a quantization), removed when the job ends however it ends in Python (an error, Ctrl-C,
     SIGTERM through the command line). A lock file inside is held meanwhile, so the folders of
-    killed writers (SIGKILL, power loss) are found dead and removed by the next job of the same
-    name in ``parent`` (:func:`sweep_work_folders`)."""
+    killed writers (SIGKILL, power loss) are found dead and removed by the next job in ``parent``
+    (:func:`sweep_work_folders`)."""
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    sweep_work_folders(parent, name)
+    sweep_work_folders(parent)
     folder = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=WORK_SUFFIX, dir=parent))
     fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
     _try_lock(fd)
@@ -222,19 +222,21 @@ def work_folder(parent: PathLike, name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def sweep_work_folders(parent: PathLike, name: str) -> int:
-    """Remove the work folders of ``name`` in ``parent`` whose writers are dead (their lock is
-    free); a folder without a lock file was left between its creation and its lock, so it is
-    removed once a minute old. Returns how many were removed."""
+def sweep_work_folders(parent: PathLike, name: Optional[str] = None) -> int:
+    """Remove the work folders in ``parent`` (``name``: only that job's) whose writers are dead:
+    their lock file is free. A folder of ``name`` without a lock file was left between its
+    creation and its lock, so it is removed once a minute old; without ``name`` such folders are
+    left alone (they may be another program's). Returns how many were removed."""
     removed = 0
-    for folder in Path(parent).glob(f".{glob.escape(name)}.*{WORK_SUFFIX}"):
+    pattern = f".{glob.escape(name)}.*{WORK_SUFFIX}" if name else f".*{WORK_SUFFIX}"
+    for folder in Path(parent).glob(pattern):
         if not folder.is_dir() or folder.is_symlink():
             continue
         try:
             fd = os.open(folder / _OWNER, os.O_RDONLY)
         except FileNotFoundError:
             with contextlib.suppress(OSError):
-                if time.time() - folder.stat().st_mtime > 60:
+                if name and time.time() - folder.stat().st_mtime > 60:
                     shutil.rmtree(folder, ignore_errors=True)
                     removed += 1
             continue
