@@ -8,11 +8,13 @@ mounted where the test may; skipped with the reason where not) and signals go to
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -118,6 +120,7 @@ def config_meta(onnx_file, **fields):
     ("rgb", "it says 3 input channels, the graph takes 1"),
     ("size", "56x56 images, the graph takes 28x28"),
     ("labels_entry", "labels [\"a\", \"b\", \"c\", ... (10 in all)] in its metadata"),
+    ("std_entry", "std [0.0] in its metadata, [0.353] in its vitkit config"),
     ("garbage", "its vitkit.config metadata is not a valid vitkit config"),
 ])
 def test_an_onnx_file_whose_metadata_lies_is_refused(capsys, onnx_file, image, tmp_path, case, words):
@@ -127,6 +130,7 @@ def test_an_onnx_file_whose_metadata_lies_is_refused(capsys, onnx_file, image, t
            "rgb": {"vitkit.config": config_meta(onnx_file, in_chans=3, mean=[0.5] * 3, std=[0.5] * 3)},
            "size": {"vitkit.config": config_meta(onnx_file, img_size=[56, 56])},
            "labels_entry": {"labels": json.dumps(list("abcdefghij"))},
+           "std_entry": {"std": json.dumps([0.0])},
            "garbage": {"vitkit.config": "{not json"}}[case]
     path = with_metadata(onnx_file, tmp_path / f"{case}.onnx", **lie)
     line = one_line(in_process(capsys, "predict", "--weights", path, image))
@@ -206,11 +210,46 @@ def test_a_timm_export_whose_stored_config_lies_is_refused(tmp_path):
     assert vitkit.from_pretrained(path, num_classes=7).config.num_classes == 7  # asked for: a new head, as ever
 
 
-@pytest.mark.parametrize("name", ["zero.pth", "zero.safetensors", "zero.npz"])
+@pytest.mark.parametrize("field,value,words", [
+    ("embed_dim", 48, "blocks.0.attn.proj.bias of shape (48,) where its weights hold (96,)"),
+    ("depth", 6, "blocks.4.attn.proj.bias, blocks.4.attn.proj.weight, blocks.4.attn.qkv.bias where its weights hold "
+                 "none"),
+    ("label_names", ["a", "b"], "config.json: invalid ViT config: 2 label names for 10 classes"),
+    ("format_version", 99, "format_version 99 is newer than the 1 this vitkit reads"),
+])
+def test_every_field_of_a_vitkit_config_is_checked_against_its_weights(model_dir, tmp_path, field, value, words):
+    folder = tmp_path / "edited"
+    shutil.copytree(model_dir, folder)
+    stored = json.loads((folder / "config.json").read_text())
+    (stored if field == "format_version" else stored["config"])[field] = value
+    (folder / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(WeightsError, match=re.escape(words)):
+        vitkit.from_pretrained(folder)
+    with pytest.raises(WeightsError, match=re.escape(words)):  # fine-tuning reads it through the same check
+        from vitkit.train.init import model_from_init
+
+        model_from_init(str(folder), {"num_classes": 10}, {})
+
+
+def test_a_bare_state_dict_says_which_field_it_guessed(tmp_path):
+    from vitkit.weights.pretrained import GuessWarning
+
+    with pytest.warns(UserWarning):
+        path = vitkit.export_weights(randomize(vitkit.create_model("vit_fmnist")), tmp_path / "w.pth", "timm")
+    with pytest.warns(GuessWarning, match=r"w.pth holds tensors only: its number of heads is not stored and was read "
+                                          r"as 1 \(width 96 / 64\)"):
+        assert vitkit.from_pretrained(path, pos_embed="learned").config.num_heads == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GuessWarning)  # said: no guess, no note
+        assert vitkit.from_pretrained(path, num_heads=3, pos_embed="learned").config.num_heads == 3
+
+
+@pytest.mark.parametrize("name", ["zero.pth", "zero.safetensors", "zero.npz", "zero.onnx"])
 def test_a_zero_byte_weight_file_is_not_a_checkpoint(capsys, image, tmp_path, name):
     (tmp_path / name).write_bytes(b"")
-    line = one_line(in_process(capsys, "predict", "--weights", tmp_path / name, "--model", "vit_fmnist", image))
-    assert "is empty (0 bytes): not a checkpoint" in line, line
+    model = [] if name.endswith(".onnx") else ["--model", "vit_fmnist"]
+    line = one_line(in_process(capsys, "predict", "--weights", tmp_path / name, *model, image))
+    assert "is empty (0 bytes): not a" in line, line
 
 
 # ---------------------------------------------------------------- 2. config files as people write them
@@ -230,8 +269,8 @@ def config_file(tmp_path, name, text):
     ("c.yaml", "tau: .inf\n", "tau Infinity is not finite"),
     ("c.json", '{"min_lr": NaN}', "min_lr NaN is not finite"),
     ("c.json", '{"betas": [0.9, 0.99, 0.999]}', "betas [0.9, 0.99, 0.999] is not two numbers"),
-    ("c.yaml", "warmup_steps: -1\n", "warmup_steps and crop_pad must be >= 0, not -1"),
-    ("c.yaml", "crop_pad: -2\n", "warmup_steps and crop_pad must be >= 0, not 200 and -2"),
+    ("c.yaml", "warmup_steps: -1\n", "warmup_steps must be >= 0, not -1"),
+    ("c.yaml", "crop_pad: -2\n", "crop_pad must be >= 0, not -2"),
     ("c.yaml", "lr: fast\n", 'lr "fast" is not a finite number'),
     ("c.yaml", "max_steps: 12.5\n", "max_steps 12.5 is not an integer"),
     ("c.yaml", "name: 123\n", "name 123 is not text (quote it)"),
@@ -248,12 +287,29 @@ def config_file(tmp_path, name, text):
     ("c.json", '{"model_args": ' + "[" * 50 + "]" * 50 + "}", "nested too deeply (at most 32 levels)"),
     ("c.yaml", "1: 2\n", "field names are text, not 1"),
     ("c.json", '{"model_args": {"drop_rate": Infinity}}', "model_args: drop_rate inf is not finite"),
+    ("c.json", '{"max_steps": ' + "9" * 5000 + "}", "holds a number of more than 4,300 digits"),
+    ("c.yaml", "name: " + "x" * 300 + "\n", "name must be a folder name (no '/', not '.' or '..', at most 200 bytes)"),
 ])
 def test_a_config_file_that_is_wrong_is_one_line_naming_file_field_and_value(tmp_path, capsys, name, text, words):
     path = config_file(tmp_path, name, text)
     line = one_line(in_process(capsys, "train", "--config", path, "--runs-dir", tmp_path / "runs", "--no-progress"))
     assert words in line and name in line, line
     assert not (tmp_path / "runs").exists()  # refused before a run folder was made
+
+
+def test_a_config_file_names_its_recipe_only_to_agree_and_its_typos_get_a_hint(tmp_path, capsys):
+    path = config_file(tmp_path, "c.yaml", "recipe: deit\n")
+    line = one_line(in_process(capsys, "train", "--config", path, "--runs-dir", tmp_path / "runs"))
+    assert 'recipe "deit" differs from the recipe in effect' in line and "--recipe deit" in line, line
+    assert resolve_config("deit", str(path)).mixup == 0.8  # the same recipe: the file may say so
+    path = config_file(tmp_path, "t.yaml", "max-steps: 5\nLR: 0.1\n")
+    line = one_line(in_process(capsys, "train", "--config", path, "--runs-dir", tmp_path / "runs"))
+    assert f"{path}: unknown training option(s): \"LR\" (did you mean lr?), \"max-steps\" (did you mean max_steps?)" \
+        in line, line
+    path = config_file(tmp_path, "o.yaml", "lr: 0.1\n")  # no objective in the file, none on the command line
+    line = one_line(in_process(capsys, "pretrain", "--config", path, "--runs-dir", tmp_path / "runs"))
+    assert "--objective is required" in line
+    assert not (tmp_path / "runs").exists()
 
 
 def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
@@ -312,12 +368,20 @@ def test_the_api_takes_no_wrong_type_either(field, value, words):
     ("--lr", "nan", "lr NaN is not finite"), ("--clip-grad", "inf", "clip_grad Infinity is not finite"),
     ("--clip-grad", "0", "clip_grad must be > 0"), ("--betas", "0.9 1.5", "betas must be two numbers in [0, 1)"),
     ("--momentum", "2", "momentum must be in [0, 1]"), ("--weight-decay", "-0.1", "weight_decay must be >= 0"),
-    ("--label-smoothing", "1", "label_smoothing in [0, 1)"), ("--seed", "-1", "seed must be in [0, 2^63)"),
+    ("--label-smoothing", "1", "label_smoothing must be in [0, 1), not 1.0"),
+    ("--seed", "-1", "seed must be in [0, 2^63)"),
     ("--name", "..", "name must be a folder name"), ("--name", "a/b", "name must be a folder name"),
 ])
 def test_bad_flag_values_are_refused_before_a_run_folder(tmp_path, capsys, flag, value, words):
     line = one_line(in_process(capsys, "train", "--runs-dir", tmp_path, flag, *value.split(), "--no-progress"))
     assert words in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_takes_its_architecture_from_the_weights_and_says_so_when_told_another(model_dir, tmp_path, capsys):
+    line = one_line(in_process(capsys, "train", "--init", model_dir, "--model", "vit_base_patch16_224",
+                               "--runs-dir", tmp_path))
+    assert "--model vit_base_patch16_224 does not apply with --init: the architecture comes from the weights" in line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -401,6 +465,32 @@ def test_outputs_are_checked_before_the_work_starts(capsys, model_dir, image, tm
     assert "is not a regular file (a FIFO" in line, line
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["push", "MODEL", "org/name", "--dry-run", ""], "argument --dry-run: an empty value"),  # would push for real
+    (["train", "--runs-dir", ""], "argument --runs-dir: an empty value"),
+    (["convert", "MODEL", "", "--to", "vitkit"], "argument DST: an empty value"),
+    (["eval", "--weights", "MODEL", "--out", ""], "argument --out: an empty value"),
+    (["predict", "--weights", "MODEL", ""], "argument IMAGES: an empty value"),
+])
+def test_an_empty_path_is_refused_not_read_as_here_or_unset(model_dir, tmp_path, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    done = cli(*[model_dir if a == "MODEL" else a for a in argv])
+    assert words in one_line(done)
+    assert list(tmp_path.iterdir()) == []  # nothing written here
+
+
+def test_convert_never_overwrites_what_it_reads(model_dir, tmp_path, capsys):
+    source = tmp_path / "m"
+    shutil.copytree(model_dir, source)
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    for dst, to, words in ((source / "model.safetensors", "timm", f"would overwrite {source / 'model.safetensors'}"),
+                           (source, "vitkit", f"would overwrite {source / 'config.json'}"),
+                           (tmp_path / "x" / "model.safetensors", "vitkit", "writes a folder")):
+        line = one_line(in_process(capsys, "convert", source, dst, "--to", to))
+        assert words in line, line
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+
+
 def test_warnings_are_one_line_notes(capsys, model_dir, tmp_path):
     """An export warning (a bare .pth loses what its shapes cannot give back) is one line, not two."""
     done = in_process(capsys, "convert", model_dir, tmp_path / "w.pth", "--to", "timm")
@@ -467,6 +557,18 @@ def test_convert_and_push_on_a_full_disk_are_one_line_and_leave_nothing(small_di
     assert "no space left on device while writing" in line and "model.safetensors" in line, line
     line = one_line(cli("push", src, "org/name", "--dry-run", small_disk / "card"))
     assert "no space left on device while writing" in line, line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_inspect_and_eval_remove_the_out_folder_they_started_on_a_full_disk(small_disk, model_dir, image):
+    fill(small_disk, leave=24 * 1024)
+    line = one_line(cli("inspect", "--weights", model_dir, "--image", image, "--out", small_disk / "insp",
+                        "--no-progress"))
+    assert "no space left on device while writing" in line and str(small_disk / "insp") in line, line
+    if fm._complete(fm.DEBIAN_DIR):
+        line = one_line(cli("eval", "--weights", model_dir, "--out", small_disk / "ev", "--no-progress",
+                            env=dict(ENV, VITKIT_TINY="1")))
+        assert "no space left on device while writing" in line, line
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
@@ -582,6 +684,21 @@ def test_absurd_sizes_are_one_line(tmp_path, capsys, argv, words):
     line = one_line(in_process(capsys, *argv, *(["--runs-dir", tmp_path / "runs"] if argv[0] == "train" else [])))
     assert words in line, line
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_past_the_memory_is_refused_before_it_is_built(monkeypatch):
+    from vitkit.train import memory
+
+    with pytest.raises(ValueError, match="depth 1,000,000 is past 1,024"):
+        vitkit.ViTConfig(depth=1_000_000)
+    config = vitkit.ViTConfig(depth=1000, embed_dim=8192, num_heads=64, mlp_dim=32768)
+    started = time.time()
+    monkeypatch.setattr(memory, "available_memory", lambda: 64 * 2 ** 30)
+    with pytest.raises(ValueError, match=r"at least 805,306,368,000 parameters: training them needs at least "
+                                         r"12,000.0 GiB and 64.0 GiB are free"):
+        memory.check_model_fits(config)
+    assert time.time() - started < 1  # from the config: nothing was built
+    memory.check_model_fits(vitkit.ViTConfig())  # ViT-B/16 fits in 64 GiB
 
 
 @real

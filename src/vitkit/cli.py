@@ -129,7 +129,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
-    check_output(args.dst, "folder" if args.to in ("vitkit", "hf") else "file", "DST")  # before the work
+    _check_destination(args.src, args.dst, args.to)  # before the work
     model = _load(args, interpolation=args.interpolation)
     if args.to == "onnx":
         return _convert_onnx(model, args)
@@ -148,6 +148,32 @@ def cmd_convert(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out} ({args.to}, {_fmt_int(info['params'])} parameters)")
     return 0
+
+
+#: The files a folder of weights is read from, and those ``--to vitkit|hf`` write into one.
+_FOLDER_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "model.pth",
+                 "model.npz")
+
+
+def _check_destination(src: str, dst: str, to: str) -> None:
+    """DST can be written as ``--to`` writes it (a folder for vitkit/hf, a file otherwise) and
+    would not overwrite a file SRC is read from (``convert M M/model.safetensors --to timm``
+    would replace the model it reads with another layout)."""
+    from pathlib import Path
+
+    from .weights.pretrained import run_model_folder
+
+    folder = to in ("vitkit", "hf")
+    if folder and Path(dst).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json"):
+        raise ValueError(f"--to {to} writes a folder (config.json, model.safetensors, ...); DST {dst} is a file name")
+    check_output(dst, "folder" if folder else "file", "DST")
+    source = Path(src)
+    source = run_model_folder(source) or source
+    reads = {source / name for name in _FOLDER_FILES} if source.is_dir() else {source}
+    writes = {Path(dst) / name for name in _FOLDER_FILES} if folder else {Path(dst)}
+    hit = sorted(str(p) for p in {p.resolve() for p in reads} & {p.resolve() for p in writes} if p.exists())
+    if hit:
+        raise ValueError(f"DST {dst} would overwrite {hit[0]}, which SRC {src} is read from: write somewhere else")
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:
@@ -174,13 +200,13 @@ def cmd_push(args: argparse.Namespace) -> int:
     from .weights.hub import check_repo_id, push_to_hub, save_for_hub
 
     repo_id = check_repo_id(args.repo_id)  # before any work: a typo should not cost a save
-    if args.dry_run:
+    if args.dry_run is not None:
         check_output(args.dry_run, "folder", "--dry-run")
     if why := unfinished_run(args.src):
         raise FileNotFoundError(why)
     if not Path(args.src).exists():
         raise FileNotFoundError(f"weights not found: {args.src} (no such file or folder)")
-    if args.dry_run:
+    if args.dry_run is not None:
         folder = save_for_hub(args.src, args.dry_run, repo_id=repo_id)
         files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
         if args.json:
@@ -382,9 +408,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    if not args.objective and not args.resume:
+    if not args.objective and not args.resume and not args.config:
         raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
     cfg = train_config(args, args.objective)
+    if cfg.objective == "classify" and not args.resume:  # a config file without an objective
+        raise ValueError("--objective is required: simmim, mpp or mae (or objective: in the config file)")
     check_output(cfg.runs_dir, "folder", "--runs-dir")
     summary = _run(cfg, args)
     if summary is None:
@@ -405,12 +433,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from .data import datasets
     from .evaluate import classification_report, plot_confusion
     from .train.loop import load_split_tensors
-    from .utils import write_json
+    from .utils import new_folder, write_json
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, not {args.batch_size}")
@@ -432,10 +459,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
               **report.to_dict()}
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
-        write_json(out / "eval.json", result)
+        with new_folder(args.out) as out:  # a failure (a full disk, a signal) removes the folder it made
+            png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
+            write_json(out / "eval.json", result)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -551,6 +577,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def refuse_empty(self, args: argparse.Namespace) -> None:
+        """An empty string is no path or name: ``--out ""`` would mean the current folder, or
+        nothing at all (``--dry-run ""`` would push for real)."""
+        for action in self._actions:
+            value = getattr(args, action.dest, None)
+            if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
+                name = action.option_strings[-1] if action.option_strings else action.dest.upper()
+                self.error(f"argument {name}: an empty value (give a path or a name)")
 
     def unknown(self, extra: List[str]):
         import difflib
@@ -696,7 +731,7 @@ def describe_error(e: BaseException) -> str:
     from .utils import is_disk_full
 
     text = " ".join(str(e).split()) if str(e).strip() else ""
-    if is_disk_full(e, os.getcwd()):
+    if is_disk_full(e, "."):
         where = f" while writing {e.filename}" if getattr(e, "filename", None) else ""
         return text if "no space left on device while writing" in text else \
             f"no space left on device{where}: free some space and run it again"
@@ -739,12 +774,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if extra:  # said by the verb's own parser, which knows the flags that were meant
-        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    verbs[args.verb].refuse_empty(args)
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
     previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None

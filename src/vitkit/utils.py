@@ -102,16 +102,17 @@ def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> boo
     if any(words in text for words in ("No space left on device", "StorageFull", "Disk quota exceeded", "os error 28")):
         return True
     if isinstance(error, RuntimeError) and folder is not None and ("inline_container" in text or "write" in text):
-        return free_bytes(folder) < 1 << 20
+        free = free_bytes(folder)
+        return free is not None and free < 1 << 20
     return False
 
 
-def free_bytes(folder: PathLike) -> int:
-    """Bytes this process may still write under ``folder`` (0 when it cannot be asked)."""
+def free_bytes(folder: PathLike) -> Optional[int]:
+    """Bytes this process may still write under ``folder`` (None when it cannot be asked)."""
     try:
         st = os.statvfs(folder)
     except OSError:
-        return 0
+        return None
     return st.f_bavail * st.f_frsize if os.geteuid() else st.f_bfree * st.f_frsize
 
 
@@ -276,6 +277,8 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
     """Refuse an output that cannot be written, before any work is done: ``kind`` "file" or
     "folder"; a file where a folder is wanted (or the reverse), a path under a file, or a folder
     this process may not write. ``what`` names it in the message (a flag, "DST")."""
+    if str(path) == "":
+        raise ValueError(f"{what} is empty: give a path")
     path = Path(path)
     if kind not in ("file", "folder"):
         raise ValueError(f"kind must be file or folder, not {kind!r}")

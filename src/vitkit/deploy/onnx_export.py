@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..utils import PathLike, require, work_folder
+from ..utils import DiskFull, PathLike, is_disk_full, require, work_folder
 
 EXPORTERS = ("dynamo", "torchscript")
 INPUT_NAME = "pixel_values"
@@ -78,18 +78,23 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     path.parent.mkdir(parents=True, exist_ok=True)
     # built in a private folder beside the target, then renamed over it: a crash leaves no half file,
     # and a killed export's folder is removed by the next export of the same name
-    with work_folder(path.parent, path.name) as work:
-        fp32 = Path(work) / "fp32.onnx"
-        _export_graph(model, fp32, exporter, opset)
-        final = fp32
-        if quantize:
-            final = Path(work) / f"{quantize}.onnx"
-            quantize_onnx(fp32, final, quantize, config=config, calibration=calibration)
-        proto = onnx.load(str(final))
-        set_metadata(proto, metadata_for(config, exporter, quantize))
-        onnx.save_model(proto, str(final))
-        os.chmod(final, 0o644)
-        os.replace(final, path)
+    try:
+        with work_folder(path.parent, path.name) as work:
+            fp32 = Path(work) / "fp32.onnx"
+            _export_graph(model, fp32, exporter, opset)
+            final = fp32
+            if quantize:
+                final = Path(work) / f"{quantize}.onnx"
+                quantize_onnx(fp32, final, quantize, config=config, calibration=calibration)
+            proto = onnx.load(str(final))
+            set_metadata(proto, metadata_for(config, exporter, quantize))
+            onnx.save_model(proto, str(final))
+            os.chmod(final, 0o644)
+            os.replace(final, path)
+    except Exception as e:  # the exporter and ORT's quantizer raise their own types on a full disk
+        if is_disk_full(e, path.parent):
+            raise DiskFull(path, "nothing was replaced (the previous file, if any, is intact)") from e
+        raise
     return path
 
 

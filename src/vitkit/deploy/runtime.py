@@ -63,8 +63,12 @@ class OnnxModel(nn.Module):
         super().__init__()
         _, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
         self.path = Path(path)
+        if self.path.is_dir():
+            raise OnnxMetadataError(f"{self.path} is a folder, not an ONNX file")
         if not self.path.is_file():
             raise FileNotFoundError(f"ONNX model not found: {self.path}")
+        if self.path.stat().st_size == 0:
+            raise OnnxMetadataError(f"{self.path} is empty (0 bytes): not an ONNX model (an interrupted copy?)")
         try:
             self.metadata = read_metadata(self.path)
         except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
@@ -115,7 +119,9 @@ class OnnxModel(nn.Module):
         if classes is not None and config.num_classes and classes != config.num_classes:
             problems.append(f"{config.num_classes} classes, the graph outputs {classes}")
         for key, want in (("input_size", [config.in_chans, *config.img_size]),
-                          ("labels", list(config.label_names or []))):
+                          ("labels", list(config.label_names or [])), ("mean", list(config.mean)),
+                          ("std", list(config.std)), ("crop_pct", config.crop_pct),
+                          ("interpolation", config.interpolation)):
             if key in self.metadata and CONFIG_KEY in self.metadata:
                 try:
                     said = json.loads(self.metadata[key])
@@ -124,7 +130,7 @@ class OnnxModel(nn.Module):
                 if said != want:
                     problems.append(f"{key} {_brief(said)} in its metadata, {_brief(want)} in its vitkit config")
         if problems:
-            raise OnnxMetadataError(f"{self.path}: its metadata does not match its graph (it says "
+            raise OnnxMetadataError(f"{self.path}: its metadata does not match what the file holds (it says "
                                     + "; ".join(problems) + "): re-export it (vitkit convert --to onnx)")
 
     def _config(self, in_shape, out_shape, img_size, mean, std, labels):

@@ -25,7 +25,7 @@ from ..evaluate.predict import label_for
 from ..models import family_of
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
-from ..utils import require, write_text
+from ..utils import new_folder, require, write_text
 from . import figures
 from .analysis import (
     attention_maps,
@@ -204,30 +204,30 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         for path in images or ():
             named.append((str(path), load_image(path, cfg.in_chans)))
             bar.advance()
-        out.mkdir(parents=True, exist_ok=True)  # once every image has loaded: a bad one leaves no folder
-        transform = EvalTransform.from_config(cfg)
-        views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
-        x = torch.stack(tensors).to(next(model.parameters()).device)
-        result = InspectResult(out)
-        if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
-            shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
-            result.figures["reconstruction"] = figures.reconstruction_grid(
-                shown, out / "reconstruction.png", pretrainer.objective, [Path(name).name for name, _ in named],
-                note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
-                if getattr(pretrainer.config, "norm_pix_loss", False) else "")
+        with new_folder(out):  # made once every image has loaded; removed if what follows fails
+            transform = EvalTransform.from_config(cfg)
+            views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
+            x = torch.stack(tensors).to(next(model.parameters()).device)
+            result = InspectResult(out)
+            if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
+                shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
+                result.figures["reconstruction"] = figures.reconstruction_grid(
+                    shown, out / "reconstruction.png", pretrainer.objective, [Path(name).name for name, _ in named],
+                    note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
+                    if getattr(pretrainer.config, "norm_pix_loss", False) else "")
+                bar.advance()
+            probs, rollout, distance = _per_image(model, x, pretrainer is None and bool(cfg.num_classes), bar)
+            for (name, _), p in zip(named, probs if probs is not None else []):
+                result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
+            for i, ((name, _), view) in enumerate(zip(named, views)):
+                label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
+                result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
+                    view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
+                bar.advance()
+            _model_figures(model, x[:1], distance, out, result, pca_components, bar)
+            result.report = write_report(result, model, title or cfg.name or "ViT",
+                                         pretrainer.config.to_dict() if pretrainer is not None else None)
             bar.advance()
-        probs, rollout, distance = _per_image(model, x, pretrainer is None and bool(cfg.num_classes), bar)
-        for (name, _), p in zip(named, probs if probs is not None else []):
-            result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
-        for i, ((name, _), view) in enumerate(zip(named, views)):
-            label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
-            result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
-                view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
-            bar.advance()
-        _model_figures(model, x[:1], distance, out, result, pca_components, bar)
-        result.report = write_report(result, model, title or cfg.name or "ViT",
-                                     pretrainer.config.to_dict() if pretrainer is not None else None)
-        bar.advance()
     return result
 
 

@@ -74,6 +74,17 @@ def token_complexity(config: Any, macs: int, mix: int, tokens: int, patch_size: 
         backbone_macs=backbone_macs)
 
 
+def params_floor(config: Any) -> Optional[int]:
+    """A lower bound of a token model's parameters from its config alone, without building it
+    (a typo such as depth 1,000,000 would fill the memory while being built): each block's qkv,
+    projection and MLP matrices. None for a family without tokens."""
+    if not hasattr(config, "embed_dim"):
+        return None
+    width = config.embed_dim
+    mlp = getattr(config, "mlp_dim", None) or 4 * width
+    return config.depth * (4 * width * width + 2 * width * mlp)
+
+
 def memory_floor(config: Any, batch: int, training: bool = True) -> Optional[int]:
     """A lower bound of the bytes a pass of ``batch`` images takes: the fp32 weights (with their
     gradients and Adam's two moments when ``training``) and, per image, the activations no
@@ -90,4 +101,4 @@ def memory_floor(config: Any, batch: int, training: bool = True) -> Optional[int
     return c.params * 4 * (4 if training else 1) + batch * per_image
 
 
-__all__ = ["Complexity", "count_params", "complexity", "token_complexity", "memory_floor"]
+__all__ = ["Complexity", "count_params", "complexity", "token_complexity", "params_floor", "memory_floor"]

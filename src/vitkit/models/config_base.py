@@ -28,6 +28,9 @@ GLOBAL_POOLS = ("token", "avg")
 #: The largest image side a model is built for: 16,384 px is a million 16 px patches, past what
 #: attention can hold in memory; larger sizes were typos (and allocation tracebacks).
 MAX_IMG_SIZE = 16_384
+#: The deepest and widest token model built: ViT-22B has 48 blocks of width 6,144; past these
+#: bounds a value is a typo that would fill the memory while the model is being made.
+MAX_DEPTH, MAX_WIDTH = 1_024, 65_536
 
 C = TypeVar("C", bound="ConfigMixin")
 
@@ -191,6 +194,9 @@ class TokenConfig(ImageConfig):
         for name in ("img_size", "patch_size"):
             if min(getattr(self, name)) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        for name, bound in (("depth", MAX_DEPTH), ("embed_dim", MAX_WIDTH)):
+            if _is_int(getattr(self, name)) and getattr(self, name) > bound:
+                problems.append(f"{name} {getattr(self, name):,} is past {bound:,} (ViT-22B: depth 48, width 6,144)")
         if max(self.img_size) > MAX_IMG_SIZE:
             problems.append(f"img_size {self.img_size} is past {MAX_IMG_SIZE:,} px a side (a million patches of 16 "
                             f"px; attention could not hold it)")

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import stat
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,86 +201,34 @@ class TrainConfig:
         self.require_packages()
 
     def range_problems(self) -> list:
-        """Every value in its range, every combination possible (types already checked)."""
-        problems = []
-        if self.optimizer not in ("adamw", "adam", "sgd"):
-            problems.append(f"optimizer must be adamw, adam or sgd, not {self.optimizer!r}")
-        if self.schedule not in ("cosine", "linear", "constant"):
-            problems.append(f"schedule must be cosine, linear or constant, not {self.schedule!r}")
-        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
-            problems.append(f"precision must be auto, bf16, fp16 or fp32, not {self.precision!r}")
-        if self.micro_batch is not None and self.micro_batch <= 0:
-            problems.append("micro_batch must be positive")
-        if self.batch_size <= 0 or self.accum_steps <= 0:
-            problems.append("batch_size and accum_steps must be positive")
+        """Every value in its range, every combination possible (types already checked); each
+        problem names its field and value."""
+        problems = [f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, not {getattr(self, name)!r}"
+                    for name, choices in CHOICES.items() if getattr(self, name) not in choices]
+        for name, low, high, note in RANGES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if (low is not None and not _above(value, low)) or (high is not None and not _below(value, high)):
+                problems.append(f"{name} must be {_range_words(low, high)}, not {_show(value)}{note}")
         if self.max_steps is None and self.epochs <= 0:
-            problems.append("epochs must be positive (or give max_steps)")
-        if (self.threads is not None and self.threads < 1) or self.workers < 0:
-            problems.append(f"threads must be >= 1 (or none: every core) and workers >= 0, not {self.threads} "
-                            f"and {self.workers}")
-        if not self.lr > 0 or (self.min_lr is not None and self.min_lr < 0):
-            problems.append(f"lr must be > 0 and min_lr >= 0, not {self.lr} and {self.min_lr}")
-        if self.max_steps is not None and self.max_steps < 1:
-            problems.append(f"max_steps must be >= 1 (or none: from epochs), not {self.max_steps}")
-        if self.init_head not in ("new", "keep"):
-            problems.append(f"init_head must be new or keep, not {self.init_head!r}")
-        if self.img_size is not None and self.img_size <= 0:
-            problems.append("img_size must be positive")
-        if self.workers < 0 or self.shuffle_buffer < 0:
-            problems.append("workers and shuffle_buffer must be >= 0")
-        if self.distill not in ("none", "soft", "hard"):
-            problems.append(f"distill must be none, soft or hard, not {self.distill!r}")
-        elif self.distill != "none" and not self.teacher:
+            problems.append(f"epochs must be > 0 (or give max_steps), not {_show(self.epochs)}")
+        if self.distill != "none" and not self.teacher:
             problems.append(f"distill={self.distill!r} needs --teacher WEIGHTS")
-        if not 0.0 <= self.alpha <= 1.0 or self.tau <= 0:
-            problems.append("alpha must be in [0, 1] and tau > 0")
-        if self.layer_decay is not None and not 0.0 < self.layer_decay <= 1.0:
-            problems.append(f"layer_decay must be in (0, 1], not {self.layer_decay} (none switches it off)")
-        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
-            problems.append(f"ema_decay must be in (0, 1), not {self.ema_decay} (none switches the EMA off)")
-        if self.mixup < 0 or self.cutmix < 0:
-            problems.append("mixup and cutmix are Beta alphas: >= 0 (0 turns them off)")
-        if not 0.0 <= self.mixup_switch_prob <= 1.0 or not 0.0 <= self.random_erasing <= 1.0:
-            problems.append("mixup_switch_prob and random_erasing are probabilities in [0, 1]")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1) (Adam's beta1 and beta2), not {list(self.betas)}")
         if self.randaugment:
             from ..data.randaugment import parse_randaugment
             try:
                 parse_randaugment(self.randaugment)
             except ValueError as e:
                 problems.append(str(e))
-        if self.repeated_aug < 1:
-            problems.append("repeated_aug must be >= 1 (1: off)")
-        if self.warmup_epochs is not None and self.warmup_epochs < 0:
-            problems.append("warmup_epochs must be >= 0")
-        if self.lr_scale_batch is not None and self.lr_scale_batch <= 0:
-            problems.append("lr_scale_batch must be positive")
-        if not 0.0 < self.train_fraction <= 1.0:
-            problems.append(f"train_fraction must be in (0, 1], not {self.train_fraction}")
-        if self.val_every is not None and self.val_every < 1:
-            problems.append("val_every must be >= 1 (or None: every epoch)")
-        if min(self.keep_checkpoints, self.log_every, self.checkpoint_every, self.eval_batch_size) < 1:
-            problems.append("keep_checkpoints, log_every, checkpoint_every and eval_batch_size must be >= 1")
-        if not isinstance(self.val_size, int) or self.val_size < 0:
-            problems.append(f"val_size must be an integer >= 0 (0: validate on the test split), not {self.val_size!r}")
         problems += self._bound_problems()
         return problems
 
     def _bound_problems(self) -> list:
-        """The ranges of the optimiser's numbers, and the sizes a machine bounds (cores)."""
+        """The sizes a machine bounds (its cores), names that must be folders, no empty text."""
         problems = []
-        if self.weight_decay < 0 or self.label_smoothing < 0 or self.label_smoothing >= 1:
-            problems.append(f"weight_decay must be >= 0 and label_smoothing in [0, 1), not {self.weight_decay} and "
-                            f"{self.label_smoothing}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            problems.append(f"betas must be two numbers in [0, 1) (Adam's beta1 and beta2), not {list(self.betas)}")
-        if not 0.0 <= self.momentum <= 1.0:
-            problems.append(f"momentum must be in [0, 1], not {self.momentum}")
-        if self.clip_grad is not None and self.clip_grad <= 0:
-            problems.append(f"clip_grad must be > 0 (none: no clipping), not {self.clip_grad}")
-        if self.warmup_steps < 0 or self.crop_pad < 0:
-            problems.append(f"warmup_steps and crop_pad must be >= 0, not {self.warmup_steps} and {self.crop_pad}")
-        if not 0 <= self.seed < 2 ** 63:
-            problems.append(f"seed must be in [0, 2^63), not {self.seed}")
         if self.img_size is not None and self.img_size > MAX_IMG_SIZE:
             problems.append(f"img_size {self.img_size} is past the {MAX_IMG_SIZE:,} px vitkit trains at")
         cores = usable_cores()
@@ -290,8 +239,13 @@ class TrainConfig:
             problems.append(f"workers must be at most {4 * cores} (4 per core of the {cores} this process may use), "
                             f"not {self.workers}")
         if self.name is not None and (not self.name.strip() or self.name in (".", "..") or "/" in self.name
-                                      or os.sep in self.name):
-            problems.append(f"name must be a folder name (no '/', not '.' or '..'), not {self.name!r}")
+                                      or os.sep in self.name or len(self.name.encode()) > 200):
+            problems.append(f"name must be a folder name (no '/', not '.' or '..', at most 200 bytes), not "
+                            f"{_show(self.name)}")
+        empty = [name for name in ("dataset", "model", "runs_dir", "data_dir", "init", "teacher", "randaugment")
+                 if getattr(self, name) == ""]
+        if empty:
+            problems.append(f"{', '.join(empty)} cannot be empty (none: leave the field out)")
         return problems
 
     def require_packages(self) -> None:
@@ -339,6 +293,53 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+
+#: The fields that take one of a few words.
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "optimizer": ("adamw", "adam", "sgd"), "schedule": ("cosine", "linear", "constant"),
+    "precision": ("auto", "bf16", "fp16", "fp32"), "init_head": ("new", "keep"), "distill": ("none", "soft", "hard")}
+
+#: The numeric fields' ranges: (field, low, high, what else to say); a bound is a number
+#: (inclusive) or ("open", number) (exclusive); None: unbounded on that side. None values
+#: (optional fields switched off) are not checked.
+RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
+    ("batch_size", 1, None, ""), ("accum_steps", 1, None, ""), ("micro_batch", 1, None, " (none: as accum_steps)"),
+    ("max_steps", 1, None, " (or none: from epochs)"), ("lr", ("open", 0), None, ""), ("min_lr", 0, None, ""),
+    ("weight_decay", 0, None, ""), ("label_smoothing", 0, ("open", 1), ""), ("momentum", 0, 1, ""),
+    ("clip_grad", ("open", 0), None, " (none: no clipping)"), ("warmup_steps", 0, None, ""),
+    ("warmup_epochs", 0, None, ""), ("lr_scale_batch", 1, None, ""), ("crop_pad", 0, None, ""),
+    ("img_size", 1, None, ""), ("threads", 1, None, " (none: every core)"), ("workers", 0, None, ""),
+    ("shuffle_buffer", 0, None, ""), ("alpha", 0, 1, ""), ("tau", ("open", 0), None, ""),
+    ("layer_decay", ("open", 0), 1, " (none switches it off)"), ("ema_decay", ("open", 0), ("open", 1),
+                                                                 " (none switches the EMA off)"),
+    ("mixup", 0, None, " (a Beta alpha; 0 turns it off)"), ("cutmix", 0, None, " (a Beta alpha; 0 turns it off)"),
+    ("mixup_switch_prob", 0, 1, ""), ("random_erasing", 0, 1, ""), ("repeated_aug", 1, None, " (1: off)"),
+    ("train_fraction", ("open", 0), 1, ""), ("val_every", 1, None, " (none: every epoch)"),
+    ("val_size", 0, None, " (0: validate on the test split)"), ("keep_checkpoints", 1, None, ""),
+    ("log_every", 1, None, ""), ("checkpoint_every", 1, None, ""), ("eval_batch_size", 1, None, ""),
+    ("seed", 0, ("open", 2 ** 63), ""))
+
+
+def _above(value: float, low: Any) -> bool:
+    return value > low[1] if isinstance(low, tuple) else value >= low
+
+
+def _below(value: float, high: Any) -> bool:
+    return value < high[1] if isinstance(high, tuple) else value <= high
+
+
+def _range_words(low: Any, high: Any) -> str:
+    """">= 1", "> 0", "in [0, 1)", "in (0, 1]" for a RANGES entry."""
+    def number(bound):
+        value = bound[1] if isinstance(bound, tuple) else bound
+        return "2^63" if value == 2 ** 63 else f"{value:g}"
+
+    if high is None:
+        return f"{'>' if isinstance(low, tuple) else '>='} {number(low)}"
+    left = "(" if isinstance(low, tuple) else "["
+    right = ")" if isinstance(high, tuple) else "]"
+    return f"in {left}{number(low)}, {number(high)}{right}"
 
 
 #: The pre-training options of TrainConfig and the objectives each applies to.
@@ -563,7 +564,13 @@ def load_config_file(path: str) -> Dict[str, Any]:
     suffix = p.suffix.lower()
     if suffix not in YAML_SUFFIXES + (".json",):
         raise ValueError(f"config file {p}: name it .yaml, .yml or .json (its suffix says how to read it)")
-    data = _read_yaml(p, text) if suffix in YAML_SUFFIXES else _read_json(p, text)
+    try:
+        data = _read_yaml(p, text) if suffix in YAML_SUFFIXES else _read_json(p, text)
+    except ValueError as e:
+        if "integer string conversion" not in str(e):
+            raise
+        raise ValueError(f"config file {p} holds a number of more than {sys.get_int_max_str_digits():,} digits") \
+            from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -702,16 +709,32 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
         from_file, notes = coerce_fields(load_config_file(file), str(file))
         for note in notes:  # said, not silent: the command line prints each as one "note:" line
             warnings.warn(ConfigNote(note), stacklevel=2)
+        if from_file.get("recipe", recipe) != recipe:  # the file overrides a recipe; it cannot pick one
+            raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from the recipe in effect, "
+                             f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
+                             f"{from_file['recipe']})")
     for layer in (RECIPES[recipe], from_file, given):
         for key, value in layer.items():
             if key == "model_args" and isinstance(value, Mapping):
                 value = deep_merge(values.get(key, {}), value)
             values[key] = None if value is OFF else value
+    chosen = {**from_file, **given}
+    if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
+        raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
+                         f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(map(str, set(values) - known))
     if unknown:
-        renamed = [f"{k} (now {RENAMED[k]})" if k in RENAMED else k for k in unknown]
-        raise ValueError(f"unknown training option(s): {', '.join(renamed)}")
+        import difflib
+
+        def meant(key: str) -> str:
+            if key in RENAMED:
+                return f"{key} (now {RENAMED[key]})"
+            close = difflib.get_close_matches(key.strip().lower().replace("-", "_"), sorted(known), n=1)
+            return f"{_show(key)} (did you mean {close[0]}?)" if close else _show(key)
+
+        where = f"{file}: " if file and any(k in from_file for k in unknown) else ""
+        raise ValueError(f"{where}unknown training option(s): {', '.join(map(meant, unknown))}")
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
     if isinstance(values.get("betas"), list):

@@ -18,7 +18,7 @@ from ..models import build_from_config
 from ..runlock import unfinished_run
 from ..weights.io import WeightsError
 from ..weights.load import load_weights, read_source
-from ..weights.pretrained import config_for_source, fit_channel_stats, weights_path
+from ..weights.pretrained import check_claims, config_for_source, fit_channel_stats, note_guesses, weights_path
 from .config import resolve_width
 
 HEAD_MODES = ("new", "keep")
@@ -40,6 +40,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         raise FileNotFoundError(f"--init weights not found: {path}")
     src = read_source(path)
     stored = config_for_source(src)
+    check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
+    note_guesses(stored, src, model_args)
     overrides = {**data_args, **resolve_width(model_args, stored)}
     exclude: Tuple[str, ...] = ()
     if head == "new":

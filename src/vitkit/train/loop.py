@@ -30,10 +30,10 @@ from torch import nn
 
 from .. import tiny
 from ..models import get_model_config
-from ..models.complexity import memory_floor
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import available_memory, first_line, remove_stale_temporaries, seed_for, write_json
+from ..utils import remove_stale_temporaries, seed_for, write_json
+from ..weights.load import shape_problems
 from . import distributed
 from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
@@ -41,6 +41,7 @@ from .config import TrainConfig, resumed_config
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
+from .memory import check_batches_fit
 from .plot import plot_curves
 from .progress import Progress
 from .schedule import lr_at
@@ -114,23 +115,6 @@ def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
         return None
     return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
             f"uses {threads} threads; runs that share a CPU should split it, e.g. --threads {max(1, cores // 2)} each")
-
-
-def check_memory(config: Any, micro_batch: int, eval_batch: int) -> None:
-    """Refuse, before the first step, a micro-batch (or evaluation batch) that cannot fit in the
-    memory left, by a lower bound of what it needs (:func:`vitkit.models.complexity.memory_floor`):
-    one line instead of an allocation traceback or the kernel's out-of-memory kill mid-run."""
-    available = available_memory()
-    if available is None:
-        return
-    for batch, training, flag in ((micro_batch, True, "--batch-size (or --micro-batch)"),
-                                  (eval_batch, False, "--eval-batch-size")):
-        need = memory_floor(config, batch, training)
-        if need is not None and need > available:
-            h, w = config.img_size
-            raise ValueError(f"{'training' if training else 'evaluating'} {batch} images of {h}x{w} at once needs "
-                             f"at least {need / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free: "
-                             f"lower {flag} or --img-size")
 
 
 # ----------------------------------------------------------------------------- the run's state
@@ -364,7 +348,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     if layout.accum_steps != cfg.accum_steps and main:
         log(f"batch {cfg.batch_size} as {layout.accum_steps} accumulation steps of {layout.local} images "
             f"x {world} processes (micro_batch {cfg.micro_batch})")
-    check_memory(encoder_of(model).config, layout.local, cfg.eval_batch_size)
+    check_batches_fit(encoder_of(model).config, layout.local, cfg.eval_batch_size)
     steps_per_epoch = data.steps_per_epoch(layout)
     run = Run(cfg, dist_info, log, data, model, make_optimizer(model, cfg),
               torch.amp.GradScaler(device.type, enabled=amp is torch.float16), amp, layout, steps_per_epoch,
@@ -409,11 +393,11 @@ def _load_state(run: Run, run_dir: Path) -> None:
     if found is None:
         raise FileNotFoundError(f"cannot resume: no checkpoints in {run_dir / 'checkpoints'}")
     state, path = found
-    try:
-        run.model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise ValueError(f"the checkpoint {path} does not fit model {run.cfg.model!r}: "
-                         f"{first_line(e)}") from e
+    problems = shape_problems(state["model"], run.model.state_dict())
+    if problems:  # a config.json edited since the checkpoint was written
+        raise ValueError(f"the checkpoint {path} does not fit model {run.cfg.model!r} as its run's config.json "
+                         f"builds it: {'; '.join(problems)}")
+    run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])

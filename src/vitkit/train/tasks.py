@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
-from ..models import create_model, get_model_config
+from ..models import build_from_config, get_model_config
 from ..progress import track
 from ..selfsup import Pretrainer, create_pretrainer, encoder_of
 from ..utils import seed_for
@@ -30,6 +30,7 @@ from .config import TrainConfig, resolve_width
 from .data import RunData
 from .distill import distillation_loss, split_outputs
 from .init import model_from_init
+from .memory import check_model_fits
 
 if TYPE_CHECKING:
     from .loop import Run
@@ -62,7 +63,9 @@ class Classification:
         """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
         if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
             return model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
-        return create_model(cfg.model, **model_args_for(cfg, data))
+        config = get_model_config(cfg.model).replace(**model_args_for(cfg, data))
+        check_model_fits(config)  # before it is built: a typo must not fill the memory first
+        return build_from_config(config)
 
     def micro_batch(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, correct), on the device."""
@@ -116,6 +119,7 @@ class Pretraining:
     def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
         encoder = get_model_config(cfg.model).replace(**{**model_args_for(cfg, data), "num_classes": 0,
                                                          "label_names": None})
+        check_model_fits(encoder)
         model = create_pretrainer(cfg.objective, encoder, **cfg.objective_options())
         problems = model.draw_problems()  # the masks it will draw, checked before the run folder is made
         if problems:

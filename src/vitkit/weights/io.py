@@ -77,8 +77,8 @@ def _read_npz(path: Path) -> Dict[str, object]:
     except ValueError as e:
         if isinstance(e, WeightsError):
             raise
-        raise WeightsError(f"{path}: refused to load (it holds pickled objects, which are never "
-                           f"unpickled) or it is not an .npz archive: {e}") from e
+        raise WeightsError(f"{path}: refused to load: it is not an .npz archive of arrays (it holds pickled "
+                           f"objects, which vitkit never unpickles, or it is no .npz at all)") from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise WeightsError(f"{path} is not a readable .npz archive: {e}") from e
 

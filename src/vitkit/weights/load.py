@@ -269,6 +269,20 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     return report
 
 
+def shape_problems(sd: Dict[str, Any], target: Dict[str, Any], limit: int = 3) -> list:
+    """Where a state dict in a model's own names differs from the model's (``target``: its
+    state dict): tensors of other shapes, tensors missing, tensors it does not have; at most
+    ``limit`` named, then how many more."""
+    problems = [f"{k} of shape {tuple(target[k].shape)} where its weights hold {tuple(v.shape)}"
+                for k, v in sd.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
+    missing, extra = sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
+    if missing:
+        problems.append(f"{', '.join(missing[:limit])} where its weights hold none")
+    if extra:
+        problems.append(f"no {', '.join(extra[:limit])} where its weights hold {'it' if len(extra) == 1 else 'them'}")
+    return problems[:limit] + ([f"{len(problems) - limit} more"] if len(problems) > limit else [])
+
+
 def _names(names: List[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")

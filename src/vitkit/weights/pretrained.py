@@ -6,6 +6,7 @@ Hugging Face ``config.json``), else it is read off the tensor shapes.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -13,11 +14,12 @@ import torch
 from torch import nn
 
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
+from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike, require
 from . import hf_format, npz_format, selfsup_format, timm_format
 from .io import WeightsError
-from .load import WEIGHT_FILES, Source, load_weights, read_source, to_native
+from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
 
 HUB_PREFIX = "hf-hub:"
 #: What ``hf-hub:`` fetches of a repository: the configs, then one weight file. safetensors is
@@ -117,15 +119,30 @@ def _download_problem(repo: str, revision: str, e: BaseException) -> str:
     return f"could not fetch {repo!r} from the Hugging Face Hub ({http}{detail})"
 
 
+def _config_file(src: Source) -> str:
+    """Where a source's config was read: the folder's config.json, or the file's own metadata."""
+    if src.path is None:
+        return "config.json"
+    folder_config = src.path.parent / "config.json"
+    return str(folder_config) if folder_config.is_file() and src.path.name in WEIGHT_FILES else str(src.path)
+
+
 def config_for_source(src: Source, **overrides: Any):
     """The model configuration a source describes (its config file, else its shapes)."""
     cj = src.config_json
     if cj and cj.get("format") == "vitkit":
+        where = _config_file(src)
         if not isinstance(cj.get("config"), dict):
-            where = src.path.parent / "config.json" if src.path else "config.json"
             raise WeightsError(f"{where}: a vitkit config.json needs a \"config\" object "
                                f"(the model's fields), got {cj.get('config')!r}")
-        return config_from_dict(cj["config"]).replace(**overrides)
+        version = cj.get("format_version", NATIVE_FORMAT_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version > NATIVE_FORMAT_VERSION:
+            raise WeightsError(f"{where}: format_version {version!r} is newer than the {NATIVE_FORMAT_VERSION} this "
+                               f"vitkit reads (upgrade vitkit)")
+        try:
+            return config_from_dict(cj["config"]).replace(**overrides)
+        except (ValueError, TypeError) as e:  # which file holds the bad field
+            raise WeightsError(f"{where}: {' '.join(str(e).split())}") from None
     if cj and cj.get("model_type") is not None:
         try:
             return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
@@ -169,6 +186,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
     if not model_name:
         check_claims(stored, src)
+        note_guesses(stored, src, overrides)
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
@@ -198,12 +216,35 @@ def check_claims(config: Any, src: Source) -> None:
         checks.append((f"{conv}.weight", 1, "in_chans", "input channels in its first convolution"))
     if src.format in ("vitkit", "hf"):
         checks.append(("pos_embed", 1, "img_size", "position slots (a grid of another image size)"))
-    problems = [f"{field} {_claimed(config, field)} where its weights hold {sd[key].shape[dim]} {what}"
-                for key, dim, field, what in checks
-                if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
+    fired = [(key, f"{field} {_claimed(config, field)} where its weights hold {sd[key].shape[dim]} {what}")
+             for key, dim, field, what in checks
+             if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
+    problems = [p for _, p in fired]
+    if src.format == "vitkit":  # vitkit's own names: every other tensor is the config's too
+        said = tuple(key.rsplit(".", 1)[0] for key, _ in fired)
+        problems += [p for p in shape_problems(sd, target) if not said or not p.startswith(said)]
     if problems:
         raise WeightsError(f"{src.path or 'the weights'}: its config does not match its weights (the config says "
                            f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it")
+
+
+class GuessWarning(UserWarning):
+    """An architecture read off a bare state dict's shapes in a field the shapes do not hold."""
+
+
+def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
+    """Say, once per load, which fields of an architecture read off bare tensors were guessed:
+    a fused qkv matrix does not hold the number of heads, so a width outside the paper's table
+    gets width / 64 heads, and a wrong guess changes every output without an error."""
+    if src.config_json is not None or src.format != "timm" or "num_heads" in overrides:
+        return
+    from ..models.vit import HEADS_BY_WIDTH
+
+    width = getattr(config, "embed_dim", None)
+    if getattr(config, "architecture", None) == "vit" and width not in HEADS_BY_WIDTH:
+        warnings.warn(f"{src.path} holds tensors only: its number of heads is not stored and was read as "
+                      f"{config.num_heads} (width {width} / 64); if the model had another, load it with its "
+                      f"architecture (--model NAME, model_name=) or num_heads=", GuessWarning, stacklevel=3)
 
 
 def _claimed(config: Any, field: str) -> str:
