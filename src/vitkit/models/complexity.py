@@ -85,17 +85,19 @@ def params_floor(config: Any) -> Optional[int]:
     return config.depth * (4 * width * width + 2 * width * mlp)
 
 
-def memory_floor(config: Any, batch: int, training: bool = True) -> Optional[int]:
+def memory_floor(config: Any, batch: int, training: bool = True, cost: Optional[Complexity] = None
+                 ) -> Optional[int]:
     """A lower bound of the bytes a pass of ``batch`` images takes: the fp32 weights (with their
     gradients and Adam's two moments when ``training``) and, per image, the activations no
     kernel avoids in the cheapest precision (bf16): four (tokens x width) tensors a block (its
     input, attention output, MLP output and the residual), kept for every block when training,
     one block at a time otherwise. Attention's tokens x tokens weights are left out (fused
     kernels never hold them), so the true need is higher: a size refused by this bound cannot
-    run. None for a family without tokens (the ResNetV2 classifier)."""
+    run. None for a family without tokens (the ResNetV2 classifier). ``cost``: the config's
+    :func:`complexity`, when the caller has it already."""
     if not hasattr(config, "embed_dim"):
         return None
-    c = complexity(config)
+    c = cost or complexity(config)
     per_block = 4 * c.tokens * config.embed_dim * 2  # bf16
     per_image = per_block * (c.depth if training else 1)
     return c.params * 4 * (4 if training else 1) + batch * per_image

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -419,8 +420,10 @@ RECIPES.update({
 # ------------------------------------------------------------------ field types, as people write them
 
 
+@functools.lru_cache(maxsize=None)
 def field_kinds() -> Dict[str, Tuple[str, bool]]:
-    """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none."""
+    """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none
+    (read once from the annotations; callers only read the mapping)."""
     kinds = {}
     for f in dataclasses.fields(TrainConfig):
         text = str(f.type)

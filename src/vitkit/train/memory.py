@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.complexity import memory_floor, params_floor
+from ..models.complexity import complexity, memory_floor, params_floor
 from ..utils import available_memory
 
 #: Bytes a trained parameter holds: fp32 weight, gradient and Adam's two moments.
@@ -33,12 +33,13 @@ def check_batches_fit(config: Any, micro_batch: int, eval_batch: int) -> None:
     """Refuse a micro-batch (or evaluation batch) that cannot fit in the memory left, by
     :func:`vitkit.models.complexity.memory_floor`."""
     available = available_memory()
-    if available is None:
+    if available is None or not hasattr(config, "embed_dim"):
         return
+    cost = complexity(config)  # once for both batches: it builds the model on the meta device
     for batch, training, flag in ((micro_batch, True, "--batch-size (or --micro-batch)"),
                                   (eval_batch, False, "--eval-batch-size")):
-        need = memory_floor(config, batch, training)
-        if need is not None and need > available:
+        need = memory_floor(config, batch, training, cost)
+        if need > available:
             h, w = config.img_size
             raise ValueError(f"{'training' if training else 'evaluating'} {batch} images of {h}x{w} at once needs "
                              f"at least {need / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free: "

@@ -244,10 +244,10 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     exclude = tuple(exclude)
     target = model.state_dict()
     source = {k: v for k, v in sd.items() if not (exclude and k.startswith(exclude))}
-    report.unexpected = sorted(k.replace("unmapped:", "", 1) for k in source if k not in target)
-    report.missing = sorted(k for k in target if k not in source and not (exclude and k.startswith(exclude)))
-    mismatched = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}"
-                  for k, v in source.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
+    differing, missing, unexpected = state_dict_differences(source, target)
+    report.unexpected = sorted(k.replace("unmapped:", "", 1) for k in unexpected)
+    report.missing = [k for k in missing if not (exclude and k.startswith(exclude))]
+    mismatched = [f"{k}: checkpoint {tuple(source[k].shape)} vs model {tuple(target[k].shape)}" for k in differing]
     if mismatched:
         hint = ""
         if any(m.startswith("head.") for m in mismatched):
@@ -269,13 +269,21 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     return report
 
 
+def state_dict_differences(sd: Mapping[str, Any], target: Mapping[str, Any]
+                           ) -> Tuple[List[str], List[str], List[str]]:
+    """How a state dict differs from a model's (``target``): the names of tensors of other shapes
+    (in ``sd``'s order), the names it lacks, and the names the model lacks (both sorted)."""
+    differing = [k for k, v in sd.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
+    return differing, sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
+
+
 def shape_problems(sd: Dict[str, Any], target: Dict[str, Any], limit: int = 3) -> list:
     """Where a state dict in a model's own names differs from the model's (``target``: its
     state dict): tensors of other shapes, tensors missing, tensors it does not have; at most
     ``limit`` named, then how many more."""
-    problems = [f"{k} of shape {tuple(target[k].shape)} where its weights hold {tuple(v.shape)}"
-                for k, v in sd.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
-    missing, extra = sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
+    differing, missing, extra = state_dict_differences(sd, target)
+    problems = [f"{k} of shape {tuple(target[k].shape)} where its weights hold {tuple(sd[k].shape)}"
+                for k in differing]
     if missing:
         problems.append(f"{', '.join(missing[:limit])} where its weights hold none")
     if extra:
