@@ -617,6 +617,26 @@ def test_sigterm_during_predict_s_export_on_the_fly_leaves_no_temporary_folder(m
     assert not list(tmp_path.glob(".vitkit-onnx*")), list(tmp_path.iterdir())
 
 
+def test_a_signal_during_a_native_import_waits_for_the_import_to_end():
+    """Raised inside a native extension's import (nanobind, onnxruntime) an interrupt aborts the
+    process with nothing cleaned; vitkit holds it until the import is done, then raises it."""
+    import vitkit.cli as cli_module
+    from vitkit.utils import interrupts_deferred, require
+
+    previous = signal.signal(signal.SIGTERM, cli_module._on_sigterm)
+    reached = []
+    try:
+        with pytest.raises(cli_module.Terminated):
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now: held, not raised
+                reached.append("end of the import")
+        assert reached == ["end of the import"]
+        assert require("json", "train", "a test") is json  # nothing left pending
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 HOLD = """
 import sys, time
 from pathlib import Path

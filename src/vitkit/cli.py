@@ -17,7 +17,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
-from .utils import check_output
+from .utils import check_output, interrupt
 
 
 def _fmt_int(n: int) -> str:
@@ -722,7 +722,11 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while cleaning up ends it at once
-    raise Terminated()
+    interrupt(Terminated())  # now, or after a native import (raised inside one, it would abort)
+
+
+def _on_sigint(signum, frame):
+    interrupt(KeyboardInterrupt())  # Python's own handler, made to wait out native imports too
 
 
 def describe_error(e: BaseException) -> str:
@@ -784,6 +788,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
     previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    # Ctrl-C: only where Python's handler is installed (a background job ignores SIGINT: it still does)
+    previous_int = signal.signal(signal.SIGINT, _on_sigint) \
+        if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous_warn = _one_line_warnings(args.verb)
     try:
         return int(args.func(args) or 0)
@@ -802,6 +809,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warnings.showwarning = previous_warn
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":  # pragma: no cover

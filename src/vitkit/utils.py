@@ -60,8 +60,9 @@ def require(module: str, extra: str, purpose: str) -> Any:
     package = distribution(module)
     parts = module.split(".")
     try:  # each parent in turn, as `from a.b import c` does: a hidden or missing parent is missing
-        for i in range(1, len(parts) + 1):
-            found = importlib.import_module(".".join(parts[:i]))
+        with interrupts_deferred():  # native extensions load here: a signal inside one aborts the process
+            for i in range(1, len(parts) + 1):
+                found = importlib.import_module(".".join(parts[:i]))
         return found
     except Exception as e:  # a broken install raises anything (protobuf's TypeError, torch ops' RuntimeError)
         # missing: the module, a parent, or the package a wrapper imports (torch.utils.tensorboard's tensorboard)
@@ -71,6 +72,41 @@ def require(module: str, extra: str, purpose: str) -> Any:
                                       f"{first_line(e)}); reinstall it")
         fix = f"pip install -e '.[{extra}]' (in a checkout) or pip install 'vitkit[{extra}]'"
         raise MissingExtra(f"{package} is needed for {purpose}{problem}: {fix}", extra) from e
+
+
+# ---------------------------------------------------------------- signals, raised where it is safe
+#
+# The command line turns Ctrl-C and SIGTERM into exceptions raised wherever Python is, so that
+# cleanup runs. Raised inside a native extension's callback into Python (nanobind while
+# onnxruntime is imported), such an exception cannot cross the C++ frames: the process aborts
+# ("terminate called after throwing ...") and cleans nothing. Sections of that kind defer it.
+
+_deferral: Dict[str, Any] = {"depth": 0, "pending": None}
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C or SIGTERM that arrives inside this block (through :func:`interrupt`) and
+    raise it when the block ends: for imports of native extensions, which must not be interrupted
+    half-way."""
+    _deferral["depth"] += 1
+    try:
+        yield
+    finally:
+        _deferral["depth"] -= 1
+        pending = _deferral["pending"]
+        if pending is not None and _deferral["depth"] == 0:
+            _deferral["pending"] = None
+            raise pending
+
+
+def interrupt(error: BaseException) -> None:
+    """Raise ``error`` (a signal handler's KeyboardInterrupt) now, or, inside
+    :func:`interrupts_deferred`, when that block ends."""
+    if _deferral["depth"]:
+        _deferral["pending"] = error
+        return
+    raise error
 
 
 def first_line(e: BaseException) -> str:
