@@ -70,7 +70,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
 
     monkeypatch.setattr(F, "cross_entropy", poisoned)  # the training loss's, wherever the loop computes it
     with pytest.raises(NonFiniteLoss, match=r"at step 6 .*step_00000005\.pt"):
-        train(small(tmp_path, max_steps=20, checkpoint_every=5))
+        # one loss per step (parts would call it once per part)
+        train(small(tmp_path, max_steps=20, checkpoint_every=5, cpu_parallel="ops"))
     state = load_latest(tmp_path / "run")
     assert state["step"] == 5 and all(torch.isfinite(v).all() for v in state["model"].values())
 

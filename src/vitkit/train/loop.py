@@ -30,6 +30,7 @@ from torch import nn
 
 from .. import tiny
 from ..models import get_model_config
+from ..parallel import BatchParallel, add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
@@ -45,7 +46,7 @@ from .memory import check_batches_fit
 from .plot import plot_curves
 from .progress import Progress
 from .schedule import lr_at
-from .tasks import Classification, task_for
+from .tasks import Classification, autocast, task_for
 from .tracking import MetricsLog
 
 
@@ -141,6 +142,10 @@ class Run:
     task: Any = field(default_factory=Classification)
     ddp: Optional[nn.Module] = None
     ema: Optional[ModelEma] = None
+    #: a CPU run's batch parts (:mod:`vitkit.parallel`); None: torch's threads inside each operation
+    parallel: Optional[BatchParallel] = None
+    #: how the run uses the CPU's threads, as the first line says it
+    parallel_how: str = "ops"
     teacher: Optional[Teacher] = None
     student_input: Optional[InputSpec] = None
     run_dir: Optional[Path] = None
@@ -201,7 +206,7 @@ class Run:
     def score(self, net: nn.Module, split: str) -> Tuple[float, Optional[float]]:
         """(loss, accuracy or None) of ``net`` on ``split``, as the run's task measures them."""
         batches = self.data.eval_batches(split, self.input_config, self.cfg.eval_batch_size)
-        return self.task.evaluate(net, batches, self.amp)
+        return self.task.evaluate(net, batches, self.amp, self.parallel)
 
 
 class Window:
@@ -274,13 +279,16 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str
         run = build(cfg, dist_info, log)
         restore(run, resume)
         run.note(_starting(run))
-        loop(run)
-        return summarise(run)
+        with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
+            loop(run)
+            return summarise(run)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the command line: say what is kept
         if run is not None and run.run_dir is not None and run.main:
             log(_interrupted(run))
         raise
     finally:
+        if run is not None and run.parallel is not None:
+            run.parallel.close()
         if run is not None and run.lock is not None:
             run.lock.release()
         distributed.cleanup(dist_info)
@@ -292,7 +300,10 @@ def _starting(run: Run) -> str:
     cfg = run.cfg
     what = "training" if cfg.objective == "classify" else f"{cfg.objective} pre-training of"
     params = sum(p.numel() for p in run.model.parameters())
-    return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}) on {cfg.dataset}: steps "
+    where = f"{cfg.dataset}" if run.dist.device.type != "cpu" else \
+        f"{cfg.dataset} ({torch.get_num_threads() if run.parallel is None else run.parallel.workers} CPU threads, " \
+        f"parallel over {run.parallel_how})"
+    return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}) on {where}: steps "
             f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
 
 
@@ -329,9 +340,6 @@ def finished_summary(run_dir: Path, log=print) -> Dict[str, Any]:
 def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     """The data, the model (with its teacher), the optimiser, the precision and the batch layout."""
     device, world, main = dist_info.device, dist_info.world, dist_info.main
-    note = busy_cpu_note(cfg.threads) if main and world == 1 and device.type == "cpu" else None
-    if note:
-        log(note)
     # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
     in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
     data = open_data(cfg, device, channels=1 if in_chans == 1 else 3)
@@ -356,6 +364,11 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
               warmup=cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch),
               forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), task=task, ddp=ddp,
               ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None)
+    run.parallel, run.parallel_how = choose(cfg.cpu_parallel, torch.get_num_threads(), device, world, model,
+                                            cfg.compile)
+    note = busy_cpu_note(cfg.threads) if run.parallel is None and main and world == 1 and device.type == "cpu" else None
+    if note:
+        log(note)
     if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
         run.teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
         run.student_input = InputSpec.of(model.config)
@@ -499,8 +512,8 @@ def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tupl
         run.skipped.update(bad)
         if x is None:  # every sample of this micro-batch was unreadable
             continue
-        stats += run.task.micro_batch(run, step, k, x.to(run.dist.device, non_blocking=True),
-                                      y.to(run.dist.device, non_blocking=True))
+        stats += _micro_batch(run, step, k, x.to(run.dist.device, non_blocking=True),
+                              y.to(run.dist.device, non_blocking=True))
         n += len(y)
     cfg = run.cfg
     if cfg.clip_grad:
@@ -512,6 +525,34 @@ def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tupl
     if run.ema is not None:
         run.ema.update(run.model)
     return stats, n
+
+
+def _micro_batch(run: Run, step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of micro-batch ``k`` of ``step`` -> its (summed loss, correct) on the
+    device. With batch parts, each part's gradient (its loss weighted by its share of the images)
+    is computed at once and added to ``.grad`` in part order: what accumulating the parts as
+    micro-batches would give, bitwise."""
+    x, y, extra = run.task.inputs(run, step, k, x, y)
+    accum = run.layout.accum_steps
+    if run.parallel is None:
+        with run.no_sync(k), autocast(run.dist.device, run.amp):
+            loss, stats = run.task.loss(run, x, y, extra)
+        run.scaler.scale(loss / accum).backward()
+        return stats
+    params = [p for p in run.model.parameters() if p.requires_grad]
+
+    def part(s: slice) -> Tuple[Tuple[Optional[torch.Tensor], ...], torch.Tensor]:
+        with autocast(run.dist.device, run.amp):
+            loss, stats = run.task.loss(run, x[s], y[s], {name: v[s] for name, v in extra.items()})
+        share = (s.stop - s.start) / len(y)
+        return torch.autograd.grad(run.scaler.scale(loss * share / accum), params, allow_unused=True), stats
+
+    results = run.parallel.run(part, len(y))
+    for p, grads in zip(params, zip(*(grads for grads, _ in results))):
+        g = add_in_order(grads)
+        if g is not None:
+            p.grad = g if p.grad is None else p.grad.add_(g)
+    return add_in_order([stats for _, stats in results])
 
 
 def _checkpoint(run: Run, step: int) -> Optional[Path]:

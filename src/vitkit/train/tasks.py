@@ -22,6 +22,7 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..models import build_from_config, get_model_config
+from ..parallel import BatchParallel, add_in_order
 from ..progress import track
 from ..selfsup import Pretrainer, create_pretrainer, encoder_of
 from ..utils import seed_for
@@ -67,34 +68,40 @@ class Classification:
         check_model_fits(config)  # before it is built: a typo must not fill the memory first
         return build_from_config(config)
 
-    def micro_batch(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, correct), on the device."""
-        cfg, device = run.cfg, run.dist.device
+    def inputs(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+        """Micro-batch ``k`` of ``step`` as the model sees it: erased and mixed with draws from
+        (seed, step, k, rank) over the whole micro-batch (its parts then share them)."""
+        cfg = run.cfg
         mixing = cfg.mixup > 0 or cfg.cutmix > 0
-        if mixing or cfg.random_erasing:  # this rank's micro-batch, its draws from (seed, step, k, rank)
+        if mixing or cfg.random_erasing:
             gen = generator(cfg.seed, "mix", step, k, run.dist.rank)
             x = random_erasing(x, cfg.random_erasing, gen)
             if mixing:
                 x, y, _ = mixup_cutmix(x, y, run.model.config.num_classes, cfg.mixup, cfg.cutmix,
                                        cfg.mixup_switch_prob, cfg.label_smoothing, gen)
-        with run.no_sync(k), autocast(device, run.amp):
-            outputs = run.forward(x)
-            taught = run.teacher(x, run.student_input) if run.teacher is not None else None
-            loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
-            logits = split_outputs(outputs)[0]
-        run.scaler.scale(loss / run.layout.accum_steps).backward()
-        hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
-        return torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
+        return x, y, {}
 
-    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
-                 ) -> Tuple[float, Optional[float]]:
+    def loss(self, run: "Run", x: torch.Tensor, y: torch.Tensor, extra: Dict[str, torch.Tensor]
+             ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss, (summed loss, correct)) of the inputs, under the caller's autocast."""
+        cfg = run.cfg
+        outputs = run.forward(x)
+        taught = run.teacher(x, run.student_input) if run.teacher is not None else None
+        loss = distillation_loss(outputs, y, taught, cfg.distill, cfg.alpha, cfg.tau, cfg.label_smoothing)
+        logits = split_outputs(outputs)[0]
+        hard = y.argmax(-1) if y.is_floating_point() else y  # with mixing: the argmax of the mixed targets
+        return loss, torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
+
+    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype],
+                 parallel: Optional[BatchParallel] = None) -> Tuple[float, Optional[float]]:
         """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
-        def score(i: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = model(x)
+        def score(i: int, x: torch.Tensor, y: torch.Tensor, part: slice) -> torch.Tensor:
+            logits, y = model(x[part]), y[part]
             return torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
                                 (logits.argmax(-1) == y).sum().double()])
 
-        return _evaluate(model, batches, amp, score)
+        return _evaluate(model, batches, amp, score, parallel)
 
     def results(self, run: "Run") -> Dict[str, Any]:
         """The summary's scores: test and validation top-1 (and the EMA's)."""
@@ -131,29 +138,33 @@ class Pretraining:
         draws = model.draw(batch, gen)
         return {k: (v if part is None else part(v)).to(device, non_blocking=True) for k, v in draws.items()}
 
-    def micro_batch(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of micro-batch ``k`` of ``step`` -> (summed loss, summed accuracy)."""
+    def inputs(self, run: "Run", step: int, k: int, x: torch.Tensor, y: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+        """Micro-batch ``k`` of ``step`` erased, with its masks: the global micro-batch's, then
+        this rank's part (as augmentation draws)."""
         cfg, device = run.cfg, run.dist.device
         if cfg.random_erasing:
             x = random_erasing(x, cfg.random_erasing, generator(cfg.seed, "mix", step, k, run.dist.rank))
-        # the global micro-batch's masks, then this rank's part (as augmentation draws)
         draws = self._draws(run.model, run.layout.micro, generator(cfg.seed, "mask", step, k), device,
                             run.layout.mine)
-        with run.no_sync(k), autocast(device, run.amp):
-            out = run.forward(x, **draws)
-        run.scaler.scale(out.loss / run.layout.accum_steps).backward()
+        return x, y, draws
+
+    def loss(self, run: "Run", x: torch.Tensor, y: torch.Tensor, draws: Dict[str, torch.Tensor]
+             ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(loss, (summed loss, summed accuracy)) of the inputs, under the caller's autocast."""
+        out = run.forward(x, **draws)
         n = len(x)
-        return torch.stack([out.loss.detach().float() * n, _accuracy(out) * n])
+        return out.loss, torch.stack([out.loss.detach().float() * n, _accuracy(out) * n])
 
-    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype]
-                 ) -> Tuple[float, Optional[float]]:
+    def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype],
+                 parallel: Optional[BatchParallel] = None) -> Tuple[float, Optional[float]]:
         """(mean pre-training loss, MPP's colour accuracy or None) with the fixed evaluation masks."""
-        def score(i: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            gen = torch.Generator().manual_seed(seed_for(0, "eval-mask", i))
-            out = model(x, **self._draws(model, len(x), gen, x.device))
-            return torch.stack([out.loss.double(), _accuracy(out).double()]) * len(x)
+        def score(i: int, x: torch.Tensor, y: torch.Tensor, part: slice) -> torch.Tensor:
+            gen = torch.Generator().manual_seed(seed_for(0, "eval-mask", i))  # the whole batch's masks
+            out = model(x[part], **self._draws(model, len(x), gen, x.device, lambda v: v[part]))
+            return torch.stack([out.loss.double(), _accuracy(out).double()]) * len(x[part])
 
-        loss, acc = _evaluate(model, batches, amp, score)
+        loss, acc = _evaluate(model, batches, amp, score, parallel)
         return loss, acc if self.has_accuracy else None
 
     def results(self, run: "Run") -> Dict[str, Any]:
@@ -188,14 +199,15 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "") -> Tupl
     # counts the batches handed to the device: on a GPU a few ahead of those computed, as no
     # host sync is added (the task's one sync ends the scoring)
     shown = track(batches, label, total, enabled=run.cfg.progress and run.main, unit="batches")
-    return run.task.evaluate(net, shown, run.amp)
+    return run.task.evaluate(net, shown, run.amp, run.parallel)
 
 
 @torch.inference_mode()
-def _evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype], score
-              ) -> Tuple[float, float]:
-    """Both of ``score(batch index, inputs, labels)``'s sums (a (2,) tensor) over the batches,
-    divided by the images, in eval mode; one host sync at the end."""
+def _evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype], score,
+              parallel: Optional[BatchParallel] = None) -> Tuple[float, float]:
+    """Both of ``score(batch index, inputs, labels, part)``'s sums (a (2,) tensor) over the
+    batches, divided by the images, in eval mode; one host sync at the end. ``parallel``: the
+    parts of each batch (slices) scored at once and added in order."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -205,8 +217,11 @@ def _evaluate(model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[tor
         if x is None:
             continue
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(x.device, amp):
-            total += score(i, x, y)
+        def scored(part: slice, i=i, x=x, y=y) -> torch.Tensor:
+            with autocast(x.device, amp):
+                return score(i, x, y, part)
+
+        total += scored(slice(None)) if parallel is None else add_in_order(parallel.run(scored, len(y)))
         n += len(y)
     model.train(was_training)
     first, second = (total / max(n, 1)).tolist()

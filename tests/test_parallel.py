@@ -1,0 +1,109 @@
+"""Batch parts on a CPU (vitkit.parallel): the same numbers as accumulation, single-threaded
+operations inside a run, and torch's own threads wherever parts would make a run unrepeatable."""
+
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.parallel import BatchParallel, choose, parts, stochastic_modules
+from vitkit.train import resolve_config, train
+from vitkit.train.tasks import Classification
+from vitkit.utils import usable_cores
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+two_cores = pytest.mark.skipif(usable_cores() < 2, reason="needs 2 usable cores for 2 threads")
+
+
+def test_parts_cover_a_batch_in_order_without_empty_parts():
+    for n in (1, 2, 5, 127, 128):
+        for workers in (1, 2, 3, 8):
+            got = parts(n, workers)
+            assert [s.start for s in got][0] == 0 and got[-1].stop == n
+            assert all(a.stop == b.start for a, b in zip(got, got[1:]))
+            assert all(s.stop > s.start for s in got) and len(got) == min(n, workers)
+            assert max(s.stop - s.start for s in got) - min(s.stop - s.start for s in got) <= 1
+
+
+def _weights(run_dir):
+    (path,) = (run_dir / "model").glob("*.safetensors")
+    return load_file(path)
+
+
+@real
+@two_cores
+def test_two_batch_parts_train_exactly_what_two_accumulation_steps_train(tmp_path):
+    """The contract of parts: two threads with half a batch each = two micro-batches of the same
+    images one after the other (both single-threaded inside), to the bit. (With augmentation the
+    pixels differ: micro-batches draw theirs one after the other, parts share the whole batch's.)"""
+    common = dict(max_steps=6, batch_size=32, runs_dir=str(tmp_path), progress=False, val_size=100,
+                  eval_batch_size=500, warmup_steps=2, tensorboard=False)
+    parted = train(resolve_config("fmnist", name="parts", threads=2, cpu_parallel="batch", **common))
+    accumulated = train(resolve_config("fmnist", name="accum", threads=1, accum_steps=2, **common))
+    a, b = _weights(tmp_path / "parts"), _weights(tmp_path / "accum")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert parted["test_top1"] == accumulated["test_top1"]
+    assert parted["test_loss"] == pytest.approx(accumulated["test_loss"], rel=1e-6)
+
+
+@real
+@two_cores
+def test_a_run_computes_its_parts_on_two_threads_with_single_threaded_operations(tmp_path, monkeypatch):
+    """The mechanism that keeps a run's speed beside a busy process: no operation waits for
+    a second OpenMP thread (torch's threads are 1 inside), and the parts run on two threads."""
+    seen = []
+    real_loss = Classification.loss
+
+    def spy(self, run, x, y, extra):
+        seen.append((threading.current_thread().name, torch.get_num_threads(), len(y)))
+        return real_loss(self, run, x, y, extra)
+
+    monkeypatch.setattr(Classification, "loss", spy)
+    lines = []
+    train(resolve_config("fmnist", max_steps=3, batch_size=32, runs_dir=str(tmp_path), name="r", progress=False,
+                         val_size=100, threads=2, tensorboard=False), log=lines.append)
+    assert "(2 CPU threads, parallel over batch)" in lines[0]
+    assert {threads for _, threads, _ in seen} == {1}
+    assert {n for _, _, n in seen} == {16}
+    assert len({name for name, _, _ in seen}) == 2 and all(name.startswith("vitkit-part") for name, _, _ in seen)
+    assert torch.get_num_threads() == 2  # the run's --threads again once it ends, not the parts' 1
+
+
+def test_random_layers_keep_torchs_threads_and_batch_refuses_them_by_name():
+    plain = vitkit.create_model("vit_fmnist_hybrid")
+    assert stochastic_modules(plain) == []
+    dropped = vitkit.create_model("vit_fmnist_hybrid", drop_path_rate=0.1)
+    assert stochastic_modules(dropped) == ["blocks.1"]
+    assert stochastic_modules(vitkit.create_model("vit_fmnist", attn_drop_rate=0.1))[0] == "blocks.0.attn"
+    assert stochastic_modules(vitkit.create_model("vit_fmnist", drop_rate=0.1))  # nn.Dropout
+    cpu = torch.device("cpu")
+    parallel, how = choose("auto", 2, cpu, 1, plain, compiled=False)
+    assert isinstance(parallel, BatchParallel) and parallel.workers == 2 and how == "batch"
+    parallel, how = choose("auto", 2, cpu, 1, dropped, compiled=False)
+    assert parallel is None and "blocks.1" in how
+    with pytest.raises(ValueError, match="blocks.1.*--cpu-parallel ops or auto"):
+        choose("batch", 2, cpu, 1, dropped, compiled=False)
+    assert choose("auto", 2, cpu, 2, plain, compiled=False)[0] is None  # torchrun: a part per process already
+    assert choose("auto", 2, cpu, 1, plain, compiled=True)[0] is None
+    assert choose("auto", 1, cpu, 1, plain, compiled=False)[0] is None  # one thread: nothing to split
+    assert choose("ops", 2, cpu, 1, plain, compiled=False)[0] is None
+    with pytest.raises(ValueError, match="auto, batch, ops"):
+        choose("threads", 2, cpu, 1, plain, compiled=False)
+
+
+def test_scoring_in_parts_counts_the_same_and_adds_the_same_loss():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist_hybrid")
+    batches = [(torch.randn(37, 1, 28, 28), torch.randint(0, 10, (37,)), ()) for _ in range(3)]
+    task = Classification()
+    whole = task.evaluate(model, batches, torch.bfloat16)
+    pool = BatchParallel(3)
+    try:
+        with pool.single_threaded_ops():
+            parted = task.evaluate(model, batches, torch.bfloat16, pool)
+    finally:
+        pool.close()
+    assert parted[1] == whole[1] and parted[0] == pytest.approx(whole[0], rel=1e-5)
