@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import vitkit
 from vitkit.data import fashion_mnist as fm
-from vitkit.parallel import BatchParallel, choose, parts, stochastic_modules
+from vitkit.parallel import BatchParallel, PartedModel, choose, for_inference, parts, stochastic_modules
 from vitkit.train import resolve_config, train
 from vitkit.train.tasks import Classification
 from vitkit.utils import usable_cores
@@ -107,3 +107,19 @@ def test_scoring_in_parts_counts_the_same_and_adds_the_same_loss():
     finally:
         pool.close()
     assert parted[1] == whole[1] and parted[0] == pytest.approx(whole[0], rel=1e-5)
+
+
+def test_inference_in_parts_gives_the_models_outputs_in_order():
+    """What vitkit predict/eval run on a CPU: the wrapped model's logits, the batch's order kept."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist_hybrid").eval()
+    x = torch.randn(9, 1, 28, 28)
+    parted = for_inference(model, threads=2)
+    assert isinstance(parted, PartedModel) and parted.config is model.config
+    with torch.inference_mode():
+        want, got = model(x), parted(x)
+        singles = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, singles, rtol=1e-5, atol=1e-5)
+    assert not got.requires_grad and torch.get_num_threads() >= 1
+    assert for_inference(model, threads=1) is model

@@ -236,7 +236,12 @@ def _runtime_model(args: argparse.Namespace):
                              "its own graph")
         return load_for_runtime(args.weights, args.runtime, args.quantize, **stand_ins)
     model = _classifier(_load(args), args.weights)
-    return load_for_runtime(args.weights, args.runtime, args.quantize, model=model, **stand_ins)
+    model = load_for_runtime(args.weights, args.runtime, args.quantize, model=model, **stand_ins)
+    if getattr(model, "quantization", None) is None:  # torch on a CPU: batches in parts, one per thread
+        from .parallel import for_inference
+
+        model = for_inference(model)
+    return model
 
 
 def _runtime_name(model) -> str:

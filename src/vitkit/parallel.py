@@ -90,6 +90,35 @@ class BatchParallel:
             self._pool = None
 
 
+class PartedModel(nn.Module):
+    """A model for inference whose every batch is computed in parts, one per thread (what
+    ``vitkit predict`` and ``vitkit eval`` run on a CPU); its outputs are concatenated in order.
+    ``config`` and the model's own attributes are the wrapped model's."""
+
+    def __init__(self, model: nn.Module, parallel: BatchParallel):
+        super().__init__()
+        self.model = model
+        self.parallel = parallel
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.parallel.single_threaded_ops():
+            return torch.cat(self.parallel.run(lambda part: self.model(x[part]), len(x)))
+
+
+def for_inference(model: nn.Module, threads: Optional[int] = None) -> nn.Module:
+    """``model`` computed in batch parts over ``threads`` (default: torch's) when it runs on a CPU
+    with more than one thread; otherwise ``model`` itself."""
+    threads = threads or torch.get_num_threads()
+    params = next(model.parameters(), None)
+    if threads < 2 or (params is not None and params.device.type != "cpu"):
+        return model
+    return PartedModel(model, BatchParallel(threads))
+
+
 def _thread_state() -> dict:
     """The per-thread torch state a worker must share with its caller."""
     state = {"grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(), "autocast": None}
@@ -147,4 +176,5 @@ def choose(mode: str, threads: int, device: torch.device, world: int, model: nn.
     return BatchParallel(threads), "batch"
 
 
-__all__ = ["MODES", "BatchParallel", "add_in_order", "choose", "parts", "stochastic_modules"]
+__all__ = ["MODES", "BatchParallel", "PartedModel", "add_in_order", "choose", "for_inference", "parts",
+           "stochastic_modules"]
