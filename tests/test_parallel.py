@@ -123,3 +123,16 @@ def test_inference_in_parts_gives_the_models_outputs_in_order():
     torch.testing.assert_close(got, singles, rtol=1e-5, atol=1e-5)
     assert not got.requires_grad and torch.get_num_threads() >= 1
     assert for_inference(model, threads=1) is model
+
+
+@real
+@two_cores
+def test_batch_parts_asked_for_a_model_with_random_layers_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from vitkit.cli import main
+
+    code = main(["train", "--cpu-parallel", "batch", "--threads", "2", "--model-args", '{"drop_path_rate": 0.1}',
+                 "--max-steps", "2", "--runs-dir", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert "cpu_parallel batch cannot split" in err[0] and "blocks.1" in err[0] and "--cpu-parallel ops" in err[0]
+    assert list(tmp_path.iterdir()) == []

@@ -123,15 +123,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .weights import export_weights
     from .weights.export import ExportWarning
 
-    onnx_only = [f for f, v in (("--quantize", args.quantize), ("--exporter", args.exporter),
-                                ("--opset", args.opset)) if v is not None]
+    onnx_only = [f for f, v in (("--exporter", args.exporter), ("--opset", args.opset)) if v is not None]
     if onnx_only and args.to != "onnx":
         raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
+    if args.quantize and args.to not in ("onnx", "openvino"):
+        raise ValueError(f"--quantize applies to --to onnx and --to openvino, not --to {args.to}")
+    if args.quantize == "int8-static" and args.to == "openvino":
+        raise ValueError("--to openvino quantizes with --quantize int8 (NNCF, calibrated on training images)")
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     _check_destination(args.src, args.dst, args.to)  # before the work
     model = _load(args, interpolation=args.interpolation)
-    if args.to == "onnx":
+    if args.to in ("onnx", "openvino"):
         return _convert_onnx(model, args)
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always", ExportWarning)
@@ -166,30 +169,52 @@ def _check_destination(src: str, dst: str, to: str) -> None:
     folder = to in ("vitkit", "hf")
     if folder and Path(dst).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json"):
         raise ValueError(f"--to {to} writes a folder (config.json, model.safetensors, ...); DST {dst} is a file name")
+    if to == "openvino" and Path(dst).suffix.lower() != ".xml":
+        raise ValueError(f"--to openvino writes an IR: DST must end in .xml (its weights go beside it as .bin), "
+                         f"not {dst}")
     check_output(dst, "folder" if folder else "file", "DST")
+    if to == "openvino":
+        check_output(str(Path(dst).with_suffix(".bin")), "file", "DST's weights")
     source = Path(src)
     source = run_model_folder(source) or source
     reads = {source / name for name in _FOLDER_FILES} if source.is_dir() else {source}
     writes = {Path(dst) / name for name in _FOLDER_FILES} if folder else {Path(dst)}
+    if to == "openvino":
+        writes.add(Path(dst).with_suffix(".bin"))
     hit = sorted(str(p) for p in {p.resolve() for p in reads} & {p.resolve() for p in writes} if p.exists())
     if hit:
         raise ValueError(f"DST {dst} would overwrite {hit[0]}, which SRC {src} is read from: write somewhere else")
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:
+    """--to onnx (ONNX Runtime) and --to openvino (an IR: DST.xml and DST.bin)."""
     from .deploy import EXPORTERS, export_onnx
 
-    exporter = args.exporter or EXPORTERS[0]
-    out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize)
-    info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
-            "params": sum(p.numel() for p in model.parameters()), "quantization": args.quantize or "none",
-            "exporter": exporter, "bytes": out.stat().st_size}
+    params = sum(p.numel() for p in model.parameters())
+    if args.to == "openvino":
+        from .deploy.openvino import export_openvino
+
+        out = export_openvino(model, args.dst, quantize=args.quantize)
+        info = {"src": args.src, "dst": str(out), "weights": str(out.with_suffix(".bin")), "format": "openvino",
+                "architecture": model.config.architecture, "params": params,
+                "quantization": "int8-static" if args.quantize else "none",
+                "bytes": out.stat().st_size + out.with_suffix(".bin").stat().st_size}
+        what = "int8 (NNCF, calibrated)" if args.quantize else "fp32 weights"
+        said = (f"wrote {out} and {out.with_suffix('.bin').name} (OpenVINO IR, {what}, {_fmt_int(params)} parameters, "
+                f"{_fmt_bytes(info['bytes'])}; preprocessing in its runtime info)")
+    else:
+        exporter = args.exporter or EXPORTERS[0]
+        out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize)
+        info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
+                "params": params, "quantization": args.quantize or "none", "exporter": exporter,
+                "bytes": out.stat().st_size}
+        what = {"int8": "int8 dynamic", "int8-static": "int8 static (QDQ)"}.get(args.quantize, "fp32")
+        said = (f"wrote {out} (ONNX, {what}, {_fmt_int(params)} parameters, {_fmt_bytes(info['bytes'])}; "
+                f"batch dimension dynamic, preprocessing in its metadata)")
     if args.json:
         _print_json(info)
     else:
-        what = {"int8": "int8 dynamic", "int8-static": "int8 static (QDQ)"}.get(args.quantize, "fp32")
-        print(f"wrote {out} (ONNX, {what}, {_fmt_int(info['params'])} parameters, {_fmt_bytes(info['bytes'])}; "
-              f"batch dimension dynamic, preprocessing in its metadata)")
+        print(said)
     return 0
 
 
@@ -227,13 +252,14 @@ def cmd_push(args: argparse.Namespace) -> int:
 def _runtime_model(args: argparse.Namespace):
     """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
     running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
+    from .deploy.openvino import is_openvino
     from .deploy.runtime import is_onnx, load_for_runtime
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
-    if is_onnx(args.weights):
+    if is_onnx(args.weights) or is_openvino(args.weights):
         if args.model:
-            raise ValueError("--model names an architecture for weights without a config; an .onnx file is "
-                             "its own graph")
+            raise ValueError("--model names an architecture for weights without a config; an .onnx or OpenVINO "
+                             ".xml file is its own graph")
         return load_for_runtime(args.weights, args.runtime, args.quantize, **stand_ins)
     model = _classifier(_load(args), args.weights)
     model = load_for_runtime(args.weights, args.runtime, args.quantize, model=model, **stand_ins)
@@ -249,6 +275,8 @@ def _runtime_name(model) -> str:
     quantization = getattr(model, "quantization", None)
     if quantization is None:
         return "fp32"
+    if getattr(model, "export_flag", "onnx") == "openvino":  # OpenVINO computes in the precision it was given
+        return f"openvino {model.precision}" + ("" if quantization == "none" else f" {quantization}")
     return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
 
 
@@ -569,11 +597,12 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runtime", choices=["torch", "onnxruntime"],
-                   help="torch (default for weights) or onnxruntime (default for an .onnx file; weights are "
-                        "exported on the fly)")
+    p.add_argument("--runtime", choices=["torch", "onnxruntime", "openvino"],
+                   help="torch (default for weights), onnxruntime (default for an .onnx file) or openvino "
+                        "(default for an OpenVINO .xml); weights are exported on the fly")
     p.add_argument("--quantize", choices=["int8", "int8-static"],
-                   help="with --runtime onnxruntime and weights: run the int8 model (see vitkit convert --to onnx)")
+                   help="with --runtime onnxruntime or openvino and weights: run the int8 model (see vitkit "
+                        "convert --to onnx / openvino)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -626,13 +655,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("convert", "convert weights between layouts")
     p.add_argument("src", help="file, folder or hf-hub:org/name")
     p.add_argument("dst", help="output file or folder")
-    p.add_argument("--to", required=True, choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae", "onnx"],
+    p.add_argument("--to", required=True,
+                   choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae", "onnx", "openvino"],
                    help="a pre-training model: vitkit, hf (SimMIM, MAE), mae (the official MAE .pth); "
                         "timm/npz/big_vision write its encoder; onnx: a classifier for ONNX Runtime (DST.onnx, "
-                        "preprocessing in its metadata)")
+                        "preprocessing in its metadata); openvino: an OpenVINO IR (DST.xml + DST.bin, the same "
+                        "metadata in its runtime info)")
     p.add_argument("--quantize", choices=["int8", "int8-static"],
                    help="onnx: int8 (ONNX Runtime dynamic quantization) or int8-static (QDQ calibrated on 256 "
-                        "training images of the dataset the labels name)")
+                        "training images of the dataset the labels name); openvino: int8 (NNCF post-training "
+                        "quantization calibrated on the same images; norms, softmax and GELU stay float)")
     p.add_argument("--exporter", choices=["dynamo", "torchscript"], help="onnx: torch.onnx.export's path "
                                                                          "(default dynamo)")
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")

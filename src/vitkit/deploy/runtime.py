@@ -26,7 +26,7 @@ from ..models.config_base import MAX_IMG_SIZE
 from ..utils import PathLike, first_line, work_folder
 from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
 
-RUNTIMES = ("torch", "onnxruntime")
+RUNTIMES = ("torch", "onnxruntime", "openvino")
 
 
 class OnnxMetadataError(ValueError):
@@ -56,6 +56,10 @@ class OnnxModel(nn.Module):
     ``vitkit --threads`` sets). ``img_size``/``mean``/``std``/``labels`` stand in for missing
     metadata and are refused when the file has its own (they would contradict it).
     """
+
+    #: the runtime and the ``vitkit convert --to`` value of this kind of file, for messages
+    runtime = "ONNX Runtime"
+    export_flag = "onnx"
 
     def __init__(self, path: PathLike, threads: Optional[int] = None, img_size: Optional[Sequence[int]] = None,
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
@@ -131,7 +135,7 @@ class OnnxModel(nn.Module):
                     problems.append(f"{key} {_brief(said)} in its metadata, {_brief(want)} in its vitkit config")
         if problems:
             raise OnnxMetadataError(f"{self.path}: its metadata does not match what the file holds (it says "
-                                    + "; ".join(problems) + "): re-export it (vitkit convert --to onnx)")
+                                    + "; ".join(problems) + f"): re-export it (vitkit convert --to {self.export_flag})")
 
     def _config(self, in_shape, out_shape, img_size, mean, std, labels):
         given = {k: v for k, v in (("img_size", img_size), ("mean", mean), ("std", std), ("labels", labels))
@@ -151,7 +155,7 @@ class OnnxModel(nn.Module):
         missing = [k for k in ("img_size", "mean", "std") if k not in given]
         if missing:
             raise OnnxMetadataError(f"{self.path} has no vitkit metadata (it was not exported by vitkit "
-                                    f"convert --to onnx): give its preprocessing with "
+                                    f"convert --to {self.export_flag}): give its preprocessing with "
                                     f"{', '.join('--' + k.replace('_', '-') for k in missing)} "
                                     f"(and --labels for class names), or re-export it with vitkit")
         chans = in_shape[1] if isinstance(in_shape[1], int) else len(mean)
@@ -178,9 +182,9 @@ class OnnxModel(nn.Module):
         """x: (B, C, H, W) prepared as ``config`` says -> the model's output (B, classes)."""
         array = x.detach().to("cpu", torch.float32).contiguous().numpy()
         try:
-            out = self.session.run(None, {self.input_name: array})[0]
-        except Exception as e:  # ORT's own error types (Fail, InvalidArgument, ...): one line naming the file
-            raise OnnxMetadataError(f"ONNX Runtime could not run {self.path} on a batch of shape "
+            out = self._run(array)
+        except Exception as e:  # the runtime's own error types (Fail, InvalidArgument, ...): one line naming the file
+            raise OnnxMetadataError(f"{self.runtime} could not run {self.path} on a batch of shape "
                                     f"{tuple(array.shape)}: {first_line(e)}") from None
         classes = self.config.num_classes
         if out.ndim != 2 or out.shape[0] != array.shape[0] or (classes and out.shape[1] != classes):
@@ -188,6 +192,9 @@ class OnnxModel(nn.Module):
                                     f"images where (batch, {classes or 'features'}) was expected: its metadata "
                                     f"does not match its graph")
         return torch.from_numpy(out)
+
+    def _run(self, array):
+        return self.session.run(None, {self.input_name: array})[0]
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
@@ -207,33 +214,39 @@ def is_onnx(source: PathLike) -> bool:
 
 def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
                      model: Optional[nn.Module] = None, **preprocessing: Any) -> nn.Module:
-    """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model) or ``onnxruntime``
-    (an ``.onnx`` file as is, or weights exported on the fly into a temporary file, quantized
-    when ``quantize`` says so). ``runtime=None`` picks onnxruntime for ``.onnx`` files, torch
-    otherwise. ``model`` is the already-loaded vitkit model of ``source`` (weights only)."""
-    runtime = runtime or ("onnxruntime" if is_onnx(source) else "torch")
+    """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model), ``onnxruntime`` or
+    ``openvino`` (an ``.onnx`` file or an OpenVINO ``.xml`` as is, or weights exported on the fly
+    into a temporary file, quantized when ``quantize`` says so). ``runtime=None`` picks the file's
+    own runtime for ``.onnx`` and ``.xml`` files, torch otherwise. ``model`` is the already-loaded
+    vitkit model of ``source`` (weights only)."""
+    from .openvino import OpenVinoModel, export_openvino, is_openvino
+
+    own = "onnxruntime" if is_onnx(source) else "openvino" if is_openvino(source) else None
+    runtime = runtime or own or "torch"
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
     given = sorted(k for k, v in preprocessing.items() if v is not None)
-    if is_onnx(source):
-        if runtime == "torch":
-            raise ValueError(f"{source} is an ONNX model: it runs on --runtime onnxruntime")
+    if own is not None:
+        kind, suffix, flag = ("an ONNX model", "onnx", "onnx") if own == "onnxruntime" else \
+            ("an OpenVINO IR", "xml", "openvino")
+        if runtime != own:
+            raise ValueError(f"{source} is {kind}: it runs on --runtime {own}")
         if quantize:
             raise ValueError(f"{source} is already exported: quantize while exporting "
-                             f"(vitkit convert WEIGHTS OUT.onnx --to onnx --quantize {quantize})")
-        return OnnxModel(source, **preprocessing)
+                             f"(vitkit convert WEIGHTS OUT.{suffix} --to {flag} --quantize {quantize})")
+        return (OnnxModel if own == "onnxruntime" else OpenVinoModel)(source, **preprocessing)
     if given:
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand in for the metadata of an "
-                         f".onnx file without it; {source} carries its own preprocessing")
+                         f".onnx or .xml file without it; {source} carries its own preprocessing")
     if runtime == "torch":
         if quantize:
-            raise ValueError("--quantize needs --runtime onnxruntime (int8 models run on ONNX Runtime)")
+            raise ValueError("--quantize needs --runtime onnxruntime or openvino (int8 models run there)")
         return model
     from .onnx_export import export_onnx
 
-    # the session holds the model in memory: the file is not needed once it is loaded (a killed
+    # the runtime holds the model in memory: the file is not needed once it is loaded (a killed
     # process's folder is removed by the next export on the fly)
-    with work_folder(tempfile.gettempdir(), "vitkit-onnx") as folder:
-        path = export_onnx(model, Path(folder) / "model.onnx", quantize=quantize,
-                           calibration=None)
-        return OnnxModel(path)
+    with work_folder(tempfile.gettempdir(), f"vitkit-{runtime}") as folder:
+        if runtime == "openvino":
+            return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize))
+        return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=None))

@@ -1,0 +1,224 @@
+"""OpenVINO IR export and inference, checked against PyTorch and OpenVINO itself: fp32 logits
+match the PyTorch model's, bf16 and int8 agree with it on a trained model, the IR's runtime
+info is enough for `vitkit predict`, and every bad input is one line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from conftest import randomize
+from vitkit.cli import main
+from vitkit.data import fashion_mnist as fm
+from vitkit.deploy.openvino import OpenVinoModel, export_openvino
+from vitkit.deploy.runtime import OnnxMetadataError
+
+ov = pytest.importorskip("openvino")
+FAMILIES = {
+    "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, depth=2, num_classes=5)),
+    "vit_fmnist_hybrid": ("vit_fmnist_hybrid", dict(num_classes=10)),
+    "cait": ("cait_xxs24_224", dict(img_size=32, patch_size=8, depth=2, num_classes=5)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_openvino_fp32_matches_pytorch(family, tmp_path):
+    name, overrides = FAMILIES[family]
+    model = randomize(vitkit.create_model(name, **overrides), scale=0.3).eval()
+    path = export_openvino(model, tmp_path / "m.xml")
+    assert path.with_suffix(".bin").stat().st_size > 4 * sum(p.numel() for p in model.parameters()) * 0.9  # fp32
+    ir = OpenVinoModel(path, precision="fp32")
+    assert ir.precision == "fp32" and ir.quantization == "none"
+    for batch in (1, 3):
+        x = torch.randn(batch, model.config.in_chans, *model.config.img_size)
+        with torch.inference_mode():
+            want = model(x)
+        torch.testing.assert_close(ir(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_runtime_info_holds_the_onnx_files_metadata(tmp_path):
+    from vitkit.deploy import export_onnx, read_metadata
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 40), patch_size=8, depth=1,
+                                          num_classes=3, label_names=["a", "b", "c"], mean=(0.1, 0.2, 0.3)))
+    ir = OpenVinoModel(export_openvino(model, tmp_path / "m.xml"))
+    onnx_meta = read_metadata(export_onnx(model, tmp_path / "m.onnx"))
+    same = {k: v for k, v in onnx_meta.items() if k != "vitkit.exporter"}
+    assert {k: ir.metadata[k] for k in same} == same and ir.metadata["vitkit.exporter"] == "openvino"
+    assert ir.config.label_names == ["a", "b", "c"] and tuple(ir.config.img_size) == (32, 40)
+    # and another reader sees them with OpenVINO alone
+    graph = ov.Core().read_model(str(tmp_path / "m.xml"))
+    assert json.loads(graph.get_rt_info(["vitkit", "mean"]).astype(str)) == [0.1, 0.2, 0.3]
+
+
+def test_predict_on_the_ir_alone_matches_predict_on_the_weights(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 40), patch_size=8, depth=2,
+                                          num_classes=3, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25),
+                                          label_names=["cat", "dog", "fox"]), scale=0.3)
+    model.save_pretrained(tmp_path / "weights")
+    assert main(["convert", str(tmp_path / "weights"), str(tmp_path / "out" / "m.xml"), "--to", "openvino",
+                 "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "openvino" and info["quantization"] == "none" and info["weights"].endswith("m.bin")
+    alone = tmp_path / "alone"  # the IR copied away from everything else
+    alone.mkdir()
+    for suffix in (".xml", ".bin"):
+        shutil.copy(tmp_path / "out" / f"m{suffix}", alone / f"m{suffix}")
+    photos = []
+    for i in range(3):  # another size: the resize and crop the runtime info describes must be applied
+        pixels = np.random.default_rng(i).integers(0, 256, (50 + 7 * i, 61, 3), dtype=np.uint8)
+        photos.append(str(tmp_path / f"p{i}.png"))
+        Image.fromarray(pixels).save(photos[-1])
+    assert main(["predict", *photos, "--weights", str(tmp_path / "weights"), "--json", "--top-k", "3"]) == 0
+    torch_preds = json.loads(capsys.readouterr().out)
+    assert main(["predict", *photos, "--weights", str(alone / "m.xml"), "--json", "--top-k", "3"]) == 0
+    ov_preds = json.loads(capsys.readouterr().out)
+    for a, b in zip(torch_preds, ov_preds):  # OpenVINO's default precision on this CPU may be bf16
+        assert [t["label"] for t in a["top"]][0] == [t["label"] for t in b["top"]][0]
+        assert np.allclose([t["probability"] for t in a["top"]], [t["probability"] for t in b["top"]], atol=2e-2)
+    assert {t["label"] for t in ov_preds[0]["top"]} == {"cat", "dog", "fox"}
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_a_foreign_ir_asks_for_its_preprocessing(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    onnx_path = tmp_path / "foreign.onnx"
+    with torch.no_grad():  # made by plain torch.onnx and OpenVINO, as another project would
+        torch.onnx.export(model, (torch.zeros(2, 3, 32, 32),), str(onnx_path), dynamo=False,
+                          dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+    ov.save_model(ov.convert_model(str(onnx_path)), str(tmp_path / "foreign.xml"))
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(tmp_path / "foreign.xml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no vitkit metadata" in err and "--img-size, --mean, --std" in err
+    assert "vitkit convert --to openvino" in err
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(tmp_path / "foreign.xml"), "--img-size", "32",
+                 "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5", "--labels", "a", "b", "c",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["top"][0]["label"] in "abc"
+
+
+def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    model.save_pretrained(tmp_path / "w")
+    good = export_openvino(model, tmp_path / "good.xml")
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+
+    def one_line(argv, *fragments):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        for fragment in fragments:
+            assert fragment in err, err
+
+    predict = ["predict", str(tmp_path / "a.png"), "--weights"]
+    cut = tmp_path / "cut.xml"  # an interrupted copy: half the graph
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    shutil.copy(good.with_suffix(".bin"), cut.with_suffix(".bin"))
+    one_line([*predict, str(cut)], "not a readable OpenVINO IR")
+    short = tmp_path / "short.xml"  # the weights cut
+    shutil.copy(good, short)
+    short.with_suffix(".bin").write_bytes(good.with_suffix(".bin").read_bytes()[:1000])
+    one_line([*predict, str(short)], str(short))
+    alone = tmp_path / "alone.xml"  # the .bin forgotten
+    shutil.copy(good, alone)
+    one_line([*predict, str(alone)], "alone.bin is missing")
+    empty = tmp_path / "empty.xml"
+    empty.write_bytes(b"")
+    empty.with_suffix(".bin").write_bytes(b"x")
+    one_line([*predict, str(empty)], "empty (0 bytes)")
+    one_line([*predict, str(good), "--runtime", "onnxruntime"], "is an OpenVINO IR: it runs on --runtime openvino")
+    one_line([*predict, str(good), "--quantize", "int8"], "already exported", "--to openvino --quantize int8")
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.onnx"), "--to", "openvino"], "must end in .xml")
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--quantize",
+              "int8-static"], "--quantize int8")
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--opset", "18"],
+             "apply to --to onnx")
+    assert not (tmp_path / "x.xml").exists() and not (tmp_path / "x.bin").exists()
+
+
+def test_a_lying_runtime_info_is_refused(tmp_path):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    path = export_openvino(model, tmp_path / "m.xml")
+    core = ov.Core()
+    graph = core.read_model(str(path))
+    graph.set_rt_info(json.dumps(["a", "b"]), ["vitkit", "labels"])
+    ov.save_model(graph, str(tmp_path / "lie.xml"), compress_to_fp16=False)
+    with pytest.raises(OnnxMetadataError, match="labels.*re-export it \\(vitkit convert --to openvino\\)"):
+        OpenVinoModel(tmp_path / "lie.xml")
+
+
+def test_openvino_missing_names_the_extra(tmp_path, monkeypatch, capsys):
+    from test_extras import assert_names_extra, hide
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    hide(monkeypatch, "openvino")
+    with pytest.raises(ImportError) as e:
+        export_openvino(model, tmp_path / "m.xml")
+    assert_names_extra(e, "openvino", "openvino")
+    model.save_pretrained(tmp_path / "w")
+    assert main(["eval", "--weights", str(tmp_path / "w"), "--runtime", "openvino"]) == 2
+    assert "pip install -e '.[openvino]'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small ViT trained for a few seconds on real Fashion-MNIST (enough to make decisions)."""
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    from vitkit.evaluate.metrics import prepare_batch
+
+    torch.manual_seed(0)
+    train = fm.load_split("train")
+    x = torch.from_numpy(train.images[:4096]).unsqueeze(1)
+    y = torch.from_numpy(train.labels[:4096]).long()
+    model = vitkit.create_model("vit_fmnist_hybrid", label_names=train.classes)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for _ in range(100):
+        i = torch.randint(0, len(y), (64,))
+        loss = torch.nn.functional.cross_entropy(model(prepare_batch(x[i], model.config)), y[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_bf16_and_int8_agree_with_pytorch_on_a_trained_model(trained, tmp_path):
+    from vitkit.evaluate.metrics import prepare_batch
+
+    test = fm.load_split("test")
+    x = prepare_batch(torch.from_numpy(test.images[:1000]).unsqueeze(1), trained.config)
+    labels = torch.from_numpy(test.labels[:1000]).long()
+    with torch.inference_mode():
+        want = trained(x).argmax(-1)
+    assert (want == labels).float().mean() > 0.6  # it learned (chance is 0.1): agreement is about decisions
+    bf16 = OpenVinoModel(export_openvino(trained, tmp_path / "f.xml"), precision="bf16")
+    # int8 without calibration= takes 256 training images of the dataset the labels name
+    q = OpenVinoModel(export_openvino(trained, tmp_path / "q.xml", quantize="int8"), precision="fp32")
+    assert q.quantization == "int8-static"
+    assert (tmp_path / "q.bin").stat().st_size < 0.6 * (tmp_path / "f.bin").stat().st_size  # int8 weights
+    for runtime in (bf16, q):
+        agree = (runtime(x).argmax(-1) == want).float().mean().item()
+        assert agree > 0.95, (runtime, agree)
+
+
+def test_eval_on_openvino_matches_eval_on_torch(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 200 test images
+    trained.save_pretrained(tmp_path / "w")
+    assert main(["convert", str(tmp_path / "w"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
+    capsys.readouterr()
+    results = {}
+    for runtime, weights in (("torch", "w"), ("openvino", "w"), ("file", "m.xml")):
+        argv = ["eval", "--weights", str(tmp_path / weights), "--json", "--no-progress"]
+        assert main(argv + (["--runtime", runtime] if runtime != "file" else [])) == 0
+        results[runtime] = json.loads(capsys.readouterr().out)
+    assert results["openvino"]["precision"].startswith("openvino ") and results["torch"]["precision"] == "fp32"
+    assert results["file"]["precision"] == results["openvino"]["precision"]
+    for runtime in ("openvino", "file"):  # bf16 on CPUs that have it: at most a few of 200 decisions move
+        assert abs(results[runtime]["top1"] - results["torch"]["top1"]) <= 0.02
