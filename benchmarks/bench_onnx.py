@@ -12,7 +12,11 @@ rounds with the order reversed every other round, so drift of the machine hits a
   ``timm bf16 compiled``: timm's model through the same ``torch.compile`` call;
 - ``ort fp32``, ``ort int8``, ``ort int8-static``: ``vitkit.export_onnx`` (dynamo exporter)
   run by ONNX Runtime's CPU provider with the same thread count; int8 is ONNX Runtime's
-  dynamic quantization, int8-static its QDQ form (calibrated here on random images: speed only).
+  dynamic quantization, int8-static its QDQ form (calibrated here on random images: speed only);
+- ``ov bf16``, ``ov int8`` (when OpenVINO is installed): ``vitkit.deploy.openvino.export_openvino``
+  compiled for the CPU with the same thread count, bf16 inference precision, and NNCF's int8
+  (calibrated on the same random images: speed only; the float parts in OpenVINO's default
+  precision).
 
 Reported: median img/s per path, the ratios of vitkit's fastest path to timm's fastest and of
 ORT fp32 to timm fp32, and the bf16 GEMM limit: a bf16 2048x3072x768 matrix product (the
@@ -22,7 +26,8 @@ vitkit's bf16 paths are reported as fractions of it.
 
 Accuracy (``--weights RUN``, e.g. the folder ``make demo`` prints): Fashion-MNIST test top-1
 of the trained model in PyTorch fp32, ONNX Runtime fp32, int8 and int8-static (calibrated on
-256 training images), and how many predictions each int8 model changes.
+256 training images), OpenVINO bf16 and int8 (NNCF, the same images), and how many predictions
+each changes.
 
     python benchmarks/bench_onnx.py --weights runs/NAME              # full run, ~15 min on 2 cores
     python benchmarks/bench_onnx.py --quick                          # smoke: ViT-Ti, batch 1 (to SMOKE_DIR)
@@ -84,7 +89,23 @@ def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
         file = export_onnx(vk_model, os.path.join(folder, f"{quantize or 'fp32'}.onnx"), quantize=quantize,
                            calibration=calibration if quantize == "int8-static" else None)
         paths[name] = OnnxModel(file, threads=torch.get_num_threads())
+    if openvino_installed():
+        from vitkit.deploy.openvino import OpenVinoModel, export_openvino
+
+        for name, quantize, precision in (("ov bf16", None, "bf16"), ("ov int8", "int8", None)):
+            file = export_openvino(vk_model, os.path.join(folder, f"ov_{quantize or 'float'}.xml"), quantize=quantize,
+                                   calibration=calibration if quantize else None)
+            paths[name] = OpenVinoModel(file, threads=torch.get_num_threads(), precision=precision)
     return paths
+
+
+def openvino_installed() -> bool:
+    try:
+        import nncf  # noqa: F401
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def timed(fn, x, iters: int) -> float:
@@ -153,8 +174,18 @@ def int8_accuracy(weights: str) -> dict:
             pred = predictions(OnnxModel(file))
             out[name] = {"top1": (pred == labels).float().mean().item(),
                          "changed_predictions": int((pred != reference).sum()), "bytes": os.path.getsize(file)}
-    for name in ("ort int8", "ort int8-static"):
-        out[name]["points_below_fp32"] = 100 * (out["ort fp32"]["top1"] - out[name]["top1"])
+        if openvino_installed():
+            from vitkit.deploy.openvino import OpenVinoModel, export_openvino
+
+            for name, quantize, precision in (("ov bf16", None, "bf16"), ("ov int8", "int8", None)):
+                file = export_openvino(model, os.path.join(folder, f"ov_{quantize or 'float'}.xml"), quantize=quantize)
+                pred = predictions(OpenVinoModel(file, precision=precision))
+                out[name] = {"top1": (pred == labels).float().mean().item(),
+                             "changed_predictions": int((pred != reference).sum()),
+                             "bytes": os.path.getsize(file) + os.path.getsize(file.with_suffix(".bin"))}
+    for name in ("ort int8", "ort int8-static", "ov bf16", "ov int8"):
+        if name in out:
+            out[name]["points_below_fp32"] = 100 * (out["torch fp32"]["top1"] - out[name]["top1"])
     return out
 
 
@@ -235,9 +266,11 @@ def main(argv=None) -> int:
     if args.weights:
         accuracy = int8_accuracy(args.weights)
         print(f"\nint8 on {args.weights} (Fashion-MNIST test, {accuracy['images']:,} images):")
-        for k in ("torch fp32", "ort fp32", "ort int8", "ort int8-static"):
-            extra = (f"  ({accuracy[k]['points_below_fp32']:+.2f} points below ORT fp32, "
-                     f"{accuracy[k]['changed_predictions']} predictions changed)" if "int8" in k else "")
+        for k in [k for k in ("torch fp32", "ort fp32", "ort int8", "ort int8-static", "ov bf16", "ov int8")
+                  if k in accuracy]:
+            extra = (f"  ({accuracy[k]['points_below_fp32']:+.2f} points below torch fp32, "
+                     f"{accuracy[k]['changed_predictions']} predictions changed)" if "points_below_fp32" in accuracy[k]
+                     else "")
             print(f"  {k:<16} top-1 {100 * accuracy[k]['top1']:.2f}%{extra}")
     settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     write_json_atomic(out, {"benchmark": "onnx", "machine": info, "settings": settings,
