@@ -127,7 +127,7 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
     image = str(tmp_path / "a.png")
     cases = {
-        ("convert", w, str(tmp_path / "x.pth"), "--to", "timm", "--quantize", "int8"): "apply to --to onnx",
+        ("convert", w, str(tmp_path / "x.pth"), "--to", "timm", "--quantize", "int8"): "applies to --to onnx and",
         ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--scan"): "--scan applies to --to big_vision",
         ("convert", w, str(tmp_path / "x.bin"), "--to", "onnx"): "must end in .onnx",
         ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--opset", "9"): "opset must be",

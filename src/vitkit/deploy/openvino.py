@@ -65,7 +65,7 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
         raise OnnxExportError("; ".join(problems))
     ov = openvino_module("OpenVINO export (vitkit convert --to openvino)")
     if quantize:
-        nncf = _nncf()
+        _check_nncf()  # installed? (one line naming the extra); the quantization runs in a child process
         if calibration is None:
             calibration = calibration_images(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
             onnx_path = export_onnx(model, Path(work) / "model.onnx")
             ir = ov.convert_model(str(onnx_path))
             if quantize:
-                ir = _quantize(nncf, ir, _batches(calibration, model.config, calibration_batch), len(calibration))
+                ir = _quantized(ov, ir, _batches(calibration, model.config, calibration_batch), Path(work))
             for key, value in metadata_for(model.config, "openvino", "int8-static" if quantize else None).items():
                 ir.set_rt_info(value, [RT_SECTION, key])
             staged = Path(work) / "model.xml"
@@ -87,6 +87,39 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
             raise DiskFull(path, "nothing was replaced (the previous files, if any, are intact)") from e
         raise
     return path
+
+
+def _quantized(ov: Any, ir: Any, batches: list, work: Path) -> Any:
+    """``ir`` quantized by :func:`_quantize` in a child process. NNCF loads its torch backend with
+    hooks on torch's functions (nncf.torch.function_hook), and a process that had imported it and
+    went on training crashed (a segfault, seen in the test suite): the child takes NNCF with it
+    when it exits."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    src, dst, data = work / "float.xml", work / "int8.xml", work / "calibration.npz"
+    ov.save_model(ir, str(src), compress_to_fp16=False)
+    np.savez(data, *batches)
+    done = subprocess.run([sys.executable, "-m", "vitkit.deploy.openvino", str(src), str(data), str(dst)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        why = lines[-1] if lines else f"exit code {done.returncode}"
+        raise OnnxExportError(f"NNCF could not quantize the model: {why}")
+    return ov.Core().read_model(str(dst))
+
+
+def _quantize_file(src: str, data: str, dst: str) -> None:
+    """The child's work: read the IR and the calibration batches, quantize, write."""
+    import numpy as np
+
+    ov, nncf = openvino_module("OpenVINO int8"), _nncf()
+    with np.load(data, allow_pickle=False) as saved:
+        batches = [saved[k] for k in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
+    ir = _quantize(nncf, ov.Core().read_model(src), batches, sum(len(b) for b in batches))
+    ov.save_model(ir, dst, compress_to_fp16=False)
 
 
 def _quantize(nncf: Any, ir: Any, batches: list, count: int) -> Any:
@@ -119,6 +152,15 @@ def _silenced():
     """stdout and stderr to /dev/null while the block runs (file descriptors too: NNCF's bars)."""
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
         yield
+
+
+def _check_nncf() -> None:
+    """NNCF is installed (else one line naming the extra), without importing it here: importing
+    it loads its torch hooks into this process, which crashed later training (see _quantized)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nncf") is None:
+        _nncf()  # raises MissingExtra
 
 
 def _nncf():
@@ -211,3 +253,9 @@ def _port(port: Any) -> SimpleNamespace:
 
 
 __all__ = ["OPENVINO_QUANTIZATIONS", "OpenVinoModel", "export_openvino", "is_openvino", "openvino_module"]
+
+
+if __name__ == "__main__":  # the child process of _quantized: SRC.xml CALIBRATION.npz DST.xml
+    import sys
+
+    _quantize_file(*sys.argv[1:4])
