@@ -16,6 +16,7 @@ parts equals, bitwise, the same step taken as two accumulation micro-batches of 
 from __future__ import annotations
 
 import contextlib
+import gc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
@@ -71,8 +72,14 @@ class BatchParallel:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="vitkit-part")
         state = _thread_state()
-        futures = [self._pool.submit(_in_state, state, fn, s) for s in slices]
-        return [f.result() for f in futures]
+        collecting = gc.isenabled()
+        gc.disable()  # the cyclic collector would run in whichever worker allocates: objects of
+        try:  # other libraries (a runtime's session) would then be freed on a part's thread
+            futures = [self._pool.submit(_in_state, state, fn, s) for s in slices]
+            return [f.result() for f in futures]
+        finally:
+            if collecting:
+                gc.enable()
 
     @contextlib.contextmanager
     def single_threaded_ops(self) -> Iterator[None]:
