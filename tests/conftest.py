@@ -89,9 +89,9 @@ class Oracle(nn.Module):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """OpenVINO's tests run last. After they compiled bf16 and int8 models in this process, the
-    README's in-process commands (training with batch parts) crashed the process with a
-    segfault, at a different command each time; never in a fresh process (each vitkit command
-    is one), nor when no OpenVINO model was compiled at bf16/int8 before. Until the cause is
-    found (OpenVINO's and torch's CPU runtimes in one process), no test runs after them."""
+    """OpenVINO's tests run last. After OpenVINO models were compiled at bf16/int8 in this
+    process (those tests, or bench_onnx's OpenVINO paths), the README's in-process commands
+    crashed the process with a segfault, at a different command each time; never in a fresh
+    process (each vitkit command is one), nor after fp32 OpenVINO models only. Until the cause
+    is found (OpenVINO's and torch's CPU runtimes in one process), no test runs after them."""
     items.sort(key=lambda item: item.fspath.basename == "test_deploy_openvino.py")

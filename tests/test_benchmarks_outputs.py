@@ -99,6 +99,9 @@ def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     monkeypatch.setattr(bench_onnx, "build_pair", lambda name, device, vitkit_first: [
         m.eval() for m in real_pair(name, device, vitkit_first)])
     monkeypatch.setattr(bench_onnx, "gemm_gflops", lambda: 100.0)
+    # no OpenVINO paths here: a bf16/int8 OpenVINO model compiled in this process was followed by a
+    # segfault in later tests' training (see conftest.py); its paths are tested in test_deploy_openvino
+    monkeypatch.setattr(bench_onnx, "openvino_installed", lambda: False)
     monkeypatch.setattr(bench_onnx, "measure", lambda paths, x, rounds, t: {
         name: {"median_img_s": 10.0 + i, "samples_img_s": [10.0 + i], "iters": 1} for i, name in enumerate(paths)})
     assert bench_onnx.main(["--quick"]) == 0
@@ -107,8 +110,8 @@ def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     row = json.loads((smoke / name).read_text())["rows"][0]
     assert name.startswith("onnx_cpu") and row["ort_fp32_max_abs_diff_vs_timm"] < 1e-4
     assert set(row["paths"]) == {"timm fp32", "timm bf16", "vitkit fp32", "vitkit bf16", "ort fp32", "ort int8",
-                                 "ort int8-static", "ov bf16", "ov int8"}  # OpenVINO: in requirements-dev
-    assert row["vitkit_fastest"] == "ov int8" and row["fastest_over_timm_fastest"] == 18.0 / 11.0
+                                 "ort int8-static"}
+    assert row["vitkit_fastest"] == "ort int8-static" and row["fastest_over_timm_fastest"] == 16.0 / 11.0
 
 
 def _fake_run(work: Path, name: str) -> dict:
