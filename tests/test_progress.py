@@ -144,7 +144,7 @@ def test_fewshot_shows_feature_extraction_and_fits(no_delay, capsys):
 
 
 class FakeTask:
-    def evaluate(self, model, batches, amp):
+    def evaluate(self, model, batches, amp, parallel=None):
         seen = [len(y) for _, y, _ in batches]
         return float(sum(seen)), None
 
@@ -153,7 +153,7 @@ def fake_run(progress_on: bool, main: bool = True, n: int = 10):
     data = SimpleNamespace(test=list(range(n)), val=list(range(n)),
                            eval_batches=lambda split, config, size: iter([(None, [0] * size, ())] * -(-n // size)))
     return SimpleNamespace(cfg=SimpleNamespace(progress=progress_on, eval_batch_size=4), main=main, data=data,
-                           input_config=None, task=FakeTask(), amp=None)
+                           input_config=None, task=FakeTask(), amp=None, parallel=None)
 
 
 def test_the_final_scoring_of_a_run_shows_progress_on_rank_0_only(no_delay, capsys):

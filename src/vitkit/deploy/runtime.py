@@ -246,7 +246,7 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
 
     # the runtime holds the model in memory: the file is not needed once it is loaded (a killed
     # process's folder is removed by the next export on the fly)
-    with work_folder(tempfile.gettempdir(), f"vitkit-{runtime}") as folder:
+    with work_folder(tempfile.gettempdir(), "vitkit-onnx" if runtime == "onnxruntime" else "vitkit-openvino") as folder:
         if runtime == "openvino":
             return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize))
         return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=None))
