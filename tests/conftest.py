@@ -26,6 +26,31 @@ def randomize(model: nn.Module, seed: int = 0, scale: float = 0.1) -> nn.Module:
     return model.eval()
 
 
+def trained_briefly(name: str, **overrides) -> nn.Module:
+    """Model ``name`` trained 100 steps of 64 on 4,096 real Fashion-MNIST images (enough to make
+    decisions, so that runtimes compare on them); skips the test without the Debian dataset."""
+    from vitkit import create_model
+    from vitkit.data import fashion_mnist as fm
+    from vitkit.evaluate.metrics import prepare_batch
+
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    torch.manual_seed(0)
+    train = fm.load_split("train")
+    x = torch.from_numpy(train.images[:4096]).unsqueeze(1)
+    y = torch.from_numpy(train.labels[:4096]).long()
+    model = create_model(name, label_names=train.classes, **overrides)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for _ in range(100):
+        i = torch.randint(0, len(y), (64,))
+        loss = torch.nn.functional.cross_entropy(model(prepare_batch(x[i], model.config)), y[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from conftest import randomize
+from conftest import randomize, trained_briefly
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.deploy.openvino import OpenVinoModel, export_openvino
@@ -167,25 +167,8 @@ def test_openvino_missing_names_the_extra(tmp_path, monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def trained():
-    """A small ViT trained for a few seconds on real Fashion-MNIST (enough to make decisions)."""
-    if not fm._complete(fm.DEBIAN_DIR):
-        pytest.skip("Debian dataset-fashion-mnist not installed")
-    from vitkit.evaluate.metrics import prepare_batch
-
-    torch.manual_seed(0)
-    train = fm.load_split("train")
-    x = torch.from_numpy(train.images[:4096]).unsqueeze(1)
-    y = torch.from_numpy(train.labels[:4096]).long()
-    model = vitkit.create_model("vit_fmnist_hybrid", label_names=train.classes)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    model.train()
-    for _ in range(100):
-        i = torch.randint(0, len(y), (64,))
-        loss = torch.nn.functional.cross_entropy(model(prepare_batch(x[i], model.config)), y[i])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
+    """A small model trained for a few seconds on real Fashion-MNIST (enough to make decisions)."""
+    return trained_briefly("vit_fmnist_hybrid")
 
 
 @pytest.mark.slow
