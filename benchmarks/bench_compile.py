@@ -33,11 +33,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import vitkit  # noqa: E402
+from vitkit.models.complexity import complexity  # noqa: E402
 from vitkit.train.config import TrainConfig  # noqa: E402
 from vitkit.train.loop import make_optimizer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from limits import at_limit, close_limits, describe  # noqa: E402
 
 #: (model, batch, image side, channels): the default run's model, its plain twin, a 224-px ViT
 CASES = [("vit_fmnist_hybrid", 128, 28, 1), ("vit_fmnist", 128, 28, 1), ("vit_tiny_patch16_224", 32, 224, 3)]
@@ -100,16 +102,23 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     info = machine_info(torch.device("cpu"))
     info["threads"] = torch.get_num_threads()
+    print(describe(info["limits"]), flush=True)
     cases = CASES[:1] if args.quick else CASES
     rows = []
     for name, batch, side, chans in cases:
         for amp in ((True,) if args.quick else (True, False)):
             row = measure(name, batch, side, chans, amp, args)
+            gflop = 3 * complexity(vitkit.create_model(name, num_classes=10).config).flops / 1e9
+            peak = info["limits"]["bf16_gflop_s" if amp else "fp32_gflop_s"]
+            row["mfu"] = {k: at_limit(row[f"{k}_img_s"], gflop, peak) for k in ("eager", "compiled")}
             rows.append(row)
             print(f"{name:<22} b{batch:<4} {row['precision']}: compile {row['compile_s']:5.1f} s, eager "
                   f"{row['eager_img_s']:7.1f} img/s, compiled {row['compiled_img_s']:7.1f} img/s, "
-                  f"ratio {row['ratio_compiled_over_eager']:.3f}", flush=True)
+                  f"ratio {row['ratio_compiled_over_eager']:.3f}; MFU eager "
+                  f"{row['mfu']['eager']['fraction_of_limit'] or 0:.1%}, compiled "
+                  f"{row['mfu']['compiled']['fraction_of_limit'] or 0:.1%}", flush=True)
     out = results_path(args.out, dated_name("compile", torch.device("cpu"), info), smoke=args.quick)
+    info["limits"] = close_limits(info["limits"])
     write_json_atomic(out, {"benchmark": "compile", "machine": info, "settings": vars(args), "rows": rows})
     print(f"wrote {out}")
     return 0

@@ -6,7 +6,9 @@ both are timed in turns (interleaved, alternating which goes first) so that slow
 the machine (turbo, thermal, other load) hits both alike. Every row is measured on two
 builds, timm constructed first and then vitkit first, because the allocation order alone
 shifts CPU speed (see build_pair). The reported figure is the median images/second over
-all samples, and the ratio vitkit/timm (goal: >= 1.0).
+all samples, and the ratio vitkit/timm (goal: >= 1.0). Each row also states the img/s at
+the machine's limit (that dtype's GEMM peak, measured in the same run, over the model's
+GFLOPs per image; limits.py) and the fraction of it each library reaches.
 
     python benchmarks/bench_inference.py                 # full run (slow on a small CPU)
     python benchmarks/bench_inference.py --quick         # smoke check: tiny, batch 1 and 8 (written to SMOKE_DIR)
@@ -35,6 +37,10 @@ import timm
 import torch
 
 import vitkit
+from vitkit.models.complexity import complexity
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module, however run
+from limits import at_limit, close_limits, describe, machine_limits  # noqa: E402
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"]
 DEFAULT_BATCH_SIZES = [1, 32]
@@ -80,7 +86,9 @@ def git_revision() -> str | None:
 
 
 def machine_info(device: torch.device) -> dict:
-    """Everything needed to tell whether two result files are comparable."""
+    """Everything needed to tell whether two result files are comparable, with the machine's
+    limits measured now (``limits``: the clock and the fp32/bf16/int8 GEMM peaks; see limits.py).
+    A benchmark samples the clock again when it writes its results (``limits.close_limits``)."""
     info = {
         "platform": platform.platform(),
         "processor": platform.processor(),
@@ -98,6 +106,7 @@ def machine_info(device: torch.device) -> dict:
     if device.type == "cuda":
         info["cuda_device"] = torch.cuda.get_device_name(device)
         info["cuda_version"] = torch.version.cuda
+    info["limits"] = machine_limits(device)
     return info
 
 
@@ -252,7 +261,7 @@ def check_logits(timm_model, vk_model, device: torch.device) -> float:
 
 
 def fmt_row(cells) -> str:
-    widths = (24, 6, 6, 12, 12, 7)
+    widths = (24, 6, 6, 12, 12, 7, 9, 12)
     return "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
                      for i, (c, w) in enumerate(zip(cells, widths)))
 
@@ -328,14 +337,16 @@ def main(argv=None) -> int:
     print(f"{info['cuda_device'] if device.type == 'cuda' else info['cpu_model']} | "
           f"torch {info['torch']} | timm {info['timm']} | vitkit {info['vitkit']} | "
           f"threads {settings['threads']}")
+    print(describe(info["limits"]))
 
     checks, rows = {}, []
-    header = fmt_row(["model", "batch", "dtype", "timm img/s", "vitkit img/s", "ratio"])
+    header = fmt_row(["model", "batch", "dtype", "timm img/s", "vitkit img/s", "ratio", "at limit", "vitkit/limit"])
     with torch.inference_mode():
         for name in args.models:
             measured, skipped = {}, {}
             for vitkit_first in (False, True):
                 timm_model, vk_model = build_pair(name, device, vitkit_first)
+                gflop = complexity(vk_model.config).flops / 1e9
                 checks[name] = max(checks.get(name, 0.0), check_logits(timm_model, vk_model, device))
                 impls = {"timm": timm_model, "vitkit": vk_model}
                 for batch in args.batch_sizes:
@@ -355,19 +366,24 @@ def main(argv=None) -> int:
             print("-" * len(header))
             for batch in args.batch_sizes:
                 for dtype in args.dtypes:
-                    row = {"model": name, "batch": batch, "dtype": dtype}
+                    row = {"model": name, "batch": batch, "dtype": dtype, "gflop_per_image": gflop}
                     if (batch, dtype) in skipped:
                         row["skipped"] = skipped[(batch, dtype)]
                         print(fmt_row([name, batch, dtype, "-", "-", "-"]) + f"  skipped: {row['skipped']}")
                     else:
                         row.update(pool(measured[(batch, dtype)]))
                         med, spread = row["median_img_s"], max(row["spread_max_over_min"].values())
+                        peak = info["limits"][f"{dtype}_gflop_s"]
+                        row["limit"] = {impl: at_limit(med[impl], gflop, peak) for impl in med}
                         note = f"  noisy: samples vary {spread:.2f}x" if spread > NOISY_SPREAD else ""
                         print(fmt_row([name, batch, dtype, f"{med['timm']:.1f}", f"{med['vitkit']:.1f}",
-                                       f"{row['ratio_vitkit_over_timm']:.3f}"]) + note, flush=True)
+                                       f"{row['ratio_vitkit_over_timm']:.3f}",
+                                       f"{row['limit']['vitkit']['img_s_at_limit']:.1f}",
+                                       f"{row['limit']['vitkit']['fraction_of_limit']:.1%}"]) + note, flush=True)
                     rows.append(row)
 
     settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    info["limits"] = close_limits(info["limits"])
     write_json_atomic(out, {"benchmark": "inference", "machine": info, "settings": settings,
                             "logits_max_abs_diff": checks, "rows": rows})
     print(f"\nwrote {out}")

@@ -13,16 +13,21 @@ rounds with the order reversed every other round, so drift of the machine hits a
 - ``ort fp32``, ``ort int8``, ``ort int8-static``: ``vitkit.export_onnx`` (dynamo exporter)
   run by ONNX Runtime's CPU provider with the same thread count; int8 is ONNX Runtime's
   dynamic quantization, int8-static its QDQ form (calibrated here on random images: speed only);
+- ``ort fused fp32``, ``ort fused int8``: the same fp32 file through ONNX Runtime's transformer
+  optimizer (``model_type="vit"``: its ``Attention``, ``SkipLayerNormalization`` and ``BiasGelu``
+  ops), then dynamic int8 with ``Attention`` quantized too. Not a vitkit path: it measures the
+  choice of the exported graph (separate q/k/v in standard operators, see
+  ``vitkit.deploy.onnx_export``), and is left out of "vitkit's fastest";
 - ``ov bf16``, ``ov int8`` (when OpenVINO is installed): ``vitkit.deploy.openvino.export_openvino``
   compiled for the CPU with the same thread count, bf16 inference precision, and NNCF's int8
   (calibrated on the same random images: speed only; the float parts in OpenVINO's default
   precision).
 
 Reported: median img/s per path, the ratios of vitkit's fastest path to timm's fastest and of
-ORT fp32 to timm fp32, and the bf16 GEMM limit: a bf16 2048x3072x768 matrix product (the
-shape of ViT-B's MLP at batch 32 per 6304 tokens, cut to fit) timed in the same run, divided
-by the model's GFLOPs per image, is the img/s a model made only of such GEMMs would reach;
-vitkit's bf16 paths are reported as fractions of it.
+ORT fp32 to timm fp32, and each path against the machine's limit (limits.py, measured in the
+same run): the GEMM peak of its precision (fp32, bf16, int8: a 2048x3072x768 product, ViT-B's
+MLP shape cut to fit) divided by the model's GFLOPs per image is the img/s a model made only of
+such GEMMs would reach, and each path's fraction of it; the clock at the start and the end.
 
 Accuracy (``--weights RUN``, e.g. the folder ``make demo`` prints): Fashion-MNIST test top-1
 of the trained model in PyTorch fp32, ONNX Runtime fp32, int8 and int8-static (calibrated on
@@ -55,11 +60,13 @@ from vitkit.models.complexity import complexity
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import build_pair, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from limits import at_limit, close_limits, describe  # noqa: E402
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"]
 DEFAULT_BATCH_SIZES = [1, 32]
 TIMM_PATHS = ("timm fp32", "timm bf16", "timm bf16 compiled")
-GEMM = (2048, 3072, 768)
+#: measured for the record, not offered by vitkit (see the module docstring)
+REFERENCE_PATHS = ("ort fused fp32", "ort fused int8")
 EVAL_BATCH = 500  # vitkit eval --batch-size default
 
 
@@ -89,6 +96,7 @@ def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
         file = export_onnx(vk_model, os.path.join(folder, f"{quantize or 'fp32'}.onnx"), quantize=quantize,
                            calibration=calibration if quantize == "int8-static" else None)
         paths[name] = OnnxModel(file, threads=torch.get_num_threads())
+    paths.update(ort_fused(os.path.join(folder, "fp32.onnx"), folder, vk_model.config))
     if openvino_installed():
         from vitkit.deploy.openvino import OpenVinoModel, export_openvino
 
@@ -97,6 +105,34 @@ def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
                                    calibration=calibration if quantize else None)
             paths[name] = OpenVinoModel(file, threads=torch.get_num_threads(), precision=precision)
     return paths
+
+
+def ort_fused(fp32_file: str, folder: str, config) -> dict:
+    """The ``ort fused`` paths: ``fp32_file`` through ORT's transformer optimizer, and its
+    dynamic int8 form with the fused Attention quantized as well."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fused, fused_int8 = os.path.join(folder, "fused.onnx"), os.path.join(folder, "fused_int8.onnx")
+    optimize_model(fp32_file, model_type="vit", num_heads=config.num_heads, hidden_size=config.embed_dim,
+                   opt_level=0).save_model_to_file(fused)
+    quantize_dynamic(fused, fused_int8, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm", "Attention"])
+
+    def session(file):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        run = ort.InferenceSession(file, options, providers=["CPUExecutionProvider"])
+        return lambda x: torch.from_numpy(run.run(None, {run.get_inputs()[0].name: x.numpy()})[0])
+    return {"ort fused fp32": session(fused), "ort fused int8": session(fused_int8)}
+
+
+def limit_of(path: str, gflop: float, medians: dict, limits: dict) -> dict:
+    """A path's img/s against the GEMM peak of its precision (int8 paths: the int8 peak; their
+    float parts run slower than that, so this is the bound the int8 form aims at)."""
+    kind = "int8_gop_s" if "int8" in path else "bf16_gflop_s" if "bf16" in path else "fp32_gflop_s"
+    return {"peak": kind, **at_limit(medians[path], gflop, limits.get(kind))}
 
 
 def openvino_installed() -> bool:
@@ -131,18 +167,6 @@ def measure(paths: dict, x: torch.Tensor, rounds: int, min_time: float) -> dict:
             samples[name].append(iters[name] * len(x) / timed(paths[name], x, iters[name]))
     return {name: {"median_img_s": statistics.median(s), "samples_img_s": s, "iters": iters[name]}
             for name, s in samples.items()}
-
-
-def gemm_gflops(rounds: int = 5) -> float:
-    """bf16 GFLOP/s of the GEMM shape ``GEMM`` on this CPU, best of ``rounds`` timings."""
-    m, n, k = GEMM
-    a = torch.randn(m, k).bfloat16()
-    b = torch.randn(k, n).bfloat16()
-    with torch.inference_mode():
-        for _ in range(3):
-            a @ b
-        best = min(timed(lambda _: a @ b, None, 10) / 10 for _ in range(rounds))
-    return 2 * m * n * k / best / 1e9
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -226,8 +250,7 @@ def main(argv=None) -> int:
                     started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print(f"{info['cpu_model']} | torch {info['torch']} | timm {info['timm']} | onnxruntime {info['onnxruntime']} "
           f"| threads {settings['threads']}", flush=True)
-    limit = gemm_gflops()
-    print(f"bf16 GEMM {'x'.join(map(str, GEMM))}: {limit:.0f} GFLOP/s", flush=True)
+    print(describe(info["limits"]), flush=True)
     rows = []
     for name in args.models:
         timm_model, vk_model = build_pair(name, torch.device("cpu"), vitkit_first=False)
@@ -242,25 +265,24 @@ def main(argv=None) -> int:
                 results = measure(paths, x, args.rounds, args.min_time)
                 medians = {k: v["median_img_s"] for k, v in results.items()}
                 timm_best = max(medians[k] for k in TIMM_PATHS if k in medians)
-                ours = {k: v for k, v in medians.items() if k not in TIMM_PATHS}
+                ours = {k: v for k, v in medians.items() if k not in TIMM_PATHS + REFERENCE_PATHS}
                 best = max(ours, key=ours.get)
-                gemm_limit = limit / gflop
+                limit = {k: limit_of(k, gflop, medians, info["limits"]) for k in medians}
                 row = {"model": name, "batch": batch, "gflop_per_image": gflop, "paths": results,
                        "ort_fp32_max_abs_diff_vs_timm": fp32_diff, "vitkit_fastest": best,
                        "fastest_over_timm_fastest": ours[best] / timm_best,
                        "ort_fp32_over_timm_fp32": medians["ort fp32"] / medians["timm fp32"],
-                       "bf16_gemm_limit_img_s": gemm_limit,
-                       "bf16_fraction_of_gemm_limit": {k: medians[k] / gemm_limit for k in medians
-                                                       if k.startswith("vitkit bf16")}}
+                       "limit": limit}
                 rows.append(row)
-                print(f"\n{name} batch {batch} (ORT fp32 vs timm logits {fp32_diff:.1e}; bf16 GEMM limit "
-                      f"{gemm_limit:.1f} img/s)")
+                print(f"\n{name} batch {batch} (ORT fp32 vs timm logits {fp32_diff:.1e}; img/s at the limit: "
+                      + ", ".join(f"{k[:4]} {info['limits'][k] and info['limits'][k] / gflop:.1f}"
+                                  for k in ("fp32_gflop_s", "bf16_gflop_s", "int8_gop_s")) + ")")
                 for k, v in sorted(medians.items(), key=lambda kv: -kv[1]):
-                    print(f"  {k:<22} {v:8.1f} img/s")
+                    fraction = limit[k]["fraction_of_limit"]
+                    of = "" if fraction is None else f"  {100 * fraction:5.1f}% of the {limit[k]['peak'][:4]} limit"
+                    print(f"  {k:<22} {v:8.1f} img/s{of}")
                 print(f"  fastest vitkit ({best}) / fastest timm: {row['fastest_over_timm_fastest']:.2f}x; "
-                      f"ORT fp32 / timm fp32: {row['ort_fp32_over_timm_fp32']:.2f}x; bf16 of the GEMM limit: "
-                      + ", ".join(f"{k} {100 * f:.0f}%" for k, f in row["bf16_fraction_of_gemm_limit"].items()),
-                      flush=True)
+                      f"ORT fp32 / timm fp32: {row['ort_fp32_over_timm_fp32']:.2f}x", flush=True)
         del timm_model, vk_model
     accuracy = None
     if args.weights:
@@ -273,8 +295,9 @@ def main(argv=None) -> int:
                      else "")
             print(f"  {k:<16} top-1 {100 * accuracy[k]['top1']:.2f}%{extra}")
     settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    info["limits"] = close_limits(info["limits"])
     write_json_atomic(out, {"benchmark": "onnx", "machine": info, "settings": settings,
-                            "bf16_gemm_gflop_s": limit, "rows": rows, "int8_accuracy": accuracy})
+                            "rows": rows, "int8_accuracy": accuracy})
     print(f"\nwrote {out}")
     return 0
 

@@ -12,7 +12,9 @@ as a subprocess and reads its ``train_img_s`` from summary.json:
   side (each run's img/s).
 
 Reported per scenario: img/s and the fraction of the same mode's img/s alone, and of the
-default alone (the goal: a run beside one busy process keeps >= 35% of its img/s alone).
+default alone (the goal: a run beside one busy process keeps >= 35% of its img/s alone); and
+the default run's model FLOPs utilisation alone: 3x its forward FLOPs per image times img/s over
+the bf16 GEMM peak measured in the same run (limits.py).
 
     python benchmarks/bench_shared_cpu.py            # ~5 minutes on 2 cores
     python benchmarks/bench_shared_cpu.py --quick    # smoke check (a few steps, to SMOKE_DIR)
@@ -34,6 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_inference import dated_name, machine_info, results_path  # noqa: E402
+from limits import at_limit, close_limits, describe  # noqa: E402
 
 BUSY = """
 import sys, time, torch
@@ -106,6 +109,16 @@ def scenario(runs: str, name: str, steps: int, extra: list, busy: Busy | None = 
     return row
 
 
+def default_run_mfu(img_s: float, limits: dict) -> dict:
+    """The default run's training img/s against the bf16 GEMM peak (fwd + bwd = 3 forwards)."""
+    import vitkit
+    from vitkit.models.complexity import complexity
+    from vitkit.train.config import DEFAULT_MODEL
+
+    gflop = 3 * complexity(vitkit.create_model(DEFAULT_MODEL).config).flops / 1e9
+    return {"model": DEFAULT_MODEL, "train_gflop_per_image": gflop, **at_limit(img_s, gflop, limits["bf16_gflop_s"])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="training steps of each run (the slowest: a third)")
@@ -115,6 +128,7 @@ def main(argv=None) -> int:
     steps = 4 if args.quick else args.steps
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     info = machine_info(torch.device("cpu"))
+    print(describe(info["limits"]), flush=True)
     out = results_path(args.out, dated_name("shared_cpu", torch.device("cpu"), info), smoke=args.quick)
     results: dict = {"benchmark": "shared_cpu", "goal": "beside one busy process, >= 35% of the img/s alone",
                      "machine": info, "busy_process": f"torch 512x512 matmul loop on {cores} OpenMP threads, "
@@ -142,7 +156,11 @@ def main(argv=None) -> int:
     results["verdict"] = (f"beside a busy process the default run keeps {rows['shared_batch']['of_default_alone']:.0%} "
                           f"of its img/s alone (goal >= 35%); torch's threads alone kept "
                           f"{rows['shared_ops']['of_alone_same_mode']:.0%}")
+    results["default_run_mfu"] = default_run_mfu(rows["alone_batch"]["train_img_s"], info["limits"])
+    info["limits"] = close_limits(info["limits"])
     print(results["verdict"])
+    print(f"default run alone: {100 * results['default_run_mfu']['fraction_of_limit']:.1f}% of the bf16 limit "
+          f"({results['default_run_mfu']['img_s_at_limit']:.0f} img/s)")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)

@@ -13,7 +13,10 @@ drift of the machine (other load, turbo, thermal) hits both alike. Every row is 
 two builds, timm constructed first and then vitkit first, and the samples pooled (the model
 allocated second runs slower on a CPU, whichever library it is). Reported: the median
 images/second of each, the ratio vitkit/timm of the medians (goal: >= 1.0), and the median
-of the per-round paired ratios (less sensitive to slow drift).
+of the per-round paired ratios (less sensitive to slow drift). Each row also gives the model
+FLOPs utilisation (MFU): training FLOPs per image (3x the forward's: the backward costs two
+forwards) times img/s over the GEMM peak of the step's precision, measured in the same run
+(limits.py), and the img/s that peak would give.
 
     python benchmarks/bench_training.py --quick       # smoke check: ViT-Ti, batch 8, < 1 min on a CPU (to SMOKE_DIR)
     python benchmarks/bench_training.py               # ViT-Ti and ViT-S, batch 32, fp32 and bf16
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from vitkit.models.complexity import complexity
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
 
@@ -51,6 +55,7 @@ from bench_inference import (  # noqa: E402
     synchronize,
     write_json_atomic,
 )
+from limits import at_limit, close_limits, describe  # noqa: E402
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224"]
 DEFAULT_BATCH_SIZE = 32
@@ -275,7 +280,7 @@ def pool_rows(results: list) -> dict:
 
 
 def fmt_row(cells) -> str:
-    widths = (24, 5, 9, 9, 11, 12, 7, 7)
+    widths = (24, 5, 9, 9, 11, 12, 7, 7, 8)
     return "  ".join(str(c).ljust(w) if i < 4 else str(c).rjust(w)
                      for i, (c, w) in enumerate(zip(cells, widths)))
 
@@ -344,16 +349,19 @@ def main(argv=None) -> int:
                 "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
     print(f"{info['device_name']} | torch {info['torch']} | timm {info['timm']} | vitkit {info['vitkit']} | "
           f"threads {settings['threads']} | batch {args.batch_size}", flush=True)
+    print(describe(info["limits"]), flush=True)
     t_start = time.perf_counter()
 
     checks, rows = {}, []
-    header = fmt_row(["model", "prec", "vk attn", "timm att", "timm img/s", "vitkit img/s", "ratio", "paired"])
+    header = fmt_row(["model", "prec", "vk attn", "timm att", "timm img/s", "vitkit img/s", "ratio", "paired",
+                      "vk MFU"])
     for name in args.models:
         for attn_impl in args.vitkit_attn:
             measured, skipped, paths, steps = {}, {}, {}, {}
             key = f"{name} attn_impl={attn_impl}"
             for vitkit_first in (False, True):
                 timm_model, vk_model = build_pair(name, device, vitkit_first, attn_impl)
+                train_gflop = 3 * complexity(vk_model.config).flops / 1e9
                 check = check_training_parity(timm_model, vk_model, device)
                 prev = checks.get(key)
                 if prev is None or check["grad_max_rel_diff"] > prev["grad_max_rel_diff"]:
@@ -384,7 +392,8 @@ def main(argv=None) -> int:
             print(header)
             print("-" * len(header))
             for dtype in args.precisions:
-                row = {"model": name, "batch": args.batch_size, "precision": dtype, "vitkit_attn_impl": attn_impl}
+                row = {"model": name, "batch": args.batch_size, "precision": dtype, "vitkit_attn_impl": attn_impl,
+                       "train_gflop_per_image": train_gflop}
                 if dtype in skipped:
                     row["skipped"] = skipped[dtype]
                     print(fmt_row([name, dtype, attn_impl, "-", "-", "-", "-", "-"]) + f"  skipped: {row['skipped']}")
@@ -394,6 +403,8 @@ def main(argv=None) -> int:
                     row.update(pool_rows(parts))
                     row["loadavg_at_start"] = [r["loadavg_at_start"] for r in parts]
                     med, spread = row["median_img_s"], max(row["spread_max_over_min"].values())
+                    peak = info["limits"][f"{dtype}_gflop_s"]
+                    row["mfu"] = {k: at_limit(v, train_gflop, peak) for k, v in med.items()}
                     note = f"  noisy: samples vary {spread:.2f}x" if spread > NOISY_SPREAD else ""
                     loads = [v for side in row["foreign_load_cores"].values() for v in side if v is not None]
                     if loads:
@@ -404,12 +415,14 @@ def main(argv=None) -> int:
                     print(fmt_row([name, dtype, paths[dtype]["vitkit"], paths[dtype]["timm"],
                                    f"{med['timm']:.2f}", f"{med['vitkit']:.2f}",
                                    f"{row['ratio_vitkit_over_timm']:.3f}",
-                                   f"{row['median_paired_ratio']:.3f}"]) + note, flush=True)
+                                   f"{row['median_paired_ratio']:.3f}",
+                                   f"{row['mfu']['vitkit']['fraction_of_limit']:.1%}"]) + note, flush=True)
                 rows.append(row)
 
     settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     settings["wall_s"] = round(time.perf_counter() - t_start, 1)
     info["loadavg_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    info["limits"] = close_limits(info["limits"])
     write_json_atomic(out, {"benchmark": "training", "machine": info, "settings": settings,
                             "parity_fp32_training_step": checks, "rows": rows})
     print(f"\nwrote {out} ({settings['wall_s']:.0f} s)")

@@ -98,7 +98,6 @@ def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     real_pair = bench_onnx.build_pair
     monkeypatch.setattr(bench_onnx, "build_pair", lambda name, device, vitkit_first: [
         m.eval() for m in real_pair(name, device, vitkit_first)])
-    monkeypatch.setattr(bench_onnx, "gemm_gflops", lambda: 100.0)
     # no OpenVINO paths here: a bf16/int8 OpenVINO model compiled in this process was followed by a
     # segfault in later tests' training (see conftest.py); its paths are tested in test_deploy_openvino
     monkeypatch.setattr(bench_onnx, "openvino_installed", lambda: False)
@@ -110,8 +109,14 @@ def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     row = json.loads((smoke / name).read_text())["rows"][0]
     assert name.startswith("onnx_cpu") and row["ort_fp32_max_abs_diff_vs_timm"] < 1e-4
     assert set(row["paths"]) == {"timm fp32", "timm bf16", "vitkit fp32", "vitkit bf16", "ort fp32", "ort int8",
-                                 "ort int8-static"}
+                                 "ort int8-static", "ort fused fp32", "ort fused int8"}
+    # the fused reference paths (the fastest here) are not vitkit's
     assert row["vitkit_fastest"] == "ort int8-static" and row["fastest_over_timm_fastest"] == 16.0 / 11.0
+    assert row["limit"]["ort int8"]["peak"] == "int8_gop_s" and row["limit"]["timm bf16"]["peak"] == "bf16_gflop_s"
+    limits = json.loads((smoke / name).read_text())["machine"]["limits"]
+    fp32 = row["limit"]["vitkit fp32"]
+    assert fp32["img_s_at_limit"] == pytest.approx(limits["fp32_gflop_s"] / row["gflop_per_image"], abs=0.051)
+    assert fp32["fraction_of_limit"] == pytest.approx(12.0 / fp32["img_s_at_limit"], rel=2e-3)
 
 
 def _fake_run(work: Path, name: str) -> dict:
@@ -164,3 +169,27 @@ def test_smoke_options_keep_what_is_given(dirs, monkeypatch):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_machine_limits_every_benchmark_records(dirs, monkeypatch):
+    """limits.py: the clock from a chain of dependent adds (x86-64 with a C compiler), GEMM peaks
+    in three precisions, and a figure against them; machine_info carries them into every result."""
+    import platform
+    import shutil
+
+    import bench_inference
+    import limits
+
+    peaks = limits.gemm_peaks(rounds=1)
+    assert peaks["gemm_shape"] == list(limits.GEMM) and peaks["fp32_gflop_s"] > 0 and peaks["bf16_gflop_s"] > 0
+    assert peaks["int8_gop_s"] is None or peaks["int8_gop_s"] > 0
+    assert limits.at_limit(50.0, 2.0, 400.0) == {"img_s_at_limit": 200.0, "fraction_of_limit": 0.25}
+    assert limits.at_limit(50.0, 2.0, None) == {"img_s_at_limit": None, "fraction_of_limit": None}
+    if platform.machine() == "x86_64" and shutil.which("cc"):
+        assert 0.2 < limits.clock_ghz() < 8.0  # cycles per second of a real core, whatever its load
+    monkeypatch.setattr(limits, "_binary", None)
+    monkeypatch.setattr(limits.shutil, "which", lambda name: None)
+    assert limits.clock_ghz() is None  # no compiler: the clock is unknown, not a guess
+    info = bench_inference.machine_info(__import__("torch").device("cpu"))
+    assert {"clock_ghz_start", "fp32_gflop_s", "bf16_gflop_s", "int8_gop_s"} <= set(info["limits"])
+    assert "clock unknown" in limits.describe(limits.close_limits(info["limits"]))

@@ -63,6 +63,48 @@ def test_the_torchscript_exporter_matches_too_and_headless_models_export_feature
     assert read_metadata(path)["vitkit.exporter"] == "torchscript"
 
 
+def test_attention_is_exported_as_separate_q_k_v_that_ort_fuses_and_the_model_is_left_as_it_was(tmp_path):
+    """q, k and v are three MatMuls on their own weights (views of the fused qkv rows), in the
+    graph ONNX Runtime's transformer optimizer turns into its Attention op; the fused graph still
+    matches PyTorch, and the exported model keeps its own fused projection."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from vitkit.models.layers import Attention
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3,
+                                          num_classes=5))
+    qkv = model.blocks[1].attn.qkv.weight.detach().clone()
+    path = export_onnx(model, tmp_path / "m.onnx")
+    assert all(type(b.attn) is Attention for b in model.blocks)
+    assert torch.equal(model.blocks[1].attn.qkv.weight, qkv) and model.blocks[1].attn.qkv.weight.requires_grad
+    graph = onnx.load(str(path)).graph
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    matmul_weights = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    rows = qkv.shape[0] // 3
+    for i in range(3):  # MatMul's weight is the transposed Linear weight
+        assert any(w.shape == (192, rows) and np.array_equal(w, qkv[i * rows:(i + 1) * rows].T.numpy())
+                   for w in matmul_weights), "qkv part %d not a projection of its own" % i
+    fused = optimize_model(str(path), model_type="vit", num_heads=3, hidden_size=192, opt_level=0)
+    ops = [n.op_type for n in fused.model.graph.node]
+    assert ops.count("Attention") >= 2  # ORT's fusion applies (the first block's residual is the embedding's Add)
+    fused.save_model_to_file(str(tmp_path / "fused.onnx"))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert max_diff(ort_logits(tmp_path / "fused.onnx", x), model(x)) <= 1e-4
+
+
+def test_an_export_that_fails_puts_the_attention_layers_back(tmp_path, monkeypatch):
+    from vitkit.deploy.onnx_export import separate_qkv
+    from vitkit.models.layers import Attention
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3)
+    with pytest.raises(RuntimeError):
+        with separate_qkv(model):
+            assert not any(type(b.attn) is Attention for b in model.blocks)
+            raise RuntimeError("the exporter failed")
+    assert all(type(b.attn) is Attention for b in model.blocks)
+
+
 def test_metadata_describes_the_preprocessing_for_any_reader(tmp_path):
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 48), patch_size=8, depth=1, num_classes=3,
                                 in_chans=1, mean=(0.25,), std=(0.5,), label_names=["cat", "dog", "fox"])

@@ -1,0 +1,167 @@
+"""The machine's limits, measured in the same run as the benchmark that is compared with them.
+
+A figure in img/s says little until it is put beside what the machine could do at that moment;
+on a shared or virtual CPU the clock and the matrix units' speed change from day to day (this
+project's 2-core EPYC ran its bf16 GEMM at 975 GFLOP/s one day and 426 the next). So every
+benchmark measures, in its own process:
+
+- **the clock**: cycles per second of one core, counted by a chain of dependent integer adds
+  (one add per cycle on any x86-64 core of the last decade) in a small C program compiled on
+  the spot, sampled at the start and at the end of the run. It shows the speed the core really
+  ran at (turbo, throttling, a hypervisor's share), which ``/proc/cpuinfo`` does not.
+  ``perf``'s cycle counter is not available in most virtual machines, this project's included.
+- **GEMM peaks**: fp32, bf16 and int8 (``torch._int_mm``) GFLOP/s of one large matrix product
+  (2048x3072x768: ViT-B's MLP shape, cut to fit), best of a few timings, on every thread the
+  benchmark uses. A model whose every FLOP ran at that speed would reach
+  ``peak / GFLOPs-per-image`` img/s: :func:`at_limit` states a figure as a fraction of that.
+
+On a GPU the peaks are measured the same way on the device; the host's clock is still sampled
+and the GPU's clock is the driver's figure.
+Only stdlib, torch and a C compiler (``cc``; without one the clock is reported as unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Optional
+
+import torch
+
+#: (m, n, k) of the GEMM timed for the peaks
+GEMM = (2048, 3072, 768)
+#: dependent adds per loop iteration of the clock probe
+_ADDS = 200
+
+_PROBE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char **argv) {
+    long iters = atol(argv[1]);
+    unsigned long x = 0;
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (long i = 0; i < iters; i++) {
+            __asm__ volatile(REPEAT : "+r"(x));
+        }
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    printf("%.6f %lu\n", (double)iters * ADDS / best / 1e9, x);
+    return 0;
+}
+"""
+
+
+def _probe_binary() -> Optional[str]:
+    """The clock probe compiled into a temporary folder, or None (not x86-64, no compiler)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not shutil.which("cc"):
+        return None
+    folder = tempfile.mkdtemp(prefix="vitkit-clock-")
+    source, binary = os.path.join(folder, "clock.c"), os.path.join(folder, "clock")
+    with open(source, "w") as f:
+        f.write(_PROBE.replace("REPEAT", '"' + "add $1, %0\\n\\t" * _ADDS + '"').replace("ADDS", str(_ADDS)))
+    try:
+        subprocess.run(["cc", "-O1", "-o", binary, source], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return binary
+
+
+_binary: Optional[str] = None
+
+
+def clock_ghz(seconds: float = 0.05) -> Optional[float]:
+    """One core's cycles per second in GHz, best of five windows of about ``seconds`` each
+    (the core's speed while it runs, not the nominal figure); None where it cannot be measured."""
+    global _binary
+    if _binary is None:
+        _binary = _probe_binary() or ""
+    if not _binary:
+        return None
+    iters = max(1, int(seconds * 3e9 / _ADDS))
+    try:
+        out = subprocess.run([_binary, str(iters)], check=True, capture_output=True, text=True, timeout=60).stdout
+        return round(float(out.split()[0]), 3)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _timed_best(fn, rounds: int, device: torch.device, calls: int = 2) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best
+
+
+def gemm_peaks(device: torch.device = torch.device("cpu"), rounds: int = 3) -> dict:
+    """fp32, bf16 and int8 GFLOP/s (int8: GOP/s) of the :data:`GEMM` shape on ``device``."""
+    m, n, k = GEMM
+    flops = 2 * m * n * k
+    peaks = {"gemm_shape": list(GEMM)}
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+    with torch.inference_mode():
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            x, y = a.to(device, dtype), b.to(device, dtype)
+            peaks[f"{name}_gflop_s"] = round(flops / _timed_best(lambda: x @ y, rounds, device) / 1e9, 1)
+        try:
+            x = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen).to(device)
+            y = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=gen).to(device)
+            peaks["int8_gop_s"] = round(flops / _timed_best(lambda: torch._int_mm(x, y), rounds, device) / 1e9, 1)
+        except (RuntimeError, NotImplementedError) as e:  # no int8 GEMM kernel for this device
+            peaks["int8_gop_s"] = None
+            peaks["int8_unavailable"] = str(e).splitlines()[0][:200]
+    return peaks
+
+
+def machine_limits(device: torch.device = torch.device("cpu")) -> dict:
+    """The clock and the GEMM peaks, measured now (a few seconds)."""
+    limits = {"clock_ghz_start": clock_ghz(), "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        limits["cuda_clock_ghz"] = getattr(props, "clock_rate", 0) / 1e6 or None
+    limits.update(gemm_peaks(device))
+    return limits
+
+
+def close_limits(limits: dict) -> dict:
+    """``limits`` with the clock sampled again at the end of the run (the cycles *during* it lie
+    between the two samples; a large gap says the machine changed speed while it ran)."""
+    return {**limits, "clock_ghz_end": clock_ghz()}
+
+
+def at_limit(img_s: float, gflop_per_image: float, peak_gflop_s: Optional[float]) -> dict:
+    """``img_s`` beside the img/s a model of ``gflop_per_image`` would reach if every FLOP ran
+    at ``peak_gflop_s``, and the fraction of it reached (the model FLOPs utilisation)."""
+    if not peak_gflop_s or not gflop_per_image:
+        return {"img_s_at_limit": None, "fraction_of_limit": None}
+    limit = peak_gflop_s / gflop_per_image
+    return {"img_s_at_limit": round(limit, 1), "fraction_of_limit": round(img_s / limit, 4)}
+
+
+def describe(limits: dict) -> str:
+    """One line for a benchmark's output."""
+    clock = limits.get("clock_ghz_start")
+    end = limits.get("clock_ghz_end")
+    clock_text = "clock unknown" if clock is None else f"clock {clock:.2f} GHz" + (
+        f" -> {end:.2f} GHz" if end is not None else "")
+    int8 = limits.get("int8_gop_s")
+    return (f"{clock_text}; GEMM {'x'.join(map(str, GEMM))} peaks: fp32 {limits['fp32_gflop_s']:.0f}, "
+            f"bf16 {limits['bf16_gflop_s']:.0f} GFLOP/s, int8 "
+            + ("n/a" if int8 is None else f"{int8:.0f} GOP/s") + f" ({limits['threads']} threads)")
