@@ -91,7 +91,8 @@ def distance_stats(distance: torch.Tensor, uniform: float) -> dict:
         "uniform_attention_px": round(uniform, 1),
         "heads_below_uniform": int((distance < uniform).sum()),
         "heads": distance.numel(),
-        "mean_grows_with_depth": bool((means[1:] > means[:-1]).all()),
+        # one layer has no depth to grow over: None, not a vacuous True
+        "mean_grows_with_depth": bool((means[1:] > means[:-1]).all()) if len(means) > 1 else None,
     }
 
 

@@ -158,5 +158,5 @@ def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsy
     said = capsys.readouterr()
     summary = json.loads((tmp_path / "ema" / "summary.json").read_text())
     assert f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%" in said.out
-    assert said.err.startswith("training vit_fmnist_hybrid (234,442 parameters")  # the first line says what and where
+    assert said.err.startswith("training vit_fmnist_hybrid (279,786 parameters")  # the first line says what and where
     assert "test-scale run" in summary["tiny"] and summary["train_images"] < 3000  # never passes for a result

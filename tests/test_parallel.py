@@ -75,7 +75,7 @@ def test_a_run_computes_its_parts_on_two_threads_with_single_threaded_operations
 def test_random_layers_keep_torchs_threads_and_batch_refuses_them_by_name():
     plain = vitkit.create_model("vit_fmnist_hybrid")
     assert stochastic_modules(plain) == []
-    dropped = vitkit.create_model("vit_fmnist_hybrid", drop_path_rate=0.1)
+    dropped = vitkit.create_model("vit_fmnist_hybrid", depth=2, drop_path_rate=0.1)  # block 0's rate is 0
     assert stochastic_modules(dropped) == ["blocks.1"]
     assert stochastic_modules(vitkit.create_model("vit_fmnist", attn_drop_rate=0.1))[0] == "blocks.0.attn"
     assert stochastic_modules(vitkit.create_model("vit_fmnist", drop_rate=0.1))  # nn.Dropout
@@ -130,8 +130,9 @@ def test_inference_in_parts_gives_the_models_outputs_in_order():
 def test_batch_parts_asked_for_a_model_with_random_layers_is_one_line_and_writes_nothing(tmp_path, capsys):
     from vitkit.cli import main
 
-    code = main(["train", "--cpu-parallel", "batch", "--threads", "2", "--model-args", '{"drop_path_rate": 0.1}',
-                 "--max-steps", "2", "--runs-dir", str(tmp_path), "--no-progress"])
+    code = main(["train", "--cpu-parallel", "batch", "--threads", "2",
+                 "--model-args", '{"depth": 2, "drop_path_rate": 0.1}', "--max-steps", "2",
+                 "--runs-dir", str(tmp_path), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
     assert "cpu_parallel batch cannot split" in err[0] and "blocks.1" in err[0] and "--cpu-parallel ops" in err[0]

@@ -28,7 +28,8 @@ def _script():
 def _run_folder(root: Path, top1: float = 0.875) -> Path:
     """A finished-looking `vitkit train` run: model/, a training config.json, summary.json."""
     run = root / "runs" / "demo"
-    randomize(vitkit.create_model("vit_fmnist_hybrid")).save_pretrained(run / "model")
+    # two layers (the default has one): the per-layer rows and the growth with depth are checked
+    randomize(vitkit.create_model("vit_fmnist_hybrid", depth=2)).save_pretrained(run / "model")
     (run / "config.json").write_text(json.dumps({"epochs": 6}))
     (run / "summary.json").write_text(json.dumps({"test_top1": top1, "test_top1_ema": 0.5}))
     return run
@@ -122,6 +123,7 @@ def test_script_writes_the_figures_and_stats_from_the_same_images(tmp_path, caps
         assert row == {"min_head": round(float(d.min()), 1), "max_head": round(float(d.max()), 1),
                        "mean": round(float(d.mean()), 1)}
     assert 0 < stats["uniform_attention_px"] < 28 * 2 ** 0.5 and stats["heads"] == 6
+    assert isinstance(stats["mean_grows_with_depth"], bool)  # two layers: a real comparison (one: None)
 
     rollout = stats["rollout"]
     assert [s["figure"] for s in rollout["shown"]] == ["rollout_1.png", "rollout_2.png"]

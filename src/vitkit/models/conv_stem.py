@@ -1,9 +1,10 @@
 """A small stack of 3x3 convolutions in front of a ViT, for images far smaller than ImageNet's.
 
-``{"type": "conv", "channels": [32, 64, 96], "strides": [1, 2, 2]}``: each layer is a 3x3
-weight-standardised convolution (SAME padding) followed by GroupNorm(8) + ReLU -- the "early
-convolutions" that Xiao et al. (2021) put in front of a ViT. On 28x28 Fashion-MNIST it gives
-7x7 tokens like patch 4 and learns faster per epoch (see the README's training section).
+``{"type": "conv", "channels": [32, 64, 64, 96, 96], "strides": [1, 2, 1, 2, 1]}`` (the default
+model's): each layer is a 3x3 weight-standardised convolution (SAME padding) followed by
+GroupNorm(8) + ReLU -- the "early convolutions" that Xiao et al. (2021) put in front of a
+ViT. On 28x28 Fashion-MNIST it gives 7x7 tokens like patch 4 and learns faster per epoch
+(see the README's training section).
 GroupNorm rather than BatchNorm keeps each image's output independent of its batch, so DDP
 runs of any process count still follow one trajectory. It is vitkit's own: native and
 timm-named state dicts carry it (``patch_embed.backbone.{i}.conv`` / ``.norm``).

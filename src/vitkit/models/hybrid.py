@@ -7,7 +7,7 @@ it. Its kinds, one row each in ``BACKBONES``:
 
 - ``{"type": "resnetv2", "layers": [3, 4, 9], "width_factor": 1}``: Big Transfer's ResNetV2
   as the official hybrids use it (:mod:`.bit`);
-- ``{"type": "conv", "channels": [32, 64, 96], "strides": [1, 2, 2]}``: a small stack of 3x3
+- ``{"type": "conv", "channels": [32, 64, 64, 96, 96], "strides": [1, 2, 1, 2, 1]}``: a small stack of 3x3
   convolutions for small images (:mod:`.conv_stem`), used by ``vit_fmnist_hybrid``.
 
 Every down-sampling layer pads as TensorFlow's SAME does, so the feature map of an input is
