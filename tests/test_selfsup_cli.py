@@ -73,6 +73,11 @@ def test_train_refuses_a_pretraining_config_and_pretraining_refuses_labels(tmp_p
         resolve_config("fmnist", mask_ratio=0.5)
     with pytest.raises(ValueError, match="reads no labels, so mixup=0.8, label_smoothing=0.1 cannot apply"):
         resolve_config("mae-fmnist", objective="mae", mixup=0.8, label_smoothing=0.1)
+    # the default recipe's smoothing is dropped for pre-training; chosen by the user it is refused
+    assert resolve_config("fmnist", objective="simmim").label_smoothing == 0.0
+    assert resolve_config("fmnist").label_smoothing == 0.1
+    with pytest.raises(ValueError, match="label_smoothing=0.1 cannot apply"):
+        resolve_config("fmnist", objective="simmim", label_smoothing=0.1)
     with pytest.raises(ValueError, match="objective must be classify, simmim, mpp, mae"):
         resolve_config("fmnist", objective="byol")
     with pytest.raises(ValueError, match="norm_pix_loss does not apply to simmim"):

@@ -730,6 +730,12 @@ def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrid
                 value = deep_merge(values.get(key, {}), value)
             values[key] = None if value is OFF else value
     chosen = {**from_file, **given}
+    if values.get("objective", "classify") != "classify":
+        # a label option the recipe set (the default run's smoothing) has nothing to act on in
+        # pre-training: dropped; one the user chose is still refused by name (validate)
+        for name, off in LABEL_FIELDS.items():
+            if name in RECIPES[recipe] and name not in chosen:
+                values[name] = off
     if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
