@@ -85,10 +85,11 @@ def git_revision() -> str | None:
     return (rev + ("+dirty" if dirty else "")) if rev else None
 
 
-def machine_info(device: torch.device) -> dict:
+def machine_info(device: torch.device, limits: bool = True) -> dict:
     """Everything needed to tell whether two result files are comparable, with the machine's
     limits measured now (``limits``: the clock and the fp32/bf16/int8 GEMM peaks; see limits.py).
-    A benchmark samples the clock again when it writes its results (``limits.close_limits``)."""
+    A benchmark samples the clock again when it writes its results (``limits.close_limits``).
+    ``limits=False`` where nothing is measured now (collecting finished runs)."""
     info = {
         "platform": platform.platform(),
         "processor": platform.processor(),
@@ -106,7 +107,8 @@ def machine_info(device: torch.device) -> dict:
     if device.type == "cuda":
         info["cuda_device"] = torch.cuda.get_device_name(device)
         info["cuda_version"] = torch.version.cuda
-    info["limits"] = machine_limits(device)
+    if limits:
+        info["limits"] = machine_limits(device)
     return info
 
 

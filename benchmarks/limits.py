@@ -15,12 +15,14 @@ benchmark measures, in its own process:
   benchmark uses. fp32 is the best of torch, numpy and ONNX Runtime (each library's own
   figure is kept): torch's CPU build calls Intel's MKL, which on this AMD EPYC reached 210
   GFLOP/s where numpy's OpenBLAS reached 263 and ONNX Runtime ran ViT-B/16 at 393, so torch
-  alone would put ORT's fp32 path at 180% of "the limit". A model whose every FLOP ran at that speed would reach
-  ``peak / GFLOPs-per-image`` img/s: :func:`at_limit` states a figure as a fraction of that.
+  alone would put ORT's fp32 path at 180% of "the limit". A model whose every FLOP ran at
+  that speed would reach ``peak / GFLOPs-per-image`` img/s: :func:`at_limit` states a figure
+  as a fraction of that.
 
 On a GPU the peaks are measured the same way on the device; the host's clock is still sampled
 and the GPU's clock is the driver's figure.
-Only stdlib, torch and a C compiler (``cc``; without one the clock is reported as unknown).
+Needs stdlib, torch and numpy; ONNX Runtime is used when installed, and a C compiler (``cc``;
+without one the clock is reported as unknown).
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ def test_collect_runs_writes_results_and_figure(tmp_path, monkeypatch):
                               "--goal-top1", "0.95", "--note", "r1=a note"]) == 0
     data = json.loads(out.read_text())
     assert data["notes"] == {"r1": "a note"}
+    assert "limits" not in data["machine"]  # the runs ran earlier: no peaks of the collecting moment
     rec = data["runs"]["r1"]
     assert rec["val_curve"] == [[1, pytest.approx(0.83)], [2, pytest.approx(0.86)], [3, pytest.approx(0.89)]]
     assert rec["img_s_spread"] == {"min": 91.0, "median": 92.0, "max": 93.0}

@@ -27,8 +27,8 @@ sqrt(head_dim) after ``q k^T`` (BERT's graph; :class:`SeparateQKV`), not as vitk
 ``qkv``: ONNX Runtime's transformer optimizer recognises this graph as its ``Attention`` op,
 and even unfused it runs faster than the fused projection's slices (ViT-B/16, batch 32, 2-core
 EPYC: fp32 10.5 vs 10.3 img/s, dynamic int8 28.0 vs 25.5). ORT's fused ``Attention`` op itself
-was slower here (fp32 10.6, int8 23.5; ViT-Ti/16 batch 1 fp32 111 vs 128), so the file keeps
-standard operators only (``benchmarks/bench_onnx.py`` measures all three).
+was level in fp32 and slower in int8 (fp32 10.6, int8 23.5; ViT-Ti/16 batch 1 fp32 111 vs 128),
+so the file keeps standard operators only (``benchmarks/bench_onnx.py`` measures all three).
 """
 
 from __future__ import annotations
