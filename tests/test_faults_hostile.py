@@ -499,6 +499,25 @@ def test_warnings_are_one_line_notes(capsys, model_dir, tmp_path):
     assert "class names are not kept either" in notes[0]
 
 
+def test_a_note_is_said_once(capsys):
+    """A model built twice in one command (checked, then trained) says its note once."""
+    import warnings
+
+    from vitkit.cli import _one_line_warnings
+
+    previous = _one_line_warnings("train")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            for _ in range(2):
+                vitkit.create_model("vit_fmnist_hybrid", drop_path_rate=0.1)
+    finally:
+        warnings.showwarning = previous
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == ["vitkit train: note: drop_path_rate 0.1 has no effect on a model of depth 1: stochastic depth "
+                     "rises linearly from 0 at the first block (use drop_rate, or depth >= 2)"]
+
+
 # ---------------------------------------------------------------- 4. a full disk is one line everywhere
 
 

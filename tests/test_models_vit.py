@@ -201,6 +201,16 @@ def test_drop_path_linear_over_depth_and_train_mode_noise(images):
     assert max_diff(model(x), model(x)) > 0
 
 
+def test_drop_path_on_one_block_is_said_not_silent(recwarn):
+    """timm's linear rule gives the only block of a depth-1 model rate 0: the rate would do nothing."""
+    model = tiny(depth=1, drop_path_rate=0.1)
+    assert [b.drop_path for b in model.blocks] == [0.0]
+    assert any("has no effect on a model of depth 1" in str(w.message) for w in recwarn.list)
+    recwarn.clear()
+    tiny(depth=2, drop_path_rate=0.1)
+    assert not [w for w in recwarn.list if "drop_path_rate" in str(w.message)]
+
+
 def test_no_weight_decay_names():
     model = tiny()
     assert model.no_weight_decay() == {"cls_token", "pos_embed"}

@@ -800,11 +800,15 @@ def _is_user_error(e: BaseException) -> bool:
 
 def _one_line_warnings(verb: str):
     """Warnings as one line each (``vitkit VERB: note: ...``) instead of Python's two lines with a
-    source line; returns the previous hook."""
+    source line; each said once (a model built twice would say its note twice); returns the previous hook."""
     previous = warnings.showwarning
+    said = set()
 
     def show(message, category, filename, lineno, file=None, line=None):
-        print(f"vitkit {verb}: note: {' '.join(str(message).split())}", file=sys.stderr)
+        text = " ".join(str(message).split())
+        if text not in said:
+            said.add(text)
+            print(f"vitkit {verb}: note: {text}", file=sys.stderr)
 
     warnings.showwarning = show
     return previous

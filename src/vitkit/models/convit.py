@@ -45,7 +45,17 @@ from . import positions
 from .base import TokenModel
 from .complexity import Complexity, token_complexity
 from .config_base import IMAGENET_MEAN, IMAGENET_STD, TokenConfig
-from .layers import ATTN_IMPLS, Block, IntPair, Linear, Mlp, PatchEmbed, drop_path, explicit_attention
+from .layers import (
+    ATTN_IMPLS,
+    Block,
+    IntPair,
+    Linear,
+    Mlp,
+    PatchEmbed,
+    drop_path,
+    explicit_attention,
+    linear_drop_path_rates,
+)
 from .registry import Family, register_family, register_model
 
 CONVIT_POS_EMBEDS = ("learned", "none")
@@ -245,7 +255,7 @@ class ConViT(TokenModel):
         self.num_prefix_tokens = 1
         positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D)  # the table covers the patches only
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
-        rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        rates = linear_drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList([
             GPSABlock(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
                       cfg.attn_drop_rate, rates[i], cfg.locality_strength, cfg.attn_impl)

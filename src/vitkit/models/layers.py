@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import warnings
 from typing import Iterator, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -250,6 +251,15 @@ def drop_path(x: torch.Tensor, prob: float, training: bool) -> torch.Tensor:
     keep = 1.0 - prob
     mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
     return x * mask.div_(keep)
+
+
+def linear_drop_path_rates(rate: float, depth: int) -> list:
+    """Stochastic depth rising linearly from 0 at the first block to ``rate`` at the last (timm's
+    rule). One block gets 0, so a rate there would do nothing: said, not silent."""
+    if rate > 0 and depth == 1:
+        warnings.warn(f"drop_path_rate {rate:g} has no effect on a model of depth 1: stochastic depth rises "
+                      f"linearly from 0 at the first block (use drop_rate, or depth >= 2)", stacklevel=3)
+    return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
 class DropPath(nn.Module):

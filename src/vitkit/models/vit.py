@@ -34,7 +34,7 @@ from .hybrid import (
     init_backbone_,
     normalize_backbone,
 )
-from .layers import Block, IntPair, PatchEmbed, init_block_, lecun_normal_
+from .layers import Block, IntPair, PatchEmbed, init_block_, lecun_normal_, linear_drop_path_rates
 from .registry import Family, register_family, register_model, register_name_pattern
 
 POS_EMBEDS = tuple(positions.KINDS)
@@ -142,7 +142,7 @@ class VisionTransformer(TokenModel):
         positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D, slots=self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
 
-        rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear
+        rates = linear_drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList([
             Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu,
                   cfg.drop_rate, cfg.attn_drop_rate, rates[i], cfg.init_values, cfg.attn_impl)
