@@ -180,6 +180,49 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
     return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
 
 
+def resample_patch_embed(weight: torch.Tensor, new_size: IntPair, interpolation: str = "bicubic",
+                         antialias: bool = True) -> torch.Tensor:
+    """Patch filters (O, C, h, w) for patches of another size (O, C, h', w'), FlexiViT's way.
+
+    Resizing a patch is a linear map ``x' = R x``; the new filter ``w'`` is the least-squares
+    solution of ``<x, w> = <R x, w'>`` for every patch ``x``: ``w' = pinv(R)^T w``. A token of an
+    image resized with ``interpolation`` (timm's default: bicubic, antialiased) keeps its value
+    where the resize loses nothing (upsampling), and loses least where it must (Beyer et al.
+    2023). ``R``'s columns are the resized one-pixel patches; computed in float32 as timm does.
+    """
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
+    old, new = tuple(weight.shape[-2:]), tuple(to_2tuple(new_size))
+    if old == new:
+        return weight
+    antialias = antialias and interpolation != "nearest"
+    basis = torch.eye(old[0] * old[1], dtype=torch.float32, device=weight.device).reshape(-1, 1, *old)
+    resized = F.interpolate(basis, size=new, mode=interpolation, antialias=antialias,
+                            align_corners=None if interpolation == "nearest" else False)
+    resize = resized.reshape(old[0] * old[1], new[0] * new[1]).T  # (h'w', hw): R
+    flat = weight.float().reshape(-1, old[0] * old[1])
+    return (flat @ torch.linalg.pinv(resize)).reshape(*weight.shape[:2], *new).to(weight.dtype)
+
+
+def adapt_input_channels(weight: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """First-layer filters (O, C, kh, kw) for ``in_chans`` input channels, as timm's
+    ``adapt_input_conv`` does: one channel sums the C filters (a grey image gives the response
+    its colour version had); more or fewer channels repeat the C filters cyclically, cut to
+    ``in_chans`` and scale by C / in_chans (a multiple of C: an image whose channels repeat its
+    C channels keeps its response; otherwise a start, not the same function)."""
+    have = weight.shape[1]
+    if in_chans < 1:
+        raise ValueError(f"in_chans must be at least 1, got {in_chans}")
+    if in_chans == have:
+        return weight
+    dtype, w = weight.dtype, weight.float()
+    if in_chans == 1:
+        w = w.sum(dim=1, keepdim=True)
+    else:
+        w = w.repeat(1, math.ceil(in_chans / have), 1, 1)[:, :in_chans] * (have / in_chans)
+    return w.to(dtype)
+
+
 SINCOS_SPACINGS = ("big_vision", "mae")
 
 

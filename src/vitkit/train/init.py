@@ -10,6 +10,7 @@ D x K feedforward layer").
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Tuple
 
 from torch import nn
@@ -17,7 +18,7 @@ from torch import nn
 from ..models import build_from_config
 from ..runlock import unfinished_run
 from ..weights.io import WeightsError
-from ..weights.load import load_weights, read_source
+from ..weights.load import AdaptNote, load_weights, read_source
 from ..weights.pretrained import check_claims, config_for_source, fit_channel_stats, note_guesses, weights_path
 from .config import resolve_width
 
@@ -52,7 +53,9 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
                            f"{stored.num_classes}, the data {data_args['num_classes']}")
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
-    report = load_weights(model, src, strict=True, exclude=exclude)
+    with warnings.catch_warnings():  # the log line below says what was adapted
+        warnings.simplefilter("ignore", AdaptNote)
+        report = load_weights(model, src, strict=True, exclude=exclude)
     if head == "new":
         model.reset_classifier(config.num_classes)
     log(f"initialised from {source} ({report.format}); head: {head}"

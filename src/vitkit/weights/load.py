@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from ..models import family_of_state_dict, positions
-from ..models.layers import resample_pos_embed
+from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from ..utils import PathLike
 from . import hf_format, npz_format, selfsup_format
@@ -206,33 +207,45 @@ def _first_conv(model: nn.Module) -> Optional[str]:
     return None
 
 
-def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport) -> None:
-    """Fit RGB input filters to a grey model (sum over colours) or grey filters to RGB (spread).
+class AdaptNote(UserWarning):
+    """Weights loaded into another patch size or channel count: what was done to them."""
 
-    For a plain convolution, summing keeps the response to a grey image unchanged, so an RGB
-    model fine-tuned on grey data starts from the function it had; spreading over C channels
-    does the same the other way round. (A weight-standardised stem, as in the hybrids, is
-    re-standardised after the sum: a close start, not the same function.)
+
+def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module) -> Optional[str]:
+    """Fit the first convolution's filters to the model's input channels (timm's ``adapt_input_conv``:
+    RGB to grey sums the colours; otherwise the filters repeat cyclically, scaled by C / C').
+
+    For a plain convolution, an image whose channels are all equal gives the response it had, so
+    an RGB model fine-tuned on grey or 4-band data starts from the function it had. (A weight-
+    standardised stem, as in the hybrids, is re-standardised: a close start, not the same function.)
     """
     name = _first_conv(model)
     if name is None:
-        return
+        return None
     key = f"{name}.weight"
     target = model.get_submodule(name).weight
-    if key not in sd or sd[key].dim() != 4:
-        return
+    if key not in sd or sd[key].dim() != 4 or sd[key].shape[1] == target.shape[1]:
+        return None
     have, want = sd[key].shape[1], target.shape[1]
-    if have == want:
-        return
-    w = sd[key]
-    if want == 1:
-        sd[key] = w.sum(dim=1, keepdim=True)
-    elif have == 1:
-        sd[key] = w.repeat(1, want, 1, 1) / want
-    else:
-        raise WeightsError(f"{key}: the checkpoint takes {have} input channels and the model {want}; "
-                           f"only 1 <-> C adaptation is defined")
-    report.resampled.append(f"{key} {have} -> {want} input channels")
+    sd[key] = adapt_input_channels(sd[key], want)
+    how = "summed" if want == 1 else f"repeated and scaled by {have}/{want}"
+    return f"{key} {have} -> {want} input channels ({how}, as timm's adapt_input_conv)"
+
+
+def _adapt_patch_size(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation: str, antialias: bool
+                      ) -> Optional[str]:
+    """Patch filters of another size resampled to the model's (FlexiViT's pseudo-inverse resize,
+    timm's ``resample_patch_embed``): weights trained on 16 px patches serve a model of 8 or 32."""
+    key = "patch_embed.proj.weight"
+    target = model.state_dict().get(key) if hasattr(model, "patch_embed") else None
+    if target is None or key not in sd or sd[key].dim() != 4 or target.dim() != 4:
+        return None
+    old, new = tuple(sd[key].shape[-2:]), tuple(target.shape[-2:])
+    if old == new or sd[key].shape[:2] != target.shape[:2]:
+        return None  # the same size, or another width or channel count: the shape check names it
+    sd[key] = resample_patch_embed(sd[key], new, interpolation, antialias)
+    return (f"{key} {old[0]}x{old[1]} -> {new[0]}x{new[1]} px patches (FlexiViT's pseudo-inverse resize, "
+            f"{interpolation})")
 
 
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
@@ -320,8 +333,13 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     sd, facts = to_native(src)
     report = LoadReport(src.format)
     _adapt_pos_embed(sd, model, facts, interpolation, antialias, report)
-    _adapt_input_channels(sd, model, report)
-    return load_state_dict_checked(model, sd, strict, exclude, report)
+    adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
+               if m]
+    report.resampled += adapted
+    out = load_state_dict_checked(model, sd, strict, exclude, report)
+    for what in adapted:  # filters that compute another function are said; a position grid is the expected case
+        warnings.warn(AdaptNote(f"adapted the weights: {what}"), stacklevel=2)
+    return out
 
 
 def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation: str, antialias: bool

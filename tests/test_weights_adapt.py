@@ -1,0 +1,113 @@
+"""Weights into another patch size or channel count: FlexiViT's resize and timm's input adaptation,
+proved against timm's own functions and against the function the model computed."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.models.layers import adapt_input_channels, resample_patch_embed
+from vitkit.weights.load import AdaptNote
+
+timm_layers = pytest.importorskip("timm.layers")
+timm_manipulate = pytest.importorskip("timm.models._manipulate")
+
+
+@pytest.mark.parametrize("new", [(8, 8), (32, 32), (14, 14), (16, 8), (7, 7)])
+@pytest.mark.parametrize("mode,antialias", [("bicubic", True), ("bicubic", False), ("bilinear", False),
+                                            ("bilinear", True)])
+def test_resample_patch_embed_is_timms(new, mode, antialias):
+    torch.manual_seed(0)
+    weight = torch.randn(24, 3, 16, 16) * 0.02
+    ours = resample_patch_embed(weight, new, mode, antialias)
+    theirs = timm_layers.resample_patch_embed(weight, list(new), mode, antialias)
+    assert ours.shape == (24, 3, *new) and max_diff(ours, theirs) < 1e-6
+
+
+@pytest.mark.parametrize("have,want", [(3, 1), (3, 2), (3, 4), (3, 5), (3, 7), (1, 3), (4, 1)])
+def test_adapt_input_channels_is_timms(have, want):
+    torch.manual_seed(0)
+    weight = torch.randn(16, have, 4, 4)
+    theirs = timm_manipulate.adapt_input_conv(want, weight, base_chans=have)
+    assert max_diff(adapt_input_channels(weight, want), theirs) == 0
+    with pytest.raises(ValueError, match="in_chans must be at least 1"):
+        adapt_input_channels(weight, 0)
+
+
+def _vit(**kw):
+    base = dict(img_size=28, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2, num_heads=2,
+                mlp_dim=64, pos_embed="learned", class_token=True, global_pool="token")
+    return randomize(vitkit.create_model("vit_fmnist", **{**base, **kw})).eval()
+
+
+def _per_patch_resize(x, old, new):
+    """Each old x old patch resized to new x new on its own (what FlexiViT's filter inverts)."""
+    b, c, h, w = x.shape
+    gh, gw = h // old, w // old
+    patches = x.reshape(b, c, gh, old, gw, old).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, old, old)
+    patches = F.interpolate(patches, size=(new, new), mode="bicubic", antialias=True, align_corners=False)
+    return patches.reshape(b, gh, gw, c, new, new).permute(0, 3, 1, 4, 2, 5).reshape(b, c, gh * new, gw * new)
+
+
+def test_larger_patches_compute_the_same_function_on_resized_patches(tmp_path, images):
+    """Upsampling loses nothing, so the pseudo-inverse is exact: a model loaded at 8 px patches
+    (56 px images, the same 7x7 grid) gives on each patch resized 4 -> 8 px the logits the 4 px
+    model gave on the original."""
+    small = _vit()
+    vitkit.export_weights(small, tmp_path / "m", "vitkit")
+    with pytest.warns(AdaptNote, match=r"patch_embed.proj.weight 4x4 -> 8x8 px patches \(FlexiViT"):
+        large = vitkit.from_pretrained(tmp_path / "m", patch_size=8, img_size=56)
+    x = images(3, 28, 28, c=1)
+    assert large.patch_embed.proj.weight.shape[-2:] == (8, 8)
+    assert max_diff(large(_per_patch_resize(x, 4, 8)), small(x)) < 1e-4
+    expected = timm_layers.resample_patch_embed(small.patch_embed.proj.weight.detach(), [8, 8])
+    assert max_diff(large.patch_embed.proj.weight, expected) < 1e-6
+
+
+def test_smaller_patches_resample_filter_and_grid(tmp_path):
+    small = _vit()
+    vitkit.export_weights(small, tmp_path / "m", "vitkit")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fine = vitkit.from_pretrained(tmp_path / "m", patch_size=2)
+    notes = [str(w.message) for w in said if issubclass(w.category, AdaptNote)]
+    assert notes == ["adapted the weights: patch_embed.proj.weight 4x4 -> 2x2 px patches (FlexiViT's "
+                     "pseudo-inverse resize, bicubic)"]
+    assert fine.patch_embed.grid_size == (14, 14) and fine.pos_embed.shape == (1, 1 + 14 * 14, 32)
+    expected = timm_layers.resample_patch_embed(small.patch_embed.proj.weight.detach(), [2, 2])
+    assert max_diff(fine.patch_embed.proj.weight, expected) < 1e-6
+
+
+def test_channel_adaptation_keeps_the_function_on_repeated_channels(tmp_path, images):
+    grey = _vit()
+    vitkit.export_weights(grey, tmp_path / "m", "vitkit")
+    x = images(2, 28, 28, c=1)
+    with pytest.warns(AdaptNote, match=r"1 -> 3 input channels \(repeated and scaled by 1/3"):
+        rgb = vitkit.from_pretrained(tmp_path / "m", in_chans=3)
+    assert max_diff(rgb(x.repeat(1, 3, 1, 1)), grey(x)) < 1e-5
+    vitkit.export_weights(rgb, tmp_path / "rgb", "vitkit")
+    with pytest.warns(AdaptNote, match=r"3 -> 1 input channels \(summed"):
+        back = vitkit.from_pretrained(tmp_path / "rgb", in_chans=1)
+    assert max_diff(back(x), grey(x)) < 1e-5
+    with pytest.warns(AdaptNote, match=r"3 -> 4 input channels \(repeated and scaled by 3/4"):
+        four = vitkit.from_pretrained(tmp_path / "rgb", in_chans=4)
+    expected = timm_manipulate.adapt_input_conv(4, rgb.patch_embed.proj.weight.detach())
+    assert max_diff(four.patch_embed.proj.weight, expected) == 0 and len(four.config.mean) == 4
+
+
+def test_no_note_when_nothing_is_adapted(tmp_path):
+    model = _vit()
+    vitkit.export_weights(model, tmp_path / "m", "vitkit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AdaptNote)
+        vitkit.from_pretrained(tmp_path / "m", img_size=56)  # a new grid alone: positions, the expected case
+
+
+def test_a_patch_size_the_image_does_not_divide_is_one_error(tmp_path):
+    model = _vit()
+    vitkit.export_weights(model, tmp_path / "m", "vitkit")
+    with pytest.raises(ValueError, match=r"img_size \(28, 28\) is not divisible by patch_size \(5, 5\)"):
+        vitkit.from_pretrained(tmp_path / "m", patch_size=5)
