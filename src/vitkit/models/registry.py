@@ -17,7 +17,7 @@ import difflib
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Pattern, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Pattern, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -176,17 +176,37 @@ def get_model_config(name: str) -> Any:
     return _MODELS[name].config.replace()
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
+def create_model(name: str, features_only: bool = False, out_indices: Optional[Union[int, Sequence[int]]] = None,
+                 pyramid: bool = False, pyramid_channels: int = 256, **overrides: Any) -> nn.Module:
     """Build a model by registered name (``vit_base_patch16_224``) or size string (``"B/16"``).
 
     Keyword overrides change the configuration: ``create_model("B/16", img_size=384,
     num_classes=10)``. The model is randomly initialised as the official code does; load
     weights with :func:`vitkit.load_weights` or use :func:`vitkit.from_pretrained`.
+    ``features_only=True`` gives a backbone (:class:`~vitkit.models.features.FeatureModel`): the
+    maps of blocks ``out_indices`` as timm's ``features_only``, or with ``pyramid=True`` ViTDet's
+    four-scale pyramid of ``pyramid_channels`` channels.
     """
+    if pretrained := overrides.pop("pretrained", False):
+        raise ValueError(f"create_model builds random weights (pretrained={pretrained!r}): load weights with "
+                         f"vitkit.from_pretrained(a file, a folder or 'hf-hub:org/name')")
     config = get_model_config(name).replace(**overrides)
-    return build_from_config(config)
+    return as_features(build_from_config(config), features_only, out_indices, pyramid, pyramid_channels)
+
+
+def as_features(model: nn.Module, features_only: bool, out_indices: Optional[Union[int, Sequence[int]]],
+                pyramid: bool,
+                pyramid_channels: int) -> nn.Module:
+    """``model`` itself, or (``features_only``) its backbone; the feature options need it."""
+    if not features_only:
+        if pyramid or out_indices is not None or pyramid_channels != 256:
+            raise ValueError("out_indices, pyramid and pyramid_channels apply with features_only=True")
+        return model
+    from .features import FeatureModel
+
+    return FeatureModel(model, out_indices, pyramid=pyramid, pyramid_channels=pyramid_channels)
 
 
 __all__ = ["Family", "register_family", "unregister_family", "family", "family_of", "families",
            "family_of_state_dict", "register_architecture", "build_from_config", "config_from_dict", "ModelEntry",
-           "register_model", "register_name_pattern", "list_models", "get_model_config", "create_model"]
+           "register_model", "register_name_pattern", "list_models", "get_model_config", "create_model", "as_features"]

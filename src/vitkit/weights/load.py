@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..models import family_of_state_dict, positions
+from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from ..utils import PathLike
@@ -321,6 +322,8 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
     every shape mismatch; the model is untouched when it raises.
     """
+    if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new)
+        model = model.model
     if isinstance(source, Source):
         src = source
     elif isinstance(source, Mapping):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
+from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike, require
@@ -165,7 +166,9 @@ def config_for_source(src: Source, **overrides: Any):
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
-                    interpolation: str = "bicubic", encoder_only: bool = False, **overrides: Any) -> nn.Module:
+                    interpolation: str = "bicubic", encoder_only: bool = False, features_only: bool = False,
+                    out_indices: Optional[Union[int, Sequence[int]]] = None, pyramid: bool = False,
+                    pyramid_channels: int = 256, **overrides: Any) -> nn.Module:
     """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
@@ -176,12 +179,14 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     A pre-training model (a vitkit pre-training run, Hugging Face ``ViTForMaskedImageModeling``
     / ``ViTMAEForPreTraining``, an official MAE checkpoint) comes back as the
     :mod:`vitkit.selfsup` model; ``encoder_only=True`` gives its encoder, a plain ViT.
+    ``features_only=True`` (with ``out_indices``, ``pyramid``, ``pyramid_channels``) gives the
+    model as a backbone, as :func:`vitkit.create_model` does.
     """
     path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)")
     src = read_source(path)
-    if src.pretraining and not encoder_only:
+    if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
     stored = _named_config(src, model_name) if model_name else config_for_source(src)
     if not model_name:
@@ -193,6 +198,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if config.num_classes != stored.num_classes:
         exclude = ("head.",)
     load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
+    model = as_features(model, features_only, out_indices, pyramid, pyramid_channels)
     model.eval()
     return model
 
