@@ -64,6 +64,19 @@ class TrainConfig:
     init: Optional[str] = None
     #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
     init_head: str = "new"
+    #: What fine-tuning trains (with --init): full (everything), lora (low-rank adapters on the
+    #: blocks' linear layers, through peft; merged into the weights when the model is saved),
+    #: bitfit (the biases) or head (the classifier alone); the new head always trains.
+    finetune: str = "full"
+    #: LoRA's rank r.
+    lora_rank: int = 8
+    #: LoRA's alpha: the adapters are scaled by alpha / r.
+    lora_alpha: float = 16.0
+    #: The blocks' linear layers that get adapters, by the last part of their names, comma-separated
+    #: (ViT's: qkv, proj, fc1, fc2).
+    lora_targets: str = "qkv,proj,fc1,fc2"
+    #: Freeze the embedding and the first N blocks (with any --finetune).
+    freeze_blocks: int = 0
     #: Train and evaluate at this square size (in-memory images are resized on the device);
     #: none: the data's own size.
     img_size: Optional[int] = None
@@ -220,6 +233,10 @@ class TrainConfig:
                 problems.append(f"{name} must be {_range_words(low, high)}, not {_show(value)}{note}")
         if self.max_steps is None and self.epochs <= 0:
             problems.append(f"epochs must be > 0 (or give max_steps), not {_show(self.epochs)}")
+        if self.finetune != "full" and not self.init:
+            problems.append(f"finetune={self.finetune!r} needs --init WEIGHTS (it trains a part of existing weights)")
+        if not [t for t in self.lora_targets.split(",") if t.strip()]:
+            problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
             problems.append(f"distill={self.distill!r} needs --teacher WEIGHTS")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -265,6 +282,8 @@ class TrainConfig:
             require("torchvision.transforms.v2", "train", f"training on image files (--dataset {dataset})")
         if self.randaugment:
             require("torchvision.transforms.v2", "train", "RandAugment (--randaugment)")
+        if self.finetune == "lora":
+            require("peft", "peft", "--finetune lora")
         if self.distill != "none" and (self.teacher or "").startswith("torchvision:"):
             require("torchvision", "train", "torchvision teachers (--teacher torchvision:NAME:FILE)")
 
@@ -306,7 +325,7 @@ class TrainConfig:
 CHOICES: Dict[str, Tuple[str, ...]] = {
     "optimizer": ("adamw", "adam", "sgd"), "schedule": ("cosine", "linear", "constant"),
     "precision": ("auto", "bf16", "fp16", "fp32"), "init_head": ("new", "keep"), "distill": ("none", "soft", "hard"),
-    "cpu_parallel": ("auto", "batch", "ops")}
+    "cpu_parallel": ("auto", "batch", "ops"), "finetune": ("full", "lora", "bitfit", "head")}
 
 #: The numeric fields' ranges: (field, low, high, what else to say); a bound is a number
 #: (inclusive) or ("open", number) (exclusive); None: unbounded on that side. None values
@@ -326,7 +345,8 @@ RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
     ("train_fraction", ("open", 0), 1, ""), ("val_every", 1, None, " (none: every epoch)"),
     ("val_size", 0, None, " (0: validate on the test split)"), ("keep_checkpoints", 1, None, ""),
     ("log_every", 1, None, ""), ("checkpoint_every", 1, None, ""), ("eval_batch_size", 1, None, ""),
-    ("seed", 0, ("open", 2 ** 63), ""))
+    ("seed", 0, ("open", 2 ** 63), ""), ("lora_rank", 1, None, ""), ("lora_alpha", ("open", 0), None, ""),
+    ("freeze_blocks", 0, None, ""))
 
 
 def _above(value: float, low: Any) -> bool:

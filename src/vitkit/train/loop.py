@@ -35,7 +35,7 @@ from ..runlock import RunLock
 from ..selfsup import encoder_of
 from ..utils import remove_stale_temporaries, seed_for, write_json
 from ..weights.load import shape_problems
-from . import distributed
+from . import distributed, finetune
 from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
 from .config import TrainConfig, resumed_config
@@ -577,6 +577,12 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
 def summarise(run: Run) -> Dict[str, Any]:
     """Score the model (and its EMA) on test and validation, save it and the curves, write summary.json."""
     cfg, data, model = run.cfg, run.data, run.model
+    trained = finetune.trainable(model)[0]
+    if run.main:
+        finetune.save_adapters(model, run.run_dir / "adapter")
+    finetune.merge(model)  # adapters folded into plain weights: what is scored is what is saved
+    if run.ema is not None:
+        finetune.merge(run.ema.module)
     results = run.task.results(run)
     if run.main:
         model.save_pretrained(run.run_dir / "model")
@@ -584,7 +590,7 @@ def summarise(run: Run) -> Dict[str, Any]:
             run.ema.module.save_pretrained(run.run_dir / "model_ema")
         plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
     summary = {"run_dir": str(run.run_dir), "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
-               "params": sum(p.numel() for p in model.parameters()), **results,
+               "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
                "train_images": data.n_train, "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **_throughput(run), "precision": run.precision,

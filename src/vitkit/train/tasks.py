@@ -26,6 +26,7 @@ from ..parallel import BatchParallel, add_in_order
 from ..progress import track
 from ..selfsup import Pretrainer, create_pretrainer, encoder_of
 from ..utils import seed_for
+from . import finetune
 from .batches import MicroBatch, generator
 from .config import TrainConfig, resolve_width
 from .data import RunData
@@ -63,7 +64,16 @@ class Classification:
     def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
         """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
         if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-            return model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
+            model = model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
+            if cfg.finetune != "full" or cfg.freeze_blocks:
+                targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+                finetune.prepare(model, cfg.finetune, cfg.lora_rank, cfg.lora_alpha, targets, cfg.freeze_blocks)
+                n, total = finetune.trainable(model)
+                log(f"fine-tuning {cfg.finetune}" + (f" (rank {cfg.lora_rank}, {', '.join(targets)})"
+                                                     if cfg.finetune == "lora" else "")
+                    + (f", first {cfg.freeze_blocks} blocks frozen" if cfg.freeze_blocks else "")
+                    + f": {n:,} of {total:,} parameters train ({100 * n / total:.2f}%)")
+            return model
         config = get_model_config(cfg.model).replace(**model_args_for(cfg, data))
         check_model_fits(config)  # before it is built: a typo must not fill the memory first
         return build_from_config(config)

@@ -1,0 +1,135 @@
+"""Fine-tuning with few trainable parameters: LoRA (through ``peft``), BitFit, the head alone,
+and frozen first blocks.
+
+``--finetune lora`` puts peft's LoRA adapters (Hu et al. 2021: ``W + (alpha / r) B A``, B zero at
+the start) on the linear layers of every block; their names are the block's own, timm's:
+``attn.qkv`` (the fused q, k, v rows: one adapter of rank r over all three), ``attn.proj``,
+``mlp.fc1``, ``mlp.fc2`` (CaiT's class attention: ``attn.q``, ``attn.k``, ``attn.v``; ConViT's
+gated attention: ``attn.qk``, ``attn.v``, ``attn.pos_proj``). ``--lora-targets`` picks among them by
+the last part of the name; peft's own ``LoraConfig(target_modules=...)`` takes the same names.
+``bitfit`` (Ben Zaken et al. 2022) trains the biases, ``head`` the classifier alone; every mode
+trains the (new) head. ``--freeze-blocks N`` freezes the embedding and the first N blocks.
+
+When the run ends the adapters are saved as peft saves them (``run_dir/adapter``: peft's
+``PeftModel.from_pretrained`` loads them onto the model it started from), then merged into the
+weights they adapt and the wrappers removed (:func:`merge`): the saved model is a plain model,
+so every exporter works on it unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+from torch import nn
+
+from ..utils import require
+
+MODES = ("full", "lora", "bitfit", "head")
+#: ``--lora-targets``' default: every linear layer of a block (QLoRA's finding: all of them beat
+#: attention alone at the same rank)
+DEFAULT_TARGETS = ("qkv", "proj", "fc1", "fc2")
+#: the embedding's parameters (frozen with the first blocks)
+_EMBEDDING = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")
+
+
+def _block_lists(model: nn.Module) -> List[Tuple[str, nn.ModuleList]]:
+    return [(name, m) for name, m in model.named_children() if name.startswith("blocks") and
+            isinstance(m, nn.ModuleList)]
+
+
+def _heads(model: nn.Module) -> Tuple[str, ...]:
+    return tuple(model.head_names()) if hasattr(model, "head_names") else ("head",)
+
+
+def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
+    """The full names of the blocks' linear layers whose last name part is in ``targets``; an
+    unknown part is an error naming the parts the blocks have."""
+    found, have = [], set()
+    for prefix, blocks in _block_lists(model):
+        for name, module in blocks.named_modules():
+            if isinstance(module, nn.Linear):
+                part = name.rsplit(".", 1)[-1]
+                have.add(part)
+                if part in targets:
+                    found.append(f"{prefix}.{name}")
+    unknown = sorted(set(targets) - have)
+    if unknown:
+        raise ValueError(f"--lora-targets {', '.join(unknown)}: not a linear layer of this model's blocks "
+                         f"(they have {', '.join(sorted(have))})")
+    return found
+
+
+def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
+            lora_targets: Sequence[str] = DEFAULT_TARGETS, freeze_blocks: int = 0) -> nn.Module:
+    """Make only what ``mode`` trains trainable (in place; LoRA wraps the target layers) and return
+    the model. The heads always train: fine-tuning starts them from zero."""
+    if mode not in MODES:
+        raise ValueError(f"finetune must be one of {', '.join(MODES)}, got {mode!r}")
+    blocks = getattr(model, "blocks", nn.ModuleList())
+    if not 0 <= freeze_blocks <= len(blocks):
+        raise ValueError(f"--freeze-blocks {freeze_blocks}: the model has {len(blocks)} blocks")
+    heads = _heads(model)
+    if mode == "lora":
+        if lora_rank < 1:
+            raise ValueError(f"--lora-rank must be at least 1, got {lora_rank}")
+        peft = require("peft", "peft", "--finetune lora")
+        names = lora_target_names(model, lora_targets)
+        config = peft.LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=names, lora_dropout=0.0,
+                                 bias="none")
+        peft.inject_adapter_in_model(config, model)  # freezes every other parameter
+    elif mode == "bitfit":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith(".bias"))
+    elif mode == "head":
+        model.requires_grad_(False)
+    for name in heads:
+        getattr(model, name).requires_grad_(True)
+    if freeze_blocks:
+        for name, p in model.named_parameters():
+            if name.startswith(_EMBEDDING):
+                p.requires_grad_(False)
+        blocks[:freeze_blocks].requires_grad_(False)
+    return model
+
+
+#: where peft's ``PeftModel`` keeps the model it wraps: its adapter files name tensors under it
+PEFT_PREFIX = "base_model.model."
+
+
+def save_adapters(model: nn.Module, folder: Union[str, Path]) -> Optional[Path]:
+    """Write the LoRA adapters as peft writes them (``adapter_config.json`` and
+    ``adapter_model.safetensors``): ``peft.PeftModel.from_pretrained(model, folder)`` puts them on
+    a plain copy of the model. None (nothing written) without adapters."""
+    config = getattr(model, "peft_config", {}).get("default")
+    if config is None:
+        return None
+    peft = require("peft", "peft", "--finetune lora")
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {PEFT_PREFIX + k: v.detach().contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(str(folder))
+    return folder
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """Fold every LoRA adapter into the weight it adapts and put the plain layer back (in place);
+    a model without adapters is returned as it is."""
+    wrapped = [(name, m) for name, m in model.named_modules() if hasattr(m, "merge") and hasattr(m, "get_base_layer")]
+    for name, module in wrapped:
+        module.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
+    return model
+
+
+def trainable(model: nn.Module) -> Tuple[int, int]:
+    """(trainable, all) parameter counts."""
+    counts = [(p.numel(), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, t in counts if t), sum(n for n, _ in counts)
+
+
+__all__ = ["MODES", "DEFAULT_TARGETS", "prepare", "merge", "save_adapters", "trainable", "lora_target_names"]

@@ -1,0 +1,163 @@
+"""Fine-tuning with few trainable parameters: LoRA (its adapters are peft's: they load into peft's
+own wrapper and give the same logits), BitFit, head only, frozen blocks; merged into plain weights
+on save; bad options are one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from conftest import kill_at_checkpoint, max_diff, randomize
+from vitkit.data import fashion_mnist as fm
+from vitkit.train import finetune, resolve_config, train
+
+peft = pytest.importorskip("peft")
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+def _model(**kw):
+    return randomize(vitkit.create_model("vit_fmnist", depth=2, embed_dim=32, num_heads=2, mlp_dim=64, **kw)).eval()
+
+
+def _trainable(model):
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_lora_trains_the_adapters_and_the_head_only():
+    model = finetune.prepare(_model(), "lora", lora_rank=4, lora_alpha=8)
+    names = _trainable(model)
+    assert {"head.weight", "head.bias"} <= names
+    assert {n for n in names if not n.startswith("head.")} == {
+        f"blocks.{i}.{layer}.lora_{ab}.default.weight" for i in range(2)
+        for layer in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2") for ab in "AB"}
+    assert model.blocks[0].attn.qkv.lora_A["default"].weight.shape == (4, 32)
+    assert model.blocks[0].attn.qkv.lora_B["default"].weight.shape == (96, 4)  # q, k and v rows share one adapter
+
+
+def test_lora_adapters_load_into_peft_and_merge_to_the_same_function(images, tmp_path):
+    """Adapters trained in vitkit (here: random B, as after training) are peft's own: peft's wrapper
+    of a fresh copy of the model takes them and computes the same logits; merged, the plain model too."""
+    base = _model()
+    ours = finetune.prepare(_model(), "lora", lora_rank=4, lora_alpha=8, lora_targets=("qkv", "fc2"))
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    finetune.save_adapters(ours, tmp_path / "adapter")
+    x = images(3, 28, 28, c=1)
+    with torch.no_grad():
+        before = base(x)
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter")
+    assert theirs.peft_config["default"].r == 4
+    with torch.no_grad():
+        expected = ours(x)
+        assert max_diff(theirs(x), expected) < 1e-5 and max_diff(expected, before) > 1e-3
+        plain = finetune.merge(ours)
+        assert not any("lora" in k or "base_layer" in k for k in plain.state_dict())
+        assert max_diff(plain(x), expected) < 1e-5
+
+
+def test_lora_changes_the_function_once_trained(images):
+    plain = _model()
+    x = images(2, 28, 28, c=1)
+    adapted = finetune.prepare(_model(), "lora", lora_rank=2)
+    with torch.no_grad():
+        assert max_diff(adapted(x), plain(x)) == 0  # B starts at zero: the function it had
+        adapted.blocks[1].mlp.fc1.lora_B["default"].weight.fill_(0.5)
+        assert max_diff(adapted(x), plain(x)) > 1e-3
+
+
+def test_bitfit_head_and_frozen_blocks():
+    bitfit = _trainable(finetune.prepare(_model(), "bitfit"))
+    assert bitfit and all(n.endswith(".bias") or n == "head.weight" for n in bitfit)
+    assert "blocks.0.attn.qkv.bias" in bitfit and "head.weight" in bitfit
+    assert _trainable(finetune.prepare(_model(), "head")) == {"head.weight", "head.bias"}
+    frozen = _trainable(finetune.prepare(_model(), "full", freeze_blocks=1))
+    assert not any(n.startswith(("patch_embed.", "blocks.0.")) for n in frozen)
+    assert "blocks.1.attn.qkv.weight" in frozen and "head.weight" in frozen
+    assert finetune.trainable(finetune.prepare(_model(), "head"))[0] == 32 * 10 + 10
+
+
+@pytest.mark.parametrize("call,words", [
+    (dict(mode="lora", lora_rank=0), "--lora-rank must be at least 1, got 0"),
+    (dict(mode="lora", lora_targets=("qkv", "query")),
+     r"--lora-targets query: not a linear layer .* fc1, fc2, proj, qkv"),
+    (dict(mode="full", freeze_blocks=3), "--freeze-blocks 3: the model has 2 blocks"),
+    (dict(mode="prompt"), "finetune must be one of full, lora, bitfit, head"),
+])
+def test_bad_finetune_options(call, words):
+    with pytest.raises(ValueError, match=words):
+        finetune.prepare(_model(), **call)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--finetune", "lora"], "finetune='lora' needs --init WEIGHTS"),
+    (["--init", "x", "--finetune", "lora", "--lora-rank", "0"], "lora_rank must be >= 1, not 0"),
+    (["--finetune", "adapter"], "finetune must be full, lora, bitfit or head, not 'adapter'"),
+    (["--init", "x", "--lora-targets", ","], "lora_targets must name at least one layer"),
+])
+def test_bad_finetune_flags_are_one_line(flags, words, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), *flags],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_missing_peft_names_its_extra(monkeypatch):
+    import vitkit.utils
+
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(vitkit.utils.MissingExtra, match=r"peft is needed for --finetune lora: pip install"):
+        resolve_config("fmnist", init="x", finetune="lora")
+
+
+@real
+@pytest.mark.slow
+def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path):
+    base = dict(runs_dir=str(tmp_path), progress=False, val_size=1000, warmup_steps=5, log_every=5,
+                checkpoint_every=1000, tensorboard=False, threads=1)
+    train(resolve_config("fmnist", name="small", max_steps=40, model_args={"depth": 2}, **base))
+    logs = []
+    summary = train(resolve_config("fmnist", name="lora", max_steps=40, init=str(tmp_path / "small" / "model"),
+                                   finetune="lora", lora_rank=4, **base), log=logs.append)
+    assert any("fine-tuning lora (rank 4, qkv, proj, fc1, fc2)" in line for line in logs)
+    assert 0 < summary["trainable_params"] < summary["params"] / 5
+    saved = load_file(tmp_path / "lora" / "model" / "model.safetensors")
+    assert not any("lora" in k or "base_layer" in k for k in saved)
+    adapter = load_file(tmp_path / "lora" / "adapter" / "adapter_model.safetensors")
+    assert "base_model.model.blocks.0.attn.qkv.lora_A.weight" in adapter
+    model = vitkit.from_pretrained(tmp_path / "lora" / "model")
+    out = vitkit.export_weights(model, tmp_path / "timm.safetensors", "timm")
+    assert out.exists() and summary["test_top1"] > 0.5
+    before = load_file(tmp_path / "small" / "model" / "model.safetensors")
+    changed = [k for k in before if k.startswith("blocks.") and not torch.equal(before[k], saved[k])]
+    assert "blocks.0.attn.qkv.weight" in changed  # the merged adapters moved the weights they adapt
+
+
+@real
+@pytest.mark.slow
+def test_a_killed_lora_run_resumes_bitwise(tmp_path):
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    common = ["--max-steps", "20", "--val-size", "1000", "--warmup-steps", "2", "--no-progress", "--threads", "1",
+              "--no-tensorboard"]
+    subprocess.run([sys.executable, "-m", "vitkit", "train", *common, "--model-args", '{"depth": 2}',
+                    "--runs-dir", str(tmp_path), "--name", "base"], check=True, env=env, capture_output=True)
+    ft = [*common, "--init", str(tmp_path / "base" / "model"), "--finetune", "lora", "--lora-rank", "4",
+          "--checkpoint-every", "5", "--keep-checkpoints", "5", "--runs-dir", str(tmp_path)]
+    subprocess.run([sys.executable, "-m", "vitkit", "train", *ft, "--name", "straight"], check=True, env=env,
+                   capture_output=True)
+    run = tmp_path / "killed"
+    kill_at_checkpoint(["train", *ft, "--name", "killed"], env, run, 10)
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    b = load_file(run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_at_step"] == 10 and summary["trainable_params"] < summary["params"]
