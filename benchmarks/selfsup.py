@@ -98,8 +98,9 @@ def finetune(source: str, fraction: float, seed: int, args: argparse.Namespace) 
         recipe = {**COMMON, **(SCRATCH if source == "scratch" else PRETRAINED), "train_fraction": fraction,
                   "seed": seed, "max_steps": steps, "batch_size": batch, "val_every": steps,
                   "checkpoint_every": steps, "keep_checkpoints": 1}
-        if source != "scratch":
+        if source != "scratch":  # the architecture comes from the weights
             recipe["init"] = str(args.work / f"pretrain-{source}")
+            del recipe["model"]
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps(recipe, indent=1))
         done = vitkit("train", "--config", str(cfg), "--runs-dir", str(args.work), "--name", run.name, "--no-progress",

@@ -9,6 +9,7 @@ and the slow parts (timing, training) run at tiny sizes or are replaced.
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,6 +142,29 @@ def test_selfsup_smoke_and_shortened_runs_write_to_the_smoke_folder(dirs, monkey
 
     assert selfsup.main(["--objectives", "mae", "--fractions", "0.01", "--seeds", "0", "--steps", "5"]) == 0
     assert _files(results) == []  # shortened fine-tuning: a smoke check too
+
+
+@pytest.mark.slow
+def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs):
+    """Real runs (no fakes): a shortened MAE pre-training, then full and LoRA fine-tuning from it, and
+    selfsup.py's own fine-tuning of the same encoder (both pass --init without --model)."""
+    pytest.importorskip("peft")
+    from vitkit.data import fashion_mnist as fm
+
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    import peft as bench_peft
+    import selfsup
+
+    results, smoke = dirs
+    assert bench_peft.main(["--smoke", "--modes", "full", "lora", "--steps", "4", "--threads", "1"]) == 0
+    assert _files(results) == []
+    [name] = [n for n in _files(smoke) if n.startswith("peft_")]
+    table = json.loads((smoke / name).read_text())["table"]
+    assert set(table) == {"mae-full@0.01", "mae-lora@0.01"}
+    assert table["mae-lora@0.01"]["trainable_params"] < table["mae-full@0.01"]["trainable_params"] / 2
+    args = SimpleNamespace(work=smoke / "selfsup", steps=4, threads=1)
+    assert selfsup.finetune("mae", 0.01, 0, args)["init"].endswith("pretrain-mae")
 
 
 def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):
