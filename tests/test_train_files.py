@@ -151,3 +151,23 @@ def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):
     assert len(whole) == spe + 2 and len(resumed) == spe - 1
     for a, b in zip(whole[3:], resumed):
         assert torch.equal(a, b)
+
+
+def test_shards_without_val_say_they_validate_on_the_test_split(tmp_path):
+    """A stream cannot be carved: without val/ the validation rows score test/, which is said."""
+    import warnings
+
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "img" / split / name).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(np.full((28, 28), 40 * i, np.uint8)).save(tmp_path / "img" / split / name / f"{i}.png")
+        folder_to_shards(tmp_path / "img" / split, tmp_path / "shards" / split, max_per_shard=4)
+    cfg = config(tmp_path, tmp_path / "shards", dataset="shards")
+    with pytest.warns(UserWarning, match=r"have no val/ folder: validation rows score the test split \(test/"):
+        open_data(cfg, torch.device("cpu"), channels=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_data(config(tmp_path, tmp_path / "shards", dataset="shards", val_size=0), torch.device("cpu"), channels=1)
+        folder_to_shards(tmp_path / "img" / "test", tmp_path / "shards" / "val", max_per_shard=4)
+        open_data(cfg, torch.device("cpu"), channels=1)

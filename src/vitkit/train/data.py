@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -203,7 +204,11 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
         raise ValueError(f"no class names for the shards in {train_dir}: write meta.json or classes.txt "
                          f"beside them (vitkit's write_shards does)")
     mean, std = datasets.FILE_STATS
-    # validation: val/ when there is one, else the test split (a stream is not carved)
+    # validation: val/ when there is one, else the test split (a stream is not carved): said
+    if val_dir == test_dir and cfg.val_size:
+        warnings.warn(f"the shards in {cfg.data_dir} have no val/ folder: validation rows score the test split "
+                      f"({test_dir.name}/; a stream cannot be carved): write held-out shards to val/ for a "
+                      f"validation set, or pass --val-size 0 to say it is meant", stacklevel=2)
     return RunData("shards", probe.classes, channels, None, mean[:channels], std[:channels],
                    train=ShardBatches(maker(train_dir), cfg.workers), val=ShardBatches(maker(val_dir), cfg.workers),
                    test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples)
