@@ -160,3 +160,11 @@ def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsy
     assert f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%" in said.out
     assert said.err.startswith("training vit_fmnist_hybrid (279,786 parameters")  # the first line says what and where
     assert "test-scale run" in summary["tiny"] and summary["train_images"] < 3000  # never passes for a result
+
+
+def test_a_finished_run_says_what_to_try_next_on_its_folder(tmp_path, capsys):
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "next"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "next"
+    assert f"next     vitkit eval --weights {run}" in out
+    assert f"vitkit predict --weights {run} IMAGE..." in out and f"vitkit inspect --weights {run}" in out

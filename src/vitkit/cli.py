@@ -436,6 +436,10 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{100 * summary['val_top1_ema']:.2f}%; model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
+    run = summary["run_dir"]
+    print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
+    print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
+          f"maps)")
     _tiny_note(summary)
     return 0
 

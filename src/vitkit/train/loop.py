@@ -474,6 +474,7 @@ def loop(run: Run) -> None:
     run.model.train()
     batches = run.data.train_batches(run.input_config, cfg, run.layout, run.start, run.total)
     window = Window(run.start)
+    shown_val: Dict[str, float] = {}  # the last validation accuracy rides along on the bar
     try:
         for step in range(run.start, run.total):
             t0 = time.perf_counter()
@@ -487,13 +488,14 @@ def loop(run: Run) -> None:
                 run.metrics.write(row)
                 progress.update(done, {"loss": row["train_loss"], **({"acc": row["train_acc"]} if "train_acc" in row
                                                                      else {}),
-                                       "img/s": row["img_s"], "epoch": row["epoch"]})
+                                       "img/s": row["img_s"], "epoch": row["epoch"], **shown_val})
                 window = Window(done)
             if done % (cfg.val_every or run.steps_per_epoch) == 0 or last:
                 window.check(run)
                 val_loss, val_acc = run.final_val = run.score(run.model, "val")
                 run.metrics.write({"step": done, "epoch": round(done / run.steps_per_epoch, 3), "val_loss": val_loss,
                                    **({"val_acc": val_acc} if val_acc is not None else {})})
+                shown_val = {"val_acc": val_acc} if val_acc is not None else {"val_loss": val_loss}
             if done % cfg.checkpoint_every == 0 or last:
                 window.check(run)
                 run.last_ckpt = _checkpoint(run, done)
