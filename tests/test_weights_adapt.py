@@ -111,3 +111,15 @@ def test_a_patch_size_the_image_does_not_divide_is_one_error(tmp_path):
     vitkit.export_weights(model, tmp_path / "m", "vitkit")
     with pytest.raises(ValueError, match=r"img_size \(28, 28\) is not divisible by patch_size \(5, 5\)"):
         vitkit.from_pretrained(tmp_path / "m", patch_size=5)
+
+
+def test_a_model_name_where_weights_belong_says_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(vitkit.WeightsError, match=r"fetches nothing by name: .*'hf-hub:timm/"
+                       r"vit_base_patch16_224\.<tag>'.*create_model\('vit_base_patch16_224'\)"):
+        vitkit.from_pretrained("vit_base_patch16_224")
+    with pytest.raises(vitkit.WeightsError, match=r"read as 'hf-hub:google/vit-base-patch16-224'"):
+        vitkit.from_pretrained("google/vit-base-patch16-224")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(vitkit.WeightsError, match=r"not found: runs/x \(no such file or folder\)$"):
+        vitkit.from_pretrained("runs/x")

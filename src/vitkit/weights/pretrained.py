@@ -184,7 +184,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     """
     path = weights_path(source)
     if not path.exists():
-        raise WeightsError(f"weights not found: {path} (no such file or folder)")
+        raise WeightsError(f"weights not found: {path} (no such file or folder)" + _name_hint(str(source)))
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
@@ -273,6 +273,20 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
                                                                     encoder))
     load_weights(model, src, strict=strict, interpolation=interpolation)
     return model.eval()
+
+
+def _name_hint(source: str) -> str:
+    """For a model name given where weights belong (timm's and Hugging Face's habit): how to get them."""
+    from ..models import list_models
+
+    if source in list_models():
+        return (f"; vitkit fetches nothing by name: timm's weights are Hub repositories, "
+                f"'hf-hub:timm/{source}.<tag>' (e.g. .augreg2_in21k_ft_in1k; needs huggingface_hub and the "
+                f"network), a downloaded file or folder is its path, and vitkit.create_model({source!r}) builds "
+                f"it with random weights")
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")) and not Path(source).parent.exists():
+        return f"; a Hugging Face Hub repository is read as 'hf-hub:{source}' (needs huggingface_hub and the network)"
+    return ""
 
 
 def weights_path(source: PathLike) -> Path:
