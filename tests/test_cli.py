@@ -118,3 +118,15 @@ def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words,
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "--epocs", "3"], ["--version"]])
+def test_help_and_a_mistyped_flag_answer_without_importing_torch(argv):
+    """torch's import is most of a second: help and flag errors must not wait for it."""
+    code = ("import sys, vitkit.cli\n"
+            "try:\n    vitkit.cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert done.stderr.strip().splitlines()[-1] == "False", done.stderr[-500:]
+    if argv[-1] == "3":
+        assert "did you mean --epochs?" in done.stderr

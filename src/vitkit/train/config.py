@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import tiny
-from ..models.config_base import MAX_IMG_SIZE
 from ..utils import require, usable_cores
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
@@ -252,6 +251,8 @@ class TrainConfig:
 
     def _bound_problems(self) -> list:
         """The sizes a machine bounds (its cores), names that must be folders, no empty text."""
+        from ..models.config_base import MAX_IMG_SIZE  # here: the command line's flags need no torch
+
         problems = []
         if self.img_size is not None and self.img_size > MAX_IMG_SIZE:
             problems.append(f"img_size {self.img_size} is past the {MAX_IMG_SIZE:,} px vitkit trains at")
