@@ -4,9 +4,11 @@ Loads a Fashion-MNIST model with 4 px patches (a ``vitkit train --model vit_fmni
 other patch sizes with ``vitkit.from_pretrained(RUN, patch_size=P)`` -- the patch filters
 resampled by FlexiViT's pseudo-inverse resize, the position grid by interpolation -- and scores
 each on the 10,000 test images, beside the same model whose filters were only interpolated
-(bicubic, the naive way; FlexiViT's Figure 3 shows the gap). The image stays 28 px, so 2 px
-patches give a 14x14 grid and 7 px patches a 4x4 grid; "P at 2x" feeds 56 px images (each
-image upsampled) to 8 px patches, the same 7x7 grid as training.
+(bicubic, the naive way). First with the image resized with the patch (2 px patches on 14 px
+images, 7 on 49, 8 on 56: the trained 7x7 grid, the setting in which FlexiViT's resize keeps a
+token's value -- exactly when upsampling), then at the trained 28 px, where 2 px patches give a
+14x14 grid and 7 px patches a 4x4 one: tokens that see another scale, which a model trained at
+one patch size has never met (FlexiViT trains with random patch sizes for that).
 
     python benchmarks/patch_resize.py --weights runs/vit_fmnist-RUN   # about a minute on 2 cores
 
@@ -27,8 +29,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
 
-#: (patch size, image size) pairs scored
-SETTINGS = ((4, 28), (2, 28), (7, 28), (8, 56), (14, 28))
+#: (patch size, image size) pairs scored: the same 7x7 grid with the image resized with the patch
+#: (FlexiViT's setting), then other grids at the trained 28 px
+SETTINGS = ((4, 28), (2, 14), (7, 49), (8, 56), (2, 28), (7, 28), (14, 28))
 
 
 def score(model, images: torch.Tensor, labels: torch.Tensor) -> float:
