@@ -153,7 +153,7 @@ def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs):
 
     if not fm._complete(fm.DEBIAN_DIR):
         pytest.skip("Debian dataset-fashion-mnist not installed")
-    import peft as bench_peft
+    import finetune_modes as bench_peft
     import selfsup
 
     results, smoke = dirs

@@ -43,8 +43,11 @@ def test_features_only_equals_timm(case, out_indices, images):
         inter = ref.forward_intermediates(x, indices=out_indices, intermediates_only=True)
     assert [t.shape for t in a] == [t.shape for t in b] and b[0].shape[1] == info.channels(0)
     assert b[0].shape[-2:] == (h // info.reduction(0), w // info.reduction(0))
-    assert a[-1].std() > 1e-2 and all(max_diff(p, q) <= TOL for p, q in zip(a, b))
-    assert all(max_diff(p, q) <= TOL for p, q in zip(inter, b))
+    # 1e-5 of the maps' scale: a hybrid's block outputs reach ~14 here, and one thread or two sum
+    # its convolutions in another order (1.05e-5 absolute seen with one)
+    tol = [TOL * max(1.0, p.abs().max().item()) for p in a]
+    assert a[-1].std() > 1e-2 and all(max_diff(p, q) <= t for p, q, t in zip(a, b, tol))
+    assert all(max_diff(p, q) <= t for p, q, t in zip(inter, b, tol))
 
 
 def test_from_pretrained_gives_a_backbone(tmp_path, images):

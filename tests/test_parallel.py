@@ -40,7 +40,7 @@ def test_two_batch_parts_train_exactly_what_two_accumulation_steps_train(tmp_pat
     images one after the other (both single-threaded inside), to the bit. (With augmentation the
     pixels differ: micro-batches draw theirs one after the other, parts share the whole batch's.)"""
     common = dict(max_steps=6, batch_size=32, runs_dir=str(tmp_path), progress=False, val_size=100,
-                  eval_batch_size=500, warmup_steps=2, tensorboard=False)
+                  eval_batch_size=500, warmup_steps=2, tensorboard=False, random_erasing=0.0)
     parted = train(resolve_config("fmnist", name="parts", threads=2, cpu_parallel="batch", **common))
     accumulated = train(resolve_config("fmnist", name="accum", threads=1, accum_steps=2, **common))
     a, b = _weights(tmp_path / "parts"), _weights(tmp_path / "accum")

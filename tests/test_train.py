@@ -29,7 +29,7 @@ def test_short_run_learns_and_writes_a_usable_run(tmp_path):
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train_loss" in r]
-    assert train_rows[-1]["train_loss"] < 0.6 * train_rows[0]["train_loss"]
+    assert train_rows[-1]["train_loss"] < 0.7 * train_rows[0]["train_loss"]  # erasing and smoothing on
     assert train_rows[-1]["train_acc"] > train_rows[0]["train_acc"] + 0.2
     assert summary["test_top1"] > 0.6  # chance is 0.1
     assert summary["steps"] == 120 and summary["seconds"] > 0

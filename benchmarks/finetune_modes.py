@@ -8,8 +8,8 @@ same optimiser steps as selfsup.py's budget, four ways (``vitkit train --finetun
 fc2), BitFit (the biases), head only. Each row: test top-1 (mean over seeds), the trainable
 parameters and the training img/s.
 
-    python benchmarks/peft.py             # 2 encoders x 2 fractions x 4 modes, 1 seed (about 45 min on 2 cores)
-    python benchmarks/peft.py --smoke     # smoke check (a minute or two): MAE, 1%, 0.2 pre-training epochs, 20 steps
+    python benchmarks/finetune_modes.py          # 2 encoders x 2 fractions x 4 modes, 1 seed (~45 min, 2 cores)
+    python benchmarks/finetune_modes.py --smoke  # a minute or two: MAE, 1%, 0.2 pre-training epochs, 20 steps
 
 Results: ``benchmarks/results/peft_<device>_<date>.json`` (rewritten after every run) and the
 table as Markdown (``--table``).
