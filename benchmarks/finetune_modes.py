@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
-from selfsup import BUDGET, COMMON, LABELS, PRETRAINED, finished, pretrain, vitkit  # noqa: E402
+from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from selfsup import BUDGET, COMMON, LABELS, PRETRAINED, add_run_options, apply_smoke, finished, pretrain, vitkit  # noqa: E402
 
 ENCODERS = ("mae", "simmim")
 FRACTIONS = (0.01, 0.1)
@@ -97,24 +97,17 @@ def parse_options(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all")
     ap.add_argument("--fractions", nargs="+", type=float, choices=list(FRACTIONS), help="default: all")
     ap.add_argument("--seeds", nargs="+", type=int, help="fine-tuning seeds (default 0)")
-    ap.add_argument("--pretrain-epochs", type=float, help="override the recipes' pre-training epochs (smoke checks)")
-    ap.add_argument("--steps", type=int, help="override the fine-tuning steps (smoke checks)")
-    ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
-    ap.add_argument("--work", type=Path, help=f"run directories (default runs/selfsup; smoke: {SMOKE_DIR}/selfsup)")
+    add_run_options(ap)
     ap.add_argument("--out", help="results file, or a folder for the default name")
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     ap.add_argument("--smoke", action="store_true", help="smoke check: " + ", ".join(
         f"{k.replace('_', '-')} {v}" for k, v in SMOKE.items()))
     args = ap.parse_args(argv)
-    for key, value in (SMOKE if args.smoke else {}).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
+    apply_smoke(args, SMOKE)
     args.encoders = args.encoders or list(ENCODERS)
     args.modes = args.modes or list(MODES)
     args.fractions = args.fractions or list(FRACTIONS)
     args.seeds = args.seeds or [0]
-    args.work = args.work or (Path(SMOKE_DIR) / "selfsup" if args.smoke else Path("runs/selfsup"))
     return args
 
 

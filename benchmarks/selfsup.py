@@ -220,15 +220,29 @@ def parse_options(ap: argparse.ArgumentParser, argv: Optional[List[str]]) -> arg
     """The options with the defaults filled in. Shortened pre-training or fine-tuning is a smoke
     check even without ``--smoke`` (its numbers are no benchmark result): it writes where one does."""
     args = ap.parse_args(argv)
-    for key, value in (SMOKE if args.smoke else {}).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
+    apply_smoke(args, SMOKE)
     args.objectives = args.objectives or list(OBJECTIVES)
     args.fractions = args.fractions or list(FRACTIONS)
     args.seeds = args.seeds or [0, 1, 2]
-    args.work = args.work or (Path(SMOKE_DIR) / "selfsup" if args.smoke else Path("runs/selfsup"))
     return args
+
+
+def add_run_options(ap: argparse.ArgumentParser) -> None:
+    """The options of every benchmark on these runs (this one, finetune_modes.py)."""
+    ap.add_argument("--pretrain-epochs", type=float, help="override the recipes' pre-training epochs (smoke checks)")
+    ap.add_argument("--steps", type=int, help="override the fine-tuning steps (smoke checks)")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
+    ap.add_argument("--work", type=Path, help=f"run directories (default runs/selfsup; smoke: {SMOKE_DIR}/selfsup)")
+
+
+def apply_smoke(args: argparse.Namespace, smoke: Dict[str, Any]) -> None:
+    """``--smoke``'s values under the explicit options; shortened runs count as a smoke check; the
+    runs' folder (a smoke check's never the real one)."""
+    for key, value in (smoke if args.smoke else {}).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
+    args.work = args.work or (Path(SMOKE_DIR) / "selfsup" if args.smoke else Path("runs/selfsup"))
 
 
 def main(argv: List[str] = None) -> int:
@@ -236,10 +250,7 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), help="default: all")
     ap.add_argument("--fractions", nargs="+", type=float, choices=list(FRACTIONS), help="default: all")
     ap.add_argument("--seeds", nargs="+", type=int, help="fine-tuning seeds (default 0 1 2)")
-    ap.add_argument("--pretrain-epochs", type=float, help="override the recipes' pre-training epochs (smoke checks)")
-    ap.add_argument("--steps", type=int, help="override the fine-tuning steps (smoke checks)")
-    ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
-    ap.add_argument("--work", type=Path, help=f"run directories (default runs/selfsup; smoke: {SMOKE_DIR}/selfsup)")
+    add_run_options(ap)
     ap.add_argument("--out", help="results file, or a folder for the default name (default benchmarks/results/"
                                   f"selfsup_<device>_<date>.json; smoke: the same name in {SMOKE_DIR})")
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
