@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import timm
 import torch
@@ -132,6 +133,15 @@ def results_path(out, name: str, smoke: bool = False) -> str:
         out = str(out)
         return os.path.join(out, name) if os.path.isdir(out) or out.endswith(("/", os.sep)) else out
     return os.path.join(SMOKE_DIR if smoke else RESULTS_DIR, name)
+
+
+def work_dir(given, name: str, smoke: bool = False) -> Path:
+    """The runs' folder of a benchmark that trains: ``--work`` when given, else ``runs/<name>``
+    for a full run and ``SMOKE_DIR/<name>`` for a smoke check (read when called, so a smoke
+    check never reuses or writes a real run's folder)."""
+    if given:
+        return Path(given)
+    return Path(SMOKE_DIR) / name if smoke else Path("runs") / name
 
 
 # ---------------------------------------------------------------------------- timing

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, work_dir, write_json_atomic  # noqa: E402
 
 OBJECTIVES = ("simmim", "mpp", "mae")
 LABELS = {"scratch": "from scratch", "simmim": "SimMIM", "mpp": "masked patch prediction (ViT 4.6)", "mae": "MAE"}
@@ -242,7 +242,7 @@ def apply_smoke(args: argparse.Namespace, smoke: Dict[str, Any]) -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
-    args.work = args.work or (Path(SMOKE_DIR) / "selfsup" if args.smoke else Path("runs/selfsup"))
+    args.work = work_dir(args.work, "selfsup", args.smoke)
 
 
 def main(argv: List[str] = None) -> int:

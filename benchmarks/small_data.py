@@ -60,7 +60,7 @@ from typing import Any, Dict, List
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, work_dir, write_json_atomic  # noqa: E402
 
 FRACTIONS = (0.01, 0.1, 1.0)
 DEFAULT_ARMS = ("vit", "convit", "deit", "resnet")
@@ -210,7 +210,7 @@ def main(argv: List[str] = None) -> int:
     for key, value in (SMOKE if args.smoke else defaults).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.work = args.work or (Path(SMOKE_DIR) / "small_data" if args.smoke else Path("runs/small_data"))
+    args.work = work_dir(args.work, "small_data", args.smoke)
     if any(not 0 < f <= 1 for f in args.fractions):
         ap.error("fractions must be in (0, 1]")
 

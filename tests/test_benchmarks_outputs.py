@@ -52,6 +52,11 @@ def test_results_path_file_folder_and_defaults(dirs, tmp_path):
     assert bi.results_path(str(tmp_path / "f.json"), "x.json", smoke=True) == str(tmp_path / "f.json")
     assert bi.results_path(tmp_path, "x.json") == str(tmp_path / "x.json")  # an existing folder
     assert bi.results_path(f"{tmp_path}/new/", "x.json") == f"{tmp_path}/new/x.json"  # a folder to make
+    # the runs' folder follows SMOKE_DIR as it is when called (a script imported by an earlier
+    # test keeps no stale copy of it: that sent a smoke check's runs into another test's folder)
+    assert bi.work_dir(None, "selfsup", smoke=True) == smoke / "selfsup"
+    assert bi.work_dir(None, "selfsup") == Path("runs/selfsup")
+    assert bi.work_dir(tmp_path / "w", "selfsup", smoke=True) == tmp_path / "w"
 
 
 def test_bench_inference_quick_writes_to_the_smoke_folder(dirs, capsys):
