@@ -472,12 +472,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
 
     from .data import datasets
-    from .evaluate import classification_report, plot_confusion
-    from .train.loop import load_split_tensors
+    from .evaluate import plot_confusion
     from .utils import new_folder, write_json
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, not {args.batch_size}")
+    _check_hf_flags(args)
     if args.out:  # checked before the evaluation, not after it
         check_output(args.out, "folder", "--out")
     model = _runtime_model(args)
@@ -486,14 +486,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if dataset is None:
         raise ValueError(f"the weights' classes ({_preview(names) if names else 'no label names'}) are none of "
                          f"{', '.join(datasets.CLASS_NAMES)}: pass --dataset")
-    images, labels, classes = load_split_tensors(dataset, args.split, args.data_dir)
-    if names and list(names) != list(classes):
-        raise ValueError(f"the weights were trained on other classes ({_preview(names)}) than {dataset}'s "
-                         f"({_preview(classes)}): evaluate them on their own dataset")
-    report = classification_report(model, images, labels, classes, args.batch_size,
-                                   progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
-    result = {"weights": args.weights, "dataset": dataset, "split": args.split, "precision": _runtime_name(model),
+    evaluate = _eval_hf if datasets.is_hf(dataset) else _eval_in_memory
+    report, split, skipped = evaluate(args, model, dataset)
+    result = {"weights": args.weights, "dataset": dataset, "split": split, "precision": _runtime_name(model),
               **report.to_dict()}
+    if skipped:
+        result["skipped"] = len(skipped)
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
         with new_folder(args.out) as out:  # a failure (a full disk, a signal) removes the folder it made
@@ -502,8 +500,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{dataset} {args.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
+    print(f"{dataset} {split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
           f"({report.count:,} images, {_runtime_name(model)})")
+    if skipped:
+        print(f"skipped {len(skipped)} unusable rows (first: {skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
@@ -511,25 +511,71 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fewshot(args: argparse.Namespace) -> int:
-    import torch
+def _check_hf_flags(args: argparse.Namespace) -> None:
+    """The Hugging Face flags of eval and fewshot apply to --dataset hf:... alone."""
+    from .data import datasets
 
-    from .evaluate import extract_features, fewshot_from_features
+    given = [f"--{k.replace('_', '-')}" for k in ("hf_split", "image_key", "label_key")
+             if getattr(args, k, None) is not None]
+    if given and not datasets.is_hf(args.dataset):
+        raise ValueError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to Hugging Face "
+                         f"datasets (--dataset hf:NAME_OR_DIR)")
+    if datasets.is_hf(args.dataset) and args.data_dir:
+        raise ValueError(f"--data-dir does not apply to --dataset {args.dataset}: the folder or Hub name follows hf:")
+
+
+def _same_classes(names, classes, dataset: str) -> None:
+    if names and list(names) != list(classes):
+        raise ValueError(f"the weights were trained on other classes ({_preview(names)}) than {dataset}'s "
+                         f"({_preview(classes)}): evaluate them on their own dataset")
+
+
+def _eval_in_memory(args: argparse.Namespace, model, dataset: str):
+    from .evaluate import classification_report
     from .train.loop import load_split_tensors
+
+    images, labels, classes = load_split_tensors(dataset, args.split, args.data_dir)
+    _same_classes(model.config.label_names, classes, dataset)
+    report = classification_report(model, images, labels, classes, args.batch_size,
+                                   progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
+    return report, args.split, []
+
+
+def _eval_hf(args: argparse.Namespace, model, dataset: str):
+    """A Hugging Face split through the model's evaluation pipeline (resize, centre crop)."""
+    from .data import hf
+    from .data.pipelines import from_model_config
+    from .evaluate import report_over
+
+    split = args.hf_split or ("train" if args.split == "train" else None)
+    data = hf.open_splits(dataset, {args.split: split}, args.image_key, args.label_key,
+                          _channels(model), from_model_config(model.config, train=False))[args.split]
+    _same_classes(model.config.label_names, data.classes, dataset)
+    skipped = [name for name, _ in data.skipped]
+    batches = hf.batches(data, args.batch_size, 2, skipped)
+    report = report_over(model, batches, data.classes, -(-len(data) // args.batch_size), not args.no_progress,
+                         f"evaluating {dataset} {data.split_name}")
+    return report, data.split_name, skipped
+
+
+def _channels(model) -> int:
+    """The channels to decode image files to for ``model`` (grey for one, else RGB)."""
+    return 1 if model.config.in_chans == 1 else 3
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    from .data import datasets
+    from .evaluate import fewshot_from_features
 
     if min(args.shots) < 1 or args.seeds < 1 or args.pool < 0:  # before the features are computed
         raise ValueError(f"--shots must be >= 1, --seeds >= 1 and --pool >= 0 (0: all), not {args.shots}, "
                          f"{args.seeds} and {args.pool}")
+    _check_hf_flags(args)
     model = _load(args, encoder_only=True)  # a pre-training model's ViT
-    tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
-    te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
-    if args.pool:  # features of a random subset of the training pool are enough to draw shots from
-        pick = torch.randperm(len(tr_y), generator=torch.Generator().manual_seed(0))[:args.pool]
-        tr_x, tr_y = tr_x[pick], tr_y[pick]
-    show = not args.no_progress
-    feats_tr = extract_features(model, tr_x, progress=show, label="extracting train features")
-    feats_te = extract_features(model, te_x, progress=show, label="extracting test features")
-    results = fewshot_from_features(feats_tr, tr_y, feats_te, te_y, args.shots, args.seeds, progress=show)
+    features = _fewshot_features_hf if datasets.is_hf(args.dataset) else _fewshot_features_in_memory
+    feats_tr, tr_y, feats_te, te_y = features(args, model)
+    results = fewshot_from_features(feats_tr, tr_y, feats_te, te_y, args.shots, args.seeds,
+                                    progress=not args.no_progress)
     if args.json:
         print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in results.values()]}))
@@ -538,6 +584,56 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     for r in results.values():
         print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
     return 0
+
+
+def _pool(n: int, pool: int):
+    """The training rows shots are drawn from: a random ``pool`` of them (0: all), the same every run."""
+    import torch
+
+    if not pool or pool >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(0))[:pool]
+
+
+def _fewshot_features_in_memory(args: argparse.Namespace, model):
+    from .evaluate import extract_features
+    from .train.loop import load_split_tensors
+
+    tr_x, tr_y, _ = load_split_tensors(args.dataset, "train", args.data_dir)
+    te_x, te_y, _ = load_split_tensors(args.dataset, "test", args.data_dir)
+    pick = _pool(len(tr_y), args.pool)  # features of a random subset of the training pool are enough
+    tr_x, tr_y = tr_x[pick], tr_y[pick]
+    show = not args.no_progress
+    return (extract_features(model, tr_x, progress=show, label="extracting train features"), tr_y,
+            extract_features(model, te_x, progress=show, label="extracting test features"), te_y)
+
+
+def _fewshot_features_hf(args: argparse.Namespace, model):
+    import torch
+    from torch.utils.data import Subset
+
+    from .data import hf
+    from .data.pipelines import from_model_config
+    from .evaluate import features_over
+
+    data = hf.open_splits(args.dataset, {"train": args.hf_split, "test": None}, args.image_key, args.label_key,
+                          _channels(model), from_model_config(model.config, train=False))
+    out, skipped = [], []
+    for role, rows in (("train", _pool(len(data["train"]), args.pool).tolist()), ("test", None)):
+        part = data[role] if rows is None else Subset(data[role], rows)
+        labels: list = []
+
+        def inputs(part=part, labels=labels):
+            for x, y in hf.batches(part, 500, 2, skipped):
+                labels.append(y)
+                yield x
+
+        feats = features_over(model, inputs(), -(-len(part) // 500), not args.no_progress,
+                              f"extracting {role} features")
+        out += [feats, torch.cat(labels)]
+    if skipped:
+        print(f"note: skipped {len(skipped)} unusable rows (first: {skipped[0]})", file=sys.stderr)
+    return tuple(out)
 
 
 def _train_fields():
@@ -555,6 +651,13 @@ def _optional(parse):
 
     convert.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its errors
     return convert
+
+
+def _add_hf_flags(p: argparse.ArgumentParser, split_help: str) -> None:
+    """--hf-split, --image-key, --label-key: a Hugging Face dataset's split and columns."""
+    p.add_argument("--hf-split", help=f"hf: datasets: {split_help}")
+    p.add_argument("--image-key", help="hf: datasets: the image column (default: the one Image column)")
+    p.add_argument("--label-key", help="hf: datasets: the label column (default: the one ClassLabel column)")
 
 
 def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None:
@@ -704,10 +807,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
     p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
-    p.add_argument("--dataset", help="fashion-mnist, cifar10 or cifar100 (default: the one whose classes the "
-                                     "weights name)")
+    p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR (default: the one "
+                                     "whose classes the weights name)")
     p.add_argument("--data-dir")
     p.add_argument("--split", default="test", choices=["train", "test"])
+    _add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
     _add_runtime_flags(p)
@@ -718,8 +822,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("fewshot", "the paper's few-shot linear evaluation of frozen features")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
-    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR")
     p.add_argument("--data-dir")
+    _add_hf_flags(p, "the split shots are drawn from (default: train; tested on test, or validation)")
     p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--pool", type=int, default=10_000,
@@ -776,6 +881,9 @@ def describe_error(e: BaseException) -> str:
     from .utils import is_disk_full
 
     text = " ".join(str(e).split()) if str(e).strip() else ""
+    if text.startswith("Caught ") and "Original Traceback" in text:  # re-raised from a DataLoader worker
+        last = str(e).strip().splitlines()[-1]
+        text = last.split(": ", 1)[1].strip() if ": " in last else last.strip()
     if is_disk_full(e, "."):
         where = f" while writing {e.filename}" if getattr(e, "filename", None) else ""
         return text if "no space left on device while writing" in text else \

@@ -1,10 +1,12 @@
 """Dataset names: the one place ``--dataset`` values are known.
 
-Two kinds. *In-memory* datasets (Fashion-MNIST, CIFAR-10/100) load whole into uint8 arrays;
+Three kinds. *In-memory* datasets (Fashion-MNIST, CIFAR-10/100) load whole into uint8 arrays;
 the training loop augments them in batches on the device. *File* datasets (an image
 folder, tar shards) are decoded image by image in DataLoader workers through the paper's
 torchvision pipelines. A file dataset's ``--data-dir`` holds ``train/`` and ``test/`` (or
 ``val/``): class subfolders of images, or ``.tar`` shards with their ``meta.json``.
+*Hugging Face* datasets (``hf:NAME_OR_DIR``, :mod:`.hf`) are read row by row like an image
+folder, or streamed like shards.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ IN_MEMORY: Dict[str, Tuple[Callable[[str, Optional[str]], ArrayDataset], Stats]]
 ALIASES = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10",
            "cifar-100": "cifar100", "imagefolder": "folder", "webdataset": "shards"}
 FILE_DATASETS = ("folder", "shards")
+#: A Hugging Face dataset: hf:org/name (the Hub, or its local cache) or hf:FOLDER (vitkit.data.hf).
+HF_PREFIX = "hf:"
 #: Normalisation of file datasets trained from scratch: the ViT paper's, to [-1, 1].
 FILE_STATS: Stats = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -45,12 +49,18 @@ def dataset_for_labels(label_names: Optional[List[str]]) -> Optional[str]:
     return next((name for name, classes in CLASS_NAMES.items() if list(label_names or []) == classes), None)
 
 
+def is_hf(name: Optional[str]) -> bool:
+    return bool(name) and name.lower().startswith(HF_PREFIX)
+
+
 def canonical(name: str) -> str:
     """The dataset's registered name; a clear error listing the names for anything else."""
+    if is_hf(name):  # hf:NAME_OR_DIR keeps its case (Hub names and paths are case-sensitive)
+        return HF_PREFIX + name[len(HF_PREFIX):]
     name = ALIASES.get(name.lower(), name.lower())
     if name not in IN_MEMORY and name not in FILE_DATASETS:
         raise ValueError(f"unknown dataset {name!r}; available: "
-                         f"{', '.join(list(IN_MEMORY) + list(FILE_DATASETS))}")
+                         f"{', '.join(list(IN_MEMORY) + list(FILE_DATASETS))}, hf:NAME_OR_DIR (a Hugging Face dataset)")
     return name
 
 

@@ -10,7 +10,7 @@ mean and standard deviation of test accuracy over seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,6 @@ from .metrics import prepare_batch
 LAMBDAS = tuple(2.0 ** k for k in range(-10, 11, 2))
 
 
-@torch.inference_mode()
 def extract_features(model: nn.Module, images: torch.Tensor, batch_size: int = 500, progress: bool = True,
                      label: str = "extracting features") -> torch.Tensor:
     """The pre-logits representation (what the head would see) of uint8 images, as float64.
@@ -31,11 +30,17 @@ def extract_features(model: nn.Module, images: torch.Tensor, batch_size: int = 5
     ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
     extraction has run 5 s (10,000 images through a ViT-S/16 on a CPU: tens of seconds).
     """
+    batches = (prepare_batch(images[i:i + batch_size], model.config) for i in range(0, len(images), batch_size))
+    return features_over(model, batches, -(-len(images) // batch_size), progress, label)
+
+
+@torch.inference_mode()
+def features_over(model: nn.Module, batches: Iterable[torch.Tensor], total: Optional[int] = None,
+                  progress: bool = True, label: str = "extracting features") -> torch.Tensor:
+    """:func:`extract_features` over model inputs already at the model's size and normalisation."""
     model.eval()
-    out = []
-    for i in track(range(0, len(images), batch_size), label, enabled=progress, unit="batches"):
-        x = prepare_batch(images[i:i + batch_size], model.config)
-        out.append(model.forward_head(model.forward_features(x), pre_logits=True).double())
+    out = [model.forward_head(model.forward_features(x), pre_logits=True).double()
+           for x in track(batches, label, total, enabled=progress, unit="batches")]
     return torch.cat(out)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,7 +44,6 @@ def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
     return (x - mean) / std
 
 
-@torch.inference_mode()
 def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                           classes: Optional[List[str]] = None, batch_size: int = 500, progress: bool = True,
                           label: str = "evaluating") -> ClassificationReport:
@@ -53,18 +52,31 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
     evaluation has run 5 s (:func:`vitkit.progress.track`).
     """
-    model.eval()
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
     data_classes = max(len(classes), int(labels.max()) + 1 if len(labels) else 0)
     if data_classes != n_classes:
         raise ValueError(f"the model predicts {n_classes} classes and the data has {data_classes}: "
                          f"evaluate it on the data it was trained for")
+    batches = ((prepare_batch(images[i:i + batch_size], model.config), labels[i:i + batch_size])
+               for i in range(0, len(labels), batch_size))
+    return report_over(model, batches, classes, -(-len(labels) // batch_size), progress, label)
+
+
+@torch.inference_mode()
+def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], classes: List[str],
+                total: Optional[int] = None, progress: bool = True, label: str = "evaluating") -> ClassificationReport:
+    """The report over (model input, labels) batches: inputs already at the model's size and
+    normalisation (an image file pipeline's, or :func:`prepare_batch`'s); ``classes`` are the data's."""
+    model.eval()
+    n_classes = model.config.num_classes
+    if len(classes) != n_classes:
+        raise ValueError(f"the model predicts {n_classes} classes and the data has {len(classes)}: "
+                         f"evaluate it on the data it was trained for")
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     top5_hits = 0
-    for i in track(range(0, len(labels), batch_size), label, enabled=progress, unit="batches"):
-        logits = model(prepare_batch(images[i:i + batch_size], model.config)).float()
-        y = labels[i:i + batch_size]
+    for x, y in track(batches, label, total, enabled=progress, unit="batches"):
+        logits = model(x).float()
         k = min(5, n_classes)
         top5_hits += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum().item()
         pred = logits.argmax(-1)
@@ -74,7 +86,7 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     per_class = {c: float(confusion[i, i] / support[i]) if support[i] else float("nan")
                  for i, c in enumerate(classes)}
     return ClassificationReport(float(np.trace(confusion) / max(count, 1)), top5_hits / max(count, 1),
-                                per_class, confusion, classes, count)
+                                per_class, confusion, list(classes), count)
 
 
 def plot_confusion(report: ClassificationReport, path: Path, title: str = "") -> Path:

@@ -33,10 +33,23 @@ class TrainConfig:
 
     #: Named recipe whose values replace these defaults (a config file and flags override it).
     recipe: str = "fmnist"
-    #: fashion-mnist, cifar10, cifar100, folder (an ImageFolder) or shards (webdataset tar shards).
+    #: fashion-mnist, cifar10, cifar100, folder (an ImageFolder), shards (webdataset tar shards) or
+    #: hf:NAME_OR_DIR (a Hugging Face dataset: a Hub name, a save_to_disk folder or a folder of
+    #: Parquet files).
     dataset: str = "fashion-mnist"
     #: Where the dataset is (file datasets: the folder with train/ and test/ or val/).
     data_dir: Optional[str] = None
+    #: hf: datasets: the split to train on (none: train).
+    hf_split: Optional[str] = None
+    #: hf: datasets: the split to test on (none: test, else validation).
+    hf_test_split: Optional[str] = None
+    #: hf: datasets: the image column (none: the one Image column).
+    image_key: Optional[str] = None
+    #: hf: datasets: the label column (none: the one ClassLabel column, whose names are the classes).
+    label_key: Optional[str] = None
+    #: hf: datasets: stream the rows (datasets larger than the disk or memory) instead of loading
+    #: the splits first; validation then scores the test split.
+    hf_streaming: bool = False
     #: Registered model name or size string ("B/16"); see `vitkit models`.
     model: str = DEFAULT_MODEL
     #: Model config overrides as JSON, e.g. {"drop_path_rate": 0.1}; merged into the recipe's.
@@ -268,19 +281,38 @@ class TrainConfig:
             problems.append(f"name must be a folder name (no '/', not '.' or '..', at most 200 bytes), not "
                             f"{_show(self.name)}")
         empty = [name for name in ("dataset", "model", "runs_dir", "data_dir", "init", "teacher", "randaugment")
-                 if getattr(self, name) == ""]
+                 + HF_FIELDS if getattr(self, name) == ""]
         if empty:
             problems.append(f"{', '.join(empty)} cannot be empty (none: leave the field out)")
+        return problems + self._hf_problems()
+
+    def _hf_problems(self) -> list:
+        """hf: datasets' own options apply to them alone; their data is the name, not data_dir."""
+        from ..data.datasets import is_hf
+
+        given = [name for name in HF_FIELDS + ("hf_streaming",) if getattr(self, name) not in (None, False)]
+        if not is_hf(self.dataset):
+            return [f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to Hugging Face datasets "
+                    f"(--dataset hf:NAME_OR_DIR)"] if given else []
+        problems = []
+        if self.data_dir:
+            problems.append(f"data_dir does not apply to --dataset {self.dataset}: the folder or Hub name follows hf:")
+        if self.hf_streaming and (self.train_fraction < 1.0 or self.repeated_aug > 1):
+            problems.append("train_fraction and repeated_aug need indexable data: a stream cannot be subset or "
+                            "repeated; drop --hf-streaming")
         return problems
 
     def require_packages(self) -> None:
         """Import the optional packages this run will use, so that a missing one is one line
         (:class:`vitkit.utils.MissingExtra`) before any data is read or run folder made."""
-        from ..data.datasets import ALIASES, FILE_DATASETS
+        from ..data.datasets import ALIASES, FILE_DATASETS, is_hf
 
         dataset = ALIASES.get(self.dataset.lower(), self.dataset.lower())
-        if dataset in FILE_DATASETS:
-            require("torchvision.transforms.v2", "train", f"training on image files (--dataset {dataset})")
+        if dataset in FILE_DATASETS or is_hf(dataset):
+            require("torchvision.transforms.v2", "train", f"training on image files (--dataset "
+                                                            f"{self.dataset if is_hf(dataset) else dataset})")
+        if is_hf(dataset):
+            require("datasets", "hf", f"Hugging Face datasets (--dataset {self.dataset})")
         if self.randaugment:
             require("torchvision.transforms.v2", "train", "RandAugment (--randaugment)")
         if self.finetune == "lora":
@@ -321,6 +353,9 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         return d
 
+
+#: The options of Hugging Face datasets (--dataset hf:...) that name a split or a column.
+HF_FIELDS: Tuple[str, ...] = ("hf_split", "hf_test_split", "image_key", "label_key")
 
 #: The fields that take one of a few words.
 CHOICES: Dict[str, Tuple[str, ...]] = {

@@ -88,7 +88,7 @@ def _labelled_subset(tr_idx: torch.Tensor, labels: torch.Tensor, fraction: float
 class RunData:
     """Splits and facts of a dataset; batch sources need the model's config (size, normalisation)."""
 
-    kind: str  # "memory", "folder" or "shards"
+    kind: str  # how it is batched: "memory", "folder" (indexable files or rows) or "shards" (a stream)
     classes: List[str]
     in_chans: int
     img_size: Optional[tuple]  # the data's own size (in-memory), else None: the model's
@@ -136,6 +136,8 @@ class RunData:
 def open_data(cfg: TrainConfig, device: torch.device, channels: int = 3) -> RunData:
     """Load (in memory) or scan (files) the dataset of ``cfg``; ``channels`` for file datasets."""
     name = datasets.canonical(cfg.dataset)
+    if datasets.is_hf(name):
+        return _hf(cfg, name, channels)
     if datasets.is_in_memory(name):
         return _memory(cfg, name, device)
     if name == "folder":
@@ -212,3 +214,58 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
     return RunData("shards", probe.classes, channels, None, mean[:channels], std[:channels],
                    train=ShardBatches(maker(train_dir), cfg.workers), val=ShardBatches(maker(val_dir), cfg.workers),
                    test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples)
+
+
+def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
+    """A Hugging Face dataset: its rows indexed as an image folder's files are (validation carved
+    from the training split, exact resume), or, ``hf_streaming``, streamed as tar shards are."""
+    from ..data import hf
+
+    splits = hf.load(name, streaming=cfg.hf_streaming)
+    train_name = hf.pick_split(splits, name, cfg.hf_split, "train")
+    test_name = hf.pick_split(splits, name, cfg.hf_test_split, "test")
+    if train_name == test_name:
+        raise ValueError(f"{name}: the training and test splits are both {train_name!r}: name another with "
+                         f"--hf-test-split")
+    image_key, label_key, classes = hf.find_columns(splits[train_name].features, name, cfg.image_key, cfg.label_key)
+    mean, std = datasets.FILE_STATS
+    if cfg.hf_streaming:
+        return _hf_stream(cfg, name, splits, (train_name, test_name), (image_key, label_key, classes), channels)
+    train = hf.HFImages(splits[train_name], name, train_name, image_key, label_key, classes, channels=channels,
+                        strict=cfg.strict_data)
+    test = hf.HFImages(splits[test_name], name, test_name, image_key, label_key, train.classes, channels=channels,
+                       strict=cfg.strict_data)
+    val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
+    tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
+    test_batches = FolderBatches(test, range(len(test)), cfg.workers)
+    return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
+                   train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
+                   val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
+                   test=test_batches, n_train=len(tr_idx),
+                   skipped=train.skipped + test.skipped)
+
+
+def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:
+    from ..data import hf
+
+    train_name, test_name = names
+    image_key, label_key, classes = columns
+    classes = hf.stream_classes(splits[train_name], label_key, classes, f"{name}/{train_name}")
+    rows = hf.count_rows(splits[train_name], label_key, f"{name}/{train_name}")
+
+    def maker(split_name: str):
+        def make(transform, seed: int, shuffle: bool) -> hf.HFStream:
+            if shuffle:  # training: every rank the same number of samples
+                return hf.HFStream(splits[split_name], name, split_name, image_key, label_key, classes, transform,
+                                   channels, seed, cfg.shuffle_buffer, "auto", cfg.strict_data, num_rows=rows)
+            return hf.HFStream(splits[split_name], name, split_name, image_key, label_key, classes, transform,
+                               channels, strict=cfg.strict_data, rank=0, world_size=1)
+        return make
+
+    if cfg.val_size:
+        warnings.warn(f"{name} is streamed: validation rows score the {test_name} split (a stream cannot be "
+                      f"carved); pass --val-size 0 to say it is meant", stacklevel=2)
+    mean, std = datasets.FILE_STATS
+    test = ShardBatches(maker(test_name), cfg.workers)
+    return RunData("shards", classes, channels, None, mean[:channels], std[:channels],
+                   train=ShardBatches(maker(train_name), cfg.workers), val=test, test=test, n_train=rows)

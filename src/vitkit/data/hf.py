@@ -1,0 +1,440 @@
+"""Hugging Face datasets (``--dataset hf:NAME_OR_DIR``): the Hub's image classification data.
+
+Most image classification sets now live on the Hugging Face Hub as Parquet/Arrow files read by
+the ``datasets`` package (an optional extra, ``vitkit[hf]``). Three places are understood:
+
+* a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``load_from_disk``);
+* any other folder (Parquet, Arrow, CSV + image files ...: ``load_dataset(folder)``, as the
+  ``datasets`` package reads a folder of data files);
+* a Hub name, ``org/name`` (``load_dataset``; from the local cache when offline).
+
+Columns: the image column is the one ``Image`` feature and the label column the one
+``ClassLabel`` feature, whose names are the class names; ``image_key`` / ``label_key`` choose
+when there are several, or none (an integer label column then names its classes by number).
+Images are read as bytes (``Image(decode=False)``) and decoded by vitkit's one decoder
+(:func:`vitkit.data.images.decode_image`), so grey, RGBA, palette and 16-bit images give the
+same pixels as from a file. A sample that cannot be used -- bytes Pillow cannot decode, a label
+outside the classes (the ``-1`` of an unlabelled test split) -- is a
+:class:`~vitkit.data.images.Skipped` naming it (``hf:NAME/split#index``), counted by the run.
+
+Two ways to read: :class:`HFImages` (map-style, indexable: the run's order, validation carve,
+label fraction and DDP split are the image folder's, and resuming is exact) and
+:class:`HFStream` (``streaming=True``, for sets larger than the disk or memory: the tar shards'
+reader contract -- ``set_epoch``, every rank the same number of samples, a resumed run re-reads
+its epoch up to the step -- over ``datasets``' own shuffle buffer and node split).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from ..utils import require, seed_for
+from .datasets import HF_PREFIX as PREFIX
+from .datasets import is_hf
+from .images import BadImageError, Skipped, decode_image
+
+logger = logging.getLogger("vitkit.data")
+
+#: The split a run tests on when none is named: the first of these the dataset has.
+TEST_SPLITS = ("test", "validation", "valid", "val")
+
+
+def _datasets():
+    return require("datasets", "hf", "Hugging Face datasets (--dataset hf:...)")
+
+
+# ---------------------------------------------------------------------------------- opening
+
+def _where(name: str) -> str:
+    where = name[len(PREFIX):] if is_hf(name) else name
+    if not where.strip():
+        raise ValueError("--dataset hf: needs a Hub name or a folder after it (hf:org/name, hf:path/to/folder)")
+    return where
+
+
+def _looks_local(where: str) -> bool:
+    return where.startswith(("/", "./", "../", "~")) or where in (".", "..") or where.count("/") > 1
+
+
+def load(name: str, streaming: bool = False) -> Any:
+    """The ``DatasetDict`` (or ``IterableDatasetDict``) ``hf:NAME_OR_DIR`` names; one clear error
+    for a missing folder or an unreachable, uncached Hub name."""
+    ds = _datasets()
+    where = _where(name)
+    path = Path(where).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{name}: {path} is a file; pass the folder save_to_disk wrote, or a folder of "
+                             f"Parquet/Arrow files")
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = ds.load_from_disk(str(path))
+            if streaming:
+                loaded = _to_iterable(loaded)
+            return _as_dict(loaded)
+        try:
+            return ds.load_dataset(str(path), streaming=streaming)
+        except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"{name}: the datasets package reads no dataset in {path} ({_first_line(e)}); "
+                             f"expected a save_to_disk folder or Parquet/Arrow files") from None
+    if _looks_local(where):
+        raise FileNotFoundError(f"{name}: no such folder: {where}")
+    try:
+        return ds.load_dataset(where, streaming=streaming)
+    except ConnectionError as e:  # no network and not in the local cache
+        raise ConnectionError(f"{name}: not in the local Hugging Face cache and the Hub cannot be reached "
+                              f"({_first_line(e)}): load it once where the network is (it is then cached), "
+                              f"or pass a folder saved with save_to_disk") from None
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{name}: no such dataset on the Hub or in the cache ({_first_line(e)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _as_dict(loaded: Any) -> Any:
+    """A lone split saved without its DatasetDict counts as its "train" split."""
+    ds = _datasets()
+    if isinstance(loaded, (ds.Dataset, ds.IterableDataset)):
+        cls = ds.DatasetDict if isinstance(loaded, ds.Dataset) else ds.IterableDatasetDict
+        return cls({"train": loaded})
+    return loaded
+
+
+def _to_iterable(loaded: Any) -> Any:
+    ds = _datasets()
+    if isinstance(loaded, ds.Dataset):
+        return loaded.to_iterable_dataset(num_shards=max(1, min(64, len(loaded) // 1000)))
+    return ds.IterableDatasetDict({k: _to_iterable(v) for k, v in loaded.items()})
+
+
+def pick_split(splits: Any, name: str, split: Optional[str], role: str) -> str:
+    """``split`` when the dataset has it, else (none given) the first of ``TEST_SPLITS`` for the
+    test role and "train" for training; one error naming the splits there are otherwise."""
+    have = list(splits)
+    if split is not None:
+        if split not in have:
+            raise ValueError(f"{name} has no split {split!r}; its splits: {', '.join(have)}")
+        return split
+    wanted = ("train",) if role == "train" else TEST_SPLITS
+    found = next((s for s in wanted if s in have), None)
+    if found is None:
+        flag = "--hf-split" if role == "train" else "--hf-test-split"
+        raise ValueError(f"{name} has no {' or '.join(wanted)} split for {role}; its splits: {', '.join(have)}: "
+                         f"name one with {flag}")
+    return found
+
+
+# ---------------------------------------------------------------------------------- columns
+
+def find_columns(features: Any, name: str, image_key: Optional[str] = None, label_key: Optional[str] = None
+                 ) -> Tuple[str, str, Optional[List[str]]]:
+    """(image column, label column, class names or None) from a split's features: the one
+    ``Image`` and the one ``ClassLabel`` column unless named; one error a person can act on."""
+    ds = _datasets()
+    columns = list(features)
+    if image_key is not None:
+        if image_key not in features:
+            raise ValueError(f"{name} has no column {image_key!r} (--image-key); its columns: {', '.join(columns)}")
+        if not isinstance(features[image_key], ds.Image):
+            raise ValueError(f"{name}: column {image_key!r} is {type(features[image_key]).__name__}, not images")
+    else:
+        images = [c for c in columns if isinstance(features[c], ds.Image)]
+        if len(images) != 1:
+            what = "no image column" if not images else f"{len(images)} image columns ({', '.join(images)})"
+            raise ValueError(f"{name} has {what}; its columns: {', '.join(columns)}: name the images with --image-key")
+        image_key = images[0]
+    if label_key is None:
+        labels = [c for c in columns if isinstance(features[c], ds.ClassLabel)]
+        if len(labels) != 1:
+            what = "no label column (ClassLabel)" if not labels else \
+                f"{len(labels)} label columns ({', '.join(labels)})"
+            raise ValueError(f"{name} has {what}; its columns: {', '.join(columns)}: name the labels with --label-key")
+        label_key = labels[0]
+    elif label_key not in features:
+        raise ValueError(f"{name} has no column {label_key!r} (--label-key); its columns: {', '.join(columns)}")
+    feature = features[label_key]
+    if isinstance(feature, ds.ClassLabel):
+        return image_key, label_key, list(feature.names)
+    if not (isinstance(feature, ds.Value) and feature.dtype.startswith(("int", "uint"))):
+        raise ValueError(f"{name}: label column {label_key!r} holds {feature!r}; labels must be a ClassLabel or "
+                         f"integers")
+    return image_key, label_key, None
+
+
+def _raw_images(split: Any, image_key: str) -> Any:
+    """The split with its image column as bytes/paths: vitkit decodes them itself."""
+    return split.cast_column(image_key, _datasets().Image(decode=False))
+
+
+def decode_cell(cell: Any, channels: int, name: str):
+    """An ``Image(decode=False)`` cell ({"bytes", "path"}) -> an upright RGB/L PIL image."""
+    if not isinstance(cell, dict) or (cell.get("bytes") is None and not cell.get("path")):
+        raise BadImageError(name, "no image in this row")
+    source = cell["bytes"] if cell.get("bytes") is not None else cell["path"]
+    try:
+        return decode_image(source, channels, name=name)
+    except FileNotFoundError as e:
+        raise BadImageError(name, f"image file not found: {e.filename or source}") from None
+
+
+def _label_problem(label: Any, num_classes: int) -> Optional[str]:
+    if label is None:
+        return "no label"
+    if not 0 <= int(label) < num_classes:
+        return f"label {int(label)} is outside the {num_classes} classes (0-{num_classes - 1})"
+    return None
+
+
+# ---------------------------------------------------------------------------------- map-style
+
+class HFImages(Dataset):
+    """One split of a (non-streaming) Hugging Face dataset as (image, class index) pairs, with
+    :class:`~vitkit.data.folder.ImageFolder`'s interface: ``classes``, ``targets``, ``skipped``,
+    ``samples``; ``transform`` applies to the decoded PIL image (none: the image itself).
+
+    Labels are read once at construction: a row whose label is outside the classes is in
+    ``skipped`` and never indexed. A row whose image does not decode gives a ``Skipped``
+    naming it (or, ``strict``, a :class:`~vitkit.data.images.BadImageError`).
+    """
+
+    def __init__(self, split: Any, name: str, split_name: str, image_key: str, label_key: str,
+                 classes: Optional[List[str]], transform: Optional[Callable] = None, channels: int = 3,
+                 strict: bool = False):
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        self.name, self.split_name = name, split_name
+        self.image_key, self.label_key = image_key, label_key
+        self.transform, self.channels, self.strict = transform, channels, strict
+        self._rows = _raw_images(split.select_columns([image_key, label_key]), image_key)
+        labels = split.select_columns([label_key]).with_format("numpy")[label_key]
+        labels = [None if v is None else int(v) for v in labels]
+        if classes is None:  # integer labels without names: their numbers name them
+            top = max((v for v in labels if v is not None), default=-1)
+            classes = [str(i) for i in range(top + 1)]
+        self.classes = list(classes)
+        self.samples: List[Tuple[int, int]] = []
+        self.skipped: List[Tuple[str, str]] = []
+        for row, label in enumerate(labels):
+            problem = _label_problem(label, len(self.classes))
+            if problem is None:
+                self.samples.append((row, label))
+            elif strict:
+                raise ValueError(f"{self.sample_name(row)}: {problem}")
+            else:
+                self.skipped.append((self.sample_name(row), problem))
+        if self.skipped:
+            logger.warning("%s/%s: skipped %d of %d rows (first: %s: %s)", name, split_name, len(self.skipped),
+                           len(labels), *self.skipped[0])
+        if not self.samples:
+            first = f" (first: {self.skipped[0][1]})" if self.skipped else ""
+            raise ValueError(f"{name} split {split_name!r} has no usable labelled rows of {len(labels)}{first}")
+
+    def sample_name(self, row: int) -> str:
+        return f"{self.name}/{self.split_name}#{row}"
+
+    @property
+    def targets(self) -> List[int]:
+        return [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
+        row, label = self.samples[index]
+        name = self.sample_name(row)
+        try:
+            im = decode_cell(self._rows[row][self.image_key], self.channels, name)
+        except BadImageError as e:
+            if self.strict:
+                raise
+            logger.warning("skipping %s: %s", name, e.reason)
+            return Skipped(name, e.reason)
+        return (self.transform(im) if self.transform is not None else im), label
+
+    def __repr__(self) -> str:
+        return (f"HFImages({self.name!r}, split {self.split_name!r}: {len(self.samples)} images, "
+                f"{len(self.classes)} classes, {len(self.skipped)} skipped)")
+
+
+# ---------------------------------------------------------------------------------- streaming
+
+def _rank_world() -> Tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class HFStream(IterableDataset):
+    """One split of a streaming Hugging Face dataset, read as the tar shards are
+    (:class:`~vitkit.data.shards.ShardDataset`'s contract).
+
+    Every reader (a rank's DataLoader worker) takes its part with ``datasets``'
+    ``split_dataset_by_node`` (whole files when they divide evenly, else every n-th row), after
+    the same seeded shuffle on every rank (``datasets``' buffer shuffle, its file order and
+    buffer reseeded by ``set_epoch``). With ``epoch_length`` ("auto": the rows // ranks)
+    every rank yields exactly that many samples an epoch, a reader that runs out reading its
+    part again; without it, every row once (evaluation).
+    """
+
+    def __init__(self, split: Any, name: str, split_name: str, image_key: str, label_key: str,
+                 classes: List[str], transform: Optional[Callable] = None, channels: int = 3, seed: int = 0,
+                 shuffle_buffer: int = 0, epoch_length: Optional[Union[int, str]] = None, strict: bool = False,
+                 num_rows: Optional[int] = None, rank: Optional[int] = None, world_size: Optional[int] = None):
+        super().__init__()
+        self.name, self.split_name = name, split_name
+        self.image_key, self.label_key, self.classes = image_key, label_key, list(classes)
+        self.transform, self.channels, self.seed = transform, channels, seed
+        self.shuffle_buffer, self.strict = shuffle_buffer, strict
+        self._split = _raw_images(split.select_columns([image_key, label_key]), image_key)
+        self._epoch_length = epoch_length
+        self._num_rows = num_rows
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else _rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world if self._world is not None else _rank_world()[1]
+
+    @property
+    def num_samples(self) -> int:
+        if self._num_rows is None:
+            self._num_rows = count_rows(self._split, self.label_key, f"{self.name}/{self.split_name}")
+        return self._num_rows
+
+    @property
+    def epoch_length(self) -> Optional[int]:
+        if self._epoch_length != "auto":
+            return self._epoch_length
+        n = self.num_samples // self.world_size
+        if n == 0:
+            raise ValueError(f"{self.num_samples} rows cannot feed {self.world_size} ranks")
+        return n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _stream(self, reader: int, readers: int, passes: int) -> Iterator[Dict[str, Any]]:
+        from datasets.distributed import split_dataset_by_node
+
+        stream = self._split
+        if self.shuffle_buffer > 0:
+            stream = stream.shuffle(seed=seed_for(self.seed, "hf-stream", passes) % 2 ** 32,
+                                    buffer_size=self.shuffle_buffer)
+        if readers > 1:
+            stream = split_dataset_by_node(stream, rank=reader, world_size=readers)
+        stream.set_epoch(self.epoch)  # after the split, which starts its copy at epoch 0
+        for batch in stream.iter(batch_size=1):  # iter(): no second split by DataLoader worker
+            yield {k: v[0] for k, v in batch.items()}
+
+    def __iter__(self) -> Iterator[Union[Tuple[Any, int], Skipped]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        reader, readers = self.rank * workers + worker, self.world_size * workers
+        length = self.epoch_length
+        quota = None if length is None else length // workers + (worker < length % workers)
+        rows = self._rows(reader, readers, quota)
+        for position, row in (itertools.islice(rows, quota) if quota is not None else rows):
+            yield self._sample(position, row)
+
+    def _rows(self, reader: int, readers: int, quota: Optional[int]) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        produced, passes = 0, 0
+        while quota != 0:
+            found = 0
+            for row in self._stream(reader, readers, passes):
+                yield produced + found, row
+                found += 1
+            produced += found
+            passes += 1
+            if quota is None or produced >= quota:
+                return
+            if found == 0:
+                raise ValueError(f"{self.name}/{self.split_name}: reader {reader} of {readers} found no rows: too "
+                                 f"few rows (or files) for {readers} readers: use fewer --workers")
+
+    def _sample(self, position: int, row: Dict[str, Any]) -> Union[Tuple[Any, int], Skipped]:
+        name = f"{self.name}/{self.split_name}@epoch{self.epoch}:{self.rank}.{position}"
+        problem = _label_problem(row.get(self.label_key), len(self.classes))
+        try:
+            if problem is not None:
+                raise BadImageError(name, problem)
+            im = decode_cell(row[self.image_key], self.channels, name)
+        except BadImageError as e:
+            if self.strict:
+                raise
+            logger.warning("skipping %s: %s", name, e.reason)
+            return Skipped(name, e.reason)
+        return (self.transform(im) if self.transform is not None else im), int(row[self.label_key])
+
+
+def count_rows(split: Any, label_key: str, what: str) -> int:
+    """The rows of a split: from its metadata when known, else by reading its label column once."""
+    info = getattr(split, "info", None)
+    splits = getattr(info, "splits", None) or {}
+    name = getattr(split, "split", None)
+    if name is not None and str(name) in splits and splits[str(name)].num_examples:
+        return int(splits[str(name)].num_examples)
+    from ..progress import track
+
+    labels = split.select_columns([label_key]).iter(batch_size=1000)
+    return sum(len(b[label_key]) for b in track(labels, f"counting the rows of {what}", unit="batches"))
+
+
+def stream_classes(split: Any, label_key: str, classes: Optional[List[str]], what: str) -> List[str]:
+    """Class names of a stream: the ClassLabel's; integer labels need them named (a stream is
+    not read twice to find its largest label)."""
+    if classes is None:
+        raise ValueError(f"{what}: streaming needs a ClassLabel column for its class names; the label column "
+                         f"{label_key!r} holds plain integers: read it without streaming, or cast the column "
+                         f"to a ClassLabel")
+    return classes
+
+
+__all__ = ["PREFIX", "TEST_SPLITS", "is_hf", "load", "pick_split", "find_columns", "decode_cell", "HFImages",
+           "HFStream", "count_rows", "stream_classes"]
+
+
+
+# ---------------------------------------------------------------------------------- evaluation
+
+def open_splits(name: str, roles: Dict[str, Optional[str]], image_key: Optional[str] = None,
+                label_key: Optional[str] = None, channels: int = 3, transform: Optional[Callable] = None
+                ) -> Dict[str, HFImages]:
+    """{role: HFImages} for roles "train"/"test" and the split asked for each (None: found),
+    the columns read off the first; every split shares the first one's classes."""
+    splits = load(name)
+    out: Dict[str, HFImages] = {}
+    classes = None
+    for role, split in roles.items():
+        split_name = pick_split(splits, name, split, role)
+        if classes is None:
+            image_key, label_key, classes = find_columns(splits[split_name].features, name, image_key, label_key)
+        out[role] = HFImages(splits[split_name], name, split_name, image_key, label_key, classes, transform,
+                             channels)
+        classes = out[role].classes
+    return out
+
+
+def batches(dataset: Dataset, batch_size: int, workers: int, skipped: List[str]) -> Iterator[Tuple[Any, Any]]:
+    """(inputs, labels) batches of a dataset giving transformed samples or ``Skipped``; the names
+    of the skipped ones are appended to ``skipped``."""
+    from torch.utils.data import DataLoader
+
+    from .folder import collate_skip_bad
+
+    for x, y, bad in DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_skip_bad):
+        skipped.extend(bad)
+        if x is not None:
+            yield x, y

@@ -1,0 +1,296 @@
+"""Hugging Face datasets (--dataset hf:...): real Fashion-MNIST pictures saved by the ``datasets``
+package itself, as a ``save_to_disk`` folder and as a folder of Parquet files.
+
+The training split also holds the rows of real collections: an RGBA image, a 16-bit grey one
+(both must decode as they do from a file) and bytes that are no image (skipped and counted); the
+test split a row labelled -1 (an unlabelled test row, as ImageNet's on the Hub).
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from conftest import kill_at_checkpoint
+from vitkit.cli import main as cli
+from vitkit.data import fashion_mnist as fm
+from vitkit.data.images import Skipped, decode_image
+
+datasets = pytest.importorskip("datasets")
+pytestmark = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+CLASSES = {0: "tshirt", 1: "trouser", 8: "bag"}  # three Fashion-MNIST classes, as ClassLabel names
+NAMES = list(CLASSES.values())
+TINY = {"in_chans": 1, "embed_dim": 48, "depth": 2, "num_heads": 2, "mlp_dim": 96}
+
+
+def png(array, **kw) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array, **kw).save(out, format="PNG")
+    return out.getvalue()
+
+
+def rows(split: str, per_class: int):
+    data = fm.load_split(split)
+    images, labels = [], []
+    for label, (source, _) in enumerate(CLASSES.items()):
+        for i in np.flatnonzero(data.labels == source)[:per_class]:
+            images.append({"bytes": png(data.images[i]), "path": None})
+            labels.append(label)
+    return images, labels
+
+
+ODD = {"rgba": 0, "grey16": 1, "broken": 2}  # the odd training rows, appended in this order
+
+
+def odd_rows():
+    rgba = np.zeros((28, 28, 4), np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, 128
+    grey16 = (np.arange(28 * 28, dtype=np.uint16).reshape(28, 28) * 83)
+    return [{"bytes": png(rgba, mode="RGBA"), "path": None}, {"bytes": png(grey16), "path": None},
+            {"bytes": b"not an image at all", "path": None}], list(ODD.values())
+
+
+def features(**extra):
+    return datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES), **extra})
+
+
+@pytest.fixture(scope="module")
+def hf_data(tmp_path_factory):
+    """(save_to_disk folder, Parquet folder, the cache folder the datasets package may write to)."""
+    root = tmp_path_factory.mktemp("hf")
+    train_x, train_y = rows("train", 300)
+    odd_x, odd_y = odd_rows()
+    test_x, test_y = rows("test", 100)
+    splits = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"image": train_x + odd_x, "label": train_y + odd_y}, features=features()),
+        "test": datasets.Dataset.from_dict({"image": test_x + test_x[:1], "label": test_y + [-1]},
+                                           features=features())})
+    splits.save_to_disk(str(root / "saved"))
+    for name, split in splits.items():  # shuffled, as Hub files are (a stream's buffer only mixes nearby rows)
+        split.shuffle(seed=0).flatten_indices().to_parquet(str(root / "parquet" / "data" /
+                                                               f"{name}-00000-of-00001.parquet"))
+    return root / "saved", root / "parquet", root / "cache"
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(hf_data, monkeypatch):
+    """The datasets package's cache in tmp (load_dataset of a Parquet folder writes Arrow files there)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_data[2]))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_data[2])
+
+
+def config(tmp_path, dataset, **kw):
+    from vitkit.train import resolve_config
+
+    base = dict(dataset=dataset, model="vit_fmnist", img_size=28, model_args=TINY, max_steps=60, batch_size=30,
+                val_size=90, warmup_steps=10, lr=2e-3, runs_dir=str(tmp_path), name="run", checkpoint_every=30,
+                log_every=10, progress=False, workers=0, eval_batch_size=100)
+    base.update(kw)
+    return resolve_config("fmnist", **base)
+
+
+@pytest.fixture(scope="module")
+def trained(hf_data, tmp_path_factory):
+    """A tiny ViT trained on the save_to_disk folder: (its run folder, its summary)."""
+    from vitkit.train import train
+
+    tmp = tmp_path_factory.mktemp("hf_run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", hf_data[2])
+        summary = train(config(tmp, f"hf:{hf_data[0]}"))
+    return tmp / "run", summary
+
+
+# ------------------------------------------------------------------------------------ reading
+
+def test_rows_decode_as_the_same_image_file_would(hf_data):
+    """vitkit's decoder, not the datasets package's: 16-bit grey scaled (Pillow's convert clips),
+    RGBA on white; plain rows give the pixels datasets' own decoding gives."""
+    from vitkit.data.hf import HFImages, find_columns, load
+
+    splits = load(f"hf:{hf_data[0]}")
+    split = splits["train"]
+    image_key, label_key, classes = find_columns(split.features, "x")
+    assert (image_key, label_key, classes) == ("image", "label", NAMES)
+    data = HFImages(split, "hf:x", "train", image_key, label_key, classes, channels=1)
+    assert len(data) == 903 and data.skipped == []  # bad bytes show when decoded, not before
+    plain, label = data[0]
+    theirs = split[0]["image"]  # the datasets package's own decoding
+    assert label == 0 and np.array_equal(np.asarray(plain), np.asarray(theirs.convert("L")))
+    odd_x, _ = odd_rows()
+    for position, cell in zip((900, 901), odd_x):
+        ours, _ = data[position]
+        assert np.array_equal(np.asarray(ours), np.asarray(decode_image(cell["bytes"], channels=1)))
+    assert np.asarray(data[901][0]).max() > 200  # 16-bit scaled to 8 bits, not clipped to white
+    broken = data[902]
+    assert broken.name == "hf:x/train#902" and "not an image" in broken.reason
+
+
+def test_a_label_outside_the_classes_is_skipped_by_name(hf_data):
+    from vitkit.data.hf import HFImages, load
+
+    split = load(f"hf:{hf_data[0]}")["test"]
+    data = HFImages(split, "hf:x", "test", "image", "label", NAMES)
+    assert len(data) == 300 and data.skipped == [("hf:x/test#300", "label -1 is outside the 3 classes (0-2)")]
+
+
+# ------------------------------------------------------------------------------------ training
+
+@pytest.mark.slow
+def test_a_saved_dataset_trains_counts_its_bad_rows_and_keeps_its_class_names(trained):
+    run, summary = trained
+    assert summary["test_top1"] > 0.75  # three classes: chance is 1/3
+    assert summary["skipped_files"] in (1, 2)  # the -1 test row; the broken train row if it was drawn
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in metrics if "train_loss" in r]
+    assert losses[-1] < 0.7 * losses[0]
+    saved = json.loads((run / "model" / "config.json").read_text())
+    assert saved["config"]["label_names"] == NAMES
+
+
+@pytest.mark.slow
+def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsys):
+    """The same rows read from Parquet (load_dataset) and from the saved folder score the same, name
+    the classes of the ClassLabel, and count the unlabelled row."""
+    run, summary = trained
+    scores = []
+    for where in hf_data[:2]:
+        assert cli(["eval", "--weights", str(run), "--dataset", f"hf:{where}", "--json", "--no-progress"]) == 0
+        scores.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    saved, parquet = scores
+    assert list(parquet["per_class"]) == NAMES and parquet["count"] == 300 and parquet["skipped"] == 1
+    assert parquet["top1"] == saved["top1"] and parquet["split"] == "test"
+    assert abs(parquet["top1"] - summary["test_top1"]) < 0.02  # the run scored in bf16, eval in fp32
+    assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--shots", "1", "5",
+                "--seeds", "2", "--json", "--no-progress"]) == 0
+    shots = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+    assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, hf_data):
+    args = ["train", "--dataset", f"hf:{hf_data[0]}", "--model", "vit_fmnist", "--model-args", json.dumps(TINY),
+            "--max-steps", "24", "--checkpoint-every", "8", "--keep-checkpoints", "5", "--batch-size", "30",
+            "--val-size", "90", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress", "--threads", "1",
+            "--workers", "1", "--runs-dir", str(tmp_path)]
+    env = dict(os.environ, PYTHONHASHSEED="0", HF_DATASETS_CACHE=str(hf_data[2]))
+    subprocess.run([sys.executable, "-m", "vitkit", *args, "--name", "straight"], check=True, env=env,
+                   capture_output=True)
+    run = tmp_path / "killed"
+    kill_at_checkpoint([*args, "--name", "killed"], env, run, 8)
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    b = load_file(run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------ streaming
+
+def test_a_stream_resumes_in_order_and_splits_between_ranks(hf_data):
+    from vitkit.data.hf import HFStream, load
+    from vitkit.train.batches import Layout, ShardBatches
+
+    split = load(f"hf:{hf_data[1]}", streaming=True)["train"]
+
+    def make(transform, seed, shuffle, rank=None, world=None):
+        return HFStream(split, "hf:x", "train", "image", "label", NAMES, transform, 1, seed,
+                        shuffle_buffer=100 if shuffle else 0, epoch_length="auto" if shuffle else None,
+                        num_rows=903, rank=rank, world_size=world)
+
+    layout = Layout(batch_size=30, accum_steps=1, world=1, rank=0)
+    source = ShardBatches(make, workers=2)
+    spe = 903 // 30
+    def pixel_sum(im):  # tells the rows apart (the labels are in class order)
+        return torch.tensor(float(np.asarray(im, dtype=np.float64).sum()))
+
+    whole = [x for x, _, _ in source.train(pixel_sum, 0, layout, 0, spe + 2, spe)]
+    resumed = [x for x, _, _ in source.train(pixel_sum, 0, layout, 3, spe + 2, spe)]
+    assert len(whole) == spe + 2 and len(resumed) == spe - 1
+    assert all(torch.equal(a, b) for a, b in zip(whole[3:], resumed))
+    assert not torch.equal(whole[0], whole[spe])  # the next epoch is shuffled anew
+
+    # evaluation: two ranks read disjoint rows that together are every row once
+    def ids(stream):
+        return [str(s.reason) if isinstance(s, Skipped) else pixel_sum(s[0]).item() for s in stream]
+
+    halves = [ids(make(None, 0, False, rank, 2)) for rank in (0, 1)]
+    everything = ids(make(None, 0, False, 0, 1))
+    assert len(everything) == 903 and abs(len(halves[0]) - len(halves[1])) <= 1
+    assert sorted(map(str, halves[0] + halves[1])) == sorted(map(str, everything))
+    # training: every rank the same number of samples an epoch
+    assert len(list(make(None, 0, True, 0, 2))) == len(list(make(None, 0, True, 1, 2))) == 451
+
+
+@pytest.mark.slow
+def test_a_streamed_dataset_trains(tmp_path, hf_data):
+    from vitkit.train import train
+
+    summary = train(config(tmp_path, f"hf:{hf_data[1]}", hf_streaming=True, val_size=0, workers=2,
+                           shuffle_buffer=300))
+    assert summary["test_top1"] > 0.75
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+def test_bad_datasets_and_flags_are_one_line_each(tmp_path, hf_data, capsys):
+    no_image = datasets.Dataset.from_dict({"pixels": [b"x"], "label": [0]},
+                                          features=datasets.Features({"pixels": datasets.Value("binary"),
+                                                                      "label": datasets.ClassLabel(names=NAMES)}))
+    datasets.DatasetDict({"train": no_image, "test": no_image}).save_to_disk(str(tmp_path / "no_image"))
+    two = datasets.Dataset.from_dict({"image": [{"bytes": png(np.zeros((4, 4), np.uint8)), "path": None}],
+                                      "label": [0], "coarse": [1]},
+                                     features=features(coarse=datasets.ClassLabel(names=["top", "bottom"])))
+    datasets.DatasetDict({"train": two, "test": two}).save_to_disk(str(tmp_path / "two_labels"))
+    runs = tmp_path / "runs"
+    cases = [
+        (["train", "--dataset", f"hf:{tmp_path / 'no_image'}"], "has no image column; its columns: pixels, label"),
+        (["train", "--dataset", f"hf:{tmp_path / 'two_labels'}"], "has 2 label columns (label, coarse)"),
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--hf-split", "training"],
+         "has no split 'training'; its splits: train, test"),
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--hf-test-split", "train"], "are both 'train'"),
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--label-key", "colour"], "no column 'colour' (--label-key)"),
+        (["train", "--dataset", f"hf:{tmp_path / 'nowhere'}"], "no such folder"),
+        (["train", "--dataset", "hf:"], "needs a Hub name or a folder"),
+        (["train", "--hf-split", "train"], "hf_split applies only to Hugging Face"),  # a flag of hf: datasets alone
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--data-dir", str(tmp_path)], "data_dir does not apply"),
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--hf-streaming", "--train-fraction", "0.5"],
+         "a stream cannot be subset"),
+        (["eval", "--weights", str(tmp_path), "--image-key", "img"], "--image-key applies only to Hugging Face"),
+    ]
+    for args, message in cases:
+        assert cli([*args, "--no-progress", *(["--runs-dir", str(runs)] if args[0] == "train" else [])]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1] and err[-1].startswith(f"vitkit {args[0]}: error: "), (args, err)
+    assert not runs.exists() or not any(runs.iterdir())  # nothing half-made
+
+
+def test_an_uncached_hub_name_offline_says_so_in_one_line(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               HF_DATASETS_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "hf:someone/nothing-here",
+                           "--runs-dir", str(tmp_path / "runs"), "--no-progress"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "vitkit train: error: hf:someone/nothing-here: not in the local Hugging Face cache and the Hub cannot be "
+        "reached")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_missing_datasets_package_names_the_extra(monkeypatch, tmp_path):
+    from vitkit.train import resolve_config
+    from vitkit.utils import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(MissingExtra, match=r"datasets is needed for Hugging Face datasets .*\.\[hf\]"):
+        resolve_config("fmnist", dataset=f"hf:{tmp_path}").validate()
