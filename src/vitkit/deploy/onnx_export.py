@@ -151,13 +151,15 @@ class SeparateQKV(nn.Module):
             if bias is not None:
                 linear.bias = nn.Parameter(bias.detach()[i * dim:(i + 1) * dim], requires_grad=False)
         self.proj = attn.proj
+        self.rel_pos = attn.rel_pos  # the model asks the layer for its relative bias (relative positions)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).permute(0, 2, 3, 1)
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        weights = torch.softmax((q @ k) / self.root, dim=-1)
+        scores = (q @ k) / self.root
+        weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
         return self.proj((weights @ v).transpose(1, 2).reshape(b, n, c)), None
 
 

@@ -91,7 +91,8 @@ class TokenModel(SaveMixin, nn.Module):
 
     def no_weight_decay(self) -> set:
         """Parameters the papers' recipes exempt from weight decay."""
-        return {n for n, _ in self.named_parameters() if n in self.NO_WEIGHT_DECAY}
+        return {n for n, _ in self.named_parameters()
+                if n in self.NO_WEIGHT_DECAY or n.endswith(positions.RELATIVE_TABLE)}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = bool(enable)
@@ -139,7 +140,10 @@ class TokenModel(SaveMixin, nn.Module):
 
     def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
         """Layer ``i`` (``blk``) on the tokens -> (tokens, attention weights or None)."""
-        return self._checkpointed(blk, x, return_attention)
+        bias = positions.attention_bias(self, blk, grid)  # relative positions: the layer's own bias
+        if bias is None:
+            return self._checkpointed(blk, x, return_attention)
+        return self._checkpointed(blk, x, return_attention, bias)
 
     def _finish(self, x: torch.Tensor, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """The last layer's tokens -> the final normalised tokens (further maps appended to ``attns``)."""

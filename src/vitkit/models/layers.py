@@ -250,6 +250,97 @@ def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000
     return pe.float().unsqueeze(0)
 
 
+# ----------------------------------------------------------------------------- relative positions
+
+
+def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
+    """(N, N) long: for query token i and key token j, the row of a relative-bias table that holds
+    their 2D offset (Swin / BEiT; equal to timm's ``gen_relative_position_index``).
+
+    Patch p at (r, c) and q at (r', c') share the row (r - r' + gh - 1) * (2 gw - 1) + c - c' + gw - 1
+    of the (2 gh - 1)(2 gw - 1) offsets. With one prefix token (a class token, ``prefix_tokens=1``)
+    the table has three more rows, BEiT's: class -> patch, patch -> class, class -> class.
+    """
+    if prefix_tokens not in (0, 1):
+        raise ValueError(f"relative position bias supports 0 or 1 prefix tokens (a class token), not {prefix_tokens}")
+    gh, gw = grid
+    rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    coords = torch.stack([rows.flatten(), cols.flatten()])  # (2, gh*gw)
+    offsets = coords[:, :, None] - coords[:, None, :]  # (2, N, N): query minus key
+    index = (offsets[0] + gh - 1) * (2 * gw - 1) + offsets[1] + gw - 1
+    if prefix_tokens:
+        offsets_count = (2 * gh - 1) * (2 * gw - 1)
+        index = F.pad(index, (1, 0, 1, 0))
+        index[0, :] = offsets_count  # class token as the query
+        index[:, 0] = offsets_count + 1  # class token as the key
+        index[0, 0] = offsets_count + 2
+    return index.contiguous()
+
+
+def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
+    """A ((2 gh - 1)(2 gw - 1) + 3 prefix, heads) relative-bias table for grid ``old`` -> grid ``new``.
+
+    An offset keeps its bias: it is the same displacement in pixels at any grid of the same patch
+    size. A smaller grid keeps the central offsets (exact: resizing back restores the table); a
+    larger one repeats the outermost learned offset outwards, as distances past the trained range
+    share one bias (T5's far bucket). (timm's ``resize_rel_pos_bias_table`` stretches the table
+    instead, as BEiT's fine-tuning did, so that offsets change meaning; vitkit keeps them.)
+    """
+    (oh, ow), (nh, nw) = old, new
+    extra = table[table.shape[0] - 3 * prefix_tokens:]
+    offsets = table[:table.shape[0] - 3 * prefix_tokens]
+    if offsets.shape[0] != (2 * oh - 1) * (2 * ow - 1):
+        raise ValueError(f"a relative-bias table of {table.shape[0]} rows is not that of a {oh}x{ow} grid "
+                         f"with {prefix_tokens} prefix token(s)")
+    grid = offsets.reshape(2 * oh - 1, 2 * ow - 1, -1)
+    dy = (torch.arange(-(nh - 1), nh) + oh - 1).clamp(0, 2 * oh - 2)
+    dx = (torch.arange(-(nw - 1), nw) + ow - 1).clamp(0, 2 * ow - 2)
+    resized = grid[dy][:, dx].reshape((2 * nh - 1) * (2 * nw - 1), -1)
+    return torch.cat([resized, extra]).contiguous()
+
+
+class RelativePositionBias(nn.Module):
+    """Learned relative position bias (Swin, BEiT; timm's ``RelPosBias``): one scalar per head for
+    each 2D offset between a query and a key patch, added to the attention logits before the
+    softmax. Parameter ``relative_position_bias_table`` ((2 gh - 1)(2 gw - 1) + 3 prefix, heads),
+    timm's name and layout; the index is a non-persistent buffer.
+
+    ``forward(grid)`` -> the (1, heads, N, N) bias of a grid (another grid than the native one is
+    resized on the fly by :func:`resize_relative_table`).
+    """
+
+    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0):
+        super().__init__()
+        self.grid, self.prefix_tokens = tuple(grid), int(prefix_tokens)
+        rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * self.prefix_tokens
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, num_heads))
+        self.register_buffer("relative_position_index", relative_position_index(self.grid, self.prefix_tokens),
+                             persistent=False)
+
+    def forward(self, grid: IntPair) -> torch.Tensor:
+        table, index = self.relative_position_bias_table, self.relative_position_index
+        if tuple(grid) != self.grid:
+            table = resize_relative_table(table, self.grid, grid, self.prefix_tokens)
+            index = relative_position_index(grid, self.prefix_tokens).to(index.device)
+        n = index.shape[0]
+        return table[index.view(-1)].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
+
+    @torch.no_grad()
+    def set_grid(self, grid: IntPair) -> None:
+        """Make ``grid`` the native one: the table resized in place, the index rebuilt."""
+        grid = tuple(grid)
+        if grid == self.grid:
+            return
+        table = resize_relative_table(self.relative_position_bias_table.data, self.grid, grid, self.prefix_tokens)
+        self.relative_position_bias_table = nn.Parameter(table, requires_grad=self.relative_position_bias_table
+                                                         .requires_grad)
+        self.relative_position_index = relative_position_index(grid, self.prefix_tokens).to(table.device)
+        self.grid = grid
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
+
+
 # ----------------------------------------------------------------------------- forward_intermediates
 
 
@@ -432,20 +523,26 @@ class Attention(nn.Module):
         self.attn_drop = float(attn_drop)
         self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+        #: a relative position bias (:class:`RelativePositionBias`), attached by the model for that kind
+        self.rel_pos: Optional[nn.Module] = None
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None):
+        """``bias``: (1, heads, N, N) added to the logits before the softmax (relative positions)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         attn = None
         if return_attention or self._explicit(x):
             attn = (q * self.scale) @ k.transpose(-2, -1)
+            if bias is not None:
+                attn = attn + bias.to(attn.dtype)
             attn = attn.softmax(dim=-1)
             weights = F.dropout(attn, self.attn_drop) if self.training and self.attn_drop else attn
             x = weights @ v
         else:
             x = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+                q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                dropout_p=self.attn_drop if self.training else 0.0)
         x = self.proj(x.transpose(1, 2).reshape(B, N, C))
         if self.proj_drop is not None:
             x = self.proj_drop(x)
@@ -540,8 +637,8 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else None
         self.drop_path = float(drop_path)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        y, attn = self.attn(self.norm1(x), return_attention)
+    def forward(self, x: torch.Tensor, return_attention: bool = False, attn_bias: Optional[torch.Tensor] = None):
+        y, attn = self.attn(self.norm1(x), return_attention, attn_bias)
         if self.ls1 is not None:
             y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)

@@ -12,6 +12,12 @@ slots for prefix tokens in front of the patches when the family has them), and v
 ``pos_embed_row`` / ``pos_embed_col`` for the paper's 2D ablation. ``sincos2d`` keeps its
 fixed table in the non-persistent buffer ``pos_embed_fixed``. The resampling follows the
 model's ``config.pos_embed_interpolation`` and ``config.pos_embed_antialias``.
+
+``relative`` adds nothing to the tokens: every block's attention adds a learned bias per head
+and 2D offset to its logits (the paper's Appendix D.4 ablation has relative positions; this is
+the bias form of Swin and BEiT, timm's ``RelPosBias`` with its parameter names,
+``blocks.N.attn.rel_pos.relative_position_bias_table``). Its parts live in the blocks, so the
+kind ``attach``es them once the blocks exist, and :func:`attention_bias` gives a layer its bias.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from .layers import IntPair, resample_pos_embed, resample_pos_embed_grid, sincos_2d_pos_embed
+from .layers import (
+    IntPair,
+    RelativePositionBias,
+    resample_pos_embed,
+    resample_pos_embed_grid,
+    resize_relative_table,
+    sincos_2d_pos_embed,
+)
 
 #: Every parameter a kind may create (position tables are exempt from weight decay).
 PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col")
@@ -86,7 +99,8 @@ def _2d_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     model.pos_embed_row, model.pos_embed_col = nn.Parameter(row.detach()), nn.Parameter(col.detach())
 
 
-def _2d_fit_state(sd: Dict[str, torch.Tensor], grid: IntPair, interpolation: str, antialias: bool) -> List[str]:
+def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, interpolation: str,
+                  antialias: bool) -> List[str]:
     notes = []
     for axis, key in enumerate(("pos_embed_row", "pos_embed_col")):
         if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
@@ -112,6 +126,52 @@ def _sincos_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     model.pos_embed_fixed = sincos_2d_pos_embed(new, model.embed_dim).to(model.pos_embed_fixed.device)
 
 
+# ----------------------------------------------------------------------------- relative (a bias in attention)
+
+#: the name every block's relative-bias table ends with (timm's)
+RELATIVE_TABLE = "attn.rel_pos.relative_position_bias_table"
+
+
+def _relative_attach(model: nn.Module) -> None:
+    for blk in model.blocks:
+        blk.attn.rel_pos = RelativePositionBias(model.patch_embed.grid_size, blk.attn.num_heads,
+                                                model.num_prefix_tokens)
+
+
+def _relative_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    for blk in model.blocks:
+        blk.attn.rel_pos.set_grid(new)
+
+
+def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
+    """The grid a stored table of ``rows`` rows was made for: the model's, else a square one."""
+    offsets = rows - 3 * prefix
+    if offsets == (2 * grid[0] - 1) * (2 * grid[1] - 1):
+        return tuple(grid)
+    side = (round(offsets ** 0.5) + 1) // 2
+    if offsets > 0 and (2 * side - 1) ** 2 == offsets:
+        return (side, side)
+    need = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * prefix
+    raise ValueError(f"a relative-bias table of {rows} rows fits no square grid with {prefix} prefix token(s) "
+                     f"(the model's {grid[0]}x{grid[1]} grid needs {need})")
+
+
+def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, interpolation: str,
+                        antialias: bool) -> List[str]:
+    prefix, resized, source = model.num_prefix_tokens, 0, None
+    for key in [k for k in sd if k.endswith(RELATIVE_TABLE)]:
+        if sd[key].dim() != 2:
+            continue  # the loader's shape check names it
+        source = _relative_source_grid(sd[key].shape[0], grid, prefix)
+        if source != tuple(grid):
+            sd[key] = resize_relative_table(sd[key], source, grid, prefix)
+            resized += 1
+    if not resized:
+        return []
+    return [f"{resized} relative-bias tables {source[0]}x{source[1]} -> {grid[0]}x{grid[1]} (offsets kept, the "
+            f"outermost extended)"]
+
+
 # ----------------------------------------------------------------------------- the table
 
 
@@ -135,10 +195,12 @@ class PosEmbedKind:
     resample: Callable[[nn.Module, IntPair, IntPair], None]
     #: the width the kind needs: D is divisible by this
     width_multiple: int = 1
-    #: (state dict, model grid, interpolation, antialias) -> notes: fit a loaded state dict's
-    #: parameters of this kind to the model's grid in place (the learned table, which every
+    #: (state dict, model, model grid, interpolation, antialias) -> notes: fit a loaded state
+    #: dict's parameters of this kind to the model's grid in place (the learned table, which every
     #: foreign layout stores, is fitted by the loader itself: it also infers prefix slots)
-    fit_state: Callable[[Dict[str, torch.Tensor], IntPair, str, bool], List[str]] = _no_notes
+    fit_state: Callable[[Dict[str, torch.Tensor], nn.Module, IntPair, str, bool], List[str]] = _no_notes
+    #: (model) -> None: create the parts that live in the blocks, once they exist
+    attach: Callable[[nn.Module], None] = _nothing
 
 
 KINDS: Dict[str, PosEmbedKind] = {
@@ -146,6 +208,8 @@ KINDS: Dict[str, PosEmbedKind] = {
     "learned_2d": PosEmbedKind(_2d_build, _2d_table, _2d_resample, width_multiple=2, fit_state=_2d_fit_state),
     "sincos2d": PosEmbedKind(_sincos_build, _sincos_table, _sincos_resample, width_multiple=4),
     "none": PosEmbedKind(_nothing, _nothing, _nothing),
+    "relative": PosEmbedKind(_nothing, _nothing, _relative_resample, fit_state=_relative_fit_state,
+                             attach=_relative_attach),
 }
 
 
@@ -169,9 +233,21 @@ def build(model: nn.Module, kind: str, grid: IntPair, dim: int, slots: int = 0) 
     KINDS[kind].build(model, tuple(grid), dim, model.pos_embed_prefix_tokens)
 
 
+def attach(model: nn.Module) -> None:
+    """Create the kind's parts inside the blocks (relative biases); call once the blocks exist."""
+    KINDS[model.pos_embed_kind].attach(model)
+
+
 def parameters(model: nn.Module) -> List[nn.Parameter]:
-    """The model's position parameters (for initialisation)."""
-    return [p for p in (getattr(model, n, None) for n in PARAMETER_NAMES) if p is not None]
+    """The model's position parameters (for initialisation), the blocks' relative biases included."""
+    found = [p for p in (getattr(model, n, None) for n in PARAMETER_NAMES) if p is not None]
+    return found + [p for n, p in model.named_parameters() if n.endswith(RELATIVE_TABLE)]
+
+
+def attention_bias(model: nn.Module, blk: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
+    """The (1, heads, N, N) bias block ``blk`` adds to its attention logits on ``grid`` (None: none)."""
+    rel = getattr(getattr(blk, "attn", None), "rel_pos", None)
+    return None if rel is None else rel(grid)
 
 
 def patch_table(model: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
@@ -232,8 +308,10 @@ def full_table(model: nn.Module) -> Optional[torch.Tensor]:
 def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation: str, antialias: bool) -> List[str]:
     """Fit the state dict's parameters of the model's kind (other than the learned table) to the
     model's grid; returns what was resampled."""
-    return KINDS[model.pos_embed_kind].fit_state(sd, tuple(model.patch_embed.grid_size), interpolation, antialias)
+    return KINDS[model.pos_embed_kind].fit_state(sd, model, tuple(model.patch_embed.grid_size), interpolation,
+                                                 antialias)
 
 
-__all__ = ["PARAMETER_NAMES", "PosEmbedKind", "KINDS", "check", "build", "parameters", "patch_table", "resample_",
-           "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict"]
+__all__ = ["PARAMETER_NAMES", "RELATIVE_TABLE", "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters",
+           "attention_bias", "patch_table", "resample_", "add", "add_to_patches", "join_prefix", "full_table",
+           "fit_state_dict"]

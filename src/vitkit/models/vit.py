@@ -53,7 +53,8 @@ class ViTConfig(TokenConfig):
     distill_token: bool = False
     #: LayerNorm after pooling (timm's ``fc_norm``) instead of before it; None = avg pool only.
     fc_norm: Optional[bool] = None
-    #: 'learned' (1D table), 'learned_2d' (the paper's row + column ablation), 'sincos2d', 'none'
+    #: 'learned' (1D table), 'learned_2d' (the paper's row + column ablation), 'sincos2d', 'none',
+    #: 'relative' (a learned bias per head and 2D offset in every attention layer; timm's RelPosBias)
     pos_embed: str = "learned"
     #: the tanh pre-logits layer of the paper's pre-training head (its width)
     representation_size: Optional[int] = None
@@ -83,6 +84,9 @@ class ViTConfig(TokenConfig):
                                        and not self.representation_size):
             problems.append("distill_token=True is DeiT's layout: it needs class_token=True, "
                             "global_pool='token' and no representation_size")
+        if self.pos_embed == "relative" and self.distill_token:
+            problems.append("pos_embed='relative' has bias rows for one prefix token (a class token, as BEiT and timm "
+                            "have), not DeiT's distillation token")
         if self.gelu not in ("exact", "tanh"):
             problems.append(f"gelu must be 'exact' or 'tanh', got {self.gelu!r}")
         problems += self._positive_int_problems(("mlp_dim",))
@@ -147,6 +151,7 @@ class VisionTransformer(TokenModel):
             Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu,
                   cfg.drop_rate, cfg.attn_drop_rate, rates[i], cfg.init_values, cfg.attn_impl)
             for i in range(cfg.depth)])
+        positions.attach(self)  # relative positions: a bias table in every block's attention
         use_fc_norm = cfg.use_fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
@@ -298,7 +303,8 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
         init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
-        pos_embed="learned" if "pos_embed" in sd else "none",
+        pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
+        else "none",
         backbone=backbone,
     )
     if "pos_embed" in sd:
@@ -307,6 +313,14 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         if side * side != n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
                              f"patch slots; pass img_size=")
+        r = backbone_reduction(backbone) if backbone is not None else 1
+        kw["img_size"] = (side * ph * r, side * pw * r)
+    elif kw["pos_embed"] == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
+        offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
+        side = (round(offsets ** 0.5) + 1) // 2
+        if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
+            raise ValueError(f"cannot infer the image size from a relative-bias table of {offsets} offsets; "
+                             f"pass img_size=")
         r = backbone_reduction(backbone) if backbone is not None else 1
         kw["img_size"] = (side * ph * r, side * pw * r)
     kw.update(overrides)

@@ -106,6 +106,10 @@ def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
         raise ValueError(f"{objective} cannot pre-train a hybrid ({config.name or 'a CNN before the patches'}): its "
                          f"CNN sees the whole image before patches are masked, so masked pixels leak into visible "
                          f"tokens through its receptive fields; use a plain ViT (e.g. --model vit_fmnist)")
+    if objective == "mae" and config.pos_embed == "relative":
+        raise ValueError("mae encodes the visible patches alone, a different set in every image, which a relative "
+                         "position bias over the whole grid cannot follow; pre-train it with simmim or mpp, or give "
+                         "the encoder absolute positions (--model-args '{\"pos_embed\": \"sincos2d\"}')")
     if config.distill_token:
         raise ValueError(f"{objective} pre-trains without DeiT's distillation token (it learns from a teacher's "
                          f"labels); build the encoder with distill_token=False")

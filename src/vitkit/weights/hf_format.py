@@ -151,6 +151,8 @@ def _check_exportable(cfg: ViTConfig) -> None:
         problems.append("HF ViT has no LayerScale")
     if cfg.pos_embed == "none":
         problems.append("HF ViT always adds a position embedding")
+    if cfg.pos_embed == "relative":
+        problems.append("HF ViT has no relative position bias (export as 'vitkit' or 'timm')")
     if cfg.representation_size and cfg.num_classes:
         problems.append("ViTForImageClassification has no pre-logits layer "
                         "(a ViTModel pooler needs num_classes=0 and representation_size == embed_dim)")

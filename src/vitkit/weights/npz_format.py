@@ -242,6 +242,8 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
                         "normalises after (fc_norm); build it with fc_norm=False")
     if not cfg.qkv_bias:
         problems.append("the official attention always has q/k/v biases")
+    if cfg.pos_embed == "relative":
+        problems.append("the official layout has no relative position bias (export as 'vitkit' or 'timm')")
     backbone = getattr(cfg, "backbone", None)
     if backbone is not None and layout != "vit_jax":
         problems.append("big_vision has no ResNet hybrid layout (export hybrids as 'npz', the vit_jax layout)")

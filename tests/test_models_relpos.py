@@ -1,0 +1,165 @@
+"""pos_embed="relative": a learned bias per head and 2D offset in every attention layer, proven
+against timm's ``VisionTransformerRelPos(rel_pos_type="bias")`` (its ``RelPosBias``) on the same
+weights, in both directions, and through save, load, a change of resolution and ONNX export."""
+
+import numpy as np
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.models.layers import relative_position_index, resize_relative_table
+from vitkit.weights import WeightsError
+
+relpos = pytest.importorskip("timm.models.vision_transformer_relpos")
+from timm.layers.pos_embed_rel import gen_relative_position_index  # noqa: E402
+
+SMALL = dict(patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_dim=96, num_classes=5)
+
+
+def timm_relpos(img_size=(32, 40), class_token=False, init_values=None, seed=0):
+    """timm's relative-position ViT (bias tables, not its MLP kind), random weights, eval mode."""
+    torch.manual_seed(seed)
+    model = relpos.VisionTransformerRelPos(img_size=img_size, patch_size=8, embed_dim=48, depth=2, num_heads=3,
+                                           mlp_ratio=2.0, num_classes=5, rel_pos_type="bias",
+                                           class_token=class_token, global_pool="token" if class_token else "avg",
+                                           init_values=init_values)
+    return randomize(model).eval()
+
+
+def ours(img_size=(32, 40), class_token=False, **kw):
+    return vitkit.create_model("vit_tiny_patch16_224", img_size=img_size, pos_embed="relative",
+                               class_token=class_token, global_pool="token" if class_token else "avg",
+                               fc_norm=False, **{**SMALL, **kw}).eval()
+
+
+@pytest.mark.parametrize("grid", [(3, 3), (2, 5), (4, 3)])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_the_offset_index_is_timm_s(grid, prefix):
+    assert torch.equal(relative_position_index(grid, prefix), gen_relative_position_index(grid, class_token=prefix > 0))
+
+
+@pytest.mark.parametrize("class_token,init_values", [(False, None), (True, None), (True, 1e-5), (False, 0.1)])
+def test_logits_equal_timm_s_on_the_same_weights(class_token, init_values):
+    theirs = timm_relpos(class_token=class_token, init_values=init_values)
+    model = ours(class_token=class_token, init_values=init_values)
+    report = vitkit.load_weights(model, theirs.state_dict(), strict=True)
+    assert not report.missing and not report.unexpected
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        expected = theirs(x)
+        assert max_diff(model(x), expected) <= 1e-5  # fused attention with the bias as its mask
+        logits, attn = model(x, return_attention=True)  # the explicit path
+        assert max_diff(logits, expected) <= 1e-5
+    n = 20 + int(class_token)
+    assert [tuple(a.shape) for a in attn] == [(2, 3, n, n)] * 2
+    assert torch.allclose(attn[0].sum(-1), torch.ones(2, 3, n))
+
+
+def test_a_timm_file_loads_with_its_architecture_read_off_the_shapes(tmp_path):
+    from safetensors.torch import save_file
+
+    theirs = timm_relpos(img_size=(32, 32), class_token=True)
+    save_file(theirs.state_dict(), tmp_path / "relpos.safetensors")
+    model = vitkit.from_pretrained(tmp_path / "relpos.safetensors", num_heads=3).eval()
+    assert model.config.pos_embed == "relative" and model.config.img_size == (32, 32)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert max_diff(model(x), theirs(x)) <= 1e-5
+
+
+def test_timm_reads_vitkit_s_export_back(tmp_path):
+    model = randomize(ours(class_token=True))
+    path = vitkit.export_weights(model, tmp_path / "w.safetensors", "timm")
+    from safetensors.torch import load_file
+
+    theirs = timm_relpos(class_token=True, seed=1)
+    theirs.load_state_dict(load_file(path))
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        assert max_diff(theirs(x), model(x)) <= 1e-5
+    for fmt, name in (("npz", "w.npz"), ("hf", "hf")):
+        with pytest.raises(WeightsError, match="relative position bias"):
+            vitkit.export_weights(model, tmp_path / name, fmt)
+
+
+def test_save_load_and_a_change_of_resolution_keep_each_offset_s_bias(tmp_path):
+    model = randomize(ours(img_size=(24, 24), class_token=True))
+    model.save_pretrained(tmp_path / "m")
+    again = vitkit.from_pretrained(tmp_path / "m").eval()
+    x = torch.randn(2, 3, 24, 24)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+    old = model.blocks[0].attn.rel_pos((3, 3))[0]  # (heads, 10, 10): class + 3x3 patches
+    model.set_input_size(40)  # 5x5 patches
+    new = model.blocks[0].attn.rel_pos((5, 5))[0]
+    assert model.blocks[0].attn.rel_pos.relative_position_bias_table.shape == (81 + 3, 3)
+    # the patches (r, c) and (r', c') of the 3x3 corner of the larger grid keep the bias of their offset
+    old_pos = [(r, c) for r in range(3) for c in range(3)]
+    for i, (r, c) in enumerate(old_pos):
+        for j, (r2, c2) in enumerate(old_pos):
+            assert torch.equal(new[:, 1 + r * 5 + c, 1 + r2 * 5 + c2], old[:, 1 + i, 1 + j])
+    assert torch.equal(new[:, 0], torch.cat([new[:, 0, :1], old[:, 0, 1:2].expand(-1, 25)], 1))  # class rows
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 40, 40)).shape == (1, 5)
+    # a different size at run time equals the model set to that size
+    dynamic = vitkit.from_pretrained(tmp_path / "m", dynamic_img_size=True).eval()
+    with torch.no_grad():
+        z = torch.randn(2, 3, 40, 40)
+        assert max_diff(dynamic(z), model(z)) <= 1e-6
+    model.set_input_size(24)  # back: the table is the one saved, exactly
+    saved = again.blocks[1].attn.rel_pos.relative_position_bias_table
+    assert torch.equal(model.blocks[1].attn.rel_pos.relative_position_bias_table, saved)
+    # saved weights loaded into a model of another size resize their tables the same way, and say so
+    bigger = ours(img_size=(40, 40), class_token=True)
+    report = vitkit.load_weights(bigger, tmp_path / "m")
+    assert report.resampled == ["2 relative-bias tables 3x3 -> 5x5 (offsets kept, the outermost extended)"]
+    model.set_input_size(40)
+    with torch.no_grad():
+        assert max_diff(bigger(z), model(z)) <= 1e-6
+
+
+def test_resizing_keeps_offsets_and_crops_back_exactly():
+    table = torch.randn(3 * 5 + 3, 2)  # a 2x3 grid with a class token
+    bigger = resize_relative_table(table, (2, 3), (4, 4), 1)
+    assert bigger.shape == (7 * 7 + 3, 2)
+    assert torch.equal(resize_relative_table(bigger, (4, 4), (2, 3), 1), table)
+    with pytest.raises(ValueError, match="not that of a 3x3 grid"):
+        resize_relative_table(table, (3, 3), (4, 4), 1)
+
+
+def test_it_trains_without_weight_decay_on_its_tables():
+    model = ours().train()
+    names = model.no_weight_decay()
+    assert {f"blocks.{i}.attn.rel_pos.relative_position_bias_table" for i in range(2)} <= names
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.forward_features(torch.randn(4, 3, 32, 40)).float().pow(2).mean()  # (the head starts at 0)
+    loss.backward()
+    assert model.blocks[0].attn.rel_pos.relative_position_bias_table.grad.abs().sum() > 0
+    assert model.blocks[0].attn.rel_pos.relative_position_bias_table.std() > 0  # initialised, not zero
+
+
+def test_configurations_it_cannot_serve_are_refused():
+    with pytest.raises(ValueError, match="not DeiT's distillation token"):
+        vitkit.create_model("deit_tiny_distilled_patch16_224", pos_embed="relative")
+    from vitkit.selfsup import MAE, SimMIM
+
+    with pytest.raises(ValueError, match="mae encodes the visible patches alone"):
+        MAE(vitkit.create_model("vit_fmnist", pos_embed="relative").config)
+    out = SimMIM(vitkit.create_model("vit_fmnist", pos_embed="relative").config, mask_block=4)(
+        torch.randn(2, 1, 28, 28))
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.slow
+def test_onnx_export_matches_pytorch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from vitkit.deploy import OnnxModel
+
+    model = randomize(ours(class_token=True))
+    path = vitkit.export_onnx(model, tmp_path / "relpos.onnx")
+    runtime = OnnxModel(path)
+    x = torch.randn(3, 3, 32, 40)
+    with torch.no_grad():
+        assert max_diff(runtime(x), model(x)) <= 1e-4
+    assert np.isfinite(runtime(x).numpy()).all()
