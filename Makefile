@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitkit-installed
 
-.PHONY: demo tour test lint setup bench figures clean
+.PHONY: demo tour test lint docs setup bench figures clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks scripts hubconf.py
 
+# The documentation site (docs/ and the API reference from the docstrings) into site/; --strict:
+# a broken link or a missing name is an error. Open site/index.html.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_inference.py
 
@@ -58,4 +63,4 @@ figures: $(STAMP)
 	$(PY) scripts/readme_figures.py --weights "$(MODEL)"
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) demo_out inspect_out .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) demo_out inspect_out site .pytest_cache

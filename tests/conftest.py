@@ -1,6 +1,7 @@
 """Shared test helpers: random weights that exercise every mapping; a run killed mid-way; a fake Hub."""
 
 import fnmatch
+import os
 import shutil
 import signal
 import subprocess
@@ -93,6 +94,35 @@ def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (run / "model").exists(), "the run was meant to die before finishing"
+
+
+#: Chromium as a root process on a machine without a display or a network (see env notes).
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--mute-audio"]
+
+#: Added to a copy of a page: after load, write each image's natural width (-1: not loaded) into the DOM.
+IMAGE_PROBE = """<script>window.addEventListener('load', () => {
+  const widths = [...document.images].map(i => i.complete ? i.naturalWidth : -1);
+  document.documentElement.setAttribute('data-image-widths', widths.join(','));
+});</script>"""
+
+
+def chromium() -> str:
+    """The headless browser's executable: a failure in CI (setup-system.sh installs it), else a skip."""
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; scripts/setup-system.sh (make test) installs it with apt")
+        pytest.skip("chromium is not installed (scripts/setup-system.sh installs it with apt)")
+    return exe
+
+
+def run_chromium(tmp_path, *args) -> str:
+    """Run headless Chromium with a fresh profile in ``tmp_path``; its stdout (``--dump-dom``'s page)."""
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 class Oracle(nn.Module):

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 import vitkit
-from conftest import randomize
+from conftest import IMAGE_PROBE, randomize, run_chromium
 from vitkit.cli import main as cli
 
 
@@ -62,38 +62,6 @@ def test_default_images_are_the_scikit_image_photos(tmp_path, saved_model):
 
 # ------------------------------------------------------------------ in a real browser
 
-#: Chromium as a root process on a machine without a display or a network (see env notes).
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--mute-audio"]
-
-#: Added to a copy of the report: after load, write each image's natural width into the DOM.
-IMAGE_PROBE = """<script>window.addEventListener('load', () => {
-  const widths = [...document.images].map(i => i.complete ? i.naturalWidth : -1);
-  document.documentElement.setAttribute('data-image-widths', widths.join(','));
-});</script>"""
-
-
-def _chromium():
-    import os
-    import shutil
-
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; scripts/setup-system.sh (make test) installs it with apt")
-        pytest.skip("chromium is not installed (scripts/setup-system.sh installs it with apt)")
-    return exe
-
-
-def _run_chromium(tmp_path, *args):
-    import subprocess
-
-    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
-    cmd = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-
-
 @pytest.mark.slow
 def test_report_opens_in_headless_chromium_with_every_image_loaded(tmp_path, saved_model):
     from vitkit.inspect import inspect_model
@@ -105,7 +73,7 @@ def test_report_opens_in_headless_chromium_with_every_image_loaded(tmp_path, sav
 
     probe = report.with_name("probe.html")
     probe.write_text(report.read_text().replace("</body>", IMAGE_PROBE + "</body>"))
-    dom = _run_chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    dom = run_chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
     found = re.search(r'data-image-widths="([^"]*)"', dom)
     assert found, "the page never finished loading"
     widths = [int(w) for w in found.group(1).split(",")]
@@ -113,7 +81,7 @@ def test_report_opens_in_headless_chromium_with_every_image_loaded(tmp_path, sav
     assert all(w > 0 for w in widths), f"images that did not load: natural widths {widths}"
 
     shot = tmp_path / "report.png"
-    _run_chromium(tmp_path, "--window-size=1100,1400", f"--screenshot={shot}", report.as_uri())
+    run_chromium(tmp_path, "--window-size=1100,1400", f"--screenshot={shot}", report.as_uri())
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.shape == (1400, 1100)
     assert pixels.std() > 20 and len(np.unique(pixels)) > 64, "the screenshot is blank"
