@@ -59,35 +59,19 @@ from typing import Any, Dict, List
 
 import torch
 
+from vitkit.studies import data_size
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, work_dir, write_json_atomic  # noqa: E402
 
 FRACTIONS = (0.01, 0.1, 1.0)
 DEFAULT_ARMS = ("vit", "convit", "deit", "resnet")
-DEFAULT_STEPS = 800
-DEFAULT_WARMUP = 80
 #: --smoke: the options a smoke check runs with (explicit options win)
 SMOKE = {"arms": ["vit", "resnet"], "fractions": [0.01], "steps": 30, "warmup": 5}
 
-_VIT_TI_LIKE = {"img_size": 28, "patch_size": 4, "embed_dim": 96, "depth": 4, "num_heads": 4, "mlp_dim": 384}
-_DEIT_REGULARISERS = {"randaugment": "m9-mstd0.5", "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5,
-                      "random_erasing": 0.25, "repeated_aug": 3, "label_smoothing": 0.1}
-
-#: arm -> (model name, model_args, extra training options, what it is)
-ARMS: Dict[str, Dict[str, Any]] = {
-    "vit": {"model": "vit_tiny_patch16_224", "model_args": dict(_VIT_TI_LIKE), "train": {},
-            "label": "ViT (Ti-like)"},
-    "convit": {"model": "convit_tiny", "model_args": dict(_VIT_TI_LIKE, local_up_to_layer=3), "train": {},
-               "label": "ConViT (Ti-like)"},
-    "deit": {"model": "vit_tiny_patch16_224", "model_args": dict(_VIT_TI_LIKE, drop_path_rate=0.1),
-             "train": dict(_DEIT_REGULARISERS), "label": "ViT, DeiT recipe"},
-    "resnet": {"model": "resnetv2_50_nopreact", "model_args": {"img_size": 28, "layers": [1, 1]}, "train": {},
-               "label": "ResNetV2 (CNN)"},
-    "deit_distilled": {"model": "deit_tiny_distilled_patch16_224",
-                       "model_args": dict(_VIT_TI_LIKE, drop_path_rate=0.1),
-                       "train": dict(_DEIT_REGULARISERS, distill="hard"), "teacher_arm": "resnet",
-                       "label": "ViT, DeiT recipe + CNN teacher"},
-}
+#: arm -> (model name, model_args, extra training options, what it is): one definition, the
+#: data-size study's (``vitkit study data-size`` runs three of these arms at four label fractions)
+ARMS: Dict[str, Dict[str, Any]] = data_size.ARMS
 
 
 def run_name(arm: str, fraction: float, seed: int) -> str:
@@ -96,17 +80,13 @@ def run_name(arm: str, fraction: float, seed: int) -> str:
 
 def run_config(arm: str, fraction: float, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
     """The TrainConfig fields of one run (written to a JSON file and given to ``vitkit train --config``)."""
-    spec = ARMS[arm]
-    cfg = {"dataset": "fashion-mnist", "model": spec["model"], "model_args": spec["model_args"],
-           "max_steps": args.steps, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "weight_decay": 0.05,
-           "schedule": "cosine", "warmup_steps": args.warmup, "warmup_epochs": None, "clip_grad": 1.0,
-           "train_fraction": fraction, "val_every": max(args.steps // 3, 1), "checkpoint_every": args.steps,
-           "keep_checkpoints": 1, "seed": seed, "runs_dir": str(args.work), "name": run_name(arm, fraction, seed),
-           "tensorboard": False, "threads": args.threads, **spec["train"]}
+    cfg = {**data_size.train_config(arm, fraction, args.steps, args.warmup), "seed": seed,
+           "runs_dir": str(args.work), "name": run_name(arm, fraction, seed), "tensorboard": False,
+           "threads": args.threads}
     if args.data_dir:
         cfg["data_dir"] = args.data_dir
-    if "teacher_arm" in spec:
-        cfg["teacher"] = str(args.work / run_name(spec["teacher_arm"], fraction, seed) / "model")
+    if "teacher_arm" in ARMS[arm]:
+        cfg["teacher"] = str(args.work / run_name(ARMS[arm]["teacher_arm"], fraction, seed) / "model")
     return cfg
 
 
@@ -192,8 +172,8 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), help=f"default: {' '.join(DEFAULT_ARMS)}")
     ap.add_argument("--fractions", nargs="+", type=float, help=f"default: {' '.join(map(str, FRACTIONS))}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--steps", type=int, help=f"optimiser steps of batch 128, every run (default {DEFAULT_STEPS})")
-    ap.add_argument("--warmup", type=int, help=f"warm-up steps (default {DEFAULT_WARMUP})")
+    ap.add_argument("--steps", type=int, help=f"optimiser steps of batch 128, every run (default {data_size.STEPS})")
+    ap.add_argument("--warmup", type=int, help=f"warm-up steps (default {data_size.WARMUP})")
     ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
     ap.add_argument("--data-dir", help="Fashion-MNIST files (default: vitkit's search order)")
     ap.add_argument("--work", type=Path, help=f"run directories (default runs/small_data; smoke: "
@@ -205,8 +185,8 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="smoke check: " + ", ".join(
         f"{k} {v}" for k, v in SMOKE.items()) + " (explicit options win)")
     args = ap.parse_args(argv)
-    defaults = {"arms": list(DEFAULT_ARMS), "fractions": list(FRACTIONS), "steps": DEFAULT_STEPS,
-                "warmup": DEFAULT_WARMUP}
+    defaults = {"arms": list(DEFAULT_ARMS), "fractions": list(FRACTIONS), "steps": data_size.STEPS,
+                "warmup": data_size.WARMUP}
     for key, value in (SMOKE if args.smoke else defaults).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

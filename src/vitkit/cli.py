@@ -563,6 +563,32 @@ def _channels(model) -> int:
     return 1 if model.config.in_chans == 1 else 3
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from .studies import get_study, list_studies
+    from .studies.base import default_folders, options_from, run_study, summary_lines
+
+    if args.name == "list":
+        for name in list_studies():
+            study = get_study(name)
+            print(f"{name:<22} {study.title}")
+        return 0
+    study = get_study(args.name)
+    options = options_from(args)
+    _, out = default_folders(study, options)
+    check_output(out, "folder", "--out")
+    results = run_study(study, options, say=(lambda line: None) if args.json else
+                        (lambda line: print(line, flush=True)))
+    if args.json:
+        print(json.dumps({k: results[k] for k in ("study", "verdicts", "table")}))
+        return 0
+    print()
+    for line in summary_lines(results):
+        print(line)
+    print(f"\nwrote {out / (study.name + '.json')}, {study.name}.md" + (", " + study.name + ".png" if
+                                                                         "figure" in results else ""))
+    return 0
+
+
 def cmd_fewshot(args: argparse.Namespace) -> int:
     from .data import datasets
     from .evaluate import fewshot_from_features
@@ -842,6 +868,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=cmd_inspect)
+
+    p = verb("study", "the paper's experiments as studies: runs over seeds, a table, a figure and a verdict")
+    p.add_argument("name", help="the study (list: name them)")
+    from .studies.base import add_options
+
+    add_options(p)
+    p.set_defaults(func=cmd_study)
 
     p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
     _add_train_flags(p)

@@ -1,0 +1,330 @@
+"""What every study shares: its arms and seeds as ``vitkit train`` runs, resumable; the numbers
+over seeds; verdicts by one rule; the results file, table and figure.
+
+A study (one file each in this package) names the paper's claim, the setting used here, its
+arms (each a set of ``TrainConfig`` fields) and how its numbers decide the claim. Running it:
+
+- every (arm, seed) is a ``vitkit train`` run (in this process) with its own run folder under ``work``:
+  a finished run (its ``summary.json``) is reused, an interrupted one resumed from its last
+  checkpoint (``vitkit train --resume``: bitwise what an uninterrupted run gives), so a study
+  killed at any point loses at most the steps since a checkpoint;
+- a study that asks for it scores each run's frozen features few-shot (``vitkit fewshot``,
+  cached beside the run as ``fewshot.json``);
+- after every run the results file is rewritten (atomically): ``OUT/<name>.json`` with the
+  machine, the settings, every run's summary; at the end its verdicts, the Markdown table
+  (``OUT/<name>.md``) and the figure (``OUT/<name>.png``).
+
+The rule for two arms (mean ± sample std over n seeds): they *differ* when their means are
+further apart than twice the standard error of the difference, 2 sqrt(s_a^2/n_a + s_b^2/n_b);
+*are level* when they do not and the gap is under the study's tolerance. A verdict is
+*reproduced*, *not reproduced at this scale* or *inconclusive*, each with the numbers behind it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..utils import write_json, write_text
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
+#: few-shot evaluation of a run's frozen features: shots per class, seeds, training pool
+FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (5, 25), 3, 10_000
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a study: ``key`` names its runs (``KEY-sSEED``), ``train`` holds the
+    ``TrainConfig`` fields it sets; ``facts`` what the analysis needs to know of it."""
+
+    key: str
+    label: str
+    train: Dict[str, Any]
+    facts: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Options:
+    """How a study runs (the command line's flags)."""
+
+    seeds: Sequence[int] = (0, 1, 2)
+    work: Optional[Path] = None
+    out: Optional[Path] = None
+    smoke: bool = False
+    steps: Optional[int] = None
+    threads: Optional[int] = None
+    dataset: Optional[str] = None
+    data_dir: Optional[str] = None
+    progress: bool = True
+
+
+class Study:
+    """A paper claim, the arms that test it and the rule that decides it (subclasses fill these in)."""
+
+    name: str = ""
+    title: str = ""
+    #: the paper's claim, in its words where it has them
+    claim: str = ""
+    #: the setting used here, in one paragraph
+    setting: str = ""
+    #: the paper's own numbers the claim rests on (quoted beside ours), with their source
+    paper: Dict[str, Any] = {}
+    #: score each run's frozen features few-shot
+    fewshot: bool = False
+    #: TrainConfig fields of a --smoke run (over each arm's)
+    smoke_train: Dict[str, Any] = {"max_steps": 20, "val_every": 20, "checkpoint_every": 20}
+
+    def arms(self, options: Options) -> List[Arm]:
+        raise NotImplementedError
+
+    def verdicts(self, results: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """[{"claim", "verdict", "why"}] from the results (its runs' scores)."""
+        raise NotImplementedError
+
+    def table(self, results: Dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def figure(self, results: Dict[str, Any], path: Path) -> Optional[Path]:
+        return None
+
+    def extra(self, results: Dict[str, Any], options: Options) -> None:
+        """Measurements beyond the runs' own scores, added to ``results`` (default: none)."""
+
+
+# ------------------------------------------------------------------------------------ numbers
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A score over seeds."""
+
+    values: Tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else float("nan")
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if self.n > 1 else float("nan")
+
+    def text(self, scale: float = 100.0, digits: int = 1) -> str:
+        if not self.values:
+            return "–"
+        mean = f"{scale * self.mean:.{digits}f}"
+        return mean + (f" ± {scale * self.std:.{digits}f}" if self.n > 1 else "")
+
+
+def spread(results: Dict[str, Any], arm: str, metric: str = "test_top1") -> Spread:
+    """The ``metric`` of every seed of ``arm`` (``fewshot_K`` for K-shot accuracy)."""
+    return Spread(tuple(r[metric] for r in results["runs"].values() if r["arm"] == arm and metric in r))
+
+
+def differ(a: Spread, b: Spread) -> bool:
+    """Means further apart than twice the standard error of their difference (needs 2+ seeds each)."""
+    if a.n < 2 or b.n < 2:
+        return False
+    return abs(a.mean - b.mean) > 2 * math.sqrt(a.std ** 2 / a.n + b.std ** 2 / b.n)
+
+
+def verdict(claim: str, outcome: str, why: str) -> Dict[str, str]:
+    return {"claim": claim, "verdict": outcome, "why": why}
+
+
+def too_few_seeds(results: Dict[str, Any]) -> bool:
+    return len(results["settings"]["seeds"]) < 2
+
+
+# ------------------------------------------------------------------------------------ running
+
+
+def run_name(arm: Arm, seed: int) -> str:
+    return f"{arm.key}-s{seed}"
+
+
+def _vitkit(args: List[str], what: str) -> Dict[str, Any]:
+    """One vitkit command with --json, run in this process (one import of torch for the whole
+    study): its summary, or a ValueError naming ``what`` with the command's own error line."""
+    import contextlib
+    import io
+
+    from ..cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*args, "--json"])
+    if code != 0:
+        if code in (130, 143):
+            raise KeyboardInterrupt
+        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        raise ValueError(f"{what} failed: {lines[-1] if lines else f'exit {code}'}")
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -> Dict[str, Any]:
+    """The summary of the arm's run for ``seed``: reused when finished, resumed when interrupted."""
+    name = run_name(arm, seed)
+    run = work / name
+    if (run / "summary.json").is_file():
+        return json.loads((run / "summary.json").read_text())
+    if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
+        extra = ["--threads", str(options.threads)] if options.threads else []
+        return _vitkit(["train", "--resume", str(run), "--no-progress", *extra], f"resuming {name}")
+    if run.exists():  # stopped before its first checkpoint: nothing to keep
+        shutil.rmtree(run)
+    config = {**arm.train, "seed": seed, "runs_dir": str(work), "name": name, "tensorboard": False}
+    if options.smoke:
+        config.update(study.smoke_train)
+    if options.steps:
+        config.update(max_steps=options.steps, val_every=options.steps, checkpoint_every=options.steps)
+    if options.dataset:
+        config["dataset"] = options.dataset
+    if options.data_dir:
+        config["data_dir"] = options.data_dir
+    if options.threads:
+        config["threads"] = options.threads
+    configs = work / "configs"
+    configs.mkdir(parents=True, exist_ok=True)
+    write_json(configs / f"{name}.json", config)
+    return _vitkit(["train", "--config", str(configs / f"{name}.json"), "--no-progress"], f"run {name}")
+
+
+def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
+    """{"fewshot_K": accuracy} of a run's frozen features, cached as ``RUN/fewshot.json`` (empty for
+    image folders and shards, which ``vitkit fewshot`` does not read)."""
+    from ..data.datasets import FILE_DATASETS, canonical
+
+    if options.dataset and canonical(options.dataset) in FILE_DATASETS:
+        return {}
+    cached = run / "fewshot.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    args = ["fewshot", "--weights", str(run), "--shots", *map(str, FEWSHOT_SHOTS), "--seeds", str(FEWSHOT_SEEDS),
+            "--pool", str(FEWSHOT_POOL), "--no-progress"]
+    if options.dataset:
+        args += ["--dataset", options.dataset]
+    if options.data_dir:
+        args += ["--data-dir", options.data_dir]
+    out = _vitkit(args, f"few-shot evaluation of {run.name}")
+    scores = {f"fewshot_{r['shots']}": r["mean"] for r in out["results"]}
+    write_json(cached, scores)
+    return scores
+
+
+def machine() -> Dict[str, Any]:
+    import torch
+
+    from .. import __version__
+
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu_model": cpu or platform.processor(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "vitkit": __version__}
+
+
+def default_folders(study: Study, options: Options) -> Tuple[Path, Path]:
+    """(runs folder, results folder): ``runs/studies/NAME`` (a smoke check: ``NAME-smoke``, never the
+    real one's runs) unless given."""
+    work = options.work or Path("runs") / "studies" / (study.name + ("-smoke" if options.smoke else ""))
+    return Path(work), Path(options.out) if options.out else Path(work)
+
+
+def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
+    """Run (or finish) every arm and seed, then decide; returns the results (also written to OUT)."""
+    work, out = default_folders(study, options)
+    arms = study.arms(options)
+    results: Dict[str, Any] = {
+        "study": study.name, "title": study.title, "claim": study.claim, "setting": study.setting,
+        "paper": study.paper,
+        "date": datetime.date.today().isoformat(), "machine": machine(),
+        "settings": {"seeds": list(options.seeds), "smoke": options.smoke, "steps": options.steps,
+                     "dataset": options.dataset or "fashion-mnist", "data_dir": options.data_dir,
+                     "tiny": bool(os.environ.get("VITKIT_TINY", "") not in ("", "0"))},
+        "arms": {a.key: {"label": a.label, "train": a.train, **a.facts} for a in arms}, "runs": {}}
+    path = out / f"{study.name}.json"
+    jobs = [(arm, seed) for seed in options.seeds for arm in arms]
+    for i, (arm, seed) in enumerate(jobs, 1):
+        name = run_name(arm, seed)
+        t0 = time.perf_counter()
+        summary = train_run(arm, seed, options, study, work)
+        row = {"arm": arm.key, "seed": seed, "run_dir": str(work / name), **{k: summary.get(k) for k in (
+            "test_top1", "test_top1_ema", "val_top1", "params", "train_images", "steps", "epochs", "seconds",
+            "train_img_s", "precision")}}
+        if study.fewshot:
+            row.update(fewshot_scores(work / name, options))
+        results["runs"][name] = row
+        write_json(path, results)
+        shots = "".join(f", {k.split('_')[1]}-shot {100 * v:.1f}%" for k, v in row.items() if k.startswith("fewshot_"))
+        say(f"[{i}/{len(jobs)}] {name}: test top-1 {100 * row['test_top1']:.2f}%{shots} "
+            f"({time.perf_counter() - t0:.0f} s)")
+    study.extra(results, options)
+    results["verdicts"] = study.verdicts(results)
+    results["table"] = study.table(results)
+    write_json(path, results)
+    write_text(out / f"{study.name}.md", results["table"] + "\n")
+    figure = study.figure(results, out / f"{study.name}.png")
+    if figure is not None:
+        results["figure"] = str(figure)
+    return results
+
+
+# ------------------------------------------------------------------------------------ the command line
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds of every arm (default 0 1 2; --smoke: 0)")
+    p.add_argument("--smoke", action="store_true", help="a few steps per run, one seed: checks the study end to "
+                                                        "end in minutes (its runs go to NAME-smoke)")
+    p.add_argument("--steps", type=int, help="optimiser steps of every run instead of the study's budget")
+    p.add_argument("--work", type=Path, help="the runs' folder (default runs/studies/NAME)")
+    p.add_argument("--out", type=Path, help="where NAME.json, NAME.md and NAME.png go (default: the runs' folder)")
+    p.add_argument("--threads", type=int, help="CPU threads per run (default: every core)")
+    p.add_argument("--dataset", help="another dataset for every run (fashion-mnist, cifar10, folder, shards, "
+                                     "hf:NAME_OR_DIR; default: the study's, Fashion-MNIST)")
+    p.add_argument("--data-dir", help="where that dataset is")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1, 2])
+    problems = []
+    if any(s < 0 for s in seeds):
+        problems.append(f"--seeds must be >= 0, not {seeds}")
+    if len(set(seeds)) != len(seeds):
+        problems.append(f"--seeds are given twice: {seeds}")
+    if args.steps is not None and args.steps < 1:
+        problems.append(f"--steps must be >= 1, not {args.steps}")
+    if args.threads is not None and args.threads < 1:
+        problems.append(f"--threads must be >= 1, not {args.threads}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return Options(seeds=tuple(seeds), work=args.work, out=args.out, smoke=args.smoke, steps=args.steps,
+                   threads=args.threads, dataset=args.dataset, data_dir=args.data_dir)
+
+
+def summary_lines(results: Dict[str, Any]) -> Iterable[str]:
+    yield results["table"]
+    yield ""
+    for v in results["verdicts"]:
+        yield f"- {v['claim']}: **{v['verdict']}** ({v['why']})"
+
+
+__all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "Arm", "Options", "Study", "Spread", "spread",
+           "differ", "verdict", "too_few_seeds", "run_study", "add_options", "options_from", "summary_lines"]

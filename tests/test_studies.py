@@ -1,0 +1,202 @@
+"""The paper's experiments as studies (vitkit.studies, `vitkit study`): the verdict rule on known
+numbers, each study end to end at tiny scale (VITKIT_TINY=1: a few steps of a few images), a
+study killed mid-way finishing without repeating its runs, bad arguments in one line, and
+docs/paper.md quoting only numbers that its results files hold."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import main as cli
+from vitkit.data import fashion_mnist as fm
+from vitkit.studies import get_study, list_studies
+from vitkit.studies.base import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Options, Spread, differ
+
+ROOT = Path(__file__).resolve().parents[1]
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+# ------------------------------------------------------------------------------------ the rule
+
+
+def test_two_arms_differ_beyond_twice_the_standard_error_of_their_gap():
+    a, b = Spread((0.90, 0.91, 0.92)), Spread((0.86, 0.87, 0.88))
+    assert differ(a, b) and differ(b, a)  # 4 points apart, std 1 point: se of the gap 0.82
+    assert not differ(a, Spread((0.89, 0.905, 0.915)))
+    assert not differ(Spread((0.9,)), Spread((0.5,)))  # one seed: no spread, no judgement
+    assert Spread((0.9, 0.92)).text() == "91.0 ± 1.4" and Spread(()).text() == "–"
+
+
+def _results(scores, seeds=(0, 1, 2)):
+    """Fake results of the position study: {arm: [test_top1 per seed]} (25-shot the same)."""
+    runs = {f"{arm}-s{s}": {"arm": arm, "seed": s, "test_top1": v, "fewshot_25": v}
+            for arm, values in scores.items() for s, v in zip(seeds, values)}
+    arms = {arm: {"grid": arm.rsplit("-", 1)[1]} for arm in scores}
+    return {"runs": runs, "arms": arms, "settings": {"seeds": list(seeds)}}
+
+
+def test_the_position_study_decides_each_claim_from_its_numbers():
+    study = get_study("position-embeddings")
+    kinds = ("learned", "learned_2d", "sincos2d", "relative")
+    paper_like = {"none-7x7": [0.80, 0.81, 0.82], **{f"{k}-7x7": [0.85, 0.86, 0.87] for k in kinds},
+                  "none-14x14": [0.70, 0.71, 0.72], **{f"{k}-14x14": [0.80, 0.81, 0.82] for k in kinds}}
+    verdicts = {v["claim"]: v["verdict"] for v in study.verdicts(_results(paper_like))}
+    assert set(verdicts.values()) == {REPRODUCED}
+    assert len(verdicts) == 5  # none worst and level, on two scores; the harder grid
+    no_gain = dict(paper_like, **{"learned-7x7": [0.79, 0.80, 0.81]})  # one kind below none
+    worst = study.verdicts(_results(no_gain))[0]
+    assert worst["verdict"] == NOT_REPRODUCED and "learned at 7x7: -1.0" in worst["why"]
+    noisy = dict(paper_like, **{"relative-7x7": [0.70, 0.86, 0.99]})  # far from the others, huge spread
+    level = study.verdicts(_results(noisy))[1]
+    assert level["verdict"] == INCONCLUSIVE and "within the seeds' spread" in level["why"]
+    one_seed = study.verdicts(_results({k: v[:1] for k, v in paper_like.items()}, seeds=(0,)))
+    assert {v["verdict"] for v in one_seed} == {INCONCLUSIVE}
+
+
+# ------------------------------------------------------------------------------------ running
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setenv("VITKIT_TINY", "1")
+
+
+@real
+@pytest.mark.slow
+def test_every_study_runs_end_to_end_with_the_smoke_flag(tmp_path, tiny, capsys):
+    """The training studies, then the two that read them (the few-shot proxy ranks their models,
+    attention distance measures the compute study's), into one results folder."""
+    out = tmp_path / "out"
+    for name in list_studies():
+        assert cli(["study", name, "--smoke", "--work", str(tmp_path / name), "--out", str(out), "--threads",
+                    "1"]) == 0, name
+        printed = capsys.readouterr().out
+        results = json.loads((out / f"{name}.json").read_text())
+        arms = get_study(name).arms(Options(seeds=(0,), smoke=True))
+        assert results["settings"]["smoke"] and results["settings"]["tiny"]
+        assert len(results["runs"]) == len(arms) and all(0 <= r["test_top1"] <= 1 for r in results["runs"].values())
+        assert results["verdicts"] and {v["verdict"] for v in results["verdicts"]} <= {REPRODUCED, NOT_REPRODUCED,
+                                                                                        INCONCLUSIVE}
+        assert (out / f"{name}.md").read_text().startswith("| ") and (out / f"{name}.png").stat().st_size > 10_000
+        assert all(v["claim"] in printed for v in results["verdicts"]), name
+    proxy = json.loads((out / "fewshot-proxy.json").read_text())
+    assert proxy["correlation"]["all"]["models"] == 5 + 6 + 6  # every model of the three training studies
+    distance = json.loads((out / "attention-distance.json").read_text())
+    assert set(distance["models"]) == {"vit-s", "vit-m", "hybrid-s", "hybrid-m"}
+    assert all(len(m["distance_px"][0]) >= 2 for m in distance["models"].values())
+
+
+@real
+@pytest.mark.slow
+def test_a_study_runs_on_an_image_folder(tmp_path, tiny):
+    """--dataset folder: the runs read image files; few-shot (in-memory and Hugging Face data only) is
+    left out; attention distance reads the folder's test images through the evaluation pipeline."""
+    import numpy as np
+    from PIL import Image
+
+    data = fm.load_split("test")
+    for split in ("train", "test"):
+        for i in range(60):
+            folder = tmp_path / "photos" / split / str(int(data.labels[i]))
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.asarray(data.images[i])).save(folder / f"{i}.png")
+    common = ["--smoke", "--out", str(tmp_path / "out"), "--threads", "1"]
+    assert cli(["study", "compute", *common, "--work", str(tmp_path / "c"), "--dataset", "folder", "--data-dir",
+                str(tmp_path / "photos")]) == 0
+    compute = json.loads((tmp_path / "out" / "compute.json").read_text())
+    assert compute["settings"]["dataset"] == "folder" and not any("fewshot_25" in r for r in compute["runs"].values())
+    assert cli(["study", "attention-distance", *common, "--work", str(tmp_path / "a")]) == 0
+    assert len(json.loads((tmp_path / "out" / "attention-distance.json").read_text())["models"]) == 4
+
+
+@real
+@pytest.mark.slow
+def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path):
+    """SIGKILL once the first run is done; started again, the study keeps that run as it was and
+    finishes the rest, with the same results as a study never stopped."""
+    env = dict(os.environ, VITKIT_TINY="1")
+    args = [sys.executable, "-m", "vitkit", "study", "position-embeddings", "--smoke", "--threads", "1",
+            "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    first = tmp_path / "runs" / "none-7x7-s0" / "summary.json"
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not first.is_file():
+        assert proc.poll() is None, "the study ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stamp = first.stat().st_mtime_ns
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert first.stat().st_mtime_ns == stamp  # reused, not trained again
+    again = subprocess.run([*args[:-4], "--work", str(tmp_path / "straight"), "--out", str(tmp_path / "o2")],
+                           env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    a = json.loads((tmp_path / "out" / "position-embeddings.json").read_text())
+    b = json.loads((tmp_path / "o2" / "position-embeddings.json").read_text())
+    assert {k: r["test_top1"] for k, r in a["runs"].items()} == {k: r["test_top1"] for k, r in b["runs"].items()}
+
+
+def test_bad_arguments_are_one_line_each(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [(["study", "imagenet-scaling"], "unknown study 'imagenet-scaling'; the studies: position-embeddings"),
+             (["study", "position-embeddings", "--seeds", "-1"], "--seeds must be >= 0"),
+             (["study", "position-embeddings", "--seeds", "0", "0"], "--seeds are given twice"),
+             (["study", "position-embeddings", "--steps", "0"], "--steps must be >= 1"),
+             (["study", "position-embeddings", "--threads", "0"], "--threads must be >= 1"),
+             (["study", "position-embeddings", "--out", str(tmp_path / "file")], "file")]
+    for args, message in cases:
+        assert cli(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and err[0].startswith("vitkit study: error: "), (args, err)
+    assert cli(["study", "list"]) == 0
+    assert "position-embeddings" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------ docs/paper.md
+
+
+def _numbers(value, found: set) -> None:
+    """Every number in a results file, as it would be quoted (x, and 100x for fractions), and
+    every number written inside its text (tables, verdicts)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        for v in (value, 100 * value):
+            for digits in (0, 1, 2):
+                found.add(f"{round(v, digits):.{digits}f}")
+    elif isinstance(value, str):
+        found.update(re.findall(r"\d+(?:\.\d+)?", value.replace(",", "")))
+    elif isinstance(value, dict):
+        for v in value.values():
+            _numbers(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            _numbers(v, found)
+
+
+def test_every_number_in_paper_md_is_in_a_results_file():
+    paper = (ROOT / "docs" / "paper.md").read_text()
+    files = sorted((ROOT / "docs" / "studies").glob("*.json"))
+    quoted = {m for m in re.findall(r"`?[\w./-]+\.json`?", paper)}
+    assert files, "docs/studies holds the studies' results"
+    found: set = set()
+    for path in files + [ROOT / "benchmarks" / "results" / q.strip("`") for q in quoted
+                         if (ROOT / "benchmarks" / "results" / q.strip("`")).is_file()]:
+        _numbers(json.loads(path.read_text()), found)
+    prose = re.sub(r"```.*?```", "", paper, flags=re.S)  # commands are not results
+    prose = re.sub(r"`[^`]*`", "", prose)  # nor are names in code
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)  # nor link targets
+    missing = []
+    for number in re.findall(r"(?<![\w/.-])\d+\.\d+(?![\w/])", prose.replace(",", "")):
+        if number not in found:
+            missing.append(number)
+    assert missing == [], f"numbers in docs/paper.md that no results file holds: {missing}"
