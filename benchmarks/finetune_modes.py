@@ -1,12 +1,12 @@
 """Fine-tuning with few trainable parameters on self-supervised encoders, when labels are few.
 
-The encoders are ``benchmarks/selfsup.py``'s (``vitkit pretrain --objective mae|simmim`` on all
-60,000 Fashion-MNIST training images without labels; the same run folders, so either benchmark
-reuses the other's pre-training). Each is fine-tuned with 1% and 10% of the labels, with the
-same optimiser steps as selfsup.py's budget, four ways (``vitkit train --finetune``): full
-(selfsup.py's recipe: layer-wise lr decay 0.75), LoRA (rank 8 on every block's qkv, proj, fc1,
-fc2), BitFit (the biases), head only. Each row: test top-1 (mean over seeds), the trainable
-parameters and the training img/s.
+The encoders are the self-supervision study's (``vitkit study self-supervision``:
+``vitkit pretrain --objective mae|simmim`` on all 60,000 Fashion-MNIST training images without
+labels; its run folder by default, so either reuses the other's pre-training). Each is fine-tuned
+with 1% and 10% of the labels, with the same optimiser steps as that study's budget, four ways
+(``vitkit train --finetune``): full (the study's recipe: layer-wise lr decay 0.75), LoRA (rank 8
+on every block's qkv, proj, fc1, fc2), BitFit (the biases), head only. Each row: test top-1
+(mean over seeds), the trainable parameters and the training img/s.
 
     python benchmarks/finetune_modes.py          # 2 encoders x 2 fractions x 4 modes, 1 seed (~45 min, 2 cores)
     python benchmarks/finetune_modes.py --smoke  # a minute or two: MAE, 1%, 0.2 pre-training epochs, 20 steps
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -27,18 +28,48 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from vitkit.studies.base import _vitkit
+from vitkit.studies.selfsup import BUDGET, COMMON, LABELS, PRETRAINED, pretrain_run
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
-from selfsup import BUDGET, COMMON, LABELS, PRETRAINED, add_run_options, apply_smoke, finished, pretrain, vitkit  # noqa: E402
+from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, work_dir, write_json_atomic  # noqa: E402
 
 ENCODERS = ("mae", "simmim")
 FRACTIONS = (0.01, 0.1)
 MODES = ("full", "lora", "bitfit", "head")
-#: what each mode changes in selfsup.py's pre-trained recipe: few parameters learn at a flat lr
+#: what each mode changes in the self-supervision study's pre-trained recipe: few parameters learn at a flat lr
 #: (layer decay would slow the adapters of the early blocks that are all that moves there)
 MODE_RECIPE = {"full": {}, "lora": {"finetune": "lora", "lora_rank": 8, "layer_decay": None},
                "bitfit": {"finetune": "bitfit", "layer_decay": None}, "head": {"finetune": "head", "layer_decay": None}}
 SMOKE = {"encoders": ["mae"], "fractions": [0.01], "seeds": [0], "pretrain_epochs": 0.2, "steps": 20}
+
+
+def add_run_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--pretrain-epochs", type=float, help="override the recipes' pre-training epochs (smoke checks)")
+    ap.add_argument("--steps", type=int, help="override the fine-tuning steps (smoke checks)")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default: torch's)")
+    ap.add_argument("--work", type=Path, help="run directories (default runs/studies/self-supervision, the study's "
+                                              f"own; smoke: {SMOKE_DIR}/selfsup)")
+
+
+def apply_smoke(args: argparse.Namespace, smoke: Dict[str, Any]) -> None:
+    """``--smoke``'s values under the explicit options; shortened runs count as a smoke check; the
+    runs' folder (a smoke check's never the study's real one)."""
+    for key, value in (smoke if args.smoke else {}).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.smoke = args.smoke or args.pretrain_epochs is not None or args.steps is not None
+    args.work = work_dir(args.work, "selfsup", smoke=True) if args.smoke and not args.work else \
+        Path(args.work or Path("runs") / "studies" / "self-supervision")
+
+
+def finished(run: Path) -> Optional[Dict[str, Any]]:
+    """The summary of a finished run; an unfinished one is removed (started again from scratch)."""
+    if (run / "summary.json").is_file():
+        return json.loads((run / "summary.json").read_text())
+    if run.exists():
+        shutil.rmtree(run)
+    return None
 
 
 def finetune(encoder: str, mode: str, fraction: float, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
@@ -53,8 +84,8 @@ def finetune(encoder: str, mode: str, fraction: float, seed: int, args: argparse
                   "val_every": steps, "checkpoint_every": steps, "keep_checkpoints": 1}
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps({k: v for k, v in recipe.items() if v is not None}, indent=1))  # None: default
-        done = vitkit("train", "--config", str(cfg), "--runs-dir", str(args.work), "--name", run.name, "--no-progress",
-                      *(["--threads", str(args.threads)] if args.threads else []))
+        done = _vitkit(["train", "--config", str(cfg), "--runs-dir", str(args.work), "--name", run.name,
+                        "--no-progress", *(["--threads", str(args.threads)] if args.threads else [])], run.name)
     return done
 
 
@@ -125,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "pretrain": {}, "finetune": {}}
     for encoder in args.encoders:
         print(f"pre-training {encoder} (or reusing {args.work / f'pretrain-{encoder}'}) ...", flush=True)
-        results["pretrain"][encoder] = pretrain(encoder, args)
+        results["pretrain"][encoder] = pretrain_run(encoder, args.work, args.threads, args.pretrain_epochs)
     jobs = [(e, m, f, s) for s in args.seeds for f in args.fractions for e in args.encoders for m in args.modes]
     for i, (encoder, mode, fraction, seed) in enumerate(jobs, 1):
         print(f"[{i}/{len(jobs)}] {encoder} {mode} {100 * fraction:g}% seed {seed} ...", end=" ", flush=True)

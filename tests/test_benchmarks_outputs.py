@@ -9,7 +9,6 @@ and the slow parts (timing, training) run at tiny sizes or are replaced.
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -132,34 +131,18 @@ def _fake_run(work: Path, name: str) -> dict:
             "params": 1000}
 
 
-def test_selfsup_smoke_and_shortened_runs_write_to_the_smoke_folder(dirs, monkeypatch):
-    import selfsup
-
-    results, smoke = dirs
-    monkeypatch.setattr(selfsup, "pretrain", lambda o, a: _fake_run(a.work, f"pretrain-{o}"))
-    monkeypatch.setattr(selfsup, "finetune", lambda s, f, seed, a: _fake_run(a.work, f"ft-{s}-f{f:g}-s{seed}"))
-    monkeypatch.setattr(selfsup, "fewshot", lambda w, a: {str(k): 0.5 for k in selfsup.SHOTS})
-    monkeypatch.setattr(selfsup, "random_encoder", lambda a: "random")
-    assert selfsup.main(["--smoke"]) == 0
-    assert _files(results) == []
-    assert [n for n in _files(smoke) if n.endswith(".json") and "/" not in n][0].startswith("selfsup_")
-    assert (smoke / "selfsup" / "pretrain-mae").is_dir()  # the runs too: never runs/selfsup
-
-    assert selfsup.main(["--objectives", "mae", "--fractions", "0.01", "--seeds", "0", "--steps", "5"]) == 0
-    assert _files(results) == []  # shortened fine-tuning: a smoke check too
-
-
 @pytest.mark.slow
 def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs):
     """Real runs (no fakes): a shortened MAE pre-training, then full and LoRA fine-tuning from it, and
-    selfsup.py's own fine-tuning of the same encoder (both pass --init without --model)."""
+    the self-supervision study's own fine-tuning of the same encoder (both pass --init without --model)."""
     pytest.importorskip("peft")
     from vitkit.data import fashion_mnist as fm
 
     if not fm._complete(fm.DEBIAN_DIR):
         pytest.skip("Debian dataset-fashion-mnist not installed")
     import finetune_modes as bench_peft
-    import selfsup
+    from vitkit.studies import get_study
+    from vitkit.studies.base import Options, train_run
 
     results, smoke = dirs
     assert bench_peft.main(["--smoke", "--modes", "full", "lora", "--steps", "4", "--threads", "1"]) == 0
@@ -168,8 +151,11 @@ def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs):
     table = json.loads((smoke / name).read_text())["table"]
     assert set(table) == {"mae-full@0.01", "mae-lora@0.01"}
     assert table["mae-lora@0.01"]["trainable_params"] < table["mae-full@0.01"]["trainable_params"] / 2
-    args = SimpleNamespace(work=smoke / "selfsup", steps=4, threads=1)
-    assert selfsup.finetune("mae", 0.01, 0, args)["init"].endswith("pretrain-mae")
+    study = get_study("self-supervision")
+    options = Options(seeds=(0,), smoke=True, work=smoke / "selfsup", threads=1, steps=4)
+    arm = next(a for a in study.arms(options) if a.key == "mae-f0.01")
+    assert "model" not in arm.train and arm.train["init"] == str(smoke / "selfsup" / "pretrain-mae")
+    assert train_run(arm, 0, options, study, options.work)["init"].endswith("pretrain-mae")
 
 
 def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):

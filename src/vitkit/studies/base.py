@@ -97,6 +97,11 @@ class Study:
     def figure(self, results: Dict[str, Any], path: Path) -> Optional[Path]:
         return None
 
+    def prepare(self, options: Options, work: Path, say) -> Dict[str, Any]:
+        """Work the arms build on (pre-training), done before them; what it returns is kept in the
+        results as ``prepared`` (default: nothing)."""
+        return {}
+
     def extra(self, results: Dict[str, Any], options: Options) -> None:
         """Measurements beyond the runs' own scores, added to ``results`` (default: none)."""
 
@@ -260,6 +265,7 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
                      "tiny": bool(os.environ.get("VITKIT_TINY", "") not in ("", "0"))},
         "arms": {a.key: {"label": a.label, "train": a.train, **a.facts} for a in arms}, "runs": {}}
     path = out / f"{study.name}.json"
+    results["prepared"] = study.prepare(options, work, say)
     jobs = [(arm, seed) for seed in options.seeds for arm in arms]
     for i, (arm, seed) in enumerate(jobs, 1):
         name = run_name(arm, seed)

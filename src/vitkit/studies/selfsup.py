@@ -1,0 +1,234 @@
+"""Self-supervision (the paper's section 4.6): does pre-training without labels help when labels
+are few? The paper's masked patch prediction, and the two objectives that followed it.
+
+    vitkit study self-supervision            # 3 objectives, 2 label fractions, 3 seeds: about 80 min on 2 CPU cores
+    vitkit study self-supervision --smoke    # MAE alone, 0.2 pre-training epochs, 1%, 20 steps: a few minutes
+
+The paper pre-trains ViT-B/16 on JFT with masked patch prediction (50% of the patch embeddings
+corrupted, the mean colour of each predicted: 3 bits a channel) and fine-tunes it on ImageNet:
+79.9%, "a significant improvement of 2% to training from scratch, but still 4% behind supervised
+pre-training". Here each objective (SimMIM, the paper's MPP, MAE) pre-trains the plain
+``vit_fmnist`` on all 60,000 Fashion-MNIST training images without their labels (``vitkit
+pretrain --objective X``, its default recipe: about 10 minutes each on 2 CPU cores). Then:
+
+- **fine-tuning** with 1% and 10% of the labels (``train_fraction``: fixed, class-balanced,
+  nested subsets) for the same number of optimiser steps as the same model trained from scratch;
+  scratch uses its best plain recipe, a pre-trained encoder the usual fine-tuning rule on top of
+  it (layer-wise learning-rate decay 0.75), both recorded in the results; test top-1 over seeds;
+- **few-shot** linear evaluation of each frozen encoder (1/5/10/25 shots per class, the paper's
+  closed-form ridge, 3 seeds), beside the same encoder at its random initialisation.
+
+This study was ``benchmarks/selfsup.py`` (its results: ``benchmarks/results/selfsup_*.json``);
+it measures the same arms with the same recipes. ``benchmarks/finetune_modes.py`` reuses its
+pre-training runs and recipes.
+
+Result: see docs/paper.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..utils import write_json
+from .base import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Arm,
+    Options,
+    Study,
+    _vitkit,
+    default_folders,
+    differ,
+    spread,
+    too_few_seeds,
+    verdict,
+)
+
+OBJECTIVES = ("simmim", "mpp", "mae")
+LABELS = {"scratch": "from scratch", "simmim": "SimMIM", "mpp": "masked patch prediction (ViT 4.6)", "mae": "MAE"}
+FRACTIONS = (0.01, 0.1)
+SHOTS = (1, 5, 10, 25)
+#: fine-tuning budget per label fraction: (optimiser steps, batch size); the same for every arm
+BUDGET = {0.01: (400, 64), 0.1: (1000, 128)}
+#: the fine-tuning recipe every arm shares (augmentation, schedule), and what differs
+COMMON = {"model": "vit_fmnist", "warmup_steps": 30, "crop_pad": 2, "hflip": True, "weight_decay": 0.05,
+          "min_lr": 1e-5, "tensorboard": False}
+SCRATCH = {"lr": 1e-3}
+PRETRAINED = {"lr": 3e-3, "layer_decay": 0.75}
+#: --smoke: the one objective, the shortened pre-training (epochs) and the one fraction it runs
+SMOKE_OBJECTIVES, SMOKE_PRETRAIN_EPOCHS, SMOKE_FRACTIONS = ("mae",), 0.2, (0.01,)
+#: the gains over scratch that count (the paper's MPP gained 2 points on ImageNet)
+GOALS = {0.01: 0.05, 0.1: 0.02}
+
+
+def pretrain_run(objective: str, work: Path, threads: Optional[int] = None, epochs: Optional[float] = None,
+                 data: Optional[List[str]] = None) -> Dict[str, Any]:
+    """The summary of ``vitkit pretrain --objective OBJECTIVE`` in ``work/pretrain-OBJECTIVE``: reused
+    when finished, resumed from its last checkpoint when interrupted."""
+    run = work / f"pretrain-{objective}"
+    extra = ["--threads", str(threads)] if threads else []
+    if (run / "summary.json").is_file():
+        return json.loads((run / "summary.json").read_text())
+    if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
+        return _vitkit(["pretrain", "--resume", str(run), "--no-progress", *extra], f"resuming {run.name}")
+    if run.exists():
+        shutil.rmtree(run)
+    work.mkdir(parents=True, exist_ok=True)
+    epochs_flag = ["--epochs", str(epochs)] if epochs else []
+    return _vitkit(["pretrain", "--objective", objective, "--runs-dir", str(work), "--name", run.name,
+                    "--no-progress", *epochs_flag, *extra, *(data or [])], f"pre-training {objective}")
+
+
+def random_encoder(work: Path) -> Path:
+    """``vit_fmnist`` at its initialisation (seed 0, as ``vitkit pretrain`` draws it), headless."""
+    folder = work / "random-init"
+    if not (folder / "model.safetensors").is_file():
+        import torch
+
+        import vitkit
+        from vitkit.utils import seed_for
+
+        torch.manual_seed(seed_for(0, "init"))
+        vitkit.create_model("vit_fmnist", num_classes=0, crop_pct=1.0).save_pretrained(folder)
+    return folder
+
+
+def data_flags(options: Options) -> List[str]:
+    return [*(["--dataset", options.dataset] if options.dataset else []),
+            *(["--data-dir", options.data_dir] if options.data_dir else [])]
+
+
+def encoder_fewshot(weights: Path, options: Options) -> Dict[str, float]:
+    """{shots: accuracy} of a frozen encoder, cached beside it as ``fewshot-encoder.json``."""
+    cached = (weights if weights.is_dir() else weights.parent) / "fewshot-encoder.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    out = _vitkit(["fewshot", "--weights", str(weights), "--shots", *map(str, SHOTS), "--seeds", "3", "--pool",
+                   "10000", "--no-progress", *data_flags(options)], f"few-shot evaluation of {weights.name}")
+    scores = {str(r["shots"]): r["mean"] for r in out["results"]}
+    write_json(cached, scores)
+    return scores
+
+
+def finetune_config(source: str, fraction: float, work: Path) -> Dict[str, Any]:
+    """The TrainConfig fields of fine-tuning ``source`` (scratch or an objective's encoder)."""
+    steps, batch = BUDGET[fraction]
+    recipe = {**COMMON, **(SCRATCH if source == "scratch" else PRETRAINED), "train_fraction": fraction,
+              "max_steps": steps, "batch_size": batch, "val_every": steps, "checkpoint_every": steps,
+              "keep_checkpoints": 1}
+    if source != "scratch":  # the architecture comes from the weights
+        recipe["init"] = str(work / f"pretrain-{source}")
+        del recipe["model"]
+    return recipe
+
+
+class SelfSupervision(Study):
+    name = "self-supervision"
+    title = "Self-supervised pre-training: SimMIM, masked patch prediction, MAE"
+    claim = ("Pre-training without labels (the paper's masked patch prediction) improves on training from "
+             "scratch, though it stays behind supervised pre-training (section 4.6)")
+    setting = ("vit_fmnist pre-trained by each objective on Fashion-MNIST's 60,000 training images without labels, "
+               "then fine-tuned on 1% and 10% of the labels for the steps scratch gets (400 of 64, 1,000 of 128); "
+               "the frozen encoders scored few-shot; test top-1 over 3 seeds")
+    paper = {"source": "Dosovitskiy et al. 2021, section 4.6", "mpp_imagenet_top1": 0.799,
+             "gain_over_scratch": 0.02, "behind_supervised": 0.04}
+    smoke_train: Dict[str, Any] = {"max_steps": 20, "val_every": 20, "checkpoint_every": 20}
+
+    def _objectives(self, options: Options):
+        return SMOKE_OBJECTIVES if options.smoke else OBJECTIVES
+
+    def prepare(self, options: Options, work: Path, say) -> Dict[str, Any]:
+        """Pre-train every objective (reused or resumed) and score each frozen encoder few-shot."""
+        pretrained, fewshot = {}, {}
+        for objective in self._objectives(options):
+            say(f"pre-training {objective} (or reusing {work / f'pretrain-{objective}'}) ...")
+            s = pretrain_run(objective, work, options.threads, SMOKE_PRETRAIN_EPOCHS if options.smoke else None,
+                             data_flags(options))
+            pretrained[objective] = {k: s.get(k) for k in ("test_loss", "seconds", "train_img_s", "epochs", "steps")}
+            fewshot[objective] = encoder_fewshot(work / f"pretrain-{objective}", options)
+        fewshot["random-init"] = encoder_fewshot(random_encoder(work), options)
+        return {"pretrain": pretrained, "fewshot_encoders": fewshot}
+
+    def arms(self, options: Options) -> List[Arm]:
+        work = default_folders(self, options)[0]
+        fractions = SMOKE_FRACTIONS if options.smoke else FRACTIONS
+        return [Arm(f"{source}-f{f:g}", f"{LABELS[source]}, {100 * f:g}% of the labels",
+                    finetune_config(source, f, work), {"source": source, "fraction": f})
+                for f in fractions for source in ("scratch", *self._objectives(options))]
+
+    def verdicts(self, results: Dict[str, Any]) -> List[Dict[str, Any]]:
+        out = []
+        fractions = sorted({a["fraction"] for a in results["arms"].values()})
+        sources = [a["source"] for a in results["arms"].values() if a["fraction"] == fractions[0]][1:]
+        for source in sources:
+            claim = f"{LABELS[source]} improves on scratch with few labels"
+            if too_few_seeds(results):
+                out.append(verdict(claim, INCONCLUSIVE, "one seed: no spread to judge differences by"))
+                continue
+            gains, beyond = [], []
+            for f in fractions:
+                mine, base = spread(results, f"{source}-f{f:g}"), spread(results, f"scratch-f{f:g}")
+                gains.append(f"{100 * (mine.mean - base.mean):+.1f} at {100 * f:g}%")
+                beyond.append(mine.mean > base.mean and differ(mine, base))
+            text = f"points over scratch: {', '.join(gains)}"
+            out.append(verdict(claim, REPRODUCED if all(beyond) else NOT_REPRODUCED if not any(beyond)
+                               else INCONCLUSIVE, text))
+        return out
+
+    def table(self, results: Dict[str, Any]) -> str:
+        fractions = sorted({a["fraction"] for a in results["arms"].values()})
+        fewshot = results.get("prepared", {}).get("fewshot_encoders", {})
+        lines = ["| start | " + " | ".join(f"{100 * f:g}% of the labels" for f in fractions) + " | "
+                 + " | ".join(f"{k}-shot (frozen)" for k in SHOTS) + " |",
+                 "|---|" + "---:|" * (len(fractions) + len(SHOTS))]
+        for source in ["scratch", *[o for o in OBJECTIVES if f"{o}-f{fractions[0]:g}" in results["arms"]]]:
+            cells = [spread(results, f"{source}-f{f:g}").text() for f in fractions]
+            few = fewshot.get("random-init" if source == "scratch" else source, {})
+            cells += [f"{100 * few[str(k)]:.1f}" if str(k) in few else "–" for k in SHOTS]
+            label = LABELS[source] + (" (random init for few-shot)" if source == "scratch" else "")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def figure(self, results: Dict[str, Any], path: Path) -> Optional[Path]:
+        from ..utils import pyplot, save_png
+
+        plt = pyplot()
+        fractions = sorted({a["fraction"] for a in results["arms"].values()})
+        sources = ["scratch", *[o for o in OBJECTIVES if f"{o}-f{fractions[0]:g}" in results["arms"]]]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+        width = 0.8 / len(sources)
+        for i, source in enumerate(sources):
+            for j, f in enumerate(fractions):
+                s = spread(results, f"{source}-f{f:g}")
+                x = j + (i - (len(sources) - 1) / 2) * width
+                ax1.bar(x, 100 * s.mean, width * 0.9, color=f"C{i}", label=LABELS[source] if j == 0 else None)
+                ax1.plot([x] * s.n, [100 * v for v in s.values], "k.", markersize=4)
+        ax1.set_xticks(range(len(fractions)))
+        ax1.set_xticklabels([f"{100 * f:g}% of the labels" for f in fractions])
+        ax1.set_ylabel("test top-1 (%)")
+        ax1.set_title("fine-tuned, the same steps for every start", fontsize=9)
+        ax1.legend(fontsize=8, loc="upper left")
+        ax1.grid(alpha=0.3, axis="y")
+        fewshot = results.get("prepared", {}).get("fewshot_encoders", {})
+        for i, source in enumerate(sources):
+            few = fewshot.get("random-init" if source == "scratch" else source)
+            if few:
+                ax2.plot(SHOTS, [100 * few[str(k)] for k in SHOTS], "o-", color=f"C{i}",
+                         label="random init" if source == "scratch" else LABELS[source])
+        ax2.set_xscale("log")
+        ax2.set_xticks(SHOTS)
+        ax2.set_xticklabels([str(k) for k in SHOTS])
+        ax2.set(xlabel="labelled images per class", ylabel="test top-1 (%)")
+        ax2.set_title("few-shot, frozen encoder (ridge)", fontsize=9)
+        ax2.grid(alpha=0.3)
+        ax2.legend(fontsize=8)
+        fig.suptitle("Fashion-MNIST: vit_fmnist pre-trained on 60k images without labels", fontsize=10)
+        fig.tight_layout()
+        return save_png(fig, path)
+
+
+STUDY = SelfSupervision()
