@@ -37,3 +37,28 @@ def test_cli_eval_on_fashion_mnist(tmp_path, capsys):
     assert code == 0 and out["count"] == 10_000 and np.sum(out["confusion"]) == 10_000
     assert out["top5"] >= out["top1"] and set(out["per_class"]) == set(fm.CLASSES)
     assert (tmp_path / "confusion_matrix.png").is_file()
+
+
+class _LeftRight(torch.nn.Module):
+    """Class 0 for images brighter on the left, class 1 for brighter on the right (a mirror swaps them)."""
+
+    config = Oracle.config
+
+    def forward(self, x):
+        half = x.shape[-1] // 2
+        d = x[..., :half].mean((1, 2, 3)) - x[..., half:].mean((1, 2, 3))
+        return torch.stack([4 * d, -4 * d, torch.zeros_like(d)], -1)
+
+
+def test_flip_tta_scores_the_mean_probabilities_of_an_image_and_its_mirror():
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (8, 1, 4, 4), dtype=torch.uint8, generator=g)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    plain = classification_report(_LeftRight(), images, labels)
+    flipped = classification_report(_LeftRight(), images, labels, tta="flip")
+    x = (images.float() / 255).expand(-1, 1, -1, -1)
+    both = (_LeftRight()(x).softmax(-1) + _LeftRight()(x.flip(-1)).softmax(-1)) / 2  # by hand
+    assert flipped.confusion.sum(0)[0] == int((both.argmax(-1) == 0).sum())
+    assert plain.confusion.tolist() != flipped.confusion.tolist()  # the mirror cancels the cue: all ties
+    with pytest.raises(ValueError, match="tta must be one of none, flip"):
+        classification_report(_LeftRight(), images, labels, tta="rotate")

@@ -489,7 +489,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     evaluate = _eval_hf if datasets.is_hf(dataset) else _eval_in_memory
     report, split, skipped = evaluate(args, model, dataset)
     result = {"weights": args.weights, "dataset": dataset, "split": split, "precision": _runtime_name(model),
-              **report.to_dict()}
+              "tta": args.tta, **report.to_dict()}
     if skipped:
         result["skipped"] = len(skipped)
     png = None
@@ -500,8 +500,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
+    tta = ", flip TTA" if args.tta == "flip" else ""
     print(f"{dataset} {split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({report.count:,} images, {_runtime_name(model)})")
+          f"({report.count:,} images, {_runtime_name(model)}{tta})")
     if skipped:
         print(f"skipped {len(skipped)} unusable rows (first: {skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
@@ -537,7 +538,8 @@ def _eval_in_memory(args: argparse.Namespace, model, dataset: str):
     images, labels, classes = load_split_tensors(dataset, args.split, args.data_dir)
     _same_classes(model.config.label_names, classes, dataset)
     report = classification_report(model, images, labels, classes, args.batch_size,
-                                   progress=not args.no_progress, label=f"evaluating {dataset} {args.split}")
+                                   progress=not args.no_progress, label=f"evaluating {dataset} {args.split}",
+                                   tta=args.tta)
     return report, args.split, []
 
 
@@ -554,7 +556,7 @@ def _eval_hf(args: argparse.Namespace, model, dataset: str):
     skipped = [name for name, _ in data.skipped]
     batches = hf.batches(data, args.batch_size, 2, skipped)
     report = report_over(model, batches, data.classes, -(-len(data) // args.batch_size), not args.no_progress,
-                         f"evaluating {dataset} {data.split_name}")
+                         f"evaluating {dataset} {data.split_name}", args.tta)
     return report, data.split_name, skipped
 
 
@@ -840,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--tta", default="none", choices=["none", "flip"],
+                   help="test-time augmentation: flip scores the mean probabilities of each image and its mirror "
+                        "(for classes a mirror does not change) [default: none]")
     _add_runtime_flags(p)
     p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
                                                 "(default: print only, write nothing)")

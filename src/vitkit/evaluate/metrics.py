@@ -44,13 +44,19 @@ def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
     return (x - mean) / std
 
 
+#: test-time augmentation: none, or the mean of the class probabilities of each image and its
+#: horizontal mirror (for data whose classes a mirror does not change)
+TTA_MODES = ("none", "flip")
+
+
 def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                           classes: Optional[List[str]] = None, batch_size: int = 500, progress: bool = True,
-                          label: str = "evaluating") -> ClassificationReport:
+                          label: str = "evaluating", tta: str = "none") -> ClassificationReport:
     """Evaluate ``model`` on uint8 images (N, C, H, W) with integer labels.
 
     ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
-    evaluation has run 5 s (:func:`vitkit.progress.track`).
+    evaluation has run 5 s (:func:`vitkit.progress.track`). ``tta="flip"``: score the mean
+    probabilities of each image and its mirror (see :data:`TTA_MODES`).
     """
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
@@ -60,14 +66,17 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
                          f"evaluate it on the data it was trained for")
     batches = ((prepare_batch(images[i:i + batch_size], model.config), labels[i:i + batch_size])
                for i in range(0, len(labels), batch_size))
-    return report_over(model, batches, classes, -(-len(labels) // batch_size), progress, label)
+    return report_over(model, batches, classes, -(-len(labels) // batch_size), progress, label, tta)
 
 
 @torch.inference_mode()
 def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], classes: List[str],
-                total: Optional[int] = None, progress: bool = True, label: str = "evaluating") -> ClassificationReport:
+                total: Optional[int] = None, progress: bool = True, label: str = "evaluating",
+                tta: str = "none") -> ClassificationReport:
     """The report over (model input, labels) batches: inputs already at the model's size and
     normalisation (an image file pipeline's, or :func:`prepare_batch`'s); ``classes`` are the data's."""
+    if tta not in TTA_MODES:
+        raise ValueError(f"tta must be one of {', '.join(TTA_MODES)}, not {tta!r}")
     model.eval()
     n_classes = model.config.num_classes
     if len(classes) != n_classes:
@@ -77,6 +86,8 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
     top5_hits = 0
     for x, y in track(batches, label, total, enabled=progress, unit="batches"):
         logits = model(x).float()
+        if tta == "flip":  # scores in probability space: the mean of two softmaxes
+            logits = (logits.softmax(-1) + model(x.flip(-1)).float().softmax(-1)) / 2
         k = min(5, n_classes)
         top5_hits += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum().item()
         pred = logits.argmax(-1)
