@@ -200,3 +200,13 @@ def test_every_number_in_paper_md_is_in_a_results_file():
         if number not in found:
             missing.append(number)
     assert missing == [], f"numbers in docs/paper.md that no results file holds: {missing}"
+
+
+def test_paper_md_is_what_the_results_give():
+    """docs/paper.md is written by scripts/paper_md.py from docs/studies/*.json, never by hand."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import paper_md
+    finally:
+        sys.path.pop(0)
+    assert (ROOT / "docs" / "paper.md").read_text() == paper_md.page(), "run python scripts/paper_md.py"
