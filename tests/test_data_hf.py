@@ -294,3 +294,12 @@ def test_a_missing_datasets_package_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(MissingExtra, match=r"datasets is needed for Hugging Face datasets .*\.\[hf\]"):
         resolve_config("fmnist", dataset=f"hf:{tmp_path}").validate()
+
+
+@pytest.mark.slow
+def test_a_saved_dataset_pre_trains_without_its_labels(tmp_path, hf_data, capsys):
+    assert cli(["pretrain", "--objective", "mae", "--dataset", f"hf:{hf_data[0]}", "--max-steps", "6",
+                "--batch-size", "30", "--workers", "0", "--runs-dir", str(tmp_path), "--name", "mae", "--no-progress",
+                "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["objective"] == "mae" and summary["steps"] == 6 and summary["dataset"] == f"hf:{hf_data[0]}"

@@ -142,7 +142,8 @@ def pos_embed_similarity(model: nn.Module) -> torch.Tensor:
     grid = tuple(model.patch_embed.grid_size)
     pos = model.patch_pos_embed(grid)
     if pos is None:
-        raise ValueError("the model has no position embeddings (pos_embed='none')")
+        raise ValueError(f"the model has no position embedding table to compare (pos_embed="
+                         f"{getattr(model, 'pos_embed_kind', 'none')!r})")
     pos = pos.reshape(-1, pos.shape[-1]).float()
     pos = pos / pos.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     sim = pos @ pos.T
