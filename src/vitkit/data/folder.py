@@ -129,7 +129,20 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
     return classes, samples
 
 
-class ImageFolder(Dataset):
+class SampleList(Dataset):
+    """A map-style dataset over ``self.samples`` ((source, class index) pairs): its length and labels."""
+
+    samples: List[Tuple[Any, int]]
+
+    @property
+    def targets(self) -> List[int]:
+        return [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+class ImageFolder(SampleList):
     """``root/<class>/<image>`` as (transformed image, class index) pairs; classes sorted by name.
 
     ``transform`` is applied to the upright RGB (or L) PIL image; without one the PIL image
@@ -186,13 +199,6 @@ class ImageFolder(Dataset):
         with ThreadPoolExecutor(threads) as pool:  # in chunks: no million pending futures
             for start in range(0, len(paths), 512):
                 yield from pool.map(check, paths[start:start + 512])
-
-    @property
-    def targets(self) -> List[int]:
-        return [label for _, label in self.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
     def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
         path, label = self.samples[index]

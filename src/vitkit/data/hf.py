@@ -36,7 +36,9 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from ..utils import require, seed_for
 from .datasets import HF_PREFIX as PREFIX
 from .datasets import is_hf
+from .folder import SampleList
 from .images import BadImageError, Skipped, decode_image
+from .shards import RankedReader
 
 logger = logging.getLogger("vitkit.data")
 
@@ -194,7 +196,7 @@ def _label_problem(label: Any, num_classes: int) -> Optional[str]:
 
 # ---------------------------------------------------------------------------------- map-style
 
-class HFImages(Dataset):
+class HFImages(SampleList):
     """One split of a (non-streaming) Hugging Face dataset as (image, class index) pairs, with
     :class:`~vitkit.data.folder.ImageFolder`'s interface: ``classes``, ``targets``, ``skipped``,
     ``samples``; ``transform`` applies to the decoded PIL image (none: the image itself).
@@ -239,13 +241,6 @@ class HFImages(Dataset):
     def sample_name(self, row: int) -> str:
         return f"{self.name}/{self.split_name}#{row}"
 
-    @property
-    def targets(self) -> List[int]:
-        return [label for _, label in self.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
         row, label = self.samples[index]
         name = self.sample_name(row)
@@ -265,15 +260,7 @@ class HFImages(Dataset):
 
 # ---------------------------------------------------------------------------------- streaming
 
-def _rank_world() -> Tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-class HFStream(IterableDataset):
+class HFStream(RankedReader, IterableDataset):
     """One split of a streaming Hugging Face dataset, read as the tar shards are
     (:class:`~vitkit.data.shards.ShardDataset`'s contract).
 
@@ -297,16 +284,8 @@ class HFStream(IterableDataset):
         self._split = _raw_images(split.select_columns([image_key, label_key]), image_key)
         self._epoch_length = epoch_length
         self._num_rows = num_rows
-        self._rank, self._world = rank, world_size
+        self._rank, self._world_size = rank, world_size
         self.epoch = 0
-
-    @property
-    def rank(self) -> int:
-        return self._rank if self._rank is not None else _rank_world()[0]
-
-    @property
-    def world_size(self) -> int:
-        return self._world if self._world is not None else _rank_world()[1]
 
     @property
     def num_samples(self) -> int:

@@ -367,7 +367,22 @@ def _default_rank_world() -> Tuple[int, int]:
     return 0, 1
 
 
-class ShardDataset(IterableDataset):
+class RankedReader:
+    """The rank and world size a stream reads for: given, else torch.distributed's (else 0 of 1)."""
+
+    _rank: Optional[int] = None
+    _world_size: Optional[int] = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else _default_rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size if self._world_size is not None else _default_rank_world()[1]
+
+
+class ShardDataset(RankedReader, IterableDataset):
     """Samples streamed from tar shards, split across ranks and workers, shuffled in a buffer.
 
     ``shards``: a list of paths, a brace pattern (``"data/shard-{000000..000099}.tar"``), a
@@ -409,14 +424,6 @@ class ShardDataset(IterableDataset):
             self.samples_per_shard()  # counted once here, not again in every worker
 
     # -- sizes
-    @property
-    def rank(self) -> int:
-        return self._rank if self._rank is not None else _default_rank_world()[0]
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size if self._world_size is not None else _default_rank_world()[1]
-
     def samples_per_shard(self) -> List[int]:
         """From ``meta.json`` when it lists every shard, else by reading the tar headers (once)."""
         if self._counts is None:
