@@ -69,7 +69,10 @@ def paper_line(paper: Dict[str, Any]) -> str:
 
 
 def section(results: Dict[str, Any]) -> List[str]:
+    from vitkit.studies import get_study
+
     name = results["study"]
+    notes = get_study(name).notes
     lines = [f"## {results['title']}", "", f"**The claim.** {results['claim']}.", ""]
     if results.get("paper"):
         lines += [paper_line(results["paper"]), ""]
@@ -86,6 +89,8 @@ def section(results: Dict[str, Any]) -> List[str]:
     lines += ["**Verdicts.**", ""]
     lines += [f"- {v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** ({v['why']})." for v in
               results["verdicts"]]
+    if notes:
+        lines += ["", f"**To read it.** {notes}"]
     return lines + [""]
 
 

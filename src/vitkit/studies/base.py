@@ -79,6 +79,8 @@ class Study:
     setting: str = ""
     #: the paper's own numbers the claim rests on (quoted beside ours), with their source
     paper: Dict[str, Any] = {}
+    #: what a reader should know to read the result (how the setting differs from the paper's)
+    notes: str = ""
     #: score each run's frozen features few-shot
     fewshot: bool = False
     #: TrainConfig fields of a --smoke run (over each arm's)

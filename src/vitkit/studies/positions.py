@@ -48,6 +48,9 @@ class PositionEmbeddings(Study):
                "5- and 25-shot accuracy")
     paper = {"source": "Dosovitskiy et al. 2021, Table 8: ViT-B/16 on ImageNet, 5-shot linear accuracy",
              "5-shot": {"none": 0.61382, "learned": 0.64206, "learned_2d": 0.64001, "relative": 0.64032}}
+    notes = ("The paper's relative variant is an extra attention of each query against an embedding per "
+             "offset, whose logits are added to the content attention's; vitkit's is the bias form that Swin and "
+             "BEiT use (one learned scalar per head and offset, timm's RelPosBias): it cannot depend on the query.")
     fewshot = True
 
     def arms(self, options: Options) -> List[Arm]:
