@@ -64,8 +64,17 @@ def paper_line(paper: Dict[str, Any]) -> str:
         else:
             parts.append(f"{key.replace('_', ' ')}: {_value(value)}")
     words = f' "{paper["words"]}"' if "words" in paper else ""
-    return f"**The paper** ({paper.get('source', 'Dosovitskiy et al. 2021')}):{words}" + \
-        ("; " if words and parts else " ") + "; ".join(parts) + "."
+    said = "; ".join(([words.strip()] if words else []) + parts)
+    return f"**The paper** ({paper.get('source', 'Dosovitskiy et al. 2021')}): {said}."
+
+
+def _sentence(text: str) -> str:
+    """A sentence from a study's phrase: a capital first letter, or a first word that is a name
+    (vit_fmnist) in code style, since a capital would misspell it."""
+    first, _, rest = text.partition(" ")
+    if "_" in first:
+        return f"`{first}` {rest}"
+    return text[0].upper() + text[1:]
 
 
 def section(results: Dict[str, Any]) -> List[str]:
@@ -76,7 +85,7 @@ def section(results: Dict[str, Any]) -> List[str]:
     lines = [f"## {results['title']}", "", f"**The claim.** {results['claim']}.", ""]
     if results.get("paper"):
         lines += [paper_line(results["paper"]), ""]
-    lines += [f"**Here.** {results['setting'][0].upper() + results['setting'][1:]}.", "",
+    lines += [f"**Here.** {_sentence(results['setting'])}.", "",
               "<!-- docs-test: skip: the whole study takes up to an hour and a half; tests/test_studies.py runs "
               "every study end to end at test scale -->",
               "```bash", f"vitkit study {name} --out docs/studies", "```", ""]
@@ -87,7 +96,7 @@ def section(results: Dict[str, Any]) -> List[str]:
     if (STUDIES / f"{name}.png").is_file():
         lines += [f"![{results['title']}](studies/{name}.png)", ""]
     lines += ["**Verdicts.**", ""]
-    lines += [f"- {v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** ({v['why']})." for v in
+    lines += [f"- {_sentence(v['claim'])}: **{v['verdict']}** ({v['why']})." for v in
               results["verdicts"]]
     if notes:
         lines += ["", f"**To read it.** {notes}"]

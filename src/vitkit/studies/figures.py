@@ -79,7 +79,8 @@ def positions_figure(results: Dict[str, Any], path: Path, kinds: Sequence[str], 
     ax.set_xticks(np.arange(len(kinds)))
     ax.set_xticklabels([labels[k] for k in kinds], fontsize=7)
     ax.set_ylabel("test top-1 (%)")
-    ax.legend(fontsize=7, loc="lower right")
+    # above the bars, never over one (the lowest bar of a harder grid sits at the bottom right)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(grids), frameon=False)
     seeds = len(results["settings"]["seeds"])
     fig.suptitle(f"Position embeddings on Fashion-MNIST (mean ± std over {seeds} seed{'s' * (seeds > 1)}; "
                  f"top: the {grids[0]} models of seed {results['settings']['seeds'][0]})", fontsize=9)
