@@ -25,7 +25,7 @@ from PIL import Image
 import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.data.shards import decode_record, folder_to_shards, iter_records
-from vitkit.runlock import RunLock
+from vitkit.runlock import RunLock, RunLocked, holder
 from vitkit.train import NonFiniteLoss, resolve_config, train
 from vitkit.train.checkpoint import NonFiniteState, checkpoint_paths, load_intact, save_checkpoint
 from vitkit.weights import UnsafeCheckpointError, WeightsError
@@ -412,3 +412,32 @@ def test_an_hf_pooler_with_another_activation_is_refused_by_name(tmp_path):
     transformers.ViTModel(config).save_pretrained(tmp_path / "hf")
     with pytest.raises(WeightsError, match="pooler_act 'relu'"):
         vitkit.from_pretrained(tmp_path / "hf")
+
+
+def test_a_forked_child_does_not_keep_a_killed_writer_s_lock(tmp_path):
+    """A DataLoader worker is a fork of the writer; SIGKILL the writer while its child lives on
+    (as a worker does for a few seconds) and the run must be free to resume at once."""
+    code = ("import os, sys, time\n"
+            "from vitkit.runlock import RunLock\n"
+            f"RunLock({str(tmp_path)!r}).acquire()\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    time.sleep(60); os._exit(0)\n"
+            "print(child, flush=True); time.sleep(60)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        child = int(writer.stdout.readline())  # locked, and the child forked
+        assert holder(tmp_path) is not None
+        with pytest.raises(RunLocked, match=f"process {writer.pid} on "):
+            RunLock(tmp_path).acquire()
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        os.kill(child, 0)  # the child is still asleep
+        assert holder(tmp_path) is None
+        RunLock(tmp_path).acquire().release()
+    finally:
+        writer.kill()
+        writer.wait()
+        if child:
+            os.kill(child, signal.SIGKILL)

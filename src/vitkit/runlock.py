@@ -3,8 +3,10 @@
 ``run_dir/.lock`` is locked with ``fcntl.flock`` by the process that writes the run (rank 0)
 and holds its pid, host and start time for the message a second writer gets. The kernel
 releases a flock when its process dies, however it dies, so the lock of a killed run is never
-stale: ``--resume`` takes it at once. Where ``fcntl`` does not exist (Windows) the lock is a
-no-op.
+stale: ``--resume`` takes it at once. A flock belongs to the open file, which a fork shares: a
+DataLoader worker forked by the writer would keep the lock alive for the seconds it outlives a
+killed writer (the resume was refused, naming the dead writer), so every forked child closes
+its copy at once. Where ``fcntl`` does not exist (Windows) the lock is a no-op.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".lock"
+
+#: Descriptors of the locks this process holds; a forked child closes its copies (see above).
+_HELD: set = set()
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 class RunLocked(OSError):
@@ -49,13 +67,15 @@ class RunLock:
         os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
         self.fd = fd
+        _HELD.add(fd)
         return self
 
     def release(self) -> None:
-        if self.fd is not None:
+        if self.fd in _HELD:  # not in a forked child: its copy is closed, and unlocking would free the parent's
+            _HELD.discard(self.fd)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
-            self.fd = None
+        self.fd = None
 
 
 def holder(run_dir: Path) -> Optional[str]:
