@@ -132,10 +132,12 @@ def _fake_run(work: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs):
-    """Real runs (no fakes): a shortened MAE pre-training, then full and LoRA fine-tuning from it, and
-    the self-supervision study's own fine-tuning of the same encoder (both pass --init without --model)."""
+def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs, monkeypatch):
+    """Real runs (no fakes, at the docs' test scale, VITKIT_TINY): a shortened MAE pre-training, then
+    full and LoRA fine-tuning from it, and the self-supervision study's own fine-tuning of the same
+    encoder (both pass --init without --model)."""
     pytest.importorskip("peft")
+    monkeypatch.setenv("VITKIT_TINY", "1")
     from vitkit.data import fashion_mnist as fm
 
     if not fm._complete(fm.DEBIAN_DIR):
