@@ -60,6 +60,23 @@ def test_the_position_study_decides_each_claim_from_its_numbers():
     assert {v["verdict"] for v in one_seed} == {INCONCLUSIVE}
 
 
+def test_the_attention_study_judges_local_heads_only_where_there_are_some():
+    study = get_study("attention-distance")
+
+    def model(family, layers):
+        return {"family": family, "label": family, "uniform_px": 10.0, "distance_px": layers}
+
+    global_only = {"v": model("vit", [[9.0, 9.5], [9.8, 9.9]]), "h": model("hybrid", [[9.0, 9.2], [9.5, 9.6]])}
+    third = study.verdicts({"models": global_only})[2]
+    assert third["verdict"] == INCONCLUSIVE and "no head of any model is local" in third["why"]
+    fewer = {"v": model("vit", [[2.0, 9.5], [3.0, 9.9]]), "h": model("hybrid", [[2.0, 9.2], [9.5, 9.6]])}
+    verdicts = study.verdicts({"models": fewer})
+    assert verdicts[2]["verdict"] == REPRODUCED  # 2 of 4 local heads against 1 of 4
+    assert verdicts[0]["verdict"] == REPRODUCED and verdicts[1]["verdict"] == REPRODUCED  # mixed first layers; grows
+    more = {"v": model("vit", [[9.0, 9.5], [9.8, 9.9]]), "h": model("hybrid", [[2.0, 9.2], [9.5, 9.6]])}
+    assert study.verdicts({"models": more})[2]["verdict"] == NOT_REPRODUCED
+
+
 # ------------------------------------------------------------------------------------ running
 
 

@@ -159,8 +159,14 @@ class ComputeFrontier(Study):
                 ax.errorbar(x, ys, yerr=errs, marker="o", capsize=3, label=FAMILY_LABELS[family])
         axes[0].set_xlabel("training compute (GFLOPs, log scale)")
         axes[1].set_xlabel("training wall time on this machine (s, log scale)")
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        plain = FuncFormatter(lambda v, _: f"{v:,.0f}")  # 2,000 5,000 10,000: not 2x10^3 labels that overlap
         for ax in axes:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_locator(LogLocator(subs=(2, 5)))
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_formatter(plain)
             ax.set_ylabel("test top-1 (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="lower right")

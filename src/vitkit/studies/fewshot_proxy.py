@@ -85,6 +85,10 @@ class FewShotProxy(Study):
                "permutation p-value")
     paper = {"source": "Dosovitskiy et al. 2021, section 4.1",
              "words": "linear few-shot accuracy for fast on-the-fly evaluation where fine-tuning would be too costly"}
+    notes = ("Here both numbers come from the same trained model (its frozen features after supervised training, "
+             "and its own test accuracy), where the paper probes pre-trained features and fine-tunes them on another "
+             "dataset: an easier setting for a high rank correlation. It still says the cheap probe orders models as "
+             "the expensive measure does; the self-supervision study probes encoders that never saw a label.")
 
     def arms(self, options: Options) -> List[Arm]:
         return []  # it trains nothing: it reads the other studies' models
