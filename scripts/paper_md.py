@@ -74,7 +74,8 @@ def paper_line(paper: Dict[str, Any]) -> str:
             parts.append(f"{key.replace('_', ' ')}: {_value(value)}")
     words = f' "{paper["words"]}"' if "words" in paper else ""
     said = "; ".join(([words.strip()] if words else []) + parts)
-    return f"**The paper** ({paper.get('source', 'Dosovitskiy et al. 2021')}): {said}."
+    source = paper.get("source", "Dosovitskiy et al. 2021")
+    return f"**The paper** ({source}): {said}." if said else f"**The paper**: {source}."
 
 
 def _sentence(text: str) -> str:
@@ -95,12 +96,17 @@ def section(results: Dict[str, Any]) -> List[str]:
     if results.get("paper"):
         lines += [paper_line(results["paper"]), ""]
     lines += [f"**Here.** {_sentence(results['setting'])}.", "",
-              "<!-- docs-test: skip: the whole study takes up to an hour and a half; tests/test_studies.py runs "
-              "every study end to end at test scale -->",
+              "<!-- docs-test: skip: " + ("the whole study takes up to an hour and a half" if results["runs"] else
+                                          "it reads the training studies' runs (hours of training)") +
+              "; tests/test_studies.py runs every study end to end at test scale -->",
               "```bash", f"vitkit study {name} --out docs/studies", "```", ""]
     seeds = len(results["settings"]["seeds"])
-    lines += [f"Measured: {_minutes(results)} over {len(results['runs'])} runs ({seeds} seeds); "
-              f"`{name}.json` holds every run.", ""]
+    if results["runs"]:
+        lines += [f"Measured: {_minutes(results)} over {len(results['runs'])} runs ({seeds} seeds); "
+                  f"`{name}.json` holds every run.", ""]
+    else:
+        lines += [f"It trains nothing: it reads the models the other studies trained, in seconds; `{name}.json` "
+                  "holds what it measured.", ""]
     lines += [results["table"], ""]
     if (STUDIES / f"{name}.png").is_file():
         lines += [f"![{results['title']}](studies/{name}.png)", ""]
