@@ -17,7 +17,7 @@ import pytest
 from vitkit.cli import main as cli
 from vitkit.data import fashion_mnist as fm
 from vitkit.studies import get_study, list_studies
-from vitkit.studies.base import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Options, Spread, differ
+from vitkit.studies.base import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Options, Spread, differ, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
@@ -135,10 +135,10 @@ def test_a_study_runs_on_an_image_folder(tmp_path, tiny):
 
 @real
 @pytest.mark.slow
-def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path):
+def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
     """SIGKILL once the first run is done; started again, the study keeps that run as it was,
-    finishes the rest and reports every arm (a run resumed bitwise after a kill is
-    test_train_resume's)."""
+    finishes the rest and reports every arm; the arm the kill interrupted ends as a study never
+    stopped would end it (run here again, alone, in a fresh folder)."""
     env = dict(os.environ, VITKIT_TINY="1")
     args = [sys.executable, "-m", "vitkit", "study", "position-embeddings", "--smoke", "--threads", "1",
             "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
@@ -157,9 +157,14 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path):
     assert first.stat().st_mtime_ns == stamp  # reused, not trained again
     results = json.loads((tmp_path / "out" / "position-embeddings.json").read_text())
     kept = json.loads(first.read_text())
-    arms = get_study("position-embeddings").arms(Options(seeds=(0,), smoke=True))
+    study = get_study("position-embeddings")
+    options = Options(seeds=(0,), smoke=True, threads=1)
+    arms = study.arms(options)
     assert len(results["runs"]) == len(arms) and results["verdicts"]
     assert results["runs"]["none-7x7-s0"]["test_top1"] == kept["test_top1"]
+    interrupted = next(a for a in arms if a.key == "learned-7x7")  # the arm after the first
+    straight = train_run(interrupted, 0, options, study, tmp_path / "straight")
+    assert results["runs"]["learned-7x7-s0"]["test_top1"] == straight["test_top1"]
 
 
 def test_bad_arguments_are_one_line_each(tmp_path, capsys):
