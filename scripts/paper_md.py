@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from vitkit.studies import get_study
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "docs" / "studies"
 PAGE = ROOT / "docs" / "paper.md"
@@ -88,8 +90,6 @@ def _sentence(text: str) -> str:
 
 
 def section(results: Dict[str, Any]) -> List[str]:
-    from vitkit.studies import get_study
-
     name = results["study"]
     notes = get_study(name).notes
     lines = [f"## {results['title']}", "", f"**The claim.** {results['claim']}.", ""]
@@ -131,8 +131,6 @@ def page() -> str:
         else:
             missing.append(name)
     if missing:  # said, never silently left out
-        from vitkit.studies import get_study
-
         lines += ["## Not run here yet", "",
                   "These studies have no committed results yet; each runs with the same command as the others:", ""]
         lines += [f"- {get_study(n).title}: `vitkit study {n} --out docs/studies`" for n in missing]
