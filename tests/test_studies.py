@@ -174,7 +174,11 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
              (["study", "position-embeddings", "--seeds", "0", "0"], "--seeds are given twice"),
              (["study", "position-embeddings", "--steps", "0"], "--steps must be >= 1"),
              (["study", "position-embeddings", "--threads", "0"], "--threads must be >= 1"),
-             (["study", "position-embeddings", "--out", str(tmp_path / "file")], "file")]
+             (["study", "position-embeddings", "--out", str(tmp_path / "file")], "file"),
+             (["study", "attention-distance", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's"),
+             (["study", "fewshot-proxy", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's")]
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "compute.json").write_text('{"runs": {')  # a results file cut short
     for args, message in cases:
         assert cli(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()

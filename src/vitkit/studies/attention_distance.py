@@ -19,12 +19,11 @@ Result (the committed ``docs/studies/attention-distance.json``): see docs/paper.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .base import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Arm, Options, Study, verdict
-from .fewshot_proxy import source_path
+from .fewshot_proxy import source_path, source_results
 
 IMAGES = 500
 LOCAL, GLOBAL = 0.5, 0.8  # of the uniform attention's distance
@@ -61,11 +60,11 @@ class AttentionDistance(Study):
 
         from ..inspect import mean_attention_distance
 
-        path = source_path("compute", options)
-        if not path.is_file():
-            raise ValueError(f"attention distance measures the compute study's models; not found: {path}: run "
-                             f"`vitkit study compute` first, or point --out at its results")
-        compute = json.loads(path.read_text())
+        compute = source_results("compute", options)
+        if compute is None:
+            raise ValueError(f"attention distance measures the compute study's models; not found: "
+                             f"{source_path('compute', options)}: run `vitkit study compute` first, or point --out at "
+                             f"its results")
         settings = compute["settings"]
         first_seed = compute["settings"]["seeds"][0]
         results["models"] = {}

@@ -75,6 +75,22 @@ def source_path(name: str, options: Options) -> Path:
     return Path("runs") / "studies" / (name + ("-smoke" if options.smoke else "")) / f"{name}.json"
 
 
+def source_results(name: str, options: Options) -> Optional[Dict[str, Any]]:
+    """Another study's results (its NAME.json at :func:`source_path`), None when it has none; a
+    file that is not a study's results is named in the error."""
+    path = source_path(name, options)
+    if not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not a study's results ({e}): run `vitkit study {name}` again to rewrite it")
+    if not isinstance(results, dict) or not {"arms", "runs", "settings"} <= results.keys():
+        raise ValueError(f"{path} is not a study's results (no arms, runs and settings): run `vitkit study {name}` "
+                         f"again to rewrite it")
+    return results
+
+
 class FewShotProxy(Study):
     name = "fewshot-proxy"
     title = "Few-shot accuracy as a proxy for full training"
@@ -97,11 +113,10 @@ class FewShotProxy(Study):
         points: List[Dict[str, Any]] = []
         missing = []
         for name in SOURCES:
-            path = source_path(name, options)
-            if not path.is_file():
-                missing.append(f"{name} ({path})")
+            other = source_results(name, options)
+            if other is None:
+                missing.append(f"{name} ({source_path(name, options)})")
                 continue
-            other = json.loads(path.read_text())
             for arm, facts in other["arms"].items():
                 top1, shot5, shot25 = (spread(other, arm, m) for m in ("test_top1", "fewshot_5", "fewshot_25"))
                 if top1.n and shot25.n:
