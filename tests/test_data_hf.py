@@ -265,6 +265,8 @@ def test_bad_datasets_and_flags_are_one_line_each(tmp_path, hf_data, capsys):
         (["train", "--dataset", f"hf:{hf_data[0]}", "--data-dir", str(tmp_path)], "data_dir does not apply"),
         (["train", "--dataset", f"hf:{hf_data[0]}", "--hf-streaming", "--train-fraction", "0.5"],
          "a stream cannot be subset"),
+        (["train", "--dataset", f"hf:{hf_data[0]}", "--hf-streaming", "--test-size", "50"],
+         "test_size needs indexable data"),
         (["eval", "--weights", str(tmp_path), "--image-key", "img"], "--image-key applies only to Hugging Face"),
     ]
     for args, message in cases:

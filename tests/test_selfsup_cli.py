@@ -69,8 +69,10 @@ def test_train_refuses_a_pretraining_config_and_pretraining_refuses_labels(tmp_p
     cfg.write_text(json.dumps({"objective": "mae"}))
     assert main(["train", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "run it with vitkit pretrain" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="only apply to pre-training"):
+    with pytest.raises(ValueError, match="mask_ratio only applies to pre-training"):
         resolve_config("fmnist", mask_ratio=0.5)
+    with pytest.raises(ValueError, match="mask_ratio, fewshot only apply to pre-training"):
+        resolve_config("fmnist", mask_ratio=0.5, fewshot=False)
     with pytest.raises(ValueError, match="reads no labels, so mixup=0.8, label_smoothing=0.1 cannot apply"):
         resolve_config("mae-fmnist", objective="mae", mixup=0.8, label_smoothing=0.1)
     # the default recipe's smoothing is dropped for pre-training; chosen by the user it is refused

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
 
 SHORT = ["--max-steps", "60", "--log-every", "10", "--warmup-steps", "10", "--batch-size", "128", "--no-progress",
-         "--no-tensorboard", "--threads", "2"]
+         "--no-tensorboard", "--threads", "2", "--test-size", "2000"]
 
 
 def cli(*args, env=None):
@@ -33,11 +33,14 @@ def rows(run):
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """One short run of each objective (60 steps of 128 images)."""
+    """One short run of each objective (60 steps of 128 images); MAE's alone ends with the few-shot
+    probe, the others show its off switch."""
     out = tmp_path_factory.mktemp("pretrain")
     runs = {}
     for objective in ("simmim", "mpp", "mae"):
-        done = cli("pretrain", "--objective", objective, *SHORT, "--runs-dir", str(out), "--name", objective, "--json")
+        probe = [] if objective == "mae" else ["--no-fewshot"]
+        done = cli("pretrain", "--objective", objective, *SHORT, *probe, "--runs-dir", str(out), "--name", objective,
+                   "--json")
         assert done.returncode == 0, done.stderr[-3000:]
         runs[objective] = (out / objective, json.loads(done.stdout.splitlines()[-1]))
     return runs
@@ -51,8 +54,12 @@ def test_pretraining_learns_and_saves_the_objective(pretrained, objective, cls):
     assert ("train_acc" in train[0]) is (objective == "mpp")  # only MPP's colour classes have an accuracy
     assert summary["objective"] == objective and summary["model"] == "vit_fmnist"
     assert summary["train_images"] == 60_000  # every training image, no labels, nothing held out
-    assert set(summary["fewshot"]) == {"1", "5", "10", "25"}
-    assert summary["fewshot"]["25"] > 0.5  # the frozen encoder's features carry the classes, already
+    assert summary["test_images"] == 2000  # --test-size: the first 2,000 are scored
+    if objective == "mae":
+        assert set(summary["fewshot"]) == {"1", "5", "10", "25"}
+        assert summary["fewshot"]["25"] > 0.5  # the frozen encoder's features carry the classes, already
+    else:
+        assert "fewshot" not in summary  # --no-fewshot
     model = vitkit.from_pretrained(run)  # the run's folder stands for its model
     assert isinstance(model, cls) and model.encoder.config.name == "vit_fmnist"
     assert (run / "training_curves.png").stat().st_size > 0
@@ -61,7 +68,7 @@ def test_pretraining_learns_and_saves_the_objective(pretrained, objective, cls):
 def test_fine_tuning_fewshot_and_inspect_read_a_pretraining_run(pretrained, tmp_path):
     run, _ = pretrained["mae"]
     done = cli("train", "--init", str(run), "--max-steps", "40", "--warmup-steps", "5", "--val-size", "1000",
-               "--no-progress",
+               "--test-size", "2000", "--no-progress",
                "--no-tensorboard", "--runs-dir", str(tmp_path), "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
@@ -90,6 +97,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
     args = ["pretrain", "--objective", "mpp", "--max-steps", "30", "--checkpoint-every", "10", "--keep-checkpoints",
             "5", "--batch-size", "64", "--warmup-steps", "5", "--no-progress", "--threads", "1", "--no-tensorboard",
+            "--no-fewshot", "--test-size", "500",
             "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--runs-dir", str(tmp_path)]
     straight = cli(*args, "--name", "straight", env=env)
     assert straight.returncode == 0, straight.stderr[-2000:]

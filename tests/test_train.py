@@ -25,7 +25,7 @@ def small(tmp_path, **kw):
 @real
 @pytest.mark.slow
 def test_short_run_learns_and_writes_a_usable_run(tmp_path):
-    summary = train(small(tmp_path))
+    summary = train(small(tmp_path, test_size=700))  # the first 700 test images are scored, and said so
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train_loss" in r]
@@ -38,10 +38,11 @@ def test_short_run_learns_and_writes_a_usable_run(tmp_path):
     model = vitkit.from_pretrained(run / "model")
     assert model.config.label_names[0] == "T-shirt/top" and model.config.in_chans == 1
     test = fm.load_split("test")
-    x = (torch.from_numpy(test.images[:500])[:, None].float() / 255 - 0.2860) / 0.3530
-    with torch.inference_mode():
-        acc = (model(x).argmax(-1).numpy() == test.labels[:500]).mean()
-    assert abs(acc - summary["test_top1"]) < 0.08  # the saved model is the trained one
+    x = (torch.from_numpy(test.images[:700])[:, None].float() / 255 - 0.2860) / 0.3530
+    with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16):
+        acc = (model(x).argmax(-1).numpy() == test.labels[:700]).mean()
+    assert summary["test_images"] == 700
+    assert abs(acc - summary["test_top1"]) <= 3 / 700  # the saved model, on those images (bf16 batching aside)
     assert [p.name for p in checkpoint_paths(run)] == ["step_00000060.pt", "step_00000120.pt"]
     _check_tensorboard_mirrors_metrics(run, train_rows)
 

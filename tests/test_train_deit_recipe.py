@@ -103,6 +103,14 @@ def test_repeated_aug_refuses_shards_and_bad_values(tmp_path):
         train(resolve_config("fmnist", dataset="shards", data_dir=str(tmp_path), repeated_aug=3,
                              runs_dir=str(tmp_path), name="x", progress=False))
     assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="test_size needs indexable data"):  # a stream has no "first N"
+        train(resolve_config("fmnist", dataset="shards", data_dir=str(tmp_path), test_size=100,
+                             runs_dir=str(tmp_path), name="x", progress=False))
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="test_size must be >= 1"):
+        resolve_config("fmnist", test_size=0)
+    with pytest.raises(ValueError, match="fewshot only applies to pre-training"):  # a config file's stray switch
+        resolve_config("fmnist", fewshot=False)
 
 
 def test_the_deit_recipe_resolves_to_the_papers_values():

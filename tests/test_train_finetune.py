@@ -67,7 +67,7 @@ def test_init_errors_are_clear(tmp_path):
 @pytest.mark.slow
 def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
     base = dict(runs_dir=str(tmp_path), progress=False, val_size=1000, warmup_steps=10, log_every=5,
-                checkpoint_every=1000)
+                checkpoint_every=1000, test_size=1000)
     train(resolve_config("fmnist", name="small", max_steps=60, model_args={"pos_embed": "learned"}, **base))
     logs = []
     summary = train(resolve_config("paper-finetune", name="big", max_steps=40, batch_size=128, lr=0.03,

@@ -144,7 +144,7 @@ def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path):
 def test_a_killed_lora_run_resumes_bitwise(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0")
     common = ["--max-steps", "20", "--val-size", "1000", "--warmup-steps", "2", "--no-progress", "--threads", "1",
-              "--no-tensorboard"]
+              "--no-tensorboard", "--batch-size", "64", "--test-size", "500"]
     subprocess.run([sys.executable, "-m", "vitkit", "train", *common, "--model-args", '{"depth": 2}',
                     "--runs-dir", str(tmp_path), "--name", "base"], check=True, env=env, capture_output=True)
     ft = [*common, "--init", str(tmp_path / "base" / "model"), "--finetune", "lora", "--lora-rank", "4",

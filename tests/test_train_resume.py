@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow,
 
 ARGS = ["--max-steps", "40", "--checkpoint-every", "10", "--keep-checkpoints", "5", "--val-size", "1000",
         "--batch-size", "128", "--warmup-steps", "5", "--crop-pad", "2", "--hflip", "--no-progress",
-        "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}']
+        "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--test-size", "500"]
 
 
 def vitkit_train(*extra):

@@ -415,7 +415,11 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def _tiny_note(summary: Dict[str, Any], width: int = 9) -> None:
+def _tiny_note(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
+    """The notes that keep a quick run's numbers from passing for the split's."""
+    if cfg is not None and cfg.test_size is not None:
+        print(f"{'note':<{width}}test scores are of the first {summary.get('test_images', cfg.test_size):,} test "
+              f"images (--test-size), not the whole split")
     if summary.get("tiny"):
         print(f"{'note':<{width}}{summary['tiny']}")
 
@@ -440,7 +444,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
     print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
           f"maps)")
-    _tiny_note(summary)
+    _tiny_note(summary, cfg=cfg)
     return 0
 
 
@@ -465,7 +469,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
-    _tiny_note(summary, 10)
+    _tiny_note(summary, 10, cfg)
     return 0
 
 
@@ -708,7 +712,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     comments = field_comments(TrainConfig)
     hidden = set(LABEL_FIELDS) | {"init_head", "alpha", "tau", "mixup_switch_prob"} if pretrain else \
-        set(OBJECTIVE_OPTIONS)
+        set(OBJECTIVE_OPTIONS) | {"fewshot"}
     for name, f in _train_fields().items():
         if name in hidden:
             continue

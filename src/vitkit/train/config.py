@@ -72,6 +72,9 @@ class TrainConfig:
     decoder_heads: Optional[int] = None
     #: MAE: the decoder's MLP width (none: 2048).
     decoder_mlp_dim: Optional[int] = None
+    #: Pre-training: end with the frozen encoder's few-shot linear accuracy (in-memory data; the
+    #: features of 20,000 images); --no-fewshot leaves it to your own evaluation.
+    fewshot: bool = True
     #: Start from these weights (any format vitkit loads, or a run's folder): the paper's fine-tuning.
     init: Optional[str] = None
     #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
@@ -174,6 +177,10 @@ class TrainConfig:
     #: Training images held out for validation (the same ones for every seed); 0: none held out,
     #: every training image is trained on and validation rows score the test split.
     val_size: int = 5000
+    #: Score only the first this many test images at the end, as Hugging Face's examples'
+    #: max_eval_samples (quick checks; the summary's test_images says how many); none: the whole
+    #: test split. Indexable data only (in memory, an image folder, a Hugging Face dataset).
+    test_size: Optional[int] = None
     #: Train on this fraction of the training split (after validation is carved out), the
     #: same share of every class, the same images for every model and seed, and each smaller
     #: fraction's images inside every larger one's: the small-data regime (benchmarks/small_data.py).
@@ -297,9 +304,12 @@ class TrainConfig:
         problems = []
         if self.data_dir:
             problems.append(f"data_dir does not apply to --dataset {self.dataset}: the folder or Hub name follows hf:")
-        if self.hf_streaming and (self.train_fraction < 1.0 or self.repeated_aug > 1):
-            problems.append("train_fraction and repeated_aug need indexable data: a stream cannot be subset or "
-                            "repeated; drop --hf-streaming")
+        indexed = [name for name, on in (("train_fraction", self.train_fraction < 1.0),
+                                         ("repeated_aug", self.repeated_aug > 1),
+                                         ("test_size", self.test_size is not None)) if on]
+        if self.hf_streaming and indexed:
+            problems.append(f"{', '.join(indexed)} need{'s' if len(indexed) == 1 else ''} indexable data: a stream "
+                            f"cannot be subset or repeated; drop --hf-streaming")
         return problems
 
     def require_packages(self) -> None:
@@ -329,7 +339,9 @@ class TrainConfig:
             return [f"objective must be classify, {', '.join(OBJECTIVES)}, not {self.objective!r}"]
         given = [name for name in OBJECTIVE_OPTIONS if getattr(self, name) is not None]
         if self.objective == "classify":
-            return [f"{', '.join(given)} only apply to pre-training (vitkit pretrain --objective ...)"] if given else []
+            given += [] if self.fewshot else ["fewshot"]
+            verb = "applies" if len(given) == 1 else "apply"
+            return [f"{', '.join(given)} only {verb} to pre-training (vitkit pretrain --objective ...)"] if given else []
         problems = [f"{name} does not apply to {self.objective} (it is {'/'.join(OBJECTIVE_OPTIONS[name])}'s)"
                     for name in given if self.objective not in OBJECTIVE_OPTIONS[name]]
         labelled = [f"{name}={getattr(self, name)!r}" for name, off in LABEL_FIELDS.items()
@@ -379,7 +391,7 @@ RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
     ("mixup", 0, None, " (a Beta alpha; 0 turns it off)"), ("cutmix", 0, None, " (a Beta alpha; 0 turns it off)"),
     ("mixup_switch_prob", 0, 1, ""), ("random_erasing", 0, 1, ""), ("repeated_aug", 1, None, " (1: off)"),
     ("train_fraction", ("open", 0), 1, ""), ("val_every", 1, None, " (none: every epoch)"),
-    ("val_size", 0, None, " (0: validate on the test split)"), ("keep_checkpoints", 1, None, ""),
+    ("val_size", 0, None, " (0: validate on the test split)"), ("test_size", 1, None, " (none: every test image)"), ("keep_checkpoints", 1, None, ""),
     ("log_every", 1, None, ""), ("checkpoint_every", 1, None, ""), ("eval_batch_size", 1, None, ""),
     ("seed", 0, ("open", 2 ** 63), ""), ("lora_rank", 1, None, ""), ("lora_alpha", ("open", 0), None, ""),
     ("freeze_blocks", 0, None, ""))

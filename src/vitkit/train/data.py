@@ -99,6 +99,7 @@ class RunData:
     test: Any
     n_train: int
     skipped: List[Any] = field(default_factory=list)
+    n_test: Optional[int] = None  # the test images scored (None: a stream's, counted as it is read)
 
     def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
         args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
@@ -151,7 +152,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     val_idx, tr_idx = _carve(len(train_set), cfg.val_size)
     tr_idx = _labelled_subset(tr_idx, torch.from_numpy(train_set.labels), cfg.train_fraction)
     all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
-    te_x, te_y = to_tensors(test_set.images, test_set.labels, device)
+    te_x, te_y = to_tensors(test_set.images[:cfg.test_size], test_set.labels[:cfg.test_size], device)
     mean, std = datasets.stats(name)
     tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
     test = MemoryBatches(te_x, te_y)
@@ -159,7 +160,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
-                   n_train=len(tr_idx))
+                   n_train=len(tr_idx), n_test=len(test))
 
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
@@ -175,12 +176,12 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
     mean, std = datasets.FILE_STATS
-    test_batches = FolderBatches(test, range(len(test)), cfg.workers)
+    test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches,
-                   n_train=len(tr_idx), skipped=train.skipped + test.skipped)
+                   n_train=len(tr_idx), skipped=train.skipped + test.skipped, n_test=len(test_batches))
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
@@ -190,6 +191,9 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
     if cfg.repeated_aug > 1:
         raise ValueError("repeated_aug needs indexable data (in-memory or an image folder); tar shards "
                          "are streams: use --repeated-aug 1")
+    if cfg.test_size is not None:
+        raise ValueError("test_size needs indexable data (in-memory, an image folder or a Hugging Face dataset); "
+                         "tar shards are streams: write a smaller set of test shards instead")
     train_dir, test_dir = datasets.file_split_dirs("shards", cfg.data_dir)
     val_dir = test_dir.parent / "val" if (test_dir.parent / "val").is_dir() else test_dir
 
@@ -237,17 +241,16 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                        strict=cfg.strict_data)
     val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
-    test_batches = FolderBatches(test, range(len(test)), cfg.workers)
+    test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches, n_train=len(tr_idx),
-                   skipped=train.skipped + test.skipped)
+                   skipped=train.skipped + test.skipped, n_test=len(test_batches))
 
 
 def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:
     from ..data import hf
-
     train_name, test_name = names
     image_key, label_key, classes = columns
     classes = hf.stream_classes(splits[train_name], label_key, classes, f"{name}/{train_name}")

@@ -179,7 +179,8 @@ class Pretraining:
 
     def results(self, run: "Run") -> Dict[str, Any]:
         """The summary's scores: the pre-training loss on test and validation images (and the
-        EMA's), and the frozen encoder's few-shot accuracy when the data is in memory."""
+        EMA's), and the frozen encoder's few-shot accuracy when the data is in memory (unless
+        the run says ``fewshot`` off)."""
         test_loss, test_acc = final_score(run, run.model, "test")
         val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
         out: Dict[str, Any] = {"objective": self.name, "test_loss": test_loss, "val_loss": val_loss}
@@ -187,7 +188,7 @@ class Pretraining:
             out.update(test_colour_acc=test_acc, val_colour_acc=val_acc)
         if run.ema is not None:
             out["test_loss_ema"] = final_score(run, run.ema.module, "test", "EMA")[0]
-        if run.data.kind == "memory":
+        if run.data.kind == "memory" and run.cfg.fewshot:
             try:
                 out["fewshot"] = fewshot_probe(encoder_of(run.ema.module if run.ema is not None else run.model),
                                                run.data, progress=run.cfg.progress and run.main)
