@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slow,
 
 ARGS = ["--max-steps", "8", "--batch-size", "64", "--val-size", "500", "--precision", "fp32", "--log-every", "1",
         "--warmup-steps", "1", "--lr", "2e-3", "--crop-pad", "2", "--hflip", "--no-progress", "--threads", "1",
-        "--random-erasing", "0", "--test-size", "1000", "--json"]  # erasing draws per rank by design: off for the equality
+        "--random-erasing", "0", "--test-size", "1000", "--json"]
+# (erasing draws per rank by design: off for the equality)
 
 
 def losses(run: Path):

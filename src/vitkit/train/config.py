@@ -341,7 +341,8 @@ class TrainConfig:
         if self.objective == "classify":
             given += [] if self.fewshot else ["fewshot"]
             verb = "applies" if len(given) == 1 else "apply"
-            return [f"{', '.join(given)} only {verb} to pre-training (vitkit pretrain --objective ...)"] if given else []
+            return [f"{', '.join(given)} only {verb} to pre-training (vitkit pretrain --objective ...)"] if given \
+                else []
         problems = [f"{name} does not apply to {self.objective} (it is {'/'.join(OBJECTIVE_OPTIONS[name])}'s)"
                     for name in given if self.objective not in OBJECTIVE_OPTIONS[name]]
         labelled = [f"{name}={getattr(self, name)!r}" for name, off in LABEL_FIELDS.items()
@@ -391,7 +392,8 @@ RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
     ("mixup", 0, None, " (a Beta alpha; 0 turns it off)"), ("cutmix", 0, None, " (a Beta alpha; 0 turns it off)"),
     ("mixup_switch_prob", 0, 1, ""), ("random_erasing", 0, 1, ""), ("repeated_aug", 1, None, " (1: off)"),
     ("train_fraction", ("open", 0), 1, ""), ("val_every", 1, None, " (none: every epoch)"),
-    ("val_size", 0, None, " (0: validate on the test split)"), ("test_size", 1, None, " (none: every test image)"), ("keep_checkpoints", 1, None, ""),
+    ("val_size", 0, None, " (0: validate on the test split)"), ("test_size", 1, None, " (none: every test image)"),
+    ("keep_checkpoints", 1, None, ""),
     ("log_every", 1, None, ""), ("checkpoint_every", 1, None, ""), ("eval_batch_size", 1, None, ""),
     ("seed", 0, ("open", 2 ** 63), ""), ("lora_rank", 1, None, ""), ("lora_alpha", ("open", 0), None, ""),
     ("freeze_blocks", 0, None, ""))
