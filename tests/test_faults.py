@@ -35,7 +35,7 @@ real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian datase
 
 def small(tmp_path, **kw):
     base = dict(max_steps=12, runs_dir=str(tmp_path), name="run", checkpoint_every=4, progress=False, val_size=500,
-                warmup_steps=2, log_every=4, eval_batch_size=500, tensorboard=False)
+                warmup_steps=2, log_every=4, eval_batch_size=500, tensorboard=False, test_size=500)
     base.update(kw)
     return resolve_config("fmnist", **base)
 

@@ -40,7 +40,7 @@ def test_two_batch_parts_train_exactly_what_two_accumulation_steps_train(tmp_pat
     images one after the other (both single-threaded inside), to the bit. (With augmentation the
     pixels differ: micro-batches draw theirs one after the other, parts share the whole batch's.)"""
     common = dict(max_steps=6, batch_size=32, runs_dir=str(tmp_path), progress=False, val_size=100,
-                  eval_batch_size=500, warmup_steps=2, tensorboard=False, random_erasing=0.0)
+                  eval_batch_size=500, warmup_steps=2, tensorboard=False, random_erasing=0.0, test_size=1000)
     parted = train(resolve_config("fmnist", name="parts", threads=2, cpu_parallel="batch", **common))
     accumulated = train(resolve_config("fmnist", name="accum", threads=1, accum_steps=2, **common))
     a, b = _weights(tmp_path / "parts"), _weights(tmp_path / "accum")
@@ -64,7 +64,7 @@ def test_a_run_computes_its_parts_on_two_threads_with_single_threaded_operations
     monkeypatch.setattr(Classification, "loss", spy)
     lines = []
     train(resolve_config("fmnist", max_steps=3, batch_size=32, runs_dir=str(tmp_path), name="r", progress=False,
-                         val_size=100, threads=2, tensorboard=False), log=lines.append)
+                         val_size=100, threads=2, tensorboard=False, test_size=100), log=lines.append)
     assert "(2 CPU threads, parallel over batch)" in lines[0]
     assert {threads for _, threads, _ in seen} == {1}
     assert {n for _, _, n in seen} == {16}

@@ -17,7 +17,7 @@ real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian datase
 
 def small(tmp_path, **kw):
     base = dict(max_steps=120, runs_dir=str(tmp_path), name="run", checkpoint_every=60, progress=False,
-                val_size=2000, warmup_steps=20)
+                val_size=2000, warmup_steps=20, test_size=500)
     base.update(kw)
     return resolve_config("fmnist", **base)
 

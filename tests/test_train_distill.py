@@ -94,7 +94,8 @@ def test_a_deit_student_distils_from_a_vitkit_teacher(tmp_path):
     teacher_dir = tmp_path / "teacher"
     randomize(vitkit.create_model("vit_fmnist_hybrid")).save_pretrained(teacher_dir)
     cfg = resolve_config("fmnist", model="vit_fmnist", max_steps=30, batch_size=64, warmup_steps=5,
-                         val_size=500, runs_dir=str(tmp_path), name="student", checkpoint_every=30, progress=False,
+                         val_size=500, test_size=1000, runs_dir=str(tmp_path), name="student", checkpoint_every=30,
+                         progress=False,
                          model_args={"class_token": True, "global_pool": "token", "distill_token": True},
                          distill="hard", teacher=str(teacher_dir))
     summary = train(cfg)

@@ -38,7 +38,7 @@ def test_bad_fraction_and_val_every_are_refused():
 def test_a_run_on_one_percent_trains_on_that_subset_and_validates_when_told(tmp_path):
     cfg = resolve_config("fmnist", train_fraction=0.01, max_steps=30, batch_size=64, val_every=10,
                          warmup_steps=5, val_size=500, runs_dir=str(tmp_path), name="run", progress=False,
-                         checkpoint_every=30)
+                         checkpoint_every=30, test_size=1000)
     summary = train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val_acc" in r] == [10, 20, 30]
