@@ -120,7 +120,7 @@ def test_missing_peft_names_its_extra(monkeypatch):
 @pytest.mark.slow
 def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path):
     base = dict(runs_dir=str(tmp_path), progress=False, val_size=1000, warmup_steps=5, log_every=5,
-                checkpoint_every=1000, tensorboard=False, threads=1)
+                checkpoint_every=1000, tensorboard=False, threads=1, test_size=1000)
     train(resolve_config("fmnist", name="small", max_steps=40, model_args={"depth": 2}, **base))
     logs = []
     summary = train(resolve_config("fmnist", name="lora", max_steps=40, init=str(tmp_path / "small" / "model"),

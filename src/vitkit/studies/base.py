@@ -40,6 +40,8 @@ from ..utils import write_json, write_text
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
 #: few-shot evaluation of a run's frozen features: shots per class, seeds, training pool
 FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (5, 25), 3, 10_000
+#: --smoke's pool: ~100 images a class, enough for 25 shots and the 50 held out
+SMOKE_FEWSHOT_POOL = 1_000
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,7 @@ def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
     if cached.is_file():
         return json.loads(cached.read_text())
     args = ["fewshot", "--weights", str(run), "--shots", *map(str, FEWSHOT_SHOTS), "--seeds", str(FEWSHOT_SEEDS),
-            "--pool", str(FEWSHOT_POOL), "--no-progress"]
+            "--pool", str(SMOKE_FEWSHOT_POOL if options.smoke else FEWSHOT_POOL), "--no-progress"]
     if options.dataset:
         args += ["--dataset", options.dataset]
     if options.data_dir:
