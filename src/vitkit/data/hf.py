@@ -38,7 +38,7 @@ from .datasets import HF_PREFIX as PREFIX
 from .datasets import is_hf
 from .folder import SampleList
 from .images import BadImageError, Skipped, decode_image
-from .shards import RankedReader
+from .shards import RankedReader, repeat_passes
 
 logger = logging.getLogger("vitkit.data")
 
@@ -324,24 +324,11 @@ class HFStream(RankedReader, IterableDataset):
         reader, readers = self.rank * workers + worker, self.world_size * workers
         length = self.epoch_length
         quota = None if length is None else length // workers + (worker < length % workers)
-        rows = self._rows(reader, readers, quota)
-        for position, row in (itertools.islice(rows, quota) if quota is not None else rows):
+        rows = repeat_passes(lambda passes: self._stream(reader, readers, passes), quota, lambda row: True,
+                             lambda: f"{self.name}/{self.split_name}: reader {reader} of {readers} found no rows: "
+                                     f"too few rows (or files) for {readers} readers: use fewer --workers")
+        for position, row in enumerate(itertools.islice(rows, quota) if quota is not None else rows):
             yield self._sample(position, row)
-
-    def _rows(self, reader: int, readers: int, quota: Optional[int]) -> Iterator[Tuple[int, Dict[str, Any]]]:
-        produced, passes = 0, 0
-        while quota != 0:
-            found = 0
-            for row in self._stream(reader, readers, passes):
-                yield produced + found, row
-                found += 1
-            produced += found
-            passes += 1
-            if quota is None or produced >= quota:
-                return
-            if found == 0:
-                raise ValueError(f"{self.name}/{self.split_name}: reader {reader} of {readers} found no rows: too "
-                                 f"few rows (or files) for {readers} readers: use fewer --workers")
 
     def _sample(self, position: int, row: Dict[str, Any]) -> Union[Tuple[Any, int], Skipped]:
         name = f"{self.name}/{self.split_name}@epoch{self.epoch}:{self.rank}.{position}"

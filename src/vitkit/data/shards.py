@@ -382,6 +382,28 @@ class RankedReader:
         return self._world_size if self._world_size is not None else _default_rank_world()[1]
 
 
+def repeat_passes(one_pass: Callable[[int], Iterator[Any]], quota: Optional[int], counts: Callable[[Any], bool],
+                  empty: Callable[[], str], again: Callable[[int], None] = lambda produced: None) -> Iterator[Any]:
+    """A reader's items over passes of its share (``one_pass(passes)``): one pass without a
+    ``quota``, else passes until ``quota`` items that ``counts`` have been produced (an epoch
+    length every reader meets, whatever its share). A pass that finds none is a ValueError with
+    ``empty()``'s words instead of an endless loop; ``again(produced)`` is told before the second pass."""
+    produced, passes = 0, 0
+    while quota != 0:
+        found = 0
+        for item in one_pass(passes):
+            found += counts(item)
+            yield item
+        produced += found
+        passes += 1
+        if quota is None or produced >= quota:
+            return
+        if found == 0:
+            raise ValueError(empty())
+        if passes == 1:
+            again(produced)
+
+
 class ShardDataset(RankedReader, IterableDataset):
     """Samples streamed from tar shards, split across ranks and workers, shuffled in a buffer.
 
@@ -502,31 +524,25 @@ class ShardDataset(RankedReader, IterableDataset):
         """This reader's raw samples; with a quota, passes over its shards repeat until it is met."""
         order = self._epoch_order()
         positions, modulus, residue = _reading_plan(len(order), rank, world_size, worker, num_workers)
-        produced, passes = 0, 0
-        while quota != 0:
+
+        def one_pass(passes: int) -> Iterator[_Record]:
             pass_positions = positions
             if passes and self.shuffle_buffer:
                 rng = np.random.default_rng(seed_for(self.seed, "shard-buffer", self.epoch, rank, worker, passes))
                 pass_positions = [positions[i] for i in rng.permutation(len(positions))]
-            found = 0
             for s in pass_positions:
                 for k, record in enumerate(iter_records(order[s], self.strict)):
                     if isinstance(record, Skipped):
                         yield from self._lost(order[s], k, record, lambda j: (j + s) % modulus == residue)
                     elif (k + s) % modulus == residue:
-                        found += 1
                         yield record
-            produced += found
-            passes += 1
-            if quota is None or produced >= quota:
-                return
-            if found == 0:
-                raise ValueError(f"rank {rank} worker {worker} of {num_workers} found no samples in its "
-                                 f"share of {len(order)} shards: too few samples for "
-                                 f"{world_size * num_workers} readers")
-            if passes == 1:
-                logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again",
-                            rank, worker, produced, quota)
+
+        yield from repeat_passes(
+            one_pass, quota, lambda record: not isinstance(record, Skipped),
+            lambda: f"rank {rank} worker {worker} of {num_workers} found no samples in its share of {len(order)} "
+                    f"shards: too few samples for {world_size * num_workers} readers",
+            lambda produced: logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again",
+                                         rank, worker, produced, quota))
 
     def _lost(self, shard: str, read: int, rest: Skipped, mine: Callable[[int], bool]) -> Iterator[Skipped]:
         """The samples a damaged shard lost after ``read`` of them: one :class:`Skipped` each (those of
