@@ -54,8 +54,13 @@ vitkit study compute --smoke
 
 
 def _minutes(results: Dict[str, Any]) -> str:
+    """The training the study's runs took, with the pre-training its prepare step ran (self-supervision's)."""
     seconds = sum(r.get("seconds") or 0 for r in results["runs"].values())
-    return f"{seconds / 60:.0f} min of training" if seconds else "seconds (it trains nothing)"
+    before = sum(r.get("seconds") or 0 for r in results.get("prepared", {}).get("pretrain", {}).values())
+    if not seconds + before:
+        return "seconds (it trains nothing)"
+    first = f"{before / 60:.0f} min of pre-training, then " if before else ""
+    return f"{first}{seconds / 60:.0f} min of training"
 
 
 def _value(v: Any) -> str:
@@ -96,7 +101,7 @@ def section(results: Dict[str, Any]) -> List[str]:
     if results.get("paper"):
         lines += [paper_line(results["paper"]), ""]
     lines += [f"**Here.** {_sentence(results['setting'])}.", "",
-              "<!-- docs-test: skip: " + ("the whole study takes up to an hour and a half" if results["runs"] else
+              "<!-- docs-test: skip: " + (f"the whole study is {_minutes(results)}" if results["runs"] else
                                           "it reads the training studies' runs (hours of training)") +
               "; tests/test_studies.py runs every study end to end at test scale -->",
               "```bash", f"vitkit study {name} --out docs/studies", "```", ""]

@@ -1,7 +1,7 @@
 """Self-supervision (the paper's section 4.6): does pre-training without labels help when labels
 are few? The paper's masked patch prediction, and the two objectives that followed it.
 
-    vitkit study self-supervision            # 3 objectives, 2 label fractions, 3 seeds: about 80 min on 2 CPU cores
+    vitkit study self-supervision            # 3 objectives, 2 label fractions, 3 seeds: about 45 min on 2 CPU cores
     vitkit study self-supervision --smoke    # MAE alone, 0.2 pre-training epochs, 1%, 20 steps: a few minutes
 
 The paper pre-trains ViT-B/16 on JFT with masked patch prediction (50% of the patch embeddings
@@ -134,8 +134,15 @@ class SelfSupervision(Study):
     setting = ("vit_fmnist pre-trained by each objective on Fashion-MNIST's 60,000 training images without labels, "
                "then fine-tuned on 1% and 10% of the labels for the steps scratch gets (400 of 64, 1,000 of 128); "
                "the frozen encoders scored few-shot; test top-1 over 3 seeds")
-    paper = {"source": "Dosovitskiy et al. 2021, section 4.6", "mpp_imagenet_top1": 0.799,
-             "gain_over_scratch": 0.02, "behind_supervised": 0.04}
+    paper = {"source": "Dosovitskiy et al. 2021, section 4.6: ViT-B/16 pre-trained on JFT, fine-tuned on ImageNet",
+             "ImageNet top-1 after masked patch prediction": 0.799, "gain over training from scratch": 0.02,
+             "behind supervised pre-training": 0.04}
+    notes = ("The gains here are larger than the paper's two points, and the setting is easier for them: "
+             "the fine-tuning has a few hundred or a few thousand labels where the paper has all of ImageNet's, and "
+             "the pre-training saw the very images the fine-tuning draws from, where the paper pre-trains on JFT. "
+             "The claim's second half, behind supervised pre-training, is not measured: Fashion-MNIST has no "
+             "larger labelled set to pre-train on. MAE, the later objective, leads at both label fractions and "
+             "most of all one-shot, where its frozen features are far ahead of the other two objectives'.")
     smoke_train: Dict[str, Any] = {"max_steps": 20, "val_every": 20, "checkpoint_every": 20}
 
     def _objectives(self, options: Options):
@@ -209,9 +216,12 @@ class SelfSupervision(Study):
                 ax1.plot([x] * s.n, [100 * v for v in s.values], "k.", markersize=4)
         ax1.set_xticks(range(len(fractions)))
         ax1.set_xticklabels([f"{100 * f:g}% of the labels" for f in fractions])
+        lows = [100 * min(spread(results, f"{s}-f{f:g}").values) for s in sources for f in fractions]
+        highs = [100 * max(spread(results, f"{s}-f{f:g}").values) for s in sources for f in fractions]
+        ax1.set_ylim(max(0.0, 10 * (min(lows) // 10) - 10), min(100.0, max(highs) + 15))  # room for the legend
         ax1.set_ylabel("test top-1 (%)")
         ax1.set_title("fine-tuned, the same steps for every start", fontsize=9)
-        ax1.legend(fontsize=8, loc="upper left")
+        ax1.legend(fontsize=8, loc="upper left", ncol=2)
         ax1.grid(alpha=0.3, axis="y")
         fewshot = results.get("prepared", {}).get("fewshot_encoders", {})
         for i, source in enumerate(sources):
