@@ -415,7 +415,7 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def _tiny_note(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
+def _quick_run_notes(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
     """The notes that keep a quick run's numbers from passing for the split's."""
     if cfg is not None and cfg.test_size is not None:
         print(f"{'note':<{width}}test scores are of the first {summary.get('test_images', cfg.test_size):,} test "
@@ -444,7 +444,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
     print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
           f"maps)")
-    _tiny_note(summary, cfg=cfg)
+    _quick_run_notes(summary, cfg=cfg)
     return 0
 
 
@@ -469,7 +469,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
-    _tiny_note(summary, 10, cfg)
+    _quick_run_notes(summary, 10, cfg)
     return 0
 
 

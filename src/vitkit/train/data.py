@@ -99,7 +99,6 @@ class RunData:
     test: Any
     n_train: int
     skipped: List[Any] = field(default_factory=list)
-    n_test: Optional[int] = None  # the test images scored (None: a stream's, counted as it is read)
 
     def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
         args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
@@ -160,7 +159,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
-                   n_train=len(tr_idx), n_test=len(test))
+                   n_train=len(tr_idx))
 
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
@@ -181,7 +180,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches,
-                   n_train=len(tr_idx), skipped=train.skipped + test.skipped, n_test=len(test_batches))
+                   n_train=len(tr_idx), skipped=train.skipped + test.skipped)
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
@@ -246,7 +245,7 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches, n_train=len(tr_idx),
-                   skipped=train.skipped + test.skipped, n_test=len(test_batches))
+                   skipped=train.skipped + test.skipped)
 
 
 def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:

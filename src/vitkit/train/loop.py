@@ -593,7 +593,8 @@ def summarise(run: Run) -> Dict[str, Any]:
         plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
     summary = {"run_dir": str(run.run_dir), "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
-               "train_images": data.n_train, **({"test_images": data.n_test} if data.n_test is not None else {}),
+               "train_images": data.n_train,
+               **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else {}),  # shards: a stream
                "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **_throughput(run), "precision": run.precision,
