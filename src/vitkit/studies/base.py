@@ -212,6 +212,17 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     return _vitkit(["train", "--config", str(configs / f"{name}.json"), "--no-progress"], f"run {name}")
 
 
+def data_flags(options: Options) -> List[str]:
+    """The ``--dataset`` / ``--data-dir`` flags a study passes on to every vitkit command."""
+    return [*(["--dataset", options.dataset] if options.dataset else []),
+            *(["--data-dir", options.data_dir] if options.data_dir else [])]
+
+
+def fewshot_pool(options: Options) -> int:
+    """Training images few-shot shots are drawn from: the full pool, or --smoke's small one."""
+    return SMOKE_FEWSHOT_POOL if options.smoke else FEWSHOT_POOL
+
+
 def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
     """{"fewshot_K": accuracy} of a run's frozen features, cached as ``RUN/fewshot.json`` (empty for
     image folders and shards, which ``vitkit fewshot`` does not read)."""
@@ -223,11 +234,7 @@ def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
     if cached.is_file():
         return json.loads(cached.read_text())
     args = ["fewshot", "--weights", str(run), "--shots", *map(str, FEWSHOT_SHOTS), "--seeds", str(FEWSHOT_SEEDS),
-            "--pool", str(SMOKE_FEWSHOT_POOL if options.smoke else FEWSHOT_POOL), "--no-progress"]
-    if options.dataset:
-        args += ["--dataset", options.dataset]
-    if options.data_dir:
-        args += ["--data-dir", options.data_dir]
+            "--pool", str(fewshot_pool(options)), "--no-progress", *data_flags(options)]
     out = _vitkit(args, f"few-shot evaluation of {run.name}")
     scores = {f"fewshot_{r['shots']}": r["mean"] for r in out["results"]}
     write_json(cached, scores)

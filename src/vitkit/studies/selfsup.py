@@ -41,8 +41,10 @@ from .base import (
     Options,
     Study,
     _vitkit,
+    data_flags,
     default_folders,
     differ,
+    fewshot_pool,
     spread,
     too_few_seeds,
     verdict,
@@ -97,18 +99,14 @@ def random_encoder(work: Path) -> Path:
     return folder
 
 
-def data_flags(options: Options) -> List[str]:
-    return [*(["--dataset", options.dataset] if options.dataset else []),
-            *(["--data-dir", options.data_dir] if options.data_dir else [])]
-
-
 def encoder_fewshot(weights: Path, options: Options) -> Dict[str, float]:
     """{shots: accuracy} of a frozen encoder, cached beside it as ``fewshot-encoder.json``."""
     cached = (weights if weights.is_dir() else weights.parent) / "fewshot-encoder.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    out = _vitkit(["fewshot", "--weights", str(weights), "--shots", *map(str, SHOTS), "--seeds", "3", "--pool",
-                   "10000", "--no-progress", *data_flags(options)], f"few-shot evaluation of {weights.name}")
+    args = ["fewshot", "--weights", str(weights), "--shots", *map(str, SHOTS), "--seeds", "3",
+            "--pool", str(fewshot_pool(options)), "--no-progress", *data_flags(options)]
+    out = _vitkit(args, f"few-shot evaluation of {weights.name}")
     scores = {str(r["shots"]): r["mean"] for r in out["results"]}
     write_json(cached, scores)
     return scores
