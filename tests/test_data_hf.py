@@ -169,6 +169,10 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
     assert list(parquet["per_class"]) == NAMES and parquet["count"] == 300 and parquet["skipped"] == 1
     assert parquet["top1"] == saved["top1"] and parquet["split"] == "test"
     assert abs(parquet["top1"] - summary["test_top1"]) < 0.02  # the run scored in bf16, eval in fp32
+    assert cli(["eval", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--max-images", "100", "--json",
+                "--no-progress"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["count"] == 100 and first["split_images"] == 300
     assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--shots", "1", "5",
                 "--seeds", "2", "--json", "--no-progress"]) == 0
     shots = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]

@@ -39,6 +39,23 @@ def test_cli_eval_on_fashion_mnist(tmp_path, capsys):
     assert (tmp_path / "confusion_matrix.png").is_file()
 
 
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_cli_eval_max_images_scores_the_first_images_of_the_split(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", depth=1, label_names=list(fm.CLASSES))
+    model.save_pretrained(tmp_path / "m")
+    assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["count"] == 300 and out["split_images"] == 10_000
+    labels = fm.load_split("test").labels[:300]  # the confusion rows count the first 300 images' classes
+    assert np.sum(out["confusion"], axis=1).tolist() == np.bincount(labels, minlength=10).tolist()
+    assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--no-progress"]) == 0
+    assert "the first 300 of 10,000 images" in capsys.readouterr().out
+    assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-images must be a positive integer, not 0" in err and "Traceback" not in err
+
+
 class _LeftRight(torch.nn.Module):
     """Class 0 for images brighter on the left, class 1 for brighter on the right (a mirror swaps them)."""
 

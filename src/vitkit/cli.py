@@ -481,6 +481,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, not {args.batch_size}")
+    if args.max_images is not None and args.max_images < 1:
+        raise ValueError(f"--max-images must be a positive integer, not {args.max_images}")
     _check_hf_flags(args)
     if args.out:  # checked before the evaluation, not after it
         check_output(args.out, "folder", "--out")
@@ -491,9 +493,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"the weights' classes ({_preview(names) if names else 'no label names'}) are none of "
                          f"{', '.join(datasets.CLASS_NAMES)}: pass --dataset")
     evaluate = _eval_hf if datasets.is_hf(dataset) else _eval_in_memory
-    report, split, skipped = evaluate(args, model, dataset)
+    report, split, skipped, total = evaluate(args, model, dataset)
     result = {"weights": args.weights, "dataset": dataset, "split": split, "precision": _runtime_name(model),
               "tta": args.tta, **report.to_dict()}
+    if args.max_images is not None:
+        result["split_images"] = total
     if skipped:
         result["skipped"] = len(skipped)
     png = None
@@ -505,8 +509,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     tta = ", flip TTA" if args.tta == "flip" else ""
+    first = f"the first {report.count:,} of {total:,}" if args.max_images is not None else f"{report.count:,}"
     print(f"{dataset} {split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({report.count:,} images, {_runtime_name(model)}{tta})")
+          f"({first} images, {_runtime_name(model)}{tta})")
     if skipped:
         print(f"skipped {len(skipped)} unusable rows (first: {skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
@@ -541,14 +546,18 @@ def _eval_in_memory(args: argparse.Namespace, model, dataset: str):
 
     images, labels, classes = load_split_tensors(dataset, args.split, args.data_dir)
     _same_classes(model.config.label_names, classes, dataset)
+    total = len(labels)
+    images, labels = images[:args.max_images], labels[:args.max_images]
     report = classification_report(model, images, labels, classes, args.batch_size,
                                    progress=not args.no_progress, label=f"evaluating {dataset} {args.split}",
                                    tta=args.tta)
-    return report, args.split, []
+    return report, args.split, [], total
 
 
 def _eval_hf(args: argparse.Namespace, model, dataset: str):
     """A Hugging Face split through the model's evaluation pipeline (resize, centre crop)."""
+    from torch.utils.data import Subset
+
     from .data import hf
     from .data.pipelines import from_model_config
     from .evaluate import report_over
@@ -558,10 +567,11 @@ def _eval_hf(args: argparse.Namespace, model, dataset: str):
                           _channels(model), from_model_config(model.config, train=False))[args.split]
     _same_classes(model.config.label_names, data.classes, dataset)
     skipped = [name for name, _ in data.skipped]
-    batches = hf.batches(data, args.batch_size, 2, skipped)
-    report = report_over(model, batches, data.classes, -(-len(data) // args.batch_size), not args.no_progress,
+    scored = data if args.max_images is None else Subset(data, range(len(data))[:args.max_images])
+    batches = hf.batches(scored, args.batch_size, 2, skipped)
+    report = report_over(model, batches, data.classes, -(-len(scored) // args.batch_size), not args.no_progress,
                          f"evaluating {dataset} {data.split_name}", args.tta)
-    return report, data.split_name, skipped
+    return report, data.split_name, skipped, len(data)
 
 
 def _channels(model) -> int:
@@ -846,6 +856,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--max-images", type=int, metavar="N",
+                   help="score only the split's first N images, for a quick check of a large set (default: all)")
     p.add_argument("--tta", default="none", choices=["none", "flip"],
                    help="test-time augmentation: flip scores the mean probabilities of each image and its mirror "
                         "(for classes a mirror does not change) [default: none]")
