@@ -72,3 +72,16 @@ def test_one_seeding_helper_gives_independent_reproducible_streams():
         seed_for(0, "no-such-stream")
     with pytest.raises(ValueError, match=">= 0"):
         seed_for(-1, "mix")
+
+
+def test_tiny_scale_caps_test_images_of_indexable_data_only(monkeypatch):
+    """VITKIT_TINY=1 (the docs' commands at test scale) scores 200 test images of an image folder or
+    a Hugging Face dataset, keeps a smaller --test-size, and leaves streams, which have no first N."""
+    monkeypatch.setenv("VITKIT_TINY", "1")
+    assert resolve_config(dataset="folder").test_size == 200
+    assert resolve_config(dataset="folder", test_size=50).test_size == 50
+    assert resolve_config(dataset="hf:some/set").test_size == 200
+    assert resolve_config(dataset="shards").test_size is None
+    assert resolve_config(dataset="hf:some/set", hf_streaming=True).test_size is None
+    monkeypatch.delenv("VITKIT_TINY")
+    assert resolve_config(dataset="folder").test_size is None

@@ -3,7 +3,8 @@
 The test suite runs each command of README.md and docs/*.md as written (tests/test_docs.py);
 this switch makes that take seconds instead of hours without changing a single flag. It is
 read in two places only: the training configuration (steps, batch, validation size) and the
-in-memory datasets (the first images of each split). Never set it for real work: it is printed
+in-memory datasets (the first images of each split; image folders and Hugging Face datasets
+score their first test images through ``test_size``). Never set it for real work: it is printed
 in every run's summary, so a tiny result cannot pass for a real one.
 """
 
@@ -32,7 +33,16 @@ def shrink_config(values: Dict[str, Any], defaults: Any) -> Dict[str, Any]:
             continue  # no validation carve stays none
         out[key] = limit if value is None else min(value, limit)
     out["micro_batch"] = None
+    if not _is_stream(out.get("dataset", defaults.dataset), out.get("hf_streaming")):  # tar shards and streams have no "first N" (test_size refuses them)
+        size = out.get("test_size")
+        out["test_size"] = SPLIT_IMAGES["test"] if size is None else min(size, SPLIT_IMAGES["test"])
     return out
+
+
+def _is_stream(dataset: str, hf_streaming: Any) -> bool:
+    from .data.datasets import canonical
+
+    return bool(hf_streaming) or canonical(dataset) == "shards"
 
 
 def shrink_split(split: str, images, labels):
