@@ -33,7 +33,8 @@ def shrink_config(values: Dict[str, Any], defaults: Any) -> Dict[str, Any]:
             continue  # no validation carve stays none
         out[key] = limit if value is None else min(value, limit)
     out["micro_batch"] = None
-    if not _is_stream(out.get("dataset", defaults.dataset), out.get("hf_streaming")):  # tar shards and streams have no "first N" (test_size refuses them)
+    # tar shards and streams have no "first N" (test_size refuses them): they score every test image
+    if not _is_stream(out.get("dataset", defaults.dataset), out.get("hf_streaming")):
         size = out.get("test_size")
         out["test_size"] = SPLIT_IMAGES["test"] if size is None else min(size, SPLIT_IMAGES["test"])
     return out
