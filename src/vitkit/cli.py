@@ -509,7 +509,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     tta = ", flip TTA" if args.tta == "flip" else ""
-    first = f"the first {report.count:,} of {total:,}" if (args.max_images or total) < total else f"{report.count:,}"
+    cut = args.max_images is not None and args.max_images < total
+    first = f"the first {report.count:,} of {total:,}" if cut else f"{report.count:,}"
     print(f"{dataset} {split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
           f"({first} images, {_runtime_name(model)}{tta})")
     if skipped:
