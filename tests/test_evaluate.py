@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import vitkit
 from conftest import Oracle
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
-from vitkit.evaluate import classification_report, plot_confusion
+from vitkit.evaluate import classification_report, plot_confusion, prepare_batch
 
 
 def test_report_counts_and_confusion(tmp_path):
@@ -77,5 +78,53 @@ def test_flip_tta_scores_the_mean_probabilities_of_an_image_and_its_mirror():
     both = (_LeftRight()(x).softmax(-1) + _LeftRight()(x.flip(-1)).softmax(-1)) / 2  # by hand
     assert flipped.confusion.sum(0)[0] == int((both.argmax(-1) == 0).sum())
     assert plain.confusion.tolist() != flipped.confusion.tolist()  # the mirror cancels the cue: all ties
-    with pytest.raises(ValueError, match="tta must be one of none, flip"):
+    with pytest.raises(ValueError, match="tta must be one of none, flip, flip-shift, not 'rotate'"):
         classification_report(_LeftRight(), images, labels, tta="rotate")
+
+
+def test_flip_shift_views_are_torchvisions_padded_crops_and_their_mirrors():
+    """The 10 views: a crop of the image padded by one black pixel (torchvision's RandomCrop with
+    padding, at the centre and one pixel up, down, left, right), each with its mirror."""
+    from torchvision.transforms.v2 import functional as TF
+
+    from vitkit.evaluate.tta import views
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8, generator=g)
+    config = vitkit.create_model("vit_fmnist", depth=1).config  # mean 0.286, std 0.353: black is not 0
+    got = list(views(prepare_batch(images, config), "flip-shift", config))
+    padded = TF.pad(images, [1], fill=0)
+    crops = [TF.crop(padded, top, left, 28, 28) for top, left in ((1, 1), (0, 1), (2, 1), (1, 0), (1, 2))]
+    expected = [prepare_batch(v, config) for c in crops for v in (c, TF.horizontal_flip(c))]
+    assert len(got) == 10
+    for view, want in zip(got, expected):
+        torch.testing.assert_close(view, want, rtol=0, atol=1e-5)
+    assert [v.shape for v in views(prepare_batch(images, config), "flip", config)] == [images.shape] * 2
+
+
+def test_flip_shift_scores_the_mean_probabilities_of_the_ten_views():
+    from torchvision.transforms.v2 import functional as TF
+
+    class _TopLeft(nn.Module):  # a cue that a one-pixel shift moves: the brightness of the top-left pixels
+        config = Oracle.config
+
+        def forward(self, x):
+            return torch.stack([x[:, 0, 0, 0], x[:, 0, 0, 1], x[:, 0, 1, 0]], -1) * 3
+
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (64, 1, 4, 4), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 3, (64,), generator=g)
+    report = classification_report(_TopLeft(), images, labels, tta="flip-shift", batch_size=16)
+    padded = TF.pad(images, [1], fill=0)  # by hand, with torchvision's crops
+    crops = [TF.crop(padded, top, left, 4, 4) for top, left in ((1, 1), (0, 1), (2, 1), (1, 0), (1, 2))]
+    probs = sum(_TopLeft()(prepare_batch(v, Oracle.config)).softmax(-1)
+                for c in crops for v in (c, TF.horizontal_flip(c))) / 10
+    assert report.top1 == pytest.approx(float((probs.argmax(-1) == labels).float().mean()))
+    assert report.top1 != classification_report(_TopLeft(), images, labels, tta="flip").top1
+
+
+def test_the_tta_modes_are_the_config_and_cli_choices():
+    from vitkit.evaluate.tta import TTA_MODES
+    from vitkit.train.config import CHOICES
+
+    assert CHOICES["test_tta"] == TTA_MODES  # restated there so the CLI parses without torch

@@ -162,6 +162,26 @@ def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsy
     assert "test-scale run" in summary["tiny"] and summary["train_images"] < 3000  # never passes for a result
 
 
+def test_a_run_with_test_tta_reports_what_vitkit_eval_says_with_those_views(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VITKIT_TINY")  # 40 real steps: a model whose views disagree, not a constant guess
+    assert main(["train", *TINY, "--max-steps", "40", "--batch-size", "64", "--test-size", "500", "--runs-dir",
+                 str(tmp_path), "--name", "tta", "--ema-decay", "0.9", "--test-tta", "flip-shift",
+                 "--precision", "fp32"]) == 0
+    said = capsys.readouterr().out
+    run = tmp_path / "tta"
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"; flip-shift TTA {100 * summary['test_top1_tta']:.2f}%)" in said
+    assert f"; flip-shift TTA {100 * summary['test_top1_ema_tta']:.2f}%; model_ema/)" in said
+    assert summary["test_top1_ema_tta"] != summary["test_top1_ema"]  # the views changed some answers
+    for weights, key in ((run, "test_top1_tta"), (run / "model_ema", "test_top1_ema_tta")):
+        assert main(["eval", "--weights", str(weights), "--tta", "flip-shift", "--max-images",
+                     str(summary["test_images"]), "--json", "--no-progress"]) == 0
+        assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(summary[key], abs=1e-9)
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--test-tta", "mirror"]) == 2
+    err = capsys.readouterr().err
+    assert "test_tta" in err and "flip-shift" in err and "Traceback" not in err
+
+
 def test_a_finished_run_says_what_to_try_next_on_its_folder(tmp_path, capsys):
     assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "next"]) == 0
     out = capsys.readouterr().out

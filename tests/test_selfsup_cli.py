@@ -75,6 +75,8 @@ def test_train_refuses_a_pretraining_config_and_pretraining_refuses_labels(tmp_p
         resolve_config("fmnist", mask_ratio=0.5, fewshot=False)
     with pytest.raises(ValueError, match="reads no labels, so mixup=0.8, label_smoothing=0.1 cannot apply"):
         resolve_config("mae-fmnist", objective="mae", mixup=0.8, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="reads no labels, so test_tta='flip' cannot apply"):
+        resolve_config("mae-fmnist", objective="mae", test_tta="flip")
     # the default recipe's smoothing is dropped for pre-training; chosen by the user it is refused
     assert resolve_config("fmnist", objective="simmim").label_smoothing == 0.0
     assert resolve_config("fmnist").label_smoothing == 0.1

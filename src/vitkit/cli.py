@@ -434,10 +434,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(f"\nrun      {summary['run_dir']}")
     print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
-    print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%)")
+    def tta(key: str) -> str:  # the test score with --test-tta, when the run has one
+        return f"; {cfg.test_tta} TTA {100 * summary[key]:.2f}%" if key in summary else ""
+
+    print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%"
+          f"{tta('test_top1_tta')})")
     if "test_top1_ema" in summary:
         print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
-              f"{100 * summary['val_top1_ema']:.2f}%; model_ema/)")
+              f"{100 * summary['val_top1_ema']:.2f}%{tta('test_top1_ema_tta')}; model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{summary['train_img_s']:.0f} img/s")
     run = summary["run_dir"]
@@ -508,7 +512,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    tta = ", flip TTA" if args.tta == "flip" else ""
+    tta = "" if args.tta == "none" else f", {args.tta} TTA"
     cut = args.max_images is not None and args.max_images < total
     first = f"the first {report.count:,} of {total:,}" if cut else f"{report.count:,}"
     print(f"{dataset} {split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
@@ -782,6 +786,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .train.config import CHOICES
+
     parser = _Parser(prog="vitkit", description="Vision Transformers: build, "
                      "convert, inspect and run ViT-family models.")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
@@ -859,9 +865,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--max-images", type=int, metavar="N",
                    help="score only the split's first N images, for a quick check of a large set (default: all)")
-    p.add_argument("--tta", default="none", choices=["none", "flip"],
-                   help="test-time augmentation: flip scores the mean probabilities of each image and its mirror "
-                        "(for classes a mirror does not change) [default: none]")
+    p.add_argument("--tta", default="none", choices=CHOICES["test_tta"],
+                   help="test-time augmentation: flip scores the mean probabilities of each image and its mirror, "
+                        "flip-shift of those and their one-pixel shifts up, down, left and right (10 views; for "
+                        "classes a mirror and a small shift do not change) [default: none]")
     _add_runtime_flags(p)
     p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
                                                 "(default: print only, write nothing)")

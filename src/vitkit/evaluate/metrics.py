@@ -13,6 +13,7 @@ from torch import nn
 
 from ..progress import track
 from ..utils import pyplot, save_png
+from .tta import check_mode, probabilities
 
 
 @dataclass
@@ -44,9 +45,6 @@ def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
     return (x - mean) / std
 
 
-#: test-time augmentation: none, or the mean of the class probabilities of each image and its
-#: horizontal mirror (for data whose classes a mirror does not change)
-TTA_MODES = ("none", "flip")
 
 
 def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
@@ -55,8 +53,8 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     """Evaluate ``model`` on uint8 images (N, C, H, W) with integer labels.
 
     ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
-    evaluation has run 5 s (:func:`vitkit.progress.track`). ``tta="flip"``: score the mean
-    probabilities of each image and its mirror (see :data:`TTA_MODES`).
+    evaluation has run 5 s (:func:`vitkit.progress.track`). ``tta``: score the mean
+    probabilities of each image's views (:mod:`vitkit.evaluate.tta`).
     """
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
@@ -75,8 +73,7 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
                 tta: str = "none") -> ClassificationReport:
     """The report over (model input, labels) batches: inputs already at the model's size and
     normalisation (an image file pipeline's, or :func:`prepare_batch`'s); ``classes`` are the data's."""
-    if tta not in TTA_MODES:
-        raise ValueError(f"tta must be one of {', '.join(TTA_MODES)}, not {tta!r}")
+    check_mode(tta)
     model.eval()
     n_classes = model.config.num_classes
     if len(classes) != n_classes:
@@ -85,9 +82,7 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     top5_hits = 0
     for x, y in track(batches, label, total, enabled=progress, unit="batches"):
-        logits = model(x).float()
-        if tta == "flip":  # scores in probability space: the mean of two softmaxes
-            logits = (logits.softmax(-1) + model(x.flip(-1)).float().softmax(-1)) / 2
+        logits = model(x).float() if tta == "none" else probabilities(model, x, tta, model.config)
         k = min(5, n_classes)
         top5_hits += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum().item()
         pred = logits.argmax(-1)

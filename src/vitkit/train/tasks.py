@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
+from ..evaluate.tta import probabilities as tta_probabilities
 from ..models import build_from_config, get_model_config
 from ..parallel import BatchParallel, add_in_order
 from ..progress import track
@@ -104,12 +105,18 @@ class Classification:
         return loss, torch.stack([loss.detach().float() * len(y), (logits.argmax(-1) == hard).sum().float()])
 
     def evaluate(self, model: nn.Module, batches: Iterable[MicroBatch], amp: Optional[torch.dtype],
-                 parallel: Optional[BatchParallel] = None) -> Tuple[float, Optional[float]]:
-        """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync."""
+                 parallel: Optional[BatchParallel] = None, tta: str = "none", config: Any = None
+                 ) -> Tuple[float, Optional[float]]:
+        """(mean cross-entropy, top-1 accuracy) over (inputs, labels, skipped) batches; one host sync.
+        ``tta`` (:mod:`vitkit.evaluate.tta`, ``config`` the model's input config): both scored on
+        the mean probabilities of each image's views."""
         def score(i: int, x: torch.Tensor, y: torch.Tensor, part: slice) -> torch.Tensor:
-            logits, y = model(x[part]), y[part]
-            return torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
-                                (logits.argmax(-1) == y).sum().double()])
+            x, y = x[part], y[part]
+            if tta == "none":
+                log_p = F.log_softmax(model(x).float(), -1)
+            else:
+                log_p = tta_probabilities(model, x, tta, config).clamp_min(1e-12).log()
+            return torch.stack([F.nll_loss(log_p, y, reduction="sum").double(), (log_p.argmax(-1) == y).sum().double()])
 
         return _evaluate(model, batches, amp, score, parallel)
 
@@ -119,10 +126,15 @@ class Classification:
         # the loop validated after its last step; a run resumed at its end has not run the loop
         val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
         out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc}
+        tta = run.cfg.test_tta
+        if tta != "none":
+            out["test_top1_tta"] = final_score(run, run.model, "test", tta=tta)[1]
         if run.ema is not None:
             ema_test_loss, ema_test_acc = final_score(run, run.ema.module, "test", "EMA")
             out.update(test_top1_ema=ema_test_acc, test_loss_ema=ema_test_loss,
                        val_top1_ema=final_score(run, run.ema.module, "val", "EMA")[1])
+            if tta != "none":
+                out["test_top1_ema_tta"] = final_score(run, run.ema.module, "test", "EMA", tta)[1]
         return out
 
 
@@ -197,20 +209,23 @@ class Pretraining:
         return out
 
 
-def final_score(run: "Run", net: nn.Module, split: str, which: str = "") -> Tuple[float, Optional[float]]:
+def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: str = "none"
+                ) -> Tuple[float, Optional[float]]:
     """``run.score(net, split)`` with a progress line: the scoring after training starts when the
     training bar has ended and takes minutes on large splits (ViT-S/16: ~110 s for test,
     validation and the EMA's). Rank 0 draws it, unless the run has ``progress`` off; like any
-    :func:`~vitkit.progress.track`, it prints nothing when the split is scored within 5 s."""
+    :func:`~vitkit.progress.track`, it prints nothing when the split is scored within 5 s.
+    ``tta``: classification's test-time augmentation (:mod:`vitkit.evaluate.tta`)."""
     source = run.data.val if split == "val" else run.data.test
     size = run.cfg.eval_batch_size
     total = -(-len(source) // size) if hasattr(source, "__len__") else None  # shards: a stream
     batches = run.data.eval_batches(split, run.input_config, size)
-    label = " ".join(filter(None, ["evaluating", which, split]))
+    label = " ".join(filter(None, ["evaluating", which, split, "" if tta == "none" else f"({tta} TTA)"]))
     # counts the batches handed to the device: on a GPU a few ahead of those computed, as no
     # host sync is added (the task's one sync ends the scoring)
     shown = track(batches, label, total, enabled=run.cfg.progress and run.main, unit="batches")
-    return run.task.evaluate(net, shown, run.amp, run.parallel)
+    views = {} if tta == "none" else {"tta": tta, "config": run.input_config}
+    return run.task.evaluate(net, shown, run.amp, run.parallel, **views)
 
 
 @torch.inference_mode()

@@ -83,7 +83,7 @@ class MetricsLog:
         if self.writer is None:
             return
         if summary:
-            for key in ("test_top1", "test_loss", "val_top1"):
+            for key in ("test_top1", "test_loss", "val_top1", "test_top1_tta"):
                 if isinstance(summary.get(key), (int, float)):
                     self.writer.add_scalar(f"final/{key}", summary[key], summary.get("steps", 0))
         self.writer.close()
