@@ -45,8 +45,6 @@ def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
     return (x - mean) / std
 
 
-
-
 def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                           classes: Optional[List[str]] = None, batch_size: int = 500, progress: bool = True,
                           label: str = "evaluating", tta: str = "none") -> ClassificationReport:

@@ -58,8 +58,5 @@ def probabilities(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
                   config) -> torch.Tensor:
     """The mean softmax (fp32) of ``model`` over ``x``'s views: averaged in probability space,
     so a confident view does not drown the others' votes as summed logits would."""
-    total, n = None, 0
-    for view in views(x, tta, config):
-        p = model(view).float().softmax(-1)
-        total, n = (p if total is None else total + p), n + 1
-    return total / n
+    probs = [model(view).float().softmax(-1) for view in views(x, tta, config)]
+    return sum(probs) / len(probs)
