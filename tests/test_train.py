@@ -134,8 +134,8 @@ def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_p
 
 
 def test_resume_takes_only_the_machine_fields_from_the_new_invocation(tmp_path, capsys):
-    """--resume continues the saved run: threads/workers/progress/tensorboard may change (the
-    machine), a changed hyper-parameter is refused by name instead of being silently dropped."""
+    """--resume continues the saved run: threads/workers/progress/tensorboard (the machine) and
+    test_tta (the final scoring) may change, a changed hyper-parameter is refused by name instead of being silently dropped."""
     from vitkit.cli import main
     from vitkit.train.config import resumed_config
 
@@ -146,12 +146,16 @@ def test_resume_takes_only_the_machine_fields_from_the_new_invocation(tmp_path, 
     cfg = resumed_config(str(run), resolve_config("fmnist", threads=2, lr=5.0, progress=True))
     assert (cfg.threads, cfg.lr, cfg.progress, cfg.max_steps) == (2, 1e-3, False, 120)
     assert resumed_config(str(run), resolve_config("fmnist")).threads == 1  # not given: as saved
+    asked = resumed_config(str(run), resolve_config("fmnist", progress=True, test_tta="flip"),
+                           asked=["progress", "test_tta"])  # the CLI names its flags: a default counts too
+    assert (asked.progress, asked.test_tta, asked.threads, asked.lr) == (True, "flip", 1, 1e-3)
     assert main(["train", "--resume", str(run), "--lr", "0.001", "--epochs", "9", "--name", "run",
                  "--model-args", '{"depth": 4}']) == 2
     err = capsys.readouterr().err
     assert "--epochs (saved: 3.0, given: 9.0)" in err and '--model-args (saved: {}, given: {"depth": 4})' in err
     assert "--lr" not in err and "--name" not in err and "--threads" in err  # equal values are no conflict
-    assert "--no-progress, --[no-]tensorboard can change" in err and "--progress," not in err  # real flags only
+    assert "--no-progress, --[no-]tensorboard, --test-tta can change" in err and "--progress," not in err  # real flags only
+    assert "--cpu-parallel, --workers" in err and "cpu_parallel" not in err
     assert main(["train", "--resume", str(run), "--config", str(run / "config.json")]) == 2
     assert "not --config" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]  # refused before anything was written

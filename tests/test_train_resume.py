@@ -25,15 +25,23 @@ def vitkit_train(*extra):
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    """The resume also asks for two runtime fields, one of them its default value: TensorBoard
+    (the killed run had none) and flip TTA for the final score; neither changes the weights."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(vitkit_train("--runs-dir", str(tmp_path), "--name", "straight"), check=True, env=env,
                    capture_output=True)
     run = tmp_path / "killed"
-    kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed"], env, run, 20)
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
-                          env=env, capture_output=True, text=True)
+    kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed", "--no-tensorboard"],
+                       env, run, 20)
+    assert not (run / "tensorboard").exists()
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
+                           "--tensorboard", "--test-tta", "flip"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert "test_top1_tta" in summary and "test_top1_tta" not in json.loads(
+        (tmp_path / "straight" / "summary.json").read_text())
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     b = load_file(run / "model" / "model.safetensors")
     assert a.keys() == b.keys()

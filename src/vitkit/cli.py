@@ -393,7 +393,7 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
         conflicts = resume_conflicts(args.resume, overrides) + (["--config"] if args.config else [])
         if conflicts:
             raise ValueError(f"--resume continues {args.resume} as its config.json says; only "
-                             f"{', '.join(RUNTIME_FLAGS.get(f, '--' + f) for f in RUNTIME_FIELDS)} can change "
+                             f"{', '.join(RUNTIME_FLAGS.get(f, '--' + f.replace('_', '-')) for f in RUNTIME_FIELDS)} can change "
                              f"there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init {args.resume} starts one from this run's model once it has finished)")
@@ -405,8 +405,10 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """Train (or pre-train); the summary to print, or None when it was printed as JSON or this
     process is not the one that reports (under torchrun, rank 0 reports)."""
     from .train import train
+    from .train.config import RUNTIME_FIELDS
 
-    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr))
+    asked = [f for f in RUNTIME_FIELDS if getattr(args, f, None) is not None] + ["progress"] * args.no_progress
+    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr), asked=asked)
     if os.environ.get("RANK", "0") != "0":
         return None
     if args.json:

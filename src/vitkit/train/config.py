@@ -14,7 +14,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .. import tiny
 from ..utils import require, usable_cores
@@ -863,10 +863,11 @@ def _naming(file: Optional[str], fields: set):
         raise
 
 
-#: Fields that describe the machine a run executes on, not the run: ``--resume`` takes them
-#: from the new invocation where they are set (e.g. two threads once the CPU is free again),
+#: Fields that describe the machine a run executes on or how its end is scored, not what it
+#: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
+#: once the CPU is free again, or test-time augmentation for a run started without it),
 #: everything else from the run's ``config.json``, so the run continues as it started.
-RUNTIME_FIELDS = ("threads", "cpu_parallel", "workers", "progress", "tensorboard")
+RUNTIME_FIELDS = ("threads", "cpu_parallel", "workers", "progress", "tensorboard", "test_tta")
 
 
 def saved_objective(run_dir: str) -> Optional[str]:
@@ -897,15 +898,19 @@ def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     return values
 
 
-def resumed_config(run_dir: str, current: TrainConfig) -> TrainConfig:
-    """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that
-    differ from the defaults (those were asked for)."""
+def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[str]] = None) -> TrainConfig:
+    """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that were
+    asked for: ``asked`` names them (the command line's flags, so ``--tensorboard`` on a run
+    saved without it counts although it is the default); None takes those that differ from the
+    defaults (a call from Python, which cannot tell a default from a choice)."""
     values = _saved_values(run_dir)
     if values is None:
         raise FileNotFoundError(f"cannot resume: {Path(run_dir) / 'config.json'} not found "
                                 f"(is {run_dir} a run directory?)")
     defaults = TrainConfig()
-    values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)})
+    if asked is None:
+        asked = [k for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)]
+    values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if k in set(asked)})
     unknown = sorted(set(values) - set(field_kinds()))
     if unknown:
         raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")

@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -266,12 +266,14 @@ class Window:
 # ----------------------------------------------------------------------------- the four steps
 
 
-def train(cfg: TrainConfig, resume: Optional[str] = None, log=print) -> Dict[str, Any]:
-    """Run a training job; returns the summary (also written to ``summary.json``)."""
+def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
+          asked: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+    """Run a training job; returns the summary (also written to ``summary.json``). With
+    ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
     if resume and _finished(Path(resume)):
         return finished_summary(Path(resume), log)
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
-        cfg = resumed_config(resume, cfg)
+        cfg = resumed_config(resume, cfg, asked)
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
