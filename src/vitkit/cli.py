@@ -392,8 +392,9 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
             overrides.pop("objective")  # pretrain --resume without --objective: the saved one
         conflicts = resume_conflicts(args.resume, overrides) + (["--config"] if args.config else [])
         if conflicts:
+            free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS)
             raise ValueError(f"--resume continues {args.resume} as its config.json says; only "
-                             f"{', '.join(RUNTIME_FLAGS.get(f, '--' + f.replace('_', '-')) for f in RUNTIME_FIELDS)} can change "
+                             f"{free} can change "
                              f"there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init {args.resume} starts one from this run's model once it has finished)")
