@@ -87,8 +87,12 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(run, capsys):
     said = capsys.readouterr()
     assert "finished at step 2: nothing to resume" in said.err
     assert json.loads(said.out) == json.loads((run / "summary.json").read_text())
+    assert main(["train", "--resume", str(run), "--test-tta", "flip"]) == 0  # scored by the command it names
+    hint = capsys.readouterr().err.splitlines()[-1]
+    assert hint == f"its test score with flip TTA: vitkit eval --weights {run} --tta flip"
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "inspect" not in p.parts}
     assert after == before
+    assert main([*hint.split(": ", 1)[1].split()[1:], "--max-images", "20", "--no-progress"]) == 0
 
 
 def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, capsys):

@@ -271,7 +271,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     """Run a training job; returns the summary (also written to ``summary.json``). With
     ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
     if resume and _finished(Path(resume)):
-        return finished_summary(Path(resume), log)
+        return finished_summary(Path(resume), log, cfg.test_tta)
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
         cfg = resumed_config(resume, cfg, asked)
     cfg.validate()
@@ -332,12 +332,15 @@ def _finished(run_dir: Path) -> bool:
     return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
 
 
-def finished_summary(run_dir: Path, log=print) -> Dict[str, Any]:
+def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, Any]:
     """``--resume`` of a run that has finished: its summary as it was written, with nothing run
-    again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings)."""
+    again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings); a
+    test-time augmentation asked for says which command scores it."""
     summary = json.loads((run_dir / "summary.json").read_text())
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; to train longer, start a new run with --init {run_dir})")
+    if tta != "none" and "test_top1_tta" not in summary:
+        log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
     return summary
 
 
