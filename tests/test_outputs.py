@@ -90,6 +90,11 @@ def test_resuming_a_finished_run_says_so_and_rewrites_nothing(run, capsys):
     assert main(["train", "--resume", str(run), "--test-tta", "flip"]) == 0  # scored by the command it names
     hint = capsys.readouterr().err.splitlines()[-1]
     assert hint == f"its test score with flip TTA: vitkit eval --weights {run} --tta flip"
+    config = (run / "config.json").read_bytes()
+    (run / "config.json").write_text(json.dumps({**json.loads(config), "test_tta": "flip"}))
+    assert main(["train", "--resume", str(run), "--test-tta", "flip"]) == 0  # a run scored with them: no hint
+    assert "vitkit eval" not in capsys.readouterr().err
+    (run / "config.json").write_bytes(config)
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "inspect" not in p.parts}
     assert after == before
     assert main([*hint.split(": ", 1)[1].split()[1:], "--max-images", "20", "--no-progress"]) == 0

@@ -339,7 +339,8 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     summary = json.loads((run_dir / "summary.json").read_text())
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; to train longer, start a new run with --init {run_dir})")
-    if tta != "none" and "test_top1_tta" not in summary:
+    saved = json.loads((run_dir / "config.json").read_text()).get("test_tta", "none")
+    if tta not in ("none", saved):  # its summary holds no score with these views
         log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
     return summary
 
