@@ -181,6 +181,7 @@ def test_a_run_with_test_tta_reports_what_vitkit_eval_says_with_those_views(tmp_
     summary = json.loads((run / "summary.json").read_text())
     assert f"; flip-shift TTA {100 * summary['test_top1_tta']:.2f}%)" in said
     assert f"; flip-shift TTA {100 * summary['test_top1_ema_tta']:.2f}%; model_ema/)" in said
+    assert summary["test_tta"] == "flip-shift"
     assert summary["test_top1_ema_tta"] != summary["test_top1_ema"]  # the views changed some answers
     for weights, key in ((run, "test_top1_tta"), (run / "model_ema", "test_top1_ema_tta")):
         assert main(["eval", "--weights", str(weights), "--tta", "flip-shift", "--max-images",

@@ -127,8 +127,8 @@ class Classification:
         val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
         out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc}
         tta = run.cfg.test_tta
-        if tta != "none":
-            out["test_top1_tta"] = final_score(run, run.model, "test", tta=tta)[1]
+        if tta != "none":  # the views named beside their score: the summary says what it holds
+            out.update(test_tta=tta, test_top1_tta=final_score(run, run.model, "test", tta=tta)[1])
         if run.ema is not None:
             ema_test_loss, ema_test_acc = final_score(run, run.ema.module, "test", "EMA")
             out.update(test_top1_ema=ema_test_acc, test_loss_ema=ema_test_loss,
