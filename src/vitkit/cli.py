@@ -382,9 +382,9 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
     if args.no_progress:
         overrides["progress"] = False
     if args.resume:
-        from .train.config import RUNTIME_FIELDS, resume_conflicts, saved_objective
+        from .train.config import RUNTIME_FIELDS, resume_conflicts, saved_field
 
-        saved = saved_objective(args.resume)
+        saved = saved_field(args.resume, "objective")
         if saved is not None and (saved == "classify") != (args.verb == "train"):
             kind, verb = ("classification", "train") if saved == "classify" else (f"{saved} pre-training", "pretrain")
             raise ValueError(f"{args.resume} is a {kind} run: resume it with vitkit {verb} --resume")

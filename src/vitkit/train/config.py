@@ -871,10 +871,11 @@ def _naming(file: Optional[str], fields: set):
 RUNTIME_FIELDS = ("threads", "cpu_parallel", "workers", "progress", "tensorboard", "test_tta")
 
 
-def saved_objective(run_dir: str) -> Optional[str]:
-    """What a run folder's saved configuration learns (None: not a run folder)."""
+def saved_field(run_dir: str, name: str) -> Any:
+    """One field of a run folder's saved configuration, its default where the file predates the
+    field (None: not a run folder), e.g. what it learns (``objective``)."""
     values = _saved_values(run_dir)
-    return None if values is None else values.get("objective", "classify")
+    return None if values is None else values.get(name, getattr(TrainConfig(), name))
 
 
 #: Fields renamed since runs were first saved: a run folder's older ``config.json`` still resumes.
@@ -911,7 +912,7 @@ def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[
     defaults = TrainConfig()
     if asked is None:
         asked = [k for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)]
-    values.update({k: getattr(current, k) for k in RUNTIME_FIELDS if k in set(asked)})
+    values.update({k: getattr(current, k) for k in set(RUNTIME_FIELDS) & set(asked)})
     unknown = sorted(set(values) - set(field_kinds()))
     if unknown:
         raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")

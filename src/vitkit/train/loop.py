@@ -38,7 +38,7 @@ from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
-from .config import TrainConfig, resumed_config
+from .config import TrainConfig, resumed_config, saved_field
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
@@ -339,8 +339,7 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     summary = json.loads((run_dir / "summary.json").read_text())
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; to train longer, start a new run with --init {run_dir})")
-    saved = json.loads((run_dir / "config.json").read_text()).get("test_tta", "none")
-    if tta not in ("none", saved):  # its summary holds no score with these views
+    if tta not in ("none", saved_field(str(run_dir), "test_tta")):  # its summary holds no score with these views
         log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
     return summary
 
