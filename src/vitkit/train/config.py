@@ -461,8 +461,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # 60 of this: 93.7%, EMA 93.8%; 100 of this: 94.4-94.8% (seeds 0-2); 200 of this: 94.7%, not
     # worth twice the time by default; README: Training). The summary adds the test score with
     # flip-shift TTA, the 10 views its crop and flip train on (chosen on the 200-epoch run's
-    # validation images: 95.66% against 94.96% without; 100 epochs, seeds 1-2: 95.13% and
-    # 95.00%, EMA, fp32).
+    # validation images: 95.66% against 94.96% without; 100 epochs, seeds 0-2: 95.10%, 95.13%
+    # and 95.00%, EMA, fp32).
     "fmnist-long": {"epochs": 100.0, "model_args": {"depth": 4}, "crop_pad": 2, "hflip": True,
                     "random_erasing": 0.25, "ema_decay": 0.9995, "test_tta": "flip-shift"},
     # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
