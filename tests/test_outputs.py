@@ -187,6 +187,14 @@ def test_a_run_with_test_tta_reports_what_vitkit_eval_says_with_those_views(tmp_
         assert main(["eval", "--weights", str(weights), "--tta", "flip-shift", "--max-images",
                      str(summary["test_images"]), "--json", "--no-progress"]) == 0
         assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(summary[key], abs=1e-9)
+    # resumed once finished with other views: its score keeps the label of those it was scored with,
+    # a summary from before the field (no test_tta) too
+    for written in (summary, {k: v for k, v in summary.items() if k != "test_tta"}):
+        (run / "summary.json").write_text(json.dumps(written))
+        assert main(["train", "--resume", str(run), "--test-tta", "flip"]) == 0
+        said = capsys.readouterr()
+        assert f"; flip-shift TTA {100 * summary['test_top1_tta']:.2f}%)" in said.out and "; flip TTA" not in said.out
+        assert said.err.splitlines()[-1] == f"its test score with flip TTA: vitkit eval --weights {run} --tta flip"
     assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--test-tta", "mirror"]) == 2
     err = capsys.readouterr().err
     assert "test_tta" in err and "flip-shift" in err and "Traceback" not in err

@@ -437,8 +437,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(f"\nrun      {summary['run_dir']}")
     print(f"model    {summary['model']} ({_fmt_int(summary['params'])} parameters, {summary['precision']})")
-    def tta(key: str) -> str:  # the test score with --test-tta, when the run has one
-        return f"; {cfg.test_tta} TTA {100 * summary[key]:.2f}%" if key in summary else ""
+    def tta(key: str) -> str:  # the test score with the views it was scored with, when the run has one
+        return f"; {summary['test_tta']} TTA {100 * summary[key]:.2f}%" if key in summary else ""
 
     print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%"
           f"{tta('test_top1_tta')})")

@@ -335,11 +335,16 @@ def _finished(run_dir: Path) -> bool:
 def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, Any]:
     """``--resume`` of a run that has finished: its summary as it was written, with nothing run
     again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings); a
-    test-time augmentation asked for says which command scores it."""
+    test-time augmentation asked for says which command scores it. A summary written before it
+    named its views (``test_tta``) gets the run's saved ones, so its TTA score is never labelled
+    with the views asked for now."""
     summary = json.loads((run_dir / "summary.json").read_text())
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; to train longer, start a new run with --init {run_dir})")
-    if tta not in ("none", saved_field(str(run_dir), "test_tta")):  # its summary holds no score with these views
+    scored = saved_field(str(run_dir), "test_tta")
+    if "test_top1_tta" in summary:
+        summary.setdefault("test_tta", scored)
+    if tta not in ("none", scored):  # its summary holds no score with these views
         log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
     return summary
 
