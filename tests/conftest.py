@@ -21,7 +21,7 @@ def randomize(model: nn.Module, seed: int = 0, scale: float = 0.1) -> nn.Module:
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             noise = torch.randn(p.shape, generator=g) * scale
-            if isinstance(module, nn.LayerNorm) and name == "weight":
+            if (isinstance(module, nn.LayerNorm) or "Norm" in type(module).__name__) and name == "weight":
                 noise += 1.0
             p.copy_(noise)
     return model.eval()

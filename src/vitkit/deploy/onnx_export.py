@@ -135,43 +135,65 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
 
 
 class SeparateQKV(nn.Module):
-    """The export form of :class:`~vitkit.models.layers.Attention`: the same function with q, k
-    and v as three projections whose weights are views of the fused ``qkv``'s rows (no copy),
-    scores ``(q @ k^T) / sqrt(head_dim)`` (see the module docstring for why)."""
+    """The export form of :class:`~vitkit.models.layers.Attention` (and of its q/v-bias and split-projection
+    kinds): the same function with q, k and v as three projections whose weights are views of the fused
+    ``qkv``'s rows (no copy), scores ``(q @ k^T) / sqrt(head_dim)`` (see the module docstring for why);
+    q/k norms, rotary positions and the inner norm as the layer has them."""
 
     def __init__(self, attn: nn.Module):
         super().__init__()
-        dim = attn.qkv.in_features
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
         self.root = float(attn.head_dim) ** 0.5
-        bias = attn.qkv.bias
-        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=bias is not None) for _ in range(3))
-        for i, linear in enumerate((self.q, self.k, self.v)):
-            linear.weight = nn.Parameter(attn.qkv.weight.detach()[i * dim:(i + 1) * dim], requires_grad=False)
-            if bias is not None:
-                linear.bias = nn.Parameter(bias.detach()[i * dim:(i + 1) * dim], requires_grad=False)
+        if getattr(attn, "qkv", None) is None:  # split projections: taken as they are
+            self.q, self.k, self.v = attn.q_proj, attn.k_proj, attn.v_proj
+        else:
+            dim = attn.qkv.in_features
+            bias = attn.qkv.bias
+            if getattr(attn, "q_bias", None) is not None:  # BEiT / EVA: q and v biases, none for k
+                bias = torch.cat([attn.q_bias.detach(), torch.zeros_like(attn.q_bias), attn.v_bias.detach()])
+            self.q, self.k, self.v = (nn.Linear(dim, dim, bias=bias is not None) for _ in range(3))
+            for i, linear in enumerate((self.q, self.k, self.v)):
+                linear.weight = nn.Parameter(attn.qkv.weight.detach()[i * dim:(i + 1) * dim], requires_grad=False)
+                if bias is not None:
+                    linear.bias = nn.Parameter(bias.detach()[i * dim:(i + 1) * dim], requires_grad=False)
+        self.q_norm, self.k_norm, self.norm = attn.q_norm, attn.k_norm, attn.norm
         self.proj = attn.proj
-        self.rel_pos = attn.rel_pos  # the model asks the layer for its relative bias (relative positions)
+        # the model asks the layer for its relative bias (relative positions); BEiT's layer holds its own table
+        self.rel_pos = attn.rel_pos if attn.rel_pos is not None or not hasattr(attn, "relative_bias") else attn
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None,
+                rope=None):
+        from ..models.layers import apply_rope
+
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).permute(0, 2, 3, 1)
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is None and rope is None:  # (B, heads, d, N) straight from the projection: BERT's graph
+            k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).permute(0, 2, 3, 1)
+        else:
+            k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = apply_rope(q, rope), apply_rope(k, rope)
+            k = k.transpose(-2, -1)
         scores = (q @ k) / self.root
         weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
-        return self.proj((weights @ v).transpose(1, 2).reshape(b, n, c)), None
+        x = (weights @ v).transpose(1, 2).reshape(b, n, c)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.proj(x), None
 
 
 @contextlib.contextmanager
 def separate_qkv(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` with every plain self-attention layer swapped for :class:`SeparateQKV` while
-    the block runs, the originals put back after (on an error too). Other attention kinds
-    (ConViT's gated, CaiT's talking-heads and class attention) are exported as they are."""
+    """``model`` with every self-attention layer (:class:`~vitkit.models.layers.Attention` and its kinds)
+    swapped for :class:`SeparateQKV` while the block runs, the originals put back after (on an error too).
+    Other attention kinds (ConViT's gated, CaiT's talking-heads and class attention) are exported as they are."""
     from ..models.layers import Attention
 
     swapped = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if type(child) is Attention]
+               for name, child in parent.named_children() if isinstance(child, Attention)]
     try:
         for parent, name, child in swapped:
             setattr(parent, name, SeparateQKV(child))

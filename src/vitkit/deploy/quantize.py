@@ -7,7 +7,12 @@
 - ``int8-static``: ``quantize_static`` in the QDQ format, per-channel int8 weights, with
   activation ranges measured on calibration images (MinMax over a few hundred training
   images); only MatMul/Gemm/Conv are quantized: LayerNorm, softmax and GELU stay float,
-  where int8 costs a transformer the most accuracy for the least time.
+  where int8 costs a transformer the most accuracy for the least time. Weights use 7 bits
+  (``reduce_range``): on CPUs without VNNI (AVX2 only: Zen 3, most laptops) ONNX Runtime's
+  int8 products go through VPMADDUBSW, whose 16-bit sums saturate on full-range weights; on a
+  Zen 3 EPYC the default model's int8-static predictions agreed with fp32 on 88.4% of 1,000
+  test images at 8 bits and on over 90% at 7. The file may run on any CPU, so it is always
+  written this way.
 
 Both first run ORT's ``quant_pre_process`` (shape inference and graph clean-up), as its
 documentation asks. Accuracy of each on a trained model is measured in
@@ -59,7 +64,8 @@ def _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, 
     q.quantize_static(str(pre), str(dst), _Calibration(calibration, config, batch_size),
                       quant_format=q.QuantFormat.QDQ, per_channel=True, op_types_to_quantize=_STATIC_OPS,
                       activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-                      calibrate_method=q.CalibrationMethod.MinMax, extra_options={"ActivationSymmetric": True})
+                      calibrate_method=q.CalibrationMethod.MinMax, extra_options={"ActivationSymmetric": True},
+                      reduce_range=True)
 
 
 class _Calibration:

@@ -4,10 +4,12 @@ Importing this package registers every family (each file registers its own, see
 :mod:`.registry`): ViT (with DeiT and the hybrids), the ResNetV2 classifier, CaiT, ConViT.
 """
 
+from . import vit_names  # noqa: F401,E402  (timm's names of the later ViTs)
 from .base import TokenModel
 from .cait import CaiT, CaiTConfig
 from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
+from .eva import Eva, EvaConfig  # noqa: E402
 from .hybrid import HybridEmbed
 from .layers import (
     Attention,
@@ -40,7 +42,7 @@ from .resnetv2 import ResNetV2, ResNetV2Config
 from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
-    "ConViT", "ConViTConfig",
+    "ConViT", "ConViTConfig", "Eva", "EvaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import positions
-from .config_base import GLOBAL_POOLS, TokenConfig
+from .config_base import TokenConfig
 from .layers import IntPair, Linear, intermediates_plan, patch_tokens_as, to_2tuple
 from .serialize import SaveMixin
 
@@ -47,6 +47,10 @@ class TokenModel(SaveMixin, nn.Module):
         self.dynamic_img_size = self.config.dynamic_img_size
         self.grad_checkpointing = False
         self.pos_drop: Optional[nn.Module] = None
+        #: a norm of the first layer's tokens (CLIP's ``ln_pre``), when the family has one
+        self.norm_pre: Optional[nn.Module] = None
+        #: rotary position embeddings of the patch tokens (:mod:`.positions`), when the family has them
+        self.rope: Optional[nn.Module] = None
 
     # ------------------------------------------------------------------ heads
 
@@ -69,8 +73,9 @@ class TokenModel(SaveMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """Replace the heads by zero-initialised linear layers (0 classes: the model returns features)."""
         if global_pool is not None and global_pool != self.global_pool:
-            if global_pool not in GLOBAL_POOLS:
-                raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+            pools = tuple(p for p in type(self.config).POOLS if p != "map")  # an attention pool is built, not chosen
+            if global_pool not in pools:
+                raise ValueError(f"global_pool must be one of {pools}, got {global_pool!r}")
             if global_pool == "token" and self.cls_token is None:
                 raise ValueError("global_pool='token' needs a class token")
             self.global_pool = global_pool
@@ -92,7 +97,7 @@ class TokenModel(SaveMixin, nn.Module):
     def no_weight_decay(self) -> set:
         """Parameters the papers' recipes exempt from weight decay."""
         return {n for n, _ in self.named_parameters()
-                if n in self.NO_WEIGHT_DECAY or n.endswith(positions.RELATIVE_TABLE)}
+                if n in self.NO_WEIGHT_DECAY or n.endswith(positions.RELATIVE_LEAF)}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = bool(enable)
@@ -126,7 +131,9 @@ class TokenModel(SaveMixin, nn.Module):
     def embed_tokens(self, x: torch.Tensor, grid: IntPair) -> torch.Tensor:
         """Patch embeddings (B, gh*gw, D) -> the first layer's tokens: prefix + patches, with positions."""
         x = positions.add(self, x, grid, self.prefix_tokens(x.shape[0]))
-        return x if self.pos_drop is None else self.pos_drop(x)
+        if self.pos_drop is not None:
+            x = self.pos_drop(x)
+        return x if self.norm_pre is None else self.norm_pre(x)
 
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, IntPair]:
         """Images -> the first layer's tokens (prefix + patches, with positions), and the patch grid."""
@@ -141,6 +148,9 @@ class TokenModel(SaveMixin, nn.Module):
     def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
         """Layer ``i`` (``blk``) on the tokens -> (tokens, attention weights or None)."""
         bias = positions.attention_bias(self, blk, grid)  # relative positions: the layer's own bias
+        rope = positions.rotary(self, i, grid)  # rotary positions: the patches' rotations in this layer
+        if rope is not None:
+            return self._checkpointed(blk, x, return_attention, bias, rope)
         if bias is None:
             return self._checkpointed(blk, x, return_attention)
         return self._checkpointed(blk, x, return_attention, bias)

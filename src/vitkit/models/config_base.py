@@ -142,6 +142,8 @@ class TokenConfig(ImageConfig):
     KIND: ClassVar[str] = "token model"
     #: dropout-rate fields, each checked to lie in [0, 1)
     RATES: ClassVar[Tuple[str, ...]] = ("drop_rate", "attn_drop_rate", "drop_path_rate")
+    #: the readouts the family has (``global_pool``'s values)
+    POOLS: ClassVar[Tuple[str, ...]] = GLOBAL_POOLS
 
     patch_size: Tuple[int, int] = (16, 16)
     embed_dim: int = 768
@@ -181,8 +183,8 @@ class TokenConfig(ImageConfig):
             problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not _is_int(self.num_classes) or self.num_classes < 0:
             problems.append(f"num_classes must be an integer >= 0, got {self.num_classes!r}")
-        if self.global_pool not in GLOBAL_POOLS:
-            problems.append(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.global_pool not in self.POOLS:
+            problems.append(f"global_pool must be one of {self.POOLS}, got {self.global_pool!r}")
         if self.attn_impl not in ATTN_IMPLS:
             problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.pos_embed_interpolation not in INTERPOLATIONS:

@@ -12,13 +12,15 @@ import contextlib
 import math
 import operator
 import warnings
-from typing import Iterator, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 IntPair = Tuple[int, int]
+#: width -> a normalisation layer of that width (a family's norm kind and eps, bound once)
+NormFactory = Callable[[int], nn.Module]
 
 
 def to_2tuple(value: Union[int, Sequence[int]]) -> IntPair:
@@ -103,18 +105,25 @@ class PatchEmbed(PatchGrid, nn.Module):
     """
 
     def __init__(self, img_size: IntPair, patch_size: IntPair, in_chans: int, embed_dim: int,
-                 bias: bool = True):
+                 bias: bool = True, norm: Optional["NormFactory"] = None, crop_remainder: bool = False):
         super().__init__()
+        #: pixels past the last whole patch are left out (timm's and Hugging Face's strided convolution
+        #: does so: SigLIP so400m/14 at 384 px reads 378 px of them); otherwise they are an error
+        self.crop_remainder = bool(crop_remainder)
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
         self.embed_dim = embed_dim
         self.set_img_size(img_size)
         self.proj = nn.Conv2d(in_chans, embed_dim, self.patch_size, stride=self.patch_size,
                               bias=bias)
+        #: a norm of each token after the projection (AIMv2's RMSNorm; timm's ``embed_norm_layer``)
+        self.norm = norm(embed_dim) if norm is not None else None
 
     def grid_for(self, img_size: IntPair) -> IntPair:
         h, w = img_size
         ph, pw = self.patch_size
+        if self.crop_remainder and h >= ph and w >= pw:
+            return (h // ph, w // pw)
         if h % ph or w % pw:
             raise ValueError(
                 f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; "
@@ -123,8 +132,8 @@ class PatchEmbed(PatchGrid, nn.Module):
 
     def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
         self.check_images(x, strict)
-        x = self.proj(x)
-        return x.permute(0, 2, 3, 1)  # (B, gh, gw, D)
+        x = self.proj(x).permute(0, 2, 3, 1)  # (B, gh, gw, D)
+        return x if self.norm is None else self.norm(x)
 
 
 # ----------------------------------------------------------------------------- positions
@@ -299,25 +308,25 @@ def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefi
     return torch.cat([resized, extra]).contiguous()
 
 
-class RelativePositionBias(nn.Module):
-    """Learned relative position bias (Swin, BEiT; timm's ``RelPosBias``): one scalar per head for
-    each 2D offset between a query and a key patch, added to the attention logits before the
-    softmax. Parameter ``relative_position_bias_table`` ((2 gh - 1)(2 gw - 1) + 3 prefix, heads),
-    timm's name and layout; the index is a non-persistent buffer.
+class RelativeBiasTable:
+    """A learned relative position bias (Swin, BEiT; timm's ``RelPosBias``): one scalar per head for each
+    2D offset between a query and a key patch, added to the attention logits before the softmax.
+    Parameter ``relative_position_bias_table`` ((2 gh - 1)(2 gw - 1) + 3 prefix, heads), timm's name and
+    layout; the index is a non-persistent buffer. A mixin of the module that holds the table (its own
+    :class:`RelativePositionBias`, or BEiT's attention layer, which holds it itself).
 
-    ``forward(grid)`` -> the (1, heads, N, N) bias of a grid (another grid than the native one is
+    ``relative_bias(grid)`` -> the (1, heads, N, N) bias of a grid (another grid than the native one is
     resized on the fly by :func:`resize_relative_table`).
     """
 
-    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0):
-        super().__init__()
+    def init_relative(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0) -> None:
         self.grid, self.prefix_tokens = tuple(grid), int(prefix_tokens)
         rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * self.prefix_tokens
         self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, num_heads))
         self.register_buffer("relative_position_index", relative_position_index(self.grid, self.prefix_tokens),
                              persistent=False)
 
-    def forward(self, grid: IntPair) -> torch.Tensor:
+    def relative_bias(self, grid: IntPair) -> torch.Tensor:
         table, index = self.relative_position_bias_table, self.relative_position_index
         if tuple(grid) != self.grid:
             table = resize_relative_table(table, self.grid, grid, self.prefix_tokens)
@@ -326,7 +335,7 @@ class RelativePositionBias(nn.Module):
         return table[index.view(-1)].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
     @torch.no_grad()
-    def set_grid(self, grid: IntPair) -> None:
+    def set_relative_grid(self, grid: IntPair) -> None:
         """Make ``grid`` the native one: the table resized in place, the index rebuilt."""
         grid = tuple(grid)
         if grid == self.grid:
@@ -336,6 +345,21 @@ class RelativePositionBias(nn.Module):
                                                          .requires_grad)
         self.relative_position_index = relative_position_index(grid, self.prefix_tokens).to(table.device)
         self.grid = grid
+
+
+class RelativePositionBias(RelativeBiasTable, nn.Module):
+    """A block's relative position bias as a module of its own (``attn.rel_pos``, timm's ``RelPosBias``
+    names): see :class:`RelativeBiasTable`. ``forward(grid)`` -> the (1, heads, N, N) bias."""
+
+    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0):
+        super().__init__()
+        self.init_relative(grid, num_heads, prefix_tokens)
+
+    def forward(self, grid: IntPair) -> torch.Tensor:
+        return self.relative_bias(grid)
+
+    def set_grid(self, grid: IntPair) -> None:
+        self.set_relative_grid(grid)
 
     def extra_repr(self) -> str:
         return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
@@ -494,6 +518,88 @@ def compile_for_inference(model: nn.Module) -> nn.Module:
     return torch.compile(model, dynamic=False, options={"freezing": True})
 
 
+# ----------------------------------------------------------------------------- norms and activations
+
+#: normalisation kinds (``TokenConfig.norm``): LayerNorm, or RMSNorm (no centring, no bias: AIMv2, Sapiens)
+NORMS = ("layernorm", "rmsnorm")
+#: the MLP activation (``gelu`` field): exact GELU (timm, HF), its tanh approximation (the official JAX
+#: code, SigLIP), or CLIP's QuickGELU x * sigmoid(1.702 x) (OpenAI's CLIP weights were trained with it)
+GELUS = ("exact", "tanh", "quick")
+
+
+class RmsNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension; ``weight`` as timm's RmsNorm names it."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def norm_factory(kind: str = "layernorm", eps: float = 1e-6) -> NormFactory:
+    """The family's normalisation as a factory of widths (what blocks, heads and poolings are given)."""
+    if kind not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+    if kind == "rmsnorm":
+        return lambda dim: RmsNorm(dim, eps)
+    return lambda dim: nn.LayerNorm(dim, eps=eps)
+
+
+class QuickGELU(nn.Module):
+    """CLIP's GELU approximation x * sigmoid(1.702 x) (OpenAI's weights need it; open_clip's ``QuickGELU``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def gelu_layer(kind: str) -> nn.Module:
+    """The MLP activation of a ``gelu`` kind (see :data:`GELUS`)."""
+    if kind not in GELUS:
+        raise ValueError(f"gelu must be one of {GELUS}, got {kind!r}")
+    return QuickGELU() if kind == "quick" else nn.GELU(approximate="none" if kind == "exact" else "tanh")
+
+
+# ----------------------------------------------------------------------------- rotary positions
+
+
+class Rope(NamedTuple):
+    """A rotary position embedding of the patch tokens: ``sin`` and ``cos`` broadcast against the heads'
+    queries and keys (..., patches, head_dim), and the rotation layout: ``half`` rotates the two halves
+    of a head ((a, b) -> (-b, a): DINOv3, Hugging Face), otherwise neighbouring pairs (EVA-02, timm's
+    default). Built by :mod:`vitkit.models.positions`; the prefix tokens before the patches are not rotated.
+    """
+
+    sin: torch.Tensor
+    cos: torch.Tensor
+    half: bool = False
+
+
+def rotate_pairs(x: torch.Tensor, half: bool) -> torch.Tensor:
+    """The 90-degree rotation RoPE pairs with the sine: (x0, x1) -> (-x1, x0) within each pair."""
+    if half:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([-b, a], dim=-1)
+    return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate the patch tokens of queries or keys ``x`` (B, heads, N, head_dim) by their positions; the
+    first ``N - patches`` (prefix) tokens are left as they are. Computed in the rope's precision (float32)
+    and cast back, as timm does."""
+    skip = x.shape[-2] - rope.sin.shape[-2]
+    if skip < 0:
+        raise ValueError(f"a rotary embedding of {rope.sin.shape[-2]} positions for {x.shape[-2]} tokens")
+    patches = x[..., skip:, :] if skip else x
+    rotated = (patches * rope.cos + rotate_pairs(patches, rope.half) * rope.sin).to(x.dtype)
+    return torch.cat([x[..., :skip, :], rotated], dim=-2) if skip else rotated
+
+
 # ----------------------------------------------------------------------------- attention
 
 
@@ -506,10 +612,17 @@ class Attention(nn.Module):
     The default path is ``F.scaled_dot_product_attention`` (fused kernels). When the caller
     needs the attention weights, ``forward(x, return_attention=True)`` runs the explicit
     softmax(q k^T / sqrt(d)) v path and returns them; both paths compute the same function.
+
+    Options of the later ViTs, each a module with timm's name: ``qk_norm`` (a norm of each head's
+    queries and keys, ``q_norm`` / ``k_norm``: ViT-22B, Sapiens), ``inner_norm`` (a norm of the heads'
+    concatenated output before the projection, ``norm``: EVA-02 CLIP's and BEiT-3's sub-LN),
+    ``proj_bias`` (AIMv2 has none). A rotary embedding (:class:`Rope`) rotates queries and keys after
+    their norms. Subclasses change only how q, k, v are projected (:meth:`project`).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, impl: str = "auto"):
+                 proj_drop: float = 0.0, impl: str = "auto", qk_norm: Optional[NormFactory] = None,
+                 inner_norm: Optional[NormFactory] = None, proj_bias: bool = True):
         super().__init__()
         if impl not in ATTN_IMPLS:
             raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
@@ -519,18 +632,38 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
-        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.build_projections(dim, qkv_bias)
+        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else None
+        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else None
         self.attn_drop = float(attn_drop)
-        self.proj = Linear(dim, dim)
+        self.norm = inner_norm(dim) if inner_norm is not None else None
+        self.proj = Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
         #: a relative position bias (:class:`RelativePositionBias`), attached by the model for that kind
         self.rel_pos: Optional[nn.Module] = None
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None):
-        """``bias``: (1, heads, N, N) added to the logits before the softmax (relative positions)."""
-        B, N, C = x.shape
+    def build_projections(self, dim: int, qkv_bias: bool) -> None:
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens (B, N, D) -> q, k, v, each (B, heads, N, head_dim)."""
+        B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        return qkv.unbind(0)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None,
+                rope: Optional[Rope] = None):
+        """``bias``: (1, heads, N, N) added to the logits before the softmax (relative positions);
+        ``rope``: the patch tokens' rotary embedding."""
+        B, N, C = x.shape
+        q, k, v = self.project(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope).type_as(v), apply_rope(k, rope).type_as(v)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         attn = None
         if return_attention or self._explicit(x):
             attn = (q * self.scale) @ k.transpose(-2, -1)
@@ -543,13 +676,66 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
                 dropout_p=self.attn_drop if self.training else 0.0)
-        x = self.proj(x.transpose(1, 2).reshape(B, N, C))
+        x = x.transpose(1, 2).reshape(B, N, C)
+        if self.norm is not None:
+            x = self.norm(x)
+        x = self.proj(x)
         if self.proj_drop is not None:
             x = self.proj_drop(x)
         return x, attn if return_attention else None
 
     def _explicit(self, x: torch.Tensor) -> bool:
-        return explicit_attention(self.impl, x, self.qkv.weight)
+        return explicit_attention(self.impl, x, self.proj.weight)
+
+
+class QVBiasAttention(Attention):
+    """Attention whose fused ``qkv`` projection has no bias of its own but learned q and v biases
+    (``q_bias``, ``v_bias``) and none for k, which would cancel in the softmax: BEiT's and EVA's layout
+    (timm's names)."""
+
+    def build_projections(self, dim: int, qkv_bias: bool) -> None:
+        self.qkv = Linear(dim, dim * 3, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
+        self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.q_bias is None:
+            return super().project(x)
+        B, N, _ = x.shape
+        bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+        qkv = F.linear(x, self.qkv.weight, bias).reshape(B, N, 3, self.num_heads, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+class RelativeQVBiasAttention(RelativeBiasTable, QVBiasAttention):
+    """BEiT's attention (timm's ``Beit`` names): q/v biases, and its own relative position bias table
+    (``relative_position_bias_table`` on the layer, not in a submodule); made by the 'relative' position
+    kind of a model whose attention layers hold their tables."""
+
+
+class SplitAttention(Attention):
+    """Attention with separate ``q_proj``, ``k_proj``, ``v_proj`` projections (EVA-02's unfused layout,
+    timm's names); ``k_bias`` False leaves k without a bias, as EVA does. ``kv_heads`` fewer than the
+    heads: grouped-query attention (Sapiens), each key/value head shared by heads / kv_heads query heads."""
+
+    def __init__(self, *args, k_bias: bool = True, kv_heads: Optional[int] = None, **kwargs):
+        self._k_bias, self._kv_heads = k_bias, kv_heads
+        super().__init__(*args, **kwargs)
+
+    def build_projections(self, dim: int, qkv_bias: bool) -> None:
+        self.kv_heads = self._kv_heads or self.num_heads
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"{self.num_heads} heads cannot share {self.kv_heads} key/value heads")
+        kv = self.kv_heads * self.head_dim
+        self.q_proj = Linear(dim, dim, bias=qkv_bias)
+        self.k_proj = Linear(dim, kv, bias=qkv_bias and self._k_bias)
+        self.v_proj = Linear(dim, kv, bias=qkv_bias)
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, N, _ = x.shape
+        q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = (p(x).reshape(B, N, self.kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        return q, k, v
 
 
 def explicit_attention(impl: str, x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -564,28 +750,83 @@ def explicit_attention(impl: str, x: torch.Tensor, weight: torch.Tensor) -> bool
             and (x.requires_grad or weight.requires_grad))
 
 
-# ----------------------------------------------------------------------------- MLP + block
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling (MAP; SigLIP's head, timm's ``AttentionPoolLatent``): one learned
+    query (``latent``) attends over the tokens (keys and values from ``kv``), then a projection and a
+    residual MLP on the normalised result. Tokens (B, N, D) -> (B, D)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, norm: NormFactory, gelu: str = "exact"):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"attention pooling: width {dim} is not divisible by {num_heads} heads")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = Linear(dim, dim)
+        self.kv = Linear(dim, dim * 2)
+        self.proj = Linear(dim, dim)
+        self.norm = norm(dim)
+        self.mlp = Mlp(dim, mlp_dim, gelu)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        B, N, C = x.shape
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = None
+        if return_attention:
+            attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+            y = attn @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        y = self.proj(y.transpose(1, 2).reshape(B, 1, C))
+        y = y + self.mlp(self.norm(y))
+        y = y[:, 0]
+        return (y, attn) if return_attention else y
+
+
+@torch.no_grad()
+def init_attention_pool_(pool: AttentionPool) -> None:
+    """big_vision's MAPHead initialisation: Xavier-uniform probe (``latent``) and kernels (q, k, v each as
+    its own D x D kernel), zero attention biases, the MLP as a block's (N(0, 1e-6) biases)."""
+    D = pool.latent.shape[-1]
+    xavier_uniform_fan(pool.latent, 1, D)
+    for lin in (pool.q, pool.kv, pool.proj):
+        for part in lin.weight.split(D, dim=0):
+            xavier_uniform_fan(part, D, D)
+        nn.init.zeros_(lin.bias)
+    for fc in (pool.mlp.fc1, pool.mlp.fc2):
+        xavier_uniform_fan(fc.weight, fc.in_features, fc.out_features)
+        nn.init.normal_(fc.bias, std=1e-6)
+
+
+# ----------------------------------------------------------------------------- MLPs + blocks
+
+#: MLP kinds (``mlp`` field): Linear -> GELU -> Linear; SwiGLU with two input projections (``fc1_g``,
+#: ``fc1_x``: EVA-02, AIMv2); SwiGLU with one packed projection (``fc1`` rows [gate | value]: DINOv2-g,
+#: EVA-02 Ti/S)
+MLPS = ("mlp", "swiglu", "swiglu_packed")
 
 
 class Mlp(nn.Module):
     """The transformer MLP: Linear -> GELU -> Linear (dropout after each when asked). Hooks on
     ``fc1`` see its output and hooks on ``act`` fire, as in timm (in place only inside
-    :func:`fast_inference`, and only while nothing watches)."""
+    :func:`fast_inference`, and only while nothing watches). ``norm``: a norm of the hidden
+    activations before ``fc2`` (EVA-02's and BEiT-3's sub-LN, timm's ``mlp.norm``)."""
 
-    def __init__(self, dim: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
+    def __init__(self, dim: int, hidden: int, gelu: str = "exact", drop: float = 0.0, bias: bool = True,
+                 norm: Optional[NormFactory] = None):
         super().__init__()
-        if gelu not in ("exact", "tanh"):
-            raise ValueError(f"gelu must be 'exact' or 'tanh', got {gelu!r}")
-        self.fc1 = Linear(dim, hidden)
-        self.act = nn.GELU(approximate="none" if gelu == "exact" else "tanh")
-        self.fc2 = Linear(hidden, dim)
+        self.fc1 = Linear(dim, hidden, bias=bias)
+        self.act = gelu_layer(gelu)
+        self.norm = norm(hidden) if norm is not None else None
+        self.fc2 = Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(drop) if drop > 0 else None
 
     gelu_in_place = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc1(x)
-        if self.gelu_in_place and not (x.requires_grad and torch.is_grad_enabled()) and not self._watched():
+        if self.gelu_in_place and isinstance(self.act, nn.GELU) \
+                and not (x.requires_grad and torch.is_grad_enabled()) and not self._watched():
             # fast_inference: GELU in place on the 4x-wide hidden tensor saves one allocation
             # and one pass over the largest activation of the block.
             x = torch.ops.aten.gelu_(x, approximate=self.act.approximate)
@@ -593,6 +834,8 @@ class Mlp(nn.Module):
             x = self.act(x)
         if self.drop is not None:
             x = self.drop(x)
+        if self.norm is not None:
+            x = self.norm(x)
         x = self.fc2(x)
         if self.drop is not None:
             x = self.drop(x)
@@ -604,46 +847,146 @@ class Mlp(nn.Module):
                     or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
 
 
+class SwiGLU(nn.Module):
+    """SiLU(x W_g) * (x W_x), then ``fc2`` (Shazeer 2020's SwiGLU): ``hidden`` is the width of the gated
+    product. ``packed``: one ``fc1`` whose rows are [gate | value] (timm's ``SwiGLUPacked``); otherwise
+    ``fc1_g`` and ``fc1_x`` (timm's ``SwiGLU``). ``norm`` as in :class:`Mlp`."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0, bias: bool = True,
+                 norm: Optional[NormFactory] = None, packed: bool = False):
+        super().__init__()
+        self.packed = packed
+        if packed:
+            self.fc1 = Linear(dim, 2 * hidden, bias=bias)
+        else:
+            self.fc1_g = Linear(dim, hidden, bias=bias)
+            self.fc1_x = Linear(dim, hidden, bias=bias)
+        self.act = nn.SiLU()
+        self.norm = norm(hidden) if norm is not None else None
+        self.fc2 = Linear(hidden, dim, bias=bias)
+        self.drop = nn.Dropout(drop) if drop > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            gate, x = self.fc1(x).chunk(2, dim=-1)
+        else:
+            gate, x = self.fc1_g(x), self.fc1_x(x)
+        x = self.act(gate) * x
+        if self.drop is not None:
+            x = self.drop(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        x = self.fc2(x)
+        if self.drop is not None:
+            x = self.drop(x)
+        return x
+
+
+def make_mlp(kind: str, dim: int, hidden: int, gelu: str = "exact", drop: float = 0.0, bias: bool = True,
+             norm: Optional[NormFactory] = None) -> nn.Module:
+    """The MLP of a kind (:data:`MLPS`); ``hidden``: the width ``fc2`` reads."""
+    if kind == "mlp":
+        return Mlp(dim, hidden, gelu, drop, bias, norm)
+    if kind in ("swiglu", "swiglu_packed"):
+        return SwiGLU(dim, hidden, drop, bias, norm, packed=kind == "swiglu_packed")
+    raise ValueError(f"mlp must be one of {MLPS}, got {kind!r}")
+
+
 @torch.no_grad()
 def init_block_(blk: "Block") -> None:
     """The official vit_jax initialisation of one block: Xavier-uniform kernels (q, k and v each
     as its own D x D kernel, as the official code keeps them), zero attention biases, N(0, 1e-6)
-    MLP biases. (The ViT's blocks and MAE's decoder blocks both use it.)"""
+    MLP biases. (The ViT's blocks and MAE's decoder blocks both use it.) Other projection
+    layouts (separate q/k/v, SwiGLU's two inputs) get the same rule per D x D or D x hidden kernel."""
     D = blk.attn.proj.in_features
-    for part in blk.attn.qkv.weight.split(D, dim=0):
-        xavier_uniform_fan(part, D, D)
-    if blk.attn.qkv.bias is not None:
-        nn.init.zeros_(blk.attn.qkv.bias)
+    for name, module in blk.attn.named_children():
+        if name in ("qkv", "q_proj", "k_proj", "v_proj"):
+            for part in module.weight.split(D, dim=0):
+                xavier_uniform_fan(part, D, D)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for name in ("q_bias", "v_bias"):
+        if getattr(blk.attn, name, None) is not None:
+            nn.init.zeros_(getattr(blk.attn, name))
     xavier_uniform_fan(blk.attn.proj.weight, D, D)
-    nn.init.zeros_(blk.attn.proj.bias)
-    for fc in (blk.mlp.fc1, blk.mlp.fc2):
-        xavier_uniform_fan(fc.weight, fc.in_features, fc.out_features)
-        nn.init.normal_(fc.bias, std=1e-6)
+    if blk.attn.proj.bias is not None:
+        nn.init.zeros_(blk.attn.proj.bias)
+    for name in ("fc1", "fc1_g", "fc1_x", "fc2"):
+        fc = getattr(blk.mlp, name, None)
+        if fc is None:
+            continue
+        parts = fc.weight.split(fc.out_features // 2) if name == "fc1" and getattr(blk.mlp, "packed", False) \
+            else (fc.weight,)
+        for part in parts:
+            xavier_uniform_fan(part, fc.in_features, part.shape[0])
+        if fc.bias is not None:
+            nn.init.normal_(fc.bias, std=1e-6)
+
+
+#: block kinds (``block`` field): pre-norm (the paper's), or residual post-norm (timm's ``rpn`` models,
+#: Swin v2's: x + norm(f(x)))
+BLOCKS = ("pre", "res_post")
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + DropPath(LS(MSA(LN(x)))), then the same for the MLP."""
+    """Pre-LN transformer block: x + DropPath(LS(MSA(LN(x)))), then the same for the MLP.
+
+    The positional arguments build the paper's block; the later ViTs inject their parts instead
+    (timm's way): ``norm`` (a width -> norm factory: RMSNorm, another eps), ``attn`` and ``mlp``
+    (built modules: :class:`QVBiasAttention`, :class:`SwiGLU` ...).
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
                  norm_eps: float = 1e-6, gelu: str = "exact", drop: float = 0.0,
                  attn_drop: float = 0.0, drop_path: float = 0.0,
-                 init_values: Optional[float] = None, attn_impl: str = "auto"):
+                 init_values: Optional[float] = None, attn_impl: str = "auto",
+                 norm: Optional[NormFactory] = None, attn: Optional[nn.Module] = None,
+                 mlp: Optional[nn.Module] = None):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, attn_impl)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, mlp_dim, gelu, drop)
+        norm = norm or norm_factory("layernorm", norm_eps)
+        self.norm1 = norm(dim)
+        self.attn = attn if attn is not None else Attention(dim, num_heads, qkv_bias, attn_drop, drop, attn_impl)
+        self.norm2 = norm(dim)
+        self.mlp = mlp if mlp is not None else Mlp(dim, mlp_dim, gelu, drop)
         self.ls1 = LayerScale(dim, init_values) if init_values else None
         self.ls2 = LayerScale(dim, init_values) if init_values else None
         self.drop_path = float(drop_path)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, attn_bias: Optional[torch.Tensor] = None):
-        y, attn = self.attn(self.norm1(x), return_attention, attn_bias)
-        if self.ls1 is not None:
-            y = self.ls1(y)
-        x = x + drop_path(y, self.drop_path, self.training)
+    def scale_attn(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.ls1 is None else self.ls1(y)
+
+    def scale_mlp(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.ls2 is None else self.ls2(y)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, attn_bias: Optional[torch.Tensor] = None,
+                rope: Optional[Rope] = None):
+        y, attn = self.attn(self.norm1(x), return_attention, attn_bias, rope)
+        x = x + drop_path(self.scale_attn(y), self.drop_path, self.training)
         y = self.mlp(self.norm2(x))
-        if self.ls2 is not None:
-            y = self.ls2(y)
-        x = x + drop_path(y, self.drop_path, self.training)
+        x = x + drop_path(self.scale_mlp(y), self.drop_path, self.training)
+        return x, attn
+
+
+class ResPostBlock(Block):
+    """Residual post-norm block: x + DropPath(LN(MSA(x))), then the same for the MLP (timm's
+    ``ResPostBlock``, Swin v2's res-post-norm). No LayerScale: ``init_values`` starts the norms' weights
+    there instead (timm's rule), which scales each branch as LayerScale would at the start."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *args, init_values: Optional[float] = None,
+                 **kwargs):
+        super().__init__(dim, num_heads, mlp_dim, *args, init_values=None, **kwargs)
+        self.init_values = init_values
+        self.reset_norms()
+
+    @torch.no_grad()
+    def reset_norms(self) -> None:
+        if self.init_values is not None:
+            nn.init.constant_(self.norm1.weight, self.init_values)
+            nn.init.constant_(self.norm2.weight, self.init_values)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, attn_bias: Optional[torch.Tensor] = None,
+                rope: Optional[Rope] = None):
+        y, attn = self.attn(x, return_attention, attn_bias, rope)
+        x = x + drop_path(self.norm1(y), self.drop_path, self.training)
+        x = x + drop_path(self.norm2(self.mlp(x)), self.drop_path, self.training)
         return x, attn

@@ -22,8 +22,9 @@ kind ``attach``es them once the blocks exist, and :func:`attention_bias` gives a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from torch import nn
 from .layers import (
     IntPair,
     RelativePositionBias,
+    Rope,
     resample_pos_embed,
     resample_pos_embed_grid,
     resize_relative_table,
@@ -128,19 +130,33 @@ def _sincos_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
 
 # ----------------------------------------------------------------------------- relative (a bias in attention)
 
-#: the name every block's relative-bias table ends with (timm's)
+#: the name a ViT block's relative-bias table has (timm's RelPosBias); BEiT's attention holds its own
+#: (``attn.relative_position_bias_table``): both end with RELATIVE_LEAF
 RELATIVE_TABLE = "attn.rel_pos.relative_position_bias_table"
+RELATIVE_LEAF = "relative_position_bias_table"
+
+
+def _bias_holder(blk: nn.Module):
+    """The module of a block that holds its relative-bias table: ``attn.rel_pos``, or (BEiT) the attention."""
+    attn = getattr(blk, "attn", None)
+    rel = getattr(attn, "rel_pos", None)
+    if rel is not None:
+        return rel
+    return attn if hasattr(attn, "relative_bias") else None
 
 
 def _relative_attach(model: nn.Module) -> None:
     for blk in model.blocks:
-        blk.attn.rel_pos = RelativePositionBias(model.patch_embed.grid_size, blk.attn.num_heads,
-                                                model.num_prefix_tokens)
+        if hasattr(blk.attn, "init_relative"):  # BEiT: the layer holds the table
+            blk.attn.init_relative(model.patch_embed.grid_size, blk.attn.num_heads, model.num_prefix_tokens)
+        else:
+            blk.attn.rel_pos = RelativePositionBias(model.patch_embed.grid_size, blk.attn.num_heads,
+                                                    model.num_prefix_tokens)
 
 
 def _relative_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     for blk in model.blocks:
-        blk.attn.rel_pos.set_grid(new)
+        _bias_holder(blk).set_relative_grid(new)
 
 
 def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
@@ -159,7 +175,7 @@ def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
 def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, interpolation: str,
                         antialias: bool) -> List[str]:
     prefix, resized, source = model.num_prefix_tokens, 0, None
-    for key in [k for k in sd if k.endswith(RELATIVE_TABLE)]:
+    for key in [k for k in sd if k.endswith(RELATIVE_LEAF)]:
         if sd[key].dim() != 2:
             continue  # the loader's shape check names it
         source = _relative_source_grid(sd[key].shape[0], grid, prefix)
@@ -170,6 +186,142 @@ def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: Int
         return []
     return [f"{resized} relative-bias tables {source[0]}x{source[1]} -> {grid[0]}x{grid[1]} (offsets kept, the "
             f"outermost extended)"]
+
+
+# ----------------------------------------------------------------------------- rotary (RoPE, in attention)
+
+#: Rotary kinds, each rotating the patches' queries and keys in every attention layer by angles that are
+#: linear in their 2D position (Su et al. 2021, in 2D as Heo et al. 2024), with no parameters but
+#: 'mixed''s:
+#:   'axial'   half of each head's frequencies for the row, half for the column: 1 / T^(i / (d/4))
+#:             times the patch index (+ ``rope_grid_offset``; scaled to ``rope_ref_grid`` when given, so a
+#:             larger image spans the trained range): EVA-02, timm's rope ViTs, Perception Encoder
+#:   'mixed'   RoPE-Mixed (Heo et al. 2024): learned frequencies per layer and head that mix both axes
+#:             (``rope.freqs`` (2, depth, heads, d/2)), on the patch index
+#:   'dinov3'  DINOv3's: coordinates normalised to [-1, 1] (patch centres), periods T^(2 i / (d/2)),
+#:             angle 2 pi x / period
+#: ``rope_grid_indexing`` 'ij' lists the row's frequencies first, 'xy' the column's; ``rope_half``
+#: rotates the halves of a head rather than neighbouring pairs. A new grid recomputes the angles (no
+#: parameter is resampled): 'axial' with a reference grid compresses it into the trained range,
+#: 'dinov3' always does, 'axial' without one and 'mixed' extend the indices.
+ROPES = ("none", "axial", "mixed", "dinov3")
+
+
+def _axes(grid: IntPair, indexing: str) -> IntPair:
+    return tuple(grid) if indexing == "ij" else (grid[1], grid[0])
+
+
+def _coordinates(axes: Sequence[torch.Tensor], indexing: str) -> torch.Tensor:
+    """Per-axis coordinates (in ``_axes`` order) -> (rows * cols, 2) in token order (row-major)."""
+    mesh = torch.meshgrid(*axes, indexing=indexing)
+    return torch.stack(mesh, dim=-1).reshape(-1, 2)
+
+
+def _layout(angles: torch.Tensor, half: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(..., N, d/2) angles -> sin, cos (..., N, d) in the rotation's layout."""
+    sin, cos = angles.sin(), angles.cos()
+    if half:
+        return torch.cat([sin, sin], dim=-1), torch.cat([cos, cos], dim=-1)
+    return sin.repeat_interleave(2, dim=-1), cos.repeat_interleave(2, dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """A model's rotary embedding (``model.rope``): ``forward(layer, grid)`` -> the :class:`Rope` of the
+    patches of ``grid`` in that layer. The native grid's sines and cosines are kept (a non-persistent
+    buffer, recomputed by :meth:`set_grid`); another grid's are computed on the fly."""
+
+    def __init__(self, kind: str, head_dim: int, num_heads: int, depth: int, grid: IntPair,
+                 temperature: float, offset: float = 0.0, indexing: str = "ij",
+                 ref_grid: Optional[IntPair] = None, half: bool = False, rescale: Optional[float] = None):
+        super().__init__()
+        if kind not in ROPES[1:]:
+            raise ValueError(f"rope must be one of {ROPES}, got {kind!r}")
+        if head_dim % 4:
+            raise ValueError(f"rotary positions need a head width divisible by 4, got {head_dim}")
+        self.kind, self.head_dim, self.temperature = kind, head_dim, float(temperature)
+        self.offset, self.indexing, self.half = float(offset), indexing, bool(half)
+        self.ref_grid = tuple(ref_grid) if ref_grid else None
+        #: training augmentation (DINOv3): coordinates scaled by exp(U(-log r, log r)) in every training forward
+        self.rescale = float(rescale) if rescale else None
+        if kind == "mixed":
+            self.freqs = nn.Parameter(self.initial_freqs(depth, num_heads))
+        self.grid = tuple(grid)
+        self._draw: Optional[torch.Tensor] = None
+        if kind == "mixed":  # learned: computed in every forward, so gradients reach the frequencies
+            self.cached = None
+        else:
+            self.register_buffer("cached", torch.stack(self._sin_cos(self.grid, None)), persistent=False)
+
+    @torch.no_grad()
+    def initial_freqs(self, depth: int, num_heads: int) -> torch.Tensor:
+        """RoPE-Mixed's start: each layer and head gets the axial magnitudes 1 / T^(4i / d) along a random
+        direction and its perpendicular: (2 axes, depth, heads, d/2)."""
+        d = self.head_dim
+        mag = 1.0 / self.temperature ** (torch.arange(0, d, 4, dtype=torch.float32) / d)
+        angle = torch.rand(depth, num_heads, 1) * 2 * math.pi
+        fx = torch.cat([mag * torch.cos(angle), mag * torch.cos(angle + math.pi / 2)], dim=-1)
+        fy = torch.cat([mag * torch.sin(angle), mag * torch.sin(angle + math.pi / 2)], dim=-1)
+        return torch.stack([fx, fy])
+
+    def _angles(self, grid: IntPair, layer: Optional[int], scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(..., gh*gw, d/2) rotation angles of the patches of ``grid`` (float32); ``scale`` multiplies the
+        coordinates (the training augmentation)."""
+        axes = _axes(grid, self.indexing)
+        quarter = self.head_dim // 4
+        if self.kind == "axial":
+            t = [torch.arange(n, dtype=torch.float32) + self.offset for n in axes]
+            if self.ref_grid is not None:
+                t = [x / n * r for x, n, r in zip(t, axes, _axes(self.ref_grid, self.indexing))]
+            bands = 1.0 / self.temperature ** (torch.arange(quarter, dtype=torch.float32) / quarter)
+            coords = _coordinates(t, self.indexing)
+            return (coords[:, :, None] * bands).flatten(1)
+        if self.kind == "dinov3":
+            t = [(torch.arange(0.5, n, dtype=torch.float32) + self.offset) / float(n) for n in axes]
+            coords = 2.0 * _coordinates(t, self.indexing) - 1.0
+            if scale is not None:
+                coords = coords * scale
+            periods = self.temperature ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (self.head_dim // 2))
+            return (2 * math.pi * coords[:, :, None] / periods).flatten(1)
+        coords = _coordinates([torch.arange(n, dtype=torch.float32) for n in axes], self.indexing)
+        coords = coords.to(self.freqs.device)
+        freqs = self.freqs[:, layer].float()  # (2, heads, d/2)
+        return coords[:, 0, None] * freqs[0][:, None, :] + coords[:, 1, None] * freqs[1][:, None, :]
+
+    def _sin_cos(self, grid: IntPair, layer: Optional[int], scale: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _layout(self._angles(grid, layer, scale), self.half)
+
+    def forward(self, layer: int, grid: IntPair) -> Rope:
+        if self.training and self.rescale is not None and self.kind == "dinov3":
+            # one draw per forward, shared by the layers (layer 0 draws; the others reuse it)
+            if layer == 0 or self._draw is None:
+                bound = math.log(self.rescale)
+                self._draw = torch.empty(1).uniform_(-bound, bound).exp()
+            sin, cos = self._sin_cos(tuple(grid), layer, self._draw)
+            return Rope(sin.to(self.cached.device), cos.to(self.cached.device), self.half)
+        if self.cached is not None and tuple(grid) == self.grid:
+            return Rope(self.cached[0], self.cached[1], self.half)
+        sin, cos = self._sin_cos(tuple(grid), layer)
+        device = self.freqs.device if self.kind == "mixed" else self.cached.device
+        return Rope(sin.to(device), cos.to(device), self.half)
+
+    @torch.no_grad()
+    def set_grid(self, grid: IntPair) -> None:
+        """Make ``grid`` the native one (the kept sines and cosines recomputed)."""
+        self.grid = tuple(grid)
+        if self.cached is not None:
+            self.cached = torch.stack(self._sin_cos(self.grid, None)).to(self.cached.device)
+
+    def extra_repr(self) -> str:
+        ref = f", ref_grid={self.ref_grid}" if self.ref_grid else ""
+        return (f"kind={self.kind}, head_dim={self.head_dim}, temperature={self.temperature:g}, grid={self.grid}, "
+                f"indexing={self.indexing}, half={self.half}{ref}")
+
+
+def rotary(model: nn.Module, layer: int, grid: IntPair) -> Optional[Rope]:
+    """The rotary embedding layer ``layer`` applies to the patches of ``grid`` (None: the model has none)."""
+    rope = getattr(model, "rope", None)
+    return None if rope is None else rope(layer, grid)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -241,13 +393,13 @@ def attach(model: nn.Module) -> None:
 def parameters(model: nn.Module) -> List[nn.Parameter]:
     """The model's position parameters (for initialisation), the blocks' relative biases included."""
     found = [p for p in (getattr(model, n, None) for n in PARAMETER_NAMES) if p is not None]
-    return found + [p for n, p in model.named_parameters() if n.endswith(RELATIVE_TABLE)]
+    return found + [p for n, p in model.named_parameters() if n.endswith(RELATIVE_LEAF)]
 
 
 def attention_bias(model: nn.Module, blk: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
     """The (1, heads, N, N) bias block ``blk`` adds to its attention logits on ``grid`` (None: none)."""
-    rel = getattr(getattr(blk, "attn", None), "rel_pos", None)
-    return None if rel is None else rel(grid)
+    rel = _bias_holder(blk)
+    return None if rel is None else rel.relative_bias(grid)
 
 
 def patch_table(model: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
@@ -256,8 +408,11 @@ def patch_table(model: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
 
 
 def resample_(model: nn.Module, old: IntPair, new: IntPair) -> None:
-    """Resample the model's position parameters in place from grid ``old`` to ``new``."""
+    """Resample the model's position parameters in place from grid ``old`` to ``new`` (a rotary
+    embedding recomputes its angles for the new grid)."""
     KINDS[model.pos_embed_kind].resample(model, tuple(old), tuple(new))
+    if getattr(model, "rope", None) is not None:
+        model.rope.set_grid(new)
 
 
 def add(model: nn.Module, x: torch.Tensor, grid: IntPair, prefix: List[torch.Tensor]) -> torch.Tensor:
@@ -266,7 +421,7 @@ def add(model: nn.Module, x: torch.Tensor, grid: IntPair, prefix: List[torch.Ten
     Prefix tokens take their slots of the learned table when it has them, else no position.
     """
     if model.pos_embed_kind == "learned" and tuple(grid) == tuple(model.patch_embed.grid_size) \
-            and model.pos_embed_prefix_tokens == len(prefix):
+            and model.pos_embed_prefix_tokens == sum(t.shape[1] for t in prefix):
         # The common case: the stored table (with its prefix slots) as it is, in one addition.
         if prefix:
             x = torch.cat(prefix + [x], dim=1)
@@ -285,9 +440,10 @@ def join_prefix(model: nn.Module, x: torch.Tensor, prefix: List[torch.Tensor]) -
     the tokens ``x`` (B, L, D) whose positions are already added."""
     if not prefix:
         return x
+    tokens = torch.cat(prefix, dim=1) if len(prefix) > 1 else prefix[0]
     if model.pos_embed_prefix_tokens:
-        prefix = [t + model.pos_embed[:, i:i + 1] for i, t in enumerate(prefix)]
-    return torch.cat(prefix + [x], dim=1)
+        tokens = tokens + model.pos_embed[:, :tokens.shape[1]]
+    return torch.cat([tokens, x], dim=1)
 
 
 def full_table(model: nn.Module) -> Optional[torch.Tensor]:
@@ -312,6 +468,6 @@ def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation:
                                                  antialias)
 
 
-__all__ = ["PARAMETER_NAMES", "RELATIVE_TABLE", "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters",
-           "attention_bias", "patch_table", "resample_", "add", "add_to_patches", "join_prefix", "full_table",
-           "fit_state_dict"]
+__all__ = ["PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
+           "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
+           "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict"]

@@ -34,10 +34,39 @@ from .hybrid import (
     init_backbone_,
     normalize_backbone,
 )
-from .layers import Block, IntPair, PatchEmbed, init_block_, lecun_normal_, linear_drop_path_rates
+from .layers import (
+    BLOCKS,
+    GELUS,
+    MLPS,
+    NORMS,
+    Attention,
+    AttentionPool,
+    Block,
+    IntPair,
+    PatchEmbed,
+    ResPostBlock,
+    init_attention_pool_,
+    init_block_,
+    lecun_normal_,
+    linear_drop_path_rates,
+    make_mlp,
+    norm_factory,
+)
 from .registry import Family, register_family, register_model, register_name_pattern
 
 POS_EMBEDS = tuple(positions.KINDS)
+#: Registers past this many are a typo (the papers use 1 to 16).
+MAX_REGISTERS = 256
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _choice_problems(config: Any, fields: Tuple[Tuple[str, Tuple[str, ...]], ...]) -> List[str]:
+    """Each named field must hold one of its allowed values."""
+    return [f"{name} must be one of {allowed}, got {getattr(config, name)!r}" for name, allowed in fields
+            if getattr(config, name) not in allowed]
 
 
 @dataclass
@@ -45,12 +74,51 @@ class ViTConfig(TokenConfig):
     """Everything needed to rebuild a ViT, plus the preprocessing its weights expect."""
 
     KIND: ClassVar[str] = "ViT"
+    #: the class token, the mean of the patch tokens, or multi-head attention pooling (SigLIP's MAP head)
+    POOLS: ClassVar[Tuple[str, ...]] = ("token", "avg", "map")
 
+    #: the width ``fc2`` reads (for SwiGLU: of the gated product)
     mlp_dim: int = 3072
     class_token: bool = True
     #: DeiT's distillation token: a second prefix token with its own head (``head_dist``),
     #: trained against a teacher; inference averages the two heads.
     distill_token: bool = False
+    #: register tokens (Darcet et al., 2024): learned prefix tokens after the class token that no
+    #: output reads, where attention can park what it needs (timm's ``reg_token``; DINOv2-reg, SigLIP 2)
+    reg_tokens: int = 0
+    #: the learned position table covers the patches only, the prefix tokens get no position (timm's
+    #: ``no_embed_class``: DeiT III, DINOv2 with registers, FlexiViT, big_vision)
+    no_embed_class: bool = False
+    #: a norm after the embedding, before the first block (timm's ``norm_pre``: CLIP's ``ln_pre``)
+    pre_norm: bool = False
+    #: the patch projection's bias; None: none when ``pre_norm`` (the norm that follows makes it void), as timm
+    patch_bias: Optional[bool] = None
+    #: a norm of each patch token right after the projection (timm's ``patch_embed.norm``: AIMv2)
+    embed_norm: bool = False
+    #: 'layernorm' or 'rmsnorm' for every norm of the model (eps: ``norm_eps``)
+    norm: str = "layernorm"
+    #: 'mlp' (GELU), 'swiglu' (``fc1_g`` / ``fc1_x``) or 'swiglu_packed' (one ``fc1``)
+    mlp: str = "mlp"
+    #: a norm of the MLP's hidden activations before ``fc2`` (timm's ``scale_mlp_norm``, EVA's sub-LN)
+    mlp_norm: bool = False
+    #: a norm of the attention output before its projection (timm's ``scale_attn_norm``)
+    attn_norm: bool = False
+    #: a norm of each head's queries and keys (timm's ``qk_norm``)
+    qk_norm: bool = False
+    #: biases of the attention output projection and the MLP's layers (AIMv2 has none)
+    proj_bias: bool = True
+    #: 'pre' (pre-norm, the paper's) or 'res_post' (residual post-norm, timm's ``rpn`` models)
+    block: str = "pre"
+    #: the norm after the last block (before or after pooling, see ``fc_norm``); False: none (RADIO)
+    final_norm: bool = True
+    #: the attention pool's heads and MLP width (``global_pool='map'``); None: the blocks' own
+    map_heads: Optional[int] = None
+    map_mlp_dim: Optional[int] = None
+    #: average or attention-pool the prefix tokens too (timm's ``pool_include_prefix``)
+    pool_include_prefix: bool = False
+    #: an image size that is no multiple of the patch: the pixels past the last whole patch are left out,
+    #: as timm's and Hugging Face's convolution does (SigLIP so400m/14 at 384 px uses 378 of them)
+    crop_remainder: bool = False
     #: LayerNorm after pooling (timm's ``fc_norm``) instead of before it; None = avg pool only.
     fc_norm: Optional[bool] = None
     #: 'learned' (1D table), 'learned_2d' (the paper's row + column ablation), 'sincos2d', 'none',
@@ -84,15 +152,33 @@ class ViTConfig(TokenConfig):
                                        and not self.representation_size):
             problems.append("distill_token=True is DeiT's layout: it needs class_token=True, "
                             "global_pool='token' and no representation_size")
-        if self.pos_embed == "relative" and self.distill_token:
+        if self.pos_embed == "relative" and (self.distill_token or self.reg_tokens):
             problems.append("pos_embed='relative' has bias rows for one prefix token (a class token, as BEiT and timm "
-                            "have), not DeiT's distillation token")
-        if self.gelu not in ("exact", "tanh"):
-            problems.append(f"gelu must be 'exact' or 'tanh', got {self.gelu!r}")
+                            "have), not DeiT's distillation token or registers")
+        if self.distill_token and self.reg_tokens:
+            problems.append("distill_token and reg_tokens: DeiT's layout has no registers")
+        problems += _choice_problems(self, (("gelu", GELUS), ("norm", NORMS), ("mlp", MLPS), ("block", BLOCKS)))
         problems += self._positive_int_problems(("mlp_dim",))
+        if not _is_count(self.reg_tokens) or self.reg_tokens > MAX_REGISTERS:
+            problems.append(f"reg_tokens must be an integer in 0..{MAX_REGISTERS}, got {self.reg_tokens!r}")
+        if self.global_pool == "map":
+            for name in ("map_heads", "map_mlp_dim"):
+                value = getattr(self, name)
+                if value is not None and not (_is_count(value) and value > 0):
+                    problems.append(f"{name} must be a positive integer or null, got {value!r}")
+            heads = self.map_heads or self.num_heads
+            if _is_count(heads) and heads > 0 and isinstance(self.embed_dim, int) and self.embed_dim % heads:
+                problems.append(f"embed_dim {self.embed_dim} is not divisible by the attention pool's {heads} heads")
+            if self.distill_token or self.representation_size:
+                problems.append("global_pool='map' has its own head: no distill_token or representation_size")
+        if self.block == "res_post" and self.init_values is not None and not isinstance(self.init_values, (int, float)):
+            problems.append(f"init_values must be a number, got {self.init_values!r}")
         return problems
 
     def grid_problems(self) -> List[str]:
+        if self.crop_remainder and self.backbone is None:
+            return [] if all(i >= p for i, p in zip(self.img_size, self.patch_size)) else \
+                [f"img_size {self.img_size} is smaller than one patch {self.patch_size}"]
         if self.backbone is None:
             return super().grid_problems()
         feat = backbone_feature_size(self.backbone, self.img_size)
@@ -106,6 +192,14 @@ class ViTConfig(TokenConfig):
     @property
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else bool(self.fc_norm)
+
+    @property
+    def use_patch_bias(self) -> bool:
+        return not self.pre_norm if self.patch_bias is None else bool(self.patch_bias)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token) + int(self.distill_token) + self.reg_tokens
 
     @property
     def grid_size(self) -> IntPair:
@@ -133,28 +227,33 @@ class VisionTransformer(TokenModel):
     def __init__(self, config: Optional[ViTConfig] = None, **overrides: Any):
         super().__init__(config, **overrides)
         cfg, D = self.config, self.config.embed_dim
+        norm = norm_factory(cfg.norm, cfg.norm_eps)
         if cfg.backbone is not None:
             # The hybrid: a CNN, then a patch_size projection of its feature map.
             self.patch_embed = HybridEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D, cfg.backbone)
         else:
-            self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
+            self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D, bias=cfg.use_patch_bias,
+                                          norm=norm if cfg.embed_norm else None, crop_remainder=cfg.crop_remainder)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distill_token else None
-        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distill_token)
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, D)) if cfg.reg_tokens else None
+        self.num_prefix_tokens = cfg.num_prefix_tokens
         #: DeiT: while training with a teacher, return (class logits, distillation logits).
         self.distilled_training = False
-        positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D, slots=self.num_prefix_tokens)
+        slots = 0 if cfg.no_embed_class else self.num_prefix_tokens
+        positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D, slots=slots)
+        self.build_rope()
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
+        self.norm_pre = norm(D) if cfg.pre_norm else None
 
         rates = linear_drop_path_rates(cfg.drop_path_rate, cfg.depth)
-        self.blocks = nn.ModuleList([
-            Block(D, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu,
-                  cfg.drop_rate, cfg.attn_drop_rate, rates[i], cfg.init_values, cfg.attn_impl)
-            for i in range(cfg.depth)])
+        self.blocks = nn.ModuleList([self.build_block(i, rates[i], norm) for i in range(cfg.depth)])
         positions.attach(self)  # relative positions: a bias table in every block's attention
-        use_fc_norm = cfg.use_fc_norm
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)
-        self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        use_fc_norm, final = cfg.use_fc_norm, cfg.final_norm
+        self.norm = norm(D) if final and not use_fc_norm else nn.Identity()
+        self.attn_pool = AttentionPool(D, cfg.map_heads or cfg.num_heads, cfg.map_mlp_dim or cfg.mlp_dim, norm,
+                                       self.map_gelu) if cfg.global_pool == "map" else None
+        self.fc_norm = norm(D) if final and use_fc_norm else nn.Identity()
         if cfg.representation_size:
             self.pre_logits = nn.Sequential(OrderedDict(
                 fc=nn.Linear(D, cfg.representation_size), act=nn.Tanh()))
@@ -164,6 +263,32 @@ class VisionTransformer(TokenModel):
         self.head = self._new_head(cfg.num_classes)
         self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token else None
         self.init_weights()
+
+    @property
+    def map_gelu(self) -> str:
+        """The activation of the attention pool's MLP (timm's ViT: the blocks' own)."""
+        return self.config.gelu
+
+    def build_rope(self) -> None:
+        """Rotary position embeddings: none in this family (:mod:`.eva` has them)."""
+        self.rope = None
+
+    def build_attention(self, norm, i: int = 0) -> nn.Module:
+        """Block ``i``'s attention (the same kind in every block of this family)."""
+        cfg = self.config
+        return Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.drop_rate, cfg.attn_impl,
+                         qk_norm=norm if cfg.qk_norm else None, inner_norm=norm if cfg.attn_norm else None,
+                         proj_bias=cfg.proj_bias)
+
+    def build_block(self, i: int, drop_path: float, norm) -> nn.Module:
+        """Block ``i``: the injected attention, MLP and norm of the configuration."""
+        cfg = self.config
+        mlp = make_mlp(cfg.mlp, cfg.embed_dim, cfg.mlp_dim, cfg.gelu, cfg.drop_rate, cfg.proj_bias,
+                       norm if cfg.mlp_norm else None)
+        block = ResPostBlock if cfg.block == "res_post" else Block
+        return block(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
+                     cfg.attn_drop_rate, drop_path, init_values=cfg.init_values, attn_impl=cfg.attn_impl, norm=norm,
+                     attn=self.build_attention(norm, i), mlp=mlp)
 
     def head_names(self) -> Tuple[str, ...]:
         return ("head", "head_dist") if self.dist_token is not None else ("head",)
@@ -178,18 +303,24 @@ class VisionTransformer(TokenModel):
           official code keeps them separate, so the fused matrix is initialised in thirds);
           attention biases 0, MLP biases N(0, 1e-6);
         - pre-logits: LeCun normal, bias 0; classifier head: zeros (official ``head_kernel_init``);
+        - registers N(0, 0.02) (distinct starts: identical registers would stay identical);
+        - an attention pool as big_vision's MAPHead: Xavier-uniform probe and kernels, zero biases;
         - a hybrid's CNN: LeCun-normal kernels, GroupNorm scale 1 and bias 0 (Flax defaults).
         """
         lecun_normal_(self.patch_embed.proj.weight)
-        nn.init.zeros_(self.patch_embed.proj.bias)
+        if self.patch_embed.proj.bias is not None:
+            nn.init.zeros_(self.patch_embed.proj.bias)
         if isinstance(self.patch_embed, HybridEmbed):
             init_backbone_(self.patch_embed.backbone)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        for p in positions.parameters(self) + ([self.dist_token] if self.dist_token is not None else []):
+        tokens = [t for t in (self.dist_token, self.reg_token) if t is not None]
+        for p in positions.parameters(self) + tokens:
             nn.init.normal_(p, std=0.02)
         for blk in self.blocks:
             init_block_(blk)
+        if self.attn_pool is not None:
+            init_attention_pool_(self.attn_pool)
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)
@@ -202,8 +333,26 @@ class VisionTransformer(TokenModel):
         self.distilled_training = bool(enable)
 
     def prefix_tokens(self, batch: int) -> List[torch.Tensor]:
-        """Tokens that precede the patches: class, then DeiT's distillation token."""
-        return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        """Tokens that precede the patches: class, then DeiT's distillation token or the registers."""
+        return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Final tokens -> the pooled representation (class token, mean of the patches, or attention pool)."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x if self.config.pool_include_prefix else x[:, self.num_prefix_tokens:])
+        if self.global_pool == "avg" and self.config.pool_include_prefix:
+            return x.mean(dim=1)
+        return super().pool(x)
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """As :meth:`TokenModel.reset_classifier`; leaving 'map' drops the attention pool (it cannot be added)."""
+        if global_pool == "map" and self.attn_pool is not None:
+            global_pool = None
+        changed = global_pool is not None and global_pool != self.global_pool
+        super().reset_classifier(num_classes, global_pool)
+        if changed:  # the norms stay where they are: the config says so explicitly
+            self.attn_pool = None
+            self.config = self.config.replace(fc_norm=not isinstance(self.fc_norm, nn.Identity))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits; ``pre_logits=True`` stops at the representation before the head.
@@ -350,17 +499,44 @@ def vit_timm_config(config: ViTConfig) -> Dict[str, Any]:
 
 
 #: timm ``model_args`` that mean the same thing in ViTConfig.
-_TIMM_ARGS = ("class_token", "fc_norm", "init_values", "embed_dim")
-_TIMM_UNSUPPORTED = ("no_embed_class", "reg_tokens", "pre_norm", "qk_norm")
+_TIMM_ARGS = ("class_token", "fc_norm", "init_values", "embed_dim", "reg_tokens", "no_embed_class", "pre_norm",
+              "final_norm", "qk_norm", "proj_bias", "pool_include_prefix", "drop_path_rate", "attn_drop_rate")
+#: timm's names of the same fields
+_TIMM_RENAMED = {"scale_attn_norm": "attn_norm", "scale_mlp_norm": "mlp_norm"}
+#: timm's activation names -> the ``gelu`` field (SwiGLU's SiLU is the MLP kind's own)
+_TIMM_ACTS = {"gelu": "exact", "gelu_tanh": "tanh", "gelu_pytorch_tanh": "tanh", "quick_gelu": "quick"}
+#: arguments that change no output (initialisation, dropout placement timm's way, features) or that
+#: the generic reader takes (timm_format._TIMM_ARGS)
+_TIMM_INERT = ("weight_init", "fix_init", "drop_rate", "pos_drop_rate", "proj_drop_rate", "patch_drop_rate",
+               "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "qkv_bias", "dynamic_img_size",
+               "depth", "num_heads", "mlp_ratio", "act_layer", "pos_embed", "dynamic_img_pad")
 
 
 def vit_timm_args(args: Mapping[str, Any], config: ViTConfig) -> Dict[str, Any]:
-    unsupported = sorted(k for k in _TIMM_UNSUPPORTED if args.get(k))
-    if unsupported:
-        raise ValueError(f"timm model_args {unsupported} have no vitkit ViT equivalent")
+    """timm's VisionTransformer ``model_args`` (a hub ``config.json``) -> ViTConfig fields. Layers given by
+    class (``norm_layer``, ``mlp_layer``, ``block_fn`` ...) are the architecture's own: a name's
+    registered config carries them; any other argument is refused by name rather than dropped."""
     kw = {k: args[k] for k in _TIMM_ARGS if args.get(k) is not None}
+    kw.update({ours: args[theirs] for theirs, ours in _TIMM_RENAMED.items() if args.get(theirs) is not None})
+    unknown = sorted(k for k in args if k not in _TIMM_ARGS and k not in _TIMM_RENAMED and k not in _TIMM_INERT)
+    if unknown:
+        raise ValueError(f"timm model_args {', '.join(unknown)} are not read by vitkit (the architecture's own layers "
+                         f"come with its name); remove them or build the model with vitkit's fields")
+    act = args.get("act_layer")
+    if act is not None:
+        if act == "silu" and config.mlp in ("swiglu", "swiglu_packed"):
+            pass  # SwiGLU's own activation
+        elif act in _TIMM_ACTS:
+            kw["gelu"] = _TIMM_ACTS[act]
+        else:
+            raise ValueError(f"timm act_layer {act!r} has no vitkit ViT equivalent (known: {', '.join(_TIMM_ACTS)})")
+    if args.get("pos_embed") in ("", "none"):
+        kw["pos_embed"] = "none"
+    if args.get("dynamic_img_pad"):
+        raise ValueError("timm dynamic_img_pad=True (zero padding to whole patches) has no vitkit equivalent")
     if "mlp_ratio" in args:
-        kw["mlp_dim"] = int(kw.get("embed_dim", config.embed_dim) * args["mlp_ratio"])
+        hidden = int(kw.get("embed_dim", config.embed_dim) * args["mlp_ratio"])
+        kw["mlp_dim"] = hidden // 2 if config.mlp == "swiglu_packed" else hidden
     return kw
 
 

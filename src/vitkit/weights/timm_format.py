@@ -104,7 +104,13 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
     pre = cfg.get("pretrained_cfg", {}) or {}
     args = cfg.get("model_args", {}) or {}
     base = arch.split(".")[0]
-    config = get_model_config(base) if base in list_models() else infer_config(sd)
+    if base not in list_models():
+        # never guessed from the tensor names: another architecture can share them (timm's residual
+        # post-norm ViT has a pre-norm ViT's names and other logits)
+        raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
+                           f"as another from its tensor names; load the weights with model_name= a vitkit "
+                           f"architecture if you know it is the same model")
+    config = get_model_config(base)
     kw: Dict[str, Any] = {k: args[k] for k in _TIMM_ARGS if k in args and args[k] is not None}
     try:
         kw.update(family_of(config).timm_args(args, config))
@@ -112,7 +118,7 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
         raise WeightsError(str(e)) from None
     if "num_classes" in cfg:
         kw["num_classes"] = int(cfg["num_classes"])
-    if cfg.get("global_pool") in ("token", "avg"):
+    if cfg.get("global_pool") in getattr(type(config), "POOLS", ("token", "avg")):
         kw["global_pool"] = cfg["global_pool"]
     for key in ("mean", "std", "crop_pct", "interpolation"):
         if key in pre:

@@ -1,0 +1,216 @@
+"""Which of timm's ViT-family architectures vitkit loads with parity, from timm's own hub layout.
+
+For every architecture with pretrained weights in timm's ViT-family modules (vision_transformer,
+vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, beit) up to
+``--max-params`` (1B by default), timm builds it with random weights (every parameter noised, so no
+mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub (``config.json`` +
+``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)`` loads it,
+and the fp32 outputs of two images (logits, or pooled features for towers without a head) are compared.
+A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|); ``refused`` when vitkit
+says in one line why it cannot (the line is kept); ``mismatch`` when it loads and computes something
+else; ``error`` for any other exception (a bug: a traceback where a line belongs).
+
+    python benchmarks/coverage.py                         # every architecture up to 1B parameters
+    python benchmarks/coverage.py --max-params 120e6      # the smaller ones (minutes)
+    python benchmarks/coverage.py --only 'vit_*siglip*'   # a shell pattern
+    python benchmarks/coverage.py --markdown docs/models.md   # also rewrite the table in that page
+
+Models past ``--large`` parameters (300M) run at a smaller image size (``model_args`` img_size: the
+hub config carries it, so vitkit must read it) to keep the run within the machine. This is a
+benchmark, not a test: it takes about an hour on a 2-core CPU for the whole list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gc
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import timm
+import torch
+from timm.models import save_for_hf
+
+import vitkit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module, however run
+from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
+
+MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
+           "eva", "beit")
+TOLERANCE = 1e-5
+TABLE_START, TABLE_END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
+
+
+def architectures(max_params: float, only: str | None) -> list:
+    """(name, module, parameters) of every ViT-family architecture with pretrained weights, smallest first."""
+    rows = []
+    for module in MODULES:
+        for name in sorted({n.split(".")[0] for n in timm.list_models(module=module, pretrained=True)}):
+            if only and not fnmatch.fnmatch(name, only):
+                continue
+            with torch.device("meta"):
+                params = sum(p.numel() for p in timm.create_model(name).parameters())
+            if params <= max_params:
+                rows.append((name, module, params))
+    return sorted(rows, key=lambda r: r[2])
+
+
+@torch.no_grad()
+def noised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter replaced by noise (norm weights around 1), scaled to keep deep models finite."""
+    g = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            noise = torch.randn(p.shape, generator=g) * 0.02
+            if "Norm" in type(module).__name__ and name == "weight":
+                noise += 1.0
+            p.copy_(noise)
+    return model.eval()
+
+
+def small_size(model) -> tuple | None:
+    """A smaller image size for a large model (a multiple of its patch, about 112 px), or None."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        return None
+    p = patch[0] if isinstance(patch, (tuple, list)) else patch
+    side = max(1, round(112 / p)) * p
+    return (side, side)
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}"[:400]
+
+
+def check(name: str, module: str, params: int, large: float, workdir: Path) -> dict:
+    row = dict(arch=name, module=module, params=params)
+    start = time.perf_counter()
+    try:
+        kw = {}
+        if params > large:
+            with torch.device("meta"):
+                size = small_size(timm.create_model(name))
+            if size is not None:
+                kw["img_size"] = size
+        try:
+            ref = noised(timm.create_model(name, **kw))
+        except Exception:  # some cannot change their size (fixed tables): native size
+            kw = {}
+            ref = noised(timm.create_model(name))
+        row["img_size"] = list(kw.get("img_size") or ref.pretrained_cfg.get("input_size", (3, 224, 224))[1:])
+        folder = workdir / name
+        save_for_hf(ref, str(folder), safe_serialization=True)
+        h, w = row["img_size"]
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
+        expected = ref(x).float()
+        del ref
+        gc.collect()
+    except Exception as e:
+        row.update(status="skipped", message=f"timm could not build or save it: {one_line(e)}")
+        return row
+    try:
+        ours = vitkit.from_pretrained(folder)
+    except (ValueError, TypeError, OSError) as e:
+        row.update(status="refused", message=one_line(e), seconds=round(time.perf_counter() - start, 1))
+        return row
+    except Exception as e:
+        row.update(status="error", message=one_line(e), traceback=traceback.format_exc()[-2000:])
+        return row
+    try:
+        with torch.no_grad():
+            got = ours(x).float()
+        row["vitkit_params"] = sum(p.numel() for p in ours.parameters())
+        diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
+        scale = max(1.0, expected.abs().max().item())
+        row.update(max_diff=diff, output_scale=scale, shape=list(expected.shape))
+        ok = diff <= TOLERANCE * scale and row["vitkit_params"] == params
+        row["status"] = "parity" if ok else "mismatch"
+        if row["vitkit_params"] != params:
+            row["message"] = f"{row['vitkit_params']:,} parameters where timm has {params:,}"
+    except Exception as e:
+        row.update(status="error", message=one_line(e), traceback=traceback.format_exc()[-2000:])
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def summary(rows: list) -> dict:
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("parity", "refused", "mismatch", "error", "skipped")}
+    counted = len(rows) - counts["skipped"]
+    return dict(architectures=counted, **counts, parity_share=counts["parity"] / counted if counted else 0.0)
+
+
+def markdown(rows: list, info: dict) -> str:
+    s = summary(rows)
+    lines = [f"{s['parity']} of {s['architectures']} architectures ({100 * s['parity_share']:.0f}%) load with "
+             f"parity; {s['refused']} are refused in one line, {s['mismatch']} load with other outputs, "
+             f"{s['error']} fail otherwise (timm {timm.__version__}, vitkit {info.get('git_revision')}, "
+             f"{info.get('date')}).", "",
+             "| architecture | timm module | parameters | vitkit |", "|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "parity":
+            what = f"parity ({r['max_diff']:.1e})"
+        else:
+            what = f"{r['status']}: {r.get('message', '')}".replace("|", "\\|")
+        lines.append(f"| `{r['arch']}` | {r['module']} | {r['params'] / 1e6:.1f}M | {what} |")
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, table: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    block = f"{TABLE_START}\n{table}\n{TABLE_END}"
+    if TABLE_START in text and TABLE_END in text:
+        text = re.sub(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END), lambda m: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--max-params", type=float, default=1e9)
+    p.add_argument("--large", type=float, default=300e6, help="parameters past which a model runs at ~112 px")
+    p.add_argument("--only", help="a shell pattern of architecture names")
+    p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_<device>_<date>.json)")
+    p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    info = machine_info(torch.device("cpu"), limits=False)
+    info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), timm=timm.__version__,
+                torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")
+    todo = architectures(args.max_params, args.only)
+    smoke = bool(args.only) or args.max_params < 1e9
+    out = results_path(args.out, dated_name("coverage", torch.device("cpu"), info), smoke=smoke)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
+        for i, (name, module, params) in enumerate(todo):
+            row = check(name, module, params, args.large, Path(tmp))
+            rows.append(row)
+            said = f" {row.get('max_diff', 0):.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')}"
+            print(f"[{i + 1}/{len(todo)}] {name} ({params / 1e6:.1f}M): {row['status']}{said}", flush=True)
+            for leftover in Path(tmp).iterdir():
+                for f in leftover.iterdir():
+                    f.unlink()
+                leftover.rmdir()
+            gc.collect()
+    result = dict(machine=info, summary=summary(rows), rows=rows)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result["summary"]), "->", out)
+    if args.markdown:
+        write_markdown(args.markdown, markdown(rows, info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""timm's hub layout (``config.json`` + ``model.safetensors``, what ``hf-hub:timm/...`` delivers) of the
+later ViTs, saved by timm itself with random weights, read by ``vitkit.from_pretrained``: the same
+outputs (fp32, 1e-5); architectures vitkit does not know and arguments it does not read refused by name."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.weights.io import WeightsError
+
+timm = pytest.importorskip("timm")
+from timm.models import save_for_hf  # noqa: E402
+
+
+def _saved(tmp_path, name, **kw):
+    ref = randomize(timm.create_model(name, **kw))
+    folder = tmp_path / name
+    save_for_hf(ref, str(folder), safe_serialization=True)
+    return ref, folder
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("vit_little_patch16_reg4_gap_256", dict(depth=2, img_size=64, num_classes=7)),
+    ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),
+    ("vit_base_patch16_clip_quickgelu_224", dict(depth=2, img_size=64)),
+    ("deit3_small_patch16_224", dict(depth=2, img_size=(48, 80))),
+    ("vit_base_patch16_rpn_224", dict(depth=2, img_size=64)),
+    ("eva02_tiny_patch14_224", dict(depth=2, img_size=56)),
+    ("vit_small_patch16_dinov3", dict(depth=2, img_size=64)),
+    ("vit_pe_core_tiny_patch16_384", dict(depth=2, img_size=64)),
+    ("beitv2_base_patch16_224", dict(depth=2, img_size=64, num_classes=5)),
+])
+def test_timm_hub_folder_loads_with_parity(tmp_path, name, kw, images):
+    ref, folder = _saved(tmp_path, name, **kw)
+    assert (folder / "model.safetensors").is_file() and "model_args" in json.loads((folder / "config.json").read_text())
+    ours = vitkit.from_pretrained(folder)
+    h, w = ours.config.img_size
+    x = images(2, h, w)
+    with torch.no_grad():
+        a, b = ref(x), ours(x)
+    assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+    # the preprocessing and class count come from the folder's pretrained_cfg
+    cfg = json.loads((folder / "config.json").read_text())["pretrained_cfg"]
+    assert list(ours.config.mean) == pytest.approx(cfg["mean"]) and ours.config.crop_pct == cfg["crop_pct"]
+    assert ours.config.num_classes == ref.num_classes
+
+
+def test_unknown_architecture_is_refused_not_guessed(tmp_path):
+    """A name vitkit does not know is never read as another model off its tensor names."""
+    _, folder = _saved(tmp_path, "vit_pwee_patch16_reg1_gap_256", depth=2, img_size=64)
+    with pytest.raises(WeightsError, match="'vit_pwee_patch16_reg1_gap_256' is not one vitkit knows") as e:
+        vitkit.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_model_args_vitkit_does_not_read_are_refused(tmp_path):
+    _, folder = _saved(tmp_path, "vit_small_patch16_224", depth=2, img_size=64)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_args"]["dynamic_img_pad"] = True
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match="dynamic_img_pad"):
+        vitkit.from_pretrained(folder)
+    cfg["model_args"].pop("dynamic_img_pad")
+    cfg["model_args"]["block_fn"] = "ParallelScalingBlock"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match="block_fn"):
+        vitkit.from_pretrained(folder)
+
+
+def test_register_count_that_disagrees_with_the_tensors_is_named(tmp_path):
+    _, folder = _saved(tmp_path, "vit_small_patch14_reg4_dinov2", depth=2, img_size=70, reg_tokens=1)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_args"].pop("reg_tokens")  # the config now claims the name's 4 registers; the tensors hold 1
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match="reg_token"):
+        vitkit.from_pretrained(folder)
+
+
+def test_rope_model_asked_for_a_size_its_patches_cannot_tile(tmp_path, images):
+    _, folder = _saved(tmp_path, "eva02_tiny_patch14_224", depth=2, img_size=56)
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        vitkit.from_pretrained(folder, img_size=60)
+    model = vitkit.from_pretrained(folder, img_size=84)  # a size it can tile: the angles follow the new grid
+    assert model.rope.grid == (6, 6)
+    with torch.no_grad():
+        assert model(images(1, 84, 84)).shape == (1, 192)  # eva02_tiny at 224 px: a headless encoder
+
+
+def test_a_state_dict_mixing_layouts_is_refused_by_name():
+    model = vitkit.create_model("vit_small_patch16_224", depth=1, img_size=32, num_classes=2)
+    sd = dict(model.state_dict())
+    sd["vit.embeddings.patch_embeddings.projection.weight"] = sd["patch_embed.proj.weight"]  # a Hugging Face key too
+    with pytest.raises(WeightsError, match="patch_embed.proj.weight|not in the model"):
+        vitkit.load_weights(model, sd)
+
+
+def test_bare_eva_state_dict_is_not_guessed():
+    """The rotary kind has no tensors: an EVA state dict without its architecture is refused in one line."""
+    ref = timm.create_model("vit_small_patch16_rope_224", depth=1, img_size=32)
+    with pytest.raises(WeightsError, match="rotary positions"):
+        vitkit.weights.timm_format.infer_config(ref.state_dict())
