@@ -23,6 +23,22 @@ def test_macs_match_flop_counter(kw):
     assert c.params == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.parametrize("name, kw", [
+    ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),  # the MAP head
+    ("eva02_base_patch14_224", dict(depth=2, img_size=56)),  # SwiGLU, rotary positions
+    ("vit_large_patch16_sapiens2", dict(img_size=(48, 32))),  # grouped-query attention, registers, packed SwiGLU
+    ("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70, num_classes=10)),  # registers
+])
+def test_macs_of_the_later_vits_match_flop_counter(name, kw):
+    model = vitkit.create_model(name, **kw).eval().requires_grad_(False)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(torch.randn(1, 3, *model.config.img_size), return_attention=True)
+    c = complexity(model.config)
+    assert counter.get_total_flops() == c.flops
+    assert c.params == sum(p.numel() for p in model.parameters())
+
+
 def test_reference_numbers():
     c = complexity(get_model_config("vit_base_patch16_224"))
     assert round(c.macs / 1e9, 1) == 17.6 and c.tokens == 197  # the DeiT paper's "17.6 GFLOPs" are MACs

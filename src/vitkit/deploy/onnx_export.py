@@ -143,6 +143,7 @@ class SeparateQKV(nn.Module):
     def __init__(self, attn: nn.Module):
         super().__init__()
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.kv_heads = getattr(attn, "kv_heads", attn.num_heads)  # grouped-query attention (Sapiens)
         self.root = float(attn.head_dim) ** 0.5
         if getattr(attn, "qkv", None) is None:  # split projections: taken as they are
             self.q, self.k, self.v = attn.q_proj, attn.k_proj, attn.v_proj
@@ -163,19 +164,22 @@ class SeparateQKV(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, bias: Optional[torch.Tensor] = None,
                 rope=None):
-        from ..models.layers import apply_rope
+        from ..models.layers import _repeat_heads, apply_rope
 
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is None and rope is None:  # (B, heads, d, N) straight from the projection: BERT's graph
+        v = self.v(x).reshape(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is None and rope is None and self.kv_heads == self.num_heads:
+            # (B, heads, d, N) straight from the projection: BERT's graph
             k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).permute(0, 2, 3, 1)
         else:
-            k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            k = self.k(x).reshape(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rope(q, rope), apply_rope(k, rope)
+            if self.kv_heads != self.num_heads:
+                k, v = _repeat_heads(k, self.num_heads), _repeat_heads(v, self.num_heads)
             k = k.transpose(-2, -1)
         scores = (q @ k) / self.root
         weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)

@@ -260,7 +260,7 @@ FAMILY = register_family(Family(
     name="eva", config_cls=EvaConfig, model_cls=Eva, complexity=vit_complexity, matches=is_eva_state_dict,
     infer_config=infer_eva_config, detect_priority=5, to_timm=lambda m: {
         k: v.detach().cpu().contiguous() for k, v in m.state_dict().items()},
-    timm_args=eva_timm_args, timm_config=eva_timm_config, layouts=("timm",)))
+    timm_args=eva_timm_args, timm_config=eva_timm_config, layouts=("timm", "hf")))
 
 
 # ----------------------------------------------------------------------------- names: timm's

@@ -662,8 +662,7 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, rope).type_as(v), apply_rope(k, rope).type_as(v)
         if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group
-            groups = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            k, v = _repeat_heads(k, q.shape[1]), _repeat_heads(v, q.shape[1])
         attn = None
         if return_attention or self._explicit(x):
             attn = (q * self.scale) @ k.transpose(-2, -1)
@@ -688,6 +687,13 @@ class Attention(nn.Module):
         return explicit_attention(self.impl, x, self.proj.weight)
 
 
+def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, kv, N, d) -> (B, heads, N, d), each of the kv heads repeated heads / kv times in a row
+    (``repeat_interleave`` on the heads, written as expand + reshape: the ONNX exporter takes it)."""
+    B, kv, N, d = x.shape
+    return x[:, :, None].expand(B, kv, heads // kv, N, d).reshape(B, heads, N, d)
+
+
 class QVBiasAttention(Attention):
     """Attention whose fused ``qkv`` projection has no bias of its own but learned q and v biases
     (``q_bias``, ``v_bias``) and none for k, which would cancel in the softmax: BEiT's and EVA's layout
@@ -702,8 +708,9 @@ class QVBiasAttention(Attention):
         if self.q_bias is None:
             return super().project(x)
         B, N, _ = x.shape
+        # the module is called (not its weight): hooks and adapters on qkv (LoRA) act on it
         bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-        qkv = F.linear(x, self.qkv.weight, bias).reshape(B, N, 3, self.num_heads, self.head_dim)
+        qkv = (self.qkv(x) + bias).reshape(B, N, 3, self.num_heads, self.head_dim)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
 
@@ -771,12 +778,9 @@ class AttentionPool(nn.Module):
         B, N, C = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = None
-        if return_attention:
-            attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
-            y = attn @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v)
+        # one query: the explicit softmax costs what a fused kernel would (and its weights are at hand)
+        attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+        y = attn @ v
         y = self.proj(y.transpose(1, 2).reshape(B, 1, C))
         y = y + self.mlp(self.norm(y))
         y = y[:, 0]

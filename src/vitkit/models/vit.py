@@ -383,7 +383,7 @@ def count_parameters(model: nn.Module) -> int:
 
 def num_tokens(config: ViTConfig) -> int:
     gh, gw = config.grid_size
-    return gh * gw + int(config.class_token) + int(config.distill_token)
+    return gh * gw + config.num_prefix_tokens
 
 
 # ----------------------------------------------------------------------------- the family description
@@ -403,14 +403,20 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     else:
         embed = gh * gw * D * config.in_chans * ph * pw
     attn_mix = 2 * n * n * D  # q k^T and attention x v, all heads together
-    per_block = 3 * n * D * D + attn_mix + n * D * D + 2 * n * D * M
+    mlp = (3 if config.mlp != "mlp" else 2) * n * D * M  # SwiGLU: a gate and a value projection, then fc2
+    kv_heads = getattr(config, "kv_heads", None) or [config.num_heads] * config.depth  # grouped-query (EVA)
+    qkv = sum(n * D * D + 2 * n * D * D * h // config.num_heads for h in kv_heads)
+    blocks = qkv + config.depth * (attn_mix + n * D * D + mlp)
     head_in = D
     tail = 0
+    if config.global_pool == "map":  # one query over the (patch) tokens, projection, MLP
+        pooled = n if config.pool_include_prefix else n - config.num_prefix_tokens
+        tail += D * D + 2 * pooled * D * D + 2 * pooled * D + D * D + 2 * D * (config.map_mlp_dim or M)
     if config.representation_size:
         tail += D * config.representation_size
         head_in = config.representation_size
     tail += head_in * config.num_classes * (2 if config.distill_token else 1)  # DeiT: a second head
-    macs = embed + config.depth * per_block + tail
+    macs = embed + blocks + tail
     return token_complexity(config, macs, config.depth * attn_mix, n, config.token_patch_size, cnn)
 
 

@@ -30,7 +30,7 @@ MODES = ("full", "lora", "bitfit", "head")
 #: attention alone at the same rank)
 DEFAULT_TARGETS = ("qkv", "proj", "fc1", "fc2")
 #: the embedding's parameters (frozen with the first blocks)
-_EMBEDDING = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")
+_EMBEDDING = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "rope.", "norm_pre.")
 
 
 def _block_lists(model: nn.Module) -> List[Tuple[str, nn.ModuleList]]:
@@ -42,18 +42,25 @@ def _heads(model: nn.Module) -> Tuple[str, ...]:
     return tuple(model.head_names()) if hasattr(model, "head_names") else ("head",)
 
 
+#: a target's parts in the later ViTs' layouts: separate q/k/v projections (EVA-02, DINOv3 from Hugging
+#: Face, Sapiens) for ``qkv``, SwiGLU's two input projections for ``fc1``
+TARGET_ALIASES = {"qkv": ("q_proj", "k_proj", "v_proj"), "fc1": ("fc1_g", "fc1_x")}
+
+
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
-    """The full names of the blocks' linear layers whose last name part is in ``targets``; an
-    unknown part is an error naming the parts the blocks have."""
-    found, have = [], set()
-    for prefix, blocks in _block_lists(model):
-        for name, module in blocks.named_modules():
-            if isinstance(module, nn.Linear):
-                part = name.rsplit(".", 1)[-1]
-                have.add(part)
-                if part in targets:
-                    found.append(f"{prefix}.{name}")
-    unknown = sorted(set(targets) - have)
+    """The full names of the blocks' linear layers whose last name part is in ``targets`` (``qkv`` and
+    ``fc1`` stand for their parts where a model splits them: :data:`TARGET_ALIASES`); an unknown part is
+    an error naming the parts the blocks have."""
+    linears = [(f"{prefix}.{name}", name.rsplit(".", 1)[-1]) for prefix, blocks in _block_lists(model)
+               for name, module in blocks.named_modules() if isinstance(module, nn.Linear)]
+    have = {part for _, part in linears}
+    wanted = set(targets)
+    for target, parts in TARGET_ALIASES.items():
+        if target in wanted and target not in have and set(parts) & have:
+            wanted |= set(parts) & have
+            wanted.discard(target)
+    found = [full for full, part in linears if part in wanted]
+    unknown = sorted(wanted - have)
     if unknown:
         raise ValueError(f"--lora-targets {', '.join(unknown)}: not a linear layer of this model's blocks "
                          f"(they have {', '.join(sorted(have))})")

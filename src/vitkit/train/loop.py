@@ -97,9 +97,10 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def layer_of(name: str, depth: int) -> int:
-    """The layer a parameter belongs to for layer-wise decay: 0 the embedding (patches, tokens,
-    positions), i + 1 block i, depth + 1 everything after the blocks."""
-    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")):
+    """The layer a parameter belongs to for layer-wise decay: 0 the embedding (patches, the class,
+    distillation and register tokens, positions: the learned table and RoPE-Mixed's frequencies, the norm
+    after the embedding), i + 1 block i, depth + 1 everything after the blocks (the attention pool too)."""
+    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "rope.", "norm_pre.")):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

@@ -15,12 +15,12 @@ from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
 from ..utils import PathLike, atomic_path, new_folder, write_json
-from . import hf_format, npz_format, selfsup_format, timm_format
+from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import CONFIG_METADATA_KEY
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
-_LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face ViT", "npz": "official JAX", "big_vision": "big_vision",
+_LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face", "npz": "official JAX", "big_vision": "big_vision",
                  "mae": "official MAE"}
 
 
@@ -29,7 +29,8 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
 
     - ``vitkit``: a folder with config.json + model.safetensors (as ``save_pretrained``);
     - ``timm``: a timm state dict, ``.safetensors`` or ``.pth`` by the file's suffix;
-    - ``hf``: a Hugging Face ViT folder (config.json, preprocessor_config.json, model.safetensors);
+    - ``hf``: a Hugging Face folder (config.json, preprocessor_config.json, model.safetensors): the vision
+      tower the model is (CLIP, SigLIP, DINOv2, DINOv3: :mod:`.hf_towers`), else a ViT;
     - ``npz``: the paper's vit_jax npz; ``big_vision``: big_vision's (``scan=True`` stacks blocks);
     - ``mae``: the official MAE checkpoint (a ``.pth`` of tensors under ``model``; MAE models).
 
@@ -65,12 +66,7 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     if format == "timm":
         return _export_timm(model, path)
     if format == "hf":
-        sd = hf_format.from_native(model)
-        with new_folder(path):  # a failed export removes the folder it made
-            _save_safetensors(sd, path / "model.safetensors")
-            write_json(path / "config.json", hf_format.config_to_hf(model.config))
-            write_json(path / "preprocessor_config.json", hf_format.preprocessor_to_hf(model.config))
-        return path
+        return _export_hf(model, path)
     if format in ("npz", "big_vision"):
         if path.suffix != ".npz":
             raise WeightsError(f"npz export: the file name must end in .npz, not {path.name!r}")
@@ -79,6 +75,33 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
             np.savez(f, **arrays)
         return path
     raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+
+
+def _export_hf(model: nn.Module, path: Path) -> Path:
+    """A Hugging Face folder: the vision tower the model is (CLIP, SigLIP, DINOv2, DINOv3), else a ViT."""
+    kind = hf_towers.layout_of(model.config)
+    if kind is not None:
+        sd, config = hf_towers.from_native(model)
+        processor = hf_towers.preprocessor_to_hf(model.config, kind)
+    elif model.config.architecture != "vit" or _later_vit(model.config):
+        nearest, problems = min(hf_towers.export_problems(model.config).items(), key=lambda kv: len(kv[1]))
+        raise WeightsError(f"no Hugging Face class expresses this model: the nearest, {nearest}, lacks "
+                           f"{'; '.join(problems)} (export as 'timm' or 'vitkit')")
+    else:
+        sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
+                                 hf_format.preprocessor_to_hf(model.config))
+    with new_folder(path):  # a failed export removes the folder it made
+        _save_safetensors(sd, path / "model.safetensors")
+        write_json(path / "config.json", config)
+        write_json(path / "preprocessor_config.json", processor)
+    return path
+
+
+def _later_vit(config) -> bool:
+    """Whether a ViT config uses a part of the later ViTs (the paper's ViT layout of HF cannot hold it)."""
+    return bool(config.reg_tokens or config.pre_norm or config.global_pool == "map" or config.no_embed_class
+                or config.mlp != "mlp" or config.norm != "layernorm" or config.qk_norm or config.attn_norm
+                or config.mlp_norm or config.embed_norm or config.block != "pre" or not config.final_norm)
 
 
 class ExportWarning(UserWarning):

@@ -18,12 +18,12 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from ..utils import PathLike
-from . import hf_format, npz_format, selfsup_format
+from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format
 from .io import WeightsError, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz")
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -57,6 +57,8 @@ class Source:
     path: Optional[Path] = None
     #: the objective of a pre-training model (simmim, mpp, mae), else None
     pretraining: Optional[str] = None
+    #: an open_clip hub folder's open_clip_config.json (the activation and preprocessing)
+    open_clip_config: Optional[Dict[str, Any]] = None
 
 
 def detect_format(keys) -> str:
@@ -69,11 +71,13 @@ def detect_format(keys) -> str:
         return "npz" if found[0] == "vit_jax" else "big_vision"
     if hf_format.is_hf(keys):
         return "hf"
+    if open_clip_format.is_open_clip(keys):
+        return "open_clip"  # CLIP's image tower under visual. (the text tower beside it is left out)
     if family_of_state_dict(keys) is not None:
         return "timm"  # vitkit's names are timm's (the official DeiT/CaiT/ConViT .pth files too, under 'model')
     preview = ", ".join(sorted(keys)[:6])
-    raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, "
-                       f"Hugging Face ViT, or official vit_jax / big_vision npz names")
+    raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, Hugging Face "
+                       f"(ViT, CLIP, SigLIP, DINOv2, DINOv3), open_clip, or official vit_jax / big_vision npz names")
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -100,6 +104,7 @@ def read_source(path: PathLike) -> Source:
         src = read_source(weights)
         src.config_json = _read_json(path / "config.json")
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
+        src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
         if src.config_json and src.config_json.get("format") == "vitkit":
             src.format = "vitkit"
         src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
@@ -127,6 +132,11 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         tensors = selfsup_format.split(src.pretraining, src.format, tensors)[0]
     if src.format in ("npz", "big_vision"):
         sd, facts = npz_format.to_native(tensors)
+    elif src.format == "hf" and src.config_json and src.config_json.get("model_type") in hf_towers.MODEL_TYPES:
+        sd = hf_towers.to_native(tensors, src.config_json)
+        facts["grid"] = hf_towers.config_from_hf(src.config_json, tensors).grid_size
+    elif src.format == "open_clip":
+        sd = open_clip_format.to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

@@ -18,7 +18,7 @@ from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike, require
-from . import hf_format, npz_format, selfsup_format, timm_format
+from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
 
@@ -146,6 +146,8 @@ def config_for_source(src: Source, **overrides: Any):
             raise WeightsError(f"{where}: {' '.join(str(e).split())}") from None
     if cj and cj.get("model_type") is not None:
         try:
+            if cj.get("model_type") in hf_towers.MODEL_TYPES:
+                return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
             return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
         except WeightsError as e:  # which file said it
             raise WeightsError(f"{src.path.parent / 'config.json' if src.path else 'config.json'}: {e}") from None
@@ -157,6 +159,8 @@ def config_for_source(src: Source, **overrides: Any):
                            "pass the folder that holds both")
     if cj and "architecture" in cj:
         return timm_format.config_from_hub(cj, src.tensors, **overrides)
+    if src.format == "open_clip":
+        return open_clip_format.infer_config(src.tensors, src.open_clip_config, **overrides)
     sd, facts = to_native(src)
     if src.format in ("npz", "big_vision"):
         return npz_format.infer_config(sd, facts, **overrides)
@@ -242,6 +246,11 @@ def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
     """Say, once per load, which fields of an architecture read off bare tensors were guessed:
     a fused qkv matrix does not hold the number of heads, so a width outside the paper's table
     gets width / 64 heads, and a wrong guess changes every output without an error."""
+    if src.format == "open_clip" and src.open_clip_config is None and "gelu" not in overrides:
+        warnings.warn(f"{src.path} holds tensors only: open_clip's activation is not stored and was read as exact "
+                      f"GELU (LAION's); OpenAI's CLIP weights need gelu='quick' (or the folder with "
+                      f"open_clip_config.json)", GuessWarning, stacklevel=3)
+        return
     if src.config_json is not None or src.format != "timm" or "num_heads" in overrides:
         return
     from ..models.vit import HEADS_BY_WIDTH

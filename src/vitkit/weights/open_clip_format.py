@@ -1,0 +1,118 @@
+"""open_clip's checkpoints of CLIP image towers (``visual.*``), read into vitkit's ViT.
+
+open_clip keeps the image tower under ``visual.``: ``conv1`` (the patch projection, no bias),
+``class_embedding`` (D,), ``positional_embedding`` (1 + patches, D), ``ln_pre``, the blocks as
+``transformer.resblocks.N.{ln_1, attn.in_proj_weight / in_proj_bias (q, k, v stacked), attn.out_proj,
+ln_2, mlp.c_fc, mlp.c_proj}`` (``ls_1.gamma`` / ``ls_2.gamma`` with LayerScale), ``ln_post`` and ``proj``
+(D, embed: the projection into the joint space, used as ``pooled @ proj``). The text tower beside it
+(``transformer.*``, ``token_embedding``, ``ln_final``, ``text_projection``, ``logit_scale``) is left out.
+
+The tensors do not hold the activation: OpenAI's weights were trained with QuickGELU, LAION's with
+GELU. A hub folder's ``open_clip_config.json`` says which (``model_cfg.quick_gelu``) and gives the
+preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights.pretrained.GuessWarning`
+says so (``gelu='quick'`` for OpenAI's). Heads are width / 64 (open_clip's ``head_width``).
+Only the class-token readout without an attention pool is read (CoCa's pools are refused by name).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from ..models import ViTConfig
+from .io import WeightsError
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+#: open_clip's default width of one head
+HEAD_WIDTH = 64
+#: the file names of open_clip's hub repositories, after vitkit's own in a folder
+WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+CONFIG_FILE = "open_clip_config.json"
+
+_RULES = [
+    (r"visual\.conv1\.weight", "patch_embed.proj.weight"),
+    (r"visual\.ln_pre\.(weight|bias)", r"norm_pre.\1"),
+    (r"visual\.ln_post\.(weight|bias)", r"norm.\1"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.ln_(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.attn\.in_proj_weight", r"blocks.\1.attn.qkv.weight"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.attn\.in_proj_bias", r"blocks.\1.attn.qkv.bias"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.mlp\.c_fc\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.mlp\.c_proj\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
+    (r"visual\.transformer\.resblocks\.(\d+)\.ls_(1|2)\.gamma", r"blocks.\1.ls\2.gamma"),
+]
+
+
+def is_open_clip(keys) -> bool:
+    keys = set(keys)
+    return "visual.conv1.weight" in keys and "visual.class_embedding" in keys
+
+
+def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped."""
+    rules = [(re.compile(p), r) for p, r in _RULES]
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if not key.startswith("visual."):
+            continue  # the text tower and the logit scale
+        value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if key == "visual.class_embedding":
+            out["cls_token"] = value.reshape(1, 1, -1)
+        elif key == "visual.positional_embedding":
+            out["pos_embed"] = value.unsqueeze(0)
+        elif key == "visual.proj":
+            out["head.weight"] = value.t().contiguous()
+            out["head.bias"] = value.new_zeros(value.shape[1])
+        else:
+            for pattern, repl in rules:
+                if pattern.fullmatch(key):
+                    out[pattern.sub(repl, key)] = value
+                    break
+            else:
+                out[f"unmapped:{key}"] = value
+    return out
+
+
+def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None,
+                 **overrides: Any) -> ViTConfig:
+    """The tower's architecture off its shapes (and ``open_clip_config.json`` where given)."""
+    if any(k.startswith("visual.attn_pool") for k in sd):
+        raise WeightsError("an open_clip tower with an attention pool (CoCa) is not one vitkit reads")
+    conv, pos = sd["visual.conv1.weight"], sd["visual.positional_embedding"]
+    width, chans, ph, pw = (int(s) for s in conv.shape)
+    depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)] if m)
+    patches = int(pos.shape[0]) - 1
+    side = int(round(patches ** 0.5))
+    if side * side != patches:
+        raise WeightsError(f"open_clip positional_embedding of {patches} patch slots is not a square grid; "
+                           f"pass img_size=")
+    model_cfg = (open_clip_config or {}).get("model_cfg", {})
+    vision = model_cfg.get("vision_cfg", {}) if isinstance(model_cfg, Mapping) else {}
+    if vision.get("attentional_pool") or vision.get("pool_type", "tok") != "tok" or vision.get("final_ln_after_pool"):
+        raise WeightsError("open_clip vision_cfg with another readout than the class token (attentional_pool, "
+                           "pool_type, final_ln_after_pool) is not one vitkit reads")
+    kw: Dict[str, Any] = dict(
+        img_size=(side * ph, side * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
+        num_heads=max(1, width // int(vision.get("head_width", HEAD_WIDTH))),
+        mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]), pre_norm=True, norm_eps=1e-5,
+        init_values=1.0 if "visual.transformer.resblocks.0.ls_1.gamma" in sd else None,
+        num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0,
+        gelu="quick" if model_cfg.get("quick_gelu") else "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
+    pre = (open_clip_config or {}).get("preprocess_cfg", {})
+    if isinstance(pre, Mapping):
+        for key in ("mean", "std"):
+            if key in pre:
+                kw[key] = tuple(float(v) for v in pre[key])
+        if pre.get("interpolation") in ("bicubic", "bilinear"):
+            kw["interpolation"] = pre["interpolation"]
+    kw.update(overrides)
+    try:
+        return ViTConfig(**kw)
+    except ValueError as e:
+        raise WeightsError(f"open_clip tower: {e}") from None
+
+
+__all__ = ["is_open_clip", "to_native", "infer_config", "WEIGHT_FILES", "CONFIG_FILE", "HEAD_WIDTH"]

@@ -1,0 +1,118 @@
+"""Hugging Face's vision towers both ways: ``save_pretrained`` folders of CLIP, SigLIP, DINOv2 (with
+registers) and DINOv3 (one-tower and two-tower classes) read by ``vitkit.from_pretrained`` give
+transformers' pooled outputs (fp32, 1e-5); vitkit's models exported as 'hf' are read by transformers'
+own classes with the same outputs, and back."""
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.weights.io import WeightsError
+
+T = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+             patch_size=8)
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+            max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+
+
+def _pooled(model, x):
+    if isinstance(model, (T.CLIPModel, T.SiglipModel)):
+        out = model.get_image_features(pixel_values=x)
+        return out if isinstance(out, torch.Tensor) else out.pooler_output
+    out = model(pixel_values=x)
+    return out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output
+
+
+def _close(a, b):
+    return a.shape == b.shape and max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+CASES = {
+    "clip_quickgelu": ("CLIPVisionModel", lambda: T.CLIPVisionConfig(**SMALL, hidden_act="quick_gelu")),
+    "clip_projection": ("CLIPVisionModelWithProjection", lambda: T.CLIPVisionConfig(**SMALL, projection_dim=16)),
+    "clip_two_towers": ("CLIPModel", lambda: T.CLIPConfig(text_config=TEXT, vision_config=SMALL, projection_dim=16)),
+    "siglip": ("SiglipVisionModel", lambda: T.SiglipVisionConfig(**SMALL)),
+    "siglip_two_towers": ("SiglipModel", lambda: T.SiglipConfig(text_config=TEXT, vision_config=SMALL)),
+    "dinov2": ("Dinov2Model", lambda: T.Dinov2Config(**SMALL)),
+    "dinov2_swiglu": ("Dinov2Model", lambda: T.Dinov2Config(**SMALL, use_swiglu_ffn=True)),
+    "dinov2_registers": ("Dinov2WithRegistersModel", lambda: T.Dinov2WithRegistersConfig(**SMALL)),
+    "dinov3": ("DINOv3ViTModel", lambda: T.DINOv3ViTConfig(**SMALL, num_register_tokens=4)),
+    "dinov3_gated": ("DINOv3ViTModel", lambda: T.DINOv3ViTConfig(**SMALL, num_register_tokens=2, use_gated_mlp=True,
+                                                                 hidden_act="silu")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hugging_face_tower_folder_loads_with_parity(case, tmp_path, images):
+    cls, config = CASES[case]
+    ref = randomize(getattr(T, cls)(config())).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(_pooled(ref, x), ours(x))
+
+
+def test_dinov3_at_a_non_square_size_as_transformers(tmp_path, images):
+    """DINOv3 takes any size (its rotary angles follow the grid): a 48x80 image against transformers'."""
+    ref = randomize(T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL, num_register_tokens=4))).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 48, 80)
+    with torch.no_grad():
+        assert _close(_pooled(ref, x), ours(x))
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("vit_base_patch16_clip_224", "CLIPVisionModelWithProjection"),
+    ("vit_base_patch16_siglip_224", "SiglipVisionModel"),
+    ("vit_small_patch14_dinov2", "Dinov2Model"), ("vit_small_patch14_reg4_dinov2", "Dinov2WithRegistersModel"),
+])
+def test_vitkit_towers_export_to_their_hugging_face_class(name, cls, tmp_path, images):
+    size = 70 if "patch14" in name else 64
+    model = randomize(vitkit.create_model(name, depth=2, img_size=size))
+    if model.config.num_classes:
+        torch.nn.init.zeros_(model.head.bias)  # CLIP's projection has no bias
+    vitkit.export_weights(model, tmp_path / "hf", "hf")
+    ref = getattr(T, cls).from_pretrained(tmp_path / "hf").eval()
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    assert list(processor.image_mean) == pytest.approx(list(model.config.mean))
+    x = images(2, size, size)
+    back = vitkit.from_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        expected = model(x)
+        assert _close(_pooled(ref, x), expected)
+        assert _close(back(x), expected)
+
+
+def test_dinov3_exports_to_its_hugging_face_class(tmp_path, images):
+    model = randomize(vitkit.create_model("vit_small_patch16_dinov3_qkvb", depth=2, img_size=64))
+    model.reset_classifier(0, "token")  # transformers' pooled output is the class token
+    vitkit.export_weights(model, tmp_path / "hf", "hf")
+    ref = T.DINOv3ViTModel.from_pretrained(tmp_path / "hf").eval()
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        assert _close(_pooled(ref, x), model(x))
+
+
+def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
+    model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32, reg_tokens=2)
+    with pytest.raises(WeightsError, match="nearest, clip_vision_model, lacks reg_tokens=2"):
+        vitkit.export_weights(model, tmp_path / "hf", "hf")
+    assert not (tmp_path / "hf").exists()
+    model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32)
+    with torch.no_grad():
+        model.head.bias.fill_(1.0)  # a classifier trained on the tower: not CLIP's projection any more
+    with pytest.raises(WeightsError, match="visual_projection has no bias"):
+        vitkit.export_weights(model, tmp_path / "hf2", "hf")
+
+
+def test_hugging_face_configs_vitkit_cannot_build_are_one_line(tmp_path):
+    ref = T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL, use_gated_mlp=True, hidden_act="gelu"))
+    ref.save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match="gated MLP with hidden_act 'gelu'") as e:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(e.value)

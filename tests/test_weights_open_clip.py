@@ -1,0 +1,75 @@
+"""open_clip's image towers (``visual.*``): a checkpoint as open_clip saves it, with the hub folder's
+``open_clip_config.json`` or alone, read by ``vitkit.from_pretrained``: ``encode_image``'s outputs (fp32,
+1e-5 of their scale); the activation the tensors do not hold is said, not guessed in silence."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.weights.io import WeightsError
+from vitkit.weights.pretrained import GuessWarning
+
+open_clip = pytest.importorskip("open_clip")
+
+
+def _tower(tmp_path, name, layers=2, size=64, **vision):
+    from safetensors.torch import save_file
+
+    cfg = open_clip.get_model_config(name)
+    cfg["vision_cfg"].update(layers=layers, image_size=size, **vision)
+    cfg["text_cfg"].update(layers=1)
+    model = randomize(open_clip.CLIP(**cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "open_clip_model.safetensors"))
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(
+        {"model_cfg": cfg, "preprocess_cfg": {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}}))
+    return model
+
+
+@pytest.mark.parametrize("name", ["ViT-B-32", "ViT-B-16-quickgelu"])
+def test_open_clip_folder_loads_with_parity(name, tmp_path, images):
+    ref = _tower(tmp_path, name)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.gelu == ("quick" if "quickgelu" in name else "exact")
+    assert ours.config.mean == (0.1, 0.2, 0.3) and ours.config.num_classes == 512  # the projection
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a, b = ref.encode_image(x), ours(x)
+    assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_open_clip_layer_scale_tower(tmp_path, images):
+    ref = _tower(tmp_path, "ViT-B-32", ls_init_value=0.1)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a, b = ref.encode_image(x), ours(x)
+    assert ours.config.init_values and max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_a_bare_open_clip_file_says_what_it_assumed(tmp_path, images):
+    ref = _tower(tmp_path, "ViT-B-16-quickgelu")
+    with pytest.warns(GuessWarning, match="gelu='quick'"):
+        guessed = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+    assert guessed.config.gelu == "exact"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GuessWarning)  # told: nothing to say
+        told = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="quick")
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert max_diff(a, told(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+        assert max_diff(a, guessed(x)) > 1e-3  # the wrong activation is another function
+
+
+def test_open_clip_attention_pool_tower_is_refused(tmp_path):
+    cfg = open_clip.get_model_config("ViT-B-32")
+    cfg["vision_cfg"].update(layers=1, image_size=64, attentional_pool=True)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    _tower(tmp_path, "ViT-B-32", layers=1)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    with pytest.raises(WeightsError, match="attentional_pool"):
+        vitkit.from_pretrained(tmp_path)
