@@ -102,3 +102,20 @@ def test_bare_eva_state_dict_is_not_guessed():
     ref = timm.create_model("vit_small_patch16_rope_224", depth=1, img_size=32)
     with pytest.raises(WeightsError, match="rotary positions"):
         vitkit.weights.timm_format.infer_config(ref.state_dict())
+
+
+def test_vitkit_info_says_what_a_folder_is_before_loading_it(tmp_path, capsys):
+    from vitkit.cli import main
+
+    _, folder = _saved(tmp_path, "vit_small_patch14_reg4_dinov2", depth=2, img_size=70)
+    assert main(["info", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "timm (vit_small_patch14_reg4_dinov2)" in out and "4 registers" in out and "5 prefix tokens" in out
+    assert main(["info", str(folder), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["source"]["format"] == "timm" and info["source"]["config"]["reg_tokens"] == 4
+    assert info["params"] == info["source"]["values"]  # the tensors are the model's parameters
+    _, unknown = _saved(tmp_path, "vit_pwee_patch16_reg1_gap_256", depth=1, img_size=64)
+    assert main(["info", str(unknown)]) == 2
+    out = capsys.readouterr().out
+    assert "cannot load it: timm architecture 'vit_pwee_patch16_reg1_gap_256' is not one vitkit knows" in out

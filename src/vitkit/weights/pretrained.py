@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union  # noqa: F401
 
 import torch
 from torch import nn
@@ -167,6 +167,31 @@ def config_for_source(src: Source, **overrides: Any):
     if src.pretraining == "mae":  # the official MAE layout: ImageNet statistics, as MAE trains
         overrides = {**selfsup_format.official_mae_encoder_overrides(), **overrides}
     return timm_format.infer_config(sd, **overrides)
+
+
+def describe_source(source: PathLike) -> Dict[str, Any]:
+    """What a weights file or folder is, before any model is built: its layout, what it calls itself
+    (a timm architecture, a Hugging Face class, open_clip), the vitkit config it loads as (or why it
+    does not), and its tensors (count, parameters, dtypes). A pre-training source gives its encoder."""
+    path = weights_path(source)
+    if not path.exists():
+        raise WeightsError(f"weights not found: {path} (no such file or folder)")
+    src = read_source(path)
+    cj = src.config_json or {}
+    own = (cj.get("architecture") or (cj.get("config") or {}).get("name") or
+           ", ".join(cj.get("architectures", []) or []) or cj.get("model_type"))
+    if src.format == "open_clip":
+        own = "open_clip image tower" + (" (open_clip_config.json)" if src.open_clip_config else "")
+    tensors = list(src.tensors.values())
+    info: Dict[str, Any] = dict(
+        path=str(path), format=src.format, source_name=own, pretraining=src.pretraining, tensors=len(tensors),
+        values=int(sum(getattr(t, "numel", lambda: t.size)() for t in tensors)),
+        dtypes=sorted({str(getattr(t, "dtype", "?")).replace("torch.", "") for t in tensors}))
+    try:
+        info["config"] = config_for_source(src)
+    except (WeightsError, ValueError, TypeError) as e:
+        info["refused"] = " ".join(str(e).split())
+    return info
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
