@@ -28,6 +28,8 @@ def test_macs_match_flop_counter(kw):
     ("eva02_base_patch14_224", dict(depth=2, img_size=56)),  # SwiGLU, rotary positions
     ("vit_large_patch16_sapiens2", dict(img_size=(48, 32))),  # grouped-query attention, registers, packed SwiGLU
     ("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70, num_classes=10)),  # registers
+    ("vit_relpos_medium_patch16_cls_224", dict(depth=2, img_size=64)),  # a bias MLP in every layer
+    ("vit_srelpos_small_patch16_224", dict(depth=2, img_size=64)),  # one bias MLP for all
 ])
 def test_macs_of_the_later_vits_match_flop_counter(name, kw):
     model = vitkit.create_model(name, **kw).eval().requires_grad_(False)

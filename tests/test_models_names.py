@@ -66,6 +66,9 @@ CASES = {
     "sapiens_gqa": ("vit_large_patch16_sapiens2", dict(img_size=(48, 32))),
     "beit": ("beit_base_patch16_224", dict(depth=2, img_size=64)),
     "beitv2": ("beitv2_base_patch16_224", dict(depth=2, img_size=64)),
+    "relpos_mlp_cls": ("vit_relpos_medium_patch16_cls_224", dict(depth=2, img_size=64)),
+    "relpos_mlp_shared": ("vit_srelpos_small_patch16_224", dict(depth=2, img_size=64)),
+    "relpos_mlp_rpn": ("vit_relpos_medium_patch16_rpn_224", dict(depth=2, img_size=64)),
 }
 
 
@@ -94,7 +97,7 @@ def test_later_vits_equal_timm(case, images):
 
 
 @pytest.mark.parametrize("case", ["clip", "siglip_map", "dinov2_reg4", "eva02_subln", "rope_mixed", "pe_core",
-                                  "dinov3", "beitv2"])
+                                  "dinov3", "beitv2", "relpos_mlp_cls"])
 def test_later_vits_equal_timm_at_a_non_square_size(case, images):
     """Built at another, non-square size (positions resampled, rotary angles for the new grid): still timm's."""
     name, kw = CASES[case]

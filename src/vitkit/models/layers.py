@@ -365,6 +365,66 @@ class RelativePositionBias(RelativeBiasTable, nn.Module):
         return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
 
 
+class _ReluMlp(nn.Module):
+    """Linear -> ReLU -> Linear, with timm's names (``fc1``, ``fc2``)."""
+
+    def __init__(self, dim: int, hidden: int, out: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def relative_log_coords(grid: IntPair) -> torch.Tensor:
+    """((2 gh - 1), (2 gw - 1), 2) offsets (dy, dx) between patches as sign(d) log(1 + |d|) (timm's 'cr' log
+    coordinates, after Swin v2's): continuous in the offset, so a table for any grid is the same function."""
+    gh, gw = grid
+    dy = torch.arange(-(gh - 1), gh, dtype=torch.float32)
+    dx = torch.arange(-(gw - 1), gw, dtype=torch.float32)
+    coords = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1)
+    return torch.sign(coords) * torch.log(1.0 + coords.abs())
+
+
+class RelativePositionMlp(nn.Module):
+    """A relative position bias computed by a small MLP from the log-spaced 2D offset of each query and key
+    patch (timm's ``RelPosMlp``, mode 'cr': ``mlp.fc1`` 2 -> hidden, ReLU, ``mlp.fc2`` hidden -> heads); the
+    prefix tokens get none (zero rows and columns). No table depends on the grid, so any grid is exact.
+    ``relative_bias(grid)`` -> (1, heads, prefix + N, prefix + N)."""
+
+    def __init__(self, grid: IntPair, num_heads: int, hidden: int = 128, prefix_tokens: int = 0):
+        super().__init__()
+        self.num_heads, self.prefix_tokens = num_heads, int(prefix_tokens)
+        self.mlp = _ReluMlp(2, hidden, num_heads)
+        self.grid = tuple(grid)
+        self._buffers_for(self.grid)
+
+    def _buffers_for(self, grid: IntPair) -> None:
+        self.register_buffer("rel_coords_log", relative_log_coords(grid), persistent=False)
+        self.register_buffer("relative_position_index", relative_position_index(grid, 0).view(-1), persistent=False)
+
+    def relative_bias(self, grid: IntPair) -> torch.Tensor:
+        coords, index = self.rel_coords_log, self.relative_position_index
+        if tuple(grid) != self.grid:
+            coords = relative_log_coords(grid).to(coords.device)
+            index = relative_position_index(grid, 0).view(-1).to(index.device)
+        n = grid[0] * grid[1]
+        bias = self.mlp(coords).view(-1, self.num_heads)[index].view(n, n, self.num_heads).permute(2, 0, 1)
+        if self.prefix_tokens:
+            bias = F.pad(bias, [self.prefix_tokens, 0, self.prefix_tokens, 0])
+        return bias.unsqueeze(0)
+
+    def set_relative_grid(self, grid: IntPair) -> None:
+        self.grid = tuple(grid)
+        device = self.rel_coords_log.device
+        self._buffers_for(self.grid)
+        self.rel_coords_log, self.relative_position_index = (self.rel_coords_log.to(device),
+                                                             self.relative_position_index.to(device))
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
+
+
 # ----------------------------------------------------------------------------- forward_intermediates
 
 

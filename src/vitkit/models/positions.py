@@ -13,6 +13,9 @@ slots for prefix tokens in front of the patches when the family has them), and v
 fixed table in the non-persistent buffer ``pos_embed_fixed``. The resampling follows the
 model's ``config.pos_embed_interpolation`` and ``config.pos_embed_antialias``.
 
+``relative_mlp`` (timm's ``VisionTransformerRelPos``) computes the bias from the log-spaced offset by a
+small MLP in every layer (``attn.rel_pos.mlp``) or one shared by all (``shared_rel_pos``).
+
 ``relative`` adds nothing to the tokens: every block's attention adds a learned bias per head
 and 2D offset to its logits (the paper's Appendix D.4 ablation has relative positions; this is
 the bias form of Swin and BEiT, timm's ``RelPosBias`` with its parameter names,
@@ -32,6 +35,7 @@ from torch import nn
 from .layers import (
     IntPair,
     RelativePositionBias,
+    RelativePositionMlp,
     Rope,
     resample_pos_embed,
     resample_pos_embed_grid,
@@ -157,6 +161,23 @@ def _relative_attach(model: nn.Module) -> None:
 def _relative_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     for blk in model.blocks:
         _bias_holder(blk).set_relative_grid(new)
+
+
+def _mlp_attach(model: nn.Module) -> None:
+    cfg, grid = model.config, model.patch_embed.grid_size
+    make = lambda heads: RelativePositionMlp(grid, heads, cfg.rel_pos_dim, model.num_prefix_tokens)  # noqa: E731
+    if cfg.shared_rel_pos:  # one MLP for every layer (timm's vit_srelpos)
+        model.shared_rel_pos = make(cfg.num_heads)
+        return
+    for blk in model.blocks:
+        blk.attn.rel_pos = make(blk.attn.num_heads)
+
+
+def _mlp_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    holders = [_bias_holder(blk) for blk in model.blocks] + [getattr(model, "shared_rel_pos", None)]
+    for holder in holders:
+        if holder is not None:
+            holder.set_relative_grid(new)
 
 
 def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
@@ -362,6 +383,8 @@ KINDS: Dict[str, PosEmbedKind] = {
     "none": PosEmbedKind(_nothing, _nothing, _nothing),
     "relative": PosEmbedKind(_nothing, _nothing, _relative_resample, fit_state=_relative_fit_state,
                              attach=_relative_attach),
+    # timm's VisionTransformerRelPos: a bias from an MLP of the log-spaced offset (per layer, or shared)
+    "relative_mlp": PosEmbedKind(_nothing, _nothing, _mlp_resample, attach=_mlp_attach),
 }
 
 
@@ -399,6 +422,8 @@ def parameters(model: nn.Module) -> List[nn.Parameter]:
 def attention_bias(model: nn.Module, blk: nn.Module, grid: IntPair) -> Optional[torch.Tensor]:
     """The (1, heads, N, N) bias block ``blk`` adds to its attention logits on ``grid`` (None: none)."""
     rel = _bias_holder(blk)
+    if rel is None:
+        rel = getattr(model, "shared_rel_pos", None)  # one bias for every layer
     return None if rel is None else rel.relative_bias(grid)
 
 

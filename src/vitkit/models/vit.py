@@ -116,6 +116,9 @@ class ViTConfig(TokenConfig):
     map_mlp_dim: Optional[int] = None
     #: average or attention-pool the prefix tokens too (timm's ``pool_include_prefix``)
     pool_include_prefix: bool = False
+    #: the hidden width of the 'relative_mlp' positions' MLP, and whether one MLP serves every layer
+    rel_pos_dim: int = 128
+    shared_rel_pos: bool = False
     #: an image size that is no multiple of the patch: the pixels past the last whole patch are left out,
     #: as timm's and Hugging Face's convolution does (SigLIP so400m/14 at 384 px uses 378 of them)
     crop_remainder: bool = False
@@ -155,6 +158,9 @@ class ViTConfig(TokenConfig):
         if self.pos_embed == "relative" and (self.distill_token or self.reg_tokens):
             problems.append("pos_embed='relative' has bias rows for one prefix token (a class token, as BEiT and timm "
                             "have), not DeiT's distillation token or registers")
+        if self.shared_rel_pos and self.pos_embed != "relative_mlp":
+            problems.append("shared_rel_pos needs pos_embed='relative_mlp'")
+        problems += self._positive_int_problems(("rel_pos_dim",))
         if self.distill_token and self.reg_tokens:
             problems.append("distill_token and reg_tokens: DeiT's layout has no registers")
         problems += _choice_problems(self, (("gelu", GELUS), ("norm", NORMS), ("mlp", MLPS), ("block", BLOCKS)))
@@ -248,6 +254,7 @@ class VisionTransformer(TokenModel):
 
         rates = linear_drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList([self.build_block(i, rates[i], norm) for i in range(cfg.depth)])
+        self.shared_rel_pos = None
         positions.attach(self)  # relative positions: a bias table in every block's attention
         use_fc_norm, final = cfg.use_fc_norm, cfg.final_norm
         self.norm = norm(D) if final and not use_fc_norm else nn.Identity()
@@ -409,6 +416,9 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     blocks = qkv + config.depth * (attn_mix + n * D * D + mlp)
     head_in = D
     tail = 0
+    if config.pos_embed == "relative_mlp":  # the bias MLP over every offset, in every layer (a shared MLP too:
+        offsets = (2 * gh - 1) * (2 * gw - 1)  # each layer asks for its bias; ~0.02% of a ViT-S's MACs)
+        tail += offsets * (2 * config.rel_pos_dim + config.rel_pos_dim * config.num_heads) * config.depth
     if config.global_pool == "map":  # one query over the (patch) tokens, projection, MLP
         pooled = n if config.pool_include_prefix else n - config.num_prefix_tokens
         tail += D * D + 2 * pooled * D * D + 2 * pooled * D + D * D + 2 * D * (config.map_mlp_dim or M)

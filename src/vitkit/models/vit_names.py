@@ -11,7 +11,8 @@ loads each from timm's hub layout and compares the logits.
 
 Not here, and refused by name: timm's parallel blocks (``vit_pwee``), differential attention
 (``vit_dwee``, ``vit_dlittle``, ``vit_dpwee``) and the BatchNorm conv-stem hybrid (``vit_base_mci_224``).
-The models with rotary positions (``*_rope_*``, EVA-02, DINOv3, Perception Encoder) are :mod:`.eva`'s.
+timm's relative-position ViTs (``vit_relpos_*``, ``vit_srelpos_*``) are here too. The models with rotary
+positions (``*_rope_*``, EVA-02, DINOv3, Perception Encoder) are :mod:`.eva`'s.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     "radio": dict(img_size=512, no_embed_class=True, final_norm=False, num_classes=0, crop_pct=1.0, **CLIP),
     # FlexiViT (Beyer et al. 2023): trained over patch sizes; the table at 240 px, no class slot
     "flexivit": dict(img_size=240, no_embed_class=True, crop_pct=0.95),
+    # timm's relative-position ViTs: a bias from an MLP of the log-spaced offset in every layer (or one
+    # shared: "srelpos"), no absolute table, LayerScale 1e-6, mean pooling
+    "relpos": dict(pos_embed="relative_mlp", init_values=1e-6, class_token=False, global_pool="avg", fc_norm=False,
+                   qkv_bias=False),
 }
 
 
@@ -201,7 +206,21 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "vit_small_patch8_224": ("small", "", dict(patch_size=8, num_classes=0, **IMAGENET)),
     "vit_base_patch16_224_miil": ("base", "", dict(qkv_bias=False, num_classes=11221, crop_pct=0.875,
                                                    interpolation="bilinear", **RAW)),
+    # ---- timm's relative-position ViTs
+    "vit_relpos_small_patch16_224": ("small", "relpos", dict(fc_norm=True)),
+    "vit_relpos_medium_patch16_224": ("medium", "relpos", dict(fc_norm=True)),
+    "vit_relpos_base_patch16_224": ("base", "relpos", dict(fc_norm=True)),
+    "vit_relpos_base_patch16_clsgap_224": ("base", "relpos", dict(fc_norm=True, class_token=True)),
+    "vit_relpos_medium_patch16_cls_224": ("medium", "relpos", dict(class_token=True, global_pool="token",
+                                                                    rel_pos_dim=256)),
+    "vit_srelpos_small_patch16_224": ("small", "relpos", dict(shared_rel_pos=True, rel_pos_dim=384)),
+    "vit_srelpos_medium_patch16_224": ("medium", "relpos", dict(shared_rel_pos=True, rel_pos_dim=512)),
+    "vit_relpos_medium_patch16_rpn_224": ("medium", "relpos", dict(block="res_post")),
+    "vit_relpos_base_patch32_plus_rpn_256": ("base_plus", "relpos", dict(block="res_post", patch_size=32,
+                                                                         img_size=256, qkv_bias=True)),
 }
+
+
 for _name, (_size, _recipe, _fields) in NAMES.items():
     register_model(_name, _entry(_size, _recipe, **_fields), f"timm's {_name}")
 
