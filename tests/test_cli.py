@@ -39,7 +39,7 @@ def photo(tmp_path):
 def test_models_table_and_json(capsys):
     code, out, _ = run(capsys, "models", "--filter", "vit_base_patch16_224")
     assert code == 0 and "86.57M" in out and "17.56" in out and "197" in out
-    code, out, _ = run(capsys, "models", "--json", "--filter", "vit_tiny_patch*")
+    code, out, _ = run(capsys, "models", "--json", "--filter", "vit_tiny_patch16_[0-9]*")
     rows = json.loads(out)
     assert {r["name"] for r in rows} == {"vit_tiny_patch16_224", "vit_tiny_patch16_384"}
     assert next(r for r in rows if r["name"] == "vit_tiny_patch16_224")["params"] == 5_717_416
