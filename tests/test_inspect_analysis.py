@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+import vitkit
 from conftest import randomize
 from vitkit.inspect import (
     attention_maps,
@@ -158,3 +159,41 @@ def test_cait_class_attention_layers_in_rollout_and_distance():
     rollout = attention_rollout(model, x)
     assert rollout.shape == (2, 4, 4) and torch.allclose(rollout.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
     assert mean_attention_distance(model, x).shape == (2, 2)
+
+
+def test_token_norms_are_the_last_blocks_tokens_and_fence_their_outliers():
+    """The norm after the last block (before the final norm) of every patch and prefix token; Tukey's far-out
+    fence over the patch norms marks outliers (one planted token is found, the rest are not)."""
+    from vitkit.inspect import token_norms
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_small_patch14_reg4_dinov2", depth=2, img_size=56, num_classes=3).eval()
+    x = torch.randn(2, 3, 56, 56)
+    norms = token_norms(model, x)
+    with torch.no_grad():
+        tokens, _ = model.embed(x)
+        for i, blk in enumerate(model.blocks):
+            tokens, _ = model._layer(i, blk, tokens, (4, 4), False)
+    expected = tokens.norm(dim=-1)
+    assert norms.patches.shape == (2, 4, 4) and norms.prefix.shape == (2, 5)  # class + 4 registers
+    assert torch.allclose(norms.patches.reshape(2, -1), expected[:, 5:], atol=1e-5)
+    assert torch.allclose(norms.prefix, expected[:, :5], atol=1e-5)
+    assert norms.outlier_share == 0.0
+    q1, q3 = torch.quantile(norms.patches.flatten(), torch.tensor([0.25, 0.75]))
+    outliers = token_norms(model, x, fence=float(norms.patches.max()) - 1e-4).outliers
+    assert outliers.sum() == 1 and q3 + 3 * (q3 - q1) == pytest.approx(norms.fence)
+
+
+def test_prefix_attention_splits_the_patches_attention_between_class_and_registers():
+    from vitkit.inspect import attention_maps, prefix_attention
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_small_patch14_reg4_dinov2", depth=2, img_size=56, num_classes=3).eval()
+    x = torch.randn(2, 3, 56, 56)
+    shares = prefix_attention(model, x)
+    maps = attention_maps(model, x)
+    assert shares["class"].shape == shares["registers"].shape == (2,)
+    assert torch.allclose(shares["registers"][1], maps[1][:, :, 5:, 1:5].sum(-1).mean(), atol=1e-6)
+    assert torch.allclose(shares["class"][0], maps[0][:, :, 5:, 0].mean(), atol=1e-6)
+    plain = vitkit.create_model("vit_fmnist", depth=1)
+    assert prefix_attention(plain, torch.randn(1, 1, 28, 28))["registers"].tolist() == [0.0]

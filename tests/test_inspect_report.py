@@ -26,7 +26,8 @@ def test_cli_inspect_writes_figures_and_a_self_contained_report(tmp_path, saved_
     out = tmp_path / "inspect"
     assert cli(["inspect", "--weights", str(saved_model), "--image", str(photo), "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    names = {"rollout_1", "attention_per_layer", "attention_distance", "position_embedding_similarity", "filter_pca"}
+    names = {"rollout_1", "attention_per_layer", "attention_distance", "position_embedding_similarity", "filter_pca",
+             "token_norms"}
     assert set(result["figures"]) == names
     for path in result["figures"].values():
         assert Image.open(path).size[0] > 100
@@ -97,4 +98,4 @@ def test_inspect_runs_on_cait(tmp_path):
     Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
     result = inspect_model(model, tmp_path / "out", images=[photo])
     assert set(result.figures) == {"rollout_1", "attention_per_layer", "attention_distance",
-                                   "position_embedding_similarity", "filter_pca"}
+                                   "position_embedding_similarity", "filter_pca", "token_norms"}

@@ -77,6 +77,29 @@ def test_the_attention_study_judges_local_heads_only_where_there_are_some():
     assert study.verdicts({"models": more})[2]["verdict"] == NOT_REPRODUCED
 
 
+def test_the_registers_study_tests_the_outlier_claim_only_where_there_are_outliers():
+    study = get_study("registers")
+
+    def results(outliers0, outliers4, rough0=(0.30, 0.31, 0.32), rough4=(0.20, 0.21, 0.22),
+                top0=(0.90, 0.91, 0.92), top4=(0.90, 0.91, 0.92)):
+        runs = {}
+        for arm, o, r, t in (("reg0", outliers0, rough0, top0), ("reg4", outliers4, rough4, top4)):
+            for seed, (oo, rr, tt) in enumerate(zip(o, r, t)):
+                runs[f"{arm}-s{seed}"] = {"arm": arm, "seed": seed, "outlier_share": oo, "rollout_roughness": rr,
+                                          "test_top1": tt, "max_norm_ratio": 2.0, "register_attention": 0.1}
+        return {"runs": runs, "settings": {"seeds": [0, 1, 2]}}
+
+    paper_like = study.verdicts(results((0.020, 0.021, 0.019), (0.0, 0.0, 0.001)))
+    assert [v["verdict"] for v in paper_like] == [REPRODUCED, REPRODUCED, REPRODUCED]
+    none = study.verdicts(results((0.001, 0.0, 0.002), (0.001, 0.0, 0.0)))[0]
+    assert none["verdict"] == INCONCLUSIVE and "no outliers to remove" in none["why"]
+    rougher = study.verdicts(results((0.02,) * 3, (0.0,) * 3, rough4=(0.40, 0.41, 0.42)))[1]
+    assert rougher["verdict"] == NOT_REPRODUCED
+    costly = study.verdicts(results((0.02,) * 3, (0.0,) * 3, top4=(0.80, 0.81, 0.82)))[2]
+    assert costly["verdict"] == NOT_REPRODUCED and "test top-1" in costly["why"]
+    assert "| 4 |" in study.table(results((0.02,) * 3, (0.0,) * 3))
+
+
 # ------------------------------------------------------------------------------------ running
 
 

@@ -9,10 +9,13 @@ from .analysis import (
                        mean_attention_distance,
                        patch_distances,
                        pos_embed_similarity,
+                       prefix_attention,
+                       token_norms,
 )
 
 __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "pos_embed_similarity",
-           "embedding_filters", "embedding_filters_pca", "patch_distances", "convit_gates"]
+           "embedding_filters", "embedding_filters_pca", "patch_distances", "convit_gates", "token_norms",
+           "prefix_attention"]
 
 from .report import InspectResult, inspect_model  # noqa: E402  (figures need matplotlib, a dependency)
 

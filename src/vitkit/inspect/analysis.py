@@ -10,7 +10,8 @@ is the map's size minus the patches.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -195,3 +196,68 @@ def convit_gates(model: nn.Module) -> torch.Tensor:
         raise ValueError(f"{type(model).__name__} has no gated positional self-attention (GPSA) layers: "
                          f"gates exist in ConViT models only")
     return torch.stack([torch.sigmoid(p.detach().float()) for p in params]).cpu()
+
+
+# ----------------------------------------------------------------------------- registers (Darcet et al. 2024)
+
+#: Tukey's "far out" fence: a token norm above Q3 + 3 IQR of the patch tokens' norms is an outlier
+OUTLIER_IQR = 3.0
+
+
+@dataclass
+class TokenNorms:
+    """The L2 norm of every token after the last block (before the final norm), the quantity "Vision
+    Transformers Need Registers" plots: ``patches`` (B, gh, gw), ``prefix`` (B, P) for the class,
+    distillation and register tokens (in that order), the fence above which a patch is an outlier and
+    the outlier mask (B, gh, gw)."""
+
+    patches: torch.Tensor
+    prefix: torch.Tensor
+    fence: float
+    outliers: torch.Tensor
+
+    @property
+    def outlier_share(self) -> float:
+        return float(self.outliers.float().mean())
+
+
+@torch.no_grad()
+def token_norms(model: nn.Module, images: torch.Tensor, fence: float = None) -> TokenNorms:
+    """Token norms of ``images`` after the last block (:class:`TokenNorms`). Darcet et al. found a few
+    patch tokens with norms ~10x the rest in large ViTs trained without registers, holding global
+    information, and none with registers. The fence is Q3 + 3 IQR of these images' patch norms unless
+    given (compare models by one fence)."""
+    was_training = model.training
+    model.eval()
+    try:
+        (tokens, prefix), = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False,
+                                                         output_fmt="NCHW", return_prefix_tokens=True,
+                                                         intermediates_only=True)
+    finally:
+        model.train(was_training)
+    norms = tokens.float().norm(dim=1)  # (B, gh, gw)
+    if fence is None:
+        q1, q3 = torch.quantile(norms.flatten(), torch.tensor([0.25, 0.75], device=norms.device)).tolist()
+        fence = q3 + OUTLIER_IQR * (q3 - q1)
+    return TokenNorms(norms.cpu(), prefix.float().norm(dim=-1).cpu(), float(fence), (norms > fence).cpu())
+
+
+@torch.no_grad()
+def prefix_attention(model: nn.Module, images: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Per layer, the share of the patch queries' attention (heads and images averaged) that goes to the
+    class token (``class``) and to the register tokens (``registers``), (layers,) each: where attention
+    parks what the registers are for. Layers without those tokens (ConViT's GPSA) give 0."""
+    cls = int(getattr(model, "cls_token", None) is not None)
+    dist = int(getattr(model, "dist_token", None) is not None)
+    regs = int(getattr(getattr(model, "config", None), "reg_tokens", 0) or 0)
+    grid = model.patch_embed.grid_for(images.shape[-2:])
+    out = {"class": [], "registers": []}
+    for attn in attention_maps(model, images):
+        if attn.shape[-2] != attn.shape[-1]:
+            continue  # class attention (CaiT): no patch queries
+        prefix = attn.shape[-1] - grid[0] * grid[1]
+        rows = attn[:, :, prefix:]  # patch queries
+        out["class"].append(rows[..., :cls].sum(-1).mean() if prefix and cls else torch.zeros(()))
+        start = cls + dist
+        out["registers"].append(rows[..., start:start + regs].sum(-1).mean() if prefix and regs else torch.zeros(()))
+    return {k: torch.stack(v).cpu() for k, v in out.items()}

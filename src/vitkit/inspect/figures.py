@@ -178,3 +178,34 @@ def reconstruction_grid(views: dict, path: PathLike, objective: str, names: Sequ
                  fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tensor, all_norms: torch.Tensor,
+                   prefix_norms: Sequence[float], prefix_labels: Sequence[str], fence: float, path: PathLike,
+                   title: str = "") -> Path:
+    """"Vision Transformers Need Registers" (Darcet et al. 2024), Fig. 2-3 in one figure: the norm of every
+    patch token over the image, outliers (above ``fence``) crossed out, and the histogram of the patch
+    norms of every image with the fence and the prefix tokens' (class, registers) norms marked."""
+    plt = pyplot()
+    h, w = image.shape[:2]
+    gh, gw = norms.shape
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    axes[0].imshow(image, cmap="gray" if image.ndim == 2 else None)
+    axes[0].imshow(norms.numpy(), cmap="inferno", alpha=0.6, extent=(0, w, h, 0), interpolation="nearest")
+    ys, xs = np.nonzero(outliers.numpy())
+    axes[0].scatter((xs + 0.5) * w / gw, (ys + 0.5) * h / gh, marker="x", s=60, c="cyan", linewidths=2)
+    axes[0].set_title(f"patch token norms ({len(xs)} outlier{'s' if len(xs) != 1 else ''})")
+    axes[0].axis("off")
+    axes[1].hist(all_norms.flatten().numpy(), bins=50, color="#555")
+    axes[1].axvline(fence, color="cyan", linestyle="--", label=f"outlier fence {fence:.3g}")
+    for value, label in zip(prefix_norms, prefix_labels):
+        axes[1].axvline(value, color="#d62728" if label.startswith("reg") else "#1f77b4", linewidth=1, label=label)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("L2 norm after the last block")
+    axes[1].set_ylabel("patch tokens")
+    handles, labels = axes[1].get_legend_handles_labels()
+    seen = dict(zip(labels, handles))  # one legend entry per kind of token
+    axes[1].legend(seen.values(), seen.keys(), fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

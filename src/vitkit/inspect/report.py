@@ -35,6 +35,7 @@ from .analysis import (
     mean_attention_distance,
     patch_distances,
     pos_embed_similarity,
+    token_norms,
 )
 
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
@@ -95,7 +96,8 @@ def _data_uri(path: Path) -> str:
 CAPTIONS = {
     "rollout": "Attention rollout (Abnar &amp; Zuidema; the paper's Fig. 6): the attention that reaches the "
                "output, heads averaged and the residual path added, multiplied through the layers; bright "
-               "regions are what the prediction draws on.",
+               "regions are what the prediction draws on. The class and register tokens have no place in the "
+               "image: the map is the patches' share, renormalised.",
     "attention_per_layer": "What the class token (without one, the mean patch row) attends to in each layer, "
                            "for the first image, heads averaged.",
     "attention_distance": "Mean attention distance (the paper's Fig. 7 right) of every head in every layer, "
@@ -109,6 +111,11 @@ CAPTIONS = {
                       "given, and what it predicts.",
     "convit_gates": "ConViT's gate of every head against the layer (its paper's Fig. 6): 1 is positional, "
                     "convolution-like attention, 0 is content attention.",
+    "token_norms": "The norm of every token after the last block (\"Vision Transformers Need Registers\", Darcet et "
+                   "al. 2024): large ViTs trained without registers grow a few patch tokens with norms far above "
+                   "the rest (crossed: above Q3 + 3 IQR of the {n}' patch norms), which hold global information "
+                   "and spoil attention maps; register tokens take that role. The histogram marks the class and "
+                   "register tokens' norms.",
 }
 
 
@@ -198,7 +205,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         named = [] if images else default_images(model)
         n = len(images) if images else len(named)
         # every advance() below: images loaded, reconstruction, chunks, rollout figures, _model_figures'
-        bar.total = 2 * n + int(pretrainer is not None) + -(-n // CHUNK) + len(family_of(cfg).analyses) + 5
+        bar.total = 2 * n + int(pretrainer is not None) + -(-n // CHUNK) + len(family_of(cfg).analyses) + 6
         if not images:
             bar.advance(n)  # the default images: loaded already
         for path in images or ():
@@ -224,18 +231,20 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
                 result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
                     view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
                 bar.advance()
-            _model_figures(model, x[:1], distance, out, result, pca_components, bar)
+            _model_figures(model, x, views[0], distance, out, result, pca_components, bar)
             result.report = write_report(result, model, title or cfg.name or "ViT",
                                          pretrainer.config.to_dict() if pretrainer is not None else None)
             bar.advance()
     return result
 
 
-def _model_figures(model: nn.Module, first: torch.Tensor, distance: torch.Tensor, out: Path, result: InspectResult,
-                   pca_components: int, bar: Progress) -> None:
-    """The figures of the model itself: the class attention of the ``first`` image per layer, the
-    mean attention ``distance``, the family's own analyses, position embeddings, filters."""
+def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: torch.Tensor, out: Path,
+                   result: InspectResult, pca_components: int, bar: Progress) -> None:
+    """The figures of the model itself: the class attention of the first image per layer, the mean
+    attention ``distance``, the token norms (the first image's map, every image's histogram), the
+    family's own analyses, position embeddings, filters."""
     cfg = model.config
+    first = batch[:1]
     maps = [m.cpu() for m in attention_maps(model, first)]
     grid = model.patch_embed.grid_for(first.shape[-2:])
     result.figures["attention_per_layer"] = figures.class_attention_per_layer(
@@ -244,6 +253,15 @@ def _model_figures(model: nn.Module, first: torch.Tensor, distance: torch.Tensor
     uniform = float(patch_distances(grid, model.patch_embed.patch_size).mean())
     result.figures["attention_distance"] = figures.attention_distance_scatter(
         distance, out / "attention_distance.png", image_size=max(cfg.img_size), uniform=uniform)
+    bar.advance()
+    norms = token_norms(model, batch)
+    labels = (["class"] if model.cls_token is not None else []) + \
+        (["distillation"] if getattr(model, "dist_token", None) is not None else []) + \
+        [f"register {i + 1}" for i in range(getattr(cfg, "reg_tokens", 0) or 0)]
+    result.figures["token_norms"] = figures.token_norm_map(
+        view, norms.patches[0], norms.outliers[0], norms.patches, norms.prefix[0].tolist(), labels, norms.fence,
+        out / "token_norms.png", title=f"{norms.outliers.sum().item()} outliers among {norms.patches.numel():,} "
+                                      f"patch tokens of {len(batch)} image{'s' if len(batch) != 1 else ''}")
     bar.advance()
     for name in family_of(cfg).analyses:  # the family's own analyses (ConViT: its gates)
         stem, write = EXTRA_ANALYSES[name]

@@ -15,7 +15,7 @@ from .base import Options, Study, run_study
 #: study name -> the module that defines it (its ``STUDY``)
 STUDIES: Dict[str, str] = {"position-embeddings": "positions", "compute": "compute", "data-size": "data_size",
                            "fewshot-proxy": "fewshot_proxy", "attention-distance": "attention_distance",
-                           "self-supervision": "selfsup"}
+                           "self-supervision": "selfsup", "registers": "registers"}
 
 
 def list_studies() -> List[str]:

@@ -18,7 +18,7 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from ..utils import PathLike
-from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format
+from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
@@ -92,6 +92,13 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     return data
 
 
+def _unknown_architecture(config_json: Optional[Dict[str, Any]]) -> None:
+    """Refuse a timm hub folder whose ``architecture`` vitkit does not build, naming it."""
+    arch = (config_json or {}).get("architecture")
+    if arch:
+        timm_format.known_architecture(str(arch))
+
+
 def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
@@ -101,8 +108,13 @@ def read_source(path: PathLike) -> Source:
             found = sorted(p.name for p in path.iterdir())[:10]
             raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)}"
                                f" (found: {', '.join(found) or 'nothing'})")
-        src = read_source(weights)
-        src.config_json = _read_json(path / "config.json")
+        config_json = _read_json(path / "config.json")
+        try:
+            src = read_source(weights)
+        except WeightsError:
+            _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
+            raise
+        src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
         if src.config_json and src.config_json.get("format") == "vitkit":

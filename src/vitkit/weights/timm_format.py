@@ -94,6 +94,18 @@ _TIMM_ARGS = ("img_size", "patch_size", "in_chans", "global_pool", "qkv_bias", "
               "num_heads")
 
 
+def known_architecture(arch: str) -> str:
+    """A timm hub ``architecture`` (``name`` or ``name.tag``) -> the registered name; one vitkit does not know
+    is refused by name, never guessed from the tensor names (another architecture can share them: timm's
+    residual post-norm ViT has a pre-norm ViT's names and other logits)."""
+    base = arch.split(".")[0]
+    if base not in list_models():
+        raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
+                           f"as another from its tensor names; load the weights with model_name= a vitkit "
+                           f"architecture if you know it is the same model")
+    return base
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
@@ -103,13 +115,7 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
     arch = str(cfg.get("architecture", ""))
     pre = cfg.get("pretrained_cfg", {}) or {}
     args = cfg.get("model_args", {}) or {}
-    base = arch.split(".")[0]
-    if base not in list_models():
-        # never guessed from the tensor names: another architecture can share them (timm's residual
-        # post-norm ViT has a pre-norm ViT's names and other logits)
-        raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
-                           f"as another from its tensor names; load the weights with model_name= a vitkit "
-                           f"architecture if you know it is the same model")
+    base = known_architecture(arch)
     config = get_model_config(base)
     kw: Dict[str, Any] = {k: args[k] for k in _TIMM_ARGS if k in args and args[k] is not None}
     try:
