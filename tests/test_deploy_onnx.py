@@ -53,6 +53,31 @@ def test_onnx_runtime_matches_pytorch_for_every_family_at_two_batch_sizes(family
     assert shape[0].dim_param and [d.dim_value for d in shape[1:]] == [model.config.in_chans, h, w]
 
 
+#: the later ViTs: each layer kind the export form (SeparateQKV) must carry
+LATER = {
+    "siglip_map": ("vit_base_patch16_siglip_224", dict(img_size=32, **SMALL)),
+    "eva02_axial_rope_split_swiglu": ("eva02_base_patch14_224", dict(img_size=28, **SMALL)),
+    "rope_mixed": ("vit_small_patch16_rope_mixed_224", dict(img_size=32, **SMALL)),
+    "dinov3_registers": ("vit_small_plus_patch16_dinov3", dict(img_size=32, **SMALL)),
+    "sapiens_grouped_query_qk_norm": ("vit_large_patch16_sapiens2", dict(img_size=(32, 48), depth=2, kv_heads=[16, 8],
+                                                                         num_classes=5)),
+    "beit_relative": ("beitv2_base_patch16_224", dict(img_size=32, **SMALL)),
+    "relpos_mlp_shared": ("vit_srelpos_small_patch16_224", dict(img_size=32, **SMALL)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LATER))
+def test_onnx_runtime_matches_pytorch_for_the_later_vits(case, tmp_path):
+    name, overrides = LATER[case]
+    model = randomize(vitkit.create_model(name, **overrides))
+    path = export_onnx(model, tmp_path / f"{case}.onnx")
+    x = torch.randn(3, 3, *model.config.img_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x)
+    got = ort_logits(path, x)
+    assert got.shape == expected.shape and max_diff(got, expected) <= 1e-4 * max(1.0, expected.abs().max().item())
+
+
 def test_the_torchscript_exporter_matches_too_and_headless_models_export_features(tmp_path):
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=0))
     path = export_onnx(model, tmp_path / "f.onnx", exporter="torchscript")

@@ -19,6 +19,13 @@ CASES = {
     "hybrid": ("vit_tiny_r_s16_p8_224", dict(img_size=64, depth=2), {}, {}),
     "cait": ("cait_xxs24_224", dict(img_size=64, depth=3), dict(depth_token_only=1), dict(cls_depth=1)),
     "convit": ("convit_tiny", dict(img_size=64, depth=3, local_up_to_layer=2), {}, {}),
+    # the later ViTs: registers (prefix tokens left out of the maps), rotary positions, MAP, BEiT's tables
+    "dinov2_registers": ("vit_small_patch14_reg4_dinov2", dict(img_size=56, depth=3), {}, {}),
+    "siglip_map": ("vit_base_patch16_siglip_224", dict(img_size=64, depth=3), {}, {}),
+    "eva02_rope": ("eva02_tiny_patch14_224", dict(img_size=56, depth=3), {}, {}),
+    "dinov3_rope_registers": ("vit_small_patch16_dinov3", dict(img_size=64, depth=3), {}, {}),
+    "beit_relative": ("beitv2_base_patch16_224", dict(img_size=64, depth=3), {}, {}),
+    "relpos_mlp": ("vit_relpos_medium_patch16_cls_224", dict(img_size=64, depth=3), {}, {}),
 }
 INPUT = {"vit_dynamic": (80, 32)}
 

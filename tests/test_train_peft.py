@@ -161,3 +161,47 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_at_step"] == 10 and summary["trainable_params"] < summary["params"]
+
+
+def test_lora_targets_name_the_split_layers_of_the_later_vits():
+    """qkv and fc1 stand for EVA-02's q/k/v projections and SwiGLU's two inputs, as the docs say; the
+    q/v-bias attention (BEiT, EVA) calls its qkv module, so the adapter on it acts."""
+    eva = vitkit.create_model("eva02_base_patch14_224", depth=1, img_size=28)
+    names = finetune.lora_target_names(eva, finetune.DEFAULT_TARGETS)
+    assert {n.rsplit(".", 1)[1] for n in names} == {"q_proj", "k_proj", "v_proj", "proj", "fc1_g", "fc1_x", "fc2"}
+    beit = randomize(vitkit.create_model("beitv2_base_patch16_224", depth=1, img_size=32, num_classes=3)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = beit(x)
+    beit = finetune.prepare(beit, "lora", lora_rank=2, lora_targets=("qkv",))
+    adapted = next(m for n, m in beit.named_modules() if n.endswith("attn.qkv"))
+    with torch.no_grad():
+        adapted.lora_B["default"].weight.fill_(0.5)  # a trained adapter: it must change the output
+        assert max_diff(beit(x), before) > 1e-3
+
+
+def test_layer_decay_puts_registers_rope_and_norm_pre_with_the_embedding():
+    from vitkit.train.loop import layer_of
+
+    for name in ("reg_token", "rope.freqs", "norm_pre.weight", "cls_token", "pos_embed"):
+        assert layer_of(name, 12) == 0, name
+    assert layer_of("blocks.3.gamma_1", 12) == 4 and layer_of("attn_pool.latent", 12) == 13
+
+
+@real
+@pytest.mark.slow
+def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
+    """`vitkit train --init` of timm's hub layout: EVA-02 (rotary, split projections) with LoRA and layer decay."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    save_for_hf(timm.create_model("eva02_base_patch14_224", depth=2, img_size=56), str(tmp_path / "eva-hub"),
+                safe_serialization=True)
+    logs = []
+    summary = train(resolve_config("fmnist", name="eva", max_steps=4, init=str(tmp_path / "eva-hub"), finetune="lora",
+                                   layer_decay=0.75, runs_dir=str(tmp_path), progress=False, val_size=200,
+                                   checkpoint_every=1000, tensorboard=False, threads=1, test_size=200),
+                    log=logs.append)
+    assert any("q_proj" in line and "fc1_g" in line for line in logs if line.startswith("fine-tuning lora"))
+    model = vitkit.from_pretrained(tmp_path / "eva" / "model")
+    assert model.config.architecture == "eva" and model.rope is not None and summary["test_top1"] >= 0

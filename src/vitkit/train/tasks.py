@@ -68,9 +68,12 @@ class Classification:
             model = model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+                if cfg.finetune == "lora":  # the layers they name in this model (qkv: q_proj, k_proj, v_proj ...)
+                    parts = [n.rsplit(".", 1)[-1] for n in finetune.lora_target_names(model, targets)]
+                    shown = list(dict.fromkeys(parts))
                 finetune.prepare(model, cfg.finetune, cfg.lora_rank, cfg.lora_alpha, targets, cfg.freeze_blocks)
                 n, total = finetune.trainable(model)
-                log(f"fine-tuning {cfg.finetune}" + (f" (rank {cfg.lora_rank}, {', '.join(targets)})"
+                log(f"fine-tuning {cfg.finetune}" + (f" (rank {cfg.lora_rank}, {', '.join(shown)})"
                                                      if cfg.finetune == "lora" else "")
                     + (f", first {cfg.freeze_blocks} blocks frozen" if cfg.freeze_blocks else "")
                     + f": {n:,} of {total:,} parameters train ({100 * n / total:.2f}%)")
