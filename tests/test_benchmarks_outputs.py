@@ -210,3 +210,21 @@ def test_the_machine_limits_every_benchmark_records(dirs, monkeypatch):
     info = bench_inference.machine_info(__import__("torch").device("cpu"))
     assert {"clock_ghz_start", "fp32_gflop_s", "bf16_gflop_s", "int8_gop_s"} <= set(info["limits"])
     assert "clock unknown" in limits.describe(limits.close_limits(info["limits"]))
+
+
+def test_coverage_checks_timm_hub_folders_and_writes_its_table(dirs, tmp_path):
+    """benchmarks/coverage.py on timm's test ViTs (tiny): every row parity, the table between its markers."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitkit_bench_coverage", BENCH / "coverage.py")
+    cov = importlib.util.module_from_spec(spec)  # by path: a `coverage` package may be imported already
+    spec.loader.exec_module(cov)
+    page = tmp_path / "models.md"
+    page.write_text("# Models\n\n<!-- coverage-table:start -->\nold\n<!-- coverage-table:end -->\n\nafter\n")
+    assert cov.main(["--only", "test_vit*", "--out", str(tmp_path / "c.json"), "--markdown", str(page)]) == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["summary"]["architectures"] == 3 and result["summary"]["parity"] == 3
+    assert {r["arch"] for r in result["rows"]} == {"test_vit", "test_vit2", "test_vit3"}
+    text = page.read_text()
+    assert "old" not in text and "| `test_vit3` |" in text and text.endswith("after\n")
+    assert "3 of 3 architectures (100%) load with parity" in text
