@@ -18,12 +18,12 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from ..utils import PathLike
-from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -73,6 +73,8 @@ def detect_format(keys) -> str:
         return "hf"
     if open_clip_format.is_open_clip(keys):
         return "open_clip"  # CLIP's image tower under visual. (the text tower beside it is left out)
+    if dino_format.detect(keys):
+        return "dino"  # the official DINOv2 / DINOv3 releases (registers, mask token, DINOv3's names)
     if family_of_state_dict(keys) is not None:
         return "timm"  # vitkit's names are timm's (the official DeiT/CaiT/ConViT .pth files too, under 'model')
     preview = ", ".join(sorted(keys)[:6])
@@ -149,6 +151,9 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         facts["grid"] = hf_towers.config_from_hf(src.config_json, tensors).grid_size
     elif src.format == "open_clip":
         sd = open_clip_format.to_native(tensors)
+    elif src.format == "dino":
+        sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+                                    for k, v in tensors.items()})
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

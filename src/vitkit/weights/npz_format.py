@@ -5,10 +5,12 @@
   ``Transformer/encoderblock_{i}/{LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
   MlpBlock_3}``, ``Transformer/encoder_norm``, ``pre_logits``, ``head``; optionally under
   ``opt/target/`` (checkpoints saved with their optimiser).
-- big_vision: a ``params/`` prefix, ``pos_embedding`` (1, N, D) at the top without a class
-  slot (its class token is added after the positions), block parts numbered
-  ``LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0``, and optionally
-  the ``scan`` layout: one ``Transformer/encoderblock`` whose arrays carry a leading depth axis.
+- big_vision: a ``params/`` prefix (``params/img/`` for a two-tower SigLIP's image tower),
+  ``pos_embedding`` (1, N, D) at the top without a class slot (its class token is added after the
+  positions), block parts numbered ``LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+  MlpBlock_0``, optionally the ``scan`` layout (one ``Transformer/encoderblock`` whose arrays carry a
+  leading depth axis), and SigLIP's MAP head ``MAPHead_0/{probe, MultiHeadDotProductAttention_0,
+  LayerNorm_0, MlpBlock_0}`` (vitkit's ``attn_pool``).
 
 Attention kernels are stored per head: query/key/value (D, heads, head_dim), out
 (heads, head_dim, D). The official "gap" head normalises *before* pooling (``fc_norm=False``
@@ -45,9 +47,9 @@ _BIG_VISION_PARTS = {"ln1": "LayerNorm_0", "mha": "MultiHeadDotProductAttention_
 def detect_layout(keys) -> Optional[Tuple[str, str]]:
     """(layout, prefix) for an official npz, or None. layout: 'vit_jax' | 'big_vision'."""
     keys = set(keys)
-    for prefix in ("opt/target/", "params/", ""):
+    for prefix in ("opt/target/", "params/", "params/img/", ""):
         if f"{prefix}embedding/kernel" in keys:
-            big = (prefix == "params/" or f"{prefix}pos_embedding" in keys
+            big = (prefix.startswith("params/") or f"{prefix}pos_embedding" in keys
                    or f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in keys
                    or f"{prefix}Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel" in keys)
             return ("big_vision" if big else "vit_jax"), prefix
@@ -175,9 +177,6 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
     if found is None:
         raise WeightsError("not an official ViT npz: no 'embedding/kernel'")
     layout, prefix = found
-    if any(k.startswith(f"{prefix}MAPHead_0/") for k in w):
-        raise WeightsError("this big_vision checkpoint uses a MAP (attention-pooling) head, "
-                           "which vitkit does not implement; MAPHead_0/* cannot be loaded")
     r = _Reader(w, layout, prefix)
     out: Dict[str, torch.Tensor] = {}
     hybrid = r.has("conv_root/kernel")
@@ -223,12 +222,57 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
         if r.has(f"{name}/kernel"):
             out[f"{native}.weight"] = _t(r.get(f"{name}/kernel")).T
             out[f"{native}.bias"] = _t(r.get(f"{name}/bias"))
+    if r.has("MAPHead_0/probe"):
+        out.update(_map_to_native(r, D))
     for k in w:  # anything not consumed is reported by name, never dropped silently
         if k.startswith(prefix) and k not in r.used and not k.startswith(f"{prefix}Transformer/encoderblock"):
             out[f"unmapped:{k}"] = _t(w[k]) if np.asarray(w[k]).dtype.kind in "fiub" else torch.zeros(0)
     facts = {"layout": layout, "prefix": prefix, "num_heads": heads, "depth": r.depth,
-             "pos_has_class_slot": layout == "vit_jax", "hybrid": hybrid}
+             "pos_has_class_slot": layout == "vit_jax", "hybrid": hybrid,
+             "map_heads": r.get("MAPHead_0/MultiHeadDotProductAttention_0/query/kernel").shape[1]
+             if r.has("MAPHead_0/probe") else None}
     return out, facts
+
+
+#: SigLIP's MAP head (big_vision's ``MAPHead``): the probe, one attention, a LayerNorm and an MLP
+_MAP = "MAPHead_0/"
+_MAP_MHA = _MAP + "MultiHeadDotProductAttention_0/"
+
+
+def _map_to_native(r: _Reader, D: int) -> Dict[str, torch.Tensor]:
+    """big_vision's MAP head -> ``attn_pool.*`` (q from the query kernel, k and v stacked into ``kv``)."""
+    out = {"attn_pool.latent": _t(r.get(_MAP + "probe")).reshape(1, 1, -1)}
+    kernel = {n: _t(r.get(f"{_MAP_MHA}{n}/kernel").reshape(D, -1)).T for n in ("query", "key", "value")}
+    bias = {n: _t(r.get(f"{_MAP_MHA}{n}/bias")).reshape(-1) for n in ("query", "key", "value")}
+    out["attn_pool.q.weight"], out["attn_pool.q.bias"] = kernel["query"], bias["query"]
+    out["attn_pool.kv.weight"] = torch.cat([kernel["key"], kernel["value"]])
+    out["attn_pool.kv.bias"] = torch.cat([bias["key"], bias["value"]])
+    out["attn_pool.proj.weight"] = _t(r.get(_MAP_MHA + "out/kernel").reshape(-1, D)).T
+    out["attn_pool.proj.bias"] = _t(r.get(_MAP_MHA + "out/bias"))
+    out["attn_pool.norm.weight"] = _t(r.get(_MAP + "LayerNorm_0/scale"))
+    out["attn_pool.norm.bias"] = _t(r.get(_MAP + "LayerNorm_0/bias"))
+    for j, fc in ((0, "fc1"), (1, "fc2")):
+        out[f"attn_pool.mlp.{fc}.weight"] = _t(r.get(f"{_MAP}MlpBlock_0/Dense_{j}/kernel")).T
+        out[f"attn_pool.mlp.{fc}.bias"] = _t(r.get(f"{_MAP}MlpBlock_0/Dense_{j}/bias"))
+    return out
+
+
+def _map_from_native(sd: Mapping[str, np.ndarray], D: int, heads: int) -> Dict[str, np.ndarray]:
+    hd = D // heads
+    w = {_MAP + "probe": sd["attn_pool.latent"].reshape(1, 1, D)}
+    k, v = np.split(sd["attn_pool.kv.weight"], 2, axis=0)
+    kb, vb = np.split(sd["attn_pool.kv.bias"], 2, axis=0)
+    for name, weight, bias in (("query", sd["attn_pool.q.weight"], sd["attn_pool.q.bias"]), ("key", k, kb),
+                               ("value", v, vb)):
+        w[f"{_MAP_MHA}{name}/kernel"] = weight.T.reshape(D, heads, hd)
+        w[f"{_MAP_MHA}{name}/bias"] = bias.reshape(heads, hd)
+    w[_MAP_MHA + "out/kernel"] = sd["attn_pool.proj.weight"].T.reshape(heads, hd, D)
+    w[_MAP_MHA + "out/bias"] = sd["attn_pool.proj.bias"]
+    w[_MAP + "LayerNorm_0/scale"], w[_MAP + "LayerNorm_0/bias"] = sd["attn_pool.norm.weight"], sd["attn_pool.norm.bias"]
+    for j, fc in ((0, "fc1"), (1, "fc2")):
+        w[f"{_MAP}MlpBlock_0/Dense_{j}/kernel"] = sd[f"attn_pool.mlp.{fc}.weight"].T
+        w[f"{_MAP}MlpBlock_0/Dense_{j}/bias"] = sd[f"attn_pool.mlp.{fc}.bias"]
+    return w
 
 
 def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str, np.ndarray]:
@@ -242,8 +286,19 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
                         "normalises after (fc_norm); build it with fc_norm=False")
     if not cfg.qkv_bias:
         problems.append("the official attention always has q/k/v biases")
-    if cfg.pos_embed == "relative":
+    if cfg.pos_embed in ("relative", "relative_mlp"):
         problems.append("the official layout has no relative position bias (export as 'vitkit' or 'timm')")
+    if cfg.architecture != "vit":
+        problems.append(f"the official layout has no {cfg.KIND} models (rotary positions, EVA's layouts)")
+    plain = (("mlp", "mlp"), ("norm", "layernorm"), ("block", "pre"), ("final_norm", True))
+    later = [f for f in ("reg_tokens", "pre_norm", "qk_norm", "attn_norm", "mlp_norm", "embed_norm", "no_embed_class")
+             if getattr(cfg, f, None)] + [f"{f}={getattr(cfg, f)!r}" for f, ok in plain if getattr(cfg, f) != ok]
+    if later:
+        problems.append(f"the official ViT has none of {', '.join(later)}")
+    if cfg.global_pool == "map" and layout != "big_vision":
+        problems.append("the MAP head is big_vision's (export as 'big_vision')")
+    if cfg.global_pool == "map" and (cfg.map_mlp_dim not in (None, cfg.mlp_dim) or cfg.pool_include_prefix):
+        problems.append("big_vision's MAP head has the blocks' MLP width and pools the patches")
     backbone = getattr(cfg, "backbone", None)
     if backbone is not None and layout != "vit_jax":
         problems.append("big_vision has no ResNet hybrid layout (export hybrids as 'npz', the vit_jax layout)")
@@ -305,6 +360,8 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
                 w[f"Transformer/encoderblock_{i}/{name}"] = arr
     w["Transformer/encoder_norm/scale"] = sd["norm.weight"]
     w["Transformer/encoder_norm/bias"] = sd["norm.bias"]
+    if cfg.global_pool == "map":
+        w.update(_map_from_native(sd, D, cfg.map_heads or H))
     if cfg.representation_size:
         w["pre_logits/kernel"] = sd["pre_logits.fc.weight"].T
         w["pre_logits/bias"] = sd["pre_logits.fc.bias"]
@@ -347,13 +404,16 @@ def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **ove
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=facts["depth"],
         num_heads=facts["num_heads"], mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
-        class_token=class_token, global_pool="token" if class_token else "avg",
+        class_token=class_token,
+        global_pool="token" if class_token else "map" if facts.get("map_heads") else "avg",
         fc_norm=None if class_token else False,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
         gelu="tanh", norm_eps=1e-6,
         pos_embed="learned" if "pos_embed" in sd else "sincos2d",
     )
+    if facts.get("map_heads") and facts["map_heads"] != facts["num_heads"]:
+        kw["map_heads"] = facts["map_heads"]
     backbone = infer_backbone(sd) if facts.get("hybrid") else None
     if backbone is not None:
         kw.update(backbone=backbone, in_chans=backbone_in_chans(sd))

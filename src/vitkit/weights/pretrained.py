@@ -18,7 +18,7 @@ from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from ..utils import PathLike, require
-from . import hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
 
@@ -161,6 +161,11 @@ def config_for_source(src: Source, **overrides: Any):
         return timm_format.config_from_hub(cj, src.tensors, **overrides)
     if src.format == "open_clip":
         return open_clip_format.infer_config(src.tensors, src.open_clip_config, **overrides)
+    if src.format == "dino":
+        try:
+            return dino_format.infer_config(src.tensors, **overrides)
+        except (ValueError, TypeError) as e:
+            raise WeightsError(f"official DINO checkpoint: {e}") from None
     sd, facts = to_native(src)
     if src.format in ("npz", "big_vision"):
         return npz_format.infer_config(sd, facts, **overrides)
