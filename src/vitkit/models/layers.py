@@ -896,14 +896,16 @@ class Mlp(nn.Module):
             x = torch.ops.aten.gelu_(x, approximate=self.act.approximate)
         else:
             x = self.act(x)
+        return self.finish(x)
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden activations -> the output: dropout, the hidden norm, ``fc2``, dropout."""
         if self.drop is not None:
-            x = self.drop(x)
+            h = self.drop(h)
         if self.norm is not None:
-            x = self.norm(x)
-        x = self.fc2(x)
-        if self.drop is not None:
-            x = self.drop(x)
-        return x
+            h = self.norm(h)
+        h = self.fc2(h)
+        return h if self.drop is None else self.drop(h)
 
     def _watched(self) -> bool:
         """Whether a hook sees fc1's output or act: then they must be what their names say."""
@@ -935,15 +937,9 @@ class SwiGLU(nn.Module):
             gate, x = self.fc1(x).chunk(2, dim=-1)
         else:
             gate, x = self.fc1_g(x), self.fc1_x(x)
-        x = self.act(gate) * x
-        if self.drop is not None:
-            x = self.drop(x)
-        if self.norm is not None:
-            x = self.norm(x)
-        x = self.fc2(x)
-        if self.drop is not None:
-            x = self.drop(x)
-        return x
+        return self.finish(self.act(gate) * x)
+
+    finish = Mlp.finish
 
 
 def make_mlp(kind: str, dim: int, hidden: int, gelu: str = "exact", drop: float = 0.0, bias: bool = True,

@@ -38,6 +38,7 @@ import torch
 from ..models import EvaConfig, ViTConfig
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
 from .io import WeightsError
+from .names import rename
 
 _ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
          "gelu_fast": "tanh"}
@@ -56,21 +57,6 @@ def _act(hf: Mapping[str, Any]) -> str:
 
 def _pair(value: Any) -> Tuple[int, int]:
     return (value, value) if isinstance(value, int) else tuple(value)
-
-
-def _rename(sd: Mapping[str, torch.Tensor], rules: List[Tuple[str, str]]) -> Dict[str, torch.Tensor]:
-    """Regex renames (first match wins); a name no rule matches stays as ``unmapped:NAME`` (the loader
-    names it as unexpected)."""
-    out: Dict[str, torch.Tensor] = {}
-    compiled = [(re.compile(p), r) for p, r in rules]
-    for key, value in sd.items():
-        for pattern, repl in compiled:
-            if pattern.fullmatch(key):
-                out[pattern.sub(repl, key)] = value
-                break
-        else:
-            out[f"unmapped:{key}"] = value
-    return out
 
 
 def _fuse_qkv(sd: Dict[str, torch.Tensor], part: str = r"(q|k|v)", missing_k_bias: bool = True) -> None:
@@ -127,7 +113,7 @@ def _clip_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, to
     cls = sd.pop("embeddings.class_embedding", None)
     pos = sd.pop("embeddings.position_embedding.weight", None)
     sd.pop("embeddings.position_ids", None)
-    out = _rename(sd, _CLIP_RULES)
+    out = rename(sd, _CLIP_RULES)
     if cls is not None:
         out["cls_token"] = cls.reshape(1, 1, -1)
     if pos is not None:
@@ -210,7 +196,7 @@ def _siglip_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, 
     sd.pop("embeddings.position_ids", None)
     probe = sd.pop("head.probe", None)
     packed = {leaf: sd.pop(f"head.attention.in_proj_{leaf}", None) for leaf in ("weight", "bias")}
-    out = _rename(sd, _SIGLIP_RULES)
+    out = rename(sd, _SIGLIP_RULES)
     if pos is not None:
         out["pos_embed"] = pos.unsqueeze(0)
     if probe is not None:
@@ -299,7 +285,7 @@ _DINOV2_RULES = [
 def _dinov2_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     sd.pop("embeddings.mask_token", None)  # the masked pre-training's token: no use in a forward pass
     pos = sd.pop("embeddings.position_embeddings", None)
-    out = _rename(sd, _DINOV2_RULES)
+    out = rename(sd, _DINOV2_RULES)
     for key in list(out):  # the hub's query/key/value -> q/k/v, then fused
         m = re.fullmatch(r"(blocks\.\d+\.attn)\.(query|key|value)\.(weight|bias)", key)
         if m:
@@ -410,7 +396,7 @@ _DINOV3_RULES = [
 def _dinov3_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     sd.pop("embeddings.mask_token", None)
     gated = bool(hf.get("use_gated_mlp"))
-    out = _rename(sd, _DINOV3_RULES)
+    out = rename(sd, _DINOV3_RULES)
     for key in [k for k in out if ".mlp.UP." in k]:
         out[key.replace(".mlp.UP.", ".mlp.fc1_x." if gated else ".mlp.fc1.")] = out.pop(key)
     if out.get("reg_token") is not None and out["reg_token"].shape[1] == 0:

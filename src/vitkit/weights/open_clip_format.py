@@ -23,6 +23,7 @@ import torch
 
 from ..models import ViTConfig
 from .io import WeightsError
+from .names import rename
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -53,26 +54,16 @@ def is_open_clip(keys) -> bool:
 
 def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped."""
-    rules = [(re.compile(p), r) for p, r in _RULES]
-    out: Dict[str, torch.Tensor] = {}
-    for key, value in sd.items():
-        if not key.startswith("visual."):
-            continue  # the text tower and the logit scale
-        value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        if key == "visual.class_embedding":
-            out["cls_token"] = value.reshape(1, 1, -1)
-        elif key == "visual.positional_embedding":
-            out["pos_embed"] = value.unsqueeze(0)
-        elif key == "visual.proj":
-            out["head.weight"] = value.t().contiguous()
-            out["head.bias"] = value.new_zeros(value.shape[1])
-        else:
-            for pattern, repl in rules:
-                if pattern.fullmatch(key):
-                    out[pattern.sub(repl, key)] = value
-                    break
-            else:
-                out[f"unmapped:{key}"] = value
+    tower = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in sd.items()
+             if k.startswith("visual.")}  # not the text tower and the logit scale
+    cls, pos, proj = (tower.pop(f"visual.{k}", None) for k in ("class_embedding", "positional_embedding", "proj"))
+    out = rename(tower, _RULES)
+    if cls is not None:
+        out["cls_token"] = cls.reshape(1, 1, -1)
+    if pos is not None:
+        out["pos_embed"] = pos.unsqueeze(0)
+    if proj is not None:
+        out["head.weight"], out["head.bias"] = proj.t().contiguous(), proj.new_zeros(proj.shape[1])
     return out
 
 
