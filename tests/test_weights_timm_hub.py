@@ -119,3 +119,23 @@ def test_vitkit_info_says_what_a_folder_is_before_loading_it(tmp_path, capsys):
     assert main(["info", str(unknown)]) == 2
     out = capsys.readouterr().out
     assert "cannot load it: timm architecture 'vit_pwee_patch16_reg1_gap_256' is not one vitkit knows" in out
+
+
+@pytest.mark.parametrize("name, kw", [("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70)),
+                                      ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),
+                                      ("vit_giant_patch14_dinov2", dict(depth=1, img_size=42))])
+def test_a_bare_file_of_a_later_vit_is_read_off_its_shapes_and_says_what_it_assumed(name, kw, tmp_path, images):
+    """Registers, the patch-only table, the MAP head, packed SwiGLU are in the tensors; the block kind, eps and
+    GELU are not, and the warning says so (where they are timm's defaults, the outputs are timm's)."""
+    from safetensors.torch import save_file
+
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(timm.create_model(name, **kw))
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.warns(GuessWarning, match="block kind .* eps .* GELU"):
+        ours = vitkit.from_pretrained(tmp_path / "w.safetensors")
+    x = images(2, *ours.config.img_size)
+    with torch.no_grad():
+        a, b = ref(x), ours(x)
+    assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())

@@ -457,24 +457,41 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         raise ValueError("no transformer blocks ('blocks.N.*') in the state dict")
     class_token = "cls_token" in sd
     distill_token = "dist_token" in sd  # DeiT's distilled models
+    registers = int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0
     has_fc_norm = "fc_norm.weight" in sd
+    attn_pool = "attn_pool.latent" in sd
+    swiglu = "blocks.0.mlp.fc1_g.weight" in sd
+    fc1 = sd["blocks.0.mlp.fc1_g.weight" if swiglu else "blocks.0.mlp.fc1.weight"]
+    fc2_in = int(sd["blocks.0.mlp.fc2.weight"].shape[1])
+    packed = not swiglu and int(fc1.shape[0]) == 2 * fc2_in  # SwiGLU's gate and value in one fc1
+    pool = "map" if attn_pool else "token" if class_token and not has_fc_norm else "avg"
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
         num_heads=HEADS_BY_WIDTH.get(D, max(1, D // 64)),
-        mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]),
-        class_token=class_token, distill_token=distill_token,
-        global_pool="token" if class_token and not has_fc_norm else "avg",
-        fc_norm=None if has_fc_norm or class_token else False,
+        mlp="swiglu" if swiglu else "swiglu_packed" if packed else "mlp", mlp_dim=fc2_in,
+        class_token=class_token, distill_token=distill_token, reg_tokens=registers,
+        global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
         num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
         representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
         init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,
-        qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        qkv_bias="blocks.0.attn.qkv.bias" in sd, proj_bias="blocks.0.attn.proj.bias" in sd,
+        pre_norm="norm_pre.weight" in sd, patch_bias="patch_embed.proj.bias" in sd,
+        embed_norm="patch_embed.norm.weight" in sd, qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        attn_norm="blocks.0.attn.norm.weight" in sd, mlp_norm="blocks.0.mlp.norm.weight" in sd,
+        norm="layernorm" if "blocks.0.norm1.bias" in sd else "rmsnorm",  # RMSNorm has no bias
+        final_norm="norm.weight" in sd or has_fc_norm,
         pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
         else "none",
         backbone=backbone,
     )
+    if attn_pool:
+        kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
     if "pos_embed" in sd:
-        n = int(sd["pos_embed"].shape[1]) - int(class_token) - int(distill_token)
+        prefix = int(class_token) + int(distill_token) + registers
+        slots = int(sd["pos_embed"].shape[1])
+        n = slots - prefix
+        if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
+            n, kw["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
         side = int(round(n ** 0.5))
         if side * side != n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
@@ -491,6 +508,11 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         kw["img_size"] = (side * ph * r, side * pw * r)
     kw.update(overrides)
     return ViTConfig(**kw)
+
+
+#: what a bare state dict of a later ViT cannot tell (no tensor holds it): said when it is read off the shapes
+UNSTORED = ("the block kind (pre-norm assumed; timm's rpn ViTs are residual post-norm)", "the norms' eps",
+            "the GELU (exact assumed; CLIP's OpenAI weights use QuickGELU, SigLIP 2 the tanh form)")
 
 
 def vit_to_timm(model: VisionTransformer) -> Dict[str, torch.Tensor]:

@@ -283,13 +283,19 @@ def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
         return
     if src.config_json is not None or src.format != "timm" or "num_heads" in overrides:
         return
-    from ..models.vit import HEADS_BY_WIDTH
+    from ..models.vit import HEADS_BY_WIDTH, UNSTORED
 
     width = getattr(config, "embed_dim", None)
     if getattr(config, "architecture", None) == "vit" and width not in HEADS_BY_WIDTH:
         warnings.warn(f"{src.path} holds tensors only: its number of heads is not stored and was read as "
                       f"{config.num_heads} (width {width} / 64); if the model had another, load it with its "
                       f"architecture (--model NAME, model_name=) or num_heads=", GuessWarning, stacklevel=3)
+    later = [n for n in ("reg_token", "norm_pre.weight", "attn_pool.latent", "blocks.0.mlp.fc1_g.weight")
+             if n in src.tensors] or getattr(config, "mlp", "mlp") != "mlp" or getattr(config, "norm", "") == "rmsnorm"
+    if later and getattr(config, "architecture", None) == "vit":
+        warnings.warn(f"{src.path} holds tensors only, of one of the later ViTs, whose {'; '.join(UNSTORED)} are not "
+                      f"stored: load it with its architecture (--model NAME, model_name=) or its hub folder to be "
+                      f"sure", GuessWarning, stacklevel=3)
 
 
 def _claimed(config: Any, field: str) -> str:
