@@ -133,7 +133,7 @@ def test_a_bare_file_of_a_later_vit_is_read_off_its_shapes_and_says_what_it_assu
 
     ref = randomize(timm.create_model(name, **kw))
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
-    with pytest.warns(GuessWarning, match="block kind .* eps .* GELU"):
+    with pytest.warns(GuessWarning, match="block kind.*eps.*GELU"):
         ours = vitkit.from_pretrained(tmp_path / "w.safetensors")
     x = images(2, *ours.config.img_size)
     with torch.no_grad():

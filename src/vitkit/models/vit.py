@@ -511,8 +511,8 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
 
 
 #: what a bare state dict of a later ViT cannot tell (no tensor holds it): said when it is read off the shapes
-UNSTORED = ("the block kind (pre-norm assumed; timm's rpn ViTs are residual post-norm)", "the norms' eps",
-            "the GELU (exact assumed; CLIP's OpenAI weights use QuickGELU, SigLIP 2 the tanh form)")
+UNSTORED = ("the block kind (pre-norm; timm's rpn ViTs are residual post-norm)", "the norms' eps (1e-6)",
+            "the GELU (exact; CLIP's OpenAI weights use QuickGELU, SigLIP 2 the tanh form)")
 
 
 def vit_to_timm(model: VisionTransformer) -> Dict[str, torch.Tensor]:

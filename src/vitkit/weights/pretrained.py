@@ -293,9 +293,9 @@ def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
     later = [n for n in ("reg_token", "norm_pre.weight", "attn_pool.latent", "blocks.0.mlp.fc1_g.weight")
              if n in src.tensors] or getattr(config, "mlp", "mlp") != "mlp" or getattr(config, "norm", "") == "rmsnorm"
     if later and getattr(config, "architecture", None) == "vit":
-        warnings.warn(f"{src.path} holds tensors only, of one of the later ViTs, whose {'; '.join(UNSTORED)} are not "
-                      f"stored: load it with its architecture (--model NAME, model_name=) or its hub folder to be "
-                      f"sure", GuessWarning, stacklevel=3)
+        warnings.warn(f"{src.path} holds the tensors of one of the later ViTs only; what no tensor holds was "
+                      f"assumed: {'; '.join(UNSTORED)}. Load it with its architecture (--model NAME, model_name=) or "
+                      f"from its hub folder to be sure", GuessWarning, stacklevel=3)
 
 
 def _claimed(config: Any, field: str) -> str:
