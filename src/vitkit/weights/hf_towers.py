@@ -606,9 +606,11 @@ def layout_of(config: Any) -> Optional[str]:
 
 
 def export_problems(config: Any) -> Dict[str, List[str]]:
-    """Per tower, what keeps ``config`` from its layout (for one message naming the nearest)."""
-    return {kind: TOWERS[kind].problems(config) for kind in ("clip_vision_model", "siglip_vision_model", "dinov2",
-                                                              "dinov3_vit")}
+    """Per tower of the config's family, what keeps ``config`` from its layout (for one message naming the
+    nearest): an EVA-style model can only be DINOv3, a ViT one of the others."""
+    kinds = ("dinov3_vit",) if getattr(config, "architecture", "vit") == "eva" else (
+        "clip_vision_model", "siglip_vision_model", "dinov2")
+    return {kind: TOWERS[kind].problems(config) for kind in kinds}
 
 
 _PROCESSORS = {"clip_vision_model": "CLIPImageProcessor", "siglip_vision_model": "SiglipImageProcessor",
