@@ -172,12 +172,11 @@ class Eva(VisionTransformer):
             return RelativeQVBiasAttention(*args, **kw)
         return (Attention if cfg.k_bias else QVBiasAttention)(*args, **kw)
 
-    def build_block(self, i: int, drop_path: float, norm) -> nn.Module:
+    def assemble_block(self, drop_path: float, norm, attn: nn.Module, mlp: nn.Module) -> nn.Module:
+        """A pre-norm block with LayerScale as ``gamma_1`` / ``gamma_2``."""
         cfg = self.config
-        block = super().build_block(i, drop_path, norm)  # its attention and MLP, with LayerScale as gamma_1/2
-        return EvaBlock(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
-                        cfg.attn_drop_rate, drop_path, init_values=cfg.init_values, attn_only=cfg.attn_only_layer_scale,
-                        attn_impl=cfg.attn_impl, norm=norm, attn=block.attn, mlp=block.mlp)
+        return EvaBlock(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, drop_path=drop_path, init_values=cfg.init_values,
+                        attn_only=cfg.attn_only_layer_scale, norm=norm, attn=attn, mlp=mlp)
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -293,10 +293,14 @@ class VisionTransformer(TokenModel):
         cfg = self.config
         mlp = make_mlp(cfg.mlp, cfg.embed_dim, cfg.mlp_dim, cfg.gelu, cfg.drop_rate, cfg.proj_bias,
                        norm if cfg.mlp_norm else None)
+        return self.assemble_block(drop_path, norm, self.build_attention(norm, i), mlp)
+
+    def assemble_block(self, drop_path: float, norm, attn: nn.Module, mlp: nn.Module) -> nn.Module:
+        """The block kind of the configuration around its parts (pre-norm, or residual post-norm)."""
+        cfg = self.config
         block = ResPostBlock if cfg.block == "res_post" else Block
-        return block(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, cfg.qkv_bias, cfg.norm_eps, cfg.gelu, cfg.drop_rate,
-                     cfg.attn_drop_rate, drop_path, init_values=cfg.init_values, attn_impl=cfg.attn_impl, norm=norm,
-                     attn=self.build_attention(norm, i), mlp=mlp)
+        return block(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, drop_path=drop_path, init_values=cfg.init_values,
+                     norm=norm, attn=attn, mlp=mlp)
 
     def head_names(self) -> Tuple[str, ...]:
         return ("head", "head_dist") if self.dist_token is not None else ("head",)
