@@ -6,7 +6,8 @@ vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, b
 mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub (``config.json`` +
 ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)`` loads it,
 and the fp32 outputs of two images (logits, or pooled features for towers without a head) are compared.
-A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|); ``refused`` when vitkit
+A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|) (or, past it, when both
+agree within 1e-9 of that in float64: the rounding of a deep stack, said in the row); ``refused`` when vitkit
 says in one line why it cannot (the line is kept); ``mismatch`` when it loads and computes something
 else; ``error`` for any other exception (a bug: a traceback where a line belongs).
 
@@ -14,6 +15,7 @@ else; ``error`` for any other exception (a bug: a traceback where a line belongs
     python benchmarks/coverage.py --max-params 120e6      # the smaller ones (minutes)
     python benchmarks/coverage.py --only 'vit_*siglip*'   # a shell pattern
     python benchmarks/coverage.py --markdown docs/models.md   # also rewrite the table in that page
+    python benchmarks/coverage.py --recheck results.json      # only the rows that were not parity, again
 
 Models past ``--large`` parameters (300M) run at a smaller image size (``model_args`` img_size: the
 hub config carries it, so vitkit must read it) to keep the run within the machine. This is a
@@ -47,6 +49,9 @@ from bench_inference import dated_name, git_revision, machine_info, results_path
 MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
            "eva", "beit")
 TOLERANCE = 1e-5
+#: past the fp32 tolerance, the same check in float64 (models up to FP64_CHECK parameters) tells rounding
+#: from another function
+FP64_TOLERANCE, FP64_CHECK = 1e-9, 400e6
 TABLE_START, TABLE_END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
 
 
@@ -114,8 +119,9 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
         x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
         expected = ref(x).float()
         ref_params = sum(p.numel() for p in ref.parameters())  # at the size it runs at (the table's slots)
-        del ref
-        gc.collect()
+        if ref_params > FP64_CHECK:
+            ref = None  # not kept for a float64 check: the memory goes to vitkit's model
+            gc.collect()
     except Exception as e:
         row.update(status="skipped", message=f"timm could not build or save it: {one_line(e)}")
         return row
@@ -123,7 +129,7 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
         ours = vitkit.from_pretrained(folder)
     except (ValueError, TypeError, OSError) as e:
         row.update(status="refused", message=one_line(e), seconds=round(time.perf_counter() - start, 1))
-        return row
+        return row  # (ref goes with the frame)
     except Exception as e:
         row.update(status="error", message=one_line(e), traceback=traceback.format_exc()[-2000:])
         return row
@@ -135,12 +141,22 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
         scale = max(1.0, expected.abs().max().item())
         row.update(max_diff=diff, output_scale=scale, shape=list(expected.shape))
         ok = diff <= TOLERANCE * scale and row["vitkit_params"] == ref_params
+        if not ok and ref is not None and row["vitkit_params"] == ref_params and got.shape == expected.shape:
+            # fp32 rounding of a deep stack (a ResNet under a ViT-L amplifies it ~1e-4) or another function?
+            # In float64 the same function agrees to ~1e-13, a different one does not
+            with torch.no_grad():
+                row["fp64_max_diff"] = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
+            ok = row["fp64_max_diff"] <= FP64_TOLERANCE * scale
+            if ok:
+                row["message"] = f"fp32 rounding: {diff:.1e} in fp32, {row['fp64_max_diff']:.1e} in float64"
         row["status"] = "parity" if ok else "mismatch"
         if row["vitkit_params"] != ref_params:
             row["message"] = f"{row['vitkit_params']:,} parameters where timm has {ref_params:,}"
     except Exception as e:
         row.update(status="error", message=one_line(e), traceback=traceback.format_exc()[-2000:])
     row["seconds"] = round(time.perf_counter() - start, 1)
+    del ref
+    gc.collect()
     return row
 
 
@@ -154,12 +170,13 @@ def markdown(rows: list, info: dict) -> str:
     s = summary(rows)
     lines = [f"{s['parity']} of {s['architectures']} architectures ({100 * s['parity_share']:.0f}%) load with "
              f"parity; {s['refused']} are refused in one line, {s['mismatch']} load with other outputs, "
-             f"{s['error']} fail otherwise (timm {timm.__version__}, vitkit {info.get('git_revision')}, "
+             f"{s['error']} fail otherwise (timm {timm.__version__}, vitkit {str(info.get('git_revision'))[:12]}, "
              f"{info.get('date')}).", "",
              "| architecture | timm module | parameters | vitkit |", "|---|---|---|---|"]
     for r in rows:
         if r["status"] == "parity":
-            what = f"parity ({r['max_diff']:.1e})"
+            what = f"parity ({r['max_diff']:.1e}" + (f"; float64 {r['fp64_max_diff']:.1e}" if "fp64_max_diff" in r
+                                                      else "") + ")"
         else:
             what = f"{r['status']}: {r.get('message', '')}".replace("|", "\\|")
         lines.append(f"| `{r['arch']}` | {r['module']} | {r['params'] / 1e6:.1f}M | {what} |")
@@ -183,6 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="a shell pattern of architecture names")
     p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_<device>_<date>.json)")
     p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
+    p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity again (the "
+                                                 "others are kept), into --out or the same file")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     info = machine_info(torch.device("cpu"), limits=False)
@@ -191,10 +210,16 @@ def main(argv=None) -> int:
     todo = architectures(args.max_params, args.only)
     smoke = bool(args.only) or args.max_params < 1e9
     out = results_path(args.out, dated_name("coverage", torch.device("cpu"), info), smoke=smoke)
+    kept: dict = {}
+    if args.recheck:
+        earlier = json.loads(args.recheck.read_text())
+        kept = {r["arch"]: r for r in earlier["rows"] if r["status"] == "parity"}
+        info["rechecked"] = f"rows other than parity of {earlier['machine'].get('git_revision')} checked again"
+        out = str(args.out or args.recheck)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
         for i, (name, module, params) in enumerate(todo):
-            row = check(name, module, params, args.large, Path(tmp))
+            row = kept.get(name) or check(name, module, params, args.large, Path(tmp))
             rows.append(row)
             said = f" {row.get('max_diff', 0):.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')}"
             print(f"[{i + 1}/{len(todo)}] {name} ({params / 1e6:.1f}M): {row['status']}{said}", flush=True)
