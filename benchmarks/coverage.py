@@ -203,7 +203,11 @@ def main(argv=None) -> int:
     p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity again (the "
                                                  "others are kept), into --out or the same file")
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
+    with torch.no_grad():  # not set_grad_enabled: main() may run inside another program (the tests)
+        return _run(args)
+
+
+def _run(args) -> int:
     info = machine_info(torch.device("cpu"), limits=False)
     info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), timm=timm.__version__,
                 torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")

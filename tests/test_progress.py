@@ -199,6 +199,6 @@ def test_cli_inspect_json_keeps_stdout_clean(no_delay, tmp_path, capsys):
     captured = capsys.readouterr()
     result = json.loads(captured.out)  # stdout is the JSON and nothing else
     assert len(result["predictions"]) == 3
-    # 3 loaded + 1 chunk + 3 rollout figures + 5 model figures and the report: the count ends at its total
+    # 3 loaded + 1 chunk + 3 rollout figures + 6 model figures and the report: the count ends at its total
     last = captured.err.splitlines()[-1]
-    assert last.startswith("inspecting [########################] 12/12 steps | "), last
+    assert last.startswith("inspecting [########################] 13/13 steps | "), last
