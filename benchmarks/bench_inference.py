@@ -224,7 +224,7 @@ def measure(impls: dict, x, args, device: torch.device, dtype: str) -> dict:
 # ---------------------------------------------------------------------------- models
 
 
-def build_pair(name: str, device: torch.device, vitkit_first: bool):
+def build_pair(name: str, device: torch.device, vitkit_first: bool, **kwargs):
     """timm's model and vitkit's model holding timm's (random) weights, both in eval mode.
 
     Construction order matters on CPU: glibc moves its mmap threshold once the first
@@ -233,16 +233,17 @@ def build_pair(name: str, device: torch.device, vitkit_first: bool):
     on two builds with opposite orders and the samples pooled.
     """
     with torch.inference_mode(False):  # built as users build them; timed under inference_mode
-        return _build_pair(name, device, vitkit_first)
+        return _build_pair(name, device, vitkit_first, kwargs)
 
 
-def _build_pair(name: str, device: torch.device, vitkit_first: bool):
+def _build_pair(name: str, device: torch.device, vitkit_first: bool, kwargs: dict):
+    """``kwargs`` (e.g. ``img_size``) go to both constructors."""
     if vitkit_first:
-        vk_model = vitkit.create_model(name)
-        timm_model = timm.create_model(name, pretrained=False)
+        vk_model = vitkit.create_model(name, **kwargs)
+        timm_model = timm.create_model(name, pretrained=False, **kwargs)
     else:
-        timm_model = timm.create_model(name, pretrained=False)
-        vk_model = vitkit.create_model(name)
+        timm_model = timm.create_model(name, pretrained=False, **kwargs)
+        vk_model = vitkit.create_model(name, **kwargs)
     vitkit.load_weights(vk_model, timm_model.state_dict())
     return timm_model.eval().to(device), vk_model.eval().to(device)
 

@@ -9,7 +9,9 @@ rounds with the order reversed every other round, so drift of the machine hits a
   ``vitkit predict`` runs; with ``--compile``, ``vitkit bf16 compiled``:
   ``vitkit.models.compile_for_inference`` (inductor with freezing: weights folded in and
   prepacked, norms and GELU fused), and, so that timm's fastest PyTorch path is not handicapped,
-  ``timm bf16 compiled``: timm's model through the same ``torch.compile`` call;
+  ``timm bf16 compiled``: timm's model through the same ``torch.compile`` call. On a CPU without
+  native bf16 (no AVX-512 BF16 or AMX) torch emulates bf16 many times slower than fp32: there
+  the bf16 paths are left out (the results say so) and the compiled paths run in fp32;
 - ``ort fp32``, ``ort int8``, ``ort int8-static``: ``vitkit.export_onnx`` (dynamo exporter)
   run by ONNX Runtime's CPU provider with the same thread count; int8 is ONNX Runtime's
   dynamic quantization, int8-static its QDQ form (calibrated here on random images: speed only);
@@ -19,7 +21,8 @@ rounds with the order reversed every other round, so drift of the machine hits a
   choice of the exported graph (separate q/k/v in standard operators, see
   ``vitkit.deploy.onnx_export``), and is left out of "vitkit's fastest";
 - ``ov bf16``, ``ov int8`` (when OpenVINO is installed): ``vitkit.deploy.openvino.export_openvino``
-  compiled for the CPU with the same thread count, bf16 inference precision, and NNCF's int8
+  compiled for the CPU with the same thread count, bf16 inference precision (``ov fp32`` without
+  native bf16), and NNCF's int8
   (calibrated on the same random images: speed only; the float parts in OpenVINO's default
   precision).
 
@@ -36,6 +39,10 @@ each changes.
 
     python benchmarks/bench_onnx.py --weights runs/NAME              # full run, ~15 min on 2 cores
     python benchmarks/bench_onnx.py --quick                          # smoke: ViT-Ti, batch 1 (to SMOKE_DIR)
+    python benchmarks/bench_onnx.py --models vit_small_patch14_dinov2 vit_base_patch16_siglip_224 \
+        --img-size 224 --batch-sizes 32 --compile                    # the later ViTs' rows
+
+Each model runs at its own image size (timm's default for that name) unless ``--img-size`` is given.
 
 This is a benchmark, not a test: run it on a quiet machine.
 """
@@ -57,6 +64,7 @@ import vitkit
 from vitkit.deploy import OnnxModel, export_onnx
 from vitkit.models import compile_for_inference
 from vitkit.models.complexity import complexity
+from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import build_pair, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
@@ -64,7 +72,7 @@ from limits import at_limit, close_limits, describe  # noqa: E402
 
 DEFAULT_MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"]
 DEFAULT_BATCH_SIZES = [1, 32]
-TIMM_PATHS = ("timm fp32", "timm bf16", "timm bf16 compiled")
+TIMM_PATHS = ("timm fp32", "timm bf16", "timm bf16 compiled", "timm fp32 compiled")
 #: measured for the record, not offered by vitkit (see the module docstring)
 REFERENCE_PATHS = ("ort fused fp32", "ort fused int8")
 EVAL_BATCH = 500  # vitkit eval --batch-size default
@@ -73,10 +81,10 @@ EVAL_BATCH = 500  # vitkit eval --batch-size default
 # ---------------------------------------------------------------------------- paths
 
 
-def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
-    """name -> a function running one batch, for every path of the module docstring. The ONNX
-    files have a dynamic batch and the compiled modules recompile per shape: one set serves
-    every batch size."""
+def paths_for(timm_model, vk_model, folder: str, compile_fast: bool, bf16: bool) -> dict:
+    """name -> a function running one batch, for every path of the module docstring (the bf16
+    ones only where ``bf16`` is native). The ONNX files have a dynamic batch and the compiled
+    modules recompile per shape: one set serves every batch size."""
     def torch_path(model, bf16: bool, fast: bool):
         def forward(x):
             autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -85,11 +93,14 @@ def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
                 return model(x)
         return forward
 
-    paths = {"timm fp32": torch_path(timm_model, False, False), "timm bf16": torch_path(timm_model, True, False),
-             "vitkit fp32": torch_path(vk_model, False, True), "vitkit bf16": torch_path(vk_model, True, True)}
-    if compile_bf16:
-        paths["timm bf16 compiled"] = torch_path(compile_for_inference(timm_model), True, False)
-        paths["vitkit bf16 compiled"] = torch_path(compile_for_inference(vk_model), True, False)
+    precisions = ("fp32", "bf16") if bf16 else ("fp32",)
+    paths = {}
+    for precision in precisions:
+        paths[f"timm {precision}"] = torch_path(timm_model, precision == "bf16", False)
+        paths[f"vitkit {precision}"] = torch_path(vk_model, precision == "bf16", True)
+    if compile_fast:  # in the machine's fastest precision
+        paths[f"timm {precisions[-1]} compiled"] = torch_path(compile_for_inference(timm_model), bf16, False)
+        paths[f"vitkit {precisions[-1]} compiled"] = torch_path(compile_for_inference(vk_model), bf16, False)
     h, w = vk_model.config.img_size
     calibration = torch.randint(0, 256, (32, 3, h, w), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     for name, quantize in (("ort fp32", None), ("ort int8", "int8"), ("ort int8-static", "int8-static")):
@@ -100,7 +111,7 @@ def paths_for(timm_model, vk_model, folder: str, compile_bf16: bool) -> dict:
     if openvino_installed():
         from vitkit.deploy.openvino import OpenVinoModel, export_openvino
 
-        for name, quantize, precision in (("ov bf16", None, "bf16"), ("ov int8", "int8", None)):
+        for name, quantize, precision in (openvino_float(bf16), ("ov int8", "int8", None)):
             file = export_openvino(vk_model, os.path.join(folder, f"ov_{quantize or 'float'}.xml"), quantize=quantize,
                                    calibration=calibration if quantize else None)
             paths[name] = OpenVinoModel(file, threads=torch.get_num_threads(), precision=precision)
@@ -133,6 +144,11 @@ def limit_of(path: str, gflop: float, medians: dict, limits: dict) -> dict:
     float parts run slower than that, so this is the bound the int8 form aims at)."""
     kind = "int8_gop_s" if "int8" in path else "bf16_gflop_s" if "bf16" in path else "fp32_gflop_s"
     return {"peak": kind, **at_limit(medians[path], gflop, limits.get(kind))}
+
+
+def openvino_float(bf16: bool) -> tuple:
+    """(path name, quantization, precision) of OpenVINO's float path: bf16 where it is native."""
+    return ("ov bf16", None, "bf16") if bf16 else ("ov fp32", None, "fp32")
 
 
 def openvino_installed() -> bool:
@@ -172,7 +188,7 @@ def measure(paths: dict, x: torch.Tensor, rounds: int, min_time: float) -> dict:
 # ---------------------------------------------------------------------------- accuracy
 
 
-def int8_accuracy(weights: str) -> dict:
+def int8_accuracy(weights: str, bf16: bool) -> dict:
     """Fashion-MNIST test top-1 of a trained model on each runtime (see the module docstring)."""
     from vitkit.deploy.quantize import calibration_images
     from vitkit.evaluate.metrics import prepare_batch
@@ -201,13 +217,13 @@ def int8_accuracy(weights: str) -> dict:
         if openvino_installed():
             from vitkit.deploy.openvino import OpenVinoModel, export_openvino
 
-            for name, quantize, precision in (("ov bf16", None, "bf16"), ("ov int8", "int8", None)):
+            for name, quantize, precision in (openvino_float(bf16), ("ov int8", "int8", None)):
                 file = export_openvino(model, os.path.join(folder, f"ov_{quantize or 'float'}.xml"), quantize=quantize)
                 pred = predictions(OpenVinoModel(file, precision=precision))
                 out[name] = {"top1": (pred == labels).float().mean().item(),
                              "changed_predictions": int((pred != reference).sum()),
                              "bytes": os.path.getsize(file) + os.path.getsize(file.with_suffix(".bin"))}
-    for name in ("ort int8", "ort int8-static", "ov bf16", "ov int8"):
+    for name in ("ort int8", "ort int8-static", "ov bf16", "ov fp32", "ov int8"):
         if name in out:
             out[name]["points_below_fp32"] = 100 * (out["torch fp32"]["top1"] - out[name]["top1"])
     return out
@@ -222,7 +238,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", nargs="+", type=int, help="default: 1 32")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timings per path (default 5)")
     p.add_argument("--min-time", type=float, default=1.0, help="target seconds per timing (default 1)")
-    p.add_argument("--compile", action="store_true", help="also time vitkit bf16 under torch.compile")
+    p.add_argument("--compile", action="store_true",
+                   help="also time vitkit and timm under torch.compile (bf16 where native, else fp32)")
+    p.add_argument("--img-size", type=int, help="image side for every model (default: each model's own)")
     p.add_argument("--weights", help="a trained Fashion-MNIST model (run folder): measure int8's accuracy cost")
     p.add_argument("--threads", type=int, help="torch and ONNX Runtime threads (default: torch's)")
     p.add_argument("--out", help="results file or folder (default: benchmarks/results/onnx_<device>_<date>.json)")
@@ -232,8 +250,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batch_sizes = args.batch_sizes or ([1] if args.quick else DEFAULT_BATCH_SIZES)
     if args.quick:
         args.rounds, args.min_time = 2, 0.1
-    if args.rounds < 1 or args.min_time < 0 or min(args.batch_sizes) < 1:
-        p.error("--rounds and --batch-sizes must be >= 1, --min-time >= 0")
+    if args.rounds < 1 or args.min_time < 0 or min(args.batch_sizes) < 1 or (args.img_size or 1) < 1:
+        p.error("--rounds, --batch-sizes and --img-size must be >= 1, --min-time >= 0")
     return args
 
 
@@ -245,20 +263,26 @@ def main(argv=None) -> int:
     info = machine_info(device)
     info["onnxruntime"] = __import__("onnxruntime").__version__
     out = results_path(args.out, dated_name("onnx", device, info), smoke=args.quick)
-    settings = {k: getattr(args, k) for k in ("models", "batch_sizes", "rounds", "min_time", "compile", "weights")}
-    settings.update(threads=torch.get_num_threads(),
+    settings = {k: getattr(args, k) for k in ("models", "batch_sizes", "img_size", "rounds", "min_time", "compile",
+                                              "weights")}
+    bf16 = native_bf16_cpu()
+    settings.update(threads=torch.get_num_threads(), native_bf16=bf16,
                     started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print(f"{info['cpu_model']} | torch {info['torch']} | timm {info['timm']} | onnxruntime {info['onnxruntime']} "
           f"| threads {settings['threads']}", flush=True)
     print(describe(info["limits"]), flush=True)
+    if not bf16:
+        print("no native bf16 on this CPU: the bf16 paths are left out, the compiled ones run in fp32", flush=True)
     rows = []
     for name in args.models:
-        timm_model, vk_model = build_pair(name, torch.device("cpu"), vitkit_first=False)
+        size = {"img_size": args.img_size} if args.img_size else {}
+        timm_model, vk_model = build_pair(name, torch.device("cpu"), vitkit_first=False, **size)
         gflop = complexity(vk_model.config).flops / 1e9
+        h, w = vk_model.config.img_size
         with tempfile.TemporaryDirectory() as folder:
-            paths = paths_for(timm_model, vk_model, folder, args.compile)
+            paths = paths_for(timm_model, vk_model, folder, args.compile, bf16)
             for batch in args.batch_sizes:
-                x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(batch))
+                x = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(batch))
                 with torch.inference_mode():
                     expected = timm_model(x[:2])
                 fp32_diff = (paths["ort fp32"](x[:2]) - expected).abs().max().item()
@@ -268,15 +292,16 @@ def main(argv=None) -> int:
                 ours = {k: v for k, v in medians.items() if k not in TIMM_PATHS + REFERENCE_PATHS}
                 best = max(ours, key=ours.get)
                 limit = {k: limit_of(k, gflop, medians, info["limits"]) for k in medians}
-                row = {"model": name, "batch": batch, "gflop_per_image": gflop, "paths": results,
+                row = {"model": name, "batch": batch, "img_size": [h, w], "gflop_per_image": gflop, "paths": results,
                        "ort_fp32_max_abs_diff_vs_timm": fp32_diff, "vitkit_fastest": best,
                        "fastest_over_timm_fastest": ours[best] / timm_best,
                        "ort_fp32_over_timm_fp32": medians["ort fp32"] / medians["timm fp32"],
                        "limit": limit}
                 rows.append(row)
-                print(f"\n{name} batch {batch} (ORT fp32 vs timm logits {fp32_diff:.1e}; img/s at the limit: "
-                      + ", ".join(f"{k[:4]} {info['limits'][k] and info['limits'][k] / gflop:.1f}"
-                                  for k in ("fp32_gflop_s", "bf16_gflop_s", "int8_gop_s")) + ")")
+                print(f"\n{name} {h}x{w} batch {batch} (ORT fp32 vs timm logits {fp32_diff:.1e}; img/s at the limit: "
+                      + ", ".join(f"{k[:4]} {info['limits'][k] / gflop:.1f}"
+                                  for k in ("fp32_gflop_s", "bf16_gflop_s", "int8_gop_s") if info["limits"][k])
+                      + ")")
                 for k, v in sorted(medians.items(), key=lambda kv: -kv[1]):
                     fraction = limit[k]["fraction_of_limit"]
                     of = "" if fraction is None else f"  {100 * fraction:5.1f}% of the {limit[k]['peak'][:4]} limit"
@@ -286,9 +311,9 @@ def main(argv=None) -> int:
         del timm_model, vk_model
     accuracy = None
     if args.weights:
-        accuracy = int8_accuracy(args.weights)
+        accuracy = int8_accuracy(args.weights, bf16)
         print(f"\nint8 on {args.weights} (Fashion-MNIST test, {accuracy['images']:,} images):")
-        for k in [k for k in ("torch fp32", "ort fp32", "ort int8", "ort int8-static", "ov bf16", "ov int8")
+        for k in [k for k in ("torch fp32", "ort fp32", "ort int8", "ort int8-static", "ov bf16", "ov fp32", "ov int8")
                   if k in accuracy]:
             extra = (f"  ({accuracy[k]['points_below_fp32']:+.2f} points below torch fp32, "
                      f"{accuracy[k]['changed_predictions']} predictions changed)" if "points_below_fp32" in accuracy[k]

@@ -110,13 +110,15 @@ def scenario(runs: str, name: str, steps: int, extra: list, busy: Busy | None = 
 
 
 def default_run_mfu(img_s: float, limits: dict) -> dict:
-    """The default run's training img/s against the bf16 GEMM peak (fwd + bwd = 3 forwards)."""
+    """The default run's training img/s against the GEMM peak of the precision it trains in (bf16 where
+    native, else fp32; fwd + bwd = 3 forwards)."""
     import vitkit
     from vitkit.models.complexity import complexity
     from vitkit.train.config import DEFAULT_MODEL
 
     gflop = 3 * complexity(vitkit.create_model(DEFAULT_MODEL).config).flops / 1e9
-    return {"model": DEFAULT_MODEL, "train_gflop_per_image": gflop, **at_limit(img_s, gflop, limits["bf16_gflop_s"])}
+    peak = limits["bf16_gflop_s"] or limits["fp32_gflop_s"]  # None where bf16 is not native
+    return {"model": DEFAULT_MODEL, "train_gflop_per_image": gflop, **at_limit(img_s, gflop, peak)}
 
 
 def main(argv=None) -> int:

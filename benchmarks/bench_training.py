@@ -43,6 +43,7 @@ import vitkit
 from vitkit.models.complexity import complexity
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
+from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import (  # noqa: E402
@@ -90,10 +91,7 @@ def cpu_details() -> dict:
             flags = set(value.split())
             info["cpu_flags"] = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile",
                                                 "avx512_fp16"})
-    try:  # oneDNN's own probe of native bf16, as pick_precision uses it (private, so guarded)
-        info["mkldnn_bf16_supported"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        pass
+    info["mkldnn_bf16_supported"] = native_bf16_cpu()  # the probe pick_precision uses
     return info
 
 

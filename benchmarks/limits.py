@@ -10,9 +10,13 @@ benchmark measures, in its own process:
   the spot, sampled at the start and at the end of the run. It shows the speed the core really
   ran at (turbo, throttling, a hypervisor's share), which ``/proc/cpuinfo`` does not.
   ``perf``'s cycle counter is not available in most virtual machines, this project's included.
-- **GEMM peaks**: fp32, bf16 and int8 (``torch._int_mm``) GFLOP/s of one large matrix product
+- **GEMM peaks**: fp32, bf16 and int8 GFLOP/s of one large matrix product
   (2048x3072x768: ViT-B's MLP shape, cut to fit), best of a few timings, on every thread the
-  benchmark uses. fp32 is the best of torch, numpy and ONNX Runtime (each library's own
+  benchmark uses. A CPU without native bf16 (no AVX-512 BF16 or AMX: Zen 3, most laptops) has
+  no bf16 limit (``None``, with the reason): torch emulates bf16 there at about 1 GFLOP/s, which
+  is no limit of anything a path would choose. int8 is the best of ``torch._int_mm`` and ONNX
+  Runtime's ``MatMulInteger`` (u8 x s8, the kernel its int8 models run; torch's CPU kernel is a
+  slow reference on AVX2 machines). fp32 is the best of torch, numpy and ONNX Runtime (each library's own
   figure is kept): torch's CPU build calls Intel's MKL, which on this AMD EPYC reached 210
   GFLOP/s where numpy's OpenBLAS reached 263 and ONNX Runtime ran ViT-B/16 at 393, so torch
   alone would put ORT's fp32 path at 180% of "the limit". A model whose every FLOP ran at
@@ -36,6 +40,8 @@ import time
 from typing import Optional
 
 import torch
+
+from vitkit.utils import native_bf16_cpu
 
 #: (m, n, k) of the GEMM timed for the peaks
 GEMM = (2048, 3072, 768)
@@ -121,42 +127,78 @@ def gemm_peaks(device: torch.device = torch.device("cpu"), rounds: int = 3) -> d
     peaks = {"gemm_shape": list(GEMM)}
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+    native_bf16 = device.type != "cpu" or native_bf16_cpu()
     with torch.inference_mode():
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            if name == "bf16" and not native_bf16:
+                peaks["bf16_gflop_s"] = None
+                peaks["bf16_unavailable"] = "no native bf16 on this CPU (no AVX-512 BF16 or AMX): torch emulates it"
+                continue
             x, y = a.to(device, dtype), b.to(device, dtype)
             peaks[f"{name}_gflop_s"] = round(flops / _timed_best(lambda: x @ y, rounds, device) / 1e9, 1)
         if device.type == "cpu":
             by_library = {"torch": peaks["fp32_gflop_s"], **_other_fp32(a.numpy(), b.numpy(), flops, rounds, device)}
             peaks["fp32_gflop_s_by_library"] = by_library
             peaks["fp32_gflop_s"] = max(by_library.values())
+        int8 = {}
         try:
             x = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen).to(device)
             y = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=gen).to(device)
-            peaks["int8_gop_s"] = round(flops / _timed_best(lambda: torch._int_mm(x, y), rounds, device) / 1e9, 1)
+            int8["torch"] = round(flops / _timed_best(lambda: torch._int_mm(x, y), rounds, device) / 1e9, 1)
         except (RuntimeError, NotImplementedError) as e:  # no int8 GEMM kernel for this device
-            peaks["int8_gop_s"] = None
             peaks["int8_unavailable"] = str(e).splitlines()[0][:200]
+        if device.type == "cpu":
+            int8.update(_ort_int8(flops, rounds, device))
+        peaks["int8_gop_s"] = max(int8.values()) if int8 else None
+        if int8:
+            peaks["int8_gop_s_by_library"] = int8
     return peaks
+
+
+def _ort_session(graph_inputs, nodes, output, opset: int = 17):
+    """An ONNX Runtime CPU session of a one-node graph on the benchmark's threads, or None without ORT."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import helper
+    except ImportError:
+        return None
+    graph = helper.make_graph(nodes, "gemm", graph_inputs, [output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, onnx.IR_VERSION)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _ort_int8(flops: int, rounds: int, device: torch.device) -> dict:
+    """GOP/s of the GEMM shape in ONNX Runtime's ``MatMulInteger`` (u8 activations x s8 weights)."""
+    import numpy as np
+    try:
+        from onnx import TensorProto, helper
+    except ImportError:
+        return {}
+    m, n, k = GEMM
+    session = _ort_session([helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k]),
+                            helper.make_tensor_value_info("b", TensorProto.INT8, [k, n])],
+                           [helper.make_node("MatMulInteger", ["a", "b"], ["c"])],
+                           helper.make_tensor_value_info("c", TensorProto.INT32, [m, n]))
+    rng = np.random.default_rng(0)
+    feed = {"a": rng.integers(0, 256, (m, k), dtype=np.uint8), "b": rng.integers(-128, 128, (k, n), dtype=np.int8)}
+    return {"onnxruntime": round(flops / _timed_best(lambda: session.run(None, feed), rounds, device) / 1e9, 1)}
 
 
 def _other_fp32(a, b, flops: int, rounds: int, device: torch.device) -> dict:
     """fp32 GFLOP/s of the same product in numpy and (when installed) ONNX Runtime's MatMul."""
     out = {"numpy": round(flops / _timed_best(lambda: a @ b, rounds, device) / 1e9, 1)}
     try:
-        import onnx
-        import onnxruntime as ort
         from onnx import TensorProto, helper
     except ImportError:
         return out
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
-                               helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape))],
-                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [a.shape[0], b.shape[1]])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = min(model.ir_version, onnx.IR_VERSION)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = _ort_session([helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
+                            helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape))],
+                           [helper.make_node("MatMul", ["a", "b"], ["c"])],
+                           helper.make_tensor_value_info("c", TensorProto.FLOAT, [a.shape[0], b.shape[1]]))
     feed = {"a": a, "b": b}
     out["onnxruntime"] = round(flops / _timed_best(lambda: session.run(None, feed), rounds, device) / 1e9, 1)
     return out
@@ -194,6 +236,7 @@ def describe(limits: dict) -> str:
     clock_text = "clock unknown" if clock is None else f"clock {clock:.2f} GHz" + (
         f" -> {end:.2f} GHz" if end is not None else "")
     int8 = limits.get("int8_gop_s")
+    bf16 = limits.get("bf16_gflop_s")
     return (f"{clock_text}; GEMM {'x'.join(map(str, GEMM))} peaks: fp32 {limits['fp32_gflop_s']:.0f}, "
-            f"bf16 {limits['bf16_gflop_s']:.0f} GFLOP/s, int8 "
+            f"bf16 {'n/a (not native)' if bf16 is None else f'{bf16:.0f}'} GFLOP/s, int8 "
             + ("n/a" if int8 is None else f"{int8:.0f} GOP/s") + f" ({limits['threads']} threads)")

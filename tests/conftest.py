@@ -27,8 +27,8 @@ def randomize(model: nn.Module, seed: int = 0, scale: float = 0.1) -> nn.Module:
     return model.eval()
 
 
-def trained_briefly(name: str, **overrides) -> nn.Module:
-    """Model ``name`` trained 100 steps of 64 on 4,096 real Fashion-MNIST images (enough to make
+def trained_briefly(name: str, steps: int = 100, **overrides) -> nn.Module:
+    """Model ``name`` trained ``steps`` steps of 64 on 4,096 real Fashion-MNIST images (enough to make
     decisions, so that runtimes compare on them); skips the test without the Debian dataset."""
     from vitkit import create_model
     from vitkit.data import fashion_mnist as fm
@@ -43,7 +43,7 @@ def trained_briefly(name: str, **overrides) -> nn.Module:
     model = create_model(name, label_names=train.classes, **overrides)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     model.train()
-    for _ in range(100):
+    for _ in range(steps):
         i = torch.randint(0, len(y), (64,))
         loss = torch.nn.functional.cross_entropy(model(prepare_batch(x[i], model.config)), y[i])
         opt.zero_grad()

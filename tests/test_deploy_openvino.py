@@ -205,3 +205,54 @@ def test_eval_on_openvino_matches_eval_on_torch(trained, tmp_path, capsys, monke
     assert results["file"]["precision"] == results["openvino"]["precision"]
     for runtime in ("openvino", "file"):  # bf16 on CPUs that have it: at most a few of 200 decisions move
         assert abs(results[runtime]["top1"] - results["torch"]["top1"]) <= 0.02
+
+
+#: later ViTs at Fashion-MNIST size: registers, DINOv3's RoPE, LayerScale and SwiGLU; SigLIP's MAP head
+LATER_SMALL = dict(img_size=28, patch_size=4, depth=2, embed_dim=64, num_heads=2, mlp_dim=128)
+TRAINED_LATER = {
+    "dinov3": ("vit_small_plus_patch16_dinov3", LATER_SMALL),
+    "siglip": ("vit_base_patch16_siglip_224", LATER_SMALL),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(TRAINED_LATER))
+def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp_path):
+    """RoPE, registers, LayerScale, SwiGLU and the MAP head survive int8 on OpenVINO (NNCF) and
+    ONNX Runtime (static QDQ): the decisions of a trained model stay (the issue's deployment goal)."""
+    from vitkit.deploy import OnnxModel, export_onnx
+    from vitkit.evaluate.metrics import prepare_batch
+
+    name, overrides = TRAINED_LATER[case]
+    model = trained_briefly(name, steps=300, **overrides)  # the small start of LayerScale and MAP learns slower
+    test = fm.load_split("test")
+    x = prepare_batch(torch.from_numpy(test.images[:1000]).unsqueeze(1), model.config)
+    labels = torch.from_numpy(test.labels[:1000]).long()
+    with torch.inference_mode():
+        want = model(x).argmax(-1)
+    assert (want == labels).float().mean() > 0.6  # it learned (chance is 0.1)
+    runtimes = {"openvino int8": OpenVinoModel(export_openvino(model, tmp_path / "q.xml", quantize="int8"),
+                                               precision="fp32"),
+                "onnxruntime int8-static": OnnxModel(export_onnx(model, tmp_path / "q.onnx", quantize="int8-static"))}
+    for runtime_name, runtime in runtimes.items():
+        agree = (runtime(x).argmax(-1) == want).float().mean().item()
+        assert agree > 0.95, (case, runtime_name, agree)
+
+
+def test_nncf_keeps_the_pixels_layer_the_classifier_and_the_map_query_float(tmp_path):
+    """The layers int8 leaves float, read off the IR: the patch embedding (not the MAP head's
+    projection of its learned query, which comes first in graph order and sees no pixel), the
+    classifier, and the products over the pooled query alone."""
+    import openvino as ov
+
+    from vitkit.deploy.openvino import _kept_float
+
+    model = vitkit.create_model("vit_base_patch16_siglip_224", num_classes=10, **LATER_SMALL).eval()
+    ir = ov.Core().read_model(str(export_openvino(model, tmp_path / "f.xml")))
+    kept = {op.get_friendly_name(): op for op in ir.get_ordered_ops() if op.get_friendly_name() in _kept_float(ir)}
+    kinds = sorted(op.get_type_name() for op in kept.values())
+    # the conv stem; the pooled query's attention output, its MLP's two layers and the logits: four
+    # products, not five (the query's own projection, also one token wide, sees no pixel)
+    assert kinds == ["Convolution"] + ["MatMul"] * 4
+    tokens = [op.get_output_partial_shape(0) for op in kept.values() if op.get_type_name() == "MatMul"]
+    assert all(len(s) == 2 or s[len(s) - 2].get_length() == 1 for s in tokens)  # one token or the logits

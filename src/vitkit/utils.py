@@ -361,6 +361,17 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU runs bf16 matrix products natively (AVX-512 BF16 or AMX), by oneDNN's own
+    probe. Elsewhere torch emulates bf16, many times slower than fp32: choose fp32 there."""
+    import torch
+
+    try:  # a private API, so guarded
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def write_json(path: PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 

@@ -130,13 +130,39 @@ def _quantize(nncf: Any, ir: Any, batches: list, count: int) -> Any:
     default preset 90.55%, the mixed preset with the first and last layers float 90.95%."""
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
 
-    layers = [op.get_friendly_name() for op in ir.get_ordered_ops() if op.get_type_name() in ("Convolution", "MatMul")]
-    keep = sorted({layers[0], layers[-1]}) if layers else []
+    keep = _kept_float(ir)
     no_smoothing = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1, convolution=-1))
     with _silenced():  # NNCF draws its own progress bars on stdout
         return nncf.quantize(ir, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER, subset_size=count,
                              ignored_scope=nncf.IgnoredScope(names=keep), advanced_parameters=no_smoothing)
+
+
+def _kept_float(ir: Any) -> list:
+    """The layers NNCF leaves in float: the first that the image reaches (raw pixels), the last,
+    and every product over a single token: the classifier and a MAP head's pooled query (its
+    attention output and the MLP after it). Those cost one token's work, and in int8 their error
+    has no other tokens to average it out: on a SigLIP-style model trained briefly on
+    Fashion-MNIST (Zen 3, AVX2), int8 kept 94.3% of fp32's decisions with only the first and
+    last layers float, 95.7% so.
+
+    Only layers the image reaches count: products of constants come first in graph order (a MAP
+    head projects its learned query before any pixel arrives; only the batch size, through
+    ``ShapeOf``, comes from the image), and taking one for "the first layer" left the patch
+    embedding quantized."""
+    reached, layers, single = set(), [], []
+    for op in ir.get_ordered_ops():  # topological: an op's inputs come before it
+        name = op.get_friendly_name()
+        if op.get_type_name() == "Parameter" or op.get_type_name() != "ShapeOf" and any(
+                value.get_node().get_friendly_name() in reached for value in op.input_values()):
+            reached.add(name)
+            if op.get_type_name() in ("Convolution", "MatMul"):
+                layers.append(name)
+                shape = op.get_output_partial_shape(0)
+                if shape.rank.is_static and (len(shape) == 2 or shape[len(shape) - 2].is_static
+                                             and shape[len(shape) - 2].get_length() == 1):
+                    single.append(name)
+    return sorted(set(layers[:1] + layers[-1:] + single))
 
 
 def _batches(images: torch.Tensor, config: Any, batch_size: int):

@@ -33,7 +33,7 @@ from ..models import get_model_config
 from ..parallel import BatchParallel, add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import remove_stale_temporaries, seed_for, write_json
+from ..utils import native_bf16_cpu, remove_stale_temporaries, seed_for, write_json
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
@@ -64,11 +64,7 @@ def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dty
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    try:  # oneDNN's own probe for native bf16 (AVX-512 BF16 / AMX); a private API, so guarded
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        native = False
-    return torch.bfloat16 if native else None
+    return torch.bfloat16 if native_bf16_cpu() else None
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
