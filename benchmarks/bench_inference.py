@@ -39,6 +39,7 @@ import torch
 
 import vitkit
 from vitkit.models.complexity import complexity
+from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module, however run
 from limits import at_limit, close_limits, describe, machine_limits  # noqa: E402
@@ -176,9 +177,13 @@ def run(model, x, iters: int, device: torch.device, dtype: str) -> float:
 
 
 def bf16_skip_reason(models, x, device: torch.device) -> str | None:
-    """Why bf16 cannot be measured here, or None. Trying it is the only reliable check."""
+    """Why bf16 cannot be measured here, or None. A CPU without native bf16 is named (torch emulates
+    bf16 there many times slower than fp32: hours of rows that measure nothing); elsewhere trying it
+    is the only reliable check."""
     if device.type == "cpu" and not torch.backends.mkldnn.is_available():
         return "torch built without oneDNN (mkldnn): no fast bf16 on CPU"
+    if device.type == "cpu" and not native_bf16_cpu():
+        return "no native bf16 on this CPU (no AVX-512 BF16 or AMX): torch would emulate it"
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU does not support bf16"
     try:

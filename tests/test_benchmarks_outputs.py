@@ -31,6 +31,12 @@ def dirs(tmp_path, monkeypatch):
     return results, smoke
 
 
+def _no_limits(monkeypatch, module, bf16=None) -> None:
+    """``module.machine_info`` without measuring the machine (its GEMMs and clock take seconds each)."""
+    limits = {"fp32_gflop_s": 100.0, "bf16_gflop_s": bf16, "int8_gop_s": None, "threads": 1, "gemm_shape": [1, 1, 1]}
+    monkeypatch.setattr(module, "machine_info", lambda device: {"cpu_model": "x", "limits": dict(limits)})
+
+
 def _files(folder: Path) -> list:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) \
         if folder.exists() else []
@@ -88,12 +94,40 @@ def test_bench_compile_quick_writes_to_the_smoke_folder(dirs, monkeypatch, tmp_p
     row = {"precision": "bf16", "compile_s": 1.0, "eager_img_s": 1.0, "compiled_img_s": 1.0,
            "ratio_compiled_over_eager": 1.0}
     monkeypatch.setattr(bench_compile, "measure", lambda *a, **k: dict(row))  # no torch.compile here
+    _no_limits(monkeypatch, bench_compile)  # measured thrice they take a minute; tested on their own below
     assert bench_compile.main(["--quick"]) == 0
     assert _files(results) == [] and [n[:8] for n in _files(smoke)] == ["compile_"]
     assert bench_compile.main([]) == 0  # a full run: benchmarks/results/
     assert [n[:8] for n in _files(results)] == ["compile_"]
     assert bench_compile.main(["--quick", "--out", str(tmp_path / "mine.json")]) == 0
     assert (tmp_path / "mine.json").is_file()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_benchmarks_measure_bf16_only_where_the_cpu_has_it(dirs, monkeypatch, native):
+    """Emulated bf16 (Zen 3, most laptops) runs many times slower than fp32: its rows would take hours
+    and measure nothing, so they are skipped in one named line, and bench_compile times fp32 alone."""
+    import bench_compile
+    import bench_inference
+
+    monkeypatch.setattr(bench_inference, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(bench_compile, "native_bf16_cpu", lambda: native)
+    model = __import__("vitkit").create_model("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1).eval()
+    reason = bench_inference.bf16_skip_reason([model], __import__("torch").randn(1, 3, 32, 32),
+                                              __import__("torch").device("cpu"))
+    assert (reason is None) if native else reason.startswith("no native bf16 on this CPU")
+    amps = []
+
+    def measure(name, batch, side, chans, amp, args):
+        amps.append(amp)
+        return {"precision": "bf16" if amp else "fp32", "compile_s": 1.0, "eager_img_s": 1.0, "compiled_img_s": 1.0,
+                "ratio_compiled_over_eager": 1.0}
+    monkeypatch.setattr(bench_compile, "measure", measure)
+    _no_limits(monkeypatch, bench_compile, bf16=200.0 if native else None)
+    assert bench_compile.main(["--quick"]) == 0 and amps == [native]
+    amps.clear()
+    assert bench_compile.main([]) == 0
+    assert set(amps) == ({True, False} if native else {False})
 
 
 def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
