@@ -37,7 +37,7 @@ tour: $(STAMP)
 	$(PY) scripts/tour.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # ruff: pycodestyle, pyflakes (unused and undefined names), import order; pyproject.toml [tool.ruff]
 lint: $(STAMP)
