@@ -52,26 +52,6 @@ def trained_briefly(name: str, steps: int = 100, **overrides) -> nn.Module:
     return model.eval()
 
 
-def trained_in_child(folder, name: str, steps: int = 100, **overrides) -> nn.Module:
-    """:func:`trained_briefly` run in a fresh process, saved to ``folder`` and loaded here: for the
-    tests that run after OpenVINO compiled bf16/int8 models in this process, where training
-    crashes (see :func:`pytest_collection_modifyitems`)."""
-    import json
-
-    from vitkit import from_pretrained
-
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); from conftest import trained_briefly; "
-              "a = json.loads(sys.argv[2]); trained_briefly(a['name'], a['steps'], **a['overrides'])"
-              ".save_pretrained(a['folder'])")
-    args = json.dumps({"name": name, "steps": steps, "overrides": overrides, "folder": str(folder)})
-    done = subprocess.run([sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__)), args],
-                          capture_output=True, text=True)
-    if "Skipped" in done.stderr:
-        pytest.skip("Debian dataset-fashion-mnist not installed")
-    assert done.returncode == 0, done.stderr[-2000:]
-    return from_pretrained(folder).eval()
-
-
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 

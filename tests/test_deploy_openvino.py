@@ -4,6 +4,10 @@ info is enough for `vitkit predict`, and every bad input is one line."""
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +15,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from conftest import randomize, trained_briefly, trained_in_child
+from conftest import randomize, trained_briefly
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.deploy.openvino import OpenVinoModel, export_openvino
@@ -215,46 +219,71 @@ TRAINED_LATER = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(TRAINED_LATER))
-def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp_path):
-    """RoPE, registers, LayerScale, SwiGLU and the MAP head survive int8 on OpenVINO (NNCF) and
-    ONNX Runtime (static QDQ): the decisions of a trained model stay (the issue's deployment goal)."""
+def _in_child(function: str, *args) -> Any:
+    """``function(*args)`` of this module in a fresh process, its JSON result returned. In the suite's
+    process OpenVINO has compiled bf16/int8 models by now, and heavy torch work after that crashed
+    it (a segfault at these tests, twice; conftest.py describes the crash)."""
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_deploy_openvino as t; "
+              "print(json.dumps(getattr(t, sys.argv[2])(*json.loads(sys.argv[3]))))")
+    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), function, json.dumps(args)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _int8_agreement(case: str, folder: str) -> dict:
+    """A later ViT trained briefly, its accuracy and the share of fp32's decisions each int8 runtime keeps."""
     from vitkit.deploy import OnnxModel, export_onnx
     from vitkit.evaluate.metrics import prepare_batch
 
     name, overrides = TRAINED_LATER[case]
-    # trained in a child process: training after OpenVINO's int8 models in this one crashes (conftest.py);
     # 300 steps: the small start of LayerScale and MAP learns slower
-    model = trained_in_child(tmp_path / "trained", name, steps=300, **overrides)
+    model = trained_briefly(name, steps=300, **overrides)
     test = fm.load_split("test")
     x = prepare_batch(torch.from_numpy(test.images[:1000]).unsqueeze(1), model.config)
     labels = torch.from_numpy(test.labels[:1000]).long()
     with torch.inference_mode():
         want = model(x).argmax(-1)
-    assert (want == labels).float().mean() > 0.6  # it learned (chance is 0.1)
-    runtimes = {"openvino int8": OpenVinoModel(export_openvino(model, tmp_path / "q.xml", quantize="int8"),
+    runtimes = {"openvino int8": OpenVinoModel(export_openvino(model, Path(folder) / "q.xml", quantize="int8"),
                                                precision="fp32"),
-                "onnxruntime int8-static": OnnxModel(export_onnx(model, tmp_path / "q.onnx", quantize="int8-static"))}
-    for runtime_name, runtime in runtimes.items():
-        agree = (runtime(x).argmax(-1) == want).float().mean().item()
-        assert agree > 0.95, (case, runtime_name, agree)
+                "onnxruntime int8-static": OnnxModel(export_onnx(model, Path(folder) / "q.onnx",
+                                                                 quantize="int8-static"))}
+    return {"top1": (want == labels).float().mean().item(),
+            **{k: (run(x).argmax(-1) == want).float().mean().item() for k, run in runtimes.items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(TRAINED_LATER))
+def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp_path):
+    """RoPE, registers, LayerScale, SwiGLU and the MAP head survive int8 on OpenVINO (NNCF) and
+    ONNX Runtime (static QDQ): the decisions of a trained model stay (the issue's deployment goal)."""
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    result = _in_child("_int8_agreement", case, str(tmp_path))
+    assert result["top1"] > 0.6, result  # it learned (chance is 0.1)
+    for runtime in ("openvino int8", "onnxruntime int8-static"):
+        assert result[runtime] > 0.95, (case, runtime, result)
+
+
+def _kept_float_shapes(folder: str) -> dict:
+    import openvino as ov
+
+    from vitkit.deploy.openvino import _kept_float
+
+    model = vitkit.create_model("vit_base_patch16_siglip_224", num_classes=10, **LATER_SMALL).eval()
+    ir = ov.Core().read_model(str(export_openvino(model, Path(folder) / "f.xml")))
+    kept = [op for op in ir.get_ordered_ops() if op.get_friendly_name() in _kept_float(ir)]
+    return {"kinds": sorted(op.get_type_name() for op in kept),
+            "shapes": [[d.get_length() if d.is_static else None for d in op.get_output_partial_shape(0)]
+                       for op in kept if op.get_type_name() == "MatMul"]}
 
 
 def test_nncf_keeps_the_pixels_layer_the_classifier_and_the_map_query_float(tmp_path):
     """The layers int8 leaves float, read off the IR: the patch embedding (not the MAP head's
     projection of its learned query, which comes first in graph order and sees no pixel), the
     classifier, and the products over the pooled query alone."""
-    import openvino as ov
-
-    from vitkit.deploy.openvino import _kept_float
-
-    model = vitkit.create_model("vit_base_patch16_siglip_224", num_classes=10, **LATER_SMALL).eval()
-    ir = ov.Core().read_model(str(export_openvino(model, tmp_path / "f.xml")))
-    kept = {op.get_friendly_name(): op for op in ir.get_ordered_ops() if op.get_friendly_name() in _kept_float(ir)}
-    kinds = sorted(op.get_type_name() for op in kept.values())
+    result = _in_child("_kept_float_shapes", str(tmp_path))
     # the conv stem; the pooled query's attention output, its MLP's two layers and the logits: four
     # products, not five (the query's own projection, also one token wide, sees no pixel)
-    assert kinds == ["Convolution"] + ["MatMul"] * 4
-    tokens = [op.get_output_partial_shape(0) for op in kept.values() if op.get_type_name() == "MatMul"]
-    assert all(len(s) == 2 or s[len(s) - 2].get_length() == 1 for s in tokens)  # one token or the logits
+    assert result["kinds"] == ["Convolution"] + ["MatMul"] * 4
+    assert all(len(s) == 2 or s[-2] == 1 for s in result["shapes"])  # one token or the logits
