@@ -155,53 +155,46 @@ def gemm_peaks(device: torch.device = torch.device("cpu"), rounds: int = 3) -> d
     return peaks
 
 
-def _ort_session(graph_inputs, nodes, output, opset: int = 17):
-    """An ONNX Runtime CPU session of a one-node graph on the benchmark's threads, or None without ORT."""
+def _ort_rate(op: str, feed: dict, out_dtype, flops: int, rounds: int, device: torch.device) -> Optional[float]:
+    """G(FL)OP/s of the one-node ONNX graph ``op(a, b)`` on ``feed`` (numpy arrays named a and b)
+    in ONNX Runtime's CPU provider on the benchmark's threads, or None without onnx/onnxruntime."""
     try:
         import onnx
         import onnxruntime as ort
         from onnx import helper
     except ImportError:
         return None
-    graph = helper.make_graph(nodes, "gemm", graph_inputs, [output])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+    def value(name, dtype, shape):
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype), list(shape))
+    a, b = feed["a"], feed["b"]
+    graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["c"])], "gemm",
+                              [value("a", a.dtype, a.shape), value("b", b.dtype, b.shape)],
+                              [value("c", out_dtype, (a.shape[0], b.shape[1]))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = min(model.ir_version, onnx.IR_VERSION)
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return round(flops / _timed_best(lambda: session.run(None, feed), rounds, device) / 1e9, 1)
 
 
 def _ort_int8(flops: int, rounds: int, device: torch.device) -> dict:
     """GOP/s of the GEMM shape in ONNX Runtime's ``MatMulInteger`` (u8 activations x s8 weights)."""
     import numpy as np
-    try:
-        from onnx import TensorProto, helper
-    except ImportError:
-        return {}
+
     m, n, k = GEMM
-    session = _ort_session([helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k]),
-                            helper.make_tensor_value_info("b", TensorProto.INT8, [k, n])],
-                           [helper.make_node("MatMulInteger", ["a", "b"], ["c"])],
-                           helper.make_tensor_value_info("c", TensorProto.INT32, [m, n]))
     rng = np.random.default_rng(0)
     feed = {"a": rng.integers(0, 256, (m, k), dtype=np.uint8), "b": rng.integers(-128, 128, (k, n), dtype=np.int8)}
-    return {"onnxruntime": round(flops / _timed_best(lambda: session.run(None, feed), rounds, device) / 1e9, 1)}
+    rate = _ort_rate("MatMulInteger", feed, np.dtype(np.int32), flops, rounds, device)
+    return {} if rate is None else {"onnxruntime": rate}
 
 
 def _other_fp32(a, b, flops: int, rounds: int, device: torch.device) -> dict:
     """fp32 GFLOP/s of the same product in numpy and (when installed) ONNX Runtime's MatMul."""
     out = {"numpy": round(flops / _timed_best(lambda: a @ b, rounds, device) / 1e9, 1)}
-    try:
-        from onnx import TensorProto, helper
-    except ImportError:
-        return out
-    session = _ort_session([helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
-                            helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape))],
-                           [helper.make_node("MatMul", ["a", "b"], ["c"])],
-                           helper.make_tensor_value_info("c", TensorProto.FLOAT, [a.shape[0], b.shape[1]]))
-    feed = {"a": a, "b": b}
-    out["onnxruntime"] = round(flops / _timed_best(lambda: session.run(None, feed), rounds, device) / 1e9, 1)
-    return out
+    rate = _ort_rate("MatMul", {"a": a, "b": b}, a.dtype, flops, rounds, device)
+    return out if rate is None else {**out, "onnxruntime": rate}
 
 
 def machine_limits(device: torch.device = torch.device("cpu")) -> dict:

@@ -234,6 +234,9 @@ def test_the_machine_limits_every_benchmark_records(dirs, monkeypatch):
     import platform
     import shutil
 
+    import numpy as np
+    import torch
+
     import bench_inference
     import limits
 
@@ -256,6 +259,10 @@ def test_the_machine_limits_every_benchmark_records(dirs, monkeypatch):
     info = bench_inference.machine_info(__import__("torch").device("cpu"))
     assert {"clock_ghz_start", "fp32_gflop_s", "bf16_gflop_s", "int8_gop_s"} <= set(info["limits"])
     assert "clock unknown" in limits.describe(limits.close_limits(info["limits"]))
+    small = {"a": np.ones((4, 8), np.float32), "b": np.ones((8, 2), np.float32)}
+    assert limits._ort_rate("MatMul", small, np.dtype(np.float32), 128, 1, torch.device("cpu")) is not None
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # onnx without onnxruntime: no ORT figure, no crash
+    assert limits._ort_rate("MatMul", small, np.dtype(np.float32), 128, 1, torch.device("cpu")) is None
 
 
 def test_coverage_checks_timm_hub_folders_and_writes_its_table(dirs, tmp_path):
