@@ -158,11 +158,16 @@ def _kept_float(ir: Any) -> list:
             reached.add(name)
             if op.get_type_name() in ("Convolution", "MatMul"):
                 layers.append(name)
-                shape = op.get_output_partial_shape(0)
-                if shape.rank.is_static and (len(shape) == 2 or shape[len(shape) - 2].is_static
-                                             and shape[len(shape) - 2].get_length() == 1):
+                if _one_token(op.get_output_partial_shape(0)):
                     single.append(name)
     return sorted(set(layers[:1] + layers[-1:] + single))
+
+
+def _one_token(shape: Any) -> bool:
+    """An output of one token per image: (batch, features), or (..., 1, features)."""
+    if not shape.rank.is_static:
+        return False
+    return len(shape) == 2 or shape[len(shape) - 2].is_static and shape[len(shape) - 2].get_length() == 1
 
 
 def _batches(images: torch.Tensor, config: Any, batch_size: int):
