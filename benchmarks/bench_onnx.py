@@ -62,7 +62,7 @@ import torch
 
 import vitkit
 from vitkit.deploy import OnnxModel, export_onnx
-from vitkit.models import compile_for_inference
+from vitkit.models import compile_for_inference, get_model_config
 from vitkit.models.complexity import complexity
 from vitkit.utils import native_bf16_cpu
 
@@ -250,8 +250,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batch_sizes = args.batch_sizes or ([1] if args.quick else DEFAULT_BATCH_SIZES)
     if args.quick:
         args.rounds, args.min_time = 2, 0.1
-    if args.rounds < 1 or args.min_time < 0 or min(args.batch_sizes) < 1 or (args.img_size or 1) < 1:
+    bad_size = args.img_size is not None and args.img_size < 1
+    if args.rounds < 1 or args.min_time < 0 or min(args.batch_sizes) < 1 or bad_size:
         p.error("--rounds, --batch-sizes and --img-size must be >= 1, --min-time >= 0")
+    for name in args.models:  # a name or size that cannot build is one line here, not a traceback later
+        try:
+            config = get_model_config(name)
+            if args.img_size is not None:
+                config.replace(img_size=args.img_size)
+        except ValueError as e:
+            p.error(str(e).splitlines()[0])
     return args
 
 
@@ -275,7 +283,7 @@ def main(argv=None) -> int:
         print("no native bf16 on this CPU: the bf16 paths are left out, the compiled ones run in fp32", flush=True)
     rows = []
     for name in args.models:
-        size = {"img_size": args.img_size} if args.img_size else {}
+        size = {} if args.img_size is None else {"img_size": args.img_size}
         timm_model, vk_model = build_pair(name, torch.device("cpu"), vitkit_first=False, **size)
         gflop = complexity(vk_model.config).flops / 1e9
         h, w = vk_model.config.img_size

@@ -130,6 +130,21 @@ def test_benchmarks_measure_bf16_only_where_the_cpu_has_it(dirs, monkeypatch, na
     assert set(amps) == ({True, False} if native else {False})
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--img-size", "0"], "--img-size must be >= 1"),  # 0 once slipped through as "no size" and ran everything
+    (["--img-size", "-3"], "--img-size must be >= 1"),
+    (["--models", "nope"], "unknown model 'nope'"),
+    (["--models", "vit_base_patch16_siglip_224", "--img-size", "56"], "not divisible by patch_size"),
+])
+def test_bench_onnx_refuses_what_cannot_run_in_one_line(dirs, argv, said, capsys):
+    import bench_onnx
+
+    with pytest.raises(SystemExit) as e:
+        bench_onnx.parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and said in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     """bench_onnx at its smallest (ViT-Ti at 32 px, one round): every path is built and exported
     for real, and the row's ratios come from the measured medians."""
