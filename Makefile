@@ -36,8 +36,11 @@ demo: $(DEMO_STAMP)
 tour: $(STAMP)
 	$(PY) scripts/tour.py
 
+# OpenVINO's tests run in a second process: after 1,400 tests in one process, OpenVINO's and
+# torch's CPU runtimes together ended it with a segfault (CI, stop 47); never in a fresh one.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q --durations=20 --ignore=tests/test_deploy_openvino.py
+	$(PY) -m pytest -q --durations=5 tests/test_deploy_openvino.py
 
 # ruff: pycodestyle, pyflakes (unused and undefined names), import order; pyproject.toml [tool.ruff]
 lint: $(STAMP)

@@ -148,5 +148,6 @@ def pytest_collection_modifyitems(session, config, items):
     process (those tests, or bench_onnx's OpenVINO paths), the README's in-process commands
     crashed the process with a segfault, at a different command each time; never in a fresh
     process (each vitkit command is one), nor after fp32 OpenVINO models only. Until the cause
-    is found (OpenVINO's and torch's CPU runtimes in one process), no test runs after them."""
+    is found (OpenVINO's and torch's CPU runtimes in one process), no test runs after them, and
+    `make test` runs them in a process of their own (CI crashed at them after 1,400 other tests)."""
     items.sort(key=lambda item: item.fspath.basename == "test_deploy_openvino.py")
