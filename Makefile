@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitkit-installed
 
-.PHONY: demo tour test lint docs setup bench figures clean
+.PHONY: demo tour test lint docs setup bench figures clean gpu-check gpu-check-dry
 
 setup: $(STAMP)
 
@@ -41,6 +41,16 @@ tour: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=20 --ignore=tests/test_deploy_openvino.py
 	$(PY) -m pytest -q --durations=5 tests/test_deploy_openvino.py
+
+# On a machine lent a GPU, first thing (its python3 has torch, timm and transformers; vitkit runs
+# from this source): tests/gpu, inference and training against timm, the default run; JSON into
+# benchmarks/results/gpu_<device>_<date>/, under 8 minutes on one H100 or H200.
+gpu-check:
+	PYTHONPATH=src python3 benchmarks/gpu_check.py
+
+# The same script on this CPU at smoke size (the CUDA-only tests skip): proves it before a GPU session.
+gpu-check-dry: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --dry
 
 # ruff: pycodestyle, pyflakes (unused and undefined names), import order; pyproject.toml [tool.ruff]
 lint: $(STAMP)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import math
 import os
@@ -74,6 +75,40 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The instruction-set flags that decide which precision and runtime are fast (/proc/cpuinfo names).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile",
+             "avx512_fp16")
+
+
+def cpu_flags() -> list:
+    """Which of :data:`ISA_FLAGS` this CPU reports (Linux; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in ISA_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_family_model() -> str | None:
+    """"family F model M" from /proc/cpuinfo: what tells a Zen 3 from a Zen 4 when lscpu says only "AMD EPYC"."""
+    found = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model") and key.strip() not in found:
+                    found[key.strip()] = value.strip()
+                if len(found) == 2:
+                    return f"family {found['cpu family']} model {found['model']}"
+    except OSError:
+        pass
+    return None
+
+
 def git_revision() -> str | None:
     """The commit measured (with '+dirty' when the tree has changes), so results can be traced."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +131,8 @@ def machine_info(device: torch.device, limits: bool = True) -> dict:
         "platform": platform.platform(),
         "processor": platform.processor(),
         "cpu_model": cpu_model_name(),
+        "cpu_flags": cpu_flags(),
+        "cpu_family_model": cpu_family_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),
@@ -325,6 +362,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  f"{SMOKE_DIR})")
     p.add_argument("--quick", action="store_true",
                    help="smoke check: tiny model, batch 1 and 8, 3 repeats (explicit options win)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time both models under torch.compile (default mode): rows with compiled true")
     args = p.parse_args(argv)
     args.models = args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS)
     args.batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else DEFAULT_BATCH_SIZES)
@@ -348,7 +387,7 @@ def prepare_run(args, kind: str):
 def main(argv=None) -> int:
     args = parse_args(argv)
     device, info, out = prepare_run(args, "inference")
-    settings = {"models": args.models, "batch_sizes": args.batch_sizes, "dtypes": args.dtypes,
+    settings = {"models": args.models, "batch_sizes": args.batch_sizes, "dtypes": args.dtypes, "compile": args.compile,
                 "repeats": args.repeats, "min_time_s": args.min_time, "warmup": args.warmup,
                 "device": str(device), "threads": torch.get_num_threads(), "quick": args.quick,
                 "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
@@ -366,39 +405,45 @@ def main(argv=None) -> int:
                 timm_model, vk_model = build_pair(name, device, vitkit_first)
                 gflop = complexity(vk_model.config).flops / 1e9
                 checks[name] = max(checks.get(name, 0.0), check_logits(timm_model, vk_model, device))
-                impls = {"timm": timm_model, "vitkit": vk_model}
+                builds = {False: {"timm": timm_model, "vitkit": vk_model}}
+                if args.compile:  # each compiled once; a new batch size recompiles inside the warm-up
+                    builds[True] = {k: torch.compile(m) for k, m in builds[False].items()}
                 for batch in args.batch_sizes:
                     gen = torch.Generator().manual_seed(batch)
                     x = torch.randn(batch, 3, 224, 224, generator=gen).to(device)
                     for dtype in args.dtypes:
-                        skip = bf16_skip_reason(impls.values(), x, device) if dtype == "bf16" else None
-                        if skip:
-                            skipped[(batch, dtype)] = skip
-                        else:
-                            measured.setdefault((batch, dtype), []).append(measure(impls, x, args, device, dtype))
-                del timm_model, vk_model, impls
+                        skip = bf16_skip_reason(builds[False].values(), x, device) if dtype == "bf16" else None
+                        for compiled, impls in builds.items():
+                            if skip:
+                                skipped[(batch, dtype, compiled)] = skip
+                            else:
+                                measured.setdefault((batch, dtype, compiled), []).append(
+                                    measure(impls, x, args, device, dtype))
+                del timm_model, vk_model, builds
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             print(f"\n{name}: fp32 logits max |timm - vitkit| = {checks[name]:.2e}")
             print(header)
             print("-" * len(header))
-            for batch in args.batch_sizes:
-                for dtype in args.dtypes:
-                    row = {"model": name, "batch": batch, "dtype": dtype, "gflop_per_image": gflop}
-                    if (batch, dtype) in skipped:
-                        row["skipped"] = skipped[(batch, dtype)]
-                        print(fmt_row([name, batch, dtype, "-", "-", "-"]) + f"  skipped: {row['skipped']}")
-                    else:
-                        row.update(pool(measured[(batch, dtype)]))
-                        med, spread = row["median_img_s"], max(row["spread_max_over_min"].values())
-                        peak = info["limits"][f"{dtype}_gflop_s"]
-                        row["limit"] = {impl: at_limit(med[impl], gflop, peak) for impl in med}
-                        note = f"  noisy: samples vary {spread:.2f}x" if spread > NOISY_SPREAD else ""
-                        print(fmt_row([name, batch, dtype, f"{med['timm']:.1f}", f"{med['vitkit']:.1f}",
-                                       f"{row['ratio_vitkit_over_timm']:.3f}",
-                                       f"{row['limit']['vitkit']['img_s_at_limit']:.1f}",
-                                       f"{row['limit']['vitkit']['fraction_of_limit']:.1%}"]) + note, flush=True)
-                    rows.append(row)
+            for batch, dtype, compiled in itertools.product(args.batch_sizes, args.dtypes,
+                                                            (False, True) if args.compile else (False,)):
+                key, label = (batch, dtype, compiled), f"{dtype}{' compiled' if compiled else ''}"
+                row = {"model": name, "batch": batch, "dtype": dtype, "compiled": compiled,
+                       "gflop_per_image": gflop}
+                if key in skipped:
+                    row["skipped"] = skipped[key]
+                    print(fmt_row([name, batch, label, "-", "-", "-"]) + f"  skipped: {row['skipped']}")
+                else:
+                    row.update(pool(measured[key]))
+                    med, spread = row["median_img_s"], max(row["spread_max_over_min"].values())
+                    peak = info["limits"][f"{dtype}_gflop_s"]
+                    row["limit"] = {impl: at_limit(med[impl], gflop, peak) for impl in med}
+                    note = f"  noisy: samples vary {spread:.2f}x" if spread > NOISY_SPREAD else ""
+                    print(fmt_row([name, batch, label, f"{med['timm']:.1f}", f"{med['vitkit']:.1f}",
+                                   f"{row['ratio_vitkit_over_timm']:.3f}",
+                                   f"{row['limit']['vitkit']['img_s_at_limit']:.1f}",
+                                   f"{row['limit']['vitkit']['fraction_of_limit']:.1%}"]) + note, flush=True)
+                rows.append(row)
 
     settings["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     info["limits"] = close_limits(info["limits"])

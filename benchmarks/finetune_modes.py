@@ -84,7 +84,9 @@ def finetune(encoder: str, mode: str, fraction: float, seed: int, args: argparse
                   "val_every": steps, "checkpoint_every": steps, "keep_checkpoints": 1}
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps({k: v for k, v in recipe.items() if v is not None}, indent=1))  # None: default
-        done = _vitkit(["train", "--config", str(cfg), "--runs-dir", str(args.work), "--name", run.name,
+        # the recipe it was measured with, on every machine (naming none picks one by the machine's precision)
+        done = _vitkit(["train", "--recipe", "fmnist", "--config", str(cfg), "--runs-dir", str(args.work),
+                        "--name", run.name,
                         "--no-progress", *(["--threads", str(args.threads)] if args.threads else [])], run.name)
     return done
 

@@ -34,7 +34,8 @@ def dirs(tmp_path, monkeypatch):
 def _no_limits(monkeypatch, module, bf16=None) -> None:
     """``module.machine_info`` without measuring the machine (its GEMMs and clock take seconds each)."""
     limits = {"fp32_gflop_s": 100.0, "bf16_gflop_s": bf16, "int8_gop_s": None, "threads": 1, "gemm_shape": [1, 1, 1]}
-    monkeypatch.setattr(module, "machine_info", lambda device: {"cpu_model": "x", "limits": dict(limits)})
+    info = {"cpu_model": "x", "torch": "t", "timm": "t", "vitkit": "v", "limits": limits}
+    monkeypatch.setattr(module, "machine_info", lambda device: {**info, "limits": dict(limits)})
 
 
 def _files(folder: Path) -> list:
@@ -66,15 +67,55 @@ def test_results_path_file_folder_and_defaults(dirs, tmp_path):
     assert bi.work_dir(tmp_path / "w", "selfsup", smoke=True) == tmp_path / "w"
 
 
-def test_bench_inference_quick_writes_to_the_smoke_folder(dirs, capsys):
+def test_bench_inference_quick_writes_to_the_smoke_folder(dirs, capsys, monkeypatch):
     import bench_inference
 
     results, smoke = dirs
+    compiled = []  # --compile wraps both models (torch.compile itself is the GPU check's: minutes on 2 cores)
+    monkeypatch.setattr(bench_inference.torch, "compile", lambda m: compiled.append(type(m).__module__) or m)
+    _no_limits(monkeypatch, bench_inference)  # the limits' own test is below
     assert bench_inference.main(["--quick", "--batch-sizes", "1", "--dtypes", "fp32", "--repeats", "1",
-                                 "--min-time", "0", "--warmup", "1", "--threads", "1", "--device", "cpu"]) == 0
+                                 "--min-time", "0", "--warmup", "1", "--threads", "1", "--device", "cpu",
+                                 "--compile"]) == 0
     assert _files(results) == []
     [name] = _files(smoke)
-    assert name.startswith("inference_cpu") and json.loads((smoke / name).read_text())["settings"]["quick"]
+    data = json.loads((smoke / name).read_text())
+    assert name.startswith("inference_cpu") and data["settings"]["quick"] and data["settings"]["compile"]
+    assert [(r["batch"], r["compiled"]) for r in data["rows"]] == [(1, False), (1, True)]
+    assert sorted(compiled) == sorted(["timm.models.vision_transformer", "vitkit.models.vit"] * 2)  # two builds
+    assert "fp32 compiled" in capsys.readouterr().out
+
+
+def test_gpu_check_dry_runs_every_stage_into_one_folder(tmp_path, monkeypatch):
+    """make gpu-check's script, proven on the CPU: each stage in its own process (the CUDA-only tests
+    skip), its JSON in one folder, and a stage that hangs killed at its limit while the rest go on."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_check
+    from vitkit.train.precision import default_recipe
+
+    with pytest.raises(SystemExit) as e:  # no GPU here: said in one line, not a traceback
+        gpu_check.parse_args([])
+    assert e.value.code == 2
+    # the benchmark stages' scripts have their own quick tests above; here the stages' plumbing
+    assert set(gpu_check.stage_commands(tmp_path, dry=True)) == set(gpu_check.LIMITS)
+    assert gpu_check.main(["--dry", "--out", str(tmp_path), "--stages", "tests", "default_run"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary["stages"]) == ["tests", "default_run"] and summary["dry"]
+    assert all(s["exit_code"] == 0 and not s["timed_out"] for s in summary["stages"].values()), summary
+    tests = json.loads((tmp_path / "tests.json").read_text())
+    assert tests["counts"]["skipped"] == len(tests["tests"]) >= 7 and tests["counts"]["failed"] == 0
+    names = [t["name"].rsplit("::", 1)[-1] for t in tests["tests"]]
+    assert "test_one_process_nccl_ddp_step_equals_the_plain_step" in names, names
+    run = json.loads((tmp_path / "default_run.json").read_text())
+    assert run["summary"]["steps"] == 20 and run["config"]["recipe"] == default_recipe()[0]
+    assert run["wall_s"] >= run["summary"]["seconds"]
+    assert summary["files"] == ["default_run.json", "tests.json"]
+    for stage in ("inference", "training"):  # the GPU's commands name the GPU and the issue's sizes
+        cmd = " ".join(gpu_check.stage_commands(tmp_path, dry=False)[stage])
+        assert "--device cuda" in cmd and "vit_base_patch16_224" in cmd and "bf16" in cmd, cmd
+    assert "--batch-sizes 1 64 256 --compile" in " ".join(gpu_check.stage_commands(tmp_path, dry=False)["inference"])
+    hung = gpu_check.run_stage("hang", [sys.executable, "-c", "import time; time.sleep(60)"], 1, tmp_path, {})
+    assert hung["timed_out"] and hung["seconds"] < 30
 
 
 def test_bench_training_quick_writes_to_the_smoke_folder(dirs):
@@ -85,6 +126,27 @@ def test_bench_training_quick_writes_to_the_smoke_folder(dirs):
     for argv, folder in ((["--quick"], smoke), ([], results)):
         out = bench_training.prepare_run(bench_training.parse_args([*argv, "--device", "cpu"]), "training")[2]
         assert Path(out).parent == folder and Path(out).name.startswith("training_cpu")
+
+
+def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dirs):
+    """The make-demo benchmark runs `vitkit train` as a user does (its own process, no recipe named)
+    and records the recipe the machine chose, the CPU's flags and each seed's wall clock."""
+    import bench_default_run
+    from vitkit.train.precision import default_recipe
+
+    results, smoke = dirs
+    assert bench_default_run.main(["--quick", "--seeds", "3"]) == 0
+    assert not results.exists()
+    [path] = smoke.glob("fmnist_default_*.json")
+    data = json.loads(path.read_text())
+    run, result = data["runs"]["seed3"], data["result"]
+    assert result["recipe"] == run["config"]["recipe"] == default_recipe()[0] and run["config"]["seed"] == 3
+    assert f"recipe {result['recipe']})" in run["first_line"] and run["summary"]["steps"] == 20
+    assert run["wall_s"] >= run["summary"]["seconds"] > 0  # from outside: start-up and scoring included
+    assert "avx2" in data["machine"]["cpu_flags"] and data["machine"]["cpu_family_model"].startswith("family ")
+    assert result["goal_met"] is (result["mean_test_top1"] >= 0.925 and result["max_wall_s"] <= 300)
+    with pytest.raises(SystemExit):
+        bench_default_run.parse_args(["--seeds", "-1"])
 
 
 def test_bench_compile_quick_writes_to_the_smoke_folder(dirs, monkeypatch, tmp_path):

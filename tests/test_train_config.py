@@ -85,3 +85,41 @@ def test_tiny_scale_caps_test_images_of_indexable_data_only(monkeypatch):
     assert resolve_config(dataset="hf:some/set", hf_streaming=True).test_size is None
     monkeypatch.delenv("VITKIT_TINY")
     assert resolve_config(dataset="folder").test_size is None
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_a_run_that_names_no_recipe_gets_the_one_for_the_precision_it_trains_in(monkeypatch, native_bf16):
+    from vitkit.train import precision
+
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: native_bf16)
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
+    auto = "fmnist" if native_bf16 else "fmnist-fp32"
+    assert precision.default_recipe() == (auto, "bf16: this CPU runs bf16 natively" if native_bf16
+                                          else "fp32: this CPU has no native bf16")
+    assert precision.default_recipe("fp32") == ("fmnist-fp32", "fp32: --precision fp32")  # asked for, either CPU
+    assert precision.default_recipe("bf16")[0] == precision.default_recipe("fp16")[0] == "fmnist"
+    from vitkit.train.config import RECIPES
+
+    for argv, recipe in [((), auto), (("--precision", "fp32"), "fmnist-fp32"), (("--precision", "bf16"), "fmnist"),
+                         (("--recipe", "fmnist", "--precision", "fp32"), "fmnist")]:  # a named recipe is kept
+        cfg = train_config(parse_train(*argv))
+        assert cfg.recipe == recipe and cfg.epochs == RECIPES[recipe]["epochs"], (argv, cfg.recipe)
+    assert resolve_config().recipe == auto  # the library's default is the command line's
+    with pytest.raises(ValueError, match="precision must be one of auto, bf16, fp16, fp32, not \"fp8\""):
+        resolve_config(precision="fp8")  # checked before it chooses a recipe
+
+
+def test_the_first_line_of_a_run_says_its_precision_why_and_its_recipe(monkeypatch, tmp_path, capsys):
+    from vitkit.cli import main
+    from vitkit.train import precision
+
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    args = ["train", "--max-steps", "1", "--val-size", "100", "--test-size", "100", "--runs-dir", str(tmp_path),
+            "--no-progress", "--threads", "1", "--no-tensorboard"]
+    assert main([*args, "--name", "auto"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "(279,786 parameters, fp32: this CPU has no native bf16; recipe fmnist-fp32)" in first, first
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["recipe"] == "fmnist-fp32"
+    assert main([*args, "--name", "named", "--recipe", "fmnist", "--precision", "fp32"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "fp32: --precision fp32; recipe fmnist)" in first, first

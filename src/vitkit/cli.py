@@ -436,7 +436,7 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
                              f"there, not "
                              f"{'; '.join(conflicts)} (for another recipe, start a new run; "
                              f"--init {args.resume} starts one from this run's model once it has finished)")
-    recipe = args.recipe or (f"{objective}-fmnist" if objective else "fmnist")  # pretrain --resume: the saved
+    recipe = args.recipe or (f"{objective}-fmnist" if objective else None)  # pretrain --resume: the saved
     return resolve_config(recipe, args.config, **overrides)
 
 
@@ -761,7 +761,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
         p.add_argument("--recipe", choices=recipes, help="named recipe whose values replace the defaults "
                        "(a config file and flags override it) [default: OBJECTIVE-fmnist]")
     else:
-        p.add_argument("--recipe", default="fmnist", choices=[r for r in RECIPES if r not in recipes],
+        p.add_argument("--recipe", choices=[r for r in RECIPES if r not in recipes],
                        help=field_comments(TrainConfig)["recipe"])
     p.add_argument("--config", help="YAML or JSON file of training options (over the recipe; flags win)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")

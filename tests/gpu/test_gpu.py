@@ -16,7 +16,8 @@ import torch
 import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.train import resolve_config, train
-from vitkit.train.loop import make_optimizer, pick_precision
+from vitkit.train.loop import make_optimizer
+from vitkit.train.precision import pick_precision
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR) and not os.environ.get("VITKIT_DATA"),
@@ -45,7 +46,7 @@ def _step(model, optimizer, x, y, amp):
 
 def test_auto_precision_is_bf16_on_a_gpu_that_has_it_and_a_step_is_finite():
     cfg = resolve_config("fmnist")
-    amp = pick_precision(cfg, CUDA)
+    amp = pick_precision(cfg.precision, CUDA)
     assert amp is (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     model = vitkit.create_model("vit_small_patch16_224", num_classes=10).to(CUDA)
     x, y = torch.randn(8, 3, 224, 224, device=CUDA), torch.randint(0, 10, (8,), device=CUDA)

@@ -206,10 +206,14 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         config["data_dir"] = options.data_dir
     if options.threads:
         config["threads"] = options.threads
+    # the recipe the study was measured with, on every machine (a run that names none gets the one
+    # for the machine's precision); a config file cannot choose a recipe, a flag can
+    recipe = config.pop("recipe", "fmnist")
     configs = work / "configs"
     configs.mkdir(parents=True, exist_ok=True)
     write_json(configs / f"{name}.json", config)
-    return _vitkit(["train", "--config", str(configs / f"{name}.json"), "--no-progress"], f"run {name}")
+    return _vitkit(["train", "--recipe", recipe, "--config", str(configs / f"{name}.json"), "--no-progress"],
+                   f"run {name}")
 
 
 def data_flags(options: Options) -> List[str]:

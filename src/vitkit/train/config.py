@@ -31,7 +31,9 @@ class TrainConfig:
     The ``#:`` comment above each field is its ``vitkit train --help`` text.
     """
 
-    #: Named recipe whose values replace these defaults (a config file and flags override it).
+    #: Named recipe whose values replace these defaults (a config file and flags override it);
+    #: none named: fmnist where the run trains in bf16 (a GPU, a CPU with native bf16), fmnist-fp32
+    #: where it trains in fp32 (train/precision.py).
     recipe: str = "fmnist"
     #: fashion-mnist, cifar10, cifar100, folder (an ImageFolder), shards (webdataset tar shards) or
     #: hf:NAME_OR_DIR (a Hugging Face dataset: a Hub name, a save_to_disk folder or a folder of
@@ -455,6 +457,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # it gave 92.90 / 92.91 / 92.56% (seeds 0-2, one thread each) where 6 without gave 92.37 /
     # 91.99 / 91.84 and 7 without overfit (benchmarks/results/fmnist_default_re_*.json).
     "fmnist": {"label_smoothing": 0.1, "random_erasing": 0.25, "epochs": 9.0},
+    # The default run where it trains in fp32 (no native bf16: most laptops and cloud VMs).
+    "fmnist-fp32": {"label_smoothing": 0.1, "epochs": 3.0},
     # Longer and deeper (4 transformer layers), with crop + flip + random erasing and an EMA of
     # the weights; no label smoothing or stochastic depth: this small model underfits them
     # (30 epochs with both: 92.8% test; 40 without: 93.2-93.4%; 80 without erasing: 93.6%;
@@ -791,18 +795,27 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, 
     return out
 
 
-def resolve_config(recipe: str = "fmnist", file: Optional[str] = None, **overrides: Any) -> TrainConfig:
+def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **overrides: Any) -> TrainConfig:
     """Defaults <- recipe <- config file <- explicit overrides (None: not given; ``OFF``: switch
-    an optional field off). ``model_args`` is merged deeply across the three, not replaced."""
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    values: Dict[str, Any] = {"recipe": recipe}
+    an optional field off). ``model_args`` is merged deeply across the three, not replaced. No
+    recipe: the default run's for the precision the run will train in (precision.default_recipe)."""
     given = {k: v for k, v in overrides.items() if v is not None}
     from_file: Dict[str, Any] = {}
     if file:
         from_file, notes = coerce_fields(load_config_file(file), str(file))
         for note in notes:  # said, not silent: the command line prints each as one "note:" line
             warnings.warn(ConfigNote(note), stacklevel=2)
+    if recipe is None:
+        precision = given.get("precision", from_file.get("precision", TrainConfig.precision))
+        if precision not in CHOICES["precision"]:
+            raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
+        from .precision import default_recipe  # imports torch: parsing flags does not
+
+        recipe = default_recipe(precision)[0]
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    values: Dict[str, Any] = {"recipe": recipe}
+    if file:
         if from_file.get("recipe", recipe) != recipe:  # the file overrides a recipe; it cannot pick one
             raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from the recipe in effect, "
                              f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "

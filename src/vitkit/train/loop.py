@@ -33,7 +33,7 @@ from ..models import get_model_config
 from ..parallel import BatchParallel, add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import native_bf16_cpu, remove_stale_temporaries, seed_for, write_json
+from ..utils import remove_stale_temporaries, seed_for, write_json
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
@@ -44,6 +44,7 @@ from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
 from .memory import check_batches_fit
 from .plot import plot_curves
+from .precision import pick_precision, why_precision
 from .progress import Progress
 from .schedule import lr_at
 from .tasks import Classification, autocast, task_for
@@ -52,19 +53,6 @@ from .tracking import MetricsLog
 
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-def pick_precision(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
-    """bf16 autocast where the hardware does it well, fp16 on older GPUs, else fp32 (None)."""
-    if cfg.precision == "fp32":
-        return None
-    if cfg.precision == "bf16":
-        return torch.bfloat16
-    if cfg.precision == "fp16":
-        return torch.float16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if native_bf16_cpu() else None
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -304,7 +292,9 @@ def _starting(run: Run) -> str:
     threads = torch.get_num_threads() if run.parallel is None else run.parallel.workers
     where = f"{cfg.dataset}" if run.dist.device.type != "cpu" else \
         f"{cfg.dataset} ({threads} CPU thread{'s' if threads != 1 else ''}, parallel over {run.parallel_how})"
-    return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}) on {where}: steps "
+    why = why_precision(cfg.precision, run.dist.device)
+    return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}: {why}; recipe {cfg.recipe}) on "
+            f"{where}: steps "
             f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
 
 
@@ -359,7 +349,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
     model = task.build_model(cfg, data, log if main else (lambda *a: None)).to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
-    amp = pick_precision(cfg, device)
+    amp = pick_precision(cfg.precision, device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
     layout = Layout.fitting(cfg.batch_size, cfg.accum_steps, world, dist_info.rank, cfg.micro_batch)
     if layout.accum_steps != cfg.accum_steps and main:
