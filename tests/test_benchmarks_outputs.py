@@ -118,11 +118,13 @@ def test_gpu_check_dry_runs_every_stage_into_one_folder(tmp_path, monkeypatch):
     assert hung["timed_out"] and hung["seconds"] < 30
 
 
-def test_bench_training_quick_writes_to_the_smoke_folder(dirs):
+def test_bench_training_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     """bench_training shares bench_inference's prepare_run (timed above): its path, without the timing."""
+    import bench_inference
     import bench_training
 
     results, smoke = dirs
+    _no_limits(monkeypatch, bench_inference)  # measuring them took 50 s a call here; they have their own test
     for argv, folder in ((["--quick"], smoke), ([], results)):
         out = bench_training.prepare_run(bench_training.parse_args([*argv, "--device", "cpu"]), "training")[2]
         assert Path(out).parent == folder and Path(out).name.startswith("training_cpu")
@@ -219,6 +221,7 @@ def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     # no OpenVINO paths here: a bf16/int8 OpenVINO model compiled in this process was followed by a
     # segfault in later tests' training (see conftest.py); its paths are tested in test_deploy_openvino
     monkeypatch.setattr(bench_onnx, "openvino_installed", lambda: False)
+    _no_limits(monkeypatch, bench_onnx, bf16=200.0 if native_bf16_cpu() else None)  # 50 s a call; tested below
     monkeypatch.setattr(bench_onnx, "measure", lambda paths, x, rounds, t: {
         name: {"median_img_s": 10.0 + i, "samples_img_s": [10.0 + i], "iters": 1} for i, name in enumerate(paths)})
     assert bench_onnx.main(["--quick"]) == 0
@@ -283,6 +286,7 @@ def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):
     results, smoke = dirs
     monkeypatch.setattr(small_data, "train_one",
                         lambda arm, f, seed, a: _fake_run(a.work, small_data.run_name(arm, f, seed)))
+    _no_limits(monkeypatch, small_data)
     assert small_data.main(["--smoke"]) == 0
     assert _files(results) == []
     written = _files(smoke)
@@ -297,6 +301,7 @@ def test_smoke_options_keep_what_is_given(dirs, monkeypatch):
     monkeypatch.setattr(small_data, "train_one",
                         lambda arm, f, seed, a: seen.update(steps=a.steps) or _fake_run(a.work, "x"))
     monkeypatch.setattr(small_data, "run_name", lambda *a: "x")
+    _no_limits(monkeypatch, small_data)
     assert small_data.main(["--smoke", "--steps", "7", "--arms", "vit"]) == 0
     assert seen == {"steps": 7}
 
@@ -333,6 +338,7 @@ def test_the_machine_limits_every_benchmark_records(dirs, monkeypatch):
     monkeypatch.setattr(limits, "_binary", None)
     monkeypatch.setattr(limits.shutil, "which", lambda name: None)
     assert limits.clock_ghz() is None  # no compiler: the clock is unknown, not a guess
+    monkeypatch.setattr(limits, "gemm_peaks", lambda device: dict(peaks))  # measured above: not twice
     info = bench_inference.machine_info(__import__("torch").device("cpu"))
     assert {"clock_ghz_start", "fp32_gflop_s", "bf16_gflop_s", "int8_gop_s"} <= set(info["limits"])
     assert "clock unknown" in limits.describe(limits.close_limits(info["limits"]))
