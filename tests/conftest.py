@@ -143,11 +143,34 @@ class Oracle(nn.Module):
         return x
 
 
+def pytest_itemcollected(item):
+    """A test that uses a module-scoped fixture joins its module's xdist group (read by xdist's
+    own collection hook, which runs after this one)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    if defs is not None and any(d[-1].scope == "module" for d in defs.name2fixturedefs.values() if d):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def pytest_collection_modifyitems(session, config, items):
     """OpenVINO's tests run last. After OpenVINO models were compiled at bf16/int8 in this
     process (those tests, or bench_onnx's OpenVINO paths), the README's in-process commands
     crashed the process with a segfault, at a different command each time; never in a fresh
     process (each vitkit command is one), nor after fp32 OpenVINO models only. Until the cause
     is found (OpenVINO's and torch's CPU runtimes in one process), no test runs after them, and
-    `make test` runs them in a process of their own (CI crashed at them after 1,400 other tests)."""
-    items.sort(key=lambda item: item.fspath.basename == "test_deploy_openvino.py")
+    `make test` runs them in a process of their own (CI crashed at them after 1,400 other tests).
+
+    Under pytest-xdist (`make test`: two workers, ``--dist loadgroup``) the tests of a module with
+    a module-scoped fixture (a trained run, a pretraining run) stay on one worker, so the fixture
+    is built once, and the modules with slow tests are handed out first, so the suite does not end
+    with one worker in a minute-long test while the other idles. Modules stay whole (a stable
+    sort by module), so a plain ``pytest`` builds each module's fixtures once too."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.fspath.basename == "test_deploy_openvino.py",
+                                 item.module.__name__ not in slow_modules))
+
+
+def pytest_configure(config):
+    """An xdist worker computes on one thread: two workers with every core each would wait on each
+    other at every OpenMP barrier. The commands tests start as processes keep their own threads."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)

@@ -124,9 +124,12 @@ class Shell:
                 code = main(words[1:])
             assert code == 0, f"{where}: `{command}` exited {code}:\n{err.getvalue()[-3000:]}"
             return
+        env = self.env
         if words[0] in ("torchrun", "python", "python3"):  # this environment's
             words[0] = str(Path(sys.executable).parent / words[0]) if words[0] == "torchrun" else sys.executable
-        done = subprocess.run(words, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=600)
+        if words[0].endswith("torchrun"):  # a free port of its own: another test's torchrun may hold 29500
+            env = {**(env if env is not None else os.environ), "PET_STANDALONE": "1"}
+        done = subprocess.run(words, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{where}: `{command}` exited {done.returncode}:\n{done.stderr[-3000:]}"
 
 

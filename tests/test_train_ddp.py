@@ -34,7 +34,7 @@ def test_two_gloo_processes_match_one(tmp_path, verb):
     one = subprocess.run([sys.executable, "-m", "vitkit", *verb, *ARGS, "--runs-dir", str(tmp_path), "--name", "one"],
                          capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "vitkit", *verb, *ARGS,
+    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", *verb, *ARGS,
                           "--runs-dir", str(tmp_path), "--name", "two"], capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-2000:]
     summaries = [json.loads(line) for line in two.stdout.splitlines() if line.startswith("{")]
