@@ -82,15 +82,10 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 
 def cpu_flags() -> list:
     """Which of :data:`ISA_FLAGS` this CPU reports (Linux; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [flag for flag in ISA_FLAGS if flag in have]
-    except OSError:
-        pass
-    return []
+    from vitkit.deploy.fastest import cpu_flags as reported
+
+    have = reported()
+    return [flag for flag in ISA_FLAGS if flag in have]
 
 
 def cpu_family_model() -> str | None:

@@ -249,11 +249,27 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
         what = {"int8": "int8 dynamic", "int8-static": "int8 static (QDQ)"}.get(args.quantize, "fp32")
         said = (f"wrote {out} (ONNX, {what}, {_fmt_int(params)} parameters, {_fmt_bytes(info['bytes'])}; "
                 f"batch dimension dynamic, preprocessing in its metadata)")
+    faster = _faster_here(args.to, args.quantize)
+    if faster:
+        info["fastest_here"] = faster
     if args.json:
         _print_json(info)
     else:
         print(said)
+        if faster:
+            print(f"vitkit convert: note: on this CPU the fastest measured path is {faster}", file=sys.stderr)
     return 0
+
+
+def _faster_here(to: str, quantize) -> "str | None":
+    """The runtime and precision measured fastest on this CPU, when the export is not it."""
+    from .deploy.fastest import fastest
+
+    choice = fastest()
+    flag = {"onnxruntime": "onnx", "openvino": "openvino"}.get(choice.runtime)
+    if flag is None or (flag, quantize) == (to, choice.quantize):
+        return None
+    return f"{choice.describe()}: --to {flag} --quantize {choice.quantize}"
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -291,9 +307,12 @@ def _runtime_model(args: argparse.Namespace):
     """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
     running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
     from .deploy.openvino import is_openvino
-    from .deploy.runtime import is_onnx, load_for_runtime
+    from .deploy.runtime import is_onnx, load_for_runtime, resolve_runtime
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
+    args.runtime, args.quantize, chosen = resolve_runtime(args.weights, args.runtime, args.quantize)
+    if chosen:
+        print(f"vitkit {args.verb}: runtime auto: {chosen}", file=sys.stderr)
     if is_onnx(args.weights) or is_openvino(args.weights):
         if args.model:
             raise ValueError("--model names an architecture for weights without a config; an .onnx or OpenVINO "
@@ -792,9 +811,10 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runtime", choices=["torch", "onnxruntime", "openvino"],
+    p.add_argument("--runtime", choices=["torch", "onnxruntime", "openvino", "auto"],
                    help="torch (default for weights), onnxruntime (default for an .onnx file) or openvino "
-                        "(default for an OpenVINO .xml); weights are exported on the fly")
+                        "(default for an OpenVINO .xml); weights are exported on the fly; auto: the runtime and "
+                        "precision measured fastest on this CPU's instruction set (said on stderr)")
     p.add_argument("--quantize", choices=["int8", "int8-static"],
                    help="with --runtime onnxruntime or openvino and weights: run the int8 model (see vitkit "
                         "convert --to onnx / openvino)")

@@ -212,15 +212,36 @@ def is_onnx(source: PathLike) -> bool:
     return str(source).lower().endswith(".onnx")
 
 
+def resolve_runtime(source: PathLike, runtime: Optional[str], quantize: Optional[str]
+                    ) -> "tuple[Optional[str], Optional[str], Optional[str]]":
+    """``runtime="auto"`` made concrete -> (runtime, quantize, what was chosen and why): an
+    ``.onnx`` or OpenVINO file runs on its own runtime; weights on the runtime and precision
+    measured fastest on this CPU's instruction set (:func:`vitkit.deploy.fastest.fastest`), with
+    ``quantize`` kept where it is given. Any other ``runtime`` comes back as it is."""
+    from .fastest import fastest
+    from .openvino import is_openvino
+
+    if runtime != "auto":
+        return runtime, quantize, None
+    if is_onnx(source) or is_openvino(source):
+        return None, quantize, f"{source} runs on its own runtime"
+    choice = fastest()
+    if quantize and choice.runtime == "torch":  # int8 asked for: the runtime that has it everywhere
+        return "onnxruntime", quantize, f"onnxruntime {quantize} (--quantize; {choice.why})"
+    return choice.runtime, quantize or choice.quantize, choice.describe()
+
+
 def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
                      model: Optional[nn.Module] = None, **preprocessing: Any) -> nn.Module:
     """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model), ``onnxruntime`` or
     ``openvino`` (an ``.onnx`` file or an OpenVINO ``.xml`` as is, or weights exported on the fly
     into a temporary file, quantized when ``quantize`` says so). ``runtime=None`` picks the file's
-    own runtime for ``.onnx`` and ``.xml`` files, torch otherwise. ``model`` is the already-loaded
+    own runtime for ``.onnx`` and ``.xml`` files, torch otherwise; ``"auto"`` the fastest measured
+    on this CPU (:func:`resolve_runtime`). ``model`` is the already-loaded
     vitkit model of ``source`` (weights only)."""
     from .openvino import OpenVinoModel, export_openvino, is_openvino
 
+    runtime, quantize, _ = resolve_runtime(source, runtime, quantize)
     own = "onnxruntime" if is_onnx(source) else "openvino" if is_openvino(source) else None
     runtime = runtime or own or "torch"
     if runtime not in RUNTIMES:

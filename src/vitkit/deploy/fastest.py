@@ -1,0 +1,95 @@
+"""Which runtime and precision run a ViT fastest on this CPU, decided by its instruction set.
+
+The fastest path depends on what the CPU's int8 and bf16 kernels have to work with, not on the
+machine vitkit was tuned on. Measured with ``benchmarks/bench_onnx.py`` (2 cores, batch 32,
+against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
+
+- AVX-512 with VNNI and bf16 (AMD Zen 4): OpenVINO int8 was the fastest path in every row,
+  2.17-2.77x (ViT-B/16: 2.71x); ONNX Runtime int8 1.2-1.9x.
+- AVX2 without VNNI (AMD Zen 3, most laptops and cloud VMs of a few years ago): ONNX Runtime's
+  dynamic int8 was the fastest, 1.57x (DINOv2-S/14) to 1.90x (ViT-B/16); OpenVINO int8 only
+  1.09x there: its int8 kernels are built on VNNI's dot products.
+
+VNNI without the rest (AVX-VNNI, AVX-512 VNNI without bf16, AMX) is what OpenVINO's int8 kernels
+use; those machines were not measured and get OpenVINO int8 by that rule. Elsewhere (another
+architecture, no flags to read) vitkit recommends nothing it has not measured: PyTorch fp32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+#: flags of /proc/cpuinfo that decide the choice
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A runtime (``torch``, ``onnxruntime``, ``openvino``), its quantization (None: fp32) and why."""
+
+    runtime: str
+    quantize: Optional[str]
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.runtime} {self.quantize or 'fp32'} ({self.why})"
+
+
+def cpu_flags() -> frozenset:
+    """The instruction-set flags this CPU reports (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def installed_runtimes() -> frozenset:
+    """The runtimes whose packages are importable here (int8 on OpenVINO also needs NNCF)."""
+    have = {"torch"}
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnx"):
+        have.add("onnxruntime")
+        if importlib.util.find_spec("openvino") and importlib.util.find_spec("nncf"):
+            have.add("openvino")
+    return frozenset(have)
+
+
+def _isa(flags: frozenset) -> str:
+    vnni = [f for f in VNNI_FLAGS if f in flags]
+    if "avx512f" in flags:
+        return "AVX-512" + (" with " + ", ".join(vnni) if vnni else " without VNNI") \
+            + (" and bf16" if "avx512_bf16" in flags else "")
+    if "avx2" in flags:
+        return "AVX2" + (" with " + ", ".join(vnni) if vnni else " without VNNI")
+    return "no AVX2 flags read"
+
+
+def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[str]] = None) -> Choice:
+    """The fastest measured runtime and precision for a CPU with ``flags`` (default: this one's)
+    among the ``installed`` runtimes (default: this environment's); ``why`` names the instruction
+    set, and the extra to install when a faster runtime is missing."""
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    installed = installed_runtimes() if installed is None else frozenset(installed)
+    isa = _isa(flags)
+    if any(f in flags for f in VNNI_FLAGS):
+        order = [("openvino", "int8", f"{isa}; OpenVINO's int8 kernels use VNNI: 2.2-2.8x timm's fastest on Zen 4"),
+                 ("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 1.2-1.9x timm's fastest on Zen 4")]
+    elif "avx2" in flags:
+        order = [("onnxruntime", "int8", f"{isa}; ONNX Runtime's dynamic int8 ran 1.6-1.9x timm's fastest on "
+                                         f"Zen 3, OpenVINO int8 1.1x")]
+    else:
+        return Choice("torch", None, f"{isa}; no runtime was measured faster on this instruction set")
+    extras = {"openvino": "vitkit[openvino]", "onnxruntime": "vitkit[onnx]"}
+    for runtime, quantize, why in order:
+        if runtime in installed:
+            return Choice(runtime, quantize, why)
+    best = order[0]
+    return Choice("torch", None, f"{best[2]}; not installed here: pip install '{extras[best[0]]}'")
+
+
+__all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]

@@ -1,0 +1,109 @@
+"""The runtime and precision vitkit picks or recommends on a CPU, from its instruction set: the
+rule per kind of machine (flags as Linux reports them), torch's own reading of this CPU's
+capability agrees with the flags read, `--runtime auto` runs what it says it chose, and
+`vitkit convert` names the faster path when the export is not it."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from conftest import randomize
+from vitkit.cli import main
+from vitkit.deploy import fastest as fastest_mod
+from vitkit.deploy.fastest import cpu_flags, fastest, installed_runtimes
+from vitkit.deploy.runtime import resolve_runtime
+
+ZEN3 = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # family 25 model 1: no AVX-512, no VNNI
+ZEN4 = ZEN3 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+ALDER_LAKE = ZEN3 | {"avx_vnni"}  # VNNI on 256-bit registers, no AVX-512
+SAPPHIRE_RAPIDS = ZEN3 | {"avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}
+ALL = {"torch", "onnxruntime", "openvino"}
+
+
+@pytest.mark.parametrize("flags,runtime,quantize", [
+    (ZEN3, "onnxruntime", "int8"),  # measured: ORT int8 1.6-1.9x, OpenVINO int8 1.1x
+    (ZEN4, "openvino", "int8"),  # measured: OpenVINO int8 2.2-2.8x
+    (ALDER_LAKE, "openvino", "int8"),
+    (SAPPHIRE_RAPIDS, "openvino", "int8"),
+    (set(), "torch", None),  # another architecture, or nothing to read: nothing unmeasured
+    ({"neon", "asimd"}, "torch", None),
+])
+def test_the_choice_follows_the_instruction_set(flags, runtime, quantize):
+    choice = fastest(flags, installed=ALL)
+    assert (choice.runtime, choice.quantize) == (runtime, quantize)
+    assert ("VNNI" in choice.why or "vnni" in choice.why) is (runtime != "torch")  # the reason names it
+
+
+def test_a_missing_runtime_falls_back_and_names_the_extra():
+    choice = fastest(ZEN4, installed={"torch", "onnxruntime"})  # no OpenVINO: the next measured path
+    assert (choice.runtime, choice.quantize) == ("onnxruntime", "int8")
+    bare = fastest(ZEN3, installed={"torch"})
+    assert (bare.runtime, bare.quantize) == ("torch", None)
+    assert "pip install 'vitkit[onnx]'" in bare.why
+    assert "pip install 'vitkit[openvino]'" in fastest(ZEN4, installed={"torch"}).why
+
+
+def test_the_flags_read_agree_with_torchs_own_probe():
+    capability = torch.backends.cpu.get_cpu_capability()  # ATen's dispatch level: its own CPUID reading
+    flags = cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags on this system")
+    assert ("avx512f" in flags) is (capability.startswith("AVX512")), (capability, sorted(flags))
+    assert ("avx2" in flags) is (capability in ("AVX2", "AVX512", "AVX512_VNNI", "AMX") or "avx512f" in flags)
+    assert "torch" in installed_runtimes() and "onnxruntime" in installed_runtimes()  # the test environment's
+
+
+def test_auto_on_a_file_keeps_its_own_runtime_and_other_names_pass_through(tmp_path):
+    assert resolve_runtime(tmp_path / "m.onnx", "auto", None)[:2] == (None, None)
+    assert resolve_runtime(tmp_path / "m.xml", "auto", None)[:2] == (None, None)
+    assert resolve_runtime(tmp_path / "w", "torch", "int8") == ("torch", "int8", None)  # refused later, as before
+
+
+def _weights_and_photos(tmp_path):
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3,
+                                          label_names=["cat", "dog", "fox"]), scale=0.3)
+    model.save_pretrained(tmp_path / "weights")
+    photos = []
+    for i in range(3):
+        photos.append(str(tmp_path / f"p{i}.png"))
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (40, 44, 3), dtype=np.uint8)).save(photos[-1])
+    return str(tmp_path / "weights"), photos
+
+
+def test_predict_runtime_auto_runs_what_it_says_it_chose(tmp_path, capsys, monkeypatch):
+    weights, photos = _weights_and_photos(tmp_path)
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset(ZEN3))
+    assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert "runtime auto: onnxruntime int8 (AVX2 without VNNI" in captured.err
+    auto = json.loads(captured.out)
+    assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "onnxruntime", "--quantize",
+                 "int8"]) == 0
+    assert json.loads(capsys.readouterr().out) == auto  # the same int8 model: the same answers
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset())  # nothing measured: torch, fp32
+    assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert "runtime auto: torch fp32" in captured.err
+    assert main(["predict", *photos, "--weights", weights, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(captured.out)
+
+
+def test_convert_names_the_faster_path_only_when_the_export_is_not_it(tmp_path, capsys, monkeypatch):
+    weights, _ = _weights_and_photos(tmp_path)
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset(ZEN3))
+    assert main(["convert", weights, str(tmp_path / "a.onnx"), "--to", "onnx", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fastest_here"].startswith("onnxruntime int8") and info["fastest_here"].endswith(
+        "--to onnx --quantize int8")
+    assert main(["convert", weights, str(tmp_path / "b.onnx"), "--to", "onnx"]) == 0
+    assert "note: on this CPU the fastest measured path is onnxruntime int8" in capsys.readouterr().err
+    assert main(["convert", weights, str(tmp_path / "c.onnx"), "--to", "onnx", "--quantize", "int8", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "fastest_here" not in json.loads(captured.out) and "note" not in captured.err
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset())
+    assert main(["convert", weights, str(tmp_path / "d.onnx"), "--to", "onnx", "--json"]) == 0
+    assert "fastest_here" not in json.loads(capsys.readouterr().out)  # nothing measured faster: no advice
