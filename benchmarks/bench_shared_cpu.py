@@ -52,14 +52,39 @@ while True:
 """
 
 
-class Busy:
-    """The other process: a matmul loop in its own session, its rate (matmuls/s) once a second."""
+#: a single-threaded process (a Python loop: a data script, a linter, a compiler), its rate in
+#: thousands of iterations a second
+BUSY_PYTHON = """
+import sys, time
+n, t = 0, time.perf_counter()
+while True:
+    for _ in range(1000):
+        pass
+    n += 1
+    if time.perf_counter() - t >= 1.0:
+        print(f"{time.perf_counter():.3f} {n / (time.perf_counter() - t):.1f}", flush=True)
+        n, t = 0, time.perf_counter()
+"""
 
-    def __init__(self, threads: int, log_path: str):
+
+class Busy:
+    """The other process: a torch matmul loop on ``threads`` OpenMP threads (``kind="torch"``, its
+    rate in matmuls/s) or a one-thread Python loop (``kind="python"``); it prints its rate once a
+    second. ``own_session``: started as another user's or terminal's job (Linux's autogroup then
+    shares the CPU between sessions first), else as a background job of this one's shell."""
+
+    def __init__(self, threads: int, log_path: str, kind: str = "torch", own_session: bool = True):
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-c", BUSY, str(threads)], stdout=self.log,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        script = [BUSY, str(threads)] if kind == "torch" else [BUSY_PYTHON]
+        self.proc = subprocess.Popen([sys.executable, "-c", *script], stdout=self.log,
+                                     stderr=subprocess.DEVNULL, start_new_session=own_session)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until its first rate is reported (torch's import takes seconds)."""
+        end = time.perf_counter() + timeout
+        while time.perf_counter() < end and os.path.getsize(self.log_path) == 0:
+            time.sleep(0.1)
 
     def rate(self, since: float, until: float) -> float | None:
         """Its mean rate over the seconds reported between ``since`` and ``until`` (perf_counter)."""

@@ -364,3 +364,62 @@ def test_coverage_checks_timm_hub_folders_and_writes_its_table(dirs, tmp_path):
     text = page.read_text()
     assert "old" not in text and "| `test_vit3` |" in text and text.endswith("after\n")
     assert "3 of 3 architectures (100%) load with parity" in text
+
+
+def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
+    """The crowded-CPU benchmark runs train, eval and predict alone and beside a busy process of
+    each kind, and scores each against the issue's fair share and the scheduler's."""
+    import bench_fair_share
+
+    results, smoke = dirs
+    _no_limits(monkeypatch, bench_fair_share)
+    # the commands themselves are every other test's subject: here a stand-in whose speed falls
+    # with the busy processes running beside it (real ones, started and stopped by the benchmark)
+    monkeypatch.setattr(bench_fair_share, "prepare", lambda work, n, steps=30: work / "run")
+    live = []
+    real_busy = bench_fair_share.Busy
+
+    def busy(*a, **kw):
+        live.append(real_busy(*a, **kw))
+        return live[-1]
+
+    def measure(verb, work, run, tag, args):
+        running = sum(b.proc.poll() is None for b in live)
+        return {"img_s": {"train": 600.0, "eval": 900.0, "predict": 90.0}[verb] / (1 + running), "wall_s": 1.0}
+
+    monkeypatch.setattr(bench_fair_share, "Busy", busy)
+    monkeypatch.setattr(bench_fair_share, "measure", measure)
+    assert bench_fair_share.main(["--quick"]) == 0
+    assert live and all(b.proc.poll() is not None for b in live)  # every busy process stopped
+    [path] = smoke.glob("fair_share_*.json")
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    assert [(r["k"], r["kind"], r["session"]) for r in rows] == [(0, "none", "none"), (1, "python", "same")]
+    assert all(v["of_alone"] == 0.5 for v in rows[1]["verbs"].values())  # the stand-in halved beside one
+    cores = data["cores"]
+    for r in rows:
+        assert set(r["verbs"]) == {"train", "eval", "predict"}
+        assert r["fair_share"] == round(cores / (r["k"] + cores), 3)
+        for v in r["verbs"].values():
+            assert v["img_s"] > 0 and v["wall_s"] > 0
+            assert v["of_fair_share"] == round(v["of_alone"] / r["fair_share"], 3)
+            assert v["meets_goal"] is (v["of_fair_share"] >= 0.8)
+    assert all(v["of_alone"] == 1.0 for v in rows[0]["verbs"].values())
+    assert set(data["busy_alone"]) == {"python"} and data["busy_alone"]["python"] > 0
+    assert data["verdict"].startswith("3 of 6 rows below 80% of the fair share")  # 0.5 of alone: 75% of 0.667
+
+
+def test_the_scheduler_share_is_water_filling_per_thread_or_per_session():
+    """Per thread within a session, per session across them (autogroup), none above its threads."""
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    from bench_fair_share import fair_share, scheduler_share
+
+    assert scheduler_share(2, "python", 2, own_session=False) == fair_share(2, 2) == 0.5  # 2 of 4 threads
+    assert scheduler_share(1, "torch", 2, own_session=False) == 0.5  # 2 of 4 threads
+    assert scheduler_share(1, "python", 2, own_session=True) == 0.5  # two sessions, one core each
+    assert abs(scheduler_share(4, "python", 2, own_session=True) - 0.2) < 1e-9  # 5 sessions: 0.4 core
+    assert scheduler_share(1, "python", 4, own_session=True) == 0.75  # the loop's session takes 1 of 4 cores
+    assert abs(scheduler_share(2, "torch", 4, own_session=True) - 1 / 3) < 1e-9
+    assert scheduler_share(0, "python", 2, own_session=True) == 1.0
