@@ -422,8 +422,8 @@ def test_a_forked_child_does_not_keep_a_killed_writer_s_lock(tmp_path):
             f"RunLock({str(tmp_path)!r}).acquire()\n"
             "child = os.fork()\n"
             "if child == 0:\n"
-            "    print('child', flush=True); time.sleep(60); os._exit(0)\n"
-            "print(child, flush=True); time.sleep(60)\n")
+            "    os.write(1, b'child\\n'); time.sleep(60); os._exit(0)\n"  # one write each: lines whole
+            "os.write(1, f'{child}\\n'.encode()); time.sleep(60)\n")
     writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child = 0
     try:
