@@ -141,10 +141,6 @@ def autogroup() -> bool | None:
         return None
 
 
-def busy_rates(crowd: list, since: float, until: float) -> list:
-    return [b.rate(since, until) for b in crowd]
-
-
 def row(k: int, kind: str, session: str, work: Path, run: Path, args: argparse.Namespace, cores: int) -> dict:
     """The three commands one after another beside ``k`` busy processes of ``kind``, started in
     this benchmark's session (``same``) or each in its own (``own``)."""
@@ -160,7 +156,7 @@ def row(k: int, kind: str, session: str, work: Path, run: Path, args: argparse.N
             t0 = time.perf_counter()
             out["verbs"][verb] = measure(verb, work, run, f"train-{kind}-{session}-{k}", args)
             if crowd:
-                out["verbs"][verb]["busy_rates"] = busy_rates(crowd, t0 + 1, time.perf_counter())
+                out["verbs"][verb]["busy_rates"] = [b.rate(t0 + 1, time.perf_counter()) for b in crowd]
             print(f"k={k} {out['kind']:6s} {out['session']:4s} {verb:8s} {out['verbs'][verb]['img_s']:9.1f} img/s "
                   f"{out['verbs'][verb]['wall_s']:7.1f} s", flush=True)
         return out
@@ -184,12 +180,14 @@ def busy_alone(work: Path, cores: int, kinds, seconds: float = 5) -> dict:
 
 
 def score(rows: list) -> list:
-    """Each row's speed over the same command's speed alone, against its fair share."""
+    """Each row's speed over the same command's speed alone, against its fair share and against
+    what the scheduler entitles it to (below 1 there, vitkit lost time of its own)."""
     alone = {verb: rows[0]["verbs"][verb]["img_s"] for verb in VERBS}
     for r in rows:
         for verb, v in r["verbs"].items():
             v["of_alone"] = round(v["img_s"] / alone[verb], 3)
             v["of_fair_share"] = round(v["of_alone"] / r["fair_share"], 3)
+            v["of_scheduler_share"] = round(v["of_alone"] / r["scheduler_share"], 3)
             v["meets_goal"] = v["of_fair_share"] >= GOAL
     return rows
 
@@ -201,13 +199,6 @@ def verdict(rows: list) -> str:
     return (f"every row keeps >= {GOAL:.0%} of its fair share" if not missed else
             f"{len(missed)} of {sum(len(r['verbs']) for r in rows)} rows below {GOAL:.0%} of the fair share: "
             + ", ".join(missed)) + f"; worst {worst[0]:.0%} ({worst[3]} beside {worst[1]} {worst[2]})"
-
-
-def of_scheduler_share(rows: list) -> None:
-    """Each row against what the scheduler entitles it to: below 1, vitkit lost time of its own."""
-    for r in rows:
-        for v in r["verbs"].values():
-            v["of_scheduler_share"] = round(v["of_alone"] / r["scheduler_share"], 3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -256,7 +247,6 @@ def main(argv=None) -> int:
         rows += [row(k, kind, session, work, run, args, cores)
                  for session in args.sessions for k in args.ks[1:] for kind in args.kinds]
     results["rows"] = score(rows)
-    of_scheduler_share(rows)
     results["verdict"] = verdict(rows)
     info["limits"] = close_limits(info["limits"])
     print(results["verdict"])

@@ -409,11 +409,9 @@ def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatc
     assert data["verdict"].startswith("3 of 6 rows below 80% of the fair share")  # 0.5 of alone: 75% of 0.667
 
 
-def test_the_scheduler_share_is_water_filling_per_thread_or_per_session():
+def test_the_scheduler_share_is_water_filling_per_thread_or_per_session(monkeypatch):
     """Per thread within a session, per session across them (autogroup), none above its threads."""
-    import sys
-
-    sys.path.insert(0, str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH))
     from bench_fair_share import fair_share, scheduler_share
 
     assert scheduler_share(2, "python", 2, own_session=False) == fair_share(2, 2) == 0.5  # 2 of 4 threads
