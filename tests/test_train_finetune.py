@@ -63,6 +63,28 @@ def test_init_errors_are_clear(tmp_path):
         resolve_config("fmnist", init_head="old")
 
 
+def test_keeping_the_head_compares_class_names_in_order(tmp_path):
+    torch.manual_seed(0)
+    names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"]
+    model = vitkit.create_model("vit_fmnist", num_classes=5, label_names=names).eval()
+    model.save_pretrained(tmp_path / "m")
+    data = dict(img_size=(28, 28), in_chans=1, num_classes=5, label_names=names[::-1])
+    with pytest.raises(WeightsError, match=r"same order: the same 5 classes in another order \(class 0 is "
+                                           r"'T-shirt/top' in the weights, 'Coat' in the data\).*--init-head new"):
+        model_from_init(str(tmp_path / "m"), data, {}, "keep", log=lambda *a: None)
+    other = dict(data, label_names=["cat", "Trouser", "Pullover", "Dress", "Coat"])
+    with pytest.raises(WeightsError, match="other classes .*only in the weights: 'T-shirt/top'; only in the data: 'cat'"):
+        model_from_init(str(tmp_path / "m"), other, {}, "keep", log=lambda *a: None)
+    for label_names in (names, None):  # the same names, or data that names none: the head is kept as it is
+        kept = model_from_init(str(tmp_path / "m"), dict(data, label_names=label_names), {}, "keep",
+                               log=lambda *a: None).eval()
+        x = torch.rand(3, 1, 28, 28)
+        with torch.no_grad():
+            torch.testing.assert_close(kept(x), model(x))
+    new = model_from_init(str(tmp_path / "m"), data, {}, "new", log=lambda *a: None)  # a new head needs no match
+    assert new.config.label_names == names[::-1]
+
+
 @real
 @pytest.mark.slow
 def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):

@@ -600,9 +600,10 @@ def _check_hf_flags(args: argparse.Namespace) -> None:
 
 
 def _same_classes(names, classes, dataset: str) -> None:
-    if names and list(names) != list(classes):
-        raise ValueError(f"the weights were trained on other classes ({_preview(names)}) than {dataset}'s "
-                         f"({_preview(classes)}): evaluate them on their own dataset")
+    from .data.datasets import class_difference
+
+    if why := class_difference(names, classes, ("the weights", f"{dataset}'s data")):
+        raise ValueError(f"the weights were trained on {why}: evaluate them on their own dataset")
 
 
 def _eval_in_memory(args: argparse.Namespace, model, dataset: str):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import tiny
 from . import cifar, fashion_mnist
@@ -47,6 +47,32 @@ CLASS_NAMES: Dict[str, List[str]] = {"fashion-mnist": list(fashion_mnist.CLASSES
 def dataset_for_labels(label_names: Optional[List[str]]) -> Optional[str]:
     """The in-memory dataset whose classes these label names are (None: none of them)."""
     return next((name for name, classes in CLASS_NAMES.items() if list(label_names or []) == classes), None)
+
+
+def class_difference(ours: Optional[Sequence[str]], theirs: Optional[Sequence[str]],
+                     who: Tuple[str, str] = ("the weights", "the data")) -> Optional[str]:
+    """How two class lists differ, in words (None: the same names in the same order, or one side
+    has no names to compare). A head's row i answers for class i: the same names in another order
+    are as wrong as other names."""
+    if not ours or not theirs:
+        return None
+    ours, theirs = [str(n) for n in ours], [str(n) for n in theirs]
+    if ours == theirs:
+        return None
+    if sorted(ours) == sorted(theirs):
+        i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        return (f"the same {len(ours)} classes in another order (class {i} is {ours[i]!r} in {who[0]}, "
+                f"{theirs[i]!r} in {who[1]})")
+    missing = [n for n in ours if n not in theirs]
+    extra = [n for n in theirs if n not in ours]
+    return (f"other classes ({who[0]}: {len(ours)}, {who[1]}: {len(theirs)}; "
+            + "; ".join(part for part in (f"only in {who[0]}: {_names(missing)}" if missing else "",
+                                          f"only in {who[1]}: {_names(extra)}" if extra else "") if part)
+            + ")")
+
+
+def _names(names: Sequence[str], n: int = 3) -> str:
+    return ", ".join(repr(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def is_hf(name: Optional[str]) -> bool:

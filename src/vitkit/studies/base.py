@@ -184,17 +184,40 @@ def _vitkit(args: List[str], what: str) -> Dict[str, Any]:
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
+#: request fields that do not change what a run computes: a finished run is reused across them
+_NOT_DECIDING = ("threads", "runs_dir", "tensorboard", "name")
+
+
+def _read_json(path: Path, what: str) -> Dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} ({what}) cannot be read ({type(e).__name__}: {e}); remove the run's folder "
+                         f"to train it again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} ({what}) is not a JSON object; remove the run's folder to train it again")
+    return data
+
+
+def _check_reuse(run: Path, asked: Dict[str, Any], saved: Path) -> None:
+    """A run of an earlier invocation is reused (or resumed) only where it was asked for with the
+    same settings: another --dataset, --steps or --smoke is another experiment."""
+    if not saved.is_file():
+        return
+    before = _read_json(saved, "the settings the study gave this run")
+    keys = sorted((set(before) | set(asked)) - set(_NOT_DECIDING))
+    changed = [k for k in keys if before.get(k) != asked.get(k)]
+    if changed:
+        said = "; ".join(f"{k}: {before.get(k)!r} then, {asked.get(k)!r} now" for k in changed[:3])
+        raise ValueError(f"{run} was trained with other settings ({said}): give the study another --work "
+                         f"folder, or remove that one to train it again")
+
+
 def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -> Dict[str, Any]:
-    """The summary of the arm's run for ``seed``: reused when finished, resumed when interrupted."""
+    """The summary of the arm's run for ``seed``: reused when finished, resumed when interrupted,
+    each only when the study asks for the same settings as when it was started."""
     name = run_name(arm, seed)
     run = work / name
-    if (run / "summary.json").is_file():
-        return json.loads((run / "summary.json").read_text())
-    if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
-        extra = ["--threads", str(options.threads)] if options.threads else []
-        return _vitkit(["train", "--resume", str(run), "--no-progress", *extra], f"resuming {name}")
-    if run.exists():  # stopped before its first checkpoint: nothing to keep
-        shutil.rmtree(run)
     config = {**arm.train, "seed": seed, "runs_dir": str(work), "name": name, "tensorboard": False}
     if options.smoke:
         config.update(study.smoke_train)
@@ -210,6 +233,17 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     # for the machine's precision); a config file cannot choose a recipe, a flag can
     recipe = config.pop("recipe", "fmnist")
     configs = work / "configs"
+    started = (run / "summary.json").is_file() or (
+        (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
+    if started:
+        _check_reuse(run, config, configs / f"{name}.json")
+    if (run / "summary.json").is_file():
+        return _read_json(run / "summary.json", "the summary of a finished run")
+    if started:
+        extra = ["--threads", str(options.threads)] if options.threads else []
+        return _vitkit(["train", "--resume", str(run), "--no-progress", *extra], f"resuming {name}")
+    if run.exists():  # stopped before its first checkpoint: nothing to keep
+        shutil.rmtree(run)
     configs.mkdir(parents=True, exist_ok=True)
     write_json(configs / f"{name}.json", config)
     return _vitkit(["train", "--recipe", recipe, "--config", str(configs / f"{name}.json"), "--no-progress"],
@@ -280,6 +314,9 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
                      "tiny": bool(os.environ.get("VITKIT_TINY", "") not in ("", "0"))},
         "arms": {a.key: {"label": a.label, "train": a.train, **a.facts} for a in arms}, "runs": {}}
     path = out / f"{study.name}.json"
+    # runs are recorded as they finish beside the results, never over them: a study stopped (or
+    # failing) half-way leaves the last complete results as they were
+    progress = out / f"{study.name}.partial.json"
     results["prepared"] = study.prepare(options, work, say)
     jobs = [(arm, seed) for seed in options.seeds for arm in arms]
     for i, (arm, seed) in enumerate(jobs, 1):
@@ -292,7 +329,7 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
         if study.fewshot:
             row.update(fewshot_scores(work / name, options))
         results["runs"][name] = row
-        write_json(path, results)
+        write_json(progress, results)
         shots = "".join(f", {k.split('_')[1]}-shot {100 * v:.1f}%" for k, v in row.items() if k.startswith("fewshot_"))
         say(f"[{i}/{len(jobs)}] {name}: test top-1 {100 * row['test_top1']:.2f}%{shots} "
             f"({time.perf_counter() - t0:.0f} s)")
@@ -300,6 +337,7 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
     results["verdicts"] = study.verdicts(results)
     results["table"] = study.table(results)
     write_json(path, results)
+    progress.unlink(missing_ok=True)
     write_text(out / f"{study.name}.md", results["table"] + "\n")
     figure = study.figure(results, out / f"{study.name}.png")
     if figure is not None:

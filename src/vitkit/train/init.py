@@ -15,6 +15,7 @@ from typing import Any, Dict, Tuple
 
 from torch import nn
 
+from ..data.datasets import class_difference
 from ..models import build_from_config
 from ..runlock import unfinished_run
 from ..weights.io import WeightsError
@@ -51,6 +52,9 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     elif stored.num_classes != data_args["num_classes"]:
         raise WeightsError(f"init_head='keep' needs the same classes: the weights have "
                            f"{stored.num_classes}, the data {data_args['num_classes']}")
+    elif why := class_difference(stored.label_names, data_args.get("label_names")):
+        raise WeightsError(f"init_head='keep' needs the same classes in the same order: {why}; "
+                           f"use --init-head new for a new head")
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     with warnings.catch_warnings():  # the log line below says what was adapted

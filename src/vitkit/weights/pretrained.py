@@ -371,6 +371,17 @@ def _named_config(src: Source, model_name: str):
     config = get_model_config(model_name)
     if src.format != "vitkit" and "timm" in family_of(config).layouts:
         config = config_from_dict(family_of(config).timm_config(config))
+    elif src.config_json and src.config_json.get("format") == "vitkit" and hasattr(config, "pos_embed"):
+        # the file declares its config (a timm export's .safetensors: positions as one learned
+        # table): the named architecture is read in the form of position table the file holds
+        declared = src.config_json.get("config") or {}
+        if declared.get("architecture") == getattr(config, "architecture", None):
+            differences = timm_format.architecture_differences(config_from_dict(declared), config)
+            if differences:
+                raise WeightsError(f"{src.path or 'the weights'}: the file's config is another architecture than {model_name}: "
+                                   f"{'; '.join(differences[:3])}; load it without a model name (the file says "
+                                   f"what it is)")
+            config = config.replace(pos_embed=declared.get("pos_embed", config.pos_embed))
     sd, _ = to_native(src)
     head = "head.fc.weight" if "head.fc.weight" in sd else "head.weight"  # ResNetV2: a 1x1 conv head
     classes = sd[head].shape[0] if head in sd else 0

@@ -1,0 +1,127 @@
+"""Faults, third pass (issue 43): content compared rather than counts, sizes bounded before they are
+allocated, adapters that reload, backbones without heads, signals with workers, flags that mean what
+they say, Hugging Face data by name, and fine-tuning a small folder on the first try.
+
+As in ``test_faults_hostile.py``: each case asserts the exit code, that no traceback is printed, the
+words of the message and what is left on disk.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from test_faults_hostile import cli, in_process, one_line
+
+
+def image_folder(root, classes, per_class=4, size=16, seed=0):
+    """A folder dataset (``root/{train,test}/CLASS/i.png``) of small RGB images, a brightness per class."""
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", per_class), ("test", max(1, per_class // 2))):
+        for k, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 60, (size, size, 3)) + 60 * (k % 3)
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.png")
+    return root
+
+
+# ---------------------------------------------------------------- 1. content, not counts
+
+
+def test_keeping_a_head_for_the_same_classes_in_another_order_is_refused(tmp_path, capsys):
+    data = image_folder(tmp_path / "data", ["a", "b", "c"])  # a folder's classes come sorted: a, b, c
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", img_size=16, in_chans=3, patch_size=4, num_classes=3,
+                                mean=(0.5,) * 3, std=(0.5,) * 3, label_names=["b", "a", "c"])
+    model.save_pretrained(tmp_path / "m")
+    done = in_process(capsys, "train", "--dataset", "folder", "--data-dir", data, "--init", tmp_path / "m",
+                      "--init-head", "keep", "--max-steps", "1", "--runs-dir", tmp_path / "runs", "--no-progress")
+    one_line(done)
+    assert "another order (class 0 is 'b' in the weights, 'a' in the data)" in done.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def _finished_run(work, name, asked, summary='{"test_top1": 0.5}'):
+    """A study's run as an earlier invocation left it: the settings it was given, and its summary."""
+    (work / "configs").mkdir(parents=True, exist_ok=True)
+    (work / "configs" / f"{name}.json").write_text(json.dumps(asked))
+    (work / name).mkdir()
+    (work / name / "summary.json").write_text(summary)
+
+
+def test_a_study_reuses_a_finished_run_only_for_the_same_settings(tmp_path):
+    from vitkit.studies import get_study
+    from vitkit.studies.base import Options, run_name, train_run
+
+    study = get_study("position-embeddings")
+    arm = study.arms(Options(seeds=(0,)))[0]
+    name = run_name(arm, 0)
+    asked = {**arm.train, "seed": 0, "runs_dir": str(tmp_path), "name": name, "tensorboard": False}
+    asked.pop("recipe", None)
+    _finished_run(tmp_path, name, asked)
+    assert train_run(arm, 0, Options(seeds=(0,), threads=1), study, tmp_path) == {"test_top1": 0.5}  # threads: same
+    for options, words in ((Options(seeds=(0,), dataset="folder", data_dir="x"), "dataset: None then, 'folder' now"),
+                           (Options(seeds=(0,), steps=7), "max_steps: 1290 then, 7 now"),
+                           (Options(seeds=(0,), smoke=True), "then,")):
+        with pytest.raises(ValueError, match=f"{name} was trained with other settings .*{re.escape(words)}.*--work"):
+            train_run(arm, 0, options, study, tmp_path)
+
+
+def test_a_torn_summary_of_a_study_run_is_named_and_the_last_results_stay(tmp_path, capsys, monkeypatch):
+    from vitkit.studies import base, get_study
+
+    study = get_study("position-embeddings")
+    arms = study.arms(base.Options(seeds=(0,)))
+    name = base.run_name(arms[0], 0)
+    asked = {**arms[0].train, "seed": 0, "runs_dir": str(tmp_path / "w"), "name": name, "tensorboard": False}
+    asked.pop("recipe", None)
+    (tmp_path / "w").mkdir()
+    _finished_run(tmp_path / "w", name, asked, summary='{"test_top1": 0.')
+    with pytest.raises(ValueError, match=f"{name}/summary.json .*cannot be read.*remove the run's folder"):
+        base.train_run(arms[0], 0, base.Options(seeds=(0,)), study, tmp_path / "w")
+    # run_study: the second run fails; the results of the last complete study are kept as they were
+    (tmp_path / "out").mkdir()
+    before = '{"study": "position-embeddings", "runs": {"complete": 1}, "verdicts": [1]}'
+    (tmp_path / "out" / "position-embeddings.json").write_text(before)
+    calls = []
+
+    def fake_run(arm, seed, options, study, work):
+        calls.append(arm.key)
+        if len(calls) == 2:
+            raise ValueError("run 2 failed")
+        return {"test_top1": 0.9}
+
+    monkeypatch.setattr(base, "train_run", fake_run)
+    monkeypatch.setattr(study, "prepare", lambda *a: {})
+    monkeypatch.setattr(study, "fewshot", False)
+    with pytest.raises(ValueError, match="run 2 failed"):
+        base.run_study(study, base.Options(seeds=(0,), work=tmp_path / "w2", out=tmp_path / "out"), say=lambda *a: None)
+    assert (tmp_path / "out" / "position-embeddings.json").read_text() == before
+    partial = json.loads((tmp_path / "out" / "position-embeddings.partial.json").read_text())
+    assert list(partial["runs"]) == [base.run_name(arms[0], 0)]
+
+
+def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_does(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist_hybrid").eval()  # sine-cosine positions: timm's files hold a table
+    model.save_pretrained(tmp_path / "m")
+    x = torch.rand(2, 1, 28, 28)
+    for name in ("t.safetensors", "t.pth"):
+        assert in_process(capsys, "convert", tmp_path / "m", tmp_path / name, "--to", "timm").returncode == 0
+        back = vitkit.from_pretrained(tmp_path / name, model_name="vit_fmnist_hybrid").eval()
+        with torch.no_grad():
+            torch.testing.assert_close(back(x), model(x), atol=1e-5, rtol=1e-5)
+    image = tmp_path / "x.png"
+    Image.fromarray((np.random.default_rng(0).random((28, 28)) * 255).astype(np.uint8)).save(image)
+    assert in_process(capsys, "predict", "--weights", tmp_path / "t.safetensors", "--model", "vit_fmnist_hybrid",
+                      image).returncode == 0
+    # a file that says what it is, read as another architecture: refused by what differs, not by tensor names
+    done = in_process(capsys, "predict", "--weights", tmp_path / "t.safetensors", "--model", "vit_fmnist", image)
+    one_line(done)
+    assert "the file's config is another architecture than vit_fmnist: backbone" in done.stderr
+    assert "depth 1 (not 4)" in done.stderr
