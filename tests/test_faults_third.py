@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from test_faults_hostile import cli, in_process, one_line
+from test_faults_hostile import in_process, one_line
 
 
 def image_folder(root, classes, per_class=4, size=16, seed=0):

@@ -73,7 +73,8 @@ def test_keeping_the_head_compares_class_names_in_order(tmp_path):
                                            r"'T-shirt/top' in the weights, 'Coat' in the data\).*--init-head new"):
         model_from_init(str(tmp_path / "m"), data, {}, "keep", log=lambda *a: None)
     other = dict(data, label_names=["cat", "Trouser", "Pullover", "Dress", "Coat"])
-    with pytest.raises(WeightsError, match="other classes .*only in the weights: 'T-shirt/top'; only in the data: 'cat'"):
+    with pytest.raises(WeightsError, match="other classes .*only in the weights: 'T-shirt/top'; "
+                                           "only in the data: 'cat'"):
         model_from_init(str(tmp_path / "m"), other, {}, "keep", log=lambda *a: None)
     for label_names in (names, None):  # the same names, or data that names none: the head is kept as it is
         kept = model_from_init(str(tmp_path / "m"), dict(data, label_names=label_names), {}, "keep",

@@ -378,9 +378,9 @@ def _named_config(src: Source, model_name: str):
         if declared.get("architecture") == getattr(config, "architecture", None):
             differences = timm_format.architecture_differences(config_from_dict(declared), config)
             if differences:
-                raise WeightsError(f"{src.path or 'the weights'}: the file's config is another architecture than {model_name}: "
-                                   f"{'; '.join(differences[:3])}; load it without a model name (the file says "
-                                   f"what it is)")
+                raise WeightsError(f"{src.path or 'the weights'}: the file's config is another architecture "
+                                   f"than {model_name}: {'; '.join(differences[:3])}; load it without a model "
+                                   f"name (the file says what it is)")
             config = config.replace(pos_embed=declared.get("pos_embed", config.pos_embed))
     sd, _ = to_native(src)
     head = "head.fc.weight" if "head.fc.weight" in sd else "head.weight"  # ResNetV2: a 1x1 conv head
