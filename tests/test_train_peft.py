@@ -46,9 +46,10 @@ def test_lora_adapters_load_into_peft_and_merge_to_the_same_function(images, tmp
     ours = finetune.prepare(_model(), "lora", lora_rank=4, lora_alpha=8, lora_targets=("qkv", "fc2"))
     with torch.no_grad():
         for name, p in ours.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or name.startswith("head."):  # the head trains beside the adapters
                 p.normal_(0, 0.2)
     finetune.save_adapters(ours, tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["modules_to_save"] == ["head"]
     x = images(3, 28, 28, c=1)
     with torch.no_grad():
         before = base(x)
@@ -132,6 +133,12 @@ def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path):
     adapter = load_file(tmp_path / "lora" / "adapter" / "adapter_model.safetensors")
     assert "base_model.model.blocks.0.attn.qkv.lora_A.weight" in adapter
     model = vitkit.from_pretrained(tmp_path / "lora" / "model")
+    # the documented route: peft's wrapper of the model the run started from gives the run's logits
+    start = vitkit.from_pretrained(tmp_path / "small" / "model")
+    rebuilt = peft.PeftModel.from_pretrained(start, tmp_path / "lora" / "adapter").eval()
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        assert max_diff(rebuilt(x), model(x)) < 1e-5
     out = vitkit.export_weights(model, tmp_path / "timm.safetensors", "timm")
     assert out.exists() and summary["test_top1"] > 0.5
     before = load_file(tmp_path / "small" / "model" / "model.safetensors")

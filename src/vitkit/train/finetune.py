@@ -10,14 +10,16 @@ the last part of the name; peft's own ``LoraConfig(target_modules=...)`` takes t
 ``bitfit`` (Ben Zaken et al. 2022) trains the biases, ``head`` the classifier alone; every mode
 trains the (new) head. ``--freeze-blocks N`` freezes the embedding and the first N blocks.
 
-When the run ends the adapters are saved as peft saves them (``run_dir/adapter``: peft's
-``PeftModel.from_pretrained`` loads them onto the model it started from), then merged into the
-weights they adapt and the wrappers removed (:func:`merge`): the saved model is a plain model,
-so every exporter works on it unchanged.
+When the run ends the adapters are saved as peft saves them, with the trained heads as peft's
+``modules_to_save`` (``run_dir/adapter``: peft's ``PeftModel.from_pretrained`` loads them onto the
+model the run started from and gives ``run_dir/model``'s logits), then merged into the weights
+they adapt and the wrappers removed (:func:`merge`): the saved model is a plain model, so every
+exporter works on it unchanged.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -117,6 +119,14 @@ def save_adapters(model: nn.Module, folder: Union[str, Path]) -> Optional[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {PEFT_PREFIX + k: v.detach().contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
+    # the heads train beside the adapters: peft's modules_to_save carries them, or the adapters
+    # would reload onto a model with the head it started with (a zero one, for a new head)
+    heads = [h for h in _heads(model) if isinstance(getattr(model, h, None), nn.Module)]
+    for head in heads:
+        for name, value in getattr(model, head).state_dict().items():
+            tensors[f"{PEFT_PREFIX}{head}.{name}"] = value.detach().contiguous()
+    config = copy.copy(config)
+    config.modules_to_save = heads or None
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(folder))
     return folder
