@@ -733,8 +733,8 @@ def test_a_model_past_the_memory_is_refused_before_it_is_built(monkeypatch):
     config = vitkit.ViTConfig(depth=1000, embed_dim=8192, num_heads=64, mlp_dim=32768)
     started = time.time()
     monkeypatch.setattr(memory, "available_memory", lambda: 64 * 2 ** 30)
-    with pytest.raises(ValueError, match=r"at least 805,306,368,000 parameters: training them needs at least "
-                                         r"12,000.0 GiB and 64.0 GiB are free"):
+    with pytest.raises(ValueError, match=r"1000 blocks of width 8192\) has at least 805,314,560,000 parameters: "
+                                         r"training them needs at least 12,000.1 GiB and 64.0 GiB are free"):
         memory.check_model_fits(config)
     assert time.time() - started < 1  # from the config: nothing was built
     memory.check_model_fits(vitkit.ViTConfig())  # ViT-B/16 fits in 64 GiB

@@ -8,6 +8,7 @@ words of the message and what is left on disk.
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,15 @@ from PIL import Image
 
 import vitkit
 from test_faults_hostile import in_process, one_line
+
+
+def ends_in(done, words, code=2):
+    """The process ended with ``code``, no traceback, and its last line (after what it said on its
+    way, such as "initialised from ...") holds ``words``."""
+    assert done.returncode == code and "Traceback" not in done.stderr, (done.returncode, done.stderr[-800:])
+    last = done.stderr.strip().splitlines()[-1]
+    assert words in last, done.stderr[-800:]
+    return last
 
 
 def image_folder(root, classes, per_class=4, size=16, seed=0):
@@ -125,3 +135,60 @@ def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_do
     one_line(done)
     assert "the file's config is another architecture than vit_fmnist: backbone" in done.stderr
     assert "depth 1 (not 4)" in done.stderr
+
+
+# ---------------------------------------------------------------- 2. sizes bounded before they are allocated
+
+
+def hf_folder(root, train_labels, test_labels, label_feature=None, size=8):
+    """A Hugging Face ``save_to_disk`` folder of grey images with these labels (ints, or ClassLabel
+    indices when ``label_feature`` is a ClassLabel)."""
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+
+    def split(labels):
+        images = [Image.fromarray(rng.integers(0, 255, (size, size), dtype=np.uint8)) for _ in labels]
+        features = datasets.Features({"image": datasets.Image(),
+                                      "label": label_feature or datasets.Value("int64")})
+        return datasets.Dataset.from_dict({"image": images, "label": list(labels)}, features=features)
+
+    datasets.DatasetDict({"train": split(train_labels), "test": split(test_labels)}).save_to_disk(str(root))
+    return root
+
+
+def hf_train(capsys, data, *flags):
+    capsys.readouterr()  # what building the dataset printed
+    return in_process(capsys, "train", "--dataset", f"hf:{data}", "--label-key", "label", "--max-steps", "1",
+                      "--no-progress", *flags)
+
+
+def test_an_integer_label_of_two_billion_is_refused_before_its_classes_are_made(tmp_path, capsys):
+    data = hf_folder(tmp_path / "hf", [0, 1, 2_000_000_000, 1], [0, 1])
+    started = time.time()
+    done = hf_train(capsys, data, "--runs-dir", tmp_path / "runs")
+    one_line(done)
+    assert "holds 2,000,000,000 (row 2), which would make 2,000,000,001 classes, past 1,000,000" in done.stderr
+    assert time.time() - started < 60 and not (tmp_path / "runs").exists()
+
+
+def test_class_counts_pyramid_widths_and_lora_ranks_are_bounded_by_name(monkeypatch, tmp_path, capsys):
+    from vitkit.train import memory
+
+    with pytest.raises(ValueError, match="num_classes 2,000,000,000 is past 1,000,000"):
+        vitkit.create_model("vit_fmnist", num_classes=2_000_000_000)
+    with pytest.raises(ValueError, match="pyramid_channels 10,000,000 is past 65,536"):
+        vitkit.create_model("vit_fmnist", features_only=True, pyramid=True, pyramid_channels=10_000_000)
+    monkeypatch.setattr("vitkit.models.features.available_memory", lambda: 2 ** 30)
+    with pytest.raises(ValueError, match=r"pyramid_channels 60,000 makes a pyramid of [\d,]+ parameters "
+                                         r"\([\d,.]+ GiB in fp32\) and 1.0 GiB are free"):
+        vitkit.create_model("vit_fmnist", features_only=True, pyramid=True, pyramid_channels=60_000)
+    # a head that outweighs the blocks is named as what does not fit, not the blocks (nor the batch)
+    monkeypatch.setattr(memory, "available_memory", lambda: 64 * 2 ** 30)
+    with pytest.raises(ValueError, match=r"the model \(its head for 1,000,000 classes\) has at least"):
+        memory.check_model_fits(vitkit.ViTConfig(num_classes=1_000_000, embed_dim=8192, num_heads=64, depth=1))
+    torch.manual_seed(0)
+    vitkit.create_model("vit_fmnist", depth=1).save_pretrained(tmp_path / "m")
+    done = in_process(capsys, "train", "--init", tmp_path / "m", "--finetune", "lora", "--lora-rank", "500",
+                      "--max-steps", "1", "--runs-dir", tmp_path / "runs", "--no-progress")
+    ends_in(done, "--lora-rank 500 is past the rank of blocks.0.attn.qkv (96 -> 288: at most 96)")
+    assert not (tmp_path / "runs").exists()

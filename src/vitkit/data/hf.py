@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from ..models.config_base import MAX_CLASSES
 from ..utils import require, seed_for
 from .datasets import HF_PREFIX as PREFIX
 from .datasets import is_hf
@@ -219,6 +220,11 @@ class HFImages(SampleList):
         labels = [None if v is None else int(v) for v in labels]
         if classes is None:  # integer labels without names: their numbers name them
             top = max((v for v in labels if v is not None), default=-1)
+            if top + 1 > MAX_CLASSES:  # bounded before two billion names are made
+                raise ValueError(f"{name} split {split_name!r}: the label column {label_key!r} holds {top:,} (row "
+                                 f"{labels.index(top)}), which would make {top + 1:,} classes, past {MAX_CLASSES:,}: "
+                                 f"integer labels are class numbers 0..N-1 (cast the column to a ClassLabel, or "
+                                 f"name another --label-key)")
             classes = [str(i) for i in range(top + 1)]
         self.classes = list(classes)
         self.samples: List[Tuple[int, int]] = []

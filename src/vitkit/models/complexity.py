@@ -82,7 +82,13 @@ def params_floor(config: Any) -> Optional[int]:
         return None
     width = config.embed_dim
     mlp = getattr(config, "mlp_dim", None) or 4 * width
-    return config.depth * (4 * width * width + 2 * width * mlp)
+    return config.depth * (4 * width * width + 2 * width * mlp) + head_params(config)
+
+
+def head_params(config: Any) -> int:
+    """The classifier's weights: one row of the (pre-logits) width per class."""
+    width = getattr(config, "representation_size", None) or config.embed_dim
+    return int(config.num_classes or 0) * (int(width) if isinstance(width, int) else config.embed_dim)
 
 
 def memory_floor(config: Any, batch: int, training: bool = True, cost: Optional[Complexity] = None

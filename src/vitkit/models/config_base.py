@@ -31,6 +31,10 @@ MAX_IMG_SIZE = 16_384
 #: The deepest and widest token model built: ViT-22B has 48 blocks of width 6,144; past these
 #: bounds a value is a typo that would fill the memory while the model is being made.
 MAX_DEPTH, MAX_WIDTH = 1_024, 65_536
+#: The most classes a head is built for: ImageNet-21k has 21,841 and the largest classification
+#: sets (Google Landmarks v2, iNaturalist) about 200,000; more is a typo, or labels that are not
+#: class numbers (a row id, a price).
+MAX_CLASSES = 1_000_000
 
 C = TypeVar("C", bound="ConfigMixin")
 
@@ -69,6 +73,8 @@ class ConfigMixin:
                 problems.append(f"mean/std need {chans} values")
         if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
+        if isinstance(self.num_classes, int) and self.num_classes > MAX_CLASSES:
+            problems.append(f"num_classes {self.num_classes:,} is past {MAX_CLASSES:,} (ImageNet-21k has 21,841)")
         return problems
 
     def _positive_int_problems(self, names: Sequence[str]) -> List[str]:

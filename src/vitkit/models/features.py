@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..utils import available_memory
 from .base import TokenModel
+from .config_base import MAX_WIDTH
 from .layers import intermediates_plan
 
 #: The pyramid's scales relative to the backbone's map (ViTDet's: strides 4, 8, 16, 32 from 16).
@@ -99,6 +101,19 @@ def _stride(stride: int, scale: float) -> Union[int, float]:
     return int(value) if value.is_integer() else value
 
 
+def _check_pyramid_fits(dim: int, channels: int) -> None:
+    """Refuse pyramid widths past a token model's (a typo would ask the allocator for terabytes),
+    or whose weights alone exceed the free memory, naming the field, before anything is built."""
+    if channels > MAX_WIDTH:
+        raise ValueError(f"pyramid_channels {channels:,} is past {MAX_WIDTH:,} (ViTDet's pyramid has 256)")
+    widths = [dim // 4 if s == 4.0 else dim // 2 if s == 2.0 else dim for s in PYRAMID_SCALES]
+    params = sum(w * channels + 9 * channels * channels for w in widths)
+    free = available_memory()
+    if free is not None and 4 * params > free:
+        raise ValueError(f"pyramid_channels {channels:,} makes a pyramid of {params:,} parameters "
+                         f"({4 * params / 2 ** 30:,.1f} GiB in fp32) and {free / 2 ** 30:,.1f} GiB are free")
+
+
 class FeatureModel(nn.Module):
     """Feature maps of ``model``'s blocks ``out_indices`` (timm's meaning: an int n is the last n
     blocks, a list names blocks, negative from the end; none: the last 3), or ViTDet's pyramid
@@ -123,6 +138,7 @@ class FeatureModel(nn.Module):
         if pyramid:
             if not isinstance(pyramid_channels, int) or pyramid_channels < 1:
                 raise ValueError(f"pyramid_channels must be a positive integer, got {pyramid_channels!r}")
+            _check_pyramid_fits(dim, pyramid_channels)
             if dim % 4:
                 raise ValueError(f"the pyramid's 4x map has width / 4 channels: width {dim} is not a multiple of 4")
             self.pyramid: Optional[SimplePyramid] = SimplePyramid(dim, pyramid_channels)

@@ -84,6 +84,13 @@ def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha
             raise ValueError(f"--lora-rank must be at least 1, got {lora_rank}")
         peft = require("peft", "peft", "--finetune lora")
         names = lora_target_names(model, lora_targets)
+        widths = {n: min(model.get_submodule(n).in_features, model.get_submodule(n).out_features) for n in names}
+        narrowest = min(widths, key=widths.get, default=None)
+        if narrowest is not None and lora_rank > widths[narrowest]:
+            layer = model.get_submodule(narrowest)
+            raise ValueError(f"--lora-rank {lora_rank} is past the rank of {narrowest} ({layer.in_features} -> "
+                             f"{layer.out_features}: at most {widths[narrowest]}); a low-rank adapter has a "
+                             f"rank below its layer's width (8-64 is usual)")
         config = peft.LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=names, lora_dropout=0.0,
                                  bias="none")
         peft.inject_adapter_in_model(config, model)  # freezes every other parameter

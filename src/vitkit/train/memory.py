@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.complexity import complexity, memory_floor, params_floor
+from ..models.complexity import complexity, head_params, memory_floor, params_floor
 from ..utils import available_memory
 
 #: Bytes a trained parameter holds: fp32 weight, gradient and Adam's two moments.
@@ -24,8 +24,10 @@ def check_model_fits(config: Any) -> None:
     params, available = params_floor(config), available_memory()
     if params is None or available is None or params * TRAINED_PARAM_BYTES <= available:
         return
-    raise ValueError(f"the model ({getattr(config, 'depth', '?')} blocks of width {getattr(config, 'embed_dim', '?')}) "
-                     f"has at least {params:,} parameters: training them needs at least "
+    head = head_params(config)
+    what = (f"its head for {config.num_classes:,} classes" if 2 * head > params else
+            f"{getattr(config, 'depth', '?')} blocks of width {getattr(config, 'embed_dim', '?')}")
+    raise ValueError(f"the model ({what}) has at least {params:,} parameters: training them needs at least "
                      f"{params * TRAINED_PARAM_BYTES / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free")
 
 
