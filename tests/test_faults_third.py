@@ -192,3 +192,27 @@ def test_class_counts_pyramid_widths_and_lora_ranks_are_bounded_by_name(monkeypa
                       "--max-steps", "1", "--runs-dir", tmp_path / "runs", "--no-progress")
     ends_in(done, "--lora-rank 500 is past the rank of blocks.0.attn.qkv (96 -> 288: at most 96)")
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- 4. a backbone has no head
+
+
+def test_a_backbone_has_no_head_and_loads_headless_or_headed_checkpoints_alike(tmp_path):
+    timm = pytest.importorskip("timm")
+    ref = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, num_classes=7).eval()
+    headless = {k: v for k, v in ref.state_dict().items() if not k.startswith("head.")}
+    backbone = vitkit.create_model("vit_small_patch16_224", img_size=64, features_only=True)
+    assert not any(k.startswith("model.head.") for k in backbone.state_dict())  # timm's backbone has none either
+    theirs = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, features_only=True)
+    theirs.model.load_state_dict(headless, strict=False)
+    x = torch.rand(2, 3, 64, 64)
+    for source in (headless, ref.state_dict()):  # headless, or with a head of another class count
+        vitkit.load_weights(backbone, source)
+        with torch.no_grad():
+            for a, b in zip(backbone.eval()(x), theirs.eval()(x)):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # from_pretrained's backbone is the same object, state dict for state dict
+    vitkit.create_model("vit_small_patch16_224", img_size=64, num_classes=7).save_pretrained(tmp_path / "c")
+    loaded = vitkit.from_pretrained(tmp_path / "c", features_only=True)
+    assert loaded.state_dict().keys() == backbone.state_dict().keys()
+    assert loaded.config.num_classes == backbone.config.num_classes == 0

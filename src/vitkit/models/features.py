@@ -3,8 +3,10 @@
 ``create_model(name, features_only=True, out_indices=...)`` wraps the model in a
 :class:`FeatureModel` whose forward returns a list of (B, D, gh, gw) maps, those of timm's
 ``forward_intermediates(..., intermediates_only=True)``, with timm's ``feature_info``
-(``channels()``, ``reduction()``, ``module_name()``). The whole model is kept under ``model.``
-(timm's names), so :func:`vitkit.load_weights` fills it as it fills the classifier.
+(``channels()``, ``reduction()``, ``module_name()``). The model is kept under ``model.`` (timm's
+names) without its classifier, as timm prunes it: :func:`vitkit.load_weights` fills it from a
+classifier's checkpoint (its head, of any class count, is left out) or a headless one, and
+``create_model`` and ``from_pretrained`` give the same backbone.
 
 ``pyramid=True`` adds ViTDet's simple feature pyramid (Li et al. 2022, section 3): the last
 chosen map, at stride s, becomes maps at strides s/4, s/2, s and 2s (two transposed convolutions,
@@ -131,6 +133,8 @@ class FeatureModel(nn.Module):
             out_indices = 1 if pyramid else min(3, depth)
         indices = out_indices if isinstance(out_indices, int) else [int(i) for i in out_indices]
         take, _ = intermediates_plan(depth, indices, "NCHW", True, True)  # out of range: one ValueError here
+        if getattr(model, "num_classes", 0):  # a backbone has no classifier (timm prunes it too)
+            model.reset_classifier(0)
         self.model = model
         self.out_indices = sorted(take)
         self.norm = bool(norm)

@@ -349,8 +349,9 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
     every shape mismatch; the model is untouched when it raises.
     """
-    if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new)
-        model = model.model
+    if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new), and
+        model = model.model              # a checkpoint's classifier, of any class count, is not part of it
+        exclude = (*exclude, *(f"{name}." for name in model.head_names()))
     if isinstance(source, Source):
         src = source
     elif isinstance(source, Mapping):
