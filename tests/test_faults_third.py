@@ -216,3 +216,47 @@ def test_a_backbone_has_no_head_and_loads_headless_or_headed_checkpoints_alike(t
     loaded = vitkit.from_pretrained(tmp_path / "c", features_only=True)
     assert loaded.state_dict().keys() == backbone.state_dict().keys()
     assert loaded.config.num_classes == backbone.config.num_classes == 0
+
+
+# ---------------------------------------------------------------- 5. signals with workers
+
+
+@pytest.mark.parametrize("to", ["main", "worker", "group"])
+def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to):
+    """SIGTERM to the main process, to one DataLoader worker alone, or to the whole process group
+    (systemd, a terminal's job control): exit 143, one line after the checkpoint note, the checkpoint
+    kept, the lock released, no worker left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_faults_hostile import ENV, wait_for
+    from vitkit.runlock import holder
+    from vitkit.train.checkpoint import checkpoint_paths
+
+    data = image_folder(tmp_path / "data", ["a", "b", "c"], per_class=40, size=32)
+    run = tmp_path / "runs" / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--dataset", "folder", "--data-dir", data,
+                             "--workers", "2", "--model", "vit_fmnist", "--img-size", "32", "--batch-size", "16",
+                             "--epochs", "50", "--checkpoint-every", "5", "--threads", "1", "--runs-dir",
+                             tmp_path / "runs", "--name", "r", "--no-progress", "--no-tensorboard"],
+                            env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: checkpoint_paths(run), proc, what="a checkpoint")
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                              text=True).stdout.split()]
+    assert len(workers) == 2, workers
+    if to == "main":
+        proc.send_signal(signal.SIGTERM)
+    elif to == "worker":
+        os.kill(workers[0], signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143 and "Traceback" not in err and "terminate called" not in err, err[-1500:]
+    lines = err.strip().splitlines()
+    assert lines[-1] == "vitkit train: stopped by SIGTERM; partial files were removed", lines
+    assert f"vitkit train --resume {run} goes on from there" in lines[-2], lines
+    assert checkpoint_paths(run) and holder(run) is None and not list(run.rglob("*.tmp"))
+    for pid in workers:  # every worker ended (reaped by the main process before it exited)
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
-from .utils import check_output, interrupt
+from .utils import Terminated, check_output, expect_worker_deaths, interrupt
 
 
 def _fmt_int(n: int) -> str:
@@ -985,14 +985,9 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------ the error boundary
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Python is when it arrives, so that it unwinds exactly as Ctrl-C does:
-    every ``finally`` and context manager runs (temporaries and work folders removed, the run's
-    lock released) before the process exits."""
-
-
 def _on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while cleaning up ends it at once
+    expect_worker_deaths()  # sent to the process group, it ends the DataLoader workers too
     interrupt(Terminated())  # now, or after a native import (raised inside one, it would abort)
 
 
@@ -1070,6 +1065,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_int = signal.signal(signal.SIGINT, _on_sigint) \
         if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous_warn = _one_line_warnings(args.verb)
+    previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
@@ -1089,6 +1085,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(signal.SIGTERM, previous_term)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+        if main_thread and previous_chld is not None and signal.getsignal(signal.SIGCHLD) != previous_chld:
+            signal.signal(signal.SIGCHLD, previous_chld)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,9 +8,12 @@ import glob
 import importlib
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
@@ -107,6 +110,33 @@ def interrupt(error: BaseException) -> None:
         _deferral["pending"] = error
         return
     raise error
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Python is when it arrives, so that it unwinds exactly as Ctrl-C does:
+    every ``finally`` and context manager runs (temporaries and work folders removed, the run's
+    lock released) before the process exits."""
+
+
+#: what torch's DataLoader raises in the main process when one of its workers died of a signal
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: (\w+)")
+
+
+def worker_stop(error: BaseException) -> Optional[KeyboardInterrupt]:
+    """The stop a DataLoader worker's death by SIGTERM or SIGINT means (the signal reached the
+    worker, alone or with its process group), or None for any other error."""
+    found = _WORKER_KILLED.search(str(error)) if isinstance(error, RuntimeError) else None
+    if found is None or found.group(1) not in ("Terminated", "Interrupt"):
+        return None
+    return Terminated() if found.group(1) == "Terminated" else KeyboardInterrupt()
+
+
+def expect_worker_deaths() -> None:
+    """While a stop unwinds, workers that die (of the same signal, or shut down) are expected:
+    torch's SIGCHLD handler would raise their deaths again inside the cleanup (``__del__``
+    tracebacks). The command line puts the previous handler back when it returns."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def first_line(e: BaseException) -> str:

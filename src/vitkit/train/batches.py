@@ -11,8 +11,11 @@ samples); their augmentation follows the worker's random state and is not replay
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import multiprocessing
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -23,7 +26,7 @@ from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..data.images import Skipped
 from ..evaluate.metrics import prepare_batch
-from ..utils import seed_for
+from ..utils import Terminated, seed_for
 
 log = logging.getLogger("vitkit.train")
 
@@ -176,6 +179,32 @@ class _Seeded(Dataset):
             return self.transform(sample[0]), sample[1]
 
 
+def _note_sigterm(flag: Any, worker_id: int) -> None:
+    """A DataLoader worker's first SIGTERM (sent to it alone, or to the whole process group) is
+    noted for the main process, which stops the run cleanly at its next batch and shuts the
+    workers down; a second one (torch's own terminate(), after a shutdown timed out) ends it."""
+    def on_sigterm(signum, frame):
+        flag.value = 1
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def loader_batches(dataset: Dataset, **options: Any) -> Iterator[MicroBatch]:
+    """A DataLoader's batches; with workers, a SIGTERM that reached one of them stops the run as
+    one to this process does (:class:`~vitkit.utils.Terminated` at the next batch), rather than
+    torch's "worker is killed by signal" error."""
+    if not options.get("num_workers"):
+        yield from DataLoader(dataset, **options)
+        return
+    flag = multiprocessing.RawValue("b", 0)
+    for batch in DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options):
+        if flag.value:
+            raise Terminated()
+        yield batch
+        if flag.value:
+            raise Terminated()
+
+
 class FolderBatches:
     """Part of an :class:`ImageFolder` decoded in DataLoader workers through a torchvision pipeline."""
 
@@ -185,9 +214,9 @@ class FolderBatches:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _loader(self, dataset: Dataset, batches: Any) -> DataLoader:
-        return DataLoader(dataset, batch_sampler=batches, num_workers=self.workers,
-                          collate_fn=collate_skip_bad, persistent_workers=False)
+    def _loader(self, dataset: Dataset, batches: Any) -> Iterator[MicroBatch]:
+        return loader_batches(dataset, batch_sampler=batches, num_workers=self.workers, collate_fn=collate_skip_bad,
+                              persistent_workers=False)
 
     def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int, repeats: int = 1
               ) -> Iterator[MicroBatch]:
@@ -217,8 +246,8 @@ class ShardBatches:
         left = (total - start) * layout.accum_steps
         while left > 0:
             dataset.set_epoch(epoch)
-            loader = DataLoader(dataset, batch_size=layout.local, num_workers=self.workers,
-                                collate_fn=collate_skip_bad, drop_last=True)
+            loader = loader_batches(dataset, batch_size=layout.local, num_workers=self.workers,
+                                    collate_fn=collate_skip_bad, drop_last=True)
             n = 0
             for batch in loader:
                 if n >= steps_per_epoch * layout.accum_steps:
@@ -238,5 +267,5 @@ class ShardBatches:
 
     def eval(self, transform: Callable, batch_size: int) -> Iterator[MicroBatch]:
         dataset = self.make_dataset(transform=transform, seed=0, shuffle=False)
-        yield from DataLoader(dataset, batch_size=batch_size, num_workers=self.workers,
-                              collate_fn=collate_skip_bad)
+        yield from loader_batches(dataset, batch_size=batch_size, num_workers=self.workers,
+                                  collate_fn=collate_skip_bad)

@@ -33,7 +33,7 @@ from ..models import get_model_config
 from ..parallel import BatchParallel, add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import remove_stale_temporaries, seed_for, write_json
+from ..utils import expect_worker_deaths, remove_stale_temporaries, seed_for, worker_stop, write_json
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
@@ -271,10 +271,16 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
             return summarise(run)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the command line: say what is kept
+    except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C or SIGTERM, to this process or a data worker
+        stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e)
+        if stop is None:
+            raise
+        expect_worker_deaths()
         if run is not None and run.run_dir is not None and run.main:
             log(_interrupted(run))
-        raise
+        if stop is e:
+            raise
+        raise stop from None
     finally:
         if run is not None and run.parallel is not None:
             run.parallel.close()
