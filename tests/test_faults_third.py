@@ -260,3 +260,43 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
     assert checkpoint_paths(run) and holder(run) is None and not list(run.rglob("*.tmp"))
     for pid in workers:  # every worker ended (reaped by the main process before it exited)
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+
+
+# ---------------------------------------------------------------- 6. flags that mean what they say
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--epoch", "3"], "unrecognized arguments: --epoch 3 (did you mean --epochs?)"),
+    (["train", "--batch", "64"], "unrecognized arguments: --batch 64 (did you mean --batch-size?)"),
+    (["predict", "--weight", "w", "x.png"], "the following arguments are required: --weights (did you mean "
+                                            "--weights?)"),
+    (["eval", "--weights", "w", "--max-image", "3"], "unrecognized arguments: --max-image 3 (did you mean "
+                                                     "--max-images?)"),
+    (["train", "--finetune", "full", "--lora-rank", "4", "--init", "w"],
+     "--lora-rank apply with --finetune lora (this run: --finetune full)"),
+    (["train", "--lora-alpha", "4", "--lora-targets", "qkv"],
+     "--lora-alpha, --lora-targets apply with --finetune lora (this run: --finetune full)"),
+    (["train", "--name", "a\nb"], "name must be a folder name (printable,"),
+    (["train", "--name", "run\x1b[2J"], "name must be a folder name (printable,"),
+])
+def test_flags_mean_what_they_say(tmp_path, capsys, argv, words):
+    from types import SimpleNamespace
+
+    argv = [*argv, *(["--runs-dir", tmp_path / "runs"] if argv[0] == "train" else [])]
+    try:
+        done = in_process(capsys, *argv)
+    except SystemExit as e:  # the parser's own errors end as the command line ends them
+        done = SimpleNamespace(returncode=e.code, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
+    line = one_line(done)
+    assert words in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_none_switches_init_off_by_value_not_presence():
+    from vitkit.train import resolve_config
+    from vitkit.train.config import OFF
+
+    cfg = resolve_config("fmnist", init=OFF, model="vit_fmnist")  # --init none --model vit_fmnist: from scratch
+    assert cfg.init is None and cfg.model == "vit_fmnist"
+    with pytest.raises(ValueError, match="--model vit_fmnist does not apply with --init"):
+        resolve_config("fmnist", init="runs/x", model="vit_fmnist")

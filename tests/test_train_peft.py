@@ -100,7 +100,7 @@ def test_bad_finetune_options(call, words):
     (["--finetune", "lora"], "finetune='lora' needs --init WEIGHTS"),
     (["--init", "x", "--finetune", "lora", "--lora-rank", "0"], "lora_rank must be >= 1, not 0"),
     (["--finetune", "adapter"], "finetune must be full, lora, bitfit or head, not 'adapter'"),
-    (["--init", "x", "--lora-targets", ","], "lora_targets must name at least one layer"),
+    (["--init", "x", "--finetune", "lora", "--lora-targets", ","], "lora_targets must name at least one layer"),
 ])
 def test_bad_finetune_flags_are_one_line(flags, words, tmp_path):
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), *flags],

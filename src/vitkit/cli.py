@@ -823,10 +823,31 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """Command-line mistakes are one line like every other input error (exit 2), with the flag
-    meant when one is close, instead of argparse's usage block."""
+    meant when one is close, instead of argparse's usage block. No abbreviations: ``--epoch 3``
+    would be read as ``--epochs 3``, and a typo would silently start a long run."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)  # the verbs' parsers are made by this class too
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)  # for the hints of error()
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        if message.startswith("the following arguments are required"):  # a misspelt flag is why, often
+            unknown = [w for w in getattr(self, "_given", []) if w.startswith("--")
+                       and w.split("=")[0] not in self._option_string_actions]
+            message += self._meant(unknown)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _meant(self, words: Sequence[str]) -> str:
+        import difflib
+
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        guesses = [g for word in words if word.startswith("-")
+                   for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
+        return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
     def refuse_empty(self, args: argparse.Namespace) -> None:
         """An empty string is no path or name: ``--out ""`` would mean the current folder, or
@@ -838,13 +859,7 @@ class _Parser(argparse.ArgumentParser):
                 self.error(f"argument {name}: an empty value (give a path or a name)")
 
     def unknown(self, extra: List[str]):
-        import difflib
-
-        flags = [f for f in self._option_string_actions if f.startswith("--")]
-        guesses = [g for word in extra if word.startswith("-")
-                   for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
-        self.error(f"unrecognized arguments: {' '.join(extra)}"
-                   + (f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""))
+        self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -290,9 +290,11 @@ class TrainConfig:
             problems.append(f"workers must be at most {4 * cores} (4 per core of the {cores} this process may use), "
                             f"not {self.workers}")
         if self.name is not None and (not self.name.strip() or self.name in (".", "..") or "/" in self.name
-                                      or os.sep in self.name or len(self.name.encode()) > 200):
-            problems.append(f"name must be a folder name (no '/', not '.' or '..', at most 200 bytes), not "
-                            f"{_show(self.name)}")
+                                      or os.sep in self.name or len(self.name.encode()) > 200
+                                      or not self.name.isprintable()):
+            # printable: a newline or escape in a folder name breaks every command printed with it
+            problems.append(f"name must be a folder name (printable, no '/', not '.' or '..', at most 200 "
+                            f"bytes), not {self.name!r}")
         empty = [name for name in ("dataset", "model", "runs_dir", "data_dir", "init", "teacher", "randaugment")
                  + HF_FIELDS if getattr(self, name) == ""]
         if empty:
@@ -777,6 +779,9 @@ class _Off:
     def __repr__(self) -> str:
         return "none"
 
+    def __bool__(self) -> bool:  # off is off: ``if cfg.init`` and ``chosen.get("init")`` read it so
+        return False
+
 
 OFF = _Off()
 
@@ -832,6 +837,10 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
+    lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
+    if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} apply with --finetune lora (this "
+                         f"run: --finetune {values.get('finetune') or 'full'})")
     if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
