@@ -300,3 +300,136 @@ def test_none_switches_init_off_by_value_not_presence():
     assert cfg.init is None and cfg.model == "vit_fmnist"
     with pytest.raises(ValueError, match="--model vit_fmnist does not apply with --init"):
         resolve_config("fmnist", init="runs/x", model="vit_fmnist")
+
+
+# ---------------------------------------------------------------- 7. Hugging Face data edge cases, by name
+
+
+def test_an_empty_split_and_a_torn_arrow_file_are_named(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    data = hf_folder(tmp_path / "empty", [0, 1, 0, 1], [], datasets.ClassLabel(names=["a", "b"]))
+    line = one_line(hf_train(capsys, data, "--runs-dir", tmp_path / "runs"))
+    assert "split 'test' holds no rows (no Arrow file in" in line, line
+    torn = hf_folder(tmp_path / "torn", [0, 1] * 4, [0, 1], datasets.ClassLabel(names=["a", "b"]))
+    arrow = next((torn / "train").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    line = one_line(hf_train(capsys, torn, "--runs-dir", tmp_path / "runs"))
+    assert f"{arrow} is cut short or damaged" in line and "save the dataset again" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def _parquet(path, cells, labels, names=("a", "b"), extra=None):
+    """A Parquet file as the Hub holds them (image cells {bytes, path}, the features in its metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": list(names)}}
+    columns = {"image": pa.array(cells, type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+               "label": pa.array(labels, pa.int64()), **(extra or {})}
+    table = pa.table(columns).replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, str(path))
+
+
+def _png(value=0, size=8):
+    import io
+
+    out = io.BytesIO()
+    Image.fromarray(np.full((size, size), value, np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_parquet_files_that_disagree_on_columns_are_one_line(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    import pyarrow as pa
+
+    cells = [{"bytes": _png(i), "path": None} for i in range(6)]
+    _parquet(tmp_path / "mixed" / "data" / "train-00000-of-00002.parquet", cells, [0, 1] * 3)
+    _parquet(tmp_path / "mixed" / "data" / "train-00001-of-00002.parquet", cells, [0, 1] * 3,
+             extra={"extra": pa.array([1.0] * 6)})
+    _parquet(tmp_path / "mixed" / "data" / "test-00000-of-00001.parquet", cells[:2], [0, 1])
+    line = ends_in(hf_train(capsys, tmp_path / "mixed", "--runs-dir", tmp_path / "runs"),  # after datasets' bars
+                   "do they all have the same columns")
+    assert "train-00001-of-00002.parquet' with error CastError" in line, line
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_image_paths_in_a_dataset_stay_inside_its_folder(tmp_path):
+    from vitkit.data.hf import decode_cell
+    from vitkit.data.images import BadImageError
+
+    root = tmp_path / "data"
+    (root / "imgs").mkdir(parents=True)
+    (root / "imgs" / "x.png").write_bytes(_png(7))
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(9))
+    (root / "imgs" / "link.png").symlink_to(outside)
+    roots = (root.resolve(),)
+    inside = decode_cell({"bytes": None, "path": "imgs/x.png"}, 1, "row 0", roots)  # relative: from the folder
+    assert np.asarray(inside).max() == 7
+    assert np.asarray(decode_cell({"bytes": None, "path": str(root / "imgs" / "x.png")}, 1, "row 1", roots)).max() == 7
+    for path in (str(outside), "../secret.png", "imgs/link.png", "/etc/hostname"):
+        with pytest.raises(BadImageError, match="outside the dataset's folder"):
+            decode_cell({"bytes": None, "path": path}, 1, "row 2", roots)
+
+
+def test_a_parquet_row_pointing_outside_its_folder_is_skipped_by_name(tmp_path, capsys, caplog):
+    pytest.importorskip("datasets")
+    from vitkit.data import hf
+
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(9))
+    cells = [{"bytes": None, "path": str(outside)}] + [{"bytes": _png(i), "path": None} for i in range(5)]
+    _parquet(tmp_path / "d" / "data" / "train-00000-of-00001.parquet", cells, [0, 1] * 3)
+    _parquet(tmp_path / "d" / "data" / "test-00000-of-00001.parquet", cells[1:3], [0, 1])
+    name = f"hf:{tmp_path / 'd'}"
+    split = hf.load(name)["train"]
+    images = hf.HFImages(split, name, "train", "image", "label", ["a", "b"])
+    from vitkit.data.images import Skipped
+
+    skipped = [x for x in (images[i] for i in range(len(images))) if isinstance(x, Skipped)]
+    assert len(skipped) == 1 and "outside the dataset's folder" in skipped[0].reason
+
+
+def test_pretraining_needs_no_labels_and_a_classifier_needs_two_classes(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    features = datasets.Features({"image": datasets.Image()})
+    images = [Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)) for _ in range(12)]
+    datasets.DatasetDict({s: datasets.Dataset.from_dict({"image": images}, features=features)
+                          for s in ("train", "test")}).save_to_disk(str(tmp_path / "plain"))
+    capsys.readouterr()
+    done = in_process(capsys, "pretrain", "--objective", "mae", "--dataset", f"hf:{tmp_path / 'plain'}",
+                      "--max-steps", "1", "--batch-size", "4", "--val-size", "2", "--runs-dir", tmp_path / "runs",
+                      "--no-progress", "--no-tensorboard")
+    assert done.returncode == 0, done.stderr[-800:]
+    one = hf_folder(tmp_path / "one", [0] * 8, [0, 0], datasets.ClassLabel(names=["only"]))
+    line = one_line(hf_train(capsys, one, "--runs-dir", tmp_path / "runs2"))
+    assert "has 1 class ('only'): a classifier needs two or more" in line, line
+    assert not (tmp_path / "runs2").exists()
+
+
+def test_a_run_whose_every_image_is_broken_leaves_no_folder(tmp_path, capsys):
+    pytest.importorskip("datasets")
+    cells = [{"bytes": b"not an image", "path": None}] * 8
+    _parquet(tmp_path / "b" / "data" / "train-00000-of-00001.parquet", cells, [0, 1] * 4)
+    _parquet(tmp_path / "b" / "data" / "test-00000-of-00001.parquet", [{"bytes": _png(), "path": None}] * 2, [0, 1])
+    done = hf_train(capsys, tmp_path / "b", "--runs-dir", tmp_path / "runs", "--batch-size", "4", "--val-size", "2",
+                    "--max-steps", "2")
+    ends_in(done, "saw no usable image: every sample was skipped")
+    assert not any((tmp_path / "runs").iterdir())  # nothing to resume: no stub of a run
+
+
+def test_a_run_resumed_at_its_last_step_says_so(tmp_path, capsys):
+    from vitkit.train import resolve_config, train
+
+    data = image_folder(tmp_path / "data", ["a", "b"], per_class=4, size=16)
+    cfg = dict(dataset="folder", data_dir=str(data), model="vit_fmnist", model_args={"depth": 1}, img_size=16,
+               batch_size=4, max_steps=2, checkpoint_every=2, val_size=1, runs_dir=str(tmp_path / "runs"),
+               name="r", progress=False, tensorboard=False, workers=0)
+    train(resolve_config("fmnist", **cfg), log=lambda *a: None)
+    (tmp_path / "runs" / "r" / "summary.json").unlink()  # killed after its last checkpoint, before its summary
+    lines = []
+    summary = train(resolve_config("fmnist", **cfg), resume=str(tmp_path / "runs" / "r"), log=lines.append)
+    assert any("all 2 steps done before" in line for line in lines), lines
+    assert not any("steps 3-2" in line for line in lines) and summary["steps"] == 2

@@ -26,10 +26,11 @@ its epoch up to the step -- over ``datasets``' own shuffle buffer and node split
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -75,15 +76,29 @@ def load(name: str, streaming: bool = False) -> Any:
             raise ValueError(f"{name}: {path} is a file; pass the folder save_to_disk wrote, or a folder of "
                              f"Parquet/Arrow files")
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-            loaded = ds.load_from_disk(str(path))
+            try:
+                loaded = ds.load_from_disk(str(path))
+            except Exception as e:  # an empty split (IndexError), a torn Arrow file (OSError), ...
+                raise ValueError(f"{name}: {_saved_problem(path) or _first_line(e)}") from None
             if streaming:
                 loaded = _to_iterable(loaded)
             return _as_dict(loaded)
+        said: List[logging.LogRecord] = []
         try:
-            return ds.load_dataset(str(path), streaming=streaming)
+            with _holding_logs("datasets", said):  # its multi-line report is said in our one line
+                return ds.load_dataset(str(path), streaming=streaming)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"{name}: the datasets package reads no dataset in {path} ({_first_line(e)}); "
                              f"expected a save_to_disk folder or Parquet/Arrow files") from None
+        except Exception as e:  # files that disagree on their columns, or are damaged
+            why = next((_first_line(r.getMessage()) for r in said if r.levelno >= logging.ERROR), None)
+            raise ValueError(f"{name}: the datasets package cannot read the files in {path} "
+                             f"({why or _first_line(e.__cause__ or e)}): do they all have the same columns, and "
+                             f"are they whole?") from None
+        finally:
+            for record in said:  # what went right is still said, as it would have been
+                if record.levelno < logging.ERROR:
+                    logging.getLogger(record.name).handle(record)
     if _looks_local(where):
         raise FileNotFoundError(f"{name}: no such folder: {where}")
     try:
@@ -96,9 +111,52 @@ def load(name: str, streaming: bool = False) -> Any:
         raise FileNotFoundError(f"{name}: no such dataset on the Hub or in the cache ({_first_line(e)})") from None
 
 
-def _first_line(error: BaseException) -> str:
+def _saved_problem(path: Path) -> Optional[str]:
+    """What is wrong with a ``save_to_disk`` folder, by file: a split without rows (no Arrow file:
+    the datasets package cannot read it back) or an Arrow file that is cut short or damaged."""
+    import json
+
+    import pyarrow as pa
+
+    try:
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        splits = [None]
+    for split in splits:
+        folder = path / split if split else path
+        files = sorted(folder.glob("*.arrow"))
+        if not files:
+            return f"split {split or folder.name!r} holds no rows (no Arrow file in {folder}): drop it or fill it"
+        for file in files:
+            try:
+                with pa.memory_map(str(file)) as source:
+                    pa.ipc.open_stream(source).read_all()
+            except (OSError, pa.ArrowException) as e:
+                return f"{file} is cut short or damaged ({_first_line(e)}): save the dataset again"
+    return None
+
+
+def _first_line(error: Union[BaseException, str]) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def _holding_logs(logger_name: str, into: List[logging.LogRecord]) -> Iterator[None]:
+    """Keep the records ``logger_name`` (and its children) log inside the block, instead of printing them."""
+    logger = logging.getLogger(logger_name)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            into.append(record)
+
+    keep, propagate = Keep(), logger.propagate
+    handlers = logger.handlers[:]
+    logger.handlers, logger.propagate = [keep], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
 
 
 def _as_dict(loaded: Any) -> Any:
@@ -136,10 +194,11 @@ def pick_split(splits: Any, name: str, split: Optional[str], role: str) -> str:
 
 # ---------------------------------------------------------------------------------- columns
 
-def find_columns(features: Any, name: str, image_key: Optional[str] = None, label_key: Optional[str] = None
-                 ) -> Tuple[str, str, Optional[List[str]]]:
+def find_columns(features: Any, name: str, image_key: Optional[str] = None, label_key: Optional[str] = None,
+                 need_labels: bool = True) -> Tuple[str, Optional[str], Optional[List[str]]]:
     """(image column, label column, class names or None) from a split's features: the one
-    ``Image`` and the one ``ClassLabel`` column unless named; one error a person can act on."""
+    ``Image`` and the one ``ClassLabel`` column unless named; one error a person can act on.
+    ``need_labels=False`` (pre-training): a dataset without a label column gives ``None`` for it."""
     ds = _datasets()
     columns = list(features)
     if image_key is not None:
@@ -155,6 +214,8 @@ def find_columns(features: Any, name: str, image_key: Optional[str] = None, labe
         image_key = images[0]
     if label_key is None:
         labels = [c for c in columns if isinstance(features[c], ds.ClassLabel)]
+        if not labels and not need_labels:
+            return image_key, None, None
         if len(labels) != 1:
             what = "no label column (ClassLabel)" if not labels else \
                 f"{len(labels)} label columns ({', '.join(labels)})"
@@ -171,16 +232,44 @@ def find_columns(features: Any, name: str, image_key: Optional[str] = None, labe
     return image_key, label_key, None
 
 
+#: the one class of a dataset read without labels (pre-training needs none)
+UNLABELLED = "(unlabelled)"
+
+
 def _raw_images(split: Any, image_key: str) -> Any:
     """The split with its image column as bytes/paths: vitkit decodes them itself."""
     return split.cast_column(image_key, _datasets().Image(decode=False))
 
 
-def decode_cell(cell: Any, channels: int, name: str):
-    """An ``Image(decode=False)`` cell ({"bytes", "path"}) -> an upright RGB/L PIL image."""
+def data_roots(name: str) -> Tuple[Path, ...]:
+    """The folders an image cell that holds a path may point into: a local dataset's own folder,
+    or the Hugging Face caches a Hub dataset was downloaded to. A path elsewhere is not read (a
+    dataset is data, not a way to make vitkit open any file on the machine)."""
+    path = Path(_where(name)).expanduser()
+    if path.exists():
+        return (path.resolve(),)
+    ds = _datasets()
+    roots = [Path(ds.config.HF_DATASETS_CACHE)]
+    try:
+        from huggingface_hub import constants
+
+        roots.append(Path(constants.HF_HUB_CACHE))
+    except ImportError:
+        pass
+    return tuple(r.expanduser().resolve() for r in roots)
+
+
+def decode_cell(cell: Any, channels: int, name: str, roots: Optional[Sequence[Path]] = None):
+    """An ``Image(decode=False)`` cell ({"bytes", "path"}) -> an upright RGB/L PIL image. A path
+    is read only inside ``roots`` (relative ones from the first): :func:`data_roots`."""
     if not isinstance(cell, dict) or (cell.get("bytes") is None and not cell.get("path")):
         raise BadImageError(name, "no image in this row")
     source = cell["bytes"] if cell.get("bytes") is not None else cell["path"]
+    if isinstance(source, str) and roots:
+        where = Path(source) if Path(source).is_absolute() else Path(roots[0]) / source
+        if not any(where.resolve().is_relative_to(root) for root in roots):
+            raise BadImageError(name, f"image path {source} is outside the dataset's folder ({roots[0]}): not read")
+        source = str(where)
     try:
         return decode_image(source, channels, name=name)
     except FileNotFoundError as e:
@@ -207,17 +296,23 @@ class HFImages(SampleList):
     naming it (or, ``strict``, a :class:`~vitkit.data.images.BadImageError`).
     """
 
-    def __init__(self, split: Any, name: str, split_name: str, image_key: str, label_key: str,
+    def __init__(self, split: Any, name: str, split_name: str, image_key: str, label_key: Optional[str],
                  classes: Optional[List[str]], transform: Optional[Callable] = None, channels: int = 3,
                  strict: bool = False):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         self.name, self.split_name = name, split_name
+        self.roots = data_roots(name)
         self.image_key, self.label_key = image_key, label_key
         self.transform, self.channels, self.strict = transform, channels, strict
-        self._rows = _raw_images(split.select_columns([image_key, label_key]), image_key)
-        labels = split.select_columns([label_key]).with_format("numpy")[label_key]
-        labels = [None if v is None else int(v) for v in labels]
+        if label_key is None:  # images alone (pre-training): one class that nothing reads
+            self._rows = _raw_images(split.select_columns([image_key]), image_key)
+            labels: List[Optional[int]] = [0] * len(split)
+            classes = [UNLABELLED]
+        else:
+            self._rows = _raw_images(split.select_columns([image_key, label_key]), image_key)
+            labels = split.select_columns([label_key]).with_format("numpy")[label_key]
+            labels = [None if v is None else int(v) for v in labels]
         if classes is None:  # integer labels without names: their numbers name them
             top = max((v for v in labels if v is not None), default=-1)
             if top + 1 > MAX_CLASSES:  # bounded before two billion names are made
@@ -251,7 +346,7 @@ class HFImages(SampleList):
         row, label = self.samples[index]
         name = self.sample_name(row)
         try:
-            im = decode_cell(self._rows[row][self.image_key], self.channels, name)
+            im = decode_cell(self._rows[row][self.image_key], self.channels, name, self.roots)
         except BadImageError as e:
             if self.strict:
                 raise
@@ -284,6 +379,7 @@ class HFStream(RankedReader, IterableDataset):
                  num_rows: Optional[int] = None, rank: Optional[int] = None, world_size: Optional[int] = None):
         super().__init__()
         self.name, self.split_name = name, split_name
+        self.roots = data_roots(name)
         self.image_key, self.label_key, self.classes = image_key, label_key, list(classes)
         self.transform, self.channels, self.seed = transform, channels, seed
         self.shuffle_buffer, self.strict = shuffle_buffer, strict
@@ -342,7 +438,7 @@ class HFStream(RankedReader, IterableDataset):
         try:
             if problem is not None:
                 raise BadImageError(name, problem)
-            im = decode_cell(row[self.image_key], self.channels, name)
+            im = decode_cell(row[self.image_key], self.channels, name, self.roots)
         except BadImageError as e:
             if self.strict:
                 raise

@@ -230,7 +230,8 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
     if train_name == test_name:
         raise ValueError(f"{name}: the training and test splits are both {train_name!r}: name another with "
                          f"--hf-test-split")
-    image_key, label_key, classes = hf.find_columns(splits[train_name].features, name, cfg.image_key, cfg.label_key)
+    image_key, label_key, classes = hf.find_columns(splits[train_name].features, name, cfg.image_key, cfg.label_key,
+                                                    need_labels=cfg.objective == "classify" or cfg.hf_streaming)
     mean, std = datasets.FILE_STATS
     if cfg.hf_streaming:
         return _hf_stream(cfg, name, splits, (train_name, test_name), (image_key, label_key, classes), channels)

@@ -264,6 +264,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         torch.set_num_threads(cfg.threads)
     dist_info = distributed.setup()
     run = None
+    discard = False
     try:
         run = build(cfg, dist_info, log)
         restore(run, resume)
@@ -281,9 +282,15 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         if stop is e:
             raise
         raise stop from None
+    except Exception:  # a new run that failed before its first checkpoint has nothing to resume: its
+        discard = bool(run is not None and run.main and not resume and run.run_dir is not None  # folder goes
+                       and run.last_ckpt is None)
+        raise
     finally:
         if run is not None and run.parallel is not None:
             run.parallel.close()
+        if discard:
+            shutil.rmtree(run.run_dir, ignore_errors=True)
         if run is not None and run.lock is not None:
             run.lock.release()
         distributed.cleanup(dist_info)
@@ -299,9 +306,10 @@ def _starting(run: Run) -> str:
     where = f"{cfg.dataset}" if run.dist.device.type != "cpu" else \
         f"{cfg.dataset} ({threads} CPU thread{'s' if threads != 1 else ''}, parallel over {run.parallel_how})"
     why = why_precision(cfg.precision, run.dist.device)
+    steps = (f"steps {run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images" if run.start < run.total else
+             f"all {run.total:,} steps done before (the checkpoint is the last step's): only the scores are left")
     return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}: {why}; recipe {cfg.recipe}) on "
-            f"{where}: steps "
-            f"{run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images, writing {run.run_dir}")
+            f"{where}: {steps}, writing {run.run_dir}")
 
 
 def _interrupted(run: Run) -> str:
@@ -348,6 +356,10 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
     in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
     data = open_data(cfg, device, channels=1 if in_chans == 1 else 3)
+    if cfg.objective == "classify" and len(data.classes) < 2:  # nothing to tell apart: every answer is right
+        raise ValueError(f"{cfg.dataset} has {len(data.classes)} class{'' if len(data.classes) == 1 else 'es'} "
+                         f"({', '.join(map(repr, data.classes)) or 'none'}): a classifier needs two or more "
+                         f"(vitkit pretrain learns from images alone)")
     if data.skipped and main:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
