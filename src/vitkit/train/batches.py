@@ -214,6 +214,11 @@ class FolderBatches:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def first_size(self) -> Optional[Tuple[int, int]]:
+        """(height, width) of the first image as stored (before any resize), None if it does not decode."""
+        item = self.folder[self.indices[0]] if self.indices else None
+        return None if item is None or isinstance(item, Skipped) else (item[0].height, item[0].width)
+
     def _loader(self, dataset: Dataset, batches: Any) -> Iterator[MicroBatch]:
         return loader_batches(dataset, batch_sampler=batches, num_workers=self.workers, collate_fn=collate_skip_bad,
                               persistent_workers=False)

@@ -871,6 +871,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             values["lr_scale_batch"] = None
         cfg = TrainConfig(**values)
         cfg.validate()
+    if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
+        cfg.chosen = frozenset(chosen)
     return cfg
 
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from .. import tiny
 from ..models import get_model_config
+from ..models.complexity import complexity
 from ..parallel import BatchParallel, add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
@@ -42,6 +43,7 @@ from .config import TrainConfig, resumed_config, saved_field
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, Teacher, load_teacher
 from .ema import ModelEma
+from .fit import cost_line, fit_to_data
 from .memory import check_batches_fit
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
@@ -269,6 +271,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         run = build(cfg, dist_info, log)
         restore(run, resume)
         run.note(_starting(run))
+        if run.main and run.start < run.total:
+            run.note(cost_line(encoder_of(run.model), complexity(encoder_of(run.model).config).macs,
+                               (run.total - run.start) * run.cfg.batch_size, run.layout.local, run.amp, run.dist.device,
+                               timed=cfg.objective == "classify"))
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
             return summarise(run)
@@ -306,6 +312,11 @@ def _starting(run: Run) -> str:
     where = f"{cfg.dataset}" if run.dist.device.type != "cpu" else \
         f"{cfg.dataset} ({threads} CPU thread{'s' if threads != 1 else ''}, parallel over {run.parallel_how})"
     why = why_precision(cfg.precision, run.dist.device)
+    stored = run.data.train.first_size() if run.data.kind == "folder" else None
+    size = tuple(encoder_of(run.model).config.img_size)
+    if stored and tuple(stored) != size:  # a folder's images are resized to the model's input: say so
+        where += (f"; its images ({stored[0]}x{stored[1]}, the first) resized to {size[0]}x{size[1]}, the model's "
+                  f"size (--img-size chooses)")
     steps = (f"steps {run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images" if run.start < run.total else
              f"all {run.total:,} steps done before (the checkpoint is the last step's): only the scores are left")
     return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}: {why}; recipe {cfg.recipe}) on "
@@ -363,6 +374,9 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     if data.skipped and main:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
+    cfg, fitted = fit_to_data(cfg, data.n_train)  # a small dataset: a batch and a length that train
+    for line in fitted if main else ():
+        log(line)
     task = task_for(cfg)
     torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
     model = task.build_model(cfg, data, log if main else (lambda *a: None)).to(device)

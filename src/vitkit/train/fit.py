@@ -1,0 +1,139 @@
+"""A run fitted to its data before it starts, and what it will cost, said before the first step.
+
+A recipe's batch and epochs are chosen for its dataset (``fmnist``: 55,000 images, batch 128). On
+a small folder of one's own images they do not train: 162 images at batch 128 are one step an
+epoch, and 5 epochs five steps. Where the person chose neither (no flag, no config file), the batch
+shrinks until an epoch has :data:`STEPS_PER_EPOCH` steps, the epochs grow until the run has
+:data:`MIN_STEPS`, and (in a run so fitted) a warm-up longer than a quarter of the run shrinks to a
+tenth of it; each change is said in a line. A run still shorter than :data:`TOO_FEW_STEPS` is warned about.
+
+Before the first step the run says what it will cost: training operations per image (3x the
+forward pass's) times the images it will see, and the time that takes here, from one timed step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import List, Optional, Tuple
+
+import torch
+
+from .config import TrainConfig
+
+#: the fewest optimiser steps an epoch of a small dataset gets (by a smaller batch, down to MIN_BATCH)
+STEPS_PER_EPOCH = 10
+MIN_BATCH = 8
+#: the fewest steps a run whose length nobody chose gets (by more epochs)
+MIN_STEPS = 300
+#: a run shorter than this learns next to nothing: said, whoever chose it
+TOO_FEW_STEPS = 100
+
+
+def chosen_fields(cfg: TrainConfig) -> Optional[frozenset]:
+    """The fields a person set (flags, config file), as :func:`~vitkit.train.resolve_config`
+    recorded them; None where unknown (a TrainConfig made directly, a resumed run): nothing is fitted."""
+    return getattr(cfg, "chosen", None)
+
+
+def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]:
+    """``cfg`` with the batch, epochs and warm-up nobody chose fitted to ``n_train`` training
+    images, and one line per change."""
+    chosen = chosen_fields(cfg)
+    if chosen is None or n_train <= 0:
+        return cfg, []
+    changes, notes = {}, []
+    batch = cfg.batch_size
+    if "batch_size" not in chosen and cfg.micro_batch is None and n_train < batch * STEPS_PER_EPOCH:
+        fitted = max(MIN_BATCH, 2 ** int(math.log2(max(1, n_train // STEPS_PER_EPOCH))))
+        if fitted < batch:
+            changes["batch_size"] = fitted
+            notes.append(f"batch {fitted} (not the recipe's {batch}): {n_train:,} training images make "
+                         f"{n_train // fitted} steps an epoch at {fitted}, {n_train // batch} at {batch} "
+                         f"(--batch-size chooses)")
+            batch = fitted
+    per_epoch = max(1, n_train // batch)
+    total = cfg.max_steps or math.ceil(cfg.epochs * per_epoch)
+    if not {"epochs", "max_steps"} & chosen and total < MIN_STEPS:
+        epochs = math.ceil(MIN_STEPS / per_epoch)
+        changes["epochs"] = float(epochs)
+        notes.append(f"{epochs} epochs (not the recipe's {cfg.epochs:g}): {cfg.epochs:g} epochs of {per_epoch} "
+                     f"steps would be {total} steps, too few to learn (--epochs chooses)")
+        total = epochs * per_epoch
+    if changes and not {"warmup_steps", "warmup_epochs"} & chosen and cfg.warmup_epochs is None \
+            and cfg.warmup_steps > total / 4:  # a run fitted to small data: its warm-up too
+        changes["warmup_steps"] = max(1, total // 10)
+        notes.append(f"warm-up of {changes['warmup_steps']} steps (not {cfg.warmup_steps}): a tenth of the "
+                     f"run's {total} (--warmup-steps chooses)")
+    if total < TOO_FEW_STEPS:
+        notes.append(f"note: {total} steps are too few to learn much (under {TOO_FEW_STEPS}): more --epochs, or a "
+                     f"smaller --batch-size")
+    if not changes:
+        return cfg, notes
+    fitted_cfg = dataclasses.replace(cfg, **changes)
+    fitted_cfg.chosen = chosen
+    return fitted_cfg, notes
+
+
+def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, amp: Optional[torch.dtype],
+              device: torch.device, timed: bool = True) -> str:
+    """What the run costs: training operations (3x the forward pass's) per image, times the images
+    it will see, and the seconds that takes on this machine from one timed step of ``micro_batch``
+    (or fewer) random images through ``model`` (its state, gradients and random streams untouched)."""
+    per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
+    total = per_image * images
+    line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
+    if not timed:
+        return line
+    seconds = _time_step(model, min(micro_batch, 32), amp, device)
+    if seconds is None:
+        return line
+    estimate = seconds / min(micro_batch, 32) * images
+    return line + f"; about {_duration(estimate)} here (one timed step of {min(micro_batch, 32)} images)"
+
+
+def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device
+               ) -> Optional[float]:
+    config = getattr(model, "config", None)
+    size, chans = getattr(config, "img_size", None), getattr(config, "in_chans", None)
+    if size is None or chans is None:
+        return None
+    x = torch.zeros(n, chans, *size, device=device)
+    training = model.training
+    grads = {p: p.grad for p in model.parameters()}
+    model.eval()  # no running statistics move; dropout draws nothing
+    try:
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+            for attempt in range(2):  # the first pass warms the kernels up
+                start = time.perf_counter()
+                with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                    out = model(x)
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                out.float().sum().backward()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                seconds = time.perf_counter() - start
+    finally:
+        for p, g in grads.items():
+            p.grad = g
+        model.train(training)
+    return seconds
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 1e6:,.1f} MFLOPs"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+__all__ = ["STEPS_PER_EPOCH", "MIN_STEPS", "TOO_FEW_STEPS", "fit_to_data", "cost_line", "chosen_fields"]
