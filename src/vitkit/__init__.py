@@ -12,7 +12,8 @@ from ._version import __version__
 #: public name -> the submodule that defines it
 _NAMES = {"export_onnx": "deploy", "VisionTransformer": "models", "ViTConfig": "models", "create_model": "models",
           "list_models": "models", "WeightsError": "weights", "export_weights": "weights",
-          "from_pretrained": "weights", "load_weights": "weights", "push_to_hub": "weights"}
+          "from_pretrained": "weights", "load_weights": "weights", "push_to_hub": "weights", "preprocess": "data",
+          "transform_for": "data"}
 #: subpackages reachable as attributes of ``vitkit`` (``vitkit.models.layers``) after ``import vitkit``
 _SUBPACKAGES = ("data", "deploy", "evaluate", "inspect", "models", "selfsup", "train", "weights", "parallel",
                 "progress", "utils")
@@ -34,4 +35,5 @@ def __dir__() -> List[str]:
 
 
 __all__ = ["ViTConfig", "VisionTransformer", "create_model", "list_models", "from_pretrained",
-           "load_weights", "export_weights", "export_onnx", "push_to_hub", "WeightsError", "__version__"]
+           "load_weights", "export_weights", "export_onnx", "push_to_hub", "preprocess", "transform_for",
+           "WeightsError", "__version__"]

@@ -14,13 +14,14 @@ no torchvision.
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from pathlib import Path
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .images import load_image  # noqa: F401 (the decoder every reader uses; re-exported)
+from .images import decode_image, load_image, to_rgb
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
              "nearest": Image.Resampling.NEAREST}
@@ -77,3 +78,68 @@ class EvalTransform:
 
     def __repr__(self) -> str:
         return f"EvalTransform(img_size={self.img_size}, crop_pct={self.crop_pct})"
+
+
+#: what :func:`preprocess` takes for one image
+ImageLike = Union[Image.Image, str, Path, bytes, np.ndarray, torch.Tensor]
+
+
+def transform_for(model: Any) -> EvalTransform:
+    """The model's own evaluation preprocessing (timm's ``resolve_data_config`` + ``create_transform``,
+    or a Hugging Face image processor): a callable from a PIL image to its (C, H, W) input.
+    ``model``: a vitkit model (a classifier, a backbone, a runtime wrapper) or its config."""
+    config = getattr(model, "config", model)
+    missing = [f for f in ("img_size", "mean", "std", "crop_pct", "interpolation") if not hasattr(config, f)]
+    if missing:
+        raise TypeError(f"{type(model).__name__} carries no preprocessing (no {', '.join(missing)}): pass a vitkit "
+                        f"model or its config")
+    return EvalTransform.from_config(config)
+
+
+def preprocess(model: Any, images: Union[ImageLike, Sequence[ImageLike]]) -> torch.Tensor:
+    """Image(s) -> the model's input batch (N, C, H, W), with its own preprocessing: decoded upright,
+    converted to its channels, resized and centre-cropped as its config says (``crop_pct``,
+    ``interpolation``), normalised by its mean and std -- what ``vitkit predict`` feeds it.
+
+    An image is a PIL image, a path, the bytes of a file, or an array (H, W) / (H, W, C) of uint8,
+    or floats in [0, 1] (a tensor may also be (C, H, W)). One image gives a batch of one."""
+    transform = transform_for(model)
+    channels = len(transform.mean)
+    single = not isinstance(images, (list, tuple))
+    batch = [images] if single else list(images)
+    if not batch:
+        raise ValueError("no images given")
+    return torch.stack([transform(_as_pil(im, channels, i)) for i, im in enumerate(batch)])
+
+
+def _as_pil(image: ImageLike, channels: int, index: int) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return to_rgb(image, channels)
+    if isinstance(image, (str, Path)):
+        return load_image(image, channels)
+    if isinstance(image, bytes):
+        return decode_image(image, channels, name=f"image {index} (bytes)")
+    if isinstance(image, torch.Tensor):
+        array = image.detach().cpu()
+        if array.dim() == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+            array = array.permute(1, 2, 0)  # (C, H, W), as torch holds images
+        image = array.numpy()
+    if isinstance(image, np.ndarray):
+        return to_rgb(Image.fromarray(_as_uint8(image, index)), channels)
+    raise TypeError(f"image {index}: a PIL image, a path, bytes or an array, not {type(image).__name__}")
+
+
+def _as_uint8(array: np.ndarray, index: int) -> np.ndarray:
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise ValueError(f"image {index}: an array of shape {array.shape}; expected (H, W), (H, W, 3) or (H, W, 4)")
+    if array.dtype == np.uint8:
+        return array
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.isfinite(array).all() or array.min() < 0 or array.max() > 1:
+            raise ValueError(f"image {index}: float pixels must lie in [0, 1] (got {array.min():g} to "
+                             f"{array.max():g}); pass uint8 for 0-255")
+        return np.round(array * 255).astype(np.uint8)
+    raise ValueError(f"image {index}: pixels of {array.dtype}; pass uint8 (0-255) or floats in [0, 1]")
+

@@ -9,7 +9,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..data.transforms import EvalTransform, load_image
+from ..data.transforms import preprocess
 from ..models.layers import fast_inference
 
 
@@ -34,7 +34,6 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     config = model.config
     if config.num_classes <= 0:
         raise ValueError("these weights have no classifier head (num_classes=0): nothing to predict")
-    transform = EvalTransform.from_config(config)
     paths = [str(p) for p in images]
     if not paths:
         raise ValueError("no images given")
@@ -47,7 +46,7 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     with fast_inference(model):
         for start in range(0, len(paths), batch_size):
             chunk = paths[start:start + batch_size]
-            batch = torch.stack([transform(load_image(p, config.in_chans)) for p in chunk]).to(device)
+            batch = preprocess(config, chunk).to(device)
             probs = model(batch).float().softmax(dim=-1)
             values, indices = probs.topk(k, dim=-1)
             for p, vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
