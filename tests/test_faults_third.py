@@ -433,3 +433,155 @@ def test_a_run_resumed_at_its_last_step_says_so(tmp_path, capsys):
     summary = train(resolve_config("fmnist", **cfg), resume=str(tmp_path / "runs" / "r"), log=lines.append)
     assert any("all 2 steps done before" in line for line in lines), lines
     assert not any("steps 3-2" in line for line in lines) and summary["steps"] == 2
+
+
+# ---------------------------------------------------------------- 8. a small folder on the first try
+
+
+def shapes_folder(root, per_class=(54, 16), size=64, seed=0):
+    """Circles, squares and triangles of random size, place and colour on dark backgrounds: 210 images."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    for split, n in zip(("train", "test"), per_class):
+        for shape in ("circle", "square", "triangle"):
+            (root / split / shape).mkdir(parents=True)
+            for i in range(n):
+                im = Image.new("RGB", (size, size), tuple(int(v) for v in rng.integers(0, 80, 3)))
+                r = int(rng.integers(size // 5, size // 3))
+                cx, cy = (int(v) for v in rng.integers(r, size - r, 2))
+                colour = tuple(int(v) for v in rng.integers(150, 255, 3))
+                draw = ImageDraw.Draw(im)
+                if shape == "circle":
+                    draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+                elif shape == "square":
+                    draw.rectangle([cx - r, cy - r, cx + r, cy + r], fill=colour)
+                else:
+                    draw.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
+                im.save(root / split / shape / f"{i}.png")
+    return root
+
+
+@pytest.mark.slow
+def test_fine_tuning_a_small_folder_with_default_flags_learns_and_says_what_it_does(tmp_path):
+    """A newcomer's first hour: 210 images of 64 px in 3 classes, `vitkit train --dataset folder
+    --init RUN` with no other flag. The batch and length fit the data (each said), the first line says
+    the images are resized, the cost is said before the first step, and the test score is far from chance."""
+    import subprocess
+    import sys
+
+    from test_faults_hostile import ENV
+
+    torch.manual_seed(0)
+    vitkit.create_model("vit_fmnist_hybrid").save_pretrained(tmp_path / "start")
+    data = shapes_folder(tmp_path / "shapes")
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "folder", "--data-dir", data,
+                           "--init", tmp_path / "start", "--runs-dir", tmp_path / "runs", "--name", "ft", "--threads",
+                           "1", "--no-progress", "--json"], capture_output=True, text=True, env=ENV)
+    assert done.returncode == 0, done.stderr[-1500:]
+    said = done.stderr
+    assert re.search(r"batch 8 \(not the recipe's 128\): 1\d\d training images make 1\d steps an epoch", said), said
+    assert re.search(r"\d+ epochs \(not the recipe's 3\): 3 epochs of 1\d steps would be \d+ steps, too few", said)
+    first = next(line for line in said.splitlines() if line.startswith("training "))
+    assert "its images (64x64, the first) resized to 28x28, the model's size (--img-size chooses)" in first, first
+    cost = said.splitlines()[said.splitlines().index(first) + 1]
+    assert re.match(r"cost: 0\.1\d GFLOPs of training per image x [\d,]+ images = [\d.]+ GFLOPs; about \d+ s here",
+                    cost), cost
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["steps"] >= 300 and summary["test_top1"] > 0.8, summary  # chance: a third
+
+
+def test_only_what_nobody_chose_is_fitted_to_small_data():
+    from vitkit.train import TrainConfig, resolve_config
+    from vitkit.train.fit import fit_to_data
+
+    default = resolve_config("fmnist-fp32")
+    assert fit_to_data(default, 55_000) == (default, [])  # the default run on its data: as it is
+    fitted, notes = fit_to_data(default, 146)
+    assert (fitted.batch_size, fitted.epochs, fitted.warmup_steps) == (8, 17.0, 30) and len(notes) == 3
+    chosen = resolve_config("fmnist-fp32", batch_size=64, epochs=5)  # chosen: kept, and its shortness said
+    kept, notes = fit_to_data(chosen, 146)
+    assert (kept.batch_size, kept.epochs, kept.warmup_steps) == (64, 5, 200)
+    assert notes == ["note: 10 steps are too few to learn much (under 100): more --epochs, or a smaller --batch-size"]
+    assert fit_to_data(TrainConfig(), 146)[0] == TrainConfig()  # made directly: nothing is known to be free
+    long_enough = resolve_config("fmnist-fp32", max_steps=300)  # big data, a short run asked for: untouched
+    assert fit_to_data(long_enough, 55_000) == (long_enough, [])
+
+
+# ---------------------------------------------------------------- 9. preprocessing in one call
+
+
+def test_preprocess_takes_any_image_form_and_equals_timm_s_transform(tmp_path):
+    timm = pytest.importorskip("timm")
+    from timm.data import create_transform, resolve_data_config
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    path = tmp_path / "x.png"
+    Image.fromarray(pixels).save(path)
+    model = vitkit.create_model("vit_small_patch16_224")
+    forms = [str(path), path, path.read_bytes(), Image.open(path), pixels, pixels / 255.0,
+             torch.from_numpy(pixels).permute(2, 0, 1).float() / 255]
+    batch = vitkit.preprocess(model, forms)
+    assert batch.shape == (len(forms), 3, 224, 224)
+    for row in batch[1:]:
+        torch.testing.assert_close(row, batch[0], atol=1e-6, rtol=0)
+    theirs = create_transform(**resolve_data_config({}, model=timm.create_model("vit_small_patch16_224")))
+    torch.testing.assert_close(vitkit.preprocess(model, str(path))[0], theirs(Image.open(path).convert("RGB")),
+                               atol=1e-5, rtol=0)
+    grey = vitkit.create_model("vit_fmnist")  # its channels and size: one grey 28x28 input
+    assert vitkit.preprocess(grey, path).shape == (1, 1, 28, 28)
+    assert vitkit.preprocess(grey.config, path).shape == (1, 1, 28, 28)  # a config serves as well
+    for bad, words in ((pixels * 2.0, r"float pixels must lie in \[0, 1\]"), (np.zeros((4, 4, 5)), "shape"),
+                       (pixels.astype(np.int64), "pixels of int64"), (3, "not int")):
+        with pytest.raises((ValueError, TypeError), match=words):
+            vitkit.preprocess(model, bad)
+
+
+# ---------------------------------------------------------------- 10. small things a newcomer met
+
+
+def test_a_runtime_is_named_by_what_it_computes():
+    from types import SimpleNamespace
+
+    from vitkit.cli import _runtime_name
+
+    ir = dict(export_flag="openvino", precision="fp32")
+    assert _runtime_name(SimpleNamespace(quantization="int8-static", **ir)) == "openvino int8 (NNCF, calibrated)"
+    assert _runtime_name(SimpleNamespace(quantization="none", **dict(ir, precision="bf16"))) == "openvino bf16"
+    assert _runtime_name(SimpleNamespace(quantization="unknown", **ir)) == "openvino fp32"  # a foreign IR
+    assert _runtime_name(SimpleNamespace(quantization="int8-dynamic", export_flag="onnx")) == \
+        "onnxruntime int8-dynamic"
+    assert _runtime_name(torch.nn.Linear(1, 1)) == "fp32"
+
+
+def test_a_long_blocking_call_says_it_is_at_work_by_stage(monkeypatch):
+    import io
+
+    from vitkit import progress
+
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    out = io.StringIO()
+    with progress.working("exporting m.onnx to ONNX (dynamo)", stream=out) as said:
+        time.sleep(1.3)
+        said.label = "quantizing m.onnx (int8)"
+        time.sleep(1.3)
+    lines = out.getvalue().splitlines()  # not a terminal: a line at the start of the wait, then every 10 s
+    assert lines and lines[0] == "exporting m.onnx to ONNX (dynamo) | 00:01", lines
+    quiet = io.StringIO()
+    monkeypatch.setattr(progress, "DELAY_S", 5.0)
+    with progress.working("short", stream=quiet):  # a short wait says nothing
+        time.sleep(0.2)
+    assert quiet.getvalue() == ""
+
+
+def test_the_command_line_page_lists_every_verb():
+    from pathlib import Path
+
+    from vitkit.cli import build_parser
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)).choices
+    missing = [v for v in verbs if f"vitkit {v} " not in page]
+    assert not missing, missing

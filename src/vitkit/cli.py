@@ -333,7 +333,9 @@ def _runtime_name(model) -> str:
     if quantization is None:
         return "fp32"
     if getattr(model, "export_flag", "onnx") == "openvino":  # OpenVINO computes in the precision it was given
-        return f"openvino {model.precision}" + ("" if quantization == "none" else f" {quantization}")
+        if quantization in ("none", "unknown"):
+            return f"openvino {model.precision}"
+        return "openvino int8 (NNCF, calibrated)" if quantization == "int8-static" else f"openvino {quantization}"
     return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
 
 

@@ -4,6 +4,8 @@
 
 * :class:`Progress` is the bar itself: ``update(step)`` with the count done so far, ``close()``
   at the end. The training loop draws one from its first step.
+* :func:`working` is for one blocking call that counts nothing (an ONNX export, an NNCF
+  quantization): after ``DELAY_S`` a thread redraws ``label | elapsed`` until the call returns.
 * :func:`track` wraps an iterable of work (batches, files, steps) in a labelled bar that
   stays silent while the whole wait is short: it starts after ``DELAY_S`` (5 s), so a quick
   evaluation prints nothing and a two-minute one says what it does and when it ends::
@@ -18,9 +20,11 @@ ETA, a quiet start) and tqdm is no dependency of vitkit. Only the process that r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import threading
 import time
 from typing import BinaryIO, Callable, Dict, Iterable, Iterator, Optional, TextIO, TypeVar
 
@@ -122,6 +126,38 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Working(Progress):
+    """``label | elapsed``: a :class:`Progress` with nothing to count; ``label`` may change per stage."""
+
+    def line(self, step: int, now: float, fields: Dict[str, float]) -> str:
+        return f"{self.label} | {_hms(now - self.t0)}"
+
+
+@contextlib.contextmanager
+def working(label: str, enabled: bool = True, stream: Optional[TextIO] = None) -> Iterator[Working]:
+    """Say that a blocking call is still at work: silent for ``DELAY_S``, then ``label | 00:12``
+    redrawn by a thread (each second on a terminal, every ``EVERY_S`` in a log) until the block
+    ends. Set ``.label`` to name the stage it is in."""
+    bar = Working(None, enabled=enabled, stream=stream, label=label, delay_s=DELAY_S)
+    if not bar.enabled:
+        yield bar
+        return
+    done = threading.Event()
+
+    def redraw() -> None:
+        while not done.wait(min(1.0, bar.every_s)):
+            bar.update(0)
+
+    thread = threading.Thread(target=redraw, name="vitkit-working", daemon=True)
+    thread.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        thread.join(timeout=2)
+        bar.close()
 
 
 def waiting_bar(total: Optional[int], label: str, enabled: bool = True, unit: str = "", **options) -> Progress:

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .._version import __version__
+from ..progress import working
 from ..utils import DiskFull, PathLike, is_disk_full, require, work_folder
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -63,7 +64,8 @@ def onnx_modules(purpose: str):
 
 
 def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", opset: Optional[int] = None,
-                quantize: Optional[str] = None, calibration: Optional[torch.Tensor] = None) -> Path:
+                quantize: Optional[str] = None, calibration: Optional[torch.Tensor] = None,
+                progress: bool = True) -> Path:
     """Write ``model`` (any vitkit classifier or headless encoder) as an ONNX file at ``path``.
 
     ``quantize``: ``None`` (fp32), ``"int8"`` (ONNX Runtime's dynamic int8: weights int8,
@@ -88,11 +90,13 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     # built in a private folder beside the target, then renamed over it: a crash leaves no half file,
     # and a killed export's folder is removed by the next export of the same name
     try:
-        with work_folder(path.parent, path.name) as work:
+        with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to ONNX ({exporter})",
+                                                                  progress) as said:
             fp32 = Path(work) / "fp32.onnx"
             _export_graph(model, fp32, exporter, opset)
             final = fp32
             if quantize:
+                said.label = f"quantizing {path.name} ({quantize})"
                 final = Path(work) / f"{quantize}.onnx"
                 quantize_onnx(fp32, final, quantize, config=config, calibration=calibration)
             proto = onnx.load(str(final))

@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from torch import nn
 
+from ..progress import working
 from ..utils import DiskFull, PathLike, first_line, is_disk_full, require, work_folder
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .runtime import OnnxMetadataError, OnnxModel
@@ -47,7 +48,8 @@ def openvino_module(purpose: str):
 
 
 def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str] = None,
-                    calibration: Optional[torch.Tensor] = None, calibration_batch: int = 32) -> Path:
+                    calibration: Optional[torch.Tensor] = None, calibration_batch: int = 32,
+                    progress: bool = True) -> Path:
     """Write ``model`` as an OpenVINO IR at ``path`` (``.xml``, its weights beside it as ``.bin``);
     ``quantize="int8"`` quantises it with NNCF on ``calibration`` (uint8 images (N, C, H, W);
     default: 256 training images of the dataset the class names name). Returns the ``.xml`` path."""
@@ -70,10 +72,12 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
             calibration = calibration_images(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with work_folder(path.parent, path.name) as work:
-            onnx_path = export_onnx(model, Path(work) / "model.onnx")
+        with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to OpenVINO",
+                                                                  progress) as said:
+            onnx_path = export_onnx(model, Path(work) / "model.onnx", progress=False)
             ir = ov.convert_model(str(onnx_path))
             if quantize:
+                said.label = f"quantizing {path.name} to int8 (NNCF, {len(calibration)} calibration images)"
                 ir = _quantized(ov, ir, _batches(calibration, model.config, calibration_batch), Path(work))
             for key, value in metadata_for(model.config, "openvino", "int8-static" if quantize else None).items():
                 ir.set_rt_info(value, [RT_SECTION, key])
