@@ -123,7 +123,8 @@ def section(results: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
-ORDER = ("position-embeddings", "compute", "data-size", "fewshot-proxy", "attention-distance", "self-supervision")
+ORDER = ("position-embeddings", "compute", "data-size", "fewshot-proxy", "attention-distance", "self-supervision",
+         "registers")
 
 
 def page() -> str:

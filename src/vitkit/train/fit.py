@@ -84,8 +84,8 @@ def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, 
     per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
     total = per_image * images
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
-    if not timed:
-        return line
+    if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
+        return line + " (the encoder's full pass; masking and a decoder change it)"
     seconds = _time_step(model, min(micro_batch, 32), amp, device)
     if seconds is None:
         return line
