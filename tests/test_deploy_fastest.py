@@ -14,8 +14,8 @@ import vitkit
 from conftest import randomize
 from vitkit.cli import main
 from vitkit.deploy import fastest as fastest_mod
+from vitkit.deploy.choose import resolve_runtime
 from vitkit.deploy.fastest import cpu_flags, fastest, installed_runtimes
-from vitkit.deploy.runtime import resolve_runtime
 
 ZEN3 = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # family 25 model 1: no AVX-512, no VNNI
 ZEN4 = ZEN3 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}

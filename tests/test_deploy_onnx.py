@@ -221,8 +221,8 @@ def test_pre_training_models_and_huge_models_are_refused_before_any_work(tmp_pat
     with pytest.raises(OnnxExportError, match="pre-training model has no ONNX form"):
         export_onnx(mae, tmp_path / "m.onnx")
     with pytest.raises(OnnxExportError, match="past the single-file ONNX limit"):
-        export_onnx(vitkit.create_model("vit_huge_patch14_224", depth=1, embed_dim=16, num_heads=1, mlp_dim=32,
-                                        num_classes=70_000_000), tmp_path / "h.onnx")
+        export_onnx(vitkit.create_model("vit_huge_patch14_224", depth=1, embed_dim=576, num_heads=1, mlp_dim=32,
+                                        num_classes=1_000_000), tmp_path / "h.onnx")  # a 2.3 GB head
     assert list(tmp_path.iterdir()) == []
 
 

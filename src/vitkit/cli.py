@@ -306,8 +306,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 def _runtime_model(args: argparse.Namespace):
     """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
     running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
+    from .deploy.choose import is_onnx, load_for_runtime, resolve_runtime
     from .deploy.openvino import is_openvino
-    from .deploy.runtime import is_onnx, load_for_runtime, resolve_runtime
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
     args.runtime, args.quantize, chosen = resolve_runtime(args.weights, args.runtime, args.quantize)

@@ -24,8 +24,9 @@ def enabled() -> bool:
     return os.environ.get("VITKIT_TINY", "") not in ("", "0")
 
 
-def shrink_config(values: Dict[str, Any], defaults: Any) -> Dict[str, Any]:
-    """Training option values with the tiny limits applied (``defaults``: TrainConfig, for unset ones)."""
+def shrink_config(values: Dict[str, Any], defaults: Any, stream: bool = False) -> Dict[str, Any]:
+    """Training option values with the tiny limits applied (``defaults``: TrainConfig, for unset ones;
+    ``stream``: the data is tar shards or a streamed Hugging Face dataset, which have no "first N")."""
     out = dict(values)
     for key, limit in LIMITS.items():
         value = out.get(key, getattr(defaults, key))
@@ -34,16 +35,10 @@ def shrink_config(values: Dict[str, Any], defaults: Any) -> Dict[str, Any]:
         out[key] = limit if value is None else min(value, limit)
     out["micro_batch"] = None
     # tar shards and streams have no "first N" (test_size refuses them): they score every test image
-    if not _is_stream(out.get("dataset", defaults.dataset), out.get("hf_streaming")):
+    if not stream:
         size = out.get("test_size")
         out["test_size"] = SPLIT_IMAGES["test"] if size is None else min(size, SPLIT_IMAGES["test"])
     return out
-
-
-def _is_stream(dataset: str, hf_streaming: Any) -> bool:
-    from .data.datasets import canonical
-
-    return bool(hf_streaming) or canonical(dataset) == "shards"
 
 
 def shrink_split(split: str, images, labels):

@@ -61,7 +61,10 @@ def _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, 
         q.quantize_dynamic(str(pre), str(dst), weight_type=q.QuantType.QInt8, op_types_to_quantize=_DYNAMIC_OPS,
                            per_channel=False)
         return
-    q.quantize_static(str(pre), str(dst), _Calibration(calibration, config, batch_size),
+    import onnx
+
+    graph_input = onnx.load(str(pre), load_external_data=False).graph.input[0].name  # whatever the export named it
+    q.quantize_static(str(pre), str(dst), _Calibration(calibration, config, batch_size, graph_input),
                       quant_format=q.QuantFormat.QDQ, per_channel=True, op_types_to_quantize=_STATIC_OPS,
                       activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
                       calibrate_method=q.CalibrationMethod.MinMax, extra_options={"ActivationSymmetric": True},
@@ -70,24 +73,24 @@ def _quantize(q, quant_pre_process, src, pre, dst, method, config, calibration, 
 
 class _Calibration:
     """ONNX Runtime's CalibrationDataReader protocol over uint8 images: ``get_next`` returns one
-    prepared batch as ``{"pixel_values": array}``, then None."""
+    prepared batch as ``{input_name: array}``, then None."""
 
-    def __init__(self, images: torch.Tensor, config: Any, batch_size: int):
+    def __init__(self, images: torch.Tensor, config: Any, batch_size: int, input_name: str = "pixel_values"):
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError("calibration images must be a uint8 tensor (N, C, H, W)")
         if len(images) == 0:
             raise ValueError("calibration needs at least one image")
         self.images, self.config, self.batch_size, self.start = images, config, batch_size, 0
+        self.input_name = input_name
 
     def get_next(self):
         from ..evaluate.metrics import prepare_batch
-        from .onnx_export import INPUT_NAME
 
         if self.start >= len(self.images):
             return None
         batch = self.images[self.start:self.start + self.batch_size]
         self.start += self.batch_size
-        return {INPUT_NAME: prepare_batch(batch, self.config).numpy()}
+        return {self.input_name: prepare_batch(batch, self.config).numpy()}
 
     def rewind(self):
         self.start = 0

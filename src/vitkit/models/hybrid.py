@@ -191,15 +191,6 @@ class HybridEmbed(PatchGrid, nn.Module):
                 f"proj_patch={self.proj_patch_size}")
 
 
-def __getattr__(name: str):
-    # The ResNetV2 classifier moved to its own family file; its names stay reachable here.
-    if name in ("ResNetV2Config", "ResNetV2", "infer_resnet_config", "resnet_complexity_macs"):
-        from . import resnetv2
-
-        return getattr(resnetv2, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["BACKBONES", "BACKBONE_TYPES", "BackboneKind", "normalize_backbone", "describe_backbone",
            "backbone_reduction", "backbone_channels", "backbone_feature_size", "backbone_macs", "build_backbone",
            "init_backbone_", "infer_backbone", "backbone_in_chans", "HybridEmbed",

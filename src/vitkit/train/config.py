@@ -864,7 +864,11 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     with _naming(file, {k for k in from_file if k not in given}):
         if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
             TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
-            values = tiny.shrink_config(values, TrainConfig)
+            from ..data.datasets import canonical
+
+            dataset = canonical(values.get("dataset", TrainConfig.dataset))
+            stream = bool(values.get("hf_streaming")) or dataset == "shards"
+            values = tiny.shrink_config(values, TrainConfig, stream)
         if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
             batch = values.get("batch_size", TrainConfig.batch_size)
             values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]

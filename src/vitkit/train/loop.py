@@ -21,9 +21,8 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -31,7 +30,7 @@ from torch import nn
 from .. import tiny
 from ..models import get_model_config
 from ..models.complexity import complexity
-from ..parallel import BatchParallel, add_in_order, choose
+from ..parallel import add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
 from ..utils import expect_worker_deaths, remove_stale_temporaries, seed_for, worker_stop, write_json
@@ -41,7 +40,7 @@ from .batches import Layout, MicroBatch
 from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
 from .config import TrainConfig, resumed_config, saved_field
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
-from .distill import InputSpec, Teacher, load_teacher
+from .distill import InputSpec, load_teacher
 from .ema import ModelEma
 from .fit import cost_line, fit_to_data
 from .memory import check_batches_fit
@@ -49,7 +48,8 @@ from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
 from .schedule import lr_at
-from .tasks import Classification, autocast, task_for
+from .state import Run  # noqa: F401 (vitkit.train.loop.Run, where it was)
+from .tasks import autocast, task_for
 from .tracking import MetricsLog
 
 
@@ -105,97 +105,6 @@ def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
         return None
     return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
             f"uses {threads} threads; runs that share a CPU should split it, e.g. --threads {max(1, cores // 2)} each")
-
-
-# ----------------------------------------------------------------------------- the run's state
-
-
-@dataclass
-class Run:
-    """What the steps of a run share: the parts ``build`` makes and the counters the loop keeps."""
-
-    cfg: TrainConfig
-    dist: distributed.DistInfo
-    log: Callable[[str], None]
-    data: RunData
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    amp: Optional[torch.dtype]
-    layout: Layout
-    steps_per_epoch: int
-    total: int
-    warmup: int
-    forward: Callable[..., Any]
-    #: what the run learns (:mod:`.tasks`): classification or a pre-training objective
-    task: Any = field(default_factory=Classification)
-    ddp: Optional[nn.Module] = None
-    ema: Optional[ModelEma] = None
-    #: a CPU run's batch parts (:mod:`vitkit.parallel`); None: torch's threads inside each operation
-    parallel: Optional[BatchParallel] = None
-    #: how the run uses the CPU's threads, as the first line says it
-    parallel_how: str = "ops"
-    teacher: Optional[Teacher] = None
-    student_input: Optional[InputSpec] = None
-    run_dir: Optional[Path] = None
-    lock: Optional[RunLock] = None
-    metrics: Optional[MetricsLog] = None
-    #: the step this process started at, and the seconds (all, training only) of earlier processes
-    start: int = 0
-    prior_seconds: float = 0.0
-    prior_train_seconds: Optional[float] = 0.0
-    t_start: float = field(default_factory=time.perf_counter)
-    train_seconds: float = 0.0
-    #: names of the samples the batch sources dropped (each counted once, however often met)
-    skipped: set = field(default_factory=set)
-    last_ckpt: Optional[Path] = None
-    final_val: Optional[Tuple[float, float]] = None
-
-    @property
-    def main(self) -> bool:
-        return self.dist.main
-
-    def note(self, message: str) -> None:
-        if self.main:
-            self.log(message)
-
-    def stopping(self) -> str:
-        """How a diverged run ends its message: where to resume from, and what to change."""
-        where = f"; the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else ""
-        return f"stopping{where}. Lower --lr or raise --warmup-steps."
-
-    def seconds(self) -> float:
-        """Wall clock of the run so far, over every process that worked on it."""
-        return self.prior_seconds + time.perf_counter() - self.t_start
-
-    @property
-    def precision(self) -> str:
-        """The autocast dtype as torch names it ("bfloat16"), or "fp32" without autocast."""
-        return str(self.amp).replace("torch.", "") if self.amp else "fp32"
-
-    @property
-    def model_name(self) -> str:
-        """The model trained: the --model name, or for --init the architecture the weights hold."""
-        if not self.cfg.init:
-            return self.cfg.model
-        config = self.input_config
-        return config.name or config.architecture
-
-    @property
-    def input_config(self) -> Any:
-        """The config that says what the model's input is (a pre-training model's encoder's)."""
-        return encoder_of(self.model).config
-
-    def no_sync(self, k: int):
-        """DDP synchronises gradients on the last micro-batch of a step only."""
-        if self.ddp is None or k == self.layout.accum_steps - 1:
-            return contextlib.nullcontext()
-        return self.ddp.no_sync()
-
-    def score(self, net: nn.Module, split: str) -> Tuple[float, Optional[float]]:
-        """(loss, accuracy or None) of ``net`` on ``split``, as the run's task measures them."""
-        batches = self.data.eval_batches(split, self.input_config, self.cfg.eval_batch_size)
-        return self.task.evaluate(net, batches, self.amp, self.parallel)
 
 
 class Window:

@@ -36,7 +36,7 @@ from .init import model_from_init
 from .memory import check_model_fits
 
 if TYPE_CHECKING:
-    from .loop import Run
+    from .state import Run
 
 #: the few-shot evaluation a pre-training run ends with: shots per class, seeds, training pool
 FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (1, 5, 10, 25), 3, 10_000

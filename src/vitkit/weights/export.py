@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -16,7 +15,7 @@ from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
 from ..utils import PathLike, atomic_path, new_folder, write_json
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
-from .io import WeightsError
+from .io import WeightsError, save_safetensors
 from .load import CONFIG_METADATA_KEY
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
@@ -91,7 +90,7 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
                                  hf_format.preprocessor_to_hf(model.config))
     with new_folder(path):  # a failed export removes the folder it made
-        _save_safetensors(sd, path / "model.safetensors")
+        save_safetensors(sd, path / "model.safetensors")
         write_json(path / "config.json", config)
         write_json(path / "preprocessor_config.json", processor)
     return path
@@ -115,7 +114,7 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     non-standard width, a conv backbone), a :class:`ExportWarning` says what to pass when loading."""
     sd = timm_format.from_native(model)
     if path.suffix == ".safetensors":
-        _save_safetensors(sd, path, {CONFIG_METADATA_KEY: json.dumps(timm_format.timm_config(model))})
+        save_safetensors(sd, path, {CONFIG_METADATA_KEY: json.dumps(timm_format.timm_config(model))})
     elif path.suffix in (".pth", ".pt", ".bin"):
         with atomic_path(path) as tmp:
             torch.save(sd, tmp)
@@ -130,10 +129,3 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     else:
         raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
     return path
-
-
-def _save_safetensors(sd, path: Path, metadata: Optional[Dict[str, str]] = None) -> None:
-    from safetensors.torch import save_file
-
-    with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp), metadata=metadata)

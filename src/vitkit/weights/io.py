@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..utils import PathLike, first_line
+from ..utils import PathLike, atomic_path, first_line
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: Containers that training scripts wrap state dicts in, tried in this order.
@@ -114,6 +114,15 @@ def _unpickling_error(path: Path, error: Exception) -> WeightsError:
     detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
     return WeightsError(f"{path} is not a PyTorch checkpoint of tensors that vitkit can read "
                         f"({detail.group(1).strip() if detail else 'not a torch.save file'})")
+
+
+def save_safetensors(sd: Mapping[str, torch.Tensor], path: Path, metadata: Optional[Dict[str, str]] = None) -> None:
+    """Write a state dict as a ``.safetensors`` file, atomically (contiguous tensors, ``metadata``
+    in its header): every writer of the format uses it."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp), metadata=metadata)
 
 
 def safetensors_metadata(path: PathLike) -> Dict[str, str]:

@@ -35,7 +35,7 @@ from ..selfsup import CONFIG_KEY, Pretrainer
 from ..selfsup.masking import block_tiling
 from ..utils import atomic_path, write_json
 from . import hf_format, timm_format
-from .io import WeightsError
+from .io import WeightsError, save_safetensors
 
 #: a vitkit pre-training model's parameters outside its encoder, per objective
 OWN_PREFIXES = {"simmim": ("mask_token", "decoder."), "mpp": ("mask_token", "mpp_head."),
@@ -169,7 +169,6 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
     if objective == "mpp":
         raise WeightsError("masked patch prediction has no Hugging Face layout; export it as 'vitkit' "
                            "(or its encoder as 'timm', 'hf', 'npz')")
-    from .export import _save_safetensors
 
     name = "ViTForMaskedImageModeling" if objective == "simmim" else "ViTMAEForPreTraining"
     _need_class_token(enc, f"Hugging Face's {name}")
@@ -192,7 +191,7 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
                       decoder_intermediate_size=cfg.decoder_mlp_dim, mask_ratio=cfg.mask_ratio,
                       norm_pix_loss=cfg.norm_pix_loss)
     path.mkdir(parents=True, exist_ok=True)
-    _save_safetensors(sd, path / "model.safetensors")
+    save_safetensors(sd, path / "model.safetensors")
     write_json(path / "config.json", hf_cfg)
     write_json(path / "preprocessor_config.json", hf_format.preprocessor_to_hf(enc.config))
     return path
