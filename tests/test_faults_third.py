@@ -482,9 +482,12 @@ def test_fine_tuning_a_small_folder_with_default_flags_learns_and_says_what_it_d
     said = done.stderr
     assert re.search(r"batch 8 \(not the recipe's 128\): 1\d\d training images make 1\d steps an epoch", said), said
     assert re.search(r"\d+ epochs \(not the recipe's 3\): 3 epochs of 1\d steps would be \d+ steps, too few", said)
-    first = next(line for line in said.splitlines() if line.startswith("training "))
+    lines = said.splitlines()
+    first = next(line for line in lines if line.startswith("training "))
     assert "its images (64x64, the first) resized to 28x28, the model's size (--img-size chooses)" in first, first
-    cost = said.splitlines()[said.splitlines().index(first) + 1]
+    fitted = lines[lines.index(first) + 1:lines.index(first) + 4]  # said after the first line, then the cost
+    assert fitted[0].startswith("batch 8") and fitted[1].endswith("(--epochs chooses)"), fitted
+    cost = lines[lines.index(first) + 4]
     assert re.match(r"cost: 0\.1\d GFLOPs of training per image x [\d,]+ images = [\d.]+ GFLOPs; about \d+ s here",
                     cost), cost
     summary = json.loads(done.stdout.strip().splitlines()[-1])

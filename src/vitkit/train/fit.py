@@ -5,7 +5,8 @@ a small folder of one's own images they do not train: 162 images at batch 128 ar
 epoch, and 5 epochs five steps. Where the person chose neither (no flag, no config file), the batch
 shrinks until an epoch has :data:`STEPS_PER_EPOCH` steps, the epochs grow until the run has
 :data:`MIN_STEPS`, and (in a run so fitted) a warm-up longer than a quarter of the run shrinks to a
-tenth of it; each change is said in a line. A run still shorter than :data:`TOO_FEW_STEPS` is warned about.
+tenth of it; each change is said in a line. A run whose epochs still make fewer than :data:`TOO_FEW_STEPS` steps is
+warned about (``--max-steps N`` is a length asked for knowingly).
 
 Before the first step the run says what it will cost: training operations per image (3x the
 forward pass's) times the images it will see, and the time that takes here, from one timed step.
@@ -66,7 +67,7 @@ def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]
         changes["warmup_steps"] = max(1, total // 10)
         notes.append(f"warm-up of {changes['warmup_steps']} steps (not {cfg.warmup_steps}): a tenth of the "
                      f"run's {total} (--warmup-steps chooses)")
-    if total < TOO_FEW_STEPS:
+    if total < TOO_FEW_STEPS and "max_steps" not in chosen:  # --max-steps N is a length asked for knowingly
         notes.append(f"note: {total} steps are too few to learn much (under {TOO_FEW_STEPS}): more --epochs, or a "
                      f"smaller --batch-size")
     if not changes:

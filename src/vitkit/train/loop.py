@@ -180,6 +180,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         run = build(cfg, dist_info, log)
         restore(run, resume)
         run.note(_starting(run))
+        for line in run.fit_notes if not resume else ():
+            run.note(line)
         if run.main and run.start < run.total:
             run.note(cost_line(encoder_of(run.model), complexity(encoder_of(run.model).config).macs,
                                (run.total - run.start) * run.cfg.batch_size, run.layout.local, run.amp, run.dist.device,
@@ -284,8 +286,6 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
     cfg, fitted = fit_to_data(cfg, data.n_train)  # a small dataset: a batch and a length that train
-    for line in fitted if main else ():
-        log(line)
     task = task_for(cfg)
     torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
     model = task.build_model(cfg, data, log if main else (lambda *a: None)).to(device)
@@ -304,6 +304,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
               warmup=cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch),
               forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), task=task, ddp=ddp,
               ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None)
+    run.fit_notes = fitted  # said after the run's first line, once nothing can refuse it
     run.parallel, run.parallel_how = choose(cfg.cpu_parallel, torch.get_num_threads(), device, world, model,
                                             cfg.compile)
     note = busy_cpu_note(cfg.threads) if run.parallel is None and main and world == 1 and device.type == "cpu" else None

@@ -10,7 +10,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -66,6 +66,8 @@ class Run:
     #: names of the samples the batch sources dropped (each counted once, however often met)
     skipped: set = field(default_factory=set)
     last_ckpt: Optional[Path] = None
+    #: what was fitted to a small dataset (:mod:`.fit`), said after the first line
+    fit_notes: List[str] = field(default_factory=list)
     final_val: Optional[Tuple[float, float]] = None
 
     @property
