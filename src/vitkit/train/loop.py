@@ -207,6 +207,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         if run is not None and run.parallel is not None:
             run.parallel.close()
         if discard:
+            if run.metrics is not None:  # TensorBoard's writer thread must not write into a removed folder
+                run.metrics.close()
             shutil.rmtree(run.run_dir, ignore_errors=True)
         if run is not None and run.lock is not None:
             run.lock.release()
