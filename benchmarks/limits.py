@@ -31,6 +31,7 @@ without one the clock is reported as unknown).
 
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import shutil
@@ -76,6 +77,7 @@ def _probe_binary() -> Optional[str]:
     if platform.machine().lower() not in ("x86_64", "amd64") or not shutil.which("cc"):
         return None
     folder = tempfile.mkdtemp(prefix="vitkit-clock-")
+    atexit.register(shutil.rmtree, folder, True)  # the binary serves every call of this process, then goes
     source, binary = os.path.join(folder, "clock.c"), os.path.join(folder, "clock")
     with open(source, "w") as f:
         f.write(_PROBE.replace("REPEAT", '"' + "add $1, %0\\n\\t" * _ADDS + '"').replace("ADDS", str(_ADDS)))
