@@ -87,11 +87,11 @@ def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, 
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
     if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
         return line + " (the encoder's full pass; masking and a decoder change it)"
-    seconds = _time_step(model, min(micro_batch, 32), amp, device)
+    n = min(micro_batch, 32)
+    seconds = _time_step(model, n, amp, device)
     if seconds is None:
         return line
-    estimate = seconds / min(micro_batch, 32) * images
-    return line + f"; about {_duration(estimate)} here (one timed step of {min(micro_batch, 32)} images)"
+    return line + f"; about {_duration(seconds / n * images)} here (one timed step of {n} images)"
 
 
 def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device
@@ -103,10 +103,12 @@ def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], devic
     x = torch.zeros(n, chans, *size, device=device)
     training = model.training
     grads = {p: p.grad for p in model.parameters()}
+    for p in grads:  # backward accumulates into a gradient in place: time into fresh ones
+        p.grad = None
     model.eval()  # no running statistics move; dropout draws nothing
     try:
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
-            for attempt in range(2):  # the first pass warms the kernels up
+            for _ in range(2):  # the first pass warms the kernels up
                 start = time.perf_counter()
                 with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                     out = model(x)
