@@ -81,6 +81,11 @@ def _rescale(dim: int, scale: float) -> nn.Module:
     return nn.MaxPool2d(2, 2)
 
 
+def _scale_widths(dim: int, scales: Sequence[float]) -> List[int]:
+    """The channels of each rescaled map: the transposed convolutions halve them per 2x upscale."""
+    return [dim // 4 if s == 4.0 else dim // 2 if s == 2.0 else dim for s in scales]
+
+
 class SimplePyramid(nn.Module):
     """ViTDet's simple feature pyramid from one map of ``dim`` channels."""
 
@@ -88,7 +93,7 @@ class SimplePyramid(nn.Module):
         super().__init__()
         self.scales = tuple(scales)
         self.rescale = nn.ModuleList(_rescale(dim, s) for s in self.scales)
-        widths = [dim // 4 if s == 4.0 else dim // 2 if s == 2.0 else dim for s in self.scales]
+        widths = _scale_widths(dim, self.scales)
         self.project = nn.ModuleList(
             nn.Sequential(nn.Conv2d(w, out_channels, 1, bias=False), LayerNorm2d(out_channels),
                           nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), LayerNorm2d(out_channels))
@@ -108,8 +113,7 @@ def _check_pyramid_fits(dim: int, channels: int) -> None:
     or whose weights alone exceed the free memory, naming the field, before anything is built."""
     if channels > MAX_WIDTH:
         raise ValueError(f"pyramid_channels {channels:,} is past {MAX_WIDTH:,} (ViTDet's pyramid has 256)")
-    widths = [dim // 4 if s == 4.0 else dim // 2 if s == 2.0 else dim for s in PYRAMID_SCALES]
-    params = sum(w * channels + 9 * channels * channels for w in widths)
+    params = sum(w * channels + 9 * channels * channels for w in _scale_widths(dim, PYRAMID_SCALES))
     free = available_memory()
     if free is not None and 4 * params > free:
         raise ValueError(f"pyramid_channels {channels:,} makes a pyramid of {params:,} parameters "

@@ -233,11 +233,11 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     # for the machine's precision); a config file cannot choose a recipe, a flag can
     recipe = config.pop("recipe", "fmnist")
     configs = work / "configs"
-    started = (run / "summary.json").is_file() or (
-        (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
+    finished = (run / "summary.json").is_file()
+    started = finished or ((run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
     if started:
         _check_reuse(run, config, configs / f"{name}.json")
-    if (run / "summary.json").is_file():
+    if finished:
         return _read_json(run / "summary.json", "the summary of a finished run")
     if started:
         extra = ["--threads", str(options.threads)] if options.threads else []

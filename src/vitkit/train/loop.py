@@ -180,12 +180,12 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         run = build(cfg, dist_info, log)
         restore(run, resume)
         run.note(_starting(run))
-        for line in run.fit_notes if not resume else ():
+        for line in run.fit_notes:  # none on resume: a resumed config records no chosen fields
             run.note(line)
         if run.main and run.start < run.total:
-            run.note(cost_line(encoder_of(run.model), complexity(encoder_of(run.model).config).macs,
-                               (run.total - run.start) * run.cfg.batch_size, run.layout.local, run.amp, run.dist.device,
-                               timed=cfg.objective == "classify"))
+            encoder = encoder_of(run.model)
+            run.note(cost_line(encoder, complexity(encoder.config).macs, (run.total - run.start) * run.cfg.batch_size,
+                               run.layout.local, run.amp, run.dist.device, timed=cfg.objective == "classify"))
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
             return summarise(run)
@@ -305,8 +305,8 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
               total=cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch),
               warmup=cfg.warmup_steps if cfg.warmup_epochs is None else round(cfg.warmup_epochs * steps_per_epoch),
               forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), task=task, ddp=ddp,
-              ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None)
-    run.fit_notes = fitted  # said after the run's first line, once nothing can refuse it
+              ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None,
+              fit_notes=fitted)  # said after the run's first line, once nothing can refuse it
     run.parallel, run.parallel_how = choose(cfg.cpu_parallel, torch.get_num_threads(), device, world, model,
                                             cfg.compile)
     note = busy_cpu_note(cfg.threads) if run.parallel is None and main and world == 1 and device.type == "cpu" else None
