@@ -171,12 +171,10 @@ def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[
 def _usage(name: str, config: Dict[str, Any], pretraining: Optional[Dict[str, Any]]) -> List[str]:
     h, w = config.get("img_size", ("?", "?"))
     call = f'vitkit.from_pretrained("hf-hub:{name}"{", encoder_only=True" if pretraining else ""})'
-    lines = ["## Use", "", "```python", "import vitkit  # pip install 'vitkit[hub]'",
-             "from vitkit.data.images import load_image", "from vitkit.data.transforms import EvalTransform", "",
+    lines = ["## Use", "", "```python", "import vitkit  # pip install 'vitkit[hub]'", "",
              f"model = {call}",
-             "image = load_image(\"photo.jpg\", channels=model.config.in_chans)",
-             "x = EvalTransform.from_config(model.config)(image)[None]  # (1, C, H, W)", "```", "",
-             f"Inputs, as `EvalTransform` makes them: the shorter side resized to {h} / crop fraction, a centre "
+             "x = vitkit.preprocess(model, \"photo.jpg\")  # (1, C, H, W), the model's own preprocessing", "```", "",
+             f"Inputs, as `vitkit.preprocess` makes them: the shorter side resized to {h} / crop fraction, a centre "
              f"{h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above. From the "
              f"command line: `vitkit predict --weights hf-hub:{name} IMAGE`."]
     if pretraining:
