@@ -1,0 +1,259 @@
+"""Writing files without half-made ones: the atomic writer (flock-held temporaries), work folders,
+new folders removed when their writer fails, and full disks said naming the file (DiskFull).
+Imports no other vitkit module."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class DiskFull(OSError):
+    """A write ran out of space (or quota); the message names the file. An OSError with errno
+    ENOSPC, so code that checks for full disks the usual way still does."""
+
+    def __init__(self, path: PathLike, what: str = "nothing was replaced (the previous file, if any, is intact)"):
+        super().__init__(errno.ENOSPC, f"no space left on device while writing {path}; {what}")
+        self.path = Path(path)
+
+    def __str__(self) -> str:  # the words, without OSError's "[Errno 28]"
+        return self.strerror
+
+
+def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> bool:
+    """Whether ``error`` means the disk (or the user's quota) is full. ``OSError`` says so by its
+    errno and safetensors in its text; torch's zip writer raises a RuntimeError whose text names
+    neither ("unexpected pos 576 vs 534"), so for a writer's RuntimeError the free space of
+    ``folder`` decides (under 1 MiB left)."""
+    if isinstance(error, DiskFull) or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    text = str(error)
+    if any(words in text for words in ("No space left on device", "StorageFull", "Disk quota exceeded", "os error 28")):
+        return True
+    if isinstance(error, RuntimeError) and folder is not None and ("inline_container" in text or "write" in text):
+        free = free_bytes(folder)
+        return free is not None and free < 1 << 20
+    return False
+
+
+def free_bytes(folder: PathLike) -> Optional[int]:
+    """Bytes this process may still write under ``folder`` (None when it cannot be asked)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize if os.geteuid() else st.f_bfree * st.f_frsize
+
+
+# ---------------------------------------------------------------- writing without half-made files
+#
+# Every temporary file and work folder is *held* by its writer with a flock (on the file itself,
+# or on a lock file inside the folder). The kernel releases a flock when its process dies, however
+# it dies, so "is the lock free?" tells a dead writer's leftovers from a live writer's work with no
+# pid files and no clock: the next writer of the same target sweeps the dead ones' away.
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive flock on ``fd`` without waiting; False when a live process holds it."""
+    if fcntl is None:  # pragma: no cover - not POSIX: no locks, no sweeping of others' files
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+
+    A crash or an exception leaves the old file (or nothing) in place, never half a file. The
+    temporary (``.NAME.*.tmp``) is flock-held while it is written: one that a killed writer left
+    is removed by the next writer of the same file (and by :func:`remove_stale_temporaries`). The
+    file gets the permissions the umask gives a new file (mkstemp's are 0600), so colleagues can
+    read a shared run. A full disk is a :class:`DiskFull` naming the file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent, path.name, recursive=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    _try_lock(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as e:
+        full = isinstance(e, Exception) and is_disk_full(e, path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if full:
+            raise DiskFull(path) from e
+        raise
+    finally:
+        os.close(fd)
+
+
+#: The suffix of atomic_path's temporaries.
+TEMP_SUFFIX = ".tmp"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(folder: PathLike, name: Optional[str] = None, recursive: bool = True) -> int:
+    """Delete the temporaries (``.NAME.*.tmp`` of :func:`atomic_path`) that dead writers left in
+    ``folder`` (and its subfolders when ``recursive``); ``name``: only those of that file. A
+    temporary a live process is writing is flock-held and kept. Returns how many were removed."""
+    folder = Path(folder)
+    pattern = f".{glob.escape(name)}.*{TEMP_SUFFIX}" if name else f".*{TEMP_SUFFIX}"
+    removed = 0
+    for tmp in (folder.rglob(pattern) if recursive else folder.glob(pattern)):
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile, a link, or not ours to open
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd):
+                os.unlink(tmp)
+                removed += 1
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+#: The suffix of work_folder's folders, and the lock file inside each.
+WORK_SUFFIX = ".work"
+_OWNER = ".owner"
+
+
+@contextlib.contextmanager
+def work_folder(parent: PathLike, name: str) -> Iterator[Path]:
+    """A private folder ``parent/.NAME.XXXX.work`` for a job of several files (an ONNX export,
+    a quantization), removed when the job ends however it ends in Python (an error, Ctrl-C,
+    SIGTERM through the command line). A lock file inside is held meanwhile, so the folders of
+    killed writers (SIGKILL, power loss) are found dead and removed by the next job in ``parent``
+    (:func:`sweep_work_folders`)."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_work_folders(parent)
+    folder = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=WORK_SUFFIX, dir=parent))
+    fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+    _try_lock(fd)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
+
+
+def sweep_work_folders(parent: PathLike, name: Optional[str] = None) -> int:
+    """Remove the work folders in ``parent`` (``name``: only that job's) whose writers are dead:
+    their lock file is free. A folder of ``name`` without a lock file was left between its
+    creation and its lock, so it is removed once a minute old; without ``name`` such folders are
+    left alone (they may be another program's). Returns how many were removed."""
+    removed = 0
+    pattern = f".{glob.escape(name)}.*{WORK_SUFFIX}" if name else f".*{WORK_SUFFIX}"
+    for folder in Path(parent).glob(pattern):
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            fd = os.open(folder / _OWNER, os.O_RDONLY)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if name and time.time() - folder.stat().st_mtime > 60:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed += 1
+            continue
+        except OSError:
+            continue
+        try:
+            if _try_lock(fd):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+        finally:
+            os.close(fd)
+    return removed
+
+
+@contextlib.contextmanager
+def new_folder(folder: PathLike) -> Iterator[Path]:
+    """Make ``folder`` (and its missing parents) for a writer of several files; when the writer
+    fails (a full disk, an error, Ctrl-C) remove what this made, so no half-made folder is left:
+    the folders it created, or what it wrote into a folder that was empty. A folder that held
+    files before keeps them: its files are replaced one by one, atomically."""
+    folder = Path(folder)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    was_empty = not made and folder.is_dir() and not any(folder.iterdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)  # the outermost folder this made
+        elif was_empty:
+            for child in folder.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        raise
+
+
+def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
+    """Refuse an output that cannot be written, before any work is done: ``kind`` "file" or
+    "folder"; a file where a folder is wanted (or the reverse), a path under a file, or a folder
+    this process may not write. ``what`` names it in the message (a flag, "DST")."""
+    if str(path) == "":
+        raise ValueError(f"{what} is empty: give a path")
+    path = Path(path)
+    if kind not in ("file", "folder"):
+        raise ValueError(f"kind must be file or folder, not {kind!r}")
+    if path.exists() or path.is_symlink():
+        if kind == "folder" and not path.is_dir():
+            raise ValueError(f"{what} {path} is a file, not a folder: give a folder to write into")
+        if kind == "file" and path.is_dir():
+            raise ValueError(f"{what} {path} is a folder, not a file name")
+        if kind == "file" and not path.is_file():
+            raise ValueError(f"{what} {path} exists and is not a regular file (a FIFO, a device?)")
+    ancestor = path if path.is_dir() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"{what} {path} cannot be made: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: no permission to write in {ancestor}")
+    return path
+
+def write_json(path: PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def copy_file(src: PathLike, dst: PathLike) -> None:
+    """Copy ``src`` to ``dst`` atomically (a full disk is said naming ``dst``; no half copy)."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)

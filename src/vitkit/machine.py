@@ -1,0 +1,45 @@
+"""What this machine offers a run: memory left, usable cores, native bf16 on the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory this process can still use: the smaller of the system's available memory
+    and the cgroup's limit left (None where neither can be read)."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            found.append(max(int(limit) - used, 0))
+    if not found:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return min(found) if found else None
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity; every core where that is unknown)."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU runs bf16 matrix products natively (AVX-512 BF16 or AMX), by oneDNN's own
+    probe. Elsewhere torch emulates bf16, many times slower than fp32: choose fp32 there."""
+    import torch
+
+    try:  # a private API, so guarded
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
