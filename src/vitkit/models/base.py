@@ -8,11 +8,13 @@ the patches from the start (:meth:`prefix_tokens`), how layer ``i`` runs (:meth:
 ConViT's class token joins between two layers), how the last tokens are finished
 (:meth:`_finish`: CaiT's class attention) and how tokens become logits (:meth:`forward_head`).
 ``forward``, ``forward_features``, ``forward_intermediates``, ``reset_classifier``,
-``set_input_size``, ``no_weight_decay`` and gradient checkpointing come from here.
+``set_input_size``, ``no_weight_decay``, gradient checkpointing and the parameter groups of
+layer-wise learning-rate decay (:class:`LayerGroups`, timm's ``group_matcher``) come from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -23,6 +25,26 @@ from . import positions
 from .config_base import TokenConfig
 from .layers import IntPair, Linear, intermediates_plan, patch_tokens_as, to_2tuple
 from .serialize import SaveMixin
+
+
+@dataclass(frozen=True)
+class LayerGroups:
+    """Which layer each parameter is in for layer-wise learning-rate decay, by its name (timm's
+    ``group_matcher``, as prefixes): a family declares its own (``TokenModel.layer_groups``)."""
+
+    #: the embedding's parameters (layer 0), by the start of their names
+    embed: Tuple[str, ...]
+    #: the blocks' parameters, by the start of their names before the block's index (``blocks.3.``: layer 4)
+    blocks: str = "blocks."
+
+    def layer_of(self, name: str, depth: int) -> int:
+        """0 the embedding, i + 1 block i, depth + 1 everything after the blocks (the final norm, the
+        heads, an attention pool)."""
+        if name.startswith(self.embed):
+            return 0
+        if name.startswith(self.blocks):
+            return int(name[len(self.blocks):].split(".")[0]) + 1
+        return depth + 1
 
 
 class TokenModel(SaveMixin, nn.Module):
@@ -36,6 +58,11 @@ class TokenModel(SaveMixin, nn.Module):
     config_cls: type = TokenConfig
     #: parameters the papers' recipes exempt from weight decay (besides 1-D tensors)
     NO_WEIGHT_DECAY = ("cls_token", "dist_token") + positions.PARAMETER_NAMES
+    #: layer-wise learning-rate decay's layers: the embedding -- patches, the class, distillation and
+    #: register tokens, positions (the learned table and RoPE-Mixed's frequencies), the norm after the
+    #: embedding -- then the blocks (a module that declares none is grouped by this rule too)
+    layer_groups = LayerGroups(embed=("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "rope.",
+                                      "norm_pre."))
 
     def __init__(self, config: Optional[TokenConfig] = None, **overrides: Any):
         super().__init__()
@@ -226,4 +253,4 @@ class TokenModel(SaveMixin, nn.Module):
                 f"pos_embed={self.pos_embed_kind}, global_pool={self.global_pool}")
 
 
-__all__ = ["TokenModel"]
+__all__ = ["LayerGroups", "TokenModel"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import available_memory
+from ..machine import available_memory
 from .base import TokenModel
 from .config_base import MAX_WIDTH
 from .layers import intermediates_plan

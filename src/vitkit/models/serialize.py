@@ -13,7 +13,7 @@ from typing import Any, Dict
 from torch import nn
 
 from .._version import __version__
-from ..utils import PathLike, atomic_path, new_folder, write_json
+from ..files import PathLike, atomic_path, new_folder, write_json
 
 NATIVE_FORMAT = "vitkit"
 NATIVE_FORMAT_VERSION = 1

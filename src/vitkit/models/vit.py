@@ -4,9 +4,9 @@ One configurable class covers the paper's model and its common variants (pooling
 embeddings, LayerScale, the tanh pre-logits layer), DeiT (a distillation token with its own
 head) and the paper's ResNet hybrid (section 3.1: a CNN in the patch embedding,
 :mod:`.hybrid`). Every architectural choice lives in :class:`ViTConfig`, which is what
-``config.json`` stores next to the weights. This file also registers the family's names:
-timm's ``vit_*`` and ``deit_*`` models, the hybrids, the Fashion-MNIST models of ``vitkit
-train`` and big_vision's size strings (``"B/16"``).
+``config.json`` stores next to the weights. This file registers the family and big_vision's size
+strings (``"B/16"``); the family's model names (timm's ``vit_*`` and ``deit_*``, the hybrids, the
+Fashion-MNIST models of ``vitkit train``) are :mod:`.vit_names`', its timm conversions :mod:`.vit_timm`'s.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from .layers import (
     make_mlp,
     norm_factory,
 )
-from .registry import Family, register_family, register_model, register_name_pattern
+from .registry import Family, register_family, register_name_pattern
+from .vit_timm import vit_timm_args, vit_timm_config, vit_to_timm
 
 POS_EMBEDS = tuple(positions.KINDS)
 #: Registers past this many are a typo (the papers use 1 to 16).
@@ -464,15 +465,12 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     registers = int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0
     has_fc_norm = "fc_norm.weight" in sd
     attn_pool = "attn_pool.latent" in sd
-    swiglu = "blocks.0.mlp.fc1_g.weight" in sd
-    fc1 = sd["blocks.0.mlp.fc1_g.weight" if swiglu else "blocks.0.mlp.fc1.weight"]
-    fc2_in = int(sd["blocks.0.mlp.fc2.weight"].shape[1])
-    packed = not swiglu and int(fc1.shape[0]) == 2 * fc2_in  # SwiGLU's gate and value in one fc1
+    mlp, fc2_in = _infer_mlp(sd)
     pool = "map" if attn_pool else "token" if class_token and not has_fc_norm else "avg"
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
         num_heads=HEADS_BY_WIDTH.get(D, max(1, D // 64)),
-        mlp="swiglu" if swiglu else "swiglu_packed" if packed else "mlp", mlp_dim=fc2_in,
+        mlp=mlp, mlp_dim=fc2_in,
         class_token=class_token, distill_token=distill_token, reg_tokens=registers,
         global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
         num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
@@ -490,97 +488,52 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     )
     if attn_pool:
         kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
-    if "pos_embed" in sd:
-        prefix = int(class_token) + int(distill_token) + registers
+    kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
+                              backbone, (ph, pw)))
+    kw.update(overrides)
+    return ViTConfig(**kw)
+
+
+def _infer_mlp(sd: Mapping[str, Any]) -> Tuple[str, int]:
+    """The MLP kind of the blocks and the width ``fc2`` reads."""
+    swiglu = "blocks.0.mlp.fc1_g.weight" in sd
+    fc1 = sd["blocks.0.mlp.fc1_g.weight" if swiglu else "blocks.0.mlp.fc1.weight"]
+    fc2_in = int(sd["blocks.0.mlp.fc2.weight"].shape[1])
+    packed = not swiglu and int(fc1.shape[0]) == 2 * fc2_in  # SwiGLU's gate and value in one fc1
+    return "swiglu" if swiglu else "swiglu_packed" if packed else "mlp", fc2_in
+
+
+def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, prefix: int,
+                    backbone: Optional[Dict[str, Any]], patch: IntPair) -> Dict[str, Any]:
+    """``img_size`` (and ``no_embed_class`` for a table over the patches only), read off the learned
+    position table or the relative-bias table; nothing when the positions store no grid."""
+    ph, pw = patch
+    found: Dict[str, Any] = {}
+    if pos_embed == "learned":
         slots = int(sd["pos_embed"].shape[1])
         n = slots - prefix
         if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
-            n, kw["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
+            n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
         side = int(round(n ** 0.5))
         if side * side != n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
                              f"patch slots; pass img_size=")
-        r = backbone_reduction(backbone) if backbone is not None else 1
-        kw["img_size"] = (side * ph * r, side * pw * r)
-    elif kw["pos_embed"] == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
+    elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
         offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
         side = (round(offsets ** 0.5) + 1) // 2
         if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
             raise ValueError(f"cannot infer the image size from a relative-bias table of {offsets} offsets; "
                              f"pass img_size=")
-        r = backbone_reduction(backbone) if backbone is not None else 1
-        kw["img_size"] = (side * ph * r, side * pw * r)
-    kw.update(overrides)
-    return ViTConfig(**kw)
+    else:
+        return found
+    r = backbone_reduction(backbone) if backbone is not None else 1
+    found["img_size"] = (side * ph * r, side * pw * r)
+    return found
 
 
 #: what a bare state dict of a later ViT cannot tell (no tensor holds it): said when it is read off the shapes
 UNSTORED = ("the block kind (pre-norm; timm's rpn ViTs are residual post-norm)", "the norms' eps (1e-6)",
             "the GELU (exact; CLIP's OpenAI weights use QuickGELU, SigLIP 2 the tanh form)")
-
-
-def vit_to_timm(model: VisionTransformer) -> Dict[str, torch.Tensor]:
-    """vitkit ViT -> timm ``VisionTransformer`` state dict (the same module config in timm):
-    2D and sine-cosine positions are written as the equivalent ``pos_embed`` table."""
-    if model.config.representation_size:
-        raise ValueError("timm's VisionTransformer has no pre-logits (representation) layer; "
-                         "export this model as 'vitkit', 'npz' or 'hf' instead")
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-          if not k.startswith(positions.PARAMETER_NAMES)}
-    pos = positions.full_table(model)
-    if pos is not None:
-        sd["pos_embed"] = pos.cpu().contiguous()
-    return sd
-
-
-def vit_timm_config(config: ViTConfig) -> Dict[str, Any]:
-    """The config of ``vit_to_timm``'s state dict: 2D and sine-cosine positions became a learned table."""
-    d = config.to_dict()
-    if d["pos_embed"] in ("learned_2d", "sincos2d"):
-        d["pos_embed"] = "learned"
-    return d
-
-
-#: timm ``model_args`` that mean the same thing in ViTConfig.
-_TIMM_ARGS = ("class_token", "fc_norm", "init_values", "embed_dim", "reg_tokens", "no_embed_class", "pre_norm",
-              "final_norm", "qk_norm", "proj_bias", "pool_include_prefix", "drop_path_rate", "attn_drop_rate")
-#: timm's names of the same fields
-_TIMM_RENAMED = {"scale_attn_norm": "attn_norm", "scale_mlp_norm": "mlp_norm"}
-#: timm's activation names -> the ``gelu`` field (SwiGLU's SiLU is the MLP kind's own)
-_TIMM_ACTS = {"gelu": "exact", "gelu_tanh": "tanh", "gelu_pytorch_tanh": "tanh", "quick_gelu": "quick"}
-#: arguments that change no output (initialisation, dropout placement timm's way, features) or that
-#: the generic reader takes (timm_format._TIMM_ARGS)
-_TIMM_INERT = ("weight_init", "fix_init", "drop_rate", "pos_drop_rate", "proj_drop_rate", "patch_drop_rate",
-               "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "qkv_bias", "dynamic_img_size",
-               "depth", "num_heads", "mlp_ratio", "act_layer", "pos_embed", "dynamic_img_pad")
-
-
-def vit_timm_args(args: Mapping[str, Any], config: ViTConfig) -> Dict[str, Any]:
-    """timm's VisionTransformer ``model_args`` (a hub ``config.json``) -> ViTConfig fields. Layers given by
-    class (``norm_layer``, ``mlp_layer``, ``block_fn`` ...) are the architecture's own: a name's
-    registered config carries them; any other argument is refused by name rather than dropped."""
-    kw = {k: args[k] for k in _TIMM_ARGS if args.get(k) is not None}
-    kw.update({ours: args[theirs] for theirs, ours in _TIMM_RENAMED.items() if args.get(theirs) is not None})
-    unknown = sorted(k for k in args if k not in _TIMM_ARGS and k not in _TIMM_RENAMED and k not in _TIMM_INERT)
-    if unknown:
-        raise ValueError(f"timm model_args {', '.join(unknown)} are not read by vitkit (the architecture's own layers "
-                         f"come with its name); remove them or build the model with vitkit's fields")
-    act = args.get("act_layer")
-    if act is not None:
-        if act == "silu" and config.mlp in ("swiglu", "swiglu_packed"):
-            pass  # SwiGLU's own activation
-        elif act in _TIMM_ACTS:
-            kw["gelu"] = _TIMM_ACTS[act]
-        else:
-            raise ValueError(f"timm act_layer {act!r} has no vitkit ViT equivalent (known: {', '.join(_TIMM_ACTS)})")
-    if args.get("pos_embed") in ("", "none"):
-        kw["pos_embed"] = "none"
-    if args.get("dynamic_img_pad"):
-        raise ValueError("timm dynamic_img_pad=True (zero padding to whole patches) has no vitkit equivalent")
-    if "mlp_ratio" in args:
-        hidden = int(kw.get("embed_dim", config.embed_dim) * args["mlp_ratio"])
-        kw["mlp_dim"] = hidden // 2 if config.mlp == "swiglu_packed" else hidden
-    return kw
 
 
 FAMILY = register_family(Family(
@@ -589,7 +542,7 @@ FAMILY = register_family(Family(
     timm_args=vit_timm_args, timm_config=vit_timm_config, layouts=("timm", "hf", "npz", "big_vision")))
 
 
-# ----------------------------------------------------------------------------- names: the paper's Table 1
+# ----------------------------------------------------------------------------- sizes: the paper's Table 1
 
 #: size letter -> (width, depth, heads, MLP width), paper Table 1 plus DeiT's Ti/S
 VIT_SIZES: Dict[str, Tuple[int, int, int, int]] = {
@@ -601,7 +554,6 @@ VIT_SIZES: Dict[str, Tuple[int, int, int, int]] = {
 }
 #: heads of the standard widths (not recoverable from a fused qkv matrix)
 HEADS_BY_WIDTH = {w: h for (w, _, h, _) in VIT_SIZES.values()}
-_SIZE_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 
 
 def vit_config(size: str, patch: int, img_size: int = 224, **kw: Any) -> ViTConfig:
@@ -614,81 +566,9 @@ def vit_config(size: str, patch: int, img_size: int = 224, **kw: Any) -> ViTConf
 
 register_name_pattern(r"^(Ti|S|B|L|H)/(\d+)$", lambda m: vit_config(m.group(1), int(m.group(2))))
 
-_VIT_VARIANTS = [
-    ("Ti", 16, 224), ("Ti", 16, 384),
-    ("S", 16, 224), ("S", 16, 384), ("S", 32, 224), ("S", 32, 384),
-    ("B", 16, 224), ("B", 16, 384), ("B", 32, 224), ("B", 32, 384), ("B", 8, 224),
-    ("L", 16, 224), ("L", 16, 384), ("L", 32, 224), ("L", 32, 384),
-    ("H", 14, 224),
-]
-for _size, _patch, _res in _VIT_VARIANTS:
-    register_model(f"vit_{_SIZE_WORDS[_size]}_patch{_patch}_{_res}", vit_config(_size, _patch, _res),
-                   f"ViT-{_size}/{_patch} at {_res} px")
-
-# ---- DeiT (Touvron et al., 2021): the plain ViT trained on ImageNet-1k alone with strong
-# regularisation (ImageNet mean/std, crop 0.875); the distilled variants add a distillation
-# token and a second head whose average with the class head is the prediction.
-for _size in ("Ti", "S", "B"):
-    for _res in ((224, 384) if _size == "B" else (224,)):
-        for _distilled in (False, True):
-            _name = f"deit_{_SIZE_WORDS[_size]}{'_distilled' if _distilled else ''}_patch16_{_res}"
-            register_model(_name, vit_config(_size, 16, _res, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                                             crop_pct=1.0 if _res == 384 else 0.875, distill_token=_distilled),
-                           f"DeiT-{_size}/16 at {_res} px" + (", distillation token" if _distilled else ""))
-
-#: Fashion-MNIST's training-set pixel statistics (the models below expect them). models/ does
+#: Fashion-MNIST's training-set pixel statistics (:mod:`.vit_names`' models expect them). models/ does
 #: not import data/, so they are written here as well as in data.fashion_mnist; a test keeps both equal.
 FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
-
-# The plain model for Fashion-MNIST (28x28 grey): patch 4 gives a 7x7 grid (49 tokens), fine
-# enough for 28 px garments while attention stays cheap; width 96 with 4 layers and 3 heads
-# (head dim 32). Global average pooling and sine-cosine positions (the "plain ViT baseline" of
-# big_vision) converge faster on small data than a class token and learned positions.
-register_model("vit_fmnist", ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10,
-                                       embed_dim=96, depth=4, num_heads=3, mlp_dim=192,
-                                       global_pool="avg", class_token=False, fc_norm=False,
-                                       pos_embed="sincos2d", mean=FMNIST_MEAN, std=FMNIST_STD,
-                                       crop_pct=1.0),
-               "ViT for 28x28 grey images (plain: patch 4)")
-
-# The default model of `vitkit train`, its hybrid (section 3.1 at 28 px): five 3x3 convolutions
-# (32, 64, 64, 96, 96 channels; strides 1, 2, 1, 2, 1; weight-standardised, GroupNorm + ReLU)
-# make the same 7x7 grid of tokens with a receptive field that overlaps patches; one
-# transformer layer of width 96 follows. Per epoch the convolutions learn fastest: after 4
-# epochs (label smoothing 0.1, one seed) the earlier 3-convolution stem with 2 layers gave
-# 90.5% test, 4 convolutions 91.1%, 5 convolutions 92.0% with 2 layers and 92.6% with 1 -
-# while a third transformer layer lost 0.6 points. One layer keeps it at 0.92x the earlier
-# model's img/s. The paper's Fig. 5 finding that hybrids win at small compute, taken further.
-register_model("vit_fmnist_hybrid",
-               ViTConfig(img_size=28, patch_size=1, in_chans=1, num_classes=10,
-                         embed_dim=96, depth=1, num_heads=3, mlp_dim=192,
-                         global_pool="avg", class_token=False, fc_norm=False,
-                         pos_embed="sincos2d", mean=FMNIST_MEAN, std=FMNIST_STD, crop_pct=1.0,
-                         backbone={"type": "conv", "channels": [32, 64, 64, 96, 96], "strides": [1, 2, 1, 2, 1]}),
-               "conv-stem hybrid ViT for 28x28 grey images")
-
-
-# ---- the ResNet hybrids (section 3.1), timm's names and counts. The paper's R50 hybrid
-# drops stage 4 and extends stage 3 to 9 blocks (output stride 16).
-def _resnetv2(*layers: int) -> Dict[str, Any]:
-    return {"type": "resnetv2", "layers": list(layers), "width_factor": 1}
-
-
-#: (timm name stem, size, projection patch, backbone, what it is, image sizes)
-_HYBRID_VARIANTS = [
-    ("vit_tiny_r_s16_p8", "Ti", 8, _resnetv2(), "R+ViT-Ti: the ResNet stem alone (stride 4), 8x8 patches",
-     (224, 384)),
-    ("vit_small_r26_s32", "S", 1, _resnetv2(2, 2, 2, 2), "R26+ViT-S/32 hybrid", (224, 384)),
-    ("vit_base_r26_s32", "B", 1, _resnetv2(2, 2, 2, 2), "R26+ViT-B/32 hybrid", (224,)),
-    ("vit_base_r50_s16", "B", 1, _resnetv2(3, 4, 9), "R50+ViT-B/16 hybrid of the paper (stages 3, 4, 9)",
-     (224, 384)),
-    ("vit_large_r50_s32", "L", 1, _resnetv2(3, 4, 6, 3), "R50+ViT-L/32 hybrid (all four R50 stages)",
-     (224, 384)),
-]
-for _stem, _size, _patch, _backbone, _what, _sizes in _HYBRID_VARIANTS:
-    for _res in _sizes:
-        register_model(f"{_stem}_{_res}", vit_config(_size, _patch, _res, backbone=dict(_backbone)),
-                       f"{_what} at {_res} px")
 
 
 __all__ = ["ViTConfig", "VisionTransformer", "count_parameters", "num_tokens", "vit_complexity",

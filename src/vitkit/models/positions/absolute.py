@@ -1,0 +1,90 @@
+"""Absolute position tables: a learned (1, prefix + gh*gw, D) table resampled to another grid, and the
+fixed 2D sine-cosine table."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..sizes import IntPair
+
+#: the resampling modes of a position table (``config.pos_embed_interpolation``)
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation: str = "bicubic",
+                            antialias: bool = True) -> torch.Tensor:
+    """Resample a (1, gh, gw, D) grid of embeddings to (1, H', W', D).
+
+    ``bicubic`` with ``antialias=True`` is timm's default (DeiT, timm checkpoints);
+    the official JAX code resizes bilinearly; Hugging Face uses bicubic without antialias.
+    """
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
+    if tuple(grid.shape[1:3]) == tuple(new_size):
+        return grid
+    mode = interpolation
+    antialias = antialias and mode != "nearest"
+    dtype = grid.dtype
+    x = grid.float().permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=tuple(new_size), mode=mode, antialias=antialias,
+                      align_corners=None if mode == "nearest" else False)
+    return x.permute(0, 2, 3, 1).to(dtype)
+
+
+def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
+                       old_size: Optional[IntPair] = None, num_prefix_tokens: int = 1,
+                       interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+    """Resample a flat (1, prefix + gh*gw, D) table to a new grid, prefix slots kept apart.
+
+    ``old_size`` defaults to a square grid; a table whose patch count is not a square
+    needs it spelled out.
+    """
+    n_patch = pos_embed.shape[1] - num_prefix_tokens
+    if old_size is None:
+        side = int(round(math.sqrt(n_patch)))
+        if side * side != n_patch:
+            raise ValueError(
+                f"cannot infer the grid of a position embedding with {n_patch} patch slots; "
+                f"pass its grid size")
+        old_size = (side, side)
+    if old_size[0] * old_size[1] != n_patch:
+        raise ValueError(f"position embedding has {n_patch} patch slots, "
+                         f"not {old_size[0]}x{old_size[1]}")
+    if tuple(old_size) == tuple(new_size):
+        return pos_embed
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = patches.reshape(1, old_size[0], old_size[1], -1)
+    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias)
+    return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
+
+
+#: the frequency spacings of :func:`sincos_2d_pos_embed`: big_vision's and MAE's
+SINCOS_SPACINGS = ("big_vision", "mae")
+
+
+def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0,
+                        spacing: str = "big_vision") -> torch.Tensor:
+    """Fixed 2D sine-cosine embedding, laid out as big_vision's ``posemb_sincos_2d``.
+
+    Returns (1, gh*gw, dim): [sin(x w), cos(x w), sin(y w), cos(y w)] with D/4 frequencies
+    w_i = T^(-i / s). The two references differ only in s: big_vision spans [1, 1/T] (s = D/4 - 1);
+    MAE (and Hugging Face's ViTMAE, after its half swap) stops one step short (s = D/4).
+    """
+    if dim % 4:
+        raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {dim}")
+    if spacing not in SINCOS_SPACINGS:
+        raise ValueError(f"spacing must be one of {SINCOS_SPACINGS}, got {spacing!r}")
+    gh, gw = grid_size
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64),
+                          torch.arange(gw, dtype=torch.float64), indexing="ij")
+    quarter = dim // 4
+    omega = torch.arange(quarter, dtype=torch.float64) / (quarter if spacing == "mae" else max(quarter - 1, 1))
+    omega = 1.0 / temperature ** omega
+    y = y.flatten()[:, None] * omega[None, :]
+    x = x.flatten()[:, None] * omega[None, :]
+    pe = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+    return pe.float().unsqueeze(0)

@@ -1,0 +1,174 @@
+"""Relative position biases: a learned bias per head and 2D offset (Swin, BEiT; timm's ``RelPosBias``),
+or one computed by a small MLP from the log-spaced offset (timm's ``RelPosMlp``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sizes import IntPair
+
+
+def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
+    """(N, N) long: for query token i and key token j, the row of a relative-bias table that holds
+    their 2D offset (Swin / BEiT; equal to timm's ``gen_relative_position_index``).
+
+    Patch p at (r, c) and q at (r', c') share the row (r - r' + gh - 1) * (2 gw - 1) + c - c' + gw - 1
+    of the (2 gh - 1)(2 gw - 1) offsets. With one prefix token (a class token, ``prefix_tokens=1``)
+    the table has three more rows, BEiT's: class -> patch, patch -> class, class -> class.
+    """
+    if prefix_tokens not in (0, 1):
+        raise ValueError(f"relative position bias supports 0 or 1 prefix tokens (a class token), not {prefix_tokens}")
+    gh, gw = grid
+    rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    coords = torch.stack([rows.flatten(), cols.flatten()])  # (2, gh*gw)
+    offsets = coords[:, :, None] - coords[:, None, :]  # (2, N, N): query minus key
+    index = (offsets[0] + gh - 1) * (2 * gw - 1) + offsets[1] + gw - 1
+    if prefix_tokens:
+        offsets_count = (2 * gh - 1) * (2 * gw - 1)
+        index = F.pad(index, (1, 0, 1, 0))
+        index[0, :] = offsets_count  # class token as the query
+        index[:, 0] = offsets_count + 1  # class token as the key
+        index[0, 0] = offsets_count + 2
+    return index.contiguous()
+
+
+def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
+    """A ((2 gh - 1)(2 gw - 1) + 3 prefix, heads) relative-bias table for grid ``old`` -> grid ``new``.
+
+    An offset keeps its bias: it is the same displacement in pixels at any grid of the same patch
+    size. A smaller grid keeps the central offsets (exact: resizing back restores the table); a
+    larger one repeats the outermost learned offset outwards, as distances past the trained range
+    share one bias (T5's far bucket). (timm's ``resize_rel_pos_bias_table`` stretches the table
+    instead, as BEiT's fine-tuning did, so that offsets change meaning; vitkit keeps them.)
+    """
+    (oh, ow), (nh, nw) = old, new
+    extra = table[table.shape[0] - 3 * prefix_tokens:]
+    offsets = table[:table.shape[0] - 3 * prefix_tokens]
+    if offsets.shape[0] != (2 * oh - 1) * (2 * ow - 1):
+        raise ValueError(f"a relative-bias table of {table.shape[0]} rows is not that of a {oh}x{ow} grid "
+                         f"with {prefix_tokens} prefix token(s)")
+    grid = offsets.reshape(2 * oh - 1, 2 * ow - 1, -1)
+    dy = (torch.arange(-(nh - 1), nh) + oh - 1).clamp(0, 2 * oh - 2)
+    dx = (torch.arange(-(nw - 1), nw) + ow - 1).clamp(0, 2 * ow - 2)
+    resized = grid[dy][:, dx].reshape((2 * nh - 1) * (2 * nw - 1), -1)
+    return torch.cat([resized, extra]).contiguous()
+
+
+class RelativeBiasTable:
+    """A learned relative position bias (Swin, BEiT; timm's ``RelPosBias``): one scalar per head for each
+    2D offset between a query and a key patch, added to the attention logits before the softmax.
+    Parameter ``relative_position_bias_table`` ((2 gh - 1)(2 gw - 1) + 3 prefix, heads), timm's name and
+    layout; the index is a non-persistent buffer. A mixin of the module that holds the table (its own
+    :class:`RelativePositionBias`, or BEiT's attention layer, which holds it itself).
+
+    ``relative_bias(grid)`` -> the (1, heads, N, N) bias of a grid (another grid than the native one is
+    resized on the fly by :func:`resize_relative_table`).
+    """
+
+    def init_relative(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0) -> None:
+        self.grid, self.prefix_tokens = tuple(grid), int(prefix_tokens)
+        rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * self.prefix_tokens
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, num_heads))
+        self.register_buffer("relative_position_index", relative_position_index(self.grid, self.prefix_tokens),
+                             persistent=False)
+
+    def relative_bias(self, grid: IntPair) -> torch.Tensor:
+        table, index = self.relative_position_bias_table, self.relative_position_index
+        if tuple(grid) != self.grid:
+            table = resize_relative_table(table, self.grid, grid, self.prefix_tokens)
+            index = relative_position_index(grid, self.prefix_tokens).to(index.device)
+        n = index.shape[0]
+        return table[index.view(-1)].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
+
+    @torch.no_grad()
+    def set_relative_grid(self, grid: IntPair) -> None:
+        """Make ``grid`` the native one: the table resized in place, the index rebuilt."""
+        grid = tuple(grid)
+        if grid == self.grid:
+            return
+        table = resize_relative_table(self.relative_position_bias_table.data, self.grid, grid, self.prefix_tokens)
+        self.relative_position_bias_table = nn.Parameter(table, requires_grad=self.relative_position_bias_table
+                                                         .requires_grad)
+        self.relative_position_index = relative_position_index(grid, self.prefix_tokens).to(table.device)
+        self.grid = grid
+
+
+class RelativePositionBias(RelativeBiasTable, nn.Module):
+    """A block's relative position bias as a module of its own (``attn.rel_pos``, timm's ``RelPosBias``
+    names): see :class:`RelativeBiasTable`. ``forward(grid)`` -> the (1, heads, N, N) bias."""
+
+    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0):
+        super().__init__()
+        self.init_relative(grid, num_heads, prefix_tokens)
+
+    def forward(self, grid: IntPair) -> torch.Tensor:
+        return self.relative_bias(grid)
+
+    def set_grid(self, grid: IntPair) -> None:
+        self.set_relative_grid(grid)
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
+
+
+class _ReluMlp(nn.Module):
+    """Linear -> ReLU -> Linear, with timm's names (``fc1``, ``fc2``)."""
+
+    def __init__(self, dim: int, hidden: int, out: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def relative_log_coords(grid: IntPair) -> torch.Tensor:
+    """((2 gh - 1), (2 gw - 1), 2) offsets (dy, dx) between patches as sign(d) log(1 + |d|) (timm's 'cr' log
+    coordinates, after Swin v2's): continuous in the offset, so a table for any grid is the same function."""
+    gh, gw = grid
+    dy = torch.arange(-(gh - 1), gh, dtype=torch.float32)
+    dx = torch.arange(-(gw - 1), gw, dtype=torch.float32)
+    coords = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1)
+    return torch.sign(coords) * torch.log(1.0 + coords.abs())
+
+
+class RelativePositionMlp(nn.Module):
+    """A relative position bias computed by a small MLP from the log-spaced 2D offset of each query and key
+    patch (timm's ``RelPosMlp``, mode 'cr': ``mlp.fc1`` 2 -> hidden, ReLU, ``mlp.fc2`` hidden -> heads); the
+    prefix tokens get none (zero rows and columns). No table depends on the grid, so any grid is exact.
+    ``relative_bias(grid)`` -> (1, heads, prefix + N, prefix + N)."""
+
+    def __init__(self, grid: IntPair, num_heads: int, hidden: int = 128, prefix_tokens: int = 0):
+        super().__init__()
+        self.num_heads, self.prefix_tokens = num_heads, int(prefix_tokens)
+        self.mlp = _ReluMlp(2, hidden, num_heads)
+        self.grid = tuple(grid)
+        self._buffers_for(self.grid)
+
+    def _buffers_for(self, grid: IntPair) -> None:
+        self.register_buffer("rel_coords_log", relative_log_coords(grid), persistent=False)
+        self.register_buffer("relative_position_index", relative_position_index(grid, 0).view(-1), persistent=False)
+
+    def relative_bias(self, grid: IntPair) -> torch.Tensor:
+        coords, index = self.rel_coords_log, self.relative_position_index
+        if tuple(grid) != self.grid:
+            coords = relative_log_coords(grid).to(coords.device)
+            index = relative_position_index(grid, 0).view(-1).to(index.device)
+        n = grid[0] * grid[1]
+        bias = self.mlp(coords).view(-1, self.num_heads)[index].view(n, n, self.num_heads).permute(2, 0, 1)
+        if self.prefix_tokens:
+            bias = F.pad(bias, [self.prefix_tokens, 0, self.prefix_tokens, 0])
+        return bias.unsqueeze(0)
+
+    def set_relative_grid(self, grid: IntPair) -> None:
+        self.grid = tuple(grid)
+        device = self.rel_coords_log.device
+        self._buffers_for(self.grid)
+        self.rel_coords_log, self.relative_position_index = (self.rel_coords_log.to(device),
+                                                             self.relative_position_index.to(device))
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}, prefix_tokens={self.prefix_tokens}"
+
