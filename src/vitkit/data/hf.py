@@ -34,13 +34,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from ..extras import require
 from ..models.config_base import MAX_CLASSES
-from ..utils import require, seed_for
+from ..utils import seed_for
 from .datasets import HF_PREFIX as PREFIX
 from .datasets import is_hf
 from .folder import SampleList
 from .images import BadImageError, Skipped, decode_image
-from .shards import RankedReader, repeat_passes
+from .streams import RankedReader, repeat_passes
 
 logger = logging.getLogger("vitkit.data")
 

@@ -39,134 +39,35 @@ copy of the dataset and never see it, so leave persistent workers off.
 from __future__ import annotations
 
 import glob
-import io
 import itertools
 import json
 import logging
 import os
 import re
-import tarfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..progress import track
-from ..utils import atomic_path, seed_for
-from .folder import ImageFolder
-from .images import BadImageError, Skipped, decode_image
+from ..utils import seed_for
+from .images import BadImageError, Skipped
+from .shard_writer import ImageData, folder_to_shards, write_shards  # noqa: F401  (importable here as before)
+from .streams import RankedReader, repeat_passes
+from .tar_records import (  # noqa: F401  (importable here as before)
+    CLASSES_FILE,
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSION,
+    META_FILE,
+    _Record,
+    count_samples,
+    decode_record,
+    iter_records,
+)
 
 logger = logging.getLogger("vitkit.data")
-
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
-LABEL_EXTENSION = "cls"
-META_FILE = "meta.json"
-CLASSES_FILE = "classes.txt"
-
-ImageData = Union[bytes, str, Path]
-
-
-# ---------------------------------------------------------------------------------- writing
-
-def write_shards(samples: Iterable[Tuple[ImageData, Optional[str], int]], out_pattern: Union[str, Path],
-                 max_per_shard: int = 1000, classes: Optional[Sequence[str]] = None) -> List[Path]:
-    """Write (image bytes or file, extension, label) samples into tar shards; return their paths.
-
-    ``out_pattern`` holds one %-field for the shard number (``"out/shard-%06d.tar"``). Each
-    shard is written to a temporary file and renamed when complete, so a crash never leaves
-    half a shard under a shard's name. The extension may be None for a file (its suffix is
-    used). Members carry fixed times and owners: the same samples give byte-identical shards.
-    ``meta.json`` (and ``classes.txt`` when ``classes`` is given) is written beside them.
-    """
-    out_pattern = str(out_pattern)
-    if max_per_shard <= 0:
-        raise ValueError(f"max_per_shard must be positive, got {max_per_shard}")
-    try:
-        if out_pattern % 0 == out_pattern % 1:
-            raise TypeError
-    except TypeError:
-        raise ValueError(f"out_pattern needs one %-field for the shard number, like 'shard-%06d.tar'; "
-                         f"got {out_pattern!r}") from None
-    end = object()
-    it = iter(samples)
-    nxt = next(it, end)
-    paths: List[Path] = []
-    counts: Dict[str, int] = {}
-    index = 0
-    while nxt is not end:
-        path = Path(out_pattern % len(paths))
-        n = 0
-        with atomic_path(path) as tmp, tarfile.open(tmp, "w") as tar:
-            while nxt is not end and n < max_per_shard:
-                _add_sample(tar, f"{index:09d}", nxt, classes)
-                index, n = index + 1, n + 1
-                nxt = next(it, end)
-        paths.append(path)
-        counts[path.name] = n
-    if not paths:
-        raise ValueError("no samples to write")
-    if Path(out_pattern % len(paths)).exists():
-        logger.warning("%s exists from an earlier run and is not part of this set: a glob over the "
-                       "folder would pick it up (meta.json lists the %d shards written)",
-                       out_pattern % len(paths), len(paths))
-    _write_meta(paths[0].parent, classes, counts)
-    return paths
-
-
-def _add_sample(tar: tarfile.TarFile, key: str, sample: Tuple[ImageData, Optional[str], int],
-                classes: Optional[Sequence[str]]) -> None:
-    image, ext, label = sample
-    if isinstance(image, (str, Path)):
-        ext = ext or Path(image).suffix
-        data = Path(image).read_bytes()
-    else:
-        data = bytes(image)
-    ext = (ext or "").lower().lstrip(".")
-    if ext not in IMAGE_EXTENSIONS:
-        raise ValueError(f"sample {key}: image extension must be one of {IMAGE_EXTENSIONS}, got {ext!r}")
-    if not isinstance(label, (int, np.integer)) or label < 0 or (classes is not None and label >= len(classes)):
-        limit = f" below {len(classes)}" if classes is not None else ""
-        raise ValueError(f"sample {key}: label must be an integer >= 0{limit}, got {label!r}")
-    _add_member(tar, f"{key}.{ext}", data)
-    _add_member(tar, f"{key}.{LABEL_EXTENSION}", str(int(label)).encode("ascii"))
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _write_meta(folder: Path, classes: Optional[Sequence[str]], counts: Dict[str, int]) -> None:
-    meta = {"classes": list(classes) if classes is not None else None,
-            "num_samples": sum(counts.values()), "shards": counts}
-    with atomic_path(folder / META_FILE) as tmp:
-        tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    if classes is not None:
-        with atomic_path(folder / CLASSES_FILE) as tmp:
-            tmp.write_text("".join(f"{name}\n" for name in classes))
-
-
-def folder_to_shards(root: Union[str, Path], out_dir: Union[str, Path], max_per_shard: int = 1000,
-                     pattern: str = "shard-%06d.tar", seed: Optional[int] = 0,
-                     verify: str = "full") -> List[Path]:
-    """Pack an image folder (``root/<class>/<image>``) into shards, file bytes as they are.
-
-    The samples are shuffled (by ``seed``; None keeps the folder's order) before packing:
-    an image folder is sorted by class, and shards of one class each would leave the reader's
-    shuffle buffer to mix classes on its own. Files the folder scan rejects (``verify``, see
-    :class:`~vitkit.data.folder.ImageFolder`) are logged and left out.
-    """
-    folder = ImageFolder(root, verify=verify)
-    order = list(range(len(folder.samples)))
-    if seed is not None:
-        order = np.random.default_rng(seed).permutation(len(order)).tolist()
-    samples = ((folder.samples[i][0], None, folder.samples[i][1]) for i in order)
-    return write_shards(samples, Path(out_dir) / pattern, max_per_shard, folder.classes)
 
 
 # ---------------------------------------------------------------------------------- finding
@@ -238,109 +139,6 @@ def read_meta(folder: Union[str, Path]) -> Tuple[Optional[List[str]], Dict[str, 
 
 # ---------------------------------------------------------------------------------- reading
 
-@dataclass
-class _Record:
-    """The raw members of one sample, as read from a shard."""
-
-    shard: str
-    key: str
-    members: Dict[str, bytes] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.shard}:{self.key}"
-
-
-def _split_name(name: str) -> Tuple[str, str]:
-    folder, _, base = name.rpartition("/")
-    stem, _, ext = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), ext.lower()
-
-
-def iter_records(shard: str, strict: bool = False) -> Iterator[Union[_Record, Skipped]]:
-    """The samples of one shard in order: consecutive members with the same key.
-
-    Where the tar is damaged -- unreadable from some point, or cut short at a block boundary,
-    which ``tarfile`` reads as a clean end (a tar ends with two zero blocks) -- the sample being
-    read comes out as it is (decoding judges it) and then a :class:`Skipped` named
-    ``SHARD#rest`` stands for the lost rest; ``strict`` raises instead.
-    """
-    current: Optional[_Record] = None
-    try:
-        with tarfile.open(shard, "r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                key, ext = _split_name(member.name)
-                data = tar.extractfile(member).read()
-                if current is None or current.key != key:
-                    if current is not None:
-                        yield current
-                    current = _Record(shard, key)
-                current.members[ext] = data
-        if not _ends_like_a_tar(shard):
-            raise tarfile.ReadError("it ends without the end-of-archive blocks: cut short")
-        if current is not None:
-            yield current
-    except (tarfile.TarError, OSError, EOFError) as e:
-        if strict:
-            raise ValueError(f"shard {shard} is damaged: {e}") from e
-        logger.warning("shard %s is damaged (%s): the rest of it is skipped", shard, e)
-        if current is not None:
-            yield current
-        yield Skipped(f"{shard}#rest", f"the tar is damaged ({e}); the samples after this point are lost")
-
-
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")  # gzip, bzip2, xz: their streams detect a cut themselves
-
-
-def _ends_like_a_tar(path: str) -> bool:
-    """Whether an uncompressed tar ends with its two zero blocks (compressed ones: always true)."""
-    with open(path, "rb") as f:
-        if f.read(6).startswith(_COMPRESSED):
-            return True
-        f.seek(0, os.SEEK_END)
-        if f.tell() < 1024:
-            return False
-        f.seek(-1024, os.SEEK_END)
-        return f.read(1024) == bytes(1024)
-
-
-def count_samples(shard: str) -> int:
-    """The number of samples in a shard, from its member headers (no image is decoded). A file
-    that is no tar at all is a ValueError naming it; a damaged one counts what precedes the damage."""
-    keys, last = 0, None
-    try:
-        with tarfile.open(shard, "r:*") as tar:
-            for member in tar:
-                key = _split_name(member.name)[0] if member.isfile() else None
-                if key is not None and key != last:
-                    keys, last = keys + 1, key
-    except (tarfile.TarError, OSError, EOFError) as e:
-        if keys == 0:
-            raise ValueError(f"shard {shard} is not a readable tar file ({e})") from None
-        logger.warning("shard %s is damaged after %d samples (%s)", shard, keys, e)
-    return keys
-
-
-def decode_record(record: _Record, channels: int = 3, num_classes: Optional[int] = None
-                  ) -> Tuple[Image.Image, int]:
-    """A raw sample -> (upright RGB/L image, label); :class:`BadImageError` naming it if unusable."""
-    cls = record.members.get(LABEL_EXTENSION)
-    if cls is None:
-        raise BadImageError(record.name, f"no .{LABEL_EXTENSION} label member")
-    try:
-        label = int(cls.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        raise BadImageError(record.name, f"label {cls[:20]!r} is not an integer") from None
-    if label < 0 or (num_classes is not None and label >= num_classes):
-        raise BadImageError(record.name, f"label {label} is outside 0-{(num_classes or 1) - 1}")
-    ext = next((e for e in IMAGE_EXTENSIONS if e in record.members), None)
-    if ext is None:
-        raise BadImageError(record.name, f"no image member ({', '.join(IMAGE_EXTENSIONS)})")
-    return decode_image(record.members[ext], channels, name=f"{record.name}.{ext}"), label
-
-
 def _reading_plan(num_shards: int, rank: int, world_size: int, worker: int, num_workers: int
                   ) -> Tuple[List[int], int, int]:
     """Which shard positions one reader reads, and which of their samples it keeps.
@@ -360,48 +158,6 @@ def _reading_plan(num_shards: int, rank: int, world_size: int, worker: int, num_
         modulus, residue = modulus * num_workers, residue + modulus * worker
     return positions, modulus, residue
 
-
-def _default_rank_world() -> Tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-class RankedReader:
-    """The rank and world size a stream reads for: given, else torch.distributed's (else 0 of 1)."""
-
-    _rank: Optional[int] = None
-    _world_size: Optional[int] = None
-
-    @property
-    def rank(self) -> int:
-        return self._rank if self._rank is not None else _default_rank_world()[0]
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size if self._world_size is not None else _default_rank_world()[1]
-
-
-def repeat_passes(one_pass: Callable[[int], Iterator[Any]], quota: Optional[int], counts: Callable[[Any], bool],
-                  empty: Callable[[], str], again: Callable[[int], None] = lambda produced: None) -> Iterator[Any]:
-    """A reader's items over passes of its share (``one_pass(passes)``): one pass without a
-    ``quota``, else passes until ``quota`` items that ``counts`` have been produced (an epoch
-    length every reader meets, whatever its share). A pass that finds none is a ValueError with
-    ``empty()``'s words instead of an endless loop; ``again(produced)`` is told before the second pass."""
-    produced, passes = 0, 0
-    while quota != 0:
-        found = 0
-        for item in one_pass(passes):
-            found += counts(item)
-            yield item
-        produced += found
-        passes += 1
-        if quota is None or produced >= quota:
-            return
-        if found == 0:
-            raise ValueError(empty())
-        if passes == 1:
-            again(produced)
 
 
 class ShardDataset(RankedReader, IterableDataset):

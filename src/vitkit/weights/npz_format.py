@@ -28,7 +28,7 @@ of the CNN's feature map (1, 1, C_feat, D) for patch 1.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -188,42 +188,13 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
     kernel = r.get("embedding/kernel")
     if kernel.ndim != 4:
         raise WeightsError(f"embedding/kernel has shape {kernel.shape}, expected (P, P, C, D)")
-    out["patch_embed.proj.weight"] = _t(kernel.transpose(3, 2, 0, 1))
-    out["patch_embed.proj.bias"] = _t(r.get("embedding/bias"))
-    if r.has("cls"):
-        out["cls_token"] = _t(r.get("cls")).reshape(1, 1, -1)
-    pos_key = "pos_embedding" if layout == "big_vision" else "Transformer/posembed_input/pos_embedding"
-    if r.has(pos_key):
-        pos = _t(r.get(pos_key))
-        out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])
+    out.update(_embeddings_to_native(r, kernel, layout))
     D = kernel.shape[-1]
     heads = None
     for i in range(r.depth):
-        b = f"blocks.{i}."
-        for part, name in (("ln1", "norm1"), ("ln2", "norm2")):
-            out[b + name + ".weight"] = _t(r.block(i, part, "scale"))
-            out[b + name + ".bias"] = _t(r.block(i, part, "bias"))
-        qkv_w, qkv_b = [], []
-        for p in ("query", "key", "value"):
-            k = r.block(i, f"mha/{p}", "kernel")  # (D, H, hd)
-            heads = k.shape[1]
-            qkv_w.append(_t(k.reshape(D, -1)).T)
-            qkv_b.append(_t(r.block(i, f"mha/{p}", "bias")).reshape(-1))
-        out[b + "attn.qkv.weight"] = torch.cat(qkv_w, dim=0)
-        out[b + "attn.qkv.bias"] = torch.cat(qkv_b, dim=0)
-        out[b + "attn.proj.weight"] = _t(r.block(i, "mha/out", "kernel").reshape(-1, D)).T
-        out[b + "attn.proj.bias"] = _t(r.block(i, "mha/out", "bias"))
-        for j, fc in ((0, "fc1"), (1, "fc2")):
-            out[f"{b}mlp.{fc}.weight"] = _t(r.block(i, f"mlp/Dense_{j}", "kernel")).T
-            out[f"{b}mlp.{fc}.bias"] = _t(r.block(i, f"mlp/Dense_{j}", "bias"))
-    out["norm.weight"] = _t(r.get("Transformer/encoder_norm/scale"))
-    out["norm.bias"] = _t(r.get("Transformer/encoder_norm/bias"))
-    for name, native in (("pre_logits", "pre_logits.fc"), ("head", "head")):
-        if r.has(f"{name}/kernel"):
-            out[f"{native}.weight"] = _t(r.get(f"{name}/kernel")).T
-            out[f"{native}.bias"] = _t(r.get(f"{name}/bias"))
-    if r.has("MAPHead_0/probe"):
-        out.update(_map_to_native(r, D))
+        block, heads = _block_to_native(r, i, D)
+        out.update(block)
+    out.update(_top_to_native(r, D))
     for k in w:  # anything not consumed is reported by name, never dropped silently
         if k.startswith(prefix) and k not in r.used and not k.startswith(f"{prefix}Transformer/encoderblock"):
             out[f"unmapped:{k}"] = _t(w[k]) if np.asarray(w[k]).dtype.kind in "fiub" else torch.zeros(0)
@@ -232,6 +203,55 @@ def to_native(w: Mapping[str, np.ndarray]) -> Tuple[Dict[str, torch.Tensor], Dic
              "map_heads": r.get("MAPHead_0/MultiHeadDotProductAttention_0/query/kernel").shape[1]
              if r.has("MAPHead_0/probe") else None}
     return out, facts
+
+
+def _embeddings_to_native(r: _Reader, kernel: np.ndarray, layout: str) -> Dict[str, torch.Tensor]:
+    """The patch projection, the class token and the position table (vit_jax's sits under ``Transformer/``)."""
+    out = {"patch_embed.proj.weight": _t(kernel.transpose(3, 2, 0, 1)),
+           "patch_embed.proj.bias": _t(r.get("embedding/bias"))}
+    if r.has("cls"):
+        out["cls_token"] = _t(r.get("cls")).reshape(1, 1, -1)
+    pos_key = "pos_embedding" if layout == "big_vision" else "Transformer/posembed_input/pos_embedding"
+    if r.has(pos_key):
+        pos = _t(r.get(pos_key))
+        out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])
+    return out
+
+
+def _block_to_native(r: _Reader, i: int, D: int) -> Tuple[Dict[str, torch.Tensor], int]:
+    """Block ``i`` -> ``blocks.i.*`` (the per-head query/key/value kernels fused into ``qkv``), and its heads."""
+    b = f"blocks.{i}."
+    out: Dict[str, torch.Tensor] = {}
+    for part, name in (("ln1", "norm1"), ("ln2", "norm2")):
+        out[b + name + ".weight"] = _t(r.block(i, part, "scale"))
+        out[b + name + ".bias"] = _t(r.block(i, part, "bias"))
+    qkv_w, qkv_b = [], []
+    for p in ("query", "key", "value"):
+        k = r.block(i, f"mha/{p}", "kernel")  # (D, H, hd)
+        heads = k.shape[1]
+        qkv_w.append(_t(k.reshape(D, -1)).T)
+        qkv_b.append(_t(r.block(i, f"mha/{p}", "bias")).reshape(-1))
+    out[b + "attn.qkv.weight"] = torch.cat(qkv_w, dim=0)
+    out[b + "attn.qkv.bias"] = torch.cat(qkv_b, dim=0)
+    out[b + "attn.proj.weight"] = _t(r.block(i, "mha/out", "kernel").reshape(-1, D)).T
+    out[b + "attn.proj.bias"] = _t(r.block(i, "mha/out", "bias"))
+    for j, fc in ((0, "fc1"), (1, "fc2")):
+        out[f"{b}mlp.{fc}.weight"] = _t(r.block(i, f"mlp/Dense_{j}", "kernel")).T
+        out[f"{b}mlp.{fc}.bias"] = _t(r.block(i, f"mlp/Dense_{j}", "bias"))
+    return out, heads
+
+
+def _top_to_native(r: _Reader, D: int) -> Dict[str, torch.Tensor]:
+    """What follows the blocks: the final norm, then the pre-logits layer, head and MAP head where there."""
+    out = {"norm.weight": _t(r.get("Transformer/encoder_norm/scale")),
+           "norm.bias": _t(r.get("Transformer/encoder_norm/bias"))}
+    for name, native in (("pre_logits", "pre_logits.fc"), ("head", "head")):
+        if r.has(f"{name}/kernel"):
+            out[f"{native}.weight"] = _t(r.get(f"{name}/kernel")).T
+            out[f"{native}.bias"] = _t(r.get(f"{name}/bias"))
+    if r.has("MAPHead_0/probe"):
+        out.update(_map_to_native(r, D))
+    return out
 
 
 #: SigLIP's MAP head (big_vision's ``MAPHead``): the probe, one attention, a LayerNorm and an MLP
@@ -278,6 +298,37 @@ def _map_from_native(sd: Mapping[str, np.ndarray], D: int, heads: int) -> Dict[s
 def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str, np.ndarray]:
     """vitkit model -> official npz arrays (``layout`` 'vit_jax' or 'big_vision')."""
     cfg = model.config
+    problems = _export_problems(cfg, layout)
+    if problems:
+        raise WeightsError("cannot export to the official npz layout: " + "; ".join(problems))
+    backbone = getattr(cfg, "backbone", None)
+    parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
+    prefix = "params/" if layout == "big_vision" else ""
+    sd = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
+    D, H = cfg.embed_dim, cfg.num_heads
+    w: Dict[str, np.ndarray] = {}
+    w["embedding/kernel"] = sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0)
+    w["embedding/bias"] = sd["patch_embed.proj.bias"]
+    if backbone is not None:
+        w.update(_hybrid_from_native(sd, backbone["layers"]))
+    w.update(_positions_from_native(model, sd, layout))
+    blocks = [_block_from_native(sd, f"blocks.{i}.", parts, D, H) for i in range(cfg.depth)]
+    w.update(_blocks_in_layout(blocks, layout, scan))
+    w["Transformer/encoder_norm/scale"] = sd["norm.weight"]
+    w["Transformer/encoder_norm/bias"] = sd["norm.bias"]
+    if cfg.global_pool == "map":
+        w.update(_map_from_native(sd, D, cfg.map_heads or H))
+    if cfg.representation_size:
+        w["pre_logits/kernel"] = sd["pre_logits.fc.weight"].T
+        w["pre_logits/bias"] = sd["pre_logits.fc.bias"]
+    if cfg.num_classes:
+        w["head/kernel"] = sd["head.weight"].T
+        w["head/bias"] = sd["head.bias"]
+    return {prefix + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
+
+
+def _export_problems(cfg: Any, layout: str) -> List[str]:
+    """What in ``cfg`` the official ``layout`` cannot express (none: it exports)."""
     problems = []
     if cfg.init_values:
         problems.append("the official layout has no LayerScale")
@@ -305,20 +356,14 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     elif backbone is not None and backbone["type"] != "resnetv2":
         problems.append(f"the official layout has only ResNet hybrids, not a {backbone['type']!r} backbone "
                         f"(export as 'vitkit' or 'timm')")
-    if problems:
-        raise WeightsError("cannot export to the official npz layout: " + "; ".join(problems))
-    parts = _BIG_VISION_PARTS if layout == "big_vision" else _VIT_JAX_PARTS
-    prefix = "params/" if layout == "big_vision" else ""
-    sd = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
-    D, H = cfg.embed_dim, cfg.num_heads
-    hd = D // H
-    w: Dict[str, np.ndarray] = {}
-    w["embedding/kernel"] = sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0)
-    w["embedding/bias"] = sd["patch_embed.proj.bias"]
-    if backbone is not None:
-        w.update(_hybrid_from_native(sd, backbone["layers"]))
+    return problems
+
+
+def _positions_from_native(model, sd: Mapping[str, np.ndarray], layout: str) -> Dict[str, np.ndarray]:
+    """The class token and the position table: big_vision's without prefix slots, vit_jax's always there."""
     pos = full_table(model)
     pos = None if pos is None else pos.cpu().float().numpy()
+    w: Dict[str, np.ndarray] = {}
     if layout == "big_vision":
         if "cls_token" in sd:
             # big_vision adds the class token after the positions: fold its slot in (exact).
@@ -329,26 +374,36 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
         if "cls_token" in sd:
             w["cls"] = sd["cls_token"]
         if pos is None:
-            pos = np.zeros((1, model.num_prefix_tokens + model.patch_embed.num_patches, D), np.float32)
+            pos = np.zeros((1, model.num_prefix_tokens + model.patch_embed.num_patches, model.config.embed_dim),
+                           np.float32)
         w["Transformer/posembed_input/pos_embedding"] = pos
-    blocks = []
-    for i in range(cfg.depth):
-        b = f"blocks.{i}."
-        blk: Dict[str, np.ndarray] = {
-            f"{parts['ln1']}/scale": sd[b + "norm1.weight"], f"{parts['ln1']}/bias": sd[b + "norm1.bias"],
-            f"{parts['ln2']}/scale": sd[b + "norm2.weight"], f"{parts['ln2']}/bias": sd[b + "norm2.bias"],
-        }
-        qw = np.split(sd[b + "attn.qkv.weight"], 3, axis=0)
-        qb = np.split(sd[b + "attn.qkv.bias"], 3, axis=0)
-        for name, wt, bs in zip(("query", "key", "value"), qw, qb):
-            blk[f"{parts['mha']}/{name}/kernel"] = wt.T.reshape(D, H, hd)
-            blk[f"{parts['mha']}/{name}/bias"] = bs.reshape(H, hd)
-        blk[f"{parts['mha']}/out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(H, hd, D)
-        blk[f"{parts['mha']}/out/bias"] = sd[b + "attn.proj.bias"]
-        for j, fc in ((0, "fc1"), (1, "fc2")):
-            blk[f"{parts['mlp']}/Dense_{j}/kernel"] = sd[f"{b}mlp.{fc}.weight"].T
-            blk[f"{parts['mlp']}/Dense_{j}/bias"] = sd[f"{b}mlp.{fc}.bias"]
-        blocks.append(blk)
+    return w
+
+
+def _block_from_native(sd: Mapping[str, np.ndarray], b: str, parts: Mapping[str, str], D: int, H: int
+                       ) -> Dict[str, np.ndarray]:
+    """One block (state dict prefix ``b``) in the official names, attention kernels per head."""
+    hd = D // H
+    blk: Dict[str, np.ndarray] = {
+        f"{parts['ln1']}/scale": sd[b + "norm1.weight"], f"{parts['ln1']}/bias": sd[b + "norm1.bias"],
+        f"{parts['ln2']}/scale": sd[b + "norm2.weight"], f"{parts['ln2']}/bias": sd[b + "norm2.bias"],
+    }
+    qw = np.split(sd[b + "attn.qkv.weight"], 3, axis=0)
+    qb = np.split(sd[b + "attn.qkv.bias"], 3, axis=0)
+    for name, wt, bs in zip(("query", "key", "value"), qw, qb):
+        blk[f"{parts['mha']}/{name}/kernel"] = wt.T.reshape(D, H, hd)
+        blk[f"{parts['mha']}/{name}/bias"] = bs.reshape(H, hd)
+    blk[f"{parts['mha']}/out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(H, hd, D)
+    blk[f"{parts['mha']}/out/bias"] = sd[b + "attn.proj.bias"]
+    for j, fc in ((0, "fc1"), (1, "fc2")):
+        blk[f"{parts['mlp']}/Dense_{j}/kernel"] = sd[f"{b}mlp.{fc}.weight"].T
+        blk[f"{parts['mlp']}/Dense_{j}/bias"] = sd[f"{b}mlp.{fc}.bias"]
+    return blk
+
+
+def _blocks_in_layout(blocks: List[Dict[str, np.ndarray]], layout: str, scan: bool) -> Dict[str, np.ndarray]:
+    """The blocks as ``encoderblock_{i}`` each, or (``scan``, big_vision's) one ``encoderblock`` stacked on depth."""
+    w: Dict[str, np.ndarray] = {}
     if scan:
         if layout != "big_vision":
             raise WeightsError("the scan layout exists only in big_vision checkpoints")
@@ -358,17 +413,7 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
         for i, blk in enumerate(blocks):
             for name, arr in blk.items():
                 w[f"Transformer/encoderblock_{i}/{name}"] = arr
-    w["Transformer/encoder_norm/scale"] = sd["norm.weight"]
-    w["Transformer/encoder_norm/bias"] = sd["norm.bias"]
-    if cfg.global_pool == "map":
-        w.update(_map_from_native(sd, D, cfg.map_heads or H))
-    if cfg.representation_size:
-        w["pre_logits/kernel"] = sd["pre_logits.fc.weight"].T
-        w["pre_logits/bias"] = sd["pre_logits.fc.bias"]
-    if cfg.num_classes:
-        w["head/kernel"] = sd["head.weight"].T
-        w["head/bias"] = sd["head.bias"]
-    return {prefix + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
+    return w
 
 
 def _hybrid_from_native(sd: Mapping[str, np.ndarray], layers) -> Dict[str, np.ndarray]:

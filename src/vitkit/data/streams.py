@@ -1,0 +1,51 @@
+"""What the streaming readers (:class:`~vitkit.data.shards.ShardDataset`, :class:`~vitkit.data.hf.HFStream`)
+share: the rank and world size they read for, and passes over a reader's share until its epoch length is met."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import torch
+
+
+def _default_rank_world() -> Tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class RankedReader:
+    """The rank and world size a stream reads for: given, else torch.distributed's (else 0 of 1)."""
+
+    _rank: Optional[int] = None
+    _world_size: Optional[int] = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else _default_rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size if self._world_size is not None else _default_rank_world()[1]
+
+
+def repeat_passes(one_pass: Callable[[int], Iterator[Any]], quota: Optional[int], counts: Callable[[Any], bool],
+                  empty: Callable[[], str], again: Callable[[int], None] = lambda produced: None) -> Iterator[Any]:
+    """A reader's items over passes of its share (``one_pass(passes)``): one pass without a
+    ``quota``, else passes until ``quota`` items that ``counts`` have been produced (an epoch
+    length every reader meets, whatever its share). A pass that finds none is a ValueError with
+    ``empty()``'s words instead of an endless loop; ``again(produced)`` is told before the second pass."""
+    produced, passes = 0, 0
+    while quota != 0:
+        found = 0
+        for item in one_pass(passes):
+            found += counts(item)
+            yield item
+        produced += found
+        passes += 1
+        if quota is None or produced >= quota:
+            return
+        if found == 0:
+            raise ValueError(empty())
+        if passes == 1:
+            again(produced)

@@ -1,0 +1,189 @@
+"""CLIP's and SigLIP's vision towers in the Hugging Face layout, both ways: their rows of
+:data:`~vitkit.weights.hf_towers.TOWERS` (what each class is and how vitkit reads it: that module's notes)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Mapping
+
+import torch
+
+from ..models import ViTConfig
+from .hf_tower_parts import _ACTS, _VISION_PREFIX, Tower, _act, _fuse_qkv, _leftover, _pair, _problems, _split_qkv
+from .io import WeightsError
+from .names import rename
+
+# ----------------------------------------------------------------------------- CLIP
+
+_CLIP_RULES = [
+    (r"embeddings\.patch_embedding\.weight", "patch_embed.proj.weight"),
+    (r"pre_layrnorm\.(weight|bias)", r"norm_pre.\1"),
+    (r"post_layernorm\.(weight|bias)", r"norm.\1"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"encoder\.layers\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
+    (r"encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"visual_projection\.weight", "head.weight"),
+]
+
+
+def _clip_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    cls = sd.pop("embeddings.class_embedding", None)
+    pos = sd.pop("embeddings.position_embedding.weight", None)
+    sd.pop("embeddings.position_ids", None)
+    out = rename(sd, _CLIP_RULES)
+    if cls is not None:
+        out["cls_token"] = cls.reshape(1, 1, -1)
+    if pos is not None:
+        out["pos_embed"] = pos.unsqueeze(0)
+    if "head.weight" in out:
+        out["head.bias"] = out["head.weight"].new_zeros(out["head.weight"].shape[0])
+    _fuse_qkv(out)
+    return out
+
+
+def _clip_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
+    projection = sd.get("visual_projection.weight")
+    return ViTConfig(
+        img_size=_pair(hf.get("image_size", 224)), patch_size=_pair(hf.get("patch_size", 32)),
+        in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], norm_eps=hf.get("layer_norm_eps", 1e-5),
+        gelu=_act(hf), pre_norm=True, num_classes=int(projection.shape[0]) if projection is not None else 0,
+        mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711), crop_pct=1.0)
+
+
+def _clip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
+    sd = _split_qkv(sd, config.embed_dim)
+    out = {"embeddings.class_embedding": sd.pop("cls_token").reshape(-1),
+           "embeddings.position_embedding.weight": sd.pop("pos_embed")[0]}
+    bias = sd.pop("head.bias", None)
+    if bias is not None and bias.abs().max() > 0:
+        raise WeightsError("CLIP's visual_projection has no bias: this model's head has one (export as 'timm')")
+    for ours, theirs in ((r"patch_embed\.proj\.weight", "embeddings.patch_embedding.weight"),
+                         (r"norm_pre\.(weight|bias)", r"pre_layrnorm.\1"),
+                         (r"norm\.(weight|bias)", r"post_layernorm.\1"),
+                         (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
+                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
+                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
+                         (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+                         (r"head\.weight", "visual_projection.weight")):
+        for key in [k for k in sd if re.fullmatch(ours, k)]:
+            out[re.sub(ours, theirs, key)] = sd.pop(key)
+    _leftover(sd, "CLIP")
+    if "visual_projection.weight" in out:
+        out = {(k if k == "visual_projection.weight" else _VISION_PREFIX + k): v for k, v in out.items()}
+    return out
+
+
+def _clip_problems(config: Any) -> List[str]:
+    return _problems(config, dict(architecture="vit", pos_embed="learned", class_token=True, pre_norm=True,
+                                  global_pool="token", reg_tokens=0, init_values=None, no_embed_class=False,
+                                  qkv_bias=True, qk_norm=False, mlp="mlp", norm="layernorm", final_norm=True,
+                                  crop_remainder=False),
+                     "CLIP's vision tower", patch_bias=False)
+
+
+def _clip_hf_config(config: ViTConfig) -> Dict[str, Any]:
+    out = dict(model_type="clip_vision_model", hidden_size=config.embed_dim, num_hidden_layers=config.depth,
+               num_attention_heads=config.num_heads, intermediate_size=config.mlp_dim,
+               image_size=config.img_size[0], patch_size=config.patch_size[0], num_channels=config.in_chans,
+               layer_norm_eps=config.norm_eps, hidden_act={v: k for k, v in _ACTS.items()}[config.gelu],
+               architectures=["CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"])
+    if config.num_classes:
+        out["projection_dim"] = config.num_classes
+    return out
+
+
+# ----------------------------------------------------------------------------- SigLIP
+
+_SIGLIP_RULES = [
+    (r"embeddings\.patch_embedding\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"post_layernorm\.(weight|bias)", r"norm.\1"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"encoder\.layers\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
+    (r"encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"head\.attention\.out_proj\.(weight|bias)", r"attn_pool.proj.\1"),
+    (r"head\.layernorm\.(weight|bias)", r"attn_pool.norm.\1"),
+    (r"head\.mlp\.(fc1|fc2)\.(weight|bias)", r"attn_pool.mlp.\1.\2"),
+]
+
+
+def _siglip_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    pos = sd.pop("embeddings.position_embedding.weight", None)
+    sd.pop("embeddings.position_ids", None)
+    probe = sd.pop("head.probe", None)
+    packed = {leaf: sd.pop(f"head.attention.in_proj_{leaf}", None) for leaf in ("weight", "bias")}
+    out = rename(sd, _SIGLIP_RULES)
+    if pos is not None:
+        out["pos_embed"] = pos.unsqueeze(0)
+    if probe is not None:
+        out["attn_pool.latent"] = probe
+    width = hf["hidden_size"]
+    for leaf, value in packed.items():
+        if value is not None:
+            out[f"attn_pool.q.{leaf}"], out[f"attn_pool.kv.{leaf}"] = value[:width], value[width:]
+    _fuse_qkv(out)
+    return out
+
+
+def _siglip_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
+    head = hf.get("vision_use_head", True) and "head.probe" in sd
+    img, patch = _pair(hf.get("image_size", 224)), _pair(hf.get("patch_size", 16))
+    return ViTConfig(
+        img_size=img, patch_size=patch, in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"],
+        depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"],
+        norm_eps=hf.get("layer_norm_eps", 1e-6), gelu=_act(hf), class_token=False,
+        global_pool="map" if head else "avg", fc_norm=False, num_classes=0, crop_pct=1.0,
+        crop_remainder=any(i % p for i, p in zip(img, patch)))
+
+
+def _siglip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
+    sd = _split_qkv(sd, config.embed_dim)
+    out = {"embeddings.position_embedding.weight": sd.pop("pos_embed")[0]}
+    if "attn_pool.latent" in sd:
+        out["head.probe"] = sd.pop("attn_pool.latent")
+        for leaf in ("weight", "bias"):
+            out[f"head.attention.in_proj_{leaf}"] = torch.cat([sd.pop(f"attn_pool.q.{leaf}"),
+                                                                sd.pop(f"attn_pool.kv.{leaf}")])
+    for ours, theirs in ((r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+                         (r"norm\.(weight|bias)", r"post_layernorm.\1"),
+                         (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
+                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
+                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
+                         (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+                         (r"attn_pool\.proj\.(weight|bias)", r"head.attention.out_proj.\1"),
+                         (r"attn_pool\.norm\.(weight|bias)", r"head.layernorm.\1"),
+                         (r"attn_pool\.mlp\.(fc1|fc2)\.(weight|bias)", r"head.mlp.\1.\2")):
+        for key in [k for k in sd if re.fullmatch(ours, k)]:
+            out[re.sub(ours, theirs, key)] = sd.pop(key)
+    _leftover(sd, "SigLIP")
+    return out
+
+
+def _siglip_problems(config: Any) -> List[str]:
+    problems = _problems(config, dict(architecture="vit", pos_embed="learned", class_token=False, reg_tokens=0,
+                                      init_values=None, pre_norm=False, qkv_bias=True, qk_norm=False, mlp="mlp",
+                                      norm="layernorm", final_norm=True, num_classes=0, pool_include_prefix=False),
+                         "SigLIP's vision tower", patch_bias=True)
+    if config.global_pool == "map" and (config.map_heads not in (None, config.num_heads)
+                                        or config.map_mlp_dim not in (None, config.mlp_dim)):
+        problems.append("SigLIP's head uses the blocks' heads and MLP width")
+    if config.global_pool != "map":
+        problems.append("SigLIP's tower reads out with its attention pool (global_pool='map')")
+    return problems
+
+
+def _siglip_hf_config(config: ViTConfig) -> Dict[str, Any]:
+    return dict(model_type="siglip_vision_model", architectures=["SiglipVisionModel"], hidden_size=config.embed_dim,
+                num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
+                intermediate_size=config.mlp_dim, image_size=config.img_size[0], patch_size=config.patch_size[0],
+                num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
+                hidden_act={v: k for k, v in _ACTS.items()}[config.gelu], vision_use_head=True)
+
+
+
+CLIP_TOWER = Tower(("CLIPVisionModel", "CLIPVisionModelWithProjection"), _clip_in, _clip_config, _clip_out,
+                   _clip_problems, _clip_hf_config)
+SIGLIP_TOWER = Tower(("SiglipVisionModel",), _siglip_in, _siglip_config, _siglip_out, _siglip_problems,
+                     _siglip_hf_config)

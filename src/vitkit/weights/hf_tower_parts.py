@@ -1,0 +1,109 @@
+"""What the Hugging Face vision towers' layouts share (:mod:`.hf_towers`): the activation names, the
+vision prefix of two-tower checkpoints, q/k/v fused and split, the checks every tower's export runs, and
+:class:`Tower`, the one row of the table each tower's module fills in."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Tuple
+
+import torch
+
+from .io import WeightsError
+
+#: Hugging Face's ``hidden_act`` -> vitkit's ``gelu``
+_ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
+         "gelu_fast": "tanh"}
+#: what the vision part of a two-tower checkpoint is prefixed with, and what of it is the other tower's
+_VISION_PREFIX = "vision_model."
+_OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+
+
+def _act(hf: Mapping[str, Any]) -> str:
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTS:
+        raise WeightsError(f"hidden_act {act!r} of the Hugging Face config has no vitkit equivalent "
+                           f"(known: {', '.join(_ACTS)})")
+    return _ACTS[act]
+
+
+def _pair(value: Any) -> Tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def _fuse_qkv(sd: Dict[str, torch.Tensor], part: str = r"(q|k|v)", missing_k_bias: bool = True) -> None:
+    """``blocks.N.attn.{q,k,v}.{weight,bias}`` -> ``blocks.N.attn.qkv.*`` in place; a bias absent for k alone
+    (EVA/DINOv3) becomes ``q_bias`` / ``v_bias``."""
+    parts: Dict[Tuple[str, str], Dict[str, torch.Tensor]] = {}
+    for key in [k for k in sd if re.fullmatch(r"blocks\.\d+\.attn\.(q|k|v)\.(weight|bias)", k)]:
+        block, name, leaf = re.fullmatch(r"(blocks\.\d+)\.attn\.(q|k|v)\.(weight|bias)", key).groups()
+        parts.setdefault((block, leaf), {})[name] = sd.pop(key)
+    for (block, leaf), got in parts.items():
+        if leaf == "weight":
+            if set(got) != {"q", "k", "v"}:
+                raise WeightsError(f"{block}: query/key/value weights incomplete ({', '.join(sorted(got))})")
+            sd[f"{block}.attn.qkv.weight"] = torch.cat([got["q"], got["k"], got["v"]])
+        elif set(got) == {"q", "k", "v"}:
+            sd[f"{block}.attn.qkv.bias"] = torch.cat([got["q"], got["k"], got["v"]])
+        elif set(got) == {"q", "v"} and missing_k_bias:
+            sd[f"{block}.attn.q_bias"], sd[f"{block}.attn.v_bias"] = got["q"], got["v"]
+        else:
+            raise WeightsError(f"{block}: query/key/value biases incomplete ({', '.join(sorted(got))})")
+
+
+def _split_qkv(sd: Dict[str, torch.Tensor], width: int) -> Dict[str, torch.Tensor]:
+    """The reverse of :func:`_fuse_qkv`: ``blocks.N.attn.{q,k,v}.*`` from ``qkv`` (or ``q_bias``/``v_bias``)."""
+    out = {}
+    for key, value in sd.items():
+        m = re.fullmatch(r"(blocks\.\d+\.attn)\.(qkv\.weight|qkv\.bias|q_bias|v_bias)", key)
+        if not m:
+            out[key] = value
+        elif m.group(2).startswith("qkv"):
+            leaf = m.group(2).split(".")[1]
+            for part, chunk in zip("qkv", value.split(width)):
+                out[f"{m.group(1)}.{part}.{leaf}"] = chunk.contiguous()
+        else:
+            out[f"{m.group(1)}.{m.group(2)[0]}.bias"] = value
+    return out
+
+
+
+def _problems(config: Any, want: Mapping[str, Any], what: str, patch_bias: bool) -> List[str]:
+    """What in ``config`` the tower's layout cannot express: fields other than ``want``'s, and the blocks'
+    options no tower of these has."""
+    problems = [f"{k}={getattr(config, k, None)!r} (it needs {v!r})" for k, v in want.items()
+                if getattr(config, k, None) != v]
+    if getattr(config, "use_patch_bias", patch_bias) != patch_bias:
+        problems.append(f"a patch projection {'with' if patch_bias else 'without'} a bias")
+    for name in ("backbone", "representation_size", "distill_token", "attn_norm", "mlp_norm", "embed_norm"):
+        if getattr(config, name, None):
+            problems.append(f"{name} (none in {what})")
+    if getattr(config, "block", "pre") != "pre":
+        problems.append(f"block={config.block!r} ({what} has pre-norm blocks)")
+    return problems
+
+
+def _leftover(sd: Mapping[str, Any], what: str) -> None:
+    if sd:
+        raise WeightsError(f"no {what} name for {', '.join(sorted(sd)[:5])}")
+
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One Hugging Face vision tower's layout (see :mod:`.hf_towers`' notes)."""
+
+    #: the class names it is saved as (``architectures`` of config.json)
+    classes: Tuple[str, ...]
+    #: (hub state dict without the vision prefix, the tower's config) -> vitkit names
+    to_native: Callable[[Dict[str, torch.Tensor], Mapping[str, Any]], Dict[str, torch.Tensor]]
+    #: (the tower's config, its state dict) -> vitkit config
+    config: Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+    #: (vitkit state dict, config) -> hub names
+    from_native: Callable[[Dict[str, torch.Tensor], Any], Dict[str, torch.Tensor]]
+    #: vitkit config -> what the layout cannot express
+    problems: Callable[[Any], List[str]]
+    #: vitkit config -> the tower's config.json
+    hf_config: Callable[[Any], Dict[str, Any]]
+
