@@ -34,10 +34,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import vitkit  # noqa: E402
+from vitkit.machine import native_bf16_cpu  # noqa: E402
 from vitkit.models.complexity import complexity  # noqa: E402
 from vitkit.train.config import TrainConfig  # noqa: E402
 from vitkit.train.loop import make_optimizer  # noqa: E402
-from vitkit.utils import native_bf16_cpu  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import SMOKE_DIR, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402

@@ -39,8 +39,8 @@ import timm
 import torch
 
 import vitkit
+from vitkit.machine import native_bf16_cpu
 from vitkit.models.complexity import complexity
-from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module, however run
 from limits import at_limit, close_limits, describe, machine_limits  # noqa: E402

@@ -62,9 +62,9 @@ import torch
 
 import vitkit
 from vitkit.deploy import OnnxModel, export_onnx
+from vitkit.machine import native_bf16_cpu
 from vitkit.models import compile_for_inference, get_model_config
 from vitkit.models.complexity import complexity
-from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import build_pair, dated_name, machine_info, results_path, write_json_atomic  # noqa: E402

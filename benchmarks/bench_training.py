@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from vitkit.machine import native_bf16_cpu
 from vitkit.models.complexity import complexity
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
-from vitkit.utils import native_bf16_cpu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
 from bench_inference import (  # noqa: E402

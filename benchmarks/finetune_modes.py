@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from vitkit.studies.base import _vitkit
+from vitkit.studies.base import run_training
 from vitkit.studies.selfsup import BUDGET, COMMON, LABELS, PRETRAINED, pretrain_run
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -85,9 +85,8 @@ def finetune(encoder: str, mode: str, fraction: float, seed: int, args: argparse
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps({k: v for k, v in recipe.items() if v is not None}, indent=1))  # None: default
         # the recipe it was measured with, on every machine (naming none picks one by the machine's precision)
-        done = _vitkit(["train", "--recipe", "fmnist", "--config", str(cfg), "--runs-dir", str(args.work),
-                        "--name", run.name,
-                        "--no-progress", *(["--threads", str(args.threads)] if args.threads else [])], run.name)
+        done = run_training(run.name, "fmnist", str(cfg), threads=args.threads, runs_dir=str(args.work),
+                            name=run.name)
     return done
 
 

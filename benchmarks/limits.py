@@ -42,7 +42,7 @@ from typing import Optional
 
 import torch
 
-from vitkit.utils import native_bf16_cpu
+from vitkit.machine import native_bf16_cpu
 
 #: (m, n, k) of the GEMM timed for the peaks
 GEMM = (2048, 3072, 768)

@@ -423,7 +423,7 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_where(monkeypatch, caps
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
 
     parser = cli_module.build_parser
-    monkeypatch.setattr(cli_module, "build_parser", lambda: _with_verb(parser(), "models", broken))
+    monkeypatch.setattr(cli_module.entry, "build_parser", lambda: _with_verb(parser(), "models", broken))
     assert cli_module.main(["models"]) == 2
     err = capsys.readouterr().err
     assert err == ("vitkit models: error: unexpected TypeError: unsupported operand type(s) for +: 'int' and 'str' "

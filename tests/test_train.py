@@ -138,7 +138,7 @@ def test_resume_takes_only_the_machine_fields_from_the_new_invocation(tmp_path, 
     test_tta (the final scoring) may change, a changed hyper-parameter is refused by name instead
     of being silently dropped."""
     from vitkit.cli import main
-    from vitkit.train.config import resumed_config
+    from vitkit.train.resume import resumed_config
 
     run = tmp_path / "run"
     run.mkdir()
@@ -194,16 +194,16 @@ def test_width_pre_logits_need_a_vit():
 
 
 def test_busy_cpu_note_only_when_the_cpu_is_busy_and_threads_are_not_split(monkeypatch):
-    from vitkit.train import loop
+    from vitkit.train import throughput
 
-    monkeypatch.setattr(loop.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(loop.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
-    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 2)
-    note = loop.busy_cpu_note(None)
+    monkeypatch.setattr(throughput.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
+    monkeypatch.setattr(throughput.torch, "get_num_threads", lambda: 2)
+    note = throughput.busy_cpu_note(None)
     assert "load 2.1" in note and "2 cores" in note and "uses 2 threads" in note and "--threads 1 each" in note
-    assert loop.busy_cpu_note(1) is None  # the user already split the CPU
-    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 1)
-    assert loop.busy_cpu_note(None) is None  # so did OMP_NUM_THREADS=1: no advice to do what it does
-    monkeypatch.setattr(loop.torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(loop.os, "getloadavg", lambda: (0.4, 1.0, 0.5))
-    assert loop.busy_cpu_note(None) is None
+    assert throughput.busy_cpu_note(1) is None  # the user already split the CPU
+    monkeypatch.setattr(throughput.torch, "get_num_threads", lambda: 1)
+    assert throughput.busy_cpu_note(None) is None  # so did OMP_NUM_THREADS=1: no advice to do what it does
+    monkeypatch.setattr(throughput.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (0.4, 1.0, 0.5))
+    assert throughput.busy_cpu_note(None) is None

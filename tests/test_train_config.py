@@ -6,7 +6,8 @@ import json
 import pytest
 
 from vitkit.cli import build_parser, train_config
-from vitkit.train.config import OFF, deep_merge, resolve_config, resume_conflicts
+from vitkit.train.config import OFF, deep_merge, resolve_config
+from vitkit.train.resume import resume_conflicts
 from vitkit.utils import seed_for
 
 

@@ -16,7 +16,7 @@ _NAMES = {"export_onnx": "deploy", "VisionTransformer": "models", "ViTConfig": "
           "transform_for": "data"}
 #: subpackages reachable as attributes of ``vitkit`` (``vitkit.models.layers``) after ``import vitkit``
 _SUBPACKAGES = ("data", "deploy", "evaluate", "inspect", "models", "selfsup", "train", "weights", "parallel",
-                "progress", "utils")
+                "progress", "utils", "files", "errors")
 
 
 def __getattr__(name: str) -> Any:

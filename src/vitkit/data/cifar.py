@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..files import atomic_path
 from ..progress import copy_with_progress
-from ..utils import atomic_path
 from .fashion_mnist import ArrayDataset, DatasetNotFound, _md5
 from .fashion_mnist import user_cache_dir as _fashion_mnist_cache_dir
 

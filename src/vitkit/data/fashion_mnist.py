@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from ..files import atomic_path
 from ..progress import copy_with_progress
-from ..utils import atomic_path
 from .idx import IDXError, read_idx
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",

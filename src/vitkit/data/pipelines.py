@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
-from ..utils import require
+from ..extras import require
 from .transforms import EvalTransform
 
 IntOrPair = Union[int, Sequence[int]]

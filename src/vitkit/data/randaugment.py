@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..utils import require
+from ..extras import require
 
 OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing",
        "SolarizeAdd", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing",

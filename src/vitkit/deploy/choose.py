@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from ..utils import PathLike, work_folder
+from ..files import PathLike, work_folder
 from .onnx_export import export_onnx
 from .openvino import OpenVinoModel, export_openvino, is_openvino
 from .runtime import OnnxModel

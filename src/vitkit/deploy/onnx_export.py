@@ -44,8 +44,9 @@ import torch
 from torch import nn
 
 from .._version import __version__
+from ..extras import require
+from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..progress import working
-from ..utils import DiskFull, PathLike, is_disk_full, require, work_folder
 
 EXPORTERS = ("dynamo", "torchscript")
 INPUT_NAME = "pixel_values"

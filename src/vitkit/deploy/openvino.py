@@ -31,8 +31,9 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from torch import nn
 
+from ..extras import first_line, require
+from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..progress import working
-from ..utils import DiskFull, PathLike, first_line, is_disk_full, require, work_folder
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .runtime import OnnxMetadataError, OnnxModel
 

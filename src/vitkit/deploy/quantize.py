@@ -29,7 +29,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..utils import PathLike, require, work_folder
+from ..extras import require
+from ..files import PathLike, work_folder
 
 QUANTIZATIONS = ("int8", "int8-static")
 _DYNAMIC_OPS = ["MatMul", "Gemm"]

@@ -21,8 +21,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..extras import first_line
+from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE
-from ..utils import PathLike, first_line
 from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
 
 

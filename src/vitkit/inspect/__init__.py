@@ -17,6 +17,6 @@ __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "po
            "embedding_filters", "embedding_filters_pca", "patch_distances", "convit_gates", "token_norms",
            "prefix_attention"]
 
-from .report import InspectResult, inspect_model  # noqa: E402  (figures need matplotlib, a dependency)
+from .report import InspectResult, default_folder, inspect_model  # noqa: E402  (figures need matplotlib, a dependency)
 
-__all__ += ["inspect_model", "InspectResult"]
+__all__ += ["inspect_model", "InspectResult", "default_folder"]

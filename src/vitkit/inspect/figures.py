@@ -9,7 +9,8 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
-from ..utils import PathLike, pyplot, save_png
+from ..files import PathLike
+from ..utils import pyplot, save_png
 
 
 def _save(fig, path: PathLike) -> Path:

@@ -22,10 +22,11 @@ from torch import nn
 
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
+from ..extras import require
+from ..files import new_folder, write_text
 from ..models import family_of
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
-from ..utils import new_folder, require, write_text
 from . import figures
 from .analysis import (
     attention_maps,
@@ -188,6 +189,21 @@ def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progres
 
 
 @torch.no_grad()
+def default_folder(weights: Union[str, Path]) -> Path:
+    """Where ``vitkit inspect`` writes without ``--out``: beside a run's model (``runs/NAME/inspect``),
+    else ``runs/inspect-NAME`` -- never the current directory itself."""
+    from ..weights.pretrained import run_model_folder
+
+    path = Path(weights)
+    if run_model_folder(path) is not None:
+        return path / "inspect"
+    if path.name == "model" and (path.parent / "config.json").is_file():  # runs/NAME/model
+        return path.parent / "inspect"
+    stem = path.stem if path.suffix else path.name
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in (stem or "model")).strip(".-") or "model"
+    return Path("runs") / f"inspect-{name}"
+
+
 def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
                   title: Optional[str] = None, pca_components: int = 28, progress: bool = True) -> InspectResult:
     """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``.

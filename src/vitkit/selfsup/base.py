@@ -32,11 +32,11 @@ from typing import Any, ClassVar, Dict, List, Optional, Union
 import torch
 from torch import nn
 
+from ..files import PathLike
 from ..models import VisionTransformer, ViTConfig, get_model_config
 from ..models.config_base import ConfigMixin
 from ..models.layers import IntPair
 from ..models.serialize import save_pretrained
-from ..utils import PathLike
 
 #: The key of a native ``config.json`` that marks a pre-training model (its objective's options).
 CONFIG_KEY = "pretraining"

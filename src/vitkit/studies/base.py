@@ -31,11 +31,12 @@ import platform
 import shutil
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..utils import write_json, write_text
+from ..files import write_json, write_text
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
 #: few-shot evaluation of a run's frozen features: shots per class, seeds, training pool
@@ -165,23 +166,44 @@ def run_name(arm: Arm, seed: int) -> str:
     return f"{arm.key}-s{seed}"
 
 
-def _vitkit(args: List[str], what: str) -> Dict[str, Any]:
-    """One vitkit command with --json, run in this process (one import of torch for the whole
-    study): its summary, or a ValueError naming ``what`` with the command's own error line."""
-    import contextlib
-    import io
+def calling(what: str, call: Callable[[], Any]) -> Any:
+    """``call()``'s result; a failure is a ValueError naming ``what`` with the error's own line
+    (an interruption stays one: Ctrl-C and SIGTERM end the study as they end a run)."""
+    from ..errors import describe_error
 
-    from ..cli import main
+    try:
+        with warnings.catch_warnings():  # a run's notes are the run's, not the study's lines
+            warnings.simplefilter("ignore")
+            return call()
+    except Exception as e:
+        raise ValueError(f"{what} failed: {describe_error(e)}") from e
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*args, "--json"])
-    if code != 0:
-        if code in (130, 143):
-            raise KeyboardInterrupt
-        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
-        raise ValueError(f"{what} failed: {lines[-1] if lines else f'exit {code}'}")
-    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+def run_training(what: str, recipe: Optional[str] = None, file: Optional[str] = None, resume: Optional[str] = None,
+                 threads: Optional[int] = None, **fields: Any) -> Dict[str, Any]:
+    """The summary of a training (or pre-training, with ``objective``) run, as ``vitkit train``
+    (``pretrain``) makes it from a recipe, a config file and fields (``resume``: the run folder
+    to continue, as it saved its config; only ``threads`` may change), without a progress line."""
+    from ..train import resolve_config, train
+
+    def run() -> Dict[str, Any]:
+        cfg = resolve_config(recipe, file, progress=False, **({"threads": threads} if threads else {}), **fields)
+        return train(cfg, resume=resume, log=lambda line: None, asked=["progress"] + ["threads"] * bool(threads))
+
+    return json.loads(json.dumps(calling(what, run)))  # as its summary.json holds it (string keys, lists)
+
+
+def fewshot_of(weights: Path, shots: Sequence[int], seeds: int, options: "Options") -> Dict[int, Any]:
+    """{shots: FewShotResult} of the frozen encoder ``weights`` hold, on the study's dataset."""
+    from ..evaluate import fewshot_on_dataset
+    from ..weights import from_pretrained
+
+    def run() -> Dict[int, Any]:
+        model = from_pretrained(str(weights), encoder_only=True)  # a pre-training model's ViT
+        return fewshot_on_dataset(model, options.dataset or "fashion-mnist", shots, seeds, fewshot_pool(options),
+                                  data_dir=options.data_dir, progress=False).results
+
+    return calling(f"few-shot evaluation of {weights.name}", run)
 
 
 #: request fields that do not change what a run computes: a finished run is reused across them
@@ -240,20 +262,17 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     if finished:
         return _read_json(run / "summary.json", "the summary of a finished run")
     if started:
-        extra = ["--threads", str(options.threads)] if options.threads else []
-        return _vitkit(["train", "--resume", str(run), "--no-progress", *extra], f"resuming {name}")
+        return run_training(f"resuming {name}", resume=str(run), threads=options.threads)
     if run.exists():  # stopped before its first checkpoint: nothing to keep
         shutil.rmtree(run)
     configs.mkdir(parents=True, exist_ok=True)
     write_json(configs / f"{name}.json", config)
-    return _vitkit(["train", "--recipe", recipe, "--config", str(configs / f"{name}.json"), "--no-progress"],
-                   f"run {name}")
+    return run_training(f"run {name}", recipe, str(configs / f"{name}.json"))
 
 
-def data_flags(options: Options) -> List[str]:
-    """The ``--dataset`` / ``--data-dir`` flags a study passes on to every vitkit command."""
-    return [*(["--dataset", options.dataset] if options.dataset else []),
-            *(["--data-dir", options.data_dir] if options.data_dir else [])]
+def data_fields(options: Options) -> Dict[str, Any]:
+    """The ``dataset`` / ``data_dir`` fields a study passes on to every run it starts."""
+    return {k: v for k, v in (("dataset", options.dataset), ("data_dir", options.data_dir)) if v}
 
 
 def fewshot_pool(options: Options) -> int:
@@ -271,10 +290,8 @@ def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
     cached = run / "fewshot.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    args = ["fewshot", "--weights", str(run), "--shots", *map(str, FEWSHOT_SHOTS), "--seeds", str(FEWSHOT_SEEDS),
-            "--pool", str(fewshot_pool(options)), "--no-progress", *data_flags(options)]
-    out = _vitkit(args, f"few-shot evaluation of {run.name}")
-    scores = {f"fewshot_{r['shots']}": r["mean"] for r in out["results"]}
+    results = fewshot_of(run, FEWSHOT_SHOTS, FEWSHOT_SEEDS, options)
+    scores = {f"fewshot_{k}": r.mean for k, r in results.items()}
     write_json(cached, scores)
     return scores
 

@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..utils import write_json
+from ..files import write_json
 from .base import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -40,11 +40,11 @@ from .base import (
     Arm,
     Options,
     Study,
-    _vitkit,
-    data_flags,
+    data_fields,
     default_folders,
     differ,
-    fewshot_pool,
+    fewshot_of,
+    run_training,
     spread,
     too_few_seeds,
     verdict,
@@ -68,21 +68,19 @@ GOALS = {0.01: 0.05, 0.1: 0.02}
 
 
 def pretrain_run(objective: str, work: Path, threads: Optional[int] = None, epochs: Optional[float] = None,
-                 data: Optional[List[str]] = None) -> Dict[str, Any]:
-    """The summary of ``vitkit pretrain --objective OBJECTIVE`` in ``work/pretrain-OBJECTIVE``: reused
-    when finished, resumed from its last checkpoint when interrupted."""
+                 data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The summary of ``vitkit pretrain --objective OBJECTIVE`` in ``work/pretrain-OBJECTIVE`` (on
+    ``data``'s dataset fields): reused when finished, resumed from its last checkpoint when interrupted."""
     run = work / f"pretrain-{objective}"
-    extra = ["--threads", str(threads)] if threads else []
     if (run / "summary.json").is_file():
         return json.loads((run / "summary.json").read_text())
     if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
-        return _vitkit(["pretrain", "--resume", str(run), "--no-progress", *extra], f"resuming {run.name}")
+        return run_training(f"resuming {run.name}", resume=str(run), threads=threads)
     if run.exists():
         shutil.rmtree(run)
     work.mkdir(parents=True, exist_ok=True)
-    epochs_flag = ["--epochs", str(epochs)] if epochs else []
-    return _vitkit(["pretrain", "--objective", objective, "--runs-dir", str(work), "--name", run.name,
-                    "--no-progress", *epochs_flag, *extra, *(data or [])], f"pre-training {objective}")
+    return run_training(f"pre-training {objective}", f"{objective}-fmnist", threads=threads, objective=objective,
+                        runs_dir=str(work), name=run.name, **({"epochs": epochs} if epochs else {}), **(data or {}))
 
 
 def random_encoder(work: Path) -> Path:
@@ -104,10 +102,7 @@ def encoder_fewshot(weights: Path, options: Options) -> Dict[str, float]:
     cached = (weights if weights.is_dir() else weights.parent) / "fewshot-encoder.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    args = ["fewshot", "--weights", str(weights), "--shots", *map(str, SHOTS), "--seeds", "3",
-            "--pool", str(fewshot_pool(options)), "--no-progress", *data_flags(options)]
-    out = _vitkit(args, f"few-shot evaluation of {weights.name}")
-    scores = {str(r["shots"]): r["mean"] for r in out["results"]}
+    scores = {str(k): r.mean for k, r in fewshot_of(weights, SHOTS, 3, options).items()}
     write_json(cached, scores)
     return scores
 
@@ -152,7 +147,7 @@ class SelfSupervision(Study):
         for objective in self._objectives(options):
             say(f"pre-training {objective} (or reusing {work / f'pretrain-{objective}'}) ...")
             s = pretrain_run(objective, work, options.threads, SMOKE_PRETRAIN_EPOCHS if options.smoke else None,
-                             data_flags(options))
+                             data_fields(options))
             pretrained[objective] = {k: s.get(k) for k in ("test_loss", "seconds", "train_img_s", "epochs", "steps")}
             fewshot[objective] = encoder_fewshot(work / f"pretrain-{objective}", options)
         fewshot["random-init"] = encoder_fewshot(random_encoder(work), options)

@@ -26,7 +26,8 @@ from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..data.images import Skipped
 from ..evaluate.metrics import prepare_batch
-from ..utils import Terminated, seed_for
+from ..signals import Terminated
+from ..utils import seed_for
 
 log = logging.getLogger("vitkit.train")
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..utils import atomic_path
+from ..files import atomic_path
 from ..weights.io import unsafe_object
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")

@@ -1,23 +1,37 @@
-"""Training configuration: one dataclass, named recipes, config files and flag overrides."""
+"""Training configuration: one dataclass (every field, its ``--help`` text and its checks) and
+how a run's configuration is resolved: defaults <- a named recipe (:mod:`.recipes`) <- a config
+file (:mod:`.config_files`) <- flags, ``model_args`` merged deeply. What each kind of field may
+hold is :mod:`.config_types`'; the resume policy is :mod:`.resume`, which reads this module."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import json
-import math
 import os
 import re
-import stat
-import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import tiny
-from ..utils import require, usable_cores
+from ..extras import require
+from ..machine import usable_cores
+from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES, YAML_SUFFIXES, load_config_file  # noqa: F401 (re-exported)
+from .config_types import (
+    CHOICES,
+    HF_FIELDS,
+    OFF,
+    RANGES,
+    ConfigNote,
+    _above,
+    _below,
+    _range_words,
+    _show,
+    check_value,
+    kinds_of,
+)
+from .recipes import RECIPES, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches about 92% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -375,61 +389,6 @@ class TrainConfig:
         return d
 
 
-#: The options of Hugging Face datasets (--dataset hf:...) that name a split or a column.
-HF_FIELDS: Tuple[str, ...] = ("hf_split", "hf_test_split", "image_key", "label_key")
-
-#: The fields that take one of a few words.
-CHOICES: Dict[str, Tuple[str, ...]] = {
-    "optimizer": ("adamw", "adam", "sgd"), "schedule": ("cosine", "linear", "constant"),
-    "precision": ("auto", "bf16", "fp16", "fp32"), "init_head": ("new", "keep"), "distill": ("none", "soft", "hard"),
-    "cpu_parallel": ("auto", "batch", "ops"), "finetune": ("full", "lora", "bitfit", "head"),
-    # vitkit.evaluate.tta.TTA_MODES, restated as this module loads without torch (a test keeps them equal)
-    "test_tta": ("none", "flip", "flip-shift")}
-
-#: The numeric fields' ranges: (field, low, high, what else to say); a bound is a number
-#: (inclusive) or ("open", number) (exclusive); None: unbounded on that side. None values
-#: (optional fields switched off) are not checked.
-RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
-    ("batch_size", 1, None, ""), ("accum_steps", 1, None, ""), ("micro_batch", 1, None, " (none: as accum_steps)"),
-    ("max_steps", 1, None, " (or none: from epochs)"), ("lr", ("open", 0), None, ""), ("min_lr", 0, None, ""),
-    ("weight_decay", 0, None, ""), ("label_smoothing", 0, ("open", 1), ""), ("momentum", 0, 1, ""),
-    ("clip_grad", ("open", 0), None, " (none: no clipping)"), ("warmup_steps", 0, None, ""),
-    ("warmup_epochs", 0, None, ""), ("lr_scale_batch", 1, None, ""), ("crop_pad", 0, None, ""),
-    ("img_size", 1, None, ""), ("threads", 1, None, " (none: every core)"), ("workers", 0, None, ""),
-    ("shuffle_buffer", 0, None, ""), ("alpha", 0, 1, ""), ("tau", ("open", 0), None, ""),
-    ("layer_decay", ("open", 0), 1, " (none switches it off)"), ("ema_decay", ("open", 0), ("open", 1),
-                                                                 " (none switches the EMA off)"),
-    ("mixup", 0, None, " (a Beta alpha; 0 turns it off)"), ("cutmix", 0, None, " (a Beta alpha; 0 turns it off)"),
-    ("mixup_switch_prob", 0, 1, ""), ("random_erasing", 0, 1, ""), ("repeated_aug", 1, None, " (1: off)"),
-    ("train_fraction", ("open", 0), 1, ""), ("val_every", 1, None, " (none: every epoch)"),
-    ("val_size", 0, None, " (0: validate on the test split)"), ("test_size", 1, None, " (none: every test image)"),
-    ("keep_checkpoints", 1, None, ""),
-    ("log_every", 1, None, ""), ("checkpoint_every", 1, None, ""), ("eval_batch_size", 1, None, ""),
-    ("seed", 0, ("open", 2 ** 63), ""), ("lora_rank", 1, None, ""), ("lora_alpha", ("open", 0), None, ""),
-    ("freeze_blocks", 0, None, ""))
-
-
-def _above(value: float, low: Any) -> bool:
-    return value > low[1] if isinstance(low, tuple) else value >= low
-
-
-def _below(value: float, high: Any) -> bool:
-    return value < high[1] if isinstance(high, tuple) else value <= high
-
-
-def _range_words(low: Any, high: Any) -> str:
-    """">= 1", "> 0", "in [0, 1)", "in (0, 1]" for a RANGES entry."""
-    def number(bound):
-        value = bound[1] if isinstance(bound, tuple) else bound
-        return "2^63" if value == 2 ** 63 else f"{value:g}"
-
-    if high is None:
-        return f"{'>' if isinstance(low, tuple) else '>='} {number(low)}"
-    left = "(" if isinstance(low, tuple) else "["
-    right = ")" if isinstance(high, tuple) else "]"
-    return f"in {left}{number(low)}, {number(high)}{right}"
-
-
 #: The pre-training options of TrainConfig and the objectives each applies to.
 OBJECTIVE_OPTIONS: Dict[str, Tuple[str, ...]] = {
     "mask_ratio": ("simmim", "mpp", "mae"), "mask_block": ("simmim",), "norm_pix_loss": ("mae",),
@@ -439,81 +398,6 @@ LABEL_FIELDS: Dict[str, Any] = {"mixup": 0.0, "cutmix": 0.0, "label_smoothing": 
                                 "teacher": None, "init": None, "test_tta": "none"}
 
 
-def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
-    """``representation_size="width"`` (a recipe's way to say D) -> the model's width: the
-    ``embed_dim`` override, else the architecture's (``config``); CNNs have no such layer."""
-    if model_args.get("representation_size") != "width":
-        return model_args
-    width = model_args.get("embed_dim", getattr(config, "embed_dim", None))
-    if width is None:
-        raise ValueError(f"a pre-logits layer of the model's width needs a ViT; {config.name or config.architecture} "
-                         f"has no embed_dim (drop representation_size from the model args)")
-    return {**model_args, "representation_size": width}
-
-
-#: Named recipes: overrides of the defaults above.
-RECIPES: Dict[str, Dict[str, Any]] = {
-    # The default run: minutes on a 2-core CPU. Label smoothing 0.1 (+0.07 points after 4 epochs
-    # on the earlier default model, within one seed's noise; every run of the search that chose
-    # the 5-convolution model used it). Random erasing 0.25 is what lets more epochs pay: 9 with
-    # it gave 92.90 / 92.91 / 92.56% (seeds 0-2, one thread each) where 6 without gave 92.37 /
-    # 91.99 / 91.84 and 7 without overfit (benchmarks/results/fmnist_default_re_*.json).
-    "fmnist": {"label_smoothing": 0.1, "random_erasing": 0.25, "epochs": 9.0},
-    # The default run where it trains in fp32 (no native bf16: most laptops and cloud VMs).
-    "fmnist-fp32": {"label_smoothing": 0.1, "epochs": 3.0},
-    # Longer and deeper (4 transformer layers), with crop + flip + random erasing and an EMA of
-    # the weights; no label smoothing or stochastic depth: this small model underfits them
-    # (30 epochs with both: 92.8% test; 40 without: 93.2-93.4%; 80 without erasing: 93.6%;
-    # 60 of this: 93.7%, EMA 93.8%; 100 of this: 94.4-94.8% (seeds 0-2); 200 of this: 94.7%, not
-    # worth twice the time by default; README: Training). The summary adds the test score with
-    # flip-shift TTA, the 10 views its crop and flip train on (chosen on the 200-epoch run's
-    # validation images: 95.66% against 94.96% without; 100 epochs, seeds 0-2: 95.10%, 95.13%
-    # and 95.00%, EMA, fp32).
-    "fmnist-long": {"epochs": 100.0, "model_args": {"depth": 4}, "crop_pad": 2, "hflip": True,
-                    "random_erasing": 0.25, "ema_decay": 0.9995, "test_tta": "flip-shift"},
-    # The paper's pre-training: Adam (0.9, 0.999), decoupled weight decay 0.1, batch 4096
-    # (accumulated when it does not fit), 10k warm-up steps then linear decay, clip 1,
-    # tanh pre-logits head (D units: "width" is the model's embed_dim), dropout 0.1.
-    "paper-pretrain": {"optimizer": "adamw", "betas": (0.9, 0.999), "weight_decay": 0.1,
-                       "batch_size": 4096, "micro_batch": 256, "warmup_steps": 10_000, "schedule": "linear",
-                       "clip_grad": 1.0, "lr": 1e-3, "min_lr": 0.0, "crop_pad": 0, "hflip": True,
-                       "model_args": {"representation_size": "width", "drop_rate": 0.1}},
-    # The paper's fine-tuning: SGD momentum 0.9, batch 512, cosine, no weight decay, clip 1.
-    "paper-finetune": {"optimizer": "sgd", "momentum": 0.9, "batch_size": 512, "weight_decay": 0.0,
-                       "schedule": "cosine", "clip_grad": 1.0, "lr": 0.01, "warmup_steps": 500,
-                       "min_lr": 0.0},
-    # DeiT (Touvron et al. 2021, Table 9 / the official main.py): AdamW, lr 5e-4 x batch / 512
-    # (scaled from the run's batch_size), weight decay 0.05, cosine to 1e-5 after 5 warm-up
-    # epochs, 300 epochs, no gradient clipping, RandAugment m9-mstd0.5, Mixup 0.8, CutMix 1.0,
-    # random erasing 0.25, stochastic depth 0.1, repeated augmentation 3, label smoothing 0.1,
-    # model EMA 0.99996.
-    "deit": {"optimizer": "adamw", "betas": (0.9, 0.999), "lr": 5e-4, "lr_scale_batch": 512,
-             "weight_decay": 0.05, "schedule": "cosine", "warmup_epochs": 5.0, "min_lr": 1e-5, "epochs": 300.0,
-             "clip_grad": None, "randaugment": "m9-mstd0.5", "mixup": 0.8, "cutmix": 1.0,
-             "mixup_switch_prob": 0.5, "random_erasing": 0.25, "model_args": {"drop_path_rate": 0.1},
-             "repeated_aug": 3, "label_smoothing": 0.1, "ema_decay": 0.99996},
-}
-
-
-#: Self-supervised pre-training on Fashion-MNIST's training images without their labels
-#: (``vitkit pretrain --objective X`` takes recipe ``X-fmnist``), about 10 minutes each on 2 CPU
-#: cores: the plain ViT (the hybrid's CNN would see masked pixels), every training image
-#: (val_size 0: validation rows score the test images), AdamW with MAE's betas (0.9, 0.95) and
-#: weight decay 0.05, crop + flip. MAE's encoder sees a quarter of the patches, so it runs
-#: twice as many epochs in the same time (~1,500 against ~780 img/s in fp32).
-_PRETRAIN_FMNIST: Dict[str, Any] = {
-    "model": "vit_fmnist", "val_size": 0, "epochs": 8.0, "batch_size": 256, "lr": 1.5e-3, "min_lr": 1e-5,
-    "betas": (0.9, 0.95), "weight_decay": 0.05, "warmup_steps": 200, "crop_pad": 2, "hflip": True}
-RECIPES.update({
-    # SimMIM: a 4 px block (one patch) is to 28 px what the paper's 32 px block is to 192 px
-    "simmim-fmnist": {**_PRETRAIN_FMNIST, "mask_block": 4},
-    "mpp-fmnist": dict(_PRETRAIN_FMNIST),
-    # MAE with a light decoder (MAE's ablation: depth 1-2 costs little accuracy when fine-tuning)
-    "mae-fmnist": {**_PRETRAIN_FMNIST, "epochs": 15.0, "decoder_dim": 64, "decoder_depth": 2, "decoder_heads": 4,
-                   "decoder_mlp_dim": 128},
-})
-
-
 # ------------------------------------------------------------------ field types, as people write them
 
 
@@ -521,25 +405,7 @@ RECIPES.update({
 def field_kinds() -> Dict[str, Tuple[str, bool]]:
     """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none
     (read once from the annotations; callers only read the mapping)."""
-    kinds = {}
-    for f in dataclasses.fields(TrainConfig):
-        text = str(f.type)
-        optional = text.startswith("Optional[")
-        base = text[len("Optional["):-1] if optional else text
-        kinds[f.name] = ({"Tuple[float, float]": "pair", "Dict[str, Any]": "mapping"}.get(base, base), optional)
-    return kinds
-
-
-#: A number written as text: YAML 1.1 reads 1e-3 and 1e4 (no dot) as strings.
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-_EXPECTED = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "text",
-             "pair": "two numbers", "mapping": "a mapping of model options"}
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it, for messages (YAML's dates and JSON's floats included)."""
-    text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return kinds_of(TrainConfig)
 
 
 def check_field(name: str, value: Any, coerce: bool = False) -> Tuple[Any, Optional[str], Optional[str]]:
@@ -547,65 +413,7 @@ def check_field(name: str, value: Any, coerce: bool = False) -> Tuple[Any, Optio
     unambiguous: "1e-3" or 1e4 for a number, 1e4 for an integer), a problem naming the field, the
     value and what is allowed, or a note saying what was coerced."""
     kind, optional = field_kinds()[name]
-    if value is None:
-        return None, None if optional else f"{name} cannot be none ({_EXPECTED[kind]} is expected)", None
-    if kind == "pair":
-        if not isinstance(value, (list, tuple)) or len(value) != 2:
-            return value, f"{name} {_show(list(value) if isinstance(value, tuple) else value)} is not two numbers", None
-        pair = [_number(name, v, "float", coerce) for v in value]
-        bad = next((p for _, p, _ in pair if p), None)
-        notes = [n for _, _, n in pair if n]
-        return tuple(v for v, _, _ in pair), bad, "; ".join(notes) or None
-    if kind == "mapping":
-        if not isinstance(value, Mapping):
-            return value, f"{name} must be a mapping of model options, e.g. {{\"depth\": 4}}, not {_show(value)}", None
-        bad = _non_finite(value)
-        return value, (f"{name}: {bad} is not finite" if bad else None), None
-    if kind in ("int", "float"):
-        return _number(name, value, kind, coerce)
-    if kind == "bool":
-        return value, None if isinstance(value, bool) else f"{name} {_show(value)} is not true or false", None
-    if not isinstance(value, str):
-        hint = " (YAML reads an unquoted date as a date: quote it)" if type(value).__name__ in ("date", "datetime") \
-            else " (quote it)" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-        return value, f"{name} {_show(value)} is not text{hint}", None
-    return value, None, None
-
-
-def _number(name: str, value: Any, kind: str, coerce: bool) -> Tuple[Any, Optional[str], Optional[str]]:
-    what = _EXPECTED[kind]
-    read = value
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return value, f"{name} {_show(value)} is not {what}", None
-    if isinstance(value, str):
-        if not coerce or not _NUMBER.fullmatch(value.strip()):
-            return value, f"{name} {_show(value)} is not {what}", None
-        read = float(value)
-    if not math.isfinite(read):
-        return value, f"{name} {_show(value)} is not finite ({what} is expected)", None
-    if kind == "int":
-        if isinstance(read, float):
-            if not read.is_integer():
-                return value, f"{name} {_show(value)} is not {what}", None
-            if not coerce:
-                return value, f"{name} {_show(value)} is not {what} (write {int(read)})", None
-            read = int(read)
-        return read, None, (f"{name} {_show(value)} read as {read}" if read is not value else None)
-    note = f"{name} {_show(value)} read as {float(read):g}" if isinstance(value, str) else None
-    return float(read) if isinstance(read, float) else read, None, note
-
-
-def _non_finite(value: Any, where: str = "") -> Optional[str]:
-    """The first NaN or infinite number inside nested lists and mappings, by its path."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where or 'a value'} {value}"
-    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) \
-        else ()
-    for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found:
-            return found
-    return None
+    return check_value(name, value, kind, optional, coerce)
 
 
 def type_problems(values: Mapping[str, Any]) -> List[str]:
@@ -634,156 +442,10 @@ def coerce_fields(values: Mapping[str, Any], where: str) -> Tuple[Dict[str, Any]
     return out, notes
 
 
-# ------------------------------------------------------------------ config files
+# ------------------------------------------------------------------ resolving a run's configuration
 
-#: What a config file may hold, checked before anything is expanded, printed or written: its
-#: size, and the number and nesting of its values (a YAML alias "bomb" repeats a list by
-#: reference: a 1 KB file can stand for 10^9 values once written out).
-MAX_CONFIG_BYTES = 1 << 20
-MAX_CONFIG_VALUES = 10_000
-MAX_CONFIG_DEPTH = 32
-YAML_SUFFIXES = (".yaml", ".yml")
-
-
-def load_config_file(path: str) -> Dict[str, Any]:
-    """A YAML or JSON file of TrainConfig fields: read within bounds, refused in one line naming
-    the file (and the line and column) when it is no mapping of fields, with duplicate keys, too
-    large, too deeply nested, or not text. YAML dates stay text (``name: 2024-01-01``)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"config file not found: {p}")
-    if p.is_dir() or not stat.S_ISREG(p.stat().st_mode):
-        raise ValueError(f"config file {p} is not a regular file (a folder, a FIFO?)")
-    if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config file {p} is {p.stat().st_size:,} bytes: a training config is a few hundred "
-                         f"(at most {MAX_CONFIG_BYTES:,} are read)")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"config file {p} is not UTF-8 text (byte {e.start})") from None
-    suffix = p.suffix.lower()
-    if suffix not in YAML_SUFFIXES + (".json",):
-        raise ValueError(f"config file {p}: name it .yaml, .yml or .json (its suffix says how to read it)")
-    try:
-        data = _read_yaml(p, text) if suffix in YAML_SUFFIXES else _read_json(p, text)
-    except ValueError as e:
-        if "integer string conversion" not in str(e):
-            raise
-        raise ValueError(f"config file {p} holds a number of more than {sys.get_int_max_str_digits():,} digits") \
-            from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {p}: expected a mapping of config fields (field: value), got "
-                         f"{type(data).__name__}")
-    _check_shape(p, data)
-    keys = [k for k in data if not isinstance(k, str)]
-    if keys:
-        raise ValueError(f"config file {p}: field names are text, not {_show(keys[0])}")
-    return data
-
-
-def _read_json(p: Path, text: str) -> Any:
-    def no_duplicates(pairs):
-        seen, twice = set(), set()
-        for key, _ in pairs:
-            (twice if key in seen else seen).add(key)
-        twice = sorted(twice)
-        if twice:
-            raise ValueError(f"config file {p}: {', '.join(twice)} given twice")
-        return dict(pairs)
-
-    try:
-        return json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as e:
-        empty = " (the file is empty)" if not text.strip() else ""
-        raise ValueError(f"config file {p} is not valid JSON{empty}: {e.msg} at line {e.lineno}, column {e.colno}") \
-            from None
-    except RecursionError:
-        raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
-
-
-def _read_yaml(p: Path, text: str) -> Any:
-    yaml = require("yaml", "train", f"YAML config files such as {p.name} (or write it as JSON)")
-    try:
-        return yaml.load(text, Loader=_yaml_loader(yaml, p))
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(str(e.problem or e.context or "").split())
-        if "tab" in problem or "'\\t'" in problem:
-            problem += " (YAML indents with spaces, not tabs)"
-        if "constructor for the tag" in problem:
-            problem += " (vitkit reads plain YAML, without tags)"
-        raise ValueError(f"config file {p} is not valid YAML{at}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"config file {p} is not valid YAML: {' '.join(str(e).split())}") from None
-    except RecursionError:
-        raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
-
-
-def _yaml_loader(yaml, p: Path):
-    """PyYAML's safe loader without its date resolver (a date is text to vitkit) and refusing
-    duplicate keys (PyYAML keeps the last silently)."""
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-
-    def mapping(loader, node):
-        seen, twice = set(), set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            key = key if isinstance(key, (str, int, float, bool, type(None))) else repr(key)
-            (twice if key in seen else seen).add(key)
-        twice = sorted(map(str, twice))
-        if twice:
-            raise ValueError(f"config file {p}: {', '.join(twice)} given twice (line {node.start_mark.line + 1})")
-        return loader.construct_mapping(node, deep=True)
-
-    Loader.add_constructor("tag:yaml.org,2002:map", mapping)
-    return Loader
-
-
-def _check_shape(p: Path, data: Any) -> None:
-    """Count values and nesting with a budget, so that shared references (YAML aliases) are
-    counted as often as they would be written out, and the walk stops at the first bound."""
-    budget = [MAX_CONFIG_VALUES]
-
-    def walk(value: Any, depth: int) -> None:
-        if depth > MAX_CONFIG_DEPTH:
-            raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)")
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ValueError(f"config file {p} holds more than {MAX_CONFIG_VALUES:,} values once its references "
-                             f"(YAML aliases) are written out: a training config holds a few dozen")
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        for child in children:
-            walk(child, depth + 1)
-
-    walk(data, 0)
-
-
-class ConfigNote(UserWarning):
-    """A value of a config file read in another type than written (``lr: 1e-3``, which YAML
-    reads as text, as the number 0.001), said once per value."""
-
-
-class _Off:
-    """The command line's ``none``: switch an optional field off. (None itself means "not given"
-    there; in a config file, ``null`` is this.)"""
-
-    def __repr__(self) -> str:
-        return "none"
-
-    def __bool__(self) -> bool:  # off is off: ``if cfg.init`` and ``chosen.get("init")`` read it so
-        return False
-
-
-OFF = _Off()
+#: Fields renamed since runs were first saved: a run folder's older ``config.json`` still resumes.
+RENAMED = {"out": "runs_dir"}
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, Any]:
@@ -805,26 +467,9 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     an optional field off). ``model_args`` is merged deeply across the three, not replaced. No
     recipe: the default run's for the precision the run will train in (precision.default_recipe)."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    from_file: Dict[str, Any] = {}
-    if file:
-        from_file, notes = coerce_fields(load_config_file(file), str(file))
-        for note in notes:  # said, not silent: the command line prints each as one "note:" line
-            warnings.warn(ConfigNote(note), stacklevel=2)
-    if recipe is None:
-        precision = given.get("precision", from_file.get("precision", TrainConfig.precision))
-        if precision not in CHOICES["precision"]:
-            raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
-        from .precision import default_recipe  # imports torch: parsing flags does not
-
-        recipe = default_recipe(precision)[0]
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    from_file = _file_values(file)
+    recipe = _recipe_in_effect(recipe, file, given, from_file)
     values: Dict[str, Any] = {"recipe": recipe}
-    if file:
-        if from_file.get("recipe", recipe) != recipe:  # the file overrides a recipe; it cannot pick one
-            raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from the recipe in effect, "
-                             f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
-                             f"{from_file['recipe']})")
     for layer in (RECIPES[recipe], from_file, given):
         for key, value in layer.items():
             if key == "model_args" and isinstance(value, Mapping):
@@ -837,6 +482,52 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
+    _refuse_ignored(values, chosen)
+    _refuse_unknown(values, file, from_file)
+    if not isinstance(values.get("model_args", {}), Mapping):
+        raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    with _naming(file, {k for k in from_file if k not in given}):
+        cfg = _checked(values)
+    if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
+        cfg.chosen = frozenset(chosen)
+    return cfg
+
+
+def _file_values(file: Optional[str]) -> Dict[str, Any]:
+    """The config file's fields (none: no file), their types checked and unambiguous numbers coerced."""
+    if not file:
+        return {}
+    from_file, notes = coerce_fields(load_config_file(file), str(file))
+    for note in notes:  # said, not silent: the command line prints each as one "note:" line
+        warnings.warn(ConfigNote(note), stacklevel=3)  # at resolve_config's caller
+    return from_file
+
+
+def _recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[str, Any],
+                      from_file: Mapping[str, Any]) -> str:
+    """The recipe named, else the default run's for the precision the run will train in; a config
+    file overrides a recipe and cannot choose another."""
+    if recipe is None:
+        precision = given.get("precision", from_file.get("precision", TrainConfig.precision))
+        if precision not in CHOICES["precision"]:
+            raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
+        from .precision import default_recipe  # imports torch: parsing flags does not
+
+        recipe = default_recipe(precision)[0]
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    if file:
+        if from_file.get("recipe", recipe) != recipe:  # the file overrides a recipe; it cannot pick one
+            raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from the recipe in effect, "
+                             f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
+                             f"{from_file['recipe']})")
+    return recipe
+
+
+def _refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> None:
+    """An option the run would ignore is refused by name: a LoRA option without LoRA, a model with --init."""
     lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
     if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} apply with --finetune lora (this "
@@ -844,6 +535,10 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
+
+
+def _refuse_unknown(values: Mapping[str, Any], file: Optional[str], from_file: Mapping[str, Any]) -> None:
+    """Options no TrainConfig has, named with what they became (RENAMED) or the closest field."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(map(str, set(values) - known))
     if unknown:
@@ -857,26 +552,24 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
 
         where = f"{file}: " if file and any(k in from_file for k in unknown) else ""
         raise ValueError(f"{where}unknown training option(s): {', '.join(map(meant, unknown))}")
-    if not isinstance(values.get("model_args", {}), Mapping):
-        raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
-    with _naming(file, {k for k in from_file if k not in given}):
-        if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
-            TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
-            from ..data.datasets import canonical
 
-            dataset = canonical(values.get("dataset", TrainConfig.dataset))
-            stream = bool(values.get("hf_streaming")) or dataset == "shards"
-            values = tiny.shrink_config(values, TrainConfig, stream)
-        if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
-            batch = values.get("batch_size", TrainConfig.batch_size)
-            values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]
-            values["lr_scale_batch"] = None
-        cfg = TrainConfig(**values)
-        cfg.validate()
-    if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
-        cfg.chosen = frozenset(chosen)
+
+def _checked(values: Dict[str, Any]) -> TrainConfig:
+    """The merged values as a validated TrainConfig, the linear scaling rule applied once; with
+    VITKIT_TINY shrunk to test scale after what was asked is checked as it would be without it."""
+    if tiny.enabled():  # VITKIT_TINY=1: the documentation's commands at test scale (vitkit/tiny.py)
+        TrainConfig(**values).validate()  # what the words ask for is checked as it would be without it
+        from ..data.datasets import canonical
+
+        dataset = canonical(values.get("dataset", TrainConfig.dataset))
+        stream = bool(values.get("hf_streaming")) or dataset == "shards"
+        values = tiny.shrink_config(values, TrainConfig, stream)
+    if values.get("lr_scale_batch"):  # the linear scaling rule, applied once, here
+        batch = values.get("batch_size", TrainConfig.batch_size)
+        values["lr"] = values.get("lr", TrainConfig.lr) * batch / values["lr_scale_batch"]
+        values["lr_scale_batch"] = None
+    cfg = TrainConfig(**values)
+    cfg.validate()
     return cfg
 
 
@@ -890,83 +583,3 @@ def _naming(file: Optional[str], fields: set):
         if file and named:
             raise ValueError(f"{file} ({', '.join(named)}): {e}") from None
         raise
-
-
-#: Fields that describe the machine a run executes on or how its end is scored, not what it
-#: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
-#: once the CPU is free again, or test-time augmentation for a run started without it),
-#: everything else from the run's ``config.json``, so the run continues as it started.
-RUNTIME_FIELDS = ("threads", "cpu_parallel", "workers", "progress", "tensorboard", "test_tta")
-
-
-def saved_field(run_dir: str, name: str) -> Any:
-    """One field of a run folder's saved configuration, its default where the file predates the
-    field (None: not a run folder), e.g. what it learns (``objective``)."""
-    values = _saved_values(run_dir)
-    return None if values is None else values.get(name, getattr(TrainConfig(), name))
-
-
-#: Fields renamed since runs were first saved: a run folder's older ``config.json`` still resumes.
-RENAMED = {"out": "runs_dir"}
-
-
-def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
-    """The fields a run saved in its ``config.json`` (None: not a run directory)."""
-    saved = Path(run_dir) / "config.json"
-    if not saved.is_file():
-        return None
-    try:
-        values = json.loads(saved.read_text())
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"{saved} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's configuration "
-                         f"is damaged") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{saved} holds {type(values).__name__}, not a run's configuration")
-    for old, new in RENAMED.items():
-        if old in values:
-            values.setdefault(new, values.pop(old))
-    return values
-
-
-def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[str]] = None) -> TrainConfig:
-    """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that were
-    asked for: ``asked`` names them (the command line's flags, so ``--tensorboard`` on a run
-    saved without it counts although it is the default); None takes those that differ from the
-    defaults (a call from Python, which cannot tell a default from a choice)."""
-    values = _saved_values(run_dir)
-    if values is None:
-        raise FileNotFoundError(f"cannot resume: {Path(run_dir) / 'config.json'} not found "
-                                f"(is {run_dir} a run directory?)")
-    defaults = TrainConfig()
-    if asked is None:
-        asked = [k for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)]
-    values.update({k: getattr(current, k) for k in set(RUNTIME_FIELDS) & set(asked)})
-    unknown = sorted(set(values) - set(field_kinds()))
-    if unknown:
-        raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
-    if isinstance(values.get("threads"), int) and values["threads"] > usable_cores():
-        values["threads"] = usable_cores()  # saved on a larger machine: this one's cores
-    cfg = TrainConfig(**values)
-    cfg.validate()
-    return cfg
-
-
-def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
-    """Explicit options (None: not given) that ``--resume`` would have to ignore: any field
-    outside RUNTIME_FIELDS whose value differs from the saved one."""
-    values = _saved_values(run_dir)
-    if values is None:
-        return []  # not a run directory: resuming says so
-    out = []
-    for k, v in overrides.items():
-        if v is None or k in RUNTIME_FIELDS:
-            continue
-        old = values.get(k)
-        v = None if v is OFF else list(v) if isinstance(v, tuple) else v
-        if k == "model_args" and isinstance(v, Mapping) and isinstance(old, Mapping):
-            v = deep_merge(old, v)  # model_args given again only conflict where they change something
-        if old != v:
-            out.append(f"--{k.replace('_', '-')} (saved: {json.dumps(old)}, given: {json.dumps(v)})")
-    return out

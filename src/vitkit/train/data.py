@@ -12,7 +12,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
-import numpy as np
 import torch
 
 from ..data import datasets
@@ -20,6 +19,7 @@ from ..data.folder import ImageFolder
 from ..data.pipelines import from_model_config
 from ..data.randaugment import RandAugment
 from ..data.shards import ShardDataset
+from ..data.tensors import load_split_tensors, to_tensors  # noqa: F401 (re-exported)
 from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
 from .config import TrainConfig
 
@@ -29,20 +29,6 @@ log = logging.getLogger("vitkit.train")
 VAL_SPLIT_SEED = 2021
 #: So is the labelled subset of a train_fraction below 1.
 SUBSET_SEED = 2022
-
-
-def to_tensors(images: np.ndarray, labels: np.ndarray, device: torch.device):
-    """uint8 (N, H, W[, C]) arrays -> uint8 (N, C, H, W) and int64 label tensors on ``device``."""
-    x = torch.from_numpy(images)
-    x = x[:, None] if x.dim() == 3 else x.permute(0, 3, 1, 2)
-    return x.contiguous().to(device), torch.from_numpy(labels).to(device)
-
-
-def load_split_tensors(dataset: str, split: str, data_dir: Optional[str] = None):
-    """(uint8 images (N, C, H, W), int64 labels, class names) of an in-memory split, on the CPU."""
-    data = datasets.load_split(dataset, split, data_dir)
-    images, labels = to_tensors(data.images, data.labels, torch.device("cpu"))
-    return images, labels, data.classes
 
 
 def _carve(n: int, val_size: int):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import first_line, require
+from ..extras import first_line, require
 
 DISTILL_MODES = ("none", "soft", "hard")
 TORCHVISION_PREFIX = "torchvision:"

@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
-from ..utils import require
+from ..extras import require
 
 MODES = ("full", "lora", "bitfit", "head")
 #: ``--lora-targets``' default: every linear layer of a block (QLoRA's finding: all of them beat

@@ -2,7 +2,9 @@
 
 ``build`` opens the data and makes the model, its optimiser, precision and batch layout;
 ``restore`` continues from the last checkpoint or makes the run folder; ``loop`` trains;
-``summarise`` scores, saves and writes ``summary.json``. They share a :class:`Run`.
+``summarise`` scores, saves and writes ``summary.json``. They share a :class:`Run`
+(:mod:`.state`); the optimiser is :mod:`.optim`'s, the metrics window :mod:`.throughput`'s and
+the run folder's housekeeping :mod:`.run_folder`'s.
 
 The data order is a function of (seed, epoch) and augmentation randomness of (seed, step),
 so the position in the data is the step counter alone (what resuming needs). The loop body
@@ -16,148 +18,45 @@ checkpoint is written only once every step before it is known to be finite.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
-from torch import nn
 
 from .. import tiny
+from ..files import remove_stale_temporaries, write_json
 from ..models import get_model_config
 from ..models.complexity import complexity
 from ..parallel import add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..utils import expect_worker_deaths, remove_stale_temporaries, seed_for, worker_stop, write_json
+from ..signals import expect_worker_deaths, worker_stop
+from ..utils import seed_for
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
-from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
-from .config import TrainConfig, resumed_config, saved_field
+from .checkpoint import NonFiniteState, checkpoint_step, load_intact, save_checkpoint
+from .config import TrainConfig
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, load_teacher
 from .ema import ModelEma
 from .fit import cost_line, fit_to_data
 from .memory import check_batches_fit
+from .optim import layer_of, make_optimizer  # noqa: F401 (layer_of: vitkit.train.loop's, where it was)
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
+from .resume import resumed_config
+from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir  # noqa: F401 (re-exported)
+from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
 from .state import Run  # noqa: F401 (vitkit.train.loop.Run, where it was)
 from .tasks import autocast, task_for
+from .throughput import NonFiniteLoss, Window, busy_cpu_note, train_throughput
 from .tracking import MetricsLog
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on weight matrices only: not on biases, norms, tokens or position tables.
-
-    With ``layer_decay`` (BEiT's and MAE's fine-tuning rule) each group also carries an
-    ``lr_scale``: decay^(depth + 1 - layer) for the embedding (layer 0), block i (layer i + 1)
-    and the rest (the final norm and the head, layer depth + 1, scale 1)."""
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    depth = len(getattr(model, "blocks", ()))
-    groups: Dict[Tuple[bool, int], List[nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            layer = layer_of(name, depth) if cfg.layer_decay is not None else depth + 1
-            groups.setdefault((p.ndim <= 1 or name in skip, layer), []).append(p)
-    decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
-    params = [{"params": ps, "weight_decay": 0.0 if no_wd else cfg.weight_decay,
-               "lr_scale": decay ** (depth + 1 - layer)} for (no_wd, layer), ps in sorted(groups.items())]
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
-    # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
-    fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
-    if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, **fused)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, **fused)
-
-
-def layer_of(name: str, depth: int) -> int:
-    """The layer a parameter belongs to for layer-wise decay: 0 the embedding (patches, the class,
-    distillation and register tokens, positions: the learned table and RoPE-Mixed's frequencies, the norm
-    after the embedding), i + 1 block i, depth + 1 everything after the blocks (the attention pool too)."""
-    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "rope.", "norm_pre.")):
-        return 0
-    if name.startswith("blocks."):
-        return int(name.split(".")[1]) + 1
-    return depth + 1
-
-
-def busy_cpu_note(threads: Optional[int]) -> Optional[str]:
-    """A hint when this run takes every core of a CPU that is already busy: two runs that each
-    use all threads oversubscribe OpenMP and slow each other far beyond their share (measured on
-    2 cores: ~25 img/s instead of ~1,000), while one thread each keeps ~600 img/s per run."""
-    if threads or not hasattr(os, "getloadavg"):
-        return None
-    cores = os.cpu_count() or 1
-    load, threads = os.getloadavg()[0], torch.get_num_threads()
-    if load < max(1.0, cores / 2) or threads <= max(1, cores // 2):  # busy, but this run already takes its share
-        return None
-    return (f"the CPU is already busy (load {load:.1f} over the last minute on {cores} cores) and this run "
-            f"uses {threads} threads; runs that share a CPU should split it, e.g. --threads {max(1, cores // 2)} each")
-
-
-class Window:
-    """The train metrics of one logging interval, kept on the device until read.
-
-    One (2,) tensor per step -- the summed loss and the correct predictions of its micro-batches
-    on this rank -- and the image count on the host; :meth:`check` reads the steps not yet
-    read in one transfer (one all-reduce under DDP) and stops the run at a non-finite loss.
-    """
-
-    def __init__(self, first_step: int):
-        self.pending: List[torch.Tensor] = []
-        self.pending_n: List[int] = []
-        self.next_step = first_step  # the step of pending[0]
-        self.loss, self.correct, self.n = 0.0, 0.0, 0
-        self.t = time.perf_counter()
-
-    def add(self, stats: torch.Tensor, n: int) -> None:
-        self.pending.append(stats)
-        self.pending_n.append(n)
-
-    def check(self, run: Run) -> None:
-        if not self.pending:
-            return
-        device = self.pending[0].device
-        counts = torch.tensor(self.pending_n, dtype=torch.float64, device=device)[:, None]
-        table = distributed.sum_tensor(run.dist, torch.cat([torch.stack(self.pending).double(), counts], dim=1))
-        rows = table.tolist()  # the one host sync of the interval
-        for i, (loss, correct, n) in enumerate(rows):
-            if not math.isfinite(loss):
-                step = self.next_step + i
-                lr = lr_at(step, run.total, run.cfg.lr, run.warmup, run.cfg.schedule, run.cfg.min_lr)
-                raise NonFiniteLoss(f"loss became {loss / max(n, 1)} at step {step} (lr {lr:.3g}): "
-                                    f"{run.stopping()}")
-            self.loss, self.correct, self.n = self.loss + loss, self.correct + correct, self.n + int(n)
-        self.next_step += len(rows)
-        self.pending, self.pending_n = [], []
-
-    def row(self, run: Run, done: int, lr: float) -> Dict[str, float]:
-        """The metrics row of the interval ending at step ``done``; an interval without a single
-        usable image stops the run (the data source gives nothing but skipped samples)."""
-        self.check(run)
-        if self.n == 0:
-            first = ", ".join(sorted(run.skipped)[:3]) or "none named"
-            raise ValueError(f"steps up to {done} saw no usable image: every sample was skipped "
-                             f"({len(run.skipped)} so far; first: {first}); see the log for why")
-        n = self.n
-        row = {"step": done, "epoch": round(done / run.steps_per_epoch, 3), "lr": lr, "train_loss": self.loss / n}
-        if run.task.has_accuracy:
-            row["train_acc"] = self.correct / n
-        row["img_s"] = self.n / max(time.perf_counter() - self.t, 1e-9)
-        return row
-
 
 # ----------------------------------------------------------------------------- the four steps
 
@@ -166,7 +65,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
           asked: Optional[Iterable[str]] = None) -> Dict[str, Any]:
     """Run a training job; returns the summary (also written to ``summary.json``). With
     ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
-    if resume and _finished(Path(resume)):
+    if resume and is_finished(Path(resume)):
         return finished_summary(Path(resume), log, cfg.test_tta)
     if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
         cfg = resumed_config(resume, cfg, asked)
@@ -246,34 +145,6 @@ def _interrupted(run: Run) -> str:
            f"vitkit {verb} --resume {run.run_dir} goes on from there"
 
 
-def _finished(run_dir: Path) -> bool:
-    """A run is complete when its summary.json (written last) stands and its newest checkpoint is
-    the step the summary ends at; without that checkpoint (a kill before it, or a file removed),
-    resuming goes on from the newest one there is."""
-    summary, checkpoints = run_dir / "summary.json", checkpoint_paths(run_dir)
-    if not summary.is_file() or not checkpoints:
-        return False
-    steps = json.loads(summary.read_text()).get("steps")
-    return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
-
-
-def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, Any]:
-    """``--resume`` of a run that has finished: its summary as it was written, with nothing run
-    again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings); a
-    test-time augmentation asked for says which command scores it. A summary written before it
-    named its views (``test_tta``) gets the run's saved ones, so its TTA score is never labelled
-    with the views asked for now."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
-        f"unchanged; to train longer, start a new run with --init {run_dir})")
-    scored = saved_field(str(run_dir), "test_tta")
-    if "test_top1_tta" in summary:
-        summary.setdefault("test_tta", scored)
-    if tta not in ("none", scored):  # its summary holds no score with these views
-        log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
-    return summary
-
-
 def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     """The data, the model (with its teacher), the optimiser, the precision and the batch layout."""
     device, world, main = dist_info.device, dist_info.world, dist_info.main
@@ -326,7 +197,7 @@ def restore(run: Run, resume: Optional[str]) -> None:
     seconds), or make the run's folder and write its config.json; the writer (rank 0) holds the
     folder's lock from here to the end, and clears what killed writers left behind."""
     if not resume:
-        main_dir = str(_new_run_dir(run)) if run.main else None
+        main_dir = str(new_run_dir(run)) if run.main else None
         run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
         if run.main:
             write_json(run.run_dir / "config.json", run.cfg.to_dict())
@@ -366,46 +237,6 @@ def _load_state(run: Run, run_dir: Path) -> None:
     run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
     run.last_ckpt = path
     run.note(f"resuming {run_dir} at step {run.start}/{run.total} ({path.name})")
-
-
-def _new_run_dir(run: Run) -> Path:
-    """The new run's folder, made and locked: ``--name``, or the model's name (after the objective
-    for pre-training: ``mae-vit_fmnist-...``) and the time with a number added until the name is
-    free (two runs started in the same second get two folders)."""
-    cfg = run.cfg
-    what = run.model_name if cfg.objective == "classify" else f"{cfg.objective}-{run.model_name}"
-    base = (cfg.name or f"{what}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
-    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = Path(cfg.runs_dir) / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            if cfg.name is None:
-                continue  # taken: the next number
-        run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
-        if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
-            if not _abandoned(path):
-                run.lock.release()
-                raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
-                                      f"or another --name")
-            for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
-                target = path / leftover
-                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-            run.log(f"reusing {path}: the run there stopped before its first checkpoint (nothing to resume)")
-        return path
-    raise FileExistsError(f"no free run directory named {base}-N in {cfg.runs_dir}")
-
-
-#: What a run writes before its first checkpoint: a folder holding only these (its lock free)
-#: was left by a run that was refused or stopped with nothing to resume.
-ABANDONED_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
-
-
-def _abandoned(path: Path) -> bool:
-    if any(p.name not in ABANDONED_FILES + (".lock",) for p in path.iterdir()):
-        return False
-    return not (path / "checkpoints").is_dir() or not any((path / "checkpoints").iterdir())
 
 
 def loop(run: Run) -> None:
@@ -538,7 +369,7 @@ def summarise(run: Run) -> Dict[str, Any]:
                **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else {}),  # shards: a stream
                "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
-               **_throughput(run), "precision": run.precision,
+               **train_throughput(run), "precision": run.precision,
                "device": str(run.dist.device), "processes": run.dist.world,
                "skipped_files": len({name for name, _ in data.skipped} | run.skipped),
                **({"tiny": "VITKIT_TINY was set: a test-scale run, not a result"} if tiny.enabled() else {})}
@@ -546,15 +377,3 @@ def summarise(run: Run) -> Dict[str, Any]:
     if run.main:
         write_json(run.run_dir / "summary.json", summary)
     return summary
-
-
-def _throughput(run: Run) -> Dict[str, Any]:
-    """Training images per second (steps only: no evaluation, no start-up) and which steps it covers:
-    every step of the run when the checkpoints carried their training seconds, else this process's."""
-    if run.prior_train_seconds is not None:
-        steps, seconds, scope = run.total, run.prior_train_seconds + run.train_seconds, "all steps"
-    else:
-        steps, seconds = run.total - run.start, run.train_seconds
-        scope = f"steps {run.start + 1}-{run.total} (since the resume; earlier checkpoints kept no training time)"
-    return {"train_img_s": round(steps * run.cfg.batch_size / max(seconds, 1e-9), 1),
-            "train_img_s_covers": scope}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..machine import available_memory
 from ..models.complexity import complexity, head_params, memory_floor, params_floor
-from ..utils import available_memory
 
 #: Bytes a trained parameter holds: fp32 weight, gradient and Adam's two moments.
 TRAINED_PARAM_BYTES = 16

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..utils import native_bf16_cpu
+from ..machine import native_bf16_cpu
 
 #: ``vitkit train`` without --recipe: the recipe for the precision the run trains in.
 DEFAULT_RECIPES = {"fp32": "fmnist-fp32", "bf16": "fmnist", "fp16": "fmnist"}

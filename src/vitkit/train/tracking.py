@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..utils import DiskFull, MissingExtra, atomic_path, is_disk_full, require
+from ..extras import MissingExtra, require
+from ..files import DiskFull, atomic_path, is_disk_full
 
 log = logging.getLogger("vitkit.train")
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..files import PathLike, atomic_path, check_output, new_folder, write_json
 from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
-from ..utils import PathLike, atomic_path, new_folder, write_json
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
 from .io import WeightsError, save_safetensors
 from .load import CONFIG_METADATA_KEY
@@ -21,6 +21,40 @@ from .load import CONFIG_METADATA_KEY
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
 _LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face", "npz": "official JAX", "big_vision": "big_vision",
                  "mae": "official MAE"}
+
+
+#: The files a folder of weights is read from, and those ``vitkit`` and ``hf`` folders are written as.
+FOLDER_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "model.pth",
+                "model.npz")
+#: Suffixes of a file, never of a folder to write into.
+_FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json")
+
+
+def check_destination(src: str, dst: str, to: str) -> None:
+    """``dst`` can be written as ``to`` writes it (a folder for vitkit/hf, a file otherwise; an
+    OpenVINO IR's ``.xml`` with its ``.bin``) and would not overwrite a file ``src`` is read from
+    (``convert M M/model.safetensors --to timm`` would replace the model it reads with another
+    layout). Called before the work, so a mistake costs no conversion."""
+    from .pretrained import run_model_folder
+
+    folder = to in ("vitkit", "hf")
+    if folder and Path(dst).suffix.lower() in _FILE_SUFFIXES:
+        raise ValueError(f"--to {to} writes a folder (config.json, model.safetensors, ...); DST {dst} is a file name")
+    if to == "openvino" and Path(dst).suffix.lower() != ".xml":
+        raise ValueError(f"--to openvino writes an IR: DST must end in .xml (its weights go beside it as .bin), "
+                         f"not {dst}")
+    check_output(dst, "folder" if folder else "file", "DST")
+    if to == "openvino":
+        check_output(str(Path(dst).with_suffix(".bin")), "file", "DST's weights")
+    source = Path(src)
+    source = run_model_folder(source) or source
+    reads = {source / name for name in FOLDER_FILES} if source.is_dir() else {source}
+    writes = {Path(dst) / name for name in FOLDER_FILES} if folder else {Path(dst)}
+    if to == "openvino":
+        writes.add(Path(dst).with_suffix(".bin"))
+    hit = sorted(str(p) for p in {p.resolve() for p in reads} & {p.resolve() for p in writes} if p.exists())
+    if hit:
+        raise ValueError(f"DST {dst} would overwrite {hit[0]}, which SRC {src} is read from: write somewhere else")
 
 
 def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: bool = False) -> Path:

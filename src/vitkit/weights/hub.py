@@ -24,8 +24,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from .._version import __version__
+from ..extras import require
+from ..files import PathLike, check_output, copy_file, new_folder, write_text
 from ..runlock import unfinished_run
-from ..utils import PathLike, check_output, copy_file, new_folder, require, write_text
 from .io import WeightsError
 from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder
 

@@ -17,7 +17,8 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..utils import PathLike, atomic_path, first_line
+from ..extras import first_line
+from ..files import PathLike, atomic_path
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: Containers that training scripts wrap state dicts in, tried in this order.

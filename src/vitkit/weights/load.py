@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..files import PathLike
 from ..models import family_of_state_dict, positions
 from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
-from ..utils import PathLike
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError, read_tensors, safetensors_metadata
 

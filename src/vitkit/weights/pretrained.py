@@ -13,11 +13,12 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union  # noqa: F401
 import torch
 from torch import nn
 
+from ..extras import require
+from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
-from ..utils import PathLike, require
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native

@@ -30,10 +30,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from ..files import atomic_path, write_json
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
 from ..selfsup import CONFIG_KEY, Pretrainer
 from ..selfsup.masking import block_tiling
-from ..utils import atomic_path, write_json
 from . import hf_format, timm_format
 from .io import WeightsError, save_safetensors
 

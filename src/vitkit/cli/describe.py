@@ -1,0 +1,133 @@
+"""``vitkit models`` and ``vitkit info``: the registered models, and what a model or a weights source costs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .common import fmt_bytes, fmt_int, print_json, table
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ..models import get_model_config, list_models
+    from ..models.complexity import complexity
+
+    names = list_models(args.filter)
+    if not names:
+        raise ValueError(f"no model matches {args.filter!r}")
+    infos = [(n, complexity(get_model_config(n))) for n in names]
+    if args.json:
+        print_json([{"name": n, **c.to_dict()} for n, c in infos])
+        return 0
+    rows = [[n, f"{c.params / 1e6:.2f}M", f"{c.macs / 1e9:.2f}", f"{c.flops / 1e9:.2f}",
+             f"{c.img_size[0]}x{c.img_size[1]}", str(c.tokens)] for n, c in infos]
+    print(table(rows, ["model", "params", "GMACs", "GFLOPs", "input", "tokens"]))
+    print("\nGFLOPs = 2 x GMACs (matrix products only); also accepted: size strings like 'B/16'.")
+    return 0
+
+
+def _source_lines(info: Dict[str, Any]) -> List[str]:
+    """``vitkit info FILE``'s account of a weights source (``weights.describe_source``)."""
+    lines = [f"{info['path']}",
+             f"  layout      {info['format']}" + (f" ({info['source_name']})" if info.get("source_name") else ""),
+             f"  tensors     {info['tensors']:,} holding {fmt_int(info['values'])} values "
+             f"({', '.join(info['dtypes'])})"]
+    if info.get("pretraining"):
+        lines.append(f"  holds       a {info['pretraining']} pre-training model (its encoder is described)")
+    if "refused" in info:
+        lines.append(f"  vitkit      cannot load it: {info['refused']}")
+        return lines
+    c = info["config"]
+    extra = [f"{c.reg_tokens} registers" if getattr(c, "reg_tokens", 0) else "",
+             f"rotary positions ({c.rope})" if getattr(c, "rope", "none") != "none" else "",
+             f"pooling {c.global_pool}", f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"]
+    lines.append(f"  vitkit      architecture {c.architecture!r}" + (f" ({c.name})" if c.name else "") + ": "
+                 + ", ".join(e for e in extra if e))
+    return lines
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..models import family_of, get_model_config
+    from ..models.complexity import complexity
+
+    overrides: Dict[str, Any] = {}
+    if args.img_size:
+        if len(args.img_size) > 2:
+            raise ValueError(f"--img-size takes one value or two (H W), not {len(args.img_size)}")
+        overrides["img_size"] = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
+    if args.patch_size is not None:
+        overrides["patch_size"] = args.patch_size
+    source: Optional[Dict[str, Any]] = None
+    if Path(args.name).exists() or args.name.startswith("hf-hub:"):  # a weights file or folder: say what it is
+        from ..weights.pretrained import describe_source
+
+        source = describe_source(args.name)
+        if "refused" in source or source.get("pretraining") and "config" not in source:
+            if args.json:
+                print_json({k: v for k, v in source.items() if k != "config"})
+            else:
+                print("\n".join(_source_lines(source)))
+            return 2 if "refused" in source else 0
+        config = source["config"].replace(**overrides)
+    else:
+        config = get_model_config(args.name).replace(**overrides)
+    if not family_of(config).tokens:
+        raise ValueError(f"{args.name} is a {config.architecture} CNN, not a ViT: `vitkit info` describes "
+                         f"token costs; `vitkit models --filter {args.name}` lists its parameters and GMACs")
+    c = complexity(config)
+    d = c.to_dict()
+    d.update(name=args.name, embed_dim=config.embed_dim, mlp_dim=config.mlp_dim,
+             in_chans=config.in_chans, value_tokens=c.pixel_tokens * config.in_chans,
+             value_attn_entries=(c.pixel_tokens * config.in_chans) ** 2)
+    if source is not None:
+        d["source"] = {**{k: v for k, v in source.items() if k != "config"}, "architecture": config.architecture,
+                       "config": config.to_dict()}
+    if args.json:
+        print_json(d)
+        return 0
+    print("\n".join(_source_lines({**source, "config": config})) if source is not None else f"{args.name}")
+    _print_costs(c, config, d)
+    return 0
+
+
+def _print_costs(c, config, d: Dict[str, Any]) -> None:
+    """``vitkit info``'s account of a model's tokens, parameters, compute and attention memory."""
+    (h, w), (ph, pw), (gh, gw) = c.img_size, c.patch_size, c.grid
+    prefix = c.tokens - gh * gw
+    patch_entries = c.tokens * c.tokens
+    print(f"  input       {h} x {w} x {config.in_chans}")
+    print(f"  patches     {ph} x {pw} -> grid {gh} x {gw} = {gh * gw:,} patches"
+          + (f" + {prefix} prefix token{'s' if prefix > 1 else ''} = {c.tokens:,} tokens" if prefix
+             else f" = {c.tokens:,} tokens"))
+    print(f"  encoder     width {config.embed_dim}, {c.depth} layers, {c.heads} heads, MLP {config.mlp_dim}")
+    print(f"  parameters  {fmt_int(c.params)}")
+    print(f"  compute     {c.macs / 1e9:.3f} GMACs = {c.flops / 1e9:.3f} GFLOPs per image "
+          f"(attention mixing {100 * c.attn_macs_share:.1f}%)")
+    print(f"  attention   {c.heads} heads x {c.tokens:,} x {c.tokens:,} = {fmt_int(c.attn_entries_per_layer)} "
+          f"weights per image and layer = {fmt_bytes(c.attn_bytes_per_layer_fp32)} in fp32")
+    print("  the quadratic cost, per head and layer:")
+    print(f"    {ph}x{pw} patches as tokens   {fmt_int(c.tokens):>12} tokens -> "
+          f"{fmt_int(patch_entries)} attention weights ({fmt_bytes(4 * patch_entries)})")
+    print(f"    each pixel a token      {fmt_int(c.pixel_tokens):>12} tokens -> "
+          f"{fmt_int(c.pixel_attn_entries)} ({fmt_bytes(4 * c.pixel_attn_entries)}), "
+          f"{c.pixel_attn_entries / patch_entries:,.0f}x more")
+    print(f"    each value a token      {fmt_int(d['value_tokens']):>12} tokens -> "
+          f"{fmt_int(d['value_attn_entries'])} ({fmt_bytes(4 * d['value_attn_entries'])})")
+
+
+def add_models(verb) -> None:
+    p = verb("models", "list the registered models with parameters, compute and tokens")
+    p.add_argument("--filter", default="*", help="shell-style name pattern, e.g. 'vit_base*'")
+    p.set_defaults(func=cmd_models)
+
+
+
+def add_info(verb) -> None:
+    p = verb("info", "parameters, FLOPs, tokens and attention memory of a model; what a weights file or folder is")
+    p.add_argument("name", help="registered name, size string ('B/16'), or a weights file / folder / hf-hub:org/name "
+                                "(its layout and the architecture it loads as, before loading it)")
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX", help="H W (or one value)")
+    p.add_argument("--patch-size", type=int, metavar="P")
+    p.set_defaults(func=cmd_info)
+

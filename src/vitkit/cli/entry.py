@@ -1,0 +1,85 @@
+"""``vitkit <verb>``'s entry point and error boundary: every way a verb ends is one line on
+stderr (0 done, 2 an error in words, 130 Ctrl-C, 143 SIGTERM), warnings one ``note:`` line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import Optional, Sequence
+
+from ..errors import describe_error
+from ..signals import Terminated, expect_worker_deaths, interrupt
+from .parser import build_parser
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while cleaning up ends it at once
+    expect_worker_deaths()  # sent to the process group, it ends the DataLoader workers too
+    interrupt(Terminated())  # now, or after a native import (raised inside one, it would abort)
+
+
+def _on_sigint(signum, frame):
+    interrupt(KeyboardInterrupt())  # Python's own handler, made to wait out native imports too
+
+
+def _one_line_warnings(verb: str):
+    """Warnings as one line each (``vitkit VERB: note: ...``) instead of Python's two lines with a
+    source line; each said once (a model built twice would say its note twice); returns the previous hook."""
+    previous = warnings.showwarning
+    said = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        if text not in said:
+            said.add(text)
+            print(f"vitkit {verb}: note: {text}", file=sys.stderr)
+
+    warnings.showwarning = show
+    return previous
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
+    error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if extra:  # said by the verb's own parser, which knows the flags that were meant
+        (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    verbs[args.verb].refuse_empty(args)
+    debug = bool(os.environ.get("VITKIT_DEBUG"))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    # Ctrl-C: only where Python's handler is installed (a background job ignores SIGINT: it still does)
+    previous_int = signal.signal(signal.SIGINT, _on_sigint) \
+        if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
+    previous_warn = _one_line_warnings(args.verb)
+    previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:
+        if debug:
+            raise
+        signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        print(f"vitkit {args.verb}: stopped by {signal_name}; partial files were removed", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    except Exception as e:
+        if debug:
+            raise
+        print(f"vitkit {args.verb}: error: {describe_error(e)}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = previous_warn
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+        if main_thread and previous_chld is not None and signal.getsignal(signal.SIGCHLD) != previous_chld:
+            signal.signal(signal.SIGCHLD, previous_chld)

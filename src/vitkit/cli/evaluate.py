@@ -1,0 +1,155 @@
+"""``vitkit predict``, ``vitkit eval`` and ``vitkit fewshot``: a model's answers and scores
+(``vitkit.evaluate.predict_images``, ``score_dataset`` and ``fewshot_on_dataset``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..files import check_output
+from .common import add_hf_flags, add_runtime_flags, load_model, print_json, runtime_model, runtime_name
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ..evaluate import predict_images
+
+    if args.top_k < 1:  # before the weights are read
+        raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
+    model = runtime_model(args)
+    preds = predict_images(model, args.images, top_k=args.top_k)
+    if args.json:
+        print_json([p.to_dict() for p in preds])
+        return 0
+    for p in preds:
+        print(p.image)
+        for rank, (index, label, prob) in enumerate(p.top, 1):
+            print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..evaluate import plot_confusion, score_dataset
+    from ..evaluate.dataset import check_hf_options, check_score_options
+    from ..files import new_folder, write_json
+
+    check_score_options(args.batch_size, args.max_images)  # before the weights are read
+    check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
+    if args.out:  # checked before the evaluation, not after it
+        check_output(args.out, "folder", "--out")
+    model = runtime_model(args)
+    score = score_dataset(model, args.dataset, args.split, data_dir=args.data_dir, hf_split=args.hf_split,
+                          image_key=args.image_key, label_key=args.label_key, max_images=args.max_images,
+                          batch_size=args.batch_size, tta=args.tta, progress=not args.no_progress)
+    report, total = score.report, score.total
+    result = {"weights": args.weights, "dataset": score.dataset, "split": score.split,
+              "precision": runtime_name(model), "tta": args.tta, **report.to_dict()}
+    if args.max_images is not None:
+        result["split_images"] = total
+    if score.skipped:
+        result["skipped"] = len(score.skipped)
+    png = None
+    if args.out:  # files only where asked: the confusion matrix and the numbers beside it
+        with new_folder(args.out) as out:  # a failure (a full disk, a signal) removes the folder it made
+            png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
+            write_json(out / "eval.json", result)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    _print_score(args, score, runtime_name(model), png)
+    return 0
+
+
+def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
+    report, total = score.report, score.total
+    tta = "" if args.tta == "none" else f", {args.tta} TTA"
+    cut = args.max_images is not None and args.max_images < total
+    first = f"the first {report.count:,} of {total:,}" if cut else f"{report.count:,}"
+    print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
+          f"({first} images, {runtime}{tta})")
+    if score.skipped:
+        print(f"skipped {len(score.skipped)} unusable rows (first: {score.skipped[0]}); see the log for why")
+    for name, acc in report.per_class.items():
+        print(f"  {name:<16} {100 * acc:6.2f}%")
+    print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
+          "eval.json there)")
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    from ..evaluate import fewshot_on_dataset
+    from ..evaluate.dataset import check_fewshot_options, check_hf_options
+
+    check_fewshot_options(args.shots, args.seeds, args.pool)  # before the features are computed
+    check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
+    model = load_model(args, encoder_only=True)  # a pre-training model's ViT
+    score = fewshot_on_dataset(model, args.dataset, args.shots, args.seeds, args.pool, data_dir=args.data_dir,
+                               hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
+                               progress=not args.no_progress)
+    if score.skipped:
+        print(f"note: skipped {len(score.skipped)} unusable rows (first: {score.skipped[0]})", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
+                          "results": [r.to_dict() for r in score.results.values()]}))
+        return 0
+    print(f"few-shot linear evaluation ({args.dataset}, {args.seeds} seeds, ridge to {{-1, 1}} targets)")
+    for r in score.results.values():
+        print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
+    return 0
+
+
+def add_predict(verb) -> None:
+    p = verb("predict", "top-k classes of images")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--top-k", type=int, default=5)
+    add_runtime_flags(p)
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help="an .onnx file without vitkit metadata: its input H W (or one value)")
+    p.add_argument("--mean", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel mean")
+    p.add_argument("--std", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel std")
+    p.add_argument("--labels", nargs="+", help="an .onnx file without vitkit metadata: class names")
+    p.set_defaults(func=cmd_predict)
+
+
+
+def add_eval(verb) -> None:
+    from ..train.config import CHOICES
+
+    p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
+    p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
+    p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR (default: the one "
+                                     "whose classes the weights name)")
+    p.add_argument("--data-dir")
+    p.add_argument("--split", default="test", choices=["train", "test"])
+    add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--max-images", type=int, metavar="N",
+                   help="score only the split's first N images, for a quick check of a large set (default: all)")
+    p.add_argument("--tta", default="none", choices=CHOICES["test_tta"],
+                   help="test-time augmentation: flip scores the mean probabilities of each image and its mirror, "
+                        "flip-shift of those and their one-pixel shifts up, down, left and right (10 views; for "
+                        "classes a mirror and a small shift do not change) [default: none]")
+    add_runtime_flags(p)
+    p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
+                                                "(default: print only, write nothing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=cmd_eval)
+
+
+
+def add_fewshot(verb) -> None:
+    p = verb("fewshot", "the paper's few-shot linear evaluation of frozen features")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR")
+    p.add_argument("--data-dir")
+    add_hf_flags(p, "the split shots are drawn from (default: train; tested on test, or validation)")
+    p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--pool", type=int, default=10_000,
+                   help="training images to draw shots and the held-out split from (0: all)")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=cmd_fewshot)
+

@@ -1,0 +1,38 @@
+"""``vitkit inspect``: the paper's analyses of a model as figures and a report (``vitkit.inspect_model``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..files import check_output
+from .common import load_model, print_json
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..inspect import default_folder, inspect_model
+
+    out = args.out or str(default_folder(args.weights))
+    check_output(out, "folder", "--out")
+    model = load_model(args)
+    result = inspect_model(model, out, args.image, title=str(args.weights),
+                           progress=not args.no_progress)
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    for image, label, prob in result.predictions:
+        print(f"{image}: {label} ({100 * prob:.1f}%)")
+    print(f"{len(result.figures)} figures and {result.report} written")
+    return 0
+
+
+def add_inspect(verb) -> None:
+    p = verb("inspect", "the paper's analyses as PNG figures and a self-contained report.html")
+    p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
+    p.add_argument("--image", nargs="+", help="image files (default: scikit-image's sample photos, or "
+                                             "Fashion-MNIST test images for a 28x28 grey model)")
+    p.add_argument("--out", metavar="DIR", help="folder to write the figures and report.html into (default: "
+                                                "RUN/inspect for a run's model, else runs/inspect-NAME)")
+    p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=cmd_inspect)
+

@@ -1,0 +1,71 @@
+"""The command line's parser: one line for every mistake (exit 2) with the flag meant, and each
+verb's flags from the module that handles it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, List, Sequence
+
+from .. import __version__
+from . import describe, evaluate, inspect, study, train, weights
+
+
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes are one line like every other input error (exit 2), with the flag
+    meant when one is close, instead of argparse's usage block. No abbreviations: ``--epoch 3``
+    would be read as ``--epochs 3``, and a typo would silently start a long run."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)  # the verbs' parsers are made by this class too
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)  # for the hints of error()
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        if message.startswith("the following arguments are required"):  # a misspelt flag is why, often
+            unknown = [w for w in getattr(self, "_given", []) if w.startswith("--")
+                       and w.split("=")[0] not in self._option_string_actions]
+            message += self._meant(unknown)
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _meant(self, words: Sequence[str]) -> str:
+        import difflib
+
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        guesses = [g for word in words if word.startswith("-")
+                   for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
+        return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+
+    def refuse_empty(self, args: argparse.Namespace) -> None:
+        """An empty string is no path or name: ``--out ""`` would mean the current folder, or
+        nothing at all (``--dry-run ""`` would push for real)."""
+        for action in self._actions:
+            value = getattr(args, action.dest, None)
+            if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
+                name = action.option_strings[-1] if action.option_strings else action.dest.upper()
+                self.error(f"argument {name}: an empty value (give a path or a name)")
+
+    def unknown(self, extra: List[str]):
+        self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every verb, each verb's flags added by the module of its handler."""
+    parser = _Parser(prog="vitkit", description="Vision Transformers: build, "
+                     "convert, inspect and run ViT-family models.")
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    for add in (describe.add_models, describe.add_info, weights.add_convert, weights.add_push, evaluate.add_predict,
+                evaluate.add_eval, evaluate.add_fewshot, inspect.add_inspect, study.add_study, train.add_train,
+                train.add_pretrain):
+        add(verb)
+    return parser

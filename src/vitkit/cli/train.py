@@ -1,0 +1,190 @@
+"""``vitkit train`` and ``vitkit pretrain``: one flag per ``TrainConfig`` field, the run by ``vitkit.train``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Dict, Optional
+
+from ..files import check_output
+from .common import fmt_int
+
+
+def train_config(args: argparse.Namespace, objective: Optional[str] = None):
+    """The run's TrainConfig from ``vitkit train``'s (or ``pretrain``'s) flags (recipe <- --config <- flags)."""
+    from ..train import resolve_config
+
+    overrides = {name: getattr(args, name, None) for name in _train_fields()}
+    overrides["objective"] = objective
+    if isinstance(overrides.get("model_args"), str):
+        try:
+            overrides["model_args"] = json.loads(overrides["model_args"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--model-args is not valid JSON ({e}): {overrides['model_args']!r}") from None
+        if not isinstance(overrides["model_args"], dict):
+            raise ValueError(f"--model-args must be a JSON object of model options, e.g. '{{\"depth\": 4}}', "
+                             f"not {json.dumps(overrides['model_args'])}")
+    if args.no_progress:
+        overrides["progress"] = False
+    if args.resume:  # the run's saved config decides; only the runtime fields may change
+        from ..train.resume import check_resume
+
+        overrides = check_resume(args.resume, overrides, args.verb, args.config)
+    recipe = args.recipe or (f"{objective}-fmnist" if objective else None)  # pretrain --resume: the saved
+    return resolve_config(recipe, args.config, **overrides)
+
+
+def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """Train (or pre-train); the summary to print, or None when it was printed as JSON or this
+    process is not the one that reports (under torchrun, rank 0 reports)."""
+    from ..train import train
+    from ..train.resume import RUNTIME_FIELDS
+
+    asked = [f for f in RUNTIME_FIELDS if getattr(args, f, None) is not None] + ["progress"] * args.no_progress
+    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr), asked=asked)
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    if args.json:
+        print(json.dumps(summary))
+        return None
+    return summary
+
+
+def _quick_run_notes(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
+    """The notes that keep a quick run's numbers from passing for the split's."""
+    if cfg is not None and cfg.test_size is not None:
+        print(f"{'note':<{width}}test scores are of the first {summary.get('test_images', cfg.test_size):,} test "
+              f"images (--test-size), not the whole split")
+    if summary.get("tiny"):
+        print(f"{'note':<{width}}{summary['tiny']}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = train_config(args)
+    check_output(cfg.runs_dir, "folder", "--runs-dir")
+    if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
+        raise ValueError(f"the configuration asks for {cfg.objective} pre-training: run it with vitkit pretrain")
+    summary = _run(cfg, args)
+    if summary is None:
+        return 0
+    print(f"\nrun      {summary['run_dir']}")
+    print(f"model    {summary['model']} ({fmt_int(summary['params'])} parameters, {summary['precision']})")
+    def tta(key: str) -> str:  # the test score with the views it was scored with, when the run has one
+        return f"; {summary['test_tta']} TTA {100 * summary[key]:.2f}%" if key in summary else ""
+
+    print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%"
+          f"{tta('test_top1_tta')})")
+    if "test_top1_ema" in summary:
+        print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
+              f"{100 * summary['val_top1_ema']:.2f}%{tta('test_top1_ema_tta')}; model_ema/)")
+    print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
+          f"{summary['train_img_s']:.0f} img/s")
+    run = summary["run_dir"]
+    print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
+    print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
+          f"maps)")
+    _quick_run_notes(summary, cfg=cfg)
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    if not args.objective and not args.resume and not args.config:
+        raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
+    cfg = train_config(args, args.objective)
+    if cfg.objective == "classify" and not args.resume:  # a config file without an objective
+        raise ValueError("--objective is required: simmim, mpp or mae (or objective: in the config file)")
+    check_output(cfg.runs_dir, "folder", "--runs-dir")
+    summary = _run(cfg, args)
+    if summary is None:
+        return 0
+    print(f"\nrun       {summary['run_dir']}")
+    print(f"model     {summary['objective']} on {summary['model']} ({fmt_int(summary['params'])} parameters, "
+          f"{summary['precision']}; {summary['train_images']:,} images, no labels)")
+    acc = f", colour accuracy {100 * summary['test_colour_acc']:.1f}%" if "test_colour_acc" in summary else ""
+    print(f"test      pre-training loss {summary['test_loss']:.4f}{acc}")
+    if summary.get("fewshot"):
+        shots = "  ".join(f"{k}-shot {100 * v:.1f}%" for k, v in summary["fewshot"].items())
+        print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
+    print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
+          f"{summary['train_img_s']:.0f} img/s")
+    print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
+    _quick_run_notes(summary, 10, cfg)
+    return 0
+
+
+def _train_fields():
+    from ..train import TrainConfig
+
+    return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress", "objective")}
+
+
+def _optional(parse):
+    """A flag type that also takes ``none`` (or ``off``): switch the optional field off."""
+    from ..train.config import OFF
+
+    def convert(text: str):
+        return OFF if text.lower() in ("none", "off") else parse(text)
+
+    convert.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its errors
+    return convert
+
+
+def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None:
+    """One flag per TrainConfig field: every hyper-parameter is overridable, its help the field's
+    comment. ``vitkit train`` shows classification's fields, ``vitkit pretrain`` the objectives'
+    and none of those that need labels."""
+    from ..train import RECIPES, TrainConfig
+    from ..train.config import LABEL_FIELDS, OBJECTIVE_OPTIONS
+    from ..utils import field_comments
+
+    recipes = [r for r in RECIPES if r.endswith("-fmnist") and r.split("-")[0] in ("simmim", "mpp", "mae")]
+    if pretrain:
+        p.add_argument("--recipe", choices=recipes, help="named recipe whose values replace the defaults "
+                       "(a config file and flags override it) [default: OBJECTIVE-fmnist]")
+    else:
+        p.add_argument("--recipe", choices=[r for r in RECIPES if r not in recipes],
+                       help=field_comments(TrainConfig)["recipe"])
+    p.add_argument("--config", help="YAML or JSON file of training options (over the recipe; flags win)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    comments = field_comments(TrainConfig)
+    hidden = set(LABEL_FIELDS) | {"init_head", "alpha", "tau", "mixup_switch_prob"} if pretrain else \
+        set(OBJECTIVE_OPTIONS) | {"fewshot"}
+    for name, f in _train_fields().items():
+        if name in hidden:
+            continue
+        flag, kind = "--" + name.replace("_", "-"), str(f.type)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
+        help = comments.get(name, "").replace("%", "%%") + f" [default: {shown}"
+        help += "; 'none' unsets it]" if "Optional" in kind else "]"
+        if name == "model_args":
+            p.add_argument(flag, metavar="JSON", help=help)
+        elif name == "betas":
+            p.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), help=help)
+        elif "bool" in kind:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+        else:
+            parse = int if "int" in kind else float if "float" in kind else str
+            p.add_argument(flag, type=_optional(parse) if "Optional" in kind else parse, help=help)
+
+
+def add_train(verb) -> None:
+    p = verb("train", "train a ViT (default: Fashion-MNIST, a few minutes on a CPU)")
+    _add_train_flags(p)
+    p.set_defaults(func=cmd_train)
+
+
+
+def add_pretrain(verb) -> None:
+    p = verb("pretrain", "self-supervised pre-training of a ViT on images without labels: SimMIM, the paper's "
+                         "masked patch prediction or MAE (default: Fashion-MNIST's 60k training images)")
+    p.add_argument("--objective", choices=["simmim", "mpp", "mae"],
+                   help="simmim: masked blocks' pixels by L1 (arXiv 2111.09886); mpp: the ViT paper's masked patch "
+                        "prediction (3-bit mean colour); mae: masked autoencoder (arXiv 2111.06377)")
+    _add_train_flags(p, pretrain=True)
+    p.set_defaults(func=cmd_pretrain)
+

@@ -1,0 +1,162 @@
+"""``vitkit convert`` and ``vitkit push``: weights written in another layout, or shared on the Hub."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from ..files import check_output
+from .common import fmt_bytes, fmt_int, load_model, print_json
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from ..weights import export_weights
+    from ..weights.export import ExportWarning, check_destination
+
+    onnx_only = [f for f, v in (("--exporter", args.exporter), ("--opset", args.opset)) if v is not None]
+    if onnx_only and args.to != "onnx":
+        raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
+    if args.quantize and args.to not in ("onnx", "openvino"):
+        raise ValueError(f"--quantize applies to --to onnx and --to openvino, not --to {args.to}")
+    if args.quantize == "int8-static" and args.to == "openvino":
+        raise ValueError("--to openvino quantizes with --quantize int8 (NNCF, calibrated on training images)")
+    if args.scan and args.to != "big_vision":
+        raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
+    check_destination(args.src, args.dst, args.to)  # before the work
+    model = load_model(args, interpolation=args.interpolation)
+    if args.to in ("onnx", "openvino"):
+        return _convert_onnx(model, args)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", ExportWarning)
+        out = export_weights(model, args.dst, args.to, scan=args.scan)
+    for note in notes:
+        print(f"vitkit convert: note: {note.message}", file=sys.stderr)
+    arch = getattr(model.config, "architecture", None) or f"{model.config.objective} pre-training (vit)"
+    whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
+    written = model if whole else model.encoder  # layouts without a decoder hold the encoder
+    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
+            "params": sum(p.numel() for p in written.parameters())}
+    if args.json:
+        print_json(info)
+    else:
+        print(f"wrote {out} ({args.to}, {fmt_int(info['params'])} parameters)")
+    return 0
+
+
+def _convert_onnx(model, args: argparse.Namespace) -> int:
+    """--to onnx (ONNX Runtime) and --to openvino (an IR: DST.xml and DST.bin)."""
+    from ..deploy import EXPORTERS, export_onnx
+
+    params = sum(p.numel() for p in model.parameters())
+    if args.to == "openvino":
+        from ..deploy.openvino import export_openvino
+
+        out = export_openvino(model, args.dst, quantize=args.quantize)
+        info = {"src": args.src, "dst": str(out), "weights": str(out.with_suffix(".bin")), "format": "openvino",
+                "architecture": model.config.architecture, "params": params,
+                "quantization": "int8-static" if args.quantize else "none",
+                "bytes": out.stat().st_size + out.with_suffix(".bin").stat().st_size}
+        what = "int8 (NNCF, calibrated)" if args.quantize else "fp32 weights"
+        said = (f"wrote {out} and {out.with_suffix('.bin').name} (OpenVINO IR, {what}, {fmt_int(params)} parameters, "
+                f"{fmt_bytes(info['bytes'])}; preprocessing in its runtime info)")
+    else:
+        exporter = args.exporter or EXPORTERS[0]
+        out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize)
+        info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
+                "params": params, "quantization": args.quantize or "none", "exporter": exporter,
+                "bytes": out.stat().st_size}
+        what = {"int8": "int8 dynamic", "int8-static": "int8 static (QDQ)"}.get(args.quantize, "fp32")
+        said = (f"wrote {out} (ONNX, {what}, {fmt_int(params)} parameters, {fmt_bytes(info['bytes'])}; "
+                f"batch dimension dynamic, preprocessing in its metadata)")
+    faster = _faster_here(args.to, args.quantize)
+    if faster:
+        info["fastest_here"] = faster
+    if args.json:
+        print_json(info)
+    else:
+        print(said)
+        if faster:
+            print(f"vitkit convert: note: on this CPU the fastest measured path is {faster}", file=sys.stderr)
+    return 0
+
+
+def _faster_here(to: str, quantize) -> "str | None":
+    """The runtime and precision measured fastest on this CPU, when the export is not it."""
+    from ..deploy.fastest import fastest
+
+    choice = fastest()
+    flag = {"onnxruntime": "onnx", "openvino": "openvino"}.get(choice.runtime)
+    if flag is None or (flag, quantize) == (to, choice.quantize):
+        return None
+    return f"{choice.describe()}: --to {flag} --quantize {choice.quantize}"
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..runlock import unfinished_run
+    from ..weights.hub import check_repo_id, push_to_hub, save_for_hub
+
+    repo_id = check_repo_id(args.repo_id)  # before any work: a typo should not cost a save
+    if args.dry_run is not None:
+        check_output(args.dry_run, "folder", "--dry-run")
+    if why := unfinished_run(args.src):
+        raise FileNotFoundError(why)
+    if not Path(args.src).exists():
+        raise FileNotFoundError(f"weights not found: {args.src} (no such file or folder)")
+    if args.dry_run is not None:
+        folder = save_for_hub(args.src, args.dry_run, repo_id=repo_id)
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        if args.json:
+            print_json({"repo_id": repo_id, "folder": str(folder), "files": files})
+        else:
+            print(f"wrote {folder} ({len(files)} files: {', '.join(files)}): what vitkit push would upload "
+                  f"to {repo_id}")
+        return 0
+    url = push_to_hub(args.src, repo_id, token=args.token, private=args.private, revision=args.revision,
+                      commit_message=args.message)
+    if args.json:
+        print_json({"repo_id": repo_id, "url": url})
+    else:
+        print(f"pushed {args.src} to {repo_id}: {url}\nload it with vitkit.from_pretrained(\"hf-hub:{repo_id}\")")
+    return 0
+
+
+def add_convert(verb) -> None:
+    p = verb("convert", "convert weights between layouts")
+    p.add_argument("src", help="file, folder or hf-hub:org/name")
+    p.add_argument("dst", help="output file or folder")
+    p.add_argument("--to", required=True,
+                   choices=["vitkit", "npz", "big_vision", "timm", "hf", "mae", "onnx", "openvino"],
+                   help="a pre-training model: vitkit, hf (SimMIM, MAE), mae (the official MAE .pth); "
+                        "timm/npz/big_vision write its encoder; onnx: a classifier for ONNX Runtime (DST.onnx, "
+                        "preprocessing in its metadata); openvino: an OpenVINO IR (DST.xml + DST.bin, the same "
+                        "metadata in its runtime info)")
+    p.add_argument("--quantize", choices=["int8", "int8-static"],
+                   help="onnx: int8 (ONNX Runtime dynamic quantization) or int8-static (QDQ calibrated on 256 "
+                        "training images of the dataset the labels name); openvino: int8 (NNCF post-training "
+                        "quantization calibrated on the same images; norms, softmax and GELU stay float)")
+    p.add_argument("--exporter", choices=["dynamo", "torchscript"], help="onnx: torch.onnx.export's path "
+                                                                         "(default dynamo)")
+    p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
+    p.add_argument("--model", help="architecture name when the source has no config")
+    p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
+    p.add_argument("--interpolation", default="bicubic", choices=["bicubic", "bilinear"])
+    p.set_defaults(func=cmd_convert)
+
+
+
+def add_push(verb) -> None:
+    p = verb("push", "share a model or a run on the Hugging Face Hub (config.json, model.safetensors and a model "
+                     "card with the run's scores and figures)")
+    p.add_argument("src", help="a run folder (runs/NAME), a saved model folder or a weight file")
+    p.add_argument("repo_id", help="org/name on the Hub (created when missing)")
+    p.add_argument("--token", help="a write token (default: HF_TOKEN or hf auth login)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--revision", help="an existing branch to commit to (default: main)")
+    p.add_argument("--message", help="the commit message")
+    p.add_argument("--dry-run", metavar="DIR", help="write what would be pushed into DIR (new or empty); push "
+                                                    "nothing")
+    p.set_defaults(func=cmd_push)
+

@@ -1,0 +1,208 @@
+"""Scoring a model on a whole dataset: what ``vitkit eval`` and ``vitkit fewshot`` do, as two calls.
+
+``score_dataset`` reads a split (an in-memory one, or a Hugging Face one through the model's own
+evaluation pipeline), checks that its classes are the model's, in order, and returns the report
+with the split it read. ``fewshot_on_dataset`` extracts frozen features of a fixed pool of training
+images and of the test split and fits the paper's ridge probes. Both refuse wrong options before
+reading any image, in the words the command line uses (the flags are the parameters' names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .fewshot import FewShotResult, extract_features, features_over, fewshot_from_features
+from .metrics import ClassificationReport, classification_report, report_over
+from .tta import check_mode
+
+#: Images per batch for few-shot features of a Hugging Face split.
+FEATURE_BATCH = 500
+
+
+@dataclass
+class DatasetScore:
+    """A model's report on one split; ``total`` counts the split's images (``max_images`` may
+    have scored fewer), ``skipped`` names the unusable rows of a Hugging Face split."""
+    report: ClassificationReport
+    dataset: str
+    split: str
+    total: int
+    skipped: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"dataset": self.dataset, "split": self.split, **self.report.to_dict()}
+
+
+@dataclass
+class FewShotScore:
+    """Few-shot results per shot count, and the unusable rows a Hugging Face split skipped."""
+    results: Dict[int, FewShotResult]
+    dataset: str
+    skipped: List[str] = field(default_factory=list)
+
+
+def check_hf_options(dataset: Optional[str], data_dir: Optional[str] = None, hf_split: Optional[str] = None,
+                     image_key: Optional[str] = None, label_key: Optional[str] = None) -> None:
+    """A Hugging Face split's and columns' names apply to ``hf:`` datasets alone, ``data_dir`` to the others."""
+    from ..data import datasets
+
+    given = [f"--{k.replace('_', '-')}" for k, v in (("hf_split", hf_split), ("image_key", image_key),
+                                                      ("label_key", label_key)) if v is not None]
+    if given and not datasets.is_hf(dataset):
+        raise ValueError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to Hugging Face "
+                         f"datasets (--dataset hf:NAME_OR_DIR)")
+    if datasets.is_hf(dataset) and data_dir:
+        raise ValueError(f"--data-dir does not apply to --dataset {dataset}: the folder or Hub name follows hf:")
+
+
+def check_score_options(batch_size: int, max_images: Optional[int], tta: str = "none") -> None:
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer, not {batch_size}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"--max-images must be a positive integer, not {max_images}")
+    check_mode(tta)
+
+
+def check_fewshot_options(shots: Sequence[int], seeds: int, pool: int) -> None:
+    if not shots or min(shots) < 1 or seeds < 1 or pool < 0:
+        raise ValueError(f"--shots must be >= 1, --seeds >= 1 and --pool >= 0 (0: all), not {list(shots)}, "
+                         f"{seeds} and {pool}")
+
+
+def dataset_of(model, dataset: Optional[str]) -> str:
+    """``dataset``, or the one whose class names the model's labels are."""
+    from ..data import datasets
+
+    names = model.config.label_names
+    found = dataset or datasets.dataset_for_labels(names)
+    if found is None:
+        shown = f"{len(names)}: " + ", ".join(map(str, names[:3])) + (", ..." if len(names) > 3 else "") \
+            if names else "no label names"
+        raise ValueError(f"the weights' classes ({shown}) are none of {', '.join(datasets.CLASS_NAMES)}: "
+                         f"pass --dataset")
+    return found
+
+
+def check_same_classes(names: Optional[Sequence[str]], classes: Sequence[str], dataset: str) -> None:
+    """The model's classes are the data's, the same names in the same order."""
+    from ..data.datasets import class_difference
+
+    if why := class_difference(names, classes, ("the weights", f"{dataset}'s data")):
+        raise ValueError(f"the weights were trained on {why}: evaluate them on their own dataset")
+
+
+def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, data_dir: Optional[str] = None,
+                  hf_split: Optional[str] = None, image_key: Optional[str] = None, label_key: Optional[str] = None,
+                  max_images: Optional[int] = None, batch_size: int = 500, tta: str = "none",
+                  progress: bool = True) -> DatasetScore:
+    """Top-1, top-5, per-class accuracy and the confusion matrix of a classifier on a split
+    (``dataset`` None: the one whose classes the model names); ``max_images``: its first N only."""
+    from ..data import datasets
+
+    check_score_options(batch_size, max_images, tta)
+    check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
+    dataset = dataset_of(model, dataset)
+    if datasets.is_hf(dataset):
+        return _score_hf(model, dataset, split, hf_split, image_key, label_key, max_images, batch_size, tta,
+                         progress)
+    from ..data.tensors import load_split_tensors
+
+    images, labels, classes = load_split_tensors(dataset, split, data_dir)
+    check_same_classes(model.config.label_names, classes, dataset)
+    total = len(labels)
+    images, labels = images[:max_images], labels[:max_images]
+    report = classification_report(model, images, labels, classes, batch_size, progress=progress,
+                                   label=f"evaluating {dataset} {split}", tta=tta)
+    return DatasetScore(report, dataset, split, total)
+
+
+def _score_hf(model, dataset: str, split: str, hf_split: Optional[str], image_key: Optional[str],
+              label_key: Optional[str], max_images: Optional[int], batch_size: int, tta: str,
+              progress: bool) -> DatasetScore:
+    """A Hugging Face split through the model's evaluation pipeline (resize, centre crop)."""
+    from torch.utils.data import Subset
+
+    from ..data import hf
+    from ..data.pipelines import from_model_config
+
+    hf_split = hf_split or ("train" if split == "train" else None)
+    data = hf.open_splits(dataset, {split: hf_split}, image_key, label_key, channels_of(model),
+                          from_model_config(model.config, train=False))[split]
+    check_same_classes(model.config.label_names, data.classes, dataset)
+    skipped = [name for name, _ in data.skipped]
+    scored = data if max_images is None else Subset(data, range(len(data))[:max_images])
+    batches = hf.batches(scored, batch_size, 2, skipped)
+    report = report_over(model, batches, data.classes, -(-len(scored) // batch_size), progress,
+                         f"evaluating {dataset} {data.split_name}", tta)
+    return DatasetScore(report, dataset, data.split_name, len(data), skipped)
+
+
+def channels_of(model) -> int:
+    """The channels to decode image files to for ``model`` (grey for one, else RGB)."""
+    return 1 if model.config.in_chans == 1 else 3
+
+
+def pool_rows(n: int, pool: int) -> torch.Tensor:
+    """The training rows shots are drawn from: a random ``pool`` of them (0: all), the same every run."""
+    if not pool or pool >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(0))[:pool]
+
+
+def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[int] = (1, 5, 10, 25),
+                       seeds: int = 3, pool: int = 10_000, *, data_dir: Optional[str] = None,
+                       hf_split: Optional[str] = None, image_key: Optional[str] = None,
+                       label_key: Optional[str] = None, progress: bool = True) -> FewShotScore:
+    """The paper's few-shot linear evaluation of ``model``'s frozen features: ridge probes fitted
+    on ``shots`` images per class drawn from a fixed random ``pool`` of the training split
+    (0: all of it), scored on the test split, over ``seeds`` draws."""
+    from ..data import datasets
+
+    check_fewshot_options(shots, seeds, pool)
+    check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
+    skipped: List[str] = []
+    if datasets.is_hf(dataset):
+        features = _hf_features(model, dataset, pool, hf_split, image_key, label_key, progress, skipped)
+    else:
+        features = _memory_features(model, dataset, pool, data_dir, progress)
+    results = fewshot_from_features(*features, list(shots), seeds, progress=progress)
+    return FewShotScore(results, dataset, skipped)
+
+
+def _memory_features(model, dataset: str, pool: int, data_dir: Optional[str], progress: bool):
+    from ..data.tensors import load_split_tensors
+
+    tr_x, tr_y, _ = load_split_tensors(dataset, "train", data_dir)
+    te_x, te_y, _ = load_split_tensors(dataset, "test", data_dir)
+    pick = pool_rows(len(tr_y), pool)  # features of a random subset of the training pool are enough
+    tr_x, tr_y = tr_x[pick], tr_y[pick]
+    return (extract_features(model, tr_x, progress=progress, label="extracting train features"), tr_y,
+            extract_features(model, te_x, progress=progress, label="extracting test features"), te_y)
+
+
+def _hf_features(model, dataset: str, pool: int, hf_split: Optional[str], image_key: Optional[str],
+                 label_key: Optional[str], progress: bool, skipped: List[str]):
+    from torch.utils.data import Subset
+
+    from ..data import hf
+    from ..data.pipelines import from_model_config
+
+    data = hf.open_splits(dataset, {"train": hf_split, "test": None}, image_key, label_key, channels_of(model),
+                          from_model_config(model.config, train=False))
+    out: list = []
+    for role, rows in (("train", pool_rows(len(data["train"]), pool).tolist()), ("test", None)):
+        part = data[role] if rows is None else Subset(data[role], rows)
+        labels: list = []
+
+        def inputs(part=part, labels=labels):
+            for x, y in hf.batches(part, FEATURE_BATCH, 2, skipped):
+                labels.append(y)
+                yield x
+
+        feats = features_over(model, inputs(), -(-len(part) // FEATURE_BATCH), progress,
+                              f"extracting {role} features")
+        out += [feats, torch.cat(labels)]
+    return tuple(out)

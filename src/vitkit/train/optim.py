@@ -1,0 +1,56 @@
+"""The optimiser: weight decay on the weight matrices only, and layer-wise learning-rate decay by
+the parameter groups the model's family declares (:class:`vitkit.models.base.LayerGroups`)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from ..models.base import LayerGroups, TokenModel
+from .config import TrainConfig
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Weight decay on weight matrices only: not on biases, norms, tokens or position tables.
+
+    With ``layer_decay`` (BEiT's and MAE's fine-tuning rule) each group also carries an
+    ``lr_scale``: decay^(depth + 1 - layer) for the embedding (layer 0), block i (layer i + 1)
+    and the rest (the final norm and the head, layer depth + 1, scale 1)."""
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    depth = len(getattr(model, "blocks", ()))
+    layers = layer_groups(model)
+    groups: Dict[Tuple[bool, int], List[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            layer = layers.layer_of(name, depth) if cfg.layer_decay is not None else depth + 1
+            groups.setdefault((p.ndim <= 1 or name in skip, layer), []).append(p)
+    decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
+    params = [{"params": ps, "weight_decay": 0.0 if no_wd else cfg.weight_decay,
+               "lr_scale": decay ** (depth + 1 - layer)} for (no_wd, layer), ps in sorted(groups.items())]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
+    fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
+    if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, **fused)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, **fused)
+
+
+def layer_groups(model: nn.Module) -> LayerGroups:
+    """The parameter groups ``model``'s family declares; a module that declares none (a
+    pre-training wrapper, a CNN, a model from elsewhere) is grouped by the token models' rule."""
+    groups = getattr(model, "layer_groups", None)
+    return groups if isinstance(groups, LayerGroups) else TokenModel.layer_groups
+
+
+def layer_of(name: str, depth: int) -> int:
+    """The layer a parameter belongs to for layer-wise decay by the token models' rule: 0 the
+    embedding (patches, the class, distillation and register tokens, positions: the learned table and
+    RoPE-Mixed's frequencies, the norm after the embedding), i + 1 block i, depth + 1 everything after
+    the blocks (the attention pool too)."""
+    return TokenModel.layer_groups.layer_of(name, depth)
+
+
+__all__ = ["layer_groups", "layer_of", "make_optimizer"]

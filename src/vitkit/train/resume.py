@@ -1,0 +1,119 @@
+"""The resume policy: ``--resume`` continues a run as its ``config.json`` says. Only the fields
+that describe the machine or how the end is scored (RUNTIME_FIELDS) may change; any other option
+given again must say what was saved, and the check that says so before anything runs
+(:func:`check_resume`) is the command line's as much as the library's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional
+
+from ..machine import usable_cores
+from .config import OFF, RENAMED, TrainConfig, deep_merge, field_kinds
+
+#: Fields that describe the machine a run executes on or how its end is scored, not what it
+#: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
+#: once the CPU is free again, or test-time augmentation for a run started without it),
+#: everything else from the run's ``config.json``, so the run continues as it started.
+RUNTIME_FIELDS = ("threads", "cpu_parallel", "workers", "progress", "tensorboard", "test_tta")
+
+#: The flags of the runtime fields whose flag is not ``--FIELD``.
+RUNTIME_FLAGS = {"progress": "--no-progress", "tensorboard": "--[no-]tensorboard"}
+
+
+def saved_field(run_dir: str, name: str) -> Any:
+    """One field of a run folder's saved configuration, its default where the file predates the
+    field (None: not a run folder), e.g. what it learns (``objective``)."""
+    values = _saved_values(run_dir)
+    return None if values is None else values.get(name, getattr(TrainConfig(), name))
+
+
+def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The fields a run saved in its ``config.json`` (None: not a run directory)."""
+    saved = Path(run_dir) / "config.json"
+    if not saved.is_file():
+        return None
+    try:
+        values = json.loads(saved.read_text())
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{saved} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's configuration "
+                         f"is damaged") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{saved} holds {type(values).__name__}, not a run's configuration")
+    for old, new in RENAMED.items():
+        if old in values:
+            values.setdefault(new, values.pop(old))
+    return values
+
+
+def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[str]] = None) -> TrainConfig:
+    """The saved configuration of ``run_dir``, with the runtime fields of ``current`` that were
+    asked for: ``asked`` names them (the command line's flags, so ``--tensorboard`` on a run
+    saved without it counts although it is the default); None takes those that differ from the
+    defaults (a call from Python, which cannot tell a default from a choice)."""
+    values = _saved_values(run_dir)
+    if values is None:
+        raise FileNotFoundError(f"cannot resume: {Path(run_dir) / 'config.json'} not found "
+                                f"(is {run_dir} a run directory?)")
+    defaults = TrainConfig()
+    if asked is None:
+        asked = [k for k in RUNTIME_FIELDS if getattr(current, k) != getattr(defaults, k)]
+    values.update({k: getattr(current, k) for k in set(RUNTIME_FIELDS) & set(asked)})
+    unknown = sorted(set(values) - set(field_kinds()))
+    if unknown:
+        raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    if isinstance(values.get("threads"), int) and values["threads"] > usable_cores():
+        values["threads"] = usable_cores()  # saved on a larger machine: this one's cores
+    cfg = TrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
+    """Explicit options (None: not given) that ``--resume`` would have to ignore: any field
+    outside RUNTIME_FIELDS whose value differs from the saved one."""
+    values = _saved_values(run_dir)
+    if values is None:
+        return []  # not a run directory: resuming says so
+    out = []
+    for k, v in overrides.items():
+        if v is None or k in RUNTIME_FIELDS:
+            continue
+        old = values.get(k)
+        v = None if v is OFF else list(v) if isinstance(v, tuple) else v
+        if k == "model_args" and isinstance(v, Mapping) and isinstance(old, Mapping):
+            v = deep_merge(old, v)  # model_args given again only conflict where they change something
+        if old != v:
+            out.append(f"--{k.replace('_', '-')} (saved: {json.dumps(old)}, given: {json.dumps(v)})")
+    return out
+
+
+def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
+                 config_file: Optional[str] = None) -> Dict[str, Any]:
+    """Refuse a ``--resume`` of ``run_dir`` that could not continue it as it started, before anything
+    runs: a classification run resumed by ``vitkit pretrain`` (``verb``) or a pre-training run by
+    ``vitkit train``, or options (``overrides``, None: not given) or a config file that would change
+    what it learns. Returns the overrides to resolve, without an ``objective`` not given (pretrain
+    --resume without --objective: the saved one)."""
+    saved = saved_field(run_dir, "objective")
+    if saved is not None and (saved == "classify") != (verb == "train"):
+        kind, command = ("classification", "train") if saved == "classify" else (f"{saved} pre-training", "pretrain")
+        raise ValueError(f"{run_dir} is a {kind} run: resume it with vitkit {command} --resume")
+    overrides = dict(overrides)
+    if "objective" in overrides and overrides["objective"] is None:
+        overrides.pop("objective")
+    conflicts = resume_conflicts(run_dir, overrides) + (["--config"] if config_file else [])
+    if conflicts:
+        free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS)
+        raise ValueError(f"--resume continues {run_dir} as its config.json says; only "
+                         f"{free} can change "
+                         f"there, not "
+                         f"{'; '.join(conflicts)} (for another recipe, start a new run; "
+                         f"--init {run_dir} starts one from this run's model once it has finished)")
+    return overrides
+
+
+__all__ = ["RUNTIME_FIELDS", "RUNTIME_FLAGS", "check_resume", "resume_conflicts", "resumed_config", "saved_field"]

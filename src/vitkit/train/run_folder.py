@@ -1,0 +1,87 @@
+"""The run folder's housekeeping: a new run's folder made, named and locked (a name left by a run
+that stopped before saving anything is reused), and whether a run there has finished, whose
+``--resume`` then shows its summary as it was written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+from ..runlock import RunLock
+from .checkpoint import checkpoint_paths, checkpoint_step
+from .resume import saved_field
+from .state import Run
+
+
+def new_run_dir(run: Run) -> Path:
+    """The new run's folder, made and locked: ``--name``, or the model's name (after the objective
+    for pre-training: ``mae-vit_fmnist-...``) and the time with a number added until the name is
+    free (two runs started in the same second get two folders)."""
+    cfg = run.cfg
+    what = run.model_name if cfg.objective == "classify" else f"{cfg.objective}-{run.model_name}"
+    base = (cfg.name or f"{what}-{time.strftime('%Y%m%d-%H%M%S')}").replace("/", "-")
+    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = Path(cfg.runs_dir) / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if cfg.name is None:
+                continue  # taken: the next number
+        run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
+        if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
+            if not _abandoned(path):
+                run.lock.release()
+                raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
+                                      f"or another --name")
+            for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
+                target = path / leftover
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+            run.log(f"reusing {path}: the run there stopped before its first checkpoint (nothing to resume)")
+        return path
+    raise FileExistsError(f"no free run directory named {base}-N in {cfg.runs_dir}")
+
+
+#: What a run writes before its first checkpoint: a folder holding only these (its lock free)
+#: was left by a run that was refused or stopped with nothing to resume.
+ABANDONED_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
+
+
+def _abandoned(path: Path) -> bool:
+    if any(p.name not in ABANDONED_FILES + (".lock",) for p in path.iterdir()):
+        return False
+    return not (path / "checkpoints").is_dir() or not any((path / "checkpoints").iterdir())
+
+
+def is_finished(run_dir: Path) -> bool:
+    """A run is complete when its summary.json (written last) stands and its newest checkpoint is
+    the step the summary ends at; without that checkpoint (a kill before it, or a file removed),
+    resuming goes on from the newest one there is."""
+    summary, checkpoints = run_dir / "summary.json", checkpoint_paths(run_dir)
+    if not summary.is_file() or not checkpoints:
+        return False
+    steps = json.loads(summary.read_text()).get("steps")
+    return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
+
+
+def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, Any]:
+    """``--resume`` of a run that has finished: its summary as it was written, with nothing run
+    again and nothing rewritten (re-scoring it would replace ``summary.json``'s timings); a
+    test-time augmentation asked for says which command scores it. A summary written before it
+    named its views (``test_tta``) gets the run's saved ones, so its TTA score is never labelled
+    with the views asked for now."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
+        f"unchanged; to train longer, start a new run with --init {run_dir})")
+    scored = saved_field(str(run_dir), "test_tta")
+    if "test_top1_tta" in summary:
+        summary.setdefault("test_tta", scored)
+    if tta not in ("none", scored):  # its summary holds no score with these views
+        log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
+    return summary
+
+
+__all__ = ["ABANDONED_FILES", "finished_summary", "is_finished", "new_run_dir"]
