@@ -7,8 +7,9 @@ point and error boundary are :mod:`.entry`; each verb's flags sit beside its han
 """
 
 from ..errors import describe_error
+from ..signals import Terminated  # noqa: F401 (the old names stay importable)
 from .common import runtime_name as _runtime_name  # noqa: F401 (its old name)
-from .entry import _one_line_warnings, main  # noqa: F401
+from .entry import _on_sigterm, _one_line_warnings, main  # noqa: F401
 from .parser import build_parser
 from .train import train_config
 

@@ -1,15 +1,16 @@
-"""What every study shares: its arms and seeds as ``vitkit train`` runs, resumable; the numbers
+"""What every study shares: its arms and seeds as training runs, resumable; the numbers
 over seeds; verdicts by one rule; the results file, table and figure.
 
 A study (one file each in this package) names the paper's claim, the setting used here, its
 arms (each a set of ``TrainConfig`` fields) and how its numbers decide the claim. Running it:
 
-- every (arm, seed) is a ``vitkit train`` run (in this process) with its own run folder under ``work``:
-  a finished run (its ``summary.json``) is reused, an interrupted one resumed from its last
-  checkpoint (``vitkit train --resume``: bitwise what an uninterrupted run gives), so a study
-  killed at any point loses at most the steps since a checkpoint;
-- a study that asks for it scores each run's frozen features few-shot (``vitkit fewshot``,
-  cached beside the run as ``fewshot.json``);
+- every (arm, seed) is a run of :func:`vitkit.train.train` (what ``vitkit train`` calls, with its
+  recipe and a config file of the arm's fields) with its own run folder under ``work``: a
+  finished run (its ``summary.json``) is reused, an interrupted one resumed from its last
+  checkpoint (bitwise what an uninterrupted run gives), so a study killed at any point loses at
+  most the steps since a checkpoint; the study reads the summary the call returns;
+- a study that asks for it scores each run's frozen features few-shot
+  (:func:`vitkit.evaluate.fewshot_on_dataset`, cached beside the run as ``fewshot.json``);
 - after every run the results file is rewritten (atomically): ``OUT/<name>.json`` with the
   machine, the settings, every run's summary; at the end its verdicts, the Markdown table
   (``OUT/<name>.md``) and the figure (``OUT/<name>.png``).

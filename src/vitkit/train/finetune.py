@@ -26,15 +26,12 @@ from typing import List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ..extras import require
+from .optim import layer_groups
 
 MODES = ("full", "lora", "bitfit", "head")
 #: ``--lora-targets``' default: every linear layer of a block (QLoRA's finding: all of them beat
 #: attention alone at the same rank)
 DEFAULT_TARGETS = ("qkv", "proj", "fc1", "fc2")
-#: the embedding's parameters (frozen with the first blocks)
-_EMBEDDING = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "rope.", "norm_pre.")
-
-
 def _block_lists(model: nn.Module) -> List[Tuple[str, nn.ModuleList]]:
     return [(name, m) for name, m in model.named_children() if name.startswith("blocks") and
             isinstance(m, nn.ModuleList)]
@@ -101,9 +98,10 @@ def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha
         model.requires_grad_(False)
     for name in heads:
         getattr(model, name).requires_grad_(True)
-    if freeze_blocks:
+    if freeze_blocks:  # the embedding too: the parameters the family puts in layer 0
+        embedding = layer_groups(model).embed
         for name, p in model.named_parameters():
-            if name.startswith(_EMBEDDING):
+            if name.startswith(embedding):
                 p.requires_grad_(False)
         blocks[:freeze_blocks].requires_grad_(False)
     return model
