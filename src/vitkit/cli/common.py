@@ -41,69 +41,30 @@ def print_json(obj: Any) -> None:
 
 
 def load_model(args: argparse.Namespace, **kwargs):
-    """The model behind ``--weights``/``SRC``: a run folder stands for the model it saved, and
-    the verb says so on stderr (a run that has not finished has no model yet: one line)."""
-    from pathlib import Path
-
-    from ..runlock import unfinished_run
-    from ..weights import from_pretrained
-    from ..weights.pretrained import run_model_folder
+    """The model behind ``--weights``/``SRC`` (``deploy.choose.read_weights``): a run folder stands for
+    the model it saved, and the verb says so on stderr."""
+    from ..deploy.choose import read_weights
 
     source = getattr(args, "weights", None) or args.src
-    if why := unfinished_run(source):
-        raise FileNotFoundError(why)
-    if (model_folder := run_model_folder(Path(source))) is not None:
-        print(f"vitkit {args.verb}: reading {model_folder} (the model run {source} saved)", file=sys.stderr)
-    return from_pretrained(source, model_name=args.model, **kwargs)
-
-
-def classifier(model, weights: str):
-    """A model with classes, or one clear line: a pre-training model (or a headless encoder) has none."""
-    from ..selfsup import is_pretrainer
-
-    if is_pretrainer(model):
-        raise ValueError(f"{weights} is a {model.objective} pre-training model: it has no classifier; fine-tune it "
-                         f"first (vitkit train --init {weights}), or read its encoder with vitkit fewshot / inspect")
-    if not getattr(model.config, "num_classes", 1):
-        raise ValueError(f"{weights} has no classifier head (num_classes 0): fine-tune it first "
-                         f"(vitkit train --init {weights}), or read it with vitkit fewshot / inspect")
-    return model
+    return read_weights(source, args.model, _say(args.verb), **kwargs)
 
 
 def runtime_model(args: argparse.Namespace):
-    """The classifier ``--weights`` names, on ``--runtime``: the vitkit model, or ONNX Runtime
-    running an ``.onnx`` file (or the weights exported on the fly, ``--quantize``d if asked)."""
-    from ..deploy.choose import is_onnx, load_for_runtime, resolve_runtime
-    from ..deploy.openvino import is_openvino
+    """The classifier ``--weights`` names, on ``--runtime`` (``deploy.choose.load_classifier``)."""
+    from ..deploy.choose import load_classifier
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
-    args.runtime, args.quantize, chosen = resolve_runtime(args.weights, args.runtime, args.quantize)
-    if chosen:
-        print(f"vitkit {args.verb}: runtime auto: {chosen}", file=sys.stderr)
-    if is_onnx(args.weights) or is_openvino(args.weights):
-        if args.model:
-            raise ValueError("--model names an architecture for weights without a config; an .onnx or OpenVINO "
-                             ".xml file is its own graph")
-        return load_for_runtime(args.weights, args.runtime, args.quantize, **stand_ins)
-    model = classifier(load_model(args), args.weights)
-    model = load_for_runtime(args.weights, args.runtime, args.quantize, model=model, **stand_ins)
-    if getattr(model, "quantization", None) is None:  # torch on a CPU: batches in parts, one per thread
-        from ..parallel import for_inference
-
-        model = for_inference(model)
-    return model
+    return load_classifier(args.weights, args.runtime, args.quantize, args.model, _say(args.verb), **stand_ins)
 
 
 def runtime_name(model) -> str:
-    """How the model runs, for the printed line: fp32, or ONNX Runtime and its quantization."""
-    quantization = getattr(model, "quantization", None)
-    if quantization is None:
-        return "fp32"
-    if getattr(model, "export_flag", "onnx") == "openvino":  # OpenVINO computes in the precision it was given
-        if quantization in ("none", "unknown"):
-            return f"openvino {model.precision}"
-        return "openvino int8 (NNCF, calibrated)" if quantization == "int8-static" else f"openvino {quantization}"
-    return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
+    from ..deploy.choose import runtime_label
+
+    return runtime_label(model)
+
+
+def _say(verb: str):
+    return lambda line: print(f"vitkit {verb}: {line}", file=sys.stderr)
 
 
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any, List, Sequence
 
 from .. import __version__
-from . import describe, evaluate, inspect, study, train, weights
+from . import describe, evaluate, inspect, serve, study, train, weights
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for add in (describe.add_models, describe.add_info, weights.add_convert, weights.add_push, evaluate.add_predict,
-                evaluate.add_eval, evaluate.add_fewshot, inspect.add_inspect, study.add_study, train.add_train,
-                train.add_pretrain):
+                evaluate.add_eval, evaluate.add_fewshot, inspect.add_inspect, serve.add_serve, study.add_study,
+                train.add_train, train.add_pretrain):
         add(verb)
     return parser

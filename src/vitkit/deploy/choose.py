@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -80,4 +80,70 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
         return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=None))
 
 
-__all__ = ["RUNTIMES", "is_onnx", "resolve_runtime", "load_for_runtime"]
+def read_weights(source: PathLike, model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
+                 **kwargs: Any) -> nn.Module:
+    """The model ``source`` holds (``weights.from_pretrained``): a run folder stands for the model it
+    saved (``say`` is told so), a run that has not finished has none yet (one line)."""
+    from ..runlock import unfinished_run
+    from ..weights import from_pretrained
+    from ..weights.pretrained import run_model_folder
+
+    if why := unfinished_run(source):
+        raise FileNotFoundError(why)
+    if say is not None and (model_folder := run_model_folder(Path(source))) is not None:
+        say(f"reading {model_folder} (the model run {source} saved)")
+    return from_pretrained(source, model_name=model_name, **kwargs)
+
+
+def check_classifier(model: nn.Module, weights: PathLike) -> nn.Module:
+    """A model with classes, or one clear line: a pre-training model (or a headless encoder) has none."""
+    from ..selfsup import is_pretrainer
+
+    if is_pretrainer(model):
+        raise ValueError(f"{weights} is a {model.objective} pre-training model: it has no classifier; fine-tune it "
+                         f"first (vitkit train --init {weights}), or read its encoder with vitkit fewshot / inspect")
+    if not getattr(model.config, "num_classes", 1):
+        raise ValueError(f"{weights} has no classifier head (num_classes 0): fine-tune it first "
+                         f"(vitkit train --init {weights}), or read it with vitkit fewshot / inspect")
+    return model
+
+
+def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
+                    model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
+                    **stand_ins: Any) -> nn.Module:
+    """The classifier ``weights`` name, on ``runtime`` (``auto``: the fastest measured here, said
+    through ``say``): the vitkit model (on a CPU, its batches split over the threads), or ONNX
+    Runtime / OpenVINO running an exported file or the weights exported on the fly. ``stand_ins``
+    (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata. What
+    ``vitkit predict``, ``eval`` and ``serve`` run."""
+    runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize)
+    if chosen and say is not None:
+        say(f"runtime auto: {chosen}")
+    if is_onnx(weights) or is_openvino(weights):
+        if model_name:
+            raise ValueError("--model names an architecture for weights without a config; an .onnx or OpenVINO "
+                             ".xml file is its own graph")
+        return load_for_runtime(weights, runtime, quantize, **stand_ins)
+    model = check_classifier(read_weights(weights, model_name, say), weights)
+    model = load_for_runtime(weights, runtime, quantize, model=model, **stand_ins)
+    if getattr(model, "quantization", None) is None:  # torch on a CPU: batches in parts, one per thread
+        from ..parallel import for_inference
+
+        model = for_inference(model)
+    return model
+
+
+def runtime_label(model: nn.Module) -> str:
+    """How a loaded model runs, in words: fp32 (torch), or ONNX Runtime / OpenVINO and its precision."""
+    quantization = getattr(model, "quantization", None)
+    if quantization is None:
+        return "fp32"
+    if getattr(model, "export_flag", "onnx") == "openvino":  # OpenVINO computes in the precision it was given
+        if quantization in ("none", "unknown"):
+            return f"openvino {model.precision}"
+        return "openvino int8 (NNCF, calibrated)" if quantization == "int8-static" else f"openvino {quantization}"
+    return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
+
+
+__all__ = ["RUNTIMES", "is_onnx", "resolve_runtime", "load_for_runtime", "read_weights", "check_classifier",
+           "load_classifier", "runtime_label"]

@@ -1,0 +1,308 @@
+"""The endpoint as an ASGI app (FastAPI): routes, limits, the API key and the metrics around them.
+
+Every answer is JSON with one plain ``error`` line when something is wrong: 400 an image that
+is not one, 401 a missing or wrong key, 408 a body that arrives too slowly, 413 one too large,
+501 what the runtime cannot do, 503 (with Retry-After) a full queue or a server draining on
+SIGTERM, 504 a model that did not answer in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any, Dict, Optional, Tuple
+
+from ..data.images import BadImageError
+from ..extras import require
+from .batcher import Batcher, QueueFull, Stopped
+from .metrics import Metrics
+from .model import ServedModel
+from .page import example_png, page_html
+
+try:  # the request type the routes are annotated with (FastAPI reads annotations); the serve extra
+    from starlette.requests import Request
+except ImportError:  # pragma: no cover - create_app says which extra installs it
+    Request = Any  # type: ignore[misc,assignment]
+
+#: endpoints open without the API key (probes, the page and its example image)
+OPEN_PATHS = ("/healthz", "/readyz", "/", "/example.png", "/favicon.ico")
+
+
+@dataclass
+class ServeOptions:
+    """How the endpoint batches and what it accepts (``vitkit serve``'s flags)."""
+    #: images per batched forward pass, at most
+    max_batch: int = 32
+    #: how long the first request of a batch waits for others, in milliseconds
+    max_wait_ms: float = 5.0
+    #: requests waiting for a batch before new ones are refused with 503
+    max_queue: int = 256
+    #: the largest request body, in bytes
+    max_body_bytes: int = 20 * 1024 * 1024
+    #: seconds a request may wait for its answer (504 after), and for its body to arrive (408 after)
+    timeout_s: float = 30.0
+    #: classes in an answer unless the request asks (?top_k=)
+    top_k: int = 5
+    #: required of every request but the probes and the page (Authorization: Bearer KEY or X-API-Key)
+    api_key: Optional[str] = None
+
+    def problems(self) -> list:
+        out = []
+        for name in ("max_batch", "max_queue", "max_body_bytes", "top_k"):
+            if getattr(self, name) < 1:
+                out.append(f"--{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
+        if not 0 <= self.max_wait_ms <= 10_000:
+            out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
+        if not 0 < self.timeout_s <= 3600:
+            out.append(f"--timeout must be between 0 and 3600 seconds, not {self.timeout_s}")
+        return out
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, retry_after: Optional[int] = None):
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+#: the request body the upload endpoints take, for the OpenAPI schema (read by hand: no form library)
+UPLOAD = {"requestBody": {"required": True, "content": {
+    "image/*": {"schema": {"type": "string", "format": "binary"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "multipart/form-data": {"schema": {"type": "object", "properties": {"file": {"type": "string",
+                                                                                   "format": "binary"}}}}}}}
+
+
+class Endpoint:
+    """The routes over one served model: its two batchers, its metrics and whether it is draining."""
+
+    def __init__(self, served: ServedModel, options: ServeOptions):
+        self.served, self.options, self.metrics = served, options, Metrics()
+        batch = (options.max_batch, options.max_wait_ms, options.max_queue, self.metrics)
+        self.predictor = Batcher(served.probabilities, "predict", *batch)
+        self.embedder = Batcher(served.embeddings, "embed", *batch)
+        self.state: Dict[str, Any] = {"ready": False, "draining": False}
+
+    async def lifespan(self, app):
+        await self.predictor.start()
+        await self.embedder.start()
+        self.state["ready"] = True
+        yield
+        self.state["draining"], self.state["ready"] = True, False
+        await self.predictor.stop()
+        await self.embedder.stop()
+
+    async def guard(self, request, call_next):
+        """The API key, the drain, and every answer counted and timed."""
+        from fastapi.responses import JSONResponse
+
+        start, path = time.perf_counter(), request.url.path
+        try:
+            if self.options.api_key and path not in OPEN_PATHS and not _key_ok(request.headers, self.options.api_key):
+                raise HttpError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
+            if self.state["draining"] and path not in ("/healthz", "/readyz", "/metrics"):
+                raise HttpError(503, "the server is shutting down", retry_after=5)
+            response = await call_next(request)
+        except HttpError as e:
+            response = error_response(JSONResponse, e)
+        endpoint = path if path in ROUTES else "other"
+        self.metrics.inc("vitkit_requests_total", endpoint=endpoint, code=str(response.status_code))
+        self.metrics.observe("vitkit_request_seconds", time.perf_counter() - start, endpoint=endpoint)
+        return response
+
+    async def _through(self, batcher: Batcher, request) -> Tuple[Any, str]:
+        """The request's image decoded (in a worker thread), then its batch's answer for it."""
+        data, name = await _read_image(request, self.options)
+        x = await self._decoded(data, name)
+        try:
+            result = await asyncio.wait_for(batcher.submit(x), self.options.timeout_s)
+        except QueueFull:
+            raise HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry "
+                                 f"shortly", retry_after=1) from None
+        except Stopped:
+            raise HttpError(503, "the server is shutting down", retry_after=5) from None
+        except asyncio.TimeoutError:
+            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
+        self.metrics.inc("vitkit_images_total", endpoint=batcher.name)
+        return result, name
+
+    async def _decoded(self, data: bytes, name: str):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.served.image, data, name)
+        except BadImageError as e:
+            raise HttpError(400, str(e)) from None
+
+    def _torch_only(self, what: str) -> None:
+        if not self.served.can_embed:
+            raise HttpError(501, f"{what} need the PyTorch runtime; this server runs {self.served.runtime}")
+
+    async def predict(self, request: Request):
+        """Top-k classes of one image (its bytes, or a multipart upload), as ``vitkit predict --json``."""
+        from fastapi.responses import JSONResponse
+
+        top_k = _top_k(request, self.options.top_k)
+        probs, name = await self._through(self.predictor, request)
+        return JSONResponse(self.served.answer(probs, top_k).to_dict(name))
+
+    async def embed(self, request: Request):
+        """The image's pooled pre-logits features (the PyTorch runtime)."""
+        self._torch_only("embeddings")
+        features, name = await self._through(self.embedder, request)
+        return {"image": name, "dim": len(features), "embedding": features.tolist()}
+
+    async def rollout(self, request: Request):
+        """The attention rollout over the image, as a PNG (the PyTorch runtime)."""
+        from fastapi.responses import Response
+
+        self._torch_only("attention maps")
+        data, name = await _read_image(request, self.options)
+        try:
+            png = await asyncio.get_running_loop().run_in_executor(None, self.served.rollout_png, data, name)
+        except BadImageError as e:
+            raise HttpError(400, str(e)) from None
+        return Response(png, media_type="image/png")
+
+    async def healthz(self):
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    async def readyz(self):
+        """Readiness: the model is loaded and the server is not draining."""
+        from fastapi.responses import JSONResponse
+
+        body = {"ready": self.state["ready"], "draining": self.state["draining"], "runtime": self.served.runtime,
+                "queue": self.predictor.depth + self.embedder.depth}
+        return JSONResponse(body, status_code=200 if self.state["ready"] else 503)
+
+    async def metrics_text(self):
+        """Prometheus' text format: requests, images, queue depth, batch sizes, latencies."""
+        from fastapi.responses import Response
+
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def info(self):
+        """What is served: the model, its runtime, input and classes, and the batching."""
+        c, o = self.served.config, self.options
+        return {"model": getattr(c, "name", None) or getattr(c, "architecture", "model"),
+                "runtime": self.served.runtime, "input": [self.served.channels, *map(int, c.img_size)],
+                "classes": len(self.served.labels) or c.num_classes, "labels": self.served.labels,
+                "embed": self.served.can_embed, "max_batch": o.max_batch, "max_wait_ms": o.max_wait_ms,
+                "max_body_bytes": o.max_body_bytes, "key": bool(o.api_key)}
+
+    async def page(self):
+        from fastapi.responses import HTMLResponse
+
+        return HTMLResponse(page_html(self.title))
+
+    async def example(self):
+        from fastapi.responses import Response
+
+        png = await asyncio.get_running_loop().run_in_executor(None, example_png, self.served)
+        return Response(png, media_type="image/png")
+
+
+def create_app(served: ServedModel, options: Optional[ServeOptions] = None, title: str = "vitkit") -> Any:
+    """The FastAPI app serving ``served``: predict, embed, rollout, the probes, metrics and the page."""
+    fastapi = require("fastapi", "serve", "vitkit serve")
+    from fastapi.responses import JSONResponse
+
+    options = options or ServeOptions()
+    if problems := options.problems():
+        raise ValueError("; ".join(problems))
+    endpoint = Endpoint(served, options)
+    endpoint.title = title
+    app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan,
+                          description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically")
+    app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint
+    app.middleware("http")(endpoint.guard)
+    app.add_exception_handler(HttpError, lambda request, e: error_response(JSONResponse, e))
+    for path, handler in (("/predict", endpoint.predict), ("/embed", endpoint.embed),
+                          ("/rollout", endpoint.rollout)):
+        app.add_api_route(path, handler, methods=["POST"], openapi_extra=UPLOAD)
+    for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz),
+                          ("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
+        app.add_api_route(path, handler, methods=["GET"])
+    app.add_api_route("/", endpoint.page, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/example.png", endpoint.example, methods=["GET"], include_in_schema=False)
+    return app
+
+
+#: the paths counted by name in the metrics (others: "other", so a scan cannot grow them)
+ROUTES = ("/predict", "/embed", "/rollout", "/healthz", "/readyz", "/metrics", "/info", "/", "/example.png",
+          "/openapi.json", "/docs")
+
+
+def _key_ok(headers, key: str) -> bool:
+    given = headers.get("x-api-key") or ""
+    auth = headers.get("authorization") or ""
+    if auth.lower().startswith("bearer "):
+        given = given or auth[7:].strip()
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+def error_response(response_class, e: HttpError):
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
+    return response_class({"error": e.message}, status_code=e.status, headers=headers)
+
+
+def _top_k(request, default: int) -> int:
+    text = request.query_params.get("top_k")
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise HttpError(400, f"top_k must be a positive integer, not {text!r}")
+    return int(text)
+
+
+async def _read_body(request, limit: int, timeout: float) -> bytes:
+    """The body, refused past ``limit`` bytes (413, before reading it when Content-Length says so)
+    or when it takes longer than ``timeout`` to arrive (408: a slow client holds no worker long)."""
+    from starlette.requests import ClientDisconnect
+
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise HttpError(413, f"the body is {int(length):,} bytes; this server takes at most {limit:,}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    chunks, size = [], 0
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.001))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"the body did not arrive within {timeout:g} s") from None
+        except ClientDisconnect:
+            raise HttpError(400, "the client disconnected before sending the whole body") from None
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"the body is over {limit:,} bytes, the most this server takes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_image(request, options: ServeOptions) -> Tuple[bytes, str]:
+    """(image bytes, a name for messages): the body itself, or the first file of a multipart form."""
+    body = await _read_body(request, options.max_body_bytes, options.timeout_s)
+    ctype = request.headers.get("content-type", "")
+    if not ctype.lower().startswith("multipart/form-data"):
+        return body, "upload"
+    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        raise HttpError(400, "the multipart body could not be read (no boundary, or a torn form)")
+    for part in message.iter_parts():
+        if part.get_filename() is not None or part.get_param("name", header="content-disposition") in ("file",
+                                                                                                         "image"):
+            name = _safe_name(part.get_filename() or "upload")
+            return part.get_payload(decode=True) or b"", name
+    raise HttpError(400, "the form has no file (send the image as the field 'file')")
+
+
+def _safe_name(name: str) -> str:
+    """A client's file name, for messages only (never a path on the server): its last part, printable."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return "".join(c for c in base if c.isprintable())[:200] or "upload"

@@ -1,0 +1,129 @@
+"""The model behind the endpoint: image bytes to its input, and batches to answers.
+
+Decoding and preprocessing run per request (in the server's thread pool, beside the model);
+the model sees whole batches. Image bytes only: no request can name a file on the server.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Sequence
+
+import torch
+from PIL import Image
+from torch import nn
+
+from ..data.images import BadImageError, decode_image
+from ..data.transforms import transform_for
+from ..evaluate.predict import label_for
+from ..models.layers import fast_inference
+
+#: The largest image accepted, in pixels (a 16-bit or paletted file decodes far larger than its bytes).
+MAX_PIXELS = 40_000_000
+_FIGURE_LOCK = threading.Lock()
+
+
+@dataclass
+class Answer:
+    """One image's top-k classes: (index, label, probability) by falling probability."""
+    top: List[tuple]
+
+    def to_dict(self, image: str) -> dict:
+        return {"image": image, "top": [{"index": i, "label": name, "probability": p} for i, name, p in self.top]}
+
+
+class ServedModel:
+    """A classifier (``runtime``: torch, onnxruntime or openvino) ready for batches of image bytes."""
+
+    def __init__(self, model: nn.Module, runtime: str, max_pixels: int = MAX_PIXELS):
+        config = model.config
+        if not getattr(config, "num_classes", 0):
+            raise ValueError("these weights have no classifier head (num_classes 0): nothing to serve; fine-tune "
+                             "them first (vitkit train --init WEIGHTS)")
+        self.model, self.runtime, self.config = model.eval(), runtime, config
+        self.transform = transform_for(model)
+        self.channels = len(self.transform.mean)
+        self.max_pixels = max_pixels
+        self.labels = list(config.label_names or [])
+        self.device = next(model.parameters(), torch.empty(0)).device
+
+    @property
+    def can_embed(self) -> bool:
+        """Pooled features need the model's own layers (an exported graph ends in the logits)."""
+        return self.runtime == "torch" and hasattr(self._encoder(), "forward_features")
+
+    def _encoder(self) -> nn.Module:
+        return getattr(self.model, "model", self.model)  # a CPU's batch-parallel wrapper holds the model
+
+    def image(self, data: bytes, name: str = "upload") -> torch.Tensor:
+        """Image bytes -> the model's (C, H, W) input; BadImageError for anything that is not a usable image."""
+        if not data:
+            raise BadImageError(name, "the request has no image bytes")
+        self._check_size(data, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            try:
+                im = decode_image(data, self.channels, name)
+            except Image.DecompressionBombWarning as e:
+                raise BadImageError(name, f"too many pixels ({e})") from None
+        return self.transform(im)
+
+    def _check_size(self, data: bytes, name: str) -> None:
+        """The pixel count from the header, before any pixel is decoded (a decompression bomb)."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # judged below, by our limit
+                with Image.open(io.BytesIO(data)) as im:
+                    w, h = im.size
+        except Image.DecompressionBombError as e:
+            raise BadImageError(name, f"too many pixels for this server (at most {self.max_pixels:,}): {e}") \
+                from None
+        except Exception:  # decode_image names what is wrong with it
+            return
+        if w * h > self.max_pixels:
+            raise BadImageError(name, f"{w} x {h} pixels is more than the {self.max_pixels:,} this server takes")
+
+    @torch.inference_mode()
+    def probabilities(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """Class probabilities of each input, one batched forward pass."""
+        with fast_inference(self.model):
+            probs = self.model(torch.stack(list(inputs)).to(self.device)).float().softmax(-1).cpu()
+        return list(probs)
+
+    @torch.inference_mode()
+    def embeddings(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """The pooled pre-logits features of each input (what a linear probe or a retrieval index reads)."""
+        encoder = self._encoder()
+        x = torch.stack(list(inputs)).to(self.device)
+        with fast_inference(encoder):
+            feats = encoder.forward_head(encoder.forward_features(x), pre_logits=True).float().cpu()
+        return list(feats)
+
+    def answer(self, probs: torch.Tensor, top_k: int) -> Answer:
+        values, indices = probs.topk(min(top_k, len(probs)))
+        return Answer([(i, label_for(i, self.labels), v) for i, v in zip(indices.tolist(), values.tolist())])
+
+    def rollout_png(self, data: bytes, name: str = "upload") -> bytes:
+        """The paper's attention rollout over the image, as a PNG (the PyTorch runtime only)."""
+        from ..inspect.analysis import attention_rollout
+        from ..inspect.figures import rollout_overlay
+
+        x = self.image(data, name)
+        pixels = _display(x, self.transform)
+        with torch.inference_mode():
+            rollout = attention_rollout(self._encoder(), x[None].to(self.device))[0].cpu()
+        with _FIGURE_LOCK, tempfile.TemporaryDirectory(prefix="vitkit-rollout-") as tmp:  # pyplot: one at a time
+            return rollout_overlay(pixels, rollout, Path(tmp) / "rollout.png").read_bytes()
+
+
+def _display(x: torch.Tensor, transform: Any) -> Any:
+    """The model's input back to uint8 pixels (what the model saw: resized, cropped)."""
+    mean = torch.tensor(transform.mean).view(-1, 1, 1)
+    std = torch.tensor(transform.std).view(-1, 1, 1)
+    pixels = ((x * std + mean).clamp(0, 1) * 255).round().byte()
+    return (pixels[0] if pixels.shape[0] == 1 else pixels.permute(1, 2, 0)).numpy()

@@ -1,0 +1,96 @@
+"""Running the endpoint: the weights loaded on their runtime, the app on uvicorn, and SIGTERM as a
+drain (stop accepting, answer what is in flight, then exit).
+
+It binds to 127.0.0.1 unless told otherwise, and a bind beyond this machine needs an API key:
+a model endpoint open to a network without one is a mistake far more often than a choice.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Callable, Optional, Tuple
+
+from ..extras import require
+from .app import ServeOptions, create_app
+from .model import ServedModel
+
+#: hosts that only this machine can reach
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+#: where the API key is read from when no --api-key is given
+KEY_VARIABLE = "VITKIT_API_KEY"
+
+
+def check_bind(host: str, api_key: Optional[str]) -> None:
+    if host not in LOCAL_HOSTS and not api_key:
+        raise ValueError(f"--host {host} is reachable from other machines: give an API key (--api-key KEY or "
+                         f"{KEY_VARIABLE}=KEY), or serve on 127.0.0.1 behind your own proxy")
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the server starts (port 0: a free one, known at once)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, not {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror}): pick another --port or --host") \
+            from None
+    return sock
+
+
+def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000,
+                title: str = "vitkit", sock: Optional[socket.socket] = None) -> Tuple[object, socket.socket, str]:
+    """(uvicorn server, its bound socket, its URL) for ``served``; ``server.run(sockets=[sock])`` runs
+    it (in the main thread, SIGINT and SIGTERM drain it). ``sock``: one already bound (``open_socket``)."""
+    uvicorn = require("uvicorn", "serve", "vitkit serve")
+    check_bind(host, options.api_key)
+    app = create_app(served, options, title)
+    sock = sock or open_socket(host, port)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # new requests on open connections are refused while draining
+            app.state.vitkit["draining"] = True
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5)
+    name = sock.getsockname()
+    shown = f"[{name[0]}]" if sock.family == socket.AF_INET6 else name[0]
+    return Server(config), sock, f"http://{shown}:{name[1]}"
+
+
+def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
+          quantize: Optional[str] = None, model_name: Optional[str] = None, options: Optional[ServeOptions] = None,
+          say: Callable[[str], None] = print) -> None:
+    """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
+    OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it."""
+    from ..deploy.choose import load_classifier, runtime_label
+
+    options = options or ServeOptions()
+    options.api_key = options.api_key or os.environ.get(KEY_VARIABLE) or None
+    check_bind(host, options.api_key)  # before the weights are read
+    if problems := options.problems():
+        raise ValueError("; ".join(problems))
+    sock = open_socket(host, port)  # a port in use: said before the weights are read
+    try:
+        model = load_classifier(weights, runtime, quantize, model_name, say)
+        label = runtime_label(model)
+        served = ServedModel(model, "torch" if label == "fp32" else label.split()[0])
+        server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
+    except BaseException:
+        sock.close()
+        raise
+    say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
+        f"Ctrl-C or SIGTERM drains and stops")
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the signal it drained on again once it is done: done
+        pass
+    finally:
+        sock.close()
+    say("stopped: the requests in flight were answered")

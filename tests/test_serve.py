@@ -1,0 +1,372 @@
+"""``vitkit serve``: a real server on a free loopback port, talked to over real HTTP (httpx, raw
+sockets for the misbehaving clients): its answers are ``vitkit predict``'s, concurrent requests
+share forward passes and each gets its own answer, and nothing a client sends takes it down.
+
+Most tests run the server in a thread of this process (one torch import); the drain on SIGTERM
+and the command line's own checks run ``python -m vitkit serve`` as a process.
+"""
+
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import randomize, run_chromium
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+import vitkit  # noqa: E402
+from vitkit.evaluate import predict_images  # noqa: E402
+from vitkit.serve import ServedModel, ServeOptions  # noqa: E402
+from vitkit.serve.batcher import Batcher, QueueFull  # noqa: E402
+from vitkit.serve.server import make_server  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+LABELS = [f"kind {i}" for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A small RGB ViT with random weights (distinct classes per image), saved as vitkit writes it."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10,
+                                label_names=LABELS)
+    folder = tmp_path_factory.mktemp("serve") / "model"
+    randomize(model, scale=0.3).save_pretrained(folder)
+    return folder
+
+
+def photo(seed: int, size=(40, 36), mode="RGB", fmt="PNG") -> bytes:
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "CMYK": 4, "L": 1}[mode]
+    pixels = rng.integers(0, 255, (size[1], size[0], channels), dtype=np.uint8)
+    im = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, "L" if channels == 1 else None)
+    if mode == "CMYK":
+        im = Image.fromarray(pixels, "CMYK")
+    out = io.BytesIO()
+    im.save(out, format=fmt)
+    return out.getvalue()
+
+
+class Running:
+    """A server in a background thread: ``url``, and ``stop()`` that drains it."""
+
+    def __init__(self, served, **options):
+        self.server, sock, self.url = make_server(served, ServeOptions(**options), "127.0.0.1", 0)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def serving(weights):
+    """Start servers for a test (torch runtime unless given a model); all stopped at its end."""
+    started = []
+
+    def start(model=None, runtime="torch", **options):
+        model = model or vitkit.from_pretrained(weights)
+        running = Running(ServedModel(model, runtime), **options)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+def post(url, data, path="/predict", **kw):
+    return httpx.post(url + path, content=data, timeout=60, **kw)
+
+
+# ------------------------------------------------------------------ the answers are predict's
+
+
+def test_predictions_equal_vitkit_predict_for_bytes_and_multipart_uploads(serving, weights, tmp_path):
+    running = serving(max_wait_ms=0)
+    images = [photo(i) for i in range(3)] + [photo(9, (28, 28), "L")]
+    paths = []
+    for i, data in enumerate(images):
+        paths.append(tmp_path / f"{i}.png")
+        paths[-1].write_bytes(data)
+    expected = predict_images(vitkit.from_pretrained(weights), paths, top_k=3)
+    for data, path, want in zip(images, paths, expected):
+        got = post(running.url, data, "/predict?top_k=3").json()
+        assert [t["label"] for t in got["top"]] == [label for _, label, _ in want.top]
+        assert np.allclose([t["probability"] for t in got["top"]], [p for _, _, p in want.top], atol=1e-5)
+        form = httpx.post(running.url + "/predict?top_k=3", files={"file": (path.name, data, "image/png")},
+                          timeout=60).json()
+        assert form["image"] == path.name and form["top"] == got["top"]
+
+
+def test_onnx_runtime_answers_as_vitkit_predict_does_on_the_same_file(serving, weights, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from vitkit.deploy import export_onnx
+    from vitkit.deploy.runtime import OnnxModel
+
+    onnx = export_onnx(vitkit.from_pretrained(weights), tmp_path / "m.onnx")
+    running = serving(OnnxModel(onnx), runtime="onnxruntime", max_wait_ms=0)
+    data = photo(4)
+    (tmp_path / "x.png").write_bytes(data)
+    want = predict_images(OnnxModel(onnx), [tmp_path / "x.png"], top_k=5)[0]
+    got = post(running.url, data).json()
+    assert [t["index"] for t in got["top"]] == [i for i, _, _ in want.top]
+    assert np.allclose([t["probability"] for t in got["top"]], [p for _, _, p in want.top], atol=1e-6)
+    refused = post(running.url, data, "/embed")
+    assert refused.status_code == 501 and "PyTorch runtime" in refused.json()["error"]
+
+
+def test_embed_is_the_models_pooled_features(serving, weights):
+    running = serving(max_wait_ms=0)
+    data = photo(5)
+    got = post(running.url, data, "/embed").json()
+    model = vitkit.from_pretrained(weights).eval()
+    x = vitkit.preprocess(model, data)
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(x), pre_logits=True)[0]
+    assert got["dim"] == model.config.embed_dim and np.allclose(got["embedding"], want.numpy(), atol=1e-5)
+    rollout = post(running.url, data, "/rollout")
+    assert rollout.status_code == 200 and rollout.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ batching
+
+
+def test_concurrent_requests_share_forward_passes_and_each_gets_its_own_answer(serving, weights, tmp_path):
+    running = serving(max_batch=8, max_wait_ms=300)
+    images = [photo(100 + i) for i in range(8)]
+    for i, data in enumerate(images):
+        (tmp_path / f"{i}.png").write_bytes(data)
+    expected = predict_images(vitkit.from_pretrained(weights), [tmp_path / f"{i}.png" for i in range(8)], top_k=1)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda data: post(running.url, data, "/predict?top_k=1").json(), images))
+    assert [a["top"][0]["index"] for a in answers] == [e.top[0][0] for e in expected]
+    assert len({a["top"][0]["index"] for a in answers}) > 1, "the images should not all look alike to the model"
+    text = httpx.get(running.url + "/metrics").text
+    passes = float(re.search(r'vitkit_batch_size_count\{batcher="predict"\} (\S+)', text).group(1))
+    images_seen = float(re.search(r'vitkit_batch_size_sum\{batcher="predict"\} (\S+)', text).group(1))
+    assert images_seen == 8 and passes < 8, f"8 concurrent requests took {passes:g} forward passes"
+
+
+def test_a_full_queue_refuses_at_once_with_retry_after():
+    async def scenario():
+        release = threading.Event()
+
+        def slow(values):
+            release.wait(10)
+            return list(values)
+
+        batcher = Batcher(slow, "t", max_batch=1, max_wait_ms=0, max_queue=2)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(1))  # taken by the worker, blocked in the model
+        await asyncio.sleep(0.05)
+        waiting = [asyncio.ensure_future(batcher.submit(i)) for i in (2, 3)]  # the queue's two places
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull):
+            await batcher.submit(4)
+        release.set()
+        assert await first == 1 and [await w for w in waiting] == [2, 3]
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_overload_answers_503_with_retry_after_and_slowness_504(serving):
+    def slow(model_call):
+        def run(inputs):
+            time.sleep(0.6)
+            return model_call(inputs)
+        return run
+
+    running = serving(max_batch=1, max_wait_ms=0, max_queue=1, timeout_s=5)
+    batcher = running.server.config.app.state.endpoint.predictor
+    batcher.run = slow(batcher.run)
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: post(running.url, photo(i)), range(6)))
+    statuses = sorted(r.status_code for r in answers)
+    assert 200 in statuses and 503 in statuses, statuses
+    busy = next(r for r in answers if r.status_code == 503)
+    assert busy.headers["retry-after"] == "1" and "at capacity" in busy.json()["error"]
+    quick = serving(max_batch=1, max_wait_ms=0, timeout_s=0.2)
+    batcher = quick.server.config.app.state.endpoint.predictor
+    batcher.run = slow(batcher.run)
+    late = post(quick.url, photo(1))
+    assert late.status_code == 504 and "no answer within 0.2 s" in late.json()["error"]
+    assert httpx.get(quick.url + "/healthz").status_code == 200
+
+
+# ------------------------------------------------------------------ hostile clients
+
+
+@pytest.mark.parametrize("make, fine", [
+    (lambda: photo(1, mode="CMYK", fmt="JPEG"), True),
+    (lambda: _sixteen_bit(), True),
+    (lambda: _animated(), True),
+    (lambda: b"GIF89a not really", False),
+    (lambda: photo(2)[:60], False),  # cut short
+    (lambda: b"", False),
+])
+def test_odd_images_are_handled_as_predict_does_or_refused_in_one_line(serving, weights, tmp_path, make, fine):
+    running = serving(max_wait_ms=0)
+    data = make()
+    answer = post(running.url, data)
+    if fine:
+        (tmp_path / "x.bin").write_bytes(data)
+        want = predict_images(vitkit.from_pretrained(weights), [tmp_path / "x.bin"], top_k=5)[0]
+        assert answer.status_code == 200 and [t["index"] for t in answer.json()["top"]] == [i for i, _, _ in want.top]
+    else:
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and "\n" not in error and error, answer.text
+
+
+def _sixteen_bit() -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 65535, (30, 30), dtype=np.uint16)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _animated() -> bytes:
+    frames = [Image.fromarray(np.full((30, 30, 3), v, np.uint8)) for v in (30, 200)]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
+    return out.getvalue()
+
+
+def test_a_decompression_bomb_and_an_oversized_body_are_refused_before_decoding(serving):
+    running = serving(max_wait_ms=0, max_body_bytes=200_000)
+    for side, words in ((10_000, "10000 x 10000 pixels is more than the 40,000,000"),  # Pillow would decode it
+                        (20_000, "too many pixels for this server")):  # 400 megapixels in ~50 kB
+        bomb = io.BytesIO()
+        Image.new("1", (side, side)).save(bomb, "PNG")
+        answer = post(running.url, bomb.getvalue())
+        assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    big = post(running.url, b"\0" * 300_000)
+    assert big.status_code == 413 and "200,000" in big.json()["error"]
+    assert post(running.url, photo(1)).status_code == 200
+
+
+def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
+    running = serving(max_wait_ms=0, timeout_s=1)
+    host, port = running.url.removeprefix("http://").split(":")
+    data = photo(1)
+    head = (f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(data)}\r\n\r\n"
+            ).encode()
+    with socket.create_connection((host, int(port))) as slow:  # sends half the body, then nothing
+        slow.sendall(head + data[: len(data) // 2])
+        slow.settimeout(10)
+        reply = slow.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in reply
+    for _ in range(3):  # clients that go away mid-upload
+        with socket.create_connection((host, int(port))) as gone:
+            gone.sendall(head + data[:100])
+    assert post(running.url, data).status_code == 200
+    assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_bad_query_values_are_one_line_400s(serving):
+    running = serving(max_wait_ms=0)
+    for value in ("0", "-1", "x", "1.5"):
+        answer = post(running.url, photo(1), f"/predict?top_k={value}")
+        assert answer.status_code == 400 and "top_k must be a positive integer" in answer.json()["error"]
+
+
+def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
+    running = serving(max_wait_ms=0, api_key="s3cret")
+    assert post(running.url, photo(1)).status_code == 401
+    assert post(running.url, photo(1), headers={"X-API-Key": "wrong"}).status_code == 401
+    assert post(running.url, photo(1), headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert post(running.url, photo(1), headers={"X-API-Key": "s3cret"}).status_code == 200
+    assert httpx.get(running.url + "/metrics").status_code == 401
+    for open_path in ("/healthz", "/readyz", "/"):
+        assert httpx.get(running.url + open_path).status_code == 200
+    with pytest.raises(ValueError, match="reachable from other machines: give an API key"):
+        make_server(ServedModel(vitkit.create_model("vit_fmnist"), "torch"), ServeOptions(), "0.0.0.0", 0)
+
+
+# ------------------------------------------------------------------ the command line and SIGTERM
+
+
+def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0",
+                             "--max-wait-ms", "1500", "--max-batch", "64"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", line).group(1)
+        while httpx.get(url + "/readyz").status_code != 200:
+            time.sleep(0.05)
+        with ThreadPoolExecutor(3) as pool:
+            flying = [pool.submit(post, url, photo(i)) for i in range(3)]
+            time.sleep(0.5)  # the requests wait for their batch (1.5 s)
+            proc.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in flying]
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert proc.wait(30) == 0
+        assert "stopped: the requests in flight were answered" in proc.stderr.read()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/healthz")
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--host", "0.0.0.0"], "reachable from other machines: give an API key"),
+    (["--max-batch", "0"], "--max-batch must be >= 1"),
+    (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),
+    (["--timeout", "0"], "--timeout must be between 0 and 3600"),
+    (["--max-body-mb", "0"], "--max-body-mb must be positive"),
+    (["--port", "70000"], "--port must be between 0 and 65535"),
+])
+def test_bad_flags_are_one_line_before_the_weights_are_read(args, words, tmp_path, capsys):
+    from vitkit.cli import main
+
+    assert main(["serve", str(tmp_path / "absent"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and err[0].startswith("vitkit serve: error: "), err
+
+
+def test_a_port_in_use_is_one_line(weights, capsys):
+    from vitkit.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", str(weights), "--port", str(taken.getsockname()[1])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "cannot listen on 127.0.0.1:" in err[-1] and "pick another --port" in err[-1], err
+
+
+# ------------------------------------------------------------------ the page, in a real browser
+
+
+@pytest.mark.slow
+def test_the_page_classifies_the_example_image_in_headless_chromium(serving, tmp_path):
+    running = serving(max_wait_ms=0)
+    example = httpx.get(running.url + "/example.png").content
+    want = post(running.url, example).json()["top"][0]["label"]
+    dom = run_chromium(tmp_path, "--virtual-time-budget=15000", "--dump-dom", running.url + "/?example=1")
+    found = re.search(r'data-top-label="([^"]*)"', dom)
+    assert found, "the page never showed an answer"
+    assert found.group(1) == want
+    assert json.loads(httpx.get(running.url + "/info").text)["labels"] == LABELS
