@@ -28,7 +28,7 @@ def check_bind(host: str, api_key: Optional[str]) -> None:
 
 
 def open_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the server starts (port 0: a free one, known at once)."""
+    """The listening socket, bound before the weights are read (port 0: a free one, known at once)."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, not {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -40,6 +40,7 @@ def open_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror}): pick another --port or --host") \
             from None
+    sock.listen(2048)  # from now on a client waits in the backlog while the model loads, never refused
     return sock
 
 
