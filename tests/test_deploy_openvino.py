@@ -287,3 +287,36 @@ def test_nncf_keeps_the_pixels_layer_the_classifier_and_the_map_query_float(tmp_
     # products, not five (the query's own projection, also one token wide, sees no pixel)
     assert result["kinds"] == ["Convolution"] + ["MatMul"] * 4
     assert all(len(s) == 2 or s[-2] == 1 for s in result["shapes"])  # one token or the logits
+
+
+def test_vitkit_serve_answers_from_an_ir_as_predict_does(tmp_path):
+    """The endpoint on the OpenVINO runtime (here, not in test_serve.py: this file runs in its own process)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    import threading
+    import time
+
+    from vitkit.evaluate import predict_images
+    from vitkit.serve import ServedModel, ServeOptions
+    from vitkit.serve.server import make_server
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2,
+                                          num_classes=5), scale=0.3)
+    xml = export_openvino(model, tmp_path / "m.xml")
+    photo = tmp_path / "p.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
+    server, sock, url = make_server(ServedModel(OpenVinoModel(xml), "openvino"), ServeOptions(max_wait_ms=0),
+                                    "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        got = httpx.post(url + "/predict", content=photo.read_bytes(), timeout=60).json()
+        want = predict_images(OpenVinoModel(xml), [photo], top_k=5)[0]
+        assert [t["index"] for t in got["top"]] == [i for i, _, _ in want.top]
+        assert np.allclose([t["probability"] for t in got["top"]], [p for _, _, p in want.top], atol=1e-6)
+        assert httpx.post(url + "/embed", content=photo.read_bytes(), timeout=60).status_code == 501
+    finally:
+        server.should_exit = True
+        thread.join(30)
