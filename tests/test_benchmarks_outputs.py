@@ -280,6 +280,46 @@ def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs, monkeypa
     assert train_run(arm, 0, options, study, options.work)["init"].endswith("pretrain-mae")
 
 
+@pytest.mark.slow
+def test_bench_serve_smoke_loads_both_servers_and_states_its_goals(dirs, monkeypatch, tmp_path):
+    """bench_serve --smoke for real: `vitkit serve` and the plain timm endpoint as processes on
+    loopback (a tiny ViT), every level answered by both, every good request of the fault run
+    right, the goals' entries written, and no server process left behind."""
+    for module in ("httpx", "fastapi", "uvicorn", "skimage"):
+        pytest.importorskip(module)
+    import bench_serve
+
+    results, smoke = dirs
+    _no_limits(monkeypatch, bench_serve)  # 50 s a call here; tested on their own below
+    started, real = [], bench_serve.Server
+    monkeypatch.setattr(bench_serve, "Server", lambda *a: started.append(real(*a)) or started[-1])
+    out = tmp_path / "serve.json"
+    assert bench_serve.main(["--smoke", "--out", str(out)]) == 0
+    assert _files(results) == [] and _files(smoke) == []
+    data = json.loads(out.read_text())
+    levels = data["settings"]["levels"]
+    assert data["settings"]["smoke"] and 32 in levels and data["model"]["logits_max_abs_diff"] < 1e-4
+    for server in ("vitkit", "plain"):
+        rows = [r for r in data["rows"] if r["server"] == server]
+        assert [r["clients"] for r in rows] == levels, rows
+        for r in rows:
+            assert r["img_s"] > 0 and r["errors"] == 0 and r["ok"] == r["requests"], r
+            assert r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] and r["client_cpu_s"] > 0
+    for r in (r for r in data["rows"] if r["server"] == "vitkit"):
+        assert r["top1_differs_from_offline"] == 0 and r["batches"]["count"] >= 1, r
+        assert sum(r["batches"]["histogram"].values()) == r["batches"]["count"] and r["batches"]["mean_size"] >= 1
+    fault = data["fault_run"]
+    assert fault["good_errors"] == 0 and fault["incorrect"] == 0 and fault["correct"] == fault["good"] > 0
+    assert fault["faults_answered_as_expected"] and fault["server_alive_after"]
+    assert {k: f["sent"] > 0 for k, f in fault["faults"].items()} == dict.fromkeys(bench_serve.FAULTS, True)
+    offline, over_plain, faults = data["goals"]
+    assert offline["goal"] == 0.8 and offline["offline_fraction_at_32"] > 0 and isinstance(offline["met"], bool)
+    assert over_plain["goal"] == 3.0 and over_plain["over_plain_at_32"] > 0 and isinstance(over_plain["met"], bool)
+    assert faults["fault_run"]["requests"] == fault["requests"] and isinstance(faults["memory_flat"], bool)
+    assert {"loadavg_at_start", "loadavg_at_end", "other_load"} <= set(data["machine"])
+    assert [s.name for s in started] == ["vitkit", "plain"] and all(s.proc.poll() is not None for s in started)
+
+
 def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):
     import small_data
 

@@ -95,24 +95,6 @@ class Endpoint:
         await self.predictor.stop()
         await self.embedder.stop()
 
-    async def guard(self, request, call_next):
-        """The API key, the drain, and every answer counted and timed."""
-        from fastapi.responses import JSONResponse
-
-        start, path = time.perf_counter(), request.url.path
-        try:
-            if self.options.api_key and path not in OPEN_PATHS and not _key_ok(request.headers, self.options.api_key):
-                raise HttpError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
-            if self.state["draining"] and path not in ("/healthz", "/readyz", "/metrics"):
-                raise HttpError(503, "the server is shutting down", retry_after=5)
-            response = await call_next(request)
-        except HttpError as e:
-            response = error_response(JSONResponse, e)
-        endpoint = path if path in ROUTES else "other"
-        self.metrics.inc("vitkit_requests_total", endpoint=endpoint, code=str(response.status_code))
-        self.metrics.observe("vitkit_request_seconds", time.perf_counter() - start, endpoint=endpoint)
-        return response
-
     async def _through(self, batcher: Batcher, request) -> Tuple[Any, str]:
         """The request's image decoded (in a worker thread), then its batch's answer for it."""
         data, name = await _read_image(request, self.options)
@@ -204,6 +186,44 @@ class Endpoint:
         return Response(png, media_type="image/png")
 
 
+class Guard:
+    """The API key, the drain, and every answer counted and timed: plain ASGI around the app
+    (Starlette's ``BaseHTTPMiddleware`` costs a task and a body stream per request)."""
+
+    def __init__(self, app: Any, endpoint: "Endpoint"):
+        self.app, self.endpoint = app, endpoint
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from fastapi.responses import JSONResponse
+        from starlette.datastructures import Headers
+
+        endpoint, start, path, status = self.endpoint, time.perf_counter(), scope["path"], [500]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        key = endpoint.options.api_key
+        refused = None
+        if key and path not in OPEN_PATHS and not _key_ok(Headers(scope=scope), key):
+            refused = HttpError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
+        elif endpoint.state["draining"] and path not in ("/healthz", "/readyz", "/metrics"):
+            refused = HttpError(503, "the server is shutting down", retry_after=5)
+        try:
+            if refused is not None:
+                await error_response(JSONResponse, refused)(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        finally:
+            name = path if path in ROUTES else "other"
+            endpoint.metrics.inc("vitkit_requests_total", endpoint=name, code=str(status[0]))
+            endpoint.metrics.observe("vitkit_request_seconds", time.perf_counter() - start, endpoint=name)
+
+
 def create_app(served: ServedModel, options: Optional[ServeOptions] = None, title: str = "vitkit") -> Any:
     """The FastAPI app serving ``served``: predict, embed, rollout, the probes, metrics and the page."""
     fastapi = require("fastapi", "serve", "vitkit serve")
@@ -217,7 +237,7 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan,
                           description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically")
     app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint
-    app.middleware("http")(endpoint.guard)
+    app.add_middleware(Guard, endpoint=endpoint)
     app.add_exception_handler(HttpError, lambda request, e: error_response(JSONResponse, e))
     for path, handler in (("/predict", endpoint.predict), ("/embed", endpoint.embed),
                           ("/rollout", endpoint.rollout)):
