@@ -1,4 +1,5 @@
-"""``vitkit serve``: a classifier behind HTTP with dynamic batching (``vitkit.serve.serve``)."""
+"""``vitkit serve``: a classifier behind HTTP with dynamic batching (``vitkit.serve.serve``), or the same
+app in replicas on Ray Serve (``--ray``: ``vitkit.serve.ray_app.serve_ray``)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            top_k=args.top_k, api_key=args.api_key)
     if problems := options.problems():  # before the weights are read
         raise ValueError("; ".join(problems))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, not {args.threads}")
+    if args.ray:
+        return _serve_on_ray(args, options)
+    if given := [flag for flag, value in RAY_FLAGS.items() if getattr(args, value) is not None]:
+        raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --ray")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, not {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
-    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options,
-          say=lambda line: print(f"vitkit serve: {line}", file=sys.stderr, flush=True))
+    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=_say)
+    return 0
+
+
+#: the flags that only mean something with --ray, and their argparse names
+RAY_FLAGS = {"--replicas": "replicas", "--max-replicas": "max_replicas", "--ray-address": "ray_address"}
+
+
+def _say(line: str) -> None:
+    print(f"vitkit serve: {line}", file=sys.stderr, flush=True)
+
+
+def _serve_on_ray(args: argparse.Namespace, options) -> int:
+    """The same app on Ray Serve: --threads is each replica's (the CPUs Ray reserves for it)."""
+    from ..serve.ray_app import RayPlan, serve_ray
+
+    plan = RayPlan(replicas=2 if args.replicas is None else args.replicas, max_replicas=args.max_replicas,
+                   address=args.ray_address, cpus=args.threads or 1)
+    serve_ray(args.weights, plan, args.host, args.port, args.runtime, args.quantize, args.model, options, say=_say)
     return 0
 
 
@@ -50,5 +72,15 @@ def add_serve(verb) -> None:
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a request may wait for its body and for its answer [default: 30]")
     p.add_argument("--top-k", type=int, default=5, help="classes per answer unless ?top_k= asks [default: 5]")
-    p.add_argument("--threads", type=int, help="CPU threads for the model (default: torch's)")
+    p.add_argument("--threads", type=int, help="CPU threads for the model (default: torch's; with --ray, each "
+                                               "replica's, and the CPUs Ray reserves for it: 1)")
+    p.add_argument("--ray", action="store_true",
+                   help="run the same app in replicas on Ray Serve (the ray extra): a new local Ray instance, or "
+                        "--ray-address's cluster; each replica batches its own requests")
+    p.add_argument("--replicas", type=int, help="with --ray: replicas to run [default: 2]; with --max-replicas, "
+                                                "the fewest the autoscaler keeps")
+    p.add_argument("--max-replicas", type=int,
+                   help="with --ray: let Ray's autoscaler run between --replicas and this many")
+    p.add_argument("--ray-address", help="with --ray: a running Ray cluster (HOST:PORT, ray://HOST:PORT or auto; "
+                                         "default: RAY_ADDRESS, else a new local instance stopped on exit)")
     p.set_defaults(func=cmd_serve)
