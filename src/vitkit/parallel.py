@@ -112,6 +112,8 @@ class PartedModel(nn.Module):
         return self.model.config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(parts(len(x), self.parallel.workers)) == 1:  # one image: torch's threads inside each operation
+            return self.model(x)  # (one part on one thread left the other cores idle: a server's lone request)
         with self.parallel.single_threaded_ops():
             return torch.cat(self.parallel.run(lambda part: self.model(x[part]), len(x)))
 
