@@ -1,6 +1,6 @@
 """Writing files without half-made ones: the atomic writer (flock-held temporaries), work folders,
 new folders removed when their writer fails, and full disks said naming the file (DiskFull).
-Imports no other vitkit module."""
+Imports only signals.py (a signal is held while a work folder is being made)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
+
+from .signals import interrupts_deferred
 
 try:
     import fcntl
@@ -158,14 +160,20 @@ def work_folder(parent: PathLike, name: str) -> Iterator[Path]:
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
     sweep_work_folders(parent)
-    folder = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=WORK_SUFFIX, dir=parent))
-    fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
-    _try_lock(fd)
+    folder, fd = None, None
     try:
+        # a signal between making the folder and arming its removal would leave it behind (seen under
+        # load: SIGTERM right after mkdtemp): held until both are done, then raised inside the try
+        with interrupts_deferred():
+            folder = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=WORK_SUFFIX, dir=parent))
+            fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+            _try_lock(fd)
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(fd)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
 
 
 def sweep_work_folders(parent: PathLike, name: Optional[str] = None) -> int:
