@@ -142,12 +142,12 @@ def photos(side: int) -> list:
     return out
 
 
-def load_served(folder: Path, runtime: str):
+def load_served(folder: Path, runtime: str, quantize=None):
     """The model as `vitkit serve` loads it (``load_classifier``), as its ``ServedModel``."""
     from vitkit.deploy.choose import load_classifier, runtime_label
     from vitkit.serve import ServedModel
 
-    model = load_classifier(str(folder), runtime)
+    model = load_classifier(str(folder), runtime, quantize)
     label = runtime_label(model)
     return ServedModel(model, "torch" if label == "fp32" else label.split()[0])
 
@@ -524,6 +524,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--img-size", type=int, help="input side in pixels (default: the model's)")
     p.add_argument("--runtime", choices=["torch", "onnxruntime", "openvino"], default="torch",
                    help="vitkit serve's runtime, and the offline baseline's (default torch)")
+    p.add_argument("--quantize", choices=["int8"], help="with --runtime onnxruntime or openvino: the int8 model "
+                                                        "(dynamic int8 for ONNX Runtime, NNCF for OpenVINO)")
     p.add_argument("--max-batch", type=int, default=32, help="vitkit serve --max-batch (default 32)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="vitkit serve --max-wait-ms (default 5)")
     p.add_argument("--max-body-mb", type=float, default=2.0, help="vitkit serve --max-body-mb (default 2: the "
@@ -575,7 +577,8 @@ def start_servers(args, folder: Path, servers: list) -> None:
     threads = ["--threads", str(args.threads)] if args.threads else []
     vitkit_cmd = [sys.executable, "-m", "vitkit", "serve", str(folder / "vitkit"), "--port", "0", "--runtime",
                   args.runtime, "--max-batch", str(args.max_batch), "--max-wait-ms", f"{args.max_wait_ms:g}",
-                  "--max-body-mb", f"{args.max_body_mb:g}", *threads]
+                  "--max-body-mb", f"{args.max_body_mb:g}", *threads,
+                  *(["--quantize", args.quantize] if args.quantize else [])]
     servers.append(Server("vitkit", vitkit_cmd, "/readyz"))  # listed at once: a Ctrl-C now still stops it
     servers.append(Server("plain", [sys.executable, os.path.abspath(__file__), "--serve-plain", str(folder / "timm"),
                                     *threads], "/healthz"))
@@ -586,7 +589,7 @@ def start_servers(args, folder: Path, servers: list) -> None:
 def run(args, info: dict, folder: Path, servers: list) -> dict:
     model = prepare_weights(args.model, args.kwargs, folder, args.seed)
     bodies = photos(args.image_side)
-    served = load_served(folder / "vitkit", args.runtime)
+    served = load_served(folder / "vitkit", args.runtime, args.quantize)
     inputs = [served.image(body, name) for name, body in bodies]
     data = [body for _, body in bodies]
     probs = torch.stack(served.probabilities(inputs))
@@ -654,13 +657,15 @@ def main(argv=None) -> int:
     info = machine_info(device)
     info.setdefault("loadavg_at_start", os.getloadavg())
     out = results_path(args.out, dated_name("serve", device, info), smoke=args.smoke)
-    settings = {k: getattr(args, k) for k in ("model", "kwargs", "runtime", "max_batch", "max_wait_ms", "max_body_mb",
-                                              "levels", "requests", "warmup", "offline_repeats", "fault_requests",
-                                              "fault_every", "fault_concurrency", "image_side", "smoke")}
+    settings = {k: getattr(args, k) for k in ("model", "kwargs", "runtime", "quantize", "max_batch", "max_wait_ms",
+                                              "max_body_mb", "levels", "requests", "warmup", "offline_repeats",
+                                              "fault_requests", "fault_every", "fault_concurrency", "image_side",
+                                              "smoke")}
     settings.update(threads=torch.get_num_threads(), oversized_bytes=OVERSIZED_BYTES, client="one httpx.AsyncClient "
                     "in this process", started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print(f"{info.get('cpu_model')} | torch {info.get('torch')} | timm {info.get('timm')} | vitkit {info.get('vitkit')}"
-          f" | threads {settings['threads']} | {args.model} {args.kwargs or ''} on {args.runtime}")
+          f" | threads {settings['threads']} | {args.model} {args.kwargs or ''} on {args.runtime}"
+          f"{' ' + args.quantize if args.quantize else ''}")
     print(describe(info["limits"]), flush=True)
     start, servers, main_thread = time.perf_counter(), [], threading.current_thread() is threading.main_thread()
     handled = (signal.SIGTERM, signal.SIGHUP) if main_thread else ()
