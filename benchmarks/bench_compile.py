@@ -20,11 +20,15 @@ This is a benchmark, not a test: run it on a quiet machine.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="vitkit-inductor-"))
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cold cache per run, removed when it ends (they piled up in /tmp)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitkit-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
