@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Mapping
 
 import torch
 
 from ..models import ViTConfig
-from .hf_tower_parts import _ACTS, _VISION_PREFIX, Tower, _act, _fuse_qkv, _leftover, _pair, _problems, _split_qkv
+from .hf_tower_parts import _ACTS, _VISION_PREFIX, Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
 from .io import WeightsError
 from .names import rename
 
@@ -59,17 +58,14 @@ def _clip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch
     bias = sd.pop("head.bias", None)
     if bias is not None and bias.abs().max() > 0:
         raise WeightsError("CLIP's visual_projection has no bias: this model's head has one (export as 'timm')")
-    for ours, theirs in ((r"patch_embed\.proj\.weight", "embeddings.patch_embedding.weight"),
-                         (r"norm_pre\.(weight|bias)", r"pre_layrnorm.\1"),
-                         (r"norm\.(weight|bias)", r"post_layernorm.\1"),
-                         (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
-                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
-                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
-                         (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-                         (r"head\.weight", "visual_projection.weight")):
-        for key in [k for k in sd if re.fullmatch(ours, k)]:
-            out[re.sub(ours, theirs, key)] = sd.pop(key)
-    _leftover(sd, "CLIP")
+    _move_all(sd, ((r"patch_embed\.proj\.weight", "embeddings.patch_embedding.weight"),
+                   (r"norm_pre\.(weight|bias)", r"pre_layrnorm.\1"),
+                   (r"norm\.(weight|bias)", r"post_layernorm.\1"),
+                   (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
+                   (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
+                   (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
+                   (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+                   (r"head\.weight", "visual_projection.weight")), out, "CLIP")
     if "visual_projection.weight" in out:
         out = {(k if k == "visual_projection.weight" else _VISION_PREFIX + k): v for k, v in out.items()}
     return out
@@ -146,18 +142,15 @@ def _siglip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, tor
         for leaf in ("weight", "bias"):
             out[f"head.attention.in_proj_{leaf}"] = torch.cat([sd.pop(f"attn_pool.q.{leaf}"),
                                                                 sd.pop(f"attn_pool.kv.{leaf}")])
-    for ours, theirs in ((r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
-                         (r"norm\.(weight|bias)", r"post_layernorm.\1"),
-                         (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
-                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
-                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
-                         (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-                         (r"attn_pool\.proj\.(weight|bias)", r"head.attention.out_proj.\1"),
-                         (r"attn_pool\.norm\.(weight|bias)", r"head.layernorm.\1"),
-                         (r"attn_pool\.mlp\.(fc1|fc2)\.(weight|bias)", r"head.mlp.\1.\2")):
-        for key in [k for k in sd if re.fullmatch(ours, k)]:
-            out[re.sub(ours, theirs, key)] = sd.pop(key)
-    _leftover(sd, "SigLIP")
+    _move_all(sd, ((r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+                   (r"norm\.(weight|bias)", r"post_layernorm.\1"),
+                   (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"encoder.layers.\1.self_attn.\2_proj.\3"),
+                   (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
+                   (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layers.\1.layer_norm\2.\3"),
+                   (r"blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+                   (r"attn_pool\.proj\.(weight|bias)", r"head.attention.out_proj.\1"),
+                   (r"attn_pool\.norm\.(weight|bias)", r"head.layernorm.\1"),
+                   (r"attn_pool\.mlp\.(fc1|fc2)\.(weight|bias)", r"head.mlp.\1.\2")), out, "SigLIP")
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ..models import EvaConfig, ViTConfig
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
-from .hf_tower_parts import _ACTS, Tower, _act, _fuse_qkv, _leftover, _pair, _problems, _split_qkv
+from .hf_tower_parts import _ACTS, Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
 from .io import WeightsError
 from .names import rename
 
@@ -74,19 +74,16 @@ def _dinov2_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, tor
     out["embeddings.position_embeddings"] = pos
     names = {"query": "q", "key": "k", "value": "v"}
     fc1, fc2 = ("weights_in", "weights_out") if config.mlp != "mlp" else ("fc1", "fc2")
-    for ours, theirs in ((r"cls_token", "embeddings.cls_token"), (r"reg_token", "embeddings.register_tokens"),
-                         (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.projection.\1"),
-                         (r"norm\.(weight|bias)", r"layernorm.\1"),
-                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layer.\1.norm\2.\3"),
-                         *[(rf"blocks\.(\d+)\.attn\.{p}\.(weight|bias)",
-                            rf"encoder.layer.\1.attention.attention.{n}.\2") for n, p in names.items()],
-                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layer.\1.attention.output.dense.\2"),
-                         (r"blocks\.(\d+)\.ls(1|2)\.gamma", r"encoder.layer.\1.layer_scale\2.lambda1"),
-                         (r"blocks\.(\d+)\.mlp\.fc1\.(weight|bias)", rf"encoder.layer.\1.mlp.{fc1}.\2"),
-                         (r"blocks\.(\d+)\.mlp\.fc2\.(weight|bias)", rf"encoder.layer.\1.mlp.{fc2}.\2")):
-        for key in [k for k in sd if re.fullmatch(ours, k)]:
-            out[re.sub(ours, theirs, key)] = sd.pop(key)
-    _leftover(sd, "DINOv2")
+    _move_all(sd, ((r"cls_token", "embeddings.cls_token"), (r"reg_token", "embeddings.register_tokens"),
+                   (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.projection.\1"),
+                   (r"norm\.(weight|bias)", r"layernorm.\1"),
+                   (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"encoder.layer.\1.norm\2.\3"),
+                   *[(rf"blocks\.(\d+)\.attn\.{p}\.(weight|bias)",
+                      rf"encoder.layer.\1.attention.attention.{n}.\2") for n, p in names.items()],
+                   (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layer.\1.attention.output.dense.\2"),
+                   (r"blocks\.(\d+)\.ls(1|2)\.gamma", r"encoder.layer.\1.layer_scale\2.lambda1"),
+                   (r"blocks\.(\d+)\.mlp\.fc1\.(weight|bias)", rf"encoder.layer.\1.mlp.{fc1}.\2"),
+                   (r"blocks\.(\d+)\.mlp\.fc2\.(weight|bias)", rf"encoder.layer.\1.mlp.{fc2}.\2")), out, "DINOv2")
     return out
 
 
@@ -180,20 +177,17 @@ def _dinov3_out(sd: Dict[str, torch.Tensor], config: EvaConfig) -> Dict[str, tor
     sd = _split_qkv(sd, config.embed_dim)
     out = {"embeddings.mask_token": torch.zeros(1, 1, config.embed_dim),
            "embeddings.register_tokens": sd.pop("reg_token", torch.zeros(1, 0, config.embed_dim))}
-    for ours, theirs in ((r"cls_token", "embeddings.cls_token"),
-                         (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.\1"),
-                         (r"norm\.(weight|bias)", r"norm.\1"),
-                         (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"layer.\1.norm\2.\3"),
-                         (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"layer.\1.attention.\2_proj.\3"),
-                         (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"layer.\1.attention.o_proj.\2"),
-                         (r"blocks\.(\d+)\.gamma_(1|2)", r"layer.\1.layer_scale\2.lambda1"),
-                         (r"blocks\.(\d+)\.mlp\.fc1\.(weight|bias)", r"layer.\1.mlp.up_proj.\2"),
-                         (r"blocks\.(\d+)\.mlp\.fc1_x\.(weight|bias)", r"layer.\1.mlp.up_proj.\2"),
-                         (r"blocks\.(\d+)\.mlp\.fc1_g\.(weight|bias)", r"layer.\1.mlp.gate_proj.\2"),
-                         (r"blocks\.(\d+)\.mlp\.fc2\.(weight|bias)", r"layer.\1.mlp.down_proj.\2")):
-        for key in [k for k in sd if re.fullmatch(ours, k)]:
-            out[re.sub(ours, theirs, key)] = sd.pop(key)
-    _leftover(sd, "DINOv3")
+    _move_all(sd, ((r"cls_token", "embeddings.cls_token"),
+                   (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.\1"),
+                   (r"norm\.(weight|bias)", r"norm.\1"),
+                   (r"blocks\.(\d+)\.norm(1|2)\.(weight|bias)", r"layer.\1.norm\2.\3"),
+                   (r"blocks\.(\d+)\.attn\.(q|k|v)\.(weight|bias)", r"layer.\1.attention.\2_proj.\3"),
+                   (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"layer.\1.attention.o_proj.\2"),
+                   (r"blocks\.(\d+)\.gamma_(1|2)", r"layer.\1.layer_scale\2.lambda1"),
+                   (r"blocks\.(\d+)\.mlp\.fc1\.(weight|bias)", r"layer.\1.mlp.up_proj.\2"),
+                   (r"blocks\.(\d+)\.mlp\.fc1_x\.(weight|bias)", r"layer.\1.mlp.up_proj.\2"),
+                   (r"blocks\.(\d+)\.mlp\.fc1_g\.(weight|bias)", r"layer.\1.mlp.gate_proj.\2"),
+                   (r"blocks\.(\d+)\.mlp\.fc2\.(weight|bias)", r"layer.\1.mlp.down_proj.\2")), out, "DINOv3")
     return out
 
 

@@ -89,6 +89,16 @@ def _leftover(sd: Mapping[str, Any], what: str) -> None:
         raise WeightsError(f"no {what} name for {', '.join(sorted(sd)[:5])}")
 
 
+def _move_all(sd: Dict[str, torch.Tensor], rules, out: Dict[str, torch.Tensor], what: str) -> Dict[str, torch.Tensor]:
+    """Every tensor of ``sd`` moved into ``out`` under its name in ``what``'s layout, rule by rule
+    (regex, replacement); one that no rule names is refused: an export never drops a tensor."""
+    for ours, theirs in rules:
+        for key in [k for k in sd if re.fullmatch(ours, k)]:
+            out[re.sub(ours, theirs, key)] = sd.pop(key)
+    _leftover(sd, what)
+    return out
+
+
 
 @dataclass(frozen=True)
 class Tower:
