@@ -144,12 +144,10 @@ def photos(side: int) -> list:
 
 def load_served(folder: Path, runtime: str, quantize=None):
     """The model as `vitkit serve` loads it (``load_classifier``), as its ``ServedModel``."""
-    from vitkit.deploy.choose import load_classifier, runtime_label
+    from vitkit.deploy.choose import load_classifier
     from vitkit.serve import ServedModel
 
-    model = load_classifier(str(folder), runtime, quantize)
-    label = runtime_label(model)
-    return ServedModel(model, "torch" if label == "fp32" else label.split()[0])
+    return ServedModel(load_classifier(str(folder), runtime, quantize))
 
 
 def offline_samples(served, inputs: list, batch: int, repeats: int, warmup: int = 2) -> list:

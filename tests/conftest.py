@@ -174,3 +174,36 @@ def pytest_configure(config):
     other at every OpenMP barrier. The commands tests start as processes keep their own threads."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------ serving (test_serve*.py)
+
+#: the class names of the served test classifier
+SERVED_LABELS = [f"kind {i}" for i in range(10)]
+
+
+def save_served_classifier(folder):
+    """A small RGB ViT with random weights (distinct classes per image), saved as vitkit writes it."""
+    import vitkit
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10,
+                                label_names=SERVED_LABELS)
+    randomize(model, scale=0.3).save_pretrained(folder)
+    return folder
+
+
+def image_bytes(seed: int, size=(40, 36), mode="RGB", fmt="PNG") -> bytes:
+    """An encoded image of random pixels (``mode`` RGB, CMYK or L) as a client would upload it."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    channels = {"RGB": 3, "CMYK": 4, "L": 1}[mode]
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], channels), dtype=np.uint8)
+    im = Image.fromarray(pixels[..., 0], "L") if channels == 1 else Image.fromarray(pixels, mode)
+    out = io.BytesIO()
+    im.save(out, format=fmt)
+    return out.getvalue()
+

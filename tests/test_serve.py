@@ -24,7 +24,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import randomize, run_chromium
+from conftest import SERVED_LABELS, image_bytes, run_chromium, save_served_classifier
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -37,30 +37,13 @@ from vitkit.serve.server import make_server  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("serve")
 
-LABELS = [f"kind {i}" for i in range(10)]
+LABELS = SERVED_LABELS
+photo = image_bytes
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    """A small RGB ViT with random weights (distinct classes per image), saved as vitkit writes it."""
-    torch.manual_seed(0)
-    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10,
-                                label_names=LABELS)
-    folder = tmp_path_factory.mktemp("serve") / "model"
-    randomize(model, scale=0.3).save_pretrained(folder)
-    return folder
-
-
-def photo(seed: int, size=(40, 36), mode="RGB", fmt="PNG") -> bytes:
-    rng = np.random.default_rng(seed)
-    channels = {"RGB": 3, "CMYK": 4, "L": 1}[mode]
-    pixels = rng.integers(0, 255, (size[1], size[0], channels), dtype=np.uint8)
-    im = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, "L" if channels == 1 else None)
-    if mode == "CMYK":
-        im = Image.fromarray(pixels, "CMYK")
-    out = io.BytesIO()
-    im.save(out, format=fmt)
-    return out.getvalue()
+    return save_served_classifier(tmp_path_factory.mktemp("serve") / "model")
 
 
 class Running:

@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import randomize
+from conftest import SERVED_LABELS, image_bytes, save_served_classifier
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -30,30 +29,13 @@ from vitkit.serve.ray_app import REPLICA_ERROR, RayPlan, _replica_error, app_bui
 
 pytestmark = pytest.mark.xdist_group("serve")
 
-LABELS = [f"kind {i}" for i in range(10)]
+LABELS = SERVED_LABELS
+photo = image_bytes
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    """A small RGB ViT with random weights (distinct classes per image), saved as vitkit writes it."""
-    torch.manual_seed(0)
-    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10,
-                                label_names=LABELS)
-    folder = tmp_path_factory.mktemp("serve_ray") / "model"
-    randomize(model, scale=0.3).save_pretrained(folder)
-    return folder
-
-
-def photo(seed: int) -> bytes:
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 255, (36, 40, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
+    return save_served_classifier(tmp_path_factory.mktemp("serve_ray") / "model")
 
 
 # ------------------------------------------------------------------ without Ray

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, List, Sequence
+from typing import Any, List
 
 
 def fmt_int(n: int) -> str:
@@ -29,11 +29,6 @@ def table(rows: List[List[str]], header: List[str]) -> str:
         return "  ".join(str(c).rjust(w) if r else str(c).ljust(w) for c, w, r in zip(cells, widths, right))
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def preview(names: Sequence[str], n: int = 3) -> str:
-    shown = ", ".join(map(str, list(names)[:n]))
-    return f"{len(names)}: {shown}" + (", ..." if len(names) > n else "")
 
 
 def print_json(obj: Any) -> None:

@@ -133,6 +133,13 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
     return model
 
 
+def runtime_of(model: nn.Module) -> str:
+    """Which of :data:`RUNTIMES` a loaded model runs on (a runtime wrapper carries its quantization)."""
+    if getattr(model, "quantization", None) is None:
+        return "torch"
+    return "openvino" if getattr(model, "export_flag", "onnx") == "openvino" else "onnxruntime"
+
+
 def runtime_label(model: nn.Module) -> str:
     """How a loaded model runs, in words: fp32 (torch), or ONNX Runtime / OpenVINO and its precision."""
     quantization = getattr(model, "quantization", None)
@@ -146,4 +153,4 @@ def runtime_label(model: nn.Module) -> str:
 
 
 __all__ = ["RUNTIMES", "is_onnx", "resolve_runtime", "load_for_runtime", "read_weights", "check_classifier",
-           "load_classifier", "runtime_label"]
+           "load_classifier", "runtime_of", "runtime_label"]

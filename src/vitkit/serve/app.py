@@ -79,8 +79,8 @@ UPLOAD = {"requestBody": {"required": True, "content": {
 class Endpoint:
     """The routes over one served model: its two batchers, its metrics and whether it is draining."""
 
-    def __init__(self, served: ServedModel, options: ServeOptions):
-        self.served, self.options, self.metrics = served, options, Metrics()
+    def __init__(self, served: ServedModel, options: ServeOptions, title: str = "vitkit"):
+        self.served, self.options, self.metrics, self.title = served, options, Metrics(), title
         batch = (options.max_batch, options.max_wait_ms, options.max_queue, self.metrics)
         self.predictor = Batcher(served.probabilities, "predict", *batch)
         self.embedder = Batcher(served.embeddings, "embed", *batch)
@@ -232,8 +232,7 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     options = options or ServeOptions()
     if problems := options.problems():
         raise ValueError("; ".join(problems))
-    endpoint = Endpoint(served, options)
-    endpoint.title = title
+    endpoint = Endpoint(served, options, title)
     app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan,
                           description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically")
     app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint

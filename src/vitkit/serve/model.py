@@ -12,7 +12,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -20,6 +20,7 @@ from torch import nn
 
 from ..data.images import BadImageError, decode_image
 from ..data.transforms import transform_for
+from ..deploy.choose import runtime_of
 from ..evaluate.predict import label_for
 from ..models.layers import fast_inference
 
@@ -38,14 +39,15 @@ class Answer:
 
 
 class ServedModel:
-    """A classifier (``runtime``: torch, onnxruntime or openvino) ready for batches of image bytes."""
+    """A classifier ready for batches of image bytes, on the runtime it was loaded for (``runtime``:
+    torch, onnxruntime or openvino; None: read off the model)."""
 
-    def __init__(self, model: nn.Module, runtime: str, max_pixels: int = MAX_PIXELS):
+    def __init__(self, model: nn.Module, runtime: Optional[str] = None, max_pixels: int = MAX_PIXELS):
         config = model.config
         if not getattr(config, "num_classes", 0):
             raise ValueError("these weights have no classifier head (num_classes 0): nothing to serve; fine-tune "
                              "them first (vitkit train --init WEIGHTS)")
-        self.model, self.runtime, self.config = model.eval(), runtime, config
+        self.model, self.runtime, self.config = model.eval(), runtime or runtime_of(model), config
         self.transform = transform_for(model)
         self.channels = len(self.transform.mean)
         self.max_pixels = max_pixels

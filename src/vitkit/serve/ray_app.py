@@ -92,15 +92,13 @@ def replica_app(spec: Dict[str, Any]) -> Any:
     """In a replica: the weights loaded on their runtime, and the plain server's app around them."""
     import torch
 
-    from ..deploy.choose import load_classifier, runtime_label
+    from ..deploy.choose import load_classifier
     from .app import create_app
     from .model import ServedModel
 
     torch.set_num_threads(spec["cpus"])
     model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print)
-    label = runtime_label(model)
-    served = ServedModel(model, "torch" if label == "fp32" else label.split()[0])
-    return create_app(served, spec["options"], spec["title"])
+    return create_app(ServedModel(model), spec["options"], spec["title"])
 
 
 def app_builder(spec: Dict[str, Any]) -> Callable[[], Any]:

@@ -81,8 +81,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
     try:
         model = load_classifier(weights, runtime, quantize, model_name, say)
         label = runtime_label(model)
-        served = ServedModel(model, "torch" if label == "fp32" else label.split()[0])
-        server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
+        server, sock, url = make_server(ServedModel(model), options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
         sock.close()
         raise
