@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from ..extras import require
+from ..extras import first_line, require
 from .app import ServeOptions
 from .server import KEY_VARIABLE, check_bind, open_socket
 
@@ -177,7 +177,7 @@ def _start_ray(ray: Any, plan: RayPlan) -> None:
         ray.init(**kwargs)
     except ConnectionError as e:
         raise OSError(f"cannot reach the Ray cluster at {plan.address or os.environ.get(ADDRESS_VARIABLE)} "
-                      f"({_first_line(e)}): check --ray-address") from None
+                      f"({first_line(e)}): check --ray-address") from None
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
@@ -195,7 +195,7 @@ def _deploy(serve: Any, spec: Dict[str, Any], plan: RayPlan, host: str, port: in
     except RuntimeError as e:  # a replica that could not start: Ray's status holds its traceback
         said = _replica_error(serve)
         if said is None:
-            raise RuntimeError(f"the replicas did not start ({_first_line(e)}): Ray's Serve logs say why "
+            raise RuntimeError(f"the replicas did not start ({first_line(e)}): Ray's Serve logs say why "
                                f"(by default /tmp/ray/session_latest/logs/serve on the head node)") from None
         raise ValueError(f"the replicas did not start: {said}") from None  # already worded as the CLI words it
     shown = f"[{host}]" if ":" in host else host
@@ -233,8 +233,3 @@ def _replica_words(plan: RayPlan) -> str:
     if plan.max_replicas is not None and plan.max_replicas != plan.replicas:
         return f"{plan.replicas} to {plan.max_replicas} replicas (autoscaled)"
     return f"{plan.replicas} replica" + ("s" if plan.replicas != 1 else "")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
