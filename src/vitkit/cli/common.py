@@ -41,7 +41,7 @@ def load_model(args: argparse.Namespace, **kwargs):
     from ..deploy.choose import read_weights
 
     source = getattr(args, "weights", None) or args.src
-    return read_weights(source, args.model, _say(args.verb), **kwargs)
+    return read_weights(source, args.model, say_for(args.verb), **kwargs)
 
 
 def runtime_model(args: argparse.Namespace):
@@ -49,7 +49,7 @@ def runtime_model(args: argparse.Namespace):
     from ..deploy.choose import load_classifier
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
-    return load_classifier(args.weights, args.runtime, args.quantize, args.model, _say(args.verb), **stand_ins)
+    return load_classifier(args.weights, args.runtime, args.quantize, args.model, say_for(args.verb), **stand_ins)
 
 
 def runtime_name(model) -> str:
@@ -58,8 +58,9 @@ def runtime_name(model) -> str:
     return runtime_label(model)
 
 
-def _say(verb: str):
-    return lambda line: print(f"vitkit {verb}: {line}", file=sys.stderr)
+def say_for(verb: str):
+    """A line on stderr as the verb's own (``vitkit VERB: ...``), printed at once."""
+    return lambda line: print(f"vitkit {verb}: {line}", file=sys.stderr, flush=True)
 
 
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:

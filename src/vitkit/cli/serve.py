@@ -4,7 +4,8 @@ app in replicas on Ray Serve (``--ray``: ``vitkit.serve.ray_app.serve_ray``)."""
 from __future__ import annotations
 
 import argparse
-import sys
+
+from .common import say_for
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -27,16 +28,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=_say)
+    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"))
     return 0
 
 
 #: the flags that only mean something with --ray, and their argparse names
 RAY_FLAGS = {"--replicas": "replicas", "--max-replicas": "max_replicas", "--ray-address": "ray_address"}
-
-
-def _say(line: str) -> None:
-    print(f"vitkit serve: {line}", file=sys.stderr, flush=True)
 
 
 def _serve_on_ray(args: argparse.Namespace, options) -> int:
@@ -45,7 +42,8 @@ def _serve_on_ray(args: argparse.Namespace, options) -> int:
 
     plan = RayPlan(replicas=2 if args.replicas is None else args.replicas, max_replicas=args.max_replicas,
                    address=args.ray_address, cpus=args.threads or 1)
-    serve_ray(args.weights, plan, args.host, args.port, args.runtime, args.quantize, args.model, options, say=_say)
+    serve_ray(args.weights, plan, args.host, args.port, args.runtime, args.quantize, args.model, options,
+              say=say_for("serve"))
     return 0
 
 
