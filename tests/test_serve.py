@@ -319,6 +319,8 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
     (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),
     (["--timeout", "0"], "--timeout must be between 0 and 3600"),
     (["--max-body-mb", "0"], "--max-body-mb must be positive"),
+    (["--max-body-mb", "nan"], "--max-body-mb must be positive and at most 1,048,576, not nan"),
+    (["--max-body-mb", "inf"], "--max-body-mb must be positive and at most 1,048,576, not inf"),
     (["--port", "70000"], "--port must be between 0 and 65535"),
 ])
 def test_bad_flags_are_one_line_before_the_weights_are_read(args, words, tmp_path, capsys):

@@ -11,8 +11,8 @@ from .common import say_for
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import ServeOptions, serve
 
-    if args.max_body_mb <= 0:
-        raise ValueError(f"--max-body-mb must be positive, not {args.max_body_mb}")
+    if not 0 < args.max_body_mb <= MAX_BODY_MB:  # nan and inf too: the limit is a whole number of bytes
+        raise ValueError(f"--max-body-mb must be positive and at most {MAX_BODY_MB:,}, not {args.max_body_mb}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), timeout_s=args.timeout,
                            top_k=args.top_k, api_key=args.api_key)
@@ -31,6 +31,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"))
     return 0
 
+
+#: the largest --max-body-mb (1 TiB): a body limit is a finite number of bytes
+MAX_BODY_MB = 1024 * 1024
 
 #: the flags that only mean something with --ray, and their argparse names
 RAY_FLAGS = {"--replicas": "replicas", "--max-replicas": "max_replicas", "--ray-address": "ray_address"}
