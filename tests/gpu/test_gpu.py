@@ -55,6 +55,9 @@ def test_auto_precision_is_bf16_on_a_gpu_that_has_it_and_a_step_is_finite():
 
 
 def test_adamw_is_fused_on_a_gpu_and_steps_as_the_foreach_one_does():
+    """The same gradients into both optimizers: cuDNN's convolution backward is not bitwise
+    reproducible between two models, and Adam turns a 1e-9 gradient difference on a near-zero
+    element into a visible update difference (the first GPU run failed on exactly that)."""
     torch.manual_seed(0)
     cfg = resolve_config("fmnist")
     a = vitkit.create_model("vit_fmnist_hybrid").to(CUDA)
@@ -67,8 +70,13 @@ def test_adamw_is_fused_on_a_gpu_and_steps_as_the_foreach_one_does():
         group["weight_decay"] = 0.0
     x, y = torch.randn(64, 1, 28, 28, device=CUDA), torch.randint(0, 10, (64,), device=CUDA)
     for _ in range(3):
-        _step(a, fused, x, y, None)
-        _step(b, plain, x, y, None)
+        torch.nn.functional.cross_entropy(a(x), y).backward()
+        for p, q in zip(a.parameters(), b.parameters()):
+            q.grad = p.grad.clone()
+        fused.step()
+        plain.step()
+        fused.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
