@@ -511,6 +511,24 @@ def test_only_what_nobody_chose_is_fitted_to_small_data():
     assert fit_to_data(long_enough, 55_000) == (long_enough, [])
 
 
+def test_the_cost_line_times_a_large_model_on_few_images(monkeypatch):
+    """The timed step stays under TIMED_STEP_FLOPS: ViT-B/16 at 384 px was timed on 32 images twice
+    (9.4 TFLOPs each: minutes before a run's first step on a laptop); the small default model keeps 32."""
+    from vitkit.models.complexity import complexity
+    from vitkit.train import fit
+
+    timed = []
+    monkeypatch.setattr(fit, "_time_step", lambda model, n, amp, device: timed.append(n) or 0.5 * n)
+    cpu = torch.device("cpu")
+    for name, kw in (("vit_base_patch16_384", {}), ("vit_fmnist_hybrid", {})):
+        model = vitkit.create_model(name, **kw)
+        per_image = 6 * complexity(model.config).macs
+        line = fit.cost_line(model, complexity(model.config).macs, 10_000, 128, None, cpu)
+        assert timed[-1] * per_image <= fit.TIMED_STEP_FLOPS or timed[-1] == 1
+        assert line.endswith(f"(one timed step of {timed[-1]} image{'s' if timed[-1] > 1 else ''})"), line
+    assert timed == [1, 32]
+
+
 # ---------------------------------------------------------------- 9. preprocessing in one call
 
 

@@ -77,21 +77,27 @@ def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]
     return fitted_cfg, notes
 
 
+#: At most this many training FLOPs in the timed step (32 images of ViT-B/16 at 384 px were 9.4
+#: TFLOPs, twice: minutes on a laptop to print one line); a large model is timed on fewer images.
+TIMED_STEP_FLOPS = 100e9
+
+
 def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, amp: Optional[torch.dtype],
               device: torch.device, timed: bool = True) -> str:
     """What the run costs: training operations (3x the forward pass's) per image, times the images
     it will see, and the seconds that takes on this machine from one timed step of ``micro_batch``
-    (or fewer) random images through ``model`` (its state, gradients and random streams untouched)."""
+    random images (at most 32, and at most :data:`TIMED_STEP_FLOPS` worth) through ``model`` (its
+    state, gradients and random streams untouched)."""
     per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
     total = per_image * images
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
     if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
         return line + " (the encoder's full pass; masking and a decoder change it)"
-    n = min(micro_batch, 32)
+    n = max(1, min(micro_batch, 32, int(TIMED_STEP_FLOPS // per_image)))
     seconds = _time_step(model, n, amp, device)
     if seconds is None:
         return line
-    return line + f"; about {_duration(seconds / n * images)} here (one timed step of {n} images)"
+    return line + f"; about {_duration(seconds / n * images)} here (one timed step of {n} image{'s' if n > 1 else ''})"
 
 
 def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device
@@ -139,4 +145,5 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-__all__ = ["STEPS_PER_EPOCH", "MIN_STEPS", "TOO_FEW_STEPS", "fit_to_data", "cost_line", "chosen_fields"]
+__all__ = ["STEPS_PER_EPOCH", "MIN_STEPS", "TOO_FEW_STEPS", "TIMED_STEP_FLOPS", "fit_to_data", "cost_line",
+           "chosen_fields"]
