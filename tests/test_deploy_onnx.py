@@ -283,7 +283,7 @@ def test_int8_models_run_and_agree_with_fp32_on_most_predictions(trained, method
 
 
 def test_eval_on_onnxruntime_matches_eval_on_torch(trained, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 200 test images
+    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 100 test images (vitkit/tiny.py)
     trained.save_pretrained(tmp_path / "w")
     results = {}
     for runtime in ("torch", "onnxruntime"):

@@ -196,7 +196,7 @@ def test_bf16_and_int8_agree_with_pytorch_on_a_trained_model(trained, tmp_path):
 
 
 def test_eval_on_openvino_matches_eval_on_torch(trained, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 200 test images
+    monkeypatch.setenv("VITKIT_TINY", "1")  # the first 100 test images (vitkit/tiny.py)
     trained.save_pretrained(tmp_path / "w")
     assert main(["convert", str(tmp_path / "w"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
     capsys.readouterr()
@@ -207,8 +207,8 @@ def test_eval_on_openvino_matches_eval_on_torch(trained, tmp_path, capsys, monke
         results[runtime] = json.loads(capsys.readouterr().out)
     assert results["openvino"]["precision"].startswith("openvino ") and results["torch"]["precision"] == "fp32"
     assert results["file"]["precision"] == results["openvino"]["precision"]
-    for runtime in ("openvino", "file"):  # bf16 on CPUs that have it: at most a few of 200 decisions move
-        assert abs(results[runtime]["top1"] - results["torch"]["top1"]) <= 0.02
+    for runtime in ("openvino", "file"):  # bf16 on CPUs that have it: at most 4 of the 100 decisions move
+        assert abs(results[runtime]["top1"] - results["torch"]["top1"]) <= 0.04
 
 
 #: later ViTs at Fashion-MNIST size: registers, DINOv3's RoPE, LayerScale and SwiGLU; SigLIP's MAP head

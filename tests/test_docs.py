@@ -1,7 +1,7 @@
 """Every command and Python block of README.md and docs/*.md runs as written.
 
 Each document runs top to bottom in its own empty folder, with ``VITKIT_TINY=1`` (vitkit/tiny.py:
-at most 2 steps of 16 images, the first 3,000/200 images of a split) so hours become seconds
+at most 2 steps of 16 images, the first 3,000/100 images of a split) so hours become seconds
 without changing a word. ``vitkit`` lines run in this process through ``vitkit.cli.main`` (one
 torch import for all of them); other commands (``torchrun``, ``python``) run as processes. Shell
 variables set in a block (``RUN=runs/mae``) carry to later lines. Python blocks share one

@@ -76,12 +76,14 @@ def test_one_seeding_helper_gives_independent_reproducible_streams():
 
 
 def test_tiny_scale_caps_test_images_of_indexable_data_only(monkeypatch):
-    """VITKIT_TINY=1 (the docs' commands at test scale) scores 200 test images of an image folder or
-    a Hugging Face dataset, keeps a smaller --test-size, and leaves streams, which have no first N."""
+    """VITKIT_TINY=1 (the docs' commands at test scale) scores the first 100 test images of an image
+    folder or a Hugging Face dataset, keeps a smaller --test-size, and leaves streams, which have no first N."""
+    from vitkit import tiny
+
     monkeypatch.setenv("VITKIT_TINY", "1")
-    assert resolve_config(dataset="folder").test_size == 200
+    assert resolve_config(dataset="folder").test_size == tiny.SPLIT_IMAGES["test"] == 100
     assert resolve_config(dataset="folder", test_size=50).test_size == 50
-    assert resolve_config(dataset="hf:some/set").test_size == 200
+    assert resolve_config(dataset="hf:some/set").test_size == 100
     assert resolve_config(dataset="shards").test_size is None
     assert resolve_config(dataset="hf:some/set", hf_streaming=True).test_size is None
     monkeypatch.delenv("VITKIT_TINY")
