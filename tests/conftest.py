@@ -125,6 +125,71 @@ def run_chromium(tmp_path, *args) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
+class DevTools:
+    """Headless Chromium driven over its DevTools protocol (a websocket), for what ``--dump-dom``
+    cannot do: choose a file in an ``<input type=file>`` as a person does, click, wait for the page."""
+
+    def __init__(self, tmp_path, url: str):
+        import json
+        import urllib.request
+
+        from websockets.sync.client import connect
+
+        profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+        self.proc = subprocess.Popen([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                      "--remote-debugging-port=0", url],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
+            while not (port_file.is_file() and port_file.read_text().strip()):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("chromium did not open its DevTools port")
+                time.sleep(0.05)
+            port = port_file.read_text().split()[0]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
+                page = next(t for t in json.loads(answer.read()) if t["type"] == "page")
+            self.ws, self.json, self.calls = connect(page["webSocketDebuggerUrl"], max_size=None), json, 0
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, method: str, **params):
+        """One protocol call's result (events that arrive meanwhile are skipped)."""
+        self.calls += 1
+        self.ws.send(self.json.dumps({"id": self.calls, "method": method, "params": params}))
+        while True:
+            message = self.json.loads(self.ws.recv(timeout=60))
+            if message.get("id") == self.calls:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def evaluate(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, seconds: float = 60):
+        """The first truthy value of ``expression`` in the page, polled; an error after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"the page never gave {expression!r} within {seconds:.0f} s")
+
+    def choose_file(self, selector: str, path) -> None:
+        """Put ``path`` in the file input at ``selector``: the page sees the change a person's choice fires."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
+
+    def close(self) -> None:
+        if getattr(self, "ws", None) is not None:
+            self.ws.close()
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
 class Oracle(nn.Module):
     """A classifier of 4x4 grey images that reads the class off the brightness (images filled with
     10 * (class + 1)), with a ViT's config and feature API: evaluation code checked without training."""

@@ -355,3 +355,29 @@ def test_the_page_classifies_the_example_image_in_headless_chromium(serving, tmp
     assert found, "the page never showed an answer"
     assert found.group(1) == want
     assert json.loads(httpx.get(running.url + "/info").text)["labels"] == LABELS
+
+
+@pytest.mark.slow
+def test_a_file_chosen_on_the_page_shows_its_top_label_and_rollout_in_headless_chromium(serving, tmp_path):
+    """As a person does it: the page loads, a file is chosen in its file input, and the top label the
+    endpoint gives for those bytes appears, with the attention rollout drawn over the image."""
+    pytest.importorskip("websockets")
+    from conftest import DevTools
+
+    running = serving(max_wait_ms=0)
+    upload = tmp_path / "garment.jpg"
+    upload.write_bytes(photo(7, (64, 48), fmt="JPEG"))
+    want = post(running.url, upload.read_bytes()).json()["top"][0]["label"]
+    browser = DevTools(tmp_path, running.url + "/")
+    try:
+        browser.wait_for("document.getElementById('about').textContent.includes(' classes')")  # /info read
+        assert browser.evaluate("document.documentElement.getAttribute('data-top-label')") is None
+        browser.choose_file("#file", upload)
+        assert browser.wait_for("document.documentElement.getAttribute('data-top-label')") == want
+        rows = browser.evaluate("[...document.querySelectorAll('#top tr')].map(r => r.cells[0].textContent)")
+        assert rows[0] == want and len(rows) == min(5, len(LABELS))
+        width = browser.wait_for("(() => { const r = document.getElementById('rollout');"
+                                 " return !r.hidden && r.complete && r.naturalWidth; })()")
+        assert width > 0
+    finally:
+        browser.close()
