@@ -101,6 +101,16 @@ def test_console_entry_point_runs():
     assert out.returncode == 0 and out.stdout.strip() == f"vitkit {vitkit.__version__}"
 
 
+def test_a_reader_that_goes_away_ends_the_verb_quietly():
+    """`vitkit models | head -1`: stdout's reader closes first; the verb ends with 141 (as `cat` does)
+    and says nothing, where it said 'error: [Errno 32] Broken pipe' and exited 2."""
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "info", "Ti/16"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before the first line is written: every write finds no reader
+    err = proc.stderr.read()
+    assert proc.wait(60) == 141 and err == "", err
+
+
 @pytest.mark.parametrize("argv,words", [
     (["fewshot", "--weights", "w", "--shots", "0"], "--shots must be >= 1"),
     (["fewshot", "--weights", "w", "--seeds", "0"], "--seeds >= 1"),

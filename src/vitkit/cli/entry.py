@@ -1,10 +1,12 @@
 """``vitkit <verb>``'s entry point and error boundary: every way a verb ends is one line on
-stderr (0 done, 2 an error in words, 130 Ctrl-C, 143 SIGTERM), warnings one ``note:`` line."""
+stderr (0 done, 2 an error in words, 130 Ctrl-C, 143 SIGTERM) or none (141: stdout's reader,
+``| head``, went away), warnings one ``note:`` line."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import sys
 import threading
@@ -42,6 +44,28 @@ def _one_line_warnings(verb: str):
     return previous
 
 
+def _error(verb: str, e: Exception, debug: bool) -> int:
+    if debug:
+        raise e
+    print(f"vitkit {verb}: error: {describe_error(e)}", file=sys.stderr)
+    return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader went away (its pipe reports an error); if so stdout becomes /dev/null,
+    so that Python's own flush at exit does not say 'Broken pipe' a second time."""
+    try:
+        fd = sys.stdout.fileno()
+        probe = select.poll()
+        probe.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in probe.poll(0))
+    except (AttributeError, ValueError, OSError):  # no poll (Windows), or stdout is no file
+        return False
+    if closed:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return closed
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
@@ -70,11 +94,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         print(f"vitkit {args.verb}: stopped by {signal_name}; partial files were removed", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
+    except BrokenPipeError as e:
+        if debug or not _stdout_closed():
+            return _error(args.verb, e, debug)
+        return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
-        if debug:
-            raise
-        print(f"vitkit {args.verb}: error: {describe_error(e)}", file=sys.stderr)
-        return 2
+        return _error(args.verb, e, debug)
     finally:
         warnings.showwarning = previous_warn
         if previous_term is not None:
