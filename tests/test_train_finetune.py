@@ -89,11 +89,15 @@ def test_keeping_the_head_compares_class_names_in_order(tmp_path):
 @real
 @pytest.mark.slow
 def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
-    base = dict(runs_dir=str(tmp_path), progress=False, val_size=1000, warmup_steps=10, log_every=5,
-                checkpoint_every=1000, test_size=1000)
-    train(resolve_config("fmnist", name="small", max_steps=60, model_args={"pos_embed": "learned"}, **base))
+    # the plain ViT at two layers (patch 4: a 7x7 grid at 28 px, 10x10 at 40 px): what is tested is
+    # the new grid, which the default hybrid's conv stem makes the same way at 3 times the cost; 150
+    # steps of 64 at 28 px give it features that fine-tune at 40 px to 59-62% test top-1 (seeds 0-4)
+    base = dict(runs_dir=str(tmp_path), progress=False, val_size=500, warmup_steps=10, log_every=5,
+                checkpoint_every=1000, test_size=500)
+    train(resolve_config("fmnist", name="small", model="vit_fmnist", max_steps=150, batch_size=64, lr=4e-3,
+                         model_args={"pos_embed": "learned", "depth": 2}, **base))
     logs = []
-    summary = train(resolve_config("paper-finetune", name="big", max_steps=40, batch_size=128, lr=0.03,
+    summary = train(resolve_config("paper-finetune", name="big", max_steps=40, batch_size=64, lr=0.03,
                                    warmup_steps=5, init=str(tmp_path / "small" / "model"), img_size=40,
                                    **{k: v for k, v in base.items() if k != "warmup_steps"}),
                     log=logs.append)
