@@ -15,9 +15,13 @@ from vitkit.data import fashion_mnist as fm
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
 
-ARGS = ["--max-steps", "40", "--checkpoint-every", "10", "--keep-checkpoints", "5", "--val-size", "1000",
-        "--batch-size", "128", "--warmup-steps", "5", "--crop-pad", "2", "--hflip", "--no-progress",
-        "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--test-size", "500"]
+# 16 steps of 64, killed once step 8 is checkpointed (after the warm-up; the next checkpoint is the
+# last, 8 steps later, so the kill lands between them): every random stream a resume must restore
+# (crop, flip, dropout, stochastic depth) is drawn. Rows every 2 steps: each comes once in the
+# end, a row the killed run wrote past its checkpoint included.
+ARGS = ["--max-steps", "16", "--checkpoint-every", "8", "--keep-checkpoints", "5", "--log-every", "2",
+        "--val-size", "200", "--batch-size", "64", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress",
+        "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--test-size", "200"]
 
 
 def vitkit_train(*extra):
@@ -32,13 +36,14 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
                    capture_output=True)
     run = tmp_path / "killed"
     kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed", "--no-tensorboard"],
-                       env, run, 20)
+                       env, run, 8)
     assert not (run / "tensorboard").exists()
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--tensorboard", "--test-tta", "flip"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr
     summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_at_step"] == 8
     assert "test_top1_tta" in summary and "test_top1_tta" not in json.loads(
         (tmp_path / "straight" / "summary.json").read_text())
     assert any((run / "tensorboard").glob("events.out.tfevents.*"))
@@ -49,3 +54,4 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "train_loss" in r]
     assert steps == sorted(set(steps)), "rows written after the last checkpoint came twice after the resume"
+    assert steps == list(range(2, 17, 2))  # and none went missing
