@@ -231,7 +231,7 @@ def test_vitkit_debug_shows_the_traceback_of_an_input_error(tmp_path):
 def test_resume_removes_partial_files_and_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
-        train(small(tmp_path, max_steps=8))
+        train(small(tmp_path, max_steps=8, batch_size=32))
     finally:
         os.umask(old)
     run = tmp_path / "run"
@@ -242,7 +242,7 @@ def test_resume_removes_partial_files_and_files_follow_the_umask(tmp_path):
     (run / "checkpoints" / "step_00000008.pt").unlink()
     for leftover in (run / "checkpoints" / ".step_00000008.pt.abc123.tmp", run / ".summary.json.x.tmp"):
         leftover.write_bytes(b"\0" * 1000)
-    train(small(tmp_path, max_steps=8), resume=str(run))
+    train(small(tmp_path, max_steps=8, batch_size=32), resume=str(run))
     assert not list(run.rglob("*.tmp"))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for kind in ("train_loss", "val_acc"):

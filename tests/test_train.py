@@ -78,7 +78,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     monkeypatch.setattr(F, "cross_entropy", poisoned)  # the training loss's, wherever the loop computes it
     with pytest.raises(NonFiniteLoss, match=r"at step 6 .*step_00000005\.pt"):
         # one loss per step (parts would call it once per part)
-        train(small(tmp_path, max_steps=20, checkpoint_every=5, cpu_parallel="ops"))
+        train(small(tmp_path, max_steps=20, checkpoint_every=5, cpu_parallel="ops", batch_size=32))
     state = load_latest(tmp_path / "run")
     assert state["step"] == 5 and all(torch.isfinite(v).all() for v in state["model"].values())
 
@@ -128,7 +128,7 @@ def test_config_file_and_recipe_precedence(tmp_path):
 
 @real
 def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_path):
-    train(small(tmp_path, max_steps=4, checkpoint_every=2))
+    train(small(tmp_path, max_steps=4, checkpoint_every=2, batch_size=32, val_size=200, test_size=100))
     config_path = tmp_path / "run" / "config.json"
     cfg = json.loads(config_path.read_text())
     cfg["model_args"] = {"embed_dim": 64, "num_heads": 2, "mlp_dim": 128}
