@@ -62,7 +62,9 @@ def _stdout_closed() -> bool:
     except (AttributeError, ValueError, OSError):  # no poll (Windows), or stdout is no file
         return False
     if closed:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
     return closed
 
 
