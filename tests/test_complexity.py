@@ -44,3 +44,34 @@ def test_macs_of_the_later_vits_match_flop_counter(name, kw):
 def test_reference_numbers():
     c = complexity(get_model_config("vit_base_patch16_224"))
     assert round(c.macs / 1e9, 1) == 17.6 and c.tokens == 197  # the DeiT paper's "17.6 GFLOPs" are MACs
+
+
+def test_counting_leaves_torch_init_as_it_was_even_when_a_build_fails():
+    from torch.nn import init
+
+    from vitkit.models.complexity import count_params
+    before = {n: getattr(init, n) for n in dir(init) if n.endswith("_") and not n.startswith("_")}
+    config = get_model_config("Ti/16").replace(img_size=32, patch_size=8, depth=2)
+    model = vitkit.VisionTransformer(config)
+    assert count_params(config) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError):
+        count_params(config.replace(pos_embed="sincos2d", embed_dim=190))  # 190 is not a multiple of 4
+    assert {n: getattr(init, n) for n in before} == before
+    torch.manual_seed(0)
+    assert vitkit.VisionTransformer(config).blocks[0].mlp.fc1.weight.std() > 0  # real builds still initialise
+
+
+def test_a_fixed_table_is_made_on_the_cpu_and_lands_on_the_default_device():
+    import subprocess
+    import sys
+
+    from vitkit.models.positions import relative_position_index, sincos_2d_pos_embed
+    with torch.device("meta"):
+        table, index = sincos_2d_pos_embed((3, 4), 16), relative_position_index((3, 4), 1)
+    assert table.is_meta and index.is_meta
+    assert table.shape == sincos_2d_pos_embed((3, 4), 16).shape and index.shape == (13, 13)
+    # counting the default model's parameters (every `vitkit train` does) never reaches torch._dynamo
+    code = ("import sys; from vitkit.models import get_model_config; from vitkit.models.complexity import "
+            "count_params; count_params(get_model_config('vit_fmnist_hybrid')); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

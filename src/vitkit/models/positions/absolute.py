@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sizes import IntPair
+from .cpu_table import computed_on_cpu
 
 #: the resampling modes of a position table (``config.pos_embed_interpolation``)
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
@@ -66,6 +67,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
 SINCOS_SPACINGS = ("big_vision", "mae")
 
 
+@computed_on_cpu
 def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0,
                         spacing: str = "big_vision") -> torch.Tensor:
     """Fixed 2D sine-cosine embedding, laid out as big_vision's ``posemb_sincos_2d``.

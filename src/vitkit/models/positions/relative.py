@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..sizes import IntPair
+from .cpu_table import computed_on_cpu
 
 
+@computed_on_cpu
 def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
     """(N, N) long: for query token i and key token j, the row of a relative-bias table that holds
     their 2D offset (Swin / BEiT; equal to timm's ``gen_relative_position_index``).
@@ -124,6 +126,7 @@ class _ReluMlp(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+@computed_on_cpu
 def relative_log_coords(grid: IntPair) -> torch.Tensor:
     """((2 gh - 1), (2 gw - 1), 2) offsets (dy, dx) between patches as sign(d) log(1 + |d|) (timm's 'cr' log
     coordinates, after Swin v2's): continuous in the offset, so a table for any grid is the same function."""
