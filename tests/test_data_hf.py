@@ -241,6 +241,20 @@ def test_a_stream_resumes_in_order_and_splits_between_ranks(hf_data):
     assert len(list(make(None, 0, True, 0, 2))) == len(list(make(None, 0, True, 1, 2))) == 451
 
 
+def test_a_shuffled_pass_ends_without_datasets_five_second_sleep(hf_data, monkeypatch):
+    import datasets.iterable_dataset as iterable
+
+    from vitkit.data.hf import SHUTDOWN_SLEEP_S, HFStream, load
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 5, raising=False)  # its default
+    slept = []
+    monkeypatch.setattr(iterable.time, "sleep", slept.append)
+    split = load(f"hf:{hf_data[1]}", streaming=True)["train"]
+    stream = HFStream(split, "hf:x", "train", "image", "label", NAMES, None, 1, 0, shuffle_buffer=50,
+                      epoch_length=40, num_rows=903)
+    assert len(list(stream)) == 40  # a pass closed in its middle, as every epoch ends
+    assert slept and max(slept) == SHUTDOWN_SLEEP_S  # datasets still waits for pyarrow's threads, briefly
+
+
 @pytest.mark.slow
 def test_a_streamed_dataset_trains(tmp_path, hf_data):
     from vitkit.train import train

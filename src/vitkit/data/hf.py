@@ -47,6 +47,12 @@ logger = logging.getLogger("vitkit.data")
 
 #: The split a run tests on when none is named: the first of these the dataset has.
 TEST_SPLITS = ("test", "validation", "valid", "val")
+#: Seconds ``datasets`` sleeps after each shuffled pass over Parquet files (its
+#: ``SLEEP_TIME_ON_THREADS_SHUTDOWN``, 5 s), so that pyarrow's threads wind down before a program
+#: may exit (apache/arrow#39862: a crash at exit just after a scan; 0.1 s was reported to be
+#: enough there). Paid by every DataLoader worker at every epoch's end, 5 s was idle time; here a
+#: pass ends in the middle of a run, and the last one well before the process exits.
+SHUTDOWN_SLEEP_S = 0.1
 
 
 def _datasets():
@@ -411,6 +417,7 @@ class HFStream(RankedReader, IterableDataset):
     def _stream(self, reader: int, readers: int, passes: int) -> Iterator[Dict[str, Any]]:
         from datasets.distributed import split_dataset_by_node
 
+        _shorter_shutdown_sleep()
         stream = self._split
         if self.shuffle_buffer > 0:
             stream = stream.shuffle(seed=seed_for(self.seed, "hf-stream", passes) % 2 ** 32,
@@ -446,6 +453,13 @@ class HFStream(RankedReader, IterableDataset):
             logger.warning("skipping %s: %s", name, e.reason)
             return Skipped(name, e.reason)
         return (self.transform(im) if self.transform is not None else im), int(row[self.label_key])
+
+
+def _shorter_shutdown_sleep() -> None:
+    import datasets.config
+
+    if getattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0) > SHUTDOWN_SLEEP_S:
+        datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = SHUTDOWN_SLEEP_S
 
 
 def count_rows(split: Any, label_key: str, what: str) -> int:
