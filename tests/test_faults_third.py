@@ -606,3 +606,19 @@ def test_the_command_line_page_lists_every_verb():
     verbs = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)).choices
     missing = [v for v in verbs if f"vitkit {v} " not in page]
     assert not missing, missing
+
+
+def test_a_run_resumed_at_its_last_step_from_an_old_checkpoint_claims_no_speed():
+    from types import SimpleNamespace
+
+    from vitkit.cli.train import _img_s
+    from vitkit.train.throughput import train_throughput
+    cfg = SimpleNamespace(batch_size=32)
+    at_end = SimpleNamespace(prior_train_seconds=None, total=100, start=100, train_seconds=0.0, cfg=cfg)
+    speed = train_throughput(at_end)
+    assert speed["train_img_s"] is None and "last step" in speed["train_img_s_covers"]
+    assert _img_s(speed) == "no step timed in this process"
+    midway = SimpleNamespace(prior_train_seconds=None, total=100, start=60, train_seconds=4.0, cfg=cfg)
+    assert train_throughput(midway) == {"train_img_s": 320.0, "train_img_s_covers": "steps 61-100 (since the resume; "
+                                        "earlier checkpoints kept no training time)"}
+    assert _img_s(train_throughput(midway)) == "320 img/s"

@@ -81,13 +81,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
               f"{100 * summary['val_top1_ema']:.2f}%{tta('test_top1_ema_tta')}; model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
-          f"{summary['train_img_s']:.0f} img/s")
+          f"{_img_s(summary)}")
     run = summary["run_dir"]
     print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
     print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
           f"maps)")
     _quick_run_notes(summary, cfg=cfg)
     return 0
+
+
+def _img_s(summary: dict) -> str:
+    speed = summary.get("train_img_s")
+    return "no step timed in this process" if speed is None else f"{speed:.0f} img/s"
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -109,7 +114,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         shots = "  ".join(f"{k}-shot {100 * v:.1f}%" for k, v in summary["fewshot"].items())
         print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
-          f"{summary['train_img_s']:.0f} img/s")
+          f"{_img_s(summary)}")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
     _quick_run_notes(summary, 10, cfg)
     return 0

@@ -81,6 +81,9 @@ def train_throughput(run: Run) -> Dict[str, Any]:
     else:
         steps, seconds = run.total - run.start, run.train_seconds
         scope = f"steps {run.start + 1}-{run.total} (since the resume; earlier checkpoints kept no training time)"
+    if steps == 0:  # resumed at its last step from a checkpoint that kept no training time
+        return {"train_img_s": None, "train_img_s_covers": "no step: the run resumed at its last step, and its "
+                                                           "checkpoints kept no training time"}
     return {"train_img_s": round(steps * run.cfg.batch_size / max(seconds, 1e-9), 1),
             "train_img_s_covers": scope}
 
