@@ -656,6 +656,37 @@ def test_a_signal_during_a_native_import_waits_for_the_import_to_end():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_signal_just_after_a_temporary_or_a_folder_is_made_leaves_neither(tmp_path, monkeypatch):
+    """SIGTERM between mkstemp and the cleanup's arming (or right after new_folder's mkdir) left the
+    temporary (the folder) behind; the handler fires inside the call, as it does between bytecodes."""
+    import tempfile
+    from pathlib import Path
+
+    import vitkit.cli as cli_module
+    from vitkit.files import new_folder
+    from vitkit.signals import interrupt
+
+    def then_sigterm(original):
+        def call(*args, **kwargs):
+            out = original(*args, **kwargs)
+            interrupt(cli_module.Terminated())  # what the SIGTERM handler does
+            return out
+        return call
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkstemp", then_sigterm(tempfile.mkstemp))
+        with pytest.raises(cli_module.Terminated):
+            with atomic_path(tmp_path / "model.safetensors"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+    with monkeypatch.context() as m:
+        m.setattr(Path, "mkdir", then_sigterm(Path.mkdir))
+        with pytest.raises(cli_module.Terminated):
+            with new_folder(tmp_path / "a" / "b"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+
+
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -95,21 +95,25 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path.parent, path.name, recursive=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    _try_lock(fd)
+    fd, tmp = None, None
     try:
+        with interrupts_deferred():  # a signal right after mkstemp would leave the temporary behind
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+            _try_lock(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException as e:
         full = isinstance(e, Exception) and is_disk_full(e, path.parent)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         if full:
             raise DiskFull(path) from e
         raise
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 #: The suffix of atomic_path's temporaries.
@@ -214,8 +218,8 @@ def new_folder(folder: PathLike) -> Iterator[Path]:
     folder = Path(folder)
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     was_empty = not made and folder.is_dir() and not any(folder.iterdir())
-    folder.mkdir(parents=True, exist_ok=True)
     try:
+        folder.mkdir(parents=True, exist_ok=True)  # inside: a signal right after it removes what it made
         yield folder
     except BaseException:
         if made:
