@@ -152,6 +152,33 @@ def test_concurrent_requests_share_forward_passes_and_each_gets_its_own_answer(s
     assert images_seen == 8 and passes < 8, f"8 concurrent requests took {passes:g} forward passes"
 
 
+def test_a_lone_request_runs_at_once_and_one_on_its_way_is_waited_for():
+    async def scenario():
+        calls = []
+
+        def run(values):
+            calls.append(list(values))
+            return list(values)
+
+        batcher = Batcher(run, "t", max_batch=8, max_wait_ms=60_000)  # a wait no test could sit out
+        await batcher.start()
+        assert await asyncio.wait_for(batcher.submit(1), 5) == 1  # nothing else queued or arriving
+        assert calls == [[1]]
+
+        async def decoded_later(value):
+            with batcher.arriving():  # read and decoded meanwhile
+                await asyncio.sleep(0.2)
+            return await batcher.submit(value)
+
+        second = asyncio.ensure_future(decoded_later(3))
+        await asyncio.sleep(0.05)
+        assert await asyncio.wait_for(batcher.submit(2), 5) == 2 and await second == 3
+        assert calls == [[1], [2, 3]]  # the first waited for the one on its way: one forward pass
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_full_queue_refuses_at_once_with_retry_after():
     async def scenario():
         release = threading.Event()

@@ -66,7 +66,8 @@ def add_serve(verb) -> None:
                                      "VITKIT_API_KEY; none on 127.0.0.1)")
     p.add_argument("--max-batch", type=int, default=32, help="images per batched forward pass [default: 32]")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits to fill after its first request [default: 5]")
+                   help="how long a batch waits to fill after its first request, while others are being "
+                        "read or decoded [default: 5]")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting before new ones get 503 with Retry-After [default: 256]")
     p.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body, MiB [default: 20]")

@@ -97,8 +97,9 @@ class Endpoint:
 
     async def _through(self, batcher: Batcher, request) -> Tuple[Any, str]:
         """The request's image decoded (in a worker thread), then its batch's answer for it."""
-        data, name = await _read_image(request, self.options)
-        x = await self._decoded(data, name)
+        with batcher.arriving():
+            data, name = await _read_image(request, self.options)
+            x = await self._decoded(data, name)
         try:
             result = await asyncio.wait_for(batcher.submit(x), self.options.timeout_s)
         except QueueFull:

@@ -2,7 +2,8 @@
 
 Each request puts one item on a bounded queue and awaits its own future. One worker takes the
 first waiting item, then gathers more until the batch holds ``max_batch`` or ``max_wait_ms``
-has passed since that first item, runs the batch in a thread (the event loop keeps accepting
+has passed since that first item (at once when nothing else is queued or on its way: a lone
+request pays no wait; see :meth:`Batcher.arriving`), runs the batch in a thread (the event loop keeps accepting
 requests meanwhile) and hands each result back to its own future. A full queue refuses at once
 (:class:`QueueFull`, answered 503 with Retry-After) rather than growing a backlog; an item whose
 client went away before its batch ran is dropped, not computed.
@@ -11,10 +12,11 @@ client went away before its batch ran is dropped, not computed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from .metrics import Metrics
 
@@ -51,6 +53,7 @@ class Batcher:
         self._worker: Optional[asyncio.Task] = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vitkit-{name}")  # one model call at once
         self._stopping = False
+        self._arriving = 0
 
     async def start(self) -> None:
         self._queue = asyncio.Queue(self.max_queue)
@@ -67,6 +70,17 @@ class Batcher:
             raise QueueFull() from None
         self.metrics.set_gauge("vitkit_queue_depth", self._queue.qsize(), batcher=self.name)
         return await item.future
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around a request's reading and decoding, before it is submitted: while any request is on
+        its way, a batch waits for it (up to ``max_wait_ms``); with none, the batch runs at once.
+        (One client at a time paid the whole wait on every request: 4-5 ms of ViT-S/16's ~90 ms.)"""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
 
     @property
     def depth(self) -> int:
@@ -98,6 +112,8 @@ class Batcher:
         batch = [await self._queue.get()]
         deadline = time.perf_counter() + self.max_wait
         while len(batch) < self.max_batch:
+            if self._queue.empty() and not self._arriving:  # nothing more is coming: no reason to wait
+                break
             left = deadline - time.perf_counter()
             if left <= 0:
                 while len(batch) < self.max_batch and not self._queue.empty():  # what already waits joins
