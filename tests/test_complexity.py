@@ -61,6 +61,27 @@ def test_counting_leaves_torch_init_as_it_was_even_when_a_build_fails():
     assert vitkit.VisionTransformer(config).blocks[0].mlp.fc1.weight.std() > 0  # real builds still initialise
 
 
+def test_a_model_built_in_another_thread_while_one_is_counted_is_initialised(monkeypatch):
+    import threading
+
+    from vitkit.models import complexity as module
+    config = get_model_config("Ti/16").replace(img_size=32, patch_size=8, depth=2)
+    built = []
+
+    def build_beside_the_count(c):  # inside count_params: torch.nn.init is patched right now
+        other = threading.Thread(target=lambda: built.append(vitkit.VisionTransformer(config)))
+        other.start()
+        other.join()
+        return vitkit.VisionTransformer(c)
+
+    monkeypatch.setattr(module, "build_from_config", build_beside_the_count)
+    torch.manual_seed(0)
+    assert module.count_params(config) == sum(p.numel() for p in built[0].parameters())
+    model = built[0]  # initialised through torch.nn.init, not torch.empty's leftovers (zeros, here)
+    assert model.patch_embed.proj.weight.std() > 0.01 and model.pos_embed.std() > 0.01
+    assert torch.equal(model.blocks[0].norm1.weight, torch.ones(config.embed_dim))
+
+
 def test_a_fixed_table_is_made_on_the_cpu_and_lands_on_the_default_device():
     import subprocess
     import sys

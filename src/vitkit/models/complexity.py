@@ -65,12 +65,13 @@ _COUNTING = threading.Lock()
 
 @contextlib.contextmanager
 def _idle_init() -> Iterator[None]:
-    """``torch.nn.init``'s in-place initialisers return their tensor untouched (as Hugging Face's
-    ``no_init_weights`` does while it builds a model whose weights are loaded next)."""
+    """``torch.nn.init``'s in-place initialisers return a meta tensor untouched (as Hugging Face's
+    ``no_init_weights`` does while it builds a model whose weights are loaded next); any other
+    tensor (a model another thread builds meanwhile) is initialised as ever."""
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_")]
     saved = {n: getattr(init, n) for n in names}
-    for n in names:
-        setattr(init, n, _untouched)
+    for n, f in saved.items():
+        setattr(init, n, _idle_on_meta(f))
     try:
         yield
     finally:
@@ -78,8 +79,12 @@ def _idle_init() -> Iterator[None]:
             setattr(init, n, f)
 
 
-def _untouched(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return tensor
+def _idle_on_meta(initialise: Any) -> Any:
+    def on_meta_untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return initialise(tensor, *args, **kwargs)
+    return on_meta_untouched
 
 
 def complexity(config: Any) -> Complexity:
