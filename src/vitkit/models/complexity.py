@@ -65,13 +65,16 @@ _COUNTING = threading.Lock()
 
 @contextlib.contextmanager
 def _idle_init() -> Iterator[None]:
-    """``torch.nn.init``'s in-place initialisers return a meta tensor untouched (as Hugging Face's
-    ``no_init_weights`` does while it builds a model whose weights are loaded next); any other
-    tensor (a model another thread builds meanwhile) is initialised as ever."""
+    """``torch.nn.init``'s in-place initialisers return their tensor untouched in this thread, which
+    builds on the meta device (as Hugging Face's ``no_init_weights`` does while it builds a model
+    whose weights are loaded next); a model another thread builds meanwhile is initialised as ever.
+    (The thread is asked, not the tensor: under the meta device every tensor attribute read goes
+    through torch's function modes, and asking each tensor cost a third of the time saved.)"""
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_")]
     saved = {n: getattr(init, n) for n in names}
+    counting = threading.get_ident()
     for n, f in saved.items():
-        setattr(init, n, _idle_on_meta(f))
+        setattr(init, n, _idle_in(counting, f))
     try:
         yield
     finally:
@@ -79,12 +82,12 @@ def _idle_init() -> Iterator[None]:
             setattr(init, n, f)
 
 
-def _idle_on_meta(initialise: Any) -> Any:
-    def on_meta_untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+def _idle_in(thread: int, initialise: Any) -> Any:
+    def idle_in_the_counting_thread(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == thread:
             return tensor
         return initialise(tensor, *args, **kwargs)
-    return on_meta_untouched
+    return idle_in_the_counting_thread
 
 
 def complexity(config: Any) -> Complexity:
