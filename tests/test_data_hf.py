@@ -253,6 +253,7 @@ def test_a_shuffled_pass_ends_without_datasets_five_second_sleep(hf_data, monkey
                       epoch_length=40, num_rows=903)
     assert len(list(stream)) == 40  # a pass closed in its middle, as every epoch ends
     assert slept and max(slept) == SHUTDOWN_SLEEP_S  # datasets still waits for pyarrow's threads, briefly
+    assert datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN == 5  # the process's own setting is back
 
 
 @pytest.mark.slow

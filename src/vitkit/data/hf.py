@@ -417,7 +417,6 @@ class HFStream(RankedReader, IterableDataset):
     def _stream(self, reader: int, readers: int, passes: int) -> Iterator[Dict[str, Any]]:
         from datasets.distributed import split_dataset_by_node
 
-        _shorter_shutdown_sleep()
         stream = self._split
         if self.shuffle_buffer > 0:
             stream = stream.shuffle(seed=seed_for(self.seed, "hf-stream", passes) % 2 ** 32,
@@ -425,8 +424,11 @@ class HFStream(RankedReader, IterableDataset):
         if readers > 1:
             stream = split_dataset_by_node(stream, rank=reader, world_size=readers)
         stream.set_epoch(self.epoch)  # after the split, which starts its copy at epoch 0
-        for batch in stream.iter(batch_size=1):  # iter(): no second split by DataLoader worker
-            yield {k: v[0] for k, v in batch.items()}
+        # iter(): no second split by DataLoader worker; closed here, so that its end (and datasets'
+        # wait for pyarrow's threads) comes while the shorter wait is set
+        with _shorter_shutdown_sleep(), contextlib.closing(stream.iter(batch_size=1)) as rows:
+            for batch in rows:
+                yield {k: v[0] for k, v in batch.items()}
 
     def __iter__(self) -> Iterator[Union[Tuple[Any, int], Skipped]]:
         info = get_worker_info()
@@ -455,11 +457,20 @@ class HFStream(RankedReader, IterableDataset):
         return (self.transform(im) if self.transform is not None else im), int(row[self.label_key])
 
 
-def _shorter_shutdown_sleep() -> None:
+@contextlib.contextmanager
+def _shorter_shutdown_sleep() -> Iterator[None]:
+    """:data:`SHUTDOWN_SLEEP_S` while a pass is read, the caller's setting back after it."""
     import datasets.config
 
-    if getattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0) > SHUTDOWN_SLEEP_S:
-        datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = SHUTDOWN_SLEEP_S
+    before = getattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", None)
+    if before is None or before <= SHUTDOWN_SLEEP_S:
+        yield
+        return
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = SHUTDOWN_SLEEP_S
+    try:
+        yield
+    finally:
+        datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = before
 
 
 def count_rows(split: Any, label_key: str, what: str) -> int:
