@@ -96,3 +96,22 @@ def test_a_fixed_table_is_made_on_the_cpu_and_lands_on_the_default_device():
             "count_params; count_params(get_model_config('vit_fmnist_hybrid')); print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_count_inside_a_build_being_counted_neither_deadlocks_nor_leaves_init_patched(monkeypatch):
+    from torch.nn import init
+
+    from vitkit.models import complexity as module
+    config = get_model_config("Ti/16").replace(img_size=32, patch_size=8, depth=2)
+    original, build, inner = init.trunc_normal_, module.build_from_config, {}
+
+    def build_that_counts(c):  # a builder that asks for a count of its own (once)
+        if "asked" not in inner:
+            inner["asked"] = True
+            inner["count"] = module.count_params(c)
+        return build(c)
+
+    monkeypatch.setattr(module, "build_from_config", build_that_counts)
+    real = sum(p.numel() for p in vitkit.VisionTransformer(config).parameters())
+    assert module.count_params(config) == inner["count"] == real
+    assert init.trunc_normal_ is original

@@ -51,6 +51,10 @@ class Complexity:
         return d
 
 
+#: One count at a time patches torch.nn.init; re-entrant, so a count inside a build cannot deadlock.
+_COUNTING = threading.RLock()
+
+
 def count_params(config: Any) -> int:
     """Exact parameter count, by building the model on the meta device (no memory) with
     ``torch.nn.init`` idle (its calls on meta tensors are half the build: ``vitkit models``
@@ -58,9 +62,6 @@ def count_params(config: Any) -> int:
     with _COUNTING, _idle_init(), torch.device("meta"):
         model = build_from_config(config)
     return sum(p.numel() for p in model.parameters())
-
-
-_COUNTING = threading.Lock()
 
 
 @contextlib.contextmanager
