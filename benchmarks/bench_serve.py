@@ -25,8 +25,9 @@ vitkit its batch sizes (``/metrics``' histogram, the level's difference).
 Baselines and goals (issue 45 item 5): the same runtime and model offline, in this process
 (``ServedModel.probabilities`` on batches of ``--max-batch`` preprocessed images, before and
 after the levels): vitkit's img/s at 32 clients over it, goal >= 0.8; over the plain endpoint
-at 32 clients, goal >= 3. Every figure is also stated against the machine's limit (fp32 GEMM
-peak over the model's GFLOPs per image, limits.py).
+at 32 clients, goal >= 3. Every figure is also stated against the machine's limit (the GEMM
+peak of the precision the path computes in -- fp32, or int8 with ``--quantize`` -- over the
+model's GFLOPs per image, limits.py).
 
 The fault run: ``--fault-requests`` (10,000) at ``--fault-concurrency`` (32) clients against
 the vitkit server, every ``--fault-every``-th request (10) a fault in turn: random bytes (400),
@@ -142,12 +143,23 @@ def photos(side: int) -> list:
     return out
 
 
-def load_served(folder: Path, runtime: str, quantize=None):
+def load_served(folder: Path, runtime: str, quantize=None, calibration=None):
     """The model as `vitkit serve` loads it (``load_classifier``), as its ``ServedModel``."""
     from vitkit.deploy.choose import load_classifier
     from vitkit.serve import ServedModel
 
-    return ServedModel(load_classifier(str(folder), runtime, quantize))
+    return ServedModel(load_classifier(str(folder), runtime, quantize, calibration=calibration))
+
+
+def calibration_folder(args, folder: Path, bodies: list):
+    """OpenVINO's int8 calibrates on images and random weights' classes name no dataset: the photos
+    themselves, as files (both the server and the offline baseline quantize on them); None elsewhere."""
+    if not (args.runtime == "openvino" and args.quantize):
+        return None
+    (folder / "calibration").mkdir(exist_ok=True)
+    for name, body in bodies:
+        (folder / "calibration" / f"{name}.jpg").write_bytes(body)
+    return folder / "calibration"
 
 
 def offline_samples(served, inputs: list, batch: int, repeats: int, warmup: int = 2) -> list:
@@ -571,11 +583,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def start_servers(args, folder: Path, servers: list) -> None:
+def start_servers(args, folder: Path, servers: list, calibration=None) -> None:
     threads = ["--threads", str(args.threads)] if args.threads else []
+    calibrate = ["--calibration", str(calibration)] if calibration else []
     vitkit_cmd = [sys.executable, "-m", "vitkit", "serve", str(folder / "vitkit"), "--port", "0", "--runtime",
                   args.runtime, "--max-batch", str(args.max_batch), "--max-wait-ms", f"{args.max_wait_ms:g}",
-                  "--max-body-mb", f"{args.max_body_mb:g}", *threads,
+                  "--max-body-mb", f"{args.max_body_mb:g}", *threads, *calibrate,
                   *(["--quantize", args.quantize] if args.quantize else [])]
     servers.append(Server("vitkit", vitkit_cmd, "/readyz"))  # listed at once: a Ctrl-C now still stops it
     servers.append(Server("plain", [sys.executable, os.path.abspath(__file__), "--serve-plain", str(folder / "timm"),
@@ -587,7 +600,8 @@ def start_servers(args, folder: Path, servers: list) -> None:
 def run(args, info: dict, folder: Path, servers: list) -> dict:
     model = prepare_weights(args.model, args.kwargs, folder, args.seed)
     bodies = photos(args.image_side)
-    served = load_served(folder / "vitkit", args.runtime, args.quantize)
+    calibration = calibration_folder(args, folder, bodies)
+    served = load_served(folder / "vitkit", args.runtime, args.quantize, calibration)
     inputs = [served.image(body, name) for name, body in bodies]
     data = [body for _, body in bodies]
     probs = torch.stack(served.probabilities(inputs))
@@ -595,20 +609,23 @@ def run(args, info: dict, folder: Path, servers: list) -> dict:
     top2 = probs.topk(2).values
     images = [{"name": name, "bytes": len(body), "offline_top1": e, "top1_probability_margin": float(m[0] - m[1])}
               for (name, body), e, m in zip(bodies, expected, top2)]
-    peak = info["limits"].get("fp32_gflop_s")
+    # each server against the peak of the precision it computes in (vitkit's int8 products where quantized)
+    peaks = {"vitkit": info["limits"].get("int8_gop_s" if args.quantize else "fp32_gflop_s"),
+             "plain": info["limits"].get("fp32_gflop_s")}
 
-    def limit(img_s):
-        return at_limit(img_s, model["gflop_per_image"], peak)
+    def limit(img_s, server="vitkit"):
+        return at_limit(img_s, model["gflop_per_image"], peaks[server])
     before = offline_samples(served, inputs, args.max_batch, args.offline_repeats)
     print(f"offline ({args.runtime}, batch {args.max_batch}): {statistics.median(before):.1f} img/s", flush=True)
-    start_servers(args, folder, servers)
+    start_servers(args, folder, servers, calibration)
     for server in servers:  # every batch size seen once before anything is timed
         asyncio.run(drive(server.url, args.warmup, args.max_batch, lambda c, i: post(c, data[i % len(data)])))
     print(fmt_row(HEADER) + "\n" + "-" * len(fmt_row(HEADER)), flush=True)
     rows = []
     for n, clients in enumerate(args.levels):
         for server in servers if n % 2 == 0 else servers[::-1]:
-            rows.append(measure_level(server, clients, args.requests, data, expected, limit))
+            rows.append(measure_level(server, clients, args.requests, data, expected,
+                                      lambda img_s, name=server.name: limit(img_s, name)))
             print(show(rows[-1]), flush=True)
     after = offline_samples(served, inputs, args.max_batch, args.offline_repeats, warmup=1)
     offline = {"batch": args.max_batch, "runtime": served.runtime, "samples_before_img_s": before,

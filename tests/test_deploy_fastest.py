@@ -28,7 +28,7 @@ ALL = {"torch", "onnxruntime", "openvino"}
     (ZEN3, "onnxruntime", "int8"),  # measured: ORT int8 1.6-1.9x, OpenVINO int8 1.1x
     (ZEN4, "openvino", "int8"),  # measured: OpenVINO int8 2.2-2.8x
     (ALDER_LAKE, "openvino", "int8"),
-    (SAPPHIRE_RAPIDS, "openvino", "int8"),
+    (SAPPHIRE_RAPIDS, "openvino", "int8"),  # measured: OpenVINO int8 1.6-2.8x, ORT int8 0.6-1.9x
     (set(), "torch", None),  # another architecture, or nothing to read: nothing unmeasured
     ({"neon", "asimd"}, "torch", None),
 ])
@@ -36,6 +36,33 @@ def test_the_choice_follows_the_instruction_set(flags, runtime, quantize):
     choice = fastest(flags, installed=ALL)
     assert (choice.runtime, choice.quantize) == (runtime, quantize)
     assert ("VNNI" in choice.why or "vnni" in choice.why) is (runtime != "torch")  # the reason names it
+
+
+def test_the_reason_quotes_the_machine_it_was_measured_on():
+    assert "Intel Xeon with AMX" in fastest(SAPPHIRE_RAPIDS, installed=ALL).why
+    assert "Zen 4" in fastest(ZEN4, installed=ALL).why and "Zen 3" in fastest(ZEN3, installed=ALL).why
+    assert "AMX" in fastest(SAPPHIRE_RAPIDS, installed={"torch", "onnxruntime"}).why
+
+
+def test_without_images_to_calibrate_on_the_choice_needs_none():
+    """OpenVINO's int8 is NNCF's, calibrated on images: a model whose classes name no built-in dataset
+    gets the fastest measured path that needs none, and the reason says what was passed over and why."""
+    amx = fastest(SAPPHIRE_RAPIDS, installed=ALL, calibrated=False)
+    assert (amx.runtime, amx.quantize, amx.precision) == ("openvino", None, "bf16")
+    assert amx.describe().startswith("openvino bf16 (") and "--calibration FOLDER" in amx.why
+    zen4 = fastest(ZEN4, installed=ALL, calibrated=False)
+    assert (zen4.runtime, zen4.quantize) == ("onnxruntime", "int8") and "--calibration" in zen4.why
+    assert fastest(ZEN3, installed=ALL, calibrated=False) == fastest(ZEN3, installed=ALL)  # it needed none
+    assert "--calibration" not in fastest(ZEN4, installed={"torch", "onnxruntime"}, calibrated=False).why
+
+
+def test_int8_asked_for_goes_where_it_can_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS))
+    weights = tmp_path / "w"
+    assert resolve_runtime(weights, "auto", None)[:2] == ("openvino", "int8")
+    assert resolve_runtime(weights, "auto", "int8-static")[:2] == ("onnxruntime", "int8-static")  # an ONNX format
+    assert resolve_runtime(weights, "auto", "int8", calibrated=False)[:2] == ("onnxruntime", "int8")
+    assert resolve_runtime(weights, "auto", None, calibrated=False)[:2] == ("openvino", None)
 
 
 def test_a_missing_runtime_falls_back_and_names_the_extra():
@@ -84,6 +111,14 @@ def test_predict_runtime_auto_runs_what_it_says_it_chose(tmp_path, capsys, monke
     assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "onnxruntime", "--quantize",
                  "int8"]) == 0
     assert json.loads(capsys.readouterr().out) == auto  # the same int8 model: the same answers
+    # on a VNNI CPU OpenVINO int8 would be first, but these classes (cat, dog, fox) name no dataset to
+    # calibrate on: ONNX Runtime's dynamic int8, which needs none, and the line says why
+    monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset(ZEN4))
+    assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert "runtime auto: onnxruntime int8 (" in captured.err
+    assert ("--calibration FOLDER" in captured.err) is ("openvino" in installed_runtimes())
+    assert json.loads(captured.out) == auto
     monkeypatch.setattr(fastest_mod, "cpu_flags", lambda: frozenset())  # nothing measured: torch, fp32
     assert main(["predict", *photos, "--weights", weights, "--json", "--runtime", "auto"]) == 0
     captured = capsys.readouterr()

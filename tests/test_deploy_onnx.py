@@ -291,3 +291,45 @@ def test_eval_on_onnxruntime_matches_eval_on_torch(trained, tmp_path, capsys, mo
         results[runtime] = json.loads(capsys.readouterr().out)
     assert results["onnxruntime"]["precision"] == "onnxruntime fp32" and results["torch"]["precision"] == "fp32"
     assert results["onnxruntime"]["confusion"] == results["torch"]["confusion"]
+
+
+def test_calibration_images_from_a_folder_are_what_the_model_sees(tmp_path):
+    """A folder of photos (any layout; hidden files, other files and broken images skipped) gives
+    the images as `vitkit.preprocess` feeds them, before normalising: the same pixels."""
+    from vitkit.deploy.quantize import NoCalibrationImages, calibration_images
+    from vitkit.evaluate.metrics import prepare_batch
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=40, patch_size=8, depth=1, num_classes=3)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (folder, size) in enumerate([("a", (50, 70)), ("a/deeper", (64, 48)), ("b", (40, 40))]):
+        (tmp_path / "photos" / folder).mkdir(parents=True, exist_ok=True)
+        paths.append(tmp_path / "photos" / folder / f"p{i}.png")
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(paths[-1])
+    (tmp_path / "photos" / ".cache").mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "photos" / ".cache" / "hidden.png")
+    (tmp_path / "photos" / "b" / "broken.jpg").write_bytes(b"not a jpeg")
+    (tmp_path / "photos" / "notes.txt").write_text("not an image")
+    images = calibration_images(model, source=tmp_path / "photos")
+    assert images.dtype == torch.uint8 and images.shape == (3, 3, 40, 40)
+    want = vitkit.preprocess(model, [str(p) for p in paths])
+    got = prepare_batch(images, model.config)
+    # the draw's order is its own: match each image to the photo it came from
+    order = [int(torch.argmin(((want - g) ** 2).flatten(1).sum(1))) for g in got]
+    assert sorted(order) == [0, 1, 2]
+    assert torch.allclose(got, want[order], atol=1e-6)
+    assert calibration_images(model, count=2, source=tmp_path / "photos").shape[0] == 2
+    assert calibration_images(model, source=images) is images  # images as they are
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "broken.png").write_bytes(b"x")
+    with pytest.raises(NoCalibrationImages, match="no readable image files"):
+        calibration_images(model, source=empty)
+    with pytest.raises(NoCalibrationImages, match="neither a folder of images nor a built-in dataset"):
+        calibration_images(model, source=tmp_path / "nope")
+    with pytest.raises(NoCalibrationImages, match="ONNX int8-static calibrates on images.*--calibration FOLDER"):
+        export_onnx(model, tmp_path / "q.onnx", quantize="int8-static")
+    assert not (tmp_path / "q.onnx").exists()
+    q = export_onnx(model, tmp_path / "q.onnx", quantize="int8-static", calibration=tmp_path / "photos",
+                    progress=False)
+    assert OnnxModel(q).quantization == "int8-static"

@@ -143,7 +143,43 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
               "int8-static"], "--quantize int8")
     one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--opset", "18"],
              "apply to --to onnx")
+    # classes that name no dataset: int8 asks for images to calibrate on; --calibration only where one calibrates
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--quantize", "int8"],
+             "OpenVINO int8 (NNCF) calibrates on images", "--calibration FOLDER")
+    one_line([*predict, str(tmp_path / "w"), "--runtime", "openvino", "--quantize", "int8"], "--calibration FOLDER")
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--calibration",
+              str(tmp_path)], "--calibration gives the images a calibrated int8 model is quantized on")
+    one_line([*predict, str(tmp_path / "w"), "--runtime", "openvino", "--calibration", str(tmp_path)],
+             "--calibration gives the images")
+    one_line([*predict, str(good), "--calibration", str(tmp_path)], "already exported")
+    one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--quantize", "int8",
+              "--calibration", str(tmp_path / "nowhere")], "neither a folder of images nor a built-in dataset")
     assert not (tmp_path / "x.xml").exists() and not (tmp_path / "x.bin").exists()
+
+
+def test_int8_of_a_model_whose_classes_name_no_dataset_calibrates_on_a_folder(tmp_path, capsys):
+    """An ImageNet-style model (its own classes): --calibration FOLDER gives NNCF the images, and
+    predict on the IR answers as predict with the same int8 export on the fly does."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3,
+                                          label_names=["cat", "dog", "fox"]), scale=0.3)
+    model.save_pretrained(tmp_path / "w")
+    rng = np.random.default_rng(0)
+    (tmp_path / "photos" / "some").mkdir(parents=True)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(tmp_path / "photos" / "some" / f"{i}.png")
+    photos = sorted(str(p) for p in (tmp_path / "photos" / "some").iterdir())
+    assert main(["convert", str(tmp_path / "w"), str(tmp_path / "q.xml"), "--to", "openvino", "--quantize", "int8",
+                 "--calibration", str(tmp_path / "photos"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quantization"] == "int8-static"
+    assert OpenVinoModel(tmp_path / "q.xml").quantization == "int8-static"
+    assert main(["predict", *photos, "--weights", str(tmp_path / "q.xml"), "--json"]) == 0
+    from_ir = json.loads(capsys.readouterr().out)
+    assert main(["predict", *photos, "--weights", str(tmp_path / "w"), "--runtime", "openvino", "--quantize", "int8",
+                 "--calibration", str(tmp_path / "photos"), "--json"]) == 0
+    on_the_fly = json.loads(capsys.readouterr().out)
+    assert [p["top"][0]["label"] for p in from_ir] == [p["top"][0]["label"] for p in on_the_fly]
+    assert np.allclose([p["top"][0]["probability"] for p in from_ir],
+                       [p["top"][0]["probability"] for p in on_the_fly], atol=1e-4)
 
 
 def test_a_lying_runtime_info_is_refused(tmp_path):

@@ -49,7 +49,8 @@ def runtime_model(args: argparse.Namespace):
     from ..deploy.choose import load_classifier
 
     stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
-    return load_classifier(args.weights, args.runtime, args.quantize, args.model, say_for(args.verb), **stand_ins)
+    return load_classifier(args.weights, args.runtime, args.quantize, args.model, say_for(args.verb),
+                           args.calibration, **stand_ins)
 
 
 def runtime_name(model) -> str:
@@ -71,6 +72,14 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=["int8", "int8-static"],
                    help="with --runtime onnxruntime or openvino and weights: run the int8 model (see vitkit "
                         "convert --to onnx / openvino)")
+    add_calibration_flag(p)
+
+
+def add_calibration_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", metavar="FOLDER|DATASET",
+                   help="the images a calibrated int8 model is quantized on (OpenVINO int8, ONNX int8-static): a "
+                        "folder of image files like those the model will see (256 drawn) or a built-in dataset "
+                        "(default: the dataset the model's classes name)")
 
 
 def add_hf_flags(p: argparse.ArgumentParser, split_help: str) -> None:

@@ -28,7 +28,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"))
+    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"),
+          calibration=args.calibration)
     return 0
 
 
@@ -46,7 +47,7 @@ def _serve_on_ray(args: argparse.Namespace, options) -> int:
     plan = RayPlan(replicas=2 if args.replicas is None else args.replicas, max_replicas=args.max_replicas,
                    address=args.ray_address, cpus=args.threads or 1)
     serve_ray(args.weights, plan, args.host, args.port, args.runtime, args.quantize, args.model, options,
-              say=say_for("serve"))
+              say=say_for("serve"), calibration=args.calibration)
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 import warnings
 
 from ..files import check_output
-from .common import fmt_bytes, fmt_int, load_model, print_json
+from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -21,6 +21,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantize applies to --to onnx and --to openvino, not --to {args.to}")
     if args.quantize == "int8-static" and args.to == "openvino":
         raise ValueError("--to openvino quantizes with --quantize int8 (NNCF, calibrated on training images)")
+    if args.calibration is not None and not (args.quantize == "int8-static" or (args.to, args.quantize) == (
+            "openvino", "int8")):
+        raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --to openvino "
+                         "--quantize int8, or --to onnx --quantize int8-static")
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     check_destination(args.src, args.dst, args.to)  # before the work
@@ -52,7 +56,7 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
     if args.to == "openvino":
         from ..deploy.openvino import export_openvino
 
-        out = export_openvino(model, args.dst, quantize=args.quantize)
+        out = export_openvino(model, args.dst, quantize=args.quantize, calibration=args.calibration)
         info = {"src": args.src, "dst": str(out), "weights": str(out.with_suffix(".bin")), "format": "openvino",
                 "architecture": model.config.architecture, "params": params,
                 "quantization": "int8-static" if args.quantize else "none",
@@ -62,7 +66,8 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
                 f"{fmt_bytes(info['bytes'])}; preprocessing in its runtime info)")
     else:
         exporter = args.exporter or EXPORTERS[0]
-        out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize)
+        out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize,
+                          calibration=args.calibration)
         info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
                 "params": params, "quantization": args.quantize or "none", "exporter": exporter,
                 "bytes": out.stat().st_size}
@@ -135,8 +140,10 @@ def add_convert(verb) -> None:
                         "metadata in its runtime info)")
     p.add_argument("--quantize", choices=["int8", "int8-static"],
                    help="onnx: int8 (ONNX Runtime dynamic quantization) or int8-static (QDQ calibrated on 256 "
-                        "training images of the dataset the labels name); openvino: int8 (NNCF post-training "
-                        "quantization calibrated on the same images; norms, softmax and GELU stay float)")
+                        "training images of the dataset the labels name, or on --calibration); openvino: int8 (NNCF "
+                        "post-training quantization calibrated on the same images; norms, softmax and GELU stay "
+                        "float)")
+    add_calibration_flag(p)
     p.add_argument("--exporter", choices=["dynamo", "torchscript"], help="onnx: torch.onnx.export's path "
                                                                          "(default dynamo)")
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")

@@ -15,6 +15,7 @@ from torch import nn
 from ..files import PathLike, work_folder
 from .onnx_export import export_onnx
 from .openvino import OpenVinoModel, export_openvino, is_openvino
+from .quantize import CalibrationSource, can_calibrate
 from .runtime import OnnxModel
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
@@ -24,33 +25,40 @@ def is_onnx(source: PathLike) -> bool:
     return str(source).lower().endswith(".onnx")
 
 
-def resolve_runtime(source: PathLike, runtime: Optional[str], quantize: Optional[str]
+def resolve_runtime(source: PathLike, runtime: Optional[str], quantize: Optional[str], calibrated: bool = True
                     ) -> "tuple[Optional[str], Optional[str], Optional[str]]":
     """``runtime="auto"`` made concrete -> (runtime, quantize, what was chosen and why): an
     ``.onnx`` or OpenVINO file runs on its own runtime; weights on the runtime and precision
-    measured fastest on this CPU's instruction set (:func:`vitkit.deploy.fastest.fastest`), with
-    ``quantize`` kept where it is given. Any other ``runtime`` comes back as it is."""
+    measured fastest on this CPU's instruction set (:func:`vitkit.deploy.fastest.fastest`; with
+    ``calibrated=False`` the fastest that needs no calibration images), with ``quantize`` kept
+    where it is given. Any other ``runtime`` comes back as it is."""
     from .fastest import fastest
 
     if runtime != "auto":
         return runtime, quantize, None
     if is_onnx(source) or is_openvino(source):
         return None, quantize, f"{source} runs on its own runtime"
-    choice = fastest()
-    if quantize and choice.runtime == "torch":  # int8 asked for: the runtime that has it everywhere
+    choice = fastest(calibrated=calibrated)
+    # int8 asked for where the choice has none (or only OpenVINO's calibrated one, without images; or
+    # int8-static, an ONNX format): ONNX Runtime, which has every kind everywhere
+    if quantize and (choice.runtime == "torch" or quantize == "int8-static"
+                     or (choice.runtime == "openvino" and not calibrated)):
         return "onnxruntime", quantize, f"onnxruntime {quantize} (--quantize; {choice.why})"
     return choice.runtime, quantize or choice.quantize, choice.describe()
 
 
 def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
-                     model: Optional[nn.Module] = None, **preprocessing: Any) -> nn.Module:
+                     model: Optional[nn.Module] = None, calibration: CalibrationSource = None,
+                     **preprocessing: Any) -> nn.Module:
     """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model), ``onnxruntime`` or
     ``openvino`` (an ``.onnx`` file or an OpenVINO ``.xml`` as is, or weights exported on the fly
     into a temporary file, quantized when ``quantize`` says so). ``runtime=None`` picks the file's
     own runtime for ``.onnx`` and ``.xml`` files, torch otherwise; ``"auto"`` the fastest measured
     on this CPU (:func:`resolve_runtime`). ``model`` is the already-loaded
-    vitkit model of ``source`` (weights only)."""
-    runtime, quantize, _ = resolve_runtime(source, runtime, quantize)
+    vitkit model of ``source`` (weights only); ``calibration``: the images a calibrated int8 export
+    calibrates on (:func:`vitkit.deploy.quantize.calibration_images`)."""
+    calibrated = calibration is not None or model is None or can_calibrate(model)
+    runtime, quantize, _ = resolve_runtime(source, runtime, quantize, calibrated)
     own = "onnxruntime" if is_onnx(source) else "openvino" if is_openvino(source) else None
     runtime = runtime or own or "torch"
     if runtime not in RUNTIMES:
@@ -68,6 +76,9 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     if given:
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand in for the metadata of an "
                          f".onnx or .xml file without it; {source} carries its own preprocessing")
+    if calibration is not None and not (quantize == "int8-static" or (runtime == "openvino" and quantize)):
+        raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --runtime openvino "
+                         "--quantize int8, or --runtime onnxruntime --quantize int8-static")
     if runtime == "torch":
         if quantize:
             raise ValueError("--quantize needs --runtime onnxruntime or openvino (int8 models run there)")
@@ -76,8 +87,9 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     # process's folder is removed by the next export on the fly)
     with work_folder(tempfile.gettempdir(), "vitkit-onnx" if runtime == "onnxruntime" else "vitkit-openvino") as folder:
         if runtime == "openvino":
-            return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize))
-        return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=None))
+            return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize,
+                                                 calibration=calibration))
+        return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=calibration))
 
 
 def read_weights(source: PathLike, model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
@@ -110,22 +122,30 @@ def check_classifier(model: nn.Module, weights: PathLike) -> nn.Module:
 
 def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
                     model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
-                    **stand_ins: Any) -> nn.Module:
+                    calibration: CalibrationSource = None, **stand_ins: Any) -> nn.Module:
     """The classifier ``weights`` name, on ``runtime`` (``auto``: the fastest measured here, said
     through ``say``): the vitkit model (on a CPU, its batches split over the threads), or ONNX
     Runtime / OpenVINO running an exported file or the weights exported on the fly. ``stand_ins``
-    (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata. What
-    ``vitkit predict``, ``eval`` and ``serve`` run."""
-    runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize)
-    if chosen and say is not None:
-        say(f"runtime auto: {chosen}")
+    (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata;
+    ``calibration`` the images a calibrated int8 export calibrates on. What ``vitkit predict``,
+    ``eval`` and ``serve`` run."""
     if is_onnx(weights) or is_openvino(weights):
+        runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize)
+        if chosen and say is not None:
+            say(f"runtime auto: {chosen}")
         if model_name:
             raise ValueError("--model names an architecture for weights without a config; an .onnx or OpenVINO "
                              ".xml file is its own graph")
+        if calibration is not None:
+            raise ValueError(f"{weights} is already exported: --calibration is for quantizing weights")
         return load_for_runtime(weights, runtime, quantize, **stand_ins)
     model = check_classifier(read_weights(weights, model_name, say), weights)
-    model = load_for_runtime(weights, runtime, quantize, model=model, **stand_ins)
+    # the choice waits for the model: OpenVINO's int8 needs images to calibrate on, which its classes may not name
+    runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize,
+                                                calibration is not None or can_calibrate(model))
+    if chosen and say is not None:
+        say(f"runtime auto: {chosen}")
+    model = load_for_runtime(weights, runtime, quantize, model=model, calibration=calibration, **stand_ins)
     if getattr(model, "quantization", None) is None:  # torch on a CPU: batches in parts, one per thread
         from ..parallel import for_inference
 

@@ -6,12 +6,19 @@ against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
 
 - AVX-512 with VNNI and bf16 (AMD Zen 4): OpenVINO int8 was the fastest path in every row,
   2.17-2.77x (ViT-B/16: 2.71x); ONNX Runtime int8 1.2-1.9x.
+- AVX-512 with VNNI, bf16 and AMX (an Intel Xeon, Sapphire Rapids class): OpenVINO int8 was
+  the fastest path in every row, 1.57x (DINOv2-S/14), 2.15x (SigLIP-B/16), 2.21x (ViT-B/16 at
+  batch 32) and 2.84x (ViT-B/16 at batch 1) timm's fastest (bf16 compiled, on AMX's bf16 tiles);
+  ONNX Runtime int8 0.6-1.9x.
 - AVX2 without VNNI (AMD Zen 3, most laptops and cloud VMs of a few years ago): ONNX Runtime's
   dynamic int8 was the fastest, 1.57x (DINOv2-S/14) to 1.90x (ViT-B/16); OpenVINO int8 only
   1.09x there: its int8 kernels are built on VNNI's dot products.
 
-VNNI without the rest (AVX-VNNI, AVX-512 VNNI without bf16, AMX) is what OpenVINO's int8 kernels
-use; those machines were not measured and get OpenVINO int8 by that rule. Elsewhere (another
+VNNI without the rest (AVX-VNNI, AVX-512 VNNI without bf16) is what OpenVINO's int8 kernels use;
+those machines were not measured and get OpenVINO int8 by that rule. OpenVINO's int8 is NNCF's,
+calibrated on images: a model with none to calibrate on (its classes name no built-in dataset and
+none were given) gets the fastest measured path that needs none -- OpenVINO bf16 with AMX (1.3-1.6x
+timm's fastest there), ONNX Runtime's dynamic int8 elsewhere. Elsewhere (another
 architecture, no flags to read) vitkit recommends nothing it has not measured: PyTorch fp32.
 """
 
@@ -32,9 +39,16 @@ class Choice:
     runtime: str
     quantize: Optional[str]
     why: str
+    #: what the float path computes in (OpenVINO's CPU default is bf16 where the CPU has it)
+    precision: str = "fp32"
 
     def describe(self) -> str:
-        return f"{self.runtime} {self.quantize or 'fp32'} ({self.why})"
+        return f"{self.runtime} {self.quantize or self.precision} ({self.why})"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether this path quantizes with calibration images (NNCF's int8 does; ORT's dynamic int8 does not)."""
+        return self.runtime == "openvino" and self.quantize is not None
 
 
 def cpu_flags() -> frozenset:
@@ -69,27 +83,44 @@ def _isa(flags: frozenset) -> str:
     return "no AVX2 flags read"
 
 
-def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[str]] = None) -> Choice:
+def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[str]] = None,
+            calibrated: bool = True) -> Choice:
     """The fastest measured runtime and precision for a CPU with ``flags`` (default: this one's)
     among the ``installed`` runtimes (default: this environment's); ``why`` names the instruction
-    set, and the extra to install when a faster runtime is missing."""
+    set, and the extra to install when a faster runtime is missing. ``calibrated=False``: the
+    model has no images to calibrate int8 on (:func:`vitkit.deploy.quantize.can_calibrate`), so
+    the fastest path that needs none (``why`` says what it stands in for)."""
     flags = cpu_flags() if flags is None else frozenset(flags)
     installed = installed_runtimes() if installed is None else frozenset(installed)
     isa = _isa(flags)
     if any(f in flags for f in VNNI_FLAGS):
-        order = [("openvino", "int8", f"{isa}; OpenVINO's int8 kernels use VNNI: 2.2-2.8x timm's fastest on Zen 4"),
-                 ("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 1.2-1.9x timm's fastest on Zen 4")]
+        if "amx_int8" in flags:
+            order = [Choice("openvino", "int8", f"{isa}; OpenVINO's int8 kernels use VNNI and AMX: 1.6-2.8x "
+                                                f"timm's fastest on an Intel Xeon with AMX"),
+                     Choice("openvino", None, f"{isa}; OpenVINO bf16 ran 1.3-1.6x timm's fastest on an Intel "
+                                              f"Xeon with AMX", precision="bf16" if "amx_bf16" in flags else "fp32"),
+                     Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 0.6-1.9x timm's fastest on an "
+                                                   f"Intel Xeon with AMX")]
+        else:
+            order = [Choice("openvino", "int8", f"{isa}; OpenVINO's int8 kernels use VNNI: 2.2-2.8x timm's fastest "
+                                                f"on Zen 4"),
+                     Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 1.2-1.9x timm's fastest on Zen 4")]
     elif "avx2" in flags:
-        order = [("onnxruntime", "int8", f"{isa}; ONNX Runtime's dynamic int8 ran 1.6-1.9x timm's fastest on "
-                                         f"Zen 3, OpenVINO int8 1.1x")]
+        order = [Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime's dynamic int8 ran 1.6-1.9x timm's fastest on "
+                                               f"Zen 3, OpenVINO int8 1.1x")]
     else:
         return Choice("torch", None, f"{isa}; no runtime was measured faster on this instruction set")
     extras = {"openvino": "vitkit[openvino]", "onnxruntime": "vitkit[onnx]"}
-    for runtime, quantize, why in order:
-        if runtime in installed:
-            return Choice(runtime, quantize, why)
-    best = order[0]
-    return Choice("torch", None, f"{best[2]}; not installed here: pip install '{extras[best[0]]}'")
+    usable = [c for c in order if calibrated or not c.calibrated]
+    for choice in usable:
+        if choice.runtime in installed:
+            if choice is not order[0] and order[0].runtime in installed:  # skipped for want of images only
+                return Choice(choice.runtime, choice.quantize, f"{choice.why}; OpenVINO int8, faster here, "
+                              f"calibrates on images and the model's classes name no built-in dataset "
+                              f"(--calibration FOLDER)", choice.precision)
+            return choice
+    best = usable[0]
+    return Choice("torch", None, f"{best.why}; not installed here: pip install '{extras[best.runtime]}'")
 
 
 __all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]

@@ -47,6 +47,7 @@ from .._version import __version__
 from ..extras import require
 from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..progress import working
+from .quantize import CalibrationSource
 
 EXPORTERS = ("dynamo", "torchscript")
 INPUT_NAME = "pixel_values"
@@ -65,15 +66,16 @@ def onnx_modules(purpose: str):
 
 
 def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", opset: Optional[int] = None,
-                quantize: Optional[str] = None, calibration: Optional[torch.Tensor] = None,
+                quantize: Optional[str] = None, calibration: CalibrationSource = None,
                 progress: bool = True) -> Path:
     """Write ``model`` (any vitkit classifier or headless encoder) as an ONNX file at ``path``.
 
     ``quantize``: ``None`` (fp32), ``"int8"`` (ONNX Runtime's dynamic int8: weights int8,
     activations quantized per batch at run time) or ``"int8-static"`` (QDQ with activation
-    ranges calibrated on ``calibration``: uint8 images ``(N, C, H, W)``; by default 256
-    training images of the built-in dataset the model's class names name, see
-    :mod:`vitkit.deploy.quantize`). The file is written atomically.
+    ranges calibrated on ``calibration``: uint8 images ``(N, C, H, W)``, a folder of image files
+    or a built-in dataset's name; by default 256 training images of the built-in dataset the
+    model's class names name, see :func:`vitkit.deploy.quantize.calibration_images`). The file
+    is written atomically.
     """
     from .quantize import QUANTIZATIONS, calibration_images, quantize_onnx
 
@@ -81,8 +83,8 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     problems = _problems(model, path, exporter, opset, quantize, calibration, QUANTIZATIONS)
     if problems:
         raise OnnxExportError("; ".join(problems))
-    if quantize == "int8-static" and calibration is None:
-        calibration = calibration_images(model)  # one line when the class names name no dataset
+    if quantize == "int8-static":  # one line when there are none
+        calibration = calibration_images(model, source=calibration, purpose="ONNX int8-static")
     onnx, _ = onnx_modules("ONNX export")
     if exporter == "dynamo":
         require("onnxscript", "onnx", "ONNX export (the dynamo exporter; or exporter='torchscript')")

@@ -35,6 +35,7 @@ from ..extras import first_line, require
 from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..progress import working
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
+from .quantize import CalibrationSource
 from .runtime import OnnxMetadataError, OnnxModel
 
 #: The IR's runtime-info section that holds vitkit's metadata entries.
@@ -49,10 +50,11 @@ def openvino_module(purpose: str):
 
 
 def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str] = None,
-                    calibration: Optional[torch.Tensor] = None, calibration_batch: int = 32,
+                    calibration: CalibrationSource = None, calibration_batch: int = 32,
                     progress: bool = True) -> Path:
     """Write ``model`` as an OpenVINO IR at ``path`` (``.xml``, its weights beside it as ``.bin``);
-    ``quantize="int8"`` quantises it with NNCF on ``calibration`` (uint8 images (N, C, H, W);
+    ``quantize="int8"`` quantises it with NNCF on ``calibration``: uint8 images (N, C, H, W), a
+    folder of image files or a built-in dataset's name (:func:`~.quantize.calibration_images`;
     default: 256 training images of the dataset the class names name). Returns the ``.xml`` path."""
     from .quantize import calibration_images
 
@@ -69,8 +71,7 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
     ov = openvino_module("OpenVINO export (vitkit convert --to openvino)")
     if quantize:
         _check_nncf()  # installed? (one line naming the extra); the quantization runs in a child process
-        if calibration is None:
-            calibration = calibration_images(model)
+        calibration = calibration_images(model, source=calibration, purpose="OpenVINO int8 (NNCF)")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to OpenVINO",

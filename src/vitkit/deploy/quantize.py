@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -97,18 +98,79 @@ class _Calibration:
         self.start = 0
 
 
-def calibration_images(model: nn.Module, count: int = 256) -> torch.Tensor:
-    """``count`` training images (a fixed random draw) of the dataset the model's labels name."""
+#: where calibration images come from (``calibration=``, ``--calibration``): images as they are, a
+#: folder of image files, or a built-in dataset's name; None: the dataset the model's labels name
+CalibrationSource = Union[torch.Tensor, PathLike, None]
+
+
+class NoCalibrationImages(ValueError):
+    """A calibrated int8 path was asked for and no images to calibrate on were given or can be found."""
+
+
+def can_calibrate(model: nn.Module) -> bool:
+    """Whether a calibrated int8 export of ``model`` finds its images without being given any
+    (its class names are a built-in dataset's)."""
     from ..data import datasets
 
-    name = datasets.dataset_for_labels(model.config.label_names)
-    if name is None:
-        raise ValueError("int8-static needs calibration images: the model's classes name no built-in dataset; "
-                         "export with vitkit.export_onnx(model, path, quantize='int8-static', calibration=IMAGES)")
+    return datasets.dataset_for_labels(getattr(model.config, "label_names", None)) is not None
+
+
+def calibration_images(model: nn.Module, count: int = 256, source: CalibrationSource = None,
+                       purpose: str = "int8-static quantization") -> torch.Tensor:
+    """uint8 images (N, C, H, W) to calibrate ``model``'s int8 ranges on: ``source`` as it is (a
+    tensor), up to ``count`` image files of a folder (a fixed random draw, any layout, each
+    resized and cropped by the model's own preprocessing; unreadable files skipped), ``count``
+    training images of a built-in dataset by name, or (None) of the dataset the labels name.
+    ``purpose`` names the export in the one line said when there are none."""
+    from ..data import datasets
+
+    if isinstance(source, torch.Tensor):
+        return source
+    name = datasets.dataset_for_labels(model.config.label_names) if source is None else None
+    if source is None and name is None:
+        raise NoCalibrationImages(
+            f"{purpose} calibrates on images like those the model will see, and the model's classes name no "
+            f"built-in dataset: give some (--calibration FOLDER, or calibration=FOLDER | IMAGES in Python)")
+    if source is not None and Path(source).is_dir():
+        return _folder_images(model, Path(source), count)
+    if source is not None:
+        with contextlib.suppress(ValueError):
+            name = datasets.canonical(str(source))
+        if name not in datasets.IN_MEMORY:
+            raise NoCalibrationImages(f"calibration: {source} is neither a folder of images nor a built-in dataset "
+                                      f"({', '.join(datasets.IN_MEMORY)})")
     images = torch.from_numpy(datasets.load_split(name, "train").images)
     pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
     picked = images[pick]  # (N, H, W) grey or (N, H, W, C) colour -> (N, C, H, W)
     return (picked[:, None] if picked.dim() == 3 else picked.permute(0, 3, 1, 2)).contiguous()
+
+
+def _folder_images(model: nn.Module, root: Path, count: int) -> torch.Tensor:
+    """Up to ``count`` image files under ``root``, seen as the model sees them (uint8, before normalising)."""
+    import numpy as np
+
+    from ..data.folder import IMG_EXTENSIONS
+    from ..data.images import BadImageError, load_image
+    from ..data.transforms import transform_for
+
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))  # hidden ones are not data
+        files += [os.path.join(folder, f) for f in sorted(names)
+                  if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
+    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(0)).tolist()
+    transform, channels, views = transform_for(model), model.config.in_chans, []
+    for index in order:
+        if len(views) == count:
+            break
+        try:
+            view = np.asarray(transform.view(load_image(files[index], channels)), dtype=np.uint8)
+        except (BadImageError, OSError):
+            continue
+        views.append(view[:, :, None] if view.ndim == 2 else view)
+    if not views:
+        raise NoCalibrationImages(f"calibration: no readable image files ({', '.join(IMG_EXTENSIONS)}) in {root}")
+    return torch.from_numpy(np.stack(views)).permute(0, 3, 1, 2).contiguous()
 
 
 @contextlib.contextmanager

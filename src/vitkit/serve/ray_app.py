@@ -97,7 +97,8 @@ def replica_app(spec: Dict[str, Any]) -> Any:
     from .model import ServedModel
 
     torch.set_num_threads(spec["cpus"])
-    model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print)
+    model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print,
+                            spec.get("calibration"))
     return create_app(ServedModel(model), spec["options"], spec["title"])
 
 
@@ -130,7 +131,8 @@ def check_weights(weights: str, model_name: Optional[str]) -> None:
 
 def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
               quantize: Optional[str] = None, model_name: Optional[str] = None,
-              options: Optional[ServeOptions] = None, say: Callable[[str], None] = print) -> None:
+              options: Optional[ServeOptions] = None, say: Callable[[str], None] = print,
+              calibration: Optional[str] = None) -> None:
     """Serve the classifier ``weights`` on Ray Serve as ``plan`` says until SIGINT or SIGTERM, which
     delete the application (its replicas answer what is in flight) and stop a local Ray instance."""
     options = options or ServeOptions()
@@ -147,7 +149,10 @@ def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 
         check_weights(weights, model_name)
     if Path(weights).exists():
         weights = str(Path(weights).resolve())  # a replica's working folder is Ray's
+    if calibration is not None and Path(calibration).exists():
+        calibration = str(Path(calibration).resolve())
     spec = {"weights": weights, "runtime": runtime, "quantize": quantize, "model_name": model_name,
+            "calibration": calibration,
             "options": options, "title": f"vitkit serve: {weights}", "cpus": plan.cpus}
     try:
         _start_ray(ray, plan)

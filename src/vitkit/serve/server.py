@@ -67,9 +67,10 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
           quantize: Optional[str] = None, model_name: Optional[str] = None, options: Optional[ServeOptions] = None,
-          say: Callable[[str], None] = print) -> None:
+          say: Callable[[str], None] = print, calibration: Optional[str] = None) -> None:
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
-    OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it."""
+    OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
+    images a calibrated int8 export calibrates on)."""
     from ..deploy.choose import load_classifier, runtime_label
 
     options = options or ServeOptions()
@@ -79,7 +80,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise ValueError("; ".join(problems))
     sock = open_socket(host, port)  # a port in use: said before the weights are read
     try:
-        model = load_classifier(weights, runtime, quantize, model_name, say)
+        model = load_classifier(weights, runtime, quantize, model_name, say, calibration)
         label = runtime_label(model)
         server, sock, url = make_server(ServedModel(model), options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
