@@ -8,8 +8,9 @@ benchmark measures, in its own process:
 - **the clock**: cycles per second of one core, counted by a chain of dependent integer adds
   of two registers (one add per cycle on any x86-64 core of the last decade) in a small C
   program compiled on the spot. Not adds of a constant: Intel's cores since Golden Cove fold a
-  chain of those in the renamer, and an Intel Xeon with AMX read 21 GHz that way. Sampled at the start and at the end of the run. It shows the speed the core really
-  ran at (turbo, throttling, a hypervisor's share), which ``/proc/cpuinfo`` does not.
+  chain of those in the renamer, and an Intel Xeon with AMX read 21 GHz that way. Sampled at
+  the start and at the end of the run. It shows the speed the core really ran at (turbo,
+  throttling, a hypervisor's share), which ``/proc/cpuinfo`` does not.
   ``perf``'s cycle counter is not available in most virtual machines, this project's included.
 - **GEMM peaks**: fp32, bf16 and int8 GFLOP/s of one large matrix product
   (2048x3072x768: ViT-B's MLP shape, cut to fit), best of a few timings, on every thread the
@@ -19,10 +20,11 @@ benchmark measures, in its own process:
   Runtime's ``MatMulInteger`` (u8 x s8, the kernel its int8 models run; torch's CPU kernel is a
   slow reference on AVX2 machines). OpenVINO's own quantized product (a FakeQuantize into int8
   weights, as NNCF's models run it) is not among them: on an Intel Xeon with AMX it reached
-  1,246-1,444 GOP/s where ONNX Runtime's reached 2,222-2,508 (its f32 output costs it). fp32 is the best of torch, numpy and ONNX Runtime (each library's own
-  figure is kept): torch's CPU build calls Intel's MKL, which on this AMD EPYC reached 210
-  GFLOP/s where numpy's OpenBLAS reached 263 and ONNX Runtime ran ViT-B/16 at 393, so torch
-  alone would put ORT's fp32 path at 180% of "the limit". A model whose every FLOP ran at
+  1,246-1,444 GOP/s where ONNX Runtime's reached 2,222-2,508 (its f32 output costs it). fp32 is
+  the best of torch, numpy and ONNX Runtime (each library's own figure is kept): torch's CPU
+  build calls Intel's MKL, which on this AMD EPYC reached 210 GFLOP/s where numpy's OpenBLAS
+  reached 263 and ONNX Runtime ran ViT-B/16 at 393, so torch alone would put ORT's fp32 path at
+  180% of "the limit". A model whose every FLOP ran at
   that speed would reach ``peak / GFLOPs-per-image`` img/s: :func:`at_limit` states a figure
   as a fraction of that.
 

@@ -166,7 +166,8 @@ def test_int8_of_a_model_whose_classes_name_no_dataset_calibrates_on_a_folder(tm
     rng = np.random.default_rng(0)
     (tmp_path / "photos" / "some").mkdir(parents=True)
     for i in range(6):
-        Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(tmp_path / "photos" / "some" / f"{i}.png")
+        photo = rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)
+        Image.fromarray(photo).save(tmp_path / "photos" / "some" / f"{i}.png")
     photos = sorted(str(p) for p in (tmp_path / "photos" / "some").iterdir())
     assert main(["convert", str(tmp_path / "w"), str(tmp_path / "q.xml"), "--to", "openvino", "--quantize", "int8",
                  "--calibration", str(tmp_path / "photos"), "--json"]) == 0
