@@ -481,7 +481,9 @@ def test_fine_tuning_a_small_folder_with_default_flags_learns_and_says_what_it_d
     assert done.returncode == 0, done.stderr[-1500:]
     said = done.stderr
     assert re.search(r"batch 8 \(not the recipe's 128\): 1\d\d training images make 1\d steps an epoch", said), said
-    assert re.search(r"\d+ epochs \(not the recipe's 3\): 3 epochs of 1\d steps would be \d+ steps, too few", said)
+    # the recipe's own length depends on the precision this CPU trains in (fmnist-fp32: 3 epochs; fmnist: 9)
+    assert re.search(r"\d+ epochs \(not the recipe's (\d+)\): \1 epochs of 1\d steps would be \d+ steps, too few",
+                     said), said
     lines = said.splitlines()
     first = next(line for line in lines if line.startswith("training "))
     assert "its images (64x64, the first) resized to 28x28, the model's size (--img-size chooses)" in first, first
