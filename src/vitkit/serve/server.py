@@ -7,6 +7,7 @@ a model endpoint open to a network without one is a mistake far more often than 
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from typing import Callable, Optional, Tuple
@@ -88,6 +89,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise
     say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
         f"Ctrl-C or SIGTERM drains and stops")
+    gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn raises the signal it drained on again once it is done: done
