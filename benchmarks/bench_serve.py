@@ -154,7 +154,9 @@ def load_served(folder: Path, runtime: str, quantize=None, calibration=None):
 def calibration_folder(args, folder: Path, bodies: list):
     """OpenVINO's int8 calibrates on images and random weights' classes name no dataset: the photos
     themselves, as files (both the server and the offline baseline quantize on them); None elsewhere."""
-    if not (args.runtime == "openvino" and args.quantize):
+    from vitkit.deploy.quantize import calibrates
+
+    if not calibrates(args.runtime, args.quantize):
         return None
     (folder / "calibration").mkdir(exist_ok=True)
     for name, body in bodies:

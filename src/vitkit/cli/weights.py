@@ -11,6 +11,7 @@ from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from ..deploy.quantize import calibrates
     from ..weights import export_weights
     from ..weights.export import ExportWarning, check_destination
 
@@ -21,8 +22,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantize applies to --to onnx and --to openvino, not --to {args.to}")
     if args.quantize == "int8-static" and args.to == "openvino":
         raise ValueError("--to openvino quantizes with --quantize int8 (NNCF, calibrated on training images)")
-    if args.calibration is not None and not (args.quantize == "int8-static" or (args.to, args.quantize) == (
-            "openvino", "int8")):
+    if args.calibration is not None and not calibrates(args.to, args.quantize):
         raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --to openvino "
                          "--quantize int8, or --to onnx --quantize int8-static")
     if args.scan and args.to != "big_vision":

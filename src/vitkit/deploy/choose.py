@@ -15,7 +15,7 @@ from torch import nn
 from ..files import PathLike, work_folder
 from .onnx_export import export_onnx
 from .openvino import OpenVinoModel, export_openvino, is_openvino
-from .quantize import CalibrationSource, can_calibrate
+from .quantize import CalibrationSource, calibrates, can_calibrate
 from .runtime import OnnxModel
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
@@ -76,7 +76,7 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     if given:
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand in for the metadata of an "
                          f".onnx or .xml file without it; {source} carries its own preprocessing")
-    if calibration is not None and not (quantize == "int8-static" or (runtime == "openvino" and quantize)):
+    if calibration is not None and not calibrates(runtime, quantize):
         raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --runtime openvino "
                          "--quantize int8, or --runtime onnxruntime --quantize int8-static")
     if runtime == "torch":

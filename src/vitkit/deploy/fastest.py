@@ -47,8 +47,10 @@ class Choice:
 
     @property
     def calibrated(self) -> bool:
-        """Whether this path quantizes with calibration images (NNCF's int8 does; ORT's dynamic int8 does not)."""
-        return self.runtime == "openvino" and self.quantize is not None
+        """Whether this path quantizes with calibration images (:func:`~.quantize.calibrates`)."""
+        from .quantize import calibrates
+
+        return calibrates(self.runtime, self.quantize)
 
 
 def cpu_flags() -> frozenset:
@@ -114,7 +116,7 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
     usable = [c for c in order if calibrated or not c.calibrated]
     for choice in usable:
         if choice.runtime in installed:
-            if choice is not order[0] and order[0].runtime in installed:  # skipped for want of images only
+            if not calibrated and order[0].calibrated and order[0].runtime in installed:  # passed over: no images
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; OpenVINO int8, faster here, "
                               f"calibrates on images and the model's classes name no built-in dataset "
                               f"(--calibration FOLDER)", choice.precision)

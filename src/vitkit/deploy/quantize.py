@@ -107,6 +107,12 @@ class NoCalibrationImages(ValueError):
     """A calibrated int8 path was asked for and no images to calibrate on were given or can be found."""
 
 
+def calibrates(runtime: Optional[str], quantize: Optional[str]) -> bool:
+    """Whether ``quantize`` on ``runtime`` (``openvino``, ``onnxruntime`` or ``onnx``) calibrates on
+    images: OpenVINO's int8 (NNCF) and the ONNX int8-static do; ONNX Runtime's dynamic int8 does not."""
+    return quantize == "int8-static" or (runtime == "openvino" and quantize == "int8")
+
+
 def can_calibrate(model: nn.Module) -> bool:
     """Whether a calibrated int8 export of ``model`` finds its images without being given any
     (its class names are a built-in dataset's)."""
@@ -126,15 +132,17 @@ def calibration_images(model: nn.Module, count: int = 256, source: CalibrationSo
 
     if isinstance(source, torch.Tensor):
         return source
-    name = datasets.dataset_for_labels(model.config.label_names) if source is None else None
-    if source is None and name is None:
-        raise NoCalibrationImages(
-            f"{purpose} calibrates on images like those the model will see, and the model's classes name no "
-            f"built-in dataset: give some (--calibration FOLDER, or calibration=FOLDER | IMAGES in Python)")
-    if source is not None and Path(source).is_dir():
+    if source is None:
+        name = datasets.dataset_for_labels(model.config.label_names)
+        if name is None:
+            raise NoCalibrationImages(
+                f"{purpose} calibrates on images like those the model will see, and the model's classes name no "
+                f"built-in dataset: give some (--calibration FOLDER, or calibration=FOLDER | IMAGES in Python)")
+    elif Path(source).is_dir():
         return _folder_images(model, Path(source), count)
-    if source is not None:
-        with contextlib.suppress(ValueError):
+    else:
+        name = None
+        with contextlib.suppress(ValueError):  # not a dataset's name at all
             name = datasets.canonical(str(source))
         if name not in datasets.IN_MEMORY:
             raise NoCalibrationImages(f"calibration: {source} is neither a folder of images nor a built-in dataset "
