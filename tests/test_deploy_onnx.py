@@ -333,3 +333,24 @@ def test_calibration_images_from_a_folder_are_what_the_model_sees(tmp_path):
     q = export_onnx(model, tmp_path / "q.onnx", quantize="int8-static", calibration=tmp_path / "photos",
                     progress=False)
     assert OnnxModel(q).quantization == "int8-static"
+
+
+def test_a_signal_inside_the_exporter_stops_the_export_as_a_signal(tmp_path, monkeypatch):
+    """torch.export wraps a SIGTERM that lands inside it in its own error (seen: `vitkit convert`
+    killed mid-export said "torch.onnx.export (dynamo) failed" and exited 2): it stays a stop."""
+    from vitkit.signals import Terminated
+
+    def export_interrupted(*args, **kwargs):
+        try:
+            raise Terminated()
+        except Terminated as stop:
+            raise RuntimeError("Failed to export the model with torch.export.") from stop
+
+    monkeypatch.setattr(torch.onnx, "export", export_interrupted)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    with pytest.raises(Terminated):
+        export_onnx(model, tmp_path / "m.onnx", progress=False)
+    assert list(tmp_path.iterdir()) == []  # the work folder went with it
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("unsupported op")))
+    with pytest.raises(OnnxExportError, match="failed on VisionTransformer.*unsupported op"):
+        export_onnx(model, tmp_path / "m.onnx", progress=False)  # a real failure is still one line

@@ -234,11 +234,24 @@ def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[i
                                   input_names=[INPUT_NAME], output_names=[output],
                                   dynamic_axes={INPUT_NAME: {0: "batch"}, output: {0: "batch"}})
     except Exception as e:
+        if stop := _stop_inside(e):  # torch.export wraps a signal's KeyboardInterrupt in its own error
+            raise stop from None
         raise OnnxExportError(f"torch.onnx.export ({exporter}) failed on {type(model).__name__} "
                               f"({getattr(model.config, 'architecture', '?')}): {type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'}") from e
     finally:
         model.train(was_training)
+
+
+def _stop_inside(error: BaseException) -> Optional[KeyboardInterrupt]:
+    """The Ctrl-C or SIGTERM an exporter's error carries as its cause or context, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def metadata_for(config: Any, exporter: str, quantize: Optional[str]) -> Dict[str, str]:
