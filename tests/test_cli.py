@@ -1,6 +1,7 @@
 """Every CLI verb on a tiny model, human and --json output."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -104,8 +105,10 @@ def test_console_entry_point_runs():
 def test_a_reader_that_goes_away_ends_the_verb_quietly():
     """`vitkit models | head -1`: stdout's reader closes first; the verb ends with 141 (as `cat` does)
     and says nothing, where it said 'error: [Errno 32] Broken pipe' and exited 2."""
+    # stdout buffered, as in a new user's shell (this sandbox sets PYTHONUNBUFFERED, which hid a failure)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "info", "Ti/16"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     proc.stdout.close()  # before the first line is written: every write finds no reader
     err = proc.stderr.read()
     assert proc.wait(60) == 141 and err == "", err

@@ -89,7 +89,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_warn = _one_line_warnings(args.verb)
     previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed
+        # here, a reader that went away is caught below, not reported by Python at exit (status 120)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt as e:
         if debug:
             raise
