@@ -13,8 +13,10 @@ process on loopback:
   ``torch.inference_mode`` in the event loop and returns the top 5 as JSON, on uvicorn with the
   same settings as vitkit's (uvloop, httptools, no access log).
 
-The load: one client process (this one: a single ``httpx.AsyncClient`` on one event loop, so
-it takes little of the CPU the servers need; its own CPU time is reported per level), at 1, 8,
+The load: one client process (this one: a single ``aiohttp.ClientSession`` on one event loop, so
+it takes little of the CPU the servers need -- about 0.2 ms per request, where an
+``httpx.AsyncClient``, ``--client httpx``, took 2-3 ms, a sixth of the machine at vitkit's rate on
+OpenVINO int8; its own CPU time is reported per level), at 1, 8,
 32 and 128 concurrent clients, ``--requests`` each, every request POSTing a real photo
 (scikit-image's astronaut, chelsea, coffee and rocket as JPEG, cycled). The levels are
 interleaved (vitkit then plain, the other way round at the next level) so drift hits both.
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import io
 import json
@@ -99,6 +102,7 @@ GOAL_OFFLINE, GOAL_OVER_PLAIN, MEMORY_TOLERANCE, WARM_FRACTION = 0.8, 3.0, 0.10,
 REQUEST_TIMEOUT_S, START_TIMEOUT_S = 300.0, 600.0
 URL_LINE = re.compile(r" on (http://127\.0\.0\.1:\d+)")
 FAULTS = ("bad_image", "oversized", "disconnect")
+CLIENT_SESSIONS = {"aiohttp": "aiohttp.ClientSession", "httpx": "httpx.AsyncClient"}
 
 
 # ---------------------------------------------------------------------------- model, weights, images
@@ -340,14 +344,29 @@ def batch_delta(before: dict, after: dict) -> dict:
 # ---------------------------------------------------------------------------- the client
 
 
-async def drive(url: str, total: int, concurrency: int, request, done=None) -> tuple:
-    """``request(client, i)`` for every i < ``total`` on ``concurrency`` workers sharing one AsyncClient
-    -> (the results in order, wall seconds). ``done``: a one-item list counting finished requests."""
-    import httpx
+@contextlib.asynccontextmanager
+async def open_client(kind: str, url: str, concurrency: int):
+    """One HTTP client session for ``concurrency`` connections to ``url``: aiohttp or httpx."""
+    if kind == "httpx":
+        import httpx
 
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+            yield client
+        return
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(url, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as client:
+        yield client
+
+
+async def drive(url: str, total: int, concurrency: int, request, done=None, kind: str = "aiohttp") -> tuple:
+    """``request(client, i)`` for every i < ``total`` on ``concurrency`` workers sharing one client session
+    (``kind``) -> (the results in order, wall seconds). ``done``: a one-item list counting finished requests."""
     results, order = [None] * total, iter(range(total))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+    async with open_client(kind, url, concurrency) as client:
         async def worker():
             for i in order:  # one shared iterator: each request once
                 results[i] = await request(client, i)
@@ -358,15 +377,27 @@ async def drive(url: str, total: int, concurrency: int, request, done=None) -> t
         return results, time.perf_counter() - start
 
 
-async def post(client, body: bytes) -> dict:
-    """One POST /predict: its status (or the error's name), the top-1 index, the latency in ms."""
+def client_errors() -> tuple:
+    """What a request can end in besides an answer, for either client."""
+    import aiohttp
     import httpx
 
+    return httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError
+
+
+async def post(client, body: bytes) -> dict:
+    """One POST /predict: its status (or the error's name), the top-1 index, the latency in ms."""
+    headers = {"content-type": "image/jpeg"}
     start = time.perf_counter()
     try:
-        r = await client.post("/predict", content=body, headers={"content-type": "image/jpeg"})
-        status, top1 = r.status_code, (r.json()["top"][0]["index"] if r.status_code == 200 else None)
-    except httpx.HTTPError as e:
+        if type(client).__module__.startswith("httpx"):
+            r = await client.post("/predict", content=body, headers=headers)
+            status, answer = r.status_code, (r.json() if r.status_code == 200 else None)
+        else:
+            async with client.post("/predict", data=body, headers=headers) as r:
+                status, answer = r.status, (await r.json() if r.status == 200 else None)
+        top1 = answer["top"][0]["index"] if answer is not None else None
+    except client_errors() as e:  # counted per level, not fatal
         status, top1 = type(e).__name__, None
     return {"status": status, "top1": top1, "ms": (time.perf_counter() - start) * 1000}
 
@@ -384,11 +415,12 @@ def percentiles(ms: list) -> dict:
             "max": round(max(ms), 2)}
 
 
-def measure_level(server: Server, clients: int, requests: int, bodies: list, expected: list, limit) -> dict:
+def measure_level(server: Server, clients: int, requests: int, bodies: list, expected: list, limit,
+                  kind: str = "aiohttp") -> dict:
     """One load level on one server, with its CPU, the client's, other load and (vitkit) batch sizes."""
     metrics, server_cpu, own, busy = batch_counts(server.metrics()), server.cpu_s(), client_cpu_s(), _cpu_busy_s()
     results, wall = asyncio.run(drive(server.url, requests, clients,
-                                      lambda client, i: post(client, bodies[i % len(bodies)])))
+                                      lambda client, i: post(client, bodies[i % len(bodies)]), kind=kind))
     own, server_cpu = client_cpu_s() - own, server.cpu_s() - server_cpu
     busy_after = _cpu_busy_s()
     ok = [(i, r) for i, r in enumerate(results) if r["status"] == 200]
@@ -433,7 +465,8 @@ async def fault_request(client, i: int, every: int, bodies: list, junk: list, bi
     return {"kind": kind, "status": "closed", "top1": None, "ms": 0.0}
 
 
-async def fault_load(server: Server, total: int, every: int, concurrency: int, bodies: list) -> tuple:
+async def fault_load(server: Server, total: int, every: int, concurrency: int, bodies: list,
+                     kind: str = "aiohttp") -> tuple:
     """The fault run with the server's RSS sampled every second -> (results, wall, RSS samples)."""
     rng = np.random.default_rng(0)
     junk = [rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes() for _ in range(8)]
@@ -452,7 +485,7 @@ async def fault_load(server: Server, total: int, every: int, concurrency: int, b
                 pass
     sampler = asyncio.get_running_loop().create_task(sample())
     results, wall = await drive(server.url, total, concurrency, lambda client, i: fault_request(
-        client, i, every, bodies, junk, big, server.url), done)
+        client, i, every, bodies, junk, big, server.url), done, kind)
     stop.set()
     await sampler
     samples.append({"t_s": samples[-1]["t_s"] if samples else 0.0, "done": done[0],
@@ -460,10 +493,11 @@ async def fault_load(server: Server, total: int, every: int, concurrency: int, b
     return results, wall, samples
 
 
-def fault_run(server: Server, total: int, every: int, concurrency: int, bodies: list, expected: list) -> dict:
+def fault_run(server: Server, total: int, every: int, concurrency: int, bodies: list, expected: list,
+              kind: str = "aiohttp") -> dict:
     import httpx
 
-    results, wall, samples = asyncio.run(fault_load(server, total, every, concurrency, bodies))
+    results, wall, samples = asyncio.run(fault_load(server, total, every, concurrency, bodies, kind))
     good = [r for r in results if r["kind"] == "good"]
     answered = [r for r in good if r["status"] == 200]
     correct = sum(r["top1"] == expected[r["image"]] for r in answered)
@@ -542,6 +576,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="vitkit serve --max-wait-ms (default 5)")
     p.add_argument("--max-body-mb", type=float, default=2.0, help="vitkit serve --max-body-mb (default 2: the "
                                                                   "fault run's 3 MiB body is over it)")
+    p.add_argument("--client", choices=list(CLIENT_SESSIONS), default="aiohttp",
+                   help="the load's HTTP client (default aiohttp: it takes less of the CPU the servers share)")
     p.add_argument("--levels", type=int, nargs="+", help="concurrent clients per level (default 1 8 32 128)")
     p.add_argument("--requests", type=int, help=f"requests per level and server (default {REQUESTS})")
     p.add_argument("--warmup", type=int, help="requests per server before the levels (default 2 x --max-batch)")
@@ -621,13 +657,14 @@ def run(args, info: dict, folder: Path, servers: list) -> dict:
     print(f"offline ({args.runtime}, batch {args.max_batch}): {statistics.median(before):.1f} img/s", flush=True)
     start_servers(args, folder, servers, calibration)
     for server in servers:  # every batch size seen once before anything is timed
-        asyncio.run(drive(server.url, args.warmup, args.max_batch, lambda c, i: post(c, data[i % len(data)])))
+        asyncio.run(drive(server.url, args.warmup, args.max_batch, lambda c, i: post(c, data[i % len(data)]),
+                          kind=args.client))
     print(fmt_row(HEADER) + "\n" + "-" * len(fmt_row(HEADER)), flush=True)
     rows = []
     for n, clients in enumerate(args.levels):
         for server in servers if n % 2 == 0 else servers[::-1]:
             rows.append(measure_level(server, clients, args.requests, data, expected,
-                                      lambda img_s, name=server.name: limit(img_s, name)))
+                                      lambda img_s, name=server.name: limit(img_s, name), args.client))
             print(show(rows[-1]), flush=True)
     after = offline_samples(served, inputs, args.max_batch, args.offline_repeats, warmup=1)
     offline = {"batch": args.max_batch, "runtime": served.runtime, "samples_before_img_s": before,
@@ -638,7 +675,7 @@ def run(args, info: dict, folder: Path, servers: list) -> dict:
     if args.fault_requests:
         print(f"fault run: {args.fault_requests:,} requests, every {args.fault_every}th a fault ...", flush=True)
         fault = fault_run(servers[0], args.fault_requests, args.fault_every, args.fault_concurrency,
-                          data, expected)
+                          data, expected, args.client)
     return {"model": model, "images": images, "offline": offline, "rows": rows, "fault_run": fault,
             "servers": {s.name: {"command": s.command, "startup_s": s.startup_s} for s in servers},
             "goals": goals(rows, offline["median_img_s"], fault)}
@@ -678,8 +715,8 @@ def main(argv=None) -> int:
                                               "max_body_mb", "levels", "requests", "warmup", "offline_repeats",
                                               "fault_requests", "fault_every", "fault_concurrency", "image_side",
                                               "smoke")}
-    settings.update(threads=torch.get_num_threads(), oversized_bytes=OVERSIZED_BYTES, client="one httpx.AsyncClient "
-                    "in this process", started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    settings.update(threads=torch.get_num_threads(), oversized_bytes=OVERSIZED_BYTES,
+                    client=f"one {CLIENT_SESSIONS[args.client]} in this process", started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print(f"{info.get('cpu_model')} | torch {info.get('torch')} | timm {info.get('timm')} | vitkit {info.get('vitkit')}"
           f" | threads {settings['threads']} | {args.model} {args.kwargs or ''} on {args.runtime}"
           f"{' ' + args.quantize if args.quantize else ''}")

