@@ -716,7 +716,8 @@ def main(argv=None) -> int:
                                               "fault_requests", "fault_every", "fault_concurrency", "image_side",
                                               "smoke")}
     settings.update(threads=torch.get_num_threads(), oversized_bytes=OVERSIZED_BYTES,
-                    client=f"one {CLIENT_SESSIONS[args.client]} in this process", started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+                    client=f"one {CLIENT_SESSIONS[args.client]} in this process",
+                    started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print(f"{info.get('cpu_model')} | torch {info.get('torch')} | timm {info.get('timm')} | vitkit {info.get('vitkit')}"
           f" | threads {settings['threads']} | {args.model} {args.kwargs or ''} on {args.runtime}"
           f"{' ' + args.quantize if args.quantize else ''}")
