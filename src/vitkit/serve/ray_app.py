@@ -22,6 +22,7 @@ hf-hub:NAME), and every node needs vitkit installed.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -99,7 +100,9 @@ def replica_app(spec: Dict[str, Any]) -> Any:
     torch.set_num_threads(spec["cpus"])
     model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print,
                             spec.get("calibration"))
-    return create_app(ServedModel(model), spec["options"], spec["title"])
+    app = create_app(ServedModel(model), spec["options"], spec["title"])
+    gc.freeze()  # as vitkit serve does: what lives as long as the replica is left out of the collector's passes
+    return app
 
 
 def app_builder(spec: Dict[str, Any]) -> Callable[[], Any]:
