@@ -318,6 +318,13 @@ def test_bench_serve_smoke_loads_both_servers_and_states_its_goals(dirs, monkeyp
     assert faults["fault_run"]["requests"] == fault["requests"] and isinstance(faults["memory_flat"], bool)
     assert {"loadavg_at_start", "loadavg_at_end", "other_load"} <= set(data["machine"])
     assert [s.name for s in started] == ["vitkit", "plain"] and all(s.proc.poll() is not None for s in started)
+    assert data["settings"]["client"] == "one aiohttp.ClientSession in this process"
+    again = tmp_path / "serve_httpx.json"  # the earlier client, kept for comparisons: one level, no fault run
+    assert bench_serve.main(["--smoke", "--client", "httpx", "--levels", "8", "--fault-requests", "0",
+                             "--out", str(again)]) == 0
+    data = json.loads(again.read_text())
+    assert data["settings"]["client"] == "one httpx.AsyncClient in this process" and data["fault_run"] is None
+    assert [(r["server"], r["errors"]) for r in data["rows"]] == [("vitkit", 0), ("plain", 0)]
 
 
 def test_small_data_smoke_writes_to_the_smoke_folder(dirs, monkeypatch):
