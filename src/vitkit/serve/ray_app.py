@@ -100,7 +100,9 @@ def replica_app(spec: Dict[str, Any]) -> Any:
     torch.set_num_threads(spec["cpus"])
     model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print,
                             spec.get("calibration"))
-    app = create_app(ServedModel(model), spec["options"], spec["title"])
+    served = ServedModel(model)
+    served.warm(spec["options"].max_batch, progress=False)  # as vitkit serve does: memory flat from the start
+    app = create_app(served, spec["options"], spec["title"])
     gc.freeze()  # as vitkit serve does: what lives as long as the replica is left out of the collector's passes
     return app
 

@@ -83,7 +83,9 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
     try:
         model = load_classifier(weights, runtime, quantize, model_name, say, calibration)
         label = runtime_label(model)
-        server, sock, url = make_server(ServedModel(model), options, host, port, f"vitkit serve: {weights}", sock)
+        served = ServedModel(model)
+        served.warm(options.max_batch)  # the runtime's memory for every batch size, before the first request
+        server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
         sock.close()
         raise
