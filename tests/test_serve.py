@@ -391,6 +391,24 @@ def test_a_server_runs_the_batch_sizes_its_runtime_keeps_state_for_before_the_fi
     assert served.warm(6, progress=False) == len(sizes) and model.sizes == sizes
 
 
+def test_past_32_sizes_openvino_is_given_padded_batches_and_each_answer_is_its_own(weights):
+    """With --max-batch 64, OpenVINO would keep state for 64 shapes (ever larger ones): batches are
+    padded with blank images to even sizes, 32 shapes at most, and the padding never answers."""
+    model = BatchSizes(vitkit.from_pretrained(weights))
+    served = ServedModel(model, "openvino")
+    assert served.warm(64, progress=False) == 32 and model.sizes == list(range(2, 65, 2))
+    images = [served.image(photo(i)) for i in range(3)]
+    model.sizes.clear()
+    padded = served.probabilities(images)
+    assert model.sizes == [4] and len(padded) == 3
+    with torch.inference_mode():
+        alone = model.model(torch.stack(images)).softmax(-1)
+    torch.testing.assert_close(torch.stack(padded), alone, atol=1e-5, rtol=0)
+    assert [vitkit.serve.model.padded_size("openvino", n, 100) for n in (1, 4, 5, 97, 100)] == [4, 4, 8, 100, 100]
+    assert [vitkit.serve.model.padded_size(r, 5, 100) for r in ("onnxruntime", "torch")] == [5, 5]
+    assert vitkit.serve.model.padded_size("openvino", 5, 32) == 5
+
+
 def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     import vitkit.serve.server as server_module
 

@@ -30,15 +30,30 @@ MAX_PIXELS = 40_000_000
 _FIGURE_LOCK = threading.Lock()
 
 
+#: the most input shapes a server gives OpenVINO: past it, batches are padded up to common sizes
+OPENVINO_SHAPES = 32
+
+
+def padded_size(runtime: str, size: int, max_batch: int) -> int:
+    """The batch size the runtime is given for ``size`` images. OpenVINO keeps kernels and a memory
+    plan for every input shape it meets (ViT-S/16 int8: 10-28 MiB for each batch size up to 32,
+    more for larger ones), so with ``max_batch`` above :data:`OPENVINO_SHAPES` a batch is padded
+    with blank images to a multiple of ``ceil(max_batch / 32)``: at most 32 shapes, whatever the
+    limit. Every other runtime, and OpenVINO up to 32, gets the batch as it is."""
+    if runtime != "openvino" or max_batch <= OPENVINO_SHAPES:
+        return size
+    step = -(-max_batch // OPENVINO_SHAPES)
+    return min(-(-size // step) * step, max_batch)
+
+
 def warm_sizes(runtime: str, max_batch: int) -> List[int]:
     """The batch sizes a server runs once before it takes requests, so that its memory is flat from
-    the first request and no request pays for a shape the runtime has not seen. OpenVINO builds and
-    keeps kernels and a memory plan for every input shape the first time it meets it (ViT-S/16 int8:
-    10-28 MiB and 40-50 ms more for each new batch size, 545 MiB for sizes 1 to 32), so a server
-    that meets a rare batch size late grows late (864 -> 1,168 MiB over 48,000 requests); ONNX
-    Runtime grows one arena to the largest batch. PyTorch keeps nothing per shape on the CPU."""
+    the first request and no request pays for a shape the runtime has not seen: on OpenVINO every
+    size it can be given (:func:`padded_size`; a server that met a rare size late grew late: 864 ->
+    1,168 MiB over 48,000 requests), on ONNX Runtime the largest (its arena grows to the largest
+    batch once), on PyTorch none (it keeps nothing per shape on the CPU)."""
     if runtime == "openvino":
-        return list(range(1, max_batch + 1))
+        return sorted({padded_size(runtime, n, max_batch) for n in range(1, max_batch + 1)})
     return [max_batch] if runtime == "onnxruntime" else []
 
 
@@ -66,6 +81,8 @@ class ServedModel:
         self.max_pixels = max_pixels
         self.labels = list(config.label_names or [])
         self.device = next(model.parameters(), torch.empty(0)).device
+        #: the largest batch it is readied for (:meth:`warm`); None: batches are run as they come
+        self.max_batch: Optional[int] = None
 
     @property
     def can_embed(self) -> bool:
@@ -104,7 +121,9 @@ class ServedModel:
             raise BadImageError(name, f"{w} x {h} pixels is more than the {self.max_pixels:,} this server takes")
 
     def warm(self, max_batch: int, progress: bool = True) -> int:
-        """Runs every batch size :func:`warm_sizes` names once, on blank images; how many."""
+        """Readies the model for batches of up to ``max_batch`` (padded as :func:`padded_size` says
+        from now on) and runs every batch size :func:`warm_sizes` names once, on blank images; how many."""
+        self.max_batch = max_batch
         sizes = warm_sizes(self.runtime, max_batch)
         if sizes:
             h, w = (int(v) for v in self.config.img_size)
@@ -116,9 +135,13 @@ class ServedModel:
     @torch.inference_mode()
     def probabilities(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         """Class probabilities of each input, one batched forward pass."""
+        x = torch.stack(list(inputs))
+        size = padded_size(self.runtime, len(x), self.max_batch) if self.max_batch else len(x)
+        if size > len(x):  # blank images up to one of the few shapes the runtime is given
+            x = torch.cat([x, x.new_zeros(size - len(x), *x.shape[1:])])
         with fast_inference(self.model):
-            probs = self.model(torch.stack(list(inputs)).to(self.device)).float().softmax(-1).cpu()
-        return list(probs)
+            probs = self.model(x.to(self.device)).float().softmax(-1).cpu()
+        return list(probs[:len(inputs)])
 
     @torch.inference_mode()
     def embeddings(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
