@@ -427,6 +427,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
 @pytest.mark.parametrize("args, words", [
     (["--host", "0.0.0.0"], "reachable from other machines: give an API key"),
     (["--max-batch", "0"], "--max-batch must be >= 1"),
+    (["--max-batch", "100000"], "--max-batch must be at most 1,024 (the server runs its largest batch once"),
     (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),
     (["--timeout", "0"], "--timeout must be between 0 and 3600"),
     (["--max-body-mb", "0"], "--max-body-mb must be positive"),

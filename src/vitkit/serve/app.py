@@ -28,6 +28,8 @@ try:  # the request type the routes are annotated with (FastAPI reads annotation
 except ImportError:  # pragma: no cover - create_app says which extra installs it
     Request = Any  # type: ignore[misc,assignment]
 
+#: the largest --max-batch: a server runs its largest batch on blank images before it listens (serve.model.warm)
+MAX_BATCH = 1024
 #: endpoints open without the API key (probes, the page and its example image)
 OPEN_PATHS = ("/healthz", "/readyz", "/", "/example.png", "/favicon.ico")
 
@@ -55,6 +57,9 @@ class ServeOptions:
         for name in ("max_batch", "max_queue", "max_body_bytes", "top_k"):
             if getattr(self, name) < 1:
                 out.append(f"--{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
+        if self.max_batch > MAX_BATCH:
+            out.append(f"--max-batch must be at most {MAX_BATCH:,} (the server runs its largest batch once before it "
+                       f"listens), not {self.max_batch:,}")
         if not 0 <= self.max_wait_ms <= 10_000:
             out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
         if not 0 < self.timeout_s <= 3600:
