@@ -30,6 +30,9 @@ def test_macs_match_flop_counter(kw):
     ("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70, num_classes=10)),  # registers
     ("vit_relpos_medium_patch16_cls_224", dict(depth=2, img_size=64)),  # a bias MLP in every layer
     ("vit_srelpos_small_patch16_224", dict(depth=2, img_size=64)),  # one bias MLP for all
+    ("vit_dwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),  # differential attention: two maps
+    ("vit_dpwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),  # parallel blocks, differential
+    ("vit_pwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),  # parallel blocks
 ])
 def test_macs_of_the_later_vits_match_flop_counter(name, kw):
     model = vitkit.create_model(name, **kw).eval().requires_grad_(False)

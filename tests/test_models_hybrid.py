@@ -328,6 +328,9 @@ def test_config_json_round_trip(tmp_path, images):
     ({"type": "conv", "channels": [32, 64], "strides": [1, 3]}, "strides must be 1 or 2"),
     ({"type": "conv", "channels": [], "strides": []}, "non-empty"),
     ({"type": "conv", "channels": [32], "strides": [1], "layers": [1]}, "unknown field"),
+    ({"type": "conv_bn", "channels": [192, 768], "kernels": [4]}, "one per layer"),
+    ({"type": "conv_bn", "channels": [192, 768], "kernels": [4, 0]}, "kernels must be integers"),
+    ({"type": "conv_bn", "channels": [192, 512], "kernels": [4, 4]}, "makes the tokens itself"),
 ])
 def test_bad_backbone_config_is_a_clear_error(backbone, match):
     with pytest.raises(ValueError, match=match):
@@ -505,3 +508,41 @@ def test_conv_hybrid_round_trips_and_refuses_the_official_layout(tmp_path, image
     assert max_diff(model(x), again(x)) == 0.0
     with pytest.raises(WeightsError, match="only ResNet hybrids"):
         vitkit.export_weights(model, tmp_path / "m.npz", format="npz")
+
+
+# ------------------------------------------------------------------ MobileCLIP's stem (the conv_bn kind)
+
+
+@pytest.mark.parametrize("img_size", [64, 72])  # 72: 18 -> 9 -> 4, the convolutions without padding floor
+def test_mobileclip_stem_equals_timm_and_is_read_off_a_bare_file(img_size, tmp_path, images):
+    """timm's vit_base_mci_224 (patchify convolutions with BatchNorm + GELU, the last one making the tokens,
+    no projection): the same function, in eval and in training (BatchNorm's batch statistics); a bare timm
+    state dict rebuilds it from its shapes."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    ref = randomize(timm.create_model("vit_base_mci_224", depth=2, img_size=img_size))
+    ours = vitkit.create_model("vit_base_mci_224", depth=2, img_size=img_size).eval()
+    assert ours.patch_embed.proj is None and ours.patch_embed.grid_size == (img_size // 16,) * 2
+    report = vitkit.load_weights(ours, ref.state_dict())
+    assert not report.missing and not report.unexpected
+    x = images(3, img_size, img_size)
+    with torch.no_grad():
+        a, b = ref(x), ours(x)
+        assert a.std() > 1e-2 and max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+        ref.train(), ours.train()
+        assert max_diff(ref(x), ours(x)) <= 1e-4 * max(1.0, a.abs().max().item())
+    ref.eval(), ours.eval()
+    if img_size == 64:
+        save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "m.safetensors"))
+        bare = vitkit.from_pretrained(tmp_path / "m.safetensors")
+        assert bare.config.backbone == {"type": "conv_bn", "channels": [192, 192, 768], "kernels": [4, 2, 2]}
+        assert bare.config.img_size == (64, 64) and bare.config.patch_size == (1, 1)
+        with torch.no_grad():
+            a = ref(x)  # the training pass above moved BatchNorm's running statistics
+            assert max_diff(a, bare(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+    c = complexity(ours.config)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        ours(x[:1], return_attention=True)
+    assert counter.get_total_flops() == c.flops and c.params == count_parameters(ours)

@@ -69,6 +69,11 @@ CASES = {
     "relpos_mlp_cls": ("vit_relpos_medium_patch16_cls_224", dict(depth=2, img_size=64)),
     "relpos_mlp_shared": ("vit_srelpos_small_patch16_224", dict(depth=2, img_size=64)),
     "relpos_mlp_rpn": ("vit_relpos_medium_patch16_rpn_224", dict(depth=2, img_size=64)),
+    "diff_attn": ("vit_dwee_patch16_reg1_gap_256", dict(depth=3, img_size=64)),
+    "diff_attn_little": ("vit_dlittle_patch16_reg1_gap_256", dict(depth=2, img_size=64)),
+    "parallel": ("vit_pwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),
+    "parallel_diff": ("vit_dpwee_patch16_reg1_gap_256", dict(depth=3, img_size=64)),
+    "mobileclip_stem": ("vit_base_mci_224", dict(depth=2, img_size=64)),
 }
 
 
@@ -97,7 +102,7 @@ def test_later_vits_equal_timm(case, images):
 
 
 @pytest.mark.parametrize("case", ["clip", "siglip_map", "dinov2_reg4", "eva02_subln", "rope_mixed", "pe_core",
-                                  "dinov3", "beitv2", "relpos_mlp_cls"])
+                                  "dinov3", "beitv2", "relpos_mlp_cls", "diff_attn", "parallel_diff"])
 def test_later_vits_equal_timm_at_a_non_square_size(case, images):
     """Built at another, non-square size (positions resampled, rotary angles for the new grid): still timm's."""
     name, kw = CASES[case]
@@ -147,7 +152,7 @@ def test_new_blocks_are_checked_in_the_config():
     from vitkit.models import EvaConfig, ViTConfig
 
     for bad, word in ((dict(reg_tokens=-1), "reg_tokens"), (dict(norm="batchnorm"), "norm"),
-                      (dict(mlp="geglu"), "mlp"), (dict(block="parallel"), "block"), (dict(gelu="relu"), "gelu"),
+                      (dict(mlp="geglu"), "mlp"), (dict(block="sequential"), "block"), (dict(gelu="relu"), "gelu"),
                       (dict(global_pool="map", map_heads=5), "attention pool"),
                       (dict(reg_tokens=2, distill_token=True), "registers")):
         with pytest.raises(ValueError, match=word):

@@ -32,6 +32,8 @@ def _saved(tmp_path, name, **kw):
     ("vit_small_patch16_dinov3", dict(depth=2, img_size=64)),
     ("vit_pe_core_tiny_patch16_384", dict(depth=2, img_size=64)),
     ("beitv2_base_patch16_224", dict(depth=2, img_size=64, num_classes=5)),
+    ("vit_dwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),
+    ("vit_dpwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),
 ])
 def test_timm_hub_folder_loads_with_parity(tmp_path, name, kw, images):
     ref, folder = _saved(tmp_path, name, **kw)
@@ -50,8 +52,8 @@ def test_timm_hub_folder_loads_with_parity(tmp_path, name, kw, images):
 
 def test_unknown_architecture_is_refused_not_guessed(tmp_path):
     """A name vitkit does not know is never read as another model off its tensor names."""
-    _, folder = _saved(tmp_path, "vit_pwee_patch16_reg1_gap_256", depth=2, img_size=64)
-    with pytest.raises(WeightsError, match="'vit_pwee_patch16_reg1_gap_256' is not one vitkit knows") as e:
+    _, folder = _saved(tmp_path, "vit_small_patch16_18x2_224", depth=2, img_size=64)
+    with pytest.raises(WeightsError, match="'vit_small_patch16_18x2_224' is not one vitkit knows") as e:
         vitkit.from_pretrained(folder)
     assert "\n" not in str(e.value)
 
@@ -115,10 +117,10 @@ def test_vitkit_info_says_what_a_folder_is_before_loading_it(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["source"]["format"] == "timm" and info["source"]["config"]["reg_tokens"] == 4
     assert info["params"] == info["source"]["values"]  # the tensors are the model's parameters
-    _, unknown = _saved(tmp_path, "vit_pwee_patch16_reg1_gap_256", depth=1, img_size=64)
+    _, unknown = _saved(tmp_path, "vit_small_patch16_18x2_224", depth=1, img_size=64)
     assert main(["info", str(unknown)]) == 2
     out = capsys.readouterr().out
-    assert "cannot load it: timm architecture 'vit_pwee_patch16_reg1_gap_256' is not one vitkit knows" in out
+    assert "cannot load it: timm architecture 'vit_small_patch16_18x2_224' is not one vitkit knows" in out
 
 
 @pytest.mark.parametrize("name, kw", [("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70)),

@@ -27,8 +27,14 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     tokens are added (ConViT's GPSA layers), prefix tokens first otherwise.
 
     Rows are queries, columns keys; each row sums to 1. The model is put in eval mode for
-    the call (no attention dropout) and restored afterwards.
+    the call (no attention dropout) and restored afterwards. Differential attention (timm's
+    ``vit_dwee``) is refused: its maps are differences of two softmax maps, with negative weights and
+    rows that sum to 1 - lambda, which the analyses built on these maps would misread.
     """
+    if differential_layers(model):
+        raise ValueError("the attention analyses need maps whose rows are distributions; this model's "
+                         "differential attention mixes values by a difference of two softmax maps (rows sum to "
+                         "1 - lambda, some weights negative)")
     was_training = model.training
     model.eval()
     try:
@@ -36,6 +42,11 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     finally:
         model.train(was_training)
     return [a.float() for a in attns]
+
+
+def differential_layers(model: nn.Module) -> int:
+    """How many of the model's layers use differential attention (their maps are no distributions)."""
+    return sum(1 for m in model.modules() if hasattr(m, "lambda_q1"))
 
 
 def _fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:

@@ -32,6 +32,7 @@ from .analysis import (
     attention_maps,
     attention_rollout,
     convit_gates,
+    differential_layers,
     embedding_filters_pca,
     mean_attention_distance,
     patch_distances,
@@ -216,6 +217,9 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
+    if differential_layers(model):
+        raise ValueError("vitkit inspect cannot analyse this model: its differential attention has no attention "
+                         "maps that are distributions (rollout and attention distance need them)")
     out = Path(out_dir)
     with waiting_bar(None, "inspecting", progress, unit="steps") as bar:
         named = [] if images else default_images(model)

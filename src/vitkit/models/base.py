@@ -107,7 +107,7 @@ class TokenModel(SaveMixin, nn.Module):
                 raise ValueError("global_pool='token' needs a class token")
             self.global_pool = global_pool
         self.num_classes = num_classes
-        device = self.patch_embed.proj.weight.device
+        device = next(self.patch_embed.parameters()).device
         for name in self.head_names():
             setattr(self, name, self._new_head(num_classes).to(device))
         self._zero_heads()

@@ -120,8 +120,9 @@ class EvaConfig(ViTConfig):
                 problems.append("kv_heads (grouped-query attention) needs separate projections (qkv_fused=False)")
             else:
                 self.kv_heads = [int(h) for h in kv]
-        if self.block != "pre" or self.distill_token or self.backbone is not None:
-            problems.append("EVA models are pre-norm ViTs without a distillation token or a CNN backbone")
+        if self.block != "pre" or self.distill_token or self.backbone is not None or self.diff_attn:
+            problems.append("EVA models are pre-norm ViTs without a distillation token, a CNN backbone or "
+                            "differential attention")
         return problems
 
 

@@ -8,11 +8,14 @@ it. Its kinds, one row each in ``BACKBONES``:
 - ``{"type": "resnetv2", "layers": [3, 4, 9], "width_factor": 1}``: Big Transfer's ResNetV2
   as the official hybrids use it (:mod:`.bit`);
 - ``{"type": "conv", "channels": [32, 64, 64, 96, 96], "strides": [1, 2, 1, 2, 1]}``: a small stack of 3x3
-  convolutions for small images (:mod:`.conv_stem`), used by ``vit_fmnist_hybrid``.
+  convolutions for small images (:mod:`.conv_stem`), used by ``vit_fmnist_hybrid``;
+- ``{"type": "conv_bn", "channels": [192, 192, 768], "kernels": [4, 2, 2]}``: MobileCLIP's patchify
+  convolutions with BatchNorm (:mod:`.conv_bn_stem`), whose last layer makes the tokens (no projection).
 
-Every down-sampling layer pads as TensorFlow's SAME does, so the feature map of an input is
-ceil(size / stride) at every stride-2 layer. The CNN's parameters are timm's names under
-``patch_embed.backbone.``, so a hybrid's state dict is timm's with no renaming.
+Every down-sampling layer of the first two kinds pads as TensorFlow's SAME does, so the feature map of an
+input is ceil(size / stride) at every stride-2 layer; ``conv_bn``'s do not pad (floor). The CNN's
+parameters are timm's names under ``patch_embed.backbone.``, so a hybrid's state dict is timm's with no
+renaming.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from . import bit, conv_stem
+from . import bit, conv_bn_stem, conv_stem
 from .bit import (  # noqa: F401 (public names)
     BOTTLENECK_RATIO,
     GN_EPS,
@@ -59,12 +62,19 @@ class BackboneKind:
     channels: Callable[[Mapping[str, Any]], int]
     macs: Callable[[Mapping[str, Any], IntPair, int], int]
     build: Callable[[Mapping[str, Any], int], nn.Module]
+    #: the feature map of an input size (None: SAME padding, ceil at every down-sampling layer)
+    feature_size: Optional[Callable[[Mapping[str, Any], IntPair], IntPair]] = None
+    #: the backbone's last layer makes the tokens: the hybrid has no projection after it
+    embeds: bool = False
 
 
 BACKBONES: Dict[str, BackboneKind] = {
     "resnetv2": BackboneKind(bit.normalize_spec, bit.describe, bit.strides, bit.channels, bit.macs, bit.build),
     "conv": BackboneKind(conv_stem.normalize_spec, conv_stem.describe, conv_stem.strides, conv_stem.channels,
                          conv_stem.macs, conv_stem.build),
+    "conv_bn": BackboneKind(conv_bn_stem.normalize_spec, conv_bn_stem.describe, conv_bn_stem.strides,
+                            conv_bn_stem.channels, conv_bn_stem.macs, conv_bn_stem.build,
+                            feature_size=conv_bn_stem.feature_size, embeds=True),
 }
 BACKBONE_TYPES = tuple(BACKBONES)
 
@@ -103,8 +113,16 @@ def backbone_channels(spec: Mapping[str, Any]) -> int:
     return _kind(spec).channels(spec)
 
 
+def backbone_embeds(spec: Mapping[str, Any]) -> bool:
+    """Whether the backbone's last layer makes the tokens (no projection after it: MobileCLIP's stem)."""
+    return _kind(spec).embeds
+
+
 def backbone_feature_size(spec: Mapping[str, Any], img_size: IntPair) -> IntPair:
-    """Spatial size of the backbone's feature map for an input size (SAME padding: ceil)."""
+    """Spatial size of the backbone's feature map for an input size (SAME padding: ceil; ``conv_bn``: floor)."""
+    kind = _kind(spec)
+    if kind.feature_size is not None:
+        return kind.feature_size(spec, img_size)
     h, w = to_2tuple(img_size)
     for t in _kind(spec).strides(spec):
         h, w = same_out(h, t), same_out(w, t)
@@ -136,11 +154,13 @@ def init_backbone_(module: nn.Module) -> None:
 def infer_backbone(sd: Mapping[str, Any], prefix: str = "patch_embed.backbone.") -> Optional[Dict[str, Any]]:
     """The backbone dict of a state dict in timm/vitkit names, or None when it has none (the
     ``conv`` kind is vitkit's own and travels in ``config.json``)."""
-    return bit.infer_spec(sd, prefix)
+    spec = bit.infer_spec(sd, prefix)
+    return spec if spec is not None else conv_bn_stem.infer_spec(sd, prefix)
 
 
 def backbone_in_chans(sd: Mapping[str, Any], prefix: str = "patch_embed.backbone.") -> Optional[int]:
-    return bit.in_chans_of(sd, prefix)
+    chans = bit.in_chans_of(sd, prefix)
+    return chans if chans is not None else conv_bn_stem.in_chans_of(sd, prefix)
 
 
 # ----------------------------------------------------------------------------- hybrid embedding
@@ -168,8 +188,14 @@ class HybridEmbed(PatchGrid, nn.Module):
         self.in_chans = in_chans
         self.embed_dim = embed_dim
         self.set_img_size(img_size)
-        self.proj = nn.Conv2d(self.feature_dim, embed_dim, self.proj_patch_size,
-                              stride=self.proj_patch_size, bias=bias)
+        if backbone_embeds(self.spec):  # its last convolution made the tokens (timm: proj=False)
+            if self.feature_dim != embed_dim or self.proj_patch_size != (1, 1):
+                raise ValueError(f"a {self.spec['type']} backbone makes the tokens itself: its last width "
+                                 f"{self.feature_dim} must be the model's {embed_dim}, and patch_size 1")
+            self.proj = None
+        else:
+            self.proj = nn.Conv2d(self.feature_dim, embed_dim, self.proj_patch_size,
+                                  stride=self.proj_patch_size, bias=bias)
 
     def grid_for(self, img_size: IntPair) -> IntPair:
         fh, fw = backbone_feature_size(self.spec, img_size)
@@ -183,7 +209,9 @@ class HybridEmbed(PatchGrid, nn.Module):
 
     def forward(self, x: torch.Tensor, strict: bool = True) -> torch.Tensor:
         self.check_images(x, strict)
-        x = self.proj(self.backbone(x))
+        x = self.backbone(x)
+        if self.proj is not None:
+            x = self.proj(x)
         return x.permute(0, 2, 3, 1)
 
     def extra_repr(self) -> str:
@@ -192,7 +220,8 @@ class HybridEmbed(PatchGrid, nn.Module):
 
 
 __all__ = ["BACKBONES", "BACKBONE_TYPES", "BackboneKind", "normalize_backbone", "describe_backbone",
-           "backbone_reduction", "backbone_channels", "backbone_feature_size", "backbone_macs", "build_backbone",
+           "backbone_reduction", "backbone_channels", "backbone_embeds", "backbone_feature_size", "backbone_macs",
+           "build_backbone",
            "init_backbone_", "infer_backbone", "backbone_in_chans", "HybridEmbed",
            "StdConv2dSame", "GroupNormAct", "MaxPool2dSame", "ResNetStem", "Bottleneck", "ResNetStage",
            "ResNetV2Backbone", "ConvNormAct", "ConvBackbone"]

@@ -379,9 +379,10 @@ def init_block_(blk: "Block") -> None:
             nn.init.normal_(fc.bias, std=1e-6)
 
 
-#: block kinds (``block`` field): pre-norm (the paper's), or residual post-norm (timm's ``rpn`` models,
-#: Swin v2's: x + norm(f(x)))
-BLOCKS = ("pre", "res_post")
+#: block kinds (``block`` field): pre-norm (the paper's), residual post-norm (timm's ``rpn`` models,
+#: Swin v2's: x + norm(f(x))), or parallel attention and MLP (ViT-22B's, timm's ``pwee``:
+#: :mod:`.parallel_block`)
+BLOCKS = ("pre", "res_post", "parallel")
 
 
 class Block(nn.Module):

@@ -22,9 +22,11 @@ from . import positions
 from .base import TokenModel
 from .complexity import Complexity, token_complexity
 from .config_base import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, TokenConfig  # noqa: F401
+from .diff_attention import DiffAttention
 from .hybrid import (
     HybridEmbed,
     backbone_channels,
+    backbone_embeds,
     backbone_feature_size,
     backbone_in_chans,
     backbone_macs,
@@ -52,6 +54,7 @@ from .layers import (
     make_mlp,
     norm_factory,
 )
+from .parallel_block import ParallelBlock
 from .registry import Family, register_family, register_name_pattern
 from .vit_timm import vit_timm_args, vit_timm_config, vit_to_timm
 
@@ -108,8 +111,12 @@ class ViTConfig(TokenConfig):
     qk_norm: bool = False
     #: biases of the attention output projection and the MLP's layers (AIMv2 has none)
     proj_bias: bool = True
-    #: 'pre' (pre-norm, the paper's) or 'res_post' (residual post-norm, timm's ``rpn`` models)
+    #: 'pre' (pre-norm, the paper's), 'res_post' (residual post-norm, timm's ``rpn`` models) or 'parallel'
+    #: (attention and MLP side by side on one norm, ViT-22B's: timm's ``pwee``)
     block: str = "pre"
+    #: differential attention (Ye et al. 2024: two softmax maps per head, their difference): timm's
+    #: ``attn_layer='diff'`` (``vit_dwee``, ``vit_dlittle``, ``vit_dpwee``)
+    diff_attn: bool = False
     #: the norm after the last block (before or after pooling, see ``fc_norm``); False: none (RADIO)
     final_norm: bool = True
     #: the attention pool's heads and MLP width (``global_pool='map'``); None: the blocks' own
@@ -178,8 +185,35 @@ class ViTConfig(TokenConfig):
                 problems.append(f"embed_dim {self.embed_dim} is not divisible by the attention pool's {heads} heads")
             if self.distill_token or self.representation_size:
                 problems.append("global_pool='map' has its own head: no distill_token or representation_size")
+        problems += self._later_block_problems()
+        if self.backbone is not None and backbone_embeds(self.backbone):
+            width = backbone_channels(self.backbone)
+            if width != self.embed_dim or tuple(self.patch_size) != (1, 1):
+                problems.append(f"a {self.backbone['type']} backbone makes the tokens itself: its last width {width} "
+                                f"must be embed_dim ({self.embed_dim}) and patch_size 1, got {tuple(self.patch_size)}")
         if self.block == "res_post" and self.init_values is not None and not isinstance(self.init_values, (int, float)):
             problems.append(f"init_values must be a number, got {self.init_values!r}")
+        return problems
+
+    def _later_block_problems(self) -> List[str]:
+        """The combinations of differential attention and the parallel block that timm's layouts have."""
+        problems = []
+        relative = self.pos_embed in ("relative", "relative_mlp")
+        if self.diff_attn:
+            if not isinstance(self.diff_attn, bool):
+                problems.append(f"diff_attn must be true or false, got {self.diff_attn!r}")
+            heads = self.num_heads
+            if _is_count(heads) and heads > 0 and isinstance(self.embed_dim, int) and self.embed_dim % (2 * heads):
+                problems.append(f"differential attention splits each head in two: embed_dim {self.embed_dim} is "
+                                f"not divisible by 2 x {heads} heads")
+            if relative:
+                problems.append("differential attention takes no relative position bias")
+        if self.block == "parallel":
+            if relative:
+                problems.append("block='parallel' takes no relative position bias")
+            if self.mlp != "mlp" or self.attn_norm or self.mlp_norm:
+                problems.append("block='parallel' has one GELU MLP fused into its input projection: no SwiGLU, "
+                                "attn_norm or mlp_norm")
         return problems
 
     def grid_problems(self) -> List[str]:
@@ -189,6 +223,9 @@ class ViTConfig(TokenConfig):
         if self.backbone is None:
             return super().grid_problems()
         feat = backbone_feature_size(self.backbone, self.img_size)
+        if not all(feat):
+            step = backbone_reduction(self.backbone)
+            return [f"img_size {self.img_size} is smaller than the backbone's stride {step}"]
         if not any(f % p for f, p in zip(feat, self.patch_size)):
             return []
         step = backbone_reduction(self.backbone)
@@ -270,7 +307,7 @@ class VisionTransformer(TokenModel):
             self.pre_logits = nn.Identity()
         self.head = self._new_head(cfg.num_classes)
         self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token else None
-        if self.patch_embed.proj.weight.device.type != "meta":  # a model built to count its parameters has no
+        if next(self.patch_embed.parameters()).device.type != "meta":  # a model built to count its parameters has no
             self.init_weights()  # values to initialise (half the cost of `vitkit models`' ~300 builds)
 
     @property
@@ -283,8 +320,13 @@ class VisionTransformer(TokenModel):
         self.rope = None
 
     def build_attention(self, norm, i: int = 0) -> nn.Module:
-        """Block ``i``'s attention (the same kind in every block of this family)."""
+        """Block ``i``'s attention (the same kind in every block of this family; differential attention
+        takes the block's index for its lambda_init)."""
         cfg = self.config
+        if cfg.diff_attn:
+            return DiffAttention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.drop_rate,
+                                 cfg.attn_impl, depth=i, qk_norm=norm if cfg.qk_norm else None,
+                                 inner_norm=norm if cfg.attn_norm else None, proj_bias=cfg.proj_bias)
         return Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.drop_rate, cfg.attn_impl,
                          qk_norm=norm if cfg.qk_norm else None, inner_norm=norm if cfg.attn_norm else None,
                          proj_bias=cfg.proj_bias)
@@ -292,6 +334,11 @@ class VisionTransformer(TokenModel):
     def build_block(self, i: int, drop_path: float, norm) -> nn.Module:
         """Block ``i``: the injected attention, MLP and norm of the configuration."""
         cfg = self.config
+        if cfg.block == "parallel":
+            return ParallelBlock(cfg.embed_dim, cfg.num_heads, cfg.mlp_dim, norm, cfg.qkv_bias, cfg.gelu, cfg.drop_rate,
+                                 cfg.attn_drop_rate, drop_path, cfg.init_values, cfg.attn_impl,
+                                 qk_norm=norm if cfg.qk_norm else None, proj_bias=cfg.proj_bias,
+                                 differential=cfg.diff_attn, depth=i)
         mlp = make_mlp(cfg.mlp, cfg.embed_dim, cfg.mlp_dim, cfg.gelu, cfg.drop_rate, cfg.proj_bias,
                        norm if cfg.mlp_norm else None)
         return self.assemble_block(drop_path, norm, self.build_attention(norm, i), mlp)
@@ -320,9 +367,11 @@ class VisionTransformer(TokenModel):
         - an attention pool as big_vision's MAPHead: Xavier-uniform probe and kernels, zero biases;
         - a hybrid's CNN: LeCun-normal kernels, GroupNorm scale 1 and bias 0 (Flax defaults).
         """
-        lecun_normal_(self.patch_embed.proj.weight)
-        if self.patch_embed.proj.bias is not None:
-            nn.init.zeros_(self.patch_embed.proj.bias)
+        proj = self.patch_embed.proj  # None where the hybrid's CNN makes the tokens itself (MobileCLIP)
+        if proj is not None:
+            lecun_normal_(proj.weight)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
         if isinstance(self.patch_embed, HybridEmbed):
             init_backbone_(self.patch_embed.backbone)
         if self.cls_token is not None:
@@ -331,7 +380,7 @@ class VisionTransformer(TokenModel):
         for p in positions.parameters(self) + tokens:
             nn.init.normal_(p, std=0.02)
         for blk in self.blocks:
-            init_block_(blk)
+            blk.init_weights_() if isinstance(blk, ParallelBlock) else init_block_(blk)
         if self.attn_pool is not None:
             init_attention_pool_(self.attn_pool)
         if isinstance(self.pre_logits, nn.Sequential):
@@ -412,10 +461,13 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     cnn = 0
     if config.backbone is not None:
         cnn = backbone_macs(config.backbone, config.img_size, config.in_chans)
-        embed = cnn + gh * gw * D * backbone_channels(config.backbone) * ph * pw
+        proj = 0 if backbone_embeds(config.backbone) else gh * gw * D * backbone_channels(config.backbone) * ph * pw
+        embed = cnn + proj
     else:
         embed = gh * gw * D * config.in_chans * ph * pw
-    attn_mix = 2 * n * n * D  # q k^T and attention x v, all heads together
+    # q k^T and attention x v, all heads together (differential attention: 2H half-width maps, their difference
+    # times the values; its fused path runs one more product, each map times the values)
+    attn_mix = 2 * n * n * D
     mlp = (3 if config.mlp != "mlp" else 2) * n * D * M  # SwiGLU: a gate and a value projection, then fc2
     kv_heads = getattr(config, "kv_heads", None) or [config.num_heads] * config.depth  # grouped-query (EVA)
     qkv = sum(n * D * D + 2 * n * D * D * h // config.num_heads for h in kv_heads)
@@ -439,7 +491,11 @@ def vit_complexity(config: ViTConfig) -> Complexity:
 def is_vit_state_dict(keys: Collection[str]) -> bool:
     """timm/vitkit names of a patch-token model: every family has a patch projection, so this
     recogniser is asked last (more specific families first)."""
-    return "patch_embed.proj.weight" in keys
+    return "patch_embed.proj.weight" in keys or EMBEDDING_STEM in keys
+
+
+#: a hybrid whose CNN makes the tokens (MobileCLIP's stem) has no patch projection: this names its first layer
+EMBEDDING_STEM = "patch_embed.backbone.0.bn.running_var"
 
 
 def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
@@ -448,13 +504,16 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
-    if "patch_embed.proj.weight" not in sd:
+    if "patch_embed.proj.weight" not in sd and EMBEDDING_STEM not in sd:
         raise ValueError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
-    D, C, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
     try:
         backbone = infer_backbone(sd)
     except ValueError as e:
         raise ValueError(f"hybrid backbone: {e}") from None
+    if "patch_embed.proj.weight" in sd:
+        D, C, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
+    else:  # the CNN's last layer made the tokens
+        D, C, ph, pw = backbone_channels(backbone), 0, 1, 1
     if backbone is not None:
         C = backbone_in_chans(sd)
     block_ids = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.")}
@@ -465,7 +524,14 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     registers = int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0
     has_fc_norm = "fc_norm.weight" in sd
     attn_pool = "attn_pool.latent" in sd
-    mlp, fc2_in = _infer_mlp(sd)
+    parallel = "blocks.0.in_proj.weight" in sd  # timm's ParallelScalingBlock: one input projection, one norm
+    attn = "blocks.0." if parallel else "blocks.0.attn."  # where the attention's own parameters are
+    if parallel:
+        mlp, fc2_in = "mlp", int(sd["blocks.0.in_proj.weight"].shape[0]) - 3 * D
+        qkv, proj = "blocks.0.in_proj.bias", ("blocks.0.attn_out_proj.bias", "blocks.0.out_proj.bias")
+    else:
+        mlp, fc2_in = _infer_mlp(sd)
+        qkv, proj = "blocks.0.attn.qkv.bias", ("blocks.0.attn.proj.bias",)
     pool = "map" if attn_pool else "token" if class_token and not has_fc_norm else "avg"
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
@@ -475,12 +541,14 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
         global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
         num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
         representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
-        init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,
-        qkv_bias="blocks.0.attn.qkv.bias" in sd, proj_bias="blocks.0.attn.proj.bias" in sd,
+        init_values=1e-5 if "blocks.0.ls1.gamma" in sd or "blocks.0.ls.gamma" in sd else None,
+        qkv_bias=qkv in sd, proj_bias=any(k in sd for k in proj),
         pre_norm="norm_pre.weight" in sd, patch_bias="patch_embed.proj.bias" in sd,
-        embed_norm="patch_embed.norm.weight" in sd, qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        embed_norm="patch_embed.norm.weight" in sd, qk_norm=f"{attn}q_norm.weight" in sd,
         attn_norm="blocks.0.attn.norm.weight" in sd, mlp_norm="blocks.0.mlp.norm.weight" in sd,
-        norm="layernorm" if "blocks.0.norm1.bias" in sd else "rmsnorm",  # RMSNorm has no bias
+        block="parallel" if parallel else "pre", diff_attn=f"{attn}lambda_q1" in sd,
+        # RMSNorm has no bias
+        norm="layernorm" if "blocks.0.norm1.bias" in sd or "blocks.0.in_norm.bias" in sd else "rmsnorm",
         final_norm="norm.weight" in sd or has_fc_norm,
         pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
         else "none",

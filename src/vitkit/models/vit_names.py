@@ -11,8 +11,6 @@ hub folder's own ``pretrained_cfg`` (``config.json``) replaces the preprocessing
 its weights. ``tests/test_models_names.py`` checks every name against timm; ``benchmarks/coverage.py``
 loads each from timm's hub layout and compares the logits.
 
-Not here, and refused by name: timm's parallel blocks (``vit_pwee``), differential attention
-(``vit_dwee``, ``vit_dlittle``, ``vit_dpwee``) and the BatchNorm conv-stem hybrid (``vit_base_mci_224``).
 timm's relative-position ViTs (``vit_relpos_*``, ``vit_srelpos_*``) are here too. The models with rotary
 positions (``*_rope_*``, EVA-02, DINOv3, Perception Encoder) are :mod:`.eva`'s.
 """
@@ -251,6 +249,12 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
        for size, r, res in (("wee", 1, 256), ("little", 1, 256), ("little", 4, 256), ("medium", 1, 256),
                             ("medium", 4, 256), ("mediumd", 4, 256), ("mediumd", 4, 384), ("betwixt", 1, 256),
                             ("betwixt", 4, 256), ("betwixt", 4, 384))},
+    # differential attention (Ye et al. 2024) and ViT-22B's parallel blocks on the same recipe
+    "vit_dwee_patch16_reg1_gap_256": ("wee", "reg_gap", dict(reg_tokens=1, img_size=256, diff_attn=True)),
+    "vit_dlittle_patch16_reg1_gap_256": ("little", "reg_gap", dict(reg_tokens=1, img_size=256, diff_attn=True)),
+    "vit_pwee_patch16_reg1_gap_256": ("wee", "reg_gap", dict(reg_tokens=1, img_size=256, depth=16, block="parallel")),
+    "vit_dpwee_patch16_reg1_gap_256": ("wee", "reg_gap", dict(reg_tokens=1, img_size=256, depth=16, block="parallel",
+                                                              diff_attn=True)),
     **{f"vit_so150m_patch16_reg4_gap_{res}": ("so150m", "gap", dict(reg_tokens=4, img_size=res,
                                                                      crop_pct=1.0 if res == 384 else 0.95))
        for res in (256, 384)},
@@ -287,6 +291,10 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "flexivit_small": ("small", "flexivit", {}),
     "flexivit_base": ("base", "flexivit", {}),
     "flexivit_large": ("large", "flexivit", {}),
+    # MobileCLIP's image tower (Vasu et al. 2024): patchify convolutions with BatchNorm make the tokens
+    "vit_base_mci_224": ("base", "", dict(patch_size=1, no_embed_class=True, num_classes=512, **RAW,
+                                          backbone={"type": "conv_bn", "channels": [192, 192, 768],
+                                                    "kernels": [4, 2, 2]})),
     "vit_small_patch8_224": ("small", "", dict(patch_size=8, num_classes=0, **IMAGENET)),
     "vit_base_patch16_224_miil": ("base", "", dict(qkv_bias=False, num_classes=11221, crop_pct=0.875,
                                                    interpolation="bilinear", **RAW)),

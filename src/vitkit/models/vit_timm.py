@@ -46,7 +46,7 @@ _TIMM_ACTS = {"gelu": "exact", "gelu_tanh": "tanh", "gelu_pytorch_tanh": "tanh",
 #: the generic reader takes (timm_format._TIMM_ARGS)
 _TIMM_INERT = ("weight_init", "fix_init", "drop_rate", "pos_drop_rate", "proj_drop_rate", "patch_drop_rate",
                "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "qkv_bias", "dynamic_img_size",
-               "depth", "num_heads", "mlp_ratio", "act_layer", "pos_embed", "dynamic_img_pad")
+               "depth", "num_heads", "mlp_ratio", "act_layer", "pos_embed", "dynamic_img_pad", "attn_layer")
 
 
 def vit_timm_args(args: Mapping[str, Any], config: TokenConfig) -> Dict[str, Any]:
@@ -67,6 +67,11 @@ def vit_timm_args(args: Mapping[str, Any], config: TokenConfig) -> Dict[str, Any
             kw["gelu"] = _TIMM_ACTS[act]
         else:
             raise ValueError(f"timm act_layer {act!r} has no vitkit ViT equivalent (known: {', '.join(_TIMM_ACTS)})")
+    attn_layer = args.get("attn_layer")
+    if attn_layer not in (None, "", "attn", "diff"):
+        raise ValueError(f"timm attn_layer {attn_layer!r} has no vitkit ViT equivalent (known: 'attn', 'diff')")
+    if attn_layer == "diff":
+        kw["diff_attn"] = True
     if args.get("pos_embed") in ("", "none"):
         kw["pos_embed"] = "none"
     if args.get("dynamic_img_pad"):

@@ -42,8 +42,11 @@ def _heads(model: nn.Module) -> Tuple[str, ...]:
 
 
 #: a target's parts in the later ViTs' layouts: separate q/k/v projections (EVA-02, DINOv3 from Hugging
-#: Face, Sapiens) for ``qkv``, SwiGLU's two input projections for ``fc1``
-TARGET_ALIASES = {"qkv": ("q_proj", "k_proj", "v_proj"), "fc1": ("fc1_g", "fc1_x")}
+#: Face, Sapiens) for ``qkv``, SwiGLU's two input projections for ``fc1``; the parallel block's input
+#: projection (q, k, v and the MLP's hidden layer in one) for both, its output projections for ``proj`` and
+#: ``fc2`` (one ``out_proj`` over both with differential attention)
+TARGET_ALIASES = {"qkv": ("q_proj", "k_proj", "v_proj", "in_proj"), "fc1": ("fc1_g", "fc1_x", "in_proj"),
+                  "proj": ("attn_out_proj", "out_proj"), "fc2": ("mlp_out_proj", "out_proj")}
 
 
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:

@@ -76,7 +76,8 @@ def _problems(config: Any, want: Mapping[str, Any], what: str, patch_bias: bool)
                 if getattr(config, k, None) != v]
     if getattr(config, "use_patch_bias", patch_bias) != patch_bias:
         problems.append(f"a patch projection {'with' if patch_bias else 'without'} a bias")
-    for name in ("backbone", "representation_size", "distill_token", "attn_norm", "mlp_norm", "embed_norm"):
+    for name in ("backbone", "representation_size", "distill_token", "attn_norm", "mlp_norm", "embed_norm",
+                 "diff_attn"):
         if getattr(config, name, None):
             problems.append(f"{name} (none in {what})")
     if getattr(config, "block", "pre") != "pre":

@@ -342,7 +342,8 @@ def _export_problems(cfg: Any, layout: str) -> List[str]:
     if cfg.architecture != "vit":
         problems.append(f"the official layout has no {cfg.KIND} models (rotary positions, EVA's layouts)")
     plain = (("mlp", "mlp"), ("norm", "layernorm"), ("block", "pre"), ("final_norm", True))
-    later = [f for f in ("reg_tokens", "pre_norm", "qk_norm", "attn_norm", "mlp_norm", "embed_norm", "no_embed_class")
+    later = [f for f in ("reg_tokens", "pre_norm", "qk_norm", "attn_norm", "mlp_norm", "embed_norm", "no_embed_class",
+                         "diff_attn")
              if getattr(cfg, f, None)] + [f"{f}={getattr(cfg, f)!r}" for f, ok in plain if getattr(cfg, f) != ok]
     if later:
         problems.append(f"the official ViT has none of {', '.join(later)}")
