@@ -24,7 +24,9 @@ benchmark measures, in its own process:
   the best of torch, numpy and ONNX Runtime (each library's own figure is kept): torch's CPU
   build calls Intel's MKL, which on this AMD EPYC reached 210 GFLOP/s where numpy's OpenBLAS
   reached 263 and ONNX Runtime ran ViT-B/16 at 393, so torch alone would put ORT's fp32 path at
-  180% of "the limit". A model whose every FLOP ran at
+  180% of "the limit". bf16 likewise is the best of torch and OpenVINO (a bf16 MatMul; when installed):
+  on a Zen 4 torch's probe read 269 GFLOP/s in one run where OpenVINO's bf16 SigLIP-B/16 computed at 382,
+  and the same product ran at 355 in OpenVINO and 392 in torch minutes later. A model whose every FLOP ran at
   that speed would reach ``peak / GFLOPs-per-image`` img/s: :func:`at_limit` states a figure
   as a fraction of that.
 
@@ -155,6 +157,10 @@ def gemm_peaks(device: torch.device = torch.device("cpu"), rounds: int = 3) -> d
             by_library = {"torch": peaks["fp32_gflop_s"], **_other_fp32(a.numpy(), b.numpy(), flops, rounds, device)}
             peaks["fp32_gflop_s_by_library"] = by_library
             peaks["fp32_gflop_s"] = max(by_library.values())
+            if native_bf16:
+                bf16 = {"torch": peaks["bf16_gflop_s"], **_openvino_bf16(a.numpy(), b.numpy(), flops, rounds, device)}
+                peaks["bf16_gflop_s_by_library"] = bf16
+                peaks["bf16_gflop_s"] = max(bf16.values())
         int8 = {}
         try:
             x = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen).to(device)
@@ -216,6 +222,21 @@ def _other_fp32(a, b, flops: int, rounds: int, device: torch.device) -> dict:
     out = {"numpy": round(flops / _timed_best(lambda: a @ b, rounds, device) / 1e9, 1)}
     rate = _ort_rate("MatMul", {"a": a, "b": b}, a.dtype, flops, rounds, device)
     return out if rate is None else {**out, "onnxruntime": rate}
+
+
+def _openvino_bf16(a, b, flops: int, rounds: int, device: torch.device) -> dict:
+    """bf16 GFLOP/s of the same product in OpenVINO (when installed): a MatMul with a constant right-hand side,
+    compiled with bf16 inference precision on the benchmark's threads, as OpenVINO runs a model's products."""
+    try:
+        import openvino as ov
+        import openvino.opset13 as ops
+    except ImportError:
+        return {}
+    left = ops.parameter(list(a.shape), a.dtype, name="a")
+    graph = ov.Model([ops.matmul(left, ops.constant(b), False, False)], [left])
+    compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads(),
+                                                      "INFERENCE_PRECISION_HINT": "bf16"})
+    return {"openvino": round(flops / _timed_best(lambda: compiled(a), rounds, device) / 1e9, 1)}
 
 
 def machine_limits(device: torch.device = torch.device("cpu")) -> dict:
