@@ -99,16 +99,27 @@ def test_combinations_timm_does_not_have_are_refused(bad, words):
         EvaConfig(diff_attn=True)
 
 
-def test_the_attention_analyses_refuse_differential_maps(images, tmp_path):
+def test_the_attention_analyses_refuse_differential_maps_and_inspect_shows_the_rest(images, tmp_path):
+    """Rollout and attention distance refuse maps that are no distributions; ``vitkit inspect`` leaves those
+    figures out, says why in the report, and draws the others."""
+    from PIL import Image
+
     from vitkit.inspect import analysis, inspect_model
 
     model = _model("vit_dwee_patch16_reg1_gap_256")
     for fn in (analysis.attention_rollout, analysis.mean_attention_distance):
         with pytest.raises(ValueError, match="difference of two softmax maps"):
             fn(model, images(1, 64, 64))
-    with pytest.raises(ValueError, match="differential attention") as e:
-        inspect_model(model, tmp_path / "out", progress=False)
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    photos = []
+    for i in range(2):
+        photos.append(tmp_path / f"p{i}.png")
+        Image.fromarray((torch.rand(80, 80, 3) * 255).byte().numpy()).save(photos[-1])
+    result = inspect_model(model, tmp_path / "out", images=photos, progress=False)
+    assert {"token_norms", "position_embedding_similarity", "filter_pca"} <= set(result.figures)
+    assert not any(k.startswith(("rollout", "attention")) for k in result.figures)
+    page = result.report.read_text()
+    assert "differential" in page and "the 2 images" in page and result.notes
+    assert len(result.predictions) == 2
     plain = _model("vit_pwee_patch16_reg1_gap_256")  # the parallel block's maps are distributions
     assert analysis.attention_rollout(plain, images(1, 64, 64)).shape == (1, 4, 4)
 

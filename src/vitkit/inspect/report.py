@@ -61,9 +61,13 @@ class InspectResult:
     figures: Dict[str, Path] = field(default_factory=dict)
     predictions: List[Tuple[str, str, float]] = field(default_factory=list)  # (image, label, probability)
     report: Optional[Path] = None
+    #: what the report says it left out, and why
+    notes: List[str] = field(default_factory=list)
+    #: how many images the analyses ran on
+    images: int = 0
 
     def to_dict(self) -> dict:
-        return {"out_dir": str(self.out_dir), "report": str(self.report),
+        return {"out_dir": str(self.out_dir), "report": str(self.report), "notes": list(self.notes),
                 "figures": {k: str(v) for k, v in self.figures.items()},
                 "predictions": [{"image": i, "label": lab, "probability": p} for i, lab, p in self.predictions]}
 
@@ -139,7 +143,7 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
     else:
         table = (f"<h2>predictions</h2><table><tr><th>image</th><th>predicted</th><th>probability</th></tr>"
                  f"{rows}</table>")
-    images = max(len(result.predictions), sum(name.startswith("rollout_") for name in result.figures))
+    images = max(result.images, len(result.predictions), sum(name.startswith("rollout_") for name in result.figures))
     sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
                        f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\">"
                        f"<p class=\"caption\">{_caption(name, images)}</p></section>"
@@ -149,6 +153,7 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
     embedding = (f"tokens of {tokens[0]}x{tokens[1]} px from a CNN (patch {cfg.patch_size[0]}x{cfg.patch_size[1]} "
                  f"on its feature map)" if backbone else f"patch {tokens[0]}x{tokens[1]}")
     config_json = html.escape(json.dumps(cfg.to_dict(), indent=1, default=str))
+    notes = "".join(f"<p class=\"caption\">{html.escape(note)}</p>\n" for note in result.notes)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: vitkit inspect</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
@@ -158,7 +163,7 @@ pre{{background:#f6f6f6;padding:1em;font-size:12px;max-height:24em;overflow:auto
 <body><h1>{html.escape(title)}</h1>
 <p>{cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, {embedding},
 input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p in model.parameters()):,} parameters.</p>
-{table}
+{notes}{table}
 {sections}
 <h2>configuration</h2><pre>{config_json}</pre>
 </body></html>
@@ -168,24 +173,33 @@ input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p i
     return path
 
 
+#: Why a model with differential attention gets no attention-map figures (report.html says it).
+SIGNED_NOTE = ("No attention rollout, attention per layer or attention distance: this model's differential "
+               "attention mixes values by a difference of two softmax maps (rows sum to 1 - lambda, some weights "
+               "negative), which those analyses, built on maps whose rows are distributions, would misread.")
+
 #: Images per forward pass of the per-image analyses: bounds the attention maps held at once
 #: (ViT-B/16 at 224: 12 layers x 12 heads x 197^2 floats, 22 MB an image) and paces the progress line.
 CHUNK = 16
 
 
-def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progress
-               ) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progress, maps: bool = True
+               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(class probabilities (B, classes) or None, rollout maps (B, gh, gw), mean attention distance
-    (layers, heads) over all images) of ``x``, ``CHUNK`` images a pass."""
+    (layers, heads) over all images) of ``x``, ``CHUNK`` images a pass; without ``maps`` (differential
+    attention) no rollout and no distance (None)."""
     probs, rollouts, distance = [], [], torch.zeros(())
     for i in range(0, len(x), CHUNK):
         part = x[i:i + CHUNK]
         if with_probs:
             probs.append(model(part).float().softmax(-1).cpu())
-        rollouts.append(attention_rollout(model, part).cpu())
-        # every chunk's mean over its images, weighted by its images: the mean over all of them
-        distance = distance + mean_attention_distance(model, part).cpu() * len(part)
+        if maps:
+            rollouts.append(attention_rollout(model, part).cpu())
+            # every chunk's mean over its images, weighted by its images: the mean over all of them
+            distance = distance + mean_attention_distance(model, part).cpu() * len(part)
         bar.advance()
+    if not maps:
+        return (torch.cat(probs) if probs else None), None, None
     return (torch.cat(probs) if probs else None), torch.cat(rollouts), distance / len(x)
 
 
@@ -217,15 +231,14 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
-    if differential_layers(model):
-        raise ValueError("vitkit inspect cannot analyse this model: its differential attention has no attention "
-                         "maps that are distributions (rollout and attention distance need them)")
+    maps = not differential_layers(model)  # differential attention's maps are no distributions: no map figures
     out = Path(out_dir)
     with waiting_bar(None, "inspecting", progress, unit="steps") as bar:
         named = [] if images else default_images(model)
         n = len(images) if images else len(named)
         # every advance() below: images loaded, reconstruction, chunks, rollout figures, _model_figures'
-        bar.total = 2 * n + int(pretrainer is not None) + -(-n // CHUNK) + len(family_of(cfg).analyses) + 6
+        bar.total = (2 if maps else 1) * n + int(pretrainer is not None) + -(-n // CHUNK) + \
+            len(family_of(cfg).analyses) + (6 if maps else 4)
         if not images:
             bar.advance(n)  # the default images: loaded already
         for path in images or ():
@@ -235,7 +248,9 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             transform = EvalTransform.from_config(cfg)
             views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
             x = torch.stack(tensors).to(next(model.parameters()).device)
-            result = InspectResult(out)
+            result = InspectResult(out, images=len(named))
+            if not maps:
+                result.notes.append(SIGNED_NOTE)
             if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
                 shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
                 result.figures["reconstruction"] = figures.reconstruction_grid(
@@ -243,10 +258,10 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
                     note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
                     if getattr(pretrainer.config, "norm_pix_loss", False) else "")
                 bar.advance()
-            probs, rollout, distance = _per_image(model, x, pretrainer is None and bool(cfg.num_classes), bar)
+            probs, rollout, distance = _per_image(model, x, pretrainer is None and bool(cfg.num_classes), bar, maps)
             for (name, _), p in zip(named, probs if probs is not None else []):
                 result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
-            for i, ((name, _), view) in enumerate(zip(named, views)):
+            for i, ((name, _), view) in enumerate(zip(named, views) if maps else ()):
                 label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
                 result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
                     view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
@@ -258,22 +273,23 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     return result
 
 
-def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: torch.Tensor, out: Path,
+def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Optional[torch.Tensor], out: Path,
                    result: InspectResult, pca_components: int, bar: Progress) -> None:
     """The figures of the model itself: the class attention of the first image per layer, the mean
-    attention ``distance``, the token norms (the first image's map, every image's histogram), the
-    family's own analyses, position embeddings, filters."""
+    attention ``distance`` (both left out when it is None: differential attention), the token norms (the
+    first image's map, every image's histogram), the family's own analyses, position embeddings, filters."""
     cfg = model.config
     first = batch[:1]
-    maps = [m.cpu() for m in attention_maps(model, first)]
-    grid = model.patch_embed.grid_for(first.shape[-2:])
-    result.figures["attention_per_layer"] = figures.class_attention_per_layer(
-        maps, grid, model.num_prefix_tokens, model.cls_token is not None, out / "attention_per_layer.png")
-    bar.advance()
-    uniform = float(patch_distances(grid, model.patch_embed.patch_size).mean())
-    result.figures["attention_distance"] = figures.attention_distance_scatter(
-        distance, out / "attention_distance.png", image_size=max(cfg.img_size), uniform=uniform)
-    bar.advance()
+    if distance is not None:
+        maps = [m.cpu() for m in attention_maps(model, first)]
+        grid = model.patch_embed.grid_for(first.shape[-2:])
+        result.figures["attention_per_layer"] = figures.class_attention_per_layer(
+            maps, grid, model.num_prefix_tokens, model.cls_token is not None, out / "attention_per_layer.png")
+        bar.advance()
+        uniform = float(patch_distances(grid, model.patch_embed.patch_size).mean())
+        result.figures["attention_distance"] = figures.attention_distance_scatter(
+            distance, out / "attention_distance.png", image_size=max(cfg.img_size), uniform=uniform)
+        bar.advance()
     norms = token_norms(model, batch)
     labels = (["class"] if model.cls_token is not None else []) + \
         (["distillation"] if getattr(model, "dist_token", None) is not None else []) + \

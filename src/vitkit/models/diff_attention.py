@@ -10,7 +10,8 @@ The half-heads are interleaved as timm has them: the projection's query rows ``[
 
 Because its rows are a difference of two distributions (each row sums to ``1 - lambda``, and may hold
 negative weights), the maps ``return_attention`` gives are no distributions: :mod:`vitkit.inspect`'s
-rollout and attention distance refuse such models instead of renormalising them into something else.
+rollout and attention distance refuse such models instead of renormalising them into something else (its
+report leaves those figures out and says why).
 """
 
 from __future__ import annotations
