@@ -387,16 +387,17 @@ def test_a_server_runs_the_batch_sizes_its_runtime_keeps_state_for_before_the_fi
     (864 -> 1,168 MiB over 48,000 requests): every size the batcher can form runs once first, on
     blank images of the model's own input; ONNX Runtime's arena grows to the largest batch once."""
     model = BatchSizes(vitkit.from_pretrained(weights))
-    served = ServedModel(model, runtime)
-    assert served.warm(6, progress=False) == len(sizes) and model.sizes == sizes
+    served = ServedModel(model, runtime, max_batch=6)
+    assert served.warm(progress=False) == len(sizes) and model.sizes == sizes
+    assert ServedModel(model, runtime).warm(progress=False) == 0  # no largest batch: nothing to ready
 
 
 def test_past_32_sizes_openvino_is_given_padded_batches_and_each_answer_is_its_own(weights):
     """With --max-batch 64, OpenVINO would keep state for 64 shapes (ever larger ones): batches are
     padded with blank images to even sizes, 32 shapes at most, and the padding never answers."""
     model = BatchSizes(vitkit.from_pretrained(weights))
-    served = ServedModel(model, "openvino")
-    assert served.warm(64, progress=False) == 32 and model.sizes == list(range(2, 65, 2))
+    served = ServedModel(model, "openvino", max_batch=64)
+    assert served.warm(progress=False) == 32 and model.sizes == list(range(2, 65, 2))
     images = [served.image(photo(i)) for i in range(3)]
     model.sizes.clear()
     padded = served.probabilities(images)
@@ -413,7 +414,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     import vitkit.serve.server as server_module
 
     order = []
-    monkeypatch.setattr(ServedModel, "warm", lambda self, max_batch, progress=True: order.append(("warm", max_batch)))
+    monkeypatch.setattr(ServedModel, "warm", lambda self, progress=True: order.append(("warm", self.max_batch)))
 
     def fake_make_server(served, options, host, port, title, sock):
         order.append(("server", options.max_batch))

@@ -12,7 +12,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -68,9 +68,12 @@ class Answer:
 
 class ServedModel:
     """A classifier ready for batches of image bytes, on the runtime it was loaded for (``runtime``:
-    torch, onnxruntime or openvino; None: read off the model)."""
+    torch, onnxruntime or openvino; None: read off the model). ``max_batch``: the largest batch it will be
+    given; batches are then padded as :func:`padded_size` says, and :meth:`warm` readies every size (None:
+    batches are run as they come)."""
 
-    def __init__(self, model: nn.Module, runtime: Optional[str] = None, max_pixels: int = MAX_PIXELS):
+    def __init__(self, model: nn.Module, runtime: Optional[str] = None, max_pixels: int = MAX_PIXELS,
+                 max_batch: Optional[int] = None):
         config = model.config
         if not getattr(config, "num_classes", 0):
             raise ValueError("these weights have no classifier head (num_classes 0): nothing to serve; fine-tune "
@@ -81,8 +84,7 @@ class ServedModel:
         self.max_pixels = max_pixels
         self.labels = list(config.label_names or [])
         self.device = next(model.parameters(), torch.empty(0)).device
-        #: the largest batch it is readied for (:meth:`warm`); None: batches are run as they come
-        self.max_batch: Optional[int] = None
+        self.max_batch = max_batch
 
     @property
     def can_embed(self) -> bool:
@@ -120,10 +122,12 @@ class ServedModel:
         if w * h > self.max_pixels:
             raise BadImageError(name, f"{w} x {h} pixels is more than the {self.max_pixels:,} this server takes")
 
-    def warm(self, max_batch: int, progress: bool = True) -> int:
-        """Readies the model for batches of up to ``max_batch`` (padded as :func:`padded_size` says
-        from now on) and runs every batch size :func:`warm_sizes` names once, on blank images; how many."""
-        self.max_batch = max_batch
+    def warm(self, progress: bool = True) -> int:
+        """Runs every batch size :func:`warm_sizes` names for ``max_batch`` once, on blank images (the
+        runtime's kernels and memory for each, before the first request); how many."""
+        if not self.max_batch:
+            return 0
+        max_batch = self.max_batch
         sizes = warm_sizes(self.runtime, max_batch)
         if sizes:
             h, w = (int(v) for v in self.config.img_size)
@@ -175,3 +179,16 @@ def _display(x: torch.Tensor, transform: Any) -> Any:
     std = torch.tensor(transform.std).view(-1, 1, 1)
     pixels = ((x * std + mean).clamp(0, 1) * 255).round().byte()
     return (pixels[0] if pixels.shape[0] == 1 else pixels.permute(1, 2, 0)).numpy()
+
+
+def load_served(weights: str, runtime: Optional[str], quantize: Optional[str], model_name: Optional[str],
+                say: Callable[[str], None], calibration: Optional[str], max_batch: int,
+                progress: bool = True) -> ServedModel:
+    """The classifier ``weights`` name loaded on its runtime (as ``vitkit predict`` picks it), ready for batches
+    of up to ``max_batch``: every batch size its runtime keeps state for has run once, so the server's memory is
+    flat from the first request (``vitkit serve`` and each Ray replica)."""
+    from ..deploy.choose import load_classifier
+
+    served = ServedModel(load_classifier(weights, runtime, quantize, model_name, say, calibration), max_batch=max_batch)
+    served.warm(progress)
+    return served

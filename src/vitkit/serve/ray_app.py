@@ -93,15 +93,12 @@ def replica_app(spec: Dict[str, Any]) -> Any:
     """In a replica: the weights loaded on their runtime, and the plain server's app around them."""
     import torch
 
-    from ..deploy.choose import load_classifier
     from .app import create_app
-    from .model import ServedModel
+    from .model import load_served
 
     torch.set_num_threads(spec["cpus"])
-    model = load_classifier(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print,
-                            spec.get("calibration"))
-    served = ServedModel(model)
-    served.warm(spec["options"].max_batch, progress=False)  # as vitkit serve does: memory flat from the start
+    served = load_served(spec["weights"], spec["runtime"], spec["quantize"], spec["model_name"], print,
+                         spec.get("calibration"), spec["options"].max_batch, progress=False)  # as vitkit serve
     app = create_app(served, spec["options"], spec["title"])
     gc.freeze()  # as vitkit serve does: what lives as long as the replica is left out of the collector's passes
     return app

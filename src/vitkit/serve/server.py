@@ -14,7 +14,7 @@ from typing import Callable, Optional, Tuple
 
 from ..extras import require
 from .app import ServeOptions, create_app
-from .model import ServedModel
+from .model import ServedModel, load_served
 
 #: hosts that only this machine can reach
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -72,7 +72,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
     OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
     images a calibrated int8 export calibrates on)."""
-    from ..deploy.choose import load_classifier, runtime_label
+    from ..deploy.choose import runtime_label
 
     options = options or ServeOptions()
     options.api_key = options.api_key or os.environ.get(KEY_VARIABLE) or None
@@ -81,10 +81,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise ValueError("; ".join(problems))
     sock = open_socket(host, port)  # a port in use: said before the weights are read
     try:
-        model = load_classifier(weights, runtime, quantize, model_name, say, calibration)
-        label = runtime_label(model)
-        served = ServedModel(model)
-        served.warm(options.max_batch)  # the runtime's memory for every batch size, before the first request
+        served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch)
+        label = runtime_label(served.model)
         server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
         sock.close()
