@@ -137,3 +137,16 @@ def test_onnx_runtime_computes_the_same_function(name, images, tmp_path):
     with torch.no_grad():
         got = OnnxModel(path)(x)
     assert max_diff(want, got) <= 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_openvino_computes_the_same_function(images, tmp_path):
+    """Differential attention and the parallel block in one model (vit_dpwee), through OpenVINO in fp32."""
+    pytest.importorskip("openvino")
+    from vitkit.deploy.openvino import OpenVinoModel, export_openvino
+
+    model = _model("vit_dpwee_patch16_reg1_gap_256", depth=2)
+    path = export_openvino(model, tmp_path / "m.xml", progress=False)
+    x = images(3, 64, 64)
+    with torch.no_grad():
+        want, got = model(x), OpenVinoModel(path, precision="fp32")(x)
+    assert want.std() > 1e-2 and max_diff(want, got) <= 1e-4 * max(1.0, want.abs().max().item())
