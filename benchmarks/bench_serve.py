@@ -346,30 +346,39 @@ def batch_delta(before: dict, after: dict) -> dict:
 
 @contextlib.asynccontextmanager
 async def open_client(kind: str, url: str, concurrency: int):
-    """One HTTP client session for ``concurrency`` connections to ``url``: aiohttp or httpx."""
+    """One HTTP client session for ``concurrency`` connections to ``url`` (aiohttp or httpx), as the function
+    ``send(body) -> (status, JSON answer or None)`` that POSTs one JPEG to /predict through that client's API."""
+    headers = {"content-type": "image/jpeg"}
     if kind == "httpx":
         import httpx
 
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
-            yield client
+            async def send_httpx(body: bytes) -> tuple:
+                r = await client.post("/predict", content=body, headers=headers)
+                return r.status_code, (r.json() if r.status_code == 200 else None)
+            yield send_httpx
         return
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(url, connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as client:
-        yield client
+        async def send_aiohttp(body: bytes) -> tuple:
+            async with client.post("/predict", data=body, headers=headers) as r:
+                return r.status, (await r.json() if r.status == 200 else None)
+        yield send_aiohttp
 
 
 async def drive(url: str, total: int, concurrency: int, request, done=None, kind: str = "aiohttp") -> tuple:
-    """``request(client, i)`` for every i < ``total`` on ``concurrency`` workers sharing one client session
-    (``kind``) -> (the results in order, wall seconds). ``done``: a one-item list counting finished requests."""
+    """``request(send, i)`` for every i < ``total`` on ``concurrency`` workers sharing one client session
+    (``kind``; ``send``: :func:`open_client`'s) -> (the results in order, wall seconds). ``done``: a one-item
+    list counting finished requests."""
     results, order = [None] * total, iter(range(total))
-    async with open_client(kind, url, concurrency) as client:
+    async with open_client(kind, url, concurrency) as send:
         async def worker():
             for i in order:  # one shared iterator: each request once
-                results[i] = await request(client, i)
+                results[i] = await request(send, i)
                 if done is not None:
                     done[0] += 1
         start = time.perf_counter()
@@ -385,17 +394,12 @@ def client_errors() -> tuple:
     return httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError
 
 
-async def post(client, body: bytes) -> dict:
-    """One POST /predict: its status (or the error's name), the top-1 index, the latency in ms."""
-    headers = {"content-type": "image/jpeg"}
+async def post(send, body: bytes) -> dict:
+    """One POST /predict through ``send`` (:func:`open_client`'s): its status (or the error's name), the
+    top-1 index, the latency in ms."""
     start = time.perf_counter()
     try:
-        if type(client).__module__.startswith("httpx"):
-            r = await client.post("/predict", content=body, headers=headers)
-            status, answer = r.status_code, (r.json() if r.status_code == 200 else None)
-        else:
-            async with client.post("/predict", data=body, headers=headers) as r:
-                status, answer = r.status, (await r.json() if r.status == 200 else None)
+        status, answer = await send(body)
         top1 = answer["top"][0]["index"] if answer is not None else None
     except client_errors() as e:  # counted per level, not fatal
         status, top1 = type(e).__name__, None
@@ -420,7 +424,7 @@ def measure_level(server: Server, clients: int, requests: int, bodies: list, exp
     """One load level on one server, with its CPU, the client's, other load and (vitkit) batch sizes."""
     metrics, server_cpu, own, busy = batch_counts(server.metrics()), server.cpu_s(), client_cpu_s(), _cpu_busy_s()
     results, wall = asyncio.run(drive(server.url, requests, clients,
-                                      lambda client, i: post(client, bodies[i % len(bodies)]), kind=kind))
+                                      lambda send, i: post(send, bodies[i % len(bodies)]), kind=kind))
     own, server_cpu = client_cpu_s() - own, server.cpu_s() - server_cpu
     busy_after = _cpu_busy_s()
     ok = [(i, r) for i, r in enumerate(results) if r["status"] == 200]
@@ -448,12 +452,12 @@ def fault_kind(i: int, every: int) -> str:
     return FAULTS[(i // every) % len(FAULTS)] if i % every == every - 1 else "good"
 
 
-async def fault_request(client, i: int, every: int, bodies: list, junk: list, big: bytes, url: str) -> dict:
+async def fault_request(send, i: int, every: int, bodies: list, junk: list, big: bytes, url: str) -> dict:
     kind = fault_kind(i, every)
     if kind == "good":
-        return {"kind": kind, "image": i % len(bodies), **await post(client, bodies[i % len(bodies)])}
+        return {"kind": kind, "image": i % len(bodies), **await post(send, bodies[i % len(bodies)])}
     if kind != "disconnect":
-        return {"kind": kind, **await post(client, junk[i % len(junk)] if kind == "bad_image" else big)}
+        return {"kind": kind, **await post(send, junk[i % len(junk)] if kind == "bad_image" else big)}
     host, port = url.removeprefix("http://").split(":")
     body = bodies[i % len(bodies)]
     head = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -484,8 +488,8 @@ async def fault_load(server: Server, total: int, every: int, concurrency: int, b
             except asyncio.TimeoutError:
                 pass
     sampler = asyncio.get_running_loop().create_task(sample())
-    results, wall = await drive(server.url, total, concurrency, lambda client, i: fault_request(
-        client, i, every, bodies, junk, big, server.url), done, kind)
+    results, wall = await drive(server.url, total, concurrency, lambda send, i: fault_request(
+        send, i, every, bodies, junk, big, server.url), done, kind)
     stop.set()
     await sampler
     samples.append({"t_s": samples[-1]["t_s"] if samples else 0.0, "done": done[0],
@@ -657,7 +661,7 @@ def run(args, info: dict, folder: Path, servers: list) -> dict:
     print(f"offline ({args.runtime}, batch {args.max_batch}): {statistics.median(before):.1f} img/s", flush=True)
     start_servers(args, folder, servers, calibration)
     for server in servers:  # every batch size seen once before anything is timed
-        asyncio.run(drive(server.url, args.warmup, args.max_batch, lambda c, i: post(c, data[i % len(data)]),
+        asyncio.run(drive(server.url, args.warmup, args.max_batch, lambda send, i: post(send, data[i % len(data)]),
                           kind=args.client))
     print(fmt_row(HEADER) + "\n" + "-" * len(fmt_row(HEADER)), flush=True)
     rows = []
