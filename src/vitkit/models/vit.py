@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -28,11 +28,9 @@ from .hybrid import (
     backbone_channels,
     backbone_embeds,
     backbone_feature_size,
-    backbone_in_chans,
     backbone_macs,
     backbone_reduction,
     describe_backbone,
-    infer_backbone,
     init_backbone_,
     normalize_backbone,
 )
@@ -56,6 +54,7 @@ from .layers import (
 )
 from .parallel_block import ParallelBlock
 from .registry import Family, register_family, register_name_pattern
+from .vit_infer import EMBEDDING_STEM, is_vit_state_dict, vit_fields  # noqa: F401 (EMBEDDING_STEM: public)
 from .vit_timm import vit_timm_args, vit_timm_config, vit_to_timm
 
 POS_EMBEDS = tuple(positions.KINDS)
@@ -488,115 +487,16 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     return token_complexity(config, macs, config.depth * attn_mix, n, config.token_patch_size, cnn)
 
 
-def is_vit_state_dict(keys: Collection[str]) -> bool:
-    """timm/vitkit names of a patch-token model: every family has a patch projection, so this
-    recogniser is asked last (more specific families first)."""
-    return "patch_embed.proj.weight" in keys or EMBEDDING_STEM in keys
-
-
-#: a hybrid whose CNN makes the tokens (MobileCLIP's stem) has no patch projection: this names its first layer
-EMBEDDING_STEM = "patch_embed.backbone.0.bn.running_var"
-
-
 def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
-    """Rebuild the architecture from a timm/vitkit-named state dict alone.
+    """Rebuild the architecture from a timm/vitkit-named state dict alone (:func:`.vit_infer.vit_fields`).
 
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
-    if "patch_embed.proj.weight" not in sd and EMBEDDING_STEM not in sd:
-        raise ValueError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
-    try:
-        backbone = infer_backbone(sd)
-    except ValueError as e:
-        raise ValueError(f"hybrid backbone: {e}") from None
-    if "patch_embed.proj.weight" in sd:
-        D, C, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
-    else:  # the CNN's last layer made the tokens
-        D, C, ph, pw = backbone_channels(backbone), 0, 1, 1
-    if backbone is not None:
-        C = backbone_in_chans(sd)
-    block_ids = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.")}
-    if not block_ids:
-        raise ValueError("no transformer blocks ('blocks.N.*') in the state dict")
-    class_token = "cls_token" in sd
-    distill_token = "dist_token" in sd  # DeiT's distilled models
-    registers = int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0
-    has_fc_norm = "fc_norm.weight" in sd
-    attn_pool = "attn_pool.latent" in sd
-    parallel = "blocks.0.in_proj.weight" in sd  # timm's ParallelScalingBlock: one input projection, one norm
-    attn = "blocks.0." if parallel else "blocks.0.attn."  # where the attention's own parameters are
-    if parallel:
-        mlp, fc2_in = "mlp", int(sd["blocks.0.in_proj.weight"].shape[0]) - 3 * D
-        qkv, proj = "blocks.0.in_proj.bias", ("blocks.0.attn_out_proj.bias", "blocks.0.out_proj.bias")
-    else:
-        mlp, fc2_in = _infer_mlp(sd)
-        qkv, proj = "blocks.0.attn.qkv.bias", ("blocks.0.attn.proj.bias",)
-    pool = "map" if attn_pool else "token" if class_token and not has_fc_norm else "avg"
-    kw: Dict[str, Any] = dict(
-        embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
-        num_heads=HEADS_BY_WIDTH.get(D, max(1, D // 64)),
-        mlp=mlp, mlp_dim=fc2_in,
-        class_token=class_token, distill_token=distill_token, reg_tokens=registers,
-        global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
-        num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
-        representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
-        init_values=1e-5 if "blocks.0.ls1.gamma" in sd or "blocks.0.ls.gamma" in sd else None,
-        qkv_bias=qkv in sd, proj_bias=any(k in sd for k in proj),
-        pre_norm="norm_pre.weight" in sd, patch_bias="patch_embed.proj.bias" in sd,
-        embed_norm="patch_embed.norm.weight" in sd, qk_norm=f"{attn}q_norm.weight" in sd,
-        attn_norm="blocks.0.attn.norm.weight" in sd, mlp_norm="blocks.0.mlp.norm.weight" in sd,
-        block="parallel" if parallel else "pre", diff_attn=f"{attn}lambda_q1" in sd,
-        # RMSNorm has no bias
-        norm="layernorm" if "blocks.0.norm1.bias" in sd or "blocks.0.in_norm.bias" in sd else "rmsnorm",
-        final_norm="norm.weight" in sd or has_fc_norm,
-        pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
-        else "none",
-        backbone=backbone,
-    )
-    if attn_pool:
-        kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
-    kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
-                              backbone, (ph, pw)))
+    kw = vit_fields(sd)
+    kw["num_heads"] = HEADS_BY_WIDTH.get(kw["embed_dim"], max(1, kw["embed_dim"] // 64))
     kw.update(overrides)
     return ViTConfig(**kw)
-
-
-def _infer_mlp(sd: Mapping[str, Any]) -> Tuple[str, int]:
-    """The MLP kind of the blocks and the width ``fc2`` reads."""
-    swiglu = "blocks.0.mlp.fc1_g.weight" in sd
-    fc1 = sd["blocks.0.mlp.fc1_g.weight" if swiglu else "blocks.0.mlp.fc1.weight"]
-    fc2_in = int(sd["blocks.0.mlp.fc2.weight"].shape[1])
-    packed = not swiglu and int(fc1.shape[0]) == 2 * fc2_in  # SwiGLU's gate and value in one fc1
-    return "swiglu" if swiglu else "swiglu_packed" if packed else "mlp", fc2_in
-
-
-def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, prefix: int,
-                    backbone: Optional[Dict[str, Any]], patch: IntPair) -> Dict[str, Any]:
-    """``img_size`` (and ``no_embed_class`` for a table over the patches only), read off the learned
-    position table or the relative-bias table; nothing when the positions store no grid."""
-    ph, pw = patch
-    found: Dict[str, Any] = {}
-    if pos_embed == "learned":
-        slots = int(sd["pos_embed"].shape[1])
-        n = slots - prefix
-        if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
-            n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
-        side = int(round(n ** 0.5))
-        if side * side != n:
-            raise ValueError(f"cannot infer the image size from a position embedding with {n} "
-                             f"patch slots; pass img_size=")
-    elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
-        offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
-        side = (round(offsets ** 0.5) + 1) // 2
-        if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
-            raise ValueError(f"cannot infer the image size from a relative-bias table of {offsets} offsets; "
-                             f"pass img_size=")
-    else:
-        return found
-    r = backbone_reduction(backbone) if backbone is not None else 1
-    found["img_size"] = (side * ph * r, side * pw * r)
-    return found
 
 
 #: what a bare state dict of a later ViT cannot tell (no tensor holds it): said when it is read off the shapes

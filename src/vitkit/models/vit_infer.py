@@ -1,0 +1,127 @@
+"""The ViT family's reading of a bare state dict: which tensor names are a ViT's, and the config fields its
+names and shapes hold (width, depth, tokens, pooling, the blocks' kind and parts, the grid). What no tensor
+holds -- the heads of a fused qkv matrix, the norms' eps, the GELU -- is the family's to add
+(:func:`vitkit.models.vit.infer_vit_config`)."""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Dict, Mapping, Optional, Tuple
+
+from . import positions
+from .hybrid import backbone_channels, backbone_in_chans, backbone_reduction, infer_backbone
+from .sizes import IntPair
+
+#: a hybrid whose CNN makes the tokens (MobileCLIP's stem) has no patch projection: this names its first layer
+EMBEDDING_STEM = "patch_embed.backbone.0.bn.running_var"
+
+
+def is_vit_state_dict(keys: Collection[str]) -> bool:
+    """timm/vitkit names of a patch-token model: every family has a patch projection, so this
+    recogniser is asked last (more specific families first)."""
+    return "patch_embed.proj.weight" in keys or EMBEDDING_STEM in keys
+
+
+def vit_fields(sd: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ViTConfig fields a timm/vitkit-named state dict holds (all but the heads); ValueError naming what
+    is missing when it is no ViT's."""
+    if "patch_embed.proj.weight" not in sd and EMBEDDING_STEM not in sd:
+        raise ValueError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
+    try:
+        backbone = infer_backbone(sd)
+    except ValueError as e:
+        raise ValueError(f"hybrid backbone: {e}") from None
+    if "patch_embed.proj.weight" in sd:
+        D, C, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
+    else:  # the CNN's last layer made the tokens
+        D, C, ph, pw = backbone_channels(backbone), 0, 1, 1
+    if backbone is not None:
+        C = backbone_in_chans(sd)
+    block_ids = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.")}
+    if not block_ids:
+        raise ValueError("no transformer blocks ('blocks.N.*') in the state dict")
+    class_token = "cls_token" in sd
+    distill_token = "dist_token" in sd  # DeiT's distilled models
+    registers = int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0
+    has_fc_norm = "fc_norm.weight" in sd
+    attn_pool = "attn_pool.latent" in sd
+    pool = "map" if attn_pool else "token" if class_token and not has_fc_norm else "avg"
+    kw: Dict[str, Any] = dict(
+        embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
+        class_token=class_token, distill_token=distill_token, reg_tokens=registers,
+        global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
+        num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
+        representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
+        pre_norm="norm_pre.weight" in sd, patch_bias="patch_embed.proj.bias" in sd,
+        embed_norm="patch_embed.norm.weight" in sd,
+        final_norm="norm.weight" in sd or has_fc_norm,
+        pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
+        else "none",
+        backbone=backbone,
+        **_block_fields(sd, D),
+    )
+    if attn_pool:
+        kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
+    kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
+                              backbone, (ph, pw)))
+    return kw
+
+
+def _block_fields(sd: Mapping[str, Any], D: int) -> Dict[str, Any]:
+    """The blocks' kind and parts off the first block's names: pre-norm or parallel (timm's
+    ParallelScalingBlock: one input projection, one norm), differential attention, the MLP, biases, norms."""
+    parallel = "blocks.0.in_proj.weight" in sd
+    attn = "blocks.0." if parallel else "blocks.0.attn."  # where the attention's own parameters are
+    if parallel:
+        mlp, fc2_in = "mlp", int(sd["blocks.0.in_proj.weight"].shape[0]) - 3 * D
+        qkv, proj = "blocks.0.in_proj.bias", ("blocks.0.attn_out_proj.bias", "blocks.0.out_proj.bias")
+    else:
+        mlp, fc2_in = _infer_mlp(sd)
+        qkv, proj = "blocks.0.attn.qkv.bias", ("blocks.0.attn.proj.bias",)
+    return dict(
+        block="parallel" if parallel else "pre", diff_attn=f"{attn}lambda_q1" in sd, mlp=mlp, mlp_dim=fc2_in,
+        init_values=1e-5 if "blocks.0.ls1.gamma" in sd or "blocks.0.ls.gamma" in sd else None,
+        qkv_bias=qkv in sd, proj_bias=any(k in sd for k in proj), qk_norm=f"{attn}q_norm.weight" in sd,
+        attn_norm="blocks.0.attn.norm.weight" in sd, mlp_norm="blocks.0.mlp.norm.weight" in sd,
+        # RMSNorm has no bias
+        norm="layernorm" if "blocks.0.norm1.bias" in sd or "blocks.0.in_norm.bias" in sd else "rmsnorm",
+    )
+
+
+def _infer_mlp(sd: Mapping[str, Any]) -> Tuple[str, int]:
+    """The MLP kind of the blocks and the width ``fc2`` reads."""
+    swiglu = "blocks.0.mlp.fc1_g.weight" in sd
+    fc1 = sd["blocks.0.mlp.fc1_g.weight" if swiglu else "blocks.0.mlp.fc1.weight"]
+    fc2_in = int(sd["blocks.0.mlp.fc2.weight"].shape[1])
+    packed = not swiglu and int(fc1.shape[0]) == 2 * fc2_in  # SwiGLU's gate and value in one fc1
+    return "swiglu" if swiglu else "swiglu_packed" if packed else "mlp", fc2_in
+
+
+def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, prefix: int,
+                    backbone: Optional[Dict[str, Any]], patch: IntPair) -> Dict[str, Any]:
+    """``img_size`` (and ``no_embed_class`` for a table over the patches only), read off the learned
+    position table or the relative-bias table; nothing when the positions store no grid."""
+    ph, pw = patch
+    found: Dict[str, Any] = {}
+    if pos_embed == "learned":
+        slots = int(sd["pos_embed"].shape[1])
+        n = slots - prefix
+        if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
+            n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
+        side = int(round(n ** 0.5))
+        if side * side != n:
+            raise ValueError(f"cannot infer the image size from a position embedding with {n} "
+                             f"patch slots; pass img_size=")
+    elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
+        offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
+        side = (round(offsets ** 0.5) + 1) // 2
+        if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
+            raise ValueError(f"cannot infer the image size from a relative-bias table of {offsets} offsets; "
+                             f"pass img_size=")
+    else:
+        return found
+    r = backbone_reduction(backbone) if backbone is not None else 1
+    found["img_size"] = (side * ph * r, side * pw * r)
+    return found
+
+
+__all__ = ["EMBEDDING_STEM", "is_vit_state_dict", "vit_fields"]
