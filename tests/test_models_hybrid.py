@@ -546,3 +546,15 @@ def test_mobileclip_stem_equals_timm_and_is_read_off_a_bare_file(img_size, tmp_p
     with counter, torch.no_grad():
         ours(x[:1], return_attention=True)
     assert counter.get_total_flops() == c.flops and c.params == count_parameters(ours)
+
+
+def test_mobileclip_stem_exports_to_onnx_with_parity(tmp_path, images):
+    """The BatchNorm stem (folded at export) and the tower without a patch projection, through ONNX Runtime."""
+    pytest.importorskip("onnxruntime")
+    from vitkit.deploy import OnnxModel, export_onnx
+
+    model = randomize(vitkit.create_model("vit_base_mci_224", depth=2, img_size=64))
+    x = images(3, 64, 64)
+    with torch.no_grad():
+        want, got = model(x), OnnxModel(export_onnx(model, tmp_path / "m.onnx"))(x)
+    assert want.std() > 1e-2 and max_diff(want, got) <= 1e-5 * max(1.0, want.abs().max().item())
