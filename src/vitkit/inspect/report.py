@@ -203,7 +203,6 @@ def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progres
     return (torch.cat(probs) if probs else None), torch.cat(rollouts), distance / len(x)
 
 
-@torch.no_grad()
 def default_folder(weights: Union[str, Path]) -> Path:
     """Where ``vitkit inspect`` writes without ``--out``: beside a run's model (``runs/NAME/inspect``),
     else ``runs/inspect-NAME`` -- never the current directory itself."""
@@ -219,6 +218,7 @@ def default_folder(weights: Union[str, Path]) -> Path:
     return Path("runs") / f"inspect-{name}"
 
 
+@torch.no_grad()
 def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
                   title: Optional[str] = None, pca_components: int = 28, progress: bool = True) -> InspectResult:
     """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``.
