@@ -214,6 +214,13 @@ class ResNetV2Backbone(nn.Module):
 # ----------------------------------------------------------------------------- the backbone dict
 
 
+def check_known_fields(spec: Mapping[str, Any], what: str, known: Sequence[str]) -> None:
+    """A backbone dict names only its kind's fields: ValueError naming the others (``what``: whose)."""
+    unknown = sorted(set(spec) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+
+
 def int_list(value: Any) -> bool:
     """A list (or tuple) of ints, none of them a bool."""
     return isinstance(value, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
@@ -222,9 +229,7 @@ def int_list(value: Any) -> bool:
 def normalize_spec(spec: Mapping[str, Any]) -> Dict[str, Any]:
     """``{"type": "resnetv2", "layers": [n1, ...] (0 to 4 stages, each >= 1 block),
     "width_factor": int >= 1 (default 1)}`` checked, with every field spelled out."""
-    unknown = sorted(set(spec) - {"type", "layers", "width_factor"})
-    if unknown:
-        raise ValueError(f"backbone: unknown field(s) {', '.join(unknown)}; known: type, layers, width_factor")
+    check_known_fields(spec, "backbone", ("type", "layers", "width_factor"))
     layers = spec.get("layers")
     if not int_list(layers):
         raise ValueError(f"backbone layers must be a list of block counts such as [3, 4, 9], got {layers!r}")

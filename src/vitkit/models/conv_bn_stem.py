@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from .bit import int_list
+from .bit import check_known_fields, int_list
 from .layers import IntPair, to_2tuple
 
 #: BatchNorm2d's eps in timm's ConvStem (PyTorch's default)
@@ -47,9 +47,7 @@ class ConvBnStem(nn.Sequential):
 
 def normalize_spec(spec: Mapping[str, Any]) -> Dict[str, Any]:
     """``{"type": "conv_bn", "channels": [c1, ...], "kernels": [k1, ...]}`` checked (kernel = stride)."""
-    unknown = sorted(set(spec) - {"type", "channels", "kernels"})
-    if unknown:
-        raise ValueError(f"conv_bn backbone: unknown field(s) {', '.join(unknown)}; known: type, channels, kernels")
+    check_known_fields(spec, "conv_bn backbone", ("type", "channels", "kernels"))
     channels, kernels = spec.get("channels"), spec.get("kernels")
     if not int_list(channels) or not channels or any(c < 1 for c in channels):
         raise ValueError(f"conv_bn backbone channels must be a non-empty list of positive integers, got {channels!r}")

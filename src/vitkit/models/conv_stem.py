@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from torch import nn
 
-from .bit import ConvNormAct, int_list, same_out
+from .bit import ConvNormAct, check_known_fields, int_list, same_out
 from .layers import IntPair, to_2tuple
 
 #: GroupNorm groups of the small ``conv`` backbone (channels must be multiples of it).
@@ -35,9 +35,7 @@ class ConvBackbone(nn.Sequential):
 
 def normalize_spec(spec: Mapping[str, Any]) -> Dict[str, Any]:
     """``{"type": "conv", "channels": [c1, ...] (multiples of 8), "strides": [1 or 2, ...]}`` checked."""
-    unknown = sorted(set(spec) - {"type", "channels", "strides"})
-    if unknown:
-        raise ValueError(f"conv backbone: unknown field(s) {', '.join(unknown)}; known: type, channels, strides")
+    check_known_fields(spec, "conv backbone", ("type", "channels", "strides"))
     channels, strides = spec.get("channels"), spec.get("strides")
     if not int_list(channels) or not channels or any(c < 1 or c % CONV_GN_GROUPS for c in channels):
         raise ValueError(f"conv backbone channels must be a non-empty list of multiples of {CONV_GN_GROUPS}, "

@@ -118,13 +118,23 @@ def backbone_embeds(spec: Mapping[str, Any]) -> bool:
     return _kind(spec).embeds
 
 
+def embedding_problem(spec: Mapping[str, Any], embed_dim: int, patch_size: IntPair) -> Optional[str]:
+    """What is wrong with a backbone that makes the tokens itself for a model of ``embed_dim`` and
+    ``patch_size`` (its last width must be the model's, the patch 1), or None."""
+    width = backbone_channels(spec)
+    if not backbone_embeds(spec) or (width == embed_dim and tuple(patch_size) == (1, 1)):
+        return None
+    return (f"a {spec['type']} backbone makes the tokens itself: its last width {width} must be embed_dim "
+            f"({embed_dim}) and patch_size 1, got {tuple(patch_size)}")
+
+
 def backbone_feature_size(spec: Mapping[str, Any], img_size: IntPair) -> IntPair:
     """Spatial size of the backbone's feature map for an input size (SAME padding: ceil; ``conv_bn``: floor)."""
     kind = _kind(spec)
     if kind.feature_size is not None:
         return kind.feature_size(spec, img_size)
     h, w = to_2tuple(img_size)
-    for t in _kind(spec).strides(spec):
+    for t in kind.strides(spec):
         h, w = same_out(h, t), same_out(w, t)
     return (h, w)
 
@@ -189,9 +199,8 @@ class HybridEmbed(PatchGrid, nn.Module):
         self.embed_dim = embed_dim
         self.set_img_size(img_size)
         if backbone_embeds(self.spec):  # its last convolution made the tokens (timm: proj=False)
-            if self.feature_dim != embed_dim or self.proj_patch_size != (1, 1):
-                raise ValueError(f"a {self.spec['type']} backbone makes the tokens itself: its last width "
-                                 f"{self.feature_dim} must be the model's {embed_dim}, and patch_size 1")
+            if problem := embedding_problem(self.spec, embed_dim, self.proj_patch_size):
+                raise ValueError(problem)
             self.proj = None
         else:
             self.proj = nn.Conv2d(self.feature_dim, embed_dim, self.proj_patch_size,
@@ -220,8 +229,8 @@ class HybridEmbed(PatchGrid, nn.Module):
 
 
 __all__ = ["BACKBONES", "BACKBONE_TYPES", "BackboneKind", "normalize_backbone", "describe_backbone",
-           "backbone_reduction", "backbone_channels", "backbone_embeds", "backbone_feature_size", "backbone_macs",
-           "build_backbone",
+           "backbone_reduction", "backbone_channels", "backbone_embeds", "embedding_problem", "backbone_feature_size",
+           "backbone_macs", "build_backbone",
            "init_backbone_", "infer_backbone", "backbone_in_chans", "HybridEmbed",
            "StdConv2dSame", "GroupNormAct", "MaxPool2dSame", "ResNetStem", "Bottleneck", "ResNetStage",
            "ResNetV2Backbone", "ConvNormAct", "ConvBackbone"]

@@ -31,6 +31,7 @@ from .hybrid import (
     backbone_macs,
     backbone_reduction,
     describe_backbone,
+    embedding_problem,
     init_backbone_,
     normalize_backbone,
 )
@@ -185,11 +186,9 @@ class ViTConfig(TokenConfig):
             if self.distill_token or self.representation_size:
                 problems.append("global_pool='map' has its own head: no distill_token or representation_size")
         problems += self._later_block_problems()
-        if self.backbone is not None and backbone_embeds(self.backbone):
-            width = backbone_channels(self.backbone)
-            if width != self.embed_dim or tuple(self.patch_size) != (1, 1):
-                problems.append(f"a {self.backbone['type']} backbone makes the tokens itself: its last width {width} "
-                                f"must be embed_dim ({self.embed_dim}) and patch_size 1, got {tuple(self.patch_size)}")
+        if self.backbone is not None and (problem := embedding_problem(self.backbone, self.embed_dim,
+                                                                         self.patch_size)):
+            problems.append(problem)
         if self.block == "res_post" and self.init_values is not None and not isinstance(self.init_values, (int, float)):
             problems.append(f"init_values must be a number, got {self.init_values!r}")
         return problems
