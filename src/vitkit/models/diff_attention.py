@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import ATTN_IMPLS, explicit_attention
+from .layers import AttentionParts
 from .mlp import Linear
 from .norms import NormFactory, RmsNorm
 
@@ -83,31 +83,25 @@ def split_differential(qkv: torch.Tensor, heads: int) -> Tuple[torch.Tensor, tor
             v.reshape(B, N, heads, 2 * d).transpose(1, 2))
 
 
-class DiffAttention(nn.Module):
+class DiffAttention(AttentionParts):
     """Differential self-attention with one fused ``qkv`` projection (timm's ``DiffAttention``: the same
     parameter names). ``depth``: the block's index (it sets lambda_init). ``qk_norm`` normalises each
     half-head's queries and keys, ``inner_norm`` the joined heads before ``proj`` (timm's ``scale_norm``).
-    Not a kind of :class:`~vitkit.models.layers.Attention`: whatever swaps or rewrites standard attention
+    Its parts around the mixing are :class:`~vitkit.models.layers.AttentionParts`', but it is not a kind of
+    :class:`~vitkit.models.layers.Attention`: whatever swaps or rewrites standard attention
     (the ONNX export's separate projections) must leave this one as it is."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, impl: str = "auto", depth: int = 0, qk_norm: Optional[NormFactory] = None,
                  inner_norm: Optional[NormFactory] = None, proj_bias: bool = True):
         super().__init__()
-        if impl not in ATTN_IMPLS:
-            raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
         if dim % (2 * num_heads):
             raise ValueError(f"differential attention splits each head in two: width {dim} is not divisible by "
                              f"2 x {num_heads} heads")
-        self.impl, self.num_heads = impl, num_heads
+        self.num_heads = num_heads
         self.head_dim = dim // num_heads // 2
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else None
-        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else None
-        self.attn_drop = float(attn_drop)
-        self.norm = inner_norm(dim) if inner_norm is not None else None
-        self.proj = Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+        self.add_parts(dim, self.head_dim, impl, attn_drop, proj_drop, qk_norm, inner_norm, proj_bias)
         self.rel_pos = None  # no relative position bias (the config refuses one)
         add_differential_parts(self, self.head_dim, depth)
 
@@ -118,14 +112,9 @@ class DiffAttention(nn.Module):
         q, k, v = split_differential(self.qkv(x).chunk(3, dim=-1), self.num_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        explicit = return_attention or explicit_attention(self.impl, x, self.proj.weight)
+        explicit = return_attention or self._explicit(x)
         x, attn = differential_mix(self, q, k, v, explicit, self.attn_drop if self.training else 0.0)
-        if self.norm is not None:
-            x = self.norm(x)
-        x = self.proj(x)
-        if self.proj_drop is not None:
-            x = self.proj_drop(x)
-        return x, attn if return_attention else None
+        return self.finish(x), attn if return_attention else None
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, half_head_dim={self.head_dim}, lambda_init={self.lambda_init:.4f}"

@@ -149,7 +149,50 @@ class LayerScale(nn.Module):
 ATTN_IMPLS = ("auto", "sdpa", "explicit")
 
 
-class Attention(nn.Module):
+def mix_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, explicit: bool, dropout: float = 0.0,
+               bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """softmax(q k^T / sqrt(d) + bias) v for q, k, v (B, heads, N, d) -> (B, heads, N, d) and, on the explicit
+    path, the attention weights (before dropout; None on ``F.scaled_dot_product_attention``'s fused path).
+    ``dropout``: on the weights (0 outside training)."""
+    if not explicit:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                                              dropout_p=dropout), None
+    attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+    if bias is not None:
+        attn = attn + bias.to(attn.dtype)
+    attn = attn.softmax(dim=-1)
+    return (F.dropout(attn, dropout) if dropout else attn) @ v, attn
+
+
+class AttentionParts(nn.Module):
+    """What the self-attention layers share around their own projection and mixing (standard attention here,
+    :class:`~vitkit.models.diff_attention.DiffAttention`): the kernel choice, q/k norms over ``head_dim``,
+    attention dropout, the inner norm, the output projection and its dropout, timm's names for each."""
+
+    def add_parts(self, dim: int, head_dim: int, impl: str, attn_drop: float, proj_drop: float,
+                  qk_norm: Optional[NormFactory], inner_norm: Optional[NormFactory], proj_bias: bool) -> None:
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        self.impl = impl
+        self.q_norm = qk_norm(head_dim) if qk_norm is not None else None
+        self.k_norm = qk_norm(head_dim) if qk_norm is not None else None
+        self.attn_drop = float(attn_drop)
+        self.norm = inner_norm(dim) if inner_norm is not None else None
+        self.proj = Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The joined heads (B, N, D) -> the layer's output: inner norm, projection, dropout."""
+        if self.norm is not None:
+            x = self.norm(x)
+        x = self.proj(x)
+        return x if self.proj_drop is None else self.proj_drop(x)
+
+    def _explicit(self, x: torch.Tensor) -> bool:
+        return explicit_attention(self.impl, x, self.proj.weight)
+
+
+class Attention(AttentionParts):
     """Multi-head self-attention with one fused qkv projection (rows [q | k | v]).
 
     The default path is ``F.scaled_dot_product_attention`` (fused kernels). When the caller
@@ -167,21 +210,12 @@ class Attention(nn.Module):
                  proj_drop: float = 0.0, impl: str = "auto", qk_norm: Optional[NormFactory] = None,
                  inner_norm: Optional[NormFactory] = None, proj_bias: bool = True):
         super().__init__()
-        if impl not in ATTN_IMPLS:
-            raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
-        self.impl = impl
         if dim % num_heads:
             raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
         self.build_projections(dim, qkv_bias)
-        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else None
-        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else None
-        self.attn_drop = float(attn_drop)
-        self.norm = inner_norm(dim) if inner_norm is not None else None
-        self.proj = Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else None
+        self.add_parts(dim, self.head_dim, impl, attn_drop, proj_drop, qk_norm, inner_norm, proj_bias)
         #: a relative position bias (:class:`RelativePositionBias`), attached by the model for that kind
         self.rel_pos: Optional[nn.Module] = None
 
@@ -206,28 +240,9 @@ class Attention(nn.Module):
             q, k = apply_rope(q, rope).type_as(v), apply_rope(k, rope).type_as(v)
         if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group
             k, v = _repeat_heads(k, q.shape[1]), _repeat_heads(v, q.shape[1])
-        attn = None
-        if return_attention or self._explicit(x):
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            if bias is not None:
-                attn = attn + bias.to(attn.dtype)
-            attn = attn.softmax(dim=-1)
-            weights = F.dropout(attn, self.attn_drop) if self.training and self.attn_drop else attn
-            x = weights @ v
-        else:
-            x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
-                dropout_p=self.attn_drop if self.training else 0.0)
-        x = x.transpose(1, 2).reshape(B, N, C)
-        if self.norm is not None:
-            x = self.norm(x)
-        x = self.proj(x)
-        if self.proj_drop is not None:
-            x = self.proj_drop(x)
-        return x, attn if return_attention else None
-
-    def _explicit(self, x: torch.Tensor) -> bool:
-        return explicit_attention(self.impl, x, self.proj.weight)
+        x, attn = mix_values(q, k, v, return_attention or self._explicit(x), self.attn_drop if self.training else 0.0,
+                             bias)
+        return self.finish(x.transpose(1, 2).reshape(B, N, C)), attn if return_attention else None
 
 
 def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .diff_attention import add_differential_parts, differential_mix, split_differential
-from .layers import LayerScale, drop_path, explicit_attention, xavier_uniform_fan
+from .layers import LayerScale, drop_path, explicit_attention, mix_values, xavier_uniform_fan
 from .mlp import Linear
 from .norms import NormFactory, gelu_layer
 
@@ -73,12 +72,7 @@ class ParallelBlock(nn.Module):
             q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            attn = None
-            if explicit:
-                attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
-                a = (F.dropout(attn, dropout) if dropout else attn) @ v
-            else:
-                a = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+            a, attn = mix_values(q, k, v, explicit, dropout)
             a = a.transpose(1, 2).reshape(B, N, D)
         h = self.mlp_act(h)
         if self.mlp_drop is not None:
