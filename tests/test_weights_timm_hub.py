@@ -141,3 +141,51 @@ def test_a_bare_file_of_a_later_vit_is_read_off_its_shapes_and_says_what_it_assu
     with torch.no_grad():
         a, b = ref(x), ours(x)
     assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["vit_relpos_small_patch16_224", "vit_srelpos_small_patch16_224",
+                                  "vit_relpos_medium_patch16_cls_224"])
+def test_a_bare_relative_mlp_vit_is_read_off_its_shapes_and_says_its_image_size_is_assumed(name, tmp_path, images):
+    """timm's relative-bias MLP (per layer or shared) is in the tensors, its hidden width too; the grid its
+    bias is computed for is not: the image size is said to be assumed, unless img_size= gives it."""
+    from safetensors.torch import save_file
+
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(timm.create_model(name, depth=2, img_size=64))
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.warns(GuessWarning, match=r"the image size \(224x224 px"):
+        vitkit.from_pretrained(tmp_path / "w.safetensors")
+    with pytest.warns(GuessWarning) as said:
+        ours = vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=64)
+    assert not any("image size" in str(w.message) for w in said)
+    assert ours.config.pos_embed == "relative_mlp" and ours.config.shared_rel_pos == ("srelpos" in name)
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a, b = ref(x), ours(x)
+    assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_a_bare_file_that_could_be_a_residual_post_norm_vit_says_its_block_kind_is_assumed(tmp_path, images,
+                                                                                            capsys):
+    """timm's rpn blocks have a pre-norm block's names: a bare rpn state dict reads as pre-norm (other outputs)
+    and the warning and `vitkit info` say the block kind was assumed; its architecture name gives timm's."""
+    from safetensors.torch import save_file
+
+    from vitkit.cli import main
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(timm.create_model("vit_base_patch16_rpn_224", depth=2, img_size=64))
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    x = images(2, 64, 64)
+    with pytest.warns(GuessWarning, match="the block kind.*residual post-norm"):
+        guessed = vitkit.from_pretrained(tmp_path / "w.safetensors")
+    named = vitkit.from_pretrained(tmp_path / "w.safetensors", model_name="vit_base_patch16_rpn_224", depth=2,
+                                   img_size=64)
+    with torch.no_grad():
+        a, wrong, right = ref(x), guessed(x), named(x)
+    assert guessed.config.block == "pre" and max_diff(a, wrong) > 1e-3
+    assert max_diff(a, right) <= 1e-5 * max(1.0, a.abs().max().item())
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "w.safetensors")]) == 0
+    assert "assumed     what no tensor holds was assumed: the block kind" in capsys.readouterr().out

@@ -44,6 +44,7 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
              f"pooling {c.global_pool}", f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"]
     lines.append(f"  vitkit      architecture {c.architecture!r}" + (f" ({c.name})" if c.name else "") + ": "
                  + ", ".join(e for e in extra if e))
+    lines += [f"  assumed     {guess}" for guess in info.get("assumed", ())]  # a bare file: what its tensors do not say
     return lines
 
 

@@ -13,6 +13,8 @@ from .sizes import IntPair
 
 #: a hybrid whose CNN makes the tokens (MobileCLIP's stem) has no patch projection: this names its first layer
 EMBEDDING_STEM = "patch_embed.backbone.0.bn.running_var"
+#: the first layer of timm's relative-bias MLP, in every block or one shared by all (its rows: the hidden width)
+REL_POS_MLP, SHARED_REL_POS_MLP = "blocks.0.attn.rel_pos.mlp.fc1.weight", "shared_rel_pos.mlp.fc1.weight"
 
 
 def is_vit_state_dict(keys: Collection[str]) -> bool:
@@ -54,16 +56,27 @@ def vit_fields(sd: Mapping[str, Any]) -> Dict[str, Any]:
         pre_norm="norm_pre.weight" in sd, patch_bias="patch_embed.proj.bias" in sd,
         embed_norm="patch_embed.norm.weight" in sd,
         final_norm="norm.weight" in sd or has_fc_norm,
-        pos_embed="learned" if "pos_embed" in sd else "relative" if f"blocks.0.{positions.RELATIVE_TABLE}" in sd
-        else "none",
-        backbone=backbone,
+        pos_embed=_position_kind(sd), backbone=backbone,
         **_block_fields(sd, D),
     )
+    if kw["pos_embed"] == "relative_mlp":
+        kw["shared_rel_pos"] = SHARED_REL_POS_MLP in sd
+        kw["rel_pos_dim"] = int(sd[SHARED_REL_POS_MLP if kw["shared_rel_pos"] else REL_POS_MLP].shape[0])
     if attn_pool:
         kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
     kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
                               backbone, (ph, pw)))
     return kw
+
+
+def _position_kind(sd: Mapping[str, Any]) -> str:
+    """The position scheme its tensors show: a learned table, BEiT's per-layer bias tables, timm's relative-bias
+    MLP (``vit_relpos``/``vit_srelpos``: per layer or shared) or none (rotary positions have no tensors)."""
+    if "pos_embed" in sd:
+        return "learned"
+    if f"blocks.0.{positions.RELATIVE_TABLE}" in sd:
+        return "relative"
+    return "relative_mlp" if REL_POS_MLP in sd or SHARED_REL_POS_MLP in sd else "none"
 
 
 def _block_fields(sd: Mapping[str, Any], D: int) -> Dict[str, Any]:

@@ -197,6 +197,8 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         info["config"] = config_for_source(src)
     except (WeightsError, ValueError, TypeError) as e:
         info["refused"] = " ".join(str(e).split())
+        return info
+    info["assumed"] = guesses(info["config"], src)
     return info
 
 
@@ -274,29 +276,52 @@ class GuessWarning(UserWarning):
 
 
 def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
-    """Say, once per load, which fields of an architecture read off bare tensors were guessed:
-    a fused qkv matrix does not hold the number of heads, so a width outside the paper's table
-    gets width / 64 heads, and a wrong guess changes every output without an error."""
-    if src.format == "open_clip" and src.open_clip_config is None and "gelu" not in overrides:
-        warnings.warn(f"{src.path} holds tensors only: open_clip's activation is not stored and was read as exact "
-                      f"GELU (LAION's); OpenAI's CLIP weights need gelu='quick' (or the folder with "
-                      f"open_clip_config.json)", GuessWarning, stacklevel=3)
-        return
-    if src.config_json is not None or src.format != "timm" or "num_heads" in overrides:
-        return
-    from ..models.vit import HEADS_BY_WIDTH, UNSTORED
+    """Say, once per load, which fields of an architecture read off bare tensors were guessed (:func:`guesses`):
+    a wrong guess changes every output without an error."""
+    for guess in guesses(config, src, overrides):
+        warnings.warn(f"{src.path} holds tensors only: {guess}", GuessWarning, stacklevel=3)
 
-    width = getattr(config, "embed_dim", None)
-    if getattr(config, "architecture", None) == "vit" and width not in HEADS_BY_WIDTH:
-        warnings.warn(f"{src.path} holds tensors only: its number of heads is not stored and was read as "
-                      f"{config.num_heads} (width {width} / 64); if the model had another, load it with its "
-                      f"architecture (--model NAME, model_name=) or num_heads=", GuessWarning, stacklevel=3)
+
+def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None) -> list:
+    """What an architecture read off bare tensors took for fields no tensor holds, a sentence each: open_clip's
+    activation; a fused qkv matrix's number of heads (width / 64 outside the paper's table); and what
+    :func:`_unstored` names. Empty for a source with its config, or where ``overrides`` set the field."""
+    overrides = overrides or {}
+    if src.format == "open_clip" and src.open_clip_config is None and "gelu" not in overrides:
+        return ["open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP weights "
+                "need gelu='quick' (or the folder with open_clip_config.json)"]
+    if src.config_json is not None or src.format != "timm" or getattr(config, "architecture", None) != "vit":
+        return []
+    from ..models.vit import HEADS_BY_WIDTH
+
+    said = []
+    if config.embed_dim not in HEADS_BY_WIDTH and "num_heads" not in overrides:
+        said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
+                    f"{config.embed_dim} / 64); if the model had another, load it with its architecture "
+                    f"(--model NAME, model_name=) or num_heads=")
+    assumed = _unstored(config, src, overrides)
+    if assumed:
+        said.append(f"what no tensor holds was assumed: {'; '.join(assumed)}. Load it with its architecture "
+                    f"(--model NAME, model_name=) or from its hub folder to be sure")
+    return said
+
+
+def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
+    """What a bare ViT state dict leaves open where it matters: everything UNSTORED names for the later ViTs
+    (registers, a pre-norm, a MAP head, SwiGLU, RMSNorm); for the others, the block kind where the tensors
+    could be those of timm's residual post-norm models (all three have neither a class token nor a qkv bias;
+    their names are a pre-norm block's, so reading one as pre-norm changes every output without an error),
+    and the image size where the positions hold no grid (a relative-bias MLP's bias depends on it)."""
+    from ..models.vit import UNSTORED
+
     later = [n for n in ("reg_token", "norm_pre.weight", "attn_pool.latent", "blocks.0.mlp.fc1_g.weight")
-             if n in src.tensors] or getattr(config, "mlp", "mlp") != "mlp" or getattr(config, "norm", "") == "rmsnorm"
-    if later and getattr(config, "architecture", None) == "vit":
-        warnings.warn(f"{src.path} holds the tensors of one of the later ViTs only; what no tensor holds was "
-                      f"assumed: {'; '.join(UNSTORED)}. Load it with its architecture (--model NAME, model_name=) or "
-                      f"from its hub folder to be sure", GuessWarning, stacklevel=3)
+             if n in src.tensors] or config.mlp != "mlp" or config.norm == "rmsnorm"
+    post_norm_too = not config.class_token and not config.qkv_bias and "block" not in overrides
+    assumed = list(UNSTORED) if later else [UNSTORED[0]] if post_norm_too else []
+    if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
+        h, w = config.img_size
+        assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
+    return assumed
 
 
 def _claimed(config: Any, field: str) -> str:
