@@ -16,6 +16,12 @@ else; ``error`` for any other exception (a bug: a traceback where a line belongs
     python benchmarks/coverage.py --only 'vit_*siglip*'   # a shell pattern
     python benchmarks/coverage.py --markdown docs/models.md   # also rewrite the table in that page
     python benchmarks/coverage.py --recheck results.json      # only the rows that were not parity, again
+    python benchmarks/coverage.py --bare                      # bare state dicts (tensors only, no config.json)
+
+``--bare`` saves each model's tensors alone (one ``.safetensors``, no config): vitkit reads the
+architecture off the names and shapes. A wrong reading must never pass in silence: a row whose outputs
+differ is ``guessed`` when vitkit warned which fields it assumed (``GuessWarning``), ``mismatch`` (a bug)
+when it said nothing.
 
 Models past ``--large`` parameters (300M) run at a smaller image size (``model_args`` img_size: the
 hub config carries it, so vitkit must read it) to keep the run within the machine. This is a
@@ -35,13 +41,16 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import timm
 import torch
+from safetensors.torch import save_model
 from timm.models import save_for_hf
 
 import vitkit
+from vitkit.weights.pretrained import GuessWarning
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module, however run
 from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
@@ -97,7 +106,7 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:400]
 
 
-def check(name: str, module: str, params: int, large: float, workdir: Path) -> dict:
+def check(name: str, module: str, params: int, large: float, workdir: Path, bare: bool = False) -> dict:
     row = dict(arch=name, module=module, params=params)
     start = time.perf_counter()
     try:
@@ -114,7 +123,12 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
             ref = noised(timm.create_model(name))
         row["img_size"] = list(kw.get("img_size") or ref.pretrained_cfg.get("input_size", (3, 224, 224))[1:])
         folder = workdir / name
-        save_for_hf(ref, str(folder), safe_serialization=True)
+        if bare:  # the tensors alone
+            folder.mkdir()
+            folder = folder / "weights.safetensors"
+            save_model(ref, str(folder))
+        else:
+            save_for_hf(ref, str(folder), safe_serialization=True)
         h, w = row["img_size"]
         x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
         expected = ref(x).float()
@@ -126,7 +140,12 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
         row.update(status="skipped", message=f"timm could not build or save it: {one_line(e)}")
         return row
     try:
-        ours = vitkit.from_pretrained(folder)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", GuessWarning)
+            ours = vitkit.from_pretrained(folder)
+        assumed = [" ".join(str(w.message).split()) for w in said if issubclass(w.category, GuessWarning)]
+        if assumed:
+            row["assumed"] = assumed
     except (ValueError, TypeError, OSError) as e:
         row.update(status="refused", message=one_line(e), seconds=round(time.perf_counter() - start, 1))
         return row  # (ref goes with the frame)
@@ -135,7 +154,13 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
         return row
     try:
         with torch.no_grad():
-            got = ours(x).float()
+            try:
+                got = ours(x).float()
+            except ValueError as e:  # timm's input size against an image size vitkit said it assumed
+                if not assumed:
+                    raise
+                row.update(status="guessed", message=one_line(e), seconds=round(time.perf_counter() - start, 1))
+                return row
         row["vitkit_params"] = sum(p.numel() for p in ours.parameters())
         diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
         scale = max(1.0, expected.abs().max().item())
@@ -149,7 +174,7 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
             ok = row["fp64_max_diff"] <= FP64_TOLERANCE * scale
             if ok:
                 row["message"] = f"fp32 rounding: {diff:.1e} in fp32, {row['fp64_max_diff']:.1e} in float64"
-        row["status"] = "parity" if ok else "mismatch"
+        row["status"] = "parity" if ok else "guessed" if assumed else "mismatch"
         if row["vitkit_params"] != ref_params:
             row["message"] = f"{row['vitkit_params']:,} parameters where timm has {ref_params:,}"
     except Exception as e:
@@ -161,7 +186,8 @@ def check(name: str, module: str, params: int, large: float, workdir: Path) -> d
 
 
 def summary(rows: list) -> dict:
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("parity", "refused", "mismatch", "error", "skipped")}
+    counts = {s: sum(r["status"] == s for r in rows)
+              for s in ("parity", "refused", "guessed", "mismatch", "error", "skipped")}
     counted = len(rows) - counts["skipped"]
     return dict(architectures=counted, **counts, parity_share=counts["parity"] / counted if counted else 0.0)
 
@@ -169,7 +195,9 @@ def summary(rows: list) -> dict:
 def markdown(rows: list, info: dict) -> str:
     s = summary(rows)
     lines = [f"{s['parity']} of {s['architectures']} architectures ({100 * s['parity_share']:.0f}%) load with "
-             f"parity; {s['refused']} are refused in one line, {s['mismatch']} load with other outputs, "
+             f"parity; {s['refused']} are refused in one line, "
+             + (f"{s['guessed']} load with other outputs and say what they assumed, " if s["guessed"] else "")
+             + f"{s['mismatch']} load with other outputs, "
              f"{s['error']} fail otherwise (timm {timm.__version__}, vitkit {str(info.get('git_revision'))[:12]}, "
              f"{info.get('date')}).", "",
              "| architecture | timm module | parameters | vitkit |", "|---|---|---|---|"]
@@ -200,6 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="a shell pattern of architecture names")
     p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_<device>_<date>.json)")
     p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
+    p.add_argument("--bare", action="store_true", help="save the tensors alone (no config.json): vitkit reads "
+                                                        "the architecture off their names and shapes")
     p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity again (the "
                                                  "others are kept), into --out or the same file")
     args = p.parse_args(argv)
@@ -213,7 +243,9 @@ def _run(args) -> int:
                 torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")
     todo = architectures(args.max_params, args.only)
     smoke = bool(args.only) or args.max_params < 1e9
-    out = results_path(args.out, dated_name("coverage", torch.device("cpu"), info), smoke=smoke)
+    info["layout"] = "bare state dict (.safetensors, no config)" if args.bare else "timm hub folder"
+    out = results_path(args.out, dated_name("coverage_bare" if args.bare else "coverage", torch.device("cpu"), info),
+                       smoke=smoke)
     kept: dict = {}
     if args.recheck:
         earlier = json.loads(args.recheck.read_text())
@@ -223,7 +255,7 @@ def _run(args) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
         for i, (name, module, params) in enumerate(todo):
-            row = kept.get(name) or check(name, module, params, args.large, Path(tmp))
+            row = kept.get(name) or check(name, module, params, args.large, Path(tmp), args.bare)
             rows.append(row)
             said = f" {row.get('max_diff', 0):.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')}"
             print(f"[{i + 1}/{len(todo)}] {name} ({params / 1e6:.1f}M): {row['status']}{said}", flush=True)

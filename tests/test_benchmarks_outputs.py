@@ -416,6 +416,23 @@ def test_coverage_checks_timm_hub_folders_and_writes_its_table(dirs, tmp_path):
     assert "3 of 3 architectures (100%) load with parity" in text
 
 
+def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tmp_path):
+    """--bare saves the tensors alone: timm's test ViTs with a width outside the paper's table (test_vit: 64
+    wide with 2 heads, read as 1) load with other outputs and say so (guessed, never mismatch); the one whose
+    guesses hold loads with parity."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitkit_bench_coverage_bare", BENCH / "coverage.py")
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    assert cov.main(["--bare", "--only", "test_vit*", "--out", str(tmp_path / "c.json")]) == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    rows = {r["arch"]: r for r in result["rows"]}
+    assert result["machine"]["layout"].startswith("bare state dict") and result["summary"]["mismatch"] == 0
+    assert rows["test_vit"]["status"] == "guessed" and "read as 1 (width 64 / 64)" in rows["test_vit"]["assumed"][0]
+    assert rows["test_vit2"]["status"] == "parity"
+
+
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
     """The crowded-CPU benchmark runs train, eval and predict alone and beside a busy process of
     each kind, and scores each against the issue's fair share and the scheduler's."""

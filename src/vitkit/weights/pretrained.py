@@ -309,14 +309,16 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
 def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
     """What a bare ViT state dict leaves open where it matters: everything UNSTORED names for the later ViTs
     (registers, a pre-norm, a MAP head, SwiGLU, RMSNorm); for the others, the block kind where the tensors
-    could be those of timm's residual post-norm models (all three have neither a class token nor a qkv bias;
-    their names are a pre-norm block's, so reading one as pre-norm changes every output without an error),
+    could be those of timm's three residual post-norm models (no class token, and no qkv bias or the
+    relative-bias MLP; their names are a pre-norm block's, so reading one as pre-norm changes every output
+    without an error),
     and the image size where the positions hold no grid (a relative-bias MLP's bias depends on it)."""
     from ..models.vit import UNSTORED
 
     later = [n for n in ("reg_token", "norm_pre.weight", "attn_pool.latent", "blocks.0.mlp.fc1_g.weight")
              if n in src.tensors] or config.mlp != "mlp" or config.norm == "rmsnorm"
-    post_norm_too = not config.class_token and not config.qkv_bias and "block" not in overrides
+    post_norm_too = (not config.class_token and (not config.qkv_bias or config.pos_embed == "relative_mlp")
+                     and "block" not in overrides)
     assumed = list(UNSTORED) if later else [UNSTORED[0]] if post_norm_too else []
     if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
         h, w = config.img_size
