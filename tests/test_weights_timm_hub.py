@@ -106,6 +106,19 @@ def test_bare_eva_state_dict_is_not_guessed():
         vitkit.weights.timm_format.infer_config(ref.state_dict())
 
 
+def test_a_bare_perception_encoder_file_says_rotary_positions_were_assumed_absent(tmp_path):
+    """Perception Encoder's spatial towers store a plain ViT's names (pre-norm, class token, table, fused qkv):
+    their rotary positions have no tensors, so a bare file reads as a ViT without them and says so."""
+    from safetensors.torch import save_file
+
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(timm.create_model("vit_pe_spatial_tiny_patch16_512", depth=1, img_size=64))
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.warns(GuessWarning, match="no rotary positions"):
+        vitkit.from_pretrained(tmp_path / "w.safetensors")
+
+
 def test_vitkit_info_says_what_a_folder_is_before_loading_it(tmp_path, capsys):
     from vitkit.cli import main
 
@@ -135,7 +148,7 @@ def test_a_bare_file_of_a_later_vit_is_read_off_its_shapes_and_says_what_it_assu
 
     ref = randomize(timm.create_model(name, **kw))
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
-    with pytest.warns(GuessWarning, match="block kind.*eps.*GELU"):
+    with pytest.warns(GuessWarning, match="block kind.*eps.*GELU.*no rotary positions"):
         ours = vitkit.from_pretrained(tmp_path / "w.safetensors")
     x = images(2, *ours.config.img_size)
     with torch.no_grad():
