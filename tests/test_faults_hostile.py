@@ -239,9 +239,15 @@ def test_a_bare_state_dict_says_which_field_it_guessed(tmp_path):
     with pytest.warns(GuessWarning, match=r"w.pth holds tensors only: its number of heads is not stored and was read "
                                           r"as 1 \(width 96 / 64\)"):
         assert vitkit.from_pretrained(path, pos_embed="learned").config.num_heads == 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GuessWarning)  # said: no guess, no note
+    with pytest.warns(GuessWarning) as said:  # mean pooling without a class token: a later ViT's layout
         assert vitkit.from_pretrained(path, num_heads=3, pos_embed="learned").config.num_heads == 3
+    assert not any("number of heads" in str(w.message) for w in said)  # said: no guess, no note
+    assert any("the GELU" in str(w.message) for w in said)
+    with pytest.warns(GuessWarning) as said:
+        vitkit.from_pretrained(path, num_heads=3, pos_embed="learned", gelu="exact", norm_eps=1e-6, block="pre")
+    assert [str(w.message).split(": ", 1)[1] for w in said] == [
+        "what no tensor holds was assumed: no rotary positions (Perception Encoder's, EVA-02's and DINOv3's have "
+        "no tensors). Load it with its architecture (--model NAME, model_name=) or from its hub folder to be sure"]
 
 
 @pytest.mark.parametrize("name", ["zero.pth", "zero.safetensors", "zero.npz", "zero.onnx"])
@@ -501,8 +507,6 @@ def test_warnings_are_one_line_notes(capsys, model_dir, tmp_path):
 
 def test_a_note_is_said_once(capsys):
     """A model built twice in one command (checked, then trained) says its note once."""
-    import warnings
-
     from vitkit.cli import _one_line_warnings
 
     previous = _one_line_warnings("train")

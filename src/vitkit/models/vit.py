@@ -499,9 +499,10 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
 
 
 #: what a bare state dict of a later ViT cannot tell (no tensor holds it): said when it is read off the shapes
-UNSTORED = ("the block kind (pre-norm; timm's rpn ViTs are residual post-norm)", "the norms' eps (1e-6)",
-            "the GELU (exact; CLIP's OpenAI weights use QuickGELU, SigLIP 2 the tanh form)",
-            "no rotary positions (Perception Encoder's, EVA-02's and DINOv3's have no tensors)")
+UNSTORED = {"block": "the block kind (pre-norm; timm's rpn ViTs are residual post-norm)",
+            "norm_eps": "the norms' eps (1e-6; BEiT-3's 1e-5)",
+            "gelu": "the GELU (exact; CLIP's OpenAI weights use QuickGELU, SigLIP 2 and SigLIP-gap the tanh form)",
+            "rope": "no rotary positions (Perception Encoder's, EVA-02's and DINOv3's have no tensors)"}
 
 
 FAMILY = register_family(Family(

@@ -307,19 +307,18 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
 
 
 def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
-    """What a bare ViT state dict leaves open where it matters: everything UNSTORED names for the later ViTs
-    (registers, a pre-norm, a MAP head, SwiGLU, RMSNorm); for the others, the block kind where the tensors
-    could be those of timm's three residual post-norm models (no class token, and no qkv bias or the
-    relative-bias MLP; their names are a pre-norm block's, so reading one as pre-norm changes every output
-    without an error),
-    and the image size where the positions hold no grid (a relative-bias MLP's bias depends on it)."""
+    """What a bare ViT state dict leaves open where it matters. The original ViTs and DeiT (a class token, plain
+    blocks) are read as they were built; a file with anything of the later ViTs (registers, a pre-norm, a MAP
+    head, SwiGLU, RMSNorm, q/k or sub-norms, or no class token: timm's gap, SigLIP-gap, relpos and rpn models)
+    could have any of UNSTORED's fields otherwise (a SigLIP-gap file's tanh GELU, BEiT-3's eps 1e-5, an rpn
+    file's post-norm blocks change every output without an error). Also the image size, where the positions
+    hold no grid (a relative-bias MLP's bias depends on it). A field in ``overrides`` is not a guess."""
     from ..models.vit import UNSTORED
 
-    later = [n for n in ("reg_token", "norm_pre.weight", "attn_pool.latent", "blocks.0.mlp.fc1_g.weight")
-             if n in src.tensors] or config.mlp != "mlp" or config.norm == "rmsnorm"
-    post_norm_too = (not config.class_token and (not config.qkv_bias or config.pos_embed == "relative_mlp")
-                     and "block" not in overrides)
-    assumed = list(UNSTORED) if later else [UNSTORED[0]] if post_norm_too else []
+    later = (any(n in src.tensors for n in ("reg_token", "norm_pre.weight", "attn_pool.latent"))
+             or config.mlp != "mlp" or config.norm == "rmsnorm" or not config.class_token
+             or config.qk_norm or config.attn_norm or config.mlp_norm)
+    assumed = [what for field, what in UNSTORED.items() if field not in overrides] if later else []
     if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
         h, w = config.img_size
         assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
