@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -156,10 +157,9 @@ def check(name: str, module: str, params: int, large: float, workdir: Path, bare
         with torch.no_grad():
             try:
                 got = ours(x).float()
-            except ValueError as e:  # timm's input size against an image size vitkit said it assumed
-                if not assumed:
-                    raise
-                row.update(status="guessed", message=one_line(e), seconds=round(time.perf_counter() - start, 1))
+            except ValueError as e:  # timm's input size against the image size vitkit read (or said it assumed)
+                row.update(status="guessed" if assumed else "refused", message=one_line(e),
+                           seconds=round(time.perf_counter() - start, 1))
                 return row
         row["vitkit_params"] = sum(p.numel() for p in ours.parameters())
         diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
@@ -230,8 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
     p.add_argument("--bare", action="store_true", help="save the tensors alone (no config.json): vitkit reads "
                                                         "the architecture off their names and shapes")
-    p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity again (the "
-                                                 "others are kept), into --out or the same file")
+    p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity (and match "
+                                                 "--only) again, the others kept, into --out or the same file")
     args = p.parse_args(argv)
     with torch.no_grad():  # not set_grad_enabled: main() may run inside another program (the tests)
         return _run(args)
@@ -241,7 +241,7 @@ def _run(args) -> int:
     info = machine_info(torch.device("cpu"), limits=False)
     info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), timm=timm.__version__,
                 torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")
-    todo = architectures(args.max_params, args.only)
+    todo = architectures(args.max_params, None if args.recheck else args.only)
     smoke = bool(args.only) or args.max_params < 1e9
     info["layout"] = "bare state dict (.safetensors, no config)" if args.bare else "timm hub folder"
     out = results_path(args.out, dated_name("coverage_bare" if args.bare else "coverage", torch.device("cpu"), info),
@@ -249,8 +249,11 @@ def _run(args) -> int:
     kept: dict = {}
     if args.recheck:
         earlier = json.loads(args.recheck.read_text())
-        kept = {r["arch"]: r for r in earlier["rows"] if r["status"] == "parity"}
-        info["rechecked"] = f"rows other than parity of {earlier['machine'].get('git_revision')} checked again"
+        # with --only, the other rows are kept as they were too
+        kept = {r["arch"]: r for r in earlier["rows"]
+                if r["status"] == "parity" or args.only and not fnmatch.fnmatch(r["arch"], args.only)}
+        info["rechecked"] = (f"rows other than parity of {earlier['machine'].get('git_revision')}"
+                             + (f" matching {args.only!r}" if args.only else "") + " checked again")
         out = str(args.out or args.recheck)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
@@ -260,9 +263,7 @@ def _run(args) -> int:
             said = f" {row.get('max_diff', 0):.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')}"
             print(f"[{i + 1}/{len(todo)}] {name} ({params / 1e6:.1f}M): {row['status']}{said}", flush=True)
             for leftover in Path(tmp).iterdir():
-                for f in leftover.iterdir():
-                    f.unlink()
-                leftover.rmdir()
+                shutil.rmtree(leftover)
             gc.collect()
     result = dict(machine=info, summary=summary(rows), rows=rows)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
