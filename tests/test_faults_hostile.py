@@ -244,7 +244,8 @@ def test_a_bare_state_dict_says_which_field_it_guessed(tmp_path):
     assert not any("number of heads" in str(w.message) for w in said)  # said: no guess, no note
     assert any("the GELU" in str(w.message) for w in said)
     with pytest.warns(GuessWarning) as said:
-        vitkit.from_pretrained(path, num_heads=3, pos_embed="learned", gelu="exact", norm_eps=1e-6, block="pre")
+        vitkit.from_pretrained(path, num_heads=3, pos_embed="learned", gelu="exact", norm_eps=1e-6, block="pre",
+                               mean=(0.5,), std=(0.5,))
     assert [str(w.message).split(": ", 1)[1] for w in said] == [
         "what no tensor holds was assumed: no rotary positions (Perception Encoder's, EVA-02's and DINOv3's have "
         "no tensors). Load it with its architecture (--model NAME, model_name=) or from its hub folder to be sure"]

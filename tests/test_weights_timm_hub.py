@@ -223,3 +223,59 @@ def test_a_bare_file_whose_unstored_fields_differ_says_so_and_its_name_gives_tim
     with torch.no_grad():
         a, b = ref(x), named(x)
     assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_bare_beit_files_are_read_off_their_tables_with_parity(tmp_path, images):
+    """BEiT's relative-bias tables hold its heads (columns) and grid (rows): a bare BEiT / BEiT v2 state dict
+    loads as timm's model, no rotary guess (it has none); only its normalisation is said to be assumed."""
+    from safetensors.torch import save_file
+
+    from vitkit.weights.pretrained import GuessWarning
+
+    for name, kw in (("beit_base_patch16_224", dict(depth=2, img_size=48)),
+                     ("beitv2_base_patch16_224", dict(depth=1, img_size=32, num_classes=0))):
+        ref = randomize(timm.create_model(name, **kw))
+        save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+        with pytest.warns(GuessWarning) as said:
+            ours = vitkit.from_pretrained(tmp_path / "w.safetensors")
+        notes = [str(w.message).split(": ", 1)[1].split(" is not stored")[0] for w in said]
+        assert notes == ["its input normalisation"]
+        assert ours.config.architecture == "eva" and ours.config.num_heads == 12
+        x = images(2, *ours.config.img_size)
+        with torch.no_grad():
+            a, b = ref(x), ours(x)
+        assert ours.config.img_size == tuple(ref.patch_embed.img_size)
+        assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
+    ref = timm.create_model("beit_base_patch16_224", depth=1, img_size=(32, 64))  # 3 x 7 offsets, or 7 x 3?
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.raises(WeightsError, match="relative-bias table of 24 rows .* from its hub folder"):
+        vitkit.from_pretrained(tmp_path / "w.safetensors")
+
+
+def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, capsys):
+    """A bare file says its normalisation was assumed; vitkit predict --mean/--std give it (0.5 is the assumed
+    one: the same answer), one of the wrong length is refused in one line."""
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    from vitkit.cli import main
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, patch_size=8, num_classes=3))
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    run = ["predict", str(tmp_path / "a.png"), "--weights", str(tmp_path / "w.safetensors"), "--json"]
+
+    def top(*flags):
+        assert main(run + list(flags)) == 0
+        out, err = capsys.readouterr()
+        return [t["probability"] for t in json.loads(out)[0]["top"]], err
+
+    assumed, err = top()
+    assert "its input normalisation is not stored and was read as mean [0.5, 0.5, 0.5]" in err
+    imagenet, err = top("--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225")
+    assert "normalisation" not in err and imagenet != assumed
+    assert top("--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5")[0] == assumed
+    assert main(run + ["--mean", "0.4", "--std", "0.2", "0.2", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mean/std need 3 values" in err

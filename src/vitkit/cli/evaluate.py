@@ -106,8 +106,10 @@ def add_predict(verb) -> None:
     add_runtime_flags(p)
     p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
                    help="an .onnx file without vitkit metadata: its input H W (or one value)")
-    p.add_argument("--mean", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel mean")
-    p.add_argument("--std", type=float, nargs="+", help="an .onnx file without vitkit metadata: per-channel std")
+    p.add_argument("--mean", type=float, nargs="+",
+                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel mean")
+    p.add_argument("--std", type=float, nargs="+",
+                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel std")
     p.add_argument("--labels", nargs="+", help="an .onnx file without vitkit metadata: class names")
     p.set_defaults(func=cmd_predict)
 

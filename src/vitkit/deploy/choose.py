@@ -126,7 +126,8 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
     """The classifier ``weights`` name, on ``runtime`` (``auto``: the fastest measured here, said
     through ``say``): the vitkit model (on a CPU, its batches split over the threads), or ONNX
     Runtime / OpenVINO running an exported file or the weights exported on the fly. ``stand_ins``
-    (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata;
+    (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata (mean and std a bare
+    state dict's normalisation too);
     ``calibration`` the images a calibrated int8 export calibrates on. What ``vitkit predict``,
     ``eval`` and ``serve`` run."""
     if is_onnx(weights) or is_openvino(weights):
@@ -139,7 +140,11 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
         if calibration is not None:
             raise ValueError(f"{weights} is already exported: --calibration is for quantizing weights")
         return load_for_runtime(weights, runtime, quantize, **stand_ins)
-    model = check_classifier(read_weights(weights, model_name, say), weights)
+    normalised = {k: stand_ins.pop(k) for k in ("mean", "std") if stand_ins.get(k) is not None}
+    if normalised and not _bare(weights):
+        stand_ins.update(normalised)  # refused below: the source carries its own
+        normalised = {}
+    model = check_classifier(read_weights(weights, model_name, say, **normalised), weights)
     # the choice waits for the model: OpenVINO's int8 needs images to calibrate on, which its classes may not name
     runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize,
                                                 calibration is not None or can_calibrate(model))
@@ -151,6 +156,12 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
 
         model = for_inference(model)
     return model
+
+
+def _bare(weights: PathLike) -> bool:
+    from ..weights.pretrained import without_preprocessing
+
+    return without_preprocessing(weights)
 
 
 def runtime_of(model: nn.Module) -> str:

@@ -193,18 +193,47 @@ class Eva(VisionTransformer):
 # ----------------------------------------------------------------------------- the family description
 
 
+#: BEiT's own relative-bias table, in the attention itself (a vitkit ViT's sits in ``attn.rel_pos``)
+BEIT_TABLE = "blocks.0.attn.relative_position_bias_table"
+
+
 def is_eva_state_dict(keys: Collection[str]) -> bool:
-    """timm's Eva names: LayerScale as ``gamma_1``, split projections, q/v biases without BEiT's
-    relative tables, or RoPE-Mixed's frequencies."""
+    """timm's Eva names: LayerScale as ``gamma_1``, split projections, q/v biases (BEiT's with its relative
+    tables), or RoPE-Mixed's frequencies."""
     keys = set(keys)
-    return "patch_embed.proj.weight" in keys and not any("relative_position" in k for k in keys) and (
+    if "patch_embed.proj.weight" not in keys:
+        return False
+    if BEIT_TABLE in keys:
+        return "blocks.0.attn.q_bias" in keys
+    return not any("relative_position" in k for k in keys) and (
         "rope.freqs" in keys or any(k.endswith((".gamma_1", ".attn.q_proj.weight", ".attn.q_bias")) for k in keys))
 
 
 def infer_eva_config(sd: Mapping[str, Any], **overrides: Any) -> EvaConfig:
-    raise ValueError("an EVA-style state dict (EVA-02, RoPE ViTs, DINOv3, Perception Encoder) does not hold its "
-                     "rotary positions (kind, temperature, grid: no tensors): load it with its architecture "
-                     "(model_name= or --model, e.g. eva02_base_patch14_224), or from its hub folder")
+    """BEiT's architecture off its tensors (its heads are its tables' columns, its grid their rows); the rotary
+    models are refused: no tensor holds their positions."""
+    if BEIT_TABLE not in sd:
+        raise ValueError("an EVA-style state dict (EVA-02, RoPE ViTs, DINOv3, Perception Encoder) does not hold its "
+                         "rotary positions (kind, temperature, grid: no tensors): load it with its architecture "
+                         "(model_name= or --model, e.g. eva02_base_patch14_224), or from its hub folder")
+    from .registry import get_model_config
+
+    D, C, ph, pw = (int(n) for n in sd["patch_embed.proj.weight"].shape)
+    rows, heads = (int(n) for n in sd[BEIT_TABLE].shape)
+    offsets = rows - 3  # (2 h - 1)(2 w - 1) offsets and the class token's three rows
+    side = (round(max(offsets, 0) ** 0.5) + 1) // 2
+    if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
+        raise ValueError(f"cannot infer the image size from a relative-bias table of {rows} rows (a square grid "
+                         f"has (2 g - 1)^2 + 3; another shape has several readings): load it from its hub folder")
+    fields: Dict[str, Any] = dict(
+        name=None, embed_dim=D, in_chans=C, patch_size=(ph, pw), img_size=(side * ph, side * pw), num_heads=heads,
+        depth=1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks.")),
+        mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]),
+        init_values=0.1 if "blocks.0.gamma_1" in sd else None,
+        global_pool="avg" if "fc_norm.weight" in sd else "token",
+        num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0)
+    fields.update(overrides)
+    return get_model_config("beit_base_patch16_224").replace(**fields)
 
 
 #: timm ``Eva`` model_args -> EvaConfig fields (the same meaning under other names)

@@ -284,17 +284,24 @@ def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
 
 def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None) -> list:
     """What an architecture read off bare tensors took for fields no tensor holds, a sentence each: open_clip's
-    activation; a fused qkv matrix's number of heads (width / 64 outside the paper's table); and what
-    :func:`_unstored` names. Empty for a source with its config, or where ``overrides`` set the field."""
+    activation; the input normalisation; a fused qkv matrix's number of heads (width / 64 outside the paper's
+    table); and what :func:`_unstored` names. Empty for a source with its config, or where ``overrides`` set
+    the field."""
     overrides = overrides or {}
     if src.format == "open_clip" and src.open_clip_config is None and "gelu" not in overrides:
         return ["open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP weights "
                 "need gelu='quick' (or the folder with open_clip_config.json)"]
-    if src.config_json is not None or src.format != "timm" or getattr(config, "architecture", None) != "vit":
+    if src.config_json is not None or src.format != "timm":
         return []
+    said = []
+    if "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
+        said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
+                    f"{_numbers(config.std)}; a model trained with another (DeiT's, DINOv2's and BEiT v2's are "
+                    f"ImageNet's, CLIP's its own) needs mean= and std= (vitkit predict --mean --std)")
+    if getattr(config, "architecture", None) != "vit":
+        return said
     from ..models.vit import HEADS_BY_WIDTH
 
-    said = []
     if config.embed_dim not in HEADS_BY_WIDTH and "num_heads" not in overrides:
         said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
                     f"{config.embed_dim} / 64); if the model had another, load it with its architecture "
@@ -304,6 +311,10 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
         said.append(f"what no tensor holds was assumed: {'; '.join(assumed)}. Load it with its architecture "
                     f"(--model NAME, model_name=) or from its hub folder to be sure")
     return said
+
+
+def _numbers(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
 
 def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
@@ -369,6 +380,16 @@ def weights_path(source: PathLike) -> Path:
     return run_model_folder(path) or path
 
 
+def without_preprocessing(source: PathLike) -> bool:
+    """Whether ``source`` is a bare timm state dict: tensors without a config, so nothing says how its images
+    were normalised (``vitkit predict --mean/--std`` may say it; a source with its config keeps its own)."""
+    path = weights_path(source)
+    if not path.exists() or path.is_dir():
+        return False
+    src = read_source(path)
+    return src.config_json is None and src.format == "timm"
+
+
 def run_model_folder(path: Path) -> Optional[Path]:
     """``path/model`` when ``path`` is a vitkit run's folder (its config.json is a training
     config, its model saved in ``model/``), else None."""
@@ -379,11 +400,14 @@ def run_model_folder(path: Path) -> Optional[Path]:
 
 
 def fit_channel_stats(stored, overrides: dict) -> dict:
-    """A new ``in_chans`` brings per-channel mean/std of that length unless they are given."""
+    """A new ``in_chans`` brings per-channel mean/std of that length unless they are given (given ones are the
+    user's: one of another length is refused by the config, not averaged)."""
     chans = overrides.get("in_chans", stored.in_chans)
     out = dict(overrides)
     for key in ("mean", "std"):
-        values = tuple(out.get(key, getattr(stored, key)))
+        if key in overrides:
+            continue
+        values = tuple(getattr(stored, key))
         if len(values) != chans:
             avg = sum(values) / len(values)
             out[key] = (avg,) * chans
