@@ -429,7 +429,8 @@ def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tm
     result = json.loads((tmp_path / "c.json").read_text())
     rows = {r["arch"]: r for r in result["rows"]}
     assert result["machine"]["layout"].startswith("bare state dict") and result["summary"]["mismatch"] == 0
-    assert rows["test_vit"]["status"] == "guessed" and "read as 1 (width 64 / 64)" in rows["test_vit"]["assumed"][0]
+    assert rows["test_vit"]["status"] == "guessed" and "read as 1 (width 64 / 64)" in rows["test_vit"]["assumed"][1]
+    assert "input normalisation" in rows["test_vit"]["assumed"][0]  # said, but it explains no output
     assert rows["test_vit2"]["status"] == "parity"
 
 
