@@ -243,8 +243,15 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
                              tmp_path / "runs", "--name", "r", "--no-progress", "--no-tensorboard"],
                             env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for(lambda: checkpoint_paths(run), proc, what="a checkpoint")
-    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                              text=True).stdout.split()]
+
+    def children():
+        return [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                               text=True).stdout.split()]
+
+    # the training loader's two workers; an epoch's evaluation runs two more for a moment (seen once on a
+    # loaded machine: four), so the count is read until it is the training loader's alone
+    wait_for(lambda: len(children()) == 2, proc, what="the training loader's two workers alone")
+    workers = children()
     assert len(workers) == 2, workers
     if to == "main":
         proc.send_signal(signal.SIGTERM)
