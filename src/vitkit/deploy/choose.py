@@ -140,8 +140,10 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
         if calibration is not None:
             raise ValueError(f"{weights} is already exported: --calibration is for quantizing weights")
         return load_for_runtime(weights, runtime, quantize, **stand_ins)
+    from ..weights.pretrained import without_preprocessing
+
     normalised = {k: stand_ins.pop(k) for k in ("mean", "std") if stand_ins.get(k) is not None}
-    if normalised and not _bare(weights):
+    if normalised and not without_preprocessing(weights):
         stand_ins.update(normalised)  # refused below: the source carries its own
         normalised = {}
     model = check_classifier(read_weights(weights, model_name, say, **normalised), weights)
@@ -156,12 +158,6 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
 
         model = for_inference(model)
     return model
-
-
-def _bare(weights: PathLike) -> bool:
-    from ..weights.pretrained import without_preprocessing
-
-    return without_preprocessing(weights)
 
 
 def runtime_of(model: nn.Module) -> str:

@@ -220,9 +220,8 @@ def infer_eva_config(sd: Mapping[str, Any], **overrides: Any) -> EvaConfig:
 
     D, C, ph, pw = (int(n) for n in sd["patch_embed.proj.weight"].shape)
     rows, heads = (int(n) for n in sd[BEIT_TABLE].shape)
-    offsets = rows - 3  # (2 h - 1)(2 w - 1) offsets and the class token's three rows
-    side = (round(max(offsets, 0) ** 0.5) + 1) // 2
-    if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
+    side = positions.square_table_side(rows - 3)  # the class token's three rows off
+    if side is None:
         raise ValueError(f"cannot infer the image size from a relative-bias table of {rows} rows (a square grid "
                          f"has (2 g - 1)^2 + 3; another shape has several readings): load it from its hub folder")
     fields: Dict[str, Any] = dict(

@@ -126,8 +126,8 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
                              f"patch slots; pass img_size=")
     elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
         offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
-        side = (round(offsets ** 0.5) + 1) // 2
-        if offsets <= 0 or (2 * side - 1) ** 2 != offsets:
+        side = positions.square_table_side(offsets)
+        if side is None:
             raise ValueError(f"cannot infer the image size from a relative-bias table of {offsets} offsets; "
                              f"pass img_size=")
     else:

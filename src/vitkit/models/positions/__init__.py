@@ -191,13 +191,20 @@ def _mlp_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
             holder.set_relative_grid(new)
 
 
+def square_table_side(offsets: int) -> Optional[int]:
+    """The side g of the square grid whose relative-bias table has ``offsets`` = (2 g - 1)^2 rows (its prefix
+    tokens' rows taken off), or None: no square grid has that many (another shape has several readings)."""
+    side = (round(max(offsets, 0) ** 0.5) + 1) // 2
+    return side if offsets > 0 and (2 * side - 1) ** 2 == offsets else None
+
+
 def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
     """The grid a stored table of ``rows`` rows was made for: the model's, else a square one."""
     offsets = rows - 3 * prefix
     if offsets == (2 * grid[0] - 1) * (2 * grid[1] - 1):
         return tuple(grid)
-    side = (round(offsets ** 0.5) + 1) // 2
-    if offsets > 0 and (2 * side - 1) ** 2 == offsets:
+    side = square_table_side(offsets)
+    if side is not None:
         return (side, side)
     need = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * prefix
     raise ValueError(f"a relative-bias table of {rows} rows fits no square grid with {prefix} prefix token(s) "
@@ -369,7 +376,8 @@ def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation:
 
 
 __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_grid", "resample_pos_embed",
-           "sincos_2d_pos_embed", "relative_position_index", "resize_relative_table", "RelativeBiasTable",
+           "sincos_2d_pos_embed", "relative_position_index", "resize_relative_table", "square_table_side",
+           "RelativeBiasTable",
            "RelativePositionBias", "relative_log_coords", "RelativePositionMlp", "Rope", "rotate_pairs", "apply_rope",
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
            "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
