@@ -252,6 +252,11 @@ def _run(args) -> int:
     kept: dict = {}
     if args.recheck:
         earlier = json.loads(args.recheck.read_text())
+        layout = earlier["machine"].get("layout", "timm hub folder")  # files before --bare were hub folders
+        if layout != info["layout"]:
+            print(f"coverage.py: {args.recheck}'s rows are of the layout {layout!r}: recheck it "
+                  f"with{'' if args.bare else 'out'} --bare", file=sys.stderr)
+            return 2
         # with --only, the other rows are kept as they were too
         kept = {r["arch"]: r for r in earlier["rows"]
                 if r["status"] == "parity" or args.only and not fnmatch.fnmatch(r["arch"], args.only)}

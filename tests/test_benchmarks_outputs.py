@@ -432,6 +432,7 @@ def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tm
     assert rows["test_vit"]["status"] == "guessed" and "read as 1 (width 64 / 64)" in rows["test_vit"]["assumed"][1]
     assert "input normalisation" in rows["test_vit"]["assumed"][0]  # said, but it explains no output
     assert rows["test_vit2"]["status"] == "parity"
+    assert cov.main(["--recheck", str(tmp_path / "c.json")]) == 2  # its rows are bare files': not a hub recheck
 
 
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
