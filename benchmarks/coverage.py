@@ -244,7 +244,6 @@ def _run(args) -> int:
     info = machine_info(torch.device("cpu"), limits=False)
     info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), timm=timm.__version__,
                 torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")
-    todo = architectures(args.max_params, None if args.recheck else args.only)
     smoke = bool(args.only) or args.max_params < 1e9
     info["layout"] = "bare state dict (.safetensors, no config)" if args.bare else "timm hub folder"
     out = results_path(args.out, dated_name("coverage_bare" if args.bare else "coverage", torch.device("cpu"), info),
@@ -263,6 +262,7 @@ def _run(args) -> int:
         info["rechecked"] = (f"rows other than parity of {earlier['machine'].get('git_revision')}"
                              + (f" matching {args.only!r}" if args.only else "") + " checked again")
         out = str(args.out or args.recheck)
+    todo = architectures(args.max_params, None if args.recheck else args.only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
         for i, (name, module, params) in enumerate(todo):
