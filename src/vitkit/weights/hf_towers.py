@@ -1,4 +1,4 @@
-"""Hugging Face layouts of the later ViTs: CLIP, SigLIP, DINOv2 (with registers) and DINOv3, both ways.
+"""Hugging Face layouts of the later ViTs: CLIP, SigLIP, DINOv2 (with registers), DINOv3 and BEiT, both ways.
 
 Each ``model_type`` of ``config.json`` is one row of :data:`TOWERS`: how its tensor names become
 vitkit's (timm's), what vitkit architecture its config describes, and the reverse. What each class is
@@ -22,6 +22,9 @@ and how vitkit reads it (the facts that decide parity):
 - ``dinov3_vit``: DINOv3's rotary positions (theta 100), registers, q and v biases without a k bias,
   ``up_proj``/``down_proj`` (or ``gate_proj`` too: SwiGLU); its pooled output is the normalised class
   token (``global_pool='token'``, where timm's DINOv3 averages the patches).
+- ``beit`` and ``data2vec-vision`` (``BeitModel``, ``BeitForImageClassification`` and data2vec-vision's
+  same layout): the classifier too; relative position bias tables per layer, or one shared (read into
+  each); see :mod:`.hf_tower_beit`.
 
 Hub folders and ``save_pretrained`` folders store the hub's names; transformers 5's in-memory names
 (``o_proj``, ``model.layer``) are read too.
@@ -33,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
 from .hf_tower_parts import _OTHER_TOWER, _VISION_PREFIX, Tower
@@ -47,6 +51,8 @@ TOWERS: Dict[str, Tower] = {
     "dinov2": DINOV2_TOWER,
     "dinov2_with_registers": DINOV2_REGISTERS_TOWER,
     "dinov3_vit": DINOV3_TOWER,
+    "beit": BEIT_TOWER,
+    "data2vec-vision": DATA2VEC_VISION_TOWER,
 }
 #: two-tower (image and text) checkpoints: their vision config and tower
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}
@@ -122,7 +128,7 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
 
 def layout_of(config: Any) -> Optional[str]:
     """The tower's model_type a vitkit config exports to (the first whose problems are none), or None."""
-    for kind in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit"):
+    for kind in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit"):
         if not TOWERS[kind].problems(config):
             return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
     return None
@@ -131,14 +137,14 @@ def layout_of(config: Any) -> Optional[str]:
 def export_problems(config: Any) -> Dict[str, List[str]]:
     """Per tower of the config's family, what keeps ``config`` from its layout (for one message naming the
     nearest): an EVA-style model can only be DINOv3, a ViT one of the others."""
-    kinds = ("dinov3_vit",) if getattr(config, "architecture", "vit") == "eva" else (
+    kinds = ("dinov3_vit", "beit") if getattr(config, "architecture", "vit") == "eva" else (
         "clip_vision_model", "siglip_vision_model", "dinov2")
     return {kind: TOWERS[kind].problems(config) for kind in kinds}
 
 
 _PROCESSORS = {"clip_vision_model": "CLIPImageProcessor", "siglip_vision_model": "SiglipImageProcessor",
                "dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor",
-               "dinov3_vit": "DINOv3ViTImageProcessor"}
+               "dinov3_vit": "DINOv3ViTImageProcessor", "beit": "BeitImageProcessor"}
 
 
 def preprocessor_to_hf(config: Any, kind: str) -> Dict[str, Any]:
