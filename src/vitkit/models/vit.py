@@ -87,6 +87,9 @@ class ViTConfig(TokenConfig):
     #: DeiT's distillation token: a second prefix token with its own head (``head_dist``),
     #: trained against a teacher; inference averages the two heads.
     distill_token: bool = False
+    #: with a distillation token: False reads the class token alone (no ``head_dist``; the token is one more
+    #: prefix token), as transformers' DeiTForImageClassification and DeiTModel do with a distilled DeiT
+    distill_head: bool = True
     #: register tokens (Darcet et al., 2024): learned prefix tokens after the class token that no
     #: output reads, where attention can park what it needs (timm's ``reg_token``; DINOv2-reg, SigLIP 2)
     reg_tokens: int = 0
@@ -160,9 +163,13 @@ class ViTConfig(TokenConfig):
         if self.global_pool == "token" and not self.class_token:
             problems.append("global_pool='token' needs class_token=True (or use global_pool='avg')")
         if self.distill_token and not (self.class_token and self.global_pool == "token"
-                                       and not self.representation_size):
+                                       and not (self.representation_size and self.distill_head)):
             problems.append("distill_token=True is DeiT's layout: it needs class_token=True, "
-                            "global_pool='token' and no representation_size")
+                            "global_pool='token' and no representation_size (unless distill_head=False)")
+        if not isinstance(self.distill_head, bool):
+            problems.append(f"distill_head must be true or false, got {self.distill_head!r}")
+        elif not self.distill_head and not self.distill_token:
+            problems.append("distill_head=False says how a distillation token is read: it needs distill_token=True")
         if self.pos_embed == "relative" and (self.distill_token or self.reg_tokens):
             problems.append("pos_embed='relative' has bias rows for one prefix token (a class token, as BEiT and timm "
                             "have), not DeiT's distillation token or registers")
@@ -304,7 +311,7 @@ class VisionTransformer(TokenModel):
         else:
             self.pre_logits = nn.Identity()
         self.head = self._new_head(cfg.num_classes)
-        self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token else None
+        self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token and cfg.distill_head else None
         if next(self.patch_embed.parameters()).device.type != "meta":  # a model built to count its parameters has no
             self.init_weights()  # values to initialise (half the cost of `vitkit models`' ~300 builds)
 
@@ -349,7 +356,7 @@ class VisionTransformer(TokenModel):
                      norm=norm, attn=attn, mlp=mlp)
 
     def head_names(self) -> Tuple[str, ...]:
-        return ("head", "head_dist") if self.dist_token is not None else ("head",)
+        return ("head", "head_dist") if self.dist_token is not None and self.config.distill_head else ("head",)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -388,8 +395,9 @@ class VisionTransformer(TokenModel):
 
     def set_distilled_training(self, enable: bool = True) -> None:
         """DeiT: in training mode, return both heads' logits for the distillation loss."""
-        if enable and self.dist_token is None:
-            raise ValueError("distilled training needs a model with a distillation token (distill_token=True)")
+        if enable and (self.dist_token is None or not self.config.distill_head):
+            raise ValueError("distilled training needs a model with a distillation token and its head "
+                             "(distill_token=True, distill_head=True)")
         self.distilled_training = bool(enable)
 
     def prefix_tokens(self, batch: int) -> List[torch.Tensor]:
@@ -420,7 +428,7 @@ class VisionTransformer(TokenModel):
         With a distillation token (DeiT) the class and distillation heads are averaged, or,
         in distilled training, returned as a pair (class logits, distillation logits).
         """
-        if self.dist_token is not None:
+        if self.head_dist is not None:
             cls, dist = x[:, 0], x[:, 1]
             if pre_logits:
                 return (cls + dist) / 2
@@ -481,7 +489,7 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     if config.representation_size:
         tail += D * config.representation_size
         head_in = config.representation_size
-    tail += head_in * config.num_classes * (2 if config.distill_token else 1)  # DeiT: a second head
+    tail += head_in * config.num_classes * (2 if config.distill_token and config.distill_head else 1)  # DeiT's 2nd
     macs = embed + blocks + tail
     return token_complexity(config, macs, config.depth * attn_mix, n, config.token_patch_size, cnn)
 

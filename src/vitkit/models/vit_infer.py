@@ -50,6 +50,7 @@ def vit_fields(sd: Mapping[str, Any]) -> Dict[str, Any]:
     kw: Dict[str, Any] = dict(
         embed_dim=D, in_chans=C, patch_size=(ph, pw), depth=max(block_ids) + 1,
         class_token=class_token, distill_token=distill_token, reg_tokens=registers,
+        distill_head=not (distill_token and "head.weight" in sd and "head_dist.weight" not in sd),
         global_pool=pool, fc_norm=None if has_fc_norm or class_token else False,
         num_classes=int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
         representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,

@@ -19,6 +19,10 @@ def vit_to_timm(model: TokenModel) -> Dict[str, torch.Tensor]:
     if model.config.representation_size:
         raise ValueError("timm's VisionTransformer has no pre-logits (representation) layer; "
                          "export this model as 'vitkit', 'npz' or 'hf' instead")
+    if getattr(model.config, "distill_token", False) and not model.config.distill_head:
+        raise ValueError("timm's distilled DeiT has two heads, where this model reads its class token alone "
+                         "(distill_head=False, transformers' DeiTForImageClassification); export it as 'vitkit' or "
+                         "'hf' instead")
     sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
           if not k.startswith(positions.PARAMETER_NAMES)}
     pos = positions.full_table(model)

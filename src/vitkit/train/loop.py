@@ -186,7 +186,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     if cfg.distill != "none":  # DeiT: a frozen teacher; a distillation token gets its own head's loss
         run.teacher = load_teacher(cfg.teacher, model.config.num_classes, device)
         run.student_input = InputSpec.of(model.config)
-        if getattr(model, "dist_token", None) is not None:
+        if getattr(model, "head_dist", None) is not None:  # not a distillation token read as a prefix alone
             model.set_distilled_training(True)
         run.note(f"distilling ({cfg.distill}) from {cfg.teacher}")
     return run

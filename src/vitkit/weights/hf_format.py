@@ -1,4 +1,13 @@
-"""Hugging Face transformers ``ViTModel`` / ``ViTForImageClassification`` layout.
+"""Hugging Face transformers' ViT layout: ``ViTModel`` / ``ViTForImageClassification`` and the classes
+that share its layers (``model_type`` of config.json):
+
+- ``vit``, ``vit_msn`` (MSN's checkpoints are ViTs), ``vit_mae`` (its encoder);
+- ``deit``: a distillation token after the class token (its slot in the position table too).
+  ``DeiTForImageClassificationWithTeacher`` averages the class and distillation heads, as timm's DeiT does;
+  ``DeiTForImageClassification`` and ``DeiTModel`` read the class token alone (``distill_head=False``: the
+  distillation token is one more prefix token);
+- ``ijepa``: I-JEPA's encoder, no class token, a table over the patches; its classifier reads the mean
+  of the normalised tokens (``global_pool='avg'``, ``fc_norm=False``).
 
 HF keeps query/key/value as separate Linear layers and names everything differently; its
 ViT checkpoints use LayerNorm eps 1e-12 (read from their ``config.json``). ``ViTModel``'s
@@ -32,6 +41,7 @@ _QKV = re.compile(r"^attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(
 _QKV_PARTS = {"q": "query", "k": "key", "v": "value"}
 _TOP_NAMES = {
     "embeddings.cls_token": "cls_token",
+    "embeddings.distillation_token": "dist_token",
     "embeddings.position_embeddings": "pos_embed",
     "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
     "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
@@ -41,7 +51,14 @@ _TOP_NAMES = {
     "pooler.dense.bias": "pre_logits.fc.bias",
     "classifier.weight": "head.weight",
     "classifier.bias": "head.bias",
+    "cls_classifier.weight": "head.weight",
+    "cls_classifier.bias": "head.bias",
+    "distillation_classifier.weight": "head_dist.weight",
+    "distillation_classifier.bias": "head_dist.bias",
 }
+#: model_type -> the base model's prefix in a classifier's checkpoint
+MODEL_TYPES = {"vit": "vit.", "vit_mae": "vit.", "vit_msn": "vit.", "deit": "deit.", "ijepa": "ijepa."}
+_PREFIXES = tuple(sorted(set(MODEL_TYPES.values())))
 _GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 
 
@@ -88,7 +105,7 @@ def to_native(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out: Dict[str, torch.Tensor] = {}
     layers = LayerNames()
     for key, value in sd.items():
-        k = key[len("vit."):] if key.startswith("vit.") else key
+        k = next((key[len(p):] for p in _PREFIXES if key.startswith(p)), key)
         if k in _TOP_NAMES:
             out[_TOP_NAMES[k]] = value
             continue
@@ -119,23 +136,32 @@ def layers_from_native(sd: Mapping[str, torch.Tensor], prefix: str, hf_prefix: s
     return out
 
 
+def model_type_of(cfg: ViTConfig) -> str:
+    """The class family a ViT exports as: DeiT with a distillation token, I-JEPA without a class token."""
+    return "deit" if cfg.distill_token else "ijepa" if not cfg.class_token else "vit"
+
+
 def from_native(model) -> Dict[str, torch.Tensor]:
-    """vitkit model -> HF state dict (``ViTForImageClassification`` or ``ViTModel``)."""
+    """vitkit model -> HF state dict (``ViTForImageClassification`` or ``ViTModel``, DeiT's or I-JEPA's)."""
     cfg = model.config
     _check_exportable(cfg)
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     classify = cfg.num_classes > 0
-    root = "vit." if classify else ""
-    inv_top = {v: k for k, v in _TOP_NAMES.items()}
+    root = MODEL_TYPES[model_type_of(cfg)] if classify else ""
+    inv_top = {v: k for k, v in _TOP_NAMES.items() if not k.startswith("cls_classifier.")}
     for key in sd:
         if not (key.startswith(("pos_embed", "cls_token", "head.", "pre_logits.", "blocks.")) or key in inv_top):
             raise WeightsError(f"no Hugging Face name for parameter {key!r}")
     out = layers_from_native(sd, "blocks.", f"{root}encoder.layer.", cfg.embed_dim)
     for native, hf in inv_top.items():
-        if native in sd and not native.startswith(("head.", "pre_logits.")):
+        if native in sd and not native.startswith(("head.", "head_dist.", "pre_logits.")):
             out[root + hf] = sd[native].contiguous()
     out[root + "embeddings.position_embeddings"] = full_table(model).cpu().contiguous()
-    if classify:
+    if classify and "head_dist.weight" in sd:  # DeiTForImageClassificationWithTeacher
+        out["cls_classifier.weight"], out["cls_classifier.bias"] = sd["head.weight"], sd["head.bias"]
+        out["distillation_classifier.weight"] = sd["head_dist.weight"]
+        out["distillation_classifier.bias"] = sd["head_dist.bias"]
+    elif classify:
         out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
     elif cfg.representation_size:
         out["pooler.dense.weight"], out["pooler.dense.bias"] = sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"]
@@ -147,14 +173,21 @@ def _check_exportable(cfg: ViTConfig) -> None:
     if cfg.backbone is not None:
         problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
                         "implemented); export it as 'vitkit', 'timm' or 'npz'")
-    if not cfg.class_token or cfg.global_pool != "token" or cfg.use_fc_norm:
-        problems.append("HF ViT pools the class token (needs class_token=True, global_pool='token')")
+    if cfg.class_token and (cfg.global_pool != "token" or cfg.use_fc_norm):
+        problems.append("HF ViT pools the class token (needs global_pool='token'; without a class token, I-JEPA "
+                        "pools the mean of the normalised tokens)")
+    if not cfg.class_token and (cfg.global_pool != "avg" or cfg.use_fc_norm or cfg.representation_size):
+        problems.append("HF's ViT without a class token is I-JEPA: the mean of the normalised tokens "
+                        "(global_pool='avg', fc_norm=False, no representation_size)")
     if cfg.init_values:
         problems.append("HF ViT has no LayerScale")
     if cfg.pos_embed == "none":
         problems.append("HF ViT always adds a position embedding")
     if cfg.pos_embed == "relative":
         problems.append("HF ViT has no relative position bias (export as 'vitkit' or 'timm')")
+    if cfg.distill_token and cfg.distill_head and cfg.num_classes == 0:
+        problems.append("DeiTModel reads the class token, where this model averages it with the distillation "
+                        "token (give it its classes, or distill_head=False)")
     if cfg.representation_size and cfg.num_classes:
         problems.append("ViTForImageClassification has no pre-logits layer "
                         "(a ViTModel pooler needs num_classes=0 and representation_size == embed_dim)")
@@ -167,9 +200,12 @@ def _check_exportable(cfg: ViTConfig) -> None:
 def config_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
     square = cfg.img_size[0] == cfg.img_size[1] and cfg.patch_size[0] == cfg.patch_size[1]
     classify = cfg.num_classes > 0
+    kind = model_type_of(cfg)
+    name = {"vit": "ViT", "deit": "DeiT", "ijepa": "IJepa"}[kind]
+    teacher = "WithTeacher" if cfg.distill_token and cfg.distill_head else ""
     out: Dict[str, Any] = {
-        "model_type": "vit",
-        "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
+        "model_type": kind,
+        "architectures": [f"{name}ForImageClassification{teacher}" if classify else f"{name}Model"],
         "hidden_size": cfg.embed_dim,
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
@@ -202,22 +238,31 @@ def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
 def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None,
                    preprocessor: Optional[Mapping[str, Any]] = None, **overrides: Any) -> ViTConfig:
     """HF ``config.json`` (+ ``preprocessor_config.json``) -> ViTConfig."""
-    if hf.get("model_type") not in ("vit", "vit_mae"):
-        raise WeightsError(f"Hugging Face model_type {hf.get('model_type')!r} is not 'vit' (or 'vit_mae')")
+    kind = hf.get("model_type")
+    if kind not in MODEL_TYPES:
+        from .hf_towers import MODEL_TYPES as TOWERS
+
+        raise WeightsError(f"Hugging Face model_type {kind!r} is not one vitkit reads "
+                           f"({', '.join(list(MODEL_TYPES) + list(TOWERS))})")
     act = hf.get("hidden_act", "gelu")
     if act not in _GELU:
         raise WeightsError(f"unsupported hidden_act {act!r} in HF config")
     keys = set(sd or ())
-    classify = any(k.startswith("classifier.") for k in keys) if sd is not None else \
+    heads = [k for k in keys if k.startswith(("classifier.", "cls_classifier."))]
+    classify = bool(heads) if sd is not None else \
         any("ForImageClassification" in a for a in hf.get("architectures", []))
     id2label = hf.get("id2label") or {}
     num_classes = len(id2label) if classify else 0
-    if sd is not None and "classifier.weight" in keys:
-        num_classes = sd["classifier.weight"].shape[0]
+    head = next((k for k in heads if k.endswith(".weight")), None)
+    if head is not None:
+        num_classes = sd[head].shape[0]
         if id2label and len(id2label) != num_classes:  # transformers keeps the two equal: an edited file
             raise WeightsError(f"the config's id2label names {len(id2label)} classes where its classifier holds "
                                f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
     has_pooler = any(k.startswith("pooler.") for k in keys)
+    if has_pooler and kind == "ijepa":
+        raise WeightsError("an I-JEPA pooler (a dense layer on the first patch token) is not read: vitkit's I-JEPA "
+                           "pools the mean of the tokens, as IJepaForImageClassification does")
     if has_pooler and not classify and hf.get("pooler_act", "tanh") != "tanh":
         raise WeightsError(f"the HF pooler uses pooler_act {hf['pooler_act']!r}; vitkit's pre-logits layer is the "
                            f"paper's tanh: load it as ViTForImageClassification or without the pooler")
@@ -233,6 +278,12 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
         representation_size=hf["hidden_size"] if has_pooler and not classify else None,
         crop_pct=1.0,  # ViTImageProcessor resizes the whole image, no centre crop
     )
+    if kind == "deit":  # the teacher class averages its two heads; the others read the class token
+        teacher = "distillation_classifier.weight" in keys if sd is not None else \
+            any("WithTeacher" in a for a in hf.get("architectures", []))
+        kw.update(distill_token=True, distill_head=teacher)
+    elif kind == "ijepa":
+        kw.update(class_token=False, global_pool="avg", fc_norm=False)
     if classify and len(id2label) == num_classes:
         kw["label_names"] = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
     if preprocessor:
