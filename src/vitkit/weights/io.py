@@ -46,13 +46,24 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
     if suffix in (".safetensors", ".npz") + TORCH_SUFFIXES and path.stat().st_size == 0:
         raise WeightsError(f"{path} is empty (0 bytes): not a checkpoint (an interrupted download or copy?)")
     if suffix == ".safetensors":
-        return _read_safetensors(path)
+        return _unwrapped_timm(_read_safetensors(path))
     if suffix == ".npz":
         return _read_npz(path)
     if suffix in TORCH_SUFFIXES:
-        return _read_torch(path)
+        return _unwrapped_timm(_read_torch(path))
     raise WeightsError(f"unknown weights file type {suffix!r} for {path}; expected .safetensors, "
                        f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)})")
+
+
+#: transformers' TimmWrapperModel / ...ForImageClassification keeps the timm model under this name
+TIMM_WRAPPER_PREFIX = "timm_model."
+
+
+def _unwrapped_timm(sd: Dict[str, object]) -> Dict[str, object]:
+    """A timm model saved through transformers (every name under ``timm_model.``) as timm saves it."""
+    if sd and all(k.startswith(TIMM_WRAPPER_PREFIX) for k in sd):
+        return {k[len(TIMM_WRAPPER_PREFIX):]: v for k, v in sd.items()}
+    return sd
 
 
 def _read_safetensors(path: Path) -> Dict[str, object]:

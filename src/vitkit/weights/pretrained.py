@@ -145,7 +145,7 @@ def config_for_source(src: Source, **overrides: Any):
             return config_from_dict(cj["config"]).replace(**overrides)
         except (ValueError, TypeError) as e:  # which file holds the bad field
             raise WeightsError(f"{where}: {' '.join(str(e).split())}") from None
-    if cj and cj.get("model_type") is not None:
+    if cj and cj.get("model_type") not in (None, "timm_wrapper"):  # transformers' TimmWrapper: a timm hub config
         try:
             if cj.get("model_type") in hf_towers.MODEL_TYPES:
                 return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
@@ -186,6 +186,8 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
     cj = src.config_json or {}
     own = (cj.get("architecture") or (cj.get("config") or {}).get("name") or
            ", ".join(cj.get("architectures", []) or []) or cj.get("model_type"))
+    if cj.get("model_type") == "timm_wrapper":
+        own = f"{own} (saved by transformers' {', '.join(cj.get('architectures') or ['TimmWrapperModel'])})"
     if src.format == "open_clip":
         own = "open_clip image tower" + (" (open_clip_config.json)" if src.open_clip_config else "")
     tensors = list(src.tensors.values())

@@ -124,6 +124,8 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
         raise WeightsError(str(e)) from None
     if "num_classes" in cfg:
         kw["num_classes"] = int(cfg["num_classes"])
+    if cfg.get("model_type") == "timm_wrapper" and "TimmWrapperModel" in (cfg.get("architectures") or []):
+        kw["num_classes"] = 0  # transformers builds its TimmWrapperModel headless
     if cfg.get("global_pool") in getattr(type(config), "POOLS", ("token", "avg")):
         kw["global_pool"] = cfg["global_pool"]
     for key in ("mean", "std", "crop_pct", "interpolation"):
