@@ -128,6 +128,13 @@ def test_an_edited_folder_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match="key bias"):
         vitkit.from_pretrained(tmp_path)
+    ref.save_pretrained(tmp_path)  # a config that claims another image size than its tables hold
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "image_size": 48}))
+    with pytest.raises(WeightsError, match="img_size 48x48 .* where its weights hold 52 relative-bias rows"):
+        vitkit.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))  # asked for a size: the tables are resampled
+    assert vitkit.from_pretrained(tmp_path, img_size=48).blocks[0].attn.relative_position_bias_table.shape[0] == 124
 
 
 def test_a_beit_no_hugging_face_class_holds_is_refused_naming_beit(tmp_path):

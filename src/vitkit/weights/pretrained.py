@@ -261,6 +261,8 @@ def check_claims(config: Any, src: Source) -> None:
         checks.append((f"{conv}.weight", 1, "in_chans", "input channels in its first convolution"))
     if src.format in ("vitkit", "hf"):
         checks.append(("pos_embed", 1, "img_size", "position slots (a grid of another image size)"))
+        checks.append(("blocks.0.attn.relative_position_bias_table", 0, "img_size",
+                       "relative-bias rows (a grid of another image size)"))
     fired = [(key, f"{field} {_claimed(config, field)} where its weights hold {sd[key].shape[dim]} {what}")
              for key, dim, field, what in checks
              if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
