@@ -322,3 +322,19 @@ def test_attention_impls_compute_the_same_gradients(images):
     assert torch.equal(grads["auto", True], grads["explicit", True])
     with pytest.raises(ValueError, match="attn_impl"):
         tiny(attn_impl="flash")
+
+
+def test_token_avg_pooling_reads_the_class_token_beside_the_patches_mean():
+    """DINOv2's linear heads (transformers' Dinov2ForImageClassification): [class token, mean of the patches]
+    after the final norm, a head twice the width; refused where there is no class token, and by timm's layout."""
+    model = vitkit.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28, num_classes=3,
+                                global_pool="token_avg").eval()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        want = model.head(torch.cat([tokens[:, 0], tokens[:, model.num_prefix_tokens:].mean(1)], -1))
+        assert torch.equal(model(x), want) and model.head.in_features == 2 * 384
+    with pytest.raises(ValueError, match="token_avg' reads the class token"):
+        vitkit.create_model("vit_small_patch16_224", class_token=False, global_pool="token_avg")
+    with pytest.raises(vitkit.weights.io.WeightsError, match="no pooling of the class token beside"):
+        vitkit.export_weights(model, "/nonexistent/never.safetensors", "timm")

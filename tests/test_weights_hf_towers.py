@@ -56,6 +56,42 @@ def test_hugging_face_tower_folder_loads_with_parity(case, tmp_path, images):
         assert _close(_pooled(ref, x), ours(x))
 
 
+CLASSIFIERS = {  # transformers' ...ForImageClassification of the towers: what AutoModelForImageClassification makes
+    "clip": ("CLIPForImageClassification", lambda: T.CLIPConfig(text_config=TEXT, vision_config=SMALL, num_labels=3)),
+    "siglip": ("SiglipForImageClassification", lambda: T.SiglipConfig(text_config=TEXT, vision_config=SMALL,
+                                                                       num_labels=3)),
+    "dinov2": ("Dinov2ForImageClassification", lambda: T.Dinov2Config(**SMALL, num_labels=3)),
+    "dinov2_swiglu": ("Dinov2ForImageClassification", lambda: T.Dinov2Config(**SMALL, num_labels=3,
+                                                                              use_swiglu_ffn=True)),
+    "dinov2_registers": ("Dinov2WithRegistersForImageClassification",
+                         lambda: T.Dinov2WithRegistersConfig(**SMALL, num_labels=3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASSIFIERS))
+def test_hugging_face_tower_classifiers_load_with_their_logits(case, tmp_path, images):
+    """CLIP's classifier reads the mean of the un-normalised patch tokens, SigLIP's the mean of the normalised
+    tokens (its MAP head is computed and not read), DINOv2's the class token beside the patches' mean; each is
+    written back as its class (transformers finds every tensor it expects and no other)."""
+    cls, config = CLASSIFIERS[case]
+    ref = randomize(getattr(T, cls)(config())).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref(pixel_values=x).logits, ours(x))
+    assert ours.config.label_names == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    pool = {"clip": "avg", "siglip": "avg"}.get(case, "token_avg")
+    assert ours.config.global_pool == pool
+    vitkit.export_weights(ours, tmp_path / "back", "hf")  # and written as the same class, every tensor its own
+    back, report = getattr(T, cls).from_pretrained(tmp_path / "back", output_loading_info=True)
+    assert not any(report.values())
+    with torch.no_grad():
+        assert _close(back.eval()(pixel_values=x).logits, ours(x))
+    ours.reset_classifier(5)  # a new head on the same pooling (DINOv2's: twice the width)
+    assert ours.head.in_features == (128 if pool == "token_avg" else 64) and ours(x).shape == (2, 5)
+
+
 def test_dinov3_at_a_non_square_size_as_transformers(tmp_path, images):
     """DINOv3 takes any size (its rotary angles follow the grid): a 48x80 image against transformers'."""
     ref = randomize(T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL, num_register_tokens=4))).eval()

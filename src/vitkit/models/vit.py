@@ -78,8 +78,10 @@ class ViTConfig(TokenConfig):
     """Everything needed to rebuild a ViT, plus the preprocessing its weights expect."""
 
     KIND: ClassVar[str] = "ViT"
-    #: the class token, the mean of the patch tokens, or multi-head attention pooling (SigLIP's MAP head)
-    POOLS: ClassVar[Tuple[str, ...]] = ("token", "avg", "map")
+    #: the class token, the mean of the patch tokens, multi-head attention pooling (SigLIP's MAP head), or the
+    #: class token and the patches' mean side by side (DINOv2's linear heads, transformers' Dinov2ForImage-
+    #: Classification: twice the width)
+    POOLS: ClassVar[Tuple[str, ...]] = ("token", "avg", "map", "token_avg")
 
     #: the width ``fc2`` reads (for SwiGLU: of the gated product)
     mlp_dim: int = 3072
@@ -182,6 +184,10 @@ class ViTConfig(TokenConfig):
         problems += self._positive_int_problems(("mlp_dim",))
         if not _is_count(self.reg_tokens) or self.reg_tokens > MAX_REGISTERS:
             problems.append(f"reg_tokens must be an integer in 0..{MAX_REGISTERS}, got {self.reg_tokens!r}")
+        if self.global_pool == "token_avg" and not (self.class_token and not self.representation_size
+                                                    and not self.distill_token):
+            problems.append("global_pool='token_avg' reads the class token beside the patches' mean: it needs "
+                            "class_token=True, no distill_token and no representation_size")
         if self.global_pool == "map":
             for name in ("map_heads", "map_mlp_dim"):
                 value = getattr(self, name)
@@ -310,6 +316,7 @@ class VisionTransformer(TokenModel):
             self.num_features = cfg.representation_size
         else:
             self.pre_logits = nn.Identity()
+            self.num_features = self.pooled_width(cfg.global_pool)
         self.head = self._new_head(cfg.num_classes)
         self.head_dist = self._new_head(cfg.num_classes) if cfg.distill_token and cfg.distill_head else None
         if next(self.patch_embed.parameters()).device.type != "meta":  # a model built to count its parameters has no
@@ -410,13 +417,25 @@ class VisionTransformer(TokenModel):
             return self.attn_pool(x if self.config.pool_include_prefix else x[:, self.num_prefix_tokens:])
         if self.global_pool == "avg" and self.config.pool_include_prefix:
             return x.mean(dim=1)
+        if self.global_pool == "token_avg":
+            return torch.cat([x[:, 0], x[:, self.num_prefix_tokens:].mean(dim=1)], dim=-1)
         return super().pool(x)
+
+    def pooled_width(self, global_pool: str) -> int:
+        """The width a pooling gives the head: the class token and the patches' mean side by side are two."""
+        return self.embed_dim * (2 if global_pool == "token_avg" else 1)
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """As :meth:`TokenModel.reset_classifier`; leaving 'map' drops the attention pool (it cannot be added)."""
         if global_pool == "map" and self.attn_pool is not None:
             global_pool = None
         changed = global_pool is not None and global_pool != self.global_pool
+        if global_pool == "token_avg" and (self.cls_token is None or self.dist_token is not None
+                                           or self.config.representation_size):
+            raise ValueError("global_pool='token_avg' needs a class token, no distillation token and no "
+                             "pre-logits layer")
+        if not self.config.representation_size:
+            self.num_features = self.pooled_width(global_pool or self.global_pool)
         super().reset_classifier(num_classes, global_pool)
         if changed:  # the norms stay where they are: the config says so explicitly
             self.attn_pool = None
@@ -486,6 +505,8 @@ def vit_complexity(config: ViTConfig) -> Complexity:
     if config.global_pool == "map":  # one query over the (patch) tokens, projection, MLP
         pooled = n if config.pool_include_prefix else n - config.num_prefix_tokens
         tail += D * D + 2 * pooled * D * D + 2 * pooled * D + D * D + 2 * D * (config.map_mlp_dim or M)
+    if config.global_pool == "token_avg":
+        head_in = 2 * D
     if config.representation_size:
         tail += D * config.representation_size
         head_in = config.representation_size

@@ -19,6 +19,9 @@ def vit_to_timm(model: TokenModel) -> Dict[str, torch.Tensor]:
     if model.config.representation_size:
         raise ValueError("timm's VisionTransformer has no pre-logits (representation) layer; "
                          "export this model as 'vitkit', 'npz' or 'hf' instead")
+    if model.config.global_pool == "token_avg":
+        raise ValueError("timm's VisionTransformer has no pooling of the class token beside the patches' mean "
+                         "(global_pool='token_avg'); export this model as 'vitkit' or 'hf' instead")
     if getattr(model.config, "distill_token", False) and not model.config.distill_head:
         raise ValueError("timm's distilled DeiT has two heads, where this model reads its class token alone "
                          "(distill_head=False, transformers' DeiTForImageClassification); export it as 'vitkit' or "

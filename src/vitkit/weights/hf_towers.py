@@ -75,21 +75,67 @@ def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
 def vision_part(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The vision tower's tensors of a (possibly two-tower) checkpoint, without its prefix (the text
     tower, text projection and logit scale are left out: a vision model has no use for them)."""
-    prefixed = any(k.startswith(_VISION_PREFIX) for k in sd)
+    prefix = next((p for p in (_VISION_PREFIX,) + _BASE_PREFIXES if any(k.startswith(p) for k in sd)), None)
     out = {}
     for key, value in sd.items():
         if key.startswith(_OTHER_TOWER):
             continue
-        if prefixed and key.startswith(_VISION_PREFIX):
-            key = key[len(_VISION_PREFIX):]
+        if prefix and key.startswith(prefix):
+            key = key[len(prefix):]
         out[key] = value
     return out
+
+
+#: transformers' ``CLIPForImageClassification`` / ``SiglipForImageClassification``: the tower's config fields
+#: their ``classifier`` reads through, and the tower's parts it does not read (kept out: they change no logit).
+#: CLIP's: the mean of the patch tokens as the encoder leaves them (``post_layernorm`` normalises only the
+#: pooled class token, which the classifier does not read); SigLIP's: the mean of the normalised tokens
+#: (the MAP head is computed and not read)
+_CLASSIFIERS = {
+    "clip_vision_model": (dict(global_pool="avg", final_norm=False, fc_norm=False), ("post_layernorm.",)),
+    "siglip_vision_model": (dict(global_pool="avg", fc_norm=False), ("head.",)),
+    # Dinov2(WithRegisters)ForImageClassification: the normalised class token beside the patches' mean
+    "dinov2": (dict(global_pool="token_avg"), ()),
+    "dinov2_with_registers": (dict(global_pool="token_avg"), ()),
+}
+#: the base model's prefix in a one-tower ...ForImageClassification checkpoint
+_BASE_PREFIXES = ("dinov2.", "dinov2_with_registers.")
+#: a classifier's config as its tower's (what the tower's checks and export take), and its classes' names
+_AS_TOWER = {"clip_vision_model": (dict(global_pool="token", final_norm=True), "CLIPForImageClassification", "clip"),
+             "siglip_vision_model": (dict(global_pool="map"), "SiglipForImageClassification", "siglip"),
+             "dinov2": (dict(global_pool="token"), "Dinov2ForImageClassification", None)}
+
+
+def _classifier_kind(config: Any) -> Optional[str]:
+    """The tower whose ...ForImageClassification ``config`` is (its pooling and a head), or None."""
+    if not getattr(config, "num_classes", 0):
+        return None
+    for kind, (fields, _, _) in _AS_TOWER.items():
+        pooling = _CLASSIFIERS[kind][0]
+        if all(getattr(config, k, None) == v for k, v in pooling.items()) and \
+                not TOWERS[kind].problems(config.replace(num_classes=0, **fields)):
+            return kind
+    return None
+
+
+def _without_classifier(kind: str, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A ...ForImageClassification's ``classifier`` popped out of ``sd`` as vitkit's ``head`` (with the parts
+    of the tower its logits do not read); {} for a tower without one."""
+    if "classifier.weight" not in sd:
+        return {}
+    if kind not in _CLASSIFIERS:
+        raise WeightsError(f"a {kind} checkpoint with a classifier: vitkit reads CLIP's, SigLIP's and DINOv2's "
+                           f"...ForImageClassification heads, not this one")
+    for key in [k for k in sd if k.startswith(_CLASSIFIERS[kind][1])]:
+        sd.pop(key)
+    return {f"head.{leaf}": sd.pop(f"classifier.{leaf}") for leaf in ("weight", "bias") if f"classifier.{leaf}" in sd}
 
 
 def to_native(sd: Mapping[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     kind, tower = tower_of(hf)
     tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in vision_part(sd).items()}
-    return TOWERS[kind].to_native(tensors, tower)
+    head = _without_classifier(kind, tensors)
+    return {**TOWERS[kind].to_native(tensors, tower), **head}
 
 
 def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]] = None,
@@ -99,7 +145,17 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         if not isinstance(tower.get(key), int) or isinstance(tower.get(key), bool):
             raise WeightsError(f"the {kind} config needs an integer {key}, got {tower.get(key)!r}")
     try:
-        config = TOWERS[kind].config(tower, vision_part(sd))
+        tensors = dict(vision_part(sd))
+        head = _without_classifier(kind, tensors)
+        config = TOWERS[kind].config(tower, tensors)
+        if head:  # transformers' ...ForImageClassification: its pooling and labels (in the outer config)
+            names = hf.get("id2label") or {}
+            count = int(head["head.weight"].shape[0])
+            if names and len(names) != count:
+                raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds "
+                                   f"{count}: it was edited or mixed with other weights; fix or re-save it")
+            labels = [str(names.get(str(i), names.get(i, i))) for i in range(count)] if names else None
+            config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
         fields = preprocessing(preprocessor) if preprocessor else {}
         return config.replace(**fields, **overrides)
     except (ValueError, TypeError) as e:
@@ -131,7 +187,8 @@ def layout_of(config: Any) -> Optional[str]:
     for kind in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit"):
         if not TOWERS[kind].problems(config):
             return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
-    return None
+    kind = _classifier_kind(config)
+    return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
 
 
 def export_problems(config: Any) -> Dict[str, List[str]]:
@@ -168,7 +225,36 @@ def from_native(model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     if kind is None:
         raise WeightsError("no Hugging Face vision tower expresses this model")
     sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    return TOWERS[kind].from_native(sd, model.config), TOWERS[kind].hf_config(model.config)
+    base = "dinov2" if kind == "dinov2_with_registers" else kind
+    if _classifier_kind(model.config) != base:
+        return TOWERS[kind].from_native(sd, model.config), TOWERS[kind].hf_config(model.config)
+    return _classifier_from_native(sd, model.config, kind, base)
+
+
+def _classifier_from_native(sd: Dict[str, torch.Tensor], config: Any, kind: str, base: str):
+    """A classifier as transformers' ...ForImageClassification of its tower: the tower's tensors under the
+    class's prefix, the head as ``classifier``. The tower's parts the classifier does not read are written as
+    what changes nothing: CLIP's ``post_layernorm`` as an identity, SigLIP without its MAP head
+    (``vision_use_head: false``)."""
+    fields, cls, two_tower = _AS_TOWER[base]
+    head = {f"classifier.{leaf}": sd.pop(f"head.{leaf}") for leaf in ("weight", "bias")}
+    tower_config = config.replace(num_classes=0, **fields)
+    if base == "clip_vision_model":
+        sd["norm.weight"], sd["norm.bias"] = torch.ones(config.embed_dim), torch.zeros(config.embed_dim)
+    tower = TOWERS[kind].from_native(sd, tower_config)
+    prefix = _VISION_PREFIX if two_tower else f"{kind}."
+    hf = TOWERS[kind].hf_config(tower_config)
+    if base == "siglip_vision_model":
+        hf["vision_use_head"] = False
+    names = config.label_names or [f"LABEL_{i}" for i in range(config.num_classes)]
+    labels = dict(id2label={str(i): n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)})
+    if two_tower:
+        hf.pop("architectures", None)
+        hf = dict(model_type=two_tower, architectures=[cls], vision_config=hf, **labels)
+    else:
+        hf.update(architectures=[cls.replace("Dinov2", "Dinov2WithRegisters") if config.reg_tokens else cls],
+                  **labels)
+    return {**{prefix + k: v for k, v in tower.items()}, **head}, hf
 
 
 __all__ = ["TOWERS", "TWO_TOWERS", "MODEL_TYPES", "tower_of", "to_native", "config_from_hf", "preprocessing",
