@@ -214,11 +214,13 @@ def markdown(rows: list, info: dict) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, table: str) -> None:
+def write_markdown(path: Path, table: str, markers: tuple = (TABLE_START, TABLE_END)) -> None:
+    """The table between the page's markers (appended with them where the page has none)."""
+    start, end = markers
     text = path.read_text() if path.exists() else ""
-    block = f"{TABLE_START}\n{table}\n{TABLE_END}"
-    if TABLE_START in text and TABLE_END in text:
-        text = re.sub(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END), lambda m: block, text, flags=re.S)
+    block = f"{start}\n{table}\n{end}"
+    if start in text and end in text:
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda m: block, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)

@@ -435,6 +435,28 @@ def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tm
     assert cov.main(["--recheck", str(tmp_path / "c.json")]) == 2  # its rows are bare files': not a hub recheck
 
 
+def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
+    """benchmarks/coverage_hf.py on BEiT's classes: the model and classifier with parity, the backbone read as its
+    encoder, the masked-image-modelling and segmentation classes refused in one line; never a mismatch or error."""
+    import importlib.util
+
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("vitkit_bench_coverage_hf", BENCH / "coverage_hf.py")
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    page = tmp_path / "weights.md"
+    page.write_text("<!-- hf-coverage-table:start -->\nold\n<!-- hf-coverage-table:end -->\n")
+    assert cov.main(["--only", "*Beit*", "--out", str(tmp_path / "c.json"), "--markdown", str(page)]) == 0
+    rows = {r["cls"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert {c: r["status"] for c, r in rows.items()} == {
+        "BeitModel": "parity", "BeitForImageClassification": "parity", "BeitBackbone": "loaded",
+        "BeitForMaskedImageModeling": "refused", "BeitForSemanticSegmentation": "refused"}
+    assert "lm_head" in rows["BeitForMaskedImageModeling"]["message"]
+    text = page.read_text()
+    assert "\nold\n" not in text and "| beit | `BeitModel` | parity" in text
+    assert "2 of 5 classes load with parity" in text
+
+
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
     """The crowded-CPU benchmark runs train, eval and predict alone and beside a busy process of
     each kind, and scores each against the issue's fair share and the scheduler's."""

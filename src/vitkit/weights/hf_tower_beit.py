@@ -128,6 +128,9 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
         raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds "
                            f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
     mean_pool = bool(hf.get("use_mean_pooling", True))
+    # mean pooling without the pooler's norm (BeitModel built without its pooling layer: data2vec-vision's
+    # model, the backbone): no norm at all, the tokens as the last block leaves them
+    bare_mean = mean_pool and "pooler.layernorm.weight" not in base
     fields: Dict[str, Any] = dict(
         name=None, img_size=_pair(hf.get("image_size", 224)), patch_size=_pair(hf.get("patch_size", 16)),
         in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
@@ -135,7 +138,8 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
         norm_eps=hf.get("layer_norm_eps", 1e-12), gelu=_act(hf),
         init_values=float(scale) if isinstance(scale, (int, float)) and scale > 0 else None,
         pos_embed="relative" if relative else "learned" if absolute else "none",
-        global_pool="avg" if mean_pool else "token", fc_norm=None, num_classes=num_classes, crop_pct=1.0)
+        global_pool="avg" if mean_pool else "token", fc_norm=False if bare_mean else None,
+        final_norm=not bare_mean, num_classes=num_classes, crop_pct=1.0)
     if head is not None and len(names) == num_classes:
         fields["label_names"] = [str(names.get(str(i), names.get(i, i))) for i in range(num_classes)]
     return get_model_config("beit_base_patch16_224").replace(**fields)

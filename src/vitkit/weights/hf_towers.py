@@ -111,6 +111,8 @@ def _classifier_kind(config: Any) -> Optional[str]:
     if not getattr(config, "num_classes", 0):
         return None
     for kind, (fields, _, _) in _AS_TOWER.items():
+        if kind == "siglip_vision_model" and config.gelu != "tanh":
+            continue  # a class-token-free ViT of another activation is written as I-JEPA's (:mod:`.hf_format`)
         pooling = _CLASSIFIERS[kind][0]
         if all(getattr(config, k, None) == v for k, v in pooling.items()) and \
                 not TOWERS[kind].problems(config.replace(num_classes=0, **fields)):
@@ -121,11 +123,8 @@ def _classifier_kind(config: Any) -> Optional[str]:
 def _without_classifier(kind: str, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """A ...ForImageClassification's ``classifier`` popped out of ``sd`` as vitkit's ``head`` (with the parts
     of the tower its logits do not read); {} for a tower without one."""
-    if "classifier.weight" not in sd:
+    if "classifier.weight" not in sd or kind not in _CLASSIFIERS:  # BEiT's tower reads its own classifier
         return {}
-    if kind not in _CLASSIFIERS:
-        raise WeightsError(f"a {kind} checkpoint with a classifier: vitkit reads CLIP's, SigLIP's and DINOv2's "
-                           f"...ForImageClassification heads, not this one")
     for key in [k for k in sd if k.startswith(_CLASSIFIERS[kind][1])]:
         sd.pop(key)
     return {f"head.{leaf}": sd.pop(f"classifier.{leaf}") for leaf in ("weight", "bias") if f"classifier.{leaf}" in sd}

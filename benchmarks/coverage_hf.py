@@ -1,0 +1,203 @@
+"""Which of transformers' ViT-family image classes vitkit loads with parity, from their ``save_pretrained`` folders.
+
+The companion of ``coverage.py`` (timm's list) for Hugging Face: every class transformers registers for the
+ViT-family model types below (its auto mappings, plus the classes they leave out: ``...WithProjection``,
+DeiT's teacher class, BEiT's masked-image-modelling class) is built small (width 64, 2 layers, 32 px,
+patch 8) with every parameter noised, saved with ``save_pretrained`` and read with
+``vitkit.from_pretrained(folder)``; the fp32 outputs of two images are compared: logits for a classifier,
+the image embeddings of a two-tower model or a ``...WithProjection``, else the pooled output (or, with
+none, the last hidden state against ``forward_features``). Rows: ``parity`` (max |difference| <= 1e-5 x
+max(1, max |reference|)), ``refused`` (one line, kept), ``mismatch`` (loads, computes something else: a
+bug), ``error`` (another exception: a bug), ``loaded`` (a pre-training class: vitkit builds its
+pre-training model, compared in the tests, not here; a ``...Backbone``: its encoder), ``skipped``
+(transformers cannot build it small).
+
+    python benchmarks/coverage_hf.py                       # every class (a minute)
+    python benchmarks/coverage_hf.py --markdown docs/weights.md
+    python benchmarks/coverage_hf.py --only '*Beit*'        # a shell pattern of class names
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from transformers.models.auto import configuration_auto, modeling_auto
+
+import vitkit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, however run
+from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("vitkit_bench_coverage", Path(__file__).with_name("coverage.py"))
+_timm_coverage = importlib.util.module_from_spec(_spec)  # by path: a `coverage` package may be imported already
+_spec.loader.exec_module(_timm_coverage)
+TOLERANCE, noised, one_line, write_markdown = (_timm_coverage.TOLERANCE, _timm_coverage.noised,
+                                               _timm_coverage.one_line, _timm_coverage.write_markdown)
+
+#: the ViT-family image model types (dense-prediction heads on a ViT, DPT and the like, are out of scope)
+MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-vision", "dinov2",
+               "dinov2_with_registers", "dinov3_vit", "clip", "clip_vision_model", "siglip", "siglip_vision_model",
+               "siglip2", "siglip2_vision_model", "aimv2", "aimv2_vision_model", "vitdet", "timm_wrapper")
+#: classes the auto mappings do not name
+EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
+         "deit": ("DeiTForImageClassificationWithTeacher", "DeiTForImageClassification")}
+VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+              patch_size=8)
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+            max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2")
+TABLE = ("<!-- hf-coverage-table:start -->", "<!-- hf-coverage-table:end -->")
+
+
+def classes(only: str | None = None) -> list:
+    """(model_type, class name) of every class of the model types, as transformers registers them (``only``:
+    a shell pattern of class names)."""
+    mappings = [getattr(modeling_auto, n) for n in dir(modeling_auto)
+                if n.startswith("MODEL_") and n.endswith("_MAPPING_NAMES")]
+    rows = []
+    for kind in MODEL_TYPES:
+        names = set(EXTRA.get(kind, ()))
+        for mapping in mappings:
+            value = mapping.get(kind) if isinstance(mapping, dict) else None
+            names.update([value] if isinstance(value, str) else value or ())
+        rows += [(kind, name) for name in sorted(names)
+                 if hasattr(transformers, name) and (not only or fnmatch.fnmatch(name, only))]
+    return rows
+
+
+def config_for(kind: str, cls: str):
+    config_class = configuration_auto.CONFIG_MAPPING[kind]
+    labels = dict(num_labels=3) if "Classification" in cls else {}
+    if kind in TWO_TOWERS:
+        return config_class(vision_config=VISION, text_config=TEXT, **labels)
+    if kind == "timm_wrapper":
+        return config_class(architecture="vit_small_patch16_224", model_args=dict(depth=2, img_size=32, patch_size=8),
+                            **labels)
+    extra = dict(out_indices=[0, 1, 2, 3], num_hidden_layers=4) if "Segmentation" in cls else {}
+    if kind in ("vit", "deit"):
+        extra["encoder_stride"] = VISION["patch_size"]  # masked-image modelling reconstructs whole patches
+    if cls == "ViTMAEModel":
+        extra["mask_ratio"] = 0.0  # the encoder sees every patch (in order: see outputs)
+    return config_class(**{**VISION, **extra}, **labels)
+
+
+def outputs(ref, ours, cls: str, x: torch.Tensor):
+    """(transformers' output, vitkit's) of the same images: what the class is for."""
+    if cls.endswith(("Model",)) and hasattr(ref, "get_image_features") and not cls.endswith("VisionModel"):
+        out = ref.get_image_features(pixel_values=x)
+        return (out if isinstance(out, torch.Tensor) else out.pooler_output), ours(x)
+    if cls == "ViTMAEModel":  # MAE's shuffle keeps the order under increasing noise
+        tokens = (x.shape[-2] // VISION["patch_size"]) * (x.shape[-1] // VISION["patch_size"])
+        out = ref(pixel_values=x, noise=torch.arange(tokens, dtype=x.dtype).expand(x.shape[0], -1))
+        return out.last_hidden_state, ours.forward_features(x)
+    out = ref(pixel_values=x)
+    for field in ("logits", "image_embeds", "pooler_output"):
+        value = getattr(out, field, None)
+        if isinstance(value, torch.Tensor):
+            return value, ours(x)
+    return out[0], ours.forward_features(x)
+
+
+def check(kind: str, cls: str, workdir: Path) -> dict:
+    row = dict(model_type=kind, cls=cls)
+    start = time.perf_counter()
+    try:
+        ref = noised(getattr(transformers, cls)(config_for(kind, cls)))
+    except Exception as e:  # a class transformers cannot build at this size (a dense head's layer indices)
+        row.update(status="skipped", message=one_line(e))
+        return row
+    folder = workdir / cls
+    ref.save_pretrained(folder)
+    try:
+        ours = vitkit.from_pretrained(folder)
+    except vitkit.weights.io.WeightsError as e:
+        row.update(status="refused", message=str(e).replace(str(folder), "FOLDER"))
+        return row
+    except Exception as e:
+        row.update(status="error", message=one_line(e))
+        return row
+    if "ForPreTraining" in cls or "MaskedImageModeling" in cls:
+        row.update(status="loaded", message=f"as {type(ours).__name__} (pre-training: compared in the tests)")
+        return row
+    if cls.endswith("Backbone"):
+        row.update(status="loaded", message=f"as {type(ours).__name__} (its encoder; feature maps not compared)")
+        return row
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    try:
+        want, got = outputs(ref, ours, cls, x)
+    except Exception as e:
+        row.update(status="error", message=one_line(e))
+        return row
+    diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
+    ok = diff <= TOLERANCE * max(1.0, want.abs().max().item())
+    row.update(status="parity" if ok else "mismatch", max_diff=diff, shape=list(want.shape),
+               seconds=round(time.perf_counter() - start, 2))
+    if not ok:
+        row["message"] = f"max |difference| {diff:.2e} ({list(want.shape)} vs {list(got.shape)})"
+    return row
+
+
+def summary(rows: list) -> dict:
+    counts = {s: sum(r["status"] == s for r in rows)
+              for s in ("parity", "loaded", "refused", "mismatch", "error", "skipped")}
+    counted = len(rows) - counts["skipped"]
+    return dict(classes=counted, **counts, read_share=(counts["parity"] + counts["loaded"]) / max(1, counted))
+
+
+def markdown(rows: list, info: dict) -> str:
+    s = summary(rows)
+    lines = [f"{s['parity']} of {s['classes']} classes load with parity and {s['loaded']} load without an output "
+             f"compared here (pre-training classes as vitkit's pre-training model, backbones as their encoder); "
+             f"{s['refused']} are refused in one line, {s['mismatch']} load "
+             f"with other outputs, {s['error']} fail otherwise (transformers {transformers.__version__}, vitkit "
+             f"{str(info.get('git_revision'))[:12]}, {info.get('date')}).", "",
+             "| model_type | class | vitkit |", "|---|---|---|"]
+    for r in rows:
+        what = f"parity ({r['max_diff']:.1e})" if r["status"] == "parity" else \
+            f"{r['status']}: {r.get('message', '')}".replace("|", "\\|")
+        lines.append(f"| {r['model_type']} | `{r['cls']}` | {what} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_hf_<device>_<date>.json)")
+    p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
+    p.add_argument("--only", help="a shell pattern of class names (a smoke run)")
+    args = p.parse_args(argv)
+    info = machine_info(torch.device("cpu"), limits=False)
+    info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), transformers=transformers.__version__,
+                torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|reference|)")
+    out = results_path(args.out, dated_name("coverage_hf", torch.device("cpu"), info), smoke=bool(args.only))
+    rows = []
+    todo = classes(args.only)
+    with tempfile.TemporaryDirectory(prefix="vitkit-coverage-hf-") as tmp, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' and vitkit's notes: the row says what matters
+        for i, (kind, cls) in enumerate(todo):
+            row = check(kind, cls, Path(tmp))
+            rows.append(row)
+            said = f" {row['max_diff']:.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')[:160]}"
+            print(f"[{i + 1}/{len(todo)}] {kind} {cls}: {row['status']}{said}", flush=True)
+    result = dict(machine=info, summary=summary(rows), rows=rows)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result["summary"]), "->", out)
+    if args.markdown:
+        write_markdown(args.markdown, markdown(rows, info), TABLE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
