@@ -146,3 +146,17 @@ def test_a_beit_no_hugging_face_class_holds_is_refused_naming_beit(tmp_path):
         with pytest.raises(WeightsError, match=f"nearest, beit, lacks .*{message}") as e:
             vitkit.export_weights(model, tmp_path / "hf", "hf")
         assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
+
+
+def test_a_beit_without_its_pooler_is_the_encoder_without_a_final_norm(tmp_path, images):
+    """data2vec-vision's model (and BEiT's backbone) is built without the pooling layer: with mean pooling its
+    tokens leave the last block un-normalised, and vitkit reads it so (no norm to invent)."""
+    ref = randomize(T.Data2VecVisionModel(T.Data2VecVisionConfig(**SMALL, image_size=32, use_mean_pooling=True,
+                                                                 use_relative_position_bias=True))).eval()
+    assert ref.pooler is None
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref(pixel_values=x).last_hidden_state, ours.forward_features(x))
+    assert not ours.config.final_norm and ours.config.global_pool == "avg"
