@@ -79,8 +79,12 @@ def classes(only: str | None = None) -> list:
 def config_for(kind: str, cls: str):
     config_class = configuration_auto.CONFIG_MAPPING[kind]
     labels = dict(num_labels=3) if "Classification" in cls else {}
+    vision = VISION if not kind.startswith("siglip2") else {
+        **{k: v for k, v in VISION.items() if k != "image_size"}, "num_patches": 16}  # NaFlex: a 4 x 4 base table
     if kind in TWO_TOWERS:
-        return config_class(vision_config=VISION, text_config=TEXT, **labels)
+        return config_class(vision_config=vision, text_config=TEXT, **labels)
+    if kind.startswith("siglip2"):
+        return config_class(**vision, **labels)
     if kind == "timm_wrapper":
         return config_class(architecture="vit_small_patch16_224", model_args=dict(depth=2, img_size=32, patch_size=8),
                             **labels)
@@ -92,16 +96,28 @@ def config_for(kind: str, cls: str):
     return config_class(**{**VISION, **extra}, **labels)
 
 
+def inputs(cls: str, x: torch.Tensor) -> dict:
+    """transformers' inputs of a batch: the pixels, or for SigLIP 2's NaFlex classes the patches flattened
+    (row, column, channel) with their grid and an all-valid mask."""
+    if not cls.startswith("Siglip2"):
+        return dict(pixel_values=x)
+    b, c, h, w = x.shape
+    p = VISION["patch_size"]
+    flat = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), -1)
+    return dict(pixel_values=flat, spatial_shapes=torch.tensor([[h // p, w // p]] * b),
+                pixel_attention_mask=torch.ones(b, flat.shape[1], dtype=torch.long))
+
+
 def outputs(ref, ours, cls: str, x: torch.Tensor):
     """(transformers' output, vitkit's) of the same images: what the class is for."""
     if cls.endswith(("Model",)) and hasattr(ref, "get_image_features") and not cls.endswith("VisionModel"):
-        out = ref.get_image_features(pixel_values=x)
+        out = ref.get_image_features(**inputs(cls, x))
         return (out if isinstance(out, torch.Tensor) else out.pooler_output), ours(x)
     if cls == "ViTMAEModel":  # MAE's shuffle keeps the order under increasing noise
         tokens = (x.shape[-2] // VISION["patch_size"]) * (x.shape[-1] // VISION["patch_size"])
         out = ref(pixel_values=x, noise=torch.arange(tokens, dtype=x.dtype).expand(x.shape[0], -1))
         return out.last_hidden_state, ours.forward_features(x)
-    out = ref(pixel_values=x)
+    out = ref(**inputs(cls, x))
     for field in ("logits", "image_embeds", "pooler_output"):
         value = getattr(out, field, None)
         if isinstance(value, torch.Tensor):

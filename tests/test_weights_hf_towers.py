@@ -152,3 +152,36 @@ def test_hugging_face_configs_vitkit_cannot_build_are_one_line(tmp_path):
     with pytest.raises(WeightsError, match="gated MLP with hidden_act 'gelu'") as e:
         vitkit.from_pretrained(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def _naflex(x, patch):
+    """transformers' Siglip2 inputs of a batch of one size: patches flattened (row, column, channel), every one
+    valid."""
+    b, c, h, w = x.shape
+    flat = x.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 3, 5, 1).reshape(
+        b, (h // patch) * (w // patch), -1)
+    return dict(pixel_values=flat, spatial_shapes=torch.tensor([[h // patch, w // patch]] * b),
+                pixel_attention_mask=torch.ones(b, flat.shape[1], dtype=torch.long))
+
+
+@pytest.mark.parametrize("cls", ["Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"])
+def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_path, images):
+    """SigLIP 2's NaFlex tower resamples its base table (here 4 x 4) to each image's grid, bilinear and
+    antialiased: vitkit does the same at every input size (square, wide, tall)."""
+    vision = dict(SMALL, num_patches=16)
+    vision.pop("image_size")
+    config = T.Siglip2VisionConfig(**vision) if cls == "Siglip2VisionModel" else T.Siglip2Config(
+        vision_config=vision, text_config=TEXT, **(dict(num_labels=3) if "Classification" in cls else {}))
+    ref = randomize(getattr(T, cls)(config)).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    for h, w in [(32, 32), (32, 48), (56, 24)]:
+        x = images(2, h, w)
+        with torch.no_grad():
+            if cls == "Siglip2Model":
+                out = ref.get_image_features(**_naflex(x, 8))
+                want = out if isinstance(out, torch.Tensor) else out.pooler_output
+            else:
+                out = ref(**_naflex(x, 8))
+                want = out.logits if hasattr(out, "logits") else out.pooler_output
+            assert _close(want, ours(x)), (h, w)

@@ -176,7 +176,44 @@ def _siglip_hf_config(config: ViTConfig) -> Dict[str, Any]:
 
 
 
+# ----------------------------------------------------------------------------- SigLIP 2 (NaFlex)
+
+
+def _siglip2_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """SigLIP 2's NaFlex tower: SigLIP's names, with a patch projection over flattened (row, column, channel)
+    patches (a Linear: the convolution's kernel reordered) and a square base table."""
+    patch = int(hf.get("patch_size", 16))
+    weight = sd.get("embeddings.patch_embedding.weight")
+    if weight is not None and weight.dim() == 2:
+        channels = weight.shape[1] // (patch * patch)
+        if channels * patch * patch != weight.shape[1]:
+            raise WeightsError(f"SigLIP 2's patch projection takes {weight.shape[1]} values, not a whole number of "
+                               f"{patch} x {patch} patches")
+        sd["embeddings.patch_embedding.weight"] = weight.reshape(weight.shape[0], patch, patch, channels).permute(
+            0, 3, 1, 2).contiguous()
+    return _siglip_in(sd, hf)
+
+
+def _siglip2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
+    """SigLIP's, at the base grid of its table (``num_patches``, a square), with transformers' resampling of it to
+    any other grid: bilinear with antialiasing, at every input size (NaFlex's per-image grids, one size per
+    batch here)."""
+    patches = int(hf.get("num_patches", 256))
+    side = int(round(patches ** 0.5))
+    if side * side != patches:
+        raise WeightsError(f"SigLIP 2's position table of {patches} patches is not a square grid")
+    patch = int(hf.get("patch_size", 16))
+    return _siglip_config({**hf, "image_size": side * patch}, sd).replace(
+        pos_embed_interpolation="bilinear", pos_embed_antialias=True, dynamic_img_size=True, crop_pct=1.0)
+
+
+def _siglip2_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
+    raise WeightsError("vitkit writes SigLIP 2's weights as SigLIP's (SiglipVisionModel)")
+
+
 CLIP_TOWER = Tower(("CLIPVisionModel", "CLIPVisionModelWithProjection"), _clip_in, _clip_config, _clip_out,
                    _clip_problems, _clip_hf_config)
 SIGLIP_TOWER = Tower(("SiglipVisionModel",), _siglip_in, _siglip_config, _siglip_out, _siglip_problems,
                      _siglip_hf_config)
+SIGLIP2_TOWER = Tower(("Siglip2VisionModel",), _siglip2_in, _siglip2_config, _siglip2_out,
+                      lambda c: ["SigLIP 2's NaFlex tower is written as SigLIP's"], _siglip_hf_config)

@@ -14,6 +14,10 @@ and how vitkit reads it (the facts that decide parity):
   patches; the MAP head's ``probe`` is ``attn_pool.latent``, its ``nn.MultiheadAttention`` packs q, k, v
   in ``in_proj_weight`` (q to ``attn_pool.q``, k and v to ``attn_pool.kv``); ``gelu_pytorch_tanh`` is the
   tanh GELU.
+- ``siglip2_vision_model`` and ``siglip2``: SigLIP 2's NaFlex tower, SigLIP's with a Linear patch projection
+  over flattened patches (the convolution's kernel, reordered) and a square base table that transformers
+  resamples to every image's grid (bilinear, antialiased): vitkit does the same at every input size
+  (one size per batch; NaFlex's padded batches of mixed sizes are transformers' own).
 - ``dinov2`` and ``dinov2_with_registers``: LayerScale ``lambda1``; registers enter after the positions
   are added, so the class token's slot of the table is folded into ``cls_token`` (a constant added to a
   constant: exact) and the table covers the patches (timm's ``reg4_dinov2`` layout); the SwiGLU giant's
@@ -37,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
-from .hf_tower_clip import CLIP_TOWER, SIGLIP_TOWER
+from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
 from .hf_tower_parts import _OTHER_TOWER, _VISION_PREFIX, Tower
 from .io import WeightsError
@@ -48,6 +52,7 @@ from .io import WeightsError
 TOWERS: Dict[str, Tower] = {
     "clip_vision_model": CLIP_TOWER,
     "siglip_vision_model": SIGLIP_TOWER,
+    "siglip2_vision_model": SIGLIP2_TOWER,
     "dinov2": DINOV2_TOWER,
     "dinov2_with_registers": DINOV2_REGISTERS_TOWER,
     "dinov3_vit": DINOV3_TOWER,
@@ -55,7 +60,7 @@ TOWERS: Dict[str, Tower] = {
     "data2vec-vision": DATA2VEC_VISION_TOWER,
 }
 #: two-tower (image and text) checkpoints: their vision config and tower
-TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}
+TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
 MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
 
 
@@ -94,6 +99,7 @@ def vision_part(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 _CLASSIFIERS = {
     "clip_vision_model": (dict(global_pool="avg", final_norm=False, fc_norm=False), ("post_layernorm.",)),
     "siglip_vision_model": (dict(global_pool="avg", fc_norm=False), ("head.",)),
+    "siglip2_vision_model": (dict(global_pool="avg", fc_norm=False), ("head.",)),
     # Dinov2(WithRegisters)ForImageClassification: the normalised class token beside the patches' mean
     "dinov2": (dict(global_pool="token_avg"), ()),
     "dinov2_with_registers": (dict(global_pool="token_avg"), ()),

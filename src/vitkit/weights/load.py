@@ -96,10 +96,15 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def _unknown_architecture(config_json: Optional[Dict[str, Any]]) -> None:
-    """Refuse a timm hub folder whose ``architecture`` vitkit does not build, naming it."""
+    """Refuse a timm hub folder whose ``architecture`` vitkit does not build, or a Hugging Face folder of a
+    ``model_type`` it does not read, naming it (rather than its tensors' names)."""
     arch = (config_json or {}).get("architecture")
     if arch:
         timm_format.known_architecture(str(arch))
+    kind = (config_json or {}).get("model_type")
+    known = tuple(hf_format.MODEL_TYPES) + hf_towers.MODEL_TYPES
+    if isinstance(kind, str) and kind not in known + ("timm_wrapper",):
+        raise WeightsError(f"Hugging Face model_type {kind!r} is not one vitkit reads ({', '.join(known)})")
 
 
 def read_source(path: PathLike) -> Source:
