@@ -436,8 +436,9 @@ def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tm
 
 
 def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
-    """benchmarks/coverage_hf.py on BEiT's classes: the model and classifier with parity, the backbone read as its
-    encoder, the masked-image-modelling and segmentation classes refused in one line; never a mismatch or error."""
+    """benchmarks/coverage_hf.py on BEiT's classes: the model and classifier with parity, the backbone and the
+    masked-image-modelling class read as their encoder, the segmentation class refused in one line; never a
+    mismatch or error."""
     import importlib.util
 
     pytest.importorskip("transformers")
@@ -450,8 +451,8 @@ def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
     rows = {r["cls"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
     assert {c: r["status"] for c, r in rows.items()} == {
         "BeitModel": "parity", "BeitForImageClassification": "parity", "BeitBackbone": "loaded",
-        "BeitForMaskedImageModeling": "refused", "BeitForSemanticSegmentation": "refused"}
-    assert "lm_head" in rows["BeitForMaskedImageModeling"]["message"]
+        "BeitForMaskedImageModeling": "loaded", "BeitForSemanticSegmentation": "refused"}
+    assert "auxiliary_head" in rows["BeitForSemanticSegmentation"]["message"]
     text = page.read_text()
     assert "\nold\n" not in text and "| beit | `BeitModel` | parity" in text
     assert "2 of 5 classes load with parity" in text

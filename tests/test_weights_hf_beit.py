@@ -96,11 +96,27 @@ def test_timms_beit_exported_as_hf_gives_timms_logits_in_transformers(pool, tmp_
         assert _close(vitkit.from_pretrained(tmp_path / "hf")(x), expected)
 
 
+def test_beits_pre_trained_checkpoint_reads_as_its_encoder(tmp_path, images):
+    """BeitForMaskedImageModeling (microsoft/beit-*-pt22k, where BEiT's fine-tuning starts): its shared table in
+    every layer, the tokens through its final norm as its visual-token head reads them (the head left out)."""
+    ref = randomize(T.BeitForMaskedImageModeling(T.BeitConfig(**SMALL, image_size=32, use_mask_token=True,
+                                                              use_shared_relative_position_bias=True))).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref.layernorm(ref.beit(pixel_values=x).last_hidden_state), ours.forward_features(x))
+    assert ours.config.num_classes == 0 and ours.config.global_pool == "token"
+
+
 def test_what_vitkit_does_not_read_is_one_line(tmp_path):
     cases = {
-        "mim": (T.BeitForMaskedImageModeling(T.BeitConfig(**SMALL, image_size=32, use_mask_token=True,
-                                                          use_shared_relative_position_bias=True)),
-                "head vitkit does not read \\(lm_head"),
+        "mim_two_norms": (T.BeitForMaskedImageModeling(T.BeitConfig(**SMALL, image_size=32, use_mean_pooling=False,
+                                                                    use_shared_relative_position_bias=True)),
+                          "normalises its tokens twice"),
+        "segmentation": (T.BeitForSemanticSegmentation(T.BeitConfig(**{**SMALL, "num_hidden_layers": 4}, image_size=32,
+                                                                    out_indices=[0, 1, 2, 3])),
+                         "head vitkit does not read \\(auxiliary_head"),
         "both_tables": (T.BeitModel(T.BeitConfig(**SMALL, image_size=32, use_absolute_position_embeddings=True,
                                                  use_relative_position_bias=True)),
                         "both an absolute position table and relative"),

@@ -19,7 +19,10 @@ What decides parity (the rest is renaming):
   final ``layernorm`` and the class token. The classifier is the head.
 - eps comes from ``layer_norm_eps``: Hugging Face's BEiT configs say 1e-12 where timm's BEiT uses 1e-6.
 
-The masked-image-modelling and segmentation classes keep heads vitkit has no use for: refused, naming them.
+``BeitForMaskedImageModeling`` (BEiT's pre-trained checkpoints, ``microsoft/beit-*-pt22k``: where fine-tuning
+starts) reads as its encoder: the tokens through its final ``layernorm``, what its visual-token head
+(``lm_head``, left out: vitkit has no BEiT pre-training objective) reads; the segmentation classes keep
+heads vitkit has no use for: refused, naming them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from .names import rename
 #: the base model's prefix in a classifier's checkpoint, per model_type
 _PREFIXES = ("beit.", "data2vec_vision.")
 #: heads of the other BEiT classes: never read, and never dropped in silence
-_OTHER_HEADS = ("lm_head.", "decode_head.", "auxiliary_head.", "fpn1.", "fpn2.", "fpn3.", "fpn4.")
+_OTHER_HEADS = ("decode_head.", "auxiliary_head.", "fpn1.", "fpn2.", "fpn3.", "fpn4.")
+#: the masked-image-modelling class's head over the visual tokens' vocabulary (its encoder is read)
+_MIM_HEAD = "lm_head."
 _LAYER = r"(?:encoder\.layer|layers)\.(\d+)\."
 _BEIT_RULES = [
     (r"embeddings\.cls_token", "cls_token"),
@@ -64,12 +69,17 @@ def _base(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The base model's names (its prefix off); the other classes' heads refused by name."""
     heads = sorted(k for k in sd if k.startswith(_OTHER_HEADS))
     if heads:
-        raise WeightsError(f"a BEiT checkpoint with a head vitkit does not read ({heads[0]}: masked-image-modelling "
-                           f"or segmentation): vitkit loads BeitModel and BeitForImageClassification folders "
-                           f"(for the encoder, load it in transformers as BeitModel and save_pretrained that)")
+        raise WeightsError(f"a BEiT checkpoint with a head vitkit does not read ({heads[0]}: segmentation): vitkit "
+                           f"loads BeitModel, BeitForImageClassification and BeitForMaskedImageModeling folders (for "
+                           f"the encoder, load it in transformers as BeitModel and save_pretrained that)")
     out = {}
     for key, value in sd.items():
+        if key.startswith(_MIM_HEAD):
+            continue
         out[next((key[len(p):] for p in _PREFIXES if key.startswith(p)), key)] = value
+    if any(k.startswith(_MIM_HEAD) for k in sd) and any(k.startswith(f"{p}layernorm.") for k in sd for p in _PREFIXES):
+        raise WeightsError("a BEiT masked-image-modelling checkpoint without mean pooling normalises its tokens twice "
+                           "(the model's layernorm, then the head's): vitkit's BEiT has one final norm")
     return out
 
 
@@ -127,7 +137,7 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
     if head is not None and names and len(names) != num_classes:
         raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds "
                            f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
-    mean_pool = bool(hf.get("use_mean_pooling", True))
+    mean_pool = bool(hf.get("use_mean_pooling", True)) and "layernorm.weight" not in base  # MIM: its final norm
     # mean pooling without the pooler's norm (BeitModel built without its pooling layer: data2vec-vision's
     # model, the backbone): no norm at all, the tokens as the last block leaves them
     bare_mean = mean_pool and "pooler.layernorm.weight" not in base
