@@ -118,3 +118,19 @@ def test_what_no_class_holds_is_one_line(tmp_path):
     (tmp_path / "pooler" / "config.json").write_text(json.dumps({**config, "model_type": "swin"}))
     with pytest.raises(WeightsError, match="model_type 'swin' is not one vitkit reads \\(vit, .*deit, ijepa.*beit"):
         vitkit.from_pretrained(tmp_path / "pooler")
+
+
+def test_an_mae_saved_for_feature_extraction_loads_its_encoder(tmp_path, images):
+    """transformers' MAE with mask_ratio 0 (its setting for features: every patch kept) cannot be vitkit's MAE
+    pre-training model: one line saying so, and its encoder loads with transformers' tokens (in order under
+    increasing noise)."""
+    ref = randomize(T.ViTMAEForPreTraining(T.ViTMAEConfig(**SMALL, image_size=32, mask_ratio=0.0))).eval()
+    ref.save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match="mask_ratio must be in .*its encoder loads \\(encoder_only=True") as e:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(e.value)
+    encoder = vitkit.from_pretrained(tmp_path, encoder_only=True)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        tokens = ref.vit(pixel_values=x, noise=torch.arange(16.0).expand(2, -1)).last_hidden_state
+        assert _close(tokens, encoder.forward_features(x))

@@ -356,8 +356,13 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
         raise WeightsError(f"a pre-training model loads as it was saved ({given} cannot change it); fine-tune "
                            f"its encoder instead (vitkit train --init), or pass encoder_only=True")
     encoder = config_for_source(src)
-    model = pretrainer_from_configs(encoder, selfsup_format.options(src.pretraining, src.tensors, src.config_json,
-                                                                    encoder))
+    try:
+        model = pretrainer_from_configs(encoder, selfsup_format.options(src.pretraining, src.tensors,
+                                                                        src.config_json, encoder))
+    except ValueError as e:  # e.g. transformers' MAE saved with mask_ratio 0 (its setting for feature extraction)
+        raise WeightsError(f"{src.path or 'the weights'}: {' '.join(str(e).split())}: its {src.pretraining} "
+                           f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
+                           f"vitkit train --init)") from None
     load_weights(model, src, strict=strict, interpolation=interpolation)
     return model.eval()
 
