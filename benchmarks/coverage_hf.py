@@ -81,6 +81,8 @@ def config_for(kind: str, cls: str):
     labels = dict(num_labels=3) if "Classification" in cls else {}
     vision = VISION if not kind.startswith("siglip2") else {
         **{k: v for k, v in VISION.items() if k != "image_size"}, "num_patches": 16}  # NaFlex: a 4 x 4 base table
+    if kind.startswith("aimv2"):
+        vision = dict(VISION, use_head=False)  # the pre-trained models (the LiT ones' pooling head is refused)
     if kind in TWO_TOWERS:
         return config_class(vision_config=vision, text_config=TEXT, **labels)
     if kind.startswith("siglip2"):
@@ -93,7 +95,7 @@ def config_for(kind: str, cls: str):
         extra["encoder_stride"] = VISION["patch_size"]  # masked-image modelling reconstructs whole patches
     if cls == "ViTMAEModel":
         extra["mask_ratio"] = 0.0  # the encoder sees every patch (in order: see outputs)
-    return config_class(**{**VISION, **extra}, **labels)
+    return config_class(**{**vision, **extra}, **labels)
 
 
 def inputs(cls: str, x: torch.Tensor) -> dict:
@@ -110,6 +112,9 @@ def inputs(cls: str, x: torch.Tensor) -> dict:
 
 def outputs(ref, ours, cls: str, x: torch.Tensor):
     """(transformers' output, vitkit's) of the same images: what the class is for."""
+    if cls.startswith("Aimv2"):  # no pooled output without the LiT head: the tokens
+        tower = ref.vision_model if hasattr(ref, "vision_model") else ref
+        return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)
     if cls.endswith(("Model",)) and hasattr(ref, "get_image_features") and not cls.endswith("VisionModel"):
         out = ref.get_image_features(**inputs(cls, x))
         return (out if isinstance(out, torch.Tensor) else out.pooler_output), ours(x)

@@ -185,3 +185,24 @@ def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_p
                 out = ref(**_naflex(x, 8))
                 want = out.logits if hasattr(out, "logits") else out.pooler_output
             assert _close(want, ours(x)), (h, w)
+
+
+def test_aimv2_pre_trained_towers_load_and_its_lit_head_is_refused(tmp_path, images):
+    """AIMv2 (RMSNorm on the patches and in every block, SwiGLU saved as ``ffn``): the pre-trained tower and the
+    two-tower model's give transformers' tokens; the LiT models' attention-pooling head and the native-resolution
+    models are one line each."""
+    vision = dict(SMALL, use_head=False)
+    x = images(2, 32, 32)
+    for i, ref in enumerate([T.Aimv2VisionModel(T.Aimv2VisionConfig(**vision)),
+                             T.Aimv2Model(T.Aimv2Config(vision_config=vision, text_config=TEXT))]):
+        randomize(ref).save_pretrained(tmp_path / str(i))
+        tower = getattr(ref, "vision_model", ref).eval()
+        with torch.no_grad():
+            assert _close(tower(pixel_values=x).last_hidden_state, vitkit.from_pretrained(tmp_path / str(i))
+                          .forward_features(x))
+    for name, extra, message in [("lit", {}, "attention-pooling head"),
+                                 ("native", dict(use_head=False, is_native=True), "native-resolution")]:
+        T.Aimv2VisionModel(T.Aimv2VisionConfig(**{**SMALL, **extra})).save_pretrained(tmp_path / name)
+        with pytest.raises(WeightsError, match=message) as e:
+            vitkit.from_pretrained(tmp_path / name)
+        assert "\n" not in str(e.value)

@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from .hf_tower_aimv2 import AIMV2_TOWER
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
@@ -58,9 +59,11 @@ TOWERS: Dict[str, Tower] = {
     "dinov3_vit": DINOV3_TOWER,
     "beit": BEIT_TOWER,
     "data2vec-vision": DATA2VEC_VISION_TOWER,
+    "aimv2_vision_model": AIMV2_TOWER,
 }
 #: two-tower (image and text) checkpoints: their vision config and tower
-TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
+TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
+              "aimv2": "aimv2_vision_model"}
 MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
 
 

@@ -79,8 +79,8 @@ def detect_format(keys) -> str:
         return "timm"  # vitkit's names are timm's (the official DeiT/CaiT/ConViT .pth files too, under 'model')
     preview = ", ".join(sorted(keys)[:6])
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, Hugging Face "
-                       f"(ViT, DeiT, I-JEPA, CLIP, SigLIP, DINOv2, DINOv3, BEiT), open_clip, or official vit_jax / "
-                       f"big_vision npz names")
+                       f"(ViT, DeiT, I-JEPA, CLIP, SigLIP, DINOv2, DINOv3, BEiT, AIMv2), open_clip, or official "
+                       f"vit_jax / big_vision npz names")
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
