@@ -1,5 +1,6 @@
 """Official npz layouts built by hand, every round trip, format detection, errors, safety."""
 
+import json
 import os
 import sys
 import types
@@ -242,7 +243,9 @@ def test_hub_download_asks_for_other_weights_only_without_safetensors(tmp_path, 
     assert len(calls) == 1 and not (folder / "pytorch_model.bin").exists()
     (tmp_path / "repo" / "model.safetensors").rename(tmp_path / "repo" / "elsewhere.safetensors")
     folder = vitkit.weights.download_from_hub("org/bin-only@other")
-    assert calls[-1] == ("org/bin-only", ("pytorch_model.bin", "model.npz"), "other")
+    assert calls[-2:] == [("org/bin-only", ("model.safetensors.index.json", "model-*-of-*.safetensors"), "other"),
+                          ("org/bin-only", ("pytorch_model.bin", "model.npz", "pytorch_model.bin.index.json",
+                                            "pytorch_model-*-of-*.bin"), "other")]
     assert (folder / "pytorch_model.bin").read_bytes() == b"not fetched" and (folder / "config.json").is_file()
     (tmp_path / "repo" / "pytorch_model.bin").unlink()
     with pytest.raises(WeightsError, match="has none of model.safetensors, pytorch_model.bin, model.npz"):
@@ -263,3 +266,33 @@ def test_hub_offline_gives_clear_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
     with pytest.raises(MissingExtra, match=r"pip install -e '\.\[hub\]'.*pip install 'vitkit\[hub\]'"):
         vitkit.from_pretrained("hf-hub:org/name")
+
+
+def test_a_checkpoint_saved_in_shards_loads_from_its_folder_and_the_hub(tmp_path, monkeypatch, images):
+    """transformers past max_shard_size writes model-0000N-of-0000M.safetensors and an index: vitkit reads every
+    shard the index names (from a folder, and fetched from the hub after the single file is not there); a
+    missing shard, one outside the folder and a tensor not where the index says are one line each."""
+    T = pytest.importorskip("transformers")
+    ref = randomize(T.ViTForImageClassification(T.ViTConfig(hidden_size=64, intermediate_size=128, num_labels=3,
+                                                             num_hidden_layers=2, num_attention_heads=4,
+                                                             image_size=32, patch_size=8)))
+    ref.save_pretrained(tmp_path / "repo", max_shard_size="50KB")
+    shards = sorted(p.name for p in (tmp_path / "repo").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and not (tmp_path / "repo" / "model.safetensors").exists()
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert max_diff(vitkit.from_pretrained(tmp_path / "repo")(x), ref(pixel_values=x).logits) <= 1e-5
+    calls = []
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(
+        snapshot_download=fake_snapshot_download(tmp_path / "repo", calls)))
+    folder = vitkit.weights.download_from_hub("org/sharded")
+    assert sorted(p.name for p in folder.glob("model-*")) == shards and len(calls) == 2
+    index = tmp_path / "repo" / "model.safetensors.index.json"
+    saved = json.loads(index.read_text())
+    for weight_map, message in [({**saved["weight_map"], "extra": "../outside.safetensors"}, "files beside"),
+                                ({**saved["weight_map"], "extra": "model-99999-of-99999.safetensors"}, "missing"),
+                                ({**saved["weight_map"], "extra": shards[0]}, "extra is not in model-00001")]:
+        index.write_text(json.dumps({**saved, "weight_map": weight_map}))
+        with pytest.raises(WeightsError, match=message) as e:
+            vitkit.from_pretrained(tmp_path / "repo")
+        assert "\n" not in str(e.value)

@@ -3,11 +3,13 @@
 - ``.safetensors``: safetensors (no code by construction);
 - ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``: ``torch.load(weights_only=True)`` — the restricted
   unpickler that only rebuilds tensors and plain containers;
-- ``.npz``: ``np.load(allow_pickle=False)``.
+- ``.npz``: ``np.load(allow_pickle=False)``;
+- a sharded checkpoint: its ``*.index.json`` and the shards it names, each read as above.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import zipfile
@@ -57,6 +59,39 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
 
 #: transformers' TimmWrapperModel / ...ForImageClassification keeps the timm model under this name
 TIMM_WRAPPER_PREFIX = "timm_model."
+
+
+#: the index of a checkpoint saved in shards (transformers' ``save_pretrained`` past ``max_shard_size``)
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def read_sharded(index: PathLike) -> Dict[str, object]:
+    """The tensors of a sharded checkpoint: its index's ``weight_map`` (tensor -> shard file beside it), every
+    shard read as any weight file is (safely), each tensor from the shard the index names. An index naming a
+    file outside its folder, a missing shard, or a tensor not where the index says is refused in one line."""
+    index = Path(index)
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{index} is not a readable shard index ({e})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise WeightsError(f"{index}: a shard index needs a \"weight_map\" of tensor names to shard files")
+    out: Dict[str, object] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or shard in (".", ".."):
+            raise WeightsError(f"{index} names the shard {shard!r}: shards are files beside their index")
+        if not (index.parent / shard).is_file():
+            raise WeightsError(f"{index} names the shard {shard}, which is missing (an interrupted download?)")
+        tensors = read_tensors(index.parent / shard)
+        wanted = [k for k, v in weight_map.items() if v == shard]
+        missing = [k for k in wanted if k not in tensors]
+        if missing:
+            raise WeightsError(f"{index}: {missing[0]} is not in {shard}, where the index puts it "
+                               f"({len(missing)} such): the index or the shard was changed")
+        out.update({k: tensors[k] for k in wanted})
+    return out
 
 
 def _unwrapped_timm(sd: Dict[str, object]) -> Dict[str, object]:

@@ -19,7 +19,7 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
-from .io import WeightsError, read_tensors, safetensors_metadata
+from .io import SHARD_INDEXES, WeightsError, read_sharded, read_tensors, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
@@ -111,10 +111,11 @@ def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
     if path.is_dir():
-        weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
+        weights = next((path / n for n in WEIGHT_FILES + SHARD_INDEXES if (path / n).is_file()), None)
         if weights is None:
             found = sorted(p.name for p in path.iterdir())[:10]
-            raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)}"
+            raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
+                               f"shard index: {', '.join(SHARD_INDEXES)})"
                                f" (found: {', '.join(found) or 'nothing'})")
         config_json = _read_json(path / "config.json")
         try:
@@ -129,7 +130,7 @@ def read_source(path: PathLike) -> Source:
             src.format = "vitkit"
         src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
         return src
-    tensors = read_tensors(path)
+    tensors = read_sharded(path) if path.name.endswith(".index.json") else read_tensors(path)
     src = Source(tensors, detect_format(tensors.keys()), path=path)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)

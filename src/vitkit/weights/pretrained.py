@@ -29,6 +29,9 @@ HUB_PREFIX = "hf-hub:"
 #: ``pytorch_model.bin``: both would double the download.
 _HUB_CONFIG_FILES = ("config.json", "preprocessor_config.json")
 _HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")
+#: a checkpoint saved in shards (transformers past ``max_shard_size``): the index and the files it names
+_HUB_SHARDS = {"model.safetensors": ("model.safetensors.index.json", "model-*-of-*.safetensors"),
+               "pytorch_model.bin": ("pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin")}
 
 #: huggingface_hub's errors that say what went wrong, matched by class name along the
 #: exception's hierarchy (most derived first, so GatedRepoError is not read as its parent
@@ -89,14 +92,17 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
             raise WeightsError(_download_problem(repo, revision, e)) from e
 
     folder = fetch(_HUB_CONFIG_FILES + _HUB_WEIGHT_FILES[:1])
-    if not (folder / _HUB_WEIGHT_FILES[0]).is_file():
-        folder = fetch(_HUB_WEIGHT_FILES[1:])  # the same revision's snapshot folder
+    if not (folder / _HUB_WEIGHT_FILES[0]).is_file():  # the same revision's snapshot folder, another layout
+        folder = fetch(_HUB_SHARDS["model.safetensors"])
+        if not (folder / _HUB_SHARDS["model.safetensors"][0]).is_file():
+            folder = fetch(_HUB_WEIGHT_FILES[1:] + _HUB_SHARDS["pytorch_model.bin"])
     at = f"{repo}@{revision}" if revision else repo
     if not (folder / "config.json").is_file():
         raise WeightsError(f"{at!r} has no config.json: not a model repository from_pretrained() can read "
                            f"(download its weights and pass the file)")
-    if not any((folder / name).is_file() for name in _HUB_WEIGHT_FILES):
-        raise WeightsError(f"{at!r} has none of {', '.join(_HUB_WEIGHT_FILES)}")
+    indexes = tuple(files[0] for files in _HUB_SHARDS.values())
+    if not any((folder / name).is_file() for name in _HUB_WEIGHT_FILES + indexes):
+        raise WeightsError(f"{at!r} has none of {', '.join(_HUB_WEIGHT_FILES)} (nor a shard index)")
     return folder
 
 
