@@ -23,6 +23,7 @@ import torch
 
 from ..models import ViTConfig
 from ..models.positions import full_table
+from .hf_tower_parts import labels_from_hf, labels_to_hf
 from .io import WeightsError
 
 #: a layer's parameters: ``encoder.layer.N.`` on the hub and in saved files, ``layers.N.`` in a
@@ -223,9 +224,7 @@ def config_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
         "encoder_stride": cfg.patch_size[0],
     }
     if classify:
-        names = cfg.label_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
-        out["id2label"] = {str(i): n for i, n in enumerate(names)}
-        out["label2id"] = {n: i for i, n in enumerate(names)}
+        out.update(labels_to_hf(cfg))
     return out
 
 
@@ -257,9 +256,7 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
     head = next((k for k in heads if k.endswith(".weight")), None)
     if head is not None:
         num_classes = sd[head].shape[0]
-        if id2label and len(id2label) != num_classes:  # transformers keeps the two equal: an edited file
-            raise WeightsError(f"the config's id2label names {len(id2label)} classes where its classifier holds "
-                               f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
+    labels = labels_from_hf(hf, num_classes) if head is not None or classify else None
     has_pooler = any(k.startswith("pooler.") for k in keys)
     if has_pooler and kind == "ijepa":
         raise WeightsError("an I-JEPA pooler (a dense layer on the first patch token) is not read: vitkit's I-JEPA "
@@ -285,8 +282,8 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
         kw.update(distill_token=True, distill_head=teacher)
     elif kind == "ijepa":
         kw.update(class_token=False, global_pool="avg", fc_norm=False)
-    if classify and len(id2label) == num_classes:
-        kw["label_names"] = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
+    if labels:
+        kw["label_names"] = labels
     if preprocessor:
         if "image_mean" in preprocessor:
             kw["mean"] = tuple(preprocessor["image_mean"])

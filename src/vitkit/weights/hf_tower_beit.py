@@ -33,7 +33,17 @@ from typing import Any, Dict, List, Mapping
 import torch
 import torch.nn.functional as F
 
-from .hf_tower_parts import Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
+from .hf_tower_parts import (
+    Tower,
+    _act,
+    _fuse_qkv,
+    _move_all,
+    _pair,
+    _problems,
+    _split_qkv,
+    labels_from_hf,
+    labels_to_hf,
+)
 from .io import WeightsError
 from .names import rename
 
@@ -132,11 +142,8 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
     scale = hf.get("layer_scale_init_value", 0.1)
     base = _base(sd)
     head = base.get("classifier.weight")
-    names = hf.get("id2label") or {}
     num_classes = int(head.shape[0]) if head is not None else 0
-    if head is not None and names and len(names) != num_classes:
-        raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds "
-                           f"{num_classes}: it was edited or mixed with other weights; fix or re-save it")
+    labels = labels_from_hf(hf, num_classes) if head is not None else None
     mean_pool = bool(hf.get("use_mean_pooling", True)) and "layernorm.weight" not in base  # MIM: its final norm
     # mean pooling without the pooler's norm (BeitModel built without its pooling layer: data2vec-vision's
     # model, the backbone): no norm at all, the tokens as the last block leaves them
@@ -150,8 +157,8 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
         pos_embed="relative" if relative else "learned" if absolute else "none",
         global_pool="avg" if mean_pool else "token", fc_norm=False if bare_mean else None,
         final_norm=not bare_mean, num_classes=num_classes, crop_pct=1.0)
-    if head is not None and len(names) == num_classes:
-        fields["label_names"] = [str(names.get(str(i), names.get(i, i))) for i in range(num_classes)]
+    if labels:
+        fields["label_names"] = labels
     return get_model_config("beit_base_patch16_224").replace(**fields)
 
 
@@ -217,9 +224,7 @@ def _beit_hf_config(config: Any) -> Dict[str, Any]:
         use_relative_position_bias=config.pos_embed == "relative", use_shared_relative_position_bias=False,
         use_mean_pooling=config.global_pool == "avg")
     if classify:
-        names = config.label_names or [f"LABEL_{i}" for i in range(config.num_classes)]
-        out["id2label"] = {str(i): n for i, n in enumerate(names)}
-        out["label2id"] = {n: i for i, n in enumerate(names)}
+        out.update(labels_to_hf(config))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -18,6 +18,22 @@ _ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "g
 #: what the vision part of a two-tower checkpoint is prefixed with, and what of it is the other tower's
 _VISION_PREFIX = "vision_model."
 _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+
+
+def labels_from_hf(hf: Mapping[str, Any], count: int) -> Optional[List[str]]:
+    """The class names of a classifier of ``count`` classes from config.json's ``id2label`` (None without); a
+    count that disagrees with the classifier's is an edited file, refused (transformers keeps the two equal)."""
+    names = hf.get("id2label") or {}
+    if names and len(names) != count:
+        raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds {count}: "
+                           f"it was edited or mixed with other weights; fix or re-save it")
+    return [str(names.get(str(i), names.get(i, i))) for i in range(count)] if names else None
+
+
+def labels_to_hf(config: Any) -> Dict[str, Any]:
+    """config.json's ``id2label`` and ``label2id`` of a classifier (transformers' LABEL_i where it has no names)."""
+    names = config.label_names or [f"LABEL_{i}" for i in range(config.num_classes)]
+    return dict(id2label={str(i): n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)})
 
 
 def _act(hf: Mapping[str, Any]) -> str:

@@ -44,7 +44,7 @@ from .hf_tower_aimv2 import AIMV2_TOWER
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
-from .hf_tower_parts import _OTHER_TOWER, _VISION_PREFIX, Tower
+from .hf_tower_parts import _OTHER_TOWER, _VISION_PREFIX, Tower, labels_from_hf, labels_to_hf
 from .io import WeightsError
 
 # ----------------------------------------------------------------------------- the table
@@ -157,12 +157,8 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         head = _without_classifier(kind, tensors)
         config = TOWERS[kind].config(tower, tensors)
         if head:  # transformers' ...ForImageClassification: its pooling and labels (in the outer config)
-            names = hf.get("id2label") or {}
             count = int(head["head.weight"].shape[0])
-            if names and len(names) != count:
-                raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds "
-                                   f"{count}: it was edited or mixed with other weights; fix or re-save it")
-            labels = [str(names.get(str(i), names.get(i, i))) for i in range(count)] if names else None
+            labels = labels_from_hf(hf, count)
             config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
         fields = preprocessing(preprocessor) if preprocessor else {}
         return config.replace(**fields, **overrides)
@@ -254,8 +250,7 @@ def _classifier_from_native(sd: Dict[str, torch.Tensor], config: Any, kind: str,
     hf = TOWERS[kind].hf_config(tower_config)
     if base == "siglip_vision_model":
         hf["vision_use_head"] = False
-    names = config.label_names or [f"LABEL_{i}" for i in range(config.num_classes)]
-    labels = dict(id2label={str(i): n for i, n in enumerate(names)}, label2id={n: i for i, n in enumerate(names)})
+    labels = labels_to_hf(config)
     if two_tower:
         hf.pop("architectures", None)
         hf = dict(model_type=two_tower, architectures=[cls], vision_config=hf, **labels)
