@@ -134,3 +134,14 @@ def test_an_mae_saved_for_feature_extraction_loads_its_encoder(tmp_path, images)
     with torch.no_grad():
         tokens = ref.vit(pixel_values=x, noise=torch.arange(16.0).expand(2, -1)).last_hidden_state
         assert _close(tokens, encoder.forward_features(x))
+
+
+def test_a_simmim_whose_decoder_predicts_other_blocks_than_its_patches_says_which_field(tmp_path):
+    """transformers' ViTForMaskedImageModeling keeps encoder_stride 16 whatever the patch: with 8 px patches its
+    decoder predicts 16 x 16 pixels a patch, which vitkit's SimMIM does not; the line names the field, the encoder
+    still loads."""
+    T.ViTForMaskedImageModeling(T.ViTConfig(**SMALL, image_size=32)).save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match="encoder_stride 16 with 8 px patches") as e:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(e.value)
+    assert vitkit.from_pretrained(tmp_path, encoder_only=True).config.patch_size == (8, 8)

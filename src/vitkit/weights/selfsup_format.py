@@ -79,6 +79,11 @@ def options(objective: str, src_tensors: Mapping[str, Any], config_json: Optiona
     if cj.get("format") == "vitkit":
         return dict(cj[CONFIG_KEY])
     if objective == "simmim":
+        stride = cj.get("encoder_stride")
+        if stride is not None and stride != encoder_config.patch_size[0]:
+            raise WeightsError(f"encoder_stride {stride} with {encoder_config.patch_size[0]} px patches: its decoder "
+                               f"predicts {stride} x {stride} pixels per patch, where vitkit's SimMIM reconstructs the "
+                               f"patch itself (transformers' ViT default is 16: set it to the patch size)")
         # HF keeps no block size (masks come from the caller): the paper's 32 px where it tiles
         block = 32 if not block_tiling(encoder_config.img_size, encoder_config.patch_size, 32) \
             else encoder_config.patch_size[0]
