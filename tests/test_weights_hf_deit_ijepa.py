@@ -145,3 +145,15 @@ def test_a_simmim_whose_decoder_predicts_other_blocks_than_its_patches_says_whic
         vitkit.from_pretrained(tmp_path)
     assert "\n" not in str(e.value)
     assert vitkit.from_pretrained(tmp_path, encoder_only=True).config.patch_size == (8, 8)
+
+
+def test_deits_masked_image_modelling_class_reads_as_its_encoder(tmp_path, images):
+    """DeiTForMaskedImageModeling: the DeiT under it (distillation token kept, read as DeiTModel reads it), the
+    pixel decoder and mask token left out: vitkit's SimMIM has no distillation token."""
+    ref = randomize(T.DeiTForMaskedImageModeling(T.DeiTConfig(**SMALL, image_size=32, encoder_stride=8))).eval()
+    ref.save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref.deit(pixel_values=x).last_hidden_state, ours.forward_features(x))
+    assert ours.config.distill_token and not ours.config.distill_head and ours.config.num_classes == 0

@@ -102,10 +102,20 @@ class LayerNames:
         return self.out
 
 
+def _deit_pixel_decoder(keys) -> bool:
+    """DeiTForMaskedImageModeling: its encoder under ``deit.``, SimMIM's pixel decoder beside it."""
+    keys = set(keys)
+    return "decoder.0.weight" in keys and "deit.embeddings.distillation_token" in keys
+
+
 def to_native(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """HF names -> vitkit names; q, k, v are fused into one qkv projection."""
+    """HF names -> vitkit names; q, k, v are fused into one qkv projection. DeiT's masked-image-modelling class
+    is read as its encoder (its pixel decoder and mask token left out: vitkit's SimMIM has no distillation
+    token)."""
     out: Dict[str, torch.Tensor] = {}
     layers = LayerNames()
+    if _deit_pixel_decoder(sd):
+        sd = {k: v for k, v in sd.items() if not k.startswith("decoder.") and k != "deit.embeddings.mask_token"}
     for key, value in sd.items():
         k = next((key[len(p):] for p in _PREFIXES if key.startswith(p)), key)
         if k in _TOP_NAMES:
