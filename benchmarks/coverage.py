@@ -275,14 +275,18 @@ def _run(args) -> int:
             for leftover in Path(tmp).iterdir():
                 shutil.rmtree(leftover)
             gc.collect()
-    result = dict(machine=info, summary=summary(rows), rows=rows)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result["summary"]), "->", out)
+    write_results(out, info, summary(rows), rows)
     if args.markdown:
         write_markdown(args.markdown, markdown(rows, info))
     return 0
+
+
+def write_results(out: str, info: dict, counts: dict, rows: list) -> None:
+    """The results file (machine, summary, rows), and the summary's line on stdout."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(machine=info, summary=counts, rows=rows), f, indent=1)
+    print(json.dumps(counts), "->", out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -42,8 +41,8 @@ from bench_inference import dated_name, git_revision, machine_info, results_path
 _spec = importlib.util.spec_from_file_location("vitkit_bench_coverage", Path(__file__).with_name("coverage.py"))
 _timm_coverage = importlib.util.module_from_spec(_spec)  # by path: a `coverage` package may be imported already
 _spec.loader.exec_module(_timm_coverage)
-TOLERANCE, noised, one_line, write_markdown = (_timm_coverage.TOLERANCE, _timm_coverage.noised,
-                                               _timm_coverage.one_line, _timm_coverage.write_markdown)
+TOLERANCE, noised, one_line = _timm_coverage.TOLERANCE, _timm_coverage.noised, _timm_coverage.one_line
+write_markdown, write_results = _timm_coverage.write_markdown, _timm_coverage.write_results
 
 #: the ViT-family image model types (dense-prediction heads on a ViT, DPT and the like, are out of scope)
 MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-vision", "dinov2",
@@ -210,11 +209,7 @@ def main(argv=None) -> int:
             rows.append(row)
             said = f" {row['max_diff']:.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')[:160]}"
             print(f"[{i + 1}/{len(todo)}] {kind} {cls}: {row['status']}{said}", flush=True)
-    result = dict(machine=info, summary=summary(rows), rows=rows)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result["summary"]), "->", out)
+    write_results(out, info, summary(rows), rows)
     if args.markdown:
         write_markdown(args.markdown, markdown(rows, info), TABLE)
     return 0

@@ -9,11 +9,11 @@ models (``is_native``: sine-cosine positions with their halves swapped). vitkit 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, Mapping
 
 import torch
 
-from .hf_tower_parts import Tower, _fuse_qkv, _pair
+from .hf_tower_parts import _fuse_qkv, _pair, read_only_tower
 from .io import WeightsError
 from .names import rename
 
@@ -63,12 +63,4 @@ def _aimv2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
         qkv_bias=bool(hf.get("qkv_bias", False)), proj_bias=bool(hf.get("mlp_bias", False)))
 
 
-def _aimv2_out(sd: Dict[str, torch.Tensor], config: Any) -> Dict[str, torch.Tensor]:
-    raise WeightsError("vitkit writes AIMv2 as timm's (--to timm)")
-
-
-def _aimv2_problems(config: Any) -> List[str]:
-    return ["vitkit writes AIMv2 as timm's"]
-
-
-AIMV2_TOWER = Tower(("Aimv2VisionModel",), _aimv2_in, _aimv2_config, _aimv2_out, _aimv2_problems, lambda c: {})
+AIMV2_TOWER = read_only_tower(("Aimv2VisionModel",), _aimv2_in, _aimv2_config, "AIMv2", "timm's (--to timm)")

@@ -8,7 +8,18 @@ from typing import Any, Dict, List, Mapping
 import torch
 
 from ..models import ViTConfig
-from .hf_tower_parts import _ACTS, _VISION_PREFIX, Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
+from .hf_tower_parts import (
+    _ACTS,
+    _VISION_PREFIX,
+    Tower,
+    _act,
+    _fuse_qkv,
+    _move_all,
+    _pair,
+    _problems,
+    _split_qkv,
+    read_only_tower,
+)
 from .io import WeightsError
 from .names import rename
 
@@ -207,13 +218,9 @@ def _siglip2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
         pos_embed_interpolation="bilinear", pos_embed_antialias=True, dynamic_img_size=True, crop_pct=1.0)
 
 
-def _siglip2_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
-    raise WeightsError("vitkit writes SigLIP 2's weights as SigLIP's (SiglipVisionModel)")
-
-
 CLIP_TOWER = Tower(("CLIPVisionModel", "CLIPVisionModelWithProjection"), _clip_in, _clip_config, _clip_out,
                    _clip_problems, _clip_hf_config)
 SIGLIP_TOWER = Tower(("SiglipVisionModel",), _siglip_in, _siglip_config, _siglip_out, _siglip_problems,
                      _siglip_hf_config)
-SIGLIP2_TOWER = Tower(("Siglip2VisionModel",), _siglip2_in, _siglip2_config, _siglip2_out,
-                      lambda c: ["SigLIP 2's NaFlex tower is written as SigLIP's"], _siglip_hf_config)
+SIGLIP2_TOWER = read_only_tower(("Siglip2VisionModel",), _siglip2_in, _siglip2_config, "SigLIP 2's NaFlex tower",
+                                "SigLIP's (SiglipVisionModel)")

@@ -134,3 +134,11 @@ class Tower:
     #: vitkit config -> the tower's config.json
     hf_config: Callable[[Any], Dict[str, Any]]
 
+
+def read_only_tower(classes: Tuple[str, ...], to_native: Callable, config: Callable, what: str,
+                    written_as: str) -> Tower:
+    """A layout vitkit reads and writes as another: its export side says so, in one line."""
+    def refuse(*_: Any) -> Dict[str, torch.Tensor]:
+        raise WeightsError(f"vitkit writes {what} as {written_as}")
+
+    return Tower(classes, to_native, config, refuse, lambda c: [f"{what} is written as {written_as}"], refuse)

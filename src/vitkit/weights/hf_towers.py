@@ -188,10 +188,8 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
 
 def layout_of(config: Any) -> Optional[str]:
     """The tower's model_type a vitkit config exports to (the first whose problems are none), or None."""
-    for kind in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit"):
-        if not TOWERS[kind].problems(config):
-            return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
-    kind = _classifier_kind(config)
+    kind = next((k for k in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit")
+                 if not TOWERS[k].problems(config)), None) or _classifier_kind(config)
     return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
 
 
