@@ -78,14 +78,16 @@ def read_sharded(index: PathLike) -> Dict[str, object]:
     if not isinstance(weight_map, dict) or not weight_map or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise WeightsError(f"{index}: a shard index needs a \"weight_map\" of tensor names to shard files")
+    by_shard: Dict[str, list] = {}
+    for name, shard in weight_map.items():
+        by_shard.setdefault(shard, []).append(name)
     out: Dict[str, object] = {}
-    for shard in sorted(set(weight_map.values())):
+    for shard, wanted in sorted(by_shard.items()):
         if Path(shard).name != shard or shard in (".", ".."):
             raise WeightsError(f"{index} names the shard {shard!r}: shards are files beside their index")
         if not (index.parent / shard).is_file():
             raise WeightsError(f"{index} names the shard {shard}, which is missing (an interrupted download?)")
         tensors = read_tensors(index.parent / shard)
-        wanted = [k for k, v in weight_map.items() if v == shard]
         missing = [k for k in wanted if k not in tensors]
         if missing:
             raise WeightsError(f"{index}: {missing[0]} is not in {shard}, where the index puts it "
