@@ -249,10 +249,16 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
                                                text=True).stdout.split()]
 
     # the training loader's two workers; an epoch's evaluation runs two more for a moment (seen once on a
-    # loaded machine: four), so the count is read until it is the training loader's alone
-    wait_for(lambda: len(children()) == 2, proc, what="the training loader's two workers alone")
-    workers = children()
-    assert len(workers) == 2, workers
+    # loaded machine: four), so the count is read until it is the training loader's alone, and that reading
+    # is the one kept (a second read could land in the next evaluation: seen once, three)
+    seen: list = []
+
+    def training_workers_alone() -> bool:
+        seen[:] = children()
+        return len(seen) == 2
+
+    wait_for(training_workers_alone, proc, what="the training loader's two workers alone")
+    workers = list(seen)
     if to == "main":
         proc.send_signal(signal.SIGTERM)
     elif to == "worker":
