@@ -22,10 +22,12 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib.util
+import inspect
 import os
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -57,6 +59,8 @@ TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
             max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
 TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2")
 TABLE = ("<!-- hf-coverage-table:start -->", "<!-- hf-coverage-table:end -->")
+#: the non-square size every class is compared at too (a 4 x 6 grid of 8-pixel patches)
+WIDE = (32, 48)
 
 
 def classes(only: str | None = None) -> list:
@@ -89,7 +93,8 @@ def config_for(kind: str, cls: str):
     if kind == "timm_wrapper":
         return config_class(architecture="vit_small_patch16_224", model_args=dict(depth=2, img_size=32, patch_size=8),
                             **labels)
-    extra = dict(out_indices=[0, 1, 2, 3], num_hidden_layers=4) if "Segmentation" in cls else {}
+    extra = dict(out_indices=[0, 1, 2, 3], num_hidden_layers=4) if "Segmentation" in cls else \
+        dict(out_indices=[1, 2]) if cls.endswith("Backbone") else {}  # a backbone: both blocks' maps
     if kind in ("vit", "deit"):
         extra["encoder_stride"] = VISION["patch_size"]  # masked-image modelling reconstructs whole patches
     if cls == "ViTMAEModel":
@@ -109,19 +114,23 @@ def inputs(cls: str, x: torch.Tensor) -> dict:
                 pixel_attention_mask=torch.ones(b, flat.shape[1], dtype=torch.long))
 
 
-def outputs(ref, ours, cls: str, x: torch.Tensor):
-    """(transformers' output, vitkit's) of the same images: what the class is for."""
+def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
+    """(transformers' output, vitkit's) of the same images: what the class is for (``kw``: transformers'
+    options, ``interpolate_pos_encoding``)."""
+    if cls.endswith("Backbone"):  # every map the config names, as one tensor
+        return torch.cat([m.flatten() for m in ref(pixel_values=x).feature_maps]), torch.cat(
+            [m.flatten() for m in ours(x)])
     if cls.startswith("Aimv2"):  # no pooled output without the LiT head: the tokens
         tower = ref.vision_model if hasattr(ref, "vision_model") else ref
         return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)
     if cls.endswith(("Model",)) and hasattr(ref, "get_image_features") and not cls.endswith("VisionModel"):
-        out = ref.get_image_features(**inputs(cls, x))
+        out = ref.get_image_features(**inputs(cls, x), **kw)
         return (out if isinstance(out, torch.Tensor) else out.pooler_output), ours(x)
     if cls == "ViTMAEModel":  # MAE's shuffle keeps the order under increasing noise
         tokens = (x.shape[-2] // VISION["patch_size"]) * (x.shape[-1] // VISION["patch_size"])
-        out = ref(pixel_values=x, noise=torch.arange(tokens, dtype=x.dtype).expand(x.shape[0], -1))
+        out = ref(pixel_values=x, noise=torch.arange(tokens, dtype=x.dtype).expand(x.shape[0], -1), **kw)
         return out.last_hidden_state, ours.forward_features(x)
-    out = ref(**inputs(cls, x))
+    out = ref(**inputs(cls, x), **kw)
     for field in ("logits", "image_embeds", "pooler_output"):
         value = getattr(out, field, None)
         if isinstance(value, torch.Tensor):
@@ -139,8 +148,9 @@ def check(kind: str, cls: str, workdir: Path) -> dict:
         return row
     folder = workdir / cls
     ref.save_pretrained(folder)
+    backbone = dict(features_only=True) if cls.endswith("Backbone") else {}  # the maps its config names
     try:
-        ours = vitkit.from_pretrained(folder)
+        ours = vitkit.from_pretrained(folder, **backbone)
     except vitkit.weights.io.WeightsError as e:
         row.update(status="refused", message=str(e).replace(str(folder), "FOLDER"))
         return row
@@ -150,9 +160,6 @@ def check(kind: str, cls: str, workdir: Path) -> dict:
     if "ForPreTraining" in cls or "MaskedImageModeling" in cls:
         row.update(status="loaded", message=f"as {type(ours).__name__} (pre-training: compared in the tests)")
         return row
-    if cls.endswith("Backbone"):
-        row.update(status="loaded", message=f"as {type(ours).__name__} (its encoder; feature maps not compared)")
-        return row
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     try:
         want, got = outputs(ref, ours, cls, x)
@@ -161,30 +168,70 @@ def check(kind: str, cls: str, workdir: Path) -> dict:
         return row
     diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
     ok = diff <= TOLERANCE * max(1.0, want.abs().max().item())
-    row.update(status="parity" if ok else "mismatch", max_diff=diff, shape=list(want.shape),
-               seconds=round(time.perf_counter() - start, 2))
+    row.update(status="parity" if ok else "mismatch", max_diff=diff, shape=list(want.shape))
     if not ok:
         row["message"] = f"max |difference| {diff:.2e} ({list(want.shape)} vs {list(got.shape)})"
+    row["wide"] = wide(ref, folder, cls, backbone)
+    row["seconds"] = round(time.perf_counter() - start, 2)
     return row
+
+
+def wide(ref, folder: Path, cls: str, backbone: dict) -> dict:
+    """The same comparison at a non-square size (32 x 48, its table resampled): vitkit with
+    ``dynamic_img_size`` against transformers with ``interpolate_pos_encoding`` where its forward takes it
+    (DINOv2's and the RoPE models' always resample). ``n/a``: transformers does not run the class there."""
+    x = torch.randn(2, 3, WIDE[0], WIDE[1], generator=torch.Generator().manual_seed(2))
+    takes = "interpolate_pos_encoding" in inspect.signature(ref.forward).parameters
+    try:
+        ours = vitkit.from_pretrained(folder, dynamic_img_size=True, **backbone)
+    except Exception as e:
+        return dict(status="error", message=one_line(e))
+    try:
+        want, got = outputs(ref, ours, cls, x, **({"interpolate_pos_encoding": True} if takes else {}))
+    except Exception as e:  # transformers' class cannot run at this size (n/a), or vitkit's model (a bug)
+        where = traceback.extract_tb(e.__traceback__)[-1].filename
+        theirs = any(f"/{lib}/" in where for lib in ("transformers", "timm"))
+        return dict(status="n/a" if theirs else "error",
+                    message=f"{'transformers' if theirs else 'vitkit'}: {one_line(e)}")
+    diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
+    ok = diff <= TOLERANCE * max(1.0, want.abs().max().item())
+    return dict(status="parity" if ok else "mismatch", max_diff=diff)
 
 
 def summary(rows: list) -> dict:
     counts = {s: sum(r["status"] == s for r in rows)
               for s in ("parity", "loaded", "refused", "mismatch", "error", "skipped")}
     counted = len(rows) - counts["skipped"]
-    return dict(classes=counted, **counts, read_share=(counts["parity"] + counts["loaded"]) / max(1, counted))
+    wide_counts = {s: sum(r.get("wide", {}).get("status") == s for r in rows)
+                   for s in ("parity", "mismatch", "error", "n/a")}
+    return dict(classes=counted, **counts, read_share=(counts["parity"] + counts["loaded"]) / max(1, counted),
+                wide=wide_counts)
+
+
+def _wide_cell(row: dict) -> str:
+    w = row.get("wide")
+    if not w:
+        return ""
+    size = f"{WIDE[0]}x{WIDE[1]}"
+    if w["status"] == "parity":
+        return f"; at {size} {w['max_diff']:.1e}"
+    return f"; at {size} {w['status']}: {w.get('message', '')[:120]}" if w["status"] != "mismatch" else \
+        f"; at {size} MISMATCH {w['max_diff']:.1e}"
 
 
 def markdown(rows: list, info: dict) -> str:
     s = summary(rows)
     lines = [f"{s['parity']} of {s['classes']} classes load with parity and {s['loaded']} load without an output "
-             f"compared here (pre-training classes as vitkit's pre-training model, backbones as their encoder); "
+             f"compared here (pre-training classes as vitkit's pre-training model); "
              f"{s['refused']} are refused in one line, {s['mismatch']} load "
              f"with other outputs, {s['error']} fail otherwise (transformers {transformers.__version__}, vitkit "
-             f"{str(info.get('git_revision'))[:12]}, {info.get('date')}).", "",
+             f"{str(info.get('git_revision'))[:12]}, {info.get('date')}). Of the classes with parity, "
+             f"{s['wide']['parity']} keep it at a non-square {WIDE[0]}x{WIDE[1]} (the table resampled, against "
+             f"transformers' `interpolate_pos_encoding`), {s['wide']['mismatch']} do not, and transformers does not "
+             f"run {s['wide']['n/a']} there.", "",
              "| model_type | class | vitkit |", "|---|---|---|"]
     for r in rows:
-        what = f"parity ({r['max_diff']:.1e})" if r["status"] == "parity" else \
+        what = f"parity ({r['max_diff']:.1e}{_wide_cell(r)})" if r["status"] == "parity" else \
             f"{r['status']}: {r.get('message', '')}".replace("|", "\\|")
         lines.append(f"| {r['model_type']} | `{r['cls']}` | {what} |")
     return "\n".join(lines)
@@ -207,7 +254,8 @@ def main(argv=None) -> int:
         for i, (kind, cls) in enumerate(todo):
             row = check(kind, cls, Path(tmp))
             rows.append(row)
-            said = f" {row['max_diff']:.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')[:160]}"
+            said = f" {row['max_diff']:.1e}{_wide_cell(row)}" if row["status"] == "parity" else \
+                f" -- {row.get('message', '')[:160]}"
             print(f"[{i + 1}/{len(todo)}] {kind} {cls}: {row['status']}{said}", flush=True)
     write_results(out, info, summary(rows), rows)
     if args.markdown:

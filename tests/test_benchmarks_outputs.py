@@ -436,9 +436,9 @@ def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tm
 
 
 def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
-    """benchmarks/coverage_hf.py on BEiT's classes: the model and classifier with parity, the backbone and the
-    masked-image-modelling class read as their encoder, the segmentation class refused in one line; never a
-    mismatch or error."""
+    """benchmarks/coverage_hf.py on BEiT's classes: the model, the classifier and the backbone's feature maps
+    with parity (at their size and at a non-square one), the masked-image-modelling class read as its
+    encoder, the segmentation class refused in one line; never a mismatch or error."""
     import importlib.util
 
     pytest.importorskip("transformers")
@@ -450,12 +450,14 @@ def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
     assert cov.main(["--only", "*Beit*", "--out", str(tmp_path / "c.json"), "--markdown", str(page)]) == 0
     rows = {r["cls"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
     assert {c: r["status"] for c, r in rows.items()} == {
-        "BeitModel": "parity", "BeitForImageClassification": "parity", "BeitBackbone": "loaded",
+        "BeitModel": "parity", "BeitForImageClassification": "parity", "BeitBackbone": "parity",
         "BeitForMaskedImageModeling": "loaded", "BeitForSemanticSegmentation": "refused"}
+    assert {rows[c]["wide"]["status"] for c in ("BeitModel", "BeitForImageClassification", "BeitBackbone")} == {
+        "parity"}
     assert "auxiliary_head" in rows["BeitForSemanticSegmentation"]["message"]
     text = page.read_text()
-    assert "\nold\n" not in text and "| beit | `BeitModel` | parity" in text
-    assert "2 of 5 classes load with parity" in text
+    assert "\nold\n" not in text and "| beit | `BeitModel` | parity" in text and "at 32x48 0.0e+00" in text
+    assert "3 of 5 classes load with parity" in text and "3 keep it at a non-square 32x48" in text
 
 
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):

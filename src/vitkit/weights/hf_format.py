@@ -285,6 +285,7 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
         qkv_bias=hf.get("qkv_bias", True), gelu=_GELU[act], num_classes=num_classes,
         representation_size=hf["hidden_size"] if has_pooler and not classify else None,
         crop_pct=1.0,  # ViTImageProcessor resizes the whole image, no centre crop
+        pos_embed_antialias=False,  # transformers resamples the table bicubic, not antialiased (timm does)
     )
     if kind == "deit":  # the teacher class averages its two heads; the others read the class token
         teacher = "distillation_classifier.weight" in keys if sd is not None else \

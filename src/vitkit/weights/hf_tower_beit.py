@@ -79,9 +79,11 @@ def _base(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The base model's names (its prefix off); the other classes' heads refused by name."""
     heads = sorted(k for k in sd if k.startswith(_OTHER_HEADS))
     if heads:
-        raise WeightsError(f"a BEiT checkpoint with a head vitkit does not read ({heads[0]}: segmentation): vitkit "
-                           f"loads BeitModel, BeitForImageClassification and BeitForMaskedImageModeling folders (for "
-                           f"the encoder, load it in transformers as BeitModel and save_pretrained that)")
+        what = "the backbone's add_fpn pyramid" if heads[0].startswith("fpn") else "segmentation"
+        raise WeightsError(f"a BEiT checkpoint with a head vitkit does not read ({heads[0]}: {what}): vitkit "
+                           f"loads BeitModel, BeitForImageClassification, BeitForMaskedImageModeling and BeitBackbone "
+                           f"(without add_fpn) folders (for the encoder, load it in transformers as BeitModel and "
+                           f"save_pretrained that)")
     out = {}
     for key, value in sd.items():
         if key.startswith(_MIM_HEAD):

@@ -65,6 +65,11 @@ TOWERS: Dict[str, Tower] = {
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
               "aimv2": "aimv2_vision_model"}
 MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
+#: the towers whose position table transformers resamples (``interpolate_pos_encoding``) bicubic without
+#: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
+#: size it computes what transformers computes (DINOv2 with registers antialiases; SigLIP 2 resamples its own
+#: way; DINOv3 has no table)
+PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision")
 
 
 def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
@@ -161,7 +166,9 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
             labels = labels_from_hf(hf, count)
             config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
         fields = preprocessing(preprocessor) if preprocessor else {}
-        return config.replace(**fields, **overrides)
+        if kind in PLAIN_BICUBIC:
+            fields["pos_embed_antialias"] = False
+        return config.replace(**{**fields, **overrides})
     except (ValueError, TypeError) as e:
         raise WeightsError(f"the {kind} config describes no model vitkit builds: {e}") from None
 

@@ -16,10 +16,12 @@ from torch import nn
 from ..extras import require
 from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
+from ..models.features import FeatureModel
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from .hf_backbone import backbone_plan
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
 
@@ -225,7 +227,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     / ``ViTMAEForPreTraining``, an official MAE checkpoint) comes back as the
     :mod:`vitkit.selfsup` model; ``encoder_only=True`` gives its encoder, a plain ViT.
     ``features_only=True`` (with ``out_indices``, ``pyramid``, ``pyramid_channels``) gives the
-    model as a backbone, as :func:`vitkit.create_model` does.
+    model as a backbone, as :func:`vitkit.create_model` does; from a transformers ``...Backbone``
+    folder without ``out_indices``, the maps its config names, as transformers returns them.
     """
     path = weights_path(source)
     if not path.exists():
@@ -242,8 +245,15 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     exclude: Tuple[str, ...] = ()
     if config.num_classes != stored.num_classes:
         exclude = ("head.",)
-    load_weights(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
-    model = as_features(model, features_only, out_indices, pyramid, pyramid_channels)
+    # resampled to another size as the source's library resamples it (transformers: not antialiased)
+    load_weights(model, src, strict=strict, interpolation=interpolation,
+                 antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
+    plan = backbone_plan(src.config_json, len(getattr(model, "blocks", ()))) \
+        if features_only and out_indices is None and not pyramid else None
+    if plan is not None:  # a transformers backbone: the maps its config asks for, as it returns them
+        model = FeatureModel(model, plan[0], norm=plan[1])
+    else:
+        model = as_features(model, features_only, out_indices, pyramid, pyramid_channels)
     model.eval()
     return model
 
@@ -369,7 +379,8 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
         raise WeightsError(f"{src.path or 'the weights'}: {' '.join(str(e).split())}: its {src.pretraining} "
                            f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
                            f"vitkit train --init)") from None
-    load_weights(model, src, strict=strict, interpolation=interpolation)
+    load_weights(model, src, strict=strict, interpolation=interpolation,
+                 antialias=getattr(encoder, "pos_embed_antialias", True))
     return model.eval()
 
 
