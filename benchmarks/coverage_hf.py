@@ -9,8 +9,10 @@ the image embeddings of a two-tower model or a ``...WithProjection``, else the p
 none, the last hidden state against ``forward_features``). Rows: ``parity`` (max |difference| <= 1e-5 x
 max(1, max |reference|)), ``refused`` (one line, kept), ``mismatch`` (loads, computes something else: a
 bug), ``error`` (another exception: a bug), ``loaded`` (a pre-training class: vitkit builds its
-pre-training model, compared in the tests, not here; a ``...Backbone``: its encoder), ``skipped``
-(transformers cannot build it small).
+pre-training model, compared in the tests, not here), ``skipped`` (transformers cannot build it small). A
+``...Backbone`` is read with ``features_only=True`` and its feature maps compared. Every class with parity is
+compared again at a non-square 32 x 48 (``wide``), vitkit with ``dynamic_img_size`` against transformers with
+``interpolate_pos_encoding``: the position tables resampled as each library resamples them.
 
     python benchmarks/coverage_hf.py                       # every class (a minute)
     python benchmarks/coverage_hf.py --markdown docs/weights.md
@@ -95,6 +97,8 @@ def config_for(kind: str, cls: str):
                             **labels)
     extra = dict(out_indices=[0, 1, 2, 3], num_hidden_layers=4) if "Segmentation" in cls else \
         dict(out_indices=[1, 2]) if cls.endswith("Backbone") else {}  # a backbone: both blocks' maps
+    if kind in ("beit", "data2vec-vision"):
+        extra["use_relative_position_bias"] = True  # as their released fine-tuned checkpoints (not the default)
     if kind in ("vit", "deit"):
         extra["encoder_stride"] = VISION["patch_size"]  # masked-image modelling reconstructs whole patches
     if cls == "ViTMAEModel":
@@ -189,8 +193,8 @@ def wide(ref, folder: Path, cls: str, backbone: dict) -> dict:
     try:
         want, got = outputs(ref, ours, cls, x, **({"interpolate_pos_encoding": True} if takes else {}))
     except Exception as e:  # transformers' class cannot run at this size (n/a), or vitkit's model (a bug)
-        where = traceback.extract_tb(e.__traceback__)[-1].filename
-        theirs = any(f"/{lib}/" in where for lib in ("transformers", "timm"))
+        files = [frame.filename for frame in traceback.extract_tb(e.__traceback__)]
+        theirs = not any("/vitkit/" in f for f in files)  # raised under the reference's call (timm's for TimmWrapper)
         return dict(status="n/a" if theirs else "error",
                     message=f"{'transformers' if theirs else 'vitkit'}: {one_line(e)}")
     diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")

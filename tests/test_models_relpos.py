@@ -5,6 +5,7 @@ weights, in both directions, and through save, load, a change of resolution and 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vitkit
 from conftest import max_diff, randomize
@@ -126,6 +127,23 @@ def test_resizing_keeps_offsets_and_crops_back_exactly():
     assert torch.equal(resize_relative_table(bigger, (4, 4), (2, 3), 1), table)
     with pytest.raises(ValueError, match="not that of a 3x3 grid"):
         resize_relative_table(table, (3, 3), (4, 4), 1)
+
+
+def test_the_bilinear_mode_stretches_the_offsets_as_torch_resizes_an_image():
+    """rel_pos_resize='bilinear' (transformers' BEiT): the offsets' table is an image of (2h-1) x (2w-1) pixels
+    per head, resized bilinearly (corners not aligned); the class token's three rows stay as they are."""
+    table = torch.randn(3 * 5 + 3, 2)
+    stretched = resize_relative_table(table, (2, 3), (4, 4), 1, "bilinear")
+    image = table[:15].reshape(3, 5, 2).permute(2, 0, 1)
+    for head in range(2):  # PIL's bilinear on an upscale is the same half-pixel-centred filter
+        pil = Image.fromarray(image[head].numpy()).resize((7, 7), Image.BILINEAR)
+        assert max_diff(torch.from_numpy(np.asarray(pil)), stretched[:49, head].reshape(7, 7)) <= 1e-5
+    assert torch.equal(stretched[49:], table[15:])
+    assert torch.equal(resize_relative_table(table, (2, 3), (2, 3), 1, "bilinear"), table)  # its own grid: itself
+    with pytest.raises(ValueError, match="rel_pos_resize must be one of"):
+        resize_relative_table(table, (2, 3), (4, 4), 1, "nearest")
+    with pytest.raises(ValueError, match="rel_pos_resize must be one of"):
+        ours(rel_pos_resize="stretch")
 
 
 def test_it_trains_without_weight_decay_on_its_tables():

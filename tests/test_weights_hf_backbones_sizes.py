@@ -20,18 +20,26 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_att
 TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
             max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
 
-#: class, config, whether its forward takes interpolate_pos_encoding (DINOv2's always resamples)
+ANTIALIASED = dict(pos_embed_antialias=True)  # timm's resampling of a learned table
+KEPT = dict(rel_pos_resize="keep")  # vitkit's of a relative-bias table (each offset keeps its bias)
+#: class, config, whether its forward takes interpolate_pos_encoding (DINOv2's always resamples), the
+#: override that resamples the other way (None: it resamples as timm does)
 SIZED = {
-    "vit": ("ViTForImageClassification", lambda: T.ViTConfig(**SMALL, num_labels=3), True),
-    "deit_teacher": ("DeiTForImageClassificationWithTeacher", lambda: T.DeiTConfig(**SMALL, num_labels=3), True),
-    "ijepa": ("IJepaModel", lambda: T.IJepaConfig(**SMALL), True),
-    "msn": ("ViTMSNModel", lambda: T.ViTMSNConfig(**SMALL), True),
-    "clip": ("CLIPVisionModelWithProjection", lambda: T.CLIPVisionConfig(**SMALL, projection_dim=16), True),
-    "siglip": ("SiglipVisionModel", lambda: T.SiglipVisionConfig(**SMALL), True),
+    "vit": ("ViTForImageClassification", lambda: T.ViTConfig(**SMALL, num_labels=3), True, ANTIALIASED),
+    "deit_teacher": ("DeiTForImageClassificationWithTeacher", lambda: T.DeiTConfig(**SMALL, num_labels=3), True,
+                     ANTIALIASED),
+    "ijepa": ("IJepaModel", lambda: T.IJepaConfig(**SMALL), True, ANTIALIASED),
+    "msn": ("ViTMSNModel", lambda: T.ViTMSNConfig(**SMALL), True, ANTIALIASED),
+    "clip": ("CLIPVisionModelWithProjection", lambda: T.CLIPVisionConfig(**SMALL, projection_dim=16), True,
+             ANTIALIASED),
+    "siglip": ("SiglipVisionModel", lambda: T.SiglipVisionConfig(**SMALL), True, ANTIALIASED),
     "beit_absolute": ("BeitModel", lambda: T.BeitConfig(**SMALL, use_absolute_position_embeddings=True,
-                                                        use_relative_position_bias=False), True),
-    "dinov2": ("Dinov2ForImageClassification", lambda: T.Dinov2Config(**SMALL, num_labels=3), False),
-    "dinov2_registers": ("Dinov2WithRegistersModel", lambda: T.Dinov2WithRegistersConfig(**SMALL), False),
+                                                        use_relative_position_bias=False), True, ANTIALIASED),
+    "beit_relative": ("BeitForImageClassification", lambda: T.BeitConfig(**SMALL, use_relative_position_bias=True,
+                                                                         num_labels=3), True, KEPT),
+    "beit_shared": ("BeitModel", lambda: T.BeitConfig(**SMALL, use_shared_relative_position_bias=True), True, KEPT),
+    "dinov2": ("Dinov2ForImageClassification", lambda: T.Dinov2Config(**SMALL, num_labels=3), False, ANTIALIASED),
+    "dinov2_registers": ("Dinov2WithRegistersModel", lambda: T.Dinov2WithRegistersConfig(**SMALL), False, None),
 }
 
 
@@ -47,7 +55,7 @@ def _outputs(ref, ours, x, interpolate):
 @pytest.mark.parametrize("how", ["img_size", "dynamic_img_size"])
 @pytest.mark.parametrize("case", sorted(SIZED))
 def test_a_folder_at_a_non_square_size_computes_what_transformers_computes(case, how, tmp_path, images):
-    cls, config, interpolate = SIZED[case]
+    cls, config, interpolate, other_way = SIZED[case]
     ref = randomize(getattr(T, cls)(config())).eval()
     ref.save_pretrained(tmp_path)
     ours = vitkit.from_pretrained(tmp_path, **({"img_size": (32, 48)} if how == "img_size" else
@@ -55,11 +63,11 @@ def test_a_folder_at_a_non_square_size_computes_what_transformers_computes(case,
     x = images(2, 32, 48)
     with torch.no_grad():
         want, got = _outputs(ref, ours, x, interpolate)
-        _, timm_way = _outputs(ref, vitkit.from_pretrained(tmp_path, img_size=(32, 48), pos_embed_antialias=True), x,
-                               interpolate)
+        if other_way:
+            _, other = _outputs(ref, vitkit.from_pretrained(tmp_path, img_size=(32, 48), **other_way), x, interpolate)
     assert max_diff(want, got) <= 1e-5 * max(1.0, want.abs().max().item())
-    # the check can fail: timm's antialiased resampling is another function of the same table
-    assert max_diff(want, timm_way) > 1e-4 or case == "dinov2_registers"
+    if other_way:  # the check can fail: the other resampling is another function of the same table
+        assert max_diff(want, other) > 1e-4
 
 
 BACKBONES = {

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from .layers import ATTN_IMPLS, INTERPOLATIONS, IntPair, to_2tuple
+from .layers import ATTN_IMPLS, INTERPOLATIONS, RELATIVE_RESIZES, IntPair, to_2tuple
 
 #: Normalisation of the two weight families (DESIGN: inputs travel with the weights): the
 #: official Google weights expect [-1, 1], DeiT/CaiT/ConViT/MAE weights ImageNet statistics.
@@ -170,6 +170,9 @@ class TokenConfig(ImageConfig):
     #: How position embeddings are resampled for a new grid (dynamic size, set_input_size).
     pos_embed_interpolation: str = "bicubic"
     pos_embed_antialias: bool = True
+    #: How a relative-bias table (``pos_embed='relative'``) meets another grid: 'keep' each offset's bias
+    #: (vitkit's), or 'bilinear': stretch the table as transformers' BEiT does (read from its folders).
+    rel_pos_resize: str = "keep"
 
     def __post_init__(self) -> None:
         for name in ("img_size", "patch_size"):
@@ -195,6 +198,8 @@ class TokenConfig(ImageConfig):
             problems.append(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.pos_embed_interpolation not in INTERPOLATIONS:
             problems.append(f"pos_embed_interpolation must be one of {INTERPOLATIONS}")
+        if self.rel_pos_resize not in RELATIVE_RESIZES:
+            problems.append(f"rel_pos_resize must be one of {RELATIVE_RESIZES}, got {self.rel_pos_resize!r}")
         for rate in self.RATES:
             value = getattr(self, rate)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

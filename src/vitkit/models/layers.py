@@ -26,6 +26,7 @@ from .norms import GELUS, NORMS, NormFactory, QuickGELU, RmsNorm, gelu_layer, no
 from .patch import PatchEmbed, PatchGrid, adapt_input_channels, resample_patch_embed  # noqa: F401 (re-exported)
 from .positions import (  # noqa: F401 (re-exported)
     INTERPOLATIONS,
+    RELATIVE_RESIZES,
     SINCOS_SPACINGS,
     RelativeBiasTable,
     RelativePositionBias,

@@ -158,7 +158,8 @@ def _beit_config(hf: Mapping[str, Any], sd: Mapping[str, Any]):
         init_values=float(scale) if isinstance(scale, (int, float)) and scale > 0 else None,
         pos_embed="relative" if relative else "learned" if absolute else "none",
         global_pool="avg" if mean_pool else "token", fc_norm=False if bare_mean else None,
-        final_norm=not bare_mean, num_classes=num_classes, crop_pct=1.0)
+        final_norm=not bare_mean, num_classes=num_classes, crop_pct=1.0,
+        rel_pos_resize="bilinear")  # at another size, its tables stretched as transformers stretches them
     if labels:
         fields["label_names"] = labels
     return get_model_config("beit_base_patch16_224").replace(**fields)

@@ -47,7 +47,7 @@ def timm_config(model) -> Dict[str, Any]:
 _NOT_IN_WEIGHTS = frozenset({
     "mean", "std", "crop_pct", "interpolation", "label_names", "name", "drop_rate", "attn_drop_rate",
     "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size", "pos_embed_interpolation",
-    "pos_embed_antialias", "init_values", "locality_strength", "use_local_init"})
+    "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength", "use_local_init"})
 
 
 #: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,

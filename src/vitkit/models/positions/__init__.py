@@ -45,6 +45,7 @@ from .absolute import (
     sincos_2d_pos_embed,
 )
 from .relative import (
+    RELATIVE_RESIZES,
     RelativeBiasTable,
     RelativePositionBias,
     RelativePositionMlp,
@@ -161,12 +162,13 @@ def _bias_holder(blk: nn.Module):
 
 
 def _relative_attach(model: nn.Module) -> None:
+    resize = model.config.rel_pos_resize
     for blk in model.blocks:
         if hasattr(blk.attn, "init_relative"):  # BEiT: the layer holds the table
-            blk.attn.init_relative(model.patch_embed.grid_size, blk.attn.num_heads, model.num_prefix_tokens)
+            blk.attn.init_relative(model.patch_embed.grid_size, blk.attn.num_heads, model.num_prefix_tokens, resize)
         else:
             blk.attn.rel_pos = RelativePositionBias(model.patch_embed.grid_size, blk.attn.num_heads,
-                                                    model.num_prefix_tokens)
+                                                    model.num_prefix_tokens, resize)
 
 
 def _relative_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
@@ -219,12 +221,13 @@ def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: Int
             continue  # the loader's shape check names it
         source = _relative_source_grid(sd[key].shape[0], grid, prefix)
         if source != tuple(grid):
-            sd[key] = resize_relative_table(sd[key], source, grid, prefix)
+            sd[key] = resize_relative_table(sd[key], source, grid, prefix, model.config.rel_pos_resize)
             resized += 1
     if not resized:
         return []
-    return [f"{resized} relative-bias tables {source[0]}x{source[1]} -> {grid[0]}x{grid[1]} (offsets kept, the "
-            f"outermost extended)"]
+    how = "stretched bilinearly" if model.config.rel_pos_resize == "bilinear" else \
+        "offsets kept, the outermost extended"
+    return [f"{resized} relative-bias tables {source[0]}x{source[1]} -> {grid[0]}x{grid[1]} ({how})"]
 
 
 # ----------------------------------------------------------------------------- the table
@@ -376,7 +379,8 @@ def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation:
 
 
 __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_grid", "resample_pos_embed",
-           "sincos_2d_pos_embed", "relative_position_index", "resize_relative_table", "square_table_side",
+           "sincos_2d_pos_embed", "relative_position_index", "resize_relative_table", "RELATIVE_RESIZES",
+           "square_table_side",
            "RelativeBiasTable",
            "RelativePositionBias", "relative_log_coords", "RelativePositionMlp", "Rope", "rotate_pairs", "apply_rope",
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",

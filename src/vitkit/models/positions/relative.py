@@ -36,14 +36,20 @@ def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tens
     return index.contiguous()
 
 
-def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
+#: how a relative-bias table meets another grid (``config.rel_pos_resize``): see :func:`resize_relative_table`
+RELATIVE_RESIZES = ("keep", "bilinear")
+
+
+def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefix_tokens: int = 0,
+                          mode: str = "keep") -> torch.Tensor:
     """A ((2 gh - 1)(2 gw - 1) + 3 prefix, heads) relative-bias table for grid ``old`` -> grid ``new``.
 
-    An offset keeps its bias: it is the same displacement in pixels at any grid of the same patch
-    size. A smaller grid keeps the central offsets (exact: resizing back restores the table); a
-    larger one repeats the outermost learned offset outwards, as distances past the trained range
-    share one bias (T5's far bucket). (timm's ``resize_rel_pos_bias_table`` stretches the table
-    instead, as BEiT's fine-tuning did, so that offsets change meaning; vitkit keeps them.)
+    ``keep`` (vitkit's): an offset keeps its bias: it is the same displacement in pixels at any grid of
+    the same patch size. A smaller grid keeps the central offsets (exact: resizing back restores the
+    table); a larger one repeats the outermost learned offset outwards, as distances past the trained
+    range share one bias (T5's far bucket). ``bilinear``: the offsets' (2 gh - 1) x (2 gw - 1) table
+    stretched to the new one (bilinear, corners not aligned), as transformers' BEiT resamples it in its
+    forward pass (``interpolate_pos_encoding``), so that offsets change meaning; the prefix rows kept.
     """
     (oh, ow), (nh, nw) = old, new
     extra = table[table.shape[0] - 3 * prefix_tokens:]
@@ -52,6 +58,13 @@ def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefi
         raise ValueError(f"a relative-bias table of {table.shape[0]} rows is not that of a {oh}x{ow} grid "
                          f"with {prefix_tokens} prefix token(s)")
     grid = offsets.reshape(2 * oh - 1, 2 * ow - 1, -1)
+    if mode == "bilinear":
+        stretched = F.interpolate(grid.permute(2, 0, 1).unsqueeze(0).float(), size=(2 * nh - 1, 2 * nw - 1),
+                                  mode="bilinear", align_corners=False)
+        resized = stretched[0].permute(1, 2, 0).reshape((2 * nh - 1) * (2 * nw - 1), -1).to(table.dtype)
+        return torch.cat([resized, extra]).contiguous()
+    if mode != "keep":
+        raise ValueError(f"rel_pos_resize must be one of {RELATIVE_RESIZES}, got {mode!r}")
     dy = (torch.arange(-(nh - 1), nh) + oh - 1).clamp(0, 2 * oh - 2)
     dx = (torch.arange(-(nw - 1), nw) + ow - 1).clamp(0, 2 * ow - 2)
     resized = grid[dy][:, dx].reshape((2 * nh - 1) * (2 * nw - 1), -1)
@@ -69,8 +82,8 @@ class RelativeBiasTable:
     resized on the fly by :func:`resize_relative_table`).
     """
 
-    def init_relative(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0) -> None:
-        self.grid, self.prefix_tokens = tuple(grid), int(prefix_tokens)
+    def init_relative(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0, resize: str = "keep") -> None:
+        self.grid, self.prefix_tokens, self.resize = tuple(grid), int(prefix_tokens), resize
         rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3 * self.prefix_tokens
         self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, num_heads))
         self.register_buffer("relative_position_index", relative_position_index(self.grid, self.prefix_tokens),
@@ -79,7 +92,7 @@ class RelativeBiasTable:
     def relative_bias(self, grid: IntPair) -> torch.Tensor:
         table, index = self.relative_position_bias_table, self.relative_position_index
         if tuple(grid) != self.grid:
-            table = resize_relative_table(table, self.grid, grid, self.prefix_tokens)
+            table = resize_relative_table(table, self.grid, grid, self.prefix_tokens, self.resize)
             index = relative_position_index(grid, self.prefix_tokens).to(index.device)
         n = index.shape[0]
         return table[index.view(-1)].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
@@ -90,7 +103,8 @@ class RelativeBiasTable:
         grid = tuple(grid)
         if grid == self.grid:
             return
-        table = resize_relative_table(self.relative_position_bias_table.data, self.grid, grid, self.prefix_tokens)
+        table = resize_relative_table(self.relative_position_bias_table.data, self.grid, grid, self.prefix_tokens,
+                                      self.resize)
         self.relative_position_bias_table = nn.Parameter(table, requires_grad=self.relative_position_bias_table
                                                          .requires_grad)
         self.relative_position_index = relative_position_index(grid, self.prefix_tokens).to(table.device)
@@ -101,9 +115,9 @@ class RelativePositionBias(RelativeBiasTable, nn.Module):
     """A block's relative position bias as a module of its own (``attn.rel_pos``, timm's ``RelPosBias``
     names): see :class:`RelativeBiasTable`. ``forward(grid)`` -> the (1, heads, N, N) bias."""
 
-    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0):
+    def __init__(self, grid: IntPair, num_heads: int, prefix_tokens: int = 0, resize: str = "keep"):
         super().__init__()
-        self.init_relative(grid, num_heads, prefix_tokens)
+        self.init_relative(grid, num_heads, prefix_tokens, resize)
 
     def forward(self, grid: IntPair) -> torch.Tensor:
         return self.relative_bias(grid)
