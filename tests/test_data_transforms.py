@@ -5,6 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
+import vitkit
 from vitkit.data import pipelines
 from vitkit.data.folder import ImageFolder
 from vitkit.data.images import decode_image, load_image
@@ -18,20 +19,33 @@ def noise_image(w, h, seed=0):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
 
 
+@pytest.mark.parametrize("crop_mode", ["center", "squash"])
 @pytest.mark.parametrize("img_size", [32, (24, 40), (40, 24)])
 @pytest.mark.parametrize("crop_pct", [0.875, 0.9, 1.0])
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
-def test_eval_transform_is_timms_pixel_for_pixel(img_size, crop_pct, interpolation):
+def test_eval_transform_is_timms_pixel_for_pixel(img_size, crop_pct, interpolation, crop_mode):
     timm_data = pytest.importorskip("timm.data")
     pair = (img_size, img_size) if isinstance(img_size, int) else img_size
     ref = timm_data.create_transform(input_size=(3, *pair), is_training=False, interpolation=interpolation,
-                                     mean=MEAN, std=STD, crop_pct=crop_pct)
-    ours = EvalTransform(pair, MEAN, STD, crop_pct, interpolation)
+                                     mean=MEAN, std=STD, crop_pct=crop_pct, crop_mode=crop_mode)
+    ours = EvalTransform(pair, MEAN, STD, crop_pct, interpolation, crop_mode)
     for seed, (w, h) in enumerate([(50, 40), (40, 50), (333, 500), (97, 64), (71, 71), (35, 99)]):
         im = noise_image(w, h, seed)
         expected = ref(im)
         assert expected.shape == ours(im).shape == (3, *pair)
         assert torch.allclose(ours(im), expected, atol=1e-6), (w, h)
+
+
+def test_a_squashed_image_keeps_all_of_it_and_a_bad_crop_mode_is_one_line():
+    im = Image.new("RGB", (60, 20), (255, 0, 0))
+    im.paste((0, 0, 255), (50, 0, 60, 20))  # a blue band on the right, outside a centre crop of the short side
+    squashed = EvalTransform((16, 16), (0, 0, 0), (1, 1, 1), 1.0, "bilinear", "squash")(im)
+    centred = EvalTransform((16, 16), (0, 0, 0), (1, 1, 1), 1.0, "bilinear")(im)
+    assert squashed[2, :, -1].min() > 0.9 and centred[2].max() < 0.1
+    with pytest.raises(ValueError, match="crop_mode must be one of"):
+        EvalTransform((16, 16), MEAN, STD, 1.0, "bilinear", "border")
+    with pytest.raises(ValueError, match="crop_mode must be one of"):
+        vitkit.create_model("vit_fmnist", crop_mode="crop")
 
 
 def test_validation_of_files_uses_the_prediction_transform():

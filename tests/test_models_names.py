@@ -24,6 +24,20 @@ def test_every_later_name_is_timms():
     assert len(vit_names.NAMES) + len(eva.NAMES) > 180
 
 
+def test_every_name_resizes_as_timms_default_weights_do():
+    """crop_mode: the names whose default weights timm evaluates squashed (its CLIP fine-tunes at 336-448 px,
+    EVA-02 at 448, Sapiens 2, LingBot) squash; every other keeps the aspect."""
+    from timm.models import get_pretrained_cfg
+
+    from vitkit.models import get_model_config
+
+    names = [n for n in vitkit.list_models() if n in TIMM_NAMES and get_pretrained_cfg(n) is not None]
+    wrong = [(n, get_pretrained_cfg(n).crop_mode, get_model_config(n).crop_mode) for n in names
+             if get_pretrained_cfg(n).crop_mode != get_model_config(n).crop_mode]
+    assert not wrong and len(names) > 200
+    assert sum(get_model_config(n).crop_mode == "squash" for n in names) >= 15
+
+
 @pytest.mark.parametrize("name", sorted(n for n in vitkit.list_models() if n in TIMM_NAMES))
 def test_name_builds_timms_architecture(name):
     with torch.device("meta"):

@@ -41,7 +41,8 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
     c = info["config"]
     extra = [f"{c.reg_tokens} registers" if getattr(c, "reg_tokens", 0) else "",
              f"rotary positions ({c.rope})" if getattr(c, "rope", "none") != "none" else "",
-             f"pooling {c.global_pool}", f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"]
+             f"pooling {c.global_pool}", f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"
+             + (" (squashed)" if getattr(c, "crop_mode", "center") == "squash" else "")]
     lines.append(f"  vitkit      architecture {c.architecture!r}" + (f" ({c.name})" if c.name else "") + ": "
                  + ", ".join(e for e in extra if e))
     lines += [f"  assumed     {guess}" for guess in info.get("assumed", ())]  # a bare file: what its tensors do not say

@@ -86,9 +86,10 @@ class _TensorOp:
 
 
 def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
-                   crop_pct: float = 0.875, interpolation: str = "bicubic") -> Callable[[Any], Any]:
+                   crop_pct: float = 0.875, interpolation: str = "bicubic",
+                   crop_mode: str = "center") -> Callable[[Any], Any]:
     """Resize to ``floor(size / crop_pct)`` + centre crop + float + normalise: :class:`EvalTransform`."""
-    return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation)
+    return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation, crop_mode)
 
 
 def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None) -> Callable[[Any], Any]:
@@ -101,4 +102,4 @@ def from_model_config(config: Any, train: bool, randaugment: Optional[str] = Non
         return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation,
                                randaugment=randaugment)
     return eval_transform(config.img_size, config.mean, config.std, crop_pct=config.crop_pct,
-                          interpolation=config.interpolation)
+                          interpolation=config.interpolation, crop_mode=getattr(config, "crop_mode", "center"))

@@ -6,7 +6,9 @@ pixels the others see. It is timm's evaluation transform exactly (tested pixel f
 against ``timm.data.create_transform``): the image is resized to ``floor(size / crop_pct)``
 -- for a square size, its shorter side, the longer one in proportion and truncated (as
 torchvision's ``Resize``); for a non-square size, by the ratio that brings one side to its
-target and keeps the aspect (timm's ``ResizeKeepRatio``) -- then the centre ``size`` is cut
+target and keeps the aspect (timm's ``ResizeKeepRatio``); with ``crop_mode='squash'`` the whole
+image to that height and width, its aspect not kept (timm's ``crop_mode='squash'``, and Hugging
+Face's processors that resize to a height and width) -- then the centre ``size`` is cut
 (offsets rounded as torchvision's ``CenterCrop``). Pure Pillow + numpy, so prediction needs
 no torchvision.
 """
@@ -21,17 +23,21 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..models.config_base import CROP_MODES
 from .images import decode_image, load_image, to_rgb
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
              "nearest": Image.Resampling.NEAREST}
 
 
-def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], crop_pct: float) -> Tuple[int, int]:
+def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], crop_pct: float,
+                     crop_mode: str = "center") -> Tuple[int, int]:
     """(width, height) an image of ``image_size`` (width, height) is resized to before the
     centre crop to ``img_size`` (height, width)."""
     w, h = image_size
     sh, sw = math.floor(img_size[0] / crop_pct), math.floor(img_size[1] / crop_pct)
+    if crop_mode == "squash":
+        return sw, sh
     if sh == sw:  # the shorter side to the scale size, the longer one truncated
         return (sh, int(sh * h / w)) if w <= h else (int(sh * w / h), sh)
     ratio = min(h / sh, w / sw)
@@ -42,9 +48,11 @@ class EvalTransform:
     """PIL image -> normalised (C, H, W) float tensor for a model configuration."""
 
     def __init__(self, img_size: Tuple[int, int], mean: Sequence[float], std: Sequence[float],
-                 crop_pct: float = 0.9, interpolation: str = "bicubic"):
+                 crop_pct: float = 0.9, interpolation: str = "bicubic", crop_mode: str = "center"):
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+        if crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode must be one of {list(CROP_MODES)}, got {crop_mode!r}")
         if interpolation not in _RESAMPLE:
             raise ValueError(f"interpolation must be one of {list(_RESAMPLE)}, got {interpolation!r}")
         if any(s <= 0 for s in std):
@@ -53,14 +61,16 @@ class EvalTransform:
         self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
         self.std = np.asarray(std, dtype=np.float32)[:, None, None]
         self.crop_pct = crop_pct
+        self.crop_mode = crop_mode
         self.resample = _RESAMPLE[interpolation]
 
     @classmethod
     def from_config(cls, config) -> "EvalTransform":
-        return cls(config.img_size, config.mean, config.std, config.crop_pct, config.interpolation)
+        return cls(config.img_size, config.mean, config.std, config.crop_pct, config.interpolation,
+                   getattr(config, "crop_mode", "center"))
 
     def resize(self, im: Image.Image) -> Image.Image:
-        return im.resize(eval_resize_size(im.size, self.img_size, self.crop_pct), self.resample)
+        return im.resize(eval_resize_size(im.size, self.img_size, self.crop_pct, self.crop_mode), self.resample)
 
     def view(self, im: Image.Image) -> Image.Image:
         """The pixels the model sees: resized, centre-cropped, before normalisation."""
@@ -82,7 +92,7 @@ class EvalTransform:
         return torch.from_numpy(arr)
 
     def __repr__(self) -> str:
-        return f"EvalTransform(img_size={self.img_size}, crop_pct={self.crop_pct})"
+        return f"EvalTransform(img_size={self.img_size}, crop_pct={self.crop_pct}, crop_mode={self.crop_mode})"
 
 
 #: what :func:`preprocess` takes for one image
@@ -104,7 +114,7 @@ def transform_for(model: Any) -> EvalTransform:
 def preprocess(model: Any, images: Union[ImageLike, Sequence[ImageLike]]) -> torch.Tensor:
     """Image(s) -> the model's input batch (N, C, H, W), with its own preprocessing: decoded upright,
     converted to its channels, resized and centre-cropped as its config says (``crop_pct``,
-    ``interpolation``), normalised by its mean and std -- what ``vitkit predict`` feeds it.
+    ``interpolation``, ``crop_mode``), normalised by its mean and std -- what ``vitkit predict`` feeds it.
 
     An image is a PIL image, a path, the bytes of a file, or an array (H, W) / (H, W, C) of uint8,
     or floats in [0, 1] (a tensor may also be (C, H, W)). One image gives a batch of one."""

@@ -272,7 +272,10 @@ def metadata_for(config: Any, exporter: str, quantize: Optional[str]) -> Dict[st
         "interpolation": config.interpolation,
         "crop_pct": json.dumps(config.crop_pct),
         "preprocessing": (f"RGB (or grey for 1 channel) resized by {config.interpolation} so the centre crop of "
-                          f"{config.crop_pct:g} is {h}x{w}, scaled to [0, 1], then (x - mean) / std per channel; "
+                          f"{config.crop_pct:g} is {h}x{w}"
+                          + (" (the whole image to that, its aspect not kept)"
+                             if getattr(config, "crop_mode", "center") == "squash" else "")
+                          + ", scaled to [0, 1], then (x - mean) / std per channel; "
                           f"input {INPUT_NAME} float32 (batch, {config.in_chans}, {h}, {w})"
                           + ("; built with dynamic_img_size, exported at this size"
                              if getattr(config, "dynamic_img_size", False) else "")),

@@ -44,6 +44,7 @@ class OnnxConfig:
     label_names: List[str] = field(default_factory=list)
     crop_pct: float = 1.0
     interpolation: str = "bicubic"
+    crop_mode: str = "center"
     architecture: str = "onnx"
 
 

@@ -25,6 +25,8 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 GLOBAL_POOLS = ("token", "avg")
+#: how evaluation resizes an image before its centre crop (``crop_mode``): aspect kept, or squashed
+CROP_MODES = ("center", "squash")
 #: The largest image side a model is built for: 16,384 px is a million 16 px patches, past what
 #: attention can hold in memory; larger sizes were typos (and allocation tracebacks).
 MAX_IMG_SIZE = 16_384
@@ -64,6 +66,8 @@ class ConfigMixin:
             problems.append(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
         if self.interpolation not in INTERPOLATIONS:
             problems.append(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+        if self.crop_mode not in CROP_MODES:
+            problems.append(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}")
         chans = self.in_chans if isinstance(self.in_chans, int) and self.in_chans > 0 else None
         if chans and (len(self.mean) != chans or len(self.std) != chans):
             if len(self.mean) == 3 and len(self.std) == 3 and chans != 3:
@@ -128,6 +132,10 @@ class ImageConfig(ConfigMixin):
     #: evaluation keeps this share of the image (resize to size / crop_pct, centre crop)
     crop_pct: float = 0.9
     interpolation: str = "bicubic"
+    #: how that resize treats the aspect: 'center' keeps it (the shorter side to size / crop_pct, timm's
+    #: default), 'squash' does not (the whole image to size / crop_pct: timm's crop_mode='squash', the
+    #: Hugging Face processors that resize to a height and width: ViT, DeiT, BEiT, SigLIP)
+    crop_mode: str = "center"
     label_names: Optional[List[str]] = None
     #: the family (what ``config.json`` is rebuilt by); each family's config sets its own
     architecture: str = "vit"

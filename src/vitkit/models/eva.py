@@ -352,7 +352,8 @@ def _entry(size: str, recipe: str, **fields: Any) -> EvaConfig:
 _E2 = {"tiny": 512, "small": 1024, "base": 2048, "large": 2730}
 NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     **{f"eva02_{size}_patch14_{res}": (size, "eva02" if size in ("tiny", "small") else "eva02_subln",
-                                       dict(img_size=res, mlp_dim=_E2[size], num_classes=1000 if res > 224 else 0))
+                                       dict(img_size=res, mlp_dim=_E2[size], num_classes=1000 if res > 224 else 0,
+                                            crop_mode="squash" if res == 448 else "center"))
        for size, res in (("tiny", 224), ("tiny", 336), ("small", 224), ("small", 336), ("base", 224),
                          ("base", 448), ("large", 224), ("large", 448))},
     "eva02_base_patch16_clip_224": ("base", "eva02_clip", dict(mlp_dim=2048, num_classes=512)),
@@ -384,11 +385,11 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "vit_tiny_patch16_dinov3_qkvb": ("tiny", "dinov3", dict(qkv_bias=True)),
     **{f"vit_{size}_patch16_dinov3{qkvb}": (size, "dinov3", dict(qkv_bias=bool(qkvb), mlp="swiglu", mlp_dim=hidden))
        for size, hidden in (("small_plus", 1536), ("huge_plus", 5120)) for qkvb in ("", "_qkvb")},
-    **{f"vit_{size}_patch16_lingbot": (size, "dinov3", dict(qkv_bias=True, global_pool="token"))
+    **{f"vit_{size}_patch16_lingbot": (size, "dinov3", dict(qkv_bias=True, global_pool="token", crop_mode="squash"))
        for size in ("small", "base", "large")},
     # Sapiens 2 (human-centric DINOv3-style encoders at 1024 x 768): RMSNorm, q/k norms, split projections with
     # full biases and grouped-query attention in the middle blocks, LayerScale on attention only, 8 registers
-    **{f"vit_{size}_patch16_sapiens2": (size, "sapiens2", dict(kv_heads=kv)) for size, kv in (
+    **{f"vit_{size}_patch16_sapiens2": (size, "sapiens2", dict(kv_heads=kv, crop_mode="squash")) for size, kv in (
         ("base", [12] * 12), ("large", [16] * 8 + [8] * 8 + [16] * 8), ("huge", [16] * 8 + [8] * 16 + [16] * 8))},
     "beit_base_patch16_224": ("base", "beit", {}),
     "beit_base_patch16_384": ("base", "beit", dict(img_size=384, crop_pct=1.0)),

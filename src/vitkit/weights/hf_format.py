@@ -23,7 +23,7 @@ import torch
 
 from ..models import ViTConfig
 from ..models.positions import full_table
-from .hf_tower_parts import labels_from_hf, labels_to_hf
+from .hf_tower_parts import labels_from_hf, labels_to_hf, preprocessing, processor_fields
 from .io import WeightsError
 
 #: a layer's parameters: ``encoder.layer.N.`` on the hub and in saved files, ``layers.N.`` in a
@@ -239,10 +239,13 @@ def config_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
 
 
 def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
-    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "do_rescale": True,
-            "do_normalize": True, "image_mean": list(cfg.mean), "image_std": list(cfg.std),
-            "resample": 3 if cfg.interpolation == "bicubic" else 2,
-            "size": {"height": cfg.img_size[0], "width": cfg.img_size[1]}}
+    """The image processor of vitkit's preprocessing: ViT's (a resize to the size, nothing cropped) where it
+    is that, else DeiT's (a resize to a height and width, then the centre crop) or BiT's (the shorter side,
+    then the centre crop)."""
+    fields = processor_fields(cfg)
+    kind = "BitImageProcessor" if "shortest_edge" in fields["size"] else \
+        "DeiTImageProcessor" if fields.get("do_center_crop") else "ViTImageProcessor"
+    return {"image_processor_type": kind, **fields}
 
 
 def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None,
@@ -296,9 +299,6 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
     if labels:
         kw["label_names"] = labels
     if preprocessor:
-        if "image_mean" in preprocessor:
-            kw["mean"] = tuple(preprocessor["image_mean"])
-        if "image_std" in preprocessor:
-            kw["std"] = tuple(preprocessor["image_std"])
+        kw.update(preprocessing(preprocessor))
     kw.update(overrides)
     return ViTConfig(**kw)

@@ -4,6 +4,7 @@ vision prefix of two-tower checkpoints, q/k/v fused and split, the checks every 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -18,6 +19,74 @@ _ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "g
 #: what the vision part of a two-tower checkpoint is prefixed with, and what of it is the other tower's
 _VISION_PREFIX = "vision_model."
 _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+
+
+#: PIL's resampling filters (a processor's ``resample``) vitkit resizes with (LANCZOS, BOX, HAMMING: kept bicubic)
+_RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+#: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
+_SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
+
+
+def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
+    """A Hugging Face image processor's config -> mean, std, interpolation, crop_pct and crop_mode.
+
+    A ``size`` of a height and width resizes the whole image to it (``crop_mode='squash'``: ViT's, DeiT's,
+    BEiT's, SigLIP's processors); a ``shortest_edge`` keeps the aspect (``'center'``: CLIP's, DINOv2's); the
+    centre crop (``do_center_crop``, ``crop_size``) gives ``crop_pct``, so that vitkit's resize to
+    ``floor(size / crop_pct)`` is the processor's size."""
+    out: Dict[str, Any] = {}
+    if "image_mean" in pre:
+        out["mean"] = tuple(float(m) for m in pre["image_mean"])
+    if "image_std" in pre:
+        out["std"] = tuple(float(s) for s in pre["image_std"])
+    resample = pre.get("resample")
+    if resample in _RESAMPLE_NAMES:
+        out["interpolation"] = _RESAMPLE_NAMES[resample]
+    size, crop = pre.get("size"), pre.get("crop_size")
+    if isinstance(size, (int, float)):
+        square = str(pre.get("image_processor_type") or "").replace("Fast", "") not in _SHORTEST_EDGE_PROCESSORS
+        size = {"height": size, "width": size} if square else {"shortest_edge": size}
+    if isinstance(crop, (int, float)):
+        crop = {"height": crop, "width": crop}
+    size, crop = size if isinstance(size, Mapping) else {}, crop if isinstance(crop, Mapping) else {}
+    side = size.get("shortest_edge") or size.get("height")
+    if size.get("height") and size.get("width") and not size.get("shortest_edge"):
+        out["crop_mode"] = "squash"
+    elif size.get("shortest_edge"):
+        out["crop_mode"] = "center"
+    crop_side = crop.get("height")
+    if pre.get("do_center_crop") and isinstance(side, (int, float)) and isinstance(crop_side, (int, float)) and side:
+        out["crop_pct"] = _crop_pct(float(crop_side), float(side))
+    elif pre.get("do_center_crop") is False or out.get("crop_mode") == "squash":
+        out["crop_pct"] = 1.0
+    return out
+
+
+def _crop_pct(crop: float, side: float) -> float:
+    """crop / side, nudged where floating point would make ``floor(crop / crop_pct)`` one short of ``side``."""
+    pct = min(1.0, crop / side)
+    return pct if math.floor(crop / pct) == side else min(1.0, crop / (side + 1e-6))
+
+
+def processor_fields(config: Any) -> Dict[str, Any]:
+    """vitkit's evaluation preprocessing as an image processor's config (what :func:`preprocessing` reads back):
+    ``squash``: the whole image to ``floor(size / crop_pct)``, then the centre crop where ``crop_pct`` < 1;
+    ``center``: the shorter side to it and the centre crop."""
+    h, w = config.img_size
+    out: Dict[str, Any] = {"do_resize": True, "do_rescale": True, "do_normalize": True,
+                           "image_mean": list(config.mean), "image_std": list(config.std),
+                           "resample": {v: k for k, v in _RESAMPLE_NAMES.items()}[config.interpolation]}
+    scale_h, scale_w = math.floor(h / config.crop_pct), math.floor(w / config.crop_pct)
+    if getattr(config, "crop_mode", "center") == "squash":
+        out["size"] = {"height": scale_h, "width": scale_w}
+        if config.crop_pct < 1.0:
+            out.update(do_center_crop=True, crop_size={"height": h, "width": w})
+        else:
+            out["do_center_crop"] = False
+    else:
+        out.update(size={"shortest_edge": min(scale_h, scale_w)}, do_center_crop=True,
+                   crop_size={"height": h, "width": w})
+    return out
 
 
 def labels_from_hf(hf: Mapping[str, Any], count: int) -> Optional[List[str]]:

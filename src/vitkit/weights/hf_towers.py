@@ -44,7 +44,15 @@ from .hf_tower_aimv2 import AIMV2_TOWER
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
-from .hf_tower_parts import _OTHER_TOWER, _VISION_PREFIX, Tower, labels_from_hf, labels_to_hf
+from .hf_tower_parts import (
+    _OTHER_TOWER,
+    _VISION_PREFIX,
+    Tower,
+    labels_from_hf,
+    labels_to_hf,
+    preprocessing,
+    processor_fields,
+)
 from .io import WeightsError
 
 # ----------------------------------------------------------------------------- the table
@@ -173,26 +181,6 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         raise WeightsError(f"the {kind} config describes no model vitkit builds: {e}") from None
 
 
-def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
-    """A Hugging Face image processor's config -> mean, std, crop_pct, interpolation."""
-    out: Dict[str, Any] = {}
-    if "image_mean" in pre:
-        out["mean"] = tuple(float(m) for m in pre["image_mean"])
-    if "image_std" in pre:
-        out["std"] = tuple(float(s) for s in pre["image_std"])
-    resample = pre.get("resample")
-    if resample in (2, 3):
-        out["interpolation"] = "bilinear" if resample == 2 else "bicubic"
-    size, crop = pre.get("size") or {}, pre.get("crop_size") or {}
-    side = size.get("shortest_edge") if isinstance(size, Mapping) else size
-    crop_side = crop.get("height") if isinstance(crop, Mapping) else crop
-    if pre.get("do_center_crop") and isinstance(side, (int, float)) and isinstance(crop_side, (int, float)) and side:
-        out["crop_pct"] = min(1.0, float(crop_side) / float(side))
-    elif pre.get("do_center_crop") is False:
-        out["crop_pct"] = 1.0
-    return out
-
-
 def layout_of(config: Any) -> Optional[str]:
     """The tower's model_type a vitkit config exports to (the first whose problems are none), or None."""
     kind = next((k for k in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit")
@@ -214,18 +202,8 @@ _PROCESSORS = {"clip_vision_model": "CLIPImageProcessor", "siglip_vision_model":
 
 
 def preprocessor_to_hf(config: Any, kind: str) -> Dict[str, Any]:
-    """The tower's image processor config for vitkit's preprocessing: resize the short side to
-    size / crop_pct, centre crop (or, at crop_pct 1, resize to the size: SigLIP's way)."""
-    h, w = config.img_size
-    out: Dict[str, Any] = {"image_processor_type": _PROCESSORS[kind], "do_resize": True, "do_rescale": True,
-                           "do_normalize": True, "image_mean": list(config.mean), "image_std": list(config.std),
-                           "resample": 2 if config.interpolation == "bilinear" else 3}
-    if config.crop_pct < 1.0:
-        out.update(size={"shortest_edge": int(round(min(h, w) / config.crop_pct))}, do_center_crop=True,
-                   crop_size={"height": h, "width": w})
-    else:
-        out.update(size={"height": h, "width": w}, do_center_crop=False)
-    return out
+    """The tower's image processor config for vitkit's preprocessing (:func:`.hf_tower_parts.processor_fields`)."""
+    return {"image_processor_type": _PROCESSORS[kind], **processor_fields(config)}
 
 
 def from_native(model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:

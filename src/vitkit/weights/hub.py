@@ -160,7 +160,8 @@ def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[
     h, w = config.get("img_size", ("?", "?"))
     rows = [("architecture", arch), ("parameters", f"{params:,}"),
             ("input", f"{config.get('in_chans', 3)} x {h} x {w}, {config.get('interpolation', 'bicubic')} resize, "
-                      f"crop fraction {config.get('crop_pct', 1.0)}"),
+                      f"crop fraction {config.get('crop_pct', 1.0)}"
+                      + (" (squashed: aspect not kept)" if config.get("crop_mode") == "squash" else "")),
             ("normalisation", f"mean {_numbers(config.get('mean'))}, std {_numbers(config.get('std'))}"),
             ("classes", str(config.get("num_classes") or "none (features)"))]
     if pretraining:
@@ -175,7 +176,9 @@ def _usage(name: str, config: Dict[str, Any], pretraining: Optional[Dict[str, An
     lines = ["## Use", "", "```python", "import vitkit  # pip install 'vitkit[hub]'", "",
              f"model = {call}",
              "x = vitkit.preprocess(model, \"photo.jpg\")  # (1, C, H, W), the model's own preprocessing", "```", "",
-             f"Inputs, as `vitkit.preprocess` makes them: the shorter side resized to {h} / crop fraction, a centre "
+             "Inputs, as `vitkit.preprocess` makes them: "
+             + ("the whole image resized to" if config.get("crop_mode") == "squash" else "the shorter side resized to")
+             + f" {h} / crop fraction, a centre "
              f"{h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above. From the "
              f"command line: `vitkit predict --weights hf-hub:{name} IMAGE`."]
     if pretraining:

@@ -45,7 +45,7 @@ def timm_config(model) -> Dict[str, Any]:
 #: Config fields a bare state dict need not carry to compute the same logits: what the input
 #: expects, names, regularisation, kernel choices, resampling choices, initial values.
 _NOT_IN_WEIGHTS = frozenset({
-    "mean", "std", "crop_pct", "interpolation", "label_names", "name", "drop_rate", "attn_drop_rate",
+    "mean", "std", "crop_pct", "crop_mode", "interpolation", "label_names", "name", "drop_rate", "attn_drop_rate",
     "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size", "pos_embed_interpolation",
     "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength", "use_local_init"})
 
@@ -128,7 +128,7 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
         kw["num_classes"] = 0  # transformers builds its TimmWrapperModel headless
     if cfg.get("global_pool") in getattr(type(config), "POOLS", ("token", "avg")):
         kw["global_pool"] = cfg["global_pool"]
-    for key in ("mean", "std", "crop_pct", "interpolation"):
+    for key in ("mean", "std", "crop_pct", "interpolation", "crop_mode"):
         if key in pre:
             kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
     if "input_size" in pre:

@@ -1,0 +1,96 @@
+"""A Hugging Face folder's preprocessing as its image processor does it: vitkit feeds the model the pixels
+transformers' processor (the PIL one, ``use_fast=False``) feeds it, and writes back a processor that does
+what vitkit does.
+
+ViT's, DeiT's, BEiT's and SigLIP's processors resize the whole image to a height and width (its aspect not
+kept: ``crop_mode='squash'``; DeiT's then cuts the centre 224 of 256), CLIP's and BiT's (DINOv2's) the
+shorter side (``'center'``). Before this was read, every squashing processor's folder was centre-cropped by
+vitkit: other pixels (up to 1.5 apart after normalisation) on any non-square photo."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+
+T = pytest.importorskip("transformers")
+skimage_data = pytest.importorskip("skimage.data")
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=224,
+             patch_size=32)
+DINO = dict(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224}, do_center_crop=True,
+            image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3)
+#: model class and config, image processor (its defaults: what save_pretrained of a hub model writes), crop_mode
+CASES = {
+    "vit": (T.ViTModel, T.ViTConfig, T.ViTImageProcessor, {}, "squash"),
+    "deit": (T.DeiTModel, T.DeiTConfig, T.DeiTImageProcessor, {}, "squash"),
+    "beit": (T.BeitModel, T.BeitConfig, T.BeitImageProcessor, {}, "squash"),
+    "siglip": (T.SiglipVisionModel, T.SiglipVisionConfig, T.SiglipImageProcessor, {}, "squash"),
+    "clip": (T.CLIPVisionModel, T.CLIPVisionConfig, T.CLIPImageProcessor, {}, "center"),
+    "dinov2": (T.Dinov2Model, T.Dinov2Config, T.BitImageProcessor, DINO, "center"),
+}
+
+
+def _photos(mode):
+    """Landscape and square photos; a portrait one where the crop's margin is odd only for the squashing
+    processors (transformers floors an odd margin's half, timm and vitkit round it: one pixel apart)."""
+    photos = [skimage_data.chelsea(), skimage_data.astronaut()]
+    return [Image.fromarray(p) for p in photos + ([skimage_data.rocket()] if mode == "squash" else [])]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_folder_is_fed_the_pixels_its_processor_makes_and_writes_one_back(case, tmp_path):
+    model_class, config_class, processor_class, options, mode = CASES[case]
+    model_class(config_class(**SMALL)).save_pretrained(tmp_path / "hf")
+    processor_class(**options).save_pretrained(tmp_path / "hf")
+    ours = vitkit.from_pretrained(tmp_path / "hf")
+    assert ours.config.crop_mode == mode
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path / "hf", use_fast=False)
+    for photo in _photos(mode):
+        want = processor(images=photo, return_tensors="pt").pixel_values
+        assert torch.allclose(vitkit.preprocess(ours, photo), want, atol=1e-5)
+    # written back: transformers' processor makes vitkit's pixels
+    vitkit.export_weights(ours, tmp_path / "back", "hf")
+    written = json.loads((tmp_path / "back" / "preprocessor_config.json").read_text())
+    again = T.AutoImageProcessor.from_pretrained(tmp_path / "back", use_fast=False)
+    assert vitkit.from_pretrained(tmp_path / "back").config.crop_mode == mode
+    for photo in _photos(mode):
+        assert torch.allclose(again(images=photo, return_tensors="pt").pixel_values, vitkit.preprocess(ours, photo),
+                              atol=1e-5), written
+
+
+@pytest.mark.parametrize("crop_mode, crop_pct", [("center", 0.875), ("center", 1.0), ("squash", 0.875),
+                                                 ("squash", 1.0)])
+def test_a_vitkit_vit_exports_a_processor_that_crops_as_it_does(crop_mode, crop_pct, tmp_path):
+    """ViT's own processor cannot crop: a model that crops is written with DeiT's (squash) or BiT's (the
+    shorter side), which transformers' AutoImageProcessor builds for any model."""
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=64, num_classes=0, crop_mode=crop_mode,
+                                crop_pct=crop_pct)
+    vitkit.export_weights(model, tmp_path / "hf", "hf")
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path / "hf", use_fast=False)
+    photo = Image.fromarray(skimage_data.chelsea())
+    assert torch.allclose(processor(images=photo, return_tensors="pt").pixel_values,
+                          vitkit.preprocess(model, photo), atol=1e-5)
+    back = vitkit.from_pretrained(tmp_path / "hf")  # read back: the same pixels (crop_pct 64 / 73 for 0.875)
+    assert back.config.crop_mode == crop_mode
+    assert torch.equal(vitkit.preprocess(back, photo), vitkit.preprocess(model, photo))
+
+
+def test_a_timm_hub_folder_that_squashes_is_read_so(tmp_path):
+    """timm's pretrained_cfg crop_mode (its CLIP fine-tunes at 336-448 px, EVA-02 at 448 squash): read, and
+    the pixels are timm's own transform's."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    ref = timm.create_model("vit_base_patch16_clip_384", depth=1, img_size=64, pretrained=False)
+    ref.pretrained_cfg = dict(ref.pretrained_cfg, input_size=(3, 64, 64), crop_mode="squash", crop_pct=0.9)
+    save_for_hf(ref, str(tmp_path / "timm"), safe_serialization=True)
+    ours = vitkit.from_pretrained(tmp_path / "timm")
+    assert (ours.config.crop_mode, ours.config.crop_pct) == ("squash", 0.9)
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=ref))
+    photo = Image.fromarray(skimage_data.rocket())
+    assert torch.allclose(transform(photo).unsqueeze(0), vitkit.preprocess(ours, photo), atol=1e-6)
+    assert np.asarray(photo).shape[0] != np.asarray(photo).shape[1]
