@@ -24,17 +24,33 @@ def test_every_later_name_is_timms():
     assert len(vit_names.NAMES) + len(eva.NAMES) > 180
 
 
-def test_every_name_resizes_as_timms_default_weights_do():
-    """crop_mode: the names whose default weights timm evaluates squashed (its CLIP fine-tunes at 336-448 px,
-    EVA-02 at 448, Sapiens 2, LingBot) squash; every other keeps the aspect."""
+#: where a name's preprocessing is not that of timm's default weights, on purpose: DeiT's official evaluation
+#: crops 224 of 256 (timm's 0.9); CLIP-L/14's is the OpenAI tower's (timm's default is a fine-tune at 0.5)
+PREPROCESSING_NOT_TIMMS = {
+    **{f"deit_{s}_{d}patch16_224": {"crop_pct"} for s in ("tiny", "small", "base") for d in ("", "distilled_")},
+    "vit_large_patch14_clip_224": {"mean", "std"}, "vit_large_patch14_clip_336": {"mean", "std"},
+}
+
+
+def test_every_name_preprocesses_as_timms_default_weights_do():
+    """What a bare state dict loaded by name is fed: timm's default pretrained_cfg (mean, std, crop_pct, the
+    resize filter, crop_mode: its CLIP fine-tunes at 336-448 px, EVA-02 at 448, Sapiens 2 and LingBot squash)."""
     from timm.models import get_pretrained_cfg
 
     from vitkit.models import get_model_config
 
     names = [n for n in vitkit.list_models() if n in TIMM_NAMES and get_pretrained_cfg(n) is not None]
-    wrong = [(n, get_pretrained_cfg(n).crop_mode, get_model_config(n).crop_mode) for n in names
-             if get_pretrained_cfg(n).crop_mode != get_model_config(n).crop_mode]
-    assert not wrong and len(names) > 200
+    wrong = []
+    for name in names:
+        theirs, ours = get_pretrained_cfg(name), get_model_config(name)
+        for field in ("mean", "std", "crop_pct", "interpolation", "crop_mode"):
+            a, b = getattr(theirs, field), getattr(ours, field)
+            same = a == b if isinstance(a, str) else torch.allclose(torch.tensor(a, dtype=torch.float64),
+                                                                     torch.tensor(b, dtype=torch.float64))
+            if not same and field not in PREPROCESSING_NOT_TIMMS.get(name, ()):
+                wrong.append((name, field, a, b))
+    assert not wrong, "\n".join(map(str, wrong))
+    assert len(names) > 200
     assert sum(get_model_config(n).crop_mode == "squash" for n in names) >= 15
 
 

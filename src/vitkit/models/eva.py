@@ -316,10 +316,9 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # reference grid beside the absolute table; core: an attention pool of 8 heads over every token (the
     # class token too); spatial / lang: the mean of the patches, no final norm
     "pe_core": dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
-                    k_bias=True, global_pool="map", map_heads=8, pool_include_prefix=True, fc_norm=False, crop_pct=1.0,
-                    **CLIP),
+                    k_bias=True, global_pool="map", map_heads=8, pool_include_prefix=True, fc_norm=False, crop_pct=1.0),
     "pe_spatial": dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
-                       k_bias=True, final_norm=False, fc_norm=False, num_classes=0, crop_pct=1.0, **CLIP),
+                       k_bias=True, final_norm=False, fc_norm=False, num_classes=0, crop_pct=1.0),
     "sapiens2": dict(rope="dinov3", rope_temperature=100.0, rope_half=True, rope_rescale_coords=2.0, pos_embed="none",
                      reg_tokens=8, qkv_fused=False, k_bias=True, qk_norm=True, mlp="swiglu_packed", init_values=1.0,
                      attn_only_layer_scale=True, norm="rmsnorm", norm_eps=1e-6, global_pool="token", fc_norm=False,
@@ -353,16 +352,18 @@ _E2 = {"tiny": 512, "small": 1024, "base": 2048, "large": 2730}
 NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     **{f"eva02_{size}_patch14_{res}": (size, "eva02" if size in ("tiny", "small") else "eva02_subln",
                                        dict(img_size=res, mlp_dim=_E2[size], num_classes=1000 if res > 224 else 0,
+                                            crop_pct=0.9 if res == 224 else 1.0,
                                             crop_mode="squash" if res == 448 else "center"))
        for size, res in (("tiny", 224), ("tiny", 336), ("small", 224), ("small", 336), ("base", 224),
                          ("base", 448), ("large", 224), ("large", 448))},
-    "eva02_base_patch16_clip_224": ("base", "eva02_clip", dict(mlp_dim=2048, num_classes=512)),
-    "eva02_large_patch14_clip_224": ("large", "eva02_clip", dict(patch_size=14, mlp_dim=2730, num_classes=768)),
+    "eva02_base_patch16_clip_224": ("base", "eva02_clip", dict(mlp_dim=2048, num_classes=512, crop_pct=0.9)),
+    "eva02_large_patch14_clip_224": ("large", "eva02_clip", dict(patch_size=14, mlp_dim=2730, num_classes=768,
+                                                                 crop_pct=0.9)),
     "eva02_large_patch14_clip_336": ("large", "eva02_clip", dict(patch_size=14, img_size=336, mlp_dim=2730,
                                                                  num_classes=768)),
     "vit_medium_patch16_rope_reg1_gap_256": ("medium", "rope_reg_gap", dict(reg_tokens=1)),
     "vit_mediumd_patch16_rope_reg1_gap_256": ("mediumd", "rope_reg_gap", dict(reg_tokens=1, qkv_bias=False)),
-    "vit_betwixt_patch16_rope_reg4_gap_256": ("betwixt", "rope_reg_gap", dict(reg_tokens=4)),
+    "vit_betwixt_patch16_rope_reg4_gap_256": ("betwixt", "rope_reg_gap", dict(reg_tokens=4, **CLIP)),
     "vit_base_patch16_rope_reg1_gap_256": ("base", "rope_reg_gap", dict(reg_tokens=1)),
     **{f"vit_{size}_patch16_rope{mixed}{ape}_224": (size, f"rope{mixed or '_axial'}", dict(
         pos_embed="learned" if ape else "none", no_embed_class=bool(ape)))
@@ -385,7 +386,8 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "vit_tiny_patch16_dinov3_qkvb": ("tiny", "dinov3", dict(qkv_bias=True)),
     **{f"vit_{size}_patch16_dinov3{qkvb}": (size, "dinov3", dict(qkv_bias=bool(qkvb), mlp="swiglu", mlp_dim=hidden))
        for size, hidden in (("small_plus", 1536), ("huge_plus", 5120)) for qkvb in ("", "_qkvb")},
-    **{f"vit_{size}_patch16_lingbot": (size, "dinov3", dict(qkv_bias=True, global_pool="token", crop_mode="squash"))
+    **{f"vit_{size}_patch16_lingbot": (size, "dinov3", dict(qkv_bias=True, global_pool="token", crop_mode="squash",
+                                                            interpolation="bilinear"))
        for size in ("small", "base", "large")},
     # Sapiens 2 (human-centric DINOv3-style encoders at 1024 x 768): RMSNorm, q/k norms, split projections with
     # full biases and grouped-query attention in the middle blocks, LayerScale on attention only, 8 registers

@@ -176,6 +176,9 @@ def _entry(size: str, recipe: str, **fields: Any) -> ViTConfig:
 
 
 #: name -> (size, recipe, fields beyond the recipe)
+#: the SigLIP names whose default weights timm evaluates on the whole image (an ImageNet fine-tune)
+_SIGLIP_WHOLE = {("so400m", 14, 384, "_gap"): 1.0}
+
 NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     # ---- CLIP / OpenCLIP towers
     "vit_xsmall_patch16_clip_224": ("xsmall", "clip", dict(num_classes=512)),
@@ -218,7 +221,8 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
                                                 crop_mode="squash", **CLIP)),
     # ---- SigLIP and SigLIP 2 towers
     **{f"vit_{size}_patch{p}_siglip{gap}_{res}": (size, f"siglip{gap}{'_tanh' if tanh else ''}",
-                                                  dict(patch_size=p, img_size=res, crop_remainder=bool(res % p)))
+                                                  dict(patch_size=p, img_size=res, crop_remainder=bool(res % p),
+                                                       crop_pct=_SIGLIP_WHOLE.get((size, p, res, gap), 0.9)))
        for size, p, res, tanh in (
            ("base", 16, 224, False), ("base", 16, 256, False), ("base", 16, 384, False), ("base", 16, 512, False),
            ("base", 32, 256, True), ("large", 16, 256, False), ("large", 16, 384, False), ("large", 16, 512, True),
@@ -226,8 +230,8 @@ NAMES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
            ("so400m", 16, 256, True), ("so400m", 16, 384, True), ("so400m", 16, 512, True),
            ("giantopt", 16, 256, True), ("giantopt", 16, 384, True))
        for gap in ("", "_gap")},
-    "vit_so400m_patch14_siglip_gap_448": ("so400m", "siglip_gap", dict(patch_size=14, img_size=448)),
-    "vit_so400m_patch14_siglip_gap_896": ("so400m", "siglip_gap", dict(patch_size=14, img_size=896)),
+    "vit_so400m_patch14_siglip_gap_448": ("so400m", "siglip_gap", dict(patch_size=14, img_size=448, crop_pct=1.0)),
+    "vit_so400m_patch14_siglip_gap_896": ("so400m", "siglip_gap", dict(patch_size=14, img_size=896, crop_pct=1.0)),
     # ---- DINOv2, with registers; TIPSv2
     **{f"vit_{size}_patch14_dinov2": (size, "dinov2", {}) for size in ("small", "base", "large")},
     **{f"vit_{size}_patch14_reg4_dinov2": (size, "dinov2_reg4", {}) for size in ("small", "base", "large")},
