@@ -17,6 +17,7 @@ else; ``error`` for any other exception (a bug: a traceback where a line belongs
     python benchmarks/coverage.py --markdown docs/models.md   # also rewrite the table in that page
     python benchmarks/coverage.py --recheck results.json      # only the rows that were not parity, again
     python benchmarks/coverage.py --bare                      # bare state dicts (tensors only, no config.json)
+    python benchmarks/coverage.py --wide                      # also at a changed, non-square size
 
 ``--bare`` saves each model's tensors alone (one ``.safetensors``, no config): vitkit reads the
 architecture off the names and shapes. A wrong reading must never pass in silence: a row whose outputs
@@ -107,7 +108,36 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:400]
 
 
-def check(name: str, module: str, params: int, large: float, workdir: Path, bare: bool = False) -> dict:
+def wide(ref, folder: Path, size: list) -> dict:
+    """The same weights at a changed, non-square size (two more patch columns): timm's ``set_input_size``
+    (its tables resampled its way) against ``vitkit.from_pretrained(folder, img_size=...)``: issue 41's "a
+    changed image size with the right resampling for each position kind". ``n/a``: timm cannot resize it."""
+    patch = getattr(getattr(ref, "patch_embed", None), "patch_size", None)
+    if not hasattr(ref, "set_input_size") or patch is None:
+        return dict(status="n/a", message="timm has no set_input_size for it")
+    new = (size[0], size[1] + 2 * int(patch[1]))
+    try:
+        ref.set_input_size(img_size=new)
+    except Exception as e:
+        return dict(status="n/a", message=f"timm: {one_line(e)}")
+    x = torch.randn(2, 3, *new, generator=torch.Generator().manual_seed(3))
+    try:
+        expected = ref(x).float()
+        ours = vitkit.from_pretrained(folder, img_size=new)
+        got = ours(x).float()
+    except Exception as e:
+        return dict(status="error", message=one_line(e), img_size=list(new))
+    diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
+    scale = max(1.0, expected.abs().max().item())
+    if diff > TOLERANCE * scale and got.shape == expected.shape:  # fp32 rounding of a deep stack, or not?
+        fp64 = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
+        if fp64 <= FP64_TOLERANCE * scale:
+            return dict(status="parity", max_diff=diff, fp64_max_diff=fp64, img_size=list(new))
+    return dict(status="parity" if diff <= TOLERANCE * scale else "mismatch", max_diff=diff, img_size=list(new))
+
+
+def check(name: str, module: str, params: int, large: float, workdir: Path, bare: bool = False,
+          wide_too: bool = False) -> dict:
     row = dict(arch=name, module=module, params=params)
     start = time.perf_counter()
     try:
@@ -180,6 +210,9 @@ def check(name: str, module: str, params: int, large: float, workdir: Path, bare
         row["status"] = "parity" if ok else "guessed" if assumed else "mismatch"
         if row["vitkit_params"] != ref_params:
             row["message"] = f"{row['vitkit_params']:,} parameters where timm has {ref_params:,}"
+        if wide_too and row["status"] == "parity" and ref is not None and not bare:
+            del ours
+            row["wide"] = wide(ref, folder, row["img_size"])
     except Exception as e:
         row.update(status="error", message=one_line(e), traceback=traceback.format_exc()[-2000:])
     row["seconds"] = round(time.perf_counter() - start, 1)
@@ -192,7 +225,11 @@ def summary(rows: list) -> dict:
     counts = {s: sum(r["status"] == s for r in rows)
               for s in ("parity", "refused", "guessed", "mismatch", "error", "skipped")}
     counted = len(rows) - counts["skipped"]
-    return dict(architectures=counted, **counts, parity_share=counts["parity"] / counted if counted else 0.0)
+    out = dict(architectures=counted, **counts, parity_share=counts["parity"] / counted if counted else 0.0)
+    if any("wide" in r for r in rows):
+        out["wide"] = {s: sum(r.get("wide", {}).get("status") == s for r in rows)
+                       for s in ("parity", "mismatch", "error", "n/a")}
+    return out
 
 
 def markdown(rows: list, info: dict) -> str:
@@ -235,6 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=Path, help="rewrite the coverage table in this page")
     p.add_argument("--bare", action="store_true", help="save the tensors alone (no config.json): vitkit reads "
                                                         "the architecture off their names and shapes")
+    p.add_argument("--wide", action="store_true", help="also compare each model with parity at a changed, "
+                                                        "non-square size (timm's set_input_size)")
     p.add_argument("--recheck", type=Path, help="a results file: check its rows that were not parity (and match "
                                                  "--only) again, the others kept, into --out or the same file")
     args = p.parse_args(argv)
@@ -268,9 +307,12 @@ def _run(args) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
         for i, (name, module, params) in enumerate(todo):
-            row = kept.get(name) or check(name, module, params, args.large, Path(tmp), args.bare)
+            row = kept.get(name) or check(name, module, params, args.large, Path(tmp), args.bare, args.wide)
             rows.append(row)
             said = f" {row.get('max_diff', 0):.1e}" if row["status"] == "parity" else f" -- {row.get('message', '')}"
+            if "wide" in row:
+                said += f"; at {row['wide'].get('img_size', '?')}: {row['wide']['status']} " + (
+                    f"{row['wide']['max_diff']:.1e}" if "max_diff" in row["wide"] else row["wide"].get("message", ""))
             print(f"[{i + 1}/{len(todo)}] {name} ({params / 1e6:.1f}M): {row['status']}{said}", flush=True)
             for leftover in Path(tmp).iterdir():
                 shutil.rmtree(leftover)

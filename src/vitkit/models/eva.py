@@ -324,9 +324,10 @@ RECIPES: Dict[str, Dict[str, Any]] = {
                      attn_only_layer_scale=True, norm="rmsnorm", norm_eps=1e-6, global_pool="token", fc_norm=False,
                      dynamic_img_size=True, img_size=(1024, 768), num_classes=0, crop_pct=1.0,
                      interpolation="bilinear", **IMAGENET),
-    # BEiT and BEiT v2: relative position bias per layer, no absolute table, mean pooling, LayerScale
-    "beit": dict(rope="none", pos_embed="relative", init_values=0.1),
-    "beitv2": dict(rope="none", pos_embed="relative", init_values=1e-5, **IMAGENET),
+    # BEiT and BEiT v2: relative position bias per layer, no absolute table, mean pooling, LayerScale; at
+    # another size the tables are resampled as BEiT's fine-tuning code and timm resample them
+    "beit": dict(rope="none", pos_embed="relative", init_values=0.1, rel_pos_resize="geometric"),
+    "beitv2": dict(rope="none", pos_embed="relative", init_values=1e-5, rel_pos_resize="geometric", **IMAGENET),
     # DINOv3 (Siméoni et al. 2025): its own RoPE (coordinates in [-1, 1], T = 100, halves rotated), 4 registers,
     # no absolute table, LayerNorm eps 1e-5, any input size; "qkvb": with the q/v biases
     "dinov3": dict(rope="dinov3", rope_temperature=100.0, rope_half=True, pos_embed="none", reg_tokens=4,

@@ -225,8 +225,8 @@ def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: Int
             resized += 1
     if not resized:
         return []
-    how = "stretched bilinearly" if model.config.rel_pos_resize == "bilinear" else \
-        "offsets kept, the outermost extended"
+    how = {"bilinear": "stretched bilinearly", "geometric": "resampled as BEiT's fine-tuning and timm do",
+           "keep": "offsets kept, the outermost extended"}[model.config.rel_pos_resize]
     return [f"{resized} relative-bias tables {source[0]}x{source[1]} -> {grid[0]}x{grid[1]} ({how})"]
 
 

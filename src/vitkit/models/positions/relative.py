@@ -37,7 +37,51 @@ def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tens
 
 
 #: how a relative-bias table meets another grid (``config.rel_pos_resize``): see :func:`resize_relative_table`
-RELATIVE_RESIZES = ("keep", "bilinear")
+RELATIVE_RESIZES = ("keep", "bilinear", "geometric")
+
+
+def _geometric_coords(src: int, dst: int) -> torch.Tensor:
+    """BEiT's fine-tuning code's (and timm's) positions of a table's ``src`` offsets on a table of ``dst``:
+    spaced by a geometric progression whose ratio (found by bisection in [1.01, 1.5]) puts the outermost
+    offset past the new table's edge, so the central offsets keep about their place."""
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:
+        q = (left + right) / 2.0
+        if (1.0 - q ** (src // 2)) / (1.0 - q) > dst // 2:
+            right = q
+        else:
+            left = q
+    steps, at = [], 1.0
+    for i in range(src // 2):
+        steps.append(at)
+        at += q ** (i + 1)
+    return torch.tensor([-s for s in reversed(steps)] + [0.0] + steps)
+
+
+def _linear_taps(points: torch.Tensor, x: torch.Tensor):
+    """The two neighbours in ``points`` of each of ``x`` and their distances (linear interpolation on an
+    uneven grid; past the ends, the end value)."""
+    right = torch.bucketize(x, points).clamp(max=points.shape[0] - 1)
+    left = (right - 1).clamp(0, points.shape[0] - 1)
+    to_left, to_right = (x - points[left]).clamp(min=0), (points[right] - x).clamp(min=0)
+    both = (to_left == 0) & (to_right == 0)
+    return left, right, torch.where(both, 1.0, to_left), torch.where(both, 1.0, to_right)
+
+
+def _geometric_resize(grid: torch.Tensor, new: IntPair) -> torch.Tensor:
+    """A (2 oh - 1, 2 ow - 1, heads) offsets table -> (2 nh - 1, 2 nw - 1, heads), timm's
+    ``resize_rel_pos_bias_table`` without scipy (linear between geometrically spaced offsets)."""
+    taps = []
+    for axis, n in enumerate(new):
+        src, dst = grid.shape[axis], 2 * n - 1
+        taps.append(_linear_taps(_geometric_coords(src, dst), torch.arange(-(dst // 2), dst // 2 + 1).float()))
+    (yl, yr, ayl, ayr), (xl, xr, axl, axr) = taps
+    values = grid.float()
+    out = (values[yl][:, xl] * (ayr[:, None] * axr[None, :])[..., None]
+           + values[yl][:, xr] * (ayr[:, None] * axl[None, :])[..., None]
+           + values[yr][:, xl] * (ayl[:, None] * axr[None, :])[..., None]
+           + values[yr][:, xr] * (ayl[:, None] * axl[None, :])[..., None])
+    return (out / ((ayl + ayr)[:, None] * (axl + axr)[None, :])[..., None]).to(grid.dtype)
 
 
 def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefix_tokens: int = 0,
@@ -50,6 +94,8 @@ def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefi
     range share one bias (T5's far bucket). ``bilinear``: the offsets' (2 gh - 1) x (2 gw - 1) table
     stretched to the new one (bilinear, corners not aligned), as transformers' BEiT resamples it in its
     forward pass (``interpolate_pos_encoding``), so that offsets change meaning; the prefix rows kept.
+    ``geometric``: BEiT's fine-tuning code's, timm's for its BEiTs (``set_input_size``, loading at another
+    size): offsets placed by a geometric progression and interpolated linearly, the prefix rows kept.
     """
     (oh, ow), (nh, nw) = old, new
     extra = table[table.shape[0] - 3 * prefix_tokens:]
@@ -62,6 +108,11 @@ def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefi
         stretched = F.interpolate(grid.permute(2, 0, 1).unsqueeze(0).float(), size=(2 * nh - 1, 2 * nw - 1),
                                   mode="bilinear", align_corners=False)
         resized = stretched[0].permute(1, 2, 0).reshape((2 * nh - 1) * (2 * nw - 1), -1).to(table.dtype)
+        return torch.cat([resized, extra]).contiguous()
+    if mode == "geometric":
+        if (oh, ow) == tuple(new):
+            return table
+        resized = _geometric_resize(grid, new).reshape((2 * nh - 1) * (2 * nw - 1), -1)
         return torch.cat([resized, extra]).contiguous()
     if mode != "keep":
         raise ValueError(f"rel_pos_resize must be one of {RELATIVE_RESIZES}, got {mode!r}")
