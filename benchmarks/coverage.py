@@ -112,10 +112,10 @@ def wide(ref, folder: Path, size: list) -> dict:
     """The same weights at a changed, non-square size (two more patch columns): timm's ``set_input_size``
     (its tables resampled its way) against ``vitkit.from_pretrained(folder, img_size=...)``: issue 41's "a
     changed image size with the right resampling for each position kind". ``n/a``: timm cannot resize it."""
-    patch = getattr(getattr(ref, "patch_embed", None), "patch_size", None)
-    if not hasattr(ref, "set_input_size") or patch is None:
+    grid = getattr(getattr(ref, "patch_embed", None), "grid_size", None)
+    if not hasattr(ref, "set_input_size") or grid is None:
         return dict(status="n/a", message="timm has no set_input_size for it")
-    new = (size[0], size[1] + 2 * int(patch[1]))
+    new = (size[0], size[1] + 2 * (size[1] // int(grid[1])))  # two more columns of tokens (a hybrid's stride)
     try:
         ref.set_input_size(img_size=new)
     except Exception as e:
