@@ -94,3 +94,28 @@ def test_a_timm_hub_folder_that_squashes_is_read_so(tmp_path):
     photo = Image.fromarray(skimage_data.rocket())
     assert torch.allclose(transform(photo).unsqueeze(0), vitkit.preprocess(ours, photo), atol=1e-6)
     assert np.asarray(photo).shape[0] != np.asarray(photo).shape[1]
+
+
+@pytest.mark.parametrize("options", [dict(do_rescale=False, image_mean=[127.5, 100.0, 50.0], image_std=[60.0] * 3),
+                                     dict(do_normalize=False), dict(rescale_factor=1 / 127.5, image_mean=[1.0] * 3,
+                                                                     image_std=[1.0] * 3)],
+                         ids=["no-rescale", "no-normalise", "rescale-to-2"])
+def test_a_processor_that_scales_otherwise_is_read_as_the_same_arithmetic(options, tmp_path):
+    T.ViTModel(T.ViTConfig(**SMALL)).save_pretrained(tmp_path)
+    T.ViTImageProcessor(**options).save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    photo = Image.fromarray(skimage_data.chelsea())
+    want = processor(images=photo, return_tensors="pt").pixel_values
+    assert torch.allclose(vitkit.preprocess(ours, photo), want, atol=1e-4 * max(1.0, want.abs().max().item()))
+
+
+@pytest.mark.parametrize("factor", [0, "abc", -1])
+def test_a_broken_rescale_factor_is_one_line(factor, tmp_path):
+    T.ViTModel(T.ViTConfig(**SMALL)).save_pretrained(tmp_path)
+    T.ViTImageProcessor().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(dict(config, rescale_factor=factor)))
+    with pytest.raises(ValueError, match="rescale_factor must be a positive number") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value)

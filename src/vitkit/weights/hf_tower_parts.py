@@ -39,6 +39,7 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
         out["mean"] = tuple(float(m) for m in pre["image_mean"])
     if "image_std" in pre:
         out["std"] = tuple(float(s) for s in pre["image_std"])
+    out.update(_scaled_statistics(pre, out))
     resample = pre.get("resample")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
@@ -60,6 +61,28 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
     elif pre.get("do_center_crop") is False or out.get("crop_mode") == "squash":
         out["crop_pct"] = 1.0
     return out
+
+
+def _scaled_statistics(pre: Mapping[str, Any], stats: Dict[str, Any]) -> Dict[str, Any]:
+    """A processor that does not scale pixels by 1/255 (``do_rescale: false``, another ``rescale_factor``) or
+    does not normalise (``do_normalize: false``) as vitkit's mean and std: it computes (p r - m) / s on pixels
+    p in 0-255, which is (p / 255 - m / 255r) / (s / 255r); none for the usual processor."""
+    try:
+        factor = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else 1.0
+    except (TypeError, ValueError):
+        factor = math.nan
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"the image processor's rescale_factor must be a positive number, got "
+                         f"{pre.get('rescale_factor')!r}")
+    normalise = pre.get("do_normalize", True)
+    if normalise and abs(255 * factor - 1) < 1e-9:
+        return {}
+    if not normalise:
+        stats = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+    elif "mean" not in stats or "std" not in stats:
+        return {}  # the processor class's own defaults, which the config does not say: left as read
+    scale = 255 * factor
+    return {"mean": tuple(m / scale for m in stats["mean"]), "std": tuple(s / scale for s in stats["std"])}
 
 
 def _crop_pct(crop: float, side: float) -> float:
