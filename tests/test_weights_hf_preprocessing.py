@@ -35,10 +35,9 @@ CASES = {
 
 
 def _photos(mode):
-    """Landscape and square photos; a portrait one where the crop's margin is odd only for the squashing
-    processors (transformers floors an odd margin's half, timm and vitkit round it: one pixel apart)."""
-    photos = [skimage_data.chelsea(), skimage_data.astronaut()]
-    return [Image.fromarray(p) for p in photos + ([skimage_data.rocket()] if mode == "squash" else [])]
+    """Landscape, square and portrait photos (the portrait's centre crop has an odd margin, whose half
+    transformers floors where timm rounds: ``crop_offset='floor'`` for its folders)."""
+    return [Image.fromarray(p) for p in (skimage_data.chelsea(), skimage_data.astronaut(), skimage_data.rocket())]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

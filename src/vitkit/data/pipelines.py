@@ -87,9 +87,9 @@ class _TensorOp:
 
 def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[float],
                    crop_pct: float = 0.875, interpolation: str = "bicubic",
-                   crop_mode: str = "center") -> Callable[[Any], Any]:
+                   crop_mode: str = "center", crop_offset: str = "round") -> Callable[[Any], Any]:
     """Resize to ``floor(size / crop_pct)`` + centre crop + float + normalise: :class:`EvalTransform`."""
-    return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation, crop_mode)
+    return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation, crop_mode, crop_offset)
 
 
 def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None) -> Callable[[Any], Any]:
@@ -102,4 +102,5 @@ def from_model_config(config: Any, train: bool, randaugment: Optional[str] = Non
         return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation,
                                randaugment=randaugment)
     return eval_transform(config.img_size, config.mean, config.std, crop_pct=config.crop_pct,
-                          interpolation=config.interpolation, crop_mode=getattr(config, "crop_mode", "center"))
+                          interpolation=config.interpolation, crop_mode=getattr(config, "crop_mode", "center"),
+                          crop_offset=getattr(config, "crop_offset", "round"))

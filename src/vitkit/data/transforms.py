@@ -9,7 +9,8 @@ torchvision's ``Resize``); for a non-square size, by the ratio that brings one s
 target and keeps the aspect (timm's ``ResizeKeepRatio``); with ``crop_mode='squash'`` the whole
 image to that height and width, its aspect not kept (timm's ``crop_mode='squash'``, and Hugging
 Face's processors that resize to a height and width) -- then the centre ``size`` is cut
-(offsets rounded as torchvision's ``CenterCrop``). Pure Pillow + numpy, so prediction needs
+(offsets rounded as torchvision's ``CenterCrop``, or floored as transformers' processors:
+``crop_offset``). Pure Pillow + numpy, so prediction needs
 no torchvision.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..models.config_base import CROP_MODES
+from ..models.config_base import CROP_MODES, CROP_OFFSETS
 from .images import decode_image, load_image, to_rgb
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
@@ -48,11 +49,14 @@ class EvalTransform:
     """PIL image -> normalised (C, H, W) float tensor for a model configuration."""
 
     def __init__(self, img_size: Tuple[int, int], mean: Sequence[float], std: Sequence[float],
-                 crop_pct: float = 0.9, interpolation: str = "bicubic", crop_mode: str = "center"):
+                 crop_pct: float = 0.9, interpolation: str = "bicubic", crop_mode: str = "center",
+                 crop_offset: str = "round"):
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
         if crop_mode not in CROP_MODES:
             raise ValueError(f"crop_mode must be one of {list(CROP_MODES)}, got {crop_mode!r}")
+        if crop_offset not in CROP_OFFSETS:
+            raise ValueError(f"crop_offset must be one of {list(CROP_OFFSETS)}, got {crop_offset!r}")
         if interpolation not in _RESAMPLE:
             raise ValueError(f"interpolation must be one of {list(_RESAMPLE)}, got {interpolation!r}")
         if any(s <= 0 for s in std):
@@ -62,12 +66,13 @@ class EvalTransform:
         self.std = np.asarray(std, dtype=np.float32)[:, None, None]
         self.crop_pct = crop_pct
         self.crop_mode = crop_mode
+        self.crop_offset = crop_offset
         self.resample = _RESAMPLE[interpolation]
 
     @classmethod
     def from_config(cls, config) -> "EvalTransform":
         return cls(config.img_size, config.mean, config.std, config.crop_pct, config.interpolation,
-                   getattr(config, "crop_mode", "center"))
+                   getattr(config, "crop_mode", "center"), getattr(config, "crop_offset", "round"))
 
     def resize(self, im: Image.Image) -> Image.Image:
         return im.resize(eval_resize_size(im.size, self.img_size, self.crop_pct, self.crop_mode), self.resample)
@@ -77,7 +82,10 @@ class EvalTransform:
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
-        left, top = int(round((w - tw) / 2.0)), int(round((h - th) / 2.0))
+        if self.crop_offset == "floor":  # transformers' processors
+            left, top = (w - tw) // 2, (h - th) // 2
+        else:  # torchvision's CenterCrop (timm's)
+            left, top = int(round((w - tw) / 2.0)), int(round((h - th) / 2.0))
         return im.crop((left, top, left + tw, top + th))
 
     def __call__(self, im: Image.Image) -> torch.Tensor:

@@ -45,6 +45,7 @@ class OnnxConfig:
     crop_pct: float = 1.0
     interpolation: str = "bicubic"
     crop_mode: str = "center"
+    crop_offset: str = "round"
     architecture: str = "onnx"
 
 

@@ -27,6 +27,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 GLOBAL_POOLS = ("token", "avg")
 #: how evaluation resizes an image before its centre crop (``crop_mode``): aspect kept, or squashed
 CROP_MODES = ("center", "squash")
+#: how the centre crop's odd margin is split (``crop_offset``)
+CROP_OFFSETS = ("round", "floor")
 #: The largest image side a model is built for: 16,384 px is a million 16 px patches, past what
 #: attention can hold in memory; larger sizes were typos (and allocation tracebacks).
 MAX_IMG_SIZE = 16_384
@@ -68,6 +70,8 @@ class ConfigMixin:
             problems.append(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:
             problems.append(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}")
+        if self.crop_offset not in CROP_OFFSETS:
+            problems.append(f"crop_offset must be one of {CROP_OFFSETS}, got {self.crop_offset!r}")
         chans = self.in_chans if isinstance(self.in_chans, int) and self.in_chans > 0 else None
         if chans and (len(self.mean) != chans or len(self.std) != chans):
             if len(self.mean) == 3 and len(self.std) == 3 and chans != 3:
@@ -136,6 +140,9 @@ class ImageConfig(ConfigMixin):
     #: default), 'squash' does not (the whole image to size / crop_pct: timm's crop_mode='squash', the
     #: Hugging Face processors that resize to a height and width: ViT, DeiT, BEiT, SigLIP)
     crop_mode: str = "center"
+    #: where the centre crop starts when its margin is odd: half the margin 'round'ed (torchvision's and
+    #: timm's CenterCrop) or 'floor'ed (transformers' image processors): one pixel apart
+    crop_offset: str = "round"
     label_names: Optional[List[str]] = None
     #: the family (what ``config.json`` is rebuilt by); each family's config sets its own
     architecture: str = "vit"

@@ -39,7 +39,7 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
         out["mean"] = tuple(float(m) for m in pre["image_mean"])
     if "image_std" in pre:
         out["std"] = tuple(float(s) for s in pre["image_std"])
-    out.update(_scaled_statistics(pre, out))
+    out.update(_scaled_statistics(pre, out), crop_offset="floor")  # transformers floors an odd margin's half
     resample = pre.get("resample")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]

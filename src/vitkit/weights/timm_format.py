@@ -45,9 +45,10 @@ def timm_config(model) -> Dict[str, Any]:
 #: Config fields a bare state dict need not carry to compute the same logits: what the input
 #: expects, names, regularisation, kernel choices, resampling choices, initial values.
 _NOT_IN_WEIGHTS = frozenset({
-    "mean", "std", "crop_pct", "crop_mode", "interpolation", "label_names", "name", "drop_rate", "attn_drop_rate",
-    "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size", "pos_embed_interpolation",
-    "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength", "use_local_init"})
+    "mean", "std", "crop_pct", "crop_mode", "crop_offset", "interpolation", "label_names", "name", "drop_rate",
+    "attn_drop_rate", "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size",
+    "pos_embed_interpolation", "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength",
+    "use_local_init"})
 
 
 #: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,
