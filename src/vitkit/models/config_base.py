@@ -186,7 +186,8 @@ class TokenConfig(ImageConfig):
     pos_embed_interpolation: str = "bicubic"
     pos_embed_antialias: bool = True
     #: How a relative-bias table (``pos_embed='relative'``) meets another grid: 'keep' each offset's bias
-    #: (vitkit's), or 'bilinear': stretch the table as transformers' BEiT does (read from its folders).
+    #: (vitkit's), 'bilinear': stretch the table as transformers' BEiT does (read from its folders), or
+    #: 'geometric': as BEiT's fine-tuning code and timm do (timm's BEiT names).
     rel_pos_resize: str = "keep"
 
     def __post_init__(self) -> None:

@@ -195,16 +195,16 @@ def create_model(name: str, features_only: bool = False, out_indices: Optional[U
 
 
 def as_features(model: nn.Module, features_only: bool, out_indices: Optional[Union[int, Sequence[int]]],
-                pyramid: bool,
-                pyramid_channels: int) -> nn.Module:
-    """``model`` itself, or (``features_only``) its backbone; the feature options need it."""
+                pyramid: bool, pyramid_channels: int, norm: bool = False) -> nn.Module:
+    """``model`` itself, or (``features_only``) its backbone, its maps through the final norm with ``norm``;
+    the feature options need it."""
     if not features_only:
         if pyramid or out_indices is not None or pyramid_channels != 256:
             raise ValueError("out_indices, pyramid and pyramid_channels apply with features_only=True")
         return model
     from .features import FeatureModel
 
-    return FeatureModel(model, out_indices, pyramid=pyramid, pyramid_channels=pyramid_channels)
+    return FeatureModel(model, out_indices, norm=norm, pyramid=pyramid, pyramid_channels=pyramid_channels)
 
 
 __all__ = ["Family", "register_family", "unregister_family", "family", "family_of", "families",

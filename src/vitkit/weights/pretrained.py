@@ -16,7 +16,6 @@ from torch import nn
 from ..extras import require
 from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
-from ..models.features import FeatureModel
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
@@ -248,12 +247,10 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     # resampled to another size as the source's library resamples it (transformers: not antialiased)
     load_weights(model, src, strict=strict, interpolation=interpolation,
                  antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
-    plan = backbone_plan(src.config_json, len(getattr(model, "blocks", ()))) \
-        if features_only and out_indices is None and not pyramid else None
-    if plan is not None:  # a transformers backbone: the maps its config asks for, as it returns them
-        model = FeatureModel(model, plan[0], norm=plan[1])
-    else:
-        model = as_features(model, features_only, out_indices, pyramid, pyramid_channels)
+    norm = False
+    if features_only and out_indices is None and not pyramid:  # a transformers backbone: the maps it returns
+        out_indices, norm = backbone_plan(src.config_json, len(getattr(model, "blocks", ()))) or (None, False)
+    model = as_features(model, features_only, out_indices, pyramid, pyramid_channels, norm)
     model.eval()
     return model
 

@@ -105,20 +105,19 @@ def resize_relative_table(table: torch.Tensor, old: IntPair, new: IntPair, prefi
                          f"with {prefix_tokens} prefix token(s)")
     grid = offsets.reshape(2 * oh - 1, 2 * ow - 1, -1)
     if mode == "bilinear":
-        stretched = F.interpolate(grid.permute(2, 0, 1).unsqueeze(0).float(), size=(2 * nh - 1, 2 * nw - 1),
-                                  mode="bilinear", align_corners=False)
-        resized = stretched[0].permute(1, 2, 0).reshape((2 * nh - 1) * (2 * nw - 1), -1).to(table.dtype)
-        return torch.cat([resized, extra]).contiguous()
-    if mode == "geometric":
+        resized = F.interpolate(grid.permute(2, 0, 1).unsqueeze(0).float(), size=(2 * nh - 1, 2 * nw - 1),
+                                mode="bilinear", align_corners=False)[0].permute(1, 2, 0).to(table.dtype)
+    elif mode == "geometric":
         if (oh, ow) == tuple(new):
             return table
-        resized = _geometric_resize(grid, new).reshape((2 * nh - 1) * (2 * nw - 1), -1)
-        return torch.cat([resized, extra]).contiguous()
-    if mode != "keep":
+        resized = _geometric_resize(grid, new)
+    elif mode == "keep":
+        dy = (torch.arange(-(nh - 1), nh) + oh - 1).clamp(0, 2 * oh - 2)
+        dx = (torch.arange(-(nw - 1), nw) + ow - 1).clamp(0, 2 * ow - 2)
+        resized = grid[dy][:, dx]
+    else:
         raise ValueError(f"rel_pos_resize must be one of {RELATIVE_RESIZES}, got {mode!r}")
-    dy = (torch.arange(-(nh - 1), nh) + oh - 1).clamp(0, 2 * oh - 2)
-    dx = (torch.arange(-(nw - 1), nw) + ow - 1).clamp(0, 2 * ow - 2)
-    resized = grid[dy][:, dx].reshape((2 * nh - 1) * (2 * nw - 1), -1)
+    resized = resized.reshape((2 * nh - 1) * (2 * nw - 1), -1)
     return torch.cat([resized, extra]).contiguous()
 
 
