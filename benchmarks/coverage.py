@@ -127,13 +127,24 @@ def wide(ref, folder: Path, size: list) -> dict:
         got = ours(x).float()
     except Exception as e:
         return dict(status="error", message=one_line(e), img_size=list(new))
+    ok, found = agreement(expected, got, x, ref, ours)
+    found.pop("output_scale")
+    return dict(status="parity" if ok else "mismatch", **found, img_size=list(new))
+
+
+def agreement(expected: torch.Tensor, got: torch.Tensor, x: torch.Tensor, ref=None, ours=None) -> tuple:
+    """(within the tolerance, {max_diff, output_scale[, fp64_max_diff]}): past it in fp32, with both models
+    given, they are compared again in float64 (the rounding of a deep stack agrees to ~1e-13 there, another
+    function does not)."""
     diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
     scale = max(1.0, expected.abs().max().item())
-    if diff > TOLERANCE * scale and got.shape == expected.shape:  # fp32 rounding of a deep stack, or not?
-        fp64 = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
-        if fp64 <= FP64_TOLERANCE * scale:
-            return dict(status="parity", max_diff=diff, fp64_max_diff=fp64, img_size=list(new))
-    return dict(status="parity" if diff <= TOLERANCE * scale else "mismatch", max_diff=diff, img_size=list(new))
+    found = dict(max_diff=diff, output_scale=scale)
+    ok = diff <= TOLERANCE * scale
+    if not ok and ref is not None and got.shape == expected.shape:
+        with torch.no_grad():
+            found["fp64_max_diff"] = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
+        ok = found["fp64_max_diff"] <= FP64_TOLERANCE * scale
+    return ok, found
 
 
 def check(name: str, module: str, params: int, large: float, workdir: Path, bare: bool = False,
@@ -195,18 +206,13 @@ def check(name: str, module: str, params: int, large: float, workdir: Path, bare
                            seconds=round(time.perf_counter() - start, 1))
                 return row
         row["vitkit_params"] = sum(p.numel() for p in ours.parameters())
-        diff = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
-        scale = max(1.0, expected.abs().max().item())
-        row.update(max_diff=diff, output_scale=scale, shape=list(expected.shape))
-        ok = diff <= TOLERANCE * scale and row["vitkit_params"] == ref_params
-        if not ok and ref is not None and row["vitkit_params"] == ref_params and got.shape == expected.shape:
-            # fp32 rounding of a deep stack (a ResNet under a ViT-L amplifies it ~1e-4) or another function?
-            # In float64 the same function agrees to ~1e-13, a different one does not
-            with torch.no_grad():
-                row["fp64_max_diff"] = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
-            ok = row["fp64_max_diff"] <= FP64_TOLERANCE * scale
-            if ok:
-                row["message"] = f"fp32 rounding: {diff:.1e} in fp32, {row['fp64_max_diff']:.1e} in float64"
+        same_params = row["vitkit_params"] == ref_params
+        # fp32 rounding of a deep stack (a ResNet under a ViT-L amplifies it ~1e-4) or another function?
+        ok, found = agreement(expected, got, x, ref if same_params else None, ours)
+        row.update(found, shape=list(expected.shape))
+        ok = ok and same_params
+        if ok and "fp64_max_diff" in row:
+            row["message"] = f"fp32 rounding: {row['max_diff']:.1e} in fp32, {row['fp64_max_diff']:.1e} in float64"
         row["status"] = "parity" if ok else "guessed" if assumed else "mismatch"
         if row["vitkit_params"] != ref_params:
             row["message"] = f"{row['vitkit_params']:,} parameters where timm has {ref_params:,}"

@@ -170,8 +170,7 @@ def check(kind: str, cls: str, workdir: Path) -> dict:
     except Exception as e:
         row.update(status="error", message=one_line(e))
         return row
-    diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
-    ok = diff <= TOLERANCE * max(1.0, want.abs().max().item())
+    ok, diff = agreement(want, got)
     row.update(status="parity" if ok else "mismatch", max_diff=diff, shape=list(want.shape))
     if not ok:
         row["message"] = f"max |difference| {diff:.2e} ({list(want.shape)} vs {list(got.shape)})"
@@ -197,9 +196,14 @@ def wide(ref, folder: Path, cls: str, backbone: dict) -> dict:
         theirs = not any("/vitkit/" in f for f in files)  # raised under the reference's call (timm's for TimmWrapper)
         return dict(status="n/a" if theirs else "error",
                     message=f"{'transformers' if theirs else 'vitkit'}: {one_line(e)}")
-    diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
-    ok = diff <= TOLERANCE * max(1.0, want.abs().max().item())
+    ok, diff = agreement(want, got)
     return dict(status="parity" if ok else "mismatch", max_diff=diff)
+
+
+def agreement(want: torch.Tensor, got: torch.Tensor) -> tuple:
+    """(within the tolerance, max |difference|; inf for another shape)."""
+    diff = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
+    return diff <= TOLERANCE * max(1.0, want.abs().max().item()), diff
 
 
 def summary(rows: list) -> dict:
