@@ -118,3 +118,47 @@ def test_a_broken_rescale_factor_is_one_line(factor, tmp_path):
     with pytest.raises(ValueError, match="rescale_factor must be a positive number") as info:
         vitkit.from_pretrained(tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_each_processor_class_fills_what_a_config_leaves_out_as_transformers_does():
+    """PROCESSOR_DEFAULTS are the classes' own (a field a config omits or nulls is the class's default), and a
+    config naming no class is read as the one transformers picks for its model type."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    from vitkit.weights.hf_tower_parts import MODEL_TYPE_PROCESSORS, PROCESSOR_DEFAULTS, preprocessing
+
+    for name in PROCESSOR_DEFAULTS:
+        cls = getattr(T, name + "Pil", None) or getattr(T, name)
+        assert preprocessing(cls().to_dict()) == preprocessing({"image_processor_type": name}), name
+    for model_type, name in MODEL_TYPE_PROCESSORS.items():
+        theirs = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+        if theirs:  # the vision towers alone have none there
+            assert name in theirs.values(), model_type
+
+
+#: (model and config class, the preprocessor_config.json written) as older or hand-made folders have them
+LEGACY = {
+    # OpenAI's CLIP folders (openai/clip-vit-base-patch32): the class named the old way, sizes as integers; an
+    # integer size is CLIP's shorter side (read as a square before: other pixels on any non-square photo)
+    "clip-feature-extractor": ((T.CLIPVisionModel, T.CLIPVisionConfig), dict(
+        feature_extractor_type="CLIPFeatureExtractor", size=224, crop_size=224, do_center_crop=True, resample=3,
+        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711])),
+    # no class named: the model type's (DINOv2: BiT's, shorter side and a centre crop by default)
+    "dinov2-no-class": ((T.Dinov2Model, T.Dinov2Config), dict(size=256, crop_size=224)),
+    # a class named, nothing else: its defaults (ViT's: bilinear, 0.5, the whole image)
+    "vit-class-only": ((T.ViTModel, T.ViTConfig), dict(image_processor_type="ViTImageProcessor")),
+    "deit-statistics-only": ((T.DeiTModel, T.DeiTConfig), dict(
+        image_processor_type="DeiTImageProcessor", image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEGACY))
+def test_an_older_or_partial_processor_config_is_read_as_transformers_reads_it(case, tmp_path):
+    (model_class, config_class), written = LEGACY[case]
+    model_class(config_class(**SMALL)).save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(written))
+    ours = vitkit.from_pretrained(tmp_path)
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    for photo in _photos(ours.config.crop_mode):
+        assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
+                              atol=1e-5), case

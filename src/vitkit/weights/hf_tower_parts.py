@@ -25,15 +25,56 @@ _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 _RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 #: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
 _SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
+_HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.48145466, 0.4578275, 0.40821073),
+                                                     (0.26862954, 0.26130258, 0.27577711))
+_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
-def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
+def _defaults(size: Dict[str, int], resample: int, stats: Tuple[tuple, tuple], crop: Optional[int] = None):
+    return dict(size=size, resample=resample, image_mean=stats[0], image_std=stats[1], do_center_crop=crop is not None,
+                **({"crop_size": {"height": crop, "width": crop}} if crop else {}))
+
+
+#: what each image processor class does with a field its config leaves out (the class's own defaults, as
+#: transformers builds it; tests/test_weights_hf_preprocessing.py checks them against transformers)
+PROCESSOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "ViTImageProcessor": _defaults({"height": 224, "width": 224}, 2, _HALF),
+    "DeiTImageProcessor": _defaults({"height": 256, "width": 256}, 3, _HALF, crop=224),
+    "BeitImageProcessor": _defaults({"height": 224, "width": 224}, 3, _HALF),
+    "SiglipImageProcessor": _defaults({"height": 224, "width": 224}, 3, _HALF),
+    "CLIPImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
+    "BitImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
+    "DINOv3ViTImageProcessor": _defaults({"height": 224, "width": 224}, 2, _IMAGENET),
+}
+#: the processor class of a config that names none, by the model's ``model_type`` (transformers' image
+#: processor mapping; the vision towers alone, which it has no entry for, as their two-tower model's)
+MODEL_TYPE_PROCESSORS = {
+    **dict.fromkeys(("vit", "vit_mae", "vit_msn", "ijepa"), "ViTImageProcessor"), "deit": "DeiTImageProcessor",
+    **dict.fromkeys(("beit", "data2vec-vision"), "BeitImageProcessor"),
+    **dict.fromkeys(("clip", "clip_vision_model", "aimv2", "aimv2_vision_model"), "CLIPImageProcessor"),
+    **dict.fromkeys(("siglip", "siglip_vision_model"), "SiglipImageProcessor"),
+    **dict.fromkeys(("dinov2", "dinov2_with_registers"), "BitImageProcessor"), "dinov3_vit": "DINOv3ViTImageProcessor"}
+
+
+def processor_class(pre: Mapping[str, Any], model_type: Optional[str] = None) -> str:
+    """The image processor class a config is read as, as ``AutoImageProcessor`` picks it: its
+    ``image_processor_type``, else the older ``feature_extractor_type`` (``CLIPFeatureExtractor``: OpenAI's CLIP
+    folders), else the model's type; without the fast/PIL suffix ("" when none says)."""
+    name = pre.get("image_processor_type") or str(pre.get("feature_extractor_type") or "").replace(
+        "FeatureExtractor", "ImageProcessor")
+    return re.sub(r"(Fast|Pil)$", "", str(name)) or MODEL_TYPE_PROCESSORS.get(model_type or "", "")
+
+
+def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None) -> Dict[str, Any]:
     """A Hugging Face image processor's config -> mean, std, interpolation, crop_pct and crop_mode.
 
     A ``size`` of a height and width resizes the whole image to it (``crop_mode='squash'``: ViT's, DeiT's,
     BEiT's, SigLIP's processors); a ``shortest_edge`` keeps the aspect (``'center'``: CLIP's, DINOv2's); the
     centre crop (``do_center_crop``, ``crop_size``) gives ``crop_pct``, so that vitkit's resize to
-    ``floor(size / crop_pct)`` is the processor's size."""
+    ``floor(size / crop_pct)`` is the processor's size. A field the config leaves out (or null) is its
+    processor class's default, as in transformers."""
+    kind = processor_class(pre, model_type)
+    pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
     out: Dict[str, Any] = {}
     if "image_mean" in pre:
         out["mean"] = tuple(float(m) for m in pre["image_mean"])
@@ -45,7 +86,7 @@ def preprocessing(pre: Mapping[str, Any]) -> Dict[str, Any]:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
     size, crop = pre.get("size"), pre.get("crop_size")
     if isinstance(size, (int, float)):
-        square = str(pre.get("image_processor_type") or "").replace("Fast", "") not in _SHORTEST_EDGE_PROCESSORS
+        square = kind not in _SHORTEST_EDGE_PROCESSORS
         size = {"height": size, "width": size} if square else {"shortest_edge": size}
     if isinstance(crop, (int, float)):
         crop = {"height": crop, "width": crop}
