@@ -73,3 +73,34 @@ def test_open_clip_attention_pool_tower_is_refused(tmp_path):
     (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
     with pytest.raises(WeightsError, match="attentional_pool"):
         vitkit.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("resize_mode, interpolation", [("shortest", "bicubic"), ("squash", "bicubic"),
+                                                        ("squash", "bilinear")])
+def test_the_folder_preprocesses_as_open_clips_transform(resize_mode, interpolation, tmp_path):
+    """preprocess_cfg's resize_mode (DFN's and other open_clip towers squash) and interpolation: vitkit feeds the
+    pixels open_clip's own eval transform makes, on landscape and portrait photos."""
+    skimage_data = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    _tower(tmp_path, "ViT-B-32", layers=1)
+    pre = {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "resize_mode": resize_mode, "interpolation": interpolation}
+    config = json.loads((tmp_path / "open_clip_config.json").read_text())
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(dict(config, preprocess_cfg=pre)))
+    ours = vitkit.from_pretrained(tmp_path)
+    theirs = open_clip.image_transform(64, is_train=False, **pre)
+    for photo in (skimage_data.chelsea(), skimage_data.rocket()):
+        photo = Image.fromarray(photo)
+        assert torch.allclose(vitkit.preprocess(ours, photo), theirs(photo).unsqueeze(0), atol=1e-5), resize_mode
+
+
+def test_a_resize_mode_vitkit_does_not_do_is_said_unless_chosen(tmp_path):
+    """open_clip's "longest" pads the image to a square, which vitkit does not: read as the centre crop, said."""
+    _tower(tmp_path, "ViT-B-32", layers=1)
+    config = json.loads((tmp_path / "open_clip_config.json").read_text())
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(dict(config, preprocess_cfg={"resize_mode": "longest"})))
+    with pytest.warns(GuessWarning, match="resize_mode 'longest'"):
+        assert vitkit.from_pretrained(tmp_path).config.crop_mode == "center"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GuessWarning)  # chosen: nothing to say
+        assert vitkit.from_pretrained(tmp_path, crop_mode="squash").config.crop_mode == "squash"

@@ -305,9 +305,17 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
     table); and what :func:`_unstored` names. Empty for a source with its config, or where ``overrides`` set
     the field."""
     overrides = overrides or {}
-    if src.format == "open_clip" and src.open_clip_config is None and "gelu" not in overrides:
-        return ["open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP weights "
-                "need gelu='quick' (or the folder with open_clip_config.json)"]
+    if src.format == "open_clip":
+        said = []
+        if src.open_clip_config is None and "gelu" not in overrides:
+            said.append("open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP "
+                        "weights need gelu='quick' (or the folder with open_clip_config.json)")
+        mode = open_clip_format.unread_resize_mode(src.open_clip_config)
+        if mode and "crop_mode" not in overrides:
+            said.append(f"its preprocess_cfg resize_mode {mode!r} (the longer side to the size, padded) is not "
+                        f"vitkit's: images are resized and centre-cropped instead (crop_mode='center'); pass "
+                        f"crop_mode= to choose")
+        return said
     if src.config_json is not None or src.format != "timm":
         return []
     said = []
