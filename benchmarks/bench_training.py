@@ -21,6 +21,10 @@ forwards) times img/s over the GEMM peak of the step's precision, measured in th
     python benchmarks/bench_training.py --quick       # smoke check: ViT-Ti, batch 8, < 1 min on a CPU (to SMOKE_DIR)
     python benchmarks/bench_training.py               # ViT-Ti and ViT-S, batch 32, fp32 and bf16
     python benchmarks/bench_training.py --models vit_tiny_patch16_224 --precisions bf16 --vitkit-attn auto sdpa
+    python benchmarks/bench_training.py --device cuda --models vit_base_patch16_224 --precisions bf16 --compile
+
+``--compile`` also times each step with both models under ``torch.compile`` (inductor; rows with
+``"compiled": true``): the compilation falls in the warm-up, whose first step's seconds say what it cost.
 
 This is a benchmark, not a test: run it on a quiet machine. Only stdlib, torch, timm, vitkit.
 """
@@ -68,6 +72,8 @@ IMG_SIZE = 224
 LOGITS_TOLERANCE = 1e-4  # fp32, same weights, one training forward
 GRAD_TOLERANCE = 1e-4  # per parameter: max |g_timm - g_vitkit| / max |g_timm|
 QUIET_LOAD = 0.2  # cores used by other processes during a window, below which it counts as quiet
+#: how each step runs: eager, and with --compile also under torch.compile
+BUILDS = ("eager", "compiled")
 NO_DROPOUT = dict(drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0)
 TIMM_NO_DROPOUT = dict(NO_DROPOUT, proj_drop_rate=0.0, pos_drop_rate=0.0, patch_drop_rate=0.0)
 
@@ -278,7 +284,7 @@ def pool_rows(results: list) -> dict:
 
 
 def fmt_row(cells) -> str:
-    widths = (24, 5, 9, 9, 11, 12, 7, 7, 8)
+    widths = (24, 13, 9, 9, 11, 12, 7, 7, 8)
     return "  ".join(str(c).ljust(w) if i < 4 else str(c).rjust(w)
                      for i, (c, w) in enumerate(zip(cells, widths)))
 
@@ -305,6 +311,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="default: cuda when available, else cpu")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--compile", action="store_true", help="also time both models under torch.compile (own rows)")
     p.add_argument("--out", help="results file, or a folder for the default name (default: benchmarks/results/"
                                  f"training_<device-slug>_<date>.json; with --quick, the same name in {SMOKE_DIR})")
     p.add_argument("--quick", action="store_true",
@@ -334,7 +341,8 @@ def main(argv=None) -> int:
     info["device_name"] = info["cuda_device"] if device.type == "cuda" else info["cpu_model"]
     cfg = TrainConfig()
     settings = {"models": args.models, "batch_size": args.batch_size, "img_size": IMG_SIZE,
-                "precisions": args.precisions, "vitkit_attn": args.vitkit_attn, "rounds": args.rounds,
+                "precisions": args.precisions, "vitkit_attn": args.vitkit_attn, "compile": args.compile,
+                "rounds": args.rounds,
                 "steps": args.steps or "auto", "min_time_s": args.min_time, "warmup": args.warmup,
                 "device": str(device), "threads": torch.get_num_threads(),
                 "interop_threads": torch.get_num_interop_threads(), "quick": args.quick,
@@ -377,10 +385,14 @@ def main(argv=None) -> int:
                         continue
                     paths[dtype] = {k: attention_path(m, device, dtype) for k, m in models.items()}
                     steps = {k: make_step(models[k], optimizers[k], x, y, device, dtype) for k in order}
-                    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-                    result = measure(steps, args.batch_size, args, device)
-                    result["loadavg_at_start"] = load
-                    measured.setdefault(dtype, []).append(result)
+                    for build in BUILDS if args.compile else BUILDS[:1]:
+                        if build == "compiled":  # the same modules and optimizers, their forward compiled
+                            steps = {k: make_step(torch.compile(models[k]), optimizers[k], x, y, device, dtype)
+                                     for k in order}
+                        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+                        result = measure(steps, args.batch_size, args, device)
+                        result["loadavg_at_start"] = load
+                        measured.setdefault((dtype, build), []).append(result)
                 del timm_model, vk_model, models, optimizers, steps
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -389,15 +401,16 @@ def main(argv=None) -> int:
                   f"{c['logits_max_abs_diff']:.1e}, max relative gradient diff {c['grad_max_rel_diff']:.1e}")
             print(header)
             print("-" * len(header))
-            for dtype in args.precisions:
-                row = {"model": name, "batch": args.batch_size, "precision": dtype, "vitkit_attn_impl": attn_impl,
-                       "train_gflop_per_image": train_gflop}
+            for dtype, build in [(d, b) for d in args.precisions for b in (BUILDS if args.compile else BUILDS[:1])]:
+                row = {"model": name, "batch": args.batch_size, "precision": dtype, "compiled": build == "compiled",
+                       "vitkit_attn_impl": attn_impl, "train_gflop_per_image": train_gflop}
+                label = dtype + (" compiled" if build == "compiled" else "")
                 if dtype in skipped:
                     row["skipped"] = skipped[dtype]
-                    print(fmt_row([name, dtype, attn_impl, "-", "-", "-", "-", "-"]) + f"  skipped: {row['skipped']}")
+                    print(fmt_row([name, label, attn_impl, "-", "-", "-", "-", "-"]) + f"  skipped: {row['skipped']}")
                 else:
                     row["attention_path"] = paths[dtype]
-                    parts = measured[dtype]
+                    parts = measured[(dtype, build)]
                     row.update(pool_rows(parts))
                     row["loadavg_at_start"] = [r["loadavg_at_start"] for r in parts]
                     med, spread = row["median_img_s"], max(row["spread_max_over_min"].values())
@@ -410,7 +423,7 @@ def main(argv=None) -> int:
                         quiet = row["median_paired_ratio_quiet"]
                         note += (f", quiet rounds {row['quiet_rounds']}/{len(row['paired_ratios'])}"
                                  + (f" -> {quiet:.3f}" if quiet is not None else ""))
-                    print(fmt_row([name, dtype, paths[dtype]["vitkit"], paths[dtype]["timm"],
+                    print(fmt_row([name, label, paths[dtype]["vitkit"], paths[dtype]["timm"],
                                    f"{med['timm']:.2f}", f"{med['vitkit']:.2f}",
                                    f"{row['ratio_vitkit_over_timm']:.3f}",
                                    f"{row['median_paired_ratio']:.3f}",

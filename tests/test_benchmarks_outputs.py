@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitkit.utils import native_bf16_cpu
 
@@ -128,6 +129,36 @@ def test_bench_training_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     for argv, folder in ((["--quick"], smoke), ([], results)):
         out = bench_training.prepare_run(bench_training.parse_args([*argv, "--device", "cpu"]), "training")[2]
         assert Path(out).parent == folder and Path(out).name.startswith("training_cpu")
+
+
+def test_bench_training_compile_adds_compiled_rows_that_gpu_checks_verdict_reads(dirs, monkeypatch, tmp_path):
+    """--compile times each step again with the same models under torch.compile (here a stand-in that
+    records what it was given: compiling ViT-Ti's training step takes minutes on 2 cores; tests/gpu compiles
+    on a GPU), in rows of their own; make gpu-check's MFU verdict is met where the fastest row meets it."""
+    import bench_inference
+    import bench_training
+    import gpu_check
+
+    _no_limits(monkeypatch, bench_inference)
+    given = []
+    monkeypatch.setattr(torch, "compile", lambda model: given.append(model) or model)
+    out = tmp_path / "training.json"
+    assert bench_training.main(["--quick", "--device", "cpu", "--precisions", "fp32", "--rounds", "1", "--compile",
+                                "--batch-size", "2",
+                                "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["precision"], r["compiled"]) for r in rows] == [("fp32", False), ("fp32", True)]
+    assert all(r["median_img_s"]["vitkit"] > 0 and r["mfu"]["vitkit"]["fraction_of_limit"] > 0 for r in rows)
+    # both libraries, both builds (timm constructed first, then vitkit first): the models that were timed
+    assert sorted(type(m).__module__.split(".")[0] for m in given) == ["timm", "timm", "vitkit", "vitkit"]
+    for row, mfu in zip(rows, (0.3, 0.6)):
+        row["mfu"]["vitkit"]["fraction_of_limit"] = mfu
+    out.write_text(json.dumps({"rows": rows}))
+    verdict = gpu_check.training_verdict(tmp_path)
+    assert verdict["goal_met"] and [r["compiled"] for r in verdict["rows"]] == [False, True]
+    rows[1]["mfu"]["vitkit"]["fraction_of_limit"] = 0.4
+    out.write_text(json.dumps({"rows": rows}))
+    assert not gpu_check.training_verdict(tmp_path)["goal_met"]
 
 
 def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dirs):
