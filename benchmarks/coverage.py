@@ -13,6 +13,7 @@ else; ``error`` for any other exception (a bug: a traceback where a line belongs
 
     python benchmarks/coverage.py                         # every architecture up to 1B parameters
     python benchmarks/coverage.py --max-params 120e6      # the smaller ones (minutes)
+    python benchmarks/coverage.py --min-params 100e6 --wide   # the larger ones, at two sizes
     python benchmarks/coverage.py --only 'vit_*siglip*'   # a shell pattern
     python benchmarks/coverage.py --markdown docs/models.md   # also rewrite the table in that page
     python benchmarks/coverage.py --recheck results.json      # only the rows that were not parity, again
@@ -66,7 +67,7 @@ FP64_TOLERANCE, FP64_CHECK = 1e-9, 400e6
 TABLE_START, TABLE_END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
 
 
-def architectures(max_params: float, only: str | None) -> list:
+def architectures(max_params: float, only: str | None, min_params: float = 0.0) -> list:
     """(name, module, parameters) of every ViT-family architecture with pretrained weights, smallest first."""
     rows = []
     for module in MODULES:
@@ -75,7 +76,7 @@ def architectures(max_params: float, only: str | None) -> list:
                 continue
             with torch.device("meta"):
                 params = sum(p.numel() for p in timm.create_model(name).parameters())
-            if params <= max_params:
+            if min_params < params <= max_params:
                 rows.append((name, module, params))
     return sorted(rows, key=lambda r: r[2])
 
@@ -272,6 +273,7 @@ def write_markdown(path: Path, table: str, markers: tuple = (TABLE_START, TABLE_
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--max-params", type=float, default=1e9)
+    p.add_argument("--min-params", type=float, default=0.0, help="only architectures with more parameters than this")
     p.add_argument("--large", type=float, default=300e6, help="parameters past which a model runs at ~112 px")
     p.add_argument("--only", help="a shell pattern of architecture names")
     p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_<device>_<date>.json)")
@@ -291,7 +293,7 @@ def _run(args) -> int:
     info = machine_info(torch.device("cpu"), limits=False)
     info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), timm=timm.__version__,
                 torch=torch.__version__, tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|timm output|)")
-    smoke = bool(args.only) or args.max_params < 1e9
+    smoke = bool(args.only) or args.max_params < 1e9 or args.min_params > 0
     info["layout"] = "bare state dict (.safetensors, no config)" if args.bare else "timm hub folder"
     out = results_path(args.out, dated_name("coverage_bare" if args.bare else "coverage", torch.device("cpu"), info),
                        smoke=smoke)
@@ -309,7 +311,7 @@ def _run(args) -> int:
         info["rechecked"] = (f"rows other than parity of {earlier['machine'].get('git_revision')}"
                              + (f" matching {args.only!r}" if args.only else "") + " checked again")
         out = str(args.out or args.recheck)
-    todo = architectures(args.max_params, None if args.recheck else args.only)
+    todo = architectures(args.max_params, None if args.recheck else args.only, args.min_params)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-") as tmp:
         for i, (name, module, params) in enumerate(todo):

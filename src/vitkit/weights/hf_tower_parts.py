@@ -71,8 +71,8 @@ def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None) -> D
     A ``size`` of a height and width resizes the whole image to it (``crop_mode='squash'``: ViT's, DeiT's,
     BEiT's, SigLIP's processors); a ``shortest_edge`` keeps the aspect (``'center'``: CLIP's, DINOv2's); the
     centre crop (``do_center_crop``, ``crop_size``) gives ``crop_pct``, so that vitkit's resize to
-    ``floor(size / crop_pct)`` is the processor's size. A field the config leaves out (or null) is its
-    processor class's default, as in transformers."""
+    ``floor(size / crop_pct)`` is the processor's size. A field the config leaves out is its processor
+    class's default, as transformers fills it (a null is read as left out, where transformers may refuse it)."""
     kind = processor_class(pre, model_type)
     pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
     out: Dict[str, Any] = {}
