@@ -447,6 +447,25 @@ def test_coverage_checks_timm_hub_folders_and_writes_its_table(dirs, tmp_path):
     assert "3 of 3 architectures (100%) load with parity" in text
 
 
+def test_coverages_float64_look_leaves_both_models_in_float32():
+    """Past the fp32 tolerance agreement() runs both models in float64 (rounding or another function?); the
+    models go on to --wide's comparison in fp32 after (left in float64, it failed on fp32 images)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitkit_bench_coverage_agreement", BENCH / "coverage.py")
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    torch.manual_seed(0)
+    ref, ours = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    ours.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        ours.bias += 1e-3  # another function
+    x = torch.randn(2, 4)
+    ok, found = cov.agreement(ref(x), ours(x), x, ref, ours)
+    assert not ok and found["fp64_max_diff"] > 1e-4
+    assert all(p.dtype == torch.float32 for m in (ref, ours) for p in m.parameters())
+
+
 def test_coverage_of_bare_state_dicts_never_passes_a_wrong_reading_in_silence(tmp_path):
     """--bare saves the tensors alone: timm's test ViTs with a width outside the paper's table (test_vit: 64
     wide with 2 heads, read as 1) load with other outputs and say so (guessed, never mismatch); the one whose
