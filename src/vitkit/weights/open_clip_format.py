@@ -32,13 +32,6 @@ HEAD_WIDTH = 64
 #: open_clip's preprocess_cfg resize_mode -> vitkit's crop_mode (its "longest" pads to a square, which vitkit does
 #: not: read as "center" and said, ``pretrained.guesses``)
 RESIZE_MODES = {"shortest": "center", "squash": "squash"}
-
-
-def unread_resize_mode(open_clip_config: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """The preprocess_cfg's resize_mode where vitkit has no equivalent (open_clip's "longest"), else None."""
-    pre = (open_clip_config or {}).get("preprocess_cfg")
-    mode = pre.get("resize_mode", "shortest") if isinstance(pre, Mapping) else "shortest"
-    return None if mode in RESIZE_MODES else str(mode)
 #: the file names of open_clip's hub repositories, after vitkit's own in a folder
 WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 CONFIG_FILE = "open_clip_config.json"
@@ -77,6 +70,13 @@ def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     return out
 
 
+def unread_resize_mode(open_clip_config: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The preprocess_cfg's resize_mode where vitkit has no equivalent (open_clip's "longest"), else None."""
+    pre = (open_clip_config or {}).get("preprocess_cfg")
+    mode = str(pre.get("resize_mode", "shortest")) if isinstance(pre, Mapping) else "shortest"
+    return None if mode in RESIZE_MODES else mode
+
+
 def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None,
                  **overrides: Any) -> ViTConfig:
     """The tower's architecture off its shapes (and ``open_clip_config.json`` where given)."""
@@ -109,7 +109,7 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
                 kw[key] = tuple(float(v) for v in pre[key])
         if pre.get("interpolation") in ("bicubic", "bilinear"):
             kw["interpolation"] = pre["interpolation"]
-        kw["crop_mode"] = RESIZE_MODES.get(pre.get("resize_mode", "shortest"), "center")  # else: a GuessWarning
+        kw["crop_mode"] = RESIZE_MODES.get(str(pre.get("resize_mode", "shortest")), "center")  # else: GuessWarning
     kw.update(overrides)
     try:
         return ViTConfig(**kw)

@@ -301,9 +301,9 @@ def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
 
 def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None) -> list:
     """What an architecture read off bare tensors took for fields no tensor holds, a sentence each: open_clip's
-    activation; the input normalisation; a fused qkv matrix's number of heads (width / 64 outside the paper's
-    table); and what :func:`_unstored` names. Empty for a source with its config, or where ``overrides`` set
-    the field."""
+    activation (and a resize_mode of its config that vitkit has no equivalent for); the input normalisation; a
+    fused qkv matrix's number of heads (width / 64 outside the paper's table); and what :func:`_unstored` names.
+    Empty for a source with its config, or where ``overrides`` set the field."""
     overrides = overrides or {}
     if src.format == "open_clip":
         said = []
