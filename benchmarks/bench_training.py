@@ -340,6 +340,7 @@ def main(argv=None) -> int:
         info.update(cpu_details())
     info["device_name"] = info["cuda_device"] if device.type == "cuda" else info["cpu_model"]
     cfg = TrainConfig()
+    builds = BUILDS if args.compile else BUILDS[:1]
     settings = {"models": args.models, "batch_size": args.batch_size, "img_size": IMG_SIZE,
                 "precisions": args.precisions, "vitkit_attn": args.vitkit_attn, "compile": args.compile,
                 "rounds": args.rounds,
@@ -385,7 +386,7 @@ def main(argv=None) -> int:
                         continue
                     paths[dtype] = {k: attention_path(m, device, dtype) for k, m in models.items()}
                     steps = {k: make_step(models[k], optimizers[k], x, y, device, dtype) for k in order}
-                    for build in BUILDS if args.compile else BUILDS[:1]:
+                    for build in builds:
                         if build == "compiled":  # the same modules and optimizers, their forward compiled
                             steps = {k: make_step(torch.compile(models[k]), optimizers[k], x, y, device, dtype)
                                      for k in order}
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
                   f"{c['logits_max_abs_diff']:.1e}, max relative gradient diff {c['grad_max_rel_diff']:.1e}")
             print(header)
             print("-" * len(header))
-            for dtype, build in [(d, b) for d in args.precisions for b in (BUILDS if args.compile else BUILDS[:1])]:
+            for dtype, build in [(d, b) for d in args.precisions for b in builds]:
                 row = {"model": name, "batch": args.batch_size, "precision": dtype, "compiled": build == "compiled",
                        "vitkit_attn_impl": attn_impl, "train_gflop_per_image": train_gflop}
                 label = dtype + (" compiled" if build == "compiled" else "")

@@ -70,10 +70,15 @@ def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     return out
 
 
+def _resize_mode(open_clip_config: Optional[Mapping[str, Any]]) -> str:
+    """The preprocess_cfg's resize_mode as text (open_clip's default, "shortest", where it says none)."""
+    pre = (open_clip_config or {}).get("preprocess_cfg")
+    return str(pre.get("resize_mode", "shortest")) if isinstance(pre, Mapping) else "shortest"
+
+
 def unread_resize_mode(open_clip_config: Optional[Mapping[str, Any]]) -> Optional[str]:
     """The preprocess_cfg's resize_mode where vitkit has no equivalent (open_clip's "longest"), else None."""
-    pre = (open_clip_config or {}).get("preprocess_cfg")
-    mode = str(pre.get("resize_mode", "shortest")) if isinstance(pre, Mapping) else "shortest"
+    mode = _resize_mode(open_clip_config)
     return None if mode in RESIZE_MODES else mode
 
 
@@ -109,7 +114,7 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
                 kw[key] = tuple(float(v) for v in pre[key])
         if pre.get("interpolation") in ("bicubic", "bilinear"):
             kw["interpolation"] = pre["interpolation"]
-        kw["crop_mode"] = RESIZE_MODES.get(str(pre.get("resize_mode", "shortest")), "center")  # else: GuessWarning
+        kw["crop_mode"] = RESIZE_MODES.get(_resize_mode(open_clip_config), "center")  # else: a GuessWarning
     kw.update(overrides)
     try:
         return ViTConfig(**kw)

@@ -312,9 +312,9 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
                         "weights need gelu='quick' (or the folder with open_clip_config.json)")
         mode = open_clip_format.unread_resize_mode(src.open_clip_config)
         if mode and "crop_mode" not in overrides:
-            said.append(f"its preprocess_cfg resize_mode {mode!r} (the longer side to the size, padded) is not "
-                        f"vitkit's: images are resized and centre-cropped instead (crop_mode='center'); pass "
-                        f"crop_mode= to choose")
+            said.append(f"its preprocess_cfg resize_mode {mode!r} is not one vitkit does ('shortest', 'squash'; "
+                        f"open_clip's 'longest' pads to a square): images are resized and centre-cropped instead "
+                        f"(crop_mode='center'); pass crop_mode= to choose")
         return said
     if src.config_json is not None or src.format != "timm":
         return []
