@@ -120,6 +120,44 @@ def test_a_broken_rescale_factor_is_one_line(factor, tmp_path):
     assert "\n" not in str(info.value)
 
 
+#: a field of preprocessor_config.json that holds no such value -> the field the error names
+BROKEN = [({"resample": [1]}, "resample"), ({"resample": 7}, "resample"), ({"image_mean": "abc"}, "image_mean"),
+          ({"image_std": [0.5, 0.5]}, "image_std"), ({"image_std": [0.5, 0, 0.5]}, "image_std"),
+          ({"crop_size": -5}, "crop_size"), ({"crop_size": {"height": 0, "width": 0}}, "crop_size"),
+          ({"size": "big"}, "size"), ({"size": {"height": -3, "width": 4}}, "size"),
+          ({"size": {"shortest_edge": 1e9}}, "size"), ({"rescale_factor": "abc"}, "rescale_factor")]
+
+
+@pytest.mark.parametrize("case", ["vit", "clip"])
+@pytest.mark.parametrize("broken", BROKEN, ids=[f"{k}={v}" for (d, _) in BROKEN for k, v in d.items()])
+def test_a_broken_processor_config_is_one_line_naming_that_file_and_field(case, broken, tmp_path, capsys):
+    """Said as the processor file's (before: "config.json: the clip_vision_model config describes no model ...:
+    unhashable type: 'list'", or a crop of 0 ended in ZeroDivisionError), by the library and the command line."""
+    from vitkit.cli import main
+
+    model_class, config_class, processor_class, options, _ = CASES[case]
+    model_class(config_class(**SMALL)).save_pretrained(tmp_path)
+    processor_class(**options).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(dict(config, **broken[0])))
+    with pytest.raises(vitkit.weights.WeightsError, match=f"preprocessor_config.json: .*{broken[1]}") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(tmp_path / "preprocessor_config.json"))
+    assert main(["info", str(tmp_path)]) == 2
+    assert "preprocessor_config.json" in capsys.readouterr().out
+
+
+def test_one_mean_and_std_for_every_channel_is_read_as_transformers_spreads_it(tmp_path):
+    T.ViTModel(T.ViTConfig(**SMALL)).save_pretrained(tmp_path)
+    T.ViTImageProcessor(image_mean=0.25, image_std=0.75).save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.mean == (0.25,) * 3 and ours.config.std == (0.75,) * 3
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    photo = Image.fromarray(skimage_data.chelsea())
+    assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
+                          atol=1e-5)
+
+
 def test_each_processor_class_fills_what_a_config_leaves_out_as_transformers_does():
     """PROCESSOR_DEFAULTS are the classes' own (a field a config omits or nulls is the class's default), and a
     config naming no class is read as the one transformers picks for its model type."""

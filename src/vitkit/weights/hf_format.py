@@ -299,6 +299,6 @@ def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None
     if labels:
         kw["label_names"] = labels
     if preprocessor:
-        kw.update(preprocessing(preprocessor, kind))
+        kw.update(preprocessing(preprocessor, kind, hf.get("num_channels", 3)))
     kw.update(overrides)
     return ViTConfig(**kw)

@@ -65,43 +65,102 @@ def processor_class(pre: Mapping[str, Any], model_type: Optional[str] = None) ->
     return re.sub(r"(Fast|Pil)$", "", str(name)) or MODEL_TYPE_PROCESSORS.get(model_type or "", "")
 
 
-def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None) -> Dict[str, Any]:
+class ProcessorConfigError(WeightsError):
+    """A ``preprocessor_config.json`` that describes no preprocessing (said as that file's, not the model's)."""
+
+
+#: PIL's filter numbers an image processor's ``resample`` may hold (NEAREST, LANCZOS, BILINEAR, BICUBIC, BOX,
+#: HAMMING)
+_PIL_FILTERS = range(6)
+#: the largest resize or crop side read (vitkit's largest model side): past it a value is a typo
+_MAX_SIDE = 16_384
+#: the sides of a ``size`` or ``crop_size`` vitkit's resize and crop read
+_READ_SIDES = ("height", "width", "shortest_edge")
+
+
+def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None, channels: Any = 3) -> Dict[str, Any]:
     """A Hugging Face image processor's config -> mean, std, interpolation, crop_pct and crop_mode.
 
     A ``size`` of a height and width resizes the whole image to it (``crop_mode='squash'``: ViT's, DeiT's,
     BEiT's, SigLIP's processors); a ``shortest_edge`` keeps the aspect (``'center'``: CLIP's, DINOv2's); the
     centre crop (``do_center_crop``, ``crop_size``) gives ``crop_pct``, so that vitkit's resize to
     ``floor(size / crop_pct)`` is the processor's size. A field the config leaves out is its processor
-    class's default, as transformers fills it (a null is read as left out, where transformers may refuse it)."""
+    class's default, as transformers fills it (a null is read as left out, where transformers may refuse it).
+    A field that holds no such value (a size that is no positive number, a filter PIL does not have, ``channels``
+    means and stds that are not numbers; the model config's ``channels``, 3 where it says none) raises
+    :class:`ProcessorConfigError` naming it."""
+    try:
+        return _preprocessing(pre, model_type, channels if _is_count(channels) and channels > 0 else 3)
+    except ProcessorConfigError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ProcessorConfigError(str(e)) from None
+
+
+def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: int) -> Dict[str, Any]:
     kind = processor_class(pre, model_type)
     pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
     out: Dict[str, Any] = {}
-    if "image_mean" in pre:
-        out["mean"] = tuple(float(m) for m in pre["image_mean"])
-    if "image_std" in pre:
-        out["std"] = tuple(float(s) for s in pre["image_std"])
+    for field, key in (("image_mean", "mean"), ("image_std", "std")):
+        if field in pre:
+            out[key] = _per_channel(field, pre[field], channels, positive=key == "std")
     out.update(_scaled_statistics(pre, out), crop_offset="floor")  # transformers floors an odd margin's half
     resample = pre.get("resample")
+    if resample is not None and (not _is_count(resample) or resample not in _PIL_FILTERS):
+        raise ProcessorConfigError(f"resample must be one of PIL's filter numbers 0-5 (3: bicubic), got {resample!r}")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
-    size, crop = pre.get("size"), pre.get("crop_size")
-    if isinstance(size, (int, float)):
-        square = kind not in _SHORTEST_EDGE_PROCESSORS
-        size = {"height": size, "width": size} if square else {"shortest_edge": size}
-    if isinstance(crop, (int, float)):
-        crop = {"height": crop, "width": crop}
-    size, crop = size if isinstance(size, Mapping) else {}, crop if isinstance(crop, Mapping) else {}
+    square = kind not in _SHORTEST_EDGE_PROCESSORS
+    size = _sides("size", pre.get("size"), "height" if square else "shortest_edge")
+    crop = _sides("crop_size", pre.get("crop_size"), "height")
     side = size.get("shortest_edge") or size.get("height")
     if size.get("height") and size.get("width") and not size.get("shortest_edge"):
         out["crop_mode"] = "squash"
     elif size.get("shortest_edge"):
         out["crop_mode"] = "center"
     crop_side = crop.get("height")
-    if pre.get("do_center_crop") and isinstance(side, (int, float)) and isinstance(crop_side, (int, float)) and side:
+    if pre.get("do_center_crop") and side and crop_side:
         out["crop_pct"] = _crop_pct(float(crop_side), float(side))
     elif pre.get("do_center_crop") is False or out.get("crop_mode") == "squash":
         out["crop_pct"] = 1.0
     return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _per_channel(field: str, value: Any, channels: int, positive: bool) -> Tuple[float, ...]:
+    """A processor's mean or std: a number for every channel, or one number for all (as transformers spreads it);
+    three for another channel count are left to the model's config (which spreads the first, or says the count
+    contradicts the weights)."""
+    values = [value] * channels if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    try:
+        numbers = tuple(float(v) for v in values) if isinstance(values, (list, tuple)) else None
+    except (TypeError, ValueError):
+        numbers = None
+    if numbers is None or len(numbers) not in (channels, 3) or not all(math.isfinite(v) and (v > 0 or not positive)
+                                                               for v in numbers):
+        what = "positive numbers" if positive else "numbers"
+        raise ProcessorConfigError(f"{field} must be {channels} {what} (one per channel) or one, got {value!r}")
+    return numbers
+
+
+def _sides(field: str, value: Any, side: str) -> Dict[str, float]:
+    """A processor's ``size`` or ``crop_size`` as the sides vitkit reads (height, width, shortest edge), each a
+    positive number: an integer is ``side`` (and the width for a height), as transformers' ``get_size_dict``
+    reads it. Other keys (``longest_edge``, the pixel budgets of VLM processors) and null sides are left out."""
+    if value is None:
+        return {}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {side: value, **({"width": value} if side == "height" else {})}
+    read = {k: v for k, v in value.items() if k in _READ_SIDES and v is not None} if isinstance(value, Mapping) \
+        else None
+    if read is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= _MAX_SIDE
+                               for v in read.values()):
+        raise ProcessorConfigError(f"{field} must be a side or a mapping ({'/'.join(_READ_SIDES)}) of sides from 1 "
+                                   f"to {_MAX_SIDE:,} px, got {value!r}")
+    return read
 
 
 def _scaled_statistics(pre: Mapping[str, Any], stats: Dict[str, Any]) -> Dict[str, Any]:

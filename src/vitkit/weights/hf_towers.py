@@ -173,10 +173,12 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
             count = int(head["head.weight"].shape[0])
             labels = labels_from_hf(hf, count)
             config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
-        fields = preprocessing(preprocessor, kind) if preprocessor else {}
+        fields = preprocessing(preprocessor, kind, tower.get("num_channels", 3)) if preprocessor else {}
         if kind in PLAIN_BICUBIC:
             fields["pos_embed_antialias"] = False
         return config.replace(**{**fields, **overrides})
+    except WeightsError:  # said by the part that read it (a processor's field, a classifier's labels)
+        raise
     except (ValueError, TypeError) as e:
         raise WeightsError(f"the {kind} config describes no model vitkit builds: {e}") from None
 

@@ -21,6 +21,7 @@ from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .hf_backbone import backbone_plan
+from .hf_tower_parts import ProcessorConfigError
 from .io import WeightsError
 from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
 
@@ -158,7 +159,8 @@ def config_for_source(src: Source, **overrides: Any):
                 return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
             return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
         except WeightsError as e:  # which file said it
-            raise WeightsError(f"{src.path.parent / 'config.json' if src.path else 'config.json'}: {e}") from None
+            name = "preprocessor_config.json" if isinstance(e, ProcessorConfigError) else "config.json"
+            raise WeightsError(f"{src.path.parent / name if src.path else name}: {e}") from None
     if src.pretraining and src.format == "vitkit":
         raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "
                            "pass the folder that holds both")
