@@ -104,3 +104,13 @@ def test_a_resize_mode_vitkit_does_not_do_is_said_unless_chosen(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", GuessWarning)  # chosen: nothing to say
         assert vitkit.from_pretrained(tmp_path, crop_mode="squash").config.crop_mode == "squash"
+
+
+@pytest.mark.parametrize("mean", ["abc", 0.5, [0.5, None, 0.5]])
+def test_a_preprocess_mean_that_is_no_numbers_is_one_line_naming_the_file(mean, tmp_path):
+    """Before: Python's "could not convert string to float" (a single number: a TypeError) without a file."""
+    _tower(tmp_path, "ViT-B-32", layers=1)
+    config = json.loads((tmp_path / "open_clip_config.json").read_text())
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(dict(config, preprocess_cfg={"mean": mean})))
+    with pytest.raises(vitkit.weights.WeightsError, match="open_clip_config.json: preprocess_cfg's mean must be"):
+        vitkit.from_pretrained(tmp_path)

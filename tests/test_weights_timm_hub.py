@@ -72,6 +72,20 @@ def test_model_args_vitkit_does_not_read_are_refused(tmp_path):
         vitkit.from_pretrained(folder)
 
 
+@pytest.mark.parametrize("field, value, words", [("crop_pct", -1, "crop_pct must be in"),
+                                                  ("mean", "abc", "mean and std must be lists of numbers"),
+                                                  ("interpolation", "lanczos", "interpolation must be one of")])
+def test_a_broken_pretrained_cfg_is_one_line_naming_its_file(tmp_path, field, value, words):
+    """Said as the folder's config.json (before: only "invalid ViT config: ...", no file named)."""
+    _, folder = _saved(tmp_path, "vit_small_patch16_224", depth=1, img_size=32, patch_size=16)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["pretrained_cfg"][field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=f"^{folder / 'config.json'}: .*{words}") as e:
+        vitkit.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
 def test_register_count_that_disagrees_with_the_tensors_is_named(tmp_path):
     _, folder = _saved(tmp_path, "vit_small_patch14_reg4_dinov2", depth=2, img_size=70, reg_tokens=1)
     cfg = json.loads((folder / "config.json").read_text())

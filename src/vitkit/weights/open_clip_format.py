@@ -111,7 +111,7 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     if isinstance(pre, Mapping):
         for key in ("mean", "std"):
             if key in pre:
-                kw[key] = tuple(float(v) for v in pre[key])
+                kw[key] = _numbers(key, pre[key])
         if pre.get("interpolation") in ("bicubic", "bilinear"):
             kw["interpolation"] = pre["interpolation"]
         kw["crop_mode"] = RESIZE_MODES.get(_resize_mode(open_clip_config), "center")  # else: a GuessWarning
@@ -120,6 +120,14 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         return ViTConfig(**kw)
     except ValueError as e:
         raise WeightsError(f"open_clip tower: {e}") from None
+
+
+def _numbers(key: str, value: Any) -> tuple:
+    """A ``preprocess_cfg`` mean or std as numbers (one line naming the file where it holds none)."""
+    try:
+        return tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise WeightsError(f"{CONFIG_FILE}: preprocess_cfg's {key} must be a list of numbers, got {value!r}") from None
 
 
 __all__ = ["is_open_clip", "to_native", "infer_config", "WEIGHT_FILES", "CONFIG_FILE", "HEAD_WIDTH"]

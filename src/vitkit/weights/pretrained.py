@@ -168,7 +168,12 @@ def config_for_source(src: Source, **overrides: Any):
         raise WeightsError("Hugging Face weights need their config.json (heads, eps, image size): "
                            "pass the folder that holds both")
     if cj and "architecture" in cj:
-        return timm_format.config_from_hub(cj, src.tensors, **overrides)
+        try:
+            return timm_format.config_from_hub(cj, src.tensors, **overrides)
+        except WeightsError:  # said already (an architecture vitkit does not know)
+            raise
+        except (ValueError, TypeError) as e:  # a pretrained_cfg or model_args field: said as that file's
+            raise WeightsError(f"{_config_file(src)}: {' '.join(str(e).split())}") from None
     if src.format == "open_clip":
         return open_clip_format.infer_config(src.tensors, src.open_clip_config, **overrides)
     if src.format == "dino":
