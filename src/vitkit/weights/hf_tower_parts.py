@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from ..models.config_base import MAX_IMG_SIZE
 from .io import WeightsError
 
 #: Hugging Face's ``hidden_act`` -> vitkit's ``gelu``
@@ -72,8 +73,6 @@ class ProcessorConfigError(WeightsError):
 #: PIL's filter numbers an image processor's ``resample`` may hold (NEAREST, LANCZOS, BILINEAR, BICUBIC, BOX,
 #: HAMMING)
 _PIL_FILTERS = range(6)
-#: the largest resize or crop side read (vitkit's largest model side): past it a value is a typo
-_MAX_SIDE = 16_384
 #: the sides of a ``size`` or ``crop_size`` vitkit's resize and crop read
 _READ_SIDES = ("height", "width", "shortest_edge")
 
@@ -86,8 +85,8 @@ def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None, chan
     centre crop (``do_center_crop``, ``crop_size``) gives ``crop_pct``, so that vitkit's resize to
     ``floor(size / crop_pct)`` is the processor's size. A field the config leaves out is its processor
     class's default, as transformers fills it (a null is read as left out, where transformers may refuse it).
-    A field that holds no such value (a size that is no positive number, a filter PIL does not have, ``channels``
-    means and stds that are not numbers; the model config's ``channels``, 3 where it says none) raises
+    A field that holds no such value (a size or crop that is no side up to vitkit's largest image, a filter
+    PIL does not have, a mean or std that is not a number per channel of the model, ``channels``) raises
     :class:`ProcessorConfigError` naming it."""
     try:
         return _preprocessing(pre, model_type, channels if _is_count(channels) and channels > 0 else 3)
@@ -156,10 +155,10 @@ def _sides(field: str, value: Any, side: str) -> Dict[str, float]:
         value = {side: value, **({"width": value} if side == "height" else {})}
     read = {k: v for k, v in value.items() if k in _READ_SIDES and v is not None} if isinstance(value, Mapping) \
         else None
-    if read is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= _MAX_SIDE
+    if read is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_IMG_SIZE
                                for v in read.values()):
         raise ProcessorConfigError(f"{field} must be a side or a mapping ({'/'.join(_READ_SIDES)}) of sides from 1 "
-                                   f"to {_MAX_SIDE:,} px, got {value!r}")
+                                   f"to {MAX_IMG_SIZE:,} px, got {value!r}")
     return read
 
 
