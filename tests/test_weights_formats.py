@@ -66,6 +66,29 @@ def test_official_vit_jax_npz_with_opt_target_prefix_and_pre_logits(tmp_path, im
     assert max_diff(model(x), src(x)) <= 1e-6
 
 
+@pytest.mark.parametrize("side, timm_name", [(224, "vit_base_patch32_224.augreg_in21k_ft_in1k"),
+                                             (384, "vit_base_patch32_384.augreg_in21k_ft_in1k")])
+def test_an_official_npz_is_evaluated_as_timm_evaluates_those_weights(side, timm_name, tmp_path):
+    """The centre 90% at 224 px, the whole shorter side at 384 (a 384 px file was cut to 90% before)."""
+    timm = pytest.importorskip("timm")
+    np.savez(tmp_path / "official.npz", **official_arrays(tiny(img_size=side, patch_size=32, depth=1, gelu="tanh")))
+    config = vitkit.from_pretrained(tmp_path / "official.npz").config
+    want = timm.models.get_pretrained_cfg(timm_name)
+    assert (config.img_size, config.crop_pct, config.crop_mode, config.interpolation, config.mean) == \
+        (tuple(want.input_size[1:]), want.crop_pct, want.crop_mode, want.interpolation, tuple(want.mean))
+
+
+def test_a_big_vision_siglip_npz_at_384_keeps_timms_crop(tmp_path):
+    """timm evaluates big_vision's SigLIP towers on the centre 90% at every size (the official ViTs' 384 px
+    rule above is not theirs)."""
+    timm = pytest.importorskip("timm")
+    src = tiny(img_size=384, patch_size=32, depth=1, class_token=False, global_pool="map", num_classes=0)
+    config = vitkit.from_pretrained(vitkit.export_weights(src, tmp_path / "siglip.npz", "big_vision")).config
+    want = timm.models.get_pretrained_cfg("vit_base_patch16_siglip_384.webli")
+    assert (config.img_size, config.crop_pct, config.crop_mode) == (tuple(want.input_size[1:]), want.crop_pct,
+                                                                   want.crop_mode)
+
+
 def test_big_vision_layout_with_class_token_loads(tmp_path, images):
     src = tiny()
     arrays = {"params/" + k: v for k, v in official_arrays(src, "big_vision").items()}

@@ -470,5 +470,7 @@ def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **ove
             raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
         r = backbone_reduction(backbone) if backbone is not None else 1
         kw["img_size"] = (side * ph * r, side * pw * r)
+        if facts.get("layout") == "vit_jax":  # as timm evaluates these weights: the whole shorter side at 384 px
+            kw["crop_pct"] = 1.0 if max(kw["img_size"]) >= 384 else 0.9  # (big_vision's SigLIP: 0.9 at every size)
     kw.update(overrides)
     return ViTConfig(**kw)
