@@ -123,6 +123,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def per_channel(value: Any, channels: int = 3) -> Optional[Tuple[float, ...]]:
+    """A mean or std as another library's file holds it: a number per channel, or one number for every
+    channel (transformers' and open_clip's preprocessing spread it); None where it holds no numbers."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (float(value),) * channels
+    try:
+        return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else None
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class ImageConfig(ConfigMixin):
     """The fields of every family: the input, the classes, and what the weights expect at the

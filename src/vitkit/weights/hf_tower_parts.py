@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..models.config_base import MAX_IMG_SIZE
+from ..models.config_base import MAX_IMG_SIZE, _is_int, per_channel
 from .io import WeightsError
 
 #: Hugging Face's ``hidden_act`` -> vitkit's ``gelu``
@@ -89,10 +89,10 @@ def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None, chan
     PIL does not have, a mean or std that is not a number per channel of the model, ``channels``) raises
     :class:`ProcessorConfigError` naming it."""
     try:
-        return _preprocessing(pre, model_type, channels if _is_count(channels) and channels > 0 else 3)
+        return _preprocessing(pre, model_type, channels if _is_int(channels) and channels > 0 else 3)
     except ProcessorConfigError:
         raise
-    except (TypeError, ValueError, ZeroDivisionError) as e:
+    except (TypeError, ValueError) as e:
         raise ProcessorConfigError(str(e)) from None
 
 
@@ -105,7 +105,7 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
             out[key] = _per_channel(field, pre[field], channels, positive=key == "std")
     out.update(_scaled_statistics(pre, out), crop_offset="floor")  # transformers floors an odd margin's half
     resample = pre.get("resample")
-    if resample is not None and (not _is_count(resample) or resample not in _PIL_FILTERS):
+    if resample is not None and (not _is_int(resample) or resample not in _PIL_FILTERS):
         raise ProcessorConfigError(f"resample must be one of PIL's filter numbers 0-5 (3: bicubic), got {resample!r}")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
@@ -125,19 +125,11 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     return out
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _per_channel(field: str, value: Any, channels: int, positive: bool) -> Tuple[float, ...]:
     """A processor's mean or std: a number for every channel, or one number for all (as transformers spreads it);
     three for another channel count are left to the model's config (which spreads the first, or says the count
     contradicts the weights)."""
-    values = [value] * channels if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    try:
-        numbers = tuple(float(v) for v in values) if isinstance(values, (list, tuple)) else None
-    except (TypeError, ValueError):
-        numbers = None
+    numbers = per_channel(value, channels)
     if numbers is None or len(numbers) not in (channels, 3) or not all(math.isfinite(v) and (v > 0 or not positive)
                                                                for v in numbers):
         what = "positive numbers" if positive else "numbers"

@@ -22,6 +22,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from ..models import ViTConfig
+from ..models.config_base import per_channel
 from .io import WeightsError
 from .names import rename
 
@@ -123,11 +124,12 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
 
 
 def _numbers(key: str, value: Any) -> tuple:
-    """A ``preprocess_cfg`` mean or std as numbers (one line naming the file where it holds none)."""
-    try:
-        return tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        raise WeightsError(f"{CONFIG_FILE}: preprocess_cfg's {key} must be a list of numbers, got {value!r}") from None
+    """A ``preprocess_cfg`` mean or std as numbers, one number spread to the three channels as open_clip's
+    transform does (one line naming the file where it holds none)."""
+    numbers = per_channel(value)
+    if numbers is None:
+        raise WeightsError(f"{CONFIG_FILE}: preprocess_cfg's {key} must be a list of numbers or one, got {value!r}")
+    return numbers
 
 
 __all__ = ["is_open_clip", "to_native", "infer_config", "WEIGHT_FILES", "CONFIG_FILE", "HEAD_WIDTH"]
