@@ -44,6 +44,35 @@ def test_openvino_fp32_matches_pytorch(family, tmp_path):
         torch.testing.assert_close(ir(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(precision, tmp_path):
+    """Each image's output is the one it gets alone (and in fp32 the one PyTorch gives), whatever
+    part of a batch it ran in; a batch never compiles the latency model, one image does (once)."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2,
+                                          num_classes=5), scale=0.3).eval()
+    path = export_openvino(model, tmp_path / "m.xml")
+    ir = OpenVinoModel(path, threads=2, precision=precision)
+    assert ir.streams == 2 and f"streams=2" in repr(ir)
+    x = torch.randn(7, 3, 32, 32)
+    whole = ir(x)
+    assert ir._latency is None  # the batch ran on the throughput streams
+    alone = torch.cat([ir(x[i:i + 1]) for i in range(len(x))])
+    latency = ir._latency
+    assert latency is not None and ir(x[:1]) is not None and ir._latency is latency
+    torch.testing.assert_close(whole, alone, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat([ir(x[:2]), ir(x[2:])]), whole, rtol=0, atol=0)
+    if precision == "fp32":  # (bf16 against PyTorch: test_bf16_and_int8_agree_with_pytorch_on_a_trained_model)
+        with torch.inference_mode():
+            torch.testing.assert_close(whole, model(x), rtol=1e-4, atol=1e-4)
+    # a wrong batch is one line, and the requests serve the next batch as before
+    with pytest.raises(OnnxMetadataError, match="could not run"):
+        ir(torch.randn(4, 3, 48, 48))
+    torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
+    one = OpenVinoModel(path, threads=1, precision=precision)  # one thread: one stream, one compilation
+    assert one.streams == 1 and one._latency is one.compiled
+    torch.testing.assert_close(one(x), whole, rtol=1e-4 if precision == "fp32" else 1e-2, atol=1e-4)
+
+
 def test_the_runtime_info_holds_the_onnx_files_metadata(tmp_path):
     from vitkit.deploy import export_onnx, read_metadata
 
