@@ -52,7 +52,7 @@ def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(prec
                                           num_classes=5), scale=0.3).eval()
     path = export_openvino(model, tmp_path / "m.xml")
     ir = OpenVinoModel(path, threads=2, precision=precision)
-    assert ir.streams == 2 and f"streams=2" in repr(ir)
+    assert ir.streams == 2 and "streams=2" in repr(ir)
     x = torch.randn(7, 3, 32, 32)
     whole = ir(x)
     assert ir._latency is None  # the batch ran on the throughput streams
