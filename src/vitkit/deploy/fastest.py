@@ -5,7 +5,7 @@ machine vitkit was tuned on. Measured with ``benchmarks/bench_onnx.py`` (2 cores
 against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
 
 - AVX-512 with VNNI and bf16 (AMD Zen 4): OpenVINO int8 was the fastest path in every row,
-  2.17-2.77x (ViT-B/16: 2.71x); ONNX Runtime int8 1.2-1.9x.
+  2.17-2.83x (ViT-B/16: 2.71x; DINOv2-S/14: 2.33-2.83x, SigLIP-B/16: 2.23-2.42x); ONNX Runtime int8 1.2-1.9x.
 - AVX-512 with VNNI, bf16 and AMX (an Intel Xeon, Sapphire Rapids class): OpenVINO int8 was
   the fastest path in every row, 1.57x (DINOv2-S/14), 2.15x (SigLIP-B/16), 2.21x (ViT-B/16 at
   batch 32) and 2.84x (ViT-B/16 at batch 1) timm's fastest (bf16 compiled, on AMX's bf16 tiles);
