@@ -24,6 +24,8 @@ time of its own (waits, serial parts); the busy processes' own rates are recorde
 each row.
 
     python benchmarks/bench_fair_share.py            # ~25 minutes on 2 Zen 3 cores
+    python benchmarks/bench_fair_share.py --verbs eval predict --runtime openvino --sessions same
+                                                     # eval and predict on an OpenVINO int8 file
     python benchmarks/bench_fair_share.py --quick    # smoke check (k = 0 and 1, a few steps)
 
 A benchmark, not a test: run it on a quiet machine (it adds the load it measures itself).
@@ -51,6 +53,8 @@ GOAL = 0.8
 KS = (0, 1, 2, 4)
 KINDS = ("python", "torch")
 VERBS = ("train", "eval", "predict")
+#: ``--runtime``: what ``eval`` and ``predict`` run (an exported int8 file for the other two)
+RUNTIMES = {"torch": None, "openvino": "model.xml", "onnxruntime": "model.onnx"}
 
 
 def fair_share(k: int, cores: int) -> float:
@@ -108,16 +112,30 @@ def prepare(work: Path, n_images: int, steps: int = 30) -> Path:
     return run
 
 
+def exported(work: Path, run: Path, runtime: str) -> Path:
+    """The weights ``eval`` and ``predict`` read: the run's model for torch, else its int8 file for
+    ``runtime`` (OpenVINO: NNCF calibrated on training images; ONNX Runtime: dynamic), written once
+    here so that no row times an export."""
+    name = RUNTIMES[runtime]
+    if name is None:
+        return run / "model"
+    flag = "openvino" if runtime == "openvino" else "onnx"
+    subprocess.run(vitkit("convert", str(run / "model"), str(work / name), "--to", flag, "--quantize", "int8"),
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return work / name
+
+
 def measure(verb: str, work: Path, run: Path, tag: str, args: argparse.Namespace) -> dict:
     """One command's speed (img/s) and wall clock."""
+    weights = str(getattr(args, "weights_file", None) or run / "model")
     if verb == "train":
         cmd = vitkit("train", "--max-steps", str(args.steps), "--runs-dir", str(work / "runs"), "--name", tag,
                      "--no-progress", "--no-tensorboard", "--val-size", "1000")
     elif verb == "eval":
-        cmd = vitkit("eval", "--weights", str(run / "model"), "--max-images", str(args.eval_images), "--no-progress",
+        cmd = vitkit("eval", "--weights", weights, "--max-images", str(args.eval_images), "--no-progress",
                      "--json")
     else:
-        cmd = vitkit("predict", "--weights", str(run / "model"), "--json",
+        cmd = vitkit("predict", "--weights", weights, "--json",
                      *sorted(str(p) for p in (work / "images").glob("*.png")))
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -152,7 +170,7 @@ def row(k: int, kind: str, session: str, work: Path, run: Path, args: argparse.N
         out = {"k": k, "kind": kind if k else "none", "session": session if k else "none",
                "fair_share": round(fair_share(k, cores), 3),
                "scheduler_share": round(scheduler_share(k, kind, cores, own), 3) if k else 1.0, "verbs": {}}
-        for verb in VERBS:
+        for verb in args.verbs:
             t0 = time.perf_counter()
             out["verbs"][verb] = measure(verb, work, run, f"train-{kind}-{session}-{k}", args)
             if crowd:
@@ -182,7 +200,7 @@ def busy_alone(work: Path, cores: int, kinds, seconds: float = 5) -> dict:
 def score(rows: list) -> list:
     """Each row's speed over the same command's speed alone, against its fair share and against
     what the scheduler entitles it to (below 1 there, vitkit lost time of its own)."""
-    alone = {verb: rows[0]["verbs"][verb]["img_s"] for verb in VERBS}
+    alone = {verb: v["img_s"] for verb, v in rows[0]["verbs"].items()}
     for r in rows:
         for verb, v in r["verbs"].items():
             v["of_alone"] = round(v["img_s"] / alone[verb], 3)
@@ -211,6 +229,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sessions", nargs="+", choices=("same", "own"), default=["same", "own"],
                     help="start the busy processes in this session (background jobs of one shell: every thread "
                          "an equal slice) and/or each in its own (other terminals or users: autogroup)")
+    ap.add_argument("--verbs", nargs="+", choices=VERBS, default=list(VERBS), help="the commands each row runs")
+    ap.add_argument("--runtime", choices=sorted(RUNTIMES), default="torch",
+                    help="what eval and predict run: the model in PyTorch (default), or its int8 file exported once "
+                         "for OpenVINO or ONNX Runtime")
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: k = 0 and 1 Python loop, a few steps and images, to SMOKE_DIR")
     ap.add_argument("--out", help="results file or folder (default: benchmarks/results/)")
@@ -235,10 +257,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         run = prepare(work, args.images, steps=3 if args.quick else 30)
+        args.weights_file = exported(work, run, args.runtime) if set(args.verbs) - {"train"} else None
         results = {"benchmark": "fair_share", "goal": f"every row >= {GOAL:.0%} of c / (k + c) of its speed alone",
                    "cores": cores, "machine": info, "settings": {k: getattr(args, k) for k in
                                                                  ("steps", "eval_images", "images", "ks",
-                                                                  "kinds", "sessions")},
+                                                                  "kinds", "sessions", "verbs", "runtime")},
                    "autogroup": autogroup(),
                    "busy_processes": {"python": "a one-thread Python loop (1,000-iteration blocks/s)",
                                       "torch": f"a torch 512x512 matmul loop on {cores} OpenMP threads (matmuls/s)"},

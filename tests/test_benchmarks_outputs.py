@@ -561,6 +561,34 @@ def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatc
     assert all(v["of_alone"] == 1.0 for v in rows[0]["verbs"].values())
     assert set(data["busy_alone"]) == {"python"} and data["busy_alone"]["python"] > 0
     assert data["verdict"].startswith("3 of 6 rows below 80% of the fair share")  # 0.5 of alone: 75% of 0.667
+    # eval alone on an exported runtime's file: the file is made once, before the rows, and every row reads it
+    made, read = [], []
+    monkeypatch.setattr(bench_fair_share, "exported", lambda work, run, runtime: made.append(runtime) or work / "m.xml")
+    monkeypatch.setattr(bench_fair_share, "measure", lambda verb, work, run, tag, args: read.append(
+        (verb, args.weights_file.name)) or {"img_s": 10.0, "wall_s": 1.0})
+    path.unlink()
+    assert bench_fair_share.main(["--quick", "--verbs", "eval", "--runtime", "openvino"]) == 0
+    data = json.loads(next(smoke.glob("fair_share_*.json")).read_text())
+    assert made == ["openvino"] and read == [("eval", "m.xml")] * 2 and data["settings"]["runtime"] == "openvino"
+    assert all(set(r["verbs"]) == {"eval"} for r in data["rows"]) and data["verdict"].startswith("every row")
+
+
+def test_bench_fair_share_exports_the_runtimes_file_once(tmp_path, monkeypatch):
+    """--runtime onnxruntime: eval and predict read the run's model as an int8 .onnx file written by
+    vitkit convert (checked by ONNX Runtime); torch reads the model folder itself."""
+    import vitkit
+    from conftest import randomize
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_fair_share import exported
+    from vitkit.deploy import OnnxModel
+
+    run = tmp_path / "run"
+    randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+              ).save_pretrained(run / "model")
+    assert exported(tmp_path, run, "torch") == run / "model"
+    onnx = exported(tmp_path, run, "onnxruntime")
+    assert onnx == tmp_path / "model.onnx" and OnnxModel(onnx).quantization == "int8-dynamic"
 
 
 def test_the_scheduler_share_is_water_filling_per_thread_or_per_session(monkeypatch):
