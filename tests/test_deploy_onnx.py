@@ -53,6 +53,33 @@ def test_onnx_runtime_matches_pytorch_for_every_family_at_two_batch_sizes(family
     assert shape[0].dim_param and [d.dim_value for d in shape[1:]] == [model.config.in_chans, h, w]
 
 
+def test_a_batch_runs_in_parts_on_one_thread_sessions_and_one_image_on_all_threads(tmp_path):
+    """vitkit's wrapper cuts a batch into one part per thread, each on the one-thread session, and
+    joins them in order: the same logits as onnxruntime's own session on the whole batch; a lone
+    image runs on the session with every thread; a bad batch is one line, and the next one runs."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, **SMALL))
+    path = export_onnx(model, tmp_path / "m.onnx")
+    x = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    wrapped = OnnxModel(path, threads=2)
+    ran = []
+    for name in ("session", "_part_session"):
+        session = getattr(wrapped, name)
+        run = session.run
+        setattr(wrapped, name, type("Counted", (), {"run": lambda self, *a, n=name, r=run: ran.append(n) or r(*a)})())
+    got = wrapped(x)
+    assert ran == ["_part_session"] * 2 and wrapped.parallel.workers == 2
+    torch.testing.assert_close(got, ort_logits(path, x), rtol=1e-5, atol=1e-5)
+    ran.clear()
+    torch.testing.assert_close(wrapped(x[:1]), got[:1], rtol=1e-5, atol=1e-5)
+    assert ran == ["session"]
+    with pytest.raises(ValueError, match="could not run"):
+        wrapped(torch.randn(4, 3, 48, 48))
+    torch.testing.assert_close(wrapped(x), got, rtol=0, atol=0)
+    single = OnnxModel(path, threads=1)  # one thread: one session, every batch whole
+    assert single._part_session is single.session
+    torch.testing.assert_close(single(x), got, rtol=1e-5, atol=1e-5)
+
+
 #: the later ViTs: each layer kind the export form (SeparateQKV) must carry
 LATER = {
     "siglip_map": ("vit_base_patch16_siglip_224", dict(img_size=32, **SMALL)),
