@@ -50,11 +50,12 @@ def warm_sizes(runtime: str, max_batch: int) -> List[int]:
     """The batch sizes a server runs once before it takes requests, so that its memory is flat from
     the first request and no request pays for a shape the runtime has not seen: on OpenVINO every
     size it can be given (:func:`padded_size`; a server that met a rare size late grew late: 864 ->
-    1,168 MiB over 48,000 requests), on ONNX Runtime the largest (its arena grows to the largest
-    batch once), on PyTorch none (it keeps nothing per shape on the CPU)."""
+    1,168 MiB over 48,000 requests), on ONNX Runtime one image and the largest (each of its two
+    sessions' arena, the lone image's and the parts', grows to its largest input once), on PyTorch
+    none (it keeps nothing per shape on the CPU)."""
     if runtime == "openvino":
         return sorted({padded_size(runtime, n, max_batch) for n in range(1, max_batch + 1)})
-    return [max_batch] if runtime == "onnxruntime" else []
+    return sorted({1, max_batch}) if runtime == "onnxruntime" else []
 
 
 @dataclass
