@@ -226,9 +226,10 @@ class OpenVinoModel(OnnxModel):
     A batch is cut into one contiguous part per throughput stream (OpenVINO's ``THROUGHPUT``
     hint chooses how many: two of one thread each on 2 cores), the parts run at once and their
     outputs are joined in order: no barrier between the cores inside a layer, as
-    :mod:`vitkit.parallel` does for PyTorch. DINOv2-S/14 int8 at batch 32 on a 2-core Zen 4, four
-    interleaved comparisons: 1-10% faster than one request on both threads, and steadier while
-    the machine was noisy (41-48 against 33-47 img/s). A batch too small to cut (one image) runs
+    :mod:`vitkit.parallel` does for PyTorch. DINOv2-S/14 int8 at batch 32 on a 2-core Zen 4, five
+    interleaved comparisons alone: from 4% slower to 10% faster than one request on both threads,
+    steadier while the machine was noisy (41-48 against 33-47 img/s), and beside one busy Python
+    loop 0.80 of its speed alone against 0.52. A batch too small to cut (one image) runs
     on a second compilation for latency, made on first use: one image on one stream took 40 ms,
     on both cores 25 ms. An image's output does not depend on the part it ran in.
     """
