@@ -77,6 +77,9 @@ def test_a_batch_runs_in_parts_on_one_thread_sessions_and_one_image_on_all_threa
     torch.testing.assert_close(wrapped(x), got, rtol=0, atol=0)
     single = OnnxModel(path, threads=1)  # one thread: one session, every batch whole
     assert single._part_session is single.session
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be a whole number of at least 1"):
+            OnnxModel(path, threads=bad)
     torch.testing.assert_close(single(x), got, rtol=1e-5, atol=1e-5)
 
 

@@ -68,6 +68,8 @@ def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(prec
     with pytest.raises(OnnxMetadataError, match="could not run"):
         ir(torch.randn(4, 3, 48, 48))
     torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="threads must be a whole number of at least 1, not -2"):
+        OpenVinoModel(path, threads=-2)
     one = OpenVinoModel(path, threads=1, precision=precision)  # one thread: one stream, one compilation
     assert one.streams == 1 and one._latency is one.compiled
     torch.testing.assert_close(one(x), whole, rtol=1e-4 if precision == "fp32" else 1e-2, atol=1e-4)

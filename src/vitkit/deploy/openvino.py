@@ -41,7 +41,7 @@ from ..parallel import parts
 from ..progress import working
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .quantize import CalibrationSource
-from .runtime import OnnxMetadataError, OnnxModel
+from .runtime import OnnxMetadataError, OnnxModel, thread_count
 
 #: The IR's runtime-info section that holds vitkit's metadata entries.
 RT_SECTION = "vitkit"
@@ -257,7 +257,7 @@ class OpenVinoModel(OnnxModel):
         self.quantization = self.metadata.get("vitkit.quantization", "unknown")
         self.config = self._config(inputs[0].shape, outputs[0].shape, img_size, mean, std, labels)
         self._check_claims(inputs[0].shape, outputs[0].shape)
-        self._options: Dict[str, Any] = {"INFERENCE_NUM_THREADS": threads or torch.get_num_threads()}
+        self._options: Dict[str, Any] = {"INFERENCE_NUM_THREADS": thread_count(threads)}
         if precision:
             self._options["INFERENCE_PRECISION_HINT"] = PRECISIONS[precision]
         self.compiled = self._compile(graph, "THROUGHPUT")

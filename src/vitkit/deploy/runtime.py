@@ -87,7 +87,7 @@ class OnnxModel(nn.Module):
             self.metadata = read_metadata(self.path)
         except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
             raise OnnxMetadataError(f"{self.path} is not a readable ONNX model ({type(e).__name__})") from None
-        threads = threads or torch.get_num_threads()
+        threads = thread_count(threads)
         self.session = self._session(ort, threads)
         self.parallel = BatchParallel(threads)
         self._part_session = self._session(ort, 1) if threads > 1 else self.session
@@ -216,6 +216,15 @@ class OnnxModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
+
+
+def thread_count(threads: Optional[int]) -> int:
+    """The threads a runtime is given: ``threads``, or torch's count (what ``vitkit --threads`` sets)."""
+    if threads is None or threads == 0:
+        return torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number of at least 1, not {threads!r}")
+    return threads
 
 
 def _brief(value: Any) -> str:
