@@ -244,6 +244,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--ks must start with 0 (the speed alone) and hold no negative number")
     if min(args.steps, args.eval_images, args.images) < 1:
         ap.error("--steps, --eval-images and --images must be at least 1")
+    if args.runtime != "torch" and not set(args.verbs) - {"train"}:
+        ap.error("--runtime is what eval and predict run: add them to --verbs (train runs in PyTorch)")
     return args
 
 

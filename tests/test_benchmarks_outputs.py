@@ -571,6 +571,9 @@ def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatc
     data = json.loads(next(smoke.glob("fair_share_*.json")).read_text())
     assert made == ["openvino"] and read == [("eval", "m.xml")] * 2 and data["settings"]["runtime"] == "openvino"
     assert all(set(r["verbs"]) == {"eval"} for r in data["rows"]) and data["verdict"].startswith("every row")
+    with pytest.raises(SystemExit) as refused:  # a runtime for train alone would be ignored: refused instead
+        bench_fair_share.parse_args(["--verbs", "train", "--runtime", "openvino"])
+    assert refused.value.code == 2
 
 
 def test_bench_fair_share_exports_the_runtimes_file_once(tmp_path, monkeypatch):
