@@ -291,7 +291,8 @@ class OpenVinoModel(OnnxModel):
             finally:  # every started part ends before this returns or raises: none writes into a later batch
                 for request in started:
                     request.wait()
-            return np.concatenate([request.get_output_tensor(0).data.copy() for request in started])
+            # concatenate copies the outputs out of the requests' buffers while no request runs
+            return np.concatenate([request.get_output_tensor(0).data for request in started])
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}, precision={self.precision}, streams={self.streams}"

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..extras import first_line
 from ..files import PathLike
-from ..models.config_base import MAX_IMG_SIZE
+from ..models.config_base import MAX_IMG_SIZE, _is_int
 from ..parallel import BatchParallel, parts
 from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
 
@@ -222,7 +222,7 @@ def thread_count(threads: Optional[int]) -> int:
     """The threads a runtime is given: ``threads``, or torch's count (what ``vitkit --threads`` sets)."""
     if threads is None or threads == 0:
         return torch.get_num_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    if not _is_int(threads) or threads < 1:
         raise ValueError(f"threads must be a whole number of at least 1, not {threads!r}")
     return threads
 
