@@ -64,10 +64,13 @@ def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(prec
     if precision == "fp32":  # (bf16 against PyTorch: test_bf16_and_int8_agree_with_pytorch_on_a_trained_model)
         with torch.inference_mode():
             torch.testing.assert_close(whole, model(x), rtol=1e-4, atol=1e-4)
-    # a wrong batch is one line, and the requests serve the next batch as before
-    with pytest.raises(OnnxMetadataError, match="could not run"):
-        ir(torch.randn(4, 3, 48, 48))
-    torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
+    # a wrong batch is one line, and the requests serve the next batch as before: both parts fail, and
+    # one of them was still running when the other's failure was read ("Infer Request is busy" in
+    # about 1 of 10 tries before every part was waited on): 30 tries
+    for _ in range(30):
+        with pytest.raises(OnnxMetadataError, match="could not run"):
+            ir(torch.randn(4, 3, 48, 48))
+        torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
     with pytest.raises(ValueError, match="threads must be a whole number of at least 1, not -2"):
         OpenVinoModel(path, threads=-2)
     one = OpenVinoModel(path, threads=1, precision=precision)  # one thread: one stream, one compilation

@@ -283,14 +283,19 @@ class OpenVinoModel(OnnxModel):
                 if self._latency is None:
                     self._latency, self._graph = self._compile(self._graph, "LATENCY"), None
                 return self._latency(array)[0]
-            started = []
+            started, failed = [], []
             try:
                 for request, part in zip(self._requests, slices):
                     request.start_async({0: array[part]})
                     started.append(request)
-            finally:  # every started part ends before this returns or raises: none writes into a later batch
-                for request in started:
-                    request.wait()
+            finally:  # every started part ends before this returns or raises, the others too when one
+                for request in started:  # failed: a request left running is "busy" for the next batch
+                    try:
+                        request.wait()
+                    except Exception as e:
+                        failed.append(e)
+            if failed:
+                raise failed[0]
             # concatenate copies the outputs out of the requests' buffers while no request runs
             return np.concatenate([request.get_output_tensor(0).data for request in started])
 
