@@ -384,3 +384,43 @@ def test_a_signal_inside_the_exporter_stops_the_export_as_a_signal(tmp_path, mon
     monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("unsupported op")))
     with pytest.raises(OnnxExportError, match="failed on VisionTransformer.*unsupported op"):
         export_onnx(model, tmp_path / "m.onnx", progress=False)  # a real failure is still one line
+
+
+def test_the_server_exports_apart_and_never_imports_the_exporter(tmp_path):
+    """`vitkit serve` exports weights on the fly in a child process (the exporter's modules and arenas would stay
+    in the server: 1,586 against 1,065 MiB for ViT-S/16 on OpenVINO int8): the file the child wrote answers as the
+    PyTorch model does, through onnxruntime, and the server's own process never imported the exporter."""
+    import subprocess
+    import sys
+
+    from conftest import save_served_classifier
+
+    weights = save_served_classifier(tmp_path / "model")
+    script = f"""
+import sys, torch, vitkit
+from vitkit.serve.model import load_served
+served = load_served({str(weights)!r}, "onnxruntime", None, None, print, None, max_batch=4, progress=False)
+x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    expected = vitkit.from_pretrained({str(weights)!r}).eval()(x).softmax(-1)
+got = torch.stack(served.probabilities(list(x)))
+print("RESULT", served.runtime, float((got - expected).abs().max()), "onnxscript" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    runtime, diff, imported = done.stdout.split("RESULT ")[1].split()
+    assert runtime == "onnxruntime" and float(diff) <= 1e-5 and imported == "False"
+
+
+def test_an_export_apart_that_fails_is_the_child_s_one_line(tmp_path):
+    from vitkit.deploy.apart import _how_it_ended, export_apart
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    with pytest.raises(OnnxExportError, match="quantize must be one of int8, int8-static, not 'int4'"):
+        export_apart(model, tmp_path / "m.onnx", "onnxruntime", quantize="int4")
+    assert list(tmp_path.iterdir()) == []  # neither the file nor the work folder handed to the child
+    with pytest.raises(OnnxExportError, match="calibration images are used by int8-static quantization only"):
+        export_apart(model, tmp_path / "m.onnx", "onnxruntime", calibration=tmp_path)
+    with pytest.raises(ValueError, match="onnxruntime or openvino, not 'torch'"):
+        export_apart(model, tmp_path / "m.onnx", "torch")
+    assert _how_it_ended(-9) == "the export process was killed by signal 9 before it said why (out of memory?)"

@@ -193,7 +193,8 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
 
 def test_int8_of_a_model_whose_classes_name_no_dataset_calibrates_on_a_folder(tmp_path, capsys):
     """An ImageNet-style model (its own classes): --calibration FOLDER gives NNCF the images, and
-    predict on the IR answers as predict with the same int8 export on the fly does."""
+    predict on the IR answers as predict with the same int8 export on the fly does, and as the server's
+    export in a child process does (the images read in the parent, handed over)."""
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3,
                                           label_names=["cat", "dog", "fox"]), scale=0.3)
     model.save_pretrained(tmp_path / "w")
@@ -215,6 +216,12 @@ def test_int8_of_a_model_whose_classes_name_no_dataset_calibrates_on_a_folder(tm
     assert [p["top"][0]["label"] for p in from_ir] == [p["top"][0]["label"] for p in on_the_fly]
     assert np.allclose([p["top"][0]["probability"] for p in from_ir],
                        [p["top"][0]["probability"] for p in on_the_fly], atol=1e-4)
+    from vitkit.deploy.choose import load_classifier
+
+    apart = load_classifier(tmp_path / "w", "openvino", "int8", calibration=tmp_path / "photos", apart=True)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert apart.quantization == "int8-static"
+    assert torch.allclose(apart(x), OpenVinoModel(tmp_path / "q.xml")(x), atol=1e-5)
 
 
 def test_a_lying_runtime_info_is_refused(tmp_path):

@@ -49,14 +49,15 @@ def resolve_runtime(source: PathLike, runtime: Optional[str], quantize: Optional
 
 def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
                      model: Optional[nn.Module] = None, calibration: CalibrationSource = None,
-                     **preprocessing: Any) -> nn.Module:
+                     apart: bool = False, **preprocessing: Any) -> nn.Module:
     """The model of ``source`` on ``runtime``: ``torch`` (the vitkit model), ``onnxruntime`` or
     ``openvino`` (an ``.onnx`` file or an OpenVINO ``.xml`` as is, or weights exported on the fly
     into a temporary file, quantized when ``quantize`` says so). ``runtime=None`` picks the file's
     own runtime for ``.onnx`` and ``.xml`` files, torch otherwise; ``"auto"`` the fastest measured
     on this CPU (:func:`resolve_runtime`). ``model`` is the already-loaded
     vitkit model of ``source`` (weights only); ``calibration``: the images a calibrated int8 export
-    calibrates on (:func:`vitkit.deploy.quantize.calibration_images`)."""
+    calibrates on (:func:`vitkit.deploy.quantize.calibration_images`); ``apart``: an export on the fly runs
+    in a child process (:mod:`.apart`), so a process that lives on does not keep the exporter's memory."""
     calibrated = calibration is not None or model is None or can_calibrate(model)
     runtime, quantize, _ = resolve_runtime(source, runtime, quantize, calibrated)
     own = "onnxruntime" if is_onnx(source) else "openvino" if is_openvino(source) else None
@@ -86,6 +87,11 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     # the runtime holds the model in memory: the file is not needed once it is loaded (a killed
     # process's folder is removed by the next export on the fly)
     with work_folder(tempfile.gettempdir(), "vitkit-onnx" if runtime == "onnxruntime" else "vitkit-openvino") as folder:
+        if apart:
+            from .apart import export_apart
+
+            runner, name = (OpenVinoModel, "model.xml") if runtime == "openvino" else (OnnxModel, "model.onnx")
+            return runner(export_apart(model, Path(folder) / name, runtime, quantize, calibration))
         if runtime == "openvino":
             return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize,
                                                  calibration=calibration))
@@ -122,13 +128,14 @@ def check_classifier(model: nn.Module, weights: PathLike) -> nn.Module:
 
 def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: Optional[str] = None,
                     model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
-                    calibration: CalibrationSource = None, **stand_ins: Any) -> nn.Module:
+                    calibration: CalibrationSource = None, apart: bool = False, **stand_ins: Any) -> nn.Module:
     """The classifier ``weights`` name, on ``runtime`` (``auto``: the fastest measured here, said
     through ``say``): the vitkit model (on a CPU, its batches split over the threads), or ONNX
     Runtime / OpenVINO running an exported file or the weights exported on the fly. ``stand_ins``
     (img_size, mean, std, labels) describe an ``.onnx`` file without vitkit's metadata (mean and std a bare
     state dict's normalisation too);
-    ``calibration`` the images a calibrated int8 export calibrates on. What ``vitkit predict``,
+    ``calibration`` the images a calibrated int8 export calibrates on; ``apart``: an export on the fly in a
+    child process (``vitkit serve``: the server does not keep the exporter's memory). What ``vitkit predict``,
     ``eval`` and ``serve`` run."""
     if is_onnx(weights) or is_openvino(weights):
         runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize)
@@ -152,7 +159,8 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
                                                 calibration is not None or can_calibrate(model))
     if chosen and say is not None:
         say(f"runtime auto: {chosen}")
-    model = load_for_runtime(weights, runtime, quantize, model=model, calibration=calibration, **stand_ins)
+    model = load_for_runtime(weights, runtime, quantize, model=model, calibration=calibration, apart=apart,
+                             **stand_ins)
     if getattr(model, "quantization", None) is None:  # torch on a CPU: batches in parts, one per thread
         from ..parallel import for_inference
 

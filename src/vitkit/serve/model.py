@@ -190,6 +190,8 @@ def load_served(weights: str, runtime: Optional[str], quantize: Optional[str], m
     flat from the first request (``vitkit serve`` and each Ray replica)."""
     from ..deploy.choose import load_classifier
 
-    served = ServedModel(load_classifier(weights, runtime, quantize, model_name, say, calibration), max_batch=max_batch)
+    # an export on the fly runs in a child: the server would keep the exporter's memory (twice its own, ViT-S/16)
+    served = ServedModel(load_classifier(weights, runtime, quantize, model_name, say, calibration, apart=True),
+                         max_batch=max_batch)
     served.warm(progress)
     return served
