@@ -6,6 +6,7 @@ It sits above both runtimes (:mod:`.runtime`, :mod:`.openvino`), which know noth
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -87,7 +88,7 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     # the runtime holds the model in memory: the file is not needed once it is loaded (a killed
     # process's folder is removed by the next export on the fly)
     with work_folder(tempfile.gettempdir(), "vitkit-onnx" if runtime == "onnxruntime" else "vitkit-openvino") as folder:
-        if apart:
+        if apart and os.name == "posix":  # a process group and an inherited pipe
             from .apart import export_apart
 
             runner, name = (OpenVinoModel, "model.xml") if runtime == "openvino" else (OnnxModel, "model.onnx")
