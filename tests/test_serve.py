@@ -7,6 +7,7 @@ and the command line's own checks run ``python -m vitkit serve`` as a process.
 """
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,6 +317,40 @@ def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
 
 
 # ------------------------------------------------------------------ the command line and SIGTERM
+
+
+def _processes_naming(text):
+    """PIDs whose command line contains ``text`` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads processes from /proc")
+def test_sigterm_during_the_export_apart_ends_its_processes_and_leaves_no_folder(weights, tmp_path):
+    """The server exports weights on the fly in a child process (its own group): SIGTERM while the child works
+    stops the server as a signal, ends the child, and leaves nothing in the temporary folder."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0", "--runtime",
+                             "onnxruntime", "--quantize", "int8"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(scratch)))
+    try:
+        deadline = time.time() + 120
+        while not (children := _processes_naming(f"vitkit.deploy.apart {scratch}")):
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no child"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+        assert "stopped by SIGTERM" in proc.stderr.read()
+        time.sleep(0.2)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in children)
+        assert list(scratch.iterdir()) == []
+    finally:
+        proc.kill()
 
 
 def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
