@@ -127,7 +127,7 @@ def exported(work: Path, run: Path, runtime: str) -> Path:
 
 def measure(verb: str, work: Path, run: Path, tag: str, args: argparse.Namespace) -> dict:
     """One command's speed (img/s) and wall clock."""
-    weights = str(getattr(args, "weights_file", None) or run / "model")
+    weights = str(args.weights_file)
     if verb == "train":
         cmd = vitkit("train", "--max-steps", str(args.steps), "--runs-dir", str(work / "runs"), "--name", tag,
                      "--no-progress", "--no-tensorboard", "--val-size", "1000")
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         run = prepare(work, args.images, steps=3 if args.quick else 30)
-        args.weights_file = exported(work, run, args.runtime) if set(args.verbs) - {"train"} else None
+        args.weights_file = exported(work, run, args.runtime)  # train alone: torch (parse_args), no export
         results = {"benchmark": "fair_share", "goal": f"every row >= {GOAL:.0%} of c / (k + c) of its speed alone",
                    "cores": cores, "machine": info, "settings": {k: getattr(args, k) for k in
                                                                  ("steps", "eval_images", "images", "ks",

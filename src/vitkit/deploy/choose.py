@@ -88,15 +88,13 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     # the runtime holds the model in memory: the file is not needed once it is loaded (a killed
     # process's folder is removed by the next export on the fly)
     with work_folder(tempfile.gettempdir(), "vitkit-onnx" if runtime == "onnxruntime" else "vitkit-openvino") as folder:
+        runner, export, name = (OpenVinoModel, export_openvino, "model.xml") if runtime == "openvino" else \
+            (OnnxModel, export_onnx, "model.onnx")
         if apart and os.name == "posix":  # a process group and an inherited pipe
             from .apart import export_apart
 
-            runner, name = (OpenVinoModel, "model.xml") if runtime == "openvino" else (OnnxModel, "model.onnx")
             return runner(export_apart(model, Path(folder) / name, runtime, quantize, calibration))
-        if runtime == "openvino":
-            return OpenVinoModel(export_openvino(model, Path(folder) / "model.xml", quantize=quantize,
-                                                 calibration=calibration))
-        return OnnxModel(export_onnx(model, Path(folder) / "model.onnx", quantize=quantize, calibration=calibration))
+        return runner(export(model, Path(folder) / name, quantize=quantize, calibration=calibration))
 
 
 def read_weights(source: PathLike, model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
