@@ -147,6 +147,46 @@ def test_a_broken_processor_config_is_one_line_naming_that_file_and_field(case, 
     assert "preprocessor_config.json" in capsys.readouterr().out
 
 
+#: sizes that bound the longer side: transformers' processors resize by them, vitkit's pipeline cannot
+BOUNDED = [{"longest_edge": 224}, {"shortest_edge": 224, "longest_edge": 256}, {"max_height": 224, "max_width": 224}]
+
+
+@pytest.mark.parametrize("case", ["vit", "clip"])
+@pytest.mark.parametrize("size", BOUNDED, ids=["longest-only", "shortest-and-longest", "max-box"])
+def test_a_size_that_bounds_the_longer_side_is_refused_not_read_as_another(case, size, tmp_path, capsys):
+    """Such a size was left out: the model got other pixels than its processor makes (the cap ignored) or, with
+    nothing else in the size, the class's default size, where transformers refuses the size itself."""
+    from vitkit.cli import main
+
+    model_class, config_class, processor_class, options, _ = CASES[case]
+    model_class(config_class(**SMALL)).save_pretrained(tmp_path)
+    processor_class(**options).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(dict(config, size=size)))
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    wide = Image.fromarray(skimage_data.rocket()[:200])  # 200 x 600: its longer side is past every bound here
+    unbounded = {k: v for k, v in size.items() if k in ("height", "width", "shortest_edge")}
+    if unbounded:  # the bound changes the processor's pixels: leaving it out was not harmless
+        bounded = processor(images=wide, return_tensors="pt").pixel_values
+        plain = processor_class(**dict(config, size=unbounded))(images=wide, return_tensors="pt").pixel_values
+        assert bounded.shape != plain.shape or not torch.allclose(bounded, plain)
+    elif "longest_edge" in size:  # transformers refuses a size with nothing but a cap
+        with pytest.raises(ValueError, match="shortest_edge"):
+            processor(images=wide, return_tensors="pt")
+    bound = next(k for k in size if k in ("longest_edge", "max_height"))
+    with pytest.raises(vitkit.weights.WeightsError, match=f"preprocessor_config.json: size .*{bound}") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value) and ("remove" in str(info.value)) == bool(unbounded)
+    assert main(["info", str(tmp_path)]) == 2
+    assert bound in capsys.readouterr().out
+
+
+def test_a_bound_in_an_unused_crop_size_is_not_refused(tmp_path):
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path)
+    T.CLIPImageProcessor(do_center_crop=False, crop_size={"longest_edge": 224}).save_pretrained(tmp_path)
+    assert vitkit.from_pretrained(tmp_path).config.crop_pct == 1.0
+
+
 def test_one_mean_and_std_for_every_channel_is_read_as_transformers_spreads_it(tmp_path):
     T.ViTModel(T.ViTConfig(**SMALL)).save_pretrained(tmp_path)
     T.ViTImageProcessor(image_mean=0.25, image_std=0.75).save_pretrained(tmp_path)

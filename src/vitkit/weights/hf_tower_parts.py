@@ -75,6 +75,8 @@ class ProcessorConfigError(WeightsError):
 _PIL_FILTERS = range(6)
 #: the sides of a ``size`` or ``crop_size`` vitkit's resize and crop read
 _READ_SIDES = ("height", "width", "shortest_edge")
+#: sides transformers' resize also reads and vitkit's does not: a cap on the longer side, a box to fit inside
+_BOUNDING_SIDES = ("longest_edge", "max_height", "max_width")
 
 
 def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None, channels: Any = 3) -> Dict[str, Any]:
@@ -111,7 +113,7 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
         out["interpolation"] = _RESAMPLE_NAMES[resample]
     square = kind not in _SHORTEST_EDGE_PROCESSORS
     size = _sides("size", pre.get("size"), "height" if square else "shortest_edge")
-    crop = _sides("crop_size", pre.get("crop_size"), "height")
+    crop = _sides("crop_size", pre.get("crop_size"), "height", used=bool(pre.get("do_center_crop")))
     side = size.get("shortest_edge") or size.get("height")
     if size.get("height") and size.get("width") and not size.get("shortest_edge"):
         out["crop_mode"] = "squash"
@@ -137,14 +139,25 @@ def _per_channel(field: str, value: Any, channels: int, positive: bool) -> Tuple
     return numbers
 
 
-def _sides(field: str, value: Any, side: str) -> Dict[str, float]:
+def _sides(field: str, value: Any, side: str, used: bool = True) -> Dict[str, float]:
     """A processor's ``size`` or ``crop_size`` as the sides vitkit reads (height, width, shortest edge), each a
     positive number: an integer is ``side`` (and the width for a height), as transformers' ``get_size_dict``
-    reads it. Other keys (``longest_edge``, the pixel budgets of VLM processors) and null sides are left out."""
+    reads it. A bound on the longer side (``longest_edge``, ``max_height``/``max_width``) is a resize vitkit's
+    pipeline does not do: refused in one line where the field is ``used`` (before, it was left out, and the
+    model was fed other pixels than its processor makes, or, with nothing else in ``size``, the default size,
+    where transformers refuses such a size). Pixel budgets of VLM processors and null sides are left out."""
     if value is None:
         return {}
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = {side: value, **({"width": value} if side == "height" else {})}
+    bounds = [k for k in _BOUNDING_SIDES if isinstance(value, Mapping) and value.get(k) is not None]
+    if bounds and used:
+        others = [k for k in _READ_SIDES if value.get(k) is not None]
+        fix = (f"remove {' and '.join(bounds)} from the file to resize by {' and '.join(others)} alone" if others
+               else "give it a height and width, or a shortest_edge, instead")
+        raise ProcessorConfigError(f"{field} {dict(value)} bounds the longer side ({', '.join(bounds)}), a resize "
+                                   f"vitkit does not do (a height and width, or the shorter side, then the centre "
+                                   f"crop): {fix}")
     read = {k: v for k, v in value.items() if k in _READ_SIDES and v is not None} if isinstance(value, Mapping) \
         else None
     if read is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_IMG_SIZE
