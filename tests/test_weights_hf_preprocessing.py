@@ -181,6 +181,19 @@ def test_a_size_that_bounds_the_longer_side_is_refused_not_read_as_another(case,
     assert bound in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("resample", [1, 4, 5], ids=["lanczos", "box", "hamming"])
+def test_a_filter_vitkit_does_not_resize_with_is_refused_by_name(resample, tmp_path):
+    """transformers resizes with it (other pixels than bicubic's); vitkit used the family's default in silence."""
+    T.ViTModel(T.ViTConfig(**SMALL)).save_pretrained(tmp_path)
+    T.ViTImageProcessor(resample=resample).save_pretrained(tmp_path)
+    photo = Image.fromarray(skimage_data.chelsea())
+    theirs = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)(images=photo, return_tensors="pt")
+    bicubic = T.ViTImageProcessor(resample=3)(images=photo, return_tensors="pt")
+    assert not torch.allclose(theirs.pixel_values, bicubic.pixel_values, atol=1e-3)
+    with pytest.raises(vitkit.weights.WeightsError, match=f"preprocessor_config.json: resample {resample} "):
+        vitkit.from_pretrained(tmp_path)
+
+
 def test_a_bound_in_an_unused_crop_size_is_not_refused(tmp_path):
     T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path)
     T.CLIPImageProcessor(do_center_crop=False, crop_size={"longest_edge": 224}).save_pretrained(tmp_path)

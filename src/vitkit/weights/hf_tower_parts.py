@@ -22,8 +22,10 @@ _VISION_PREFIX = "vision_model."
 _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 
 
-#: PIL's resampling filters (a processor's ``resample``) vitkit resizes with (LANCZOS, BOX, HAMMING: kept bicubic)
+#: PIL's resampling filters (a processor's ``resample``) vitkit resizes with; the others (LANCZOS, BOX, HAMMING)
+#: are refused by name
 _RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+_UNUSED_FILTERS = {1: "LANCZOS", 4: "BOX", 5: "HAMMING"}
 #: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
 _SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
 _HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.48145466, 0.4578275, 0.40821073),
@@ -109,6 +111,10 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     resample = pre.get("resample")
     if resample is not None and (not _is_int(resample) or resample not in _PIL_FILTERS):
         raise ProcessorConfigError(f"resample must be one of PIL's filter numbers 0-5 (3: bicubic), got {resample!r}")
+    if resample in _UNUSED_FILTERS:  # before, the family's default filter was used in silence
+        raise ProcessorConfigError(f"resample {resample} ({_UNUSED_FILTERS[resample]}) is a filter vitkit's resize "
+                                   f"does not use (0 nearest, 2 bilinear, 3 bicubic): set one of those in the file "
+                                   f"to resize with it")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
     square = kind not in _SHORTEST_EDGE_PROCESSORS
