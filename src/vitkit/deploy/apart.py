@@ -26,6 +26,7 @@ from torch import nn
 
 from ..files import PathLike, work_folder
 from ..models.serialize import save_pretrained
+from . import onnx_export, openvino
 from .onnx_export import OnnxExportError
 from .quantize import CalibrationSource, calibrates, calibration_images
 
@@ -45,7 +46,7 @@ def export_apart(model: nn.Module, path: PathLike, runtime: str, quantize: Optio
     with work_folder(path.parent, path.name) as work:
         images = None
         if calibrates(runtime, quantize):  # resolved here: a missing folder or dataset is the usual one line
-            purpose = "OpenVINO int8 (NNCF)" if runtime == "openvino" else "ONNX int8-static"
+            purpose = (openvino if runtime == "openvino" else onnx_export).CALIBRATION_PURPOSE
             images = work / "calibration.npy"
             np.save(images, calibration_images(model, source=calibration, purpose=purpose).numpy(),
                     allow_pickle=False)

@@ -54,6 +54,8 @@ INPUT_NAME = "pixel_values"
 CONFIG_KEY = "vitkit.config"
 #: protobuf's limit on one file; vitkit writes single-file models (ViT-H/14's 2.5 GB is past it)
 PROTO_LIMIT = 2_000_000_000
+#: what calibration images are for, in the line that says they are missing
+CALIBRATION_PURPOSE = "ONNX int8-static"
 
 
 class OnnxExportError(ValueError):
@@ -84,7 +86,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     if problems:
         raise OnnxExportError("; ".join(problems))
     if quantize == "int8-static":  # one line when there are none
-        calibration = calibration_images(model, source=calibration, purpose="ONNX int8-static")
+        calibration = calibration_images(model, source=calibration, purpose=CALIBRATION_PURPOSE)
     onnx, _ = onnx_modules("ONNX export")
     if exporter == "dynamo":
         require("onnxscript", "onnx", "ONNX export (the dynamo exporter; or exporter='torchscript')")

@@ -47,6 +47,8 @@ from .runtime import OnnxMetadataError, OnnxModel, thread_count
 RT_SECTION = "vitkit"
 OPENVINO_QUANTIZATIONS = ("int8",)
 PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+#: what calibration images are for, in the line that says they are missing
+CALIBRATION_PURPOSE = "OpenVINO int8 (NNCF)"
 
 
 def openvino_module(purpose: str):
@@ -76,7 +78,7 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
     ov = openvino_module("OpenVINO export (vitkit convert --to openvino)")
     if quantize:
         _check_nncf()  # installed? (one line naming the extra); the quantization runs in a child process
-        calibration = calibration_images(model, source=calibration, purpose="OpenVINO int8 (NNCF)")
+        calibration = calibration_images(model, source=calibration, purpose=CALIBRATION_PURPOSE)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to OpenVINO",
