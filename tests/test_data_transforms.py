@@ -1,5 +1,7 @@
 """One decoder and one evaluation transform: timm's evaluation pixels, the same for every reader."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +10,8 @@ from PIL import Image
 import vitkit
 from vitkit.data import pipelines
 from vitkit.data.folder import ImageFolder
-from vitkit.data.images import decode_image, load_image
-from vitkit.data.transforms import EvalTransform
+from vitkit.data.images import BadImageError, Skipped, decode_image, load_image
+from vitkit.data.transforms import MAX_RESIZED_PIXELS, EvalTransform
 from vitkit.evaluate import predict_images
 
 MEAN, STD = (0.2, 0.4, 0.6), (0.5, 0.25, 0.125)
@@ -90,3 +92,20 @@ def test_predict_sees_the_pixels_that_folder_validation_sees(tmp_path):
         seen.clear()
         predict_images(model, [path], top_k=1)
         assert torch.equal(seen["x"][0], transform(folder[i][0])), path
+
+
+def test_a_long_thin_image_is_refused_by_name_before_its_resize_takes_gigabytes(tmp_path):
+    """1 x 2,000,000 pixels (a 2 kB PNG) would be resized by its shorter side to 28 x 56,000,000 for a
+    28 px model (1.6 GB): predict names the file, an image folder skips it, a milder shape still runs."""
+    (tmp_path / "a").mkdir()
+    Image.new("L", (2_000_000, 1), 128).save(tmp_path / "a" / "thin.png")
+    Image.new("L", (1_000, 1), 128).save(tmp_path / "a" / "wide.png")  # 28 x 28,000: resized as ever
+    model = vitkit.create_model("vit_fmnist").eval()
+    with pytest.raises(BadImageError, match=r"thin\.png: 2000000 x 1 pixels would be resized to 56,000,000 x 28"):
+        predict_images(model, [tmp_path / "a" / "thin.png"], top_k=1)
+    assert 28 * 56_000_000 > MAX_RESIZED_PIXELS >= 28 * 28_000
+    assert len(predict_images(model, [tmp_path / "a" / "wide.png"], top_k=1)) == 1
+    folder = ImageFolder(tmp_path, channels=1, transform=EvalTransform.from_config(model.config))
+    samples = {Path(path).name: folder[i] for i, (path, _) in enumerate(folder.samples)}
+    assert isinstance(samples["thin.png"], Skipped) and "crop it nearer" in samples["thin.png"].reason
+    assert samples["wide.png"][0].shape == (1, 28, 28)

@@ -275,6 +275,11 @@ def test_a_decompression_bomb_and_an_oversized_body_are_refused_before_decoding(
         assert answer.status_code == 400 and words in answer.json()["error"], answer.text
     big = post(running.url, b"\0" * 300_000)
     assert big.status_code == 413 and "200,000" in big.json()["error"]
+    thin = io.BytesIO()  # 1 kB, a million pixels in all, but resized by its shorter side: gigabytes
+    Image.new("L", (1_000_000, 1)).save(thin, "PNG")
+    for route in ("/predict", "/rollout"):
+        answer = post(running.url, thin.getvalue(), path=route)
+        assert answer.status_code == 400 and "would be resized to" in answer.json()["error"], answer.text
     assert post(running.url, photo(1)).status_code == 200
 
 
@@ -298,9 +303,13 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
 
 def test_bad_query_values_are_one_line_400s(serving):
     running = serving(max_wait_ms=0)
-    for value in ("0", "-1", "x", "1.5"):
+    # '%C2%B2' is '²' and '%D9%A3' an Arabic-Indic 3: str.isdigit passes both (int() refused the one with a
+    # 500 and read the other as 3); 4,301 digits are past what int() reads
+    for value in ("0", "-1", "x", "1.5", "%C2%B2", "%D9%A3", "1" * 4301):
         answer = post(running.url, photo(1), f"/predict?top_k={value}")
-        assert answer.status_code == 400 and "top_k must be a positive integer" in answer.json()["error"]
+        assert answer.status_code == 400 and "top_k must be a positive integer" in answer.json()["error"], answer.text
+        assert len(answer.json()["error"]) < 120
+    assert len(post(running.url, photo(1), "/predict?top_k=" + "9" * 18).json()["top"]) >= 1
 
 
 def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):

@@ -42,6 +42,7 @@ from torch.utils.data import Dataset, default_collate
 
 from ..progress import track
 from .images import DECODE_ERRORS, BadImageError, ImageSource, Skipped, _reason, decode_image, to_rgb  # noqa: F401
+from .transforms import ImageShapeError
 
 logger = logging.getLogger("vitkit.data")
 
@@ -204,13 +205,18 @@ class ImageFolder(SampleList):
         path, label = self.samples[index]
         try:
             im = decode_image(path, self.channels)
+            return (self.transform(im) if self.transform is not None else im), label
+        except ImageShapeError as e:  # evaluation's resize of a long thin image: skipped as a bad file is
+            if self.strict:
+                raise BadImageError(str(path), str(e)) from None
+            logger.warning("skipping %s: %s", path, e)
+            return Skipped(str(path), str(e))
         except (BadImageError, FileNotFoundError) as e:
             if self.strict:
                 raise
             reason = str(getattr(e, "reason", e))
             logger.warning("skipping %s: %s", path, reason)
             return Skipped(str(path), reason)
-        return (self.transform(im) if self.transform is not None else im), label
 
     def __repr__(self) -> str:
         return (f"ImageFolder({str(self.root)!r}: {len(self.samples)} images, {len(self.classes)} classes, "

@@ -66,6 +66,7 @@ from .tar_records import (  # noqa: F401  (importable here as before)
     decode_record,
     iter_records,
 )
+from .transforms import ImageShapeError
 
 logger = logging.getLogger("vitkit.data")
 
@@ -260,13 +261,16 @@ class ShardDataset(RankedReader, IterableDataset):
                 continue
             try:
                 im, label = decode_record(record, self.channels, num_classes)
-            except BadImageError as e:
+                sample = (self.transform(im) if self.transform is not None else im), label
+            except (BadImageError, ImageShapeError) as e:
+                if not isinstance(e, BadImageError):  # evaluation's resize of a long thin image
+                    e = BadImageError(record.name, str(e))
                 if self.strict:
-                    raise
+                    raise e from None
                 logger.warning("skipping %s: %s", e.path, e.reason)
                 yield Skipped(e.path, e.reason)
                 continue
-            yield (self.transform(im) if self.transform is not None else im), label
+            yield sample
 
     def _epoch_order(self) -> List[str]:
         if self.shuffle_buffer == 0:

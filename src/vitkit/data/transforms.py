@@ -25,10 +25,22 @@ import torch
 from PIL import Image
 
 from ..models.config_base import CROP_MODES, CROP_OFFSETS
-from .images import decode_image, load_image, to_rgb
+from .images import BadImageError, decode_image, load_image, to_rgb
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
              "nearest": Image.Resampling.NEAREST}
+
+
+#: The most pixels evaluation resizes an image to before its centre crop. The shorter side is scaled
+#: to the model's size, so a long thin image grows by its aspect ratio (1 x 1,000,000 pixels, a 1 KB
+#: PNG, would become 28 x 28,000,000 for a 28 px model: gigabytes for one image).
+MAX_RESIZED_PIXELS = 40_000_000
+
+
+class ImageShapeError(ValueError):
+    """An image whose aspect ratio is so far from the model's that resizing it would take more than
+    :data:`MAX_RESIZED_PIXELS`; readers turn it into a :class:`~vitkit.data.images.BadImageError`
+    naming the file."""
 
 
 def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], crop_pct: float,
@@ -75,7 +87,12 @@ class EvalTransform:
                    getattr(config, "crop_mode", "center"), getattr(config, "crop_offset", "round"))
 
     def resize(self, im: Image.Image) -> Image.Image:
-        return im.resize(eval_resize_size(im.size, self.img_size, self.crop_pct, self.crop_mode), self.resample)
+        size = eval_resize_size(im.size, self.img_size, self.crop_pct, self.crop_mode)
+        if size[0] * size[1] > MAX_RESIZED_PIXELS:
+            raise ImageShapeError(f"{im.size[0]} x {im.size[1]} pixels would be resized to {size[0]:,} x {size[1]:,} "
+                                  f"before the centre crop to {self.img_size[1]} x {self.img_size[0]} (more than "
+                                  f"{MAX_RESIZED_PIXELS:,} pixels): crop it nearer to the model's aspect ratio")
+        return im.resize(size, self.resample)
 
     def view(self, im: Image.Image) -> Image.Image:
         """The pixels the model sees: resized, centre-cropped, before normalisation."""
@@ -132,7 +149,14 @@ def preprocess(model: Any, images: Union[ImageLike, Sequence[ImageLike]]) -> tor
     batch = [images] if single else list(images)
     if not batch:
         raise ValueError("no images given")
-    return torch.stack([transform(_as_pil(im, channels, i)) for i, im in enumerate(batch)])
+    return torch.stack([_transformed(transform, im, channels, i) for i, im in enumerate(batch)])
+
+
+def _transformed(transform: EvalTransform, image: ImageLike, channels: int, index: int) -> torch.Tensor:
+    try:
+        return transform(_as_pil(image, channels, index))
+    except ImageShapeError as e:  # named as a file that cannot be read is
+        raise BadImageError(str(image) if isinstance(image, (str, Path)) else f"image {index}", str(e)) from None
 
 
 def _as_pil(image: ImageLike, channels: int, index: int) -> Image.Image:

@@ -159,7 +159,7 @@ def _folder_images(model: nn.Module, root: Path, count: int) -> torch.Tensor:
 
     from ..data.folder import IMG_EXTENSIONS
     from ..data.images import BadImageError, load_image
-    from ..data.transforms import transform_for
+    from ..data.transforms import ImageShapeError, transform_for
 
     files = []
     for folder, subfolders, names in os.walk(root):
@@ -173,7 +173,7 @@ def _folder_images(model: nn.Module, root: Path, count: int) -> torch.Tensor:
             break
         try:
             view = np.asarray(transform.view(load_image(files[index], channels)), dtype=np.uint8)
-        except (BadImageError, OSError):
+        except (BadImageError, ImageShapeError, OSError):  # as a calibration file that cannot be read: passed over
             continue
         views.append(view[:, :, None] if view.ndim == 2 else view)
     if not views:

@@ -19,7 +19,7 @@ from PIL import Image
 from torch import nn
 
 from ..data.images import BadImageError, decode_image
-from ..data.transforms import transform_for
+from ..data.transforms import ImageShapeError, transform_for
 from ..deploy.choose import runtime_of
 from ..evaluate.predict import label_for
 from ..models.layers import fast_inference
@@ -106,7 +106,10 @@ class ServedModel:
                 im = decode_image(data, self.channels, name)
             except Image.DecompressionBombWarning as e:
                 raise BadImageError(name, f"too many pixels ({e})") from None
-        return self.transform(im)
+        try:
+            return self.transform(im)
+        except ImageShapeError as e:  # a long thin image: its resize would take gigabytes
+            raise BadImageError(name, str(e)) from None
 
     def _check_size(self, data: bytes, name: str) -> None:
         """The pixel count from the header, before any pixel is decoded (a decompression bomb)."""
