@@ -277,8 +277,11 @@ def _top_k(request, default: int) -> int:
     text = request.query_params.get("top_k")
     if text is None:
         return default
-    if not text.isdigit() or int(text) < 1:
-        raise HttpError(400, f"top_k must be a positive integer, not {text!r}")
+    # ASCII digits only (str.isdigit also passes '²' and other scripts' digits, which int() refuses or
+    # reads), and few enough that int() takes them: anything past the classes is capped anyway
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise HttpError(400, f"top_k must be a positive integer, not {shown!r}")
     return int(text)
 
 
@@ -288,7 +291,7 @@ async def _read_body(request, limit: int, timeout: float) -> bytes:
     from starlette.requests import ClientDisconnect
 
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise HttpError(413, f"the body is {int(length):,} bytes; this server takes at most {limit:,}")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
