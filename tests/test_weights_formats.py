@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import vitkit
 from conftest import fake_snapshot_download, max_diff, randomize
 from vitkit.utils import MissingExtra
 from vitkit.weights import UnsafeCheckpointError, WeightsError, detect_format, load_weights
+from vitkit.weights.export import ExportWarning
 
 
 def tiny(**kw):
@@ -141,6 +143,53 @@ def test_every_format_round_trips(kw, fmt, name, tmp_path, images):
     load_weights(back, path)
     x = images(2, *src.config.img_size)
     assert max_diff(back.eval()(x), src(x)) <= 1e-6
+
+
+@pytest.mark.parametrize("layout", ["npz", "big_vision"])
+def test_official_layouts_refuse_what_would_read_back_as_another_model(layout, tmp_path, images):
+    """A distilled DeiT lost its distillation token and head, a class-token model that pools the patches read
+    back as token pooling (timm's logits 0.3-0.6 away, no word said): both are refused now."""
+    timm = pytest.importorskip("timm")
+    for name, kw, words in (("deit_tiny_distilled_patch16_224", {}, "no distillation token"),
+                            ("vit_tiny_patch16_224", {"global_pool": "avg", "fc_norm": False}, "pools 'avg' beside")):
+        ref = randomize(timm.create_model(name, img_size=32, depth=2, num_classes=5, **kw)).eval()
+        model = vitkit.from_pretrained(_timm_file(ref, tmp_path / "src.safetensors"), model_name=name, img_size=32,
+                                       depth=2, num_classes=5, **kw)
+        x = images(2, 32, 32)
+        assert max_diff(model(x), ref(x)) <= 1e-5  # the model is timm's
+        with pytest.raises(WeightsError, match=words):
+            vitkit.export_weights(model, tmp_path / "w.npz", layout)
+        assert not (tmp_path / "w.npz").exists()
+
+
+def _timm_file(model, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["npz", "big_vision"])
+def test_official_export_names_each_field_the_file_cannot_hold(layout, tmp_path, images):
+    """GELU's form, the normalisation and the crop are no arrays: reading the file back gives the official
+    code's (tanh GELU, mean 0.5, crop 0.9), so the export says so and loading with the model's values is
+    exact; a non-square grid is said too, with the way to load it."""
+    src = tiny(gelu="exact", mean=(0.2, 0.3, 0.4), std=(0.3, 0.3, 0.3), crop_pct=0.875)
+    with pytest.warns(ExportWarning) as said:
+        path = vitkit.export_weights(src, tmp_path / "w.npz", layout)
+    text = str(said[0].message)
+    assert 'gelu "tanh" (this model: "exact")' in text and "mean [0.5, 0.5, 0.5] (this model: [0.2, 0.3, 0.4])" in text
+    assert "crop_pct 0.9 (this model: 0.875)" in text
+    back = vitkit.from_pretrained(path, gelu="exact", mean=(0.2, 0.3, 0.4), std=(0.3, 0.3, 0.3), crop_pct=0.875)
+    x = images(2, 32, 32)
+    assert max_diff(back(x), src(x)) <= 1e-5 and back.config.mean == src.config.mean
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # nothing to say: the official defaults
+        vitkit.export_weights(tiny(gelu="tanh", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9), tmp_path / "q.npz",
+                              layout)
+    wide = tiny(gelu="tanh", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9, img_size=(32, 48))
+    with pytest.warns(ExportWarning, match=r"no image size .* img_size=\(32, 48\)"):
+        vitkit.export_weights(wide, tmp_path / "wide.npz", layout)
 
 
 def test_timm_export_of_2d_embedding_runs_in_timm(tmp_path, images):

@@ -106,6 +106,13 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
         arrays = npz_format.from_native(model, "vit_jax" if format == "npz" else "big_vision", scan)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
+        lost = npz_format.read_back_losses(arrays, model)
+        if lost:  # the official files hold arrays only: say what reading one back assumes, as --to timm's .pth does
+            warnings.warn(f"{path} holds the official arrays only: read back, it would have {'; '.join(lost)}. "
+                          f"Load it with this model's values as keywords (from_pretrained(path, field=value); "
+                          f"vitkit predict --mean --std), or export as 'vitkit' or 'timm' (.safetensors), which "
+                          f"keep them",
+                          ExportWarning, stacklevel=2)
         return path
     raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
 

@@ -27,6 +27,7 @@ of the CNN's feature map (1, 1, C_feat, D) for patch 1.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -327,6 +328,27 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     return {prefix + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
 
 
+#: fields the official files hold nothing of and that do not change the function at the stored size
+#: (a fixed sin-cos table is stored as a learned one)
+_UNSTORED_NEUTRAL = ("name", "pos_embed", "drop_rate", "attn_drop_rate", "drop_path_rate", "pos_drop_rate",
+                     "proj_drop_rate", "attn_impl", "dynamic_img_size")
+
+
+def read_back_losses(arrays: Mapping[str, np.ndarray], model) -> List[str]:
+    """What reading ``model``'s exported ``arrays`` back would give otherwise, as vitkit (and the official
+    code) reads such a file: the fields no array holds (GELU's form, LayerNorm's eps, the input
+    normalisation, the crop, the class names), each as "field VALUE_READ (this model: ITS_VALUE)"."""
+    sd, facts = to_native(arrays)
+    try:
+        got = infer_config(sd, facts).to_dict()
+    except WeightsError:  # a non-square grid: the official code builds the model from its own config
+        return [f"no image size (its position table is no square grid): build the model at img_size="
+                f"{tuple(model.config.img_size)} and vitkit.load_weights(model, path)"]
+    want = model.config.to_dict()
+    return [f"{k} {json.dumps(got.get(k))} (this model: {json.dumps(want[k])})"
+            for k in want if k not in _UNSTORED_NEUTRAL and want[k] != got.get(k)]
+
+
 def _export_problems(cfg: Any, layout: str) -> List[str]:
     """What in ``cfg`` the official ``layout`` cannot express (none: it exports)."""
     problems = []
@@ -337,6 +359,14 @@ def _export_problems(cfg: Any, layout: str) -> List[str]:
                         "normalises after (fc_norm); build it with fc_norm=False")
     if not cfg.qkv_bias:
         problems.append("the official attention always has q/k/v biases")
+    if getattr(cfg, "distill_token", False):
+        problems.append("the official ViT has no distillation token (DeiT's: export as 'timm' or 'hf')")
+    elif getattr(cfg, "class_token", False) and cfg.global_pool != "token":
+        problems.append(f"the official layout reads the class token whenever it holds one; this model pools "
+                        f"{cfg.global_pool!r} beside it (export as 'timm' or 'vitkit')")
+    elif cfg.global_pool not in ("token", "avg", "map"):
+        problems.append(f"the official heads read the class token, the patches' mean or a MAP head, not "
+                        f"{cfg.global_pool!r}")
     if cfg.pos_embed in ("relative", "relative_mlp"):
         problems.append("the official layout has no relative position bias (export as 'vitkit' or 'timm')")
     if cfg.architecture != "vit":
