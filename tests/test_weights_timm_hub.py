@@ -293,3 +293,39 @@ def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, ca
     assert main(run + ["--mean", "0.4", "--std", "0.2", "0.2", "0.2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mean/std need 3 values" in err
+
+
+def test_timm_06s_single_dict_config_reads_as_timm_reads_it(tmp_path, images):
+    """timm 0.6's config.json (one dict: the pretrained config's keys beside ``architecture``, ``labels``
+    for the class names), which timm still reads: its mean, std, crop, filter and class names were
+    left out in silence (ImageNet-style 0.5 / 0.9 / bicubic, classes by number)."""
+    from safetensors.torch import save_file
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", num_classes=4)).eval()
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "vit_tiny_patch16_224", "num_classes": 4, "num_features": 192, "input_size": [3, 224, 224],
+        "crop_pct": 1.0, "interpolation": "bilinear", "mean": [0.1, 0.2, 0.3], "std": [0.3, 0.25, 0.2],
+        "labels": ["ant", "bee", "cat", "dog"]}))
+    theirs = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    data = timm.data.resolve_data_config({}, model=theirs)
+    ours = vitkit.from_pretrained(folder)
+    c = ours.config
+    assert (list(c.mean), list(c.std)) == (pytest.approx(list(data["mean"])), pytest.approx(list(data["std"])))
+    assert (c.crop_pct, c.interpolation) == (data["crop_pct"], data["interpolation"]) == (1.0, "bilinear")
+    assert c.label_names == theirs.pretrained_cfg["label_names"] == ["ant", "bee", "cat", "dog"]
+    x = images(2, 224, 224)
+    with torch.no_grad():
+        assert max_diff(ours(x), theirs(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("field, value", [("model_args", [1, 2]), ("pretrained_cfg", "imagenet")])
+def test_a_config_field_of_the_wrong_type_is_one_line_naming_the_file(tmp_path, field, value):
+    _, folder = _saved(tmp_path, "vit_small_patch16_224", depth=2, img_size=64)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=rf"config\.json: {field} must be an object of fields, not a "):
+        vitkit.from_pretrained(folder)

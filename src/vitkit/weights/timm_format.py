@@ -107,12 +107,32 @@ def known_architecture(arch: str) -> str:
     return base
 
 
+def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """timm 0.6's ``config.json`` (one dict: ``architecture`` beside the pretrained config's own keys,
+    ``labels`` for the class names) in the current form, as timm's ``load_model_config_from_hf`` still
+    reads it: without this its mean, std, crop and class names were left out in silence."""
+    if "pretrained_cfg" in cfg:
+        return cfg
+    pre = {k: v for k, v in cfg.items() if k not in ("architecture", "num_features")}
+    if "labels" in pre:
+        pre["label_names"] = pre.pop("labels")
+    current = {"architecture": cfg.get("architecture"), "pretrained_cfg": pre}
+    for key in ("num_classes", "label_names"):
+        if key in pre:
+            current[key] = pre[key]
+    return current
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
     The base configuration is the registered model of that name, else the one read off the
     shapes; timm's arguments are translated by the family (``Family.timm_args``).
     """
+    for key in ("pretrained_cfg", "model_args"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ValueError(f"{key} must be an object of fields, not a {type(cfg[key]).__name__}")
+    cfg = _current_hub_form(cfg)
     arch = str(cfg.get("architecture", ""))
     pre = cfg.get("pretrained_cfg", {}) or {}
     args = cfg.get("model_args", {}) or {}
