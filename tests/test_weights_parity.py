@@ -1,10 +1,13 @@
 """fp32 parity (<= 1e-5) with timm, Hugging Face transformers and timm's official-npz loader."""
 
+import json
+
 import pytest
 import torch
 
 import vitkit
 from conftest import max_diff, randomize
+from vitkit.weights import WeightsError
 
 timm = pytest.importorskip("timm")
 TOL = 1e-5
@@ -109,6 +112,16 @@ def test_hf_image_classification_to_vitkit(tmp_path, images):
     with torch.no_grad():
         a = ref(x).logits
     assert a.std() > 1e-2 and max_diff(a, ours(x)) <= TOL
+
+
+def test_an_id2label_list_is_one_line_naming_the_file(tmp_path):
+    """transformers writes {"0": "cat", ...}; a list (hand-edited) ended in an 'unexpected AttributeError'."""
+    randomize(transformers.ViTForImageClassification(hf_config())).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["id2label"] = ["cat", "dog", "fox", "owl"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=r"config\.json: id2label must map class numbers to names .* not a list"):
+        vitkit.from_pretrained(tmp_path)
 
 
 def test_hf_vitmodel_pooler_is_pre_logits(tmp_path, images):

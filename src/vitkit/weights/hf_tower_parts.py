@@ -226,6 +226,9 @@ def labels_from_hf(hf: Mapping[str, Any], count: int) -> Optional[List[str]]:
     """The class names of a classifier of ``count`` classes from config.json's ``id2label`` (None without); a
     count that disagrees with the classifier's is an edited file, refused (transformers keeps the two equal)."""
     names = hf.get("id2label") or {}
+    if not isinstance(names, dict):  # transformers writes {"0": "cat", ...}
+        raise WeightsError(f"id2label must map class numbers to names ({{\"0\": \"cat\", ...}}), not a "
+                           f"{type(names).__name__}")
     if names and len(names) != count:
         raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds {count}: "
                            f"it was edited or mixed with other weights; fix or re-save it")
