@@ -59,6 +59,11 @@ def test_info_human_and_json(capsys):
     assert code == 2 and "288 or 304" in err
     code, _, err = run(capsys, "info", "resnetv2_50_nopreact")
     assert code == 2 and "CNN, not a ViT" in err
+    for missing in ("nonexist.safetensors", "./nodir", "nodir/x.pth"):  # a path, said as predict says it
+        code, _, err = run(capsys, "info", missing)
+        assert code == 2 and f"weights not found: {missing} (no such file or folder" in err, err
+    code, _, err = run(capsys, "info", "vit_nonexist")
+    assert code == 2 and "unknown model 'vit_nonexist'" in err
 
 
 def test_convert_each_format(capsys, tmp_path, tiny_weights):

@@ -49,6 +49,14 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
     return lines
 
 
+#: what only a path has: model names are letters, digits, '_', '-' and '.' before a tag
+_WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".xml", ".json")
+
+
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or "\\" in name or name.startswith(("~", ".")) or name.lower().endswith(_WEIGHT_SUFFIXES)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from ..models import family_of, get_model_config
     from ..models.complexity import complexity
@@ -73,7 +81,14 @@ def cmd_info(args: argparse.Namespace) -> int:
             return 2 if "refused" in source else 0
         config = source["config"].replace(**overrides)
     else:
-        config = get_model_config(args.name).replace(**overrides)
+        try:
+            named = get_model_config(args.name)
+        except ValueError:  # no model of that name: a path that is not there is said as predict says it
+            if _looks_like_path(args.name):
+                raise ValueError(f"weights not found: {args.name} (no such file or folder; nor a model name: "
+                                 f"see vitkit models)") from None
+            raise
+        config = named.replace(**overrides)
     if not family_of(config).tokens:
         raise ValueError(f"{args.name} is a {config.architecture} CNN, not a ViT: `vitkit info` describes "
                          f"token costs; `vitkit models --filter {args.name}` lists its parameters and GMACs")
