@@ -243,6 +243,25 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
     assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x.onnx*"))  # nothing half-written
 
 
+def test_a_torch_older_than_the_onnx_extra_asks_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """torch 2.4.1 failed with "export() got an unexpected keyword argument 'external_data'", 2.6.0 and 2.7.1
+    inside torch.export, 2.8.0 exported with parity (2026-11-29, by hand: torch stays pinned here)."""
+    import tomllib
+
+    from vitkit.deploy import onnx_export
+
+    extra = tomllib.loads(open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read())
+    assert f"torch>={onnx_export.MIN_TORCH}" in extra["project"]["optional-dependencies"]["onnx"]
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cu126")
+    with pytest.raises(OnnxExportError, match=r"ONNX export needs torch 2\.8 or newer, not 2\.7\.1\+cu126 .*"
+                                              r"pip install -U 'torch>=2\.8'"):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    assert export_onnx(model, tmp_path / "m.onnx", progress=False).is_file()
+
+
 def test_pre_training_models_and_huge_models_are_refused_before_any_work(tmp_path):
     from vitkit.selfsup import pretrainer_from_configs
 

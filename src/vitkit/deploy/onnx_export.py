@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import torch
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from .._version import __version__
 from ..extras import require
@@ -50,6 +51,8 @@ from ..progress import working
 from .quantize import CalibrationSource
 
 EXPORTERS = ("dynamo", "torchscript")
+#: the oldest torch whose ONNX export vitkit's models pass (pyproject.toml's onnx extra asks for it)
+MIN_TORCH = "2.8"
 INPUT_NAME = "pixel_values"
 CONFIG_KEY = "vitkit.config"
 #: protobuf's limit on one file; vitkit writes single-file models (ViT-H/14's 2.5 GB is past it)
@@ -134,6 +137,10 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
         problems.append(f"the ONNX file's name must end in .onnx, not {path.name!r}")
     if exporter not in EXPORTERS:
         problems.append(f"exporter must be one of {', '.join(EXPORTERS)}, not {exporter!r}")
+    elif TorchVersion(torch.__version__) < MIN_TORCH:  # the onnx extra asks for it; this says so where it was not
+        problems.append(f"ONNX export needs torch {MIN_TORCH} or newer, not {torch.__version__} (2.4's exporter lacks "
+                        f"the arguments vitkit passes; 2.6's and 2.7's torch.export fail on its models): "
+                        f"pip install -U 'torch>={MIN_TORCH}'")
     if opset is not None and (not isinstance(opset, int) or not 17 <= opset <= 23):
         problems.append(f"opset must be an integer from 17 (LayerNormalization) to 23, not {opset!r}")
     if quantize is not None and quantize not in quantizations:
