@@ -229,6 +229,41 @@ def test_shape_mismatch_names_key_and_shapes():
     assert not report.missing
 
 
+def test_the_class_count_hint_comes_only_with_another_class_count():
+    with pytest.raises(WeightsError) as e:  # the same 5 classes at another width
+        load_weights(tiny(), tiny(embed_dim=64).state_dict())
+    assert "head.weight: checkpoint (5, 64) vs model (5, 32)" in str(e.value)
+    assert "number of classes" not in str(e.value)
+    with pytest.raises(WeightsError, match="a different number of classes"):
+        load_weights(tiny(), tiny(num_classes=9).state_dict())
+
+
+def test_non_finite_weights_are_refused_by_name_and_nothing_is_loaded(tmp_path, capsys):
+    """A NaN in timm's weights ran: predict printed 'nan%' and eval scored every image as class 0, exit 0."""
+    import PIL.Image
+    from safetensors.torch import save_file
+
+    from vitkit.cli import main
+
+    timm = pytest.importorskip("timm")
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5))
+    for key, bad in (("blocks.0.attn.qkv.weight", float("nan")), ("head.bias", float("inf"))):
+        sd = {k: v.clone().contiguous() for k, v in ref.state_dict().items()}
+        sd[key].view(-1)[3] = bad
+        save_file(sd, str(tmp_path / "w.safetensors"))
+        model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(WeightsError, match=rf"non-finite values \(NaN or inf\) in {key}: the file is damaged"):
+            load_weights(model, tmp_path / "w.safetensors")
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "model changed on error"
+        PIL.Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+        assert main(["predict", str(tmp_path / "a.png"), "--weights", str(tmp_path / "w.safetensors")]) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]  # after the note on the unstored normalisation a bare file gets
+        assert err.count("error:") == 1 and last.startswith(f"vitkit predict: error: non-finite values (NaN or inf) "
+                                                            f"in {key}"), err
+
+
 def test_from_pretrained_new_class_count_keeps_fresh_head(tmp_path):
     src = tiny()
     src.save_pretrained(tmp_path / "m")

@@ -298,9 +298,15 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     mismatched = [f"{k}: checkpoint {tuple(source[k].shape)} vs model {tuple(target[k].shape)}" for k in differing]
     if mismatched:
         hint = ""
-        if any(m.startswith("head.") for m in mismatched):
+        head = "head.weight"
+        if head in differing and source[head].shape[0] != target[head].shape[0]:
             hint = " (a different number of classes: pass exclude=('head.',) to keep a fresh head)"
         raise WeightsError("shape mismatch: " + "; ".join(mismatched) + hint)
+    # NaN or inf would run: predict printed 'nan%' and eval scored every image as class 0, with exit 0
+    broken = [k for k, v in source.items() if k in target and v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:
+        raise WeightsError(f"non-finite values (NaN or inf) in {_names(broken, 5)}: the file is damaged or was saved "
+                           f"from a run that diverged; nothing was loaded")
     if strict and (report.missing or report.unexpected):
         parts = []
         if report.missing:
