@@ -517,6 +517,31 @@ def test_the_page_classifies_the_example_image_in_headless_chromium(serving, tmp
 
 
 @pytest.mark.slow
+def test_the_page_of_a_server_with_a_key_asks_for_it_then_classifies(serving, tmp_path):
+    """/info needs the key too: the page hid its key field behind the description it could not read, so
+    every drop got 401 with no way to give the key."""
+    pytest.importorskip("websockets")
+    from conftest import DevTools
+
+    running = serving(max_wait_ms=0, api_key="s3cret")
+    upload = tmp_path / "garment.png"
+    upload.write_bytes(photo(7))
+    want = post(running.url, upload.read_bytes(), headers={"X-API-Key": "s3cret"}).json()["top"][0]["label"]
+    browser = DevTools(tmp_path, running.url + "/")
+    try:
+        assert "asks for an API key" in browser.wait_for("(() => { const a = document.getElementById('about')"
+                                                         ".textContent; return a.includes('API key') && a; })()")
+        assert browser.evaluate("document.getElementById('keyrow').hidden") is False
+        browser.evaluate("(() => { const k = document.getElementById('key'); k.value = 's3cret';"
+                         " k.dispatchEvent(new Event('change')); })()")
+        browser.wait_for("document.getElementById('about').textContent.includes(' classes')")
+        browser.choose_file("#file", upload)
+        assert browser.wait_for("document.documentElement.getAttribute('data-top-label')") == want
+    finally:
+        browser.close()
+
+
+@pytest.mark.slow
 def test_a_file_chosen_on_the_page_shows_its_top_label_and_rollout_in_headless_chromium(serving, tmp_path):
     """As a person does it: the page loads, a file is chosen in its file input, and the top label the
     endpoint gives for those bytes appears, with the attention rollout drawn over the image."""

@@ -40,7 +40,12 @@ const $ = (id) => document.getElementById(id);
 let info = null;
 function headers() { const k = $('key').value; return k ? {'Authorization': 'Bearer ' + k} : {}; }
 async function describe() {
-  info = await (await fetch('info', {headers: headers()})).json().catch(() => null);
+  const answer = await fetch('info', {headers: headers()});
+  info = await answer.json().catch(() => null);
+  if (answer.status === 401) {  // /info needs the key too: ask for it, and describe again once it is given
+    $('keyrow').hidden = false; info = null;
+    $('about').textContent = 'this server asks for an API key: enter it below'; return;
+  }
   if (!info || info.error) {
     $('about').textContent = 'the model is not described (' + (info && info.error) + ')'; return;
   }
@@ -77,6 +82,7 @@ $('drop').ondragleave = () => $('drop').classList.remove('over');
 $('drop').ondrop = (e) => { e.preventDefault(); $('drop').classList.remove('over');
   if (e.dataTransfer.files[0]) classify(e.dataTransfer.files[0], e.dataTransfer.files[0].name); };
 $('try').onclick = example;
+$('key').onchange = () => describe().catch((e) => { $('error').textContent = String(e); });
 describe().then(() => { if (new URLSearchParams(location.search).has('example')) return example(); })
   .catch((e) => { $('error').textContent = String(e); });
 </script></body></html>
