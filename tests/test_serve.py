@@ -478,6 +478,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),
     (["--timeout", "0"], "--timeout must be between 0 and 3600"),
     (["--max-body-mb", "0"], "--max-body-mb must be positive"),
+    (["--max-body-mb", "0.0000001"], "not 1e-07 (less than one byte)"),  # was said as --max-body-bytes, no flag
     (["--max-body-mb", "nan"], "--max-body-mb must be positive and at most 1,048,576, not nan"),
     (["--max-body-mb", "inf"], "--max-body-mb must be positive and at most 1,048,576, not inf"),
     (["--port", "70000"], "--port must be between 0 and 65535"),

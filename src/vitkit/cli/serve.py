@@ -11,8 +11,9 @@ from .common import say_for
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import ServeOptions, serve
 
-    if not 0 < args.max_body_mb <= MAX_BODY_MB:  # nan and inf too: the limit is a whole number of bytes
-        raise ValueError(f"--max-body-mb must be positive and at most {MAX_BODY_MB:,}, not {args.max_body_mb}")
+    if not (1 <= args.max_body_mb * 1024 * 1024 and args.max_body_mb <= MAX_BODY_MB):  # nan, inf: whole bytes
+        tiny = " (less than one byte)" if 0 < args.max_body_mb * 1024 * 1024 < 1 else ""
+        raise ValueError(f"--max-body-mb must be positive and at most {MAX_BODY_MB:,}, not {args.max_body_mb}{tiny}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), timeout_s=args.timeout,
                            top_k=args.top_k, api_key=args.api_key)
