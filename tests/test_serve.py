@@ -363,12 +363,15 @@ def test_sigterm_during_the_export_apart_ends_its_processes_and_leaves_no_folder
 
 
 def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0",
-                             "--max-wait-ms", "1500", "--max-batch", "64"], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    """With --json, stdout's one line says where the server listens (with --port 0 the only way to learn it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0", "--json",
+                             "--max-wait-ms", "1500", "--max-batch", "64"], stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         line = proc.stderr.readline()
         url = re.search(r"on (http://127\.0\.0\.1:\d+)", line).group(1)
+        where = json.loads(proc.stdout.readline())
+        assert where["url"] == url == f"http://127.0.0.1:{where['port']}" and where["weights"] == str(weights)
         while httpx.get(url + "/readyz").status_code != 200:
             time.sleep(0.05)
         with ThreadPoolExecutor(3) as pool:
@@ -378,7 +381,7 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
             answers = [f.result() for f in flying]
         assert [a.status_code for a in answers] == [200, 200, 200]
         assert proc.wait(30) == 0
-        assert "stopped: the requests in flight were answered" in proc.stderr.read()
+        assert "stopped: the requests in flight were answered" in proc.stderr.read() and proc.stdout.read() == ""
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/healthz")
     finally:

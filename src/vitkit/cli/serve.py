@@ -4,6 +4,7 @@ app in replicas on Ray Serve (``--ray``: ``vitkit.serve.ray_app.serve_ray``)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from .common import say_for
 
@@ -29,8 +30,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    ready = (lambda where: print(json.dumps(where), flush=True)) if args.json else None  # one line on stdout
     serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"),
-          calibration=args.calibration)
+          calibration=args.calibration, ready=ready)
     return 0
 
 

@@ -68,10 +68,13 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
           quantize: Optional[str] = None, model_name: Optional[str] = None, options: Optional[ServeOptions] = None,
-          say: Callable[[str], None] = print, calibration: Optional[str] = None) -> None:
+          say: Callable[[str], None] = print, calibration: Optional[str] = None,
+          ready: Optional[Callable[[dict], None]] = None) -> None:
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
     OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
-    images a calibrated int8 export calibrates on)."""
+    images a calibrated int8 export calibrates on). ``ready`` is given the address once the socket
+    listens and the model is warm (``url``, ``host``, ``port``, ``weights``, ``runtime``): with
+    ``port=0`` the only way to learn the port the system chose."""
     from ..deploy.choose import runtime_label
 
     options = options or ServeOptions()
@@ -89,6 +92,9 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise
     say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
         f"Ctrl-C or SIGTERM drains and stops")
+    if ready is not None:
+        ready({"url": url, "host": sock.getsockname()[0], "port": sock.getsockname()[1], "weights": str(weights),
+               "runtime": label})
     gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
     try:
         server.run(sockets=[sock])
