@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import time
 from dataclasses import dataclass
 from email.parser import BytesParser
@@ -90,6 +91,8 @@ class Endpoint:
         self.predictor = Batcher(served.probabilities, "predict", *batch)
         self.embedder = Batcher(served.embeddings, "embed", *batch)
         self.state: Dict[str, Any] = {"ready": False, "draining": False}
+        # the default executor's threads (min(32, cores + 4)): decoding and rollouts run on as many at once
+        self.workers, self.waiting = asyncio.Semaphore(min(32, (os.cpu_count() or 1) + 4)), 0
 
     async def lifespan(self, app):
         await self.predictor.start()
@@ -101,12 +104,14 @@ class Endpoint:
         await self.embedder.stop()
 
     async def _through(self, batcher: Batcher, request) -> Tuple[Any, str]:
-        """The request's image decoded (in a worker thread), then its batch's answer for it."""
+        """The request's image decoded (in a worker thread), then its batch's answer for it; ``timeout_s``
+        counts from the body's arrival over both (504 after), ``max_queue`` bounds both waits (503)."""
         with batcher.arriving():
             data, name = await _read_image(request, self.options)
-            x = await self._decoded(data, name)
+            deadline = time.monotonic() + self.options.timeout_s
+            x = await self._in_worker(self.served.image, data, name, deadline=deadline)
         try:
-            result = await asyncio.wait_for(batcher.submit(x), self.options.timeout_s)
+            result = await asyncio.wait_for(batcher.submit(x), max(deadline - time.monotonic(), 0.001))
         except QueueFull:
             raise HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry "
                                  f"shortly", retry_after=1) from None
@@ -117,11 +122,33 @@ class Endpoint:
         self.metrics.inc("vitkit_images_total", endpoint=batcher.name)
         return result, name
 
-    async def _decoded(self, data: bytes, name: str):
+    async def _in_worker(self, fn, data: bytes, name: str, deadline: float):
+        """``fn(data, name)`` (decoding, a rollout) in a worker thread, as many at once as the default executor
+        runs; past ``max_queue`` requests waiting for one, 503; past the deadline, 504. (Without this the
+        executor's own queue grew without bound: neither the timeout nor the queue limit saw it.)"""
+        if self.waiting >= self.options.max_queue:
+            raise HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry "
+                                 f"shortly", retry_after=1)
+        self.waiting += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.served.image, data, name)
+            await asyncio.wait_for(self.workers.acquire(), max(deadline - time.monotonic(), 0.001))
+        except asyncio.TimeoutError:
+            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
+        finally:
+            self.waiting -= 1
+        job = asyncio.get_running_loop().run_in_executor(None, fn, data, name)
+        job.add_done_callback(self._worker_done)  # the thread cannot be stopped: its slot frees when it ends
+        try:
+            return await asyncio.wait_for(asyncio.shield(job), max(deadline - time.monotonic(), 0.001))
+        except asyncio.TimeoutError:
+            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
         except BadImageError as e:
             raise HttpError(400, str(e)) from None
+
+    def _worker_done(self, job: "asyncio.Future") -> None:
+        self.workers.release()
+        if not job.cancelled():
+            job.exception()  # read, so an answer given up on (504) leaves no "never retrieved" warning
 
     def _torch_only(self, what: str) -> None:
         if not self.served.can_embed:
@@ -147,10 +174,7 @@ class Endpoint:
 
         self._torch_only("attention maps")
         data, name = await _read_image(request, self.options)
-        try:
-            png = await asyncio.get_running_loop().run_in_executor(None, self.served.rollout_png, data, name)
-        except BadImageError as e:
-            raise HttpError(400, str(e)) from None
+        png = await self._in_worker(self.served.rollout_png, data, name, time.monotonic() + self.options.timeout_s)
         return Response(png, media_type="image/png")
 
     async def healthz(self):
