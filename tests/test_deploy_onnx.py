@@ -4,6 +4,9 @@ every family's logits through ORT match the PyTorch model's, the file's metadata
 
 import json
 import os
+import subprocess
+import sys
+import urllib.request
 
 import numpy as np
 import onnx
@@ -214,6 +217,24 @@ def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_pat
     vitkit_file = export_onnx(model, tmp_path / "v.onnx")
     assert main(["predict", str(tmp_path / "a.png"), "--weights", str(vitkit_file), "--img-size", "64"]) == 2
     assert "carries its own preprocessing" in capsys.readouterr().err
+    # vitkit serve takes the same stand-ins (its message named them, its parser refused them)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    stand_ins = ["--img-size", "32", "--mean", "0.4", "0.5", "0.6", "--std", "0.2", "0.3", "0.4", "--labels", "a", "b",
+                 "c"]
+    assert main(["predict", str(tmp_path / "b.png"), "--weights", str(path), "--top-k", "3", "--json", *stand_ins]) == 0
+    want = json.loads(capsys.readouterr().out)[0]["top"]
+    server = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(path), "--port", "0", "--json",
+                               *stand_ins], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        url = json.loads(server.stdout.readline())["url"]
+        request = urllib.request.Request(url + "/predict?top_k=3", data=(tmp_path / "b.png").read_bytes())
+        got = json.load(urllib.request.urlopen(request, timeout=60))["top"]
+        assert [t["label"] for t in got] == [t["label"] for t in want]
+        assert np.allclose([t["probability"] for t in got], [t["probability"] for t in want], atol=1e-6)
+    finally:
+        server.terminate()
+        assert server.wait(30) == 0
 
 
 def test_bad_inputs_are_one_line_each(tmp_path, capsys):

@@ -44,13 +44,32 @@ def load_model(args: argparse.Namespace, **kwargs):
     return read_weights(source, args.model, say_for(args.verb), **kwargs)
 
 
+#: the stand-in flags' argparse names (an .onnx file without vitkit metadata; a bare state dict's normalisation)
+STAND_INS = ("img_size", "mean", "std", "labels")
+
+
+def add_stand_in_flags(p: argparse.ArgumentParser) -> None:
+    """What an .onnx file without vitkit's metadata needs (and a bare state dict's normalisation): `vitkit predict`
+    and `vitkit serve` take the same."""
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help="an .onnx file without vitkit metadata: its input H W (or one value)")
+    p.add_argument("--mean", type=float, nargs="+",
+                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel mean")
+    p.add_argument("--std", type=float, nargs="+",
+                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel std")
+    p.add_argument("--labels", nargs="+", help="an .onnx file without vitkit metadata: class names")
+
+
+def stand_ins_of(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k, None) for k in STAND_INS}
+
+
 def runtime_model(args: argparse.Namespace):
     """The classifier ``--weights`` names, on ``--runtime`` (``deploy.choose.load_classifier``)."""
     from ..deploy.choose import load_classifier
 
-    stand_ins = {k: getattr(args, k, None) for k in ("img_size", "mean", "std", "labels")}
     return load_classifier(args.weights, args.runtime, args.quantize, args.model, say_for(args.verb),
-                           args.calibration, **stand_ins)
+                           args.calibration, **stand_ins_of(args))
 
 
 def runtime_name(model) -> str:

@@ -8,7 +8,15 @@ import json
 import sys
 
 from ..files import check_output
-from .common import add_hf_flags, add_runtime_flags, load_model, print_json, runtime_model, runtime_name
+from .common import (
+    add_hf_flags,
+    add_runtime_flags,
+    add_stand_in_flags,
+    load_model,
+    print_json,
+    runtime_model,
+    runtime_name,
+)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -104,13 +112,7 @@ def add_predict(verb) -> None:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
     add_runtime_flags(p)
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
-                   help="an .onnx file without vitkit metadata: its input H W (or one value)")
-    p.add_argument("--mean", type=float, nargs="+",
-                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel mean")
-    p.add_argument("--std", type=float, nargs="+",
-                   help="an .onnx file without vitkit metadata or a bare state dict: per-channel std")
-    p.add_argument("--labels", nargs="+", help="an .onnx file without vitkit metadata: class names")
+    add_stand_in_flags(p)
     p.set_defaults(func=cmd_predict)
 
 

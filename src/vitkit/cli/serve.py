@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import say_for
+from .common import say_for, stand_ins_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -23,16 +23,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
     if args.ray:
+        if given := ["--" + k.replace("_", "-") for k, v in stand_ins_of(args).items() if v is not None]:
+            raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not passed to Ray's replicas: "
+                             f"export the model with its metadata (vitkit convert) and serve that")
         return _serve_on_ray(args, options)
     if given := [flag for flag, value in RAY_FLAGS.items() if getattr(args, value) is not None]:
         raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --ray")
+    stand_ins = stand_ins_of(args)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     ready = (lambda where: print(json.dumps(where), flush=True)) if args.json else None  # one line on stdout
     serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"),
-          calibration=args.calibration, ready=ready)
+          calibration=args.calibration, ready=ready, **stand_ins)
     return 0
 
 
@@ -55,7 +59,7 @@ def _serve_on_ray(args: argparse.Namespace, options) -> int:
 
 
 def add_serve(verb) -> None:
-    from .common import add_runtime_flags
+    from .common import add_runtime_flags, add_stand_in_flags
 
     p = verb("serve", "serve a classifier over HTTP: predict, embed, attention rollout, metrics and a page to try "
                       "it, requests batched dynamically")
@@ -63,6 +67,7 @@ def add_serve(verb) -> None:
                                    "OpenVINO .xml")
     p.add_argument("--model", help="architecture name when the weights have no config")
     add_runtime_flags(p)
+    add_stand_in_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine "
                                                        "only; another needs an API key)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed) [default: 8000]")

@@ -187,7 +187,7 @@ def _display(x: torch.Tensor, transform: Any) -> Any:
 
 def load_served(weights: str, runtime: Optional[str], quantize: Optional[str], model_name: Optional[str],
                 say: Callable[[str], None], calibration: Optional[str], max_batch: int,
-                progress: bool = True) -> ServedModel:
+                progress: bool = True, **stand_ins: Any) -> ServedModel:
     """The classifier ``weights`` name loaded on its runtime (as ``vitkit predict`` picks it), ready for batches
     of up to ``max_batch``: every batch size its runtime keeps state for has run once, so the server's memory is
     flat from the first request (``vitkit serve`` and each Ray replica)."""
@@ -195,7 +195,7 @@ def load_served(weights: str, runtime: Optional[str], quantize: Optional[str], m
 
     # an export on the fly runs in a child: the server would keep the exporter's memory (ViT-S/16, OpenVINO int8:
     # 1.6 GiB after warm-up against 1.1)
-    served = ServedModel(load_classifier(weights, runtime, quantize, model_name, say, calibration, apart=True),
-                         max_batch=max_batch)
+    served = ServedModel(load_classifier(weights, runtime, quantize, model_name, say, calibration, apart=True,
+                                         **stand_ins), max_batch=max_batch)
     served.warm(progress)
     return served

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ..extras import require
 from .app import ServeOptions, create_app
@@ -69,12 +69,13 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
           quantize: Optional[str] = None, model_name: Optional[str] = None, options: Optional[ServeOptions] = None,
           say: Callable[[str], None] = print, calibration: Optional[str] = None,
-          ready: Optional[Callable[[dict], None]] = None) -> None:
+          ready: Optional[Callable[[dict], None]] = None, **stand_ins: Any) -> None:
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
     OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
     images a calibrated int8 export calibrates on). ``ready`` is given the address once the socket
     listens and the model is warm (``url``, ``host``, ``port``, ``weights``, ``runtime``): with
-    ``port=0`` the only way to learn the port the system chose."""
+    ``port=0`` the only way to learn the port the system chose. ``stand_ins`` (img_size, mean, std,
+    labels): an ``.onnx`` file without vitkit's metadata, as ``vitkit predict`` takes them."""
     from ..deploy.choose import runtime_label
 
     options = options or ServeOptions()
@@ -84,7 +85,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise ValueError("; ".join(problems))
     sock = open_socket(host, port)  # a port in use: said before the weights are read
     try:
-        served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch)
+        served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch,
+                             **stand_ins)
         label = runtime_label(served.model)
         server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
