@@ -329,3 +329,15 @@ def test_a_config_field_of_the_wrong_type_is_one_line_naming_the_file(tmp_path, 
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WeightsError, match=rf"config\.json: {field} must be an object of fields, not a "):
         vitkit.from_pretrained(folder)
+
+
+def test_a_width_in_model_args_brings_its_mlp_width_as_timm_builds_it(tmp_path, images):
+    """timm's hidden width is embed_dim x mlp_ratio: vitkit kept the registered 1,536 for a width of 192
+    and refused the folder as a shape mismatch."""
+    ref, folder = _saved(tmp_path, "vit_small_patch16_224", depth=2, img_size=32, num_classes=3, embed_dim=192,
+                         num_heads=3)
+    ours = vitkit.from_pretrained(folder)
+    assert (ours.config.embed_dim, ours.config.mlp_dim) == (192, 768)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert max_diff(ours(x), ref(x)) <= 1e-5

@@ -83,9 +83,11 @@ def vit_timm_args(args: Mapping[str, Any], config: TokenConfig) -> Dict[str, Any
         kw["pos_embed"] = "none"
     if args.get("dynamic_img_pad"):
         raise ValueError("timm dynamic_img_pad=True (zero padding to whole patches) has no vitkit equivalent")
-    if "mlp_ratio" in args:
-        hidden = int(kw.get("embed_dim", config.embed_dim) * args["mlp_ratio"])
-        kw["mlp_dim"] = hidden // 2 if config.mlp == "swiglu_packed" else hidden
+    if "mlp_ratio" in args or "embed_dim" in kw:  # timm's hidden width is embed_dim x mlp_ratio: it follows the width
+        packed = config.mlp == "swiglu_packed"
+        ratio = args["mlp_ratio"] if "mlp_ratio" in args else config.mlp_dim * (2 if packed else 1) / config.embed_dim
+        hidden = int(kw.get("embed_dim", config.embed_dim) * ratio)
+        kw["mlp_dim"] = hidden // 2 if packed else hidden
     return kw
 
 
