@@ -336,6 +336,24 @@ def test_bad_query_values_are_one_line_400s(serving):
     assert len(post(running.url, photo(1), "/predict?top_k=" + "9" * 18).json()["top"]) >= 1
 
 
+def test_unknown_paths_and_methods_answer_in_the_one_error_shape_and_probes_take_head(serving):
+    running = serving(max_wait_ms=0)
+    missing = httpx.get(running.url + "/nothing")
+    assert missing.status_code == 404 and missing.json() == {"error": "Not Found"}
+    wrong = httpx.get(running.url + "/predict")
+    assert wrong.status_code == 405 and wrong.json() == {"error": "Method Not Allowed"}
+    assert "POST" in wrong.headers["allow"]
+    for probe in ("/healthz", "/readyz"):
+        head = httpx.head(running.url + probe)
+        assert head.status_code == 200 and head.content == b"", probe
+
+
+@pytest.mark.parametrize("key", ["kéy", " k", "k\tk"])
+def test_an_api_key_no_client_can_send_is_one_line(serving, key):
+    with pytest.raises(ValueError, match="--api-key must be printable ASCII"):
+        serving(api_key=key)
+
+
 def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
     running = serving(max_wait_ms=0, api_key="s3cret")
     assert post(running.url, photo(1)).status_code == 401

@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
             value = getattr(args, action.dest, None)
             if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
                 name = action.option_strings[-1] if action.option_strings else action.dest.upper()
-                self.error(f"argument {name}: an empty value (give a path or a name)")
+                self.error(f"argument {name}: an empty value (leave the flag out, or give it one)")
 
     def unknown(self, extra: List[str]):
         self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")

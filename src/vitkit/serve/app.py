@@ -65,6 +65,10 @@ class ServeOptions:
             out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
         if not 0 < self.timeout_s <= 3600:
             out.append(f"--timeout must be between 0 and 3600 seconds, not {self.timeout_s}")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()
+                                             and self.api_key.strip() == self.api_key):
+            # HTTP header values are ASCII: a client's UTF-8 bytes never equalled the key
+            out.append("--api-key must be printable ASCII without surrounding spaces (HTTP headers carry ASCII)")
         return out
 
 
@@ -257,6 +261,7 @@ class Guard:
 def create_app(served: ServedModel, options: Optional[ServeOptions] = None, title: str = "vitkit") -> Any:
     """The FastAPI app serving ``served``: predict, embed, rollout, the probes, metrics and the page."""
     fastapi = require("fastapi", "serve", "vitkit serve")
+    import starlette.exceptions as starlette_exceptions
     from fastapi.responses import JSONResponse
 
     options = options or ServeOptions()
@@ -268,11 +273,15 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint
     app.add_middleware(Guard, endpoint=endpoint)
     app.add_exception_handler(HttpError, lambda request, e: error_response(JSONResponse, e))
+    # the framework's own answers (404 an unknown path, 405 a method) in the same one-line shape as every other
+    app.add_exception_handler(starlette_exceptions.HTTPException, lambda request, e: JSONResponse(
+        {"error": str(e.detail)}, status_code=e.status_code, headers=getattr(e, "headers", None)))
     for path, handler in (("/predict", endpoint.predict), ("/embed", endpoint.embed),
                           ("/rollout", endpoint.rollout)):
         app.add_api_route(path, handler, methods=["POST"], openapi_extra=UPLOAD)
-    for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz),
-                          ("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
+    for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz)):
+        app.add_api_route(path, handler, methods=["GET", "HEAD"])  # probes that ask with HEAD
+    for path, handler in (("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
         app.add_api_route(path, handler, methods=["GET"])
     app.add_api_route("/", endpoint.page, methods=["GET"], include_in_schema=False)
     app.add_api_route("/example.png", endpoint.example, methods=["GET"], include_in_schema=False)
