@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -280,6 +281,16 @@ def test_a_bare_pth_says_what_its_shapes_cannot_give_back(tmp_path):
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         assert torch.allclose(back(x), model(x), atol=1e-6)
+    for name in ("vit_tiny_patch16_224", "vit_base_patch16_clip_224"):  # their default patch bias, present or not,
+        plain = vitkit.create_model(name, depth=1, img_size=32)       # is what the shapes say: no note
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            if name.startswith("vit_tiny"):
+                vitkit.export_weights(plain, tmp_path / "t.pth", "timm")
+                continue
+            with pytest.warns(UserWarning) as said:  # CLIP's eps is lost, its patch bias is not
+                vitkit.export_weights(plain, tmp_path / "c.pth", "timm")
+        assert "norm_eps" in str(said[0].message) and "patch_bias" not in str(said[0].message)
 
 
 # ---------------------------------------------------------------- 8. honest words

@@ -314,7 +314,7 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
         if report.unexpected:
             parts.append(f"not in the model: {_names(report.unexpected)}")
         raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts)
-                           + " (strict=False loads the rest)")
+                           + " (in Python, load_weights(model, source, strict=False) loads the rest)")
     if copy:
         with torch.no_grad():
             for k, v in source.items():

@@ -74,6 +74,9 @@ def bare_state_dict_losses(sd: Mapping[str, Any], model) -> List[str]:
     except WeightsError as e:
         return [str(e)]
     want = timm_config(model)
+    # patch_bias None is "the family's default" (none after a pre-norm): equal where the tensor is read the same
+    if want.get("patch_bias") is None and ("patch_embed.proj.bias" in sd) == bool(got.get("patch_bias", True)):
+        got["patch_bias"] = None
     return [f"{k} ({json.dumps(want[k])} in the model, {json.dumps(got.get(k))} read off the shapes)"
             for k in want if k not in _NOT_IN_WEIGHTS and want[k] != got.get(k)]
 
