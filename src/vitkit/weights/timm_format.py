@@ -116,13 +116,10 @@ def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     reads it: without this its mean, std, crop and class names were left out in silence."""
     if "pretrained_cfg" in cfg:
         return cfg
-    pre = {k: v for k, v in cfg.items() if k not in ("architecture", "num_features")}
-    if "labels" in pre:
-        pre["label_names"] = pre.pop("labels")
-    current = {"architecture": cfg.get("architecture"), "pretrained_cfg": pre}
-    for key in ("num_classes", "label_names"):
-        if key in pre:
-            current[key] = pre[key]
+    current = dict(cfg)  # (transformers' TimmWrapper configs have model_args and no pretrained_cfg: kept as they are)
+    current["pretrained_cfg"] = {k: v for k, v in cfg.items() if k not in ("architecture", "num_features", "model_args")}
+    if "labels" in cfg and "label_names" not in cfg:
+        current["label_names"] = cfg["labels"]
     return current
 
 
