@@ -188,8 +188,29 @@ def test_official_export_names_each_field_the_file_cannot_hold(layout, tmp_path,
         vitkit.export_weights(tiny(gelu="tanh", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9), tmp_path / "q.npz",
                               layout)
     wide = tiny(gelu="tanh", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9, img_size=(32, 48))
-    with pytest.warns(ExportWarning, match=r"no image size .* img_size=\(32, 48\)"):
+    with pytest.warns(ExportWarning, match=r"no image size .* load it with img_size=\(32, 48\)"):
         vitkit.export_weights(wide, tmp_path / "wide.npz", layout)
+    back = vitkit.from_pretrained(tmp_path / "wide.npz", img_size=(32, 48))  # as the note says
+    x = images(2, 32, 48)
+    assert max_diff(back(x), wide(x)) <= 1e-5
+
+
+def test_a_non_square_table_is_read_at_the_size_passed_as_the_refusal_asks(tmp_path, images):
+    """'pass img_size=' did not help: the size was applied after the grid was read off the table."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    for name in ("vit_small_patch16_224", "deit3_small_patch16_224"):  # a class slot in the table, and none
+        ref = randomize(timm.create_model(name, img_size=(32, 48), depth=2, num_classes=7)).eval()
+        save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "w.safetensors"))
+        with pytest.raises(WeightsError, match="pass img_size="):
+            vitkit.from_pretrained(tmp_path / "w.safetensors")
+        ours = vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=(32, 48))
+        x = images(2, 32, 48)
+        with torch.no_grad():
+            assert max_diff(ours(x), ref(x)) <= 1e-5, name
+        with pytest.raises(WeightsError, match=r"is no 2 x 4 grid \(img_size=\(32, 64\)"):
+            vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=(32, 64))
 
 
 def test_timm_export_of_2d_embedding_runs_in_timm(tmp_path, images):

@@ -52,6 +52,7 @@ from .layers import (
     linear_drop_path_rates,
     make_mlp,
     norm_factory,
+    to_2tuple,
 )
 from .parallel_block import ParallelBlock
 from .registry import Family, register_family, register_name_pattern
@@ -521,7 +522,8 @@ def infer_vit_config(sd: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     The number of heads is not stored in a fused qkv matrix: it is taken from the paper's
     table for the standard widths, else width / 64 (override with ``num_heads=``).
     """
-    kw = vit_fields(sd)
+    size = overrides.get("img_size")
+    kw = vit_fields(sd, to_2tuple(size) if size is not None else None)
     kw["num_heads"] = HEADS_BY_WIDTH.get(kw["embed_dim"], max(1, kw["embed_dim"] // 64))
     kw.update(overrides)
     return ViTConfig(**kw)

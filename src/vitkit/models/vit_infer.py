@@ -23,9 +23,10 @@ def is_vit_state_dict(keys: Collection[str]) -> bool:
     return "patch_embed.proj.weight" in keys or EMBEDDING_STEM in keys
 
 
-def vit_fields(sd: Mapping[str, Any]) -> Dict[str, Any]:
+def vit_fields(sd: Mapping[str, Any], img_size: Optional[IntPair] = None) -> Dict[str, Any]:
     """The ViTConfig fields a timm/vitkit-named state dict holds (all but the heads); ValueError naming what
-    is missing when it is no ViT's."""
+    is missing when it is no ViT's. ``img_size``: the size the caller asks for, read as the stored one where
+    the table's length cannot say it (a non-square grid)."""
     if "patch_embed.proj.weight" not in sd and EMBEDDING_STEM not in sd:
         raise ValueError("not a ViT state dict: 'patch_embed.proj.weight' is missing")
     try:
@@ -66,8 +67,23 @@ def vit_fields(sd: Mapping[str, Any]) -> Dict[str, Any]:
     if attn_pool:
         kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
     kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
-                              backbone, (ph, pw)))
+                              backbone, (ph, pw), img_size))
     return kw
+
+
+def _given_grid(slots: int, prefix: int, backbone: Optional[Dict[str, Any]], patch: IntPair,
+                given: IntPair) -> Dict[str, Any]:
+    """``img_size`` for a table of no square grid: the size asked for, when its grid has the table's slots."""
+    r = backbone_reduction(backbone) if backbone is not None else 1
+    grid = (given[0] // (patch[0] * r), given[1] // (patch[1] * r))
+    n = grid[0] * grid[1]
+    if slots == n + prefix:
+        return {"img_size": given}
+    if prefix and slots == n:
+        return {"img_size": given, "no_embed_class": True}
+    raise ValueError(f"a position embedding of {slots} slots is no {grid[0]} x {grid[1]} grid "
+                     f"(img_size={given}{f' with {prefix} prefix tokens' if prefix else ''}): pass the size it "
+                     f"was trained at")
 
 
 def _position_kind(sd: Mapping[str, Any]) -> str:
@@ -111,9 +127,11 @@ def _infer_mlp(sd: Mapping[str, Any]) -> Tuple[str, int]:
 
 
 def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, prefix: int,
-                    backbone: Optional[Dict[str, Any]], patch: IntPair) -> Dict[str, Any]:
+                    backbone: Optional[Dict[str, Any]], patch: IntPair, given: Optional[IntPair] = None
+                    ) -> Dict[str, Any]:
     """``img_size`` (and ``no_embed_class`` for a table over the patches only), read off the learned
-    position table or the relative-bias table; nothing when the positions store no grid."""
+    position table or the relative-bias table; nothing when the positions store no grid. A table of no
+    square grid is read at ``given`` (the size asked for) when it fits it."""
     ph, pw = patch
     found: Dict[str, Any] = {}
     if pos_embed == "learned":
@@ -122,6 +140,8 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
         if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
             n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
         side = int(round(n ** 0.5))
+        if side * side != n and given is not None:
+            return _given_grid(slots, prefix, backbone, patch, tuple(given))
         if side * side != n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
                              f"patch slots; pass img_size=")

@@ -342,8 +342,8 @@ def read_back_losses(arrays: Mapping[str, np.ndarray], model) -> List[str]:
     try:
         got = infer_config(sd, facts).to_dict()
     except WeightsError:  # a non-square grid: the official code builds the model from its own config
-        return [f"no image size (its position table is no square grid): build the model at img_size="
-                f"{tuple(model.config.img_size)} and vitkit.load_weights(model, path)"]
+        return [f"no image size (its position table is no square grid): load it with img_size="
+                f"{tuple(model.config.img_size)}"]
     want = model.config.to_dict()
     return [f"{k} {json.dumps(got.get(k))} (this model: {json.dumps(want[k])})"
             for k in want if k not in _UNSTORED_NEUTRAL and want[k] != got.get(k)]
@@ -496,10 +496,18 @@ def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **ove
     if "pos_embed" in sd:
         n = sd["pos_embed"].shape[1] - (1 if facts["pos_has_class_slot"] and class_token else 0)
         side = int(round(n ** 0.5))
-        if side * side != n:
-            raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
         r = backbone_reduction(backbone) if backbone is not None else 1
-        kw["img_size"] = (side * ph * r, side * pw * r)
+        given = overrides.get("img_size")
+        if side * side != n and given is not None:  # no square grid: read at the size asked for, if it fits
+            given = (given, given) if isinstance(given, int) else tuple(given)
+            grid = (given[0] // (ph * r), given[1] // (pw * r))
+            if grid[0] * grid[1] != n:
+                raise WeightsError(f"a {n}-slot position embedding is no {grid[0]} x {grid[1]} grid "
+                                   f"(img_size={given}): pass the size it was trained at")
+            side = None
+        elif side * side != n:
+            raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
+        kw["img_size"] = given if side is None else (side * ph * r, side * pw * r)
         if facts.get("layout") == "vit_jax":  # as timm evaluates these weights: the whole shorter side at 384 px
             kw["crop_pct"] = 1.0 if max(kw["img_size"]) >= 384 else 0.9  # (big_vision's SigLIP: 0.9 at every size)
     kw.update(overrides)

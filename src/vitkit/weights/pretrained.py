@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union  # noqa: F401
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
 
 import torch
 from torch import nn
@@ -189,6 +189,17 @@ def config_for_source(src: Source, **overrides: Any):
     return timm_format.infer_config(sd, **overrides)
 
 
+def _stored_config(src: Source, overrides: Mapping[str, Any]):
+    """The source's configuration; where its position table is no square grid (nothing stores the size),
+    read at the ``img_size`` asked for, as the message refusing it says to pass."""
+    try:
+        return config_for_source(src)
+    except WeightsError as e:
+        if overrides.get("img_size") is None or "pass img_size=" not in str(e):
+            raise
+    return config_for_source(src, img_size=overrides["img_size"])
+
+
 def describe_source(source: PathLike) -> Dict[str, Any]:
     """What a weights file or folder is, before any model is built: its layout, what it calls itself
     (a timm architecture, a Hugging Face class, open_clip), the vitkit config it loads as (or why it
@@ -242,7 +253,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
-    stored = _named_config(src, model_name) if model_name else config_for_source(src)
+    stored = _named_config(src, model_name) if model_name else _stored_config(src, overrides)
     if not model_name:
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
