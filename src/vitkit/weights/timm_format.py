@@ -117,7 +117,8 @@ def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     if "pretrained_cfg" in cfg:
         return cfg
     current = dict(cfg)  # (transformers' TimmWrapper configs have model_args and no pretrained_cfg: kept as they are)
-    current["pretrained_cfg"] = {k: v for k, v in cfg.items() if k not in ("architecture", "num_features", "model_args")}
+    current["pretrained_cfg"] = {k: v for k, v in cfg.items()
+                                 if k not in ("architecture", "num_features", "model_args")}
     if "labels" in cfg and "label_names" not in cfg:
         current["label_names"] = cfg["labels"]
     return current
