@@ -117,12 +117,11 @@ class Endpoint:
         try:
             result = await asyncio.wait_for(batcher.submit(x), max(deadline - time.monotonic(), 0.001))
         except QueueFull:
-            raise HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry "
-                                 f"shortly", retry_after=1) from None
+            raise self._at_capacity() from None
         except Stopped:
             raise HttpError(503, "the server is shutting down", retry_after=5) from None
         except asyncio.TimeoutError:
-            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
+            raise self._too_late() from None
         self.metrics.inc("vitkit_images_total", endpoint=batcher.name)
         return result, name
 
@@ -131,13 +130,12 @@ class Endpoint:
         runs; past ``max_queue`` requests waiting for one, 503; past the deadline, 504. (Without this the
         executor's own queue grew without bound: neither the timeout nor the queue limit saw it.)"""
         if self.waiting >= self.options.max_queue:
-            raise HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry "
-                                 f"shortly", retry_after=1)
+            raise self._at_capacity()
         self.waiting += 1
         try:
             await asyncio.wait_for(self.workers.acquire(), max(deadline - time.monotonic(), 0.001))
         except asyncio.TimeoutError:
-            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
+            raise self._too_late() from None
         finally:
             self.waiting -= 1
         job = asyncio.get_running_loop().run_in_executor(None, fn, data, name)
@@ -145,9 +143,16 @@ class Endpoint:
         try:
             return await asyncio.wait_for(asyncio.shield(job), max(deadline - time.monotonic(), 0.001))
         except asyncio.TimeoutError:
-            raise HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)") from None
+            raise self._too_late() from None
         except BadImageError as e:
             raise HttpError(400, str(e)) from None
+
+    def _at_capacity(self) -> HttpError:
+        return HttpError(503, f"the server is at capacity ({self.options.max_queue} requests waiting): retry shortly",
+                         retry_after=1)
+
+    def _too_late(self) -> HttpError:
+        return HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)")
 
     def _worker_done(self, job: "asyncio.Future") -> None:
         self.workers.release()
