@@ -71,9 +71,10 @@ def vit_fields(sd: Mapping[str, Any], img_size: Optional[IntPair] = None) -> Dic
     return kw
 
 
-def _given_grid(slots: int, prefix: int, backbone: Optional[Dict[str, Any]], patch: IntPair,
+def grid_at_size(slots: int, prefix: int, backbone: Optional[Dict[str, Any]], patch: IntPair,
                 given: IntPair) -> Dict[str, Any]:
-    """``img_size`` for a table of no square grid: the size asked for, when its grid has the table's slots."""
+    """``img_size`` for a table of no square grid: the size asked for, when its grid has the table's slots
+    (timm/vitkit state dicts and the official npz files read it the same way)."""
     r = backbone_reduction(backbone) if backbone is not None else 1
     grid = (given[0] // (patch[0] * r), given[1] // (patch[1] * r))
     n = grid[0] * grid[1]
@@ -141,7 +142,7 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
             n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
         side = int(round(n ** 0.5))
         if side * side != n and given is not None:
-            return _given_grid(slots, prefix, backbone, patch, tuple(given))
+            return grid_at_size(slots, prefix, backbone, patch, tuple(given))
         if side * side != n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
                              f"patch slots; pass img_size=")
@@ -158,4 +159,4 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
     return found
 
 
-__all__ = ["EMBEDDING_STEM", "is_vit_state_dict", "vit_fields"]
+__all__ = ["EMBEDDING_STEM", "is_vit_state_dict", "vit_fields", "grid_at_size"]

@@ -37,6 +37,8 @@ import torch
 from ..models import ViTConfig
 from ..models.hybrid import backbone_in_chans, backbone_reduction, infer_backbone
 from ..models.positions import full_table
+from ..models.sizes import to_2tuple
+from ..models.vit_infer import grid_at_size
 from .io import WeightsError
 
 _VIT_JAX_PARTS = {"ln1": "LayerNorm_0", "mha": "MultiHeadDotProductAttention_1",
@@ -499,15 +501,14 @@ def infer_config(sd: Mapping[str, torch.Tensor], facts: Mapping[str, Any], **ove
         r = backbone_reduction(backbone) if backbone is not None else 1
         given = overrides.get("img_size")
         if side * side != n and given is not None:  # no square grid: read at the size asked for, if it fits
-            given = (given, given) if isinstance(given, int) else tuple(given)
-            grid = (given[0] // (ph * r), given[1] // (pw * r))
-            if grid[0] * grid[1] != n:
-                raise WeightsError(f"a {n}-slot position embedding is no {grid[0]} x {grid[1]} grid "
-                                   f"(img_size={given}): pass the size it was trained at")
-            side = None
+            try:
+                kw["img_size"] = grid_at_size(n, 0, backbone, (ph, pw), to_2tuple(given))["img_size"]
+            except ValueError as e:
+                raise WeightsError(str(e)) from None
         elif side * side != n:
             raise WeightsError(f"cannot infer the grid of a {n}-slot position embedding; pass img_size=")
-        kw["img_size"] = given if side is None else (side * ph * r, side * pw * r)
+        else:
+            kw["img_size"] = (side * ph * r, side * pw * r)
         if facts.get("layout") == "vit_jax":  # as timm evaluates these weights: the whole shorter side at 384 px
             kw["crop_pct"] = 1.0 if max(kw["img_size"]) >= 384 else 0.9  # (big_vision's SigLIP: 0.9 at every size)
     kw.update(overrides)
