@@ -12,24 +12,25 @@ from .common import say_for, stand_ins_of
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import ServeOptions, serve
 
-    if not (1 <= args.max_body_mb * 1024 * 1024 and args.max_body_mb <= MAX_BODY_MB):  # nan, inf: whole bytes
-        tiny = " (less than one byte)" if 0 < args.max_body_mb * 1024 * 1024 < 1 else ""
+    body_bytes = args.max_body_mb * 1024 * 1024
+    if not (1 <= body_bytes and args.max_body_mb <= MAX_BODY_MB):  # nan, inf: the limit is whole bytes
+        tiny = " (less than one byte)" if 0 < body_bytes < 1 else ""
         raise ValueError(f"--max-body-mb must be positive and at most {MAX_BODY_MB:,}, not {args.max_body_mb}{tiny}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                           max_body_bytes=int(args.max_body_mb * 1024 * 1024), timeout_s=args.timeout,
+                           max_body_bytes=int(body_bytes), timeout_s=args.timeout,
                            top_k=args.top_k, api_key=args.api_key)
     if problems := options.problems():  # before the weights are read
         raise ValueError("; ".join(problems))
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
+    stand_ins = stand_ins_of(args)
     if args.ray:
-        if given := ["--" + k.replace("_", "-") for k, v in stand_ins_of(args).items() if v is not None]:
+        if given := ["--" + k.replace("_", "-") for k, v in stand_ins.items() if v is not None]:
             raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not passed to Ray's replicas: "
                              f"export the model with its metadata (vitkit convert) and serve that")
         return _serve_on_ray(args, options)
     if given := [flag for flag, value in RAY_FLAGS.items() if getattr(args, value) is not None]:
         raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --ray")
-    stand_ins = stand_ins_of(args)
     if args.threads is not None:
         import torch
 
