@@ -5,6 +5,8 @@ stderr (0 done, 2 an error in words, 130 Ctrl-C, 143 SIGTERM) or none (141: stdo
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import os
 import select
 import signal
@@ -14,18 +16,18 @@ import warnings
 from typing import Optional, Sequence
 
 from ..errors import describe_error
-from ..signals import Terminated, expect_worker_deaths, interrupt
+from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
 
 def _on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while cleaning up ends it at once
     expect_worker_deaths()  # sent to the process group, it ends the DataLoader workers too
-    interrupt(Terminated())  # now, or after a native import (raised inside one, it would abort)
+    interrupt(Terminated(), signum)  # now, or after a native import (raised inside one, it would abort)
 
 
 def _on_sigint(signum, frame):
-    interrupt(KeyboardInterrupt())  # Python's own handler, made to wait out native imports too
+    interrupt(KeyboardInterrupt(), signum)  # Python's own handler, made to wait out native imports too
 
 
 def _one_line_warnings(verb: str):
@@ -49,6 +51,17 @@ def _error(verb: str, e: Exception, debug: bool) -> int:
         raise e
     print(f"vitkit {verb}: error: {describe_error(e)}", file=sys.stderr)
     return 2
+
+
+def _release_interrupted_work(stop: BaseException) -> None:
+    """Free what the stopped verb held (its frames live on in the exception's traceback): a
+    DataLoader's workers are shut down here, before the last line, rather than by the
+    interpreter's exit, where its queues' threads and finalizers race and print tracebacks."""
+    error: Optional[BaseException] = stop
+    while error is not None:
+        error.__traceback__ = None
+        error = error.__context__ or error.__cause__
+    gc.collect()
 
 
 def _stdout_closed() -> bool:
@@ -82,6 +95,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     verbs[args.verb].refuse_empty(args)
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
+    previous_unraisable = sys.unraisablehook
+    if main_thread:
+        own_signals()
+        sys.unraisablehook = functools.partial(report_unraisable_unless_noted, previous_unraisable)
     previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     # Ctrl-C: only where Python's handler is installed (a background job ignores SIGINT: it still does)
     previous_int = signal.signal(signal.SIGINT, _on_sigint) \
@@ -97,6 +114,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as e:
         if debug:
             raise
+        _release_interrupted_work(e)
         signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         print(f"vitkit {args.verb}: stopped by {signal_name}; partial files were removed", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
@@ -108,6 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _error(args.verb, e, debug)
     finally:
         warnings.showwarning = previous_warn
+        if main_thread:
+            own_signals(False)
+            sys.unraisablehook = previous_unraisable
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         if previous_int is not None:

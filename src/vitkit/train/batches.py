@@ -26,7 +26,7 @@ from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..data.images import Skipped
 from ..evaluate.metrics import prepare_batch
-from ..signals import Terminated
+from ..signals import Terminated, interrupts_deferred, stop_received
 from ..utils import seed_for
 
 log = logging.getLogger("vitkit.train")
@@ -184,6 +184,10 @@ def _note_sigterm(flag: Any, worker_id: int) -> None:
     """A DataLoader worker's first SIGTERM (sent to it alone, or to the whole process group) is
     noted for the main process, which stops the run cleanly at its next batch and shuts the
     workers down; a second one (torch's own terminate(), after a shutdown timed out) ends it."""
+    if isinstance(stop_received(), Terminated):  # it came between the fork and here: the inherited
+        flag.value = 1                          # handler noted it and put SIGTERM's default back
+        return
+
     def on_sigterm(signum, frame):
         flag.value = 1
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -198,12 +202,19 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[MicroBatch]:
         yield from DataLoader(dataset, **options)
         return
     flag = multiprocessing.RawValue("b", 0)
-    for batch in DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options):
-        if flag.value:
-            raise Terminated()
+
+    def check() -> None:  # a worker's note, or a stop of this process Python could only report
+        stop = Terminated() if flag.value else stop_received()
+        if stop is not None:
+            raise stop
+
+    loader = DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options)
+    with interrupts_deferred():  # the workers' start: a stop raised inside it (or inside its at-fork
+        batches = iter(loader)   # hooks, where it is lost) leaves an iterator whose __del__ fails
+    for batch in batches:
+        check()
         yield batch
-        if flag.value:
-            raise Terminated()
+        check()
 
 
 class FolderBatches:

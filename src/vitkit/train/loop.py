@@ -33,7 +33,7 @@ from ..models.complexity import complexity
 from ..parallel import add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..signals import expect_worker_deaths, worker_stop
+from ..signals import expect_worker_deaths, stop_received, worker_stop
 from ..utils import seed_for
 from ..weights.load import shape_problems
 from . import distributed, finetune
@@ -89,7 +89,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
             loop(run)
             return summarise(run)
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C or SIGTERM, to this process or a data worker
-        stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e)
+        # a worker's death after a stop this process received (and Python swallowed: see stop_received)
+        stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
         if stop is None:
             raise
         expect_worker_deaths()
@@ -249,6 +250,9 @@ def loop(run: Run) -> None:
     shown_val: Dict[str, float] = {}  # the last validation accuracy rides along on the bar
     try:
         for step in range(run.start, run.total):
+            stop = stop_received()  # raised where Python could only report it (an at-fork hook, a __del__)
+            if stop is not None:
+                raise stop
             t0 = time.perf_counter()
             lr = lr_at(step, run.total, cfg.lr, run.warmup, cfg.schedule, cfg.min_lr)
             window.add(*_step(run, step, lr, batches))
