@@ -285,6 +285,27 @@ def test_non_finite_weights_are_refused_by_name_and_nothing_is_loaded(tmp_path, 
                                                             f"in {key}"), err
 
 
+def test_integer_weights_where_the_model_has_floats_are_refused(tmp_path):
+    """An int8 tensor (a quantized file whose scales are kept apart) was cast to float as it stood:
+    weights 127 times too large, loaded without a word. Refused by name; nothing is loaded."""
+    from safetensors.torch import save_file
+
+    timm = pytest.importorskip("timm")
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5))
+    sd = {k: v.clone().contiguous() for k, v in ref.state_dict().items()}
+    sd["blocks.1.mlp.fc1.weight"] = (sd["blocks.1.mlp.fc1.weight"] * 1270).round().clamp(-127, 127).to(torch.int8)
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(WeightsError, match=r"int8 values in blocks\.1\.mlp\.fc1\.weight where the model holds "
+                                           r"floating-point weights: a quantized file"):
+        load_weights(model, tmp_path / "w.safetensors")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "model changed on error"
+    sd["blocks.1.mlp.fc1.weight"] = ref.state_dict()["blocks.1.mlp.fc1.weight"].half()  # a float of another width
+    load_weights(model, sd)  # loads, as timm's load_state_dict casts it
+    torch.testing.assert_close(model.blocks[1].mlp.fc1.weight, ref.blocks[1].mlp.fc1.weight.half().float())
+
+
 def test_from_pretrained_new_class_count_keeps_fresh_head(tmp_path):
     src = tiny()
     src.save_pretrained(tmp_path / "m")
@@ -318,6 +339,41 @@ def test_wrapped_and_ddp_prefixed_checkpoints(tmp_path, images):
     load_weights(back, tmp_path / "ckpt.pth")
     x = images(1, 32, 32)
     assert max_diff(back(x), src(x)) == 0
+
+
+def test_a_timm_training_checkpoint_loads_what_timm_load_checkpoint_loads(tmp_path, recwarn):
+    """timm's train.py writes ``checkpoint-N.pth.tar`` with the raw weights under ``state_dict`` and
+    the EMA ones under ``state_dict_ema``, from a compiled DDP model (``_orig_mod.module.``); timm's
+    load_checkpoint takes the EMA ones. vitkit refused the suffix, and took the raw ones in silence."""
+    from timm.models import load_checkpoint
+
+    from vitkit.weights.io import CheckpointNote
+
+    timm = pytest.importorskip("timm")
+    kw = dict(img_size=32, patch_size=8, depth=2, num_classes=5)
+    raw, ema = (randomize(timm.create_model("vit_tiny_patch16_224", **kw), seed=s) for s in (1, 2))
+    wrapped = {f"_orig_mod.module.{k}": v for k, v in raw.state_dict().items()}
+    for keys in (("state_dict", "state_dict_ema"), ("model", "model_ema")):  # timm's train.py's, DeiT's main.py's
+        path = tmp_path / f"checkpoint-{keys[0]}.pth.tar"
+        torch.save({"epoch": 7, "arch": "vit_tiny_patch16_224", "args": {"lr": 0.1}, keys[0]: wrapped,
+                    keys[1]: ema.state_dict(), "optimizer": {"state": {}, "param_groups": []}}, path)
+        theirs = timm.create_model("vit_tiny_patch16_224", **kw)
+        load_checkpoint(theirs, str(path))
+        ours = vitkit.create_model("vit_tiny_patch16_224", **kw)
+        recwarn.clear()
+        load_weights(ours, path)
+        assert [str(w.message) for w in recwarn if w.category is CheckpointNote] == [
+            f"{path} holds averaged weights ({keys[1]}) and the raw ones ({keys[0]}): loaded {keys[1]}, as timm's "
+            f"load_checkpoint does; to load {keys[0]}, save it on its own"]
+        x = torch.rand(2, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(ours.eval()(x), theirs.eval()(x), atol=1e-5, rtol=1e-5)
+    # the raw weights alone, their names under both prefixes: what timm's clean_state_dict gives
+    torch.save({"epoch": 7, "state_dict": wrapped}, tmp_path / "raw.pth.tar")
+    ours = vitkit.create_model("vit_tiny_patch16_224", **kw)
+    load_weights(ours, tmp_path / "raw.pth.tar")
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(torch.ones(1, 3, 32, 32)), raw(torch.ones(1, 3, 32, 32)))
 
 
 class _Evil:

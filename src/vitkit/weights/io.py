@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Dict, Mapping, Optional
@@ -23,8 +24,17 @@ from ..extras import first_line
 from ..files import PathLike, atomic_path
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
-#: Containers that training scripts wrap state dicts in, tried in this order.
-WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module")
+#: A training checkpoint's averaged weights (timm's train.py, DeiT's main.py), taken first, as timm's
+#: ``load_checkpoint`` (``use_ema=True``, its default) takes them.
+EMA_KEYS = ("state_dict_ema", "model_ema")
+#: Containers that training scripts wrap state dicts in, tried in this order (timm's, then others').
+WRAPPER_KEYS = EMA_KEYS + ("state_dict", "model", "model_state_dict", "module")
+#: Prefixes a whole state dict may carry, in either order: DistributedDataParallel's and torch.compile's.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+class CheckpointNote(UserWarning):
+    """Which of a training checkpoint's state dicts was loaded, where it holds more than one."""
 
 
 class WeightsError(ValueError):
@@ -44,7 +54,7 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
         raise WeightsError(f"{path} is a folder; pass a file, or use from_pretrained() for folders")
     if not path.is_file():
         raise WeightsError(f"{path} is not a regular file (a FIFO or a device?): pass a weight file")
-    suffix = path.suffix.lower()
+    suffix = ".pth" if path.name.lower().endswith(".pth.tar") else path.suffix.lower()  # timm's train.py's
     if suffix in (".safetensors", ".npz") + TORCH_SUFFIXES and path.stat().st_size == 0:
         raise WeightsError(f"{path} is empty (0 bytes): not a checkpoint (an interrupted download or copy?)")
     if suffix == ".safetensors":
@@ -54,7 +64,7 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
     if suffix in TORCH_SUFFIXES:
         return _unwrapped_timm(_read_torch(path))
     raise WeightsError(f"unknown weights file type {suffix!r} for {path}; expected .safetensors, "
-                       f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)})")
+                       f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)}, .pth.tar)")
 
 
 #: transformers' TimmWrapperModel / ...ForImageClassification keeps the timm model under this name
@@ -186,19 +196,30 @@ def safetensors_metadata(path: PathLike) -> Dict[str, str]:
 
 
 def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, object]:
-    """Find the state dict inside common training-checkpoint wrappers."""
+    """Find the state dict inside common training-checkpoint wrappers, as timm's ``load_checkpoint``
+    finds it: the EMA weights where the checkpoint has them (said in a note when it has the raw
+    ones too), and the names without DDP's and torch.compile's prefixes."""
     for _ in range(3):
         if isinstance(obj, Mapping) and not _is_state_dict(obj):
-            inner = next((obj[k] for k in WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
-            if inner is None:
+            held = [k for k in WRAPPER_KEYS if isinstance(obj.get(k), Mapping) and obj[k]
+                    and (_is_state_dict(obj[k]) or any(w in obj[k] for w in WRAPPER_KEYS))]
+            if not held:
                 break
-            obj = inner
+            if held[0] in EMA_KEYS and held[1:]:
+                warnings.warn(f"{where} holds averaged weights ({held[0]}) and the raw ones ({held[1]}): loaded "
+                              f"{held[0]}, as timm's load_checkpoint does; to load {held[1]}, save it on its own",
+                              CheckpointNote, stacklevel=3)
+            obj = obj[held[0]]
     if not isinstance(obj, Mapping) or not _is_state_dict(obj):
         raise WeightsError(f"{where}: no state dict of tensors found (top-level keys: "
                            f"{_preview(obj)})")
     sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    if sd and all(k.startswith("module.") for k in sd):  # saved from DistributedDataParallel
-        sd = {k[len("module."):]: v for k, v in sd.items()}
+    stripped = True
+    while sd and stripped:  # saved from DistributedDataParallel, a compiled model, or both
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)
+        stripped = prefix is not None
+        if stripped:
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
     return sd
 
 

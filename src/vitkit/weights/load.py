@@ -307,6 +307,14 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     if broken:
         raise WeightsError(f"non-finite values (NaN or inf) in {_names(broken, 5)}: the file is damaged or was saved "
                            f"from a run that diverged; nothing was loaded")
+    # integers where the model holds floats (a quantized file, its scales kept elsewhere) were cast as they stood
+    integral = [k for k, v in source.items()
+                if k in target and target[k].is_floating_point() and not v.is_floating_point()]
+    if integral:
+        kinds = sorted({str(source[k].dtype).replace("torch.", "") for k in integral})
+        raise WeightsError(f"{'/'.join(kinds)} values in {_names(integral, 5)} where the model holds floating-point "
+                           f"weights: a quantized file (its scales kept apart) is not weights as they stand; load "
+                           f"the float file, or dequantize it first; nothing was loaded")
     if strict and (report.missing or report.unexpected):
         parts = []
         if report.missing:
