@@ -433,6 +433,26 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
         proc.kill()
 
 
+def test_a_sigterm_as_soon_as_the_server_says_it_is_ready_drains_it(weights):
+    """A SIGTERM between the ready line and uvicorn's own handlers was raised as an exception in
+    asyncio's start ("coroutine ... was never awaited", exit 143, nothing said). Sent from the ready
+    callback itself, with the command line's handler in place: the server starts, drains, says so."""
+    import vitkit.cli as cli_module
+    import vitkit.serve.server as server_module
+
+    said, previous = [], signal.signal(signal.SIGTERM, cli_module._on_sigterm)
+    try:
+        server_module.serve(str(weights), port=0, say=said.append,
+                            ready=lambda where: os.kill(os.getpid(), signal.SIGTERM))
+    except cli_module.Terminated:  # a KeyboardInterrupt: uncaught, it would end the whole test session
+        pytest.fail(f"the SIGTERM was raised out of serve() rather than draining the server; said {said}")
+    try:
+        assert signal.getsignal(signal.SIGTERM) is cli_module._on_sigterm  # the command line's handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert said[-1] == "stopped: the requests in flight were answered" and said[-2].startswith("serving ")
+
+
 def test_what_lives_as_long_as_the_server_is_frozen_out_of_the_collector(weights, monkeypatch):
     """`vitkit serve` freezes the objects it loaded (model, app, libraries) before serving: the
     collector's full passes then skip them (bench_serve at 32 clients on OpenVINO int8: p99 392-403

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import socket
-from typing import Any, Callable, Optional, Tuple
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..extras import require
 from .app import ServeOptions, create_app
@@ -92,16 +94,32 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
     except BaseException:
         sock.close()
         raise
-    say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
-        f"Ctrl-C or SIGTERM drains and stops")
-    if ready is not None:
-        ready({"url": url, "host": sock.getsockname()[0], "port": sock.getsockname()[1], "weights": str(weights),
-               "runtime": label})
-    gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
+    previous = _drain_on_signals(server)
     try:
+        say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
+            f"Ctrl-C or SIGTERM drains and stops")
+        if ready is not None:
+            ready({"url": url, "host": sock.getsockname()[0], "port": sock.getsockname()[1], "weights": str(weights),
+                   "runtime": label})
+        gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn raises the signal it drained on again once it is done: done
         pass
     finally:
         sock.close()
-    say("stopped: the requests in flight were answered")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if getattr(server, "force_exit", False):
+        say("stopped at once (a second Ctrl-C): requests in flight were cut off")
+    else:
+        say("stopped: the requests in flight were answered")
+
+
+def _drain_on_signals(server: Any) -> Dict[int, Any]:
+    """From the ready line on, SIGINT and SIGTERM drain the server, as inside ``run``: one that came
+    before uvicorn took them over was raised as an exception in asyncio's start ("coroutine was
+    never awaited", exit 143) by a server that had said it was serving. Returns the handlers to put back."""
+    handle_exit = getattr(server, "handle_exit", None)
+    if handle_exit is None or threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
