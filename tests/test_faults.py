@@ -442,6 +442,25 @@ def test_an_hf_pooler_with_another_activation_is_refused_by_name(tmp_path):
         vitkit.from_pretrained(tmp_path / "hf")
 
 
+def test_an_hf_folder_without_model_type_is_said_as_such(tmp_path):
+    """A config.json without "model_type" was told to "pass the folder that holds both", the folder it
+    had been given; transformers' AutoConfig refuses it too, for the missing key."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8)
+    transformers.ViTModel(config).save_pretrained(tmp_path / "hf")
+    cj = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del cj["model_type"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cj))
+    with pytest.raises(ValueError, match="model_type"):
+        transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    with pytest.raises(WeightsError, match=rf'^{tmp_path / "hf" / "config.json"} has no "model_type", which '
+                                           r'transformers writes and reads to know the model \("vit"'):
+        vitkit.from_pretrained(tmp_path / "hf")
+
+
 def test_a_forked_child_does_not_keep_a_killed_writer_s_lock(tmp_path):
     """A DataLoader worker is a fork of the writer; SIGKILL the writer while its child lives on
     (as a worker does for a few seconds) and the run must be free to resume at once."""

@@ -164,6 +164,10 @@ def config_for_source(src: Source, **overrides: Any):
     if src.pretraining and src.format == "vitkit":
         raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "
                            "pass the folder that holds both")
+    if src.format == "hf" and cj and "architecture" not in cj:  # said as transformers' AutoConfig says it
+        raise WeightsError(f"{_config_file(src)} has no \"model_type\", which transformers writes and reads to know "
+                           f"the model (\"vit\", \"deit\", \"dinov2\", \"clip_vision_model\", ...): add the one "
+                           f"these Hugging Face weights were saved with")
     if src.format == "hf":
         raise WeightsError("Hugging Face weights need their config.json (heads, eps, image size): "
                            "pass the folder that holds both")
