@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -584,6 +585,29 @@ def test_the_page_classifies_the_example_image_in_headless_chromium(serving, tmp
     assert found, "the page never showed an answer"
     assert found.group(1) == want
     assert json.loads(httpx.get(running.url + "/info").text)["labels"] == LABELS
+
+
+@pytest.mark.slow
+def test_the_api_docs_render_from_the_server_alone_in_headless_chromium(serving, tmp_path):
+    """FastAPI's /docs and /redoc load Swagger UI and ReDoc from a CDN: blank on a machine without
+    internet (this one has none). The server serves their files itself; the browser lists the routes."""
+    running = serving()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the schema is built without a warning (HEAD's probes had one each)
+        operations = httpx.get(running.url + "/openapi.json").json()["paths"]
+    assert list(operations["/healthz"]) == ["get"]
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(running.url + page).text
+        assert "/docs-assets/" in html and "https://" not in html, html
+    assets = {name: httpx.get(f"{running.url}/docs-assets/{name}") for name in
+              ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")}
+    assert all(r.status_code == 200 and len(r.content) > 1000 for r in assets.values())
+    assert assets["swagger-ui-bundle.js"].headers["content-type"].startswith("text/javascript")
+    missing = httpx.get(running.url + "/docs-assets/..%2Fcore.py")
+    assert missing.status_code == 404 and missing.json() == {"error": "Not Found"}
+    dom = run_chromium(tmp_path, "--virtual-time-budget=15000", "--dump-dom", running.url + "/docs")
+    listed = set(re.findall(r'data-path="(/[a-z]+)"', dom))
+    assert {"/predict", "/embed", "/rollout", "/healthz", "/info"} <= listed, dom[-2000:]
 
 
 @pytest.mark.slow

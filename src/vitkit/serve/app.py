@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import HTTP
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from ..data.images import BadImageError
@@ -273,8 +274,10 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     if problems := options.problems():
         raise ValueError("; ".join(problems))
     endpoint = Endpoint(served, options, title)
+    assets = docs_assets()
     app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan,
-                          description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically")
+                          description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically",
+                          **({"docs_url": None, "redoc_url": None} if assets else {}))
     app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint
     app.add_middleware(Guard, endpoint=endpoint)
     app.add_exception_handler(HttpError, lambda request, e: error_response(JSONResponse, e))
@@ -285,12 +288,60 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
                           ("/rollout", endpoint.rollout)):
         app.add_api_route(path, handler, methods=["POST"], openapi_extra=UPLOAD)
     for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz)):
-        app.add_api_route(path, handler, methods=["GET", "HEAD"])  # probes that ask with HEAD
+        app.add_api_route(path, handler, methods=["GET"])
+        app.add_api_route(path, handler, methods=["HEAD"], include_in_schema=False)  # probes that ask with HEAD
+        # (one route of both methods: one operation id twice in the schema, a warning each time it is built)
     for path, handler in (("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
         app.add_api_route(path, handler, methods=["GET"])
     app.add_api_route("/", endpoint.page, methods=["GET"], include_in_schema=False)
     app.add_api_route("/example.png", endpoint.example, methods=["GET"], include_in_schema=False)
+    if assets:
+        _add_offline_docs(app, title, assets)
     return app
+
+
+#: Swagger UI's and ReDoc's files (the serve extra's fastapi-offline ships them) and their types
+DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
+               "redoc.standalone.js": "text/javascript", "favicon.png": "image/png"}
+
+
+def docs_assets() -> Optional[Path]:
+    """The folder of :data:`DOCS_ASSETS`, or None (FastAPI's own /docs and /redoc, which fetch them from a
+    CDN: blank pages on a machine without internet, where a model server often runs)."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        return None
+    folder = Path(fastapi_offline.__file__).parent / "static"
+    return folder if all((folder / name).is_file() for name in DOCS_ASSETS) else None
+
+
+def _add_offline_docs(app: Any, title: str, folder: Path) -> None:
+    """/docs and /redoc as FastAPI writes them, their scripts and styles served from ``folder``."""
+    import starlette.exceptions as starlette_exceptions
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import FileResponse
+
+    def docs():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{title} - API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon.png")
+
+    def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{title} - API",
+                              redoc_js_url="/docs-assets/redoc.standalone.js",
+                              redoc_favicon_url="/docs-assets/favicon.png", with_google_fonts=False)
+
+    def asset(name: str):
+        if name not in DOCS_ASSETS:
+            raise starlette_exceptions.HTTPException(status_code=404)
+        return FileResponse(folder / name, media_type=DOCS_ASSETS[name],
+                            headers={"Cache-Control": "public, max-age=86400"})
+
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/redoc", redoc, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/docs-assets/{name}", asset, methods=["GET"], include_in_schema=False)
 
 
 #: the paths counted by name in the metrics (others: "other", so a scan cannot grow them)
