@@ -350,11 +350,11 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     """An evaluation's DataLoader worker that ends just before a SIGTERM leaves a SIGCHLD pending
     for Python; the stop put SIGCHLD's default back, and Python reported the pending one with a
     traceback ("Signal 17 ignored due to race condition", seen in CI). Both pending at once here."""
-    import os
     import signal
     import sys
 
     import vitkit.cli as cli_module
+    from vitkit.signals import stop_received
 
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable.exc_value))
@@ -363,18 +363,16 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # as torch's DataLoader has one
     signal.signal(signal.SIGTERM, cli_module._on_sigterm)
     signal.pthread_sigmask(signal.SIG_BLOCK, both)
-    try:
-        child = os.fork()
-        if child == 0:
-            os._exit(0)
-        os.waitpid(child, 0)  # ended: its SIGCHLD waits behind the mask
-        os.kill(os.getpid(), signal.SIGTERM)
+    try:  # both sent to this thread (os.kill's would go to any thread that does not block them: xdist's)
+        signal.raise_signal(signal.SIGCHLD)  # a worker ended: its SIGCHLD waits behind the mask
+        signal.raise_signal(signal.SIGTERM)
         with pytest.raises(cli_module.Terminated):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
             for _ in range(1000):  # Python runs the handlers here: SIGTERM's first
                 pass
         for _ in range(1000):  # and SIGCHLD's at the next check
             pass
+        assert stop_received() is None  # outside a command: nothing noted for a later training to find
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
         for s, handler in previous.items():

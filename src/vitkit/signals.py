@@ -83,7 +83,8 @@ def interrupt(error: BaseException, signum: Optional[int] = None) -> None:
     handler (``signum`` given), only note it."""
     if _noted_in_forked_child(error, signum):
         return
-    _owner["stop"] = type(error)  # the type: a raised error's traceback holds frames (a DataLoader's workers)
+    if _owner["pid"] is not None:  # only while the command line owns the signals: a library call goes on after
+        _owner["stop"] = type(error)  # the type: a raised error's traceback holds frames (a DataLoader's workers)
     if _deferral["depth"]:
         _deferral["pending"] = error
         return
