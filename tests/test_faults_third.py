@@ -307,7 +307,6 @@ def test_a_stop_python_could_only_report_still_stops_the_run(tmp_path, monkeypat
     lands as an evaluation's DataLoader worker is forked: seen in CI) is only reported by Python
     ("Exception ignored in", a traceback) and dropped, and the handler has put SIGTERM's default
     back: the run went on as if nothing came. It stops at its next step, without a traceback."""
-    import os
     import signal
 
     import vitkit.train.loop as loop_module
@@ -319,7 +318,7 @@ def test_a_stop_python_could_only_report_still_stops_the_run(tmp_path, monkeypat
 
     class SendsSigtermWhenDropped:
         def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)  # to this thread (os.kill's may go to another: xdist's)
             for _ in range(1000):  # the handler runs in this loop, inside __del__: only reported
                 pass
             finished.append(self)
