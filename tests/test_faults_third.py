@@ -395,6 +395,9 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
      "--lora-alpha, --lora-targets apply with --finetune lora (this run: --finetune full)"),
     (["train", "--name", "a\nb"], "name must be a folder name (printable,"),
     (["train", "--name", "run\x1b[2J"], "name must be a folder name (printable,"),
+    (["predict", "--weights", "w.onnx", "--img-size", "32", "a.png"],  # nargs: the image read as a size
+     "invalid int value: 'a.png' (a.png looks like a file: put files before --img-size, or end its values with --)"),
+    (["predict", "--weights", "w.onnx", "--img-size", "32", "x"], "invalid int value: 'x' (see vitkit predict"),
 ])
 def test_flags_mean_what_they_say(tmp_path, capsys, argv, words):
     from types import SimpleNamespace

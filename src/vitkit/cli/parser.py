@@ -4,6 +4,8 @@ verb's flags from the module that handles it."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from typing import Any, List, Sequence
 
@@ -29,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
             unknown = [w for w in getattr(self, "_given", []) if w.startswith("--")
                        and w.split("=")[0] not in self._option_string_actions]
             message += self._meant(unknown)
+        message += _eaten_path(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _meant(self, words: Sequence[str]) -> str:
@@ -50,6 +53,16 @@ class _Parser(argparse.ArgumentParser):
 
     def unknown(self, extra: List[str]):
         self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")
+
+
+def _eaten_path(message: str) -> str:
+    """A flag of several numbers (``--img-size 32 a.png``) reads on into the file names after it: said
+    as such, rather than as a number that is not one."""
+    found = re.match(r"argument (--[\w-]+): invalid (?:int|float) value: '(.*)'$", message)
+    if found is None or not ("/" in found.group(2) or os.path.exists(found.group(2))
+                             or re.search(r"\.[A-Za-z]{2,5}$", found.group(2))):
+        return ""
+    return f" ({found.group(2)} looks like a file: put files before {found.group(1)}, or end its values with --)"
 
 
 def build_parser() -> argparse.ArgumentParser:
