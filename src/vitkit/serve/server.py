@@ -103,8 +103,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
                    "runtime": label})
         gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn raises the signal it drained on again once it is done: done
-        pass
+    except KeyboardInterrupt:  # where the drain could not take the signals (not the main thread), the
+        pass                   # command line's handler raises the stop: done
     finally:
         sock.close()
         for sig, handler in previous.items():

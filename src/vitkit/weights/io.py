@@ -214,12 +214,9 @@ def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, objec
         raise WeightsError(f"{where}: no state dict of tensors found (top-level keys: "
                            f"{_preview(obj)})")
     sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    stripped = True
-    while sd and stripped:  # saved from DistributedDataParallel, a compiled model, or both
-        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)
-        stripped = prefix is not None
-        if stripped:
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
+    # saved from DistributedDataParallel, a compiled model, or both (in either order)
+    while sd and (prefix := next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)):
+        sd = {k[len(prefix):]: v for k, v in sd.items()}
     return sd
 
 

@@ -164,11 +164,11 @@ def config_for_source(src: Source, **overrides: Any):
     if src.pretraining and src.format == "vitkit":
         raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "
                            "pass the folder that holds both")
-    if src.format == "hf" and cj and "architecture" not in cj:  # said as transformers' AutoConfig says it
-        raise WeightsError(f"{_config_file(src)} has no \"model_type\", which transformers writes and reads to know "
-                           f"the model (\"vit\", \"deit\", \"dinov2\", \"clip_vision_model\", ...): add the one "
-                           f"these Hugging Face weights were saved with")
     if src.format == "hf":
+        if cj and "architecture" not in cj:  # no model_type: said as transformers' AutoConfig says it
+            raise WeightsError(f"{_config_file(src)} has no \"model_type\", which transformers writes and reads to "
+                               f"know the model (\"vit\", \"deit\", \"dinov2\", \"clip_vision_model\", ...): add "
+                               f"the one these Hugging Face weights were saved with")
         raise WeightsError("Hugging Face weights need their config.json (heads, eps, image size): "
                            "pass the folder that holds both")
     if cj and "architecture" in cj:
