@@ -9,6 +9,7 @@ words of the message and what is left on disk.
 import json
 import re
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -398,10 +399,12 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     (["predict", "--weights", "w.onnx", "--img-size", "32", "a.png"],  # nargs: the image read as a size
      "invalid int value: 'a.png' (a.png looks like a file: put files before --img-size, or end its values with --)"),
     (["predict", "--weights", "w.onnx", "--img-size", "32", "x"], "invalid int value: 'x' (see vitkit predict"),
+    (["predict", "--weights", "w.onnx", "--labels", "cat", "dog", "x/a.png", "b.png"],  # no images left
+     "required: images (x/a.png, b.png were read as --labels's values: put files before --labels, or end its"),
+    (["predict", "--weights", "w.onnx", "--mean", "-.5", "-0.5", "0", "x/a.png"],  # negative numbers are values
+     "invalid float value: 'x/a.png' (x/a.png looks like a file: put files before --mean"),
 ])
 def test_flags_mean_what_they_say(tmp_path, capsys, argv, words):
-    from types import SimpleNamespace
-
     argv = [*argv, *(["--runs-dir", tmp_path / "runs"] if argv[0] == "train" else [])]
     try:
         done = in_process(capsys, *argv)
@@ -410,6 +413,21 @@ def test_flags_mean_what_they_say(tmp_path, capsys, argv, words):
     line = one_line(done)
     assert words in line, line
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_image_among_the_labels_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    """`predict a.png --labels cat dog b.png`: b.png would be a third class name (or, with as many
+    classes, a silent wrong label); an existing file among the names is refused, before any model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b.png").write_bytes(b"not read")
+    with pytest.raises(SystemExit) as e:
+        in_process(capsys, "predict", "a.png", "--weights", "missing.onnx", "--labels", "cat", "dog", "b.png")
+    assert e.value.code == 2
+    line = one_line(SimpleNamespace(returncode=2, **dict(zip(("stdout", "stderr"), capsys.readouterr()))))
+    assert "argument --labels: b.png is a file, not a class name (put files before --labels" in line, line
+    # the same name, no such file: a class name (the model is what is missing)
+    done = in_process(capsys, "predict", "a.png", "--weights", "missing.onnx", "--labels", "cat", "dog", "c.png")
+    assert done.returncode == 2 and "missing.onnx" in one_line(done)
 
 
 def test_none_switches_init_off_by_value_not_presence():

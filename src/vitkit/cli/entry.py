@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    verbs[args.verb].refuse_empty(args)
+    verbs[args.verb].check_values(args)
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
     previous_unraisable = sys.unraisablehook

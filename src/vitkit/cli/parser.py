@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("the following arguments are required"):  # a misspelt flag is why, often
             unknown = [w for w in getattr(self, "_given", []) if w.startswith("--")
                        and w.split("=")[0] not in self._option_string_actions]
-            message += self._meant(unknown)
+            message += self._meant(unknown) or self._files_taken()
         message += _eaten_path(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -42,25 +42,57 @@ class _Parser(argparse.ArgumentParser):
                    for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
         return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
-    def refuse_empty(self, args: argparse.Namespace) -> None:
-        """An empty string is no path or name: ``--out ""`` would mean the current folder, or
-        nothing at all (``--dry-run ""`` would push for real)."""
+    def _files_taken(self) -> str:
+        """Files read as the values of a flag of several values before them (``--labels cat dog a.png``
+        leaves no images): said as such, with the two ways out."""
+        flag, taken = None, {}
+        for word in getattr(self, "_given", []):
+            if word == "--":
+                break
+            if word.startswith("-") and not _NUMBER.match(word):
+                action = self._option_string_actions.get(word)
+                flag = word if action is not None and action.nargs in ("+", "*") else None
+            elif flag is not None and _looks_like_file(word):
+                taken.setdefault(flag, []).append(word)
+        if not taken:
+            return ""
+        flag, files = next(iter(taken.items()))
+        return (f" ({', '.join(files)} {'was' if len(files) == 1 else 'were'} read as {flag}'s values: put files "
+                f"before {flag}, or end its values with --)")
+
+    def check_values(self, args: argparse.Namespace) -> None:
+        """Values no flag means. An empty string is no path or name: ``--out ""`` would mean the
+        current folder, or nothing at all (``--dry-run ""`` would push for real). A file among a
+        list of names (``predict a.png --labels cat dog b.png``) is an image read as a class name."""
         for action in self._actions:
             value = getattr(args, action.dest, None)
+            name = action.option_strings[-1] if action.option_strings else action.dest.upper()
             if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
-                name = action.option_strings[-1] if action.option_strings else action.dest.upper()
                 self.error(f"argument {name}: an empty value (leave the flag out, or give it one)")
+            files = [v for v in value if os.path.isfile(v)] if action.dest in NAME_LISTS and value else []
+            if files:
+                self.error(f"argument {name}: {', '.join(files)} {'is a file' if len(files) == 1 else 'are files'}, "
+                           f"not {'a class name' if len(files) == 1 else 'class names'} (put files before {name}, "
+                           f"or end its values with --)")
 
     def unknown(self, extra: List[str]):
         self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")
+
+
+#: flags whose values are names, never files (a file among them was meant as an input)
+NAME_LISTS = ("labels",)
+_NUMBER = re.compile(r"^-\d|^-\.\d")
+
+
+def _looks_like_file(word: str) -> bool:
+    return "/" in word or os.path.exists(word) or re.search(r"\.[A-Za-z]{2,5}$", word) is not None
 
 
 def _eaten_path(message: str) -> str:
     """A flag of several numbers (``--img-size 32 a.png``) reads on into the file names after it: said
     as such, rather than as a number that is not one."""
     found = re.match(r"argument (--[\w-]+): invalid (?:int|float) value: '(.*)'$", message)
-    if found is None or not ("/" in found.group(2) or os.path.exists(found.group(2))
-                             or re.search(r"\.[A-Za-z]{2,5}$", found.group(2))):
+    if found is None or not _looks_like_file(found.group(2)):
         return ""
     return f" ({found.group(2)} looks like a file: put files before {found.group(1)}, or end its values with --)"
 
