@@ -283,12 +283,18 @@ def test_non_finite_weights_are_refused_by_name_and_nothing_is_loaded(tmp_path, 
         last = err.strip().splitlines()[-1]  # after the note on the unstored normalisation a bare file gets
         assert err.count("error:") == 1 and last.startswith(f"vitkit predict: error: non-finite values (NaN or inf) "
                                                             f"in {key}"), err
+        # `vitkit info` says what predict would: it cannot load it (exit 2), not the model it would be
+        assert main(["info", str(tmp_path / "w.safetensors")]) == 2
+        out = capsys.readouterr().out
+        assert f"cannot load it: non-finite values (NaN or inf) in {key}" in out and "parameters" not in out, out
 
 
 def test_integer_weights_where_the_model_has_floats_are_refused(tmp_path):
     """An int8 tensor (a quantized file whose scales are kept apart) was cast to float as it stood:
     weights 127 times too large, loaded without a word. Refused by name; nothing is loaded."""
     from safetensors.torch import save_file
+
+    from vitkit.weights.pretrained import describe_source
 
     timm = pytest.importorskip("timm")
     ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5))
@@ -301,6 +307,8 @@ def test_integer_weights_where_the_model_has_floats_are_refused(tmp_path):
                                            r"floating-point weights: a quantized file"):
         load_weights(model, tmp_path / "w.safetensors")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "model changed on error"
+    info = describe_source(tmp_path / "w.safetensors")  # vitkit info: said before any model is built
+    assert "config" in info and info["refused"].startswith("int8 values in blocks.1.mlp.fc1.weight"), info
     sd["blocks.1.mlp.fc1.weight"] = ref.state_dict()["blocks.1.mlp.fc1.weight"].half()  # a float of another width
     load_weights(model, sd)  # loads, as timm's load_state_dict casts it
     torch.testing.assert_close(model.blocks[1].mlp.fc1.weight, ref.blocks[1].mlp.fc1.weight.half().float())

@@ -360,7 +360,7 @@ def _names(names: List[str], limit: int = 20) -> str:
 
 def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
                  strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
-                 exclude: Sequence[str] = ()) -> LoadReport:
+                 exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
     """Load weights in any supported layout into ``model`` (in place).
 
     ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
@@ -368,7 +368,8 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     different patch grid is resampled (``interpolation`` 'bicubic' as timm/DeiT, 'bilinear'
     as the official code). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
-    every shape mismatch; the model is untouched when it raises.
+    every shape mismatch; the model is untouched when it raises. ``copy=False``: every check,
+    nothing copied (the model may be on the meta device).
     """
     if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new), and
         model = model.model              # a checkpoint's classifier, of any class count, is not part of it
@@ -388,8 +389,8 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
                if m]
     report.resampled += adapted
-    out = load_state_dict_checked(model, sd, strict, exclude, report)
-    for what in adapted:  # filters that compute another function are said; a position grid is the expected case
+    out = load_state_dict_checked(model, sd, strict, exclude, report, copy)
+    for what in adapted if copy else ():  # filters that compute another function are said; a position grid is the expected case
         warnings.warn(AdaptNote(f"adapted the weights: {what}"), stacklevel=2)
     return out
 

@@ -226,11 +226,22 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         dtypes=sorted({str(getattr(t, "dtype", "?")).replace("torch.", "") for t in tensors}))
     try:
         info["config"] = config_for_source(src)
+        if not src.pretraining:  # what from_pretrained checks next: a file it refuses is not said to load
+            _check_loads(info["config"], src)
     except (WeightsError, ValueError, TypeError) as e:
         info["refused"] = " ".join(str(e).split())
         return info
     info["assumed"] = guesses(info["config"], src)
     return info
+
+
+def _check_loads(config: Any, src: Source) -> None:
+    """Every check :func:`from_pretrained` makes before it copies (the source's claims, names,
+    shapes, values), against a model on the meta device: nothing is built or copied."""
+    check_claims(config, src)
+    with torch.device("meta"):
+        model = build_from_config(config)
+    load_weights(model, src, antialias=getattr(config, "pos_embed_antialias", True), copy=False)
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
