@@ -194,12 +194,13 @@ def config_for_source(src: Source, **overrides: Any):
 
 
 def _stored_config(src: Source, overrides: Mapping[str, Any]):
-    """The source's configuration; where its position table is no square grid (nothing stores the size),
-    read at the ``img_size`` asked for, as the message refusing it says to pass."""
+    """The source's configuration; where it cannot be read alone (a position table of no square grid,
+    where nothing stores the size) and an ``img_size`` is asked for, read at that size: what is wrong
+    with that reading is then the error (the same one, where the size was not the reason)."""
     try:
         return config_for_source(src)
-    except WeightsError as e:
-        if overrides.get("img_size") is None or "pass img_size=" not in str(e):
+    except WeightsError:
+        if overrides.get("img_size") is None:
             raise
     return config_for_source(src, img_size=overrides["img_size"])
 
