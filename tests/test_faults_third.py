@@ -276,6 +276,38 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
 
 
+def test_sigterm_to_an_evaluation_worker_stops_it_as_a_stop(tmp_path):
+    """`vitkit eval --dataset hf:...` reads through DataLoader workers too: a SIGTERM to one of them
+    ended in "unexpected RuntimeError: DataLoader worker ... is killed by signal: Terminated ...
+    please report it" (exit 2). Now the stop it is: 143, the one stopped line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_faults_hostile import ENV, wait_for
+
+    datasets = pytest.importorskip("datasets")
+    data = hf_folder(tmp_path / "hf", [0, 1], [0, 1] * 2000, datasets.ClassLabel(names=["a", "b"]), size=32)
+    vitkit.create_model("vit_fmnist", img_size=32, in_chans=1, num_classes=2,
+                        label_names=["a", "b"]).save_pretrained(tmp_path / "m")
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "eval", "--weights", tmp_path / "m", "--dataset",
+                             f"hf:{data}", "--batch-size", "8", "--no-progress"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: list = []
+
+    def workers() -> bool:
+        seen[:] = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        return len(seen) == 2
+
+    wait_for(workers, proc, what="the evaluation's two workers")
+    os.kill(int(seen[0]), signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-1500:]
+    assert err.strip().splitlines()[-1] == "vitkit eval: stopped by SIGTERM; partial files were removed", err
+    assert "top-1" not in out  # no score of the part that ran
+
+
 def test_a_forked_child_notes_an_inherited_sigterm_and_goes_on():
     """A DataLoader worker between its fork and its worker_init_fn still has the command line's
     handler: raised there, Terminated was a traceback and a worker that "exited unexpectedly", an

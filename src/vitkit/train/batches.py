@@ -11,22 +11,19 @@ samples); their augmentation follows the worker's random state and is not replay
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-import multiprocessing
-import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..data.images import Skipped
+from ..data.loader import loader_batches
 from ..evaluate.metrics import prepare_batch
-from ..signals import Terminated, interrupts_deferred, stop_received
 from ..utils import seed_for
 
 log = logging.getLogger("vitkit.train")
@@ -178,43 +175,6 @@ class _Seeded(Dataset):
         with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
             torch.manual_seed(seed)
             return self.transform(sample[0]), sample[1]
-
-
-def _note_sigterm(flag: Any, worker_id: int) -> None:
-    """A DataLoader worker's first SIGTERM (sent to it alone, or to the whole process group) is
-    noted for the main process, which stops the run cleanly at its next batch and shuts the
-    workers down; a second one (torch's own terminate(), after a shutdown timed out) ends it."""
-    if isinstance(stop_received(), Terminated):  # it came between the fork and here: the inherited
-        flag.value = 1                          # handler noted it and put SIGTERM's default back
-        return
-
-    def on_sigterm(signum, frame):
-        flag.value = 1
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-
-def loader_batches(dataset: Dataset, **options: Any) -> Iterator[MicroBatch]:
-    """A DataLoader's batches; with workers, a SIGTERM that reached one of them stops the run as
-    one to this process does (:class:`~vitkit.utils.Terminated` at the next batch), rather than
-    torch's "worker is killed by signal" error."""
-    if not options.get("num_workers"):
-        yield from DataLoader(dataset, **options)
-        return
-    flag = multiprocessing.RawValue("b", 0)
-
-    def check() -> None:  # a worker's note, or a stop of this process Python could only report
-        stop = Terminated() if flag.value else stop_received()
-        if stop is not None:
-            raise stop
-
-    loader = DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options)
-    with interrupts_deferred():  # the workers' start: a stop raised inside it (or inside its at-fork
-        batches = iter(loader)   # hooks, where it is lost) leaves an iterator whose __del__ fails
-    for batch in batches:
-        check()
-        yield batch
-        check()
 
 
 class FolderBatches:

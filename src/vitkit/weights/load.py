@@ -390,7 +390,8 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
                if m]
     report.resampled += adapted
     out = load_state_dict_checked(model, sd, strict, exclude, report, copy)
-    for what in adapted if copy else ():  # filters that compute another function are said; a position grid is the expected case
+    # filters that compute another function are said; a position grid is the expected case
+    for what in adapted if copy else ():
         warnings.warn(AdaptNote(f"adapted the weights: {what}"), stacklevel=2)
     return out
 

@@ -1,0 +1,53 @@
+"""A DataLoader's batches that stop as the command stops: a SIGTERM that reaches one of its
+worker processes (alone, or with the whole process group) ends the run as one to the main
+process does (:class:`~vitkit.signals.Terminated` at the next batch), not as torch's "worker is
+killed by signal" error; and one that lands while the workers are forked is not lost. Training,
+evaluation and feature extraction over files read through it."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import signal
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader, Dataset
+
+from ..signals import Terminated, interrupts_deferred, stop_received
+
+
+def _note_sigterm(flag: Any, worker_id: int) -> None:
+    """A DataLoader worker's first SIGTERM (sent to it alone, or to the whole process group) is
+    noted for the main process, which stops the run cleanly at its next batch and shuts the
+    workers down; a second one (torch's own terminate(), after a shutdown timed out) ends it."""
+    if isinstance(stop_received(), Terminated):  # it came between the fork and here: the inherited
+        flag.value = 1                          # handler noted it and put SIGTERM's default back
+        return
+
+    def on_sigterm(signum, frame):
+        flag.value = 1
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
+    """A DataLoader's batches; with workers, a SIGTERM that reached one of them stops the run as
+    one to this process does (:class:`~vitkit.signals.Terminated` at the next batch), rather than
+    torch's "worker is killed by signal" error."""
+    if not options.get("num_workers"):
+        yield from DataLoader(dataset, **options)
+        return
+    flag = multiprocessing.RawValue("b", 0)
+
+    def check() -> None:  # a worker's note, or a stop of this process Python could only report
+        stop = Terminated() if flag.value else stop_received()
+        if stop is not None:
+            raise stop
+
+    loader = DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options)
+    with interrupts_deferred():  # the workers' start: a stop raised inside it (or inside its at-fork
+        batches = iter(loader)   # hooks, where it is lost) leaves an iterator whose __del__ fails
+    for batch in batches:
+        check()
+        yield batch
+        check()
