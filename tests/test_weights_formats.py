@@ -384,6 +384,63 @@ def test_a_timm_training_checkpoint_loads_what_timm_load_checkpoint_loads(tmp_pa
         torch.testing.assert_close(ours.eval()(torch.ones(1, 3, 32, 32)), raw(torch.ones(1, 3, 32, 32)))
 
 
+def test_a_checkpoint_of_timm_train_py_builds_the_model_it_names(tmp_path):
+    """What timm's train.py writes (its CheckpointSaver): ``args``, an argparse.Namespace, and
+    ``arch``, the model's name. The Namespace was refused as an unsafe object, so no such file
+    loaded; now it is read (an attribute holder runs nothing), and the model is built as train.py
+    built it: by name (DeiT's ImageNet mean and std, not a guess from the tensors), with
+    model_kwargs, the head's classes; the EMA weights, as timm's load_checkpoint takes them."""
+    import argparse
+    import pathlib
+
+    timm = pytest.importorskip("timm")
+    from timm.models import load_checkpoint
+    from timm.utils import CheckpointSaver, ModelEmaV3
+
+    from vitkit.weights.pretrained import describe_source
+
+    kwargs = dict(depth=2, img_size=32, patch_size=8)
+    model = randomize(timm.create_model("deit_tiny_patch16_224", num_classes=10, **kwargs))
+    ema = ModelEmaV3(model, decay=0.5)
+    randomize(model, seed=3)
+    ema.update(model)  # the averaged weights differ from the raw ones
+    args = argparse.Namespace(model="deit_tiny_patch16_224", num_classes=10, model_kwargs=kwargs, img_size=None,
+                              input_size=None, in_chans=None, gp=None, mean=None, std=None, crop_pct=None,
+                              interpolation="", lr=1e-3, epochs=3, data_dir="/data/x", device="cuda:0")
+    saver = CheckpointSaver(model, torch.optim.AdamW(model.parameters()), args=args, model_ema=ema,
+                            checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path))
+    saver.save_checkpoint(0, metric=0.5)
+    path = tmp_path / "checkpoint-0.pth.tar"
+    theirs = timm.create_model("deit_tiny_patch16_224", num_classes=10, **kwargs)
+    load_checkpoint(theirs, str(path), weights_only=False)  # timm's own reading (our file: trusted)
+    with pytest.warns(UserWarning, match="loaded state_dict_ema"):
+        ours = vitkit.from_pretrained(path)
+    assert ours.config.mean == (0.485, 0.456, 0.406) and ours.config.std == (0.229, 0.224, 0.225)  # DeiT's
+    assert (ours.config.num_classes, ours.config.depth, ours.config.img_size) == (10, 2, (32, 32))
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs.eval()(x), atol=1e-5, rtol=1e-5)
+    with pytest.warns(UserWarning):
+        info = describe_source(path)
+    assert info["source_name"] == "deit_tiny_patch16_224" and "assumed" in info and not info["assumed"], info
+
+    def saved(name: str, **changed) -> pathlib.Path:
+        out = tmp_path / name
+        torch.save({"arch": changed.get("model", args.model), "args": argparse.Namespace(**{**vars(args), **changed}),
+                    "state_dict": model.state_dict()}, out)
+        return out
+
+    # a name vitkit does not know is refused by it, never read as the model its tensors look like
+    with pytest.raises(WeightsError, match="timm architecture 'my_vit' is not one vitkit knows"):
+        vitkit.from_pretrained(saved("mine.pth.tar", model="my_vit"))
+    # the Namespace alone is allowed: an object inside it is still refused by name, and runs nothing
+    with pytest.raises(UnsafeCheckpointError, match="PosixPath"):
+        vitkit.from_pretrained(saved("path.pth.tar", data_dir=pathlib.Path("/data/x")))
+    # args that contradict the tensors (10 classes said, a head of 10 rows saved under 7): refused by name
+    with pytest.raises(WeightsError, match="classes"):
+        vitkit.from_pretrained(saved("seven.pth.tar", num_classes=7))
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))

@@ -2,20 +2,22 @@
 
 - ``.safetensors``: safetensors (no code by construction);
 - ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``: ``torch.load(weights_only=True)`` — the restricted
-  unpickler that only rebuilds tensors and plain containers;
+  unpickler that only rebuilds tensors and plain containers, and ``argparse.Namespace`` (an
+  attribute holder that runs nothing), which timm's training checkpoints carry as ``args``;
 - ``.npz``: ``np.load(allow_pickle=False)``;
 - a sharded checkpoint: its ``*.index.json`` and the shards it names, each read as above.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pickle
 import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -47,6 +49,13 @@ class UnsafeCheckpointError(WeightsError):
 
 def read_tensors(path: PathLike) -> Dict[str, object]:
     """Return the flat ``name -> tensor/array`` mapping stored in a weight file."""
+    return read_weight_file(path)[0]
+
+
+def read_weight_file(path: PathLike) -> Tuple[Dict[str, object], Dict[str, Any]]:
+    """A weight file's tensors, and what a training checkpoint says of its model beside them:
+    timm's train.py saves the model's name as ``arch`` and its arguments as ``args``
+    (``{"arch": ..., "args": {...}}``; ``{}`` for any other file)."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"weights file not found: {path}")
@@ -58,11 +67,12 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
     if suffix in (".safetensors", ".npz") + TORCH_SUFFIXES and path.stat().st_size == 0:
         raise WeightsError(f"{path} is empty (0 bytes): not a checkpoint (an interrupted download or copy?)")
     if suffix == ".safetensors":
-        return _unwrapped_timm(_read_safetensors(path))
+        return _unwrapped_timm(_read_safetensors(path)), {}
     if suffix == ".npz":
-        return _read_npz(path)
+        return _read_npz(path), {}
     if suffix in TORCH_SUFFIXES:
-        return _unwrapped_timm(_read_torch(path))
+        obj = _load_torch(path)
+        return _unwrapped_timm(unwrap_state_dict(obj, str(path))), _training_facts(obj)
     raise WeightsError(f"unknown weights file type {suffix!r} for {path}; expected .safetensors, "
                        f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)}, .pth.tar)")
 
@@ -142,14 +152,27 @@ def _read_npz(path: Path) -> Dict[str, object]:
         raise WeightsError(f"{path} is not a readable .npz archive: {e}") from e
 
 
-def _read_torch(path: Path) -> Dict[str, object]:
+def _load_torch(path: Path) -> object:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise _unpickling_error(path, e) from None
     except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
         raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({first_line(e)})") from None
-    return unwrap_state_dict(obj, str(path))
+
+
+def _training_facts(obj: object) -> Dict[str, Any]:
+    """``arch`` (the model's name) and ``args`` (as a dict) of a timm training checkpoint, where
+    ``arch`` is the name the arguments give (``args.model``): without ``args``, timm saves the
+    model's class name there, which names no variant."""
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("args"), argparse.Namespace):
+        return {}
+    args = vars(obj["args"])
+    arch = obj.get("arch")
+    if not isinstance(arch, str) or arch != args.get("model"):
+        return {}
+    return {"arch": arch, "args": dict(args)}
 
 
 def unsafe_object(error: Exception) -> Optional[str]:

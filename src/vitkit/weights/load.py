@@ -19,7 +19,7 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
-from .io import SHARD_INDEXES, WeightsError, read_sharded, read_tensors, safetensors_metadata
+from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
@@ -130,9 +130,11 @@ def read_source(path: PathLike) -> Source:
             src.format = "vitkit"
         src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
         return src
-    tensors = read_sharded(path) if path.name.endswith(".index.json") else read_tensors(path)
+    tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     src = Source(tensors, detect_format(tensors.keys()), path=path)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
+    if facts:  # a timm training checkpoint names its model: read as the hub config it stands for
+        src.config_json = timm_format.training_checkpoint_config(facts, tensors)
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
         text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
         if text is not None:

@@ -110,6 +110,37 @@ def known_architecture(arch: str) -> str:
     return base
 
 
+def training_checkpoint_config(facts: Mapping[str, Any], sd: Mapping[str, Any]) -> Dict[str, Any]:
+    """The timm hub ``config.json`` a checkpoint of timm's train.py stands for (``facts``: its
+    ``arch`` and ``args``, :func:`~.io.read_weight_file`), built as train.py builds the model: the
+    architecture by name (one vitkit does not know is refused by name, not guessed from the tensors),
+    ``args.model_kwargs``, ``--in-chans`` (or ``--input-size``'s channels), ``--gp``, the classes;
+    the data arguments its data config takes where they were given (mean, std, crop_pct,
+    interpolation; else the architecture's own). The image size is the position table's (where
+    model_kwargs do not give one): train.py builds the model at its default size whatever
+    ``--img-size`` the data was resized to, and a table of another grid is not resampled unsaid."""
+    args = facts["args"]
+    model_args = dict(args["model_kwargs"]) if isinstance(args.get("model_kwargs"), Mapping) else {}
+    if "img_size" not in model_args:
+        try:
+            model_args["img_size"] = list(infer_config(sd).img_size)
+        except (ValueError, TypeError, AttributeError):  # no table to read it from: the architecture's own
+            pass
+    size = args.get("input_size")
+    chans = args.get("in_chans") or (size[0] if isinstance(size, (list, tuple)) and len(size) == 3 else None)
+    if isinstance(chans, int):
+        model_args.setdefault("in_chans", chans)
+    if args.get("gp"):
+        model_args.setdefault("global_pool", args["gp"])
+    pre = {k: list(v) if isinstance(v, (list, tuple)) else v for k in ("mean", "std", "crop_pct", "interpolation")
+           if (v := args.get(k)) not in (None, "")}
+    head = sd.get("head.weight")
+    classes = args.get("num_classes")
+    if not isinstance(classes, int) or isinstance(classes, bool):
+        classes = int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else 0
+    return {"architecture": facts["arch"], "num_classes": classes, "model_args": model_args, "pretrained_cfg": pre}
+
+
 def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """timm 0.6's ``config.json`` (one dict: ``architecture`` beside the pretrained config's own keys,
     ``labels`` for the class names) in the current form, as timm's ``load_model_config_from_hf`` still
