@@ -430,6 +430,11 @@ def test_a_checkpoint_of_timm_train_py_builds_the_model_it_names(tmp_path):
                     "state_dict": model.state_dict()}, out)
         return out
 
+    # --model hf-hub:timm/NAME.TAG names NAME; another repository names no architecture: the tensors say
+    assert vitkit.from_pretrained(saved("hub.pth.tar", model="hf-hub:timm/deit_tiny_patch16_224.fb_in1k")
+                                  ).config.mean == (0.485, 0.456, 0.406)
+    with pytest.warns(UserWarning, match="normalisation is not stored"):
+        vitkit.from_pretrained(saved("org.pth.tar", model="hf-hub:someone/my-deit"))
     # a name vitkit does not know is refused by it, never read as the model its tensors look like
     with pytest.raises(WeightsError, match="timm architecture 'my_vit' is not one vitkit knows"):
         vitkit.from_pretrained(saved("mine.pth.tar", model="my_vit"))

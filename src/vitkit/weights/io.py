@@ -172,6 +172,10 @@ def _training_facts(obj: object) -> Dict[str, Any]:
     arch = obj.get("arch")
     if not isinstance(arch, str) or arch != args.get("model"):
         return {}
+    for hub in ("hf-hub:timm/", "hf_hub:timm/"):  # --model hf-hub:timm/NAME.TAG: timm's own repository of NAME
+        arch = arch[len(hub):] if arch.startswith(hub) else arch
+    if ":" in arch or "/" in arch:  # another Hub repository: its name is no architecture's
+        return {}
     return {"arch": arch, "args": dict(args)}
 
 
