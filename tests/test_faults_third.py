@@ -431,6 +431,9 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     (["predict", "--weights", "w.onnx", "--img-size", "32", "a.png"],  # nargs: the image read as a size
      "invalid int value: 'a.png' (a.png looks like a file: put files before --img-size, or end its values with --)"),
     (["predict", "--weights", "w.onnx", "--img-size", "32", "x"], "invalid int value: 'x' (see vitkit predict"),
+    (["serve", "--weights", "w"],  # predict's flag; serve's weights are its argument
+     "unrecognized arguments: --weights (WEIGHTS is an argument of vitkit serve, without a flag: vitkit serve "
+     "WEIGHTS ...)"),
     (["predict", "--weights", "w.onnx", "--labels", "cat", "dog", "x/a.png", "b.png"],  # no images left
      "required: images (x/a.png, b.png were read as --labels's values: put files before --labels, or end its"),
     (["predict", "--weights", "w.onnx", "--mean", "-.5", "-0.5", "0", "x/a.png"],  # negative numbers are values

@@ -38,6 +38,12 @@ class _Parser(argparse.ArgumentParser):
         import difflib
 
         flags = [f for f in self._option_string_actions if f.startswith("--")]
+        positional = {a.dest.replace("_", "-"): a for a in self._actions if not a.option_strings and a.nargs != 0}
+        given = [w.split("=")[0][2:] for w in words if w.startswith("--")]
+        meant = next((positional[w] for w in given if w in positional), None)
+        if meant is not None:  # `vitkit serve --weights w`: the flag of other verbs is an argument here
+            name = meant.metavar or meant.dest.upper()
+            return f" ({name} is an argument of {self.prog}, without a flag: {self.prog} {name} ...)"
         guesses = [g for word in words if word.startswith("-")
                    for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
         return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
