@@ -464,3 +464,45 @@ def test_an_export_apart_that_fails_is_the_child_s_one_line(tmp_path):
     with pytest.raises(ValueError, match="onnxruntime or openvino, not 'torch'"):
         export_apart(model, tmp_path / "m.onnx", "torch")
     assert _how_it_ended(-9) == "the export process was killed by signal 9 before it said why (out of memory?)"
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_vitkit_info_says_what_an_onnx_file_is(tmp_path, capsys):
+    """`vitkit info model.onnx` said "unknown weights file type '.onnx'". Now: what made it, its
+    input and output as ONNX Runtime reads them, the model its metadata describes (checked as
+    predict checks it: a lying file exit 2), and for a foreign graph what running it needs."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    path = export_onnx(model, tmp_path / "m.onnx", progress=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    (name, dims, kind), = info["source"]["graph"]["inputs"]
+    assert [name, dims] == [session.get_inputs()[0].name, ["?" if isinstance(d, str) else d
+                                                           for d in session.get_inputs()[0].shape]]
+    assert info["source"]["graph"]["outputs"][0][1][1] == session.get_outputs()[0].shape[1] == 3
+    assert info["source"]["config"] == model.config.to_dict()
+    assert info["params"] == sum(p.numel() for p in model.parameters())
+    proto = onnx.load(str(path))
+    assert info["source"]["tensors"] == len(proto.graph.initializer) + sum(n.op_type == "Constant"
+                                                                           for n in proto.graph.node)
+    said = info["source"]["source_name"]
+    assert "exported by vitkit" in said and "with dynamo, quantization none" in said, said
+    # a lying file: refused as predict refuses it
+    next(p for p in proto.metadata_props if p.key == "labels").value = json.dumps(["a", "b"])
+    onnx.save(proto, str(tmp_path / "lie.onnx"))
+    assert main(["info", str(tmp_path / "lie.onnx")]) == 2
+    assert "cannot load it:" in capsys.readouterr().out
+    # a foreign graph: what it takes and gives, and what predict needs to run it
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.zeros(2, 3, 32, 32),), str(tmp_path / "foreign.onnx"), dynamo=False,
+                          dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+    assert main(["info", str(tmp_path / "foreign.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "not exported by vitkit" in out and "x (b, 3, 32, 32) float ->" not in out  # a named dynamic axis is "?"
+    assert "x (?, 3, 32, 32) float" in out and "--img-size, --mean, --std" in out
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all" * 10)
+    for bad, words in (("empty.onnx", "is empty (0 bytes)"), ("junk.onnx", "not a readable ONNX model")):
+        assert main(["info", str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err

@@ -406,3 +406,20 @@ def test_vitkit_serve_answers_from_an_ir_as_predict_does(tmp_path):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_vitkit_info_says_what_an_ir_is(tmp_path, capsys):
+    """`vitkit info model.xml`: OpenVINO's own reading of the IR (input, output, its constants),
+    the model its runtime info describes; an IR without its .bin is one line."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    path = export_openvino(model, tmp_path / "m.xml", progress=False)
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    graph = ov.Core().read_model(str(path))
+    assert info["source"]["graph"]["inputs"][0][1] == ["?", 3, 32, 32]
+    assert info["source"]["graph"]["outputs"][0][1] == ["?", 3] and graph.outputs[0].get_partial_shape()[1] == 3
+    assert info["source"]["tensors"] == sum(op.get_type_name() == "Constant" for op in graph.get_ordered_ops())
+    assert info["source"]["config"] == model.config.to_dict() and info["source"]["format"] == "openvino"
+    path.with_suffix(".bin").unlink()
+    assert main(["info", str(path)]) == 2
+    assert "its weights file m.bin is missing" in capsys.readouterr().err

@@ -35,6 +35,13 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
              f"({', '.join(info['dtypes'])})"]
     if info.get("pretraining"):
         lines.append(f"  holds       a {info['pretraining']} pre-training model (its encoder is described)")
+    if info.get("graph"):  # an exported graph: what it takes and gives
+        ports = {k: ", ".join(f"{name} ({', '.join(map(str, dims))}) {kind}" for name, dims, kind in v)
+                 for k, v in info["graph"].items()}
+        lines.append(f"  graph       {ports['inputs']} -> {ports['outputs']}")
+    if "note" in info:
+        lines.append(f"  vitkit      {info['note']}")
+        return lines
     if "refused" in info:
         lines.append(f"  vitkit      cannot load it: {info['refused']}")
         return lines
@@ -70,10 +77,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         overrides["patch_size"] = args.patch_size
     source: Optional[Dict[str, Any]] = None
     if Path(args.name).exists() or args.name.startswith("hf-hub:"):  # a weights file or folder: say what it is
+        from ..deploy.describe import describe_graph, is_graph
         from ..weights.pretrained import describe_source
 
-        source = describe_source(args.name)
-        if "refused" in source or source.get("pretraining") and "config" not in source:
+        source = describe_graph(args.name) if is_graph(args.name) else describe_source(args.name)
+        if "refused" in source or "note" in source or source.get("pretraining") and "config" not in source:
             if args.json:
                 print_json({k: v for k, v in source.items() if k != "config"})
             else:

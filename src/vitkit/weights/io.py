@@ -73,6 +73,10 @@ def read_weight_file(path: PathLike) -> Tuple[Dict[str, object], Dict[str, Any]]
     if suffix in TORCH_SUFFIXES:
         obj = _load_torch(path)
         return _unwrapped_timm(unwrap_state_dict(obj, str(path))), _training_facts(obj)
+    if suffix in (".onnx", ".xml"):
+        graph = "an ONNX graph" if suffix == ".onnx" else "an OpenVINO IR"
+        raise WeightsError(f"{path} is {graph}, not weights: vitkit predict, eval and serve run it; this needs "
+                           f"the PyTorch weights it was exported from (.safetensors, a run folder, ...)")
     raise WeightsError(f"unknown weights file type {suffix!r} for {path}; expected .safetensors, "
                        f".npz, or a torch file ({', '.join(TORCH_SUFFIXES)}, .pth.tar)")
 
