@@ -256,6 +256,9 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
         ("predict", image, "--weights", w, "--quantize", "int8"): "--quantize needs --runtime onnxruntime",
         ("predict", image, "--weights", w, "--mean", "0.5"): "stand in for the metadata",
         ("eval", "--weights", str(tmp_path / "junk.onnx"), "--runtime", "torch"): "runs on --runtime onnxruntime",
+        ("fewshot", "--weights", str(tmp_path / "junk.onnx")): "junk.onnx is an ONNX graph, not weights: vitkit "
+                                                              "predict, eval and serve run it",
+        ("convert", str(tmp_path / "junk.onnx"), str(tmp_path / "x.safetensors"), "--to", "timm"): "an ONNX graph",
     }
     for argv, words in cases.items():
         assert main(list(argv)) == 2, argv
