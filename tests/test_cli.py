@@ -102,6 +102,29 @@ def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
     assert code == 2 and "image not found" in err
 
 
+def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, photo, tmp_path):
+    """`vitkit predict photos/` was refused ("a folder, not an image file"); timm's inference script
+    reads a folder. Now its images, subfolders included, sorted, hidden files and non-images left out;
+    a folder without images is one line, before the weights are read."""
+    import shutil
+
+    model, path = tiny_weights
+    for name in ("b.png", "a.png", "sub/c.png", ".hidden/d.png", ".e.png"):
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(photo, tmp_path / "photos" / name)
+    (tmp_path / "photos" / "notes.txt").write_text("not an image")
+    code, out, _ = run(capsys, "predict", "--weights", str(path), str(tmp_path / "photos"), str(photo), "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert [g["image"] for g in got] == [str(tmp_path / "photos" / n) for n in ("a.png", "b.png", "sub/c.png")] + [
+        str(photo)]
+    assert len({json.dumps(g["top"]) for g in got}) == 1  # the same picture gives the same answer
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
+    assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff) in the folder " \
+                          f"{tmp_path / 'empty'}" in err, err
+
+
 def test_console_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "vitkit", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"vitkit {vitkit.__version__}"

@@ -20,12 +20,14 @@ from .common import (
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from ..data.folder import image_files
     from ..evaluate import predict_images
 
     if args.top_k < 1:  # before the weights are read
         raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
+    images = image_files(args.images)  # a folder's images listed (or refused) before the weights are read
     model = runtime_model(args)
-    preds = predict_images(model, args.images, top_k=args.top_k)
+    preds = predict_images(model, images, top_k=args.top_k, progress=not args.no_progress)
     if args.json:
         print_json([p.to_dict() for p in preds])
         return 0
@@ -107,10 +109,11 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
 def add_predict(verb) -> None:
     p = verb("predict", "top-k classes of images")
-    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("images", nargs="+", help="image files, or folders (the images under them)")
     p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     add_runtime_flags(p)
     add_stand_in_flags(p)
     p.set_defaults(func=cmd_predict)

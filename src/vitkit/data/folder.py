@@ -92,6 +92,26 @@ def collate_skip_bad(batch: Sequence[Any]) -> Tuple[Optional[Any], torch.Tensor,
     return images, labels, names
 
 
+def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS) -> List[str]:
+    """``paths`` with each folder replaced by the image files under it (sorted, subfolders included,
+    hidden ones not), as timm's inference script reads a folder; files are kept as given (a file
+    that is not an image is said when it is read). A folder without images is refused by name."""
+    out: List[str] = []
+    for path in map(str, paths):
+        if not os.path.isdir(path):
+            out.append(path)
+            continue
+        found = []
+        for folder, subfolders, files in os.walk(path, followlinks=True):
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+            found += [os.path.join(folder, f) for f in sorted(files)
+                      if not f.startswith(".") and f.lower().endswith(tuple(extensions))]
+        if not found:
+            raise ValueError(f"no image files ({', '.join(extensions)}) in the folder {path}")
+        out += found
+    return out
+
+
 def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIONS, progress: bool = False
                 ) -> Tuple[List[str], List[Tuple[str, int]]]:
     """Sorted class names and (path, class index) of every file with an image extension.

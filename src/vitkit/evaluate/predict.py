@@ -9,8 +9,10 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from ..data.folder import image_files
 from ..data.transforms import preprocess
 from ..models.layers import fast_inference
+from ..progress import track
 
 
 @dataclass
@@ -29,12 +31,13 @@ def label_for(index: int, names: Optional[Sequence[str]]) -> str:
 
 @torch.inference_mode()
 def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: int = 5,
-                   batch_size: int = 16) -> List[Prediction]:
-    """Classify image files; probabilities are the softmax of the logits."""
+                   batch_size: int = 16, progress: bool = True) -> List[Prediction]:
+    """Classify image files (a folder: the images under it, :func:`~vitkit.data.folder.image_files`);
+    probabilities are the softmax of the logits. ``progress``: a bar on stderr once it takes a while."""
     config = model.config
     if config.num_classes <= 0:
         raise ValueError("these weights have no classifier head (num_classes=0): nothing to predict")
-    paths = [str(p) for p in images]
+    paths = image_files(list(images))
     if not paths:
         raise ValueError("no images given")
     model.eval()
@@ -44,7 +47,8 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     k = min(top_k, config.num_classes)
     out: List[Prediction] = []
     with fast_inference(model):
-        for start in range(0, len(paths), batch_size):
+        for start in track(range(0, len(paths), batch_size), f"predicting {len(paths):,} images", enabled=progress,
+                           unit="batches"):
             chunk = paths[start:start + batch_size]
             batch = preprocess(config, chunk).to(device)
             probs = model(batch).float().softmax(dim=-1)
