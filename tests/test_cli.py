@@ -119,6 +119,19 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
     assert [g["image"] for g in got] == [str(tmp_path / "photos" / n) for n in ("a.png", "b.png", "sub/c.png")] + [
         str(photo)]
     assert len({json.dumps(g["top"]) for g in got}) == 1  # the same picture gives the same answer
+    # a broken file among them: said where it stands, every other image still answered, exit 2
+    (tmp_path / "photos" / "b2.png").write_bytes(b"half a png")
+    code, out, err = run(capsys, "predict", "--weights", str(path), str(tmp_path / "photos"), "--json")
+    got = {os.path.basename(g["image"]): g for g in json.loads(out)}
+    assert code == 2 and list(got) == ["a.png", "b.png", "b2.png", "c.png"]
+    for name in ("b.png", "c.png"):  # (another batch: the same to float rounding)
+        assert [t["label"] for t in got[name]["top"]] == [t["label"] for t in got["a.png"]["top"]]
+        assert np.allclose([t["probability"] for t in got[name]["top"]],
+                           [t["probability"] for t in got["a.png"]["top"]], atol=1e-6)
+    assert got["b2.png"] == {"image": str(tmp_path / "photos" / "b2.png"), "top": [],
+                             "error": "not an image Pillow can identify"}
+    assert err.strip().splitlines()[-1] == (f"vitkit predict: error: 1 of 4 images could not be read "
+                                            f"({tmp_path / 'photos' / 'b2.png'}; each said above)"), err
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
     assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff) in the folder " \

@@ -1,5 +1,6 @@
 """One decoder and one evaluation transform: timm's evaluation pixels, the same for every reader."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import vitkit
 from vitkit.data import pipelines
 from vitkit.data.folder import ImageFolder
 from vitkit.data.images import BadImageError, Skipped, decode_image, load_image
-from vitkit.data.transforms import MAX_RESIZED_PIXELS, EvalTransform
+from vitkit.data.transforms import MAX_RESIZED_PIXELS, EvalTransform, preprocess
 from vitkit.evaluate import predict_images
 
 MEAN, STD = (0.2, 0.4, 0.6), (0.5, 0.25, 0.125)
@@ -101,8 +102,10 @@ def test_a_long_thin_image_is_refused_by_name_before_its_resize_takes_gigabytes(
     Image.new("L", (2_000_000, 1), 128).save(tmp_path / "a" / "thin.png")
     Image.new("L", (1_000, 1), 128).save(tmp_path / "a" / "wide.png")  # 28 x 28,000: resized as ever
     model = vitkit.create_model("vit_fmnist").eval()
+    thin, = predict_images(model, [tmp_path / "a" / "thin.png"], top_k=1)  # named, the others still answered
+    assert not thin.top and re.match(r"2000000 x 1 pixels would be resized to 56,000,000 x 28", thin.error)
     with pytest.raises(BadImageError, match=r"thin\.png: 2000000 x 1 pixels would be resized to 56,000,000 x 28"):
-        predict_images(model, [tmp_path / "a" / "thin.png"], top_k=1)
+        preprocess(model, [tmp_path / "a" / "thin.png"])
     assert 28 * 56_000_000 > MAX_RESIZED_PIXELS >= 28 * 28_000
     assert len(predict_images(model, [tmp_path / "a" / "wide.png"], top_k=1)) == 1
     folder = ImageFolder(tmp_path, channels=1, transform=EvalTransform.from_config(model.config))

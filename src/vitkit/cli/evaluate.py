@@ -30,11 +30,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
     preds = predict_images(model, images, top_k=args.top_k, progress=not args.no_progress)
     if args.json:
         print_json([p.to_dict() for p in preds])
-        return 0
-    for p in preds:
-        print(p.image)
-        for rank, (index, label, prob) in enumerate(p.top, 1):
-            print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
+    else:
+        for p in preds:
+            print(p.image)
+            if p.error:
+                print(f"  cannot read it: {p.error}")
+            for rank, (index, label, prob) in enumerate(p.top, 1):
+                print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
+    broken = [p.image for p in preds if p.error]
+    if broken:  # every other image answered above; the exit code says not all were
+        raise ValueError(f"{len(broken)} of {len(preds)} images could not be read ({', '.join(broken[:3])}"
+                         f"{', ...' if len(broken) > 3 else ''}; each said above)")
     return 0
 
 

@@ -95,10 +95,15 @@ def collate_skip_bad(batch: Sequence[Any]) -> Tuple[Optional[Any], torch.Tensor,
 def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS) -> List[str]:
     """``paths`` with each folder replaced by the image files under it (sorted, subfolders included,
     hidden ones not), as timm's inference script reads a folder; files are kept as given (a file
-    that is not an image is said when it is read). A folder without images is refused by name."""
+    that is not an image is said when it is read). A folder without images, a path that is not
+    there or is no regular file: refused by name, before any image is read."""
     out: List[str] = []
     for path in map(str, paths):
         if not os.path.isdir(path):
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"image not found: {path}")
+            if not os.path.isfile(path):
+                raise ValueError(f"{path} is not a regular file (a FIFO, a socket or a device): pass an image file")
             out.append(path)
             continue
         found = []

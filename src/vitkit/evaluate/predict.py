@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..data.folder import image_files
+from ..data.images import BadImageError
 from ..data.transforms import preprocess
 from ..models.layers import fast_inference
 from ..progress import track
@@ -19,10 +20,12 @@ from ..progress import track
 class Prediction:
     image: str
     top: List[Tuple[int, str, float]] = field(default_factory=list)  # (index, label, probability)
+    #: why the image could not be read (then ``top`` is empty)
+    error: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return {"image": self.image,
-                "top": [{"index": i, "label": name, "probability": p} for i, name, p in self.top]}
+        out = {"image": self.image, "top": [{"index": i, "label": name, "probability": p} for i, name, p in self.top]}
+        return {**out, "error": self.error} if self.error else out
 
 
 def label_for(index: int, names: Optional[Sequence[str]]) -> str:
@@ -33,7 +36,10 @@ def label_for(index: int, names: Optional[Sequence[str]]) -> str:
 def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: int = 5,
                    batch_size: int = 16, progress: bool = True) -> List[Prediction]:
     """Classify image files (a folder: the images under it, :func:`~vitkit.data.folder.image_files`);
-    probabilities are the softmax of the logits. ``progress``: a bar on stderr once it takes a while."""
+    probabilities are the softmax of the logits. A file that does not decode as an image gets its
+    :class:`Prediction` with ``error`` saying why, and the others are still classified (one broken
+    photo in a folder of thousands loses nothing); a path that is no file is refused before any
+    work. ``progress``: a bar on stderr once it takes a while."""
     config = model.config
     if config.num_classes <= 0:
         raise ValueError("these weights have no classifier head (num_classes=0): nothing to predict")
@@ -50,9 +56,31 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
         for start in track(range(0, len(paths), batch_size), f"predicting {len(paths):,} images", enabled=progress,
                            unit="batches"):
             chunk = paths[start:start + batch_size]
-            batch = preprocess(config, chunk).to(device)
-            probs = model(batch).float().softmax(dim=-1)
-            values, indices = probs.topk(k, dim=-1)
-            for p, vals, idxs in zip(chunk, values.tolist(), indices.tolist()):
+            inputs, broken = _inputs(config, chunk)
+            done = iter(())
+            if inputs:
+                probs = model(torch.stack(inputs).to(device)).float().softmax(dim=-1)
+                values, indices = probs.topk(k, dim=-1)
+                done = zip(values.tolist(), indices.tolist())
+            for n, p in enumerate(chunk):
+                if n in broken:
+                    out.append(Prediction(p, error=broken[n]))
+                    continue
+                vals, idxs = next(done)
                 out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)]))
     return out
+
+
+def _inputs(config, chunk: List[str]) -> Tuple[List[torch.Tensor], Dict[int, str]]:
+    """The model's input of each image of ``chunk`` that decodes, in order, and why each other one
+    (by its place in ``chunk``) does not."""
+    try:
+        return list(preprocess(config, chunk)), {}
+    except BadImageError:  # one by one, to keep the others
+        inputs, broken = [], {}
+        for n, path in enumerate(chunk):
+            try:
+                inputs.append(preprocess(config, path)[0])
+            except BadImageError as e:
+                broken[n] = e.reason
+        return inputs, broken
