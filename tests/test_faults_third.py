@@ -454,7 +454,8 @@ def test_an_image_among_the_labels_is_refused_by_name(tmp_path, monkeypatch, cap
     """`predict a.png --labels cat dog b.png`: b.png would be a third class name (or, with as many
     classes, a silent wrong label); an existing file among the names is refused, before any model."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "b.png").write_bytes(b"not read")
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(b"not read")
     with pytest.raises(SystemExit) as e:
         in_process(capsys, "predict", "a.png", "--weights", "missing.onnx", "--labels", "cat", "dog", "b.png")
     assert e.value.code == 2

@@ -331,9 +331,9 @@ def test_unknown_layout_and_bad_files(tmp_path):
         vitkit.from_pretrained(tmp_path / "junk.safetensors")
     with pytest.raises(WeightsError, match="not found"):
         vitkit.from_pretrained(tmp_path / "absent.npz")
-    (tmp_path / "w.onnx").write_bytes(b"")
-    with pytest.raises(WeightsError, match="unknown weights file type"):
-        vitkit.load_weights(tiny(), tmp_path / "w.onnx")
+    (tmp_path / "w.tflite").write_bytes(b"")
+    with pytest.raises(WeightsError, match="unknown weights file type ..tflite."):
+        vitkit.load_weights(tiny(), tmp_path / "w.tflite")
     (tmp_path / "empty").mkdir()
     with pytest.raises(WeightsError, match="no weights in folder"):
         vitkit.from_pretrained(tmp_path / "empty")
