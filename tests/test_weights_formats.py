@@ -444,6 +444,19 @@ def test_a_checkpoint_of_timm_train_py_builds_the_model_it_names(tmp_path):
     # args that contradict the tensors (10 classes said, a head of 10 rows saved under 7): refused by name
     with pytest.raises(WeightsError, match="classes"):
         vitkit.from_pretrained(saved("seven.pth.tar", num_classes=7))
+    # DeiT's main.py: args alone (nb_classes, input_size), its model by a name from DeiT's registry;
+    # one timm lacks (DeiT III's deit_tiny_patch16_LS) is read off the tensors, as before, not refused
+    theirs = randomize(timm.create_model("deit_tiny_patch16_224", num_classes=10, img_size=32)).eval()
+    deit = argparse.Namespace(model="deit_tiny_patch16_224", nb_classes=10, input_size=32, drop_path=0.1)
+    torch.save({"model": theirs.state_dict(), "args": deit, "epoch": 3}, tmp_path / "deit.pth")
+    ours = vitkit.from_pretrained(tmp_path / "deit.pth")
+    assert ours.config.mean == (0.485, 0.456, 0.406) and ours.config.img_size == (32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    deit.model = "deit_tiny_patch16_LS"
+    torch.save({"model": theirs.state_dict(), "args": deit, "epoch": 3}, tmp_path / "deit3.pth")
+    with pytest.warns(UserWarning, match="normalisation is not stored"):
+        assert vitkit.from_pretrained(tmp_path / "deit3.pth").config.num_classes == 10
 
 
 class _Evil:

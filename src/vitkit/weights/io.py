@@ -167,20 +167,23 @@ def _load_torch(path: Path) -> object:
 
 
 def _training_facts(obj: object) -> Dict[str, Any]:
-    """``arch`` (the model's name) and ``args`` (as a dict) of a timm training checkpoint, where
-    ``arch`` is the name the arguments give (``args.model``): without ``args``, timm saves the
-    model's class name there, which names no variant."""
+    """The model's name (``arch``), its ``args`` (as a dict) and the ``script`` that saved them: timm's
+    train.py saves ``arch`` as the name its arguments give (``args.model``; without ``args``, the
+    model's class name, which names no variant), DeiT's main.py ``args`` alone (``args.model``, a
+    name from DeiT's own registry, where timm's names come from)."""
     if not isinstance(obj, Mapping) or not isinstance(obj.get("args"), argparse.Namespace):
         return {}
     args = vars(obj["args"])
-    arch = obj.get("arch")
+    arch, script = obj.get("arch"), "timm"
+    if arch is None and "nb_classes" in args:  # DeiT's main.py (its class count is nb_classes)
+        arch, script = args.get("model"), "deit"
     if not isinstance(arch, str) or arch != args.get("model"):
         return {}
     for hub in ("hf-hub:timm/", "hf_hub:timm/"):  # --model hf-hub:timm/NAME.TAG: timm's own repository of NAME
         arch = arch[len(hub):] if arch.startswith(hub) else arch
     if ":" in arch or "/" in arch:  # another Hub repository: its name is no architecture's
         return {}
-    return {"arch": arch, "args": dict(args)}
+    return {"arch": arch, "args": dict(args), "script": script}
 
 
 def unsafe_object(error: Exception) -> Optional[str]:

@@ -133,7 +133,9 @@ def read_source(path: PathLike) -> Source:
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     src = Source(tensors, detect_format(tensors.keys()), path=path)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
-    if facts:  # a timm training checkpoint names its model: read as the hub config it stands for
+    # a training checkpoint names its model: read as the hub config it stands for (a name from DeiT's
+    # registry that timm lacks, such as DeiT III's deit_base_patch16_LS: the tensors say, as before)
+    if facts and (facts["script"] == "timm" or timm_format.is_known_architecture(facts["arch"])):
         src.config_json = timm_format.training_checkpoint_config(facts, tensors)
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
         text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)

@@ -98,12 +98,16 @@ _TIMM_ARGS = ("img_size", "patch_size", "in_chans", "global_pool", "qkv_bias", "
               "num_heads")
 
 
+def is_known_architecture(arch: str) -> bool:
+    return arch.split(".")[0] in list_models()
+
+
 def known_architecture(arch: str) -> str:
     """A timm hub ``architecture`` (``name`` or ``name.tag``) -> the registered name; one vitkit does not know
     is refused by name, never guessed from the tensor names (another architecture can share them: timm's
     residual post-norm ViT has a pre-norm ViT's names and other logits)."""
     base = arch.split(".")[0]
-    if base not in list_models():
+    if not is_known_architecture(base):
         raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
                            f"as another from its tensor names; load the weights with model_name= a vitkit "
                            f"architecture if you know it is the same model")
@@ -111,8 +115,8 @@ def known_architecture(arch: str) -> str:
 
 
 def training_checkpoint_config(facts: Mapping[str, Any], sd: Mapping[str, Any]) -> Dict[str, Any]:
-    """The timm hub ``config.json`` a checkpoint of timm's train.py stands for (``facts``: its
-    ``arch`` and ``args``, :func:`~.io.read_weight_file`), built as train.py builds the model: the
+    """The timm hub ``config.json`` a checkpoint of timm's train.py (or DeiT's main.py) stands for
+    (``facts``: its ``arch`` and ``args``, :func:`~.io.read_weight_file`), built as train.py builds the model: the
     architecture by name (one vitkit does not know is refused by name, not guessed from the tensors),
     ``args.model_kwargs``, ``--in-chans`` (or ``--input-size``'s channels), ``--gp``, the classes;
     the data arguments its data config takes where they were given (mean, std, crop_pct,
