@@ -185,6 +185,60 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
     assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
 
 
+def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):
+    """`vitkit eval --dataset folder --data-dir D` (what a folder-trained run is evaluated on) said
+    "folder is a file dataset: it is read through a DataLoader, not into memory". Now it scores the
+    folder's test/ split: the same report as the same images read by Hugging Face's imagefolder
+    builder (hf:D) and as the rows they were written from; a broken file skipped and named; few-shot
+    from train/ and test/, whose class folders must agree."""
+    import vitkit
+
+    run, _ = trained
+    # an image folder's classes are its sorted folder names: the run's head in that order
+    model = vitkit.from_pretrained(run / "model")
+    order = sorted(range(len(NAMES)), key=NAMES.__getitem__)
+    with torch.no_grad():
+        model.head.weight.copy_(model.head.weight[order].clone())
+        model.head.bias.copy_(model.head.bias[order].clone())
+    model.config = model.config.replace(label_names=sorted(NAMES))
+    model.save_pretrained(tmp_path / "sorted")
+    run = tmp_path / "sorted"
+    test_x, test_y = rows("test", 100)
+    train_x, train_y = rows("train", 60)
+    for split, images, labels in (("train", train_x, train_y), ("test", test_x, test_y)):
+        for i, (image, label) in enumerate(zip(images, labels)):
+            (tmp_path / "d" / split / NAMES[label]).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "d" / split / NAMES[label] / f"{i:04d}.png").write_bytes(image["bytes"])
+    scores = {}
+    for weights, how in ((run, ["folder", "--data-dir", str(tmp_path / "d")]), (run, [f"hf:{tmp_path / 'd'}"]),
+                         (trained[0], [f"hf:{hf_data[0]}"])):  # the rows, on the run's own head
+        assert cli(["eval", "--weights", str(weights), "--dataset", *how, "--json", "--no-progress"]) == 0
+        scores[len(scores)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ours, theirs, rows_score = scores[0], scores[1], scores[2]
+    assert ours["count"] == theirs["count"] == 300 and ours["split"] == "test"
+    for key in ("top1", "top5", "per_class", "confusion"):
+        assert ours[key] == theirs[key], key
+    assert abs(ours["top1"] - rows_score["top1"]) < 1e-9 and ours["per_class"] == {
+        name: rows_score["per_class"][name] for name in sorted(NAMES)}  # (the rows' split: one unlabelled row more)
+    (tmp_path / "d" / "test" / "bag" / "9999.png").write_bytes(b"half a png")
+    assert cli(["eval", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                "--json", "--no-progress"]) == 0
+    broken = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert broken["skipped"] == 1 and broken["top1"] == ours["top1"]
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                "--shots", "1", "5", "--seeds", "2", "--json", "--no-progress"]) == 0
+    shots = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+    assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
+    (tmp_path / "d" / "train" / "coat").mkdir()
+    (tmp_path / "d" / "train" / "coat" / "0.png").write_bytes(train_x[0]["bytes"])
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                "--no-progress"]) == 2
+    assert "differ between its splits: other classes (train/: 4, test/: 3; only in train/: 'coat')" in \
+        capsys.readouterr().err
+    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "d")]) == 2
+    assert "--dataset shards is read by vitkit train alone" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, hf_data):
     args = ["train", "--dataset", f"hf:{hf_data[0]}", "--model", "vit_fmnist", "--model-args", json.dumps(TINY),

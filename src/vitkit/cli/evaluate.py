@@ -84,7 +84,7 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
           f"({first} images, {runtime}{tta})")
     if score.skipped:
-        print(f"skipped {len(score.skipped)} unusable rows (first: {score.skipped[0]}); see the log for why")
+        print(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
         print(f"  {name:<16} {100 * acc:6.2f}%")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
@@ -102,7 +102,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
                                hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
                                progress=not args.no_progress)
     if score.skipped:
-        print(f"note: skipped {len(score.skipped)} unusable rows (first: {score.skipped[0]})", file=sys.stderr)
+        print(f"note: skipped {len(score.skipped)} unusable images (first: {score.skipped[0]})", file=sys.stderr)
     if args.json:
         print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in score.results.values()]}))

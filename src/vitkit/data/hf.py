@@ -32,7 +32,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..extras import require
 from ..models.config_base import MAX_CLASSES
@@ -519,16 +519,3 @@ def open_splits(name: str, roles: Dict[str, Optional[str]], image_key: Optional[
                              channels)
         classes = out[role].classes
     return out
-
-
-def batches(dataset: Dataset, batch_size: int, workers: int, skipped: List[str]) -> Iterator[Tuple[Any, Any]]:
-    """(inputs, labels) batches of a dataset giving transformed samples or ``Skipped``; the names
-    of the skipped ones are appended to ``skipped``. A SIGTERM to a worker stops the command
-    (:mod:`.loader`)."""
-    from .folder import collate_skip_bad
-    from .loader import loader_batches
-
-    for x, y, bad in loader_batches(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_skip_bad):
-        skipped.extend(bad)
-        if x is not None:
-            yield x, y

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import signal
-from typing import Any, Iterator
+from typing import Any, Iterator, List, Tuple
 
 from torch.utils.data import DataLoader, Dataset
 
@@ -51,3 +51,14 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
         check()
         yield batch
         check()
+
+
+def decoded_batches(dataset: Dataset, batch_size: int, workers: int, skipped: List[str]) -> Iterator[Tuple[Any, Any]]:
+    """(inputs, labels) batches of a dataset giving transformed samples or ``Skipped`` (an image
+    folder, a Hugging Face split); the names of the skipped ones are appended to ``skipped``."""
+    from .folder import collate_skip_bad
+
+    for x, y, bad in loader_batches(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_skip_bad):
+        skipped.extend(bad)
+        if x is not None:
+            yield x, y

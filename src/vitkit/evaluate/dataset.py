@@ -104,10 +104,14 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
 
     check_score_options(batch_size, max_images, tta)
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
-    dataset = dataset_of(model, dataset)
+    dataset = _readable(dataset_of(model, dataset))
     if datasets.is_hf(dataset):
-        return _score_hf(model, dataset, split, hf_split, image_key, label_key, max_images, batch_size, tta,
-                         progress)
+        hf_split = hf_split or ("train" if split == "train" else None)
+        data = _hf_splits(model, dataset, {split: hf_split}, image_key, label_key)[split]
+        return _score_files(model, dataset, data, data.split_name, max_images, batch_size, tta, progress)
+    if dataset == "folder":
+        data = _folder_splits(model, data_dir, (split,), progress)[split]
+        return _score_files(model, dataset, data, data.root.name, max_images, batch_size, tta, progress)
     from ..data.tensors import load_split_tensors
 
     images, labels, classes = load_split_tensors(dataset, split, data_dir)
@@ -119,25 +123,57 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
     return DatasetScore(report, dataset, split, total)
 
 
-def _score_hf(model, dataset: str, split: str, hf_split: Optional[str], image_key: Optional[str],
-              label_key: Optional[str], max_images: Optional[int], batch_size: int, tta: str,
-              progress: bool) -> DatasetScore:
-    """A Hugging Face split through the model's evaluation pipeline (resize, centre crop)."""
-    from torch.utils.data import Subset
+def _readable(dataset: str) -> str:
+    """The dataset's registered name, where evaluation reads it (every one but tar shards, a stream)."""
+    from ..data import datasets
 
+    name = datasets.canonical(dataset)
+    if name == "shards":
+        raise ValueError("--dataset shards is read by vitkit train alone (a stream); evaluate on the image "
+                         "folder the shards were written from (--dataset folder), or on hf:NAME_OR_DIR")
+    return name
+
+
+def _hf_splits(model, dataset: str, roles: Dict[str, Optional[str]], image_key: Optional[str],
+               label_key: Optional[str]) -> Dict[str, Any]:
+    """Hugging Face splits by role, through the model's evaluation pipeline (resize, centre crop)."""
     from ..data import hf
     from ..data.pipelines import from_model_config
 
-    hf_split = hf_split or ("train" if split == "train" else None)
-    data = hf.open_splits(dataset, {split: hf_split}, image_key, label_key, channels_of(model),
-                          from_model_config(model.config, train=False))[split]
+    return hf.open_splits(dataset, roles, image_key, label_key, channels_of(model),
+                          from_model_config(model.config, train=False))
+
+
+def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progress: bool) -> Dict[str, Any]:
+    """An image folder's splits by role ("train": train/, else test/ or val/, as vitkit train reads
+    them), through the model's evaluation pipeline; unreadable files skipped and named."""
+    from ..data.datasets import class_difference, file_split_dirs
+    from ..data.folder import ImageFolder
+    from ..data.pipelines import from_model_config
+
+    train, test = file_split_dirs("folder", data_dir)
+    out = {role: ImageFolder(train if role == "train" else test, from_model_config(model.config, train=False),
+                             channels_of(model), progress=progress) for role in roles}
+    if len(out) == 2 and (why := class_difference(out["train"].classes, out["test"].classes,
+                                                  (f"{train.name}/", f"{test.name}/"))):
+        raise ValueError(f"the class folders of {train.parent} differ between its splits: {why}")
+    return out
+
+
+def _score_files(model, dataset: str, data, split_name: str, max_images: Optional[int], batch_size: int,
+                 tta: str, progress: bool) -> DatasetScore:
+    """A split of image files (a Hugging Face split, an image folder) decoded in DataLoader workers."""
+    from torch.utils.data import Subset
+
+    from ..data.loader import decoded_batches
+
     check_same_classes(model.config.label_names, data.classes, dataset)
     skipped = [name for name, _ in data.skipped]
     scored = data if max_images is None else Subset(data, range(len(data))[:max_images])
-    batches = hf.batches(scored, batch_size, 2, skipped)
+    batches = decoded_batches(scored, batch_size, 2, skipped)
     report = report_over(model, batches, data.classes, -(-len(scored) // batch_size), progress,
-                         f"evaluating {dataset} {data.split_name}", tta)
-    return DatasetScore(report, dataset, data.split_name, len(data), skipped)
+                         f"evaluating {dataset} {split_name}", tta)
+    return DatasetScore(report, dataset, split_name, len(data), skipped)
 
 
 def channels_of(model) -> int:
@@ -163,9 +199,14 @@ def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[in
 
     check_fewshot_options(shots, seeds, pool)
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
+    dataset = _readable(dataset)
     skipped: List[str] = []
     if datasets.is_hf(dataset):
-        features = _hf_features(model, dataset, pool, hf_split, image_key, label_key, progress, skipped)
+        splits = _hf_splits(model, dataset, {"train": hf_split, "test": None}, image_key, label_key)
+        features = _file_features(model, splits, pool, progress, skipped)
+    elif dataset == "folder":
+        features = _file_features(model, _folder_splits(model, data_dir, ("train", "test"), progress), pool,
+                                  progress, skipped)
     else:
         features = _memory_features(model, dataset, pool, data_dir, progress)
     results = fewshot_from_features(*features, list(shots), seeds, progress=progress)
@@ -183,22 +224,21 @@ def _memory_features(model, dataset: str, pool: int, data_dir: Optional[str], pr
             extract_features(model, te_x, progress=progress, label="extracting test features"), te_y)
 
 
-def _hf_features(model, dataset: str, pool: int, hf_split: Optional[str], image_key: Optional[str],
-                 label_key: Optional[str], progress: bool, skipped: List[str]):
+def _file_features(model, data: Dict[str, Any], pool: int, progress: bool, skipped: List[str]):
+    """Features of a random ``pool`` of the train split and of the whole test split of image files
+    (a Hugging Face dataset, an image folder), with their labels; unusable files skipped and named."""
     from torch.utils.data import Subset
 
-    from ..data import hf
-    from ..data.pipelines import from_model_config
+    from ..data.loader import decoded_batches
 
-    data = hf.open_splits(dataset, {"train": hf_split, "test": None}, image_key, label_key, channels_of(model),
-                          from_model_config(model.config, train=False))
+    skipped += [name for split in data.values() for name, _ in split.skipped]
     out: list = []
     for role, rows in (("train", pool_rows(len(data["train"]), pool).tolist()), ("test", None)):
         part = data[role] if rows is None else Subset(data[role], rows)
         labels: list = []
 
         def inputs(part=part, labels=labels):
-            for x, y in hf.batches(part, FEATURE_BATCH, 2, skipped):
+            for x, y in decoded_batches(part, FEATURE_BATCH, 2, skipped):
                 labels.append(y)
                 yield x
 
