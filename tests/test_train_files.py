@@ -109,7 +109,10 @@ def test_missing_and_empty_datasets_are_clear_cli_errors(tmp_path, capsys):
              (["--dataset", "folder", "--data-dir", str(tmp_path / "nowhere")], "not found"),
              (["--dataset", "folder", "--data-dir", str(tmp_path)], "must hold train/ and test/"),
              (["--dataset", "folder", "--data-dir", str(tmp_path / "empty")], "no class subfolders"),
-             (["--dataset", "imagenet"], "unknown dataset 'imagenet'")]
+             (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+             (["--dataset", str(tmp_path / "empty")],  # a folder without the word: both ways to read one
+              f"({tmp_path / 'empty'} is a folder: --dataset folder --data-dir {tmp_path / 'empty'} reads its "
+              f"train/ and test/ class folders, --dataset hf:{tmp_path / 'empty'} reads it with Hugging Face")]
     for flags, message in cases:
         assert cli(["train", "--runs-dir", str(tmp_path / "runs"), "--no-progress", *flags]) == 2
         assert message in capsys.readouterr().err

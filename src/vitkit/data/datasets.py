@@ -83,10 +83,13 @@ def canonical(name: str) -> str:
     """The dataset's registered name; a clear error listing the names for anything else."""
     if is_hf(name):  # hf:NAME_OR_DIR keeps its case (Hub names and paths are case-sensitive)
         return HF_PREFIX + name[len(HF_PREFIX):]
-    name = ALIASES.get(name.lower(), name.lower())
+    given, name = name, ALIASES.get(name.lower(), name.lower())
     if name not in IN_MEMORY and name not in FILE_DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; available: "
-                         f"{', '.join(list(IN_MEMORY) + list(FILE_DATASETS))}, hf:NAME_OR_DIR (a Hugging Face dataset)")
+        hint = (f" ({given} is a folder: --dataset folder --data-dir {given} reads its train/ and test/ class "
+                f"folders, --dataset hf:{given} reads it with Hugging Face datasets)") if Path(given).is_dir() else ""
+        raise ValueError(f"unknown dataset {given!r}; available: "
+                         f"{', '.join(list(IN_MEMORY) + list(FILE_DATASETS))}, hf:NAME_OR_DIR (a Hugging Face "
+                         f"dataset){hint}")
     return name
 
 
