@@ -202,3 +202,23 @@ def test_cli_inspect_json_keeps_stdout_clean(no_delay, tmp_path, capsys):
     # 3 loaded + 1 chunk + 3 rollout figures + 6 model figures and the report: the count ends at its total
     last = captured.err.splitlines()[-1]
     assert last.startswith("inspecting [########################] 13/13 steps | "), last
+
+
+def test_cli_inspect_takes_a_folder_as_its_images(no_delay, tmp_path, capsys):
+    """`--image photos/` was "a folder, not an image file"; it stands for the images under it, as
+    predict reads one, in the same order (the report is the same as with the files named)."""
+    from vitkit.cli import main
+
+    vitkit.create_model("vit_fmnist", in_chans=3, img_size=32, num_classes=3, depth=1, label_names=["a", "b", "c"],
+                        mean=(0.5,) * 3, std=(0.5,) * 3).save_pretrained(tmp_path / "model")
+    (tmp_path / "photos").mkdir()
+    for i in (2, 0, 1):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(
+            tmp_path / "photos" / f"{i}.png")
+    results = []
+    for images in ([str(tmp_path / "photos")], [str(tmp_path / "photos" / f"{i}.png") for i in range(3)]):
+        assert main(["inspect", "--weights", str(tmp_path / "model"), "--out", str(tmp_path / f"out{len(results)}"),
+                     "--json", "--no-progress", "--image", *images]) == 0
+        results.append(json.loads(capsys.readouterr().out)["predictions"])
+    assert results[0] == results[1] and [p["image"] for p in results[0]] == [str(tmp_path / "photos" / f"{i}.png")
+                                                                       for i in range(3)]

@@ -28,7 +28,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_inspect(verb) -> None:
     p = verb("inspect", "the paper's analyses as PNG figures and a self-contained report.html")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
-    p.add_argument("--image", nargs="+", help="image files (default: scikit-image's sample photos, or "
+    p.add_argument("--image", nargs="+", help="image files or folders (default: scikit-image's sample photos, or "
                                              "Fashion-MNIST test images for a 28x28 grey model)")
     p.add_argument("--out", metavar="DIR", help="folder to write the figures and report.html into (default: "
                                                 "RUN/inspect for a run's model, else runs/inspect-NAME)")

@@ -221,13 +221,17 @@ def default_folder(weights: Union[str, Path]) -> Path:
 @torch.no_grad()
 def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
                   title: Optional[str] = None, pca_components: int = 28, progress: bool = True) -> InspectResult:
-    """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``.
+    """Run every analysis on ``model`` and write the figures and report.html into ``out_dir``
+    (``images``: files, or folders standing for the images under them; default: sample photos).
 
     A pre-training model (:mod:`vitkit.selfsup`) is inspected through its encoder, and a
     reconstruction figure shows its objective at work on the same images. ``progress``: an
     "inspecting" line on stderr counting the steps (an image loaded, a chunk analysed, a figure
     written) with the ETA, once the inspection has run 5 s: each image's figure takes ~0.25 s,
     and 16 images through a ViT-S/16 take ~20 s on a CPU."""
+    from ..data.folder import image_files
+
+    images = image_files(images) if images else images  # a folder: the images under it
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
