@@ -53,9 +53,9 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
 
 
 def read_weight_file(path: PathLike) -> Tuple[Dict[str, object], Dict[str, Any]]:
-    """A weight file's tensors, and what a training checkpoint says of its model beside them:
-    timm's train.py saves the model's name as ``arch`` and its arguments as ``args``
-    (``{"arch": ..., "args": {...}}``; ``{}`` for any other file)."""
+    """A weight file's tensors, and what a training checkpoint says of its model beside them
+    (:func:`_training_facts`: ``{"arch": ..., "args": {...}, "script": "timm" or "deit"}``; ``{}``
+    for any other file)."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"weights file not found: {path}")
