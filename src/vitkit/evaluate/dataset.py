@@ -2,10 +2,10 @@
 
 ``score_dataset`` reads a split (an in-memory one, or image files through the model's own evaluation
 pipeline: an image folder's, a Hugging Face one), checks that its classes are the model's, in order,
-and returns the report
-with the split it read. ``fewshot_on_dataset`` extracts frozen features of a fixed pool of training
-images and of the test split and fits the paper's ridge probes. Both refuse wrong options before
-reading any image, in the words the command line uses (the flags are the parameters' names).
+and returns the report with the split it read. ``fewshot_on_dataset`` extracts frozen features of
+a fixed pool of training images and of the test split and fits the paper's ridge probes. Both
+refuse wrong options before reading any image, in the words the command line uses (the flags are
+the parameters' names).
 """
 
 from __future__ import annotations
