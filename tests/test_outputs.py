@@ -123,7 +123,8 @@ def test_an_unfinished_run_given_as_weights_is_one_line_everywhere(tmp_path, cap
         lock.release()
     assert not (tmp_path / "runs").exists()  # refused before any run folder was made
     (run / "checkpoints" / "step_00000004.pt").unlink()  # killed before its first checkpoint
-    assert main(["predict", "--weights", str(run), "x.png"]) == 2
+    (tmp_path / "x.png").write_bytes(b"an image to be (the weights are refused first)")
+    assert main(["predict", "--weights", str(run), str(tmp_path / "x.png")]) == 2
     assert "stopped before its first checkpoint: it has no model and nothing to resume (vitkit pretrain --name r " \
            in capsys.readouterr().err
 
