@@ -222,3 +222,12 @@ def test_cli_inspect_takes_a_folder_as_its_images(no_delay, tmp_path, capsys):
         results.append(json.loads(capsys.readouterr().out)["predictions"])
     assert results[0] == results[1] and [p["image"] for p in results[0]] == [str(tmp_path / "photos" / f"{i}.png")
                                                                        for i in range(3)]
+    # a folder of more than a report's images: one line before any is read, no folder made
+    from vitkit.inspect.report import MAX_IMAGES
+
+    for i in range(3, MAX_IMAGES + 1):
+        (tmp_path / "photos" / f"{i}.png").write_bytes(b"never read")
+    assert main(["inspect", "--weights", str(tmp_path / "model"), "--out", str(tmp_path / "many"), "--no-progress",
+                 "--image", str(tmp_path / "photos")]) == 2
+    assert f"{MAX_IMAGES + 1} images to inspect: at most {MAX_IMAGES}" in capsys.readouterr().err
+    assert not (tmp_path / "many").exists()

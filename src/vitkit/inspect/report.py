@@ -181,6 +181,9 @@ SIGNED_NOTE = ("No attention rollout, attention per layer or attention distance:
 #: Images per forward pass of the per-image analyses: bounds the attention maps held at once
 #: (ViT-B/16 at 224: 12 layers x 12 heads x 197^2 floats, 22 MB an image) and paces the progress line.
 CHUNK = 16
+#: Images one inspection takes: one rollout figure each, and the whole set in memory at once (token
+#: norms over every image); a folder of thousands is vitkit predict's work, not a report's.
+MAX_IMAGES = 64
 
 
 def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progress, maps: bool = True
@@ -232,6 +235,9 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     from ..data.folder import image_files
 
     images = image_files(images) if images else images  # a folder: the images under it
+    if images and len(images) > MAX_IMAGES:
+        raise ValueError(f"{len(images):,} images to inspect: at most {MAX_IMAGES} (one figure each, all held at "
+                         f"once); pass a few of them, or classify many with vitkit predict")
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
