@@ -173,3 +173,26 @@ def test_empty_and_missing_folders(tmp_path):
     (tmp_path / "allbad" / "cls" / "a.jpg").write_bytes(b"")
     with pytest.raises(ValueError, match="none of the 1 image files"):
         ImageFolder(tmp_path / "allbad")
+
+
+def test_linked_folders_are_followed_and_a_loop_lists_each_image_once(tmp_path):
+    """Symbolic links are followed, as torchvision's ImageFolder follows them (the same samples, in
+    the same order); a link back up the tree (sub/up -> ..) listed every image again at each depth,
+    about 40 times over, for training as for predict; now each real folder is read once."""
+    import os
+
+    import torchvision
+
+    from vitkit.data.folder import image_files
+
+    for path in ("train/cat/a.png", "extra/b.png", "train/dog/c.png"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(noise(8, 8)).save(tmp_path / path)
+    os.symlink(tmp_path / "extra", tmp_path / "train" / "cat" / "more")  # a dataset assembled from links
+    theirs = torchvision.datasets.ImageFolder(str(tmp_path / "train")).samples
+    assert ImageFolder(tmp_path / "train", progress=False).samples == theirs
+    assert len(theirs) == 3
+    (tmp_path / "train" / "cat" / "sub").mkdir()
+    os.symlink("..", tmp_path / "train" / "cat" / "sub" / "up")  # a loop
+    assert ImageFolder(tmp_path / "train", progress=False).samples == theirs
+    assert image_files([tmp_path / "train"]) == [path for path, _ in theirs]

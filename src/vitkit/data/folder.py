@@ -92,6 +92,21 @@ def collate_skip_bad(batch: Sequence[Any]) -> Tuple[Optional[Any], torch.Tensor,
     return images, labels, names
 
 
+def _walk_once(root: Union[str, Path]) -> Iterator[Tuple[str, List[str]]]:
+    """(folder, its non-hidden file names, sorted) under ``root`` in sorted order, symbolic links
+    followed (a dataset assembled from links is common) but each real folder visited once: a link back
+    up the tree (``sub/up -> ..``) listed every image again at each depth, 40 times over."""
+    seen = set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        yield folder, sorted(f for f in files if not f.startswith("."))
+
+
 def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS) -> List[str]:
     """``paths`` with each folder replaced by the image files under it (sorted, subfolders included,
     hidden ones not), as timm's inference script reads a folder; files are kept as given (a file
@@ -106,11 +121,8 @@ def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = I
                 raise ValueError(f"{path} is not a regular file (a FIFO, a socket or a device): pass an image file")
             out.append(path)
             continue
-        found = []
-        for folder, subfolders, files in os.walk(path, followlinks=True):
-            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            found += [os.path.join(folder, f) for f in sorted(files)
-                      if not f.startswith(".") and f.lower().endswith(tuple(extensions))]
+        found = [os.path.join(folder, f) for folder, files in _walk_once(path) for f in files
+                 if f.lower().endswith(tuple(extensions))]
         if not found:
             raise ValueError(f"no image files ({', '.join(extensions)}) in the folder {path}")
         out += found
@@ -141,10 +153,9 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
     samples: List[Tuple[str, int]] = []
     for index, name in track(list(enumerate(classes)), f"listing {root}", enabled=progress, unit="classes"):
         found = 0
-        for folder, subfolders, files in os.walk(root / name, followlinks=True):
-            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            for f in sorted(files):
-                if not f.startswith(".") and f.lower().endswith(extensions):
+        for folder, files in _walk_once(root / name):
+            for f in files:
+                if f.lower().endswith(extensions):
                     samples.append((os.path.join(folder, f), index))
                     found += 1
         if not found:
