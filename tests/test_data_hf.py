@@ -187,10 +187,11 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
 
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):
     """`vitkit eval --dataset folder --data-dir D` (what a folder-trained run is evaluated on) said
-    "folder is a file dataset: it is read through a DataLoader, not into memory". Now it scores the
-    folder's test/ split: the same report as the same images read by Hugging Face's imagefolder
-    builder (hf:D) and as the rows they were written from; a broken file skipped and named; few-shot
-    from train/ and test/, whose class folders must agree."""
+    "folder is a file dataset: it is read through a DataLoader, not into memory", and `--dataset
+    shards` the same. Now it scores the folder's test/ split: the same report as the same images read
+    by Hugging Face's imagefolder builder (hf:D), as the rows they were written from, and as tar
+    shards of them; a broken file skipped and named; few-shot from train/ and test/, whose class
+    folders must agree (and not from a stream)."""
     import vitkit
 
     run, _ = trained
@@ -220,6 +221,21 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
         assert ours[key] == theirs[key], key
     assert abs(ours["top1"] - rows_score["top1"]) < 1e-9 and ours["per_class"] == {
         name: rows_score["per_class"][name] for name in sorted(NAMES)}  # (the rows' split: one unlabelled row more)
+    # the same files as tar shards (a stream, read in its own order): the same report
+    from vitkit.data.shard_writer import folder_to_shards
+
+    for split in ("train", "test"):
+        folder_to_shards(tmp_path / "d" / split, tmp_path / "s" / split, max_per_shard=70)
+    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"), "--json",
+                "--no-progress"]) == 0
+    streamed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert streamed["split"] == "test" and streamed["count"] == 300
+    for key in ("top1", "top5", "per_class", "confusion"):
+        assert streamed[key] == ours[key], key
+    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"), "--json",
+                "--no-progress", "--max-images", "50"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["count"] == 50 and first["split_images"] == 300
     (tmp_path / "d" / "test" / "bag" / "9999.png").write_bytes(b"half a png")
     assert cli(["eval", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
                 "--json", "--no-progress"]) == 0
@@ -235,8 +251,9 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
                 "--no-progress"]) == 2
     assert "differ between its splits: other classes (train/: 4, test/: 3; only in train/: 'coat')" in \
         capsys.readouterr().err
-    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "d")]) == 2
-    assert "--dataset shards is read by vitkit train alone" in capsys.readouterr().err
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s")]) == 2
+    assert "few-shot draws a random pool of training images, which tar shards (a stream) do not offer" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -1,11 +1,11 @@
 """Scoring a model on a whole dataset: what ``vitkit eval`` and ``vitkit fewshot`` do, as two calls.
 
-``score_dataset`` reads a split (an in-memory one, or image files through the model's own evaluation
-pipeline: an image folder's, a Hugging Face one), checks that its classes are the model's, in order,
-and returns the report with the split it read. ``fewshot_on_dataset`` extracts frozen features of
-a fixed pool of training images and of the test split and fits the paper's ridge probes. Both
-refuse wrong options before reading any image, in the words the command line uses (the flags are
-the parameters' names).
+``score_dataset`` reads a split (an in-memory one, or image files through the model's own
+evaluation pipeline: an image folder's, tar shards, a Hugging Face one), checks that its classes
+are the model's, in order, and returns the report with the split it read. ``fewshot_on_dataset``
+extracts frozen features of a fixed pool of training images and of the test split and fits the
+paper's ridge probes. Both refuse wrong options before reading any image, in the words the
+command line uses (the flags are the parameters' names).
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
 
     check_score_options(batch_size, max_images, tta)
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
-    dataset = _readable(dataset_of(model, dataset))
+    dataset = datasets.canonical(dataset_of(model, dataset))
+    if dataset == "shards":
+        return _score_shards(model, split, data_dir, max_images, batch_size, tta, progress)
     if datasets.is_hf(dataset):
         hf_split = hf_split or ("train" if split == "train" else None)
         data = _hf_splits(model, dataset, {split: hf_split}, image_key, label_key)[split]
@@ -124,15 +126,52 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
     return DatasetScore(report, dataset, split, total)
 
 
-def _readable(dataset: str) -> str:
-    """The dataset's registered name, where evaluation reads it (every one but tar shards, a stream)."""
+def _indexable(dataset: str) -> str:
+    """The dataset's registered name, where few-shot reads it: a random pool of training images is
+    drawn, which tar shards (a stream) do not offer."""
     from ..data import datasets
 
     name = datasets.canonical(dataset)
     if name == "shards":
-        raise ValueError("--dataset shards is read by vitkit train alone (a stream); evaluate on the image "
-                         "folder the shards were written from (--dataset folder), or on hf:NAME_OR_DIR")
+        raise ValueError("few-shot draws a random pool of training images, which tar shards (a stream) do not "
+                         "offer: run it on the image folder the shards were written from (--dataset folder), or "
+                         "on hf:NAME_OR_DIR")
     return name
+
+
+def _score_shards(model, split: str, data_dir: Optional[str], max_images: Optional[int], batch_size: int,
+                  tta: str, progress: bool) -> DatasetScore:
+    """A split of tar shards read in order (D/test or val, D/train for ``split="train"``), as vitkit
+    train evaluates on them; a sample that does not decode is skipped and counted. ``max_images``: the
+    first N the stream gives (its order is fixed: the shards in order, dealt to two workers)."""
+    from ..data.datasets import file_split_dirs
+    from ..data.loader import decoded_batches
+    from ..data.pipelines import from_model_config
+    from ..data.shards import ShardDataset
+
+    train, test = file_split_dirs("shards", data_dir)
+    folder = train if split == "train" else test
+    data = ShardDataset(folder, from_model_config(model.config, train=False), channels_of(model), rank=0,
+                        world_size=1)
+    if data.classes is None:
+        raise ValueError(f"no class names for the shards in {folder}: write meta.json or classes.txt beside them "
+                         f"(vitkit's write_shards does)")
+    check_same_classes(model.config.label_names, data.classes, "shards")
+    total = data.num_samples
+    wanted = total if max_images is None else min(max_images, total)
+    skipped: List[str] = []
+
+    def first(batches):  # the stream's first `wanted` images
+        seen = 0
+        for x, y in batches:
+            if seen >= wanted:
+                return
+            yield x[:wanted - seen], y[:wanted - seen]
+            seen += len(y)
+
+    report = report_over(model, first(decoded_batches(data, batch_size, 2, skipped)), data.classes,
+                         -(-wanted // batch_size), progress, f"evaluating shards {folder.name}", tta)
+    return DatasetScore(report, "shards", folder.name, total, skipped)
 
 
 def _hf_splits(model, dataset: str, roles: Dict[str, Optional[str]], image_key: Optional[str],
@@ -200,7 +239,7 @@ def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[in
 
     check_fewshot_options(shots, seeds, pool)
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
-    dataset = _readable(dataset)
+    dataset = _indexable(dataset)
     skipped: List[str] = []
     if datasets.is_hf(dataset):
         splits = _hf_splits(model, dataset, {"train": hf_split, "test": None}, image_key, label_key)
