@@ -490,6 +490,8 @@ def test_vitkit_info_says_what_an_onnx_file_is(tmp_path, capsys):
                                                                            for n in proto.graph.node)
     said = info["source"]["source_name"]
     assert "exported by vitkit" in said and "with dynamo, quantization none" in said, said
+    assert main(["info", str(path), "--img-size", "64"]) == 2  # a graph's size is the one it was exported at
+    assert "is an exported graph, fixed at the size it was exported at: --img-size applies" in capsys.readouterr().err
     # a lying file: refused as predict refuses it
     next(p for p in proto.metadata_props if p.key == "labels").value = json.dumps(["a", "b"])
     onnx.save(proto, str(tmp_path / "lie.onnx"))

@@ -80,6 +80,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         from ..deploy.describe import describe_graph, is_graph
         from ..weights.pretrained import describe_source
 
+        if is_graph(args.name) and overrides:  # an exported graph computes at one size: no other to cost
+            flags = [f"--{k.replace('_', '-')}" for k in overrides]
+            raise ValueError(f"{args.name} is an exported graph, fixed at the size it was exported at: "
+                             f"{' and '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} to weights and "
+                             f"model names")
         source = describe_graph(args.name) if is_graph(args.name) else describe_source(args.name)
         if "refused" in source or "note" in source or source.get("pretraining") and "config" not in source:
             if args.json:
