@@ -7,13 +7,14 @@ output and what running it needs."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from ..extras import first_line
 from ..files import PathLike
-from .onnx_export import CONFIG_KEY, read_metadata
+from .onnx_export import CONFIG_KEY
 
 #: (name, shape with "?" for a dynamic dimension, element type)
 Port = Tuple[str, List[Any], str]
@@ -26,17 +27,12 @@ def is_graph(source: PathLike) -> bool:
 def describe_graph(path: PathLike) -> Dict[str, Any]:
     """``vitkit info``'s facts of an exported graph (see the module docstring)."""
     from .openvino import OpenVinoModel, _check_files, is_openvino
-    from .runtime import OnnxMetadataError, OnnxModel
+    from .runtime import OnnxMetadataError, OnnxModel, check_onnx_file
 
     path = Path(path)
     openvino = is_openvino(path)
     runtime = OpenVinoModel if openvino else OnnxModel
-    if openvino:
-        _check_files(path)  # the .xml and its .bin, neither empty
-    elif not path.is_file():
-        raise OnnxMetadataError(f"{path} is not an ONNX file")
-    elif path.stat().st_size == 0:
-        raise OnnxMetadataError(f"{path} is empty (0 bytes): not an ONNX model (an interrupted copy?)")
+    (_check_files if openvino else check_onnx_file)(path)  # what the runtime checks first: there, not empty
     try:
         metadata, inputs, outputs, tensors = (_openvino_facts if openvino else _onnx_facts)(path)
     except Exception as e:  # protobuf's and OpenVINO's parse errors: all mean "not such a file"
@@ -66,16 +62,16 @@ def _onnx_facts(path: Path):
     from onnx import TensorProto
 
     proto = onnx.load(str(path), load_external_data=False)
-    metadata = read_metadata(path)
+    metadata = {p.key: p.value for p in proto.metadata_props}
     known = {i.name for i in proto.graph.initializer}
 
-    def port(value) -> Tuple[str, List[Any], str]:
+    def port(value) -> Port:
         kind = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else "?" for d in kind.shape.dim]
         return value.name, dims, TensorProto.DataType.Name(kind.elem_type).lower()
 
-    tensors = [(TensorProto.DataType.Name(t.data_type).lower(), _count(t.dims)) for t in proto.graph.initializer]
-    tensors += [(TensorProto.DataType.Name(a.t.data_type).lower(), _count(a.t.dims))
+    tensors = [(TensorProto.DataType.Name(t.data_type).lower(), math.prod(t.dims)) for t in proto.graph.initializer]
+    tensors += [(TensorProto.DataType.Name(a.t.data_type).lower(), math.prod(a.t.dims))
                 for node in proto.graph.node if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
     inputs = [port(i) for i in proto.graph.input if i.name not in known]  # (old exporters list weights as inputs)
     return metadata, inputs, [port(o) for o in proto.graph.output], tensors
@@ -87,22 +83,15 @@ def _openvino_facts(path: Path):
     ov = openvino_module("reading OpenVINO models")
     graph = ov.Core().read_model(str(path))
 
-    def port(value) -> Tuple[str, List[Any], str]:
+    def port(value) -> Port:
         shape = value.get_partial_shape()
         dims = [d.get_length() if d.is_static else "?" for d in shape] if shape.rank.is_static else []
         names = value.get_names()
         return (next(iter(names)) if names else "?"), dims, value.get_element_type().get_type_name()
 
-    tensors = [(op.get_output_element_type(0).get_type_name(), _count(op.get_output_shape(0)))
+    tensors = [(op.get_output_element_type(0).get_type_name(), math.prod(op.get_output_shape(0)))
                for op in graph.get_ordered_ops() if op.get_type_name() == "Constant"]
     return _rt_metadata(graph), [port(i) for i in graph.inputs], [port(o) for o in graph.outputs], tensors
-
-
-def _count(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
 
 
 __all__ = ["describe_graph", "is_graph"]

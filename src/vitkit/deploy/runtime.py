@@ -77,12 +77,7 @@ class OnnxModel(nn.Module):
         super().__init__()
         _, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
         self.path = Path(path)
-        if self.path.is_dir():
-            raise OnnxMetadataError(f"{self.path} is a folder, not an ONNX file")
-        if not self.path.is_file():
-            raise FileNotFoundError(f"ONNX model not found: {self.path}")
-        if self.path.stat().st_size == 0:
-            raise OnnxMetadataError(f"{self.path} is empty (0 bytes): not an ONNX model (an interrupted copy?)")
+        check_onnx_file(self.path)
         try:
             self.metadata = read_metadata(self.path)
         except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
@@ -216,6 +211,16 @@ class OnnxModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
+
+
+def check_onnx_file(path: Path) -> None:
+    """The file is there and not empty: one line naming what is wrong, before any parser reads it."""
+    if path.is_dir():
+        raise OnnxMetadataError(f"{path} is a folder, not an ONNX file")
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX model not found: {path}")
+    if path.stat().st_size == 0:
+        raise OnnxMetadataError(f"{path} is empty (0 bytes): not an ONNX model (an interrupted copy?)")
 
 
 def thread_count(threads: Optional[int]) -> int:
