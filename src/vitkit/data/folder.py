@@ -107,12 +107,18 @@ def _walk_once(root: Union[str, Path]) -> Iterator[Tuple[str, List[str]]]:
         yield folder, sorted(f for f in files if not f.startswith("."))
 
 
+def _suffixes(extensions: Sequence[str]) -> Tuple[str, ...]:
+    """Extensions as lower-case suffixes with their dot ("JPG" and ".jpg" alike)."""
+    return tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
+
+
 def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS) -> List[str]:
     """``paths`` with each folder replaced by the image files under it (sorted, subfolders included,
     hidden ones not), as timm's inference script reads a folder; files are kept as given (a file
     that is not an image is said when it is read). A folder without images, a path that is not
     there or is no regular file: refused by name, before any image is read."""
     out: List[str] = []
+    suffixes = _suffixes(extensions)
     for path in map(str, paths):
         if not os.path.isdir(path):
             if not os.path.exists(path):
@@ -122,7 +128,7 @@ def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = I
             out.append(path)
             continue
         found = [os.path.join(folder, f) for folder, files in _walk_once(path) for f in files
-                 if f.lower().endswith(tuple(extensions))]
+                 if f.lower().endswith(suffixes)]
         if not found:
             raise ValueError(f"no image files ({', '.join(extensions)}) in the folder {path}")
         out += found
@@ -142,7 +148,7 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
         raise FileNotFoundError(f"image folder not found: {root}")
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is a file; expected a folder with one subfolder per class")
-    extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
+    extensions = _suffixes(extensions)
     with os.scandir(root) as entries:
         listing = sorted(entries, key=lambda e: e.name)
     classes = [e.name for e in listing if e.is_dir() and not e.name.startswith(".")]
