@@ -236,6 +236,10 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
                 "--no-progress", "--max-images", "50"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["count"] == 50 and first["split_images"] == 300
+    for name in ("meta.json", "classes.txt"):  # shards that name no classes: one line, as training says it
+        (tmp_path / "s" / "test" / name).unlink()
+    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s")]) == 2
+    assert f"no class names for the shards in {tmp_path / 's' / 'test'}: write meta.json" in capsys.readouterr().err
     (tmp_path / "d" / "test" / "bag" / "9999.png").write_bytes(b"half a png")
     assert cli(["eval", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
                 "--json", "--no-progress"]) == 0

@@ -202,6 +202,13 @@ class ShardDataset(RankedReader, IterableDataset):
         if epoch_length == "auto":
             self.samples_per_shard()  # counted once here, not again in every worker
 
+    def named_classes(self) -> List[str]:
+        """The class names (``meta.json`` or ``classes.txt``, or given); one line where there are none."""
+        if self.classes is None:
+            raise ValueError(f"no class names for the shards in {Path(self.shards[0]).parent}: write meta.json or "
+                             f"classes.txt beside them (vitkit's write_shards does)")
+        return self.classes
+
     # -- sizes
     def samples_per_shard(self) -> List[int]:
         """From ``meta.json`` when it lists every shard, else by reading the tar headers (once)."""

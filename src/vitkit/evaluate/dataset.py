@@ -107,7 +107,8 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
     dataset = datasets.canonical(dataset_of(model, dataset))
     if dataset == "shards":
-        return _score_shards(model, split, data_dir, max_images, batch_size, tta, progress)
+        data, name = _shard_split(model, data_dir, split)
+        return _score_files(model, dataset, data, name, max_images, batch_size, tta, progress)
     if datasets.is_hf(dataset):
         hf_split = hf_split or ("train" if split == "train" else None)
         data = _hf_splits(model, dataset, {split: hf_split}, image_key, label_key)[split]
@@ -139,13 +140,10 @@ def _indexable(dataset: str) -> str:
     return name
 
 
-def _score_shards(model, split: str, data_dir: Optional[str], max_images: Optional[int], batch_size: int,
-                  tta: str, progress: bool) -> DatasetScore:
-    """A split of tar shards read in order (D/test or val, D/train for ``split="train"``), as vitkit
-    train evaluates on them; a sample that does not decode is skipped and counted. ``max_images``: the
-    first N the stream gives (its order is fixed: the shards in order, dealt to two workers)."""
+def _shard_split(model, data_dir: Optional[str], split: str):
+    """A split of tar shards (D/test or val, D/train for ``split="train"``) and its folder's name, read
+    in order through the model's evaluation pipeline, as vitkit train evaluates on them."""
     from ..data.datasets import file_split_dirs
-    from ..data.loader import decoded_batches
     from ..data.pipelines import from_model_config
     from ..data.shards import ShardDataset
 
@@ -153,25 +151,8 @@ def _score_shards(model, split: str, data_dir: Optional[str], max_images: Option
     folder = train if split == "train" else test
     data = ShardDataset(folder, from_model_config(model.config, train=False), channels_of(model), rank=0,
                         world_size=1)
-    if data.classes is None:
-        raise ValueError(f"no class names for the shards in {folder}: write meta.json or classes.txt beside them "
-                         f"(vitkit's write_shards does)")
-    check_same_classes(model.config.label_names, data.classes, "shards")
-    total = data.num_samples
-    wanted = total if max_images is None else min(max_images, total)
-    skipped: List[str] = []
-
-    def first(batches):  # the stream's first `wanted` images
-        seen = 0
-        for x, y in batches:
-            if seen >= wanted:
-                return
-            yield x[:wanted - seen], y[:wanted - seen]
-            seen += len(y)
-
-    report = report_over(model, first(decoded_batches(data, batch_size, 2, skipped)), data.classes,
-                         -(-wanted // batch_size), progress, f"evaluating shards {folder.name}", tta)
-    return DatasetScore(report, "shards", folder.name, total, skipped)
+    data.named_classes()  # one line where there are none
+    return data, folder.name
 
 
 def _hf_splits(model, dataset: str, roles: Dict[str, Optional[str]], image_key: Optional[str],
@@ -202,18 +183,33 @@ def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progres
 
 def _score_files(model, dataset: str, data, split_name: str, max_images: Optional[int], batch_size: int,
                  tta: str, progress: bool) -> DatasetScore:
-    """A split of image files (a Hugging Face split, an image folder) decoded in DataLoader workers."""
-    from torch.utils.data import Subset
+    """A split of image files (an image folder, a Hugging Face split, tar shards) decoded in DataLoader
+    workers; unusable files skipped and named. ``max_images``: the first N (of a stream, the first N
+    it gives: its order is fixed, the shards in order dealt to two workers)."""
+    from torch.utils.data import IterableDataset, Subset
 
     from ..data.loader import decoded_batches
 
     check_same_classes(model.config.label_names, data.classes, dataset)
-    skipped = [name for name, _ in data.skipped]
-    scored = data if max_images is None else Subset(data, range(len(data))[:max_images])
-    batches = decoded_batches(scored, batch_size, 2, skipped)
-    report = report_over(model, batches, data.classes, -(-len(scored) // batch_size), progress,
-                         f"evaluating {dataset} {split_name}", tta)
-    return DatasetScore(report, dataset, split_name, len(data), skipped)
+    skipped = [name for name, _ in getattr(data, "skipped", ())]  # (a stream finds its bad samples as it reads)
+    stream = isinstance(data, IterableDataset)
+    total = data.num_samples if stream else len(data)
+    wanted = total if max_images is None else min(max_images, total)
+    batches = decoded_batches(data if stream or wanted == total else Subset(data, range(wanted)), batch_size, 2,
+                              skipped)
+    report = report_over(model, _first(batches, wanted) if stream else batches, data.classes,
+                         -(-wanted // batch_size), progress, f"evaluating {dataset} {split_name}", tta)
+    return DatasetScore(report, dataset, split_name, total, skipped)
+
+
+def _first(batches, n: int):
+    """The first ``n`` samples of (inputs, labels) batches."""
+    seen = 0
+    for x, y in batches:
+        if seen >= n:
+            return
+        yield x[:n - seen], y[:n - seen]
+        seen += len(y)
 
 
 def channels_of(model) -> int:

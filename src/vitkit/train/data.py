@@ -191,16 +191,14 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
         return make
 
     probe = ShardDataset(train_dir, rank=0, world_size=1)
-    if probe.classes is None:
-        raise ValueError(f"no class names for the shards in {train_dir}: write meta.json or classes.txt "
-                         f"beside them (vitkit's write_shards does)")
+    classes = probe.named_classes()
     mean, std = datasets.FILE_STATS
     # validation: val/ when there is one, else the test split (a stream is not carved): said
     if val_dir == test_dir and cfg.val_size:
         warnings.warn(f"the shards in {cfg.data_dir} have no val/ folder: validation rows score the test split "
                       f"({test_dir.name}/; a stream cannot be carved): write held-out shards to val/ for a "
                       f"validation set, or pass --val-size 0 to say it is meant", stacklevel=2)
-    return RunData("shards", probe.classes, channels, None, mean[:channels], std[:channels],
+    return RunData("shards", classes, channels, None, mean[:channels], std[:channels],
                    train=ShardBatches(maker(train_dir), cfg.workers), val=ShardBatches(maker(val_dir), cfg.workers),
                    test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples)
 
