@@ -63,8 +63,8 @@ class _Parser(argparse.ArgumentParser):
         if not taken:
             return ""
         flag, files = next(iter(taken.items()))
-        return (f" ({', '.join(files)} {'was' if len(files) == 1 else 'were'} read as {flag}'s values: put files "
-                f"before {flag}, or end its values with --)")
+        were = "was" if len(files) == 1 else "were"
+        return f" ({', '.join(files)} {were} read as {flag}'s values: {_ways_out(flag)})"
 
     def check_values(self, args: argparse.Namespace) -> None:
         """Values no flag means. An empty string is no path or name: ``--out ""`` would mean the
@@ -78,8 +78,7 @@ class _Parser(argparse.ArgumentParser):
             files = [v for v in value if os.path.isfile(v)] if action.dest in NAME_LISTS and value else []
             if files:
                 self.error(f"argument {name}: {', '.join(files)} {'is a file' if len(files) == 1 else 'are files'}, "
-                           f"not {'a class name' if len(files) == 1 else 'class names'} (put files before {name}, "
-                           f"or end its values with --)")
+                           f"not {'a class name' if len(files) == 1 else 'class names'} ({_ways_out(name)})")
 
     def unknown(self, extra: List[str]):
         self.error(f"unrecognized arguments: {' '.join(extra)}{self._meant(extra)}")
@@ -100,7 +99,12 @@ def _eaten_path(message: str) -> str:
     found = re.match(r"argument (--[\w-]+): invalid (?:int|float) value: '(.*)'$", message)
     if found is None or not _looks_like_file(found.group(2)):
         return ""
-    return f" ({found.group(2)} looks like a file: put files before {found.group(1)}, or end its values with --)"
+    return f" ({found.group(2)} looks like a file: {_ways_out(found.group(1))})"
+
+
+def _ways_out(flag: str) -> str:
+    """How to keep files out of a flag of several values."""
+    return f"put files before {flag}, or end its values with --"
 
 
 def build_parser() -> argparse.ArgumentParser:
