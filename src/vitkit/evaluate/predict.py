@@ -73,14 +73,12 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
 
 def _inputs(config, chunk: List[str]) -> Tuple[List[torch.Tensor], Dict[int, str]]:
     """The model's input of each image of ``chunk`` that decodes, in order, and why each other one
-    (by its place in ``chunk``) does not."""
-    try:
-        return list(preprocess(config, chunk)), {}
-    except BadImageError:  # one by one, to keep the others
-        inputs, broken = [], {}
-        for n, path in enumerate(chunk):
-            try:
-                inputs.append(preprocess(config, path)[0])
-            except BadImageError as e:
-                broken[n] = e.reason
-        return inputs, broken
+    (by its place in ``chunk``) does not. One image at a time: a batch that failed on one image was
+    decoded again image by image."""
+    inputs, broken = [], {}
+    for n, path in enumerate(chunk):
+        try:
+            inputs.append(preprocess(config, path)[0])
+        except BadImageError as e:
+            broken[n] = e.reason
+    return inputs, broken
