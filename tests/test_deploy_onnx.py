@@ -98,6 +98,23 @@ LATER = {
     "relpos_mlp_shared": ("vit_srelpos_small_patch16_224", dict(img_size=32, **SMALL)),
 }
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dynamic_int8_answers_each_image_as_it_would_alone(threads, tmp_path):
+    """ONNX Runtime's dynamic int8 scales activations by the largest value of its whole input: run as a
+    batch, a bright image changed a dark one's logits (a server's answer depended on its traffic). Each
+    image's logits are onnxruntime's own on that image alone; a static graph still runs whole."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, **SMALL))
+    path = export_onnx(model, tmp_path / "q.onnx", quantize="int8")
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    x[0] *= 8  # an image far brighter than the others sets the batch's scale
+    alone = torch.cat([ort_logits(path, x[i:i + 1]) for i in range(len(x))])
+    assert max_diff(ort_logits(path, x), alone) > 1e-3  # onnxruntime itself: the batch moves the answers
+    wrapped = OnnxModel(path, threads=threads)
+    assert wrapped.per_image and not OnnxModel(export_onnx(model, tmp_path / "f.onnx")).per_image
+    torch.testing.assert_close(wrapped(x), alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(wrapped(x[1:]), alone[1:], rtol=1e-5, atol=1e-5)
+
+
 
 @pytest.mark.parametrize("case", sorted(LATER))
 def test_onnx_runtime_matches_pytorch_for_the_later_vits(case, tmp_path):

@@ -28,7 +28,7 @@ from ..extras import first_line
 from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE, _is_int
 from ..parallel import BatchParallel, parts
-from .onnx_export import CONFIG_KEY, onnx_modules, read_metadata
+from .onnx_export import CONFIG_KEY, onnx_modules
 
 
 class OnnxMetadataError(ValueError):
@@ -61,8 +61,12 @@ class OnnxModel(nn.Module):
     with that many intra-op threads. DINOv2-S/14 int8 at batch 32 on a 2-core Zen 4: alone as fast
     as one session on both threads (24.4 against 23.4 img/s), beside one busy Python loop 0.69 of
     that against 0.54 (a scratch comparison, 4 alternations). The two sessions cost the model's
-    weights twice in memory (ViT-B/16 int8: about 55 MB more). An image's output can depend on
-    its part only where dynamic int8 scales by the batch, as it does on the batch itself.
+    weights twice in memory (ViT-B/16 int8: about 55 MB more). A graph that quantizes its
+    activations dynamically (``DynamicQuantizeLinear``: ONNX Runtime's dynamic int8) scales them by
+    the largest value in its whole input, so an image's answer would depend on the other images of
+    its batch (a server's traffic: top-1 flips seen on untrained ViT-Ti/16): it is run one image at
+    a time, which is no slower (ViT-S/16 and ViT-B/16 int8, 16 images on one thread: 16.5-17.3
+    against 13.3-14.8 and 8.0-8.2 against 7.6 img/s).
     ``img_size``/``mean``/``std``/``labels`` stand in for missing
     metadata and are refused when the file has its own (they would contradict it).
     """
@@ -75,13 +79,17 @@ class OnnxModel(nn.Module):
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  labels: Optional[Sequence[str]] = None):
         super().__init__()
-        _, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
+        onnx, ort = onnx_modules("running ONNX models (--runtime onnxruntime)")
         self.path = Path(path)
         check_onnx_file(self.path)
         try:
-            self.metadata = read_metadata(self.path)
+            proto = onnx.load(str(self.path), load_external_data=False)
         except Exception as e:  # protobuf's DecodeError and friends: all mean "not an ONNX file"
             raise OnnxMetadataError(f"{self.path} is not a readable ONNX model ({type(e).__name__})") from None
+        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        #: one image per run: the graph scales its activations by its whole input (see the class notes)
+        self.per_image = any(node.op_type == "DynamicQuantizeLinear" for node in proto.graph.node)
+        del proto
         threads = thread_count(threads)
         self.session = self._session(ort, threads)
         self.parallel = BatchParallel(threads)
@@ -205,9 +213,15 @@ class OnnxModel(nn.Module):
 
     def _run(self, array):
         if len(parts(len(array), self.parallel.workers)) == 1:
-            return self.session.run(None, {self.input_name: array})[0]
-        return np.concatenate(self.parallel.run(
-            lambda part: self._part_session.run(None, {self.input_name: array[part]})[0], len(array)))
+            return self._each(self.session, array)
+        return np.concatenate(self.parallel.run(lambda part: self._each(self._part_session, array[part]), len(array)))
+
+    def _each(self, session: Any, array: np.ndarray) -> np.ndarray:
+        """``session``'s output for ``array``: in one run, or one image at a time where the graph
+        scales by its input (:attr:`per_image`)."""
+        if not self.per_image or len(array) == 1:
+            return session.run(None, {self.input_name: array})[0]
+        return np.concatenate([session.run(None, {self.input_name: array[i:i + 1]})[0] for i in range(len(array))])
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
