@@ -13,6 +13,7 @@ from PIL import Image
 import vitkit
 from conftest import randomize
 from vitkit.cli import main
+from vitkit.evaluate.predict import NOT_FINITE
 
 
 def run(capsys, *argv):
@@ -130,12 +131,31 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
                            [t["probability"] for t in got["a.png"]["top"]], atol=1e-6)
     assert got["b2.png"] == {"image": str(tmp_path / "photos" / "b2.png"), "top": [],
                              "error": "not an image Pillow can identify"}
-    assert err.strip().splitlines()[-1] == (f"vitkit predict: error: 1 of 4 images could not be read "
+    assert err.strip().splitlines()[-1] == (f"vitkit predict: error: 1 of 4 images have no answer "
                                             f"({tmp_path / 'photos' / 'b2.png'}; each said above)"), err
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
     assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff) in the folder " \
                           f"{tmp_path / 'empty'}" in err, err
+
+
+def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tiny_weights, photo, tmp_path):
+    """Weights whose logits overflow gave `"probability": NaN` (not JSON) and exit 0. Each such image now
+    says the model gave NaN or inf, and the command exits 2 (its output parses as strict JSON)."""
+    model, _ = tiny_weights
+    with torch.no_grad():
+        model.head.weight[:2] = 1e38  # inf for two classes: the softmax is NaN
+    model.save_pretrained(tmp_path / "overflows")
+    code, out, err = run(capsys, "predict", "--weights", str(tmp_path / "overflows"), str(photo), "--json")
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the JSON")
+
+    got = json.loads(out, parse_constant=refuse)
+    assert code == 2 and got == [{"image": str(photo), "top": [], "error": NOT_FINITE}], got
+    assert err.strip().splitlines()[-1].startswith("vitkit predict: error: 1 of 1 images have no answer"), err
+    code, out, _ = run(capsys, "predict", "--weights", str(tmp_path / "overflows"), str(photo))
+    assert code == 2 and f"no answer: {NOT_FINITE}" in out
 
 
 def test_console_entry_point_runs():

@@ -338,6 +338,52 @@ def test_bad_query_values_are_one_line_400s(serving):
         assert answer.status_code == 400 and "top_k must be a positive integer" in answer.json()["error"], answer.text
         assert len(answer.json()["error"]) < 120
     assert len(post(running.url, photo(1), "/predict?top_k=" + "9" * 18).json()["top"]) >= 1
+    twice = post(running.url, photo(1), "/predict?top_k=1&top_k=3")  # was read as 3, without a word
+    assert twice.status_code == 400 and twice.json() == {"error": "top_k is given 2 times: give it once"}
+
+
+def _form(parts, boundary=b"BB") -> bytes:
+    """A multipart body of (headers, payload) parts."""
+    return b"".join(b"--" + boundary + b"\r\n" + head + b"\r\n\r\n" + payload + b"\r\n" for head, payload in parts) \
+        + b"--" + boundary + b"--\r\n"
+
+
+def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving):
+    """Several files in one form were answered for the first alone; 300,000 empty fields held the event loop
+    (and every other client) for a minute; a form nested 3,000 deep was a 500 and a RecursionError."""
+    running = serving(max_wait_ms=0)
+    disposition = b'Content-Disposition: form-data; name="%s"; filename="%s.png"\r\nContent-Type: image/png'
+    one = post(running.url, _form([(b'Content-Disposition: form-data; name="note"', b"hello"),
+                                   (disposition % (b"file", b"a"), photo(1))]),
+               headers={"content-type": "multipart/form-data; boundary=BB"})
+    assert one.status_code == 200 and one.json()["image"] == "a.png"  # a field beside the file: fine
+    two = httpx.post(running.url + "/predict", files=[("file", ("a.png", photo(1), "image/png")),
+                                                      ("file", ("b.png", photo(2), "image/png"))], timeout=60)
+    assert two.status_code == 400 and two.json() == {"error": "the form has 2 files: send one image per request"}
+    fields = _form([(b'Content-Disposition: form-data; name="f%d"' % i, b"x") for i in range(100_000)])
+    many = post(running.url, fields, headers={"content-type": "multipart/form-data; boundary=BB"})
+    assert many.status_code == 400 and "more than 64 parts" in many.json()["error"], many.text
+    inner = _form([(disposition % (b"file", b"a"), photo(1))], b"CC")
+    nested = _form([(b'Content-Disposition: form-data; name="file"\r\nContent-Type: multipart/mixed; boundary=CC',
+                     inner[:-2])])
+    answer = post(running.url, nested, headers={"content-type": "multipart/form-data; boundary=BB"})
+    assert answer.status_code == 400 and "nests another form" in answer.json()["error"], answer.text
+    deep = b"x"
+    for level in range(3000, 0, -1):
+        deep = b"--b%d\r\nContent-Type: multipart/mixed; boundary=b%d\r\n\r\n%s\r\n--b%d--" % (level, level + 1, deep,
+                                                                                              level)
+    answer = post(running.url, deep, headers={"content-type": "multipart/form-data; boundary=b1"})
+    assert answer.status_code == 400 and answer.json()["error"], answer.text
+    assert post(running.url, photo(1)).status_code == 200
+
+
+def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):
+    model = vitkit.from_pretrained(weights)
+    with torch.no_grad():
+        model.head.weight[:2] = 1e38  # inf logits: NaN probabilities, which JSON cannot carry
+    running = serving(model, max_wait_ms=0)
+    answer = post(running.url, photo(1))
+    assert answer.status_code == 500 and "not finite (NaN or inf)" in answer.json()["error"], answer.text
 
 
 def test_unknown_paths_and_methods_answer_in_the_one_error_shape_and_probes_take_head(serving):

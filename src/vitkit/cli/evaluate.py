@@ -22,6 +22,7 @@ from .common import (
 def cmd_predict(args: argparse.Namespace) -> int:
     from ..data.folder import image_files
     from ..evaluate import predict_images
+    from ..evaluate.predict import NOT_FINITE
 
     if args.top_k < 1:  # before the weights are read
         raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
@@ -34,12 +35,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         for p in preds:
             print(p.image)
             if p.error:
-                print(f"  cannot read it: {p.error}")
+                print(f"  {'no answer' if p.error == NOT_FINITE else 'cannot read it'}: {p.error}")
             for rank, (index, label, prob) in enumerate(p.top, 1):
                 print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
     broken = [p.image for p in preds if p.error]
     if broken:  # every other image answered above; the exit code says not all were
-        raise ValueError(f"{len(broken)} of {len(preds)} images could not be read ({', '.join(broken[:3])}"
+        raise ValueError(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"
                          f"{', ...' if len(broken) > 3 else ''}; each said above)")
     return 0
 

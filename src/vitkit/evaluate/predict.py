@@ -15,12 +15,15 @@ from ..data.transforms import preprocess
 from ..models.layers import fast_inference
 from ..progress import track
 
+#: a :class:`Prediction`'s error where the model gave NaN or inf (no probability to state: JSON has none)
+NOT_FINITE = "the model's output for it is not finite (NaN or inf): its weights overflow"
+
 
 @dataclass
 class Prediction:
     image: str
     top: List[Tuple[int, str, float]] = field(default_factory=list)  # (index, label, probability)
-    #: why the image could not be read (then ``top`` is empty)
+    #: why the image has no answer (it could not be read, or :data:`NOT_FINITE`; then ``top`` is empty)
     error: Optional[str] = None
 
     def to_dict(self) -> dict:
@@ -59,15 +62,16 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
             inputs, broken = _inputs(config, chunk)
             done = iter(())
             if inputs:
-                probs = model(torch.stack(inputs).to(device)).float().softmax(dim=-1)
-                values, indices = probs.topk(k, dim=-1)
-                done = zip(values.tolist(), indices.tolist())
+                logits = model(torch.stack(inputs).to(device)).float()
+                values, indices = logits.softmax(dim=-1).topk(k, dim=-1)
+                done = zip(values.tolist(), indices.tolist(), logits.isfinite().all(dim=-1).tolist())
             for n, p in enumerate(chunk):
                 if n in broken:
                     out.append(Prediction(p, error=broken[n]))
                     continue
-                vals, idxs = next(done)
-                out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)]))
+                vals, idxs, finite = next(done)
+                out.append(Prediction(p, [(i, label_for(i, config.label_names), v) for i, v in zip(idxs, vals)])
+                           if finite else Prediction(p, error=NOT_FINITE))
     return out
 
 

@@ -112,9 +112,9 @@ class Endpoint:
         """The request's image decoded (in a worker thread), then its batch's answer for it; ``timeout_s``
         counts from the body's arrival over both (504 after), ``max_queue`` bounds both waits (503)."""
         with batcher.arriving():
-            data, name = await _read_image(request, self.options)
+            body, ctype = await self._body(request)
             deadline = time.monotonic() + self.options.timeout_s
-            x = await self._in_worker(self.served.image, data, name, deadline=deadline)
+            x, name = await self._in_worker(self._decoded, body, ctype, deadline=deadline)
         try:
             result = await asyncio.wait_for(batcher.submit(x), max(deadline - time.monotonic(), 0.001))
         except QueueFull:
@@ -126,10 +126,24 @@ class Endpoint:
         self.metrics.inc("vitkit_images_total", endpoint=batcher.name)
         return result, name
 
-    async def _in_worker(self, fn, data: bytes, name: str, deadline: float):
-        """``fn(data, name)`` (decoding, a rollout) in a worker thread, as many at once as the default executor
-        runs; past ``max_queue`` requests waiting for one, 503; past the deadline, 504. (Without this the
-        executor's own queue grew without bound: neither the timeout nor the queue limit saw it.)"""
+    async def _body(self, request) -> Tuple[bytes, str]:
+        """The request's body (within the size and time limits) and its content type."""
+        body = await _read_body(request, self.options.max_body_bytes, self.options.timeout_s)
+        return body, request.headers.get("content-type", "")
+
+    def _decoded(self, body: bytes, ctype: str) -> Tuple[Any, str]:
+        """(the model's input, the image's name) of a request's body (a worker thread's job)."""
+        data, name = image_of(body, ctype)
+        return self.served.image(data, name), name
+
+    def _rollout_png(self, body: bytes, ctype: str) -> bytes:
+        return self.served.rollout_png(*image_of(body, ctype))
+
+    async def _in_worker(self, fn, *args: Any, deadline: float):
+        """``fn(*args)`` (a form read and its image decoded, a rollout) in a worker thread, as many at once as
+        the default executor runs; past ``max_queue`` requests waiting for one, 503; past the deadline, 504.
+        (Without this the executor's own queue grew without bound: neither the timeout nor the queue limit
+        saw it.)"""
         if self.waiting >= self.options.max_queue:
             raise self._at_capacity()
         self.waiting += 1
@@ -139,7 +153,7 @@ class Endpoint:
             raise self._too_late() from None
         finally:
             self.waiting -= 1
-        job = asyncio.get_running_loop().run_in_executor(None, fn, data, name)
+        job = asyncio.get_running_loop().run_in_executor(None, fn, *args)
         job.add_done_callback(self._worker_done)  # the thread cannot be stopped: its slot frees when it ends
         try:
             return await asyncio.wait_for(asyncio.shield(job), max(deadline - time.monotonic(), 0.001))
@@ -170,21 +184,22 @@ class Endpoint:
 
         top_k = _top_k(request, self.options.top_k)
         probs, name = await self._through(self.predictor, request)
-        return JSONResponse(self.served.answer(probs, top_k).to_dict(name))
+        return JSONResponse(self.served.answer(_finite(probs), top_k).to_dict(name))
 
     async def embed(self, request: Request):
         """The image's pooled pre-logits features (the PyTorch runtime)."""
         self._torch_only("embeddings")
         features, name = await self._through(self.embedder, request)
-        return {"image": name, "dim": len(features), "embedding": features.tolist()}
+        return {"image": name, "dim": len(features), "embedding": _finite(features).tolist()}
 
     async def rollout(self, request: Request):
         """The attention rollout over the image, as a PNG (the PyTorch runtime)."""
         from fastapi.responses import Response
 
         self._torch_only("attention maps")
-        data, name = await _read_image(request, self.options)
-        png = await self._in_worker(self.served.rollout_png, data, name, time.monotonic() + self.options.timeout_s)
+        body, ctype = await self._body(request)
+        deadline = time.monotonic() + self.options.timeout_s
+        png = await self._in_worker(self._rollout_png, body, ctype, deadline=deadline)
         return Response(png, media_type="image/png")
 
     async def healthz(self):
@@ -362,15 +377,27 @@ def error_response(response_class, e: HttpError):
     return response_class({"error": e.message}, status_code=e.status, headers=headers)
 
 
+def _finite(values):
+    """``values``, or a 500 saying the model gave NaN or inf (JSON has no number for them)."""
+    if not values.isfinite().all():
+        from ..evaluate.predict import NOT_FINITE
+
+        raise HttpError(500, NOT_FINITE.replace("for it", "for this image"))
+    return values
+
+
 def _top_k(request, default: int) -> int:
-    text = request.query_params.get("top_k")
+    given = request.query_params.getlist("top_k")
+    if len(given) > 1:
+        raise HttpError(400, f"top_k is given {len(given)} times: give it once")
+    text = given[0] if given else None
     if text is None:
         return default
     # ASCII digits only (str.isdigit also passes '²' and other scripts' digits, which int() refuses or
     # reads), and few enough that int() takes them: anything past the classes is capped anyway
     if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
         shown = text if len(text) <= 40 else text[:40] + "..."
-        raise HttpError(400, f"top_k must be a positive integer, not {shown!r}")
+        raise HttpError(400, f"top_k must be a positive integer of at most 18 digits, not {shown!r}")
     return int(text)
 
 
@@ -402,21 +429,36 @@ async def _read_body(request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_image(request, options: ServeOptions) -> Tuple[bytes, str]:
-    """(image bytes, a name for messages): the body itself, or the first file of a multipart form."""
-    body = await _read_body(request, options.max_body_bytes, options.timeout_s)
-    ctype = request.headers.get("content-type", "")
+#: the most part delimiters a form may hold (a browser's upload form holds one file and a few fields): the
+#: parser's time grows with them (300,000 empty fields: a minute), and nested forms recurse in it
+MAX_FORM_PARTS = 64
+
+
+def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
+    """(image bytes, a name for messages): the body itself, or the one file of a multipart form. A form
+    with several files, a nested form, or more than :data:`MAX_FORM_PARTS` parts is refused (400), never
+    answered for its first file alone."""
     if not ctype.lower().startswith("multipart/form-data"):
         return body, "upload"
-    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n" + body)
+    if body.count(b"\n--") > MAX_FORM_PARTS:
+        raise HttpError(400, f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
+    try:
+        message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
+                                                      + body)
+    except (RecursionError, UnicodeError):
+        raise HttpError(400, "the multipart body could not be read") from None
     if not message.is_multipart():
         raise HttpError(400, "the multipart body could not be read (no boundary, or a torn form)")
-    for part in message.iter_parts():
-        if part.get_filename() is not None or part.get_param("name", header="content-disposition") in ("file",
-                                                                                                         "image"):
-            name = _safe_name(part.get_filename() or "upload")
-            return part.get_payload(decode=True) or b"", name
-    raise HttpError(400, "the form has no file (send the image as the field 'file')")
+    parts = list(message.iter_parts())
+    if any(part.is_multipart() for part in parts):
+        raise HttpError(400, "the form nests another form: send one image as the field 'file'")
+    files = [part for part in parts if part.get_filename() is not None
+             or part.get_param("name", header="content-disposition") in ("file", "image")]
+    if not files:
+        raise HttpError(400, "the form has no file (send the image as the field 'file')")
+    if len(files) > 1:
+        raise HttpError(400, f"the form has {len(files)} files: send one image per request")
+    return files[0].get_payload(decode=True) or b"", _safe_name(files[0].get_filename() or "upload")
 
 
 def _safe_name(name: str) -> str:
