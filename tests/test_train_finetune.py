@@ -52,6 +52,38 @@ def test_grey_init_computes_what_the_rgb_model_computed_on_grey_images(tmp_path)
         torch.testing.assert_close(new(x), old(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=1e-5)
 
 
+def test_init_from_a_transformers_folder_starts_where_transformers_computes_at_the_new_size(tmp_path):
+    """--init resampled a Hugging Face folder's position table antialiased (timm's way) where transformers
+    and from_pretrained do not: the run started 0.03 off transformers' own features at 48 px."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ref = transformers.ViTModel(transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                       intermediate_size=128, image_size=64, patch_size=16),
+                                add_pooling_layer=False).eval()
+    with torch.no_grad():
+        ref.embeddings.position_embeddings.normal_(0, 1)  # a table with detail, where antialiasing shows
+    ref.save_pretrained(tmp_path / "hf")
+    data = dict(img_size=(48, 48), in_chans=3, num_classes=3, label_names=["a", "b", "c"])
+    model = model_from_init(str(tmp_path / "hf"), data, {}, "new", log=lambda *a: None).eval()
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        want = ref(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state
+        got = model.forward_features(x)
+    assert (got - want).abs().max() < 1e-4, (got - want).abs().max()
+
+
+@pytest.mark.filterwarnings("ignore:.*holds tensors only")
+def test_init_gives_a_distilled_deit_new_heads_for_its_classes(tmp_path):
+    timm = pytest.importorskip("timm")
+    ref = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, depth=2, img_size=32)
+    torch.save(ref.state_dict(), tmp_path / "deit.pth")
+    data = dict(img_size=(32, 32), in_chans=3, num_classes=3, label_names=["a", "b", "c"])
+    model = model_from_init(str(tmp_path / "deit.pth"), data, {}, "new", log=lambda *a: None)
+    assert model.head.out_features == 3 and model.head_dist.out_features == 3  # was: head_dist.bias mismatch
+    torch.testing.assert_close(model.cls_token, ref.cls_token)
+    assert vitkit.from_pretrained(tmp_path / "deit.pth", num_classes=3).head_dist.out_features == 3
+
+
 def test_init_errors_are_clear(tmp_path):
     _rgb_model(tmp_path)
     data = dict(img_size=(32, 32), in_chans=3, num_classes=10, label_names=None)

@@ -11,7 +11,7 @@ D x K feedforward layer").
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Tuple
+from typing import Any, Dict
 
 from torch import nn
 
@@ -45,10 +45,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
     note_guesses(stored, src, model_args)
     overrides = {**data_args, **resolve_width(model_args, stored)}
-    exclude: Tuple[str, ...] = ()
     if head == "new":
         overrides.setdefault("representation_size", None)
-        exclude = ("head.", "pre_logits.")
     elif stored.num_classes != data_args["num_classes"]:
         raise WeightsError(f"init_head='keep' needs the same classes: the weights have "
                            f"{stored.num_classes}, the data {data_args['num_classes']}")
@@ -57,9 +55,13 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
                            f"use --init-head new for a new head")
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
+    # a new head: every classifier (a distilled DeiT's head_dist too) and the pre-logits layer start afresh
+    exclude = (*(f"{name}." for name in model.head_names()), "pre_logits.") if head == "new" else ()
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
-        report = load_weights(model, src, strict=True, exclude=exclude)
+        # the position table resampled as the source's library resamples it (as from_pretrained does)
+        report = load_weights(model, src, strict=True, exclude=exclude,
+                              antialias=getattr(config, "pos_embed_antialias", True))
     if head == "new":
         model.reset_classifier(config.num_classes)
     log(f"initialised from {source} ({report.format}); head: {head}"

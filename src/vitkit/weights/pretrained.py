@@ -276,8 +276,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
-    if config.num_classes != stored.num_classes:
-        exclude = ("head.",)
+    if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
+        exclude = tuple(f"{name}." for name in model.head_names())
     # resampled to another size as the source's library resamples it (transformers: not antialiased)
     load_weights(model, src, strict=strict, interpolation=interpolation,
                  antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
