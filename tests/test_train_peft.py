@@ -85,6 +85,11 @@ def test_bitfit_head_and_frozen_blocks():
     assert bitfit and all(n.endswith(".bias") or n == "head.weight" for n in bitfit)
     assert "blocks.0.attn.qkv.bias" in bitfit and "head.weight" in bitfit
     assert _trainable(finetune.prepare(_model(), "head")) == {"head.weight", "head.bias"}
+    beit = vitkit.create_model("beitv2_base_patch16_224", img_size=32, depth=2, num_classes=3)
+    named = dict(beit.named_parameters())
+    trained = _trainable(finetune.prepare(beit, "bitfit"))  # q_bias and v_bias were left frozen
+    assert {"blocks.0.attn.q_bias", "blocks.0.attn.v_bias", "blocks.1.norm1.bias"} <= trained
+    assert trained == {n for n in named if n.split(".")[-1] in ("bias", "q_bias", "v_bias") or n == "head.weight"}
     frozen = _trainable(finetune.prepare(_model(), "full", freeze_blocks=1))
     assert not any(n.startswith(("patch_embed.", "blocks.0.")) for n in frozen)
     assert "blocks.1.attn.qkv.weight" in frozen and "head.weight" in frozen

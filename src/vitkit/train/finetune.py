@@ -32,6 +32,11 @@ MODES = ("full", "lora", "bitfit", "head")
 #: ``--lora-targets``' default: every linear layer of a block (QLoRA's finding: all of them beat
 #: attention alone at the same rank)
 DEFAULT_TARGETS = ("qkv", "proj", "fc1", "fc2")
+
+#: what bitfit trains: every bias, BEiT's and EVA's separate query and value biases (``q_bias``, ``v_bias``)
+#: and a parallel block's MLP bias too (none of them ends in ".bias")
+BIASES = (".bias", "_bias")
+
 def _block_lists(model: nn.Module) -> List[Tuple[str, nn.ModuleList]]:
     return [(name, m) for name, m in model.named_children() if name.startswith("blocks") and
             isinstance(m, nn.ModuleList)]
@@ -96,7 +101,7 @@ def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha
         peft.inject_adapter_in_model(config, model)  # freezes every other parameter
     elif mode == "bitfit":
         for name, p in model.named_parameters():
-            p.requires_grad_(name.endswith(".bias"))
+            p.requires_grad_(name.endswith(BIASES))
     elif mode == "head":
         model.requires_grad_(False)
     for name in heads:
