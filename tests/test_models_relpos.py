@@ -176,6 +176,22 @@ def test_a_timm_beit_folder_at_another_size_is_timms_model_at_that_size(tmp_path
         assert max_diff(kept(x), want) > 1e-4  # the check can fail: vitkit's own resampling is another function
 
 
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "vit_small_patch16_rope_224", "eva02_tiny_patch14_224"])
+def test_a_timm_eva_folder_saved_at_another_width_loads_as_timm_builds_it(tmp_path, images, name):
+    """timm's hidden MLP width is embed_dim x the architecture's mlp_ratio: a hub folder saved with another
+    embed_dim (and no mlp_ratio in its model_args) was refused with an MLP shape mismatch."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    ref = randomize(timm.create_model(name, depth=2, embed_dim=96, num_heads=2, img_size=112, num_classes=5)).eval()
+    save_for_hf(ref, str(tmp_path / "hub"), safe_serialization=True)
+    ours = vitkit.from_pretrained(tmp_path / "hub")
+    x = images(2, 112, 112)
+    with torch.no_grad():
+        want = ref(x)
+        assert max_diff(ours(x), want) <= 1e-5 * max(1.0, want.abs().max().item())
+
+
 def test_it_trains_without_weight_decay_on_its_tables():
     model = ours().train()
     names = model.no_weight_decay()

@@ -275,8 +275,9 @@ def eva_timm_args(args: Mapping[str, Any], config: EvaConfig) -> Dict[str, Any]:
     width = kw.get("embed_dim", config.embed_dim)
     if args.get("attn_pool_mlp_ratio") is not None:
         kw["map_mlp_dim"] = int(width * args["attn_pool_mlp_ratio"])
-    if args.get("mlp_ratio") is not None:
-        kw["mlp_dim"] = int(width * args["mlp_ratio"])
+    if args.get("mlp_ratio") is not None or "embed_dim" in kw:  # timm's hidden width follows the width given
+        ratio = args["mlp_ratio"] if args.get("mlp_ratio") is not None else config.mlp_dim / config.embed_dim
+        kw["mlp_dim"] = int(width * ratio)
     return kw
 
 
