@@ -6,6 +6,7 @@ the broken ones, or with strict_data stops naming them before anything is writte
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -174,3 +175,44 @@ def test_shards_without_val_say_they_validate_on_the_test_split(tmp_path):
         open_data(config(tmp_path, tmp_path / "shards", dataset="shards", val_size=0), torch.device("cpu"), channels=1)
         folder_to_shards(tmp_path / "img" / "test", tmp_path / "shards" / "val", max_per_shard=4)
         open_data(cfg, torch.device("cpu"), channels=1)
+
+
+def _noise_folder(root, classes, per_class=12):
+    rng = np.random.default_rng(len(str(root)))
+    for split in ("train", "test"):
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8)).save(root / split / name / f"{i}.png")
+
+
+def test_resume_reads_the_folder_the_run_started_on_and_refuses_data_that_changed(tmp_path, monkeypatch):
+    """config.json kept --data-dir as typed, so --resume from another folder trained on that folder's images
+    (its classes became the model's labels), and renamed or added class folders were taken without a word."""
+    from vitkit.train.checkpoint import checkpoint_paths
+
+    _noise_folder(tmp_path / "data", ["c0", "c1", "c2"])
+    _noise_folder(tmp_path / "elsewhere" / "data", ["x", "y", "z"])
+    monkeypatch.chdir(tmp_path)
+    cfg = config(tmp_path, "data", max_steps=4, checkpoint_every=2, batch_size=6, val_size=6, warmup_steps=1,
+                 eval_batch_size=12)
+    train(cfg)
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["data_dir"] == str(tmp_path / "data")
+    checkpoint_paths(run)[-1].unlink()  # an unfinished run: it resumes at step 2
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert train(cfg, resume=str(run))["resumed_at_step"] == 2
+    assert json.loads((run / "model" / "config.json").read_text())["config"]["label_names"] == ["c0", "c1", "c2"]
+    for split in ("train", "test"):
+        (tmp_path / "data" / split / "c2").rename(tmp_path / "data" / split / "zebra")
+    checkpoint_paths(run)[-1].unlink()
+    with pytest.raises(ValueError, match=r"the data changed since step_0*2\S* \(its classes were c0, c1, c2, "
+                                         r"now c0, c1, zebra\); put it back"):
+        train(cfg, resume=str(run))
+    for split in ("train", "test"):
+        (tmp_path / "data" / split / "zebra").rename(tmp_path / "data" / split / "c2")
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "data" / "train" / "c1" / "more.png")
+    with pytest.raises(ValueError, match=r"it trained on (\d+) images, now (\d+)") as refused:
+        train(cfg, resume=str(run))
+    before, after = map(int, re.search(r"on (\d+) images, now (\d+)", str(refused.value)).groups())
+    assert after == before + 1

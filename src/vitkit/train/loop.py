@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -201,7 +202,7 @@ def restore(run: Run, resume: Optional[str]) -> None:
         main_dir = str(new_run_dir(run)) if run.main else None
         run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
         if run.main:
-            write_json(run.run_dir / "config.json", run.cfg.to_dict())
+            write_json(run.run_dir / "config.json", _located(run.cfg.to_dict()))
     else:
         run.run_dir = Path(resume)
         if run.main:
@@ -223,8 +224,10 @@ def _load_state(run: Run, run_dir: Path) -> None:
     state, path = found
     problems = shape_problems(state["model"], run.model.state_dict())
     if problems:  # a config.json edited since the checkpoint was written
-        raise ValueError(f"the checkpoint {path} does not fit model {run.cfg.model!r} as its run's config.json "
-                         f"builds it: {'; '.join(problems)}")
+        built = f"the model --init {run.cfg.init} builds" if run.cfg.init else f"model {run.cfg.model!r}"
+        raise ValueError(f"the checkpoint {path} does not fit {built} as its run's config.json says: "
+                         f"{'; '.join(problems)}")
+    _check_same_data(run, state.get("data"), path)
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
@@ -238,6 +241,43 @@ def _load_state(run: Run, run_dir: Path) -> None:
     run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
     run.last_ckpt = path
     run.note(f"resuming {run_dir} at step {run.start}/{run.total} ({path.name})")
+
+
+#: the fields of a run's config.json that name local files: saved absolute, so that --resume from another
+#: folder reads the same ones (a relative data_dir resumed elsewhere trained on another folder's images)
+PATH_FIELDS = ("data_dir", "init", "teacher")
+
+
+def _located(values: Dict[str, Any]) -> Dict[str, Any]:
+    """``values`` with each local path of :data:`PATH_FIELDS` absolute (a Hub name stays as given)."""
+    return {k: os.path.abspath(v) if k in PATH_FIELDS and isinstance(v, str) and os.path.exists(v) else v
+            for k, v in values.items()}
+
+
+def _data_facts(run: Run) -> Dict[str, Any]:
+    """What a checkpoint records of the data it was trained on, for --resume to compare."""
+    return {"classes": list(run.data.classes), "train_images": int(run.data.n_train)}
+
+
+def _check_same_data(run: Run, saved: Optional[Dict[str, Any]], path: Path) -> None:
+    """A resume on data that changed since ``path`` was written (classes renamed, added or removed, images
+    added or removed) would go on learning something else without a word: refused, saying what changed."""
+    if not isinstance(saved, dict):
+        return  # a checkpoint written before it recorded its data
+    now = _data_facts(run)
+    changes = []
+    if saved.get("classes") != now["classes"]:
+        changes.append(f"its classes were {_listed(saved.get('classes'))}, now {_listed(now['classes'])}")
+    if saved.get("train_images") != now["train_images"]:
+        changes.append(f"it trained on {saved.get('train_images'):,} images, now {now['train_images']:,}")
+    if changes:
+        raise ValueError(f"cannot resume {run.run_dir}: the data changed since {path.name} ({'; '.join(changes)}); "
+                         f"put it back as it was, or start a new run (--init {run.run_dir} once it has finished)")
+
+
+def _listed(names: Any, limit: int = 6) -> str:
+    names = list(names or [])
+    return ", ".join(map(str, names[:limit])) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def loop(run: Run) -> None:
@@ -341,7 +381,7 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
         return None
     state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "scaler": run.scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
-             "seconds": run.seconds()}
+             "seconds": run.seconds(), "data": _data_facts(run)}
     if run.prior_train_seconds is not None:
         state["train_seconds"] = run.prior_train_seconds + run.train_seconds
     if run.ema is not None:
