@@ -85,8 +85,16 @@ def test_init_gives_a_distilled_deit_new_heads_for_its_classes(tmp_path):
 
 
 def test_init_errors_are_clear(tmp_path):
-    _rgb_model(tmp_path)
+    old = _rgb_model(tmp_path)
     data = dict(img_size=(32, 32), in_chans=3, num_classes=10, label_names=None)
+    # --model-args that make the same tensors compute another function were taken without a word
+    heads = old.config.num_heads
+    with pytest.raises(ValueError, match=rf"--model-args num_heads={2 * heads} \(the weights': {heads}\), "
+                                         rf"norm_eps=0.1 \(the weights': 1e-06\) contradict the --init weights"):
+        model_from_init(str(tmp_path / "rgb"), data, {"num_heads": 2 * heads, "norm_eps": 0.1, "drop_rate": 0.2}, "new")
+    model = model_from_init(str(tmp_path / "rgb"), data, {"num_heads": heads, "global_pool": "avg", "drop_rate": 0.2},
+                            "new", log=lambda *a: None)  # the weights' own value, the readout and a rate: free
+    assert model.config.global_pool == "avg" and model.config.drop_rate == 0.2
     with pytest.raises(WeightsError, match="same classes.*5.*10"):
         model_from_init(str(tmp_path / "rgb"), data, {}, "keep")
     with pytest.raises(FileNotFoundError, match="--init weights not found"):

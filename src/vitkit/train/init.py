@@ -10,6 +10,7 @@ D x K feedforward layer").
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any, Dict
 
@@ -24,6 +25,12 @@ from ..weights.pretrained import check_claims, config_for_source, fit_channel_st
 from .config import resolve_width
 
 HEAD_MODES = ("new", "keep")
+
+#: ``--model-args`` fields that may differ from the --init weights' config: regularisation, how attention
+#: runs, how positions meet another size, and the readout (the head is new). Any other field that differs
+#: (num_heads, gelu, norm_eps, the block ...) would make the same weights compute another function.
+FREE_WITH_INIT = ("attn_impl", "dynamic_img_size", "pos_embed_interpolation", "pos_embed_antialias",
+                  "rel_pos_resize", "representation_size", "global_pool", "fc_norm", "patch_size")
 
 
 def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str, Any],
@@ -44,6 +51,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     stored = config_for_source(src)
     check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
     note_guesses(stored, src, model_args)
+    _check_model_args(model_args, stored, source)
     overrides = {**data_args, **resolve_width(model_args, stored)}
     if head == "new":
         overrides.setdefault("representation_size", None)
@@ -67,3 +75,21 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     log(f"initialised from {source} ({report.format}); head: {head}"
         + "".join(f"; {r}" for r in report.resampled))
     return model
+
+
+def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str) -> None:
+    """``model_args`` that contradict what the --init weights are (:data:`FREE_WITH_INIT` aside) are refused
+    by name: the run would start from another function of the same tensors without a word."""
+    free = (*FREE_WITH_INIT, *getattr(stored, "RATES", ()))
+    changed = [f"{k}={json.dumps(v)} (the weights': {json.dumps(getattr(stored, k))})" for k, v in model_args.items()
+               if k not in free and hasattr(stored, k) and _differs(v, getattr(stored, k))]
+    if changed:
+        raise ValueError(f"--model-args {', '.join(changed)} contradict{'s' if len(changed) == 1 else ''} the --init "
+                         f"weights {source}: the same tensors would compute another function; drop "
+                         f"{'it' if len(changed) == 1 else 'them'} (with --init, --model-args may set the drop "
+                         f"rates, {', '.join(FREE_WITH_INIT)})")
+
+
+def _differs(given: Any, stored: Any) -> bool:
+    as_list = (lambda v: list(v) if isinstance(v, (list, tuple)) else v)
+    return as_list(given) != as_list(stored)
