@@ -91,5 +91,6 @@ def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str) -> N
 
 
 def _differs(given: Any, stored: Any) -> bool:
-    as_list = (lambda v: list(v) if isinstance(v, (list, tuple)) else v)
-    return as_list(given) != as_list(stored)
+    """A sequence given as a list differs from the config's tuple only where the values do."""
+    return (list(given) if isinstance(given, (list, tuple)) else given) != (
+        list(stored) if isinstance(stored, (list, tuple)) else stored)
