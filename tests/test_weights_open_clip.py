@@ -65,6 +65,23 @@ def test_a_bare_open_clip_file_says_what_it_assumed(tmp_path, images):
         assert max_diff(a, guessed(x)) > 1e-3  # the wrong activation is another function
 
 
+def test_a_bare_file_of_a_wide_tower_has_open_clips_head_count(tmp_path, images):
+    """ViT-H/g/bigG set head_width 80-104 in open_clip's configs: a bare file was read at 64 per head
+    (ViT-H-14: 20 heads for 16), a function 1.1 away from encode_image's, without a word."""
+    ref = _tower(tmp_path, "ViT-H-14", layers=1, size=28)
+    with pytest.warns(GuessWarning, match="gelu") as said:
+        bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+    assert bare.config.num_heads == 16 and not any("number of heads" in str(w.message) for w in said)
+    x = images(2, 28, 28)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert max_diff(a, bare(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+    (tmp_path / "odd").mkdir()
+    _tower(tmp_path / "odd", "ViT-B-32", layers=1, size=64, width=192)  # no open_clip config is this wide
+    with pytest.warns(GuessWarning, match="number of heads is not stored and was read as 3 .width 192 / 64"):
+        vitkit.from_pretrained(tmp_path / "odd" / "open_clip_model.safetensors")
+
+
 def test_open_clip_attention_pool_tower_is_refused(tmp_path):
     cfg = open_clip.get_model_config("ViT-B-32")
     cfg["vision_cfg"].update(layers=1, image_size=64, attentional_pool=True)

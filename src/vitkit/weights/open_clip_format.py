@@ -10,7 +10,8 @@ ln_2, mlp.c_fc, mlp.c_proj}`` (``ls_1.gamma`` / ``ls_2.gamma`` with LayerScale),
 The tensors do not hold the activation: OpenAI's weights were trained with QuickGELU, LAION's with
 GELU. A hub folder's ``open_clip_config.json`` says which (``model_cfg.quick_gelu``) and gives the
 preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights.pretrained.GuessWarning`
-says so (``gelu='quick'`` for OpenAI's). Heads are width / 64 (open_clip's ``head_width``).
+says so (``gelu='quick'`` for OpenAI's). Heads are width / ``head_width`` (64, or 80-112 for the
+widths of ViT-H/g/bigG/e, as open_clip's configs set it).
 Only the class-token readout without an attention pool is read (CoCa's pools are refused by name).
 """
 
@@ -30,6 +31,11 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: open_clip's default width of one head
 HEAD_WIDTH = 64
+#: open_clip's configs that set ``head_width`` (ViT-H, ViT-g, ViT-bigG, ViT-e: 16 heads each), by tower width:
+#: a bare file of one of them read at 64 per head computed another function (ViT-H-14: 20 heads for 16)
+WIDE_HEAD_WIDTHS = {1280: 80, 1408: 88, 1664: 104, 1792: 112}
+#: the other tower widths of open_clip's configs (open_clip 3.3), all at 64 per head
+PLAIN_WIDTHS = (64, 80, 96, 128, 384, 512, 768, 896, 1024)
 #: open_clip's preprocess_cfg resize_mode -> vitkit's crop_mode (its "longest" pads to a square, which vitkit does
 #: not: read as "center" and said, ``pretrained.guesses``)
 RESIZE_MODES = {"shortest": "center", "squash": "squash"}
@@ -103,7 +109,7 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
                            "pool_type, final_ln_after_pool) is not one vitkit reads")
     kw: Dict[str, Any] = dict(
         img_size=(side * ph, side * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
-        num_heads=max(1, width // int(vision.get("head_width", HEAD_WIDTH))),
+        num_heads=max(1, width // int(vision.get("head_width", head_width(width)))),
         mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]), pre_norm=True, norm_eps=1e-5,
         init_values=1.0 if "visual.transformer.resblocks.0.ls_1.gamma" in sd else None,
         num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0,
@@ -121,6 +127,16 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         return ViTConfig(**kw)
     except ValueError as e:
         raise WeightsError(f"open_clip tower: {e}") from None
+
+
+def head_width(width: int) -> int:
+    """The width of one head of an open_clip tower whose config is not at hand (open_clip's own configs')."""
+    return WIDE_HEAD_WIDTHS.get(width, HEAD_WIDTH)
+
+
+def heads_known(width: int) -> bool:
+    """Whether open_clip's own configs of this width all agree on its head width."""
+    return width in WIDE_HEAD_WIDTHS or width in PLAIN_WIDTHS
 
 
 def _numbers(key: str, value: Any) -> tuple:

@@ -344,6 +344,11 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
         if src.open_clip_config is None and "gelu" not in overrides:
             said.append("open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP "
                         "weights need gelu='quick' (or the folder with open_clip_config.json)")
+        if src.open_clip_config is None and "num_heads" not in overrides and not open_clip_format.heads_known(
+                config.embed_dim):
+            said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
+                        f"{config.embed_dim} / 64, open_clip's default head width); a tower trained with another "
+                        f"needs num_heads= (or the folder with open_clip_config.json)")
         mode = open_clip_format.unread_resize_mode(src.open_clip_config)
         if mode and "crop_mode" not in overrides:
             said.append(f"its preprocess_cfg resize_mode {mode!r} is not one vitkit does ('shortest', 'squash'; "
