@@ -563,3 +563,22 @@ def test_a_checkpoint_saved_in_shards_loads_from_its_folder_and_the_hub(tmp_path
         with pytest.raises(WeightsError, match=message) as e:
             vitkit.from_pretrained(tmp_path / "repo")
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, size", [("vit_tiny_patch16_224", 384), ("deit_tiny_distilled_patch16_224", 48),
+                                        ("eva02_tiny_patch14_224", 42)])
+def test_a_file_fine_tuned_at_another_size_keeps_its_size_when_loaded_by_its_name(name, size, tmp_path, images):
+    """model_name= (--model) built the name's default size and resampled the file's position table to it
+    without a word (0.38 off the model the file holds); the table's own grid is the model's size now, as
+    the file alone gives it (timm's model at that size computes the same)."""
+    timm = pytest.importorskip("timm")
+    ref = randomize(timm.create_model(name, img_size=size, num_classes=7)).eval()
+    torch.save(ref.state_dict(), tmp_path / "ft.pth")
+    ours = vitkit.from_pretrained(tmp_path / "ft.pth", model_name=name)
+    x = images(2, size, size)
+    with torch.no_grad():
+        want = ref(x)
+        assert ours.config.img_size == (size, size) and ours.config.num_classes == 7
+        assert max_diff(ours(x), want) <= 1e-5 * max(1.0, want.abs().max().item())
+    at_224 = vitkit.from_pretrained(tmp_path / "ft.pth", model_name=name, img_size=224)  # asked: resampled
+    assert at_224.config.img_size == (224, 224)

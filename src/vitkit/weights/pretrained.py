@@ -6,6 +6,7 @@ Hugging Face ``config.json``), else it is read off the tensor shapes.
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
@@ -506,4 +507,22 @@ def _named_config(src: Source, model_name: str):
     sd, _ = to_native(src)
     head = "head.fc.weight" if "head.fc.weight" in sd else "head.weight"  # ResNetV2: a 1x1 conv head
     classes = sd[head].shape[0] if head in sd else 0
-    return config.replace(num_classes=classes)
+    size = _table_size(config, sd)  # a name's default size for a file fine-tuned at another: the file's
+    return config.replace(num_classes=classes, **({"img_size": size} if size else {}))
+
+
+def _table_size(config: Any, sd: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    """The (square) image size a checkpoint's position table holds where ``config``'s table has another
+    length (None: the same length, or no table to read): a file fine-tuned at 384 px loaded by its
+    architecture's name is built at 384, not resampled to the name's 224 without a word."""
+    table = sd.get("pos_embed")
+    if not isinstance(table, torch.Tensor) or table.ndim != 3 or not hasattr(config, "patch_size"):
+        return None
+    with torch.device("meta"):
+        own = getattr(build_from_config(config), "pos_embed", None)
+    if not isinstance(own, torch.Tensor) or own.ndim != 3 or own.shape[1] == table.shape[1]:
+        return None
+    (ph, pw), (h, w) = config.patch_size, config.img_size
+    prefix = own.shape[1] - (h // ph) * (w // pw)  # the class (and distillation) slots the table holds
+    side = math.isqrt(max(table.shape[1] - prefix, 0))
+    return (side * ph, side * pw) if side and prefix >= 0 and side * side == table.shape[1] - prefix else None
