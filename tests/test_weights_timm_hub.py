@@ -58,6 +58,19 @@ def test_unknown_architecture_is_refused_not_guessed(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_a_config_that_says_no_architecture_is_refused_not_passed_over(tmp_path):
+    """Without 'architecture' the folder's config.json was passed over in silence and the tensors read bare
+    (QuickGELU read as GELU, 1 head for 2: 8e-4 off), with none of the guesses said a bare file says."""
+    _, folder = _saved(tmp_path, "vit_base_patch16_clip_quickgelu_224", depth=2, embed_dim=64, num_heads=2,
+                       img_size=64)
+    config = json.loads((folder / "config.json").read_text())
+    del config["architecture"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="config.json says neither its architecture .timm's 'architecture'.") as e:
+        vitkit.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
 def test_model_args_vitkit_does_not_read_are_refused(tmp_path):
     _, folder = _saved(tmp_path, "vit_small_patch16_224", depth=2, img_size=64)
     cfg = json.loads((folder / "config.json").read_text())

@@ -107,6 +107,16 @@ def _unknown_architecture(config_json: Optional[Dict[str, Any]]) -> None:
         raise WeightsError(f"Hugging Face model_type {kind!r} is not one vitkit reads ({', '.join(known)})")
 
 
+def _check_config_kind(folder: Path, config_json: Optional[Dict[str, Any]]) -> None:
+    """A ``config.json`` that says no kind (timm's ``architecture``, Hugging Face's ``model_type``, vitkit's
+    ``format``) was passed over: its tensors were then read bare, with none of their guesses said."""
+    if isinstance(config_json, dict) and not any(config_json.get(k) for k in ("architecture", "model_type")) \
+            and config_json.get("format") != "vitkit":
+        raise WeightsError(f"{folder / 'config.json'} says neither its architecture (timm's 'architecture'), its "
+                           f"Hugging Face 'model_type' nor vitkit's 'format': vitkit cannot tell what it describes; "
+                           f"fix it, or load the weights file alone (what its tensors do not hold is then said)")
+
+
 def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
@@ -123,6 +133,7 @@ def read_source(path: PathLike) -> Source:
         except WeightsError:
             _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
             raise
+        _check_config_kind(path, config_json)
         src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
