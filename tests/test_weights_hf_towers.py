@@ -146,6 +146,20 @@ def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
         vitkit.export_weights(model, tmp_path / "hf2", "hf")
 
 
+@pytest.mark.parametrize("name", ["vit_base_patch16_clip_224", "vit_base_patch16_siglip_224",
+                                  "vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+def test_a_non_square_tower_is_refused_not_written_as_its_height(name, tmp_path):
+    """A tower's config holds one image side: a 48x80 model was written as 48 with a table of 15 slots, a
+    folder transformers refused (and vitkit's info called edited), exit 0."""
+    patch = 14 if "dinov2" in name else 16
+    model = vitkit.create_model(name, depth=1, img_size=(3 * patch, 5 * patch), num_classes=0)
+    # (DINOv2 without registers is then refused by transformers' ViT, which has no LayerScale)
+    with pytest.raises(WeightsError, match=rf"a {3 * patch}x{5 * patch} image in {patch}x{patch} patches|"
+                                           rf"HF ViT has no LayerScale") as e:
+        vitkit.export_weights(model, tmp_path / "hf", "hf")
+    assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
+
+
 def test_hugging_face_configs_vitkit_cannot_build_are_one_line(tmp_path):
     ref = T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL, use_gated_mlp=True, hidden_act="gelu"))
     ref.save_pretrained(tmp_path)

@@ -194,7 +194,7 @@ def _beit_problems(config: Any) -> List[str]:
                                       norm="layernorm", final_norm=True, reg_tokens=0, qkv_fused=True, qkv_bias=True,
                                       k_bias=False, proj_bias=True, mlp="mlp", kv_heads=None, qk_norm=False,
                                       attn_only_layer_scale=False, no_embed_class=False, crop_remainder=False),
-                         "BEiT", patch_bias=True)
+                         "BEiT", patch_bias=True, square=False)
     if config.pos_embed not in ("relative", "learned", "none"):
         problems.append(f"pos_embed={config.pos_embed!r} (BEiT's are relative biases or a learned table)")
     pool = (config.global_pool, config.use_fc_norm)

@@ -290,11 +290,16 @@ def _split_qkv(sd: Dict[str, torch.Tensor], width: int) -> Dict[str, torch.Tenso
 
 
 
-def _problems(config: Any, want: Mapping[str, Any], what: str, patch_bias: bool) -> List[str]:
+def _problems(config: Any, want: Mapping[str, Any], what: str, patch_bias: bool, square: bool = True) -> List[str]:
     """What in ``config`` the tower's layout cannot express: fields other than ``want``'s, and the blocks'
-    options no tower of these has."""
+    options no tower of these has; ``square``: a config that holds one image and patch side (a non-square
+    model was written as its height alone: a folder transformers refused, or read back at another size)."""
     problems = [f"{k}={getattr(config, k, None)!r} (it needs {v!r})" for k, v in want.items()
                 if getattr(config, k, None) != v]
+    sides = (*getattr(config, "img_size", (0, 0)), *getattr(config, "patch_size", (0, 0)))
+    if square and (sides[0] != sides[1] or sides[2] != sides[3]):
+        problems.append(f"a {sides[0]}x{sides[1]} image in {sides[2]}x{sides[3]} patches ({what}'s config holds one "
+                        f"side of each: a square)")
     if getattr(config, "use_patch_bias", patch_bias) != patch_bias:
         problems.append(f"a patch projection {'with' if patch_bias else 'without'} a bias")
     for name in ("backbone", "representation_size", "distill_token", "attn_norm", "mlp_norm", "embed_norm",
