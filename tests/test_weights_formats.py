@@ -582,3 +582,40 @@ def test_a_file_fine_tuned_at_another_size_keeps_its_size_when_loaded_by_its_nam
         assert max_diff(ours(x), want) <= 1e-5 * max(1.0, want.abs().max().item())
     at_224 = vitkit.from_pretrained(tmp_path / "ft.pth", model_name=name, img_size=224)  # asked: resampled
     assert at_224.config.img_size == (224, 224)
+
+
+def test_a_write_into_a_model_folder_replaces_its_model_whole_or_leaves_it_as_it_was(tmp_path, images, monkeypatch):
+    """A failed convert into an existing folder left it half replaced (the new weights and config beside the
+    old preprocessing: the old model was lost); a successful one left the old model's shards, index and
+    processor beside the new files, where a reader could take them."""
+    from vitkit.weights import export as export_module
+
+    old, new = tiny(), randomize(tiny())
+    folder = vitkit.export_weights(old, tmp_path / "dst", "hf")
+    (folder / "notes.txt").write_text("the user's own")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "write_json", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        vitkit.export_weights(new, folder, "hf")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # no staging folder left beside it
+    (folder / "preprocessor_config.json").unlink()
+    (folder / "preprocessor_config.json").mkdir()  # a folder where the export writes a file: refused, not half done
+    with pytest.raises(ValueError, match="is a folder where the new model has a file: move it away .nothing was"):
+        vitkit.export_weights(new, folder, "hf")
+    assert (folder / "model.safetensors").read_bytes() == before["model.safetensors"]
+    (folder / "preprocessor_config.json").rmdir()
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")  # a sharded model
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"x": "model-00001-of-00001.safetensors"}}))
+    (folder / "preprocessor_config.json").write_bytes(before["preprocessor_config.json"])
+    vitkit.export_weights(new, folder, "vitkit")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    x = images(2, *new.config.img_size)
+    with torch.no_grad():
+        assert max_diff(vitkit.from_pretrained(folder)(x), new.eval()(x)) == 0

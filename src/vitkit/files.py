@@ -14,7 +14,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from .signals import interrupts_deferred
 
@@ -228,6 +228,39 @@ def new_folder(folder: PathLike) -> Iterator[Path]:
             for child in folder.iterdir():
                 shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) -> Iterator[Path]:
+    """:func:`new_folder` for a model's files, where a folder that held files must not end half replaced:
+    the writer writes into a staging folder beside it (the path yielded), and only once it has finished are
+    the files a reader would take for the model the folder held (``old_files(folder)``: weights, shard
+    indexes and their shards, configs) removed and the new ones moved in. A failure leaves the folder as it
+    was; files of the user's own stay."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        with new_folder(folder) as made:
+            yield made
+        return
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        yield staging
+        written = sorted(staging.iterdir())
+        for path in written:  # a name the folder holds as another kind (a folder where a file goes): before any move
+            there = folder / path.name
+            if there.exists() and there.is_dir() != path.is_dir():
+                raise ValueError(f"{there} is a {'folder' if there.is_dir() else 'file'} where the new model has a "
+                                 f"{'folder' if path.is_dir() else 'file'}: move it away (nothing was replaced)")
+        with interrupts_deferred():
+            for old in old_files(folder):
+                if old.name not in {p.name for p in written}:
+                    old.unlink(missing_ok=True)
+            for path in written:
+                if path.is_dir():
+                    shutil.rmtree(folder / path.name, ignore_errors=True)
+                os.replace(path, folder / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_output(path: PathLike, kind: str, what: str = "output") -> Path:

@@ -13,7 +13,7 @@ from typing import Any, Dict
 from torch import nn
 
 from .._version import __version__
-from ..files import PathLike, atomic_path, new_folder, write_json
+from ..files import PathLike, atomic_path, weights_folder, write_json
 
 NATIVE_FORMAT = "vitkit"
 NATIVE_FORMAT_VERSION = 1
@@ -35,12 +35,15 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
     as :func:`native_config_dict` says."""
     from safetensors.torch import save_file
 
+    from ..weights.io import model_files
+
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with new_folder(directory) as directory:  # a failed save removes the folder it made
-        with atomic_path(directory / WEIGHTS_NAME) as tmp:
+    # a failed save removes the folder it made, or leaves the one there was as it was
+    with weights_folder(directory, model_files) as into:
+        with atomic_path(into / WEIGHTS_NAME) as tmp:
             save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
-        write_json(directory / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
-    return directory
+        write_json(into / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
+    return Path(directory)
 
 
 class SaveMixin:

@@ -10,12 +10,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..files import PathLike, atomic_path, check_output, new_folder, write_json
+from ..files import PathLike, atomic_path, check_output, weights_folder, write_json
 from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
-from .io import WeightsError, save_safetensors
+from .io import WeightsError, model_files, save_safetensors
 from .load import CONFIG_METADATA_KEY
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
@@ -130,10 +130,10 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     else:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
                                  hf_format.preprocessor_to_hf(model.config))
-    with new_folder(path):  # a failed export removes the folder it made
-        save_safetensors(sd, path / "model.safetensors")
-        write_json(path / "config.json", config)
-        write_json(path / "preprocessor_config.json", processor)
+    with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
+        save_safetensors(sd, into / "model.safetensors")
+        write_json(into / "config.json", config)
+        write_json(into / "preprocessor_config.json", processor)
     return path
 
 

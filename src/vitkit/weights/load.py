@@ -133,7 +133,8 @@ def read_source(path: PathLike) -> Source:
         except WeightsError:
             _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
             raise
-        _check_config_kind(path, config_json)
+        if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
+            _check_config_kind(path, config_json)
         src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
