@@ -82,6 +82,19 @@ def test_a_bare_file_of_a_wide_tower_has_open_clips_head_count(tmp_path, images)
         vitkit.from_pretrained(tmp_path / "odd" / "open_clip_model.safetensors")
 
 
+def test_a_file_mixing_the_tower_with_another_layout_is_refused_by_name(tmp_path):
+    """timm ViT tensors beside open_clip's visual.* were dropped without a word (the file read as the tower)."""
+    from safetensors.torch import load_file, save_file
+
+    _tower(tmp_path, "ViT-B-32")
+    tensors = load_file(str(tmp_path / "open_clip_model.safetensors"))  # the text tower stays: it is open_clip's
+    timm_vit = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32).state_dict()
+    save_file({**tensors, **{k: v.contiguous() for k, v in timm_vit.items()}}, str(tmp_path / "mixed.safetensors"))
+    with pytest.raises(WeightsError, match=r"image tower \(visual.\*\) and tensors of another layout \(blocks.0"):
+        vitkit.from_pretrained(tmp_path / "mixed.safetensors")
+    assert vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="exact").config.num_classes == 512
+
+
 def test_open_clip_attention_pool_tower_is_refused(tmp_path):
     cfg = open_clip.get_model_config("ViT-B-32")
     cfg["vision_cfg"].update(layers=1, image_size=64, attentional_pool=True)

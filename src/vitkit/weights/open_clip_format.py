@@ -62,8 +62,20 @@ def is_open_clip(keys) -> bool:
     return "visual.conv1.weight" in keys and "visual.class_embedding" in keys
 
 
+#: what an open_clip checkpoint holds beside its image tower: the text tower (CLIP's own, or a Hugging Face
+#: one under ``text.``) and the contrastive scale and bias; anything else is another layout's
+TEXT_PARTS = ("transformer.", "token_embedding.", "ln_final.", "text.", "text_projection", "positional_embedding",
+              "logit_scale", "logit_bias", "attn_mask")
+
+
 def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped."""
+    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped; tensors of
+    another layout beside the tower (a file mixing two models) are refused by name, never dropped unsaid."""
+    other = sorted(k for k in sd if not k.startswith(("visual.", *TEXT_PARTS)))
+    if other:
+        raise WeightsError(f"the file holds open_clip's image tower (visual.*) and tensors of another layout "
+                           f"({', '.join(other[:4])}{' ...' if len(other) > 4 else ''}): a checkpoint that mixes "
+                           f"two models is not read; save each on its own")
     tower = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in sd.items()
              if k.startswith("visual.")}  # not the text tower and the logit scale
     cls, pos, proj = (tower.pop(f"visual.{k}", None) for k in ("class_embedding", "positional_embedding", "proj"))
