@@ -619,3 +619,14 @@ def test_a_write_into_a_model_folder_replaces_its_model_whole_or_leaves_it_as_it
     x = images(2, *new.config.img_size)
     with torch.no_grad():
         assert max_diff(vitkit.from_pretrained(folder)(x), new.eval()(x)) == 0
+
+
+def test_a_bare_file_without_a_tensor_its_architecture_is_read_from_is_one_line(tmp_path):
+    """A missing blocks.0.mlp.fc1.weight (or half the names under 'module.') was "unexpected KeyError"."""
+    sd = tiny().state_dict()
+    prefixed = {(f"module.{k}" if k.startswith("blocks.0.mlp") else k): v for k, v in sd.items()}
+    for name, damaged in (("missing", {k: v for k, v in sd.items() if k != "blocks.0.mlp.fc1.weight"}),
+                          ("prefixed", prefixed)):
+        torch.save(damaged, tmp_path / f"{name}.pth")
+        with pytest.raises(WeightsError, match="state dict without 'blocks.0.mlp.fc1.weight', which its architecture"):
+            vitkit.from_pretrained(tmp_path / f"{name}.pth")

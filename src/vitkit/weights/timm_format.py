@@ -91,6 +91,9 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
         return fam.infer_config(sd, **overrides)
     except (ValueError, TypeError) as e:
         raise WeightsError(f"{fam.config_cls.KIND} state dict: {e}") from None
+    except KeyError as e:  # a tensor the shapes are read from is not there: a damaged or partial file
+        raise WeightsError(f"{fam.config_cls.KIND} state dict without {e.args[0]!r}, which its architecture is read "
+                           f"from: the file is partial or mixes names (a 'module.' prefix on some of them?)") from None
 
 
 #: timm ``model_args`` that mean the same in every token family's config.
