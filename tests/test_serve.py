@@ -597,6 +597,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     (["--max-body-mb", "nan"], "--max-body-mb must be positive and at most 1,048,576, not nan"),
     (["--max-body-mb", "inf"], "--max-body-mb must be positive and at most 1,048,576, not inf"),
     (["--port", "70000"], "--port must be between 0 and 65535"),
+    (["--threads", "100000"], "--threads must be at most the"),  # torch's set_num_threads crashed (SIGSEGV)
     (["--ray", "--img-size", "32", "--labels", "a"], "--img-size, --labels are not passed to Ray's replicas"),
 ])
 def test_bad_flags_are_one_line_before_the_weights_are_read(args, words, tmp_path, capsys):

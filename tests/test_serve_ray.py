@@ -4,6 +4,7 @@ SIGTERM answers what is in flight and leaves no Ray process behind), and the pla
 replica's failure checked without Ray.
 """
 
+import json
 import os
 import re
 import signal
@@ -203,8 +204,8 @@ def test_two_replicas_answer_as_vitkit_predict_and_sigterm_stops_every_ray_proce
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({marker.split("=")[0]: marker.split("=")[1], "OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--ray", "--replicas", "2",
-                             "--port", "0", "--max-wait-ms", "1500", "--max-batch", "16", "--max-queue", "4"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                             "--port", "0", "--max-wait-ms", "1500", "--max-batch", "16", "--max-queue", "4",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err = Lines(proc.stderr)
     try:
         started = err.wait_for(r"on Ray Serve at (http://127\.0\.0\.1:\d+).*Ray at (\S+);", proc, 240)
@@ -213,6 +214,7 @@ def test_two_replicas_answer_as_vitkit_predict_and_sigterm_stops_every_ray_proce
                 pytest.skip(f"Ray cannot start a local instance here: {why}")
             pytest.fail(f"vitkit serve --ray did not start:\n{err.text[-3000:]}")
         url, address = started.group(1), started.group(2)
+        assert json.loads(proc.stdout.readline())["url"] == url  # --json's ready line (Ray's was never written)
         assert httpx.get(url + "/readyz", timeout=30).status_code == 200
         _answers_as_predict(url, weights, tmp_path)
         _a_burst_past_the_queue_is_refused_not_queued(url)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..machine import usable_cores
 from .common import say_for, stand_ins_of
 
 
@@ -23,19 +24,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("; ".join(problems))
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
+    if args.threads is not None and not args.ray and args.threads > usable_cores():  # torch crashed past ~10,000
+        raise ValueError(f"--threads must be at most the {usable_cores()} core(s) this process may use, not "
+                         f"{args.threads}")
+    ready = (lambda where: print(json.dumps(where), flush=True)) if args.json else None  # one line on stdout
     stand_ins = stand_ins_of(args)
     if args.ray:
         if given := ["--" + k.replace("_", "-") for k, v in stand_ins.items() if v is not None]:
             raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not passed to Ray's replicas: "
                              f"export the model with its metadata (vitkit convert) and serve that")
-        return _serve_on_ray(args, options)
+        return _serve_on_ray(args, options, ready)
     if given := [flag for flag, value in RAY_FLAGS.items() if getattr(args, value) is not None]:
         raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --ray")
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    ready = (lambda where: print(json.dumps(where), flush=True)) if args.json else None  # one line on stdout
     serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"),
           calibration=args.calibration, ready=ready, **stand_ins)
     return 0
@@ -48,14 +52,14 @@ MAX_BODY_MB = 1024 * 1024
 RAY_FLAGS = {"--replicas": "replicas", "--max-replicas": "max_replicas", "--ray-address": "ray_address"}
 
 
-def _serve_on_ray(args: argparse.Namespace, options) -> int:
+def _serve_on_ray(args: argparse.Namespace, options, ready) -> int:
     """The same app on Ray Serve: --threads is each replica's (the CPUs Ray reserves for it)."""
     from ..serve.ray_app import RayPlan, serve_ray
 
     plan = RayPlan(replicas=2 if args.replicas is None else args.replicas, max_replicas=args.max_replicas,
                    address=args.ray_address, cpus=args.threads or 1)
     serve_ray(args.weights, plan, args.host, args.port, args.runtime, args.quantize, args.model, options,
-              say=say_for("serve"), calibration=args.calibration)
+              say=say_for("serve"), calibration=args.calibration, ready=ready)
     return 0
 
 

@@ -134,9 +134,10 @@ def check_weights(weights: str, model_name: Optional[str]) -> None:
 def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
               quantize: Optional[str] = None, model_name: Optional[str] = None,
               options: Optional[ServeOptions] = None, say: Callable[[str], None] = print,
-              calibration: Optional[str] = None) -> None:
+              calibration: Optional[str] = None, ready: Optional[Callable[[dict], None]] = None) -> None:
     """Serve the classifier ``weights`` on Ray Serve as ``plan`` says until SIGINT or SIGTERM, which
-    delete the application (its replicas answer what is in flight) and stop a local Ray instance."""
+    delete the application (its replicas answer what is in flight) and stop a local Ray instance.
+    ``ready`` is given the address once the replicas answer (``vitkit serve --json``'s line)."""
     options = options or ServeOptions()
     options.api_key = options.api_key or os.environ.get(KEY_VARIABLE) or None
     check_bind(host, options.api_key)
@@ -162,6 +163,8 @@ def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 
         kept = "" if plan.local else " (a Serve already running there keeps its own host and port)"
         say(f"serving {weights} with {_replica_words(plan)} on Ray Serve at {url}{kept}  -- page {url}/, API "
             f"{url}/docs; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C or SIGTERM stops")
+        if ready is not None:
+            ready({"url": url, "weights": weights, "runtime": "ray", "replicas": _replica_words(plan)})
         threading.Event().wait()  # until a signal raises here
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the command line's handler
         pass
