@@ -399,9 +399,16 @@ def test_unknown_paths_and_methods_answer_in_the_one_error_shape_and_probes_take
 
 
 @pytest.mark.parametrize("key", ["kéy", " k", "k\tk"])
-def test_an_api_key_no_client_can_send_is_one_line(serving, key):
+def test_an_api_key_no_client_can_send_is_one_line(serving, key, monkeypatch, capsys, tmp_path):
     with pytest.raises(ValueError, match="--api-key must be printable ASCII"):
         serving(api_key=key)
+    from vitkit.cli import main
+
+    monkeypatch.setenv("VITKIT_API_KEY", key)  # said by the variable's name, not a flag that was not given
+    assert main(["serve", str(tmp_path / "absent"), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "vitkit serve: error: VITKIT_API_KEY must be printable ASCII without surrounding spaces (HTTP " \
+                  "headers carry ASCII)", err
 
 
 def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
@@ -454,8 +461,11 @@ def test_sigterm_during_the_export_apart_ends_its_processes_and_leaves_no_folder
         proc.kill()
 
 
-def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
-    """With --json, stdout's one line says where the server listens (with --port 0 the only way to learn it)."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_answers_the_requests_in_flight_then_stops(weights, stop):
+    """With --json, stdout's one line says where the server listens (with --port 0 the only way to learn it).
+    One Ctrl-C drains as SIGTERM does (it said "stopped at once (a second Ctrl-C)": uvicorn raises the signal
+    it caught again once it has drained, and that was taken for a second one)."""
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0", "--json",
                              "--max-wait-ms", "1500", "--max-batch", "64"], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -469,11 +479,13 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights):
         with ThreadPoolExecutor(3) as pool:
             flying = [pool.submit(post, url, photo(i)) for i in range(3)]
             time.sleep(0.5)  # the requests wait for their batch (1.5 s)
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(stop)
             answers = [f.result() for f in flying]
         assert [a.status_code for a in answers] == [200, 200, 200]
         assert proc.wait(30) == 0
-        assert "stopped: the requests in flight were answered" in proc.stderr.read() and proc.stdout.read() == ""
+        err = proc.stderr.read()
+        assert "stopped: the requests in flight were answered" in err and "at once" not in err, err
+        assert proc.stdout.read() == ""
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/healthz")
     finally:

@@ -81,6 +81,11 @@ def _stdout_closed() -> bool:
     return closed
 
 
+#: verbs that write no file of their own: a stop says no "partial files were removed" (an export a server or
+#: predict makes on the fly runs in a child that removes its own)
+WRITES_NOTHING = ("models", "info", "predict", "serve")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
@@ -116,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         _release_interrupted_work(e)
         signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        print(f"vitkit {args.verb}: stopped by {signal_name}; partial files were removed", file=sys.stderr)
+        removed = "" if args.verb in WRITES_NOTHING else "; partial files were removed"
+        print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError as e:
         if debug or not _stdout_closed():

@@ -40,9 +40,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options, say=say_for("serve"),
-          calibration=args.calibration, ready=ready, **stand_ins)
-    return 0
+    forced = serve(args.weights, args.host, args.port, args.runtime, args.quantize, args.model, options,
+                   say=say_for("serve"), calibration=args.calibration, ready=ready, **stand_ins)
+    return 130 if forced else 0  # a second Ctrl-C: stopped by it, as the shell counts
 
 
 #: the largest --max-body-mb (1 TiB): a body limit is a finite number of bytes

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ..extras import first_line, require
 from .app import ServeOptions
-from .server import KEY_VARIABLE, check_bind, open_socket
+from .server import check_bind, key_given, open_socket
 
 #: the Ray Serve application's name (and its deployment's): what ``serve status`` lists
 APP_NAME = "vitkit"
@@ -139,7 +139,7 @@ def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 
     delete the application (its replicas answer what is in flight) and stop a local Ray instance.
     ``ready`` is given the address once the replicas answer (``vitkit serve --json``'s line)."""
     options = options or ServeOptions()
-    options.api_key = options.api_key or os.environ.get(KEY_VARIABLE) or None
+    options.api_key = key_given(options.api_key)
     check_bind(host, options.api_key)
     if problems := options.problems() + plan.problems():
         raise ValueError("; ".join(problems))

@@ -24,6 +24,18 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 KEY_VARIABLE = "VITKIT_API_KEY"
 
 
+def key_given(api_key: Optional[str]) -> Optional[str]:
+    """The API key: ``api_key`` (--api-key), else :data:`KEY_VARIABLE`'s, whose bad value is said by the
+    variable's name (it was said as --api-key's, a flag not given)."""
+    if api_key:
+        return api_key
+    key = os.environ.get(KEY_VARIABLE) or None
+    if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key):
+        raise ValueError(f"{KEY_VARIABLE} must be printable ASCII without surrounding spaces (HTTP headers carry "
+                         f"ASCII)")
+    return key
+
+
 def check_bind(host: str, api_key: Optional[str]) -> None:
     if host not in LOCAL_HOSTS and not api_key:
         raise ValueError(f"--host {host} is reachable from other machines: give an API key (--api-key KEY or "
@@ -71,17 +83,18 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
           quantize: Optional[str] = None, model_name: Optional[str] = None, options: Optional[ServeOptions] = None,
           say: Callable[[str], None] = print, calibration: Optional[str] = None,
-          ready: Optional[Callable[[dict], None]] = None, **stand_ins: Any) -> None:
+          ready: Optional[Callable[[dict], None]] = None, **stand_ins: Any) -> bool:
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
     OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
     images a calibrated int8 export calibrates on). ``ready`` is given the address once the socket
     listens and the model is warm (``url``, ``host``, ``port``, ``weights``, ``runtime``): with
     ``port=0`` the only way to learn the port the system chose. ``stand_ins`` (img_size, mean, std,
-    labels): an ``.onnx`` file without vitkit's metadata, as ``vitkit predict`` takes them."""
+    labels): an ``.onnx`` file without vitkit's metadata, as ``vitkit predict`` takes them. Returns whether
+    a second signal stopped it at once (requests in flight cut off), rather than a drain."""
     from ..deploy.choose import runtime_label
 
     options = options or ServeOptions()
-    options.api_key = options.api_key or os.environ.get(KEY_VARIABLE) or None
+    options.api_key = key_given(options.api_key)
     check_bind(host, options.api_key)  # before the weights are read
     if problems := options.problems():
         raise ValueError("; ".join(problems))
@@ -109,10 +122,10 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if getattr(server, "force_exit", False):
-        say("stopped at once (a second Ctrl-C): requests in flight were cut off")
-    else:
-        say("stopped: the requests in flight were answered")
+    forced = bool(getattr(server, "force_exit", False))
+    say("stopped at once (a second Ctrl-C): requests in flight were cut off" if forced
+        else "stopped: the requests in flight were answered")
+    return forced
 
 
 def _drain_on_signals(server: Any) -> Dict[int, Any]:
@@ -122,4 +135,9 @@ def _drain_on_signals(server: Any) -> Dict[int, Any]:
     handle_exit = getattr(server, "handle_exit", None)
     if handle_exit is None or threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def drain(sig, frame):  # (uvicorn raises the signal it caught again once it has drained: not a second one)
+        if not getattr(server, "should_exit", False):
+            handle_exit(sig, frame)
+
+    return {sig: signal.signal(sig, drain) for sig in (signal.SIGINT, signal.SIGTERM)}
