@@ -177,8 +177,13 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
                    capture_output=True)
     run = tmp_path / "killed"
     kill_at_checkpoint(["train", *ft, "--name", "killed"], env, run, 10)
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
-                          env=env, capture_output=True, text=True)
+    # another recipe was taken and ignored; the run's own LoRA flags were refused ("needs --init", "this run:
+    # --finetune full"): checked as a new run's, not with the run's saved values
+    other = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--recipe", "deit"],
+                           env=env, capture_output=True, text=True)
+    assert other.returncode == 2 and '--recipe (saved: "fmnist", given: "deit")' in other.stderr, other.stderr
+    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
+                           "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     b = load_file(run / "model" / "model.safetensors")

@@ -29,11 +29,13 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
                              f"not {json.dumps(overrides['model_args'])}")
     if args.no_progress:
         overrides["progress"] = False
-    if args.resume:  # the run's saved config decides; only the runtime fields may change
-        from ..train.resume import check_resume
-
-        overrides = check_resume(args.resume, overrides, args.verb, args.config)
     recipe = args.recipe or (f"{objective}-fmnist" if objective else None)  # pretrain --resume: the saved
+    if args.resume:  # the run's saved config decides; only the runtime fields may change
+        from ..train.resume import check_resume, with_saved
+
+        overrides = check_resume(args.resume, overrides, args.verb, args.config, args.recipe)
+        saved_recipe, overrides = with_saved(args.resume, overrides)
+        recipe = saved_recipe or recipe
     return resolve_config(recipe, args.config, **overrides)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..machine import usable_cores
 from .config import OFF, RENAMED, TrainConfig, deep_merge, field_kinds
@@ -92,7 +92,7 @@ def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
 
 
 def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
-                 config_file: Optional[str] = None) -> Dict[str, Any]:
+                 config_file: Optional[str] = None, recipe: Optional[str] = None) -> Dict[str, Any]:
     """Refuse a ``--resume`` of ``run_dir`` that could not continue it as it started, before anything
     runs: a classification run resumed by ``vitkit pretrain`` (``verb``) or a pre-training run by
     ``vitkit train``, or options (``overrides``, None: not given) or a config file that would change
@@ -106,6 +106,9 @@ def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
     if "objective" in overrides and overrides["objective"] is None:
         overrides.pop("objective")
     conflicts = resume_conflicts(run_dir, overrides) + (["--config"] if config_file else [])
+    saved_recipe = saved_field(run_dir, "recipe")
+    if recipe is not None and saved_recipe is not None and recipe != saved_recipe:  # was taken and ignored
+        conflicts.append(f"--recipe (saved: {json.dumps(saved_recipe)}, given: {json.dumps(recipe)})")
     if conflicts:
         free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS)
         raise ValueError(f"--resume continues {run_dir} as its config.json says; only "
@@ -116,4 +119,18 @@ def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
     return overrides
 
 
-__all__ = ["RUNTIME_FIELDS", "RUNTIME_FLAGS", "check_resume", "resume_conflicts", "resumed_config", "saved_field"]
+def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Any]]:
+    """The run's recipe and the values a resume is checked with: the saved ones where no flag gives one (the
+    flags alone were checked as a new run: a LoRA run's own --finetune lora was refused for lacking --init)."""
+    values = _saved_values(run_dir)
+    if values is None:
+        return None, overrides  # not a run folder: resuming says so
+    recipe = values.pop("recipe", None)
+    kinds, defaults = field_kinds(), TrainConfig()
+    merged = {k: v for k, v in values.items() if k in kinds and v != getattr(defaults, k)}  # as a choice was saved
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return recipe, merged
+
+
+__all__ = ["RUNTIME_FIELDS", "RUNTIME_FLAGS", "check_resume", "resume_conflicts", "resumed_config", "saved_field",
+           "with_saved"]
