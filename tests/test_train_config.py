@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -126,3 +127,11 @@ def test_the_first_line_of_a_run_says_its_precision_why_and_its_recipe(monkeypat
     assert main([*args, "--name", "named", "--recipe", "fmnist", "--precision", "fp32"]) == 0
     first = capsys.readouterr().err.splitlines()[0]
     assert "fp32: --precision fp32; recipe fmnist)" in first, first
+
+
+def test_lengths_no_machine_could_train_are_refused_by_name():
+    """--max-steps past int64 and --epochs 1e12 started a run whose ETA read 119614500009548.6 h."""
+    for kw, words in ((dict(max_steps=10 ** 20), "max_steps must be in [1, 1,000,000,000], not 100000000000000000000"),
+                      (dict(epochs=1e12), "epochs must be <= 1,000,000, not 1000000000000.0")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            resolve_config("fmnist", **kw)

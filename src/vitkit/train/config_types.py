@@ -141,7 +141,8 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
 #: (optional fields switched off) are not checked.
 RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
     ("batch_size", 1, None, ""), ("accum_steps", 1, None, ""), ("micro_batch", 1, None, " (none: as accum_steps)"),
-    ("max_steps", 1, None, " (or none: from epochs)"), ("lr", ("open", 0), None, ""), ("min_lr", 0, None, ""),
+    ("max_steps", 1, 10 ** 9, " (or none: from epochs)"), ("epochs", None, 10 ** 6, ""),
+    ("lr", ("open", 0), None, ""), ("min_lr", 0, None, ""),
     ("weight_decay", 0, None, ""), ("label_smoothing", 0, ("open", 1), ""), ("momentum", 0, 1, ""),
     ("clip_grad", ("open", 0), None, " (none: no clipping)"), ("warmup_steps", 0, None, ""),
     ("warmup_epochs", 0, None, ""), ("lr_scale_batch", 1, None, ""), ("crop_pad", 0, None, ""),
@@ -171,8 +172,10 @@ def _range_words(low: Any, high: Any) -> str:
     """">= 1", "> 0", "in [0, 1)", "in (0, 1]" for a RANGES entry."""
     def number(bound):
         value = bound[1] if isinstance(bound, tuple) else bound
-        return "2^63" if value == 2 ** 63 else f"{value:g}"
+        return "2^63" if value == 2 ** 63 else f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
+    if low is None:
+        return f"{'<' if isinstance(high, tuple) else '<='} {number(high)}"
     if high is None:
         return f"{'>' if isinstance(low, tuple) else '>='} {number(low)}"
     left = "(" if isinstance(low, tuple) else "["
