@@ -630,3 +630,15 @@ def test_a_bare_file_without_a_tensor_its_architecture_is_read_from_is_one_line(
         torch.save(damaged, tmp_path / f"{name}.pth")
         with pytest.raises(WeightsError, match="state dict without 'blocks.0.mlp.fc1.weight', which its architecture"):
             vitkit.from_pretrained(tmp_path / f"{name}.pth")
+
+
+def test_a_vitkit_weights_file_loads_by_its_architecture_s_name(tmp_path, images):
+    """`--model vit_fmnist` on the model.safetensors save_pretrained wrote was refused ("missing pos_embed"):
+    the name was read in timm's form (positions as a learned table), the file holds vitkit's (fixed sine-cosine
+    positions, not stored)."""
+    model = randomize(vitkit.create_model("vit_fmnist")).eval()
+    model.save_pretrained(tmp_path / "fm")
+    back = vitkit.from_pretrained(tmp_path / "fm" / "model.safetensors", model_name="vit_fmnist")
+    x = images(2, 28, 28, c=1)
+    with torch.no_grad():
+        assert back.config.pos_embed == "sincos2d" and max_diff(back(x), model(x)) == 0

@@ -491,7 +491,7 @@ def _named_config(src: Source, model_name: str):
     sine-cosine positions is read in the equivalent form its timm export has (the same function),
     so ``vitkit convert RUN w.pth --to timm`` reads back with ``model_name=`` as its note says."""
     config = get_model_config(model_name)
-    if src.format != "vitkit" and "timm" in family_of(config).layouts:
+    if src.format != "vitkit" and "timm" in family_of(config).layouts and not _own_form(config, src):
         config = config_from_dict(family_of(config).timm_config(config))
     elif src.config_json and src.config_json.get("format") == "vitkit" and hasattr(config, "pos_embed"):
         # the file declares its config (a timm export's .safetensors: positions as one learned
@@ -509,6 +509,15 @@ def _named_config(src: Source, model_name: str):
     classes = sd[head].shape[0] if head in sd else 0
     size = _table_size(config, sd)  # a name's default size for a file fine-tuned at another: the file's
     return config.replace(num_classes=classes, **({"img_size": size} if size else {}))
+
+
+def _own_form(config: Any, src: Source) -> bool:
+    """Whether the file holds the tensors of the named architecture as vitkit builds it (a vitkit
+    ``model.safetensors`` on its own: its fixed sine-cosine positions are not stored), rather than timm's
+    form of it (positions as one learned table)."""
+    with torch.device("meta"):
+        own = {k for k in build_from_config(config).state_dict() if not k.startswith("head.")}
+    return own == {k for k in src.tensors if not k.startswith("head.")}
 
 
 def _table_size(config: Any, sd: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
