@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -29,6 +30,10 @@ from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE, _is_int
 from ..parallel import BatchParallel, parts
 from .onnx_export import CONFIG_KEY, onnx_modules
+
+
+class StandInNote(UserWarning):
+    """How a graph without vitkit's metadata is preprocessed where its stand-ins say nothing (the crop)."""
 
 
 class OnnxMetadataError(ValueError):
@@ -194,7 +199,12 @@ class OnnxModel(nn.Module):
             problems.append(f"--img-size {size[0]} {size[1]} differs from the graph's input {fixed[0]}x{fixed[1]}")
         if problems:
             raise OnnxMetadataError(f"{self.path}: " + "; ".join(problems))
-        return OnnxConfig(size, tuple(mean), tuple(std), chans, classes, list(labels or []))
+        config = OnnxConfig(size, tuple(mean), tuple(std), chans, classes, list(labels or []))
+        warnings.warn(StandInNote(f"{self.path} has no vitkit metadata: each image is resized whole to "
+                                  f"{size[0]}x{size[1]} ({config.interpolation}, no centre crop); a model trained "
+                                  f"with a crop (timm's and DeiT's 0.875-0.9) answers somewhat differently: "
+                                  f"re-export it with vitkit convert to carry its preprocessing"), stacklevel=2)
+        return config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, C, H, W) prepared as ``config`` says -> the model's output (B, classes)."""
