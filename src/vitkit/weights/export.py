@@ -130,6 +130,12 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     else:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
                                  hf_format.preprocessor_to_hf(model.config))
+    h, w = model.config.img_size
+    if h != w and getattr(model.config, "crop_mode", "center") == "center":
+        warnings.warn(f"{path}: Hugging Face's image processors resize the shorter side and then crop, where vitkit "
+                      f"(as timm) resizes a non-square model's images to cover {h}x{w} keeping their aspect: "
+                      f"transformers' pixels will differ on images of another shape than {h}:{w} "
+                      f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=3)
     with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
         save_safetensors(sd, into / "model.safetensors")
         write_json(into / "config.json", config)
