@@ -130,7 +130,8 @@ class TrainConfig:
     lr: float = 2e-3
     #: Learning rate at the end of the decay.
     min_lr: float = 1e-5
-    #: Weight decay of the weight matrices (not of biases, norms, tokens, positions).
+    #: Weight decay of the weight matrices (not of biases, norms, the class and distillation tokens, position
+    #: tables; register tokens and a MAP head's latent are decayed, as timm decays them).
     weight_decay: float = 0.05
     #: Layer-wise learning-rate decay (BEiT/MAE fine-tuning: 0.65-0.75): block i learns at
     #: lr x decay^(depth - i), the embedding at lr x decay^(depth + 1), the head at lr; none: off.
