@@ -357,6 +357,10 @@ def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving
                                    (disposition % (b"file", b"a"), photo(1))]),
                headers={"content-type": "multipart/form-data; boundary=BB"})
     assert one.status_code == 200 and one.json()["image"] == "a.png"  # a field beside the file: fine
+    bmp = io.BytesIO()  # an uncompressed image whose every pixel holds the bytes of a line starting with "--"
+    Image.fromarray(np.tile(np.array([10, 45, 45], np.uint8), (40, 40, 1))).save(bmp, "BMP")
+    plain = httpx.post(running.url + "/predict", files={"file": ("a.bmp", bmp.getvalue(), "image/bmp")}, timeout=60)
+    assert plain.status_code == 200, plain.text
     two = httpx.post(running.url + "/predict", files=[("file", ("a.png", photo(1), "image/png")),
                                                       ("file", ("b.png", photo(2), "image/png"))], timeout=60)
     assert two.status_code == 400 and two.json() == {"error": "the form has 2 files: send one image per request"}

@@ -440,11 +440,13 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
     answered for its first file alone."""
     if not ctype.lower().startswith("multipart/form-data"):
         return body, "upload"
-    if body.count(b"\n--") > MAX_FORM_PARTS:
+    head = b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
+    boundary = BytesParser(policy=HTTP).parsebytes(head).get_boundary()
+    # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
+    if boundary and body.count(b"--" + boundary.encode("latin-1")) > MAX_FORM_PARTS + 1:
         raise HttpError(400, f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
     try:
-        message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
-                                                      + body)
+        message = BytesParser(policy=HTTP).parsebytes(head + body)
     except (RecursionError, UnicodeError):
         raise HttpError(400, "the multipart body could not be read") from None
     if not message.is_multipart():

@@ -127,7 +127,8 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
         return None, overrides  # not a run folder: resuming says so
     recipe = values.pop("recipe", None)
     kinds, defaults = field_kinds(), TrainConfig()
-    merged = {k: v for k, v in values.items() if k in kinds and v != getattr(defaults, k)}  # as a choice was saved
+    merged = {k: v for k, v in values.items()  # as choices, where saved (the machine's fields: this one's)
+              if k in kinds and k not in RUNTIME_FIELDS and v != getattr(defaults, k)}
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
 
