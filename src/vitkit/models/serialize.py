@@ -35,15 +35,19 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
     as :func:`native_config_dict` says."""
     from safetensors.torch import save_file
 
-    from ..weights.io import model_files
-
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     # a failed save removes the folder it made, or leaves the one there was as it was
-    with weights_folder(directory, model_files) as into:
+    with weights_folder(directory, _own_files) as into:
         with atomic_path(into / WEIGHTS_NAME) as tmp:
             save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
         write_json(into / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
     return Path(directory)
+
+
+def _own_files(folder: Path) -> list:
+    """The files of vitkit's own layout in ``folder`` (what a save replaces; ``vitkit convert`` replaces any
+    layout's, :func:`vitkit.weights.io.model_files`)."""
+    return [folder / name for name in (CONFIG_NAME, WEIGHTS_NAME) if (folder / name).is_file()]
 
 
 class SaveMixin:

@@ -15,8 +15,8 @@ from ..models import family_of
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
-from .io import WeightsError, model_files, save_safetensors
-from .load import CONFIG_METADATA_KEY
+from .io import WeightsError, save_safetensors
+from .load import CONFIG_METADATA_KEY, model_files
 
 EXPORT_FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "mae")
 _LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face", "npz": "official JAX", "big_vision": "big_vision",
@@ -80,14 +80,14 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
         raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     if isinstance(model, Pretrainer):
         if format == "vitkit":
-            return model.save_pretrained(path)
+            return _replacing(path, model.save_pretrained)
         if format in ("hf", "mae"):
             return selfsup_format.export(model, path, format)
         warnings.warn(f"the {_LAYOUT_NAMES[format]} layout has no place for {model.objective}'s decoder: "
                       f"{path} holds its encoder (a ViT without head)", ExportWarning, stacklevel=2)
         model = model.encoder
     if format == "vitkit":
-        return save_pretrained(model, path)
+        return _replacing(path, lambda into: save_pretrained(model, into))
     if format == "mae":
         raise WeightsError("the official MAE layout holds MAE pre-training models; this is a classifier "
                            "(export it as 'timm': MAE's fine-tuned checkpoints are timm state dicts)")
@@ -115,6 +115,14 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
                           ExportWarning, stacklevel=2)
         return path
     raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+
+
+def _replacing(path: Path, save) -> Path:
+    """``save(folder)`` into ``path`` as a whole: the model files of any layout the folder held (an HF
+    model's shards and processor) go as the new ones move in; a failure leaves it as it was."""
+    with weights_folder(path, model_files) as into:
+        save(into)
+    return path
 
 
 def _export_hf(model: nn.Module, path: Path) -> Path:

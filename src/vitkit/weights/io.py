@@ -17,7 +17,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -87,26 +87,6 @@ TIMM_WRAPPER_PREFIX = "timm_model."
 
 #: the index of a checkpoint saved in shards (transformers' ``save_pretrained`` past ``max_shard_size``)
 SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-#: the configs a reader takes from a weights folder beside its weights
-FOLDER_CONFIGS = ("config.json", "preprocessor_config.json", "open_clip_config.json")
-
-
-def model_files(folder: Path) -> List[Path]:
-    """The files of a weights folder that a reader would take for its model (any weight file a reader looks
-    for, a shard index and the shards it names, the configs): what a model written into the folder replaces."""
-    from .load import WEIGHT_FILES
-
-    out = [folder / name for name in (*WEIGHT_FILES, *SHARD_INDEXES, *FOLDER_CONFIGS) if (folder / name).is_file()]
-    for index in SHARD_INDEXES:
-        try:
-            weight_map = json.loads((folder / index).read_text()).get("weight_map") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
-        out += [folder / shard for shard in set(weight_map.values()) if isinstance(shard, str)
-                and "/" not in shard and (folder / shard).is_file()]
-    return out
 
 
 def read_sharded(index: PathLike) -> Dict[str, object]:

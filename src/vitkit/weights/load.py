@@ -95,6 +95,24 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     return data
 
 
+#: the configs a reader takes from a weights folder beside its weights
+FOLDER_CONFIGS = ("config.json", "preprocessor_config.json", "open_clip_config.json")
+
+
+def model_files(folder: Path) -> List[Path]:
+    """The files of a weights folder that a reader would take for its model (any weight file a reader looks
+    for, a shard index and the shards it names, the configs): what a model written into the folder replaces."""
+    out = [folder / name for name in (*WEIGHT_FILES, *SHARD_INDEXES, *FOLDER_CONFIGS) if (folder / name).is_file()]
+    for index in SHARD_INDEXES:
+        try:
+            weight_map = json.loads((folder / index).read_text()).get("weight_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        out += [folder / shard for shard in set(weight_map.values()) if isinstance(shard, str)
+                and "/" not in shard and (folder / shard).is_file()]
+    return out
+
+
 def _unknown_architecture(config_json: Optional[Dict[str, Any]]) -> None:
     """Refuse a timm hub folder whose ``architecture`` vitkit does not build, or a Hugging Face folder of a
     ``model_type`` it does not read, naming it (rather than its tensors' names)."""
