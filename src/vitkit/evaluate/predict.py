@@ -16,7 +16,7 @@ from ..models.layers import fast_inference
 from ..progress import track
 
 #: a :class:`Prediction`'s error where the model gave NaN or inf (no probability to state: JSON has none)
-NOT_FINITE = "the model's output for it is not finite (NaN or inf): its weights overflow"
+NOT_FINITE = "the model's output is not finite (NaN or inf): its weights overflow"
 
 
 @dataclass

@@ -66,11 +66,19 @@ class ServeOptions:
             out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
         if not 0 < self.timeout_s <= 3600:
             out.append(f"--timeout must be between 0 and 3600 seconds, not {self.timeout_s}")
-        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()
-                                             and self.api_key.strip() == self.api_key):
-            # HTTP header values are ASCII: a client's UTF-8 bytes never equalled the key
-            out.append("--api-key must be printable ASCII without surrounding spaces (HTTP headers carry ASCII)")
+        if self.api_key is not None and not header_safe(self.api_key):
+            out.append("--api-key " + KEY_RULE)
         return out
+
+
+#: what an API key must be, said after its name: HTTP header values are ASCII (a client's UTF-8 bytes never
+#: equalled the key)
+KEY_RULE = "must be printable ASCII without surrounding spaces (HTTP headers carry ASCII)"
+
+
+def header_safe(key: str) -> bool:
+    """Whether ``key`` can travel in an HTTP header as it is (see :data:`KEY_RULE`)."""
+    return key.isascii() and key.isprintable() and key.strip() == key
 
 
 class HttpError(Exception):
@@ -382,7 +390,7 @@ def _finite(values):
     if not values.isfinite().all():
         from ..evaluate.predict import NOT_FINITE
 
-        raise HttpError(500, NOT_FINITE.replace("for it", "for this image"))
+        raise HttpError(500, NOT_FINITE)
     return values
 
 

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..extras import require
-from .app import ServeOptions, create_app
+from .app import KEY_RULE, ServeOptions, create_app, header_safe
 from .model import ServedModel, load_served
 
 #: hosts that only this machine can reach
@@ -30,9 +30,8 @@ def key_given(api_key: Optional[str]) -> Optional[str]:
     if api_key:
         return api_key
     key = os.environ.get(KEY_VARIABLE) or None
-    if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key):
-        raise ValueError(f"{KEY_VARIABLE} must be printable ASCII without surrounding spaces (HTTP headers carry "
-                         f"ASCII)")
+    if key is not None and not header_safe(key):
+        raise ValueError(f"{KEY_VARIABLE} {KEY_RULE}")
     return key
 
 
