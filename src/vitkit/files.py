@@ -252,8 +252,9 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
                 raise ValueError(f"{there} is a {'folder' if there.is_dir() else 'file'} where the new model has a "
                                  f"{'folder' if path.is_dir() else 'file'}: move it away (nothing was replaced)")
         with interrupts_deferred():
+            names = {p.name for p in written}
             for old in old_files(folder):
-                if old.name not in {p.name for p in written}:
+                if old.name not in names:
                     old.unlink(missing_ok=True)
             for path in written:
                 if path.is_dir():

@@ -46,7 +46,7 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
 
 def _own_files(folder: Path) -> list:
     """The files of vitkit's own layout in ``folder`` (what a save replaces; ``vitkit convert`` replaces any
-    layout's, :func:`vitkit.weights.io.model_files`)."""
+    layout's, :func:`vitkit.weights.load.model_files`)."""
     return [folder / name for name in (CONFIG_NAME, WEIGHTS_NAME) if (folder / name).is_file()]
 
 

@@ -96,7 +96,7 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
 
 
 #: the configs a reader takes from a weights folder beside its weights
-FOLDER_CONFIGS = ("config.json", "preprocessor_config.json", "open_clip_config.json")
+FOLDER_CONFIGS = ("config.json", "preprocessor_config.json", open_clip_format.CONFIG_FILE)
 
 
 def model_files(folder: Path) -> List[Path]:
