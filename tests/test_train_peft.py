@@ -4,6 +4,7 @@ on save; bad options are one line."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -168,9 +169,11 @@ def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path, base_r
 @real
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
+    """... even once its --init weights are gone: the run saved the architecture they built (init_model.json)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
+    init = shutil.copytree(base_run / "model", tmp_path / "init")
     ft = ["--max-steps", "20", "--val-size", "200", "--warmup-steps", "2", "--no-progress", "--threads", "1",
-          "--no-tensorboard", "--batch-size", "32", "--test-size", "100", "--init", str(base_run / "model"),
+          "--no-tensorboard", "--batch-size", "32", "--test-size", "100", "--init", str(init),
           "--finetune", "lora", "--lora-rank", "4", "--checkpoint-every", "10", "--keep-checkpoints", "5",
           "--runs-dir", str(tmp_path)]
     subprocess.run([sys.executable, "-m", "vitkit", "train", *ft, "--name", "straight"], check=True, env=env,
@@ -182,9 +185,11 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
     other = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--recipe", "deit"],
                            env=env, capture_output=True, text=True)
     assert other.returncode == 2 and '--recipe (saved: "fmnist", given: "deit")' in other.stderr, other.stderr
+    shutil.rmtree(init)  # the run's own checkpoint holds every weight: it was refused "--init weights not found"
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    assert "the --init architecture as init_model.json holds it" in done.stdout + done.stderr
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     b = load_file(run / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

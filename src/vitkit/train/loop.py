@@ -18,6 +18,7 @@ checkpoint is written only once every step before it is known to be finite.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -55,7 +56,7 @@ from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
 from .state import Run  # noqa: F401 (vitkit.train.loop.Run, where it was)
-from .tasks import autocast, task_for
+from .tasks import INIT_MODEL, autocast, task_for
 from .throughput import NonFiniteLoss, Window, busy_cpu_note, train_throughput
 from .tracking import MetricsLog
 
@@ -77,7 +78,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     run = None
     discard = False
     try:
-        run = build(cfg, dist_info, log)
+        run = build(cfg, dist_info, log, saved_init_model(resume) if resume and cfg.init else None)
         restore(run, resume)
         run.note(_starting(run))
         for line in run.fit_notes:  # none on resume: a resumed config records no chosen fields
@@ -147,8 +148,10 @@ def _interrupted(run: Run) -> str:
            f"vitkit {verb} --resume {run.run_dir} goes on from there"
 
 
-def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
-    """The data, the model (with its teacher), the optimiser, the precision and the batch layout."""
+def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,
+          saved_init: Optional[Dict[str, Any]] = None) -> Run:
+    """The data, the model (with its teacher), the optimiser, the precision and the batch layout;
+    ``saved_init``: the architecture a resumed --init run saved (:func:`saved_init_model`)."""
     device, world, main = dist_info.device, dist_info.world, dist_info.main
     # file datasets decode to the model's channels (RGB for --init: the loader adapts the filters)
     in_chans = cfg.model_args.get("in_chans", 3 if cfg.init else get_model_config(cfg.model).in_chans)
@@ -163,7 +166,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print) -> Run:
     cfg, fitted = fit_to_data(cfg, data.n_train)  # a small dataset: a batch and a length that train
     task = task_for(cfg)
     torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
-    model = task.build_model(cfg, data, log if main else (lambda *a: None)).to(device)
+    model = task.build_model(cfg, data, log if main else (lambda *a: None), saved_init).to(device)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     amp = pick_precision(cfg.precision, device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else None
@@ -203,6 +206,8 @@ def restore(run: Run, resume: Optional[str]) -> None:
         run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
         if run.main:
             write_json(run.run_dir / "config.json", _located(run.cfg.to_dict()))
+            if run.cfg.init:  # what the --init weights built: a resume needs neither them nor their reading again
+                write_json(run.run_dir / INIT_MODEL, run.model.config.to_dict())
     else:
         run.run_dir = Path(resume)
         if run.main:
@@ -215,6 +220,21 @@ def restore(run: Run, resume: Optional[str]) -> None:
     if resume and run.main:
         run.metrics.truncate_after(run.start)  # rows written after the checkpoint come again
     run.t_start = time.perf_counter()
+
+
+def saved_init_model(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The model config an --init run wrote at its start (None: a run folder from before it was written)."""
+    path = Path(run_dir) / INIT_MODEL
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's model "
+                         f"config is damaged") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} holds {type(values).__name__}, not a model config")
+    return values
 
 
 def _load_state(run: Run, run_dir: Path) -> None:

@@ -47,7 +47,7 @@ def new_run_dir(run: Run) -> Path:
 
 #: What a run writes before its first checkpoint: a folder holding only these (its lock free)
 #: was left by a run that was refused or stopped with nothing to resume.
-ABANDONED_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints")
+ABANDONED_FILES = ("config.json", "init_model.json", "metrics.jsonl", "tensorboard", "checkpoints")
 
 
 def _abandoned(path: Path) -> bool:

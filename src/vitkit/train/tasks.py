@@ -22,7 +22,7 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..evaluate.tta import probabilities as tta_probabilities
-from ..models import build_from_config, get_model_config
+from ..models import build_from_config, config_from_dict, get_model_config
 from ..parallel import BatchParallel, add_in_order
 from ..progress import track
 from ..selfsup import Pretrainer, create_pretrainer, encoder_of
@@ -37,6 +37,9 @@ from .memory import check_model_fits
 
 if TYPE_CHECKING:
     from .state import Run
+
+#: a run folder's file holding the model config an --init run built (written at its start, before any checkpoint)
+INIT_MODEL = "init_model.json"
 
 #: the few-shot evaluation a pre-training run ends with: shots per class, seeds, training pool
 FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (1, 5, 10, 25), 3, 10_000
@@ -62,10 +65,17 @@ class Classification:
     name = "classify"
     has_accuracy = True
 
-    def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
-        """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it."""
-        if cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
+    def build_model(self, cfg: TrainConfig, data: RunData, log, saved_init: Optional[Dict[str, Any]] = None
+                    ) -> nn.Module:
+        """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it;
+        ``saved_init``: that architecture as the run saved it (:data:`INIT_MODEL`), which a resume builds
+        (the checkpoint holds every weight: the --init file may be gone or replaced since)."""
+        if cfg.init and saved_init is not None:
+            model = build_from_config(config_from_dict(saved_init))
+            log(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
+        elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
             model = model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
+        if cfg.init:
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
                 if cfg.finetune == "lora":  # the layers they name in this model (qkv: q_proj, k_proj, v_proj ...)
@@ -148,7 +158,8 @@ class Pretraining:
         self.name = objective
         self.has_accuracy = objective == "mpp"  # MPP's colour classes; pixel regression has no accuracy
 
-    def build_model(self, cfg: TrainConfig, data: RunData, log) -> nn.Module:
+    def build_model(self, cfg: TrainConfig, data: RunData, log, saved_init: Optional[Dict[str, Any]] = None
+                    ) -> nn.Module:
         encoder = get_model_config(cfg.model).replace(**{**model_args_for(cfg, data), "num_classes": 0,
                                                          "label_names": None})
         check_model_fits(encoder)
