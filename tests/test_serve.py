@@ -496,6 +496,31 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights, stop):
         proc.kill()
 
 
+def test_a_second_ctrl_c_stops_at_once_in_one_line(weights):
+    """A second Ctrl-C cuts the requests in flight off and says so; the tasks uvicorn cancels then (its
+    lifespan's, the requests') printed CancelledError tracebacks under "ERROR:" before that line."""
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        url = re.search(r"on (http://127\.0\.0\.1:(\d+))", proc.stderr.readline())
+        while httpx.get(url.group(1) + "/readyz").status_code != 200:
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", int(url.group(2)))) as client:  # a body still coming: the
+            client.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"  # drain waits
+                           b"Content-Length: 1000\r\n\r\n" + image_bytes(0)[:100])
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            assert proc.poll() is None  # draining: the request is still in flight
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(30)
+        err = proc.stderr.read()
+        assert code == 130 and err.strip().splitlines() == [
+            "vitkit serve: stopped at once (a second Ctrl-C): requests in flight were cut off"], err
+    finally:
+        proc.kill()
+
+
 def test_a_sigterm_as_soon_as_the_server_says_it_is_ready_drains_it(weights):
     """A SIGTERM between the ready line and uvicorn's own handlers was raised as an exception in
     asyncio's start ("coroutine ... was never awaited", exit 143, nothing said). Sent from the ready

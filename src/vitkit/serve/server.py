@@ -8,6 +8,7 @@ a model endpoint open to a network without one is a mistake far more often than 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import socket
@@ -71,6 +72,8 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
         def handle_exit(self, sig, frame):  # new requests on open connections are refused while draining
             app.state.vitkit["draining"] = True
             super().handle_exit(sig, frame)
+            if self.force_exit:  # a second Ctrl-C: the tasks it cancels are not errors (the last line says so)
+                logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL + 1)
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5)
@@ -107,6 +110,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         sock.close()
         raise
     previous = _drain_on_signals(server)
+    errors = logging.getLogger("uvicorn.error")
+    level = errors.level  # a forced stop quiets it (make_server's handle_exit): put back for the next server
     try:
         say(f"serving {weights} ({label}) on {url}  -- page {url}/, API {url}/docs, metrics {url}/metrics; "
             f"Ctrl-C or SIGTERM drains and stops")
@@ -119,6 +124,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         pass                   # command line's handler raises the stop: done
     finally:
         sock.close()
+        errors.setLevel(level)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     forced = bool(getattr(server, "force_exit", False))
