@@ -67,11 +67,46 @@ def test_info_human_and_json(capsys):
     assert code == 2 and "unknown model 'vit_nonexist'" in err
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_convert_keeps_a_half_precision_source_half(capsys, tmp_path, dtype):
+    """A float16 or bfloat16 file was written as float32 (twice its size, unsaid); timm and transformers read
+    the written files back to the source's own function."""
+    timm = pytest.importorskip("timm")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    ref = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=5).eval()
+    randomize(ref)
+    save_file({k: v.to(dtype) for k, v in ref.state_dict().items()}, tmp_path / "half.safetensors")
+    ref.load_state_dict({k: v.float() for k, v in load_file(tmp_path / "half.safetensors").items()})
+    x = torch.randn(2, 3, 32, 32)
+    name = str(dtype).replace("torch.", "")
+    for to, dst in (("timm", "w.safetensors"), ("hf", "hf"), ("vitkit", "v")):
+        code, out, _ = run(capsys, "convert", str(tmp_path / "half.safetensors"), str(tmp_path / dst), "--to", to,
+                           "--json")
+        assert code == 0 and json.loads(out)["dtype"] == name, out
+        weights = tmp_path / dst if to == "timm" else tmp_path / dst / "model.safetensors"
+        assert {v.dtype for v in load_file(weights).values()} == {dtype}
+    back = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=5).eval()
+    back.load_state_dict(load_file(tmp_path / "w.safetensors"))
+    hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.allclose(back(x), want, atol=1e-5)
+        assert torch.allclose(hf(pixel_values=x).logits, want, atol=1e-5)
+        assert torch.allclose(vitkit.from_pretrained(tmp_path / "v")(x), want, atol=1e-5)
+    code, out, _ = run(capsys, "convert", str(tmp_path / "w.safetensors"), str(tmp_path / "w.npz"), "--to", "npz",
+                       "--json")
+    assert code == 0 and json.loads(out)["dtype"] == "float32"  # vit_jax's files are float32
+
+
 def test_convert_each_format(capsys, tmp_path, tiny_weights):
     model, path = tiny_weights
     for fmt, dst in (("npz", "w.npz"), ("timm", "w.safetensors"), ("hf", "hf"), ("vitkit", "again")):
         code, out, _ = run(capsys, "convert", str(path), str(tmp_path / dst), "--to", fmt, "--json")
         assert code == 0 and json.loads(out)["format"] == fmt
+    code, out, _ = run(capsys, "info", str(tmp_path / "w.safetensors"), "--json")  # it was said to be "vitkit"
+    assert code == 0 and json.loads(out)["source"]["format"] == "timm", out
     back = vitkit.from_pretrained(tmp_path / "hf")
     x = torch.randn(1, 3, 32, 32)
     assert torch.allclose(back(x), model(x), atol=1e-6)

@@ -6,6 +6,8 @@ import argparse
 import sys
 import warnings
 
+import torch
+
 from ..files import check_output
 from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
 
@@ -31,6 +33,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     model = load_model(args, interpolation=args.interpolation)
     if args.to in ("onnx", "openvino"):
         return _convert_onnx(model, args)
+    half = stored_half_dtype(args.src) if args.to in HALF_LAYOUTS else None
+    if half is not None:  # a float16 or bfloat16 source is written as it was stored, not twice its size
+        model = model.to(half)
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always", ExportWarning)
         out = export_weights(model, args.dst, args.to, scan=args.scan)
@@ -40,12 +45,29 @@ def cmd_convert(args: argparse.Namespace) -> int:
     whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
-            "params": sum(p.numel() for p in written.parameters())}
+            "params": sum(p.numel() for p in written.parameters()),
+            "dtype": str(half or torch.float32).replace("torch.", "")}
     if args.json:
         print_json(info)
     else:
-        print(f"wrote {out} ({args.to}, {fmt_int(info['params'])} parameters)")
+        print(f"wrote {out} ({args.to}, {fmt_int(info['params'])} parameters"
+              + (f", {info['dtype']} as the source" if half else "") + ")")
     return 0
+
+
+#: the layouts whose files keep a half-precision source's precision (vit_jax and big_vision files are float32)
+HALF_LAYOUTS = ("vitkit", "timm", "hf", "mae")
+
+
+def stored_half_dtype(source: str):
+    """The half precision a ``.safetensors`` source (a file, or a folder's weights) stores its floats in, else None."""
+    from ..weights.io import stored_half_dtype as of_file
+    from ..weights.load import folder_weights
+    from ..weights.pretrained import weights_path
+
+    path = weights_path(source)
+    path = folder_weights(path) if path.is_dir() else path
+    return of_file(path) if path is not None else None
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:

@@ -120,6 +120,38 @@ def read_sharded(index: PathLike) -> Dict[str, object]:
     return out
 
 
+#: safetensors' names of the half precisions a file may store a model in
+HALF_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def stored_half_dtype(path: PathLike) -> Optional[torch.dtype]:
+    """The half precision (float16, bfloat16) every float tensor of a ``.safetensors`` file (or of the shards
+    its index names) is stored in, read from the headers alone; None for float32, mixed precisions or
+    another kind of file (a writer keeps a model's precision where its source had one)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if path.name.endswith(".index.json"):
+        try:
+            shards = sorted(set(json.loads(path.read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError, AttributeError):
+            return None
+        files = [path.parent / Path(str(s)).name for s in shards]
+    else:
+        files = [path]
+    if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
+        return None
+    found = set()
+    try:
+        for f in files:
+            with safe_open(str(f), framework="pt") as opened:
+                found |= {opened.get_slice(k).get_dtype() for k in opened.keys()}
+    except (SafetensorError, OSError, ValueError):
+        return None
+    floats = {d for d in found if d.startswith(("F", "BF"))}
+    return HALF_DTYPES.get(floats.pop()) if len(floats) == 1 else None
+
+
 def _unwrapped_timm(sd: Dict[str, object]) -> Dict[str, object]:
     """A timm model saved through transformers (every name under ``timm_model.``) as timm saves it."""
     if sd and all(k.startswith(TIMM_WRAPPER_PREFIX) for k in sd):

@@ -59,6 +59,8 @@ class Source:
     pretraining: Optional[str] = None
     #: an open_clip hub folder's open_clip_config.json (the activation and preprocessing)
     open_clip_config: Optional[Dict[str, Any]] = None
+    #: a timm state dict carrying vitkit's config in its metadata (vitkit's --to timm .safetensors): read as vitkit's
+    timm_with_config: bool = False
 
 
 def detect_format(keys) -> str:
@@ -135,11 +137,16 @@ def _check_config_kind(folder: Path, config_json: Optional[Dict[str, Any]]) -> N
                            f"fix it, or load the weights file alone (what its tensors do not hold is then said)")
 
 
+def folder_weights(folder: Path) -> Optional[Path]:
+    """The weight file (or shard index) of a folder that :func:`read_source` reads, None if it has none."""
+    return next((folder / n for n in WEIGHT_FILES + SHARD_INDEXES if (folder / n).is_file()), None)
+
+
 def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
     if path.is_dir():
-        weights = next((path / n for n in WEIGHT_FILES + SHARD_INDEXES if (path / n).is_file()), None)
+        weights = folder_weights(path)
         if weights is None:
             found = sorted(p.name for p in path.iterdir())[:10]
             raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
@@ -174,7 +181,7 @@ def read_source(path: PathLike) -> Source:
                 src.config_json = {"format": "vitkit", "config": json.loads(text)}
             except json.JSONDecodeError as e:
                 raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
-            src.format = "vitkit"
+            src.format, src.timm_with_config = "vitkit", True
     return src
 
 

@@ -221,9 +221,12 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         own = f"{own} (saved by transformers' {', '.join(cj.get('architectures') or ['TimmWrapperModel'])})"
     if src.format == "open_clip":
         own = "open_clip image tower" + (" (open_clip_config.json)" if src.open_clip_config else "")
+    if src.timm_with_config:  # what timm reads; vitkit reads the config beside it
+        own = "vitkit's config in its metadata"
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
-        path=str(path), format=src.format, source_name=own, pretraining=src.pretraining, tensors=len(tensors),
+        path=str(path), format="timm" if src.timm_with_config else src.format, source_name=own,
+        pretraining=src.pretraining, tensors=len(tensors),
         values=int(sum(getattr(t, "numel", lambda: t.size)() for t in tensors)),
         dtypes=sorted({str(getattr(t, "dtype", "?")).replace("torch.", "") for t in tensors}))
     try:
