@@ -653,3 +653,21 @@ def test_a_non_square_centre_crop_model_written_for_transformers_says_its_pixels
         warnings.simplefilter("error", ExportWarning)  # squash and square models are written exactly
         vitkit.export_weights(tiny(img_size=(32, 48), crop_mode="squash"), tmp_path / "squash", "hf")
         vitkit.export_weights(tiny(), tmp_path / "square", "hf")
+
+
+def test_a_headless_vit_written_for_transformers_says_its_pooler_is_random(tmp_path):
+    """transformers' ViTModel adds a pooler (dense + tanh) that a headless ViT without a pre-logits layer
+    does not fill: transformers initialises it at random, so its pooler_output means nothing (it was unsaid);
+    the class token of its last_hidden_state is vitkit's output, as the note says."""
+    transformers = pytest.importorskip("transformers")
+    model = randomize(tiny(num_classes=0)).eval()
+    with pytest.warns(ExportWarning, match=r"ViTModel adds a pooler .* last_hidden_state\[:, 0\]"):
+        vitkit.export_weights(model, tmp_path / "hf", "hf")
+    hf = transformers.ViTModel.from_pretrained(tmp_path / "hf", add_pooling_layer=False).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert max_diff(hf(pixel_values=x).last_hidden_state[:, 0], model(x)) < 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # with the paper's pre-logits layer the pooler is filled
+        vitkit.export_weights(tiny(num_classes=0, representation_size=tiny().config.embed_dim), tmp_path / "pl",
+                              "hf")

@@ -138,6 +138,7 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     else:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
                                  hf_format.preprocessor_to_hf(model.config))
+        _pooler_note(model.config, path)
     h, w = model.config.img_size
     if h != w and getattr(model.config, "crop_mode", "center") == "center":
         warnings.warn(f"{path}: Hugging Face's image processors resize the shorter side and then crop, where vitkit "
@@ -149,6 +150,19 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         write_json(into / "config.json", config)
         write_json(into / "preprocessor_config.json", processor)
     return path
+
+
+def _pooler_note(config, path: Path) -> None:
+    """transformers' ViTModel and DeiTModel add a pooler (dense + tanh) by default: without the paper's
+    pre-logits layer to fill it, transformers initialises it at random (its MISSING report) and its
+    ``pooler_output`` means nothing, where vitkit's output is the normalised class token."""
+    kind = hf_format.model_type_of(config)
+    if config.num_classes == 0 and not config.representation_size and kind in ("vit", "deit"):
+        cls = "ViTModel" if kind == "vit" else "DeiTModel"
+        warnings.warn(f"{path}: transformers' {cls} adds a pooler (a dense layer and tanh) this model does not "
+                      f"have, initialised at random there: its pooler_output means nothing; what vitkit outputs is "
+                      f"last_hidden_state[:, 0] (or load with {cls}.from_pretrained(..., add_pooling_layer=False))",
+                      ExportWarning, stacklevel=4)
 
 
 def _later_vit(config) -> bool:
