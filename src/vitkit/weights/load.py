@@ -61,6 +61,8 @@ class Source:
     open_clip_config: Optional[Dict[str, Any]] = None
     #: a timm state dict carrying vitkit's config in its metadata (vitkit's --to timm .safetensors): read as vitkit's
     timm_with_config: bool = False
+    #: an open_clip tower that timm builds (``visual.trunk.*``), read as the timm state dict it holds
+    open_clip_trunk: bool = False
 
 
 def detect_format(keys) -> str:
@@ -163,12 +165,17 @@ def read_source(path: PathLike) -> Source:
         src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
+        if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
+            src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)
         if src.config_json and src.config_json.get("format") == "vitkit":
             src.format = "vitkit"
         src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
         return src
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
-    src = Source(tensors, detect_format(tensors.keys()), path=path)
+    trunk = open_clip_format.is_timm_tower(tensors)
+    if trunk:  # timm's model under open_clip's names: read as timm's state dict
+        tensors = open_clip_format.timm_tower(tensors)
+    src = Source(tensors, detect_format(tensors.keys()), path=path, open_clip_trunk=trunk)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
     # a training checkpoint names its model: read as the hub config it stands for (a name from DeiT's
     # registry that timm lacks, such as DeiT III's deit_base_patch16_LS: the tensors say, as before)

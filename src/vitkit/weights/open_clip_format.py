@@ -13,6 +13,11 @@ preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights
 says so (``gelu='quick'`` for OpenAI's). Heads are width / ``head_width`` (64, or 80-112 for the
 widths of ViT-H/g/bigG/e, as open_clip's configs set it).
 Only the class-token readout without an attention pool is read (CoCa's pools are refused by name).
+
+The towers open_clip has timm build (SigLIP and SigLIP 2, EVA-02, Perception Encoder: ``timm_model_name`` in
+``vision_cfg``) hold timm's model under ``visual.trunk.`` and a linear projection beside it
+(``visual.head.proj``, where ``timm_proj='linear'``): read as the timm state dict and hub config they stand for
+(:func:`timm_tower`, :func:`timm_tower_config`).
 """
 
 from __future__ import annotations
@@ -68,16 +73,81 @@ TEXT_PARTS = ("transformer.", "token_embedding.", "ln_final.", "text.", "text_pr
               "logit_scale", "logit_bias", "attn_mask")
 
 
-def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped; tensors of
-    another layout beside the tower (a file mixing two models) are refused by name, never dropped unsaid."""
+def _tower_tensors(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """The image tower's tensors (``visual.*``): the text tower and the logit scale are dropped; tensors of
+    another layout beside them (a file mixing two models) are refused by name, never dropped unsaid."""
     other = sorted(k for k in sd if not k.startswith(("visual.", *TEXT_PARTS)))
     if other:
         raise WeightsError(f"the file holds open_clip's image tower (visual.*) and tensors of another layout "
                            f"({', '.join(other[:4])}{' ...' if len(other) > 4 else ''}): a checkpoint that mixes "
                            f"two models is not read; save each on its own")
-    tower = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in sd.items()
-             if k.startswith("visual.")}  # not the text tower and the logit scale
+    return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in sd.items()
+            if k.startswith("visual.")}
+
+
+#: open_clip's towers that timm builds (SigLIP and SigLIP 2, EVA-02 CLIP, ...): timm's model under this prefix,
+#: a linear projection (``timm_proj='linear'``) beside it as ``visual.head.proj``
+TRUNK = "visual.trunk."
+
+
+def is_timm_tower(keys) -> bool:
+    return any(k.startswith(TRUNK) for k in keys)
+
+
+def timm_tower(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """timm's state dict of an open_clip tower built by timm: the trunk's tensors, and its linear projection as
+    the head (no bias where open_clip's has none). An MLP projection or an attention pool beside it is refused."""
+    tower = _tower_tensors(sd)
+    out = {k[len(TRUNK):]: v for k, v in tower.items() if k.startswith(TRUNK)}
+    head = {k: v for k, v in tower.items() if not k.startswith(TRUNK)}
+    proj, bias = head.pop("visual.head.proj.weight", None), head.pop("visual.head.proj.bias", None)
+    if head:
+        names = ", ".join(sorted(head)[:3])
+        raise WeightsError(f"an open_clip tower whose timm trunk has another head beside it ({names}: an MLP "
+                           f"projection or an attention pool) is not one vitkit reads")
+    if proj is not None:
+        if "head.weight" in out:
+            raise WeightsError("an open_clip tower with both a timm head and a projection (visual.head.proj) is not "
+                               "one open_clip builds")
+        out["head.weight"], out["head.bias"] = proj, bias if bias is not None else proj.new_zeros(proj.shape[0])
+    return out
+
+
+def timm_tower_config(open_clip_config: Optional[Mapping[str, Any]], sd: Mapping[str, Any]
+                      ) -> Optional[Dict[str, Any]]:
+    """The timm hub ``config.json`` a timm-built tower's ``open_clip_config.json`` stands for (None: it names no
+    timm model): the architecture, its pooling (``timm_pool``), the projection's width as the classes and
+    open_clip's preprocessing (its transform resizes and crops to the whole input: crop 1.0)."""
+    model_cfg = (open_clip_config or {}).get("model_cfg", {})
+    vision = model_cfg.get("vision_cfg", {}) if isinstance(model_cfg, Mapping) else {}
+    name = vision.get("timm_model_name") if isinstance(vision, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return None
+    pool, proj = vision.get("timm_pool", "avg"), vision.get("timm_proj", "linear")
+    if proj == "mlp" or pool in ("abs_attn", "rot_attn"):
+        raise WeightsError(f"an open_clip tower of {name} with timm_pool={pool!r}, timm_proj={proj!r} (a head "
+                           f"beside timm's model) is not one vitkit reads")
+    head = sd.get("head.weight")
+    pre = (open_clip_config or {}).get("preprocess_cfg", {})
+    pre = pre if isinstance(pre, Mapping) else {}
+    size = vision.get("image_size")
+    pretrained = {"mean": list(_numbers("mean", pre.get("mean", CLIP_MEAN))),
+                  "std": list(_numbers("std", pre.get("std", CLIP_STD))),
+                  "interpolation": pre.get("interpolation", "bicubic"), "crop_pct": 1.0,
+                  "crop_mode": RESIZE_MODES.get(_resize_mode(open_clip_config), "center")}
+    if isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 2):
+        pretrained["input_size"] = [3, *((size, size) if isinstance(size, int) else size)]
+    args: Dict[str, Any] = {"global_pool": pool} if pool else {}
+    if pool and proj == "linear":  # timm's model built at its own pooling, then pooled another way: its norms stay
+        args["fc_norm"] = "fc_norm.weight" in sd
+    return {"architecture": name, "num_classes": int(head.shape[0]) if head is not None else 0,
+            "model_args": args, "pretrained_cfg": pretrained}
+
+
+def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped; tensors of
+    another layout beside the tower (a file mixing two models) are refused by name, never dropped unsaid."""
+    tower = _tower_tensors(sd)
     cls, pos, proj = (tower.pop(f"visual.{k}", None) for k in ("class_embedding", "positional_embedding", "proj"))
     out = rename(tower, _RULES)
     if cls is not None:
@@ -160,4 +230,5 @@ def _numbers(key: str, value: Any) -> tuple:
     return numbers
 
 
-__all__ = ["is_open_clip", "to_native", "infer_config", "WEIGHT_FILES", "CONFIG_FILE", "HEAD_WIDTH"]
+__all__ = ["is_open_clip", "is_timm_tower", "timm_tower", "timm_tower_config", "to_native", "infer_config",
+           "WEIGHT_FILES", "CONFIG_FILE", "HEAD_WIDTH"]

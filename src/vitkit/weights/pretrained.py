@@ -221,6 +221,8 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         own = f"{own} (saved by transformers' {', '.join(cj.get('architectures') or ['TimmWrapperModel'])})"
     if src.format == "open_clip":
         own = "open_clip image tower" + (" (open_clip_config.json)" if src.open_clip_config else "")
+    if src.open_clip_trunk:
+        own = f"open_clip image tower built by timm: {own or 'no open_clip_config.json'}"
     if src.timm_with_config:  # what timm reads; vitkit reads the config beside it
         own = "vitkit's config in its metadata"
     tensors = list(src.tensors.values())
