@@ -233,3 +233,25 @@ def test_a_timm_tower_with_an_mlp_projection_is_refused_by_name(tmp_path):
                                image_size=224))
     with pytest.raises(WeightsError, match=r"another head beside it \(visual.head.mlp.*MLP projection"):
         vitkit.from_pretrained(tmp_path)
+
+
+def test_an_open_clip_repository_loads_from_the_hub(tmp_path, monkeypatch):
+    """timm/ViT-B-16-SigLIP and the other open_clip repositories hold open_clip_config.json and open_clip's weights,
+    no config.json: 'hf-hub:' refused them ("has no config.json"). Fetched: the config and one weight file."""
+    import sys
+    import types
+
+    from conftest import fake_snapshot_download
+
+    remote = tmp_path / "remote"
+    ref = _timm_tower(remote, dict(TIMM_TOWERS["map-none"], image_size=224))
+    (remote / "open_clip_pytorch_model.bin").write_bytes(b"not fetched")  # beside the safetensors file, as there
+    calls = []
+    fake = fake_snapshot_download(remote, calls)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=fake))
+    ours = vitkit.from_pretrained("hf-hub:timm/tiny-siglip").eval()
+    assert calls[-1][1] == ("open_clip_config.json", "open_clip_model.safetensors")
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())

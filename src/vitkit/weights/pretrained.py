@@ -81,7 +81,8 @@ def _hub_kind(e: BaseException) -> Tuple[str, Optional[int]]:
 
 def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
     """Fetch ``config.json`` (and ``preprocessor_config.json``) and one weight file of
-    ``org/name[@revision]`` into the Hugging Face cache; return their folder."""
+    ``org/name[@revision]`` into the Hugging Face cache (an open_clip repository: its
+    ``open_clip_config.json`` and weights); return their folder."""
     repo, _, revision = spec.partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise WeightsError(f"hub id {spec!r} should look like 'org/name' or 'org/name@revision'")
@@ -100,10 +101,19 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
         if not (folder / _HUB_SHARDS["model.safetensors"][0]).is_file():
             folder = fetch(_HUB_WEIGHT_FILES[1:] + _HUB_SHARDS["pytorch_model.bin"])
     at = f"{repo}@{revision}" if revision else repo
-    if not (folder / "config.json").is_file():
-        raise WeightsError(f"{at!r} has no config.json: not a model repository from_pretrained() can read "
-                           f"(download its weights and pass the file)")
     indexes = tuple(files[0] for files in _HUB_SHARDS.values())
+    if not (folder / "config.json").is_file() and not any((folder / n).is_file() for n in _HUB_WEIGHT_FILES + indexes):
+        # an open_clip repository (timm/ViT-B-16-SigLIP, ...): its config and one of its weight files
+        folder = fetch((open_clip_format.CONFIG_FILE, open_clip_format.WEIGHT_FILES[0]))
+        if not (folder / open_clip_format.WEIGHT_FILES[0]).is_file():
+            folder = fetch(open_clip_format.WEIGHT_FILES[1:])
+        if (folder / open_clip_format.CONFIG_FILE).is_file() and any(
+                (folder / n).is_file() for n in open_clip_format.WEIGHT_FILES):
+            return folder
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{at!r} has no config.json (nor open_clip's {open_clip_format.CONFIG_FILE} and weights): "
+                           f"not a model repository from_pretrained() can read (download its weights and pass the "
+                           f"file)")
     if not any((folder / name).is_file() for name in _HUB_WEIGHT_FILES + indexes):
         raise WeightsError(f"{at!r} has none of {', '.join(_HUB_WEIGHT_FILES)} (nor a shard index)")
     return folder
