@@ -271,6 +271,9 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
         ("convert", w, str(tmp_path / "x.pth"), "--to", "timm", "--quantize", "int8"): "applies to --to onnx and",
         ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--scan"): "--scan applies to --to big_vision",
         ("convert", w, str(tmp_path / "x.bin"), "--to", "onnx"): "must end in .onnx",
+        # said before the source is read (it was, after the model was loaded): a missing SRC is not the error
+        ("convert", str(tmp_path / "absent"), str(tmp_path / "x"), "--to", "timm"): "must end in .safetensors or",
+        ("convert", str(tmp_path / "absent"), str(tmp_path / "x.pth"), "--to", "npz"): "must end in .npz, not",
         ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--opset", "9"): "opset must be",
         ("convert", w, str(tmp_path / "x.onnx"), "--to", "onnx", "--quantize", "int8-static"):
             "name no built-in dataset",

@@ -30,6 +30,11 @@ FOLDER_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", 
 _FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json")
 
 
+#: the file names each file layout's writer takes (its own check, made again by check_destination before the work)
+FILE_SUFFIXES = {"timm": (".safetensors", ".pth", ".pt", ".bin"), "npz": (".npz",), "big_vision": (".npz",),
+                 "mae": (".pth", ".pt"), "onnx": (".onnx",)}
+
+
 def check_destination(src: str, dst: str, to: str) -> None:
     """``dst`` can be written as ``to`` writes it (a folder for vitkit/hf, a file otherwise; an
     OpenVINO IR's ``.xml`` with its ``.bin``) and would not overwrite a file ``src`` is read from
@@ -43,6 +48,8 @@ def check_destination(src: str, dst: str, to: str) -> None:
     if to == "openvino" and Path(dst).suffix.lower() != ".xml":
         raise ValueError(f"--to openvino writes an IR: DST must end in .xml (its weights go beside it as .bin), "
                          f"not {dst}")
+    if to in FILE_SUFFIXES and Path(dst).suffix not in FILE_SUFFIXES[to]:  # said before the model is read
+        raise ValueError(f"--to {to} writes a file: DST must end in {' or '.join(FILE_SUFFIXES[to])}, not {dst}")
     check_output(dst, "folder" if folder else "file", "DST")
     if to == "openvino":
         check_output(str(Path(dst).with_suffix(".bin")), "file", "DST's weights")
