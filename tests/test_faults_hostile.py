@@ -458,6 +458,9 @@ def test_outputs_are_checked_before_the_work_starts(capsys, model_dir, image, tm
     (tmp_path / "dir.pth").mkdir()
     line = one_line(in_process(capsys, "convert", model_dir, tmp_path / "dir.pth", "--to", "timm"))
     assert "is a folder, not a file name" in line, line
+    (tmp_path / "link.pth").symlink_to(tmp_path / "nowhere" / "w.pth")  # was "not a regular file (a FIFO ...)"
+    line = one_line(in_process(capsys, "convert", model_dir, tmp_path / "link.pth", "--to", "timm"))
+    assert f"is a symbolic link to {tmp_path / 'nowhere' / 'w.pth'}, which does not exist" in line, line
     line = one_line(in_process(capsys, "inspect", "--weights", model_dir, "--out", tmp_path / "o", "--image", image))
     assert "--out" in line and "is a file" in line, line
     line = one_line(in_process(capsys, "push", model_dir, "org/name", "--dry-run", tmp_path / "o"))

@@ -273,6 +273,9 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
     path = Path(path)
     if kind not in ("file", "folder"):
         raise ValueError(f"kind must be file or folder, not {kind!r}")
+    if path.is_symlink() and not path.exists():  # (it was said to be "not a regular file (a FIFO, a device?)")
+        raise ValueError(f"{what} {path} is a symbolic link to {os.readlink(path)}, which does not exist: give "
+                         f"the path to write itself, or remove the link")
     if path.exists() or path.is_symlink():
         if kind == "folder" and not path.is_dir():
             raise ValueError(f"{what} {path} is a file, not a folder: give a folder to write into")
@@ -288,6 +291,7 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {ancestor}")
     return path
+
 
 def write_json(path: PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
