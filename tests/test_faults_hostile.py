@@ -849,3 +849,16 @@ def test_a_mask_block_that_cannot_honour_the_ratio_is_refused(tmp_path):
                         "--no-progress"))
     assert "mask_block 28 px is the whole image" in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_error_names_the_file_meant_not_its_temporary(tmp_path):
+    """An I/O error while writing (a failing disk, a network file system gone) named
+    '.model.safetensors.k3j9x.tmp', a file the user never asked for and that is gone by then; it names
+    model.safetensors, and no temporary is left."""
+    import errno
+
+    with pytest.raises(OSError, match=r"Input/output error: '.*model\.safetensors'$") as e:
+        with atomic_path(tmp_path / "model.safetensors") as tmp:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(tmp))
+    assert e.value.errno == errno.EIO and e.value.filename == str(tmp_path / "model.safetensors")
+    assert list(tmp_path.iterdir()) == []

@@ -110,6 +110,8 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
                 os.unlink(tmp)
         if full:
             raise DiskFull(path) from e
+        if isinstance(e, OSError) and e.filename == tmp and e.errno is not None:  # the file meant, not its temporary
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     finally:
         if fd is not None:
