@@ -105,6 +105,30 @@ def test_open_clip_attention_pool_tower_is_refused(tmp_path):
         vitkit.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("readout", [dict(no_ln_pre=True, pool_type="avg", final_ln_after_pool=True),
+                                     dict(pool_type="avg"), dict(final_ln_after_pool=True)])
+def test_clipa_towers_and_the_other_readouts_load_with_parity(readout, tmp_path, images):
+    """CLIPA's towers (ViT-H-14-CLIPA, ViT-bigG-14-CLIPA: no ln_pre, the patch tokens' mean, ln_post after it)
+    were refused ("another readout than the class token"; a bare file: "missing norm_pre"). The folder reads as
+    its vision_cfg pools; a bare file without ln_pre as CLIPA's, said."""
+    ref = _tower(tmp_path, "ViT-B-32", layers=1, **readout)
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+        if readout.get("no_ln_pre"):
+            with pytest.warns(GuessWarning, match="a tower without ln_pre was read as CLIPA's"):
+                bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="exact")
+            assert max_diff(a, bare(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_a_tower_of_tokens_without_a_pooled_output_is_refused(tmp_path):
+    _tower(tmp_path, "ViT-B-32", layers=1, pool_type="none")
+    with pytest.raises(WeightsError, match="pool_type 'none'"):
+        vitkit.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize("resize_mode, interpolation", [("shortest", "bicubic"), ("squash", "bicubic"),
                                                         ("squash", "bilinear")])
 def test_the_folder_preprocesses_as_open_clips_transform(resize_mode, interpolation, tmp_path):

@@ -205,7 +205,7 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         sd = hf_towers.to_native(tensors, src.config_json)
         facts["grid"] = hf_towers.config_from_hf(src.config_json, tensors).grid_size
     elif src.format == "open_clip":
-        sd = open_clip_format.to_native(tensors)
+        sd = open_clip_format.to_native(tensors, src.open_clip_config)
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})

@@ -12,7 +12,8 @@ GELU. A hub folder's ``open_clip_config.json`` says which (``model_cfg.quick_gel
 preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights.pretrained.GuessWarning`
 says so (``gelu='quick'`` for OpenAI's). Heads are width / ``head_width`` (64, or 80-112 for the
 widths of ViT-H/g/bigG/e, as open_clip's configs set it).
-Only the class-token readout without an attention pool is read (CoCa's pools are refused by name).
+The readout is the class token, or the patch tokens' mean (``pool_type='avg'``) with ``ln_post`` before or after
+it (``final_ln_after_pool``; CLIPA's towers, which have no ``ln_pre``); CoCa's attention pools are refused by name.
 
 The towers open_clip has timm build (SigLIP and SigLIP 2, EVA-02, Perception Encoder: ``timm_model_name`` in
 ``vision_cfg``) hold timm's model under ``visual.trunk.`` and a linear projection beside it
@@ -23,7 +24,7 @@ The towers open_clip has timm build (SigLIP and SigLIP 2, EVA-02, Perception Enc
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -51,7 +52,6 @@ CONFIG_FILE = "open_clip_config.json"
 _RULES = [
     (r"visual\.conv1\.weight", "patch_embed.proj.weight"),
     (r"visual\.ln_pre\.(weight|bias)", r"norm_pre.\1"),
-    (r"visual\.ln_post\.(weight|bias)", r"norm.\1"),
     (r"visual\.transformer\.resblocks\.(\d+)\.ln_(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
     (r"visual\.transformer\.resblocks\.(\d+)\.attn\.in_proj_weight", r"blocks.\1.attn.qkv.weight"),
     (r"visual\.transformer\.resblocks\.(\d+)\.attn\.in_proj_bias", r"blocks.\1.attn.qkv.bias"),
@@ -118,9 +118,8 @@ def timm_tower_config(open_clip_config: Optional[Mapping[str, Any]], sd: Mapping
     """The timm hub ``config.json`` a timm-built tower's ``open_clip_config.json`` stands for (None: it names no
     timm model): the architecture, its pooling (``timm_pool``), the projection's width as the classes and
     open_clip's preprocessing (its transform resizes and crops to the whole input: crop 1.0)."""
-    model_cfg = (open_clip_config or {}).get("model_cfg", {})
-    vision = model_cfg.get("vision_cfg", {}) if isinstance(model_cfg, Mapping) else {}
-    name = vision.get("timm_model_name") if isinstance(vision, Mapping) else None
+    vision = _vision_cfg(open_clip_config) or {}
+    name = vision.get("timm_model_name")
     if not isinstance(name, str) or not name:
         return None
     pool, proj = vision.get("timm_pool", "avg"), vision.get("timm_proj", "linear")
@@ -144,12 +143,40 @@ def timm_tower_config(open_clip_config: Optional[Mapping[str, Any]], sd: Mapping
             "model_args": args, "pretrained_cfg": pretrained}
 
 
-def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """open_clip names -> vitkit's; the text tower is dropped, anything else of ``visual.`` unmapped; tensors of
-    another layout beside the tower (a file mixing two models) are refused by name, never dropped unsaid."""
+def readout(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None) -> Tuple[str, Optional[bool]]:
+    """(global_pool, fc_norm) of a tower: its vision_cfg's ``pool_type`` and ``final_ln_after_pool`` (ln_post
+    after the pooling), or for a bare file the class token, but CLIPA's patch mean normalised after it where
+    ``ln_pre`` is missing (only CLIPA's configs leave it out, and all of them pool so)."""
+    vision = _vision_cfg(open_clip_config)
+    if vision is not None:
+        pool, after = vision.get("pool_type", "tok"), bool(vision.get("final_ln_after_pool", False))
+    elif "visual.ln_pre.weight" not in sd:
+        pool, after = "avg", True
+    else:
+        pool, after = "tok", False
+    if pool not in ("tok", "avg"):
+        raise WeightsError(f"an open_clip tower with pool_type {pool!r} (its tokens, no pooled output) is not one "
+                           f"vitkit reads")
+    return ("avg", after) if pool == "avg" else ("token", None)  # ln_post after a class token's pick is the same
+
+
+def _vision_cfg(open_clip_config: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    model_cfg = (open_clip_config or {}).get("model_cfg")
+    vision = model_cfg.get("vision_cfg") if isinstance(model_cfg, Mapping) else None
+    return vision if isinstance(vision, Mapping) else None
+
+
+def to_native(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None) -> Dict[str, torch.Tensor]:
+    """open_clip names -> vitkit's (``ln_post`` where :func:`readout` places it); the text tower is dropped,
+    anything else of ``visual.`` unmapped; tensors of another layout beside the tower (a file mixing two models)
+    are refused by name, never dropped unsaid."""
     tower = _tower_tensors(sd)
+    after = readout(tower, open_clip_config)[1]
     cls, pos, proj = (tower.pop(f"visual.{k}", None) for k in ("class_embedding", "positional_embedding", "proj"))
+    post = {part: tower.pop(f"visual.ln_post.{part}") for part in ("weight", "bias")
+            if f"visual.ln_post.{part}" in tower}
     out = rename(tower, _RULES)
+    out.update({f"{'fc_norm' if after else 'norm'}.{part}": v for part, v in post.items()})
     if cls is not None:
         out["cls_token"] = cls.reshape(1, 1, -1)
     if pos is not None:
@@ -185,14 +212,15 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         raise WeightsError(f"open_clip positional_embedding of {patches} patch slots is not a square grid; "
                            f"pass img_size=")
     model_cfg = (open_clip_config or {}).get("model_cfg", {})
-    vision = model_cfg.get("vision_cfg", {}) if isinstance(model_cfg, Mapping) else {}
-    if vision.get("attentional_pool") or vision.get("pool_type", "tok") != "tok" or vision.get("final_ln_after_pool"):
-        raise WeightsError("open_clip vision_cfg with another readout than the class token (attentional_pool, "
-                           "pool_type, final_ln_after_pool) is not one vitkit reads")
+    vision = _vision_cfg(open_clip_config) or {}
+    if vision.get("attentional_pool"):
+        raise WeightsError("an open_clip vision_cfg with an attentional_pool (CoCa) is not one vitkit reads")
+    pool, after = readout(sd, open_clip_config)
     kw: Dict[str, Any] = dict(
         img_size=(side * ph, side * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
-        num_heads=max(1, width // int(vision.get("head_width", head_width(width)))),
-        mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]), pre_norm=True, norm_eps=1e-5,
+        num_heads=max(1, width // int(vision.get("head_width", head_width(width)))), global_pool=pool, fc_norm=after,
+        mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]),
+        pre_norm="visual.ln_pre.weight" in sd, patch_bias=False, norm_eps=1e-5,
         init_values=1.0 if "visual.transformer.resblocks.0.ls_1.gamma" in sd else None,
         num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0,
         gelu="quick" if model_cfg.get("quick_gelu") else "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)

@@ -365,6 +365,10 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
             said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
                         f"{config.embed_dim} / 64, open_clip's default head width); a tower trained with another "
                         f"needs num_heads= (or the folder with open_clip_config.json)")
+        if src.open_clip_config is None and config.global_pool == "avg":
+            said.append("its readout is not stored: a tower without ln_pre was read as CLIPA's (the patch tokens' "
+                        "mean, ln_post after it; every open_clip config without ln_pre pools so; or the folder with "
+                        "open_clip_config.json)")
         mode = open_clip_format.unread_resize_mode(src.open_clip_config)
         if mode and "crop_mode" not in overrides:
             said.append(f"its preprocess_cfg resize_mode {mode!r} is not one vitkit does ('shortest', 'squash'; "
