@@ -148,6 +148,32 @@ def test_a_label_outside_the_classes_is_skipped_by_name(hf_data):
     assert len(data) == 300 and data.skipped == [("hf:x/test#300", "label -1 is outside the 3 classes (0-2)")]
 
 
+def test_a_split_naming_its_classes_in_another_order_is_read_by_name(hf_data):
+    """A test split whose ClassLabel lists the training split's names in another order: its label numbers were
+    taken as the training split's (train --dataset hf: scored 1% where the weights score 35%; fewshot too).
+    Each label now means its name, in a map-style split and a stream; a name the training split lacks is
+    refused; a missing label (a None, read as NaN) is a skipped row, not "cannot convert float NaN"."""
+    from vitkit.data.hf import HFImages, HFStream, load
+
+    test = load(f"hf:{hf_data[0]}")["test"]
+    images, labels = test["image"][:6], test["label"][:6]
+    reversed_names = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES[::-1])})
+    flipped = datasets.Dataset.from_dict({"image": images, "label": [2 - y for y in labels]}, features=reversed_names)
+    assert HFImages(flipped, "hf:x", "test", "image", "label", NAMES).targets == labels
+    stream = HFStream(flipped.to_iterable_dataset(), "hf:x", "test", "image", "label", NAMES)
+    assert [y for _, y in stream] == labels
+    other = datasets.Features({"image": datasets.Image(),
+                               "label": datasets.ClassLabel(names=["tshirt", "coat", "bag"])})
+    with pytest.raises(ValueError, match=r"hf:x split 'test': its label column names classes the training split "
+                                         r"does not have \('coat'\)"):
+        HFImages(datasets.Dataset.from_dict({"image": images, "label": labels}, features=other), "hf:x", "test",
+                 "image", "label", NAMES)
+    plain = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    holes = datasets.Dataset.from_dict({"image": images[:3], "label": [0, None, 1]}, features=plain)
+    data = HFImages(holes, "hf:x", "test", "image", "label", NAMES)
+    assert data.targets == [0, 1] and data.skipped == [("hf:x/test#1", "no label")]
+
+
 # ------------------------------------------------------------------------------------ training
 
 @pytest.mark.slow

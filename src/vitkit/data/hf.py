@@ -38,7 +38,7 @@ from ..extras import require
 from ..models.config_base import MAX_CLASSES
 from ..utils import seed_for
 from .datasets import HF_PREFIX as PREFIX
-from .datasets import is_hf
+from .datasets import class_difference, is_hf
 from .folder import SampleList
 from .images import BadImageError, Skipped, decode_image
 from .streams import RankedReader, repeat_passes
@@ -193,7 +193,7 @@ def pick_split(splits: Any, name: str, split: Optional[str], role: str) -> str:
     wanted = ("train",) if role == "train" else TEST_SPLITS
     found = next((s for s in wanted if s in have), None)
     if found is None:
-        flag = "--hf-split" if role == "train" else "--hf-test-split"
+        flag = "--hf-split" if role == "train" else "--hf-test-split (vitkit eval and fewshot: --hf-split)"
         raise ValueError(f"{name} has no {' or '.join(wanted)} split for {role}; its splits: {', '.join(have)}: "
                          f"name one with {flag}")
     return found
@@ -291,6 +291,31 @@ def _label_problem(label: Any, num_classes: int) -> Optional[str]:
     return None
 
 
+def label_order(split: Any, label_key: Optional[str], classes: Optional[Sequence[str]], where: str
+                ) -> Optional[List[int]]:
+    """Where a split's ClassLabel names the classes in another order than ``classes`` (the training split's):
+    the index in ``classes`` of each of its label numbers, so that a label means its name (None: the same order,
+    or no names to compare). A name ``classes`` lacks is refused: its rows would be scored as another class."""
+    features = getattr(split, "features", None) or {}
+    feature = features.get(label_key) if label_key else None
+    names = getattr(feature, "names", None) if isinstance(feature, _datasets().ClassLabel) else None
+    if not names or not classes or list(names) == list(classes):
+        return None
+    unknown = [n for n in names if n not in classes]
+    if unknown:
+        raise ValueError(f"{where}: its label column names classes the training split does not have "
+                         f"({', '.join(map(repr, unknown[:3]))}{' ...' if len(unknown) > 3 else ''}): "
+                         f"{class_difference(list(classes), list(names), ('the training split', 'this one'))}")
+    return [list(classes).index(n) for n in names]
+
+
+def _reordered(label: Any, order: Optional[List[int]]) -> Any:
+    """A label number of a split read in the training split's order (one outside its names stays outside)."""
+    if order is None or label is None or not 0 <= int(label) < len(order):
+        return label if order is None or label is None else -1 - abs(int(label))
+    return order[int(label)]
+
+
 # ---------------------------------------------------------------------------------- map-style
 
 class HFImages(SampleList):
@@ -319,7 +344,8 @@ class HFImages(SampleList):
         else:
             self._rows = _raw_images(split.select_columns([image_key, label_key]), image_key)
             labels = split.select_columns([label_key]).with_format("numpy")[label_key]
-            labels = [None if v is None else int(v) for v in labels]
+            order = label_order(split, label_key, classes, f"{name} split {split_name!r}")
+            labels = [None if v is None or v != v else _reordered(int(v), order) for v in labels]  # NaN: a None
         if classes is None:  # integer labels without names: their numbers name them
             top = max((v for v in labels if v is not None), default=-1)
             if top + 1 > MAX_CLASSES:  # bounded before two billion names are made
@@ -391,6 +417,7 @@ class HFStream(RankedReader, IterableDataset):
         self.transform, self.channels, self.seed = transform, channels, seed
         self.shuffle_buffer, self.strict = shuffle_buffer, strict
         self._split = _raw_images(split.select_columns([image_key, label_key]), image_key)
+        self._order = label_order(split, label_key, classes, f"{name} split {split_name!r}")
         self._epoch_length = epoch_length
         self._num_rows = num_rows
         self._rank, self._world_size = rank, world_size
@@ -444,7 +471,8 @@ class HFStream(RankedReader, IterableDataset):
 
     def _sample(self, position: int, row: Dict[str, Any]) -> Union[Tuple[Any, int], Skipped]:
         name = f"{self.name}/{self.split_name}@epoch{self.epoch}:{self.rank}.{position}"
-        problem = _label_problem(row.get(self.label_key), len(self.classes))
+        label = _reordered(row.get(self.label_key), self._order)
+        problem = _label_problem(label, len(self.classes))
         try:
             if problem is not None:
                 raise BadImageError(name, problem)
@@ -454,7 +482,7 @@ class HFStream(RankedReader, IterableDataset):
                 raise
             logger.warning("skipping %s: %s", name, e.reason)
             return Skipped(name, e.reason)
-        return (self.transform(im) if self.transform is not None else im), int(row[self.label_key])
+        return (self.transform(im) if self.transform is not None else im), int(label)
 
 
 @contextlib.contextmanager
