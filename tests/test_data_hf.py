@@ -262,6 +262,15 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
                 "--no-progress", "--max-images", "50"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["count"] == 50 and first["split_images"] == 300
+    index = json.loads((tmp_path / "s" / "test" / "meta.json").read_text())  # out of date: one shard rewritten
+    stale = dict(index, shards={**index["shards"], sorted(index["shards"])[0]: 60}, num_samples=290)
+    (tmp_path / "s" / "test" / "meta.json").write_text(json.dumps(stale))
+    assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"), "--json",
+                "--no-progress"]) == 0  # it scored the first 290 samples the stream gave, unsaid
+    out = capsys.readouterr()
+    assert json.loads(out.out.strip().splitlines()[-1])["top1"] == ours["top1"]
+    assert "meta.json) counts 290 samples, its shards hold 300: every one was scored" in out.err, out.err
+    (tmp_path / "s" / "test" / "meta.json").write_text(json.dumps(index))
     for name in ("meta.json", "classes.txt"):  # shards that name no classes: one line, as training says it
         (tmp_path / "s" / "test" / name).unlink()
     assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s")]) == 2

@@ -25,6 +25,10 @@ def test_report_counts_and_confusion(tmp_path):
     assert report.per_class == {"a": pytest.approx(2 / 3), "b": 1.0, "c": 1.0}
     png = plot_confusion(report, tmp_path / "cm.png")
     assert png.stat().st_size > 5_000
+    # a class without images has no score: JSON's null (it was NaN, which a strict JSON reader refuses)
+    absent = classification_report(Oracle(), images[:4], truth[:4], batch_size=4, classes=["a", "b", "c"])
+    assert absent.per_class == {"a": 1.0, "b": 1.0, "c": None}
+    assert json.loads(json.dumps(absent.to_dict(), allow_nan=False))["per_class"]["c"] is None
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

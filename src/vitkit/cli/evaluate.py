@@ -87,7 +87,7 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     if score.skipped:
         print(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
-        print(f"  {name:<16} {100 * acc:6.2f}%")
+        print(f"  {name:<16} {100 * acc:6.2f}%" if acc is not None else f"  {name:<16}    n/a (no images)")
     print(f"confusion matrix: {png} (and eval.json)" if png else "(--out DIR writes confusion_matrix.png and "
           "eval.json there)")
 

@@ -10,6 +10,7 @@ command line uses (the flags are the parameters' names).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -197,8 +198,14 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     wanted = total if max_images is None else min(max_images, total)
     batches = decoded_batches(data if stream or wanted == total else Subset(data, range(wanted)), batch_size, 2,
                               skipped)
-    report = report_over(model, _first(batches, wanted) if stream else batches, data.classes,
+    whole = stream and max_images is None  # every sample the stream gives, whatever its index counted
+    report = report_over(model, _first(batches, wanted) if stream and not whole else batches, data.classes,
                          -(-wanted // batch_size), progress, f"evaluating {dataset} {split_name}", tta)
+    if whole and report.count + len(skipped) != total:  # the first N were scored: samples past a stale count lost
+        read = report.count + len(skipped)
+        warnings.warn(f"{dataset} {split_name}: its index (meta.json) counts {total:,} samples, its shards hold "
+                      f"{read:,}: every one was scored; rewrite the index (write_shards writes it)", stacklevel=2)
+        total = read
     return DatasetScore(report, dataset, split_name, total, skipped)
 
 

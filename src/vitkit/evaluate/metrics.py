@@ -20,7 +20,7 @@ from .tta import check_mode, probabilities
 class ClassificationReport:
     top1: float
     top5: float
-    per_class: Dict[str, float]
+    per_class: Dict[str, Optional[float]]  # None: the class has no images here
     confusion: np.ndarray  # rows: true class, columns: predicted class
     classes: List[str] = field(default_factory=list)
     count: int = 0
@@ -87,7 +87,7 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
         np.add.at(confusion, (y.cpu().numpy(), pred.cpu().numpy()), 1)
     count = int(confusion.sum())
     support = confusion.sum(1)
-    per_class = {c: float(confusion[i, i] / support[i]) if support[i] else float("nan")
+    per_class = {c: float(confusion[i, i] / support[i]) if support[i] else None  # no images: no score (JSON null)
                  for i, c in enumerate(classes)}
     return ClassificationReport(float(np.trace(confusion) / max(count, 1)), top5_hits / max(count, 1),
                                 per_class, confusion, list(classes), count)
