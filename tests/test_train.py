@@ -118,6 +118,21 @@ def test_schedule_warmup_then_cosine_and_linear():
     assert lr_at(50, 100, 1.0, 0, "constant") == 1.0
 
 
+def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
+    """--min-lr 1 with --lr 0.0015 "decayed" the rate up to 0.99 (a run that diverged, exit 0), and a peak below
+    the default floor (--lr 5e-6) rose to 1e-5: the floor is the peak at most; one given above it is refused.
+    --freeze-blocks without --init was recorded and ignored."""
+    from vitkit.train import resolve_config
+
+    assert max(lr_at(s, 100, 5e-6, 0, "cosine", 1e-5) for s in range(100)) == pytest.approx(5e-6)
+    assert lr_at(99, 100, 5e-6, 0, "linear", 1e-5) == pytest.approx(5e-6)
+    with pytest.raises(ValueError, match=r"--min-lr 1.0 is above the peak learning rate .*: the schedule decays"):
+        resolve_config("fmnist", min_lr=1.0)
+    assert resolve_config("fmnist", lr=5e-6).min_lr == 1e-5  # the default floor, not chosen: held at the peak
+    with pytest.raises(ValueError, match=r"freeze_blocks=2 needs --init WEIGHTS"):
+        resolve_config("fmnist", freeze_blocks=2)
+
+
 def test_config_file_and_recipe_precedence(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"lr": 0.5, "batch_size": 64}))
     cfg = resolve_config("paper-finetune", str(tmp_path / "c.json"), batch_size=32)

@@ -273,8 +273,11 @@ class TrainConfig:
                 problems.append(f"{name} must be {_range_words(low, high)}, not {_show(value)}{note}")
         if self.max_steps is None and self.epochs <= 0:
             problems.append(f"epochs must be > 0 (or give max_steps), not {_show(self.epochs)}")
-        if self.finetune != "full" and not self.init:
+        if self.finetune in CHOICES["finetune"] and self.finetune != "full" and not self.init:
             problems.append(f"finetune={self.finetune!r} needs --init WEIGHTS (it trains a part of existing weights)")
+        if self.freeze_blocks and not self.init:
+            problems.append(f"freeze_blocks={self.freeze_blocks} needs --init WEIGHTS (it freezes the first blocks of "
+                            f"existing weights)")
         if not [t for t in self.lora_targets.split(",") if t.strip()]:
             problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
@@ -533,6 +536,14 @@ def _refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> Non
     if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} apply with --finetune lora (this "
                          f"run: --finetune {values.get('finetune') or 'full'})")
+    if chosen.get("min_lr") is not None:  # the schedule's floor is never above its peak (lr_at: min(min_lr, lr))
+        lr = values.get("lr", TrainConfig.lr)
+        if values.get("lr_scale_batch"):
+            lr = lr * values.get("batch_size", TrainConfig.batch_size) / values["lr_scale_batch"]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (values["min_lr"], lr))
+        if numbers and values["min_lr"] > lr:
+            raise ValueError(f"--min-lr {_show(values['min_lr'])} is above the peak learning rate {_show(lr)}: "
+                             f"the schedule decays from lr to min_lr, so it would rise instead")
     if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 
 from ..data import datasets
+from ..data.datasets import class_difference
 from ..data.folder import ImageFolder
 from ..data.pipelines import from_model_config
 from ..data.randaugment import RandAugment
@@ -192,6 +193,10 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
 
     probe = ShardDataset(train_dir, rank=0, world_size=1)
     classes = probe.named_classes()
+    for other in dict.fromkeys((test_dir, val_dir)):  # a label is a class number: the same names, the same order
+        if why := class_difference(classes, ShardDataset(other, rank=0, world_size=1).classes,
+                                   (f"{train_dir.name}/", f"{other.name}/")):
+            raise ValueError(f"the shards of {other} name other classes than those of {train_dir}: {why}")
     mean, std = datasets.FILE_STATS
     # validation: val/ when there is one, else the test split (a stream is not carved): said
     if val_dir == test_dir and cfg.val_size:

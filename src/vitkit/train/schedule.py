@@ -7,7 +7,9 @@ import math
 
 def lr_at(step: int, total: int, base: float, warmup: int, schedule: str = "cosine",
           min_lr: float = 0.0) -> float:
-    """The learning rate for optimiser step ``step`` (0-based) of ``total``."""
+    """The learning rate for optimiser step ``step`` (0-based) of ``total``; it decays towards ``min_lr`` but
+    never rises (a peak below the default floor, ``--lr 5e-6``, is held, not raised to 1e-5)."""
+    min_lr = min(min_lr, base)
     if warmup > 0 and step < warmup:
         return base * (step + 1) / warmup
     if schedule == "constant":
