@@ -190,6 +190,41 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
     assert results["runs"]["learned-7x7-s0"]["test_top1"] == straight["test_top1"]
 
 
+def test_attention_distance_growth_needs_more_than_noise():
+    """Two training steps moved the mean distance 14.2 -> 14.2 px (uniform 14.4) and the study said "attention
+    distance grows with depth: reproduced"; a change within 5% of the uniform distance is none now."""
+    study = get_study("attention-distance")
+
+    def said(first, last):
+        models = {"a": {"label": "ViT", "family": "vit", "uniform_px": 14.4,
+                        "distance_px": [[first - 0.1, first + 0.1], [last - 0.1, last + 0.1]]}}
+        return next(v for v in study.verdicts({"models": models}) if "grows with depth" in v["claim"])["verdict"]
+
+    assert said(14.15, 14.2) == INCONCLUSIVE
+    assert said(8.0, 13.0) == REPRODUCED
+    assert said(13.0, 8.0) == NOT_REPRODUCED
+
+
+def test_a_run_another_study_process_writes_is_never_removed(tmp_path):
+    """The same study started twice at once: the second removed the first's run folder (it had no checkpoint
+    yet, so it looked abandoned) while it trained, and the first died ("No such file ... metrics.jsonl")."""
+    from vitkit.runlock import RunLock, RunLocked
+
+    study = get_study("position-embeddings")
+    options = Options(seeds=(0,), smoke=True, threads=1)
+    arm = study.arms(options)[0]
+    run = tmp_path / f"{arm.key}-s0"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    lock = RunLock(run).acquire()  # as the other process's run holds it
+    try:
+        with pytest.raises(RunLocked, match=r"is being written by process .*another process\? Wait for it"):
+            train_run(arm, 0, options, study, tmp_path)
+        assert (run / "metrics.jsonl").is_file()
+    finally:
+        lock.release()
+
+
 def test_bad_arguments_are_one_line_each(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     cases = [(["study", "imagenet-scaling"], "unknown study 'imagenet-scaling'; the studies: position-embeddings"),
@@ -198,6 +233,8 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
              (["study", "position-embeddings", "--steps", "0"], "--steps must be >= 1"),
              (["study", "position-embeddings", "--threads", "0"], "--threads must be >= 1"),
              (["study", "position-embeddings", "--out", str(tmp_path / "file")], "file"),
+             # --work named as itself (it was said as --out)
+             (["study", "position-embeddings", "--work", str(tmp_path / "file")], "--work"),
              (["study", "attention-distance", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's"),
              (["study", "fewshot-proxy", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's")]
     (tmp_path / "torn").mkdir()
@@ -208,6 +245,10 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
         assert len(err) == 1 and message in err[0] and err[0].startswith("vitkit study: error: "), (args, err)
     assert cli(["study", "list"]) == 0
     assert "position-embeddings" in capsys.readouterr().out
+    for flag in ("--work", "--out"):  # an empty one was the current folder, which the study filled
+        with pytest.raises(SystemExit) as stop:
+            cli(["study", "position-embeddings", flag, ""])
+        assert stop.value.code == 2 and f"argument {flag}: an empty value" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------ docs/paper.md

@@ -19,8 +19,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     study = get_study(args.name)
     options = options_from(args)
-    _, out = default_folders(study, options)
-    check_output(out, "folder", "--out")
+    work, out = default_folders(study, options)
+    check_output(work, "folder", "--work")  # the results go there too unless --out names another folder
+    if args.out is not None:
+        check_output(out, "folder", "--out")
     results = run_study(study, options, say=(lambda line: None) if args.json else
                         (lambda line: print(line, flush=True)))
     if args.json:

@@ -163,6 +163,19 @@ def too_few_seeds(results: Dict[str, Any]) -> bool:
 # ------------------------------------------------------------------------------------ running
 
 
+def discard_unstarted(run: Path) -> None:
+    """Remove a run folder that stopped before its first checkpoint (nothing to keep), unless a process writes it
+    now: the same study run twice at once deleted the first one's live run (which then died) and trained it again."""
+    from ..runlock import RunLocked, holder
+
+    if not run.exists():
+        return
+    if who := holder(run):
+        raise RunLocked(f"{run} is being written by {who}: is this study running in another process? Wait for it "
+                        f"to finish (the study then reuses its runs), or give this one another --work")
+    shutil.rmtree(run)
+
+
 def run_name(arm: Arm, seed: int) -> str:
     return f"{arm.key}-s{seed}"
 
@@ -264,8 +277,7 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         return _read_json(run / "summary.json", "the summary of a finished run")
     if started:
         return run_training(f"resuming {name}", resume=str(run), threads=options.threads)
-    if run.exists():  # stopped before its first checkpoint: nothing to keep
-        shutil.rmtree(run)
+    discard_unstarted(run)
     configs.mkdir(parents=True, exist_ok=True)
     write_json(configs / f"{name}.json", config)
     return run_training(f"run {name}", recipe, str(configs / f"{name}.json"))
@@ -371,8 +383,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", help="a few steps per run, one seed: checks the study end to "
                                                         "end in minutes (its runs go to NAME-smoke)")
     p.add_argument("--steps", type=int, help="optimiser steps of every run instead of the study's budget")
-    p.add_argument("--work", type=Path, help="the runs' folder (default runs/studies/NAME)")
-    p.add_argument("--out", type=Path, help="where NAME.json, NAME.md and NAME.png go (default: the runs' folder)")
+    # text, not Path: the parser refuses an empty value (Path("") was the current folder, which a study filled)
+    p.add_argument("--work", help="the runs' folder (default runs/studies/NAME)")
+    p.add_argument("--out", help="where NAME.json, NAME.md and NAME.png go (default: the runs' folder)")
     p.add_argument("--threads", type=int, help="CPU threads per run (default: every core)")
     p.add_argument("--dataset", help="another dataset for every run (fashion-mnist, cifar10, folder, shards, "
                                      "hf:NAME_OR_DIR; default: the study's, Fashion-MNIST)")
@@ -392,7 +405,8 @@ def options_from(args: argparse.Namespace) -> Options:
         problems.append(f"--threads must be >= 1, not {args.threads}")
     if problems:
         raise ValueError("; ".join(problems))
-    return Options(seeds=tuple(seeds), work=args.work, out=args.out, smoke=args.smoke, steps=args.steps,
+    return Options(seeds=tuple(seeds), work=args.work and Path(args.work), out=args.out and Path(args.out),
+                   smoke=args.smoke, steps=args.steps,
                    threads=args.threads, dataset=args.dataset, data_dir=args.data_dir)
 
 

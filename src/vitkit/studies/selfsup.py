@@ -28,7 +28,6 @@ Result: see docs/paper.md.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -43,6 +42,7 @@ from .base import (
     data_fields,
     default_folders,
     differ,
+    discard_unstarted,
     fewshot_of,
     run_training,
     spread,
@@ -76,8 +76,7 @@ def pretrain_run(objective: str, work: Path, threads: Optional[int] = None, epoc
         return json.loads((run / "summary.json").read_text())
     if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
         return run_training(f"resuming {run.name}", resume=str(run), threads=threads)
-    if run.exists():
-        shutil.rmtree(run)
+    discard_unstarted(run)
     work.mkdir(parents=True, exist_ok=True)
     return run_training(f"pre-training {objective}", f"{objective}-fmnist", threads=threads, objective=objective,
                         runs_dir=str(work), name=run.name, **({"epochs": epochs} if epochs else {}), **(data or {}))
