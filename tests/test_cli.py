@@ -168,6 +168,17 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
                              "error": "not an image Pillow can identify"}
     assert err.strip().splitlines()[-1] == (f"vitkit predict: error: 1 of 4 images have no answer "
                                             f"({tmp_path / 'photos' / 'b2.png'}; each said above)"), err
+    # a dangling link and a FIFO in the folder stopped the whole run ("image not found"): said in their place
+    (tmp_path / "photos" / "b2.png").unlink()
+    (tmp_path / "photos" / "dangling.png").symlink_to(tmp_path / "nowhere.png")
+    os.mkfifo(tmp_path / "photos" / "fifo.png")
+    code, out, err = run(capsys, "predict", "--weights", str(path), str(tmp_path / "photos"), "--json")
+    got = {os.path.basename(g["image"]): g for g in json.loads(out)}
+    assert code == 2 and list(got) == ["a.png", "b.png", "dangling.png", "fifo.png", "c.png"], err
+    assert got["dangling.png"]["error"].startswith("not a regular file") and got["fifo.png"]["top"] == []
+    assert got["c.png"]["top"] == got["a.png"]["top"] or got["c.png"]["top"]
+    (tmp_path / "photos" / "dangling.png").unlink()
+    (tmp_path / "photos" / "fifo.png").unlink()
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
     assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff) in the folder " \

@@ -26,9 +26,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:  # before the weights are read
         raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
-    images = image_files(args.images)  # a folder's images listed (or refused) before the weights are read
+    image_files(args.images)  # a folder's images listed (or refused) before the weights are read
     model = runtime_model(args)
-    preds = predict_images(model, images, top_k=args.top_k, progress=not args.no_progress)
+    # the paths as given: a folder's dangling link or FIFO is said in its place (listed, it was a path given)
+    preds = predict_images(model, args.images, top_k=args.top_k, progress=not args.no_progress)
     if args.json:
         print_json([p.to_dict() for p in preds])
     else:
@@ -37,7 +38,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             if p.error:
                 print(f"  {'no answer' if p.error == NOT_FINITE else 'cannot read it'}: {p.error}")
             for rank, (index, label, prob) in enumerate(p.top, 1):
-                print(f"  {rank}. {label:<30} {100 * prob:6.2f}%  (class {index})")
+                print(f"  {rank:>{len(str(len(p.top)))}}. {label:<30} {100 * prob:6.2f}%  (class {index})")
     broken = [p.image for p in preds if p.error]
     if broken:  # every other image answered above; the exit code says not all were
         raise ValueError(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"

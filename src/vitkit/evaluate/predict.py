@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -81,6 +82,10 @@ def _inputs(config, chunk: List[str]) -> Tuple[List[torch.Tensor], Dict[int, str
     decoded again image by image."""
     inputs, broken = [], {}
     for n, path in enumerate(chunk):
+        if not os.path.isfile(path):  # found in a folder (given paths were checked): a dangling link, a FIFO
+            broken[n] = "not a regular file (a link to nothing, a FIFO or a device)" if os.path.lexists(path) \
+                else "gone since the folder was listed"
+            continue
         try:
             inputs.append(preprocess(config, path)[0])
         except BadImageError as e:
