@@ -89,6 +89,47 @@ def test_train_refuses_a_pretraining_config_and_pretraining_refuses_labels(tmp_p
     assert not (tmp_path / "runs").exists()
 
 
+def test_pretrain_offers_no_fine_tuning_flags_and_its_resume_lines_are_its_own(tmp_path, capsys):
+    """pretrain took --finetune, --lora-* and --freeze-blocks, each refused as needing --init, a flag pretrain has
+    not; its --resume refusal listed --test-tta among what may change and advised `--init RUN` (train's)."""
+    from vitkit.train.resume import check_resume
+
+    for flags in (["--finetune", "lora"], ["--lora-rank", "4"], ["--freeze-blocks", "1"]):
+        with pytest.raises(SystemExit):
+            main(["pretrain", "--objective", "mae", *flags])
+        assert "unrecognized arguments" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"objective": "mae", "recipe": "mae-fmnist", "lr": 1e-3}))
+    with pytest.raises(ValueError) as e:
+        check_resume(str(tmp_path / "run"), {"lr": 5.0}, "pretrain")
+    assert "--test-tta" not in str(e.value) and f"vitkit train --init {tmp_path / 'run'} fine-tunes its encoder" in \
+        str(e.value)
+
+
+def test_pretraining_on_files_says_where_its_few_shot_score_comes_from(tmp_path):
+    """The closing few-shot probe reads an in-memory dataset; on an image folder it was left out without a word."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.train import train
+
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "d" / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(np.full((28, 28), 50 * i, np.uint8)).save(tmp_path / "d" / split / name / f"{i}.png")
+    said = []
+    cfg = resolve_config("mae-fmnist", objective="mae", dataset="folder", data_dir=str(tmp_path / "d"), max_steps=1,
+                         batch_size=4, val_size=0, warmup_steps=0, runs_dir=str(tmp_path / "runs"), name="r",
+                         workers=0, progress=False, tensorboard=False,
+                         model_args={"embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64})
+    summary = train(cfg, log=said.append)
+    assert "fewshot" not in summary
+    assert any("no few-shot evaluation: the run's probe needs an in-memory dataset" in line and
+               f"vitkit fewshot --weights {tmp_path / 'runs' / 'r'} --dataset folder --data-dir" in line
+               for line in said), said
+
+
 def test_layer_decay_scales_each_layer_and_leaves_the_head_at_lr():
     model = vitkit.create_model("vit_fmnist")  # 4 blocks
     assert [layer_of(n, 4) for n in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight",

@@ -110,12 +110,12 @@ def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
     if recipe is not None and saved_recipe is not None and recipe != saved_recipe:  # was taken and ignored
         conflicts.append(f"--recipe (saved: {json.dumps(saved_recipe)}, given: {json.dumps(recipe)})")
     if conflicts:
-        free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS)
-        raise ValueError(f"--resume continues {run_dir} as its config.json says; only "
-                         f"{free} can change "
-                         f"there, not "
-                         f"{'; '.join(conflicts)} (for another recipe, start a new run; "
-                         f"--init {run_dir} starts one from this run's model once it has finished)")
+        free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS
+                         if verb == "train" or f != "test_tta")  # (pre-training has no test-time augmentation)
+        after = (f"vitkit train --init {run_dir} starts one from this run's model once it has finished" if
+                 verb == "train" else f"vitkit train --init {run_dir} fine-tunes its encoder once it has finished")
+        raise ValueError(f"--resume continues {run_dir} as its config.json says; only {free} can change there, not "
+                         f"{'; '.join(conflicts)} (for another recipe, start a new run; {after})")
     return overrides
 
 

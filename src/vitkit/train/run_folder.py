@@ -74,8 +74,10 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     named its views (``test_tta``) gets the run's saved ones, so its TTA score is never labelled
     with the views asked for now."""
     summary = json.loads((run_dir / "summary.json").read_text())
+    then = (f"to train longer, start a new run with --init {run_dir}" if saved_field(str(run_dir), "objective")
+            in (None, "classify") else f"vitkit train --init {run_dir} fine-tunes its encoder on labels")
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
-        f"unchanged; to train longer, start a new run with --init {run_dir})")
+        f"unchanged; {then})")
     scored = saved_field(str(run_dir), "test_tta")
     if "test_top1_tta" in summary:
         summary.setdefault("test_tta", scored)

@@ -220,6 +220,10 @@ class Pretraining:
                                                run.data, progress=run.cfg.progress and run.main)
             except ValueError as e:  # too few labelled images per class for the shots
                 run.note(f"no few-shot evaluation: {e}")
+        elif run.cfg.fewshot and run.data.kind != "memory":  # it was left out without a word
+            run.note(f"no few-shot evaluation: the run's probe needs an in-memory dataset (fashion-mnist, cifar10); "
+                     f"vitkit fewshot --weights {run.run_dir} --dataset {run.cfg.dataset}"
+                     + (f" --data-dir {run.cfg.data_dir}" if run.cfg.data_dir else "") + " scores these images")
         return out
 
 
