@@ -143,6 +143,7 @@ def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):
     cfg = config(tmp_path, data_dir, dataset="shards", workers=2, shuffle_buffer=300)
     summary = train(cfg)
     assert summary["test_top1"] > 0.75
+    assert summary["test_images"] == 3 * 100 and summary["skipped_files"] == 0  # a stream's, as read (none was said)
     # the stream from step 3 is the first run's stream from step 3 (deterministic pipeline)
     data = open_data(cfg, torch.device("cpu"), channels=1)
     model = create_model("vit_fmnist", num_classes=3)
@@ -155,6 +156,20 @@ def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):
     assert len(whole) == spe + 2 and len(resumed) == spe - 1
     for a, b in zip(whole[3:], resumed):
         assert torch.equal(a, b)
+
+
+def test_the_final_scoring_keeps_what_it_read_and_what_it_skipped():
+    """A stream's unreadable test samples were dropped from the summary (skipped_files 0, no test_images) where a
+    folder's were counted: the final scoring keeps both on the run."""
+    from types import SimpleNamespace
+
+    from vitkit.train.tasks import _counted
+
+    run = SimpleNamespace(skipped={"train#3"}, scored={})
+    batches = [(torch.zeros(2, 1), torch.zeros(2), ("t/shard-0.tar#0",)), (None, torch.zeros(0), ("t/shard-1.tar",)),
+               (torch.zeros(3, 1), torch.zeros(3), ())]
+    assert list(_counted(run, "test", iter(batches))) == batches
+    assert run.scored == {"test": 5} and run.skipped == {"train#3", "t/shard-0.tar#0", "t/shard-1.tar"}
 
 
 def test_shards_without_val_say_they_validate_on_the_test_split(tmp_path):

@@ -77,8 +77,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     def tta(key: str) -> str:  # the test score with the views it was scored with, when the run has one
         return f"; {summary['test_tta']} TTA {100 * summary[key]:.2f}%" if key in summary else ""
 
-    print(f"test     top-1 {100 * summary['test_top1']:.2f}%  (validation {100 * summary['val_top1']:.2f}%"
+    images = f" on {summary['test_images']:,} images" if "test_images" in summary else ""
+    print(f"test     top-1 {100 * summary['test_top1']:.2f}%{images}  (validation {100 * summary['val_top1']:.2f}%"
           f"{tta('test_top1_tta')})")
+    if summary.get("skipped_files"):  # (a stream's are found as it is read: the first lines could not say them)
+        print(f"skipped  {summary['skipped_files']:,} unreadable images or samples (named in the log)")
     if "test_top1_ema" in summary:
         print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
               f"{100 * summary['val_top1_ema']:.2f}%{tta('test_top1_ema_tta')}; model_ema/)")

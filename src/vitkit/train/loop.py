@@ -430,7 +430,8 @@ def summarise(run: Run) -> Dict[str, Any]:
     summary = {"run_dir": str(run.run_dir), "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
                "train_images": data.n_train,
-               **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else {}),  # shards: a stream
+               **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else  # a stream: as read
+                  {"test_images": run.scored["test"]} if "test" in run.scored else {}),
                "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **train_throughput(run), "precision": run.precision,

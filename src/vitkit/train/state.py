@@ -65,6 +65,8 @@ class Run:
     train_seconds: float = 0.0
     #: names of the samples the batch sources dropped (each counted once, however often met)
     skipped: set = field(default_factory=set)
+    #: images each split's final scoring read (a stream's count is known only once read): {"test": n}
+    scored: dict = field(default_factory=dict)
     last_ckpt: Optional[Path] = None
     #: what was fitted to a small dataset (:mod:`.fit`), said after the first line
     fit_notes: List[str] = field(default_factory=list)

@@ -14,7 +14,7 @@ the features are worth.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -237,13 +237,23 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: st
     source = run.data.val if split == "val" else run.data.test
     size = run.cfg.eval_batch_size
     total = -(-len(source) // size) if hasattr(source, "__len__") else None  # shards: a stream
-    batches = run.data.eval_batches(split, run.input_config, size)
+    batches = _counted(run, split, run.data.eval_batches(split, run.input_config, size))
     label = " ".join(filter(None, ["evaluating", which, split, "" if tta == "none" else f"({tta} TTA)"]))
     # counts the batches handed to the device: on a GPU a few ahead of those computed, as no
     # host sync is added (the task's one sync ends the scoring)
     shown = track(batches, label, total, enabled=run.cfg.progress and run.main, unit="batches")
     views = {} if tta == "none" else {"tta": tta, "config": run.input_config}
     return run.task.evaluate(net, shown, run.amp, run.parallel, **views)
+
+
+def _counted(run: "Run", split: str, batches: Iterable[MicroBatch]) -> Iterator[MicroBatch]:
+    """``batches`` as they are, the images read and the unreadable samples named kept on ``run`` (a stream's
+    test samples that did not decode were lost from the summary: skipped_files 0, no test_images)."""
+    run.scored[split] = 0
+    for x, y, bad in batches:
+        run.skipped.update(bad)
+        run.scored[split] += 0 if x is None else len(y)
+        yield x, y, bad
 
 
 @torch.inference_mode()
