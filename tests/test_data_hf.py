@@ -174,6 +174,27 @@ def test_a_split_naming_its_classes_in_another_order_is_read_by_name(hf_data):
     assert data.targets == [0, 1] and data.skipped == [("hf:x/test#1", "no label")]
 
 
+def test_eval_reads_integer_labels_as_the_models_numbered_classes(hf_data, tmp_path, capsys):
+    """Integer labels without names: a test split without the last class was read as one class fewer, and a model
+    of three numbered classes was refused ("other classes, 3 vs 2"); it scores with the model's classes."""
+    import vitkit
+
+    model = vitkit.create_model("vit_fmnist", num_classes=3, label_names=["0", "1", "2"], **TINY)
+    model.save_pretrained(tmp_path / "w")
+    from vitkit.data.hf import load
+
+    test = load(f"hf:{hf_data[0]}")["test"]
+    keep = [i for i, y in enumerate(test["label"]) if y in (0, 1)][:20]
+    plain = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    rows = test.select(keep)
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"image": rows["image"], "label": rows["label"]},
+                                                             features=plain)}).save_to_disk(str(tmp_path / "d"))
+    assert cli(["eval", "--weights", str(tmp_path / "w"), "--dataset", f"hf:{tmp_path / 'd'}", "--label-key",
+                "label", "--json", "--no-progress"]) == 0, capsys.readouterr().err
+    score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert score["count"] == 20 and score["classes"] == ["0", "1", "2"] and score["per_class"]["2"] is None
+
+
 # ------------------------------------------------------------------------------------ training
 
 @pytest.mark.slow

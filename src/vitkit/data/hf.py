@@ -532,10 +532,11 @@ __all__ = ["PREFIX", "TEST_SPLITS", "is_hf", "load", "pick_split", "find_columns
 # ---------------------------------------------------------------------------------- evaluation
 
 def open_splits(name: str, roles: Dict[str, Optional[str]], image_key: Optional[str] = None,
-                label_key: Optional[str] = None, channels: int = 3, transform: Optional[Callable] = None
-                ) -> Dict[str, HFImages]:
+                label_key: Optional[str] = None, channels: int = 3, transform: Optional[Callable] = None,
+                numbered: Optional[List[str]] = None) -> Dict[str, HFImages]:
     """{role: HFImages} for roles "train"/"test" and the split asked for each (None: found),
-    the columns read off the first; every split shares the first one's classes."""
+    the columns read off the first; every split shares the first one's classes. ``numbered``: the classes of
+    integer labels without names (a model's "0".."N-1"), else the largest label in the split counts them."""
     splits = load(name)
     out: Dict[str, HFImages] = {}
     classes = None
@@ -543,6 +544,7 @@ def open_splits(name: str, roles: Dict[str, Optional[str]], image_key: Optional[
         split_name = pick_split(splits, name, split, role)
         if classes is None:
             image_key, label_key, classes = find_columns(splits[split_name].features, name, image_key, label_key)
+            classes = classes if classes is not None else numbered
         out[role] = HFImages(splits[split_name], name, split_name, image_key, label_key, classes, transform,
                              channels)
         classes = out[role].classes

@@ -112,7 +112,7 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
         return _score_files(model, dataset, data, name, max_images, batch_size, tta, progress)
     if datasets.is_hf(dataset):
         hf_split = hf_split or ("train" if split == "train" else None)
-        data = _hf_splits(model, dataset, {split: hf_split}, image_key, label_key)[split]
+        data = _hf_splits(model, dataset, {split: hf_split}, image_key, label_key, scored=True)[split]
         return _score_files(model, dataset, data, data.split_name, max_images, batch_size, tta, progress)
     if dataset == "folder":
         data = _folder_splits(model, data_dir, (split,), progress)[split]
@@ -157,13 +157,18 @@ def _shard_split(model, data_dir: Optional[str], split: str):
 
 
 def _hf_splits(model, dataset: str, roles: Dict[str, Optional[str]], image_key: Optional[str],
-               label_key: Optional[str]) -> Dict[str, Any]:
-    """Hugging Face splits by role, through the model's evaluation pipeline (resize, centre crop)."""
+               label_key: Optional[str], scored: bool = False) -> Dict[str, Any]:
+    """Hugging Face splits by role, through the model's evaluation pipeline (resize, centre crop). ``scored``: the
+    model's head scores them, so integer labels without names are its numbered classes (a test split without the
+    last class was read as one class fewer, and refused as "other classes")."""
     from ..data import hf
     from ..data.pipelines import from_model_config
 
+    n = model.config.num_classes
+    numbered = [str(i) for i in range(n)] if scored and n and list(model.config.label_names or []) in (
+        [], [str(i) for i in range(n)]) else None
     return hf.open_splits(dataset, roles, image_key, label_key, channels_of(model),
-                          from_model_config(model.config, train=False))
+                          from_model_config(model.config, train=False), numbered)
 
 
 def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progress: bool) -> Dict[str, Any]:
