@@ -1,6 +1,7 @@
 """ImageFolder on real generated files: every mode, EXIF rotation, and the broken files of real collections."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -196,3 +197,15 @@ def test_linked_folders_are_followed_and_a_loop_lists_each_image_once(tmp_path):
     os.symlink("..", tmp_path / "train" / "cat" / "sub" / "up")  # a loop
     assert ImageFolder(tmp_path / "train", progress=False).samples == theirs
     assert image_files([tmp_path / "train"]) == [path for path, _ in theirs]
+
+
+def test_a_fifo_or_a_device_among_the_images_is_said_as_one(tmp_path):
+    """A FIFO and a link to /dev/zero named x.png were skipped as "empty file (0 bytes)"."""
+    from vitkit.data.folder import check_image
+
+    os.mkfifo(tmp_path / "fifo.png")
+    (tmp_path / "zero.png").symlink_to("/dev/zero")
+    (tmp_path / "empty.png").write_bytes(b"")
+    assert check_image(tmp_path / "fifo.png") == check_image(tmp_path / "zero.png") == \
+        "not a regular file (a link to nothing, a FIFO or a device)"
+    assert check_image(tmp_path / "empty.png") == "empty file (0 bytes)"

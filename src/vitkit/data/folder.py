@@ -55,6 +55,8 @@ def check_image(path: Union[str, Path], verify: str = "header", channels: int = 
     if verify not in VERIFY_LEVELS:
         raise ValueError(f"verify must be one of {VERIFY_LEVELS}, got {verify!r}")
     try:
+        if not os.path.isfile(path):  # a FIFO or a device has no size either: it was said to be an empty file
+            return "not a regular file (a link to nothing, a FIFO or a device)"
         if os.path.getsize(path) == 0:
             return "empty file (0 bytes)"
     except OSError as e:
@@ -228,7 +230,7 @@ class ImageFolder(SampleList):
             logger.warning("skipping %s: %s", sample[0], reason)
             self.skipped.append((sample[0], reason))
         if self.skipped:
-            logger.warning("%s: skipped %d of %d image files (listed in .skipped)", self.root,
+            logger.warning("%s: skipped %d of %d image files (each named above)", self.root,
                            len(self.skipped), len(candidates))
         if not self.samples:
             raise ValueError(f"none of the {len(candidates)} image files in {self.root} can be read "
