@@ -42,6 +42,30 @@ def test_cli_inspect_writes_figures_and_a_self_contained_report(tmp_path, saved_
     assert "averaged over the 1 image of this report" in page and "patch 4x4," in page
 
 
+def test_a_second_report_into_the_same_folder_replaces_the_first_whole(tmp_path, saved_model, capsys):
+    """Three images, then one into the same --out: rollout_2.png and rollout_3.png stayed beside the new report.
+    The user's own files stay; a headless model's report has no empty predictions table."""
+    photos = []
+    for i in range(3):
+        photos.append(tmp_path / f"p{i}.png")
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(photos[-1])
+    out = tmp_path / "inspect"
+    assert cli(["inspect", "--weights", str(saved_model), "--image", *map(str, photos), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(photos[0]), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert not (out / "rollout_2.png").exists() and not (out / "rollout_3.png").exists()
+    assert (out / "rollout_1.png").is_file() and (out / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+    headless = randomize(vitkit.create_model("vit_fmnist", in_chans=3, img_size=32, num_classes=0, mean=(0.5,) * 3,
+                                             std=(0.5,) * 3))
+    headless.save_pretrained(tmp_path / "headless")
+    assert cli(["inspect", "--weights", str(tmp_path / "headless"), "--image", str(photos[0]), "--out",
+                str(tmp_path / "h")]) == 0
+    page = (tmp_path / "h" / "report.html").read_text()
+    assert "<h2>predictions</h2>" not in page and "no classifier" in page and "the prediction draws on" not in page
+
+
 def test_the_report_of_a_hybrid_names_its_tokens_in_pixels(tmp_path):
     from vitkit.inspect import inspect_model
 

@@ -23,7 +23,7 @@ from torch import nn
 from ..data.transforms import EvalTransform, load_image
 from ..evaluate.predict import label_for
 from ..extras import require
-from ..files import new_folder, write_text
+from ..files import weights_folder, write_text
 from ..models import family_of
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
@@ -125,9 +125,10 @@ CAPTIONS = {
 }
 
 
-def _caption(name: str, images: int) -> str:
+def _caption(name: str, images: int, predicts: bool = True) -> str:
     counted = f"{images:,} image" + ("s" if images != 1 else "")
-    return CAPTIONS.get(name.split("_")[0] if name.startswith("rollout_") else name, "").format(n=counted)
+    text = CAPTIONS.get(name.split("_")[0] if name.startswith("rollout_") else name, "").format(n=counted)
+    return text if predicts else text.replace("what the prediction draws on", "what the output draws on")
 
 
 def write_report(result: InspectResult, model: nn.Module, title: str, pretraining: Optional[dict] = None) -> Path:
@@ -140,13 +141,15 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
         options = ", ".join(f"{k} {v}" for k, v in pretraining.items() if k != "objective")
         table = (f"<h2>pre-training</h2><p>{html.escape(pretraining['objective'])} ({html.escape(options)}): the "
                  f"encoder below has no classifier yet; fine-tune it with <code>vitkit train --init</code>.</p>")
-    else:
+    elif rows:
         table = (f"<h2>predictions</h2><table><tr><th>image</th><th>predicted</th><th>probability</th></tr>"
                  f"{rows}</table>")
+    else:  # a model without a classifier (an empty predictions table was shown)
+        table = "<p>This model has no classifier: its output is the pooled features, so no predictions.</p>"
     images = max(result.images, len(result.predictions), sum(name.startswith("rollout_") for name in result.figures))
     sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
                        f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\">"
-                       f"<p class=\"caption\">{_caption(name, images)}</p></section>"
+                       f"<p class=\"caption\">{_caption(name, images, bool(rows))}</p></section>"
                        for name, path in result.figures.items())
     tokens = model.patch_embed.patch_size  # pixels per token: a hybrid's CNN stride x its patch
     backbone = getattr(model.patch_embed, "backbone", None) is not None
@@ -254,17 +257,19 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         for path in images or ():
             named.append((str(path), load_image(path, cfg.in_chans)))
             bar.advance()
-        with new_folder(out):  # made once every image has loaded; removed if what follows fails
+        # made once every image has loaded; a folder that holds a report is replaced whole once the new one is
+        # written (its old rollouts stayed beside the new report; a failure left a mix): never half
+        with weights_folder(out, report_files) as into:
             transform = EvalTransform.from_config(cfg)
             views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
             x = torch.stack(tensors).to(next(model.parameters()).device)
-            result = InspectResult(out, images=len(named))
+            result = InspectResult(into, images=len(named))
             if not maps:
                 result.notes.append(SIGNED_NOTE)
             if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
                 shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
                 result.figures["reconstruction"] = figures.reconstruction_grid(
-                    shown, out / "reconstruction.png", pretrainer.objective, [Path(name).name for name, _ in named],
+                    shown, into / "reconstruction.png", pretrainer.objective, [Path(name).name for name, _ in named],
                     note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
                     if getattr(pretrainer.config, "norm_pix_loss", False) else "")
                 bar.advance()
@@ -274,13 +279,23 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             for i, ((name, _), view) in enumerate(zip(named, views) if maps else ()):
                 label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
                 result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
-                    view, rollout[i], out / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
+                    view, rollout[i], into / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
                 bar.advance()
-            _model_figures(model, x, views[0], distance, out, result, pca_components, bar)
+            _model_figures(model, x, views[0], distance, into, result, pca_components, bar)
             result.report = write_report(result, model, title or cfg.name or "ViT",
                                          pretrainer.config.to_dict() if pretrainer is not None else None)
             bar.advance()
+    # the paths where the files now are
+    result.out_dir, result.report = out, out / result.report.name
+    result.figures = {name: out / path.name for name, path in result.figures.items()}
     return result
+
+
+def report_files(folder: Path) -> List[Path]:
+    """The files an earlier ``vitkit inspect`` wrote into ``folder`` (a new report replaces them all)."""
+    names = {*CAPTIONS, *(stem for stem, _ in EXTRA_ANALYSES.values())}
+    return [p for p in (*folder.glob("rollout_*.png"), *(folder / f"{n}.png" for n in names), folder / "report.html")
+            if p.is_file()]
 
 
 def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Optional[torch.Tensor], out: Path,
