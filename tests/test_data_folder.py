@@ -209,3 +209,12 @@ def test_a_fifo_or_a_device_among_the_images_is_said_as_one(tmp_path):
     assert check_image(tmp_path / "fifo.png") == check_image(tmp_path / "zero.png") == \
         "not a regular file (a link to nothing, a FIFO or a device)"
     assert check_image(tmp_path / "empty.png") == "empty file (0 bytes)"
+
+
+def test_a_data_dir_that_is_a_file_is_said_as_one(tmp_path):
+    """It was said "data folder not found" for a file that is there."""
+    from vitkit.data.datasets import DatasetNotFound, file_split_dirs
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(DatasetNotFound, match=r"--data-dir .*f is a file: give the folder that holds train/"):
+        file_split_dirs("folder", str(tmp_path / "f"))

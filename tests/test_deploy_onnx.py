@@ -280,7 +280,7 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
         ("predict", image, "--weights", str(tmp_path / "junk.onnx")): "not a readable ONNX model",
         ("predict", image, "--weights", str(tmp_path / "missing.onnx")): "not found",
         ("predict", image, "--weights", w, "--quantize", "int8"): "--quantize needs --runtime onnxruntime",
-        ("predict", image, "--weights", w, "--mean", "0.5"): "stand in for the metadata",
+        ("predict", image, "--weights", w, "--mean", "0.5"): "--mean stands in for the metadata",
         ("eval", "--weights", str(tmp_path / "junk.onnx"), "--runtime", "torch"): "runs on --runtime onnxruntime",
         ("fewshot", "--weights", str(tmp_path / "junk.onnx")): "junk.onnx is an ONNX graph, not weights: vitkit "
                                                               "predict, eval and serve run it",

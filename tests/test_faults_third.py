@@ -423,7 +423,7 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     (["eval", "--weights", "w", "--max-image", "3"], "unrecognized arguments: --max-image 3 (did you mean "
                                                      "--max-images?)"),
     (["train", "--finetune", "full", "--lora-rank", "4", "--init", "w"],
-     "--lora-rank apply with --finetune lora (this run: --finetune full)"),
+     "--lora-rank applies with --finetune lora (this run: --finetune full)"),
     (["train", "--lora-alpha", "4", "--lora-targets", "qkv"],
      "--lora-alpha, --lora-targets apply with --finetune lora (this run: --finetune full)"),
     (["train", "--name", "a\nb"], "name must be a folder name (printable,"),

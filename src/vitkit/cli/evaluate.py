@@ -109,7 +109,8 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in score.results.values()]}))
         return 0
-    print(f"few-shot linear evaluation ({args.dataset}, {args.seeds} seeds, ridge to {{-1, 1}} targets)")
+    print(f"few-shot linear evaluation ({args.dataset}, {args.seeds} seed{'s' * (args.seeds != 1)}, ridge to "
+          f"{{-1, 1}} targets)")
     for r in score.results.values():
         print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
     return 0

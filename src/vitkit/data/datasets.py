@@ -120,6 +120,8 @@ def file_split_dirs(name: str, data_dir: Optional[str]) -> Tuple[Path, Path]:
         raise DatasetNotFound(f"--dataset {name} needs --data-dir: a folder with train/ and test/ "
                               f"(or val/) subfolders")
     root = Path(data_dir)
+    if root.exists() and not root.is_dir():
+        raise DatasetNotFound(f"--data-dir {root} is a file: give the folder that holds train/ and test/")
     if not root.is_dir():
         raise DatasetNotFound(f"data folder not found: {root}")
     train = root / "train"

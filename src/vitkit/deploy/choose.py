@@ -76,7 +76,8 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
                              f"(vitkit convert WEIGHTS OUT.{suffix} --to {flag} --quantize {quantize})")
         return (OnnxModel if own == "onnxruntime" else OpenVinoModel)(source, **preprocessing)
     if given:
-        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand in for the metadata of an "
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand"
+                         f"{'s' if len(given) == 1 else ''} in for the metadata of an "
                          f".onnx or .xml file without it; {source} carries its own preprocessing")
     if calibration is not None and not calibrates(runtime, quantize):
         raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --runtime openvino "

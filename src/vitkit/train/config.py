@@ -273,6 +273,8 @@ class TrainConfig:
                 problems.append(f"{name} must be {_range_words(low, high)}, not {_show(value)}{note}")
         if self.max_steps is None and self.epochs <= 0:
             problems.append(f"epochs must be > 0 (or give max_steps), not {_show(self.epochs)}")
+        elif self.epochs < 0:  # max_steps decides the length; a negative count was kept in config.json all the same
+            problems.append(f"epochs must be >= 0, not {_show(self.epochs)}")
         if self.finetune in CHOICES["finetune"] and self.finetune != "full" and not self.init:
             problems.append(f"finetune={self.finetune!r} needs --init WEIGHTS (it trains a part of existing weights)")
         if self.freeze_blocks and not self.init:
@@ -534,7 +536,8 @@ def _refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> Non
     """An option the run would ignore is refused by name: a LoRA option without LoRA, a model with --init."""
     lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
     if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
-        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} apply with --finetune lora (this "
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} "
+                         f"appl{'y' if len(lora) > 1 else 'ies'} with --finetune lora (this "
                          f"run: --finetune {values.get('finetune') or 'full'})")
     if chosen.get("min_lr") is not None:  # the schedule's floor is never above its peak (lr_at: min(min_lr, lr))
         lr = values.get("lr", TrainConfig.lr)
