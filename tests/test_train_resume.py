@@ -38,6 +38,17 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed", "--no-tensorboard"],
                        env, run, 8)
     assert not (run / "tensorboard").exists()
+    import vitkit
+
+    # a run's checkpoint as weights: read with the architecture the finished run saved (its tensors alone were
+    # read as a bare timm state dict: "timm weights do not match the model"); an unfinished run's says so
+    with pytest.raises(vitkit.weights.WeightsError, match=r"is a checkpoint of the run .*killed, which has not "
+                                                          r"finished: .*vitkit train --resume"):
+        vitkit.from_pretrained(run / "checkpoints" / "step_00000008.pt")
+    middle = vitkit.from_pretrained(tmp_path / "straight" / "checkpoints" / "step_00000008.pt")
+    state = torch.load(tmp_path / "straight" / "checkpoints" / "step_00000008.pt", weights_only=True)
+    assert middle.config == vitkit.from_pretrained(tmp_path / "straight").config
+    assert all(torch.equal(v, state["model"][k]) for k, v in middle.state_dict().items())
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--tensorboard", "--test-tta", "flip"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

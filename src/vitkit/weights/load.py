@@ -144,6 +144,25 @@ def folder_weights(folder: Path) -> Optional[Path]:
     return next((folder / n for n in WEIGHT_FILES + SHARD_INDEXES if (folder / n).is_file()), None)
 
 
+def _run_model_config(path: Path) -> Optional[Dict[str, Any]]:
+    """The model config of the run whose checkpoint ``path`` is (``RUN/checkpoints/step_N.pt``): the one its
+    finished model holds, or an --init run's architecture (``init_model.json``); a checkpoint of another
+    unfinished run is refused saying how to finish it (its tensors alone were read as a bare timm state dict,
+    refused for a hybrid's stem). None: not a run's checkpoint."""
+    run = path.parent.parent
+    if path.parent.name != "checkpoints" or not path.name.startswith("step_") or path.suffix != ".pt" \
+            or not (run / "config.json").is_file():
+        return None
+    finished = _read_json(run / "model" / "config.json")
+    if finished is not None:
+        return finished
+    started = _read_json(run / "init_model.json")
+    if started is not None:
+        return {"format": "vitkit", "config": started}
+    raise WeightsError(f"{path} is a checkpoint of the run {run}, which has not finished: its architecture is saved "
+                       f"with its model at the end (vitkit train --resume {run} finishes it)")
+
+
 def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
@@ -171,6 +190,7 @@ def read_source(path: PathLike) -> Source:
             src.format = "vitkit"
         src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
         return src
+    run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     trunk = open_clip_format.is_timm_tower(tensors)
     if trunk:  # timm's model under open_clip's names: read as timm's state dict
@@ -181,6 +201,8 @@ def read_source(path: PathLike) -> Source:
     # registry that timm lacks, such as DeiT III's deit_base_patch16_LS: the tensors say, as before)
     if facts and (facts["script"] == "timm" or timm_format.is_known_architecture(facts["arch"])):
         src.config_json = timm_format.training_checkpoint_config(facts, tensors)
+    if run_model is not None:
+        src.config_json, src.format = run_model, "vitkit"
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
         text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
         if text is not None:
