@@ -51,7 +51,8 @@ def test_ridge_closed_form_matches_least_squares_limit_and_dual_form():
 
 def test_not_enough_images_per_class_is_a_clear_error():
     tr_x, tr_y = blobs(10)
-    with pytest.raises(ValueError, match="need 35 images per class"):
+    with pytest.raises(ValueError, match=r"need 35 training images per class; \d+ of \d+ classes have fewer "
+                                         r"\(class \d+: 10\): give the probe"):
         fewshot_from_features(tr_x, tr_y, tr_x, tr_y, shots=[25], holdout_per_class=10)
 
 

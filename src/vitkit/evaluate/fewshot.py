@@ -91,8 +91,11 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
             need = k + holdout_per_class
             short = [c for c, idx in enumerate(by_class) if len(idx) < need]
             if short:
-                raise ValueError(f"{k} shots + {holdout_per_class} held out need {need} images per class; "
-                                 f"classes {short} have fewer")
+                fewest = min(short, key=lambda c: len(by_class[c]))
+                raise ValueError(f"{k} shots + {holdout_per_class} held out (the ridge's regulariser is chosen on "
+                                 f"them) need {need} training images per class; {len(short)} of {classes} classes "
+                                 f"have fewer (class {fewest}: {len(by_class[fewest])}): give the probe a training "
+                                 f"split with more images per class, or fewer --shots")
             accs, chosen = [], []
             for seed in range(seeds):
                 g = torch.Generator().manual_seed(seed)
