@@ -218,3 +218,17 @@ def test_a_data_dir_that_is_a_file_is_said_as_one(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(DatasetNotFound, match=r"--data-dir .*f is a file: give the folder that holds train/"):
         file_split_dirs("folder", str(tmp_path / "f"))
+
+
+def test_class_names_in_two_unicode_forms_are_said_as_such():
+    """'Café' precomposed in the training folders and combined in the test ones was refused as other classes
+    whose names print the same: "only in the weights: 'Café'; only in the data: 'Café'"."""
+    import unicodedata
+
+    from vitkit.data.datasets import class_difference
+
+    nfc, nfd = unicodedata.normalize("NFC", "Café"), unicodedata.normalize("NFD", "Café")
+    said = class_difference([nfc, "bag"], [nfd, "bag"])
+    assert said.startswith("the same names in two Unicode forms ('Caf\\xe9' in the weights, 'Cafe\\u0301' in the "
+                           "data")
+    assert class_difference(["a", "b"], ["a", "c"]).startswith("other classes")

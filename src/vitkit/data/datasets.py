@@ -12,6 +12,7 @@ folder, or streamed like shards.
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -65,6 +66,10 @@ def class_difference(ours: Optional[Sequence[str]], theirs: Optional[Sequence[st
                 f"{theirs[i]!r} in {who[1]})")
     missing = [n for n in ours if n not in theirs]
     extra = [n for n in theirs if n not in ours]
+    if [unicodedata.normalize("NFC", n) for n in missing] == [unicodedata.normalize("NFC", n) for n in extra]:
+        return (f"the same names in two Unicode forms ({', '.join(ascii(n) for n in missing[:2])} in {who[0]}, "
+                f"{', '.join(ascii(n) for n in extra[:2])} in {who[1]}: letters precomposed in one, combined in "
+                f"the other); rename one side's to the other's form")
     return (f"other classes ({who[0]}: {len(ours)}, {who[1]}: {len(theirs)}; "
             + "; ".join(part for part in (f"only in {who[0]}: {_names(missing)}" if missing else "",
                                           f"only in {who[1]}: {_names(extra)}" if extra else "") if part)
