@@ -496,6 +496,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         values["betas"] = tuple(values["betas"])
     with _naming(file, {k for k in from_file if k not in given}):
         cfg = _checked(values)
+        _refuse_unused(cfg, chosen)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
@@ -550,6 +551,22 @@ def _refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> Non
     if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
+
+
+def _refuse_unused(cfg: "TrainConfig", chosen: Mapping[str, Any]) -> None:
+    """A valid option the run's other choices leave unread is refused by name: Adam's betas with SGD, SGD's
+    momentum with Adam, a stream's shuffle buffer for data shuffled whole."""
+    if "betas" in chosen and cfg.optimizer == "sgd":
+        raise ValueError("--betas apply to --optimizer adamw and adam (Adam's moments), not sgd: --momentum is SGD's")
+    if "momentum" in chosen and cfg.optimizer in ("adamw", "adam"):
+        raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
+    if "shuffle_buffer" in chosen:
+        from ..data.datasets import canonical, is_hf
+
+        dataset = canonical(cfg.dataset)
+        if not (dataset == "shards" or (is_hf(dataset) and cfg.hf_streaming)):
+            raise ValueError(f"--shuffle-buffer applies to streamed data (tar shards, --hf-streaming), not {dataset}, "
+                             f"which is shuffled whole")
 
 
 def _refuse_unknown(values: Mapping[str, Any], file: Optional[str], from_file: Mapping[str, Any]) -> None:
