@@ -520,6 +520,27 @@ def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
     assert "3 of 5 classes load with parity" in text and "3 keep it at a non-square 32x48" in text
 
 
+def test_open_clip_coverage_checks_its_towers_and_writes_its_table(tmp_path):
+    """benchmarks/coverage_open_clip.py on a few of open_clip's configs: a CLIP tower one block deep with parity
+    against encode_image, CoCa's attention pool refused in one line, a ResNet tower skipped as no ViT."""
+    import importlib.util
+
+    pytest.importorskip("open_clip")
+    spec = importlib.util.spec_from_file_location("vitkit_bench_coverage_open_clip", BENCH / "coverage_open_clip.py")
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    page = tmp_path / "weights.md"
+    page.write_text("<!-- open-clip-coverage-table:start -->\nold\n<!-- open-clip-coverage-table:end -->\n")
+    assert cov.main(["--only", "*-32", "--layers", "1", "--out", str(tmp_path / "c.json"),
+                     "--markdown", str(page)]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert rows["ViT-B-32"]["status"] == "parity" and rows["coca_ViT-B-32"]["status"] == "refused"
+    assert "attention pool (CoCa)" in rows["coca_ViT-B-32"]["message"]
+    assert cov.tower_kind(cov.open_clip.get_model_config("RN50")["vision_cfg"]) is None  # a ResNet: not counted
+    text = page.read_text()
+    assert "\nold\n" not in text and "| `coca_ViT-B-32` | native | refused" in text
+
+
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
     """The crowded-CPU benchmark runs train, eval and predict alone and beside a busy process of
     each kind, and scores each against the issue's fair share and the scheduler's."""
