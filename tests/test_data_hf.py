@@ -193,6 +193,10 @@ def test_eval_reads_integer_labels_as_the_models_numbered_classes(hf_data, tmp_p
                 "label", "--json", "--no-progress"]) == 0, capsys.readouterr().err
     score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert score["count"] == 20 and score["classes"] == ["0", "1", "2"] and score["per_class"]["2"] is None
+    assert cli(["eval", "--weights", str(tmp_path / "w"), "--dataset", f"hf:{tmp_path / 'd'}", "--label-key",
+                "label", "--no-progress"]) == 0
+    said = capsys.readouterr().out  # three classes are all in any top 5 (it said "top-5 100.00%"); none in 2
+    assert "top-5 n/a (3 classes)" in said and "  2                   n/a (no images)" in said, said
 
 
 # ------------------------------------------------------------------------------------ training

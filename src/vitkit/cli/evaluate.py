@@ -83,8 +83,9 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     tta = "" if args.tta == "none" else f", {args.tta} TTA"
     cut = args.max_images is not None and args.max_images < total
     first = f"the first {report.count:,} of {total:,}" if cut else f"{report.count:,}"
-    print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  top-5 {100 * report.top5:.2f}%  "
-          f"({first} images, {runtime}{tta})")
+    n = len(report.confusion)
+    top5 = f"top-5 {100 * report.top5:.2f}%" if n > 5 else f"top-5 n/a ({n} classes)"  # (100%: says nothing)
+    print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  {top5}  ({first} images, {runtime}{tta})")
     if score.skipped:
         print(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
