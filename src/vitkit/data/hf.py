@@ -310,10 +310,11 @@ def label_order(split: Any, label_key: Optional[str], classes: Optional[Sequence
 
 
 def _reordered(label: Any, order: Optional[List[int]]) -> Any:
-    """A label number of a split read in the training split's order (one outside its names stays outside)."""
-    if order is None or label is None or not 0 <= int(label) < len(order):
-        return label if order is None or label is None else -1 - abs(int(label))
-    return order[int(label)]
+    """A label number of a split read in the training split's order; one outside the split's own names is -1
+    (no class: skipped), as a number it could otherwise land on another class."""
+    if order is None or label is None:
+        return label
+    return order[int(label)] if 0 <= int(label) < len(order) else -1
 
 
 # ---------------------------------------------------------------------------------- map-style
