@@ -195,6 +195,8 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_at_step"] == 10 and summary["trainable_params"] < summary["params"]
+    with pytest.raises(vitkit.weights.WeightsError, match="is a checkpoint of a LoRA run: it holds the adapters"):
+        vitkit.from_pretrained(run / "checkpoints" / "step_00000010.pt")
 
 
 def test_lora_targets_name_the_split_layers_of_the_later_vits():

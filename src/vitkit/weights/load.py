@@ -202,6 +202,9 @@ def read_source(path: PathLike) -> Source:
     if facts and (facts["script"] == "timm" or timm_format.is_known_architecture(facts["arch"])):
         src.config_json = timm_format.training_checkpoint_config(facts, tensors)
     if run_model is not None:
+        if any(".base_layer." in k or ".lora_" in k for k in tensors):
+            raise WeightsError(f"{path} is a checkpoint of a LoRA run: it holds the adapters apart from the weights "
+                               f"they adapt; read the run's model (merged at its end) or its adapter/ with peft")
         src.config_json, src.format = run_model, "vitkit"
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
         text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
