@@ -433,8 +433,9 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
     """The pre-training model a source holds, at its own size (fine-tuning changes sizes)."""
     if model_name or overrides:
         given = ", ".join(([f"model_name={model_name!r}"] if model_name else []) + sorted(overrides))
-        raise WeightsError(f"a pre-training model loads as it was saved ({given} cannot change it); fine-tune "
-                           f"its encoder instead (vitkit train --init), or pass encoder_only=True")
+        raise WeightsError(f"a pre-training model loads as it was saved ({given} cannot change it: on the command "
+                           f"line --model and the size flags); fine-tune its encoder instead (vitkit train --init), "
+                           f"or, in Python, pass encoder_only=True")
     encoder = config_for_source(src)
     try:
         model = pretrainer_from_configs(encoder, selfsup_format.options(src.pretraining, src.tensors,
