@@ -338,3 +338,23 @@ def test_token_avg_pooling_reads_the_class_token_beside_the_patches_mean():
         vitkit.create_model("vit_small_patch16_224", class_token=False, global_pool="token_avg")
     with pytest.raises(vitkit.weights.io.WeightsError, match="no pooling of the class token beside"):
         vitkit.export_weights(model, "/nonexistent/never.safetensors", "timm")
+
+
+def test_a_refused_reset_or_resize_changes_nothing():
+    """reset_classifier(-1) raised after the head was replaced (features out, the config saying 5 classes, a
+    folder from_pretrained then refused); set_input_size(-16) after the grid was set to -1x-1 (every later call
+    failed); load_weights(exclude="pos_embed") read the string a letter at a time and left most tensors out."""
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
+    x = torch.randn(1, 3, 32, 32)
+    for bad in (-1, 2.0, True, "3", None):
+        with pytest.raises(ValueError, match="num_classes must be a whole number from 0"):
+            m.reset_classifier(bad)
+    with pytest.raises(ValueError, match="img_size must be positive"):
+        m.set_input_size(-16)
+    assert m(x).shape == (1, 5) and m.config.num_classes == 5 and m.patch_embed.grid_size == (2, 2)
+    m.set_input_size((48, 64))
+    assert m(torch.randn(1, 3, 48, 64)).shape == (1, 5)
+    other = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
+    source = {k: v + 1 for k, v in other.state_dict().items()}
+    vitkit.load_weights(other, source, exclude="pos_embed")
+    assert [k for k, v in other.state_dict().items() if not torch.equal(v, source[k])] == ["pos_embed"]

@@ -22,9 +22,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import positions
-from .config_base import TokenConfig
+from .config_base import MAX_CLASSES, TokenConfig
 from .layers import IntPair, Linear, intermediates_plan, patch_tokens_as, to_2tuple
 from .serialize import SaveMixin
+
+
+def check_num_classes(num_classes: Any) -> None:
+    """A class count a head can have, before anything changes (a refused reset left the head replaced)."""
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or not 0 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"num_classes must be a whole number from 0 (features) to {MAX_CLASSES:,}, not "
+                         f"{num_classes!r}")
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class TokenModel(SaveMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """Replace the heads by zero-initialised linear layers (0 classes: the model returns features)."""
+        check_num_classes(num_classes)
         if global_pool is not None and global_pool != self.global_pool:
             pools = tuple(p for p in type(self.config).POOLS if p != "map")  # an attention pool is built, not chosen
             if global_pool not in pools:
@@ -131,8 +139,10 @@ class TokenModel(SaveMixin, nn.Module):
 
     @torch.no_grad()
     def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
-        """Change the native input size; position embeddings are resampled in place."""
+        """Change the native input size; position embeddings are resampled in place. A size the config refuses
+        changes nothing (a negative one set the grid to -1x-1 before torch refused it, and every later call failed)."""
         img_size = to_2tuple(img_size)
+        self.config.replace(img_size=img_size)  # checked first: patch size divides it, positive, bounded
         old_grid = self.patch_embed.grid_size
         self.patch_embed.set_img_size(img_size)
         positions.resample_(self, old_grid, self.patch_embed.grid_size)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from . import positions
-from .base import TokenModel
+from .base import TokenModel, check_num_classes
 from .complexity import Complexity, token_complexity
 from .config_base import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, TokenConfig  # noqa: F401
 from .diff_attention import DiffAttention
@@ -428,6 +428,7 @@ class VisionTransformer(TokenModel):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """As :meth:`TokenModel.reset_classifier`; leaving 'map' drops the attention pool (it cannot be added)."""
+        check_num_classes(num_classes)  # before the width below changes
         if global_pool == "map" and self.attn_pool is not None:
             global_pool = None
         changed = global_pool is not None and global_pool != self.global_pool

@@ -444,6 +444,8 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     every shape mismatch; the model is untouched when it raises. ``copy=False``: every check,
     nothing copied (the model may be on the meta device).
     """
+    if isinstance(exclude, str):  # one prefix (a string was read a character at a time: 'p', 'o', 's', ...)
+        exclude = (exclude,)
     if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new), and
         model = model.model              # a checkpoint's classifier, of any class count, is not part of it
         exclude = (*exclude, *(f"{name}." for name in model.head_names()))
