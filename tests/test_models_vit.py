@@ -358,3 +358,29 @@ def test_a_refused_reset_or_resize_changes_nothing():
     source = {k: v + 1 for k, v in other.state_dict().items()}
     vitkit.load_weights(other, source, exclude="pos_embed")
     assert [k for k, v in other.state_dict().items() if not torch.equal(v, source[k])] == ["pos_embed"]
+
+
+def test_save_pretrained_writes_only_what_from_pretrained_reads(tmp_path):
+    """A head replaced by assignment (the fine-tuning idiom), a NaN and a backbone (features_only) were saved
+    without a word and then refused by from_pretrained ("it was edited or mixed with other weights"; a backbone's
+    'model.' names: "unrecognised weight layout"): refused when saving now, the backbone saved as its model."""
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
+    m.head = torch.nn.Linear(192, 10)
+    with pytest.raises(ValueError, match=r"head.weight is \(10, 192\), the config builds \(5, 192\).*"
+                                         r"reset_classifier\(n\)"):
+        m.save_pretrained(tmp_path / "head")
+    assert not (tmp_path / "head").exists()
+    m.reset_classifier(10)
+    with torch.no_grad():
+        m.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinite values \(blocks.0.mlp.fc1.weight\)"):
+        m.save_pretrained(tmp_path / "nan")
+    backbone = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=2, features_only=True,
+                                   out_indices=(0, 1))
+    backbone.save_pretrained(tmp_path / "bb")
+    vitkit.export_weights(backbone, tmp_path / "bb.safetensors", "timm")
+    again = vitkit.from_pretrained(tmp_path / "bb", features_only=True, out_indices=(0, 1))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(again(x), backbone(x)))
+    assert vitkit.from_pretrained(tmp_path / "bb.safetensors").config.num_classes == 0

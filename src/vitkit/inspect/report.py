@@ -257,9 +257,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
         for path in images or ():
             named.append((str(path), load_image(path, cfg.in_chans)))
             bar.advance()
-        # made once every image has loaded; a folder that holds a report is replaced whole once the new one is
-        # written (its old rollouts stayed beside the new report; a failure left a mix): never half
-        with weights_folder(out, report_files) as into:
+        with weights_folder(out, report_files) as into:  # after the images load; an old report replaced whole
             transform = EvalTransform.from_config(cfg)
             views, tensors = zip(*(_model_view(im, transform, cfg.in_chans) for _, im in named))
             x = torch.stack(tensors).to(next(model.parameters()).device)
@@ -285,7 +283,12 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             result.report = write_report(result, model, title or cfg.name or "ViT",
                                          pretrainer.config.to_dict() if pretrainer is not None else None)
             bar.advance()
-    # the paths where the files now are
+    return _moved(result, out)
+
+
+def _moved(result: InspectResult, out: Path) -> InspectResult:
+    """``result`` with the paths the files have once moved into ``out`` (they were written beside it: an
+    earlier report there was replaced whole, its old rollouts no longer beside the new one)."""
     result.out_dir, result.report = out, out / result.report.name
     result.figures = {name: out / path.name for name, path in result.figures.items()}
     return result

@@ -16,6 +16,7 @@ with channel LayerNorms: what FPN-style detection heads (torchvision's Faster R-
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -161,6 +162,15 @@ class FeatureModel(nn.Module):
     @property
     def config(self):
         return self.model.config
+
+    def save_pretrained(self, directory):
+        """The backbone's model (``features_only`` and the pyramid are chosen when loading); a pyramid is not
+        written: its layers belong to the model built on top (save them with it)."""
+        if self.pyramid is not None:
+            warnings.warn("the feature pyramid's layers are not written (from_pretrained(..., features_only=True, "
+                          "pyramid=True) builds a new one): save them with the model built on top", UserWarning,
+                          stacklevel=2)
+        return self.model.save_pretrained(directory)
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         indices = self.out_indices[-1:] if self.pyramid is not None else self.out_indices

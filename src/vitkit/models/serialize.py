@@ -35,6 +35,8 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
     as :func:`native_config_dict` says."""
     from safetensors.torch import save_file
 
+    if config is None:
+        _check_rebuildable(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     # a failed save removes the folder it made, or leaves the one there was as it was
     with weights_folder(directory, _own_files) as into:
@@ -42,6 +44,33 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
             save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
         write_json(into / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
     return Path(directory)
+
+
+def _check_rebuildable(model: nn.Module) -> None:
+    """Refuse to write what ``from_pretrained`` would refuse to read (the save succeeded, the reload said "it was
+    edited or mixed with other weights"): tensors its config does not build (a head replaced by assignment, a
+    module added) and NaN or infinite values."""
+    import torch
+
+    if any(v.is_meta for v in model.state_dict().values()):
+        raise ValueError("the model is on the meta device (shapes without values): load its weights first "
+                         "(load_weights(model, ..., copy=True) on a model built on the CPU)")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in type(model)(model.config).state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = [f"{k} is {have[k]}, the config builds {expected[k]}" for k in have if k in expected
+                and have[k] != expected[k]] + [f"{k} is not in the model the config builds" for k in have
+                                               if k not in expected] + [f"{k} is missing" for k in expected
+                                                                        if k not in have]
+    if problems:
+        raise ValueError(f"the model's tensors do not match its config ({'; '.join(problems[:3])}"
+                         f"{' ...' if len(problems) > 3 else ''}): from_pretrained could not rebuild it; after "
+                         f"replacing a layer by assignment, use model.reset_classifier(n) (a new head) or a config "
+                         f"that builds it")
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"the model holds NaN or infinite values ({', '.join(bad[:3])}"
+                         f"{' ...' if len(bad) > 3 else ''}): weights from_pretrained refuses; nothing was written")
 
 
 def _own_files(folder: Path) -> list:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .. import tiny
 from ..extras import require
 from ..machine import usable_cores
+from .chosen import refuse_ignored, refuse_unused
 from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES, YAML_SUFFIXES, load_config_file  # noqa: F401 (re-exported)
 from .config_types import (
     CHOICES,
@@ -488,7 +489,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
-    _refuse_ignored(values, chosen)
+    refuse_ignored(values, chosen)
     _refuse_unknown(values, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
@@ -496,7 +497,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         values["betas"] = tuple(values["betas"])
     with _naming(file, {k for k in from_file if k not in given}):
         cfg = _checked(values)
-        _refuse_unused(cfg, chosen)
+        refuse_unused(cfg, chosen)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
@@ -531,42 +532,6 @@ def _recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping
                              f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
                              f"{from_file['recipe']})")
     return recipe
-
-
-def _refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> None:
-    """An option the run would ignore is refused by name: a LoRA option without LoRA, a model with --init."""
-    lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
-    if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
-        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} "
-                         f"appl{'y' if len(lora) > 1 else 'ies'} with --finetune lora (this "
-                         f"run: --finetune {values.get('finetune') or 'full'})")
-    if chosen.get("min_lr") is not None:  # the schedule's floor is never above its peak (lr_at: min(min_lr, lr))
-        lr = values.get("lr", TrainConfig.lr)
-        if values.get("lr_scale_batch"):
-            lr = lr * values.get("batch_size", TrainConfig.batch_size) / values["lr_scale_batch"]
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (values["min_lr"], lr))
-        if numbers and values["min_lr"] > lr:
-            raise ValueError(f"--min-lr {_show(values['min_lr'])} is above the peak learning rate {_show(lr)}: "
-                             f"the schedule decays from lr to min_lr, so it would rise instead")
-    if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
-        raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
-                         f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
-
-
-def _refuse_unused(cfg: "TrainConfig", chosen: Mapping[str, Any]) -> None:
-    """A valid option the run's other choices leave unread is refused by name: Adam's betas with SGD, SGD's
-    momentum with Adam, a stream's shuffle buffer for data shuffled whole."""
-    if "betas" in chosen and cfg.optimizer == "sgd":
-        raise ValueError("--betas apply to --optimizer adamw and adam (Adam's moments), not sgd: --momentum is SGD's")
-    if "momentum" in chosen and cfg.optimizer in ("adamw", "adam"):
-        raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
-    if "shuffle_buffer" in chosen:
-        from ..data.datasets import canonical, is_hf
-
-        dataset = canonical(cfg.dataset)
-        if not (dataset == "shards" or (is_hf(dataset) and cfg.hf_streaming)):
-            raise ValueError(f"--shuffle-buffer applies to streamed data (tar shards, --hf-streaming), not {dataset}, "
-                             f"which is shuffled whole")
 
 
 def _refuse_unknown(values: Mapping[str, Any], file: Optional[str], from_file: Mapping[str, Any]) -> None:

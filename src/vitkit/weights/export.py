@@ -12,6 +12,7 @@ from torch import nn
 
 from ..files import PathLike, atomic_path, check_output, weights_folder, write_json
 from ..models import family_of
+from ..models.features import FeatureModel
 from ..models.serialize import save_pretrained
 from ..selfsup import Pretrainer
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
@@ -83,6 +84,8 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     :class:`WeightsError` saying which feature is in the way.
     """
     path = Path(path)
+    if isinstance(model, FeatureModel):  # a backbone: the model it wraps (features_only is chosen when loading)
+        model = model.model
     if format not in EXPORT_FORMATS:
         raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     if isinstance(model, Pretrainer):

@@ -1,0 +1,43 @@
+"""Options a person chose that the run would leave unread, refused by name before anything runs: a LoRA
+option without LoRA, a model with ``--init``, Adam's betas with SGD, a shuffle buffer for data that is
+shuffled whole, a learning-rate floor above the peak. (``chosen``: the flags and config-file fields given,
+not the recipe's.)"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .config_types import _show
+
+
+def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> None:
+    """Before the values are checked: a LoRA option without LoRA, a model with --init."""
+    lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
+    if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} "
+                         f"appl{'y' if len(lora) > 1 else 'ies'} with --finetune lora (this "
+                         f"run: --finetune {values.get('finetune') or 'full'})")
+    if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
+        raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
+                         f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
+
+
+def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
+    """Once the run's configuration is checked (``cfg``, its lr scaled): what its other choices leave unread."""
+    if "min_lr" in chosen and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
+        raise ValueError(f"--min-lr {_show(cfg.min_lr)} is above the peak learning rate {_show(cfg.lr)}: the "
+                         f"schedule decays from lr to min_lr, so it would rise instead")
+    if "betas" in chosen and cfg.optimizer == "sgd":
+        raise ValueError("--betas apply to --optimizer adamw and adam (Adam's moments), not sgd: --momentum is SGD's")
+    if "momentum" in chosen and cfg.optimizer in ("adamw", "adam"):
+        raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
+    if "shuffle_buffer" in chosen:
+        from ..data.datasets import canonical, is_hf
+
+        dataset = canonical(cfg.dataset)
+        if not (dataset == "shards" or (is_hf(dataset) and cfg.hf_streaming)):
+            raise ValueError(f"--shuffle-buffer applies to streamed data (tar shards, --hf-streaming), not {dataset}, "
+                             f"which is shuffled whole")
+
+
+__all__ = ["refuse_ignored", "refuse_unused"]
