@@ -384,3 +384,11 @@ def test_save_pretrained_writes_only_what_from_pretrained_reads(tmp_path):
     with torch.no_grad():
         assert all(torch.equal(a, b) for a, b in zip(again(x), backbone(x)))
     assert vitkit.from_pretrained(tmp_path / "bb.safetensors").config.num_classes == 0
+
+
+@pytest.mark.parametrize("field,value", [("pre_norm", "false"), ("dynamic_img_size", "no"), ("class_token", "false"),
+                                         ("qkv_bias", 1)])
+def test_a_switch_is_true_or_false_not_a_word(field, value):
+    """pre_norm="false" built a pre-norm model (a non-empty string is true); dynamic_img_size="no" took any size."""
+    with pytest.raises(ValueError, match=f"{field} must be true or false, got {value!r}"):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, **{field: value})

@@ -83,6 +83,11 @@ class ConfigMixin:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         if isinstance(self.num_classes, int) and self.num_classes > MAX_CLASSES:
             problems.append(f"num_classes {self.num_classes:,} is past {MAX_CLASSES:,} (ImageNet-21k has 21,841)")
+        for f in dataclasses.fields(self):  # a string is not a switch: "false" was true (pre_norm="false" built one)
+            kind, value = str(f.type), getattr(self, f.name)
+            if kind in ("bool", "Optional[bool]") and not isinstance(value, bool) and not (
+                    value is None and kind.startswith("Optional")):
+                problems.append(f"{f.name} must be true or false, got {value!r}")
         return problems
 
     def _positive_int_problems(self, names: Sequence[str]) -> List[str]:
