@@ -392,3 +392,19 @@ def test_a_switch_is_true_or_false_not_a_word(field, value):
     """pre_norm="false" built a pre-norm model (a non-empty string is true); dynamic_img_size="no" took any size."""
     with pytest.raises(ValueError, match=f"{field} must be true or false, got {value!r}"):
         vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, **{field: value})
+
+
+@pytest.mark.parametrize("name,size", [("vit_tiny_patch16_224", 32), ("eva02_tiny_patch14_224", 28),
+                                       ("vit_base_patch16_siglip_224", 32)])
+def test_a_new_width_keeps_the_mlp_ratio_as_timms_create_model_does(name, size):
+    """create_model(name, embed_dim=64) kept the registered MLP width (768 for ViT-Ti), where timm scales it by
+    mlp_ratio (256): the same call built another model than timm's."""
+    timm = pytest.importorskip("timm")
+    kw = dict(embed_dim=64, num_heads=2, depth=1, img_size=size)
+    ref = randomize(timm.create_model(name, **kw)).eval()
+    ours = vitkit.create_model(name, **kw).eval()
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    vitkit.load_weights(ours, ref.state_dict())
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert max_diff(ours(x), ref(x)) < 1e-5

@@ -190,7 +190,12 @@ def create_model(name: str, features_only: bool = False, out_indices: Optional[U
     if pretrained := overrides.pop("pretrained", False):
         raise ValueError(f"create_model builds random weights (pretrained={pretrained!r}): load weights with "
                          f"vitkit.from_pretrained(a file, a folder or 'hf-hub:org/name')")
-    config = get_model_config(name).replace(**overrides)
+    base = get_model_config(name)
+    has_mlp_dim = "mlp_dim" in getattr(base, "__dataclass_fields__", ()) and bool(base.mlp_dim)
+    if has_mlp_dim and isinstance(overrides.get("embed_dim"), int) and "mlp_dim" not in overrides:
+        # the MLP keeps its ratio to the width, as timm's mlp_ratio does (it kept the registered width)
+        overrides["mlp_dim"] = int(overrides["embed_dim"] * base.mlp_dim / base.embed_dim)
+    config = base.replace(**overrides)
     return as_features(build_from_config(config), features_only, out_indices, pyramid, pyramid_channels)
 
 
