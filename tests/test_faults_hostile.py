@@ -494,11 +494,21 @@ def test_convert_never_overwrites_what_it_reads(model_dir, tmp_path, capsys):
     shutil.copytree(model_dir, source)
     before = {p.name: p.read_bytes() for p in source.iterdir()}
     for dst, to, words in ((source / "model.safetensors", "timm", f"would overwrite {source / 'model.safetensors'}"),
-                           (source, "vitkit", f"would overwrite {source / 'config.json'}"),
+                           (source, "vitkit", f"DST {source} is the folder SRC {source} is read from"),
                            (tmp_path / "x" / "model.safetensors", "vitkit", "writes a folder")):
         line = one_line(in_process(capsys, "convert", source, dst, "--to", to))
         assert words in line, line
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+    # an open_clip folder's own files (they were deleted by --to vitkit/hf into it, overwritten by --to timm)
+    clip = tmp_path / "clip"
+    clip.mkdir()
+    (clip / "open_clip_model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
+    (clip / "open_clip_config.json").write_text("{}")
+    for dst, to, words in ((clip, "hf", f"DST {clip} is the folder SRC {clip} is read from"),
+                           (clip / "open_clip_model.safetensors", "timm", "would overwrite")):
+        line = one_line(in_process(capsys, "convert", clip, dst, "--to", to))
+        assert words in line, line
+    assert sorted(p.name for p in clip.iterdir()) == ["open_clip_config.json", "open_clip_model.safetensors"]
 
 
 def test_warnings_are_one_line_notes(capsys, model_dir, tmp_path):

@@ -56,7 +56,10 @@ def check_destination(src: str, dst: str, to: str) -> None:
         check_output(str(Path(dst).with_suffix(".bin")), "file", "DST's weights")
     source = Path(src)
     source = run_model_folder(source) or source
-    reads = {source / name for name in FOLDER_FILES} if source.is_dir() else {source}
+    if folder and source.is_dir() and Path(dst).resolve() == source.resolve():  # its model files would be replaced
+        raise ValueError(f"DST {dst} is the folder SRC {src} is read from (its files would be replaced by the "
+                         f"converted ones): write somewhere else")
+    reads = ({source / name for name in FOLDER_FILES} | set(model_files(source))) if source.is_dir() else {source}
     writes = {Path(dst) / name for name in FOLDER_FILES} if folder else {Path(dst)}
     if to == "openvino":
         writes.add(Path(dst).with_suffix(".bin"))
