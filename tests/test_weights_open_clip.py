@@ -279,3 +279,23 @@ def test_an_open_clip_repository_loads_from_the_hub(tmp_path, monkeypatch):
     with torch.no_grad():
         a = ref.encode_image(x)
         assert max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_the_folder_config_s_size_eps_and_activation_are_read(tmp_path):
+    """open_clip_config.json's non-square image_size was read as the nearest square grid (another function),
+    its norm_kwargs eps and act_kwargs tanh were dropped (1e-5 and exact GELU: 4e-4 off), and a config without
+    model_cfg was read as if it said the activation (a QuickGELU tower as exact GELU, unsaid)."""
+    x = torch.randn(2, 3, 128, 32)
+    (tmp_path / "a").mkdir()
+    ref = _tower(tmp_path / "a", "ViT-B-32", layers=1, size=[128, 32], norm_kwargs={"eps": 1e-6},
+                 act_kwargs={"approximate": "tanh"})
+    ours = vitkit.from_pretrained(tmp_path / "a")
+    assert ours.config.img_size == (128, 32) and ours.config.norm_eps == 1e-6 and ours.config.gelu == "tanh"
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+    (tmp_path / "b").mkdir()
+    _tower(tmp_path / "b", "ViT-B-16-quickgelu", layers=1)
+    (tmp_path / "b" / "open_clip_config.json").write_text(json.dumps({"preprocess_cfg": {}}))
+    with pytest.warns(GuessWarning, match="gelu='quick'"):
+        vitkit.from_pretrained(tmp_path / "b")

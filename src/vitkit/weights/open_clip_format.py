@@ -207,23 +207,37 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     width, chans, ph, pw = (int(s) for s in conv.shape)
     depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)] if m)
     patches = int(pos.shape[0]) - 1
-    side = int(round(patches ** 0.5))
-    if side * side != patches:
-        raise WeightsError(f"open_clip positional_embedding of {patches} patch slots is not a square grid; "
-                           f"pass img_size=")
     model_cfg = (open_clip_config or {}).get("model_cfg", {})
     vision = _vision_cfg(open_clip_config) or {}
     if vision.get("attentional_pool"):
         raise WeightsError("an open_clip vision_cfg with an attentional_pool (CoCa) is not one vitkit reads")
+    size = vision.get("image_size")  # the config's size (a non-square one was read as the nearest square)
+    if isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 2):
+        h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        if (h // ph) * (w // pw) != patches:
+            raise WeightsError(f"{CONFIG_FILE} says image_size {h}x{w} ({h // ph}x{w // pw} patches), its "
+                               f"positional_embedding holds {patches} patch slots: the config and the weights disagree")
+        grid = (h // ph, w // pw)
+    else:
+        side = int(round(patches ** 0.5))
+        if side * side != patches:
+            raise WeightsError(f"open_clip positional_embedding of {patches} patch slots is not a square grid; "
+                               f"pass img_size=")
+        grid = (side, side)
+    norm_kwargs = vision.get("norm_kwargs") or {}
+    act_kwargs = vision.get("act_kwargs") or {}
+    if set(act_kwargs) - {"approximate"} or act_kwargs.get("approximate", "none") not in ("none", "tanh"):
+        raise WeightsError(f"an open_clip vision_cfg with act_kwargs {act_kwargs} is not one vitkit reads")
     pool, after = readout(sd, open_clip_config)
     kw: Dict[str, Any] = dict(
-        img_size=(side * ph, side * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
+        img_size=(grid[0] * ph, grid[1] * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
         num_heads=max(1, width // int(vision.get("head_width", head_width(width)))), global_pool=pool, fc_norm=after,
         mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]),
-        pre_norm="visual.ln_pre.weight" in sd, patch_bias=False, norm_eps=1e-5,
+        pre_norm="visual.ln_pre.weight" in sd, patch_bias=False, norm_eps=float(norm_kwargs.get("eps", 1e-5)),
         init_values=1.0 if "visual.transformer.resblocks.0.ls_1.gamma" in sd else None,
         num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0,
-        gelu="quick" if model_cfg.get("quick_gelu") else "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
+        gelu="quick" if model_cfg.get("quick_gelu") else "tanh" if act_kwargs.get("approximate") == "tanh" else
+        "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
     pre = (open_clip_config or {}).get("preprocess_cfg", {})
     if isinstance(pre, Mapping):
         for key in ("mean", "std"):

@@ -357,15 +357,17 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
     overrides = overrides or {}
     if src.format == "open_clip":
         said = []
-        if src.open_clip_config is None and "gelu" not in overrides:
+        # an open_clip_config.json without its model_cfg says no more than none (it was read without a note)
+        bare = not isinstance((src.open_clip_config or {}).get("model_cfg"), Mapping)
+        if bare and "gelu" not in overrides:
             said.append("open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP "
                         "weights need gelu='quick' (or the folder with open_clip_config.json)")
-        if src.open_clip_config is None and "num_heads" not in overrides and not open_clip_format.heads_known(
+        if bare and "num_heads" not in overrides and not open_clip_format.heads_known(
                 config.embed_dim):
             said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
                         f"{config.embed_dim} / 64, open_clip's default head width); a tower trained with another "
                         f"needs num_heads= (or the folder with open_clip_config.json)")
-        if src.open_clip_config is None and config.global_pool == "avg":
+        if bare and config.global_pool == "avg":
             said.append("its readout is not stored: a tower without ln_pre was read as CLIPA's (the patch tokens' "
                         "mean, ln_post after it; every open_clip config without ln_pre pools so; or the folder with "
                         "open_clip_config.json)")
