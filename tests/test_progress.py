@@ -153,7 +153,7 @@ def fake_run(progress_on: bool, main: bool = True, n: int = 10):
     data = SimpleNamespace(test=list(range(n)), val=list(range(n)),
                            eval_batches=lambda split, config, size: iter([(None, [0] * size, ())] * -(-n // size)))
     return SimpleNamespace(cfg=SimpleNamespace(progress=progress_on, eval_batch_size=4), main=main, data=data,
-                           input_config=None, task=FakeTask(), amp=None, parallel=None)
+                           input_config=None, task=FakeTask(), amp=None, parallel=None, skipped=set(), scored={})
 
 
 def test_the_final_scoring_of_a_run_shows_progress_on_rank_0_only(no_delay, capsys):

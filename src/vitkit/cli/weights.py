@@ -6,8 +6,6 @@ import argparse
 import sys
 import warnings
 
-import torch
-
 from ..files import check_output
 from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
 
@@ -46,7 +44,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
             "params": sum(p.numel() for p in written.parameters()),
-            "dtype": str(half or torch.float32).replace("torch.", "")}
+            "dtype": str(half).replace("torch.", "") if half else "float32"}
     if args.json:
         print_json(info)
     else:
