@@ -18,7 +18,6 @@ checkpoint is written only once every step before it is known to be finite.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -51,7 +50,7 @@ from .optim import layer_of, make_optimizer  # noqa: F401 (layer_of: vitkit.trai
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
-from .resume import resumed_config
+from .resume import read_run_json, resumed_config
 from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir  # noqa: F401 (re-exported)
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
@@ -224,17 +223,7 @@ def restore(run: Run, resume: Optional[str]) -> None:
 
 def saved_init_model(run_dir: str) -> Optional[Dict[str, Any]]:
     """The model config an --init run wrote at its start (None: a run folder from before it was written)."""
-    path = Path(run_dir) / INIT_MODEL
-    if not path.is_file():
-        return None
-    try:
-        values = json.loads(path.read_text())
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's model "
-                         f"config is damaged") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} holds {type(values).__name__}, not a model config")
-    return values
+    return read_run_json(Path(run_dir) / INIT_MODEL, "the run's model config")
 
 
 def _load_state(run: Run, run_dir: Path) -> None:

@@ -31,19 +31,25 @@ def saved_field(run_dir: str, name: str) -> Any:
 
 def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     """The fields a run saved in its ``config.json`` (None: not a run directory)."""
-    saved = Path(run_dir) / "config.json"
-    if not saved.is_file():
+    values = read_run_json(Path(run_dir) / "config.json", "a run's configuration")
+    if values is None:
         return None
-    try:
-        values = json.loads(saved.read_text())
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"{saved} is not valid JSON ({' '.join(str(e).split())[:120]}): the run's configuration "
-                         f"is damaged") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{saved} holds {type(values).__name__}, not a run's configuration")
     for old, new in RENAMED.items():
         if old in values:
             values.setdefault(new, values.pop(old))
+    return values
+
+
+def read_run_json(path: Path, what: str) -> Optional[Dict[str, Any]]:
+    """A run folder's JSON object ``what`` (None: no such file); a damaged one is one line naming it."""
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:120]}): {what} is damaged") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} holds {type(values).__name__}, not {what}")
     return values
 
 
