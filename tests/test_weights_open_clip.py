@@ -3,6 +3,7 @@
 1e-5 of their scale); the activation the tensors do not hold is said, not guessed in silence."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -123,6 +124,24 @@ def test_clipa_towers_and_the_other_readouts_load_with_parity(readout, tmp_path,
             assert max_diff(a, bare(x)) <= 1e-5 * max(1.0, a.abs().max().item())
 
 
+def test_a_clipa_tower_exports_to_timm_which_builds_it_with_a_zero_patch_bias(tmp_path, images):
+    """timm's ViT has a patch bias unless pre-norm: CLIPA's tower (neither) was written without one, and timm's
+    model missed patch_embed.proj.bias. A zero bias is the same function: timm and vitkit read it back exactly."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import load_file
+
+    ref = _tower(tmp_path, "ViT-B-32", layers=1, no_ln_pre=True, pool_type="avg", final_ln_after_pool=True)
+    vitkit.export_weights(vitkit.from_pretrained(tmp_path), tmp_path / "timm.safetensors", "timm")
+    theirs = timm.create_model("vit_base_patch32_clip_224", depth=1, img_size=64, num_classes=512, pre_norm=False,
+                               global_pool="avg", fc_norm=True)
+    theirs.load_state_dict(load_file(str(tmp_path / "timm.safetensors")))
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        for model in (theirs.eval(), vitkit.from_pretrained(tmp_path / "timm.safetensors")):
+            assert max_diff(a, model(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
 def test_a_tower_of_tokens_without_a_pooled_output_is_refused(tmp_path):
     _tower(tmp_path, "ViT-B-32", layers=1, pool_type="none")
     with pytest.raises(WeightsError, match="pool_type 'none'"):
@@ -224,6 +243,7 @@ def test_a_tower_timm_builds_loads_with_parity(kind, tmp_path):
                       {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "resize_mode": "squash"})
     ours = vitkit.from_pretrained(tmp_path).eval()
     assert ours.config.name == name and ours.config.mean == (0.1, 0.2, 0.3) and ours.config.crop_mode == "squash"
+    assert ours.config.head_kind == ("projection" if ours.config.num_classes else "classes")  # open_clip's embedding
     proj = getattr(ref.visual.head, "proj", None)
     bias = 64 if proj is not None and proj.bias is None else 0  # vitkit's head has one (zero) where open_clip's not
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.visual.parameters()) + bias
@@ -299,3 +319,29 @@ def test_the_folder_config_s_size_eps_and_activation_are_read(tmp_path):
     (tmp_path / "b" / "open_clip_config.json").write_text(json.dumps({"preprocess_cfg": {}}))
     with pytest.warns(GuessWarning, match="gelu='quick'"):
         vitkit.from_pretrained(tmp_path / "b")
+
+
+def test_a_config_of_another_tower_is_refused_and_a_config_json_beside_is_not_read(tmp_path, images):
+    """open_clip_config.json was read for its activation and head width without a look at its layers, width or
+    patch: another tower's config gave these weights another function. A timm config.json beside open_clip's
+    files (a repository's other file) replaced open_clip's config: 0.05 off, unsaid."""
+    ref = _tower(tmp_path, "ViT-B-16-quickgelu", layers=1)
+    config = json.loads((tmp_path / "open_clip_config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_base_patch16_clip_224", "num_classes": 512,
+                                                      "model_args": {"depth": 1, "img_size": 64}}))
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        a = ref.encode_image(x)
+        assert ours.config.gelu == "quick" and max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+    for change, said in ((dict(layers=12), "layers 12 (the tensors: 1)"), (dict(width=1024), "width 1024"),
+                         (dict(patch_size=32), "patch_size 32 (the tensors: 16)"), (dict(mlp_ratio=2.0), "mlp_ratio"),
+                         (dict(head_width=0), "head_width must be a positive integer")):
+        vision = {**config["model_cfg"]["vision_cfg"], **change}
+        (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": {**config["model_cfg"],
+                                                                                  "vision_cfg": vision}}))
+        with pytest.raises(WeightsError, match=re.escape(said)):
+            vitkit.from_pretrained(tmp_path)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": [1, 2]}))
+    with pytest.raises(WeightsError, match="model_cfg must be an object of fields"):
+        vitkit.from_pretrained(tmp_path)

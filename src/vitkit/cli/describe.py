@@ -48,12 +48,21 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
     c = info["config"]
     extra = [f"{c.reg_tokens} registers" if getattr(c, "reg_tokens", 0) else "",
              f"rotary positions ({c.rope})" if getattr(c, "rope", "none") != "none" else "",
-             f"pooling {c.global_pool}", f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"
+             f"pooling {c.global_pool}", _head(c), f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"
              + (" (squashed)" if getattr(c, "crop_mode", "center") == "squash" else "")]
     lines.append(f"  vitkit      architecture {c.architecture!r}" + (f" ({c.name})" if c.name else "") + ": "
                  + ", ".join(e for e in extra if e))
     lines += [f"  assumed     {guess}" for guess in info.get("assumed", ())]  # a bare file: what its tensors do not say
     return lines
+
+
+def _head(config) -> str:
+    """What a model's outputs are, as ``vitkit info`` says it: classes, an image-text projection, or none."""
+    if not config.num_classes:
+        return "no head (features)"
+    if getattr(config, "head_kind", "classes") == "projection":
+        return f"head: an image-text projection, {config.num_classes} wide (no classes)"
+    return f"head: {config.num_classes:,} classes" + (" (named)" if config.label_names else "")
 
 
 #: what only a path has: model names are letters, digits, '_', '-' and '.' before a tag

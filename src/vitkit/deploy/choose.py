@@ -120,9 +120,14 @@ def check_classifier(model: nn.Module, weights: PathLike) -> nn.Module:
     if is_pretrainer(model):
         raise ValueError(f"{weights} is a {model.objective} pre-training model: it has no classifier; fine-tune it "
                          f"first (vitkit train --init {weights}), or read its encoder with vitkit fewshot / inspect")
-    if not getattr(model.config, "num_classes", 1):
-        raise ValueError(f"{weights} has no classifier head (num_classes 0): fine-tune it first "
-                         f"(vitkit train --init {weights}), or read it with vitkit fewshot / inspect")
+    from ..models.config_base import no_classes
+
+    if why := no_classes(model.config):
+        if is_onnx(weights) or is_openvino(weights):
+            raise ValueError(f"{weights} has {why}: an exported graph scores no classes; fine-tune the weights it "
+                             f"was exported from (vitkit train --init WEIGHTS) and export that")
+        raise ValueError(f"{weights} has {why}: fine-tune it first (vitkit train --init {weights}), or read it "
+                         f"with vitkit fewshot / inspect")
     return model
 
 
@@ -146,7 +151,7 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
                              ".xml file is its own graph")
         if calibration is not None:
             raise ValueError(f"{weights} is already exported: --calibration is for quantizing weights")
-        return load_for_runtime(weights, runtime, quantize, **stand_ins)
+        return check_classifier(load_for_runtime(weights, runtime, quantize, **stand_ins), weights)
     from ..weights.pretrained import without_preprocessing
 
     normalised = {k: stand_ins.pop(k) for k in ("mean", "std") if stand_ins.get(k) is not None}

@@ -13,6 +13,7 @@ from torch import nn
 from ..data.folder import image_files
 from ..data.images import BadImageError
 from ..data.transforms import preprocess
+from ..models.config_base import no_classes
 from ..models.layers import fast_inference
 from ..progress import track
 
@@ -45,8 +46,8 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     photo in a folder of thousands loses nothing); a path that is no file is refused before any
     work. ``progress``: a bar on stderr once it takes a while."""
     config = model.config
-    if config.num_classes <= 0:
-        raise ValueError("these weights have no classifier head (num_classes=0): nothing to predict")
+    if why := no_classes(config):
+        raise ValueError(f"these weights have {why}: nothing to predict")
     paths = image_files(list(images))
     if not paths:
         raise ValueError("no images given")

@@ -25,6 +25,7 @@ from ..evaluate.predict import label_for
 from ..extras import require
 from ..files import weights_folder, write_text
 from ..models import family_of
+from ..models.config_base import no_classes
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
 from . import figures
@@ -145,7 +146,9 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
         table = (f"<h2>predictions</h2><table><tr><th>image</th><th>predicted</th><th>probability</th></tr>"
                  f"{rows}</table>")
     else:  # a model without a classifier (an empty predictions table was shown)
-        table = "<p>This model has no classifier: its output is the pooled features, so no predictions.</p>"
+        output = ("an image-text embedding (CLIP's or SigLIP's projection)" if getattr(cfg, "head_kind", "") ==
+                  "projection" and cfg.num_classes else "the pooled features")
+        table = f"<p>This model has no classifier: its output is {output}, so no predictions.</p>"
     images = max(result.images, len(result.predictions), sum(name.startswith("rollout_") for name in result.figures))
     sections = "".join(f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>"
                        f"<img alt=\"{html.escape(name)}\" src=\"{_data_uri(path)}\">"
@@ -271,7 +274,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
                     note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
                     if getattr(pretrainer.config, "norm_pix_loss", False) else "")
                 bar.advance()
-            probs, rollout, distance = _per_image(model, x, pretrainer is None and bool(cfg.num_classes), bar, maps)
+            probs, rollout, distance = _per_image(model, x, pretrainer is None and not no_classes(cfg), bar, maps)
             for (name, _), p in zip(named, probs if probs is not None else []):
                 result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
             for i, ((name, _), view) in enumerate(zip(named, views) if maps else ()):

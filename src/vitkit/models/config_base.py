@@ -29,6 +29,9 @@ GLOBAL_POOLS = ("token", "avg")
 CROP_MODES = ("center", "squash")
 #: how the centre crop's odd margin is split (``crop_offset``)
 CROP_OFFSETS = ("round", "floor")
+#: what a head's outputs are (``head_kind``): class logits, or a projection into an image-text space (CLIP's
+#: and SigLIP's towers as open_clip and transformers' ...WithProjection hold them), which are no classes
+HEAD_KINDS = ("classes", "projection")
 #: The largest image side a model is built for: 16,384 px is a million 16 px patches, past what
 #: attention can hold in memory; larger sizes were typos (and allocation tracebacks).
 MAX_IMG_SIZE = 16_384
@@ -79,6 +82,8 @@ class ConfigMixin:
                 self.std = (self.std[0],) * chans
             else:
                 problems.append(f"mean/std need {chans} values")
+        if self.head_kind not in HEAD_KINDS:
+            problems.append(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
         if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         if isinstance(self.num_classes, int) and self.num_classes > MAX_CLASSES:
@@ -121,7 +126,20 @@ class ConfigMixin:
         if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
                 and overrides["num_classes"] != len(self.label_names):
             overrides["label_names"] = None
+        if "num_classes" in overrides and "head_kind" not in overrides and overrides["num_classes"] != self.num_classes:
+            overrides["head_kind"] = "classes"  # a new head is a classifier
         return dataclasses.replace(self, **overrides)
+
+
+def no_classes(config: Any) -> Optional[str]:
+    """Why a model's outputs are no class scores (None: they are): no head, or a projection (``head_kind``)."""
+    classes = getattr(config, "num_classes", 0)
+    if not classes:
+        return "no classifier head (num_classes 0)"
+    if getattr(config, "head_kind", "classes") == "projection":
+        return (f"no classifier: its head is a projection into an image-text space (CLIP's or SigLIP's image "
+                f"embedding, {classes} wide), not {classes} classes")
+    return None
 
 
 def _is_int(value: Any) -> bool:
@@ -160,6 +178,8 @@ class ImageConfig(ConfigMixin):
     #: timm's CenterCrop) or 'floor'ed (transformers' image processors): one pixel apart
     crop_offset: str = "round"
     label_names: Optional[List[str]] = None
+    #: what the head's outputs are (``HEAD_KINDS``): 'projection' is an image-text embedding, not classes
+    head_kind: str = "classes"
     #: the family (what ``config.json`` is rebuilt by); each family's config sets its own
     architecture: str = "vit"
     name: Optional[str] = None

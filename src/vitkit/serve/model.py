@@ -22,6 +22,7 @@ from ..data.images import BadImageError, decode_image
 from ..data.transforms import ImageShapeError, transform_for
 from ..deploy.choose import runtime_of
 from ..evaluate.predict import label_for
+from ..models.config_base import no_classes
 from ..models.layers import fast_inference
 from ..progress import track
 
@@ -76,9 +77,9 @@ class ServedModel:
     def __init__(self, model: nn.Module, runtime: Optional[str] = None, max_pixels: int = MAX_PIXELS,
                  max_batch: Optional[int] = None):
         config = model.config
-        if not getattr(config, "num_classes", 0):
-            raise ValueError("these weights have no classifier head (num_classes 0): nothing to serve; fine-tune "
-                             "them first (vitkit train --init WEIGHTS)")
+        if why := no_classes(config):
+            raise ValueError(f"these weights have {why}: nothing to serve; fine-tune them first "
+                             f"(vitkit train --init WEIGHTS)")
         self.model, self.runtime, self.config = model.eval(), runtime or runtime_of(model), config
         self.transform = transform_for(model)
         self.channels = len(self.transform.mean)

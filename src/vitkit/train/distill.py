@@ -88,6 +88,7 @@ def load_teacher(source: str, num_classes: int, device: Union[str, torch.device]
     if source.startswith(TORCHVISION_PREFIX):
         model, spec = _torchvision_teacher(source[len(TORCHVISION_PREFIX):], num_classes)
     else:
+        from ..models.config_base import no_classes
         from ..runlock import unfinished_run
         from ..weights.pretrained import from_pretrained
 
@@ -95,6 +96,8 @@ def load_teacher(source: str, num_classes: int, device: Union[str, torch.device]
             raise FileNotFoundError(f"--teacher {why}")
         model = from_pretrained(source)
         spec = InputSpec.of(model.config)
+        if getattr(model.config, "head_kind", "classes") != "classes":
+            raise ValueError(f"teacher {source} has {no_classes(model.config)}: a teacher scores the classes")
         if model.config.num_classes != num_classes:
             raise ValueError(f"teacher {source} predicts {model.config.num_classes} classes, the data has "
                              f"{num_classes}: distillation needs the same classes")

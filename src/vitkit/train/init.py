@@ -18,6 +18,7 @@ from torch import nn
 
 from ..data.datasets import class_difference
 from ..models import build_from_config
+from ..models.config_base import no_classes
 from ..runlock import unfinished_run
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_weights, read_source
@@ -55,6 +56,10 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     overrides = {**data_args, **resolve_width(model_args, stored)}
     if head == "new":
         overrides.setdefault("representation_size", None)
+        overrides["head_kind"] = "classes"
+    elif stored.head_kind != "classes":
+        raise WeightsError(f"init_head='keep' keeps a classifier: {source} has {no_classes(stored)}; use "
+                           f"--init-head new")
     elif stored.num_classes != data_args["num_classes"]:
         raise WeightsError(f"init_head='keep' needs the same classes: the weights have "
                            f"{stored.num_classes}, the data {data_args['num_classes']}")

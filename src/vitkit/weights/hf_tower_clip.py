@@ -59,6 +59,7 @@ def _clip_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
         in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"], depth=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], norm_eps=hf.get("layer_norm_eps", 1e-5),
         gelu=_act(hf), pre_norm=True, num_classes=int(projection.shape[0]) if projection is not None else 0,
+        head_kind="projection",
         mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711), crop_pct=1.0)
 
 

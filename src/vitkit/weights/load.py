@@ -173,7 +173,11 @@ def read_source(path: PathLike) -> Source:
             raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
                                f"shard index: {', '.join(SHARD_INDEXES)})"
                                f" (found: {', '.join(found) or 'nothing'})")
-        config_json = _read_json(path / "config.json")
+        open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
+        # open_clip's file is read with open_clip's config: a config.json beside them describes the repository's
+        # other file (timm's or transformers' model.safetensors), absent here (it made another function, 0.05 off)
+        own = weights.name in open_clip_format.WEIGHT_FILES and open_clip_config is not None
+        config_json = None if own else _read_json(path / "config.json")
         try:
             src = read_source(weights)
         except WeightsError:
@@ -183,7 +187,7 @@ def read_source(path: PathLike) -> Source:
             _check_config_kind(path, config_json)
         src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
-        src.open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
+        src.open_clip_config = open_clip_config
         if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
             src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)
         if src.config_json and src.config_json.get("format") == "vitkit":

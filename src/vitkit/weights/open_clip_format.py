@@ -161,9 +161,25 @@ def readout(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]]
 
 
 def _vision_cfg(open_clip_config: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    _check_shape(open_clip_config)
     model_cfg = (open_clip_config or {}).get("model_cfg")
     vision = model_cfg.get("vision_cfg") if isinstance(model_cfg, Mapping) else None
     return vision if isinstance(vision, Mapping) else None
+
+
+def _check_shape(open_clip_config: Any) -> None:
+    """``open_clip_config.json`` as open_clip writes it: an object whose model_cfg, its vision_cfg and the
+    preprocess_cfg are objects (a list or a number in their place was an AttributeError, or ignored)."""
+    if open_clip_config is None:
+        return
+    if not isinstance(open_clip_config, Mapping):
+        raise WeightsError(f"{CONFIG_FILE} must hold an object of fields, not a {type(open_clip_config).__name__}")
+    model_cfg = open_clip_config.get("model_cfg")
+    for name, value in (("model_cfg", model_cfg), ("preprocess_cfg", open_clip_config.get("preprocess_cfg")),
+                        ("model_cfg's vision_cfg", model_cfg.get("vision_cfg") if isinstance(model_cfg, Mapping)
+                         else None)):
+        if value is not None and not isinstance(value, Mapping):
+            raise WeightsError(f"{CONFIG_FILE}: {name} must be an object of fields, not {value!r}")
 
 
 def to_native(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None) -> Dict[str, torch.Tensor]:
@@ -207,10 +223,12 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     width, chans, ph, pw = (int(s) for s in conv.shape)
     depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)] if m)
     patches = int(pos.shape[0]) - 1
-    model_cfg = (open_clip_config or {}).get("model_cfg", {})
     vision = _vision_cfg(open_clip_config) or {}
+    model_cfg = (open_clip_config or {}).get("model_cfg") or {}
     if vision.get("attentional_pool"):
         raise WeightsError("an open_clip vision_cfg with an attentional_pool (CoCa) is not one vitkit reads")
+    mlp = int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0])
+    _check_vision_cfg(vision, width, depth, (ph, pw), mlp)
     size = vision.get("image_size")  # the config's size (a non-square one was read as the nearest square)
     if isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 2):
         h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
@@ -231,11 +249,11 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     pool, after = readout(sd, open_clip_config)
     kw: Dict[str, Any] = dict(
         img_size=(grid[0] * ph, grid[1] * pw), patch_size=(ph, pw), in_chans=chans, embed_dim=width, depth=depth,
-        num_heads=max(1, width // int(vision.get("head_width", head_width(width)))), global_pool=pool, fc_norm=after,
-        mlp_dim=int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0]),
+        num_heads=width // int(vision.get("head_width", head_width(width))), global_pool=pool, fc_norm=after,
+        mlp_dim=mlp,
         pre_norm="visual.ln_pre.weight" in sd, patch_bias=False, norm_eps=float(norm_kwargs.get("eps", 1e-5)),
         init_values=1.0 if "visual.transformer.resblocks.0.ls_1.gamma" in sd else None,
-        num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0,
+        num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0, head_kind="projection",
         gelu="quick" if model_cfg.get("quick_gelu") else "tanh" if act_kwargs.get("approximate") == "tanh" else
         "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
     pre = (open_clip_config or {}).get("preprocess_cfg", {})
@@ -251,6 +269,23 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         return ViTConfig(**kw)
     except ValueError as e:
         raise WeightsError(f"open_clip tower: {e}") from None
+
+
+def _check_vision_cfg(vision: Mapping[str, Any], width: int, depth: int, patch: Tuple[int, int], mlp: int) -> None:
+    """The folder's vision_cfg against the tensors: a config of another tower (its activation and head width then
+    wrong for these weights, 0.05 off) is refused naming what disagrees; a malformed field in one line."""
+    said = {"width": width, "layers": depth, "patch_size": patch[0] if patch[0] == patch[1] else list(patch)}
+    wrong = [f"{key} {vision[key]!r} (the tensors: {value!r})" for key, value in said.items()
+             if key in vision and vision[key] != value and not (key == "patch_size" and list(patch) == vision[key])]
+    ratio = vision.get("mlp_ratio")
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and int(width * ratio) != mlp:
+        wrong.append(f"mlp_ratio {ratio!r} (the tensors: {mlp / width:g})")
+    if wrong:
+        raise WeightsError(f"{CONFIG_FILE} describes another tower than its weights: {'; '.join(wrong)}")
+    heads = vision.get("head_width")
+    if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0 or width % heads):
+        raise WeightsError(f"{CONFIG_FILE}: vision_cfg's head_width must be a positive integer dividing the width "
+                           f"{width}, got {heads!r}")
 
 
 def head_width(width: int) -> int:

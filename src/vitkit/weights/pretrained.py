@@ -184,7 +184,10 @@ def config_for_source(src: Source, **overrides: Any):
                            "pass the folder that holds both")
     if cj and "architecture" in cj:
         try:
-            return timm_format.config_from_hub(cj, src.tensors, **overrides)
+            config = timm_format.config_from_hub(cj, src.tensors, **overrides)
+            if src.open_clip_trunk and config.num_classes and "head_kind" not in overrides:
+                config = config.replace(head_kind="projection")  # open_clip's projection into the joint space
+            return config
         except WeightsError:  # said already (an architecture vitkit does not know)
             raise
         except (ValueError, TypeError) as e:  # a pretrained_cfg or model_args field: said as that file's

@@ -48,7 +48,7 @@ _NOT_IN_WEIGHTS = frozenset({
     "mean", "std", "crop_pct", "crop_mode", "crop_offset", "interpolation", "label_names", "name", "drop_rate",
     "attn_drop_rate", "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size",
     "pos_embed_interpolation", "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength",
-    "use_local_init"})
+    "use_local_init", "head_kind"})
 
 
 #: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,
@@ -162,6 +162,20 @@ def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return current
 
 
+#: timm's architectures of image-text towers (CLIP, EVA-02 CLIP, Perception Encoder, MobileCLIP), whose
+#: pre-trained head is the projection into the joint space (its fine-tuned weights' tags say ``ft``)
+_TOWER_NAMES = ("clip", "pe_core", "_mci")
+
+
+def projection_head(arch: str, pretrained_cfg: Mapping[str, Any]) -> bool:
+    """Whether a timm hub config's head is an image-text projection, not classes: an image-text tower's
+    architecture with a pre-training tag (``vit_base_patch16_clip_224.openai``: 512 wide, no classes); a
+    fine-tuned tag (``laion2b_ft_in1k``) or none (a file saved without timm's tag) is read as classes."""
+    base, _, tag = arch.partition(".")
+    tag = pretrained_cfg.get("tag") if isinstance(pretrained_cfg.get("tag"), str) else tag
+    return bool(tag) and any(n in base for n in _TOWER_NAMES) and "ft" not in tag.split("_")
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
@@ -193,6 +207,8 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
             kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
     if "input_size" in pre:
         kw.setdefault("img_size", tuple(pre["input_size"][1:]))
+    if kw.get("num_classes") and projection_head(arch, pre):
+        kw["head_kind"] = "projection"
     names = cfg.get("label_names")
     if isinstance(names, dict):
         names = [names.get(str(i), names.get(i)) for i in range(len(names))]
