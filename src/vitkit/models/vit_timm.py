@@ -31,7 +31,16 @@ def vit_to_timm(model: TokenModel) -> Dict[str, torch.Tensor]:
     pos = positions.full_table(model)
     if pos is not None:
         sd["pos_embed"] = pos.cpu().contiguous()
+    weight = sd.get("patch_embed.proj.weight")
+    if _timm_adds_patch_bias(model.config) and weight is not None:  # timm's patch projection has a bias unless
+        sd["patch_embed.proj.bias"] = weight.new_zeros(weight.shape[0])  # pre-norm: CLIPA's none is a zero one
     return sd
+
+
+def _timm_adds_patch_bias(config: TokenConfig) -> bool:
+    """A patch projection without a bias before no pre-norm (open_clip's CLIPA towers), which timm's
+    VisionTransformer cannot build (its bias is ``not pre_norm``): written as a zero bias, the same function."""
+    return getattr(config, "patch_bias", None) is False and not getattr(config, "pre_norm", False)
 
 
 def vit_timm_config(config: TokenConfig) -> Dict[str, Any]:
@@ -39,6 +48,8 @@ def vit_timm_config(config: TokenConfig) -> Dict[str, Any]:
     d = config.to_dict()
     if d["pos_embed"] in ("learned_2d", "sincos2d"):
         d["pos_embed"] = "learned"
+    if _timm_adds_patch_bias(config):
+        d["patch_bias"] = None
     return d
 
 
