@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,9 +39,10 @@ def uniform_attention(model):
 class FixedAttention(nn.Module):
     """A stand-in model whose attention is whatever the test says."""
 
-    def __init__(self, attn, patch_size=8, class_token=True):
+    def __init__(self, attn, patch_size=8, class_token=True, global_pool="token"):
         super().__init__()
         self.attn = attn
+        self.config = SimpleNamespace(global_pool=global_pool)
         self.patch_embed = nn.Module()
         self.patch_embed.patch_size = (patch_size, patch_size)
         self.patch_embed.grid_for = lambda size: (size[0] // patch_size, size[1] // patch_size)
@@ -59,6 +61,22 @@ def test_identity_attention_leaves_no_patch_mass_and_uniform_gives_a_uniform_map
     rollout = attention_rollout(model, torch.randn(2, 3, 32, 32))
     assert rollout.shape == (2, 4, 4)
     assert torch.allclose(rollout, torch.full_like(rollout, 1 / 16), atol=1e-6)
+
+
+def test_the_rollout_follows_what_the_readout_reads():
+    """A class token beside an average-pooled readout (open_clip's CLIPA towers): the map followed the class
+    token, which the readout never reads (with identity attention: an empty map, where every patch counts)."""
+    N = 1 + 16
+    identity = torch.eye(N).expand(2, 4, N, N)
+    for pool, expected in (("avg", 1 / 16), ("token_avg", 1 / 16), ("token", 0.0)):
+        rollout = attention_rollout(FixedAttention(identity, global_pool=pool), torch.zeros(2, 3, 32, 32))
+        assert torch.allclose(rollout, torch.full_like(rollout, expected), atol=1e-6), pool
+    focused = torch.eye(N).repeat(2, 4, 1, 1)
+    focused[:, :, 0] = 0
+    focused[:, :, 0, 5] = 1  # the class token attends to one patch only
+    half = attention_rollout(FixedAttention(focused, global_pool="token_avg"), torch.zeros(2, 3, 32, 32))
+    # the class row holds 7/8 on that patch after 3 layers, the patch rows 1/16 each: half of the map is there
+    assert half.flatten(1)[:, 4].tolist() == pytest.approx([0.5] * 2, abs=1e-6)
 
 
 @pytest.mark.parametrize("fusion", ["mean", "max", "min"])

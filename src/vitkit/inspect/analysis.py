@@ -64,10 +64,11 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
 
     Per layer: fuse the heads, drop the weakest ``discard_ratio`` of each row's weights (the
     query's own weight is kept), add the identity for the residual path, renormalise rows;
-    then multiply the layers from first to last. The map is the class token's row over the
-    patches. Without a class token (global average pooling) it is the mean of the patch
-    rows: the pooled representation draws on every patch token equally. Each map is
-    normalised to sum 1 over the patches that the rollout reaches (prefix mass removed).
+    then multiply the layers from first to last. The map is the row of what the readout reads over
+    the patches: the class token's, or with global average pooling (and a MAP head, whose learned query
+    is not in the rollout) the mean of the patch rows: the pooled representation draws on every patch
+    token equally. Each map is normalised to sum 1 over the patches that the rollout reaches (prefix
+    mass removed).
     """
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
@@ -105,10 +106,21 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
         rollout = a @ rollout
     prefix = model.num_prefix_tokens
     gh, gw = model.patch_embed.grid_for(images.shape[-2:])
-    rows = rollout[:, 0] if model.cls_token is not None else rollout[:, prefix:].mean(dim=1)
-    patches = rows[:, prefix:]
+    patches = _readout_rows(model, rollout)[:, prefix:]
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return patches.reshape(B, gh, gw)
+
+
+def _readout_rows(model: nn.Module, rollout: torch.Tensor) -> torch.Tensor:
+    """The rollout's rows of the tokens the model's readout reads (B, N): the class token's, the mean of the
+    patch tokens' (global average pooling, with the prefix tokens where it includes them; a patch mean beside a
+    class token was read as the class token's: CLIPA's towers), both halves of a class token beside the mean."""
+    prefix, config = model.num_prefix_tokens, getattr(model, "config", None)
+    pool = getattr(config, "global_pool", "token")
+    mean = rollout[:, (0 if getattr(config, "pool_include_prefix", False) else prefix):].mean(dim=1)
+    if model.cls_token is None or pool in ("avg", "map"):
+        return mean
+    return (rollout[:, 0] + mean) / 2 if pool == "token_avg" else rollout[:, 0]
 
 
 def patch_distances(grid: Tuple[int, int], patch_size: Tuple[int, int]) -> torch.Tensor:
