@@ -119,6 +119,19 @@ def test_wrong_input_size_and_channels(images):
         model(torch.randn(1, 1, 32, 32))
 
 
+def test_pixels_of_another_dtype_are_one_clear_line(images):
+    """Raw uint8 pixels, or float16 ones into float32 weights, ended in the convolution's own error."""
+    model = tiny().eval()
+    x = images(1, 32, 32)
+    with pytest.raises(ValueError, match="expected float pixels.*uint8 tensor"):
+        model((x * 255).to(torch.uint8))
+    with pytest.raises(ValueError, match=r"images are torch.float16 and the model's weights torch.float32"):
+        model(x.half())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts them: allowed
+        assert model(x.bfloat16()).shape == (1, model.config.num_classes)
+    assert model.to(torch.float64)(x.double()).dtype == torch.float64
+
+
 def test_fused_and_explicit_attention_agree(images):
     model = tiny(depth=3)
     x = images(2, 32, 32)

@@ -33,6 +33,13 @@ class PatchGrid:
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(
                 f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
+        weight = next(self.parameters(), None)
+        if not x.is_floating_point():
+            raise ValueError(f"expected float pixels, normalised as vitkit.preprocess gives them; got a {x.dtype} "
+                             f"tensor (raw 0-255 values?)")
+        if weight is not None and x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(f"the images are {x.dtype} and the model's weights {weight.dtype}: cast one to the "
+                             f"other (x.to({weight.dtype}), or model.to({x.dtype})), or run under torch.autocast")
         size = (x.shape[-2], x.shape[-1])
         if strict and size != self.img_size:
             raise ValueError(
