@@ -106,6 +106,17 @@ def test_open_clip_attention_pool_tower_is_refused(tmp_path):
         vitkit.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("option", ["qk_norm", "scale_fc", "scale_heads"])
+def test_a_block_option_vitkit_does_not_read_is_refused_by_its_name(option, tmp_path):
+    """open_clip's qk_norm, scale_fc, scale_attn and scale_heads add tensors: they were "not in the model" with an
+    advice to load the rest with strict=False (another function)."""
+    _tower(tmp_path, "ViT-B-32", layers=1, **{option: True})
+    for source in (tmp_path, tmp_path / "open_clip_model.safetensors"):
+        with pytest.raises(WeightsError, match=f"built with {option} .*is not one vitkit reads") as refused:
+            vitkit.from_pretrained(source)
+        assert "strict=False" not in str(refused.value)
+
+
 @pytest.mark.parametrize("readout", [dict(no_ln_pre=True, pool_type="avg", final_ln_after_pool=True),
                                      dict(pool_type="avg"), dict(final_ln_after_pool=True)])
 def test_clipa_towers_and_the_other_readouts_load_with_parity(readout, tmp_path, images):

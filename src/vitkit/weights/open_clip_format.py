@@ -62,6 +62,12 @@ _RULES = [
 ]
 
 
+#: open_clip's block options no config of its pre-trained models sets, by the tensors they add (open_clip's
+#: ``ln_attn`` normalises after the output projection, where timm's attention norm sits before it)
+_UNREAD_OPTIONS = ((r"\.attn\.ln_[qk]\.", "qk_norm"), (r"\.mlp\.ln\.", "scale_fc"), (r"\.ln_attn\.", "scale_attn"),
+                   (r"\.attn\.head_scale$", "scale_heads"))
+
+
 def is_open_clip(keys) -> bool:
     keys = set(keys)
     return "visual.conv1.weight" in keys and "visual.class_embedding" in keys
@@ -219,6 +225,10 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     """The tower's architecture off its shapes (and ``open_clip_config.json`` where given)."""
     if any(k.startswith("visual.attn_pool") for k in sd):
         raise WeightsError("an open_clip tower with an attention pool (CoCa) is not one vitkit reads")
+    options = sorted({option for k in sd for pattern, option in _UNREAD_OPTIONS if re.search(pattern, k)})
+    if options:
+        raise WeightsError(f"an open_clip tower built with {', '.join(options)} (no open_clip config of a "
+                           f"pre-trained model sets it) is not one vitkit reads")
     conv, pos = sd["visual.conv1.weight"], sd["visual.positional_embedding"]
     width, chans, ph, pw = (int(s) for s in conv.shape)
     depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)] if m)
