@@ -644,6 +644,26 @@ def test_a_vitkit_weights_file_loads_by_its_architecture_s_name(tmp_path, images
         assert back.config.pos_embed == "sincos2d" and max_diff(back(x), model(x)) == 0
 
 
+def test_the_model_file_save_pretrained_writes_is_read_exactly_without_its_folder(tmp_path, images):
+    """model.safetensors copied without config.json was read as a bare state dict: its architecture guessed off
+    the shapes (the sine-cosine positions, the class names, a pre-training model's objective lost). It carries
+    config.json's content in its metadata now."""
+    from vitkit.models import get_model_config
+    from vitkit.selfsup import create_pretrainer
+
+    model = randomize(vitkit.create_model("vit_fmnist", label_names=list("abcdefghij"))).eval()
+    model.save_pretrained(tmp_path / "fm")
+    (tmp_path / "fm" / "model.safetensors").rename(tmp_path / "alone.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing guessed, nothing to say
+        back = vitkit.from_pretrained(tmp_path / "alone.safetensors")
+    x = images(2, 28, 28, c=1)
+    with torch.no_grad():
+        assert back.config == model.config and max_diff(back(x), model(x)) == 0
+    create_pretrainer("mae", get_model_config("vit_fmnist").replace(num_classes=0)).save_pretrained(tmp_path / "mae")
+    assert type(vitkit.from_pretrained(tmp_path / "mae" / "model.safetensors")).__name__ == "MAE"
+
+
 def test_a_non_square_centre_crop_model_written_for_transformers_says_its_pixels_differ(tmp_path):
     """transformers' processors resize the shorter side then crop; vitkit's (timm's) non-square resize covers
     both sides: the folder was written as if the two were the same (1.9-8.9 off on photos of another shape)."""

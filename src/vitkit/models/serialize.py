@@ -7,6 +7,7 @@ writing the native layout is here so that ``model.save_pretrained`` needs nothin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Dict
 
@@ -19,6 +20,9 @@ NATIVE_FORMAT = "vitkit"
 NATIVE_FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+#: the safetensors metadata key of ``config.json``'s content in ``model.safetensors``: the file alone (copied
+#: without its folder) is read exactly, not as a bare state dict whose unstored fields are guessed
+CONFIG_JSON_METADATA_KEY = "vitkit_config_json"
 
 
 def native_config_dict(config: Any, **extra: Any) -> Dict[str, Any]:
@@ -39,10 +43,12 @@ def save_pretrained(model: nn.Module, directory: PathLike, config: Any = None, *
         _check_rebuildable(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     # a failed save removes the folder it made, or leaves the one there was as it was
+    described = native_config_dict(model.config if config is None else config, **extra)
     with weights_folder(directory, _own_files) as into:
         with atomic_path(into / WEIGHTS_NAME) as tmp:
-            save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT})
-        write_json(into / CONFIG_NAME, native_config_dict(model.config if config is None else config, **extra))
+            save_file(tensors, str(tmp), metadata={"format": NATIVE_FORMAT,
+                                                   CONFIG_JSON_METADATA_KEY: json.dumps(described)})
+        write_json(into / CONFIG_NAME, described)
     return Path(directory)
 
 

@@ -17,6 +17,7 @@ from ..files import PathLike
 from ..models import family_of_state_dict, positions
 from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
+from ..models.serialize import CONFIG_JSON_METADATA_KEY
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata
@@ -211,7 +212,11 @@ def read_source(path: PathLike) -> Source:
                                f"they adapt; read the run's model (merged at its end) or its adapter/ with peft")
         src.config_json, src.format = run_model, "vitkit"
     if path.suffix.lower() == ".safetensors":  # vitkit's timm exports carry their config (timm ignores it)
-        text = safetensors_metadata(path).get(CONFIG_METADATA_KEY)
+        metadata = safetensors_metadata(path)
+        text = metadata.get(CONFIG_METADATA_KEY)
+        if metadata.get(CONFIG_JSON_METADATA_KEY) is not None and run_model is None:  # save_pretrained's file alone
+            src.config_json, src.format = _metadata_json(path, metadata[CONFIG_JSON_METADATA_KEY]), "vitkit"
+            src.pretraining = selfsup_format.detect(tensors.keys(), src.config_json)
         if text is not None:
             try:
                 src.config_json = {"format": "vitkit", "config": json.loads(text)}
@@ -219,6 +224,17 @@ def read_source(path: PathLike) -> Source:
                 raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
             src.format, src.timm_with_config = "vitkit", True
     return src
+
+
+def _metadata_json(path: Path, text: str) -> Dict[str, Any]:
+    """``config.json`` as ``save_pretrained`` keeps it in ``model.safetensors``'s metadata."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != "vitkit":
+        raise WeightsError(f"{path}: the vitkit config in its metadata is not one vitkit writes")
+    return data
 
 
 def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
