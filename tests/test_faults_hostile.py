@@ -705,6 +705,33 @@ def test_a_signal_just_after_a_temporary_or_a_folder_is_made_leaves_neither(tmp_
     assert list(tmp_path.iterdir()) == []
 
 
+SAVE_SLOWLY = """
+import sys, time
+from pathlib import Path
+from vitkit.files import weights_folder
+folder, me, start, pause = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+time.sleep(max(0.0, start - time.time()))
+with weights_folder(folder, lambda f: [f / "config.json", f / "model.safetensors"]) as into:
+    (into / "model.safetensors").write_text(me)
+    time.sleep(pause)
+    (into / "config.json").write_text(me)
+"""
+
+
+def test_two_processes_saving_into_one_folder_leave_one_model_not_some_of_each(tmp_path):
+    """Two saves into one new folder at once wrote straight into it, each file the later writer's: the first
+    writer's weights beside the second's config (and into a folder that held a model, the moves of two
+    installs interleaved). Each writes apart now, and the installs take turns: one writer's files, whole."""
+    for round_ in range(2):  # into a new folder, then into the folder the first round left
+        start = time.time() + 3  # both begin together, past Python's start-up
+        procs = [subprocess.Popen([sys.executable, "-c", SAVE_SLOWLY, str(tmp_path / "m"), me, str(start + delay),
+                                   str(pause)]) for me, delay, pause in (("first", 0, 0.6), ("second", 0.1, 0.2))]
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        weights, config = ((tmp_path / "m" / n).read_text() for n in ("model.safetensors", "config.json"))
+        assert weights == config == "first", round_  # the later install, whole
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging folder left
+
+
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -234,36 +234,82 @@ def new_folder(folder: PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) -> Iterator[Path]:
-    """:func:`new_folder` for a model's files, where a folder that held files must not end half replaced:
-    the writer writes into a staging folder beside it (the path yielded), and only once it has finished are
-    the files a reader would take for the model the folder held (``old_files(folder)``: weights, shard
-    indexes and their shards, configs) removed and the new ones moved in. A failure leaves the folder as it
-    was; files of the user's own stay."""
+    """A model's files written into ``folder`` whole or not at all: the writer writes into a staging folder
+    beside it (the path yielded), and only once it has finished does the staging folder become ``folder``
+    (a rename, where there was none), or are the files a reader would take for the model the folder held
+    (``old_files(folder)``: weights, shard indexes and their shards, configs) removed and the new ones moved
+    in. A failure leaves the folder as it was (or none, and no parent this made); files of the user's own stay.
+    Two processes saving into one folder at once install one after the other (a flock on the parent), so the
+    folder ends with one writer's files, never some of each."""
     folder = Path(folder)
-    if not folder.is_dir() or not any(folder.iterdir()):
-        with new_folder(folder) as made:
-            yield made
-        return
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder: give a folder to write the model into")
+    made = [p for p in folder.parents if not p.exists()]
+    staging = None
     try:
+        with interrupts_deferred():  # a signal right after mkdtemp would leave the staging folder behind
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
         yield staging
-        written = sorted(staging.iterdir())
-        for path in written:  # a name the folder holds as another kind (a folder where a file goes): before any move
-            there = folder / path.name
-            if there.exists() and there.is_dir() != path.is_dir():
-                raise ValueError(f"{there} is a {'folder' if there.is_dir() else 'file'} where the new model has a "
-                                 f"{'folder' if path.is_dir() else 'file'}: move it away (nothing was replaced)")
-        with interrupts_deferred():
-            names = {p.name for p in written}
-            for old in old_files(folder):
-                if old.name not in names:
-                    old.unlink(missing_ok=True)
-            for path in written:
-                if path.is_dir():
-                    shutil.rmtree(folder / path.name, ignore_errors=True)
-                os.replace(path, folder / path.name)
+        with interrupts_deferred(), _parent_held(folder):
+            _install(staging, folder, old_files)
+    except BaseException as e:
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)  # the outermost folder this made
+        said = _as_written(e, staging, folder) if staging is not None else None
+        if said is not None:
+            raise said from e
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[OSError]:
+    """An OS error naming a file of the staging folder, naming the file it was to become instead (None: it names
+    none): a full disk said ``.model.x8f2.tmp/attention.png`` where the user asked for ``model/``."""
+    if not isinstance(error, OSError):
+        return None
+    named = error.path if isinstance(error, DiskFull) else Path(error.filename) if error.filename else None
+    if named is None or not named.is_relative_to(staging):
+        return None
+    meant = folder / named.relative_to(staging)
+    return DiskFull(meant) if isinstance(error, DiskFull) else OSError(error.errno, error.strerror, str(meant))
+
+
+@contextlib.contextmanager
+def _parent_held(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``folder``'s parent while a model is moved into ``folder`` (renames only: brief)."""
+    fd = os.open(folder.parent, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _install(staging: Path, folder: Path, old_files: Callable[[Path], List[Path]]) -> None:
+    """``staging``'s files as ``folder``'s: the whole folder renamed into place where there is none, else the
+    files the old model held replaced by the new ones (a name the folder holds as another kind refused first)."""
+    if not folder.exists() and not folder.is_symlink():
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's folders are 0700: a new folder is made as mkdir makes it
+        os.rename(staging, folder)
+        return
+    written = sorted(staging.iterdir())
+    for path in written:  # a name the folder holds as another kind (a folder where a file goes): before any move
+        there = folder / path.name
+        if there.exists() and there.is_dir() != path.is_dir():
+            raise ValueError(f"{there} is a {'folder' if there.is_dir() else 'file'} where the new model has a "
+                             f"{'folder' if path.is_dir() else 'file'}: move it away (nothing was replaced)")
+    names = {p.name for p in written}
+    for old in old_files(folder):
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    for path in written:
+        if path.is_dir():
+            shutil.rmtree(folder / path.name, ignore_errors=True)
+        os.replace(path, folder / path.name)
 
 
 def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
