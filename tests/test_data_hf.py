@@ -449,6 +449,20 @@ def test_an_uncached_hub_name_offline_says_so_in_one_line(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_a_hub_that_does_not_resolve_is_read_as_offline_not_asked_again_and_again(tmp_path):
+    """Without network (the Hub's host does not resolve) a name not in the cache was asked for six times, each
+    failure logged ("... thrown while requesting HEAD"), about 25 s, before the same answer: the cache is read as
+    offline, in one line that also says no folder has that name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http", "ALL_PROXY", "all_proxy"))}
+    env.update(HF_ENDPOINT="https://hub.vitkit-test.invalid", HF_HOME=str(tmp_path / "hf"),
+               HF_DATASETS_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "hf:mydata", "--runs-dir",
+                           str(tmp_path / "runs"), "--no-progress"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "the Hub cannot be reached" in proc.stderr and "nor is there a folder mydata here" in proc.stderr
+
+
 def test_a_missing_datasets_package_names_the_extra(monkeypatch, tmp_path):
     from vitkit.train import resolve_config
     from vitkit.utils import MissingExtra

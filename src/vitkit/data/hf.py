@@ -109,13 +109,43 @@ def load(name: str, streaming: bool = False) -> Any:
     if _looks_local(where):
         raise FileNotFoundError(f"{name}: no such folder: {where}")
     try:
-        return ds.load_dataset(where, streaming=streaming)
+        with _offline_when_unreachable(ds):
+            return ds.load_dataset(where, streaming=streaming)
     except ConnectionError as e:  # no network and not in the local cache
+        nor = "" if "/" in where else f"; nor is there a folder {where} here"
         raise ConnectionError(f"{name}: not in the local Hugging Face cache and the Hub cannot be reached "
-                              f"({_first_line(e)}): load it once where the network is (it is then cached), "
+                              f"({_first_line(e)}){nor}: load it once where the network is (it is then cached), "
                               f"or pass a folder saved with save_to_disk") from None
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{name}: no such dataset on the Hub or in the cache ({_first_line(e)})") from None
+
+
+@contextlib.contextmanager
+def _offline_when_unreachable(ds: Any) -> Iterator[None]:
+    """The datasets package in offline mode (the local cache only) where the Hub's host does not resolve and no
+    proxy is set: online, a name it cannot reach was asked for again and again (about 25 s of retries, each
+    logged) before the same answer."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants as hub
+
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    host = urlparse(hub.ENDPOINT).hostname
+    try:
+        resolves = hub.HF_HUB_OFFLINE or proxied or not host or bool(socket.getaddrinfo(host, 443))
+    except socket.gaierror:
+        resolves = False
+    if resolves:
+        yield
+        return
+    before = (hub.HF_HUB_OFFLINE, ds.config.HF_HUB_OFFLINE)
+    hub.HF_HUB_OFFLINE = ds.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE, ds.config.HF_HUB_OFFLINE = before
 
 
 def _saved_problem(path: Path) -> Optional[str]:
