@@ -164,6 +164,10 @@ def test_vitkit_info_says_what_a_folder_is_before_loading_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, kw", [("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=70)),
+                                      # 3 x 3 patch slots, or 2 x 2 after a class token and 4 registers: was read
+                                      # as the 28 px tower; 2 x 2 slots: "complex doesn't define __round__"
+                                      ("vit_small_patch14_reg4_dinov2", dict(depth=1, img_size=42)),
+                                      ("vit_small_patch14_reg4_dinov2", dict(depth=1, img_size=28)),
                                       ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),
                                       ("vit_giant_patch14_dinov2", dict(depth=1, img_size=42))])
 def test_a_bare_file_of_a_later_vit_is_read_off_its_shapes_and_says_what_it_assumed(name, kw, tmp_path, images):

@@ -5,6 +5,7 @@ holds -- the heads of a fused qkv matrix, the norms' eps, the GELU -- is the fam
 
 from __future__ import annotations
 
+import math
 from typing import Any, Collection, Dict, Mapping, Optional, Tuple
 
 from . import positions
@@ -67,8 +68,12 @@ def vit_fields(sd: Mapping[str, Any], img_size: Optional[IntPair] = None) -> Dic
     if attn_pool:
         kw["map_mlp_dim"] = int(sd["attn_pool.mlp.fc1.weight"].shape[0])
     kw.update(_infer_img_size(sd, kw["pos_embed"], class_token, int(class_token) + int(distill_token) + registers,
-                              backbone, (ph, pw), img_size))
+                              backbone, (ph, pw), img_size, registers))
     return kw
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 def grid_at_size(slots: int, prefix: int, backbone: Optional[Dict[str, Any]], patch: IntPair,
@@ -128,22 +133,25 @@ def _infer_mlp(sd: Mapping[str, Any]) -> Tuple[str, int]:
 
 
 def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, prefix: int,
-                    backbone: Optional[Dict[str, Any]], patch: IntPair, given: Optional[IntPair] = None
-                    ) -> Dict[str, Any]:
+                    backbone: Optional[Dict[str, Any]], patch: IntPair, given: Optional[IntPair] = None,
+                    registers: int = 0) -> Dict[str, Any]:
     """``img_size`` (and ``no_embed_class`` for a table over the patches only), read off the learned
     position table or the relative-bias table; nothing when the positions store no grid. A table of no
-    square grid is read at ``given`` (the size asked for) when it fits it."""
+    square grid is read at ``given`` (the size asked for) when it fits it. A table that is a square grid
+    both with and without the prefix slots (9 slots beside a class token and 4 registers: 3 x 3, or 2 x 2
+    after 5 prefix slots) is read over the patches only where there are registers, as every model with
+    registers keeps its table (timm's, DINOv2's): a 42 px DINOv2-reg tower was read as a 28 px one."""
     ph, pw = patch
     found: Dict[str, Any] = {}
     if pos_embed == "learned":
         slots = int(sd["pos_embed"].shape[1])
         n = slots - prefix
-        if prefix and int(round(slots ** 0.5)) ** 2 == slots and int(round(n ** 0.5)) ** 2 != n:
+        if prefix and _is_square(slots) and (not _is_square(n) or registers):
             n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
-        side = int(round(n ** 0.5))
+        side = math.isqrt(max(n, 0))
         if side * side != n and given is not None:
             return grid_at_size(slots, prefix, backbone, patch, tuple(given))
-        if side * side != n:
+        if side * side != n or not n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
                              f"patch slots; pass img_size=")
     elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
