@@ -220,3 +220,32 @@ def test_aimv2_pre_trained_towers_load_and_its_lit_head_is_refused(tmp_path, ima
         with pytest.raises(WeightsError, match=message) as e:
             vitkit.from_pretrained(tmp_path / name)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cls", ["Dinov2Model", "Dinov2WithRegistersModel"])
+def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_runs_it(cls, tmp_path):
+    """facebook/dinov2-* folders say image_size 518 and their processor crops 224: vitkit built them at 518 and
+    fed them 518 px images, other features than transformers' pipeline gives (0.4 off on a small tower). Read at
+    the processor's size, the table resampled as transformers resamples it on every call; a weights layout
+    written from it keeps the table as stored."""
+    skimage_data = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    ref = randomize(getattr(T, cls)(getattr(T, cls.replace("Model", "Config"))(**{**SMALL, "image_size": 56}))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    T.BitImageProcessor(size={"shortest_edge": 48}, crop_size={"height": 40, "width": 40}).save_pretrained(
+        tmp_path / "hf")
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")
+    ours = vitkit.from_pretrained(tmp_path / "hf")
+    assert ours.config.img_size == (40, 40)
+    for photo in (skimage_data.chelsea(), skimage_data.rocket()):
+        photo = Image.fromarray(photo)
+        x = processor(images=photo, return_tensors="pt").pixel_values
+        with torch.no_grad():
+            assert torch.allclose(vitkit.preprocess(ours, photo), x, atol=1e-5)
+            assert _close(_pooled(ref, x), ours(x))
+    assert vitkit.from_pretrained(tmp_path / "hf", at_processor_size=False).config.img_size == (56, 56)
+    from vitkit.cli import main
+
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm.safetensors"), "--to", "timm"]) == 0
+    assert vitkit.from_pretrained(tmp_path / "timm.safetensors").config.img_size == (56, 56)  # the table as stored

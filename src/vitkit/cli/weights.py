@@ -28,7 +28,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     check_destination(args.src, args.dst, args.to)  # before the work
-    model = load_model(args, interpolation=args.interpolation)
+    # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
+    # weights layout keeps the weights as they are stored (the position table at the config's size)
+    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"))
     if args.to in ("onnx", "openvino"):
         return _convert_onnx(model, args)
     half = stored_half_dtype(args.src) if args.to in HALF_LAYOUTS else None

@@ -133,6 +133,20 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     return out
 
 
+def processor_size(pre: Mapping[str, Any], model_type: Optional[str] = None) -> Optional[Tuple[int, int]]:
+    """The height and width of the pixels a processor makes: its centre crop, or the size it squashes images to;
+    None where they keep the image's aspect (a shorter side without a crop) or the file says no size."""
+    kind = processor_class(pre, model_type)
+    pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
+    try:
+        size = _sides("size", pre.get("size"), "shortest_edge" if kind in _SHORTEST_EDGE_PROCESSORS else "height")
+        crop = _sides("crop_size", pre.get("crop_size"), "height", used=bool(pre.get("do_center_crop")))
+    except ProcessorConfigError:  # said by :func:`preprocessing`, which reads the same fields
+        return None
+    box = crop if pre.get("do_center_crop") else {} if size.get("shortest_edge") else size
+    return (int(box["height"]), int(box["width"])) if box.get("height") and box.get("width") else None
+
+
 def _per_channel(field: str, value: Any, channels: int, positive: bool) -> Tuple[float, ...]:
     """A processor's mean or std: a number for every channel, or one number for all (as transformers spreads it);
     three for another channel count are left to the model's config (which spreads the first, or says the count

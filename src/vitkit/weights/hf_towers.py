@@ -52,6 +52,7 @@ from .hf_tower_parts import (
     labels_to_hf,
     preprocessing,
     processor_fields,
+    processor_size,
 )
 from .io import WeightsError
 
@@ -78,6 +79,10 @@ MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
 #: size it computes what transformers computes (DINOv2 with registers antialiases; SigLIP 2 resamples its own
 #: way; DINOv3 has no table)
 PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision")
+#: towers transformers runs at whatever size their processor makes (DINOv2's table is resampled on each call,
+#: DINOv3's rotations follow the grid): read at the processor's size, not the config's. facebook/dinov2-*
+#: folders say image_size 518 and crop 224: vitkit ran them at 518 px, other features than transformers' (0.4 off)
+AT_PROCESSOR_SIZE = ("dinov2", "dinov2_with_registers", "dinov3_vit")
 
 
 def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
@@ -181,6 +186,14 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         raise
     except (ValueError, TypeError) as e:
         raise WeightsError(f"the {kind} config describes no model vitkit builds: {e}") from None
+
+
+def run_size(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]]) -> Optional[Tuple[int, int]]:
+    """The image size transformers runs a tower at where its processor, not its config, decides it
+    (:data:`AT_PROCESSOR_SIZE`); None for the others, or a processor that makes no fixed size."""
+    if not preprocessor or tower_of(hf)[0] not in AT_PROCESSOR_SIZE:
+        return None
+    return processor_size(preprocessor, tower_of(hf)[0])
 
 
 def layout_of(config: Any) -> Optional[str]:

@@ -219,6 +219,15 @@ def _stored_config(src: Source, overrides: Mapping[str, Any]):
     return config_for_source(src, img_size=overrides["img_size"])
 
 
+def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
+    """The size a transformers folder's image processor runs its tower at, where that and not its config decides
+    it (:func:`.hf_towers.run_size`); None for every other source."""
+    cj = src.config_json or {}
+    if src.format != "hf" or cj.get("model_type") not in hf_towers.MODEL_TYPES:
+        return None
+    return hf_towers.run_size(cj, src.preprocessor_json)
+
+
 def describe_source(source: PathLike) -> Dict[str, Any]:
     """What a weights file or folder is, before any model is built: its layout, what it calls itself
     (a timm architecture, a Hugging Face class, open_clip), the vitkit config it loads as (or why it
@@ -252,6 +261,11 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         info["refused"] = " ".join(str(e).split())
         return info
     info["assumed"] = guesses(info["config"], src)
+    if (size := processor_run_size(src)) and size != tuple(info["config"].img_size):  # what from_pretrained builds
+        info["config"] = info["config"].replace(img_size=size)
+        info["assumed"].append(f"built at {size[0]}x{size[1]}, the size its image processor makes (transformers "
+                               f"runs it so), its position table resampled; at_processor_size=False keeps its "
+                               f"config's size")
     return info
 
 
@@ -267,7 +281,7 @@ def _check_loads(config: Any, src: Source) -> None:
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
                     interpolation: str = "bicubic", encoder_only: bool = False, features_only: bool = False,
                     out_indices: Optional[Union[int, Sequence[int]]] = None, pyramid: bool = False,
-                    pyramid_channels: int = 256, **overrides: Any) -> nn.Module:
+                    pyramid_channels: int = 256, at_processor_size: bool = True, **overrides: Any) -> nn.Module:
     """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
@@ -281,6 +295,9 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     ``features_only=True`` (with ``out_indices``, ``pyramid``, ``pyramid_channels``) gives the
     model as a backbone, as :func:`vitkit.create_model` does; from a transformers ``...Backbone``
     folder without ``out_indices``, the maps its config names, as transformers returns them.
+    A transformers DINOv2 or DINOv3 folder is built at the size its image processor makes, as transformers
+    runs it (``facebook/dinov2-*``: 224 px, its 518 px table resampled as transformers resamples it);
+    ``at_processor_size=False`` builds it at its config's ``image_size`` (the table as it is stored).
     """
     path = weights_path(source)
     if not path.exists():
@@ -292,6 +309,13 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if not model_name:
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
+    if at_processor_size and overrides.get("img_size") is None and (size := processor_run_size(src)):
+        overrides = {**overrides, "img_size": size}
+        if size[0] != size[1] and getattr(stored, "crop_mode", "") == "center":
+            warnings.warn(f"{path}: its image processor resizes the shorter side and then crops {size[0]}x{size[1]}; "
+                          f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
+                          f"images of another shape get other pixels than transformers gives them", GuessWarning,
+                          stacklevel=2)
     config = stored.replace(**fit_channel_stats(stored, overrides))
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
