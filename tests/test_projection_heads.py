@@ -98,3 +98,15 @@ def test_timms_pretrained_clip_tags_are_projections_its_fine_tuned_ones_classes(
                                                       "model_args": {"depth": 1, "img_size": 32},
                                                       "pretrained_cfg": pretrained}))
     assert vitkit.from_pretrained(tmp_path).config.head_kind == kind
+
+
+def test_a_pushed_projection_tower_is_not_carded_as_a_classifier(tmp_path):
+    """Its model card said "an image classifier", tagged image-classification, 512 classes, and advised
+    vitkit predict (which refuses it)."""
+    from vitkit.models.serialize import native_config_dict
+    from vitkit.weights.hub import model_card
+
+    model = vitkit.from_pretrained(_open_clip_folder(tmp_path / "clip"))
+    card = model_card(native_config_dict(model.config), 1000, "org/clip")
+    assert "image-classification" not in card and "vitkit predict" not in card
+    assert "an image-text tower's image encoder" in card and "none: an image-text projection, 512 wide" in card

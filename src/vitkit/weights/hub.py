@@ -124,7 +124,7 @@ def model_card(config_json: Dict[str, Any], params: int, repo_id: Optional[str] 
     in the repository, not what the caller believes)."""
     config, pretraining = config_json.get("config", {}), config_json.get("pretraining")
     classes = config.get("num_classes") or 0
-    classifier = classes > 0 and not pretraining
+    classifier = classes > 0 and not pretraining and config.get("head_kind", "classes") == "classes"
     tags = ["vitkit", "vision-transformer"] + (["image-classification"] if classifier else []) \
         + (["self-supervised", str(pretraining.get("objective"))] if pretraining else [])
     lines = ["---", "library_name: vitkit", "tags:", *(f"- {t}" for t in tags)]
@@ -132,7 +132,8 @@ def model_card(config_json: Dict[str, Any], params: int, repo_id: Optional[str] 
         lines.append("pipeline_tag: image-classification")
     name = repo_id or "ORG/NAME"
     kind = f"a {pretraining.get('objective')} pre-training model" if pretraining else \
-        ("an image classifier" if classifier else "an image encoder (no classifier head)")
+        ("an image classifier" if classifier else "an image encoder (no classifier head)" if not classes else
+         "an image-text tower's image encoder (its head is the projection into the joint space)")
     lines += ["---", "", f"# {name}", "",
               f"A Vision Transformer saved by vitkit {config_json.get('vitkit_version', __version__)}: {kind}.",
               "", "## Model", "", "| | |", "|---|---|", *_model_rows(config, params, pretraining), ""]
@@ -163,7 +164,9 @@ def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[
                       f"crop fraction {config.get('crop_pct', 1.0)}"
                       + (" (squashed: aspect not kept)" if config.get("crop_mode") == "squash" else "")),
             ("normalisation", f"mean {_numbers(config.get('mean'))}, std {_numbers(config.get('std'))}"),
-            ("classes", str(config.get("num_classes") or "none (features)"))]
+            ("classes", "none: an image-text projection, {} wide".format(config.get("num_classes"))
+             if config.get("head_kind") == "projection" and config.get("num_classes")
+             else str(config.get("num_classes") or "none (features)"))]
     if pretraining:
         options = ", ".join(f"{k} {v}" for k, v in pretraining.items() if k != "objective" and not isinstance(v, dict))
         rows.append(("pre-training", f"{pretraining.get('objective')}" + (f" ({options})" if options else "")))
@@ -179,8 +182,9 @@ def _usage(name: str, config: Dict[str, Any], pretraining: Optional[Dict[str, An
              "Inputs, as `vitkit.preprocess` makes them: "
              + ("the whole image resized to" if config.get("crop_mode") == "squash" else "the shorter side resized to")
              + f" {h} / crop fraction, a centre "
-             f"{h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above. From the "
-             f"command line: `vitkit predict --weights hf-hub:{name} IMAGE`."]
+             f"{h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above."
+             + ("" if config.get("head_kind") == "projection" or not config.get("num_classes") else
+                f" From the command line: `vitkit predict --weights hf-hub:{name} IMAGE`.")]
     if pretraining:
         lines[-1] = (f"Inputs: {h} x {w} images scaled to [0, 1] and normalised with the mean and std above. "
                      f"Without `encoder_only=True` the whole pre-training model (with its decoder) is built.")
