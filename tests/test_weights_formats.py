@@ -309,6 +309,12 @@ def test_integer_weights_where_the_model_has_floats_are_refused(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "model changed on error"
     info = describe_source(tmp_path / "w.safetensors")  # vitkit info: said before any model is built
     assert "config" in info and info["refused"].startswith("int8 values in blocks.1.mlp.fc1.weight"), info
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # 8-bit floats: the same (e4m3 was torch's "isfinite not
+        sd["blocks.1.mlp.fc1.weight"] = ref.state_dict()["blocks.1.mlp.fc1.weight"].to(fp8)  # implemented" error)
+        save_file(sd, str(tmp_path / "w8.safetensors"))
+        for source in (sd, tmp_path / "w8.safetensors"):
+            with pytest.raises(WeightsError, match=f"{str(fp8)[6:]} values in blocks.1.mlp.fc1.weight .*a quantized"):
+                load_weights(model, source)
     sd["blocks.1.mlp.fc1.weight"] = ref.state_dict()["blocks.1.mlp.fc1.weight"].half()  # a float of another width
     load_weights(model, sd)  # loads, as timm's load_state_dict casts it
     torch.testing.assert_close(model.blocks[1].mlp.fc1.weight, ref.blocks[1].mlp.fc1.weight.half().float())

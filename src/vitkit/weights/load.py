@@ -226,6 +226,10 @@ def read_source(path: PathLike) -> Source:
     return src
 
 
+def _is_fp8(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and tensor.element_size() == 1
+
+
 def _metadata_json(path: Path, text: str) -> Dict[str, Any]:
     """``config.json`` as ``save_pretrained`` keeps it in ``model.safetensors``'s metadata."""
     try:
@@ -395,19 +399,20 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
         if head in differing and source[head].shape[0] != target[head].shape[0]:
             hint = " (a different number of classes: pass exclude=('head.',) to keep a fresh head)"
         raise WeightsError("shape mismatch: " + "; ".join(mismatched) + hint)
-    # NaN or inf would run: predict printed 'nan%' and eval scored every image as class 0, with exit 0
-    broken = [k for k, v in source.items() if k in target and v.is_floating_point() and not torch.isfinite(v).all()]
-    if broken:
-        raise WeightsError(f"non-finite values (NaN or inf) in {_names(broken, 5)}: the file is damaged or was saved "
-                           f"from a run that diverged; nothing was loaded")
-    # integers where the model holds floats (a quantized file, its scales kept elsewhere) were cast as they stood
+    # integers or 8-bit floats where the model holds floats (a quantized file, its scales kept elsewhere) were cast
+    # as they stood (float8 ended in torch's "isfinite not implemented" below)
     integral = [k for k, v in source.items()
-                if k in target and target[k].is_floating_point() and not v.is_floating_point()]
+                if k in target and target[k].is_floating_point() and (not v.is_floating_point() or _is_fp8(v))]
     if integral:
         kinds = sorted({str(source[k].dtype).replace("torch.", "") for k in integral})
         raise WeightsError(f"{'/'.join(kinds)} values in {_names(integral, 5)} where the model holds floating-point "
                            f"weights: a quantized file (its scales kept apart) is not weights as they stand; load "
                            f"the float file, or dequantize it first; nothing was loaded")
+    # NaN or inf would run: predict printed 'nan%' and eval scored every image as class 0, with exit 0
+    broken = [k for k, v in source.items() if k in target and v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:
+        raise WeightsError(f"non-finite values (NaN or inf) in {_names(broken, 5)}: the file is damaged or was saved "
+                           f"from a run that diverged; nothing was loaded")
     if strict and (report.missing or report.unexpected):
         parts = []
         if report.missing:
