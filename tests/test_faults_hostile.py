@@ -164,13 +164,22 @@ def test_an_output_that_contradicts_the_metadata_at_run_time_is_refused(capsys, 
     assert "gave an output of shape (1, 784)" in line and "(batch, 10)" in line, line
 
 
+def _older_save(model_dir, folder):
+    """A copy of the saved model as vitkit saved it before its weights file carried its config: config.json is
+    checked against the tensors (with the config in the file, against that first: test_weights_formats)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, folder)
+    save_file(load_file(str(folder / "model.safetensors")), str(folder / "model.safetensors"), {"format": "vitkit"})
+    return folder
+
+
 @pytest.mark.parametrize("field,value,words", [
     ("num_classes", 3, "num_classes 3 where its weights hold 10 classes in its head"),
     ("in_chans", 3, "in_chans 3 where its weights hold 1 input channels"),
 ])
 def test_a_config_json_that_contradicts_its_weights_is_refused(capsys, model_dir, image, tmp_path, field, value, words):
-    folder = tmp_path / "edited"
-    shutil.copytree(model_dir, folder)
+    folder = _older_save(model_dir, tmp_path / "edited")
     stored = json.loads((folder / "config.json").read_text())
     stored["config"].update({field: value, "label_names": None, "mean": [0.5] * 3, "std": [0.5] * 3}
                             if field == "in_chans" else {field: value, "label_names": None})
@@ -218,8 +227,7 @@ def test_a_timm_export_whose_stored_config_lies_is_refused(tmp_path):
     ("format_version", 99, "format_version 99 is newer than the 1 this vitkit reads"),
 ])
 def test_every_field_of_a_vitkit_config_is_checked_against_its_weights(model_dir, tmp_path, field, value, words):
-    folder = tmp_path / "edited"
-    shutil.copytree(model_dir, folder)
+    folder = _older_save(model_dir, tmp_path / "edited")
     stored = json.loads((folder / "config.json").read_text())
     (stored if field == "format_version" else stored["config"])[field] = value
     (folder / "config.json").write_text(json.dumps(stored))

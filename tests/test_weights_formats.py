@@ -670,6 +670,24 @@ def test_the_model_file_save_pretrained_writes_is_read_exactly_without_its_folde
     assert type(vitkit.from_pretrained(tmp_path / "mae" / "model.safetensors")).__name__ == "MAE"
 
 
+def test_a_config_json_edited_against_its_weights_is_refused_and_its_names_may_be_edited(tmp_path):
+    """An edit of config.json that changes the function (12 heads for 3, a norm's eps) loaded another model
+    (0.5 off), unsaid; the weights file carries the config it was saved with now, and the two are compared.
+    Names and preprocessing stay the user's to edit."""
+    model = randomize(vitkit.create_model("vit_fmnist")).eval()
+    model.save_pretrained(tmp_path / "fm")
+    saved = json.loads((tmp_path / "fm" / "config.json").read_text())
+    for field, value in (("num_heads", 12), ("norm_eps", 0.5)):
+        edited = {**saved, "config": {**saved["config"], field: value}}
+        (tmp_path / "fm" / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(WeightsError, match=f"its config.json says {field} {value} .*edited or mixed"):
+            vitkit.from_pretrained(tmp_path / "fm")
+    edited = {**saved, "config": {**saved["config"], "label_names": list("abcdefghij"), "mean": [0.2], "std": [0.3]}}
+    (tmp_path / "fm" / "config.json").write_text(json.dumps(edited))
+    back = vitkit.from_pretrained(tmp_path / "fm")
+    assert back.config.label_names == list("abcdefghij") and back.config.mean == (0.2,)
+
+
 def test_a_non_square_centre_crop_model_written_for_transformers_says_its_pixels_differ(tmp_path):
     """transformers' processors resize the shorter side then crop; vitkit's (timm's) non-square resize covers
     both sides: the folder was written as if the two were the same (1.9-8.9 off on photos of another shape)."""

@@ -186,6 +186,7 @@ def read_source(path: PathLike) -> Source:
             raise
         if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
             _check_config_kind(path, config_json)
+        _check_same_model(path, src.config_json, config_json)
         src.config_json = config_json
         src.preprocessor_json = _read_json(path / "preprocessor_config.json")
         src.open_clip_config = open_clip_config
@@ -224,6 +225,21 @@ def read_source(path: PathLike) -> Source:
                 raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
             src.format, src.timm_with_config = "vitkit", True
     return src
+
+
+def _check_same_model(folder: Path, stored: Optional[Dict[str, Any]], beside: Optional[Dict[str, Any]]) -> None:
+    """The folder's config.json against the one its model.safetensors carries (save_pretrained writes both): an
+    edit that changes the computation (heads, eps, the blocks) made another function (0.5 off), unsaid; names,
+    preprocessing and regularisation may be edited."""
+    if not stored or not beside or stored.get("format") != "vitkit" or beside.get("format") != "vitkit":
+        return
+    a, b = stored.get("config") or {}, beside.get("config") or {}
+    edited = [f"{k} {json.dumps(b.get(k))} (the weights': {json.dumps(a.get(k))})" for k in sorted(set(a) | set(b))
+              if k not in timm_format.EDITABLE and a.get(k) != b.get(k)]
+    if edited:
+        raise WeightsError(f"{folder}: its config.json says {'; '.join(edited[:4])}{' ...' if len(edited) > 4 else ''}"
+                           f", where its model.safetensors was saved with another: it was edited or mixed with other "
+                           f"weights; fix or re-save it")
 
 
 def _is_fp8(tensor: torch.Tensor) -> bool:

@@ -49,6 +49,9 @@ _NOT_IN_WEIGHTS = frozenset({
     "attn_drop_rate", "drop_path_rate", "pos_drop_rate", "proj_drop_rate", "attn_impl", "dynamic_img_size",
     "pos_embed_interpolation", "pos_embed_antialias", "rel_pos_resize", "init_values", "locality_strength",
     "use_local_init", "head_kind"})
+#: what a saved config.json may be edited in against the config its weights file carries: what the input
+#: expects, names, regularisation, resampling (a vitkit folder; the rest makes another function of the weights)
+EDITABLE = _NOT_IN_WEIGHTS
 
 
 #: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,
