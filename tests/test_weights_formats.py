@@ -670,6 +670,33 @@ def test_the_model_file_save_pretrained_writes_is_read_exactly_without_its_folde
     assert type(vitkit.from_pretrained(tmp_path / "mae" / "model.safetensors")).__name__ == "MAE"
 
 
+def test_weights_whose_config_says_another_architecture_are_refused_by_load_weights(tmp_path, images):
+    """A folder that says what it is, loaded into a model the caller built of another architecture: every tensor
+    whose shape fitted was copied (an HF ViT folder's eps 1e-12 into vitkit's 1e-6: 2-4e-4 off; 12 heads read as
+    6: 0.06 off), with no word. Refused naming the fields; said when not strict; equal ones load as before."""
+    transformers = pytest.importorskip("transformers")
+    hf = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, image_size=32,
+              patch_size=8)
+    randomize(transformers.ViTModel(transformers.ViTConfig(**hf), add_pooling_layer=False)).save_pretrained(
+        tmp_path / "hf")
+    built = dict(embed_dim=64, depth=1, mlp_dim=128, img_size=32, patch_size=8, num_classes=0)
+    model = vitkit.create_model("vit_base_patch16_224", num_heads=4, **built)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(WeightsError, match=r"another architecture .*norm_eps 1e-12 \(not 1e-06\).*nothing was loaded"):
+        load_weights(model, tmp_path / "hf")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.warns(UserWarning, match="norm_eps 1e-12 .*loaded into this model all the same"):
+        load_weights(model, tmp_path / "hf", strict=False)
+    same = vitkit.create_model("vit_base_patch16_224", num_heads=4, norm_eps=1e-12, **built).eval()
+    load_weights(same, tmp_path / "hf")
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(same(x), vitkit.from_pretrained(tmp_path / "hf")(x))
+    vitkit.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "vk")
+    with pytest.raises(WeightsError, match="num_heads 4 \\(not 2\\)"):
+        load_weights(vitkit.create_model("vit_base_patch16_224", num_heads=2, norm_eps=1e-12, **built), tmp_path / "vk")
+
+
 def test_a_config_json_edited_against_its_weights_is_refused_and_its_names_may_be_edited(tmp_path):
     """An edit of config.json that changes the function (12 heads for 3, a norm's eps) loaded another model
     (0.5 off), unsaid; the weights file carries the config it was saved with now, and the two are compared.

@@ -21,7 +21,7 @@ from ..models import build_from_config
 from ..models.config_base import no_classes
 from ..runlock import unfinished_run
 from ..weights.io import WeightsError
-from ..weights.load import AdaptNote, load_weights, read_source
+from ..weights.load import AdaptNote, load_into, read_source
 from ..weights.pretrained import check_claims, config_for_source, fit_channel_stats, note_guesses, weights_path
 from .config import resolve_width
 
@@ -73,7 +73,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
         # the position table resampled as the source's library resamples it (as from_pretrained does)
-        report = load_weights(model, src, strict=True, exclude=exclude,
+        report = load_into(model, src, strict=True, exclude=exclude,
                               antialias=getattr(config, "pos_embed_antialias", True))
     if head == "new":
         model.reset_classifier(config.num_classes)

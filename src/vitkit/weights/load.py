@@ -1,4 +1,5 @@
-"""``load_weights``: any supported layout into a vitkit model, checked before anything is copied."""
+"""``load_into``: any supported layout into a vitkit model, checked before anything is copied (the public
+``load_weights`` (:mod:`.checked`) also checks a source's own config against the model first)."""
 
 from __future__ import annotations
 
@@ -168,34 +169,7 @@ def read_source(path: PathLike) -> Source:
     """Read a weight file, or a folder holding ``config.json`` and a weight file."""
     path = Path(path)
     if path.is_dir():
-        weights = folder_weights(path)
-        if weights is None:
-            found = sorted(p.name for p in path.iterdir())[:10]
-            raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
-                               f"shard index: {', '.join(SHARD_INDEXES)})"
-                               f" (found: {', '.join(found) or 'nothing'})")
-        open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
-        # open_clip's file is read with open_clip's config: a config.json beside them describes the repository's
-        # other file (timm's or transformers' model.safetensors), absent here (it made another function, 0.05 off)
-        own = weights.name in open_clip_format.WEIGHT_FILES and open_clip_config is not None
-        config_json = None if own else _read_json(path / "config.json")
-        try:
-            src = read_source(weights)
-        except WeightsError:
-            _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
-            raise
-        if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
-            _check_config_kind(path, config_json)
-        _check_same_model(path, src.config_json, config_json)
-        src.config_json = config_json
-        src.preprocessor_json = _read_json(path / "preprocessor_config.json")
-        src.open_clip_config = open_clip_config
-        if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
-            src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)
-        if src.config_json and src.config_json.get("format") == "vitkit":
-            src.format = "vitkit"
-        src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
-        return src
+        return _read_folder(path)
     run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     trunk = open_clip_format.is_timm_tower(tensors)
@@ -224,6 +198,38 @@ def read_source(path: PathLike) -> Source:
             except json.JSONDecodeError as e:
                 raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
             src.format, src.timm_with_config = "vitkit", True
+    return src
+
+
+def _read_folder(path: Path) -> Source:
+    """A folder's weight file with the configs beside it (config.json, the image processor's, open_clip's)."""
+    weights = folder_weights(path)
+    if weights is None:
+        found = sorted(p.name for p in path.iterdir())[:10]
+        raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
+                           f"shard index: {', '.join(SHARD_INDEXES)})"
+                           f" (found: {', '.join(found) or 'nothing'})")
+    open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
+    # open_clip's file is read with open_clip's config: a config.json beside them describes the repository's
+    # other file (timm's or transformers' model.safetensors), absent here (it made another function, 0.05 off)
+    own = weights.name in open_clip_format.WEIGHT_FILES and open_clip_config is not None
+    config_json = None if own else _read_json(path / "config.json")
+    try:
+        src = read_source(weights)
+    except WeightsError:
+        _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
+        raise
+    if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
+        _check_config_kind(path, config_json)
+    _check_same_model(path, src.config_json, config_json)
+    src.config_json = config_json
+    src.preprocessor_json = _read_json(path / "preprocessor_config.json")
+    src.open_clip_config = open_clip_config
+    if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
+        src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)
+    if src.config_json and src.config_json.get("format") == "vitkit":
+        src.format = "vitkit"
+    src.pretraining = selfsup_format.detect(src.tensors.keys(), src.config_json)
     return src
 
 
@@ -472,7 +478,7 @@ def _names(names: List[str], limit: int = 20) -> str:
     return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
+def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
                  strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
                  exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
     """Load weights in any supported layout into ``model`` (in place).
@@ -523,7 +529,7 @@ def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation
     own = selfsup_format.split(src.pretraining, src.format, src.tensors)[1]
     report = load_state_dict_checked(model, own, strict, exclude=("encoder.",), copy=False,
                                      report=LoadReport(src.format))
-    encoder = load_weights(model.encoder, src, strict, interpolation, antialias)
+    encoder = load_into(model.encoder, src, strict, interpolation, antialias)
     load_state_dict_checked(model, own, strict, exclude=("encoder.",))
     report.missing += [f"encoder.{k}" for k in encoder.missing]
     report.unexpected += [f"encoder.{k}" for k in encoder.unexpected]

@@ -24,7 +24,7 @@ from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, s
 from .hf_backbone import backbone_plan
 from .hf_tower_parts import ProcessorConfigError
 from .io import WeightsError
-from .load import WEIGHT_FILES, Source, load_weights, read_source, shape_problems, to_native
+from .load import WEIGHT_FILES, Source, load_into, read_source, shape_problems, to_native
 
 HUB_PREFIX = "hf-hub:"
 #: What ``hf-hub:`` fetches of a repository: the configs, then one weight file. safetensors is
@@ -275,7 +275,7 @@ def _check_loads(config: Any, src: Source) -> None:
     check_claims(config, src)
     with torch.device("meta"):
         model = build_from_config(config)
-    load_weights(model, src, antialias=getattr(config, "pos_embed_antialias", True), copy=False)
+    load_into(model, src, antialias=getattr(config, "pos_embed_antialias", True), copy=False)
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
@@ -322,7 +322,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
         exclude = tuple(f"{name}." for name in model.head_names())
     # resampled to another size as the source's library resamples it (transformers: not antialiased)
-    load_weights(model, src, strict=strict, interpolation=interpolation,
+    load_into(model, src, strict=strict, interpolation=interpolation,
                  antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
     norm = False
     if features_only and out_indices is None and not pyramid:  # a transformers backbone: the maps it returns
@@ -473,7 +473,7 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
         raise WeightsError(f"{src.path or 'the weights'}: {' '.join(str(e).split())}: its {src.pretraining} "
                            f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
                            f"vitkit train --init)") from None
-    load_weights(model, src, strict=strict, interpolation=interpolation,
+    load_into(model, src, strict=strict, interpolation=interpolation,
                  antialias=getattr(encoder, "pos_embed_antialias", True))
     return model.eval()
 

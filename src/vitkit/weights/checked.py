@@ -1,0 +1,71 @@
+"""``load_weights``: weights into a model the caller built, checked against the config the source carries.
+
+A folder or file that says what it is (a vitkit folder, a Hugging Face or timm hub ``config.json``,
+``open_clip_config.json``) loaded into a model of another architecture copied every tensor whose shape fitted:
+an HF ViT folder (eps 1e-12) into a vitkit ViT (1e-6) was 2-4e-4 off, 12 heads read as 6 0.06 off, with no
+word. The fields the source's config and the model's differ in, beyond what loading adapts (image size,
+classes, channels) and what no tensor holds (preprocessing, names), are refused when ``strict`` and said when
+not. :func:`~vitkit.weights.from_pretrained` builds the source's own model and needs no such check.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping, Sequence, Union
+
+from torch import nn
+
+from ..files import PathLike
+from ..models.features import FeatureModel
+from ..selfsup import Pretrainer
+from .io import WeightsError
+from .load import AdaptNote, LoadReport, Source, load_into, read_source
+from .pretrained import config_for_source, weights_path
+from .timm_format import architecture_differences
+
+
+def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
+                 strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
+                 exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
+    """Load weights in any supported layout into ``model`` (in place).
+
+    ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
+    hub layout), or an in-memory state dict. The layout is detected from key names. A
+    different patch grid is resampled (``interpolation`` 'bicubic' as timm/DeiT, 'bilinear'
+    as the official code). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
+    Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
+    every shape mismatch, and a source whose own config describes another architecture than the
+    model's (its heads, eps, activation, blocks; said as an :class:`AdaptNote` when not ``strict``);
+    the model is untouched when it raises. ``copy=False``: every check, nothing copied (the model
+    may be on the meta device).
+    """
+    if not isinstance(source, (Mapping, Source)):
+        source = read_source(weights_path(source))
+        _check_architecture(model, source, strict)
+    return load_into(model, source, strict, interpolation, antialias, exclude, copy)
+
+
+def _check_architecture(model: nn.Module, src: Source, strict: bool) -> None:
+    target = model.model if isinstance(model, FeatureModel) else model
+    config = getattr(target, "config", None)
+    if config is None or isinstance(target, Pretrainer) or src.pretraining or not (
+            src.config_json or src.open_clip_config):  # a bare file says nothing beyond its shapes
+        return
+    try:
+        stored = config_for_source(src)
+    except (WeightsError, ValueError, TypeError):  # what cannot be read is said by the load itself
+        return
+    if type(stored) is not type(config):
+        return  # another family: the names and shapes say it
+    differences = architecture_differences(stored, config)
+    if not differences:
+        return
+    said = (f"{src.path or 'the source'} holds a model of another architecture than this one: its config says "
+            f"{'; '.join(differences[:4])}{' ...' if len(differences) > 4 else ''}")
+    if strict:
+        raise WeightsError(f"{said}; vitkit.from_pretrained builds the model it holds (or build this one with those "
+                           f"fields); nothing was loaded")
+    warnings.warn(AdaptNote(f"{said}: loaded into this model all the same (strict=False)"), stacklevel=3)
+
+
+__all__ = ["load_weights"]
