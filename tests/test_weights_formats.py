@@ -636,6 +636,10 @@ def test_a_bare_file_without_a_tensor_its_architecture_is_read_from_is_one_line(
         torch.save(damaged, tmp_path / f"{name}.pth")
         with pytest.raises(WeightsError, match="state dict without 'blocks.0.mlp.fc1.weight', which its architecture"):
             vitkit.from_pretrained(tmp_path / f"{name}.pth")
+    # one norm's bias missing: read as RMSNorm everywhere, the four biases there were blamed as "not in the model"
+    torch.save({k: v for k, v in sd.items() if k != "blocks.0.norm1.bias"}, tmp_path / "bias.pth")
+    with pytest.raises(WeightsError, match=r"missing from the checkpoint: blocks\.0\.norm1\.bias \(in Python"):
+        vitkit.from_pretrained(tmp_path / "bias.pth")
 
 
 def test_a_vitkit_weights_file_loads_by_its_architecture_s_name(tmp_path, images):

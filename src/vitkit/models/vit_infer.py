@@ -6,6 +6,7 @@ holds -- the heads of a fused qkv matrix, the norms' eps, the GELU -- is the fam
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Collection, Dict, Mapping, Optional, Tuple
 
 from . import positions
@@ -72,6 +73,9 @@ def vit_fields(sd: Mapping[str, Any], img_size: Optional[IntPair] = None) -> Dic
     return kw
 
 
+_NORM_BIAS = re.compile(r"(blocks\.\d+\.(norm1|norm2|in_norm)|norm|fc_norm)\.bias")
+
+
 def _is_square(n: int) -> bool:
     return n > 0 and math.isqrt(n) ** 2 == n
 
@@ -118,8 +122,9 @@ def _block_fields(sd: Mapping[str, Any], D: int) -> Dict[str, Any]:
         init_values=1e-5 if "blocks.0.ls1.gamma" in sd or "blocks.0.ls.gamma" in sd else None,
         qkv_bias=qkv in sd, proj_bias=any(k in sd for k in proj), qk_norm=f"{attn}q_norm.weight" in sd,
         attn_norm="blocks.0.attn.norm.weight" in sd, mlp_norm="blocks.0.mlp.norm.weight" in sd,
-        # RMSNorm has no bias
-        norm="layernorm" if "blocks.0.norm1.bias" in sd or "blocks.0.in_norm.bias" in sd else "rmsnorm",
+        # RMSNorm has no bias: any norm's (one missing bias was read as RMSNorm everywhere, and every other
+        # norm's bias was then blamed as "not in the model")
+        norm="layernorm" if any(_NORM_BIAS.fullmatch(k) for k in sd) else "rmsnorm",
     )
 
 
