@@ -3,6 +3,8 @@ registers) and DINOv3 (one-tower and two-tower classes) read by ``vitkit.from_pr
 transformers' pooled outputs (fp32, 1e-5); vitkit's models exported as 'hf' are read by transformers'
 own classes with the same outputs, and back."""
 
+import re
+
 import pytest
 import torch
 
@@ -249,3 +251,21 @@ def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_ru
 
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm.safetensors"), "--to", "timm"]) == 0
     assert vitkit.from_pretrained(tmp_path / "timm.safetensors").config.img_size == (56, 56)  # the table as stored
+
+
+def test_a_folder_whose_config_is_another_models_says_what_disagrees(tmp_path):
+    """DINOv3's config saying 16 px patches over 8 px filters had its filters resampled (transformers refuses
+    the folder); a CLIP folder relabelled SigLIP was blamed on its image size (17 slots: its 4x4 grid and a class
+    slot SigLIP lacks)."""
+    import json
+
+    T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL)).save_pretrained(tmp_path / "d3")
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path / "clip")
+    for folder, change, said in (
+            ("d3", {"patch_size": 16}, "patch_size 16x16 where its weights hold 8 px patch filters"),
+            ("clip", {"model_type": "siglip_vision_model", "architectures": ["SiglipVisionModel"]},
+             "17 position slots: its 4x4 grid's and 1 for prefix tokens where the config's model has 0")):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        (tmp_path / folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(WeightsError, match=re.escape(said)):
+            vitkit.from_pretrained(tmp_path / folder)

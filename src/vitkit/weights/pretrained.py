@@ -21,10 +21,11 @@ from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from .claims import check_claims
 from .hf_backbone import backbone_plan
 from .hf_tower_parts import ProcessorConfigError
 from .io import WeightsError
-from .load import WEIGHT_FILES, Source, load_into, read_source, shape_problems, to_native
+from .load import WEIGHT_FILES, Source, load_into, read_source, to_native
 
 HUB_PREFIX = "hf-hub:"
 #: What ``hf-hub:`` fetches of a repository: the configs, then one weight file. safetensors is
@@ -332,39 +333,6 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     return model
 
 
-def check_claims(config: Any, src: Source) -> None:
-    """What a source says about itself (its config.json, or the config in a safetensors file's
-    metadata) against what its tensors hold: the classes of its head, the channels of its first
-    convolution and (vitkit and Hugging Face layouts, whose configs fix the grid) the slots of its
-    position table. A file that contradicts itself is refused by name: believing its config would
-    load its weights into another shape (resampled or adapted) without a word."""
-    if src.config_json is None:
-        return  # read off the shapes: consistent by construction
-    sd, _ = to_native(src)
-    with torch.device("meta"):
-        model = build_from_config(config)
-    target = model.state_dict()
-    checks = [("head.weight", 0, "num_classes", "classes in its head"),
-              ("head.fc.weight", 0, "num_classes", "classes in its head")]
-    conv = next((name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
-    if conv is not None:
-        checks.append((f"{conv}.weight", 1, "in_chans", "input channels in its first convolution"))
-    if src.format in ("vitkit", "hf"):
-        checks.append(("pos_embed", 1, "img_size", "position slots (a grid of another image size)"))
-        checks.append(("blocks.0.attn.relative_position_bias_table", 0, "img_size",
-                       "relative-bias rows (a grid of another image size)"))
-    fired = [(key, f"{field} {_claimed(config, field)} where its weights hold {sd[key].shape[dim]} {what}")
-             for key, dim, field, what in checks
-             if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
-    problems = [p for _, p in fired]
-    if src.format == "vitkit":  # vitkit's own names: every other tensor is the config's too
-        said = tuple(key.rsplit(".", 1)[0] for key, _ in fired)
-        problems += [p for p in shape_problems(sd, target) if not said or not p.startswith(said)]
-    if problems:
-        raise WeightsError(f"{src.path or 'the weights'}: its config does not match its weights (the config says "
-                           f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it")
-
-
 class GuessWarning(UserWarning):
     """An architecture read off a bare state dict's shapes in a field the shapes do not hold."""
 
@@ -447,14 +415,6 @@ def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
         h, w = config.img_size
         assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
     return assumed
-
-
-def _claimed(config: Any, field: str) -> str:
-    value = getattr(config, field)
-    if field == "img_size":
-        grid = getattr(config, "grid_size", None)
-        return f"{value[0]}x{value[1]}" + (f" (a {grid[0]}x{grid[1]} grid)" if grid else "")
-    return str(value)
 
 
 def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: str,
