@@ -322,6 +322,18 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
         slow.settimeout(10)
         reply = slow.recv(4096).decode()
     assert reply.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in reply
+    # headers never finished, or no request at all: held for ever (thousands of them and the server answered
+    # nobody); a 408 once the timeout has passed, the connection closed
+    for sent in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b""):
+        with socket.create_connection((host, int(port))) as idle:
+            idle.sendall(sent)
+            idle.settimeout(10)
+            reply = idle.recv(4096).decode()
+            assert reply.startswith("HTTP/1.1 408") and "headers did not arrive within 1 s" in reply, reply
+            assert idle.recv(4096) == b""  # closed
+    with httpx.Client() as kept:  # a kept-alive connection is not cut while it answers requests
+        for _ in range(3):
+            assert kept.get(running.url + "/healthz").json() == {"status": "ok"}
     for _ in range(3):  # clients that go away mid-upload
         with socket.create_connection((host, int(port))) as gone:
             gone.sendall(head + data[:100])

@@ -86,7 +86,7 @@ def add_serve(verb) -> None:
                    help="requests waiting before new ones get 503 with Retry-After [default: 256]")
     p.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body, MiB [default: 20]")
     p.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds a request may wait for its body and for its answer [default: 30]")
+                   help="seconds a request may wait for its headers, its body and its answer [default: 30]")
     p.add_argument("--top-k", type=int, default=5, help="classes per answer unless ?top_k= asks [default: 5]")
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: torch's; with --ray, each "
                                                "replica's, and the CPUs Ray reserves for it: 1)")

@@ -7,7 +7,9 @@ a model endpoint open to a network without one is a mistake far more often than 
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -76,10 +78,60 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
                 logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL + 1)
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5)
+                            timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5,
+                            http=_headers_in_time(options.timeout_s))
     name = sock.getsockname()
     shown = f"[{name[0]}]" if sock.family == socket.AF_INET6 else name[0]
     return Server(config), sock, f"http://{shown}:{name[1]}"
+
+
+def _headers_in_time(timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's headers: a connection that opened and sent no
+    request, or half of one, was held for ever (thousands of them used up the process's files, and the server
+    answered nobody, saying nothing); after ``timeout_s`` it gets a 408 and is closed, as a slow body is."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    body = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
+    late = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    class HeadersInTime(H11Protocol):
+        header_timer: Optional[asyncio.TimerHandle] = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._watch()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch()
+
+        def connection_lost(self, exc) -> None:
+            self._unwatch()
+            super().connection_lost(exc)
+
+        def _watch(self) -> None:
+            """A deadline while the client owes a request's headers (h11: the client is IDLE), none once sent."""
+            waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+            if not waiting:
+                self._unwatch()
+            elif self.header_timer is None:
+                self.header_timer = self.loop.call_later(timeout_s, self._too_late)
+
+        def _unwatch(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def _too_late(self) -> None:
+            self.header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                if self.cycle is None or self.cycle.response_complete:  # nothing of ours half sent
+                    self.transport.write(late)
+                self.transport.close()
+
+    return HeadersInTime
 
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
