@@ -80,6 +80,11 @@ def test_pyramid_strides_and_channels(images):
 @pytest.mark.parametrize("kw,words", [
     (dict(out_indices=[5]), r"block indices \[5\] out of range for depth 2"),
     (dict(out_indices=3), r"indices=3: expected 1..2 last blocks"),
+    # said as given (-4 was said as [-1]); empty was max()'s error; '1', 1.0 and True were read as numbers
+    (dict(out_indices=(-4,)), r"block indices \[-4\] out of range for depth 2 \(0..1, or -2..-1 from the end\)"),
+    (dict(out_indices=()), r"a non-empty list of block numbers .*got \(\)"),
+    (dict(out_indices=("1",)), r"got \('1',\)"), (dict(out_indices=(1.0,)), r"got \(1.0,\)"),
+    (dict(out_indices=True), r"got True"),
     (dict(pyramid=True, pyramid_channels=0), "pyramid_channels must be a positive integer"),
 ])
 def test_bad_feature_options_are_one_error(kw, words):

@@ -136,8 +136,7 @@ class FeatureModel(nn.Module):
         depth = len(model.blocks)
         if out_indices is None:  # timm's default, the last 3 blocks; the pyramid's, the last one
             out_indices = 1 if pyramid else min(3, depth)
-        indices = out_indices if isinstance(out_indices, int) else [int(i) for i in out_indices]
-        take, _ = intermediates_plan(depth, indices, "NCHW", True, True)  # out of range: one ValueError here
+        take, _ = intermediates_plan(depth, out_indices, "NCHW", True, True)  # out of range: one ValueError here
         if getattr(model, "num_classes", 0):  # a backbone has no classifier (timm prunes it too)
             model.reset_classifier(0)
         self.model = model

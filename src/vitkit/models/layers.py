@@ -14,6 +14,7 @@ attention layers and the blocks built from them.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Optional, Sequence, Set, Tuple, Union
 
@@ -81,15 +82,21 @@ def intermediates_plan(depth: int, indices: Optional[Union[int, Sequence[int]]],
         raise ValueError("output_fmt must be 'NCHW' or 'NLC'")
     if indices is None:
         take = list(range(depth))
-    elif isinstance(indices, int):
+    elif isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
+        indices = int(indices)
         if not 0 < indices <= depth:
             raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
         take = list(range(depth - indices, depth))
     else:
-        take = [i + depth if i < 0 else i for i in indices]
-        bad = [i for i in take if not 0 <= i < depth]
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence) or not indices or not all(
+                isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in indices):
+            raise ValueError(f"indices must be a number of last blocks or a non-empty list of block numbers "
+                             f"(negative from the end), got {indices!r}")
+        bad = [i for i in indices if not -depth <= i < depth]  # said as given (-4 was said as -1)
         if bad:
-            raise ValueError(f"block indices {bad} out of range for depth {depth}")
+            raise ValueError(f"block indices {bad} out of range for depth {depth} (0..{depth - 1}, or "
+                             f"-{depth}..-1 from the end)")
+        take = [int(i) + depth if i < 0 else int(i) for i in indices]
     return set(take), (max(take) if (stop_early or intermediates_only) else depth - 1)
 
 
