@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -158,11 +159,31 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
                       f"(as timm) resizes a non-square model's images to cover {h}x{w} keeping their aspect: "
                       f"transformers' pixels will differ on images of another shape than {h}:{w} "
                       f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=3)
+    _odd_margin_note(model.config, path)
     with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
         save_safetensors(sd, into / "model.safetensors")
         write_json(into / "config.json", config)
         write_json(into / "preprocessor_config.json", processor)
     return path
+
+
+def _odd_margin_note(config, path: Path) -> None:
+    """transformers floors an odd crop margin's half where vitkit (as timm and torchvision) rounds it: where the
+    margin is odd on every image (a squashed resize, or the shorter side), the folder's processor cuts every
+    image one pixel over, another classifier's input (a 32 px BEiT: 35 cut to 32, probabilities 0.50 and 0.76),
+    said rather than written in silence."""
+    if getattr(config, "crop_offset", "round") != "round" or config.crop_pct >= 1.0:
+        return
+    h, w = config.img_size
+    scaled = (math.floor(h / config.crop_pct), math.floor(w / config.crop_pct))
+    squash = getattr(config, "crop_mode", "center") == "squash"
+    odd = [side for side, (s, c) in zip("hw", zip(scaled, (h, w))) if (s - c) % 2] if squash else \
+        (["shorter side"] if (min(scaled) - min(h, w)) % 2 else [])
+    if odd:
+        warnings.warn(f"{path}: at {h}x{w} the centre crop's margin is odd ({min(scaled)} px cut to {min(h, w)}): "
+                      f"transformers' processor floors its half where vitkit rounds it, so it cuts every image one "
+                      f"pixel over (other inputs, other answers); a size whose margin is even (or crop_pct 1) is "
+                      f"written exactly", ExportWarning, stacklevel=3)
 
 
 def _pooler_note(config, path: Path) -> None:
