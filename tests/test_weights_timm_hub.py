@@ -310,6 +310,9 @@ def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, ca
     assert main(run + ["--mean", "0.4", "--std", "0.2", "0.2", "0.2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mean/std need 3 values" in err
+    assert main(run + ["--labels", "a", "b", "c"]) == 2  # it said the file "carries its own preprocessing"
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "its size and classes are its tensors'" in err and "--mean and --std stand in" in err, err
 
 
 def test_timm_06s_single_dict_config_reads_as_timm_reads_it(tmp_path, images):

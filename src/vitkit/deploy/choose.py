@@ -76,9 +76,14 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
                              f"(vitkit convert WEIGHTS OUT.{suffix} --to {flag} --quantize {quantize})")
         return (OnnxModel if own == "onnxruntime" else OpenVinoModel)(source, **preprocessing)
     if given:
+        from ..weights.pretrained import without_preprocessing
+
+        own_words = (f"{source} holds weights: its size and classes are its tensors' (for a file of tensors only, "
+                     f"--mean and --std stand in for its normalisation)" if without_preprocessing(source) else
+                     f"{source} carries its own preprocessing")
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand"
                          f"{'s' if len(given) == 1 else ''} in for the metadata of an "
-                         f".onnx or .xml file without it; {source} carries its own preprocessing")
+                         f".onnx or .xml file without it; {own_words}")
     if calibration is not None and not calibrates(runtime, quantize):
         raise ValueError("--calibration gives the images a calibrated int8 model is quantized on: --runtime openvino "
                          "--quantize int8, or --runtime onnxruntime --quantize int8-static")
