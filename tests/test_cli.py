@@ -67,6 +67,14 @@ def test_info_human_and_json(capsys):
     assert code == 2 and "unknown model 'vit_nonexist'" in err
 
 
+def test_info_on_a_dangling_link_names_the_link(capsys, tmp_path, monkeypatch):
+    """It was "unknown model 'dangling'" (predict says the weights are not found; convert names the link)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    code, _, err = run(capsys, "info", "dangling")
+    assert code == 2 and f"weights not found: dangling is a symbolic link to {tmp_path / 'gone'}" in err, err
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_convert_keeps_a_half_precision_source_half(capsys, tmp_path, dtype):
     """A float16 or bfloat16 file was written as float32 (twice its size, unsaid); timm and transformers read

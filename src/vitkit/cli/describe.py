@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -106,6 +107,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         try:
             named = get_model_config(args.name)
         except ValueError:  # no model of that name: a path that is not there is said as predict says it
+            if Path(args.name).is_symlink():
+                raise ValueError(f"weights not found: {args.name} is a symbolic link to {os.readlink(args.name)}, "
+                                 f"which does not exist") from None
             if _looks_like_path(args.name):
                 raise ValueError(f"weights not found: {args.name} (no such file or folder; nor a model name: "
                                  f"see vitkit models)") from None
