@@ -7,6 +7,7 @@ the model sees whole batches. Image bytes only: no request can name a file on th
 from __future__ import annotations
 
 import io
+import re
 import tempfile
 import threading
 import warnings
@@ -106,7 +107,7 @@ class ServedModel:
             try:
                 im = decode_image(data, self.channels, name)
             except Image.DecompressionBombWarning as e:
-                raise BadImageError(name, f"too many pixels ({e})") from None
+                raise BadImageError(name, self._too_many(e)) from None
         try:
             return self.transform(im)
         except ImageShapeError as e:  # a long thin image: its resize would take gigabytes
@@ -120,12 +121,18 @@ class ServedModel:
                 with Image.open(io.BytesIO(data)) as im:
                     w, h = im.size
         except Image.DecompressionBombError as e:
-            raise BadImageError(name, f"too many pixels for this server (at most {self.max_pixels:,}): {e}") \
-                from None
+            raise BadImageError(name, self._too_many(e)) from None
         except Exception:  # decode_image names what is wrong with it
             return
         if w * h > self.max_pixels:
             raise BadImageError(name, f"{w} x {h} pixels is more than the {self.max_pixels:,} this server takes")
+
+    def _too_many(self, error: Exception) -> str:
+        """Pillow's refusal of a decompression bomb in the server's words: its pixels against the server's limit
+        (Pillow's own limit, quoted beside it, read as a second rule)."""
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        many = f"{int(found.group(1)):,} pixels" if found else "its pixels"
+        return f"{many} is more than the {self.max_pixels:,} this server takes"
 
     def warm(self, progress: bool = True) -> int:
         """Runs every batch size :func:`warm_sizes` names for ``max_batch`` once, on blank images (the
