@@ -176,7 +176,7 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
     one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--quantize",
               "int8-static"], "--quantize int8")
     one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--opset", "18"],
-             "apply to --to onnx")
+             "--opset applies to --to onnx")
     # classes that name no dataset: int8 asks for images to calibrate on; --calibration only where one calibrates
     one_line(["convert", str(tmp_path / "w"), str(tmp_path / "x.xml"), "--to", "openvino", "--quantize", "int8"],
              "OpenVINO int8 (NNCF) calibrates on images", "--calibration FOLDER")

@@ -377,6 +377,9 @@ def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving
     two = httpx.post(running.url + "/predict", files=[("file", ("a.png", photo(1), "image/png")),
                                                       ("file", ("b.png", photo(2), "image/png"))], timeout=60)
     assert two.status_code == 400 and two.json() == {"error": "the form has 2 files: send one image per request"}
+    field = httpx.post(running.url + "/predict", files={"file": ("a.png", photo(1), "image/png")},
+                       data={"top_k": "1"}, timeout=60)  # was dropped without a word (every class came back)
+    assert field.status_code == 400 and "top_k is read from the query" in field.json()["error"]
     fields = _form([(b'Content-Disposition: form-data; name="f%d"' % i, b"x") for i in range(100_000)])
     many = post(running.url, fields, headers={"content-type": "multipart/form-data; boundary=BB"})
     assert many.status_code == 400 and "more than 64 parts" in many.json()["error"], many.text
@@ -491,6 +494,7 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights, stop):
         url = re.search(r"on (http://127\.0\.0\.1:\d+)", line).group(1)
         where = json.loads(proc.stdout.readline())
         assert where["url"] == url == f"http://127.0.0.1:{where['port']}" and where["weights"] == str(weights)
+        assert where["runtime"] == "torch" and where["precision"] == "fp32"  # "runtime" was "fp32", /readyz's "torch"
         while httpx.get(url + "/readyz").status_code != 200:
             time.sleep(0.05)
         with ThreadPoolExecutor(3) as pool:

@@ -17,7 +17,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     onnx_only = [f for f, v in (("--exporter", args.exporter), ("--opset", args.opset)) if v is not None]
     if onnx_only and args.to != "onnx":
-        raise ValueError(f"{', '.join(onnx_only)} apply to --to onnx, not --to {args.to}")
+        raise ValueError(f"{' and '.join(onnx_only)} appl{'y' if len(onnx_only) > 1 else 'ies'} to --to onnx, not "
+                         f"--to {args.to}")
     if args.quantize and args.to not in ("onnx", "openvino"):
         raise ValueError(f"--quantize applies to --to onnx and --to openvino, not --to {args.to}")
     if args.quantize == "int8-static" and args.to == "openvino":

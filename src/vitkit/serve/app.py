@@ -462,6 +462,8 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
     parts = list(message.iter_parts())
     if any(part.is_multipart() for part in parts):
         raise HttpError(400, "the form nests another form: send one image as the field 'file'")
+    if any(part.get_param("name", header="content-disposition") == "top_k" for part in parts):  # was dropped
+        raise HttpError(400, "top_k is read from the query, not the form: POST to /predict?top_k=3")
     files = [part for part in parts if part.get_filename() is not None
              or part.get_param("name", header="content-disposition") in ("file", "image")]
     if not files:

@@ -169,7 +169,7 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
             f"Ctrl-C or SIGTERM drains and stops")
         if ready is not None:
             ready({"url": url, "host": sock.getsockname()[0], "port": sock.getsockname()[1], "weights": str(weights),
-                   "runtime": label})
+                   "runtime": served.runtime, "precision": label})  # the runtime as /readyz and /info name it
         gc.freeze()  # the model, the app and the libraries live as long as the server: the collector skips them
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # where the drain could not take the signals (not the main thread), the
