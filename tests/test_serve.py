@@ -440,6 +440,13 @@ def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
     assert httpx.get(running.url + "/metrics").status_code == 401
     for open_path in ("/healthz", "/readyz", "/"):
         assert httpx.get(running.url + open_path).status_code == 200
+    # the API's description opens without the key (a browser cannot send one to /docs: 401), and it declares the
+    # key, so the docs' Authorize button sends it with every call
+    schema = httpx.get(running.url + "/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["apiKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+    assert schema["paths"]["/predict"]["post"]["security"] == [{"apiKey": []}]
+    assert "security" not in schema["paths"]["/healthz"]["get"]
+    assert httpx.get(running.url + "/docs").status_code == 200
     with pytest.raises(ValueError, match="reachable from other machines: give an API key"):
         make_server(ServedModel(vitkit.create_model("vit_fmnist"), "torch"), ServeOptions(), "0.0.0.0", 0)
 

@@ -32,8 +32,11 @@ except ImportError:  # pragma: no cover - create_app says which extra installs i
 
 #: the largest --max-batch: a server runs its largest batch on blank images before it listens (serve.model.warm)
 MAX_BATCH = 1024
-#: endpoints open without the API key (probes, the page and its example image)
-OPEN_PATHS = ("/healthz", "/readyz", "/", "/example.png", "/favicon.ico")
+#: endpoints open without the API key (probes, the page and its example image, and the API's description: a
+#: browser cannot send a key to open /docs, whose Authorize button then sends it with every call it tries)
+OPEN_PATHS = ("/healthz", "/readyz", "/", "/example.png", "/favicon.ico", "/docs", "/redoc", "/openapi.json")
+#: the docs' scripts and styles, open as the docs are
+OPEN_PREFIX = "/docs-assets/"
 
 
 @dataclass
@@ -272,7 +275,8 @@ class Guard:
 
         key = endpoint.options.api_key
         refused = None
-        if key and path not in OPEN_PATHS and not _key_ok(Headers(scope=scope), key):
+        if key and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX) and not _key_ok(Headers(scope=scope),
+                                                                                               key):
             refused = HttpError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
         elif endpoint.state["draining"] and path not in ("/healthz", "/readyz", "/metrics"):
             refused = HttpError(503, "the server is shutting down", retry_after=5)
@@ -282,7 +286,7 @@ class Guard:
             else:
                 await self.app(scope, receive, sending)
         finally:
-            name = path if path in ROUTES else "other"
+            name = path if path in ROUTES else OPEN_PREFIX.rstrip("/") if path.startswith(OPEN_PREFIX) else "other"
             endpoint.metrics.inc("vitkit_requests_total", endpoint=name, code=str(status[0]))
             endpoint.metrics.observe("vitkit_request_seconds", time.perf_counter() - start, endpoint=name)
 
@@ -320,7 +324,27 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     app.add_api_route("/example.png", endpoint.example, methods=["GET"], include_in_schema=False)
     if assets:
         _add_offline_docs(app, title, assets)
+    if options.api_key:
+        _declare_key(app)
     return app
+
+
+def _declare_key(app: Any) -> None:
+    """The API key in the OpenAPI schema (an X-API-Key header on every operation but the open ones), so that the
+    docs' Authorize button asks for it and sends it; clients generated from the schema send it too."""
+    build = app.openapi
+
+    def keyed() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["apiKey"] = {
+                "type": "apiKey", "in": "header", "name": "X-API-Key"}
+            for path, operations in schema.get("paths", {}).items():
+                for operation in operations.values() if path not in OPEN_PATHS else ():
+                    operation["security"] = [{"apiKey": []}]
+        return app.openapi_schema
+
+    app.openapi = keyed
 
 
 #: Swagger UI's and ReDoc's files (the serve extra's fastapi-offline ships them) and their types
@@ -369,7 +393,7 @@ def _add_offline_docs(app: Any, title: str, folder: Path) -> None:
 
 #: the paths counted by name in the metrics (others: "other", so a scan cannot grow them)
 ROUTES = ("/predict", "/embed", "/rollout", "/healthz", "/readyz", "/metrics", "/info", "/", "/example.png",
-          "/openapi.json", "/docs")
+          "/openapi.json", "/docs", "/redoc")
 
 
 def _key_ok(headers, key: str) -> bool:
