@@ -138,7 +138,7 @@ def test_dinov3_exports_to_its_hugging_face_class(tmp_path, images):
 
 def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
     model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32, reg_tokens=2)
-    with pytest.raises(WeightsError, match="nearest, clip_vision_model, lacks reg_tokens=2"):
+    with pytest.raises(WeightsError, match="nearest, clip_vision_model, cannot hold reg_tokens=2"):
         vitkit.export_weights(model, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
     model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32)

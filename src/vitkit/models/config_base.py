@@ -262,13 +262,14 @@ class TokenConfig(ImageConfig):
         for name, bound in (("depth", MAX_DEPTH), ("embed_dim", MAX_WIDTH)):
             if _is_int(getattr(self, name)) and getattr(self, name) > bound:
                 problems.append(f"{name} {getattr(self, name):,} is past {bound:,} (ViT-22B: depth 48, width 6,144)")
-        if max(self.img_size) > MAX_IMG_SIZE:
-            problems.append(f"img_size {self.img_size} is past {MAX_IMG_SIZE:,} px a side (a million patches of 16 "
-                            f"px; attention could not hold it)")
+        too_large = max(self.img_size) > MAX_IMG_SIZE
+        if too_large:
+            problems.append(f"img_size {self.img_size} is past {MAX_IMG_SIZE:,} px a side (about a million 16 px "
+                            f"patches; attention could not hold it)")
         if not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < 1:
             problems.append(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
         problems += self.family_problems()
-        if min(self.img_size) > 0 and min(self.patch_size) > 0:
+        if min(self.img_size) > 0 and min(self.patch_size) > 0 and not too_large:  # (its nearest multiples: too)
             problems += self.grid_problems()
         problems += self._io_problems()
         if problems:

@@ -147,7 +147,7 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         processor = hf_towers.preprocessor_to_hf(model.config, kind)
     elif model.config.architecture != "vit" or _later_vit(model.config):
         nearest, problems = min(hf_towers.export_problems(model.config).items(), key=lambda kv: len(kv[1]))
-        raise WeightsError(f"no Hugging Face class expresses this model: the nearest, {nearest}, lacks "
+        raise WeightsError(f"no Hugging Face class expresses this model: the nearest, {nearest}, cannot hold "
                            f"{'; '.join(problems)} (export as 'timm' or 'vitkit')")
     else:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
