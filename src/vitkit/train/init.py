@@ -75,7 +75,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         warnings.simplefilter("ignore", AdaptNote)
         # the position table resampled as the source's library resamples it (as from_pretrained does)
         report = load_into(model, src, strict=True, exclude=exclude,
-                              antialias=getattr(config, "pos_embed_antialias", True))
+                           antialias=getattr(config, "pos_embed_antialias", True))
     if head == "new":
         model.reset_classifier(config.num_classes)
     log(f"initialised from {source} ({report.format}); head: {head}"

@@ -100,9 +100,21 @@ def preprocessing(pre: Mapping[str, Any], model_type: Optional[str] = None, chan
         raise ProcessorConfigError(str(e)) from None
 
 
-def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: int) -> Dict[str, Any]:
+def _filled(pre: Mapping[str, Any], model_type: Optional[str]) -> Tuple[str, Dict[str, Any]]:
+    """The processor's class and its config with the class's defaults where it leaves a field out (as
+    transformers fills it)."""
     kind = processor_class(pre, model_type)
-    pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
+    return kind, {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
+
+
+def _size_and_crop(pre: Mapping[str, Any], kind: str) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """A filled processor config's ``size`` and ``crop_size`` as the sides vitkit reads (:func:`_sides`)."""
+    size = _sides("size", pre.get("size"), "shortest_edge" if kind in _SHORTEST_EDGE_PROCESSORS else "height")
+    return size, _sides("crop_size", pre.get("crop_size"), "height", used=bool(pre.get("do_center_crop")))
+
+
+def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: int) -> Dict[str, Any]:
+    kind, pre = _filled(pre, model_type)
     out: Dict[str, Any] = {}
     for field, key in (("image_mean", "mean"), ("image_std", "std")):
         if field in pre:
@@ -117,9 +129,7 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
                                    f"to resize with it")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
-    square = kind not in _SHORTEST_EDGE_PROCESSORS
-    size = _sides("size", pre.get("size"), "height" if square else "shortest_edge")
-    crop = _sides("crop_size", pre.get("crop_size"), "height", used=bool(pre.get("do_center_crop")))
+    size, crop = _size_and_crop(pre, kind)
     side = size.get("shortest_edge") or size.get("height")
     if size.get("height") and size.get("width") and not size.get("shortest_edge"):
         out["crop_mode"] = "squash"
@@ -136,11 +146,9 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
 def processor_size(pre: Mapping[str, Any], model_type: Optional[str] = None) -> Optional[Tuple[int, int]]:
     """The height and width of the pixels a processor makes: its centre crop, or the size it squashes images to;
     None where they keep the image's aspect (a shorter side without a crop) or the file says no size."""
-    kind = processor_class(pre, model_type)
-    pre = {**PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pre.items() if v is not None}}
+    kind, pre = _filled(pre, model_type)
     try:
-        size = _sides("size", pre.get("size"), "shortest_edge" if kind in _SHORTEST_EDGE_PROCESSORS else "height")
-        crop = _sides("crop_size", pre.get("crop_size"), "height", used=bool(pre.get("do_center_crop")))
+        size, crop = _size_and_crop(pre, kind)
     except ProcessorConfigError:  # said by :func:`preprocessing`, which reads the same fields
         return None
     box = crop if pre.get("do_center_crop") else {} if size.get("shortest_edge") else size

@@ -191,9 +191,8 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
 def run_size(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]]) -> Optional[Tuple[int, int]]:
     """The image size transformers runs a tower at where its processor, not its config, decides it
     (:data:`AT_PROCESSOR_SIZE`); None for the others, or a processor that makes no fixed size."""
-    if not preprocessor or tower_of(hf)[0] not in AT_PROCESSOR_SIZE:
-        return None
-    return processor_size(preprocessor, tower_of(hf)[0])
+    kind = tower_of(hf)[0]
+    return processor_size(preprocessor, kind) if preprocessor and kind in AT_PROCESSOR_SIZE else None
 
 
 def layout_of(config: Any) -> Optional[str]:

@@ -479,18 +479,10 @@ def _names(names: List[str], limit: int = 20) -> str:
 
 
 def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
-                 strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
-                 exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
-    """Load weights in any supported layout into ``model`` (in place).
-
-    ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
-    hub layout), or an in-memory state dict. The layout is detected from key names. A
-    different patch grid is resampled (``interpolation`` 'bicubic' as timm/DeiT, 'bilinear'
-    as the official code). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
-    Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
-    every shape mismatch; the model is untouched when it raises. ``copy=False``: every check,
-    nothing copied (the model may be on the meta device).
-    """
+              strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
+              exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
+    """:func:`vitkit.weights.load_weights` (whose docstring says what each argument does) without its check of a
+    source's own config against the model: for callers that built the model from that config themselves."""
     if isinstance(exclude, str):  # one prefix (a string was read a character at a time: 'p', 'o', 's', ...)
         exclude = (exclude,)
     if isinstance(model, FeatureModel):  # a backbone: its model holds the weights (a pyramid is new), and

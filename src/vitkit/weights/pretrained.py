@@ -324,7 +324,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
         exclude = tuple(f"{name}." for name in model.head_names())
     # resampled to another size as the source's library resamples it (transformers: not antialiased)
     load_into(model, src, strict=strict, interpolation=interpolation,
-                 antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
+              antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
     norm = False
     if features_only and out_indices is None and not pyramid:  # a transformers backbone: the maps it returns
         out_indices, norm = backbone_plan(src.config_json, len(getattr(model, "blocks", ()))) or (None, False)
@@ -434,7 +434,7 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
                            f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
                            f"vitkit train --init)") from None
     load_into(model, src, strict=strict, interpolation=interpolation,
-                 antialias=getattr(encoder, "pos_embed_antialias", True))
+              antialias=getattr(encoder, "pos_embed_antialias", True))
     return model.eval()
 
 
