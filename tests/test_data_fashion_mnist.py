@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vitkit.data import fashion_mnist as fm
+from vitkit.data import idx
 from vitkit.data.idx import IDXError, read_idx
 
 
@@ -34,6 +35,26 @@ def test_read_idx_raw_gz_and_damaged(tmp_path):
     (tmp_path / "bad.gz").write_bytes(b"not gzip")
     with pytest.raises(IDXError, match="cannot read"):
         read_idx(tmp_path / "bad.gz")
+
+
+def test_a_large_file_is_decoded_once_per_version_and_each_reader_gets_its_own_copy(tmp_path, monkeypatch):
+    """A study trains many runs in one process: Fashion-MNIST's images are decompressed once. A
+    file written again (another size, time or inode) is read again; a reader's changes stay its own."""
+    monkeypatch.setattr(idx, "CACHE_FROM_BYTES", 0)
+    monkeypatch.setattr(idx, "_decoded", type(idx._decoded)())
+    decoded = []
+    monkeypatch.setattr(idx, "_decode", lambda p, real=idx._decode: decoded.append(p.name) or real(p))
+    arr = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "a.gz", arr)
+    first = read_idx(tmp_path / "a.gz")
+    first[:] = 7
+    assert np.array_equal(read_idx(tmp_path / "a.gz"), arr) and decoded == ["a.gz"]
+    write_idx(tmp_path / "new.gz", arr[:1])
+    (tmp_path / "new.gz").replace(tmp_path / "a.gz")  # replaced as a download replaces it: a new inode
+    assert np.array_equal(read_idx(tmp_path / "a.gz"), arr[:1]) and decoded == ["a.gz", "a.gz"]
+    (tmp_path / "a.gz").unlink()
+    with pytest.raises(IDXError, match="cannot read"):
+        read_idx(tmp_path / "a.gz")
 
 
 def make_fake_set(folder):

@@ -184,7 +184,8 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
     # --finetune full"): checked as a new run's, not with the run's saved values
     other = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--recipe", "deit"],
                            env=env, capture_output=True, text=True)
-    assert other.returncode == 2 and '--recipe (saved: "fmnist", given: "deit")' in other.stderr, other.stderr
+    saved = json.loads((run / "config.json").read_text())["recipe"]  # the machine's own: fmnist or fmnist-fp32
+    assert other.returncode == 2 and f'--recipe (saved: "{saved}", given: "deit")' in other.stderr, other.stderr
     shutil.rmtree(init)  # the run's own checkpoint holds every weight: it was refused "--init weights not found"
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)

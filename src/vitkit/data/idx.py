@@ -7,12 +7,22 @@ per dimension; the data follows in C order, big-endian.
 from __future__ import annotations
 
 import gzip
+from collections import OrderedDict
 from pathlib import Path
-from typing import Union
+from typing import Tuple, Union
 
 import numpy as np
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+#: Files from this size up are kept decoded (:func:`read_idx`): a process that trains several
+#: runs (a study, the test suite) decompresses Fashion-MNIST's images once, not once per run
+#: (0.3-0.7 s each on 2 CPU cores).
+CACHE_FROM_BYTES = 1 << 20
+#: how many decoded files are kept (Fashion-MNIST's two image files, with room for MNIST's)
+CACHE_FILES = 4
+_decoded: "OrderedDict[Tuple, np.ndarray]" = OrderedDict()
 
 
 class IDXError(ValueError):
@@ -20,8 +30,27 @@ class IDXError(ValueError):
 
 
 def read_idx(path: Union[str, Path]) -> np.ndarray:
-    """Read an IDX file (``.gz`` or raw) into a numpy array, checking header and size."""
+    """Read an IDX file (``.gz`` or raw) into a numpy array, checking header and size. A large
+    file read before in this process, unchanged since (its size, modification time and inode),
+    is not decoded again; the caller gets its own copy either way."""
     path = Path(path)
+    try:
+        st = path.stat()
+        key: Tuple = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:  # _decode says why it cannot be read
+        return _decode(path)
+    if key in _decoded:
+        _decoded.move_to_end(key)
+        return _decoded[key].copy()
+    arr = _decode(path)
+    if st.st_size >= CACHE_FROM_BYTES:
+        _decoded[key] = arr.copy()
+        while len(_decoded) > CACHE_FILES:
+            _decoded.popitem(last=False)
+    return arr
+
+
+def _decode(path: Path) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:

@@ -34,7 +34,9 @@ def plot_curves(metrics_path: Path, out_path: Path) -> Path:
         ax2.set(xlabel="step", ylabel="learning rate", title="learning rate")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    # fixed margins (room for a 6-character tick label and the axis label) instead of
+    # tight_layout, which draws the figure once more to measure it: half of the plot's time
+    fig.subplots_adjust(left=0.075, right=0.985, bottom=0.13, top=0.92, wspace=0.27)
     return save_png(fig, out_path)
 
 
