@@ -93,7 +93,8 @@ CASES = {
     "pe_spatial": ("vit_pe_spatial_tiny_patch16_512", dict(depth=2, img_size=64)),
     "dinov3": ("vit_small_patch16_dinov3", dict(depth=2, img_size=64)),
     "dinov3_plus": ("vit_small_plus_patch16_dinov3_qkvb", dict(depth=2, img_size=64)),
-    "sapiens_gqa": ("vit_large_patch16_sapiens2", dict(img_size=(48, 32))),
+    # the large model's pattern (full attention, then grouped-query, then full) in 3 blocks, not 24
+    "sapiens_gqa": ("vit_large_patch16_sapiens2", dict(depth=3, kv_heads=[16, 8, 16], img_size=(48, 32))),
     "beit": ("beit_base_patch16_224", dict(depth=2, img_size=64)),
     "beitv2": ("beitv2_base_patch16_224", dict(depth=2, img_size=64)),
     "relpos_mlp_cls": ("vit_relpos_medium_patch16_cls_224", dict(depth=2, img_size=64)),
@@ -108,7 +109,9 @@ CASES = {
 
 
 def _pair(name, kw):
-    ref = randomize(timm.create_model(name, **kw))
+    """timm's model and vitkit's, built alike (vitkit's ``kv_heads`` is timm's ``num_kv_heads``)."""
+    theirs = {("num_kv_heads" if k == "kv_heads" else k): (tuple(v) if k == "kv_heads" else v) for k, v in kw.items()}
+    ref = randomize(timm.create_model(name, **theirs))
     ours = vitkit.create_model(name, **kw).eval()
     report = vitkit.load_weights(ours, ref.state_dict())
     assert report.format == "timm" and not report.missing and not report.unexpected
@@ -156,7 +159,7 @@ def test_rope_mixed_frequencies_train_and_dinov3_rescale_matches_timm_in_trainin
     ours(images(2, 64, 64)).sum().backward()
     assert ours.rope.freqs.grad is not None and ours.rope.freqs.grad.abs().sum() > 0
     assert "rope.freqs" in ours.no_weight_decay()
-    ref, ours = _pair("vit_base_patch16_sapiens2", dict(img_size=(48, 32)))
+    ref, ours = _pair("vit_base_patch16_sapiens2", dict(depth=2, kv_heads=[12, 12], img_size=(48, 32)))
     ref.train(), ours.train()
     x = images(2, 48, 32)
     with torch.no_grad():
