@@ -7,6 +7,7 @@ per dimension; the data follows in C order, big-endian.
 from __future__ import annotations
 
 import gzip
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Tuple, Union
@@ -23,6 +24,7 @@ CACHE_FROM_BYTES = 1 << 20
 #: how many decoded files are kept (Fashion-MNIST's two image files, with room for MNIST's)
 CACHE_FILES = 4
 _decoded: "OrderedDict[Tuple, np.ndarray]" = OrderedDict()
+_decoded_lock = threading.Lock()  # data threads and the main thread may read at once
 
 
 class IDXError(ValueError):
@@ -39,14 +41,17 @@ def read_idx(path: Union[str, Path]) -> np.ndarray:
         key: Tuple = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     except OSError:  # _decode says why it cannot be read
         return _decode(path)
-    if key in _decoded:
-        _decoded.move_to_end(key)
-        return _decoded[key].copy()
+    with _decoded_lock:
+        kept = _decoded.get(key)
+        if kept is not None:
+            _decoded.move_to_end(key)
+            return kept.copy()
     arr = _decode(path)
     if st.st_size >= CACHE_FROM_BYTES:
-        _decoded[key] = arr.copy()
-        while len(_decoded) > CACHE_FILES:
-            _decoded.popitem(last=False)
+        with _decoded_lock:
+            _decoded[key] = arr.copy()
+            while len(_decoded) > CACHE_FILES:
+                _decoded.popitem(last=False)
     return arr
 
 
