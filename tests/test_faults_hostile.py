@@ -791,6 +791,31 @@ def test_sigterm_during_training_says_how_to_resume_and_releases_the_run(tmp_pat
     assert holder(run) is None and not list(run.rglob("*.tmp"))
 
 
+@real
+def test_a_stop_right_after_a_checkpoint_lands_names_it_and_resume_goes_on(tmp_path, capsys, monkeypatch):
+    """SIGTERM between a checkpoint's rename into place and the loop's note of it (the window the test
+    above once hit): the file on disk is whole, so the message names it and --resume goes on from it."""
+    from vitkit.signals import Terminated
+    from vitkit.train import loop
+
+    def save_then_stop(*args, **kw):
+        save_checkpoint(*args, **kw)
+        raise Terminated()
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_stop)
+    run = tmp_path / "run"
+    argv = ["--max-steps", "4", "--checkpoint-every", "2", "--batch-size", "16", "--val-size", "50", "--test-size",
+            "50", "--threads", "1", "--no-progress", "--no-tensorboard", "--model-args", '{"depth": 1}']
+    stopped = in_process(capsys, "train", "--runs-dir", tmp_path, "--name", "run", *argv)
+    lines = stopped.stderr.strip().splitlines()
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert lines[-2] == f"interrupted; {run} keeps its checkpoint of step 2: vitkit train --resume {run} goes on " \
+                        "from there", lines
+    monkeypatch.undo()
+    resumed = in_process(capsys, "train", "--resume", run, "--no-progress")
+    assert resumed.returncode == 0 and f"resuming {run} at step 2/4" in resumed.stdout + resumed.stderr
+
+
 # ---------------------------------------------------------------- 6. absurd sizes are refused up front
 
 

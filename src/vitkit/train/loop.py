@@ -39,7 +39,7 @@ from ..utils import seed_for
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
-from .checkpoint import NonFiniteState, checkpoint_step, load_intact, save_checkpoint
+from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
 from .config import TrainConfig
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, load_teacher
@@ -102,7 +102,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         raise stop from None
     except Exception:  # a new run that failed before its first checkpoint has nothing to resume: its
         discard = bool(run is not None and run.main and not resume and run.run_dir is not None  # folder goes
-                       and run.last_ckpt is None)
+                       and _last_checkpoint(run) is None)
         raise
     finally:
         if run is not None and run.parallel is not None:
@@ -137,13 +137,21 @@ def _starting(run: Run) -> str:
             f"{where}: {steps}, writing {run.run_dir}")
 
 
+def _last_checkpoint(run: Run) -> Optional[Path]:
+    """The newest checkpoint in the run folder: a stop that lands after a checkpoint's rename into
+    place and before ``run.last_ckpt`` is set leaves a whole file to resume from all the same."""
+    on_disk = checkpoint_paths(run.run_dir)
+    return on_disk[-1] if on_disk else run.last_ckpt
+
+
 def _interrupted(run: Run) -> str:
     """What an interrupted run keeps: its last checkpoint and the command that goes on from it."""
     verb = "train" if run.cfg.objective == "classify" else "pretrain"
-    if run.last_ckpt is None:
+    last = _last_checkpoint(run)
+    if last is None:
         return f"interrupted before the first checkpoint of {run.run_dir}: nothing to resume (vitkit {verb} " \
                f"--name {run.run_dir.name} starts it again there)"
-    return f"interrupted; {run.run_dir} keeps its checkpoint of step {checkpoint_step(run.last_ckpt)}: " \
+    return f"interrupted; {run.run_dir} keeps its checkpoint of step {checkpoint_step(last)}: " \
            f"vitkit {verb} --resume {run.run_dir} goes on from there"
 
 
