@@ -703,6 +703,10 @@ def test_the_cost_line_times_a_large_model_on_few_images(monkeypatch):
         assert timed[-1] * per_image <= fit.TIMED_STEP_FLOPS or timed[-1] == 1
         assert line.endswith(f"(one timed step of {timed[-1]} image{'s' if timed[-1] > 1 else ''})"), line
     assert timed == [1, 32]
+    # a short run (VITKIT_TINY's 2 steps of 16, a smoke test): the timing sees at most 5% of its images
+    fit.cost_line(model, complexity(model.config).macs, 32, 16, None, cpu)
+    fit.cost_line(model, complexity(model.config).macs, 200, 64, None, cpu)
+    assert timed[2:] == [1, 10]
 
 
 # ---------------------------------------------------------------- 9. preprocessing in one call

@@ -80,6 +80,9 @@ def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]
 #: At most this many training FLOPs in the timed step (32 images of ViT-B/16 at 384 px were 9.4
 #: TFLOPs, twice: minutes on a laptop to print one line); a large model is timed on fewer images.
 TIMED_STEP_FLOPS = 100e9
+#: The timed step (two passes) sees at most this share of the images the run will see: a short run
+#: (a smoke test, 2 steps of 16) is not made several times longer by its own estimate.
+TIMED_SHARE = 0.05
 
 
 def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, amp: Optional[torch.dtype],
@@ -87,13 +90,13 @@ def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, 
     """What the run costs: training operations (3x the forward pass's) per image, times the images
     it will see, and the seconds that takes on this machine from one timed step of ``micro_batch``
     random images (at most 32, and at most :data:`TIMED_STEP_FLOPS` worth) through ``model`` (its
-    state, gradients and random streams untouched)."""
+    state, gradients and random streams untouched), and at most :data:`TIMED_SHARE` of ``images``."""
     per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
     total = per_image * images
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
     if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
         return line + " (the encoder's full pass; masking and a decoder change it)"
-    n = max(1, min(micro_batch, 32, int(TIMED_STEP_FLOPS // per_image)))
+    n = max(1, min(micro_batch, 32, int(TIMED_STEP_FLOPS // per_image), int(images * TIMED_SHARE)))
     seconds = _time_step(model, n, amp, device)
     if seconds is None:
         return line
