@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--recipe", help="a named recipe (default: none named, as make demo: the machine's own)")
     ap.add_argument("--work", help="folder for the runs (default: runs/default_run; its seedN folders are replaced)")
     ap.add_argument("--out", help="results file, or a folder for the default name")
-    ap.add_argument("--quick", action="store_true", help="smoke check: 20 steps, 500 test images, no peaks")
+    ap.add_argument("--quick", action="store_true", help="smoke check: 5 steps, 100 test images, no peaks")
     args = ap.parse_args(argv)
     if any(s < 0 for s in args.seeds):
         ap.error(f"--seeds must be non-negative, got {args.seeds}")
@@ -57,7 +57,7 @@ def one_run(seed: int, args: argparse.Namespace, work: Path) -> dict:
     if args.recipe:
         cmd += ["--recipe", args.recipe]
     if args.quick:
-        cmd += ["--max-steps", "20", "--val-size", "500", "--test-size", "500"]
+        cmd += ["--max-steps", "5", "--val-size", "100", "--test-size", "100"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0

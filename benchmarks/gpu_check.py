@@ -61,8 +61,8 @@ def stage_commands(out: Path, dry: bool) -> Dict[str, List[str]]:
                           "--out", str(out / "inference.json")],
             "training": [py, str(bench / "bench_training.py"), "--quick", "--device", "cpu", "--precisions", "fp32",
                          "--rounds", "1", "--steps", "1", "--out", str(out / "training.json")],  # no --compile: minutes
-            "default_run": [py, "-m", "vitkit", "train", "--max-steps", "20", "--val-size", "500",
-                            "--test-size", "500", "--runs-dir", str(out / "runs"), "--name", "default",
+            "default_run": [py, "-m", "vitkit", "train", "--max-steps", "5", "--val-size", "100",
+                            "--test-size", "100", "--runs-dir", str(out / "runs"), "--name", "default",
                             "--no-progress", "--json"],
         }
     return {

@@ -108,7 +108,7 @@ def test_gpu_check_dry_runs_every_stage_into_one_folder(tmp_path, monkeypatch):
     names = [t["name"].rsplit("::", 1)[-1] for t in tests["tests"]]
     assert "test_one_process_nccl_ddp_step_equals_the_plain_step" in names, names
     run = json.loads((tmp_path / "default_run.json").read_text())
-    assert run["summary"]["steps"] == 20 and run["config"]["recipe"] == default_recipe()[0]
+    assert run["summary"]["steps"] == 5 and run["config"]["recipe"] == default_recipe()[0]
     assert run["wall_s"] >= run["summary"]["seconds"]
     assert summary["files"] == ["default_run.json", "tests.json"]
     for stage in ("inference", "training"):  # the GPU's commands name the GPU and the sizes
@@ -174,7 +174,7 @@ def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dir
     data = json.loads(path.read_text())
     run, result = data["runs"]["seed3"], data["result"]
     assert result["recipe"] == run["config"]["recipe"] == default_recipe()[0] and run["config"]["seed"] == 3
-    assert f"recipe {result['recipe']})" in run["first_line"] and run["summary"]["steps"] == 20
+    assert f"recipe {result['recipe']})" in run["first_line"] and run["summary"]["steps"] == 5
     assert run["wall_s"] >= run["summary"]["seconds"] > 0  # from outside: start-up and scoring included
     assert "avx2" in data["machine"]["cpu_flags"] and data["machine"]["cpu_family_model"].startswith("family ")
     assert result["goal_met"] is (result["mean_test_top1"] >= 0.925 and result["max_wall_s"] <= 300)
