@@ -136,3 +136,13 @@ def test_a_torchvision_detector_trains_a_step_on_a_vitkit_backbone():
     assert features.model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     assert features.pyramid.project[0][0].weight.grad.abs().sum() > 0
     assert torchvision.__version__
+
+
+def test_switches_that_are_not_true_or_false_are_refused(tmp_path):
+    """A string is truthy: features_only="no" would build a backbone where a classifier was asked
+    for, strict="false" would load strictly. Each is refused before any work, naming the keyword."""
+    with pytest.raises(ValueError, match=r"^create_model: features_only='no': it must be True or False$"):
+        vitkit.create_model("Ti/16", features_only="no")
+    with pytest.raises(ValueError, match=r"^from_pretrained: strict='false', at_processor_size=0: each must be"):
+        vitkit.from_pretrained(tmp_path / "missing", strict="false", at_processor_size=0)
+    assert isinstance(vitkit.create_model("Ti/16", img_size=32, depth=1, features_only=True), FeatureModel)

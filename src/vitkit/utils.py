@@ -83,6 +83,14 @@ def seed_for(seed: int, stream: str, *index: int) -> int:
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+def check_switches(where: str, **switches: Any) -> None:
+    """ValueError naming each keyword of ``where`` that is not True or False: a string such as
+    ``"no"`` is truthy, and would switch on what it was meant to switch off."""
+    bad = [f"{name}={value!r}" for name, value in switches.items() if not isinstance(value, bool)]
+    if bad:
+        raise ValueError(f"{where}: {', '.join(bad)}: {'each' if len(bad) > 1 else 'it'} must be True or False")
+
+
 def field_comments(cls: type) -> Dict[str, str]:
     """The ``#:`` comment lines written above each field of a class (Sphinx's attribute docs),
     joined into one line per field: the help text of the command-line flags made from them."""

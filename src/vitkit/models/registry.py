@@ -22,6 +22,8 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Pat
 import torch
 from torch import nn
 
+from ..utils import check_switches
+
 
 def _state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -203,6 +205,7 @@ def as_features(model: nn.Module, features_only: bool, out_indices: Optional[Uni
                 pyramid: bool, pyramid_channels: int, norm: bool = False) -> nn.Module:
     """``model`` itself, or (``features_only``) its backbone, its maps through the final norm with ``norm``;
     the feature options need it."""
+    check_switches("create_model", features_only=features_only, pyramid=pyramid)
     if not features_only:
         if pyramid or out_indices is not None or pyramid_channels != 256:
             raise ValueError("out_indices, pyramid and pyramid_channels apply with features_only=True")

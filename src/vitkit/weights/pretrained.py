@@ -20,6 +20,7 @@ from ..models import build_from_config, config_from_dict, family_of, get_model_c
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
+from ..utils import check_switches
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .claims import check_claims
 from .hf_backbone import backbone_plan
@@ -300,6 +301,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     runs it (``facebook/dinov2-*``: 224 px, its 518 px table resampled as transformers resamples it);
     ``at_processor_size=False`` builds it at its config's ``image_size`` (the table as it is stored).
     """
+    check_switches("from_pretrained", strict=strict, encoder_only=encoder_only, features_only=features_only,
+                   pyramid=pyramid, at_processor_size=at_processor_size)
     path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)" + _name_hint(str(source)))
