@@ -740,6 +740,44 @@ def test_two_processes_saving_into_one_folder_leave_one_model_not_some_of_each(t
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging folder left
 
 
+SAVE_AND_HOLD = """
+import sys, time
+from pathlib import Path
+from vitkit.files import weights_folder
+with weights_folder(Path(sys.argv[1]), lambda f: [f / "model.safetensors"]) as into:
+    (into / "model.safetensors").write_text("half")
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_save_killed_mid_way_leaves_a_staging_folder_the_next_save_removes(tmp_path):
+    """SIGKILL runs no finally: the staging folder of a killed save stayed beside the model for good.
+    It holds a lock while its writer lives, so the next save of the same name removes a dead one
+    and leaves a live one alone."""
+    from vitkit.files import weights_folder
+
+    def save(text):
+        with weights_folder(tmp_path / "m", lambda f: [f / "model.safetensors"]) as into:
+            (into / "model.safetensors").write_text(text)
+
+    proc = subprocess.Popen([sys.executable, "-c", SAVE_AND_HOLD, str(tmp_path / "m")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        [staging] = [p.name for p in tmp_path.iterdir()]
+        save("while it lives")  # a live writer's staging folder is kept
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m", staging])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (tmp_path / staging).is_dir()  # the kill left it
+    save("after")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["model.safetensors"]
+    assert (tmp_path / "m" / "model.safetensors").read_text() == "after"
+
+
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -240,18 +240,24 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
     (``old_files(folder)``: weights, shard indexes and their shards, configs) removed and the new ones moved
     in. A failure leaves the folder as it was (or none, and no parent this made); files of the user's own stay.
     Two processes saving into one folder at once install one after the other (a flock on the parent), so the
-    folder ends with one writer's files, never some of each."""
+    folder ends with one writer's files, never some of each. The staging folder is a work folder (a lock file
+    inside while its writer lives): one a killed writer left (SIGKILL, power loss) is removed by the next save
+    of the same name (:func:`sweep_work_folders`)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, not a folder: give a folder to write the model into")
     made = [p for p in folder.parents if not p.exists()]
-    staging = None
+    staging, fd = None, None
     try:
         with interrupts_deferred():  # a signal right after mkdtemp would leave the staging folder behind
             folder.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+            sweep_work_folders(folder.parent, folder.name)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=WORK_SUFFIX, dir=folder.parent))
+            fd = os.open(staging / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+            _try_lock(fd)
         yield staging
         with interrupts_deferred(), _parent_held(folder):
+            (staging / _OWNER).unlink()  # not the model's; the lock stays on the open file until the end
             _install(staging, folder, old_files)
     except BaseException as e:
         if made:
@@ -263,6 +269,8 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
 
 
 def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[OSError]:
