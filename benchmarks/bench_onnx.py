@@ -68,6 +68,7 @@ import torch
 
 import vitkit
 from vitkit.deploy import OnnxModel, export_onnx
+from vitkit.deploy.onnx_export import finish_export
 from vitkit.machine import native_bf16_cpu
 from vitkit.models import compile_for_inference, get_model_config
 from vitkit.models.complexity import complexity
@@ -113,13 +114,15 @@ def paths_for(timm_model, vk_model, folder: str, compile_fast: bool, bf16: bool)
         paths[f"vitkit {precisions[-1]} compiled"] = torch_path(compile_for_inference(vk_model), bf16, False)
     h, w = vk_model.config.img_size
     calibration = torch.randint(0, 256, (32, 3, h, w), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    # one dynamo trace serves the three files (a trace of ViT-Ti took 20 s on a 2.45 GHz Zen 3): the int8
+    # ones are finished from the fp32 graph as export_onnx(quantize=...) finishes its own
     fp32 = export_onnx(vk_model, os.path.join(folder, "fp32.onnx"))
     paths["ort fp32"] = OnnxModel(fp32, threads=torch.get_num_threads())
     for name, quantize in (("ort int8", "int8"), ("ort int8-static", "int8-static")):
-        file = quantized_from(fp32, os.path.join(folder, f"{quantize}.onnx"), quantize, vk_model.config,
-                              calibration if quantize == "int8-static" else None)
+        file = finish_export(fp32, os.path.join(folder, f"{quantize}.onnx"), vk_model.config, "dynamo", quantize,
+                             calibration if quantize == "int8-static" else None)
         paths[name] = OnnxModel(file, threads=torch.get_num_threads())
-    paths.update(ort_fused(os.path.join(folder, "fp32.onnx"), folder, vk_model.config))
+    paths.update(ort_fused(str(fp32), folder, vk_model.config))
     if openvino_installed():
         from vitkit.deploy.openvino import OpenVinoModel, export_openvino
 
@@ -128,22 +131,6 @@ def paths_for(timm_model, vk_model, folder: str, compile_fast: bool, bf16: bool)
                                    calibration=calibration if quantize else None)
             paths[name] = OpenVinoModel(file, threads=torch.get_num_threads(), precision=precision)
     return paths
-
-
-def quantized_from(fp32_file, path: str, quantize: str, config, calibration) -> str:
-    """What ``export_onnx(model, path, quantize=quantize)`` writes, made from the model's fp32 export
-    (export_onnx's own last steps: quantize, then the metadata): one trace of the model serves the
-    three files (a dynamo trace of ViT-Ti took 20 s on a 2.45 GHz Zen 3)."""
-    import onnx
-
-    from vitkit.deploy.onnx_export import metadata_for, set_metadata
-    from vitkit.deploy.quantize import quantize_onnx
-
-    quantize_onnx(fp32_file, path, quantize, config=config, calibration=calibration)
-    proto = onnx.load(path)
-    set_metadata(proto, metadata_for(config, "dynamo", quantize))
-    onnx.save_model(proto, path)
-    return path
 
 
 def ort_fused(fp32_file: str, folder: str, config) -> dict:

@@ -247,18 +247,14 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, not a folder: give a folder to write the model into")
     made = [p for p in folder.parents if not p.exists()]
-    staging, fd = None, None
+    staging = None
     try:
-        with interrupts_deferred():  # a signal right after mkdtemp would leave the staging folder behind
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            sweep_work_folders(folder.parent, folder.name)
-            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=WORK_SUFFIX, dir=folder.parent))
-            fd = os.open(staging / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
-            _try_lock(fd)
-        yield staging
-        with interrupts_deferred(), _parent_held(folder):
-            (staging / _OWNER).unlink()  # not the model's; the lock stays on the open file until the end
-            _install(staging, folder, old_files)
+        with work_folder(folder.parent, folder.name) as staging:  # removed however the save ends
+            sweep_work_folders(folder.parent, folder.name)  # and one of a killed save of this name
+            yield staging
+            with interrupts_deferred(), _parent_held(folder):
+                (staging / _OWNER).unlink()  # not the model's; the lock stays on the open file until the end
+                _install(staging, folder, old_files)
     except BaseException as e:
         if made:
             shutil.rmtree(made[-1], ignore_errors=True)  # the outermost folder this made
@@ -266,11 +262,6 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
         if said is not None:
             raise said from e
         raise
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        if fd is not None:
-            os.close(fd)
 
 
 def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[OSError]:

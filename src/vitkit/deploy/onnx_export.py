@@ -82,7 +82,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     model's class names name, see :func:`vitkit.deploy.quantize.calibration_images`). The file
     is written atomically.
     """
-    from .quantize import QUANTIZATIONS, calibration_images, quantize_onnx
+    from .quantize import QUANTIZATIONS, calibration_images
 
     path = Path(path)
     problems = _problems(model, path, exporter, opset, quantize, calibration, QUANTIZATIONS)
@@ -90,7 +90,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
         raise OnnxExportError("; ".join(problems))
     if quantize == "int8-static":  # one line when there are none
         calibration = calibration_images(model, source=calibration, purpose=CALIBRATION_PURPOSE)
-    onnx, _ = onnx_modules("ONNX export")
+    onnx_modules("ONNX export")  # said before any work when onnx is missing
     if exporter == "dynamo":
         require("onnxscript", "onnx", "ONNX export (the dynamo exporter; or exporter='torchscript')")
     config = model.config
@@ -106,10 +106,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
             if quantize:
                 said.label = f"quantizing {path.name} ({quantize})"
                 final = Path(work) / f"{quantize}.onnx"
-                quantize_onnx(fp32, final, quantize, config=config, calibration=calibration)
-            proto = onnx.load(str(final))
-            set_metadata(proto, metadata_for(config, exporter, quantize))
-            onnx.save_model(proto, str(final))
+            finish_export(fp32, final, config, exporter, quantize, calibration)
             os.chmod(final, 0o644)
             os.replace(final, path)
     except Exception as e:  # the exporter and ORT's quantizer raise their own types on a full disk
@@ -117,6 +114,22 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
             raise DiskFull(path, "nothing was replaced (the previous file, if any, is intact)") from e
         raise
     return path
+
+
+def finish_export(fp32: PathLike, final: PathLike, config: Any, exporter: str, quantize: Optional[str] = None,
+                  calibration: Optional[torch.Tensor] = None) -> Path:
+    """An export's last steps: the fp32 graph ``fp32`` quantized into ``final`` (or ``final`` is ``fp32``),
+    then vitkit's metadata written into it. A caller that needs several quantizations of one model (a
+    benchmark) traces it once and finishes each file from the same fp32 graph."""
+    from .quantize import quantize_onnx
+
+    onnx, _ = onnx_modules("ONNX export")
+    if quantize:
+        quantize_onnx(fp32, final, quantize, config=config, calibration=calibration)
+    proto = onnx.load(str(final))
+    set_metadata(proto, metadata_for(config, exporter, quantize))
+    onnx.save_model(proto, str(final))
+    return Path(final)
 
 
 def _problems(model, path, exporter, opset, quantize, calibration, quantizations) -> list:

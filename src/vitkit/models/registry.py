@@ -192,6 +192,7 @@ def create_model(name: str, features_only: bool = False, out_indices: Optional[U
     if pretrained := overrides.pop("pretrained", False):
         raise ValueError(f"create_model builds random weights (pretrained={pretrained!r}): load weights with "
                          f"vitkit.from_pretrained(a file, a folder or 'hf-hub:org/name')")
+    check_switches("create_model", features_only=features_only, pyramid=pyramid)
     base = get_model_config(name)
     has_mlp_dim = "mlp_dim" in getattr(base, "__dataclass_fields__", ()) and bool(base.mlp_dim)
     if has_mlp_dim and isinstance(overrides.get("embed_dim"), int) and "mlp_dim" not in overrides:
@@ -205,7 +206,6 @@ def as_features(model: nn.Module, features_only: bool, out_indices: Optional[Uni
                 pyramid: bool, pyramid_channels: int, norm: bool = False) -> nn.Module:
     """``model`` itself, or (``features_only``) its backbone, its maps through the final norm with ``norm``;
     the feature options need it."""
-    check_switches("create_model", features_only=features_only, pyramid=pyramid)
     if not features_only:
         if pyramid or out_indices is not None or pyramid_channels != 256:
             raise ValueError("out_indices, pyramid and pyramid_channels apply with features_only=True")
