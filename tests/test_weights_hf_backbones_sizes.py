@@ -146,3 +146,26 @@ def test_edited_out_indices_are_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WeightsError, match="'stage9', not a stage"):
         vitkit.from_pretrained(tmp_path, features_only=True)
+
+
+def test_a_backbone_saved_by_vitkit_returns_the_same_maps_when_loaded_again(tmp_path, images):
+    import json
+
+    ref = randomize(T.Dinov2Backbone(T.Dinov2Config(**SMALL, out_indices=[1, 3]))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    vitkit.from_pretrained(tmp_path / "hf", features_only=True).save_pretrained(tmp_path / "ours")
+    # the blocks and their norm were dropped: the reload returned the last 3 blocks' maps, unnormalised
+    again = vitkit.from_pretrained(tmp_path / "ours", features_only=True)
+    assert (again.out_indices, again.norm) == ([0, 2], True)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        want, got = ref(pixel_values=x).feature_maps, again(x)
+    assert len(want) == len(got) == 2 and all(max_diff(a, b) <= 1e-5 for a, b in zip(want, got))
+    assert vitkit.from_pretrained(tmp_path / "ours", features_only=True, out_indices=[1]).out_indices == [1]
+    assert not hasattr(vitkit.from_pretrained(tmp_path / "ours"), "out_indices")  # the encoder, as before
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    for bad in ({"out_indices": "last"}, {"out_indices": [0], "norm": "yes"}, [0, 2]):
+        (tmp_path / "ours" / "config.json").write_text(json.dumps({**cfg, "features": bad}))
+        with pytest.raises(WeightsError, match='its "features" .* is not a backbone') as info:
+            vitkit.from_pretrained(tmp_path / "ours", features_only=True)
+        assert "\n" not in str(info.value)

@@ -111,7 +111,8 @@ def test_dinov3_at_a_non_square_size_as_transformers(tmp_path, images):
 ])
 def test_vitkit_towers_export_to_their_hugging_face_class(name, cls, tmp_path, images):
     size = 70 if "patch14" in name else 64
-    model = randomize(vitkit.create_model(name, depth=2, img_size=size))
+    kind = dict(head_kind="projection") if "clip" in name else {}  # a tower's head is its projection
+    model = randomize(vitkit.create_model(name, depth=2, img_size=size, **kind))
     if model.config.num_classes:
         torch.nn.init.zeros_(model.head.bias)  # CLIP's projection has no bias
     vitkit.export_weights(model, tmp_path / "hf", "hf")
@@ -144,8 +145,30 @@ def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
     model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32)
     with torch.no_grad():
         model.head.bias.fill_(1.0)  # a classifier trained on the tower: not CLIP's projection any more
-    with pytest.raises(WeightsError, match="visual_projection has no bias"):
+    with pytest.raises(WeightsError, match="a head of classes"):
         vitkit.export_weights(model, tmp_path / "hf2", "hf")
+    projection = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32, head_kind="projection")
+    with torch.no_grad():
+        projection.head.bias.fill_(1.0)
+    with pytest.raises(WeightsError, match="visual_projection has no bias"):
+        vitkit.export_weights(projection, tmp_path / "hf2", "hf")
+
+
+def test_a_head_of_classes_on_a_clip_tower_is_not_written_as_its_projection(tmp_path, images):
+    """A classifier put on a CLIP tower (zero bias: a new head) was written as CLIPVisionModelWithProjection,
+    and read back by transformers and vitkit as a projection into the image-text space (predict refused it)."""
+    tower = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32, num_classes=5)
+    assert tower.config.head_kind == "classes" and not tower.head.bias.any()
+    with pytest.raises(WeightsError, match="cannot hold a head of classes") as info:
+        vitkit.export_weights(tower, tmp_path / "hf", "hf")
+    assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
+    pooled = randomize(vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32, num_classes=5,
+                                           global_pool="avg", final_norm=False, fc_norm=False))
+    vitkit.export_weights(pooled, tmp_path / "hf", "hf")  # transformers' own classifier on the tower
+    ref = T.CLIPForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref(pixel_values=x).logits, pooled(x))
 
 
 @pytest.mark.parametrize("name", ["vit_base_patch16_clip_224", "vit_base_patch16_siglip_224",

@@ -163,13 +163,18 @@ class FeatureModel(nn.Module):
         return self.model.config
 
     def save_pretrained(self, directory):
-        """The backbone's model (``features_only`` and the pyramid are chosen when loading); a pyramid is not
-        written: its layers belong to the model built on top (save them with it)."""
+        """The backbone's model, and the blocks it returns under ``"features"`` (``out_indices``, ``norm``):
+        ``from_pretrained(folder, features_only=True)`` gives the same maps, as a transformers backbone's config
+        names its own (they were dropped, and the reload returned the last 3 blocks' maps in silence). A pyramid
+        is not written: its layers belong to the model built on top (save them with it)."""
+        from .serialize import save_pretrained
+
         if self.pyramid is not None:
             warnings.warn("the feature pyramid's layers are not written (from_pretrained(..., features_only=True, "
                           "pyramid=True) builds a new one): save them with the model built on top", UserWarning,
                           stacklevel=2)
-        return self.model.save_pretrained(directory)
+        return save_pretrained(self.model, directory, features={"out_indices": list(self.out_indices),
+                                                                 "norm": self.norm})
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         indices = self.out_indices[-1:] if self.pyramid is not None else self.out_indices

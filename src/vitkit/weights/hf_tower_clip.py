@@ -84,11 +84,15 @@ def _clip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch
 
 
 def _clip_problems(config: Any) -> List[str]:
-    return _problems(config, dict(architecture="vit", pos_embed="learned", class_token=True, pre_norm=True,
-                                  global_pool="token", reg_tokens=0, init_values=None, no_embed_class=False,
-                                  qkv_bias=True, qk_norm=False, mlp="mlp", norm="layernorm", final_norm=True,
-                                  crop_remainder=False),
-                     "CLIP's vision tower", patch_bias=False)
+    problems = _problems(config, dict(architecture="vit", pos_embed="learned", class_token=True, pre_norm=True,
+                                      global_pool="token", reg_tokens=0, init_values=None, no_embed_class=False,
+                                      qkv_bias=True, qk_norm=False, mlp="mlp", norm="layernorm", final_norm=True,
+                                      crop_remainder=False),
+                         "CLIP's vision tower", patch_bias=False)
+    if config.num_classes and getattr(config, "head_kind", "classes") != "projection":  # read back as a projection
+        problems.append("a head of classes on the class token (CLIP's visual_projection is a projection into the "
+                        "image-text space; CLIPForImageClassification reads the patches' mean without the final norm)")
+    return problems
 
 
 def _clip_hf_config(config: ViTConfig) -> Dict[str, Any]:

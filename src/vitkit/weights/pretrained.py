@@ -6,10 +6,11 @@ Hugging Face ``config.json``), else it is read off the tensor shapes.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
 
 import torch
 from torch import nn
@@ -329,11 +330,26 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     load_into(model, src, strict=strict, interpolation=interpolation,
               antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
     norm = False
-    if features_only and out_indices is None and not pyramid:  # a transformers backbone: the maps it returns
-        out_indices, norm = backbone_plan(src.config_json, len(getattr(model, "blocks", ()))) or (None, False)
+    if features_only and out_indices is None:  # a saved backbone or a transformers one: the maps it returns
+        depth = len(getattr(model, "blocks", ()))
+        plan = saved_features(src) or (None if pyramid else backbone_plan(src.config_json, depth))
+        out_indices, norm = plan or (None, False)
     model = as_features(model, features_only, out_indices, pyramid, pyramid_channels, norm)
     model.eval()
     return model
+
+
+def saved_features(src: Source) -> Optional[Tuple[List[int], bool]]:
+    """(blocks, norm) a vitkit backbone was saved with (``FeatureModel.save_pretrained``'s ``"features"``)."""
+    config_json = src.config_json or {}
+    saved = config_json.get("features") if config_json.get("format") == "vitkit" else None
+    if saved is None:
+        return None
+    blocks, norm = (saved.get("out_indices"), saved.get("norm", False)) if isinstance(saved, dict) else (None, None)
+    if not (isinstance(blocks, list) and blocks and all(type(i) is int for i in blocks) and isinstance(norm, bool)):
+        raise WeightsError(f"{_config_file(src)}: its \"features\" ({json.dumps(saved)[:80]}) is not a backbone's "
+                           f"plan vitkit writes (\"out_indices\": a list of block numbers, \"norm\": true or false)")
+    return blocks, norm
 
 
 class GuessWarning(UserWarning):
