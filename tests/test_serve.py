@@ -636,6 +636,57 @@ def test_past_32_sizes_openvino_is_given_padded_batches_and_each_answer_is_its_o
     assert vitkit.serve.model.padded_size("openvino", 5, 32) == 5
 
 
+def test_while_the_model_loads_the_probes_answer_and_requests_are_told_to_come_back(weights, monkeypatch):
+    """The socket listens before the weights are read; a client waited in the backlog, told nothing, for as long as
+    the load took (a liveness probe with a timeout saw a dead server, and restarted it mid-load)."""
+    import vitkit.serve.server as server_module
+
+    release, ready, seen = threading.Event(), threading.Event(), {}
+    load, open_socket, make = server_module.load_served, server_module.open_socket, server_module.make_server
+
+    def slow_load(*args, **kw):
+        assert release.wait(60)
+        return load(*args, **kw)
+
+    def recording(fn, key):
+        def call(*args, **kw):
+            seen[key] = fn(*args, **kw)
+            return seen[key]
+        return call
+
+    monkeypatch.setattr(server_module, "load_served", slow_load)
+    monkeypatch.setattr(server_module, "open_socket", recording(open_socket, "sock"))
+    monkeypatch.setattr(server_module, "make_server", recording(make, "made"))
+    thread = threading.Thread(target=server_module.serve, args=(str(weights),), daemon=True,
+                              kwargs=dict(port=0, say=lambda line: None, ready=lambda where: ready.set()))
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while "sock" not in seen:
+            assert time.time() < deadline, "serve() did not open its socket"
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{seen['sock'].getsockname()[1]}"
+        live, unready = httpx.get(url + "/healthz", timeout=5), httpx.get(url + "/readyz", timeout=5)
+        assert (live.status_code, live.json()) == (200, {"status": "loading"})
+        assert unready.status_code == 503 and unready.json()["loading"] is True
+        assert httpx.head(url + "/healthz", timeout=5).content == b""
+        for body in (photo(1), b"x" * 3_000_000):  # a large body unread is not a reset connection
+            early = post(url, body)
+            assert early.status_code == 503 and early.headers["retry-after"] == "5"
+            assert early.json() == {"error": "the model is loading: try again shortly"}
+        assert not ready.is_set()
+        release.set()
+        assert ready.wait(60)
+        assert httpx.get(url + "/readyz", timeout=5).json()["ready"] is True
+        assert post(url, photo(1)).status_code == 200
+    finally:
+        release.set()
+        if "made" in seen:
+            seen["made"][0].should_exit = True
+        thread.join(30)
+    assert not thread.is_alive()
+
+
 def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     import vitkit.serve.server as server_module
 

@@ -12,9 +12,11 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..extras import require
@@ -59,6 +61,77 @@ def open_socket(host: str, port: int) -> socket.socket:
             from None
     sock.listen(2048)  # from now on a client waits in the backlog while the model loads, never refused
     return sock
+
+
+class LoadingAnswers:
+    """While the weights load and warm (an OpenVINO int8 export on the fly takes a minute), the bound socket
+    answers each connection once and closes it: ``/healthz`` 200 (the process lives: a liveness probe must
+    not restart it), ``/readyz`` 503, any other path 503 with Retry-After. A client waited in the backlog,
+    told nothing, for as long as the load took, and a probe with a timeout read that as dead. Uvicorn takes
+    the socket once this stops (connections still waiting are its own)."""
+
+    #: the most connections answered at once; more wait in the backlog
+    MOST = 32
+
+    def __init__(self, sock: socket.socket, poll_s: float = 0.05):
+        self.sock, self.poll_s, self.stop = sock, poll_s, threading.Event()
+        self.active = threading.BoundedSemaphore(self.MOST)
+        self.thread = threading.Thread(target=self._accept, name="vitkit-loading-answers", daemon=True)
+
+    def __enter__(self) -> "LoadingAnswers":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            if not select.select([self.sock], [], [], self.poll_s)[0] or not self.active.acquire(blocking=False):
+                continue
+            try:
+                conn = self.sock.accept()[0]
+            except OSError:  # the client left before it was accepted, or the socket was closed
+                self.active.release()
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(2.0)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 16384:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            words = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+            method, path = (words[0], words[1].split("?")[0]) if len(words) >= 2 else ("GET", "")
+            conn.sendall(loading_response(method, path))
+            conn.shutdown(socket.SHUT_WR)
+            until = time.monotonic() + 2.0  # a body left unread: closing on it resets the connection, answer unread
+            while time.monotonic() < until and conn.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            self.active.release()
+
+
+def loading_response(method: str, path: str) -> bytes:
+    """The whole HTTP response to ``method path`` while the model loads (:class:`LoadingAnswers`)."""
+    if path == "/healthz":
+        status, body, extra = "200 OK", {"status": "loading"}, ""
+    elif path == "/readyz":
+        status, body, extra = "503 Service Unavailable", {"ready": False, "draining": False, "loading": True}, ""
+    else:
+        status, body, extra = ("503 Service Unavailable", {"error": "the model is loading: try again shortly"},
+                               "retry-after: 5\r\n")
+    data = json.dumps(body).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n{extra}"
+            f"connection: close\r\n\r\n").encode() + (b"" if method == "HEAD" else data)
 
 
 def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000,
@@ -154,8 +227,9 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
         raise ValueError("; ".join(problems))
     sock = open_socket(host, port)  # a port in use: said before the weights are read
     try:
-        served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch,
-                             **stand_ins)
+        with LoadingAnswers(sock):
+            served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch,
+                                 **stand_ins)
         label = runtime_label(served.model)
         server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
     except BaseException:
