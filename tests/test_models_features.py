@@ -146,3 +146,33 @@ def test_switches_that_are_not_true_or_false_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"^from_pretrained: strict='false', at_processor_size=0: each must be"):
         vitkit.from_pretrained(tmp_path / "missing", strict="false", at_processor_size=0)
     assert isinstance(vitkit.create_model("Ti/16", img_size=32, depth=1, features_only=True), FeatureModel)
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_a_timm_backbones_state_dict_loads_as_the_model_it_holds(suffix, tmp_path, images):
+    """timm's features_only model saves its model under 'model.', pruned of its head, final norm and the
+    blocks after its last map: it was refused as an unrecognised layout."""
+    from safetensors.torch import save_file
+
+    from vitkit.weights.load import BackboneNote
+
+    ref = randomize(timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, features_only=True,
+                                      out_indices=(1, 3), img_size=56, depth=6)).eval()
+    path = tmp_path / f"backbone{suffix}"
+    tensors = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    save_file(tensors, path) if suffix == ".safetensors" else torch.save(tensors, path)
+    with pytest.warns(BackboneNote, match="blocks 0-3, no final norm"):
+        ours = vitkit.from_pretrained(path, features_only=True, out_indices=(1, 3))
+    assert ours.config.depth == 4 and ours.config.reg_tokens == 4
+    x = images(2, 56, 56)
+    with torch.no_grad():
+        assert all(max_diff(a, b) <= TOL for a, b in zip(ref(x), ours(x)))
+    # vitkit's own backbone's state dict (its model under 'model.' too) loads back into a backbone
+    again = vitkit.create_model("vit_small_patch14_reg4_dinov2", features_only=True, out_indices=(1, 3), img_size=56,
+                                depth=4, final_norm=False, num_classes=0)
+    with pytest.warns(BackboneNote):
+        vitkit.load_weights(again, ours.state_dict())
+    with torch.no_grad():
+        assert all(max_diff(a, b) == 0 for a, b in zip(ours(x), again(x)))
+    with pytest.raises(vitkit.WeightsError, match="unrecognised weight layout"):  # 'model.' over no ViT: refused
+        vitkit.load_weights(again, {"model.foo.weight": torch.zeros(2)})

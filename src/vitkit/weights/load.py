@@ -172,6 +172,7 @@ def read_source(path: PathLike) -> Source:
         return _read_folder(path)
     run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
+    tensors = backbone_model(tensors, str(path))
     trunk = open_clip_format.is_timm_tower(tensors)
     if trunk:  # timm's model under open_clip's names: read as timm's state dict
         tensors = open_clip_format.timm_tower(tensors)
@@ -199,6 +200,28 @@ def read_source(path: PathLike) -> Source:
                 raise WeightsError(f"{path}: the vitkit config in its metadata is not valid JSON: {e}") from None
             src.format, src.timm_with_config = "vitkit", True
     return src
+
+
+class BackboneNote(UserWarning):
+    """A backbone's state dict was read as the model it holds."""
+
+
+def backbone_model(tensors: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """A backbone's state dict (timm's ``features_only`` model, vitkit's feature model: the model under
+    ``model.``) as the model it holds; any other, as it is. timm's holds the blocks up to its last map
+    and neither the final norm nor the head (it prunes them): read as that shorter model, said in a note."""
+    if not tensors or not all(k.startswith("model.") for k in tensors):
+        return tensors
+    inner = {k[len("model."):]: v for k, v in tensors.items()}
+    if family_of_state_dict(inner.keys()) is None:
+        return tensors
+    blocks = {int(k.split(".")[1]) for k in inner if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    held = f"blocks 0-{max(blocks)}" if blocks else "no blocks"
+    pruned = "" if any(k.startswith("norm.") for k in inner) else \
+        ", no final norm: timm's features_only keeps the blocks up to its last map"
+    warnings.warn(BackboneNote(f"{where} is a backbone's state dict (its model under 'model.'): read as that model "
+                               f"({held}{pruned})"), stacklevel=3)
+    return inner
 
 
 def _read_folder(path: Path) -> Source:
@@ -491,8 +514,9 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     if isinstance(source, Source):
         src = source
     elif isinstance(source, Mapping):
-        src = Source(dict(source), detect_format(source.keys()))
-        src.pretraining = selfsup_format.detect(source.keys(), None)
+        tensors = backbone_model(dict(source), "the state dict")
+        src = Source(tensors, detect_format(tensors.keys()))
+        src.pretraining = selfsup_format.detect(tensors.keys(), None)
     else:
         src = read_source(source)
     if isinstance(model, Pretrainer):
