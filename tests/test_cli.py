@@ -120,6 +120,11 @@ def test_convert_each_format(capsys, tmp_path, tiny_weights):
     assert torch.allclose(back(x), model(x), atol=1e-6)
     code, _, err = run(capsys, "convert", str(path / "nothing"), str(tmp_path / "x.npz"), "--to", "npz")
     assert code == 2 and "not found" in err
+    (tmp_path / "notes.pth").write_text("my notes")  # replaced as cp replaces, but said (it was replaced in silence)
+    code, _, err = run(capsys, "convert", str(path), str(tmp_path / "notes.pth"), "--to", "timm")
+    assert code == 0 and f"note: {tmp_path / 'notes.pth'} was there before and is replaced" in err
+    code, _, err = run(capsys, "convert", str(path), str(tmp_path / "fresh.pth"), "--to", "timm")
+    assert code == 0 and "replaced" not in err
 
 
 def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from ..files import check_output
 from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
@@ -29,11 +30,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     check_destination(args.src, args.dst, args.to)  # before the work
+    replaced = Path(args.dst).is_file()  # replaced as cp replaces it, but said: it may not have been a model
     # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
     # weights layout keeps the weights as they are stored (the position table at the config's size)
     model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"))
     if args.to in ("onnx", "openvino"):
-        return _convert_onnx(model, args)
+        return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
     half = stored_half_dtype(args.src) if args.to in HALF_LAYOUTS else None
     if half is not None:  # a float16 or bfloat16 source is written as it was stored, not twice its size
         model = model.to(half)
@@ -53,7 +55,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out} ({args.to}, {fmt_int(info['params'])} parameters"
               + (f", {info['dtype']} as the source" if half else "") + ")")
-    return 0
+    return _said_replaced(0, replaced, args.dst)
+
+
+def _said_replaced(code: int, replaced: bool, dst: str) -> int:
+    if replaced and code == 0:
+        print(f"vitkit convert: note: {dst} was there before and is replaced", file=sys.stderr)
+    return code
 
 
 #: the layouts whose files keep a half-precision source's precision (vit_jax and big_vision files are float32)
