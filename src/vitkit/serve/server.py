@@ -88,11 +88,13 @@ class LoadingAnswers:
 
     def _accept(self) -> None:
         while not self.stop.is_set():
-            if not select.select([self.sock], [], [], self.poll_s)[0] or not self.active.acquire(blocking=False):
+            if not self.active.acquire(timeout=self.poll_s):  # as many answering as it takes: the rest wait
                 continue
             try:
+                if not select.select([self.sock], [], [], self.poll_s)[0]:
+                    raise BlockingIOError
                 conn = self.sock.accept()[0]
-            except OSError:  # the client left before it was accepted, or the socket was closed
+            except OSError:  # none came, the client left before it was accepted, or the socket was closed
                 self.active.release()
                 continue
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
