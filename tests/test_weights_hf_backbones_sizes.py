@@ -169,3 +169,10 @@ def test_a_backbone_saved_by_vitkit_returns_the_same_maps_when_loaded_again(tmp_
         with pytest.raises(WeightsError, match='its "features" .* is not a backbone') as info:
             vitkit.from_pretrained(tmp_path / "ours", features_only=True)
         assert "\n" not in str(info.value)
+    # vitkit info says what it holds, and the edited plan in one line too
+    from vitkit.weights.pretrained import describe_source
+
+    info = describe_source(tmp_path / "ours")
+    assert "is not a backbone's plan" in info["refused"]
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(cfg))
+    assert describe_source(tmp_path / "ours")["features"] == {"out_indices": [0, 2], "norm": True}

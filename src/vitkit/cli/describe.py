@@ -36,6 +36,10 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
              f"({', '.join(info['dtypes'])})"]
     if info.get("pretraining"):
         lines.append(f"  holds       a {info['pretraining']} pre-training model (its encoder is described)")
+    if info.get("features"):
+        blocks, norm = info["features"]["out_indices"], info["features"]["norm"]
+        lines.append(f"  holds       a backbone: features_only=True returns the maps of blocks {blocks}"
+                     + (", normalised" if norm else ""))
     if info.get("graph"):  # an exported graph: what it takes and gives
         ports = {k: ", ".join(f"{name} ({', '.join(map(str, dims))}) {kind}" for name, dims, kind in v)
                  for k, v in info["graph"].items()}

@@ -260,6 +260,8 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         info["config"] = config_for_source(src)
         if not src.pretraining:  # what from_pretrained checks next: a file it refuses is not said to load
             _check_loads(info["config"], src)
+        if plan := saved_features(src):  # a saved backbone: what features_only=True returns
+            info["features"] = {"out_indices": plan[0], "norm": plan[1]}
     except (WeightsError, ValueError, TypeError) as e:
         info["refused"] = " ".join(str(e).split())
         return info
