@@ -78,6 +78,14 @@ class EvaConfig(ViTConfig):
                 pass  # named by family_problems
         super().__post_init__()
 
+    def replace(self, **overrides: Any) -> "EvaConfig":
+        """As the ViT's; a new ``global_pool`` pools as timm's Eva does unless told: its attention pool reads every
+        token (the class token and registers too), its mean the patches only."""
+        pool = overrides.get("global_pool")
+        if pool is not None and pool != self.global_pool and "pool_include_prefix" not in overrides:
+            overrides["pool_include_prefix"] = pool == "map"
+        return super().replace(**overrides)
+
     def family_problems(self) -> List[str]:
         problems = super().family_problems()
         if self.rope not in positions.ROPES:
