@@ -149,3 +149,21 @@ def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
     assert summary["test_top1"] > 0.5 and summary["init"].endswith("model")
     model = vitkit.from_pretrained(run / "model")
     assert model.config.img_size == (40, 40) and model.pos_embed.shape[1] == 100
+
+
+def test_init_on_in_memory_images_predicts_on_the_whole_image_as_training_saw_it(tmp_path):
+    """In-memory images are trained and scored whole; an --init run kept the weights' crop (timm's 0.9), so
+    predict and the exports cropped the images the model never saw cropped (SigLIP: 0.07 off)."""
+    from vitkit.train.data import RunData
+    from vitkit.train.tasks import Classification
+
+    torch.manual_seed(0)
+    vitkit.create_model("vit_fmnist", img_size=32, patch_size=8, num_classes=5, crop_pct=0.9).save_pretrained(
+        tmp_path / "m")
+    cfg = resolve_config("fmnist", init=str(tmp_path / "m"), runs_dir=str(tmp_path), progress=False)
+    kw = dict(classes=[str(i) for i in range(10)], in_chans=1, mean=(0.5,), std=(0.5,), train=None, val=None,
+              test=None, n_train=100)
+    memory = Classification().build_model(cfg, RunData(kind="memory", img_size=(32, 32), **kw), log=lambda *a: None)
+    folder = Classification().build_model(cfg, RunData(kind="folder", img_size=None, **kw), log=lambda *a: None)
+    assert memory.config.crop_pct == 1.0 and memory.config.img_size == (32, 32)
+    assert folder.config.crop_pct == 0.9  # files are cropped in training's eval as in predict's: the weights' crop

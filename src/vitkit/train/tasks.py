@@ -51,12 +51,19 @@ def autocast(device: torch.device, amp: Optional[torch.dtype]):
     return torch.autocast(device.type, dtype=amp)
 
 
+def data_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
+    """What the data decides of any model, a new one or an --init one: its size, channels and classes, and how
+    predict and the exports see an image as training saw it (in-memory images whole: no centre crop)."""
+    args = data.model_args(cfg.img_size)
+    if data.kind == "memory":
+        args["crop_pct"] = 1.0
+    return args
+
+
 def model_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
     """The model's config overrides: the data's size, channels, classes and statistics, then the run's."""
     stats = {"mean": data.mean, "std": data.std}
-    if data.kind == "memory":
-        stats["crop_pct"] = 1.0  # whole small images, no centre crop
-    return {**data.model_args(cfg.img_size), **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))}
+    return {**data_args_for(cfg, data), **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))}
 
 
 class Classification:
@@ -74,7 +81,7 @@ class Classification:
             model = build_from_config(config_from_dict(saved_init))
             log(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-            model = model_from_init(cfg.init, data.model_args(cfg.img_size), cfg.model_args, cfg.init_head, log=log)
+            model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head, log=log)
         if cfg.init:
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
