@@ -102,6 +102,8 @@ def test_predict_on_the_ir_alone_matches_predict_on_the_weights(tmp_path, capsys
                  "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["format"] == "openvino" and info["quantization"] == "none" and info["weights"].endswith("m.bin")
+    # what convert says OpenVINO computes in is what OpenVINO chooses on this CPU (bf16 where it has bf16)
+    assert info["computes"] == OpenVinoModel(tmp_path / "out" / "m.xml").precision
     alone = tmp_path / "alone"  # the IR copied away from everything else
     alone.mkdir()
     for suffix in (".xml", ".bin"):
