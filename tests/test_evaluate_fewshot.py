@@ -67,3 +67,16 @@ def test_cli_fewshot_json(tmp_path, capsys):
     one, five = (r["mean"] for r in out["results"])
     # even random ViT features carry class information (chance is 10%), and more shots help
     assert 0.15 < one < five <= 1
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_a_pool_too_small_for_the_shots_names_the_pool(tmp_path, capsys):
+    """500 of 60,000 training images hold about 50 per class, short of 25 shots + 50 held out: the split has
+    enough, the pool drawn from it does not, and the line says so (it said to find a larger split)."""
+    torch.manual_seed(0)
+    vitkit.create_model("vit_fmnist", depth=1).save_pretrained(tmp_path / "m")
+    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--shots", "25", "--seeds", "1", "--pool", "500",
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "only a pool of 500 training images was drawn" in err[0]
+    assert "--pool 0" in err[0]

@@ -257,7 +257,13 @@ def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[in
                                   progress, skipped)
     else:
         features = _memory_features(model, dataset, pool, data_dir, progress)
-    results = fewshot_from_features(*features, list(shots), seeds, progress=progress)
+    try:
+        results = fewshot_from_features(*features, list(shots), seeds, progress=progress)
+    except ValueError as e:
+        if pool and len(features[1]) >= pool:  # the pool drawn, not the split, held too few of a class
+            raise ValueError(f"{e}; only a pool of {pool:,} training images was drawn: a larger pool, or 0 for the "
+                             f"whole split (vitkit fewshot --pool 0)") from None
+        raise
     return FewShotScore(results, dataset, skipped)
 
 

@@ -92,6 +92,11 @@ class TokenModel(SaveMixin, nn.Module):
     def head_names(self) -> Tuple[str, ...]:
         return ("head",)
 
+    def get_classifier(self) -> Union[nn.Module, Tuple[nn.Module, ...]]:
+        """The classifier (timm's API): ``head``, or a distilled DeiT's two heads as timm gives them."""
+        heads = tuple(getattr(self, name) for name in self.head_names())
+        return heads[0] if len(heads) == 1 else heads
+
     def _new_head(self, num_classes: int) -> nn.Module:
         return Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -252,7 +257,8 @@ class TokenModel(SaveMixin, nn.Module):
                 y = self.norm(x) if norm else x
                 prefix, spatial = y[:, : y.shape[1] - patches], y[:, y.shape[1] - patches:]
                 spatial = patch_tokens_as(spatial, grid, output_fmt)
-                outs.append((spatial, prefix) if return_prefix_tokens else spatial)
+                # timm pairs nothing on a model without prefix tokens: the maps alone
+                outs.append((spatial, prefix) if return_prefix_tokens and prefix.shape[1] else spatial)
         if intermediates_only:
             return outs
         return self._finish(x), outs

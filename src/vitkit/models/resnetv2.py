@@ -123,6 +123,10 @@ class ResNetV2(SaveMixin, ResNetV2Backbone):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = bool(enable)
 
+    def get_classifier(self) -> nn.Module:
+        """The classifier (timm's API: the head's linear layer, an Identity without classes)."""
+        return self.head.fc if self.head.fc is not None else nn.Identity()
+
     def reset_classifier(self, num_classes: int) -> None:
         """A zero-initialised head for ``num_classes`` (0: the model returns pooled features)."""
         device = self.stem.conv.weight.device
