@@ -14,6 +14,7 @@ N blocks deep (a smoke run; timm's are built as named).
     python benchmarks/coverage_open_clip.py                       # every ViT tower up to 1B parameters
     python benchmarks/coverage_open_clip.py --markdown docs/weights.md
     python benchmarks/coverage_open_clip.py --only 'ViT-B-*' --layers 1
+    python benchmarks/coverage_open_clip.py --only 'coca_*' --merge benchmarks/results/coverage_open_clip_X.json
 """
 
 from __future__ import annotations
@@ -136,13 +137,21 @@ def summary(rows: list) -> dict:
     return dict(towers=counted, **counts, parity_share=counts["parity"] / max(1, counted))
 
 
+def _merged_note(merged) -> str:
+    if not merged:
+        return ""
+    return (f"; {len(merged['rerun'])} configs run then, the others at {str(merged['git_revision'])[:12]}, "
+            f"{merged['date']}")
+
+
 def markdown(rows: list, info: dict) -> str:
     s = summary(rows)
     lines = [f"{s['parity']} of {s['towers']} ViT towers of open_clip's configs load with parity; {s['refused']} "
              f"are refused in one line, {s['mismatch']} load with other outputs, {s['error']} fail otherwise "
              f"({s['skipped']} configs skipped: not a ViT, or past {info['max_params'] / 1e9:g}B parameters; "
              f"open_clip {open_clip.__version__}, vitkit {str(info.get('git_revision'))[:12]}, {info.get('date')}"
-             f"{', open_clip towers ' + str(info['layers']) + ' blocks deep' if info.get('layers') else ''}).", "",
+             f"{', open_clip towers ' + str(info['layers']) + ' blocks deep' if info.get('layers') else ''}"
+             f"{_merged_note(info.get('merged'))}).", "",
              "| config | tower | vitkit |", "|---|---|---|"]
     for r in rows:
         if r["status"] == "skipped":
@@ -153,6 +162,19 @@ def markdown(rows: list, info: dict) -> str:
     return "\n".join(lines)
 
 
+def merged(earlier: dict, rerun: list, info: dict, source: str) -> list:
+    """The earlier run's rows in their order, each config run again replaced by its new row; the info says which
+    rows are whose (the earlier run's revision and date stay in ``merged``)."""
+    if earlier.get("machine", {}).get("layers") or earlier.get("machine", {}).get("max_params") != info["max_params"]:
+        raise SystemExit(f"coverage_open_clip: --merge {source} is a smoke run or another --max-params: merge into a "
+                         f"full run's results")
+    new = {r["name"]: r for r in rerun}
+    rows = [new.pop(r["name"], r) for r in earlier["rows"]] + list(new.values())
+    info["merged"] = dict(file=source, rerun=sorted(r["name"] for r in rerun),
+                          git_revision=earlier["machine"].get("git_revision"), date=earlier["machine"].get("date"))
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="results file or folder (default benchmarks/results/coverage_open_clip_<device>_"
@@ -161,13 +183,17 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="a shell pattern of open_clip config names (a smoke run)")
     p.add_argument("--max-params", type=float, default=1e9, help="the largest image tower built (default 1e9)")
     p.add_argument("--layers", type=int, help="open_clip's own towers this many blocks deep (a smoke run)")
+    p.add_argument("--merge", type=Path, help="an earlier full run's results: its rows are kept, those of the "
+                                              "configs --only names are run again (a change that touches a few)")
     args = p.parse_args(argv)
+    if args.merge and (args.layers or not args.only):
+        p.error("--merge reruns the configs --only names at full depth (no --layers) over a full run's results")
     info = machine_info(torch.device("cpu"), limits=False)
     info.update(git_revision=git_revision(), date=time.strftime("%Y-%m-%d"), open_clip=open_clip.__version__,
                 timm=timm.__version__, torch=torch.__version__, max_params=args.max_params, layers=args.layers,
                 tolerance=f"max|diff| <= {TOLERANCE} x max(1, max|reference|)")
     out = results_path(args.out, dated_name("coverage_open_clip", torch.device("cpu"), info),
-                       smoke=bool(args.only or args.layers))
+                       smoke=bool((args.only and not args.merge) or args.layers))
     todo = configs(args.only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-coverage-open-clip-") as tmp, torch.no_grad(), \
@@ -182,6 +208,8 @@ def main(argv=None) -> int:
                 for f in leftover.iterdir():
                     f.unlink()
                 leftover.rmdir()
+    if args.merge:
+        rows = merged(json.loads(args.merge.read_text()), rows, info, args.merge.name)
     write_results(out, info, summary(rows), rows)
     if args.markdown:
         write_markdown(args.markdown, markdown(rows, info), TABLE)

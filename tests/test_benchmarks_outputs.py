@@ -522,7 +522,7 @@ def test_hf_coverage_checks_transformers_classes_and_writes_its_table(tmp_path):
 
 def test_open_clip_coverage_checks_its_towers_and_writes_its_table(tmp_path):
     """benchmarks/coverage_open_clip.py on a few of open_clip's configs: a CLIP tower one block deep with parity
-    against encode_image, CoCa's attention pool refused in one line, a ResNet tower skipped as no ViT."""
+    against encode_image, CoCa's attentional pooler too, a ResNet tower skipped as no ViT."""
     import importlib.util
 
     pytest.importorskip("open_clip")
@@ -534,11 +534,22 @@ def test_open_clip_coverage_checks_its_towers_and_writes_its_table(tmp_path):
     assert cov.main(["--only", "*-32", "--layers", "1", "--out", str(tmp_path / "c.json"),
                      "--markdown", str(page)]) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
-    assert rows["ViT-B-32"]["status"] == "parity" and rows["coca_ViT-B-32"]["status"] == "refused"
-    assert "attention pool (CoCa)" in rows["coca_ViT-B-32"]["message"]
+    assert rows["ViT-B-32"]["status"] == "parity" and rows["coca_ViT-B-32"]["status"] == "parity"
+    assert rows["coca_ViT-B-32"]["architecture"] == "coca"
     assert cov.tower_kind(cov.open_clip.get_model_config("RN50")["vision_cfg"]) is None  # a ResNet: not counted
     text = page.read_text()
-    assert "\nold\n" not in text and "| `coca_ViT-B-32` | native | refused" in text
+    assert "\nold\n" not in text and "| `coca_ViT-B-32` | native | parity" in text
+    # --merge: a full run's rows kept in their order, the configs run again replaced, the header says whose
+    earlier = {"machine": {"layers": None, "max_params": 1e9, "git_revision": "abc123", "date": "2026-01-01"},
+               "rows": [{"name": "A", "status": "refused", "message": "old"}, rows["ViT-B-32"]]}
+    info = {"max_params": 1e9, "git_revision": "def456", "date": "2026-02-02"}
+    merged = cov.merged(earlier, [dict(rows["ViT-B-32"], max_diff=0.0), {"name": "A", "status": "parity",
+                                                                         "max_diff": 0.0, "architecture": "vit"}],
+                        info, "c.json")
+    assert [r["name"] for r in merged] == ["A", "ViT-B-32"] and merged[0]["status"] == "parity"
+    assert "2 configs run then, the others at abc123, 2026-01-01" in cov.markdown(merged, info)
+    with pytest.raises(SystemExit, match="merge into a full run's results"):
+        cov.merged({**earlier, "machine": {**earlier["machine"], "layers": 1}}, [], info, "c.json")
 
 
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):

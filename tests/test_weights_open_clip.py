@@ -356,3 +356,62 @@ def test_a_config_of_another_tower_is_refused_and_a_config_json_beside_is_not_re
     (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": [1, 2]}))
     with pytest.raises(WeightsError, match="model_cfg must be an object of fields"):
         vitkit.from_pretrained(tmp_path)
+
+
+def _coca(tmp_path, name, size, **vision):
+    from safetensors.torch import save_file
+
+    cfg = open_clip.get_model_config(name)
+    cfg.pop("custom_text", None)
+    cfg["vision_cfg"].update(layers=2, image_size=size, **vision)
+    cfg["text_cfg"].update(layers=1)
+    cfg["multimodal_cfg"].update(layers=1)
+    model = randomize(open_clip.CoCa(**cfg)).eval()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "open_clip_model.safetensors"))
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg, "preprocess_cfg": {}}))
+    return model
+
+
+@pytest.mark.parametrize("name,size", [("coca_ViT-B-32", 64), ("coca_ViT-L-14", 56)])
+def test_a_coca_tower_reads_its_image_embedding_through_the_attentional_pooler(name, size, tmp_path, images):
+    """CoCa's tower pools every token with 256 queries of the joint width (768 -> 512 for B/32, 1024 -> 768 for
+    L/14: separate q/k/v weights), normalises them and projects the first: encode_image (unnormalised). It was
+    refused; its decoder beside the tower (text_decoder.*) is left out as the text tower is."""
+    from safetensors.torch import save_file
+
+    ref = _coca(tmp_path, name, size)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert type(ours).__name__ == "CoCa" and ours.config.coca_queries == 256 and ours.config.head_kind == "projection"
+    x = images(2, size, size)
+    with torch.no_grad():
+        a = ref.encode_image(x, normalize=False)
+        assert a.std() > 1e-2 and max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+    # the tower's parameters are open_clip's, and the projection's zero bias
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.visual.parameters()) + a.shape[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GuessWarning)
+        bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+    ours.save_pretrained(tmp_path / "vitkit")
+    back = vitkit.from_pretrained(tmp_path / "vitkit")
+    save_file({k: v.contiguous() for k, v in ours.state_dict().items()}, str(tmp_path / "vitkit_names.safetensors"))
+    with pytest.warns(GuessWarning, match="assumed as open_clip builds CoCa: LayerNorm eps 1e-5"):
+        named = vitkit.from_pretrained(tmp_path / "vitkit_names.safetensors")  # vitkit's names, no config
+    assert named.config.head_kind == "projection"
+    with torch.no_grad():
+        assert max_diff(bare(x), a) <= 1e-5 * max(1.0, a.abs().max().item()) and torch.equal(back(x), ours(x))
+        assert torch.equal(named(x), ours(x))
+    with pytest.raises(WeightsError, match=r"CoCa models \(architecture 'coca'\) have no timm layout"):
+        vitkit.export_weights(ours, tmp_path / "t.safetensors", "timm")
+    with pytest.raises(ValueError, match="CoCa's readout is its attentional pooler"):
+        ours.reset_classifier(3, global_pool="avg")
+
+
+def test_coca_poolers_vitkit_does_not_compute_are_refused_by_name(tmp_path):
+    _coca(tmp_path, "coca_ViT-B-32", 64)
+    cfg = json.loads((tmp_path / "open_clip_config.json").read_text())
+    for vision, words in (({"attentional_pool": "parallel"}, "attentional_pool 'parallel'"),
+                          ({"pool_type": "avg"}, "CoCa tower with pool_type 'avg'")):
+        (tmp_path / "open_clip_config.json").write_text(json.dumps(
+            {**cfg, "model_cfg": {**cfg["model_cfg"], "vision_cfg": {**cfg["model_cfg"]["vision_cfg"], **vision}}}))
+        with pytest.raises(WeightsError, match=re.escape(words)):
+            vitkit.from_pretrained(tmp_path)

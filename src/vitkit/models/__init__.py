@@ -7,6 +7,7 @@ Importing this package registers every family (each file registers its own, see
 from . import vit_names  # noqa: F401,E402  (timm's names of the later ViTs)
 from .base import TokenModel
 from .cait import CaiT, CaiTConfig
+from .coca import CoCa, CoCaConfig  # noqa: E402
 from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
 from .eva import Eva, EvaConfig  # noqa: E402
@@ -42,7 +43,7 @@ from .resnetv2 import ResNetV2, ResNetV2Config
 from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
-    "ConViT", "ConViTConfig", "Eva", "EvaConfig",
+    "ConViT", "ConViTConfig", "Eva", "EvaConfig", "CoCa", "CoCaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

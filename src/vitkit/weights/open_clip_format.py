@@ -13,7 +13,8 @@ preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights
 says so (``gelu='quick'`` for OpenAI's). Heads are width / ``head_width`` (64, or 80-112 for the
 widths of ViT-H/g/bigG/e, as open_clip's configs set it).
 The readout is the class token, or the patch tokens' mean (``pool_type='avg'``) with ``ln_post`` before or after
-it (``final_ln_after_pool``; CLIPA's towers, which have no ``ln_pre``); CoCa's attention pools are refused by name.
+it (``final_ln_after_pool``; CLIPA's towers, which have no ``ln_pre``), or CoCa's attentional pooler
+(:mod:`vitkit.models.coca`: its first query, ``ln_post`` after it).
 
 The towers open_clip has timm build (SigLIP and SigLIP 2, EVA-02, Perception Encoder: ``timm_model_name`` in
 ``vision_cfg``) hold timm's model under ``visual.trunk.`` and a linear projection beside it
@@ -28,7 +29,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from ..models import ViTConfig
+from ..models import CoCaConfig, ViTConfig
+from ..models.coca import check_open_clip_pool
 from ..models.config_base import per_channel
 from .io import WeightsError
 from .names import rename
@@ -74,9 +76,10 @@ def is_open_clip(keys) -> bool:
 
 
 #: what an open_clip checkpoint holds beside its image tower: the text tower (CLIP's own, or a Hugging Face
-#: one under ``text.``) and the contrastive scale and bias; anything else is another layout's
-TEXT_PARTS = ("transformer.", "token_embedding.", "ln_final.", "text.", "text_projection", "positional_embedding",
-              "logit_scale", "logit_bias", "attn_mask")
+#: one under ``text.``), CoCa's captioning decoder and the contrastive scale and bias; anything else is another
+#: layout's
+TEXT_PARTS = ("transformer.", "token_embedding.", "ln_final.", "text.", "text_decoder.", "text_projection",
+              "positional_embedding", "logit_scale", "logit_bias", "attn_mask")
 
 
 def _tower_tensors(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
@@ -193,7 +196,8 @@ def to_native(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any
     anything else of ``visual.`` unmapped; tensors of another layout beside the tower (a file mixing two models)
     are refused by name, never dropped unsaid."""
     tower = _tower_tensors(sd)
-    after = readout(tower, open_clip_config)[1]
+    pooler = {k: tower.pop(k) for k in list(tower) if k.startswith("visual.attn_pool.")}
+    after = readout(tower, open_clip_config)[1] or bool(pooler)  # CoCa's ln_post follows its pooler
     cls, pos, proj = (tower.pop(f"visual.{k}", None) for k in ("class_embedding", "positional_embedding", "proj"))
     post = {part: tower.pop(f"visual.ln_post.{part}") for part in ("weight", "bias")
             if f"visual.ln_post.{part}" in tower}
@@ -205,6 +209,24 @@ def to_native(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any
         out["pos_embed"] = pos.unsqueeze(0)
     if proj is not None:
         out["head.weight"], out["head.bias"] = proj.t().contiguous(), proj.new_zeros(proj.shape[1])
+    out.update(_pooler(pooler))
+    return out
+
+
+def _pooler(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """CoCa's ``AttentionalPooler`` (``nn.MultiheadAttention``: separate q/k/v weights where the tokens' width is
+    not the queries', one ``in_proj_weight`` where it is; ``in_proj_bias`` always) in vitkit's names."""
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        name = key[len("visual.attn_pool."):]
+        if name == "attn.in_proj_weight":
+            out.update(zip(("attn_pool.q.weight", "attn_pool.k.weight", "attn_pool.v.weight"), value.chunk(3)))
+        elif name == "attn.in_proj_bias":
+            out.update(zip(("attn_pool.q.bias", "attn_pool.k.bias", "attn_pool.v.bias"), value.chunk(3)))
+        elif (m := re.fullmatch(r"attn\.([qkv])_proj_weight", name)):
+            out[f"attn_pool.{m.group(1)}.weight"] = value
+        else:  # query, ln_q, ln_k, and out_proj -> proj (anything else stays unmapped, and is named)
+            out[f"attn_pool.{name.replace('attn.out_proj.', 'proj.')}"] = value
     return out
 
 
@@ -223,8 +245,6 @@ def unread_resize_mode(open_clip_config: Optional[Mapping[str, Any]]) -> Optiona
 def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None,
                  **overrides: Any) -> ViTConfig:
     """The tower's architecture off its shapes (and ``open_clip_config.json`` where given)."""
-    if any(k.startswith("visual.attn_pool") for k in sd):
-        raise WeightsError("an open_clip tower with an attention pool (CoCa) is not one vitkit reads")
     options = sorted({option for k in sd for pattern, option in _UNREAD_OPTIONS if re.search(pattern, k)})
     if options:
         raise WeightsError(f"an open_clip tower built with {', '.join(options)} (no open_clip config of a "
@@ -235,8 +255,12 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
     patches = int(pos.shape[0]) - 1
     vision = _vision_cfg(open_clip_config) or {}
     model_cfg = (open_clip_config or {}).get("model_cfg") or {}
-    if vision.get("attentional_pool"):
-        raise WeightsError("an open_clip vision_cfg with an attentional_pool (CoCa) is not one vitkit reads")
+    coca = any(k.startswith("visual.attn_pool.") for k in sd)
+    if vision.get("attentional_pool") and (why := check_open_clip_pool(vision) or (
+            None if coca else "its vision_cfg has an attentional_pool, its weights none")):
+        raise WeightsError(why)
+    if any(k.startswith("visual.attn_pool_contrastive.") for k in sd):
+        raise WeightsError(check_open_clip_pool({"attentional_pool": "parallel"}))
     mlp = int(sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0])
     _check_vision_cfg(vision, width, depth, (ph, pw), mlp)
     size = vision.get("image_size")  # the config's size (a non-square one was read as the nearest square)
@@ -274,9 +298,16 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         if pre.get("interpolation") in ("bicubic", "bilinear"):
             kw["interpolation"] = pre["interpolation"]
         kw["crop_mode"] = RESIZE_MODES.get(_resize_mode(open_clip_config), "center")  # else: a GuessWarning
+    if coca:  # CoCa: the attentional pooler's first query, ln_post after it (open_clip's only CoCa readout)
+        if vision.get("pool_type", "tok") != "tok":
+            raise WeightsError(f"an open_clip CoCa tower with pool_type {vision['pool_type']!r} (the mean of its "
+                               f"pooler's other queries) is not one vitkit reads")
+        queries, dim = (int(s) for s in sd["visual.attn_pool.query"].shape)
+        kw.update(global_pool="coca", fc_norm=None, pool_include_prefix=True, coca_dim=dim, coca_queries=queries,
+                  coca_heads=int(vision.get("attn_pooler_heads", 8)))
     kw.update(overrides)
     try:
-        return ViTConfig(**kw)
+        return (CoCaConfig if coca else ViTConfig)(**kw)
     except ValueError as e:
         raise WeightsError(f"open_clip tower: {e}") from None
 
