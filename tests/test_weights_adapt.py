@@ -123,3 +123,32 @@ def test_a_model_name_where_weights_belong_says_how_to_get_them(tmp_path, monkey
     (tmp_path / "runs").mkdir()
     with pytest.raises(vitkit.WeightsError, match=r"not found: runs/x \(no such file or folder\)$"):
         vitkit.from_pretrained("runs/x")
+
+
+@pytest.mark.parametrize("name,src_size,kw,words", [
+    ("flexivit_small", 240, dict(img_size=160), "(bilinear)"),
+    ("flexivit_small", 240, dict(img_size=160, patch_size=8), "(bilinear)"),
+    ("vit_base_patch16_radio_v3", 128, dict(img_size=96), "(bilinear, corners aligned)"),
+    ("vit_large_patch16_radio_v3", 128, dict(img_size=96), "(bilinear)")])
+def test_weights_at_another_size_are_resampled_as_timm_loads_them(name, src_size, kw, words, images):
+    """timm resamples FlexiViT's and RADIO's tables (and FlexiViT's patch filters) bilinearly without
+    antialiasing, RADIO v3 base and huge with the corners aligned (its loader's filter for ``flexi*`` and
+    ``*radio*``), every other ViT's bicubic with it: vitkit loading their state dicts gives timm's model (the
+    bicubic default was 4e-4 to 0.13 off timm's FlexiViT, 0.2 off its RADIO)."""
+    vit_module = pytest.importorskip("timm.models.vision_transformer")
+    import timm
+
+    align = "corners aligned" in words
+    sd = randomize(timm.create_model(name, depth=1, img_size=src_size)).state_dict()
+    ref = timm.create_model(name, depth=1, **kw).eval()
+    ref.load_state_dict(vit_module.checkpoint_filter_fn(sd, ref, interpolation="bilinear", antialias=False,
+                                                        align_corners=align))
+    ours = vitkit.create_model(name, depth=1, **kw).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AdaptNote)
+        report = vitkit.load_weights(ours, sd)
+    assert report.resampled[0].endswith(words)
+    x = images(2, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        a = ref(x)
+        assert a.std() > 1e-2 and max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())

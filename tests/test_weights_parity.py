@@ -79,6 +79,22 @@ def test_pos_embed_resampling_matches_timm():
     assert max_diff(ours_384.pos_embed.detach(), expected) <= 1e-6
 
 
+def test_timm_api_classifier_and_intermediates_of_a_model_without_prefix_tokens(images):
+    """get_classifier() (timm's: missing) and forward_intermediates(return_prefix_tokens=True) on a model without
+    prefix tokens: timm returns the maps alone, vitkit returned (map, empty) pairs."""
+    kw = dict(img_size=(32, 48), patch_size=16, class_token=False, global_pool="avg", num_classes=7, depth=2)
+    ref, ours = timm_pair("vit_small_patch16_224", **kw)
+    x = images(2, 32, 48)
+    with torch.no_grad():
+        a = ref.forward_intermediates(x, indices=[0, 1], return_prefix_tokens=True, intermediates_only=True)
+        b = ours.forward_intermediates(x, indices=[0, 1], return_prefix_tokens=True, intermediates_only=True)
+    assert all(isinstance(t, torch.Tensor) for t in a + b) and all(max_diff(p, q) <= TOL for p, q in zip(a, b))
+    assert ours.get_classifier() is ours.head and torch.equal(ref.get_classifier().weight, ours.head.weight)
+    ref, ours = timm_pair("deit_tiny_distilled_patch16_224", img_size=32, depth=1, num_classes=3)
+    theirs, mine = ref.get_classifier(), ours.get_classifier()  # a distilled DeiT's two heads, in timm's order
+    assert len(theirs) == len(mine) == 2 and all(torch.equal(p.weight, q.weight) for p, q in zip(theirs, mine))
+
+
 def test_timm_no_embed_class_pos_table_loads_exactly(images):
     """timm's no_embed_class / big_vision tables (no class slot) become a zero class slot."""
     ref = randomize(timm.create_model("vit_tiny_patch16_224", no_embed_class=True, num_classes=3, img_size=64))
@@ -86,6 +102,27 @@ def test_timm_no_embed_class_pos_table_loads_exactly(images):
     vitkit.load_weights(ours, ref.state_dict())
     assert torch.count_nonzero(ours.pos_embed[:, 0]) == 0
     assert_close(ref, ours, images(2, 64, 64))
+
+
+def test_a_class_slot_before_a_non_square_grid_is_never_read_as_a_square_table(tmp_path, images):
+    """25 slots are a 5x5 table over the patches only, or a class slot before the 4x6 patches of 64x96 px: the
+    tensors cannot tell. Into a model of another size it is refused (it was read as 5x5: 2.7 off); with the size
+    asked for it is the 4x6 grid, exactly timm's model."""
+    from safetensors.torch import save_file
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=(64, 96), num_classes=3))
+    ours = vitkit.create_model("vit_tiny_patch16_224", num_classes=3).eval()
+    with pytest.raises(WeightsError, match=r"25 slots: a 5x5 grid without a class slot, or 24 patches"):
+        vitkit.load_weights(ours, ref.state_dict())
+    path = tmp_path / "m.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    with pytest.warns(UserWarning, match=r"a class slot before 24 patches of a non-square grid reads the same"):
+        guessed = vitkit.from_pretrained(path)  # without a size: the square table, and a warning saying so
+    assert tuple(guessed.patch_embed.grid_size) == (5, 5)
+    with pytest.warns(UserWarning):  # (the normalisation is a guess)
+        at_size = vitkit.from_pretrained(path, img_size=(64, 96)).eval()
+    assert tuple(at_size.patch_embed.grid_size) == (4, 6) and at_size.pos_embed.shape[1] == 25
+    assert_close(ref, at_size, images(2, 64, 96))
 
 
 # ------------------------------------------------------------------ Hugging Face

@@ -151,6 +151,11 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
     if pos_embed == "learned":
         slots = int(sd["pos_embed"].shape[1])
         n = slots - prefix
+        if prefix and given is not None and _is_square(slots) and not _is_square(n) and not registers:
+            try:  # 25 slots at 64 x 96 px: a class slot and 4 x 6 patches, not a 5 x 5 table without one
+                return grid_at_size(slots, prefix, backbone, patch, tuple(given))
+            except ValueError:
+                pass  # another size: the square table, resampled
         if prefix and _is_square(slots) and (not _is_square(n) or registers):
             n, found["no_embed_class"] = slots, True  # a table over the patches only (DeiT III, DINOv2-reg)
         side = math.isqrt(max(n, 0))

@@ -74,8 +74,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
         # the position table resampled as the source's library resamples it (as from_pretrained does)
-        report = load_into(model, src, strict=True, exclude=exclude,
-                           antialias=getattr(config, "pos_embed_antialias", True))
+        report = load_into(model, src, strict=True, exclude=exclude)
     if head == "new":
         model.reset_classifier(config.num_classes)
     log(f"initialised from {source} ({report.format}); head: {head}"

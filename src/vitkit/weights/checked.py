@@ -11,7 +11,7 @@ not. :func:`~vitkit.weights.from_pretrained` builds the source's own model and n
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
@@ -25,14 +25,15 @@ from .timm_format import architecture_differences
 
 
 def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
-                 strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
+                 strict: bool = True, interpolation: Optional[str] = None, antialias: Optional[bool] = None,
                  exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
     """Load weights in any supported layout into ``model`` (in place).
 
     ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
     hub layout), or an in-memory state dict. The layout is detected from key names. A
-    different patch grid is resampled (``interpolation`` 'bicubic' as timm/DeiT, 'bilinear'
-    as the official code). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
+    different patch grid or patch size is resampled (``interpolation`` 'bicubic' or 'bilinear', ``antialias``;
+    by default as the weights' library does: timm's bicubic with antialiasing, FlexiViT's bilinear without, a
+    model's ``pos_embed_antialias``). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
     every shape mismatch, and a source whose own config describes another architecture than the
     model's (its heads, eps, activation, blocks; said as an :class:`AdaptNote` when not ``strict``);

@@ -33,6 +33,8 @@ EMA_KEYS = ("state_dict_ema", "model_ema")
 WRAPPER_KEYS = EMA_KEYS + ("state_dict", "model", "model_state_dict", "module")
 #: Prefixes a whole state dict may carry, in either order: DistributedDataParallel's and torch.compile's.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+#: what a state dict's values are (files hold tensors; a dict in memory may hold numpy arrays too)
+ARRAYS = (torch.Tensor, np.ndarray)
 
 
 class CheckpointNote(UserWarning):
@@ -279,7 +281,7 @@ def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, objec
     if not isinstance(obj, Mapping) or not _is_state_dict(obj):
         raise WeightsError(f"{where}: no state dict of tensors found (top-level keys: "
                            f"{_preview(obj)})")
-    sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    sd = {k: v for k, v in obj.items() if isinstance(v, ARRAYS)}  # an in-memory dict may hold numpy arrays
     # saved from DistributedDataParallel, a compiled model, or both (in either order)
     while sd and (prefix := next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)):
         sd = {k[len(prefix):]: v for k, v in sd.items()}
@@ -288,7 +290,7 @@ def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, objec
 
 def _is_state_dict(obj: Mapping) -> bool:
     values = list(obj.values())
-    return bool(values) and sum(isinstance(v, torch.Tensor) for v in values) >= max(1, len(values) // 2)
+    return bool(values) and sum(isinstance(v, ARRAYS) for v in values) >= max(1, len(values) // 2)
 
 
 def _preview(obj: object) -> str:

@@ -21,7 +21,7 @@ from ..models.layers import adapt_input_channels, resample_patch_embed, resample
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
-from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata
+from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata, unwrap_state_dict
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
@@ -84,6 +84,9 @@ def detect_format(keys) -> str:
     if family_of_state_dict(keys) is not None:
         return "timm"  # vitkit's names are timm's (the official DeiT/CaiT/ConViT .pth files too, under 'model')
     preview = ", ".join(sorted(keys)[:6])
+    if any(k.startswith("blocks.0.") for k in keys) and ("pos_embed" in keys or "cls_token" in keys):
+        raise WeightsError(f"timm/vitkit names without 'patch_embed.proj.weight', the patch projection every ViT "
+                           f"has (first keys: {preview}): the file is partial")
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, Hugging Face "
                        f"(ViT, DeiT, I-JEPA, CLIP, SigLIP, DINOv2, DINOv3, BEiT, AIMv2), open_clip, or official "
                        f"vit_jax / big_vision npz names")
@@ -326,7 +329,7 @@ def _square_side(n: int) -> Optional[int]:
 
 
 def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
-                     interpolation: str, antialias: bool, report: LoadReport) -> None:
+                     interpolation: str, antialias: bool, report: LoadReport, aligned: bool = False) -> None:
     """Fit the source position table to the model: prefix slots and grid size (a flat table,
     the form every layout stores); the model's other kinds fit their own parameters."""
     if getattr(model, "pos_embed_kind", None) is None:
@@ -348,7 +351,12 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
         elif n in (prefix + area, area):  # the model's own grid, with or without prefix slots
             src_prefix = n - area
         elif _square_side(n - prefix) is None and _square_side(n):
-            src_prefix = 0
+            side = _square_side(n)
+            raise WeightsError(
+                f"pos_embed has {n} slots: a {side}x{side} grid without a class slot, or {n - prefix} patches "
+                f"of a non-square grid after {prefix} prefix slot(s), and the weights do not say which; build "
+                f"the model at the source's image size (img_size=(H, W)), or with no_embed_class=True for a "
+                f"table over the patches only, then load")
         else:
             src_prefix = prefix
         if not 0 <= src_prefix <= prefix:
@@ -368,9 +376,9 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             pad = pos.new_zeros(1, prefix - src_prefix, pos.shape[-1])
             pos = torch.cat([pad, pos], dim=1)
         if tuple(src_grid) != grid:
-            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, interpolation, antialias)
+            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, interpolation, antialias, aligned)
             report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
-                                    f"({interpolation})")
+                                    f"({interpolation}{', corners aligned' if aligned else ''})")
         sd["pos_embed"] = pos
     report.resampled.extend(positions.fit_state_dict(sd, model, interpolation, antialias))
 
@@ -501,8 +509,31 @@ def _names(names: List[str], limit: int = 20) -> str:
     return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
 
 
+#: timm's RADIO v3 weights whose table its loader resamples with the corners aligned
+RADIO_ALIGN_CORNERS = ("base_patch16_radio_v3", "huge_patch16_radio_v3")
+
+
+def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: Optional[bool],
+                    source_format: Optional[str] = None) -> Tuple[str, bool, bool]:
+    """How a position table or patch filters of another size are resampled while loading, where the caller does not
+    say: as the weights' library loads them. timm: bicubic, antialiased, but FlexiViT's and RADIO's bilinear without
+    (its ``checkpoint_filter_fn`` for ``flexi*`` and ``*radio*``, RADIO v3 base and huge with the corners aligned;
+    bicubic was 4e-4 to 0.13 off timm's FlexiViT, 0.2 off its RADIO), and the official npz files' bilinear without
+    (timm's ``_load_weights``; the official code resizes bilinearly); a transformers tower's antialiasing is its
+    config's (none for CLIP's and DINOv2's). Returns (interpolation, antialias, align_corners)."""
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "name", None) or "")
+    timm_bilinear = "flexi" in name or "radio" in name or source_format in ("npz", "big_vision")
+    aligned = interpolation is None and any(n in name for n in RADIO_ALIGN_CORNERS)
+    if interpolation is None:
+        interpolation = "bilinear" if timm_bilinear else "bicubic"
+    if antialias is None:
+        antialias = False if timm_bilinear else bool(getattr(config, "pos_embed_antialias", True))
+    return interpolation, antialias, aligned
+
+
 def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Source],
-              strict: bool = True, interpolation: str = "bicubic", antialias: bool = True,
+              strict: bool = True, interpolation: Optional[str] = None, antialias: Optional[bool] = None,
               exclude: Sequence[str] = (), copy: bool = True) -> LoadReport:
     """:func:`vitkit.weights.load_weights` (whose docstring says what each argument does) without its check of a
     source's own config against the model: for callers that built the model from that config themselves."""
@@ -513,17 +544,18 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
         exclude = (*exclude, *(f"{name}." for name in model.head_names()))
     if isinstance(source, Source):
         src = source
-    elif isinstance(source, Mapping):
-        tensors = backbone_model(dict(source), "the state dict")
+    elif isinstance(source, Mapping):  # read as a file's is: out of a checkpoint's wrapper, without DDP's prefix
+        tensors = backbone_model(unwrap_state_dict(source, "the state dict"), "the state dict")
         src = Source(tensors, detect_format(tensors.keys()))
         src.pretraining = selfsup_format.detect(tensors.keys(), None)
     else:
         src = read_source(source)
     if isinstance(model, Pretrainer):
         return _load_pretrainer(model, src, strict, interpolation, antialias)
+    interpolation, antialias, aligned = load_resampling(model, interpolation, antialias, src.format)
     sd, facts = to_native(src)
     report = LoadReport(src.format)
-    _adapt_pos_embed(sd, model, facts, interpolation, antialias, report)
+    _adapt_pos_embed(sd, model, facts, interpolation, antialias, report, aligned)
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
                if m]
     report.resampled += adapted
@@ -534,8 +566,8 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     return out
 
 
-def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation: str, antialias: bool
-                     ) -> LoadReport:
+def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation: Optional[str],
+                     antialias: Optional[bool]) -> LoadReport:
     """A pre-training source into a pre-training model: the encoder as any ViT is loaded, the
     objective's parts by name; both are checked before either is copied."""
     if src.pretraining != model.objective:

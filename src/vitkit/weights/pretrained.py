@@ -214,12 +214,20 @@ def _stored_config(src: Source, overrides: Mapping[str, Any]):
     """The source's configuration; where it cannot be read alone (a position table of no square grid,
     where nothing stores the size) and an ``img_size`` is asked for, read at that size: what is wrong
     with that reading is then the error (the same one, where the size was not the reason)."""
+    size = overrides.get("img_size")
     try:
-        return config_for_source(src)
+        config = config_for_source(src)
     except WeightsError:
-        if overrides.get("img_size") is None:
+        if size is None:
             raise
-    return config_for_source(src, img_size=overrides["img_size"])
+        return config_for_source(src, img_size=size)
+    if size is not None and src.config_json is None and getattr(config, "no_embed_class", False) and \
+            config.class_token and not config.reg_tokens:
+        # 25 slots: a 5 x 5 table over the patches only, or a class slot before the 4 x 6 patches of 64 x 96 px
+        at_size = config_for_source(src, img_size=size)
+        if not at_size.no_embed_class:
+            return at_size
+    return config
 
 
 def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
@@ -280,11 +288,11 @@ def _check_loads(config: Any, src: Source) -> None:
     check_claims(config, src)
     with torch.device("meta"):
         model = build_from_config(config)
-    load_into(model, src, antialias=getattr(config, "pos_embed_antialias", True), copy=False)
+    load_into(model, src, copy=False)
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
-                    interpolation: str = "bicubic", encoder_only: bool = False, features_only: bool = False,
+                    interpolation: Optional[str] = None, encoder_only: bool = False, features_only: bool = False,
                     out_indices: Optional[Union[int, Sequence[int]]] = None, pyramid: bool = False,
                     pyramid_channels: int = 256, at_processor_size: bool = True, **overrides: Any) -> nn.Module:
     """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
@@ -328,9 +336,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     exclude: Tuple[str, ...] = ()
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
         exclude = tuple(f"{name}." for name in model.head_names())
-    # resampled to another size as the source's library resamples it (transformers: not antialiased)
-    load_into(model, src, strict=strict, interpolation=interpolation,
-              antialias=getattr(config, "pos_embed_antialias", True), exclude=exclude)
+    # resampled to another size as the source's library resamples it (load_resampling)
+    load_into(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
     norm = False
     if features_only and out_indices is None:  # a saved backbone or a transformers one: the maps it returns
         depth = len(getattr(model, "blocks", ()))
@@ -400,6 +407,10 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
         said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
                     f"{_numbers(config.std)}; a model trained with another (DeiT's, DINOv2's and BEiT v2's are "
                     f"ImageNet's, CLIP's its own) needs mean= and std= (vitkit predict --mean --std)")
+    if getattr(config, "architecture", None) == "coca" and not overrides:
+        said.append("what no tensor holds was assumed as open_clip builds CoCa: LayerNorm eps 1e-5, exact GELU, the "
+                    "pooler's 8 heads, the tower's heads 64 wide, a head of the pooler's width the projection; load "
+                    "open_clip's folder (open_clip_config.json) to be sure")
     if getattr(config, "architecture", None) != "vit":
         return said
     from ..models.vit import HEADS_BY_WIDTH
@@ -432,13 +443,20 @@ def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
              or config.mlp != "mlp" or config.norm == "rmsnorm" or not config.class_token
              or config.qk_norm or config.attn_norm or config.mlp_norm)
     assumed = [what for field, what in UNSTORED.items() if field not in overrides] if later else []
+    prefix = int(config.class_token) + int(config.distill_token) + config.reg_tokens
+    if (config.pos_embed == "learned" and config.no_embed_class and prefix and not config.reg_tokens
+            and "img_size" not in overrides):
+        h, w = config.grid_size
+        assumed.append(f"the position table over the patches only ({h}x{w}, DeiT III's and FlexiViT's form; "
+                       f"a class slot before {h * w - 1} patches of a non-square grid reads the same: img_size= "
+                       f"for that)")
     if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
         h, w = config.img_size
         assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
     return assumed
 
 
-def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: str,
+def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: Optional[str],
                 overrides: Dict[str, Any]) -> nn.Module:
     """The pre-training model a source holds, at its own size (fine-tuning changes sizes)."""
     if model_name or overrides:
@@ -454,8 +472,7 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
         raise WeightsError(f"{src.path or 'the weights'}: {' '.join(str(e).split())}: its {src.pretraining} "
                            f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
                            f"vitkit train --init)") from None
-    load_into(model, src, strict=strict, interpolation=interpolation,
-              antialias=getattr(encoder, "pos_embed_antialias", True))
+    load_into(model, src, strict=strict, interpolation=interpolation)
     return model.eval()
 
 

@@ -17,11 +17,12 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 
 
 def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation: str = "bicubic",
-                            antialias: bool = True) -> torch.Tensor:
+                            antialias: bool = True, align_corners: bool = False) -> torch.Tensor:
     """Resample a (1, gh, gw, D) grid of embeddings to (1, H', W', D).
 
     ``bicubic`` with ``antialias=True`` is timm's default (DeiT, timm checkpoints);
     the official JAX code resizes bilinearly; Hugging Face uses bicubic without antialias.
+    ``align_corners``: the corner embeddings stay the corners' (timm's loader for RADIO v3 base and huge).
     """
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
@@ -32,13 +33,14 @@ def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation
     dtype = grid.dtype
     x = grid.float().permute(0, 3, 1, 2)
     x = F.interpolate(x, size=tuple(new_size), mode=mode, antialias=antialias,
-                      align_corners=None if mode == "nearest" else False)
+                      align_corners=None if mode == "nearest" else align_corners)
     return x.permute(0, 2, 3, 1).to(dtype)
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
                        old_size: Optional[IntPair] = None, num_prefix_tokens: int = 1,
-                       interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+                       interpolation: str = "bicubic", antialias: bool = True, align_corners: bool = False
+                       ) -> torch.Tensor:
     """Resample a flat (1, prefix + gh*gw, D) table to a new grid, prefix slots kept apart.
 
     ``old_size`` defaults to a square grid; a table whose patch count is not a square
@@ -59,7 +61,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
         return pos_embed
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     grid = patches.reshape(1, old_size[0], old_size[1], -1)
-    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias)
+    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias, align_corners)
     return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
 
 
