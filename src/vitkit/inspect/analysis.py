@@ -253,11 +253,12 @@ def token_norms(model: nn.Module, images: torch.Tensor, fence: float = None) -> 
     was_training = model.training
     model.eval()
     try:
-        (tokens, prefix), = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False,
-                                                         output_fmt="NCHW", return_prefix_tokens=True,
-                                                         intermediates_only=True)
+        out, = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False, output_fmt="NCHW",
+                                           return_prefix_tokens=True, intermediates_only=True)
     finally:
         model.train(was_training)
+    # a model without prefix tokens gives the maps alone, as timm's does
+    tokens, prefix = out if isinstance(out, tuple) else (out, out.new_zeros(out.shape[0], 0, out.shape[1]))
     norms = tokens.float().norm(dim=1)  # (B, gh, gw)
     if fence is None:
         q1, q3 = torch.quantile(norms.flatten(), torch.tensor([0.25, 0.75], device=norms.device)).tolist()

@@ -290,7 +290,20 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         num_classes=int(sd["visual.proj"].shape[1]) if "visual.proj" in sd else 0, head_kind="projection",
         gelu="quick" if model_cfg.get("quick_gelu") else "tanh" if act_kwargs.get("approximate") == "tanh" else
         "exact", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
+    kw.update(_preprocessing(open_clip_config))
+    if coca:
+        kw.update(_coca_fields(sd, vision))
+    kw.update(overrides)
+    try:
+        return (CoCaConfig if coca else ViTConfig)(**kw)
+    except ValueError as e:
+        raise WeightsError(f"open_clip tower: {e}") from None
+
+
+def _preprocessing(open_clip_config: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The config fields its preprocess_cfg gives: mean, std, interpolation and crop mode."""
     pre = (open_clip_config or {}).get("preprocess_cfg", {})
+    kw: Dict[str, Any] = {}
     if isinstance(pre, Mapping):
         for key in ("mean", "std"):
             if key in pre:
@@ -298,18 +311,17 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
         if pre.get("interpolation") in ("bicubic", "bilinear"):
             kw["interpolation"] = pre["interpolation"]
         kw["crop_mode"] = RESIZE_MODES.get(_resize_mode(open_clip_config), "center")  # else: a GuessWarning
-    if coca:  # CoCa: the attentional pooler's first query, ln_post after it (open_clip's only CoCa readout)
-        if vision.get("pool_type", "tok") != "tok":
-            raise WeightsError(f"an open_clip CoCa tower with pool_type {vision['pool_type']!r} (the mean of its "
-                               f"pooler's other queries) is not one vitkit reads")
-        queries, dim = (int(s) for s in sd["visual.attn_pool.query"].shape)
-        kw.update(global_pool="coca", fc_norm=None, pool_include_prefix=True, coca_dim=dim, coca_queries=queries,
-                  coca_heads=int(vision.get("attn_pooler_heads", 8)))
-    kw.update(overrides)
-    try:
-        return (CoCaConfig if coca else ViTConfig)(**kw)
-    except ValueError as e:
-        raise WeightsError(f"open_clip tower: {e}") from None
+    return kw
+
+
+def _coca_fields(sd: Mapping[str, Any], vision: Mapping[str, Any]) -> Dict[str, Any]:
+    """CoCa's readout: the attentional pooler's first query, ln_post after it (open_clip's only CoCa readout)."""
+    if vision.get("pool_type", "tok") != "tok":
+        raise WeightsError(f"an open_clip CoCa tower with pool_type {vision['pool_type']!r} (the mean of its "
+                           f"pooler's other queries) is not one vitkit reads")
+    queries, dim = (int(s) for s in sd["visual.attn_pool.query"].shape)
+    return dict(global_pool="coca", fc_norm=None, pool_include_prefix=True, coca_dim=dim, coca_queries=queries,
+                coca_heads=int(vision.get("attn_pooler_heads", 8)))
 
 
 def _check_vision_cfg(vision: Mapping[str, Any], width: int, depth: int, patch: Tuple[int, int], mlp: int) -> None:
