@@ -27,9 +27,10 @@ from torch import nn
 
 from .complexity import count_params
 from .config_base import _is_int
-from .layers import norm_factory
+from .layers import norm_factory, to_2tuple
 from .registry import Family, register_family
 from .vit import HEADS_BY_WIDTH, VisionTransformer, ViTConfig, vit_complexity, vit_fields
+from .vit_names import CLIP
 
 
 @dataclass
@@ -43,8 +44,8 @@ class CoCaConfig(ViTConfig):
     global_pool: str = "coca"
     #: open_clip's LayerNorm and CLIP's statistics, whole images (every CoCa tower is open_clip's)
     norm_eps: float = 1e-5
-    mean: Tuple[float, ...] = (0.48145466, 0.4578275, 0.40821073)
-    std: Tuple[float, ...] = (0.26862954, 0.26130258, 0.27577711)
+    mean: Tuple[float, ...] = CLIP["mean"]
+    std: Tuple[float, ...] = CLIP["std"]
     crop_pct: float = 1.0
     #: the pooler reads every token, the class token too
     pool_include_prefix: bool = True
@@ -134,7 +135,7 @@ def infer_coca_config(sd: Mapping[str, Any], **overrides: Any) -> CoCaConfig:
     :func:`vitkit.weights.pretrained.note_guesses`): the pooler's 8 heads, eps 1e-5, exact GELU. A head of the
     queries' width is the image-text projection."""
     size = overrides.get("img_size")
-    kw = vit_fields(sd, tuple(size) if isinstance(size, (list, tuple)) else (size, size) if size else None)
+    kw = vit_fields(sd, to_2tuple(size) if size is not None else None)
     queries, dim = (int(s) for s in sd["attn_pool.query"].shape)
     kw.update(global_pool="coca", fc_norm=None, final_norm="fc_norm.weight" in sd, coca_dim=dim, coca_queries=queries,
               num_heads=HEADS_BY_WIDTH.get(kw["embed_dim"], max(1, kw["embed_dim"] // 64)), norm_eps=1e-5,
