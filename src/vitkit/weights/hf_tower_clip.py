@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping
 import torch
 
 from ..models import ViTConfig
+from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .hf_tower_parts import (
     _ACTS,
     _VISION_PREFIX,
@@ -60,7 +61,7 @@ def _clip_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], norm_eps=hf.get("layer_norm_eps", 1e-5),
         gelu=_act(hf), pre_norm=True, num_classes=int(projection.shape[0]) if projection is not None else 0,
         head_kind="projection",
-        mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711), crop_pct=1.0)
+        mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0)
 
 
 def _clip_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:

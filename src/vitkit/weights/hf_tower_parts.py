@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ..models.config_base import MAX_IMG_SIZE, _is_int, per_channel
+from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .io import WeightsError
 
 #: Hugging Face's ``hidden_act`` -> vitkit's ``gelu``
@@ -28,8 +29,7 @@ _RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 _UNUSED_FILTERS = {1: "LANCZOS", 4: "BOX", 5: "HAMMING"}
 #: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
 _SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
-_HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.48145466, 0.4578275, 0.40821073),
-                                                     (0.26862954, 0.26130258, 0.27577711))
+_HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), (CLIP_MEAN, CLIP_STD)
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 

@@ -32,11 +32,10 @@ import torch
 from ..models import CoCaConfig, ViTConfig
 from ..models.coca import check_open_clip_pool
 from ..models.config_base import per_channel
+from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .io import WeightsError
 from .names import rename
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: open_clip's default width of one head
 HEAD_WIDTH = 64
 #: open_clip's configs that set ``head_width`` (ViT-H, ViT-g, ViT-bigG, ViT-e: 16 heads each), by tower width:
