@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..extras import first_line, require
+from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
 
 DISTILL_MODES = ("none", "soft", "hard")
 TORCHVISION_PREFIX = "torchvision:"
-#: torchvision classifiers expect ImageNet statistics at 224 px.
-_TV_MEAN, _TV_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -121,7 +120,7 @@ def _torchvision_teacher(spec: str, num_classes: int):
     except RuntimeError as e:
         raise ValueError(f"{path} does not fit torchvision's {name} with {num_classes} classes: "
                          f"{first_line(e)}") from None
-    return model, InputSpec((224, 224), 3, _TV_MEAN, _TV_STD)
+    return model, InputSpec((224, 224), 3, IMAGENET_MEAN, IMAGENET_STD)  # torchvision classifiers: ImageNet, 224 px
 
 
 def split_outputs(outputs: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]):

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..models.config_base import MAX_IMG_SIZE, _is_int, per_channel
+from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD, MAX_IMG_SIZE, _is_int, per_channel
 from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .io import WeightsError
 
@@ -30,7 +30,7 @@ _UNUSED_FILTERS = {1: "LANCZOS", 4: "BOX", 5: "HAMMING"}
 #: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
 _SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
 _HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), (CLIP_MEAN, CLIP_STD)
-_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+_IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)
 
 
 def _defaults(size: Dict[str, int], resample: int, stats: Tuple[tuple, tuple], crop: Optional[int] = None):
