@@ -227,8 +227,10 @@ def _other_fp32(a, b, flops: int, rounds: int, device: torch.device) -> dict:
 def _openvino_bf16(a, b, flops: int, rounds: int, device: torch.device) -> dict:
     """bf16 GFLOP/s of the same product in OpenVINO (when installed): a MatMul with a constant right-hand side,
     compiled with bf16 inference precision on the benchmark's threads, as OpenVINO runs a model's products."""
+    from vitkit.deploy.openvino import openvino_module  # OpenVINO without its telemetry's forks
+
     try:
-        import openvino as ov
+        ov = openvino_module("the bf16 peak through OpenVINO")
         import openvino.opset13 as ops
     except ImportError:
         return {}

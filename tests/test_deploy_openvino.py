@@ -3,6 +3,7 @@ match the PyTorch model's, bf16 and int8 agree with it on a trained model, the I
 info is enough for `vitkit predict`, and every bad input is one line."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -248,6 +249,22 @@ def test_openvino_missing_names_the_extra(tmp_path, monkeypatch, capsys):
     model.save_pretrained(tmp_path / "w")
     assert main(["eval", "--weights", str(tmp_path / "w"), "--runtime", "openvino"]) == 2
     assert "pip install -e '.[openvino]'" in capsys.readouterr().err
+
+
+def test_an_export_sends_no_telemetry_and_forks_nothing(tmp_path):
+    """Out of pytest (where NNCF quiets itself), with no consent file and no CI variable, OpenVINO's
+    converter forked about 25 processes per export to send usage events, and one of them, forked while a
+    thread held the resolver's lock, hung `vitkit convert` for good: vitkit leaves their package out."""
+    script = ("import os, sys; forks = []; os.register_at_fork(before=lambda: forks.append(1)); import vitkit; "
+              "from vitkit.deploy.openvino import _nncf, export_openvino; "
+              "m = vitkit.create_model('vit_tiny_patch16_224', img_size=32, patch_size=8, depth=1, num_classes=3); "
+              "export_openvino(m.eval(), sys.argv[1]); _nncf(); from nncf.telemetry import wrapper; "
+              "print(len(forks), sys.modules.get('openvino_telemetry'), type(wrapper.telemetry).__name__)")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV", "TF_BUILD", "JENKINS_URL")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m.xml")], capture_output=True, text=True,
+                          env={**env, "HOME": str(tmp_path)}, timeout=300)  # HOME: no consent file
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["0", "None", "MagicMock"], done.stdout  # NNCF's stub is a MagicMock
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,8 +53,19 @@ CALIBRATION_PURPOSE = "OpenVINO int8 (NNCF)"
 
 
 def openvino_module(purpose: str):
-    """``openvino``, or one line naming the ``openvino`` extra."""
+    """``openvino``, or one line naming the ``openvino`` extra (its telemetry left out: :func:`_no_telemetry`)."""
+    _no_telemetry()
     return require("openvino", "openvino", purpose)
+
+
+def _no_telemetry() -> None:
+    """Hide ``openvino_telemetry`` from this process, so OpenVINO's converter and NNCF take their stubs.
+
+    Without a consent file both send usage events, each from a process forked off this one. On a
+    machine whose name lookups hung, such a fork inherited a held resolver lock and vitkit's SIGTERM
+    handler, and ``vitkit convert --quantize int8`` waited on it for good. vitkit sends nothing;
+    a process that imported the package first keeps it."""
+    sys.modules.setdefault("openvino_telemetry", None)
 
 
 def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str] = None,
@@ -108,7 +120,6 @@ def _quantized(ov: Any, ir: Any, batches: list, work: Path) -> Any:
     went on training crashed (a segfault, seen in the test suite): the child takes NNCF with it
     when it exits."""
     import subprocess
-    import sys
 
     src, dst, data = work / "float.xml", work / "int8.xml", work / "calibration.npz"
     ov.save_model(ir, str(src), compress_to_fp16=False)
@@ -212,6 +223,7 @@ def _check_nncf() -> None:
 
 def _nncf():
     """NNCF, quiet: its INFO lines and torch's note on a missing CUDA runtime are not the user's."""
+    _no_telemetry()
     with _silenced():
         nncf = require("nncf", "openvino", "int8 quantization for OpenVINO (NNCF)")
     nncf.set_log_level(logging.ERROR)
