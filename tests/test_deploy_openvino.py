@@ -251,6 +251,24 @@ def test_openvino_missing_names_the_extra(tmp_path, monkeypatch, capsys):
     assert "pip install -e '.[openvino]'" in capsys.readouterr().err
 
 
+def test_a_quantizing_process_that_dies_says_how(tmp_path, monkeypatch):
+    """NNCF's process killed by a signal (OpenVINO segfaulted in it under ONEDNN_MAX_CPU_ISA=AVX2) is
+    named as such, not by the last thing it printed before (runpy's warning passed for the reason)."""
+    from vitkit.deploy import openvino
+    from vitkit.deploy.onnx_export import OnnxExportError
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3).eval()
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    monkeypatch.setattr(openvino, "_CHILD", "import os, signal, sys; print('a warning', file=sys.stderr); "
+                                            "os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(OnnxExportError, match="its process was killed by SIGSEGV before it said why"):
+        export_openvino(model, tmp_path / "q.xml", quantize="int8", calibration=images)
+    monkeypatch.setattr(openvino, "_CHILD", "raise SystemExit('nncf: no statistics were collected')")
+    with pytest.raises(OnnxExportError, match="could not quantize the model: nncf: no statistics were collected$"):
+        export_openvino(model, tmp_path / "q.xml", quantize="int8", calibration=images)
+    assert not list(tmp_path.iterdir())  # nothing written either way
+
+
 def test_an_export_sends_no_telemetry_and_forks_nothing(tmp_path):
     """Out of pytest (where NNCF quiets itself), with no consent file and no CI variable, OpenVINO's
     converter forked about 25 processes per export to send usage events, and one of them, forked while a

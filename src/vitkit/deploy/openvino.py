@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -124,13 +125,25 @@ def _quantized(ov: Any, ir: Any, batches: list, work: Path) -> Any:
     src, dst, data = work / "float.xml", work / "int8.xml", work / "calibration.npz"
     ov.save_model(ir, str(src), compress_to_fp16=False)
     np.savez(data, *batches)
-    done = subprocess.run([sys.executable, "-m", "vitkit.deploy.openvino", str(src), str(data), str(dst)],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(data), str(dst)], capture_output=True, text=True)
     if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        why = lines[-1] if lines else f"exit code {done.returncode}"
-        raise OnnxExportError(f"NNCF could not quantize the model: {why}")
+        raise OnnxExportError(f"NNCF could not quantize the model: {_child_failure(done.returncode, done.stderr)}")
     return ov.Core().read_model(str(dst))
+
+
+#: the child of _quantized (``-c``, not ``-m``: runpy's warning about the package's own import was its last line)
+_CHILD = "import sys; from vitkit.deploy.openvino import _quantize_file; _quantize_file(*sys.argv[1:4])"
+
+
+def _child_failure(code: int, stderr: str) -> str:
+    """Why the quantizing process failed: its error's line, or the signal that killed it without one
+    (a segfault inside OpenVINO said nothing, and an earlier warning passed for the reason)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"its process was killed by {signal.Signals(-code).name} before it said why"
+        return f"its process was killed by signal {-code} before it said why"
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"its process ended with exit code {code} before it said why"
 
 
 def _quantize_file(src: str, data: str, dst: str) -> None:
@@ -351,9 +364,3 @@ def _port(port: Any) -> SimpleNamespace:
 
 
 __all__ = ["OPENVINO_QUANTIZATIONS", "OpenVinoModel", "export_openvino", "is_openvino", "openvino_module"]
-
-
-if __name__ == "__main__":  # the child process of _quantized: SRC.xml CALIBRATION.npz DST.xml
-    import sys
-
-    _quantize_file(*sys.argv[1:4])
