@@ -49,6 +49,6 @@ def test_two_gloo_processes_match_one(tmp_path, verb):
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == len(b) == 8
     assert a[-1] < a[0] - 0.05, "the comparison needs a run that learns"
-    # fp32 sums in another order (an all-reduce of two halves against one batch): equal to float
-    # precision, relative to the loss (1.1e-5 on a loss of 2.3 seen with the 5-convolution default)
-    assert max(abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b)) <= 1e-5
+    # fp32 sums in another order (an all-reduce of two halves against one batch), grown over 8 steps:
+    # relative to the loss, 0.5e-5 seen with AVX-512 kernels and 1.14e-5 with AVX2's (ATEN_CPU_CAPABILITY=avx2)
+    assert max(abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b)) <= 3e-5
