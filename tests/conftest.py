@@ -80,6 +80,19 @@ def fake_snapshot_download(remote, calls):
     return snapshot_download
 
 
+def vitkit_here(*argv) -> int:
+    """``vitkit ARGV`` by its own ``main`` in this process, the thread count given back after. For the
+    straight run a killed one is compared with: a second process would start Python, torch and the
+    compiler torch's optimizers import (about 8 s of a short training process on an AMX Xeon)."""
+    from vitkit.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        return main([str(a) for a in argv])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:
     """Start ``python -m vitkit ARGS`` and SIGKILL it once ``run`` holds the checkpoint of ``step``."""
     from vitkit.train.checkpoint import checkpoint_paths

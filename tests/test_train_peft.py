@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
-from conftest import kill_at_checkpoint, max_diff, randomize
+from conftest import kill_at_checkpoint, max_diff, randomize, vitkit_here
 from vitkit.data import fashion_mnist as fm
 from vitkit.train import finetune, resolve_config, train
 
@@ -168,7 +168,7 @@ def test_lora_run_saves_plain_weights_that_every_exporter_takes(tmp_path, base_r
 
 @real
 @pytest.mark.slow
-def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
+def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run, capsys):
     """... even once its --init weights are gone: the run saved the architecture they built (init_model.json)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     init = shutil.copytree(base_run / "model", tmp_path / "init")
@@ -176,16 +176,15 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run):
           "--no-tensorboard", "--batch-size", "32", "--test-size", "100", "--init", str(init),
           "--finetune", "lora", "--lora-rank", "4", "--checkpoint-every", "10", "--keep-checkpoints", "5",
           "--runs-dir", str(tmp_path)]
-    subprocess.run([sys.executable, "-m", "vitkit", "train", *ft, "--name", "straight"], check=True, env=env,
-                   capture_output=True)
+    assert vitkit_here("train", *ft, "--name", "straight") == 0
     run = tmp_path / "killed"
     kill_at_checkpoint(["train", *ft, "--name", "killed"], env, run, 10)
+    capsys.readouterr()
     # another recipe was taken and ignored; the run's own LoRA flags were refused ("needs --init", "this run:
     # --finetune full"): checked as a new run's, not with the run's saved values
-    other = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--recipe", "deit"],
-                           env=env, capture_output=True, text=True)
+    assert vitkit_here("train", "--resume", run, "--recipe", "deit") == 2  # refused before any work
     saved = json.loads((run / "config.json").read_text())["recipe"]  # the machine's own: fmnist or fmnist-fp32
-    assert other.returncode == 2 and f'--recipe (saved: "{saved}", given: "deit")' in other.stderr, other.stderr
+    assert f'--recipe (saved: "{saved}", given: "deit")' in capsys.readouterr().err
     shutil.rmtree(init)  # the run's own checkpoint holds every weight: it was refused "--init weights not found"
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import kill_at_checkpoint
+from conftest import kill_at_checkpoint, vitkit_here
 from vitkit.data import fashion_mnist as fm
 
 pytestmark = [pytest.mark.slow,
@@ -24,16 +24,11 @@ ARGS = ["--max-steps", "16", "--checkpoint-every", "8", "--keep-checkpoints", "5
         "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--test-size", "200"]
 
 
-def vitkit_train(*extra):
-    return [sys.executable, "-m", "vitkit", "train", *ARGS, *extra]
-
-
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     """The resume also asks for two runtime fields, one of them its default value: TensorBoard
     (the killed run had none) and flip TTA for the final score; neither changes the weights."""
     env = dict(os.environ, PYTHONHASHSEED="0")
-    subprocess.run(vitkit_train("--runs-dir", str(tmp_path), "--name", "straight"), check=True, env=env,
-                   capture_output=True)
+    assert vitkit_here("train", *ARGS, "--runs-dir", tmp_path, "--name", "straight") == 0
     run = tmp_path / "killed"
     kill_at_checkpoint(["train", *ARGS, "--runs-dir", str(tmp_path), "--name", "killed", "--no-tensorboard"],
                        env, run, 8)
