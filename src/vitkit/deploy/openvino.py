@@ -62,10 +62,10 @@ def openvino_module(purpose: str):
 def _no_telemetry() -> None:
     """Hide ``openvino_telemetry`` from this process, so OpenVINO's converter and NNCF take their stubs.
 
-    Without a consent file both send usage events, each from a process forked off this one. On a
-    machine whose name lookups hung, such a fork inherited a held resolver lock and vitkit's SIGTERM
-    handler, and ``vitkit convert --quantize int8`` waited on it for good. vitkit sends nothing;
-    a process that imported the package first keeps it."""
+    Without a consent file both send usage events, each from a process forked off this one (about 25
+    for one export). Once, while name lookups hung, such a fork was made as another thread held the
+    resolver's lock, never ended, and ``vitkit convert --quantize int8`` waited on it for good. vitkit
+    sends nothing; a process that imported the package first keeps it."""
     sys.modules.setdefault("openvino_telemetry", None)
 
 
