@@ -95,6 +95,8 @@ CASES = {
     # timm's Eva attention-pools every token, the class token and registers too (the ViT's pools the patches)
     "dinov3_map": ("vit_small_patch16_dinov3", dict(depth=2, img_size=64, global_pool="map")),
     "eva02_map": ("eva02_tiny_patch14_224", dict(depth=2, img_size=56, global_pool="map")),
+    # PE core asked for the mean: timm's Eva then norms after pooling (fc_norm), as for every avg pool
+    "pe_core_avg": ("vit_pe_core_tiny_patch16_384", dict(depth=2, img_size=64, global_pool="avg")),
     "dinov3_plus": ("vit_small_plus_patch16_dinov3_qkvb", dict(depth=2, img_size=64)),
     # the large model's pattern (full attention, then grouped-query, then full) in 3 blocks, not 24
     "sapiens_gqa": ("vit_large_patch16_sapiens2", dict(depth=3, kv_heads=[16, 8, 16], img_size=(48, 32))),

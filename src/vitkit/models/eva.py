@@ -325,7 +325,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     # reference grid beside the absolute table; core: an attention pool of 8 heads over every token (the
     # class token too); spatial / lang: the mean of the patches, no final norm
     "pe_core": dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
-                    k_bias=True, global_pool="map", map_heads=8, pool_include_prefix=True, fc_norm=False, crop_pct=1.0),
+                    k_bias=True, global_pool="map", map_heads=8, pool_include_prefix=True, crop_pct=1.0),
     "pe_spatial": dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
                        k_bias=True, final_norm=False, fc_norm=False, num_classes=0, crop_pct=1.0),
     "sapiens2": dict(rope="dinov3", rope_temperature=100.0, rope_half=True, rope_rescale_coords=2.0, pos_embed="none",
