@@ -93,6 +93,15 @@ def vitkit_here(*argv) -> int:
         torch.set_num_threads(threads)
 
 
+def in_process(capsys, *argv) -> subprocess.CompletedProcess:
+    """What ``python -m vitkit ARGV`` returns (exit code, stdout, stderr), from :func:`vitkit_here`: for
+    commands whose process of their own would prove nothing more (the error boundary is main's)."""
+    capsys.readouterr()
+    code = vitkit_here(*argv)
+    said = capsys.readouterr()
+    return subprocess.CompletedProcess([str(a) for a in argv], code, said.out, said.err)
+
+
 def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:
     """Start ``python -m vitkit ARGS`` and SIGKILL it once ``run`` holds the checkpoint of ``step``."""
     from vitkit.train.checkpoint import checkpoint_paths

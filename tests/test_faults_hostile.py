@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -25,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import vitkit
-from conftest import randomize
+from conftest import in_process, randomize
 from vitkit.data import fashion_mnist as fm
 from vitkit.train import resolve_config
 from vitkit.train.checkpoint import checkpoint_paths, save_checkpoint
@@ -40,16 +39,6 @@ ENV = dict(os.environ, PYTHONHASHSEED="0")
 def cli(*argv, **kw):
     kw.setdefault("env", ENV)
     return subprocess.run([sys.executable, "-m", "vitkit", *map(str, argv)], capture_output=True, text=True, **kw)
-
-
-def in_process(capsys, *argv):
-    """``vitkit ARGV`` through the same ``main`` in this process (the error boundary is main's):
-    a tenth of a subprocess's time, for the many cases of one kind."""
-    from vitkit.cli import main
-
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 def one_line(done, code=2):

@@ -17,7 +17,8 @@ import torch
 from PIL import Image
 
 import vitkit
-from test_faults_hostile import in_process, one_line
+from conftest import in_process
+from test_faults_hostile import one_line
 
 
 def ends_in(done, words, code=2):
@@ -642,17 +643,13 @@ def test_fine_tuning_a_small_folder_with_default_flags_learns_and_says_what_it_d
     --init RUN` with no other flag. The batch and length fit the data (each said), the first line says
     the images are resized, the cost is said before the first step, and the test score is far from chance.
     (In this process: the command's own main, without a second start of Python and torch.)"""
-    from conftest import vitkit_here
-
     torch.manual_seed(0)
     vitkit.create_model("vit_fmnist_hybrid").save_pretrained(tmp_path / "start")
     data = shapes_folder(tmp_path / "shapes")
-    capsys.readouterr()
-    code = vitkit_here("train", "--dataset", "folder", "--data-dir", data, "--init", tmp_path / "start", "--runs-dir",
-                       tmp_path / "runs", "--name", "ft", "--threads", "1", "--no-progress", "--json")
-    done = capsys.readouterr()
-    said = done.err
-    assert code == 0, said[-1500:]
+    done = in_process(capsys, "train", "--dataset", "folder", "--data-dir", data, "--init", tmp_path / "start",
+                      "--runs-dir", tmp_path / "runs", "--name", "ft", "--threads", "1", "--no-progress", "--json")
+    assert done.returncode == 0, done.stderr[-1500:]
+    said = done.stderr
     assert re.search(r"batch 8 \(not the recipe's 128\): 1\d\d training images make 1\d steps an epoch", said), said
     # the recipe's own length depends on the precision this CPU trains in (fmnist-fp32: 3 epochs; fmnist: 9)
     assert re.search(r"\d+ epochs \(not the recipe's (\d+)\): \1 epochs of 1\d steps would be \d+ steps, too few",
@@ -665,7 +662,7 @@ def test_fine_tuning_a_small_folder_with_default_flags_learns_and_says_what_it_d
     cost = lines[lines.index(first) + 4]
     assert re.match(r"cost: 0\.1\d GFLOPs of training per image x [\d,]+ images = [\d.]+ GFLOPs; about \d+ s here",
                     cost), cost
-    summary = json.loads(done.out.strip().splitlines()[-1])
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["steps"] >= 300 and summary["test_top1"] > 0.8, summary  # chance: a third
 
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
-from conftest import kill_at_checkpoint, vitkit_here
+from conftest import in_process, kill_at_checkpoint, vitkit_here
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.selfsup import MAE, MaskedPatchPrediction, SimMIM
@@ -28,15 +28,6 @@ SHORT = ["--max-steps", "30", "--log-every", "5", "--warmup-steps", "10", "--bat
 
 def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "vitkit", *args], capture_output=True, text=True, env=env)
-
-
-def in_process(capsys, *args):
-    """What ``cli(*args)`` returns, from the command line's own code run in this process: for
-    commands whose process of their own (a start of Python and torch) would prove nothing more."""
-    capsys.readouterr()
-    code = main(list(args))
-    said = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), code, said.out, said.err)
 
 
 def rows(run):

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from vitkit.cli import main
+from conftest import vitkit_here
 from vitkit.data import fashion_mnist as fm
 
 pytestmark = [pytest.mark.slow,
@@ -36,11 +35,7 @@ def test_two_gloo_processes_match_one(tmp_path, verb):
     assert torchrun, "torchrun ships with torch"
     # the one process: this one (the command's own code, without a second start of Python and torch;
     # its --threads 1 is given back after)
-    threads = torch.get_num_threads()
-    try:
-        assert main([*verb, *ARGS, "--runs-dir", str(tmp_path), "--name", "one"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert vitkit_here(*verb, *ARGS, "--runs-dir", tmp_path, "--name", "one") == 0
     two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", *verb, *ARGS,
                           "--runs-dir", str(tmp_path), "--name", "two"], capture_output=True, text=True)
     assert two.returncode == 0, two.stderr[-2000:]

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
-from conftest import kill_at_checkpoint, max_diff, randomize, vitkit_here
+from conftest import in_process, kill_at_checkpoint, max_diff, randomize, vitkit_here
 from vitkit.data import fashion_mnist as fm
 from vitkit.train import finetune, resolve_config, train
 
@@ -179,12 +179,11 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run, capsys):
     assert vitkit_here("train", *ft, "--name", "straight") == 0
     run = tmp_path / "killed"
     kill_at_checkpoint(["train", *ft, "--name", "killed"], env, run, 10)
-    capsys.readouterr()
     # another recipe was taken and ignored; the run's own LoRA flags were refused ("needs --init", "this run:
     # --finetune full"): checked as a new run's, not with the run's saved values
-    assert vitkit_here("train", "--resume", run, "--recipe", "deit") == 2  # refused before any work
+    other = in_process(capsys, "train", "--resume", run, "--recipe", "deit")  # refused before any work
     saved = json.loads((run / "config.json").read_text())["recipe"]  # the machine's own: fmnist or fmnist-fp32
-    assert f'--recipe (saved: "{saved}", given: "deit")' in capsys.readouterr().err
+    assert other.returncode == 2 and f'--recipe (saved: "{saved}", given: "deit")' in other.stderr, other.stderr
     shutil.rmtree(init)  # the run's own checkpoint holds every weight: it was refused "--init weights not found"
     done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
                            "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)
