@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -104,10 +103,10 @@ def in_process(capsys, *argv) -> subprocess.CompletedProcess:
 
 def kill_at_checkpoint(args, env, run, step: int, timeout: float = 180) -> None:
     """Start ``python -m vitkit ARGS`` and SIGKILL it once ``run`` holds the checkpoint of ``step``."""
+    import forks  # here: a conftest copied alone (test_suite_groups copies it) imports without tests/forks.py
     from vitkit.train.checkpoint import checkpoint_paths
 
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = forks.popen(*args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout
     while not any(p.name == f"step_{step:08d}.pt" for p in checkpoint_paths(run)):
         assert proc.poll() is None, "the run ended before it could be killed"

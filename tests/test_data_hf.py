@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+import forks
 from conftest import kill_at_checkpoint
 from vitkit.cli import main as cli
 from vitkit.data import fashion_mnist as fm
@@ -327,12 +328,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, hf_data):
             "--val-size", "90", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress", "--threads", "1",
             "--workers", "1", "--runs-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONHASHSEED="0", HF_DATASETS_CACHE=str(hf_data[2]))
-    subprocess.run([sys.executable, "-m", "vitkit", *args, "--name", "straight"], check=True, env=env,
-                   capture_output=True)
+    forks.run(*args, "--name", "straight", check=True, env=env)
     run = tmp_path / "killed"
     kill_at_checkpoint([*args, "--name", "killed"], env, run, 4)
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"], env=env,
-                          capture_output=True, text=True)
+    done = forks.run("train", "--resume", run, "--no-progress", env=env)
     assert done.returncode == 0, done.stderr
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     b = load_file(run / "model" / "model.safetensors")

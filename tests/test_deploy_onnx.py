@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+import forks
 import vitkit
 from conftest import max_diff, randomize, trained_briefly
 from vitkit.cli import main
@@ -246,9 +247,8 @@ def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_pat
                  "c"]
     assert main(["predict", str(tmp_path / "b.png"), "--weights", str(path), "--top-k", "3", "--json", *stand_ins]) == 0
     want = json.loads(capsys.readouterr().out)[0]["top"]
-    server = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(path), "--port", "0", "--json",
-                               *stand_ins], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+    server = forks.popen("serve", path, "--port", "0", "--json", *stand_ins, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         url = json.loads(server.stdout.readline())["url"]
         request = urllib.request.Request(url + "/predict?top_k=3", data=(tmp_path / "b.png").read_bytes())
@@ -460,7 +460,6 @@ def test_the_server_exports_apart_and_never_imports_the_exporter(tmp_path):
     in the server: 1,586 against 1,065 MiB for ViT-S/16 on OpenVINO int8): the file the child wrote answers as the
     PyTorch model does, through onnxruntime, and the server's own process never imported the exporter."""
     import subprocess
-    import sys
 
     from conftest import save_served_classifier
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 from PIL import Image
 
+import forks
 import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.data.shards import decode_record, folder_to_shards, iter_records
@@ -46,7 +47,7 @@ def listing(folder):
 
 
 def cli(*argv, **kw):
-    return subprocess.run([sys.executable, "-m", "vitkit", *argv], capture_output=True, text=True, **kw)
+    return forks.run(*argv, **kw)
 
 
 # ---------------------------------------------------------------- 1. the last good checkpoint is good
@@ -85,10 +86,10 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
     from vitkit.cli import main
 
     env = dict(os.environ, PYTHONHASHSEED="0")
-    first = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), "--name", "run",
-                              "--max-steps", "400", "--batch-size", "32", "--checkpoint-every", "2", "--log-every", "1",
-                              "--val-size", "500", "--threads", "1", "--no-progress", "--no-tensorboard"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = forks.popen("train", "--runs-dir", tmp_path, "--name", "run", "--max-steps", "400", "--batch-size", "32",
+                        "--checkpoint-every", "2", "--log-every", "1", "--val-size", "500", "--threads", "1",
+                        "--no-progress", "--no-tensorboard", env=env, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
     run = tmp_path / "run"
     threads = torch.get_num_threads()  # the refused resume sets the saved run's threads before it is refused
     try:
@@ -119,8 +120,8 @@ def test_a_running_run_cannot_be_resumed_or_reused_and_its_lock_dies_with_it(tmp
     # a torn newest checkpoint: a real resume falls back to the one before and says so
     newest, previous = checkpoint_paths(run)[-1], checkpoint_paths(run)[-2]
     newest.write_bytes(newest.read_bytes()[:100])
-    resumed = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    resumed = forks.popen("train", "--resume", run, "--no-progress", env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
     try:
         said = []
         for line in resumed.stderr:

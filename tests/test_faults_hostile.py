@@ -23,6 +23,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+import forks
 import vitkit
 from conftest import in_process, randomize
 from vitkit.data import fashion_mnist as fm
@@ -38,7 +39,7 @@ ENV = dict(os.environ, PYTHONHASHSEED="0")
 
 def cli(*argv, **kw):
     kw.setdefault("env", ENV)
-    return subprocess.run([sys.executable, "-m", "vitkit", *map(str, argv)], capture_output=True, text=True, **kw)
+    return forks.run(*argv, **kw)
 
 
 def one_line(done, code=2):
@@ -629,8 +630,8 @@ def wait_for(predicate, proc, timeout=120, what="the file"):
 
 
 def test_sigterm_during_an_onnx_export_exits_cleanly_and_leaves_nothing(model_dir, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "convert", str(model_dir), str(tmp_path / "m.onnx"),
-                             "--to", "onnx", "--quantize", "int8"], env=ENV, stderr=subprocess.PIPE, text=True)
+    proc = forks.popen("convert", model_dir, tmp_path / "m.onnx", "--to", "onnx", "--quantize", "int8", env=ENV,
+                       stderr=subprocess.PIPE)
     wait_for(lambda: list(tmp_path.glob(".m.onnx.*.work")), proc, what="the export's work folder")
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=120)[1]
@@ -641,9 +642,8 @@ def test_sigterm_during_an_onnx_export_exits_cleanly_and_leaves_nothing(model_di
 
 def test_sigterm_during_predict_s_export_on_the_fly_leaves_no_temporary_folder(model_dir, image, tmp_path):
     env = dict(ENV, TMPDIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "predict", "--weights", str(model_dir), str(image),
-                             "--runtime", "onnxruntime"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True)
+    proc = forks.popen("predict", "--weights", model_dir, image, "--runtime", "onnxruntime", env=env,
+                       stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     wait_for(lambda: list(tmp_path.glob(".vitkit-onnx.*.work")), proc, what="the export's work folder")
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=120)[1]
@@ -805,9 +805,9 @@ def test_sigterm_during_training_says_how_to_resume_and_releases_the_run(tmp_pat
     from vitkit.runlock import holder
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), "--name", "run",
-                             "--max-steps", "400", "--checkpoint-every", "5", "--val-size", "500", "--threads", "1",
-                             "--no-progress", "--no-tensorboard"], env=ENV, stderr=subprocess.PIPE, text=True)
+    proc = forks.popen("train", "--runs-dir", tmp_path, "--name", "run", "--max-steps", "400", "--checkpoint-every",
+                       "5", "--val-size", "500", "--threads", "1", "--no-progress", "--no-tensorboard", env=ENV,
+                       stderr=subprocess.PIPE)
     wait_for(lambda: checkpoint_paths(run), proc, what="a checkpoint")
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=120)[1]

@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+import forks
 import vitkit
 from conftest import in_process
 from test_faults_hostile import one_line
@@ -231,7 +232,6 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
     import os
     import signal
     import subprocess
-    import sys
 
     from test_faults_hostile import ENV, wait_for
     from vitkit.runlock import holder
@@ -239,11 +239,10 @@ def test_sigterm_with_data_workers_stops_cleanly_wherever_it_lands(tmp_path, to)
 
     data = image_folder(tmp_path / "data", ["a", "b", "c"], per_class=40, size=32)
     run = tmp_path / "runs" / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--dataset", "folder", "--data-dir", data,
-                             "--workers", "2", "--model", "vit_fmnist", "--img-size", "32", "--batch-size", "16",
-                             "--epochs", "50", "--checkpoint-every", "5", "--threads", "1", "--runs-dir",
-                             tmp_path / "runs", "--name", "r", "--no-progress", "--no-tensorboard"],
-                            env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = forks.popen("train", "--dataset", "folder", "--data-dir", data, "--workers", "2", "--model", "vit_fmnist",
+                       "--img-size", "32", "--batch-size", "16", "--epochs", "50", "--checkpoint-every", "5",
+                       "--threads", "1", "--runs-dir", tmp_path / "runs", "--name", "r", "--no-progress",
+                       "--no-tensorboard", env=ENV, stderr=subprocess.PIPE, start_new_session=True)
     wait_for(lambda: checkpoint_paths(run), proc, what="a checkpoint")
 
     def children():
@@ -284,7 +283,6 @@ def test_sigterm_to_an_evaluation_worker_stops_it_as_a_stop(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
 
     from test_faults_hostile import ENV, wait_for
 
@@ -292,9 +290,8 @@ def test_sigterm_to_an_evaluation_worker_stops_it_as_a_stop(tmp_path):
     data = hf_folder(tmp_path / "hf", [0, 1], [0, 1] * 2000, datasets.ClassLabel(names=["a", "b"]), size=32)
     vitkit.create_model("vit_fmnist", img_size=32, in_chans=1, num_classes=2,
                         label_names=["a", "b"]).save_pretrained(tmp_path / "m")
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "eval", "--weights", tmp_path / "m", "--dataset",
-                             f"hf:{data}", "--batch-size", "8", "--no-progress"],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = forks.popen("eval", "--weights", tmp_path / "m", "--dataset", f"hf:{data}", "--batch-size", "8",
+                       "--no-progress", env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     seen: list = []
 
     def workers() -> bool:

@@ -6,13 +6,12 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import forks
 import vitkit
 from conftest import in_process, kill_at_checkpoint, vitkit_here
 from vitkit.cli import main
@@ -27,7 +26,7 @@ SHORT = ["--max-steps", "30", "--log-every", "5", "--warmup-steps", "10", "--bat
 
 
 def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "vitkit", *args], capture_output=True, text=True, env=env)
+    return forks.run(*args, env=env)
 
 
 def rows(run):

@@ -15,7 +15,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -27,6 +26,7 @@ import pytest
 import torch
 from PIL import Image
 
+import forks
 from conftest import SERVED_LABELS, image_bytes, run_chromium, save_served_classifier
 
 httpx = pytest.importorskip("httpx")
@@ -470,9 +470,8 @@ def test_sigterm_during_the_export_apart_ends_its_processes_and_leaves_no_folder
     stops the server as a signal, ends the child, and leaves nothing in the temporary folder."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0", "--runtime",
-                             "onnxruntime", "--quantize", "int8"], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(scratch)))
+    proc = forks.popen("serve", weights, "--port", "0", "--runtime", "onnxruntime", "--quantize", "int8",
+                       stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=str(scratch)))
     try:
         deadline = time.time() + 120
         while not (children := _processes_naming(f"vitkit.deploy.apart {scratch}")):
@@ -493,9 +492,8 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights, stop):
     """With --json, stdout's one line says where the server listens (with --port 0 the only way to learn it).
     One Ctrl-C drains as SIGTERM does (it said "stopped at once (a second Ctrl-C)": uvicorn raises the signal
     it caught again once it has drained, and that was taken for a second one)."""
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0", "--json",
-                             "--max-wait-ms", "1500", "--max-batch", "64"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = forks.popen("serve", weights, "--port", "0", "--json", "--max-wait-ms", "1500", "--max-batch", "64",
+                       stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         line = proc.stderr.readline()
         url = re.search(r"on (http://127\.0\.0\.1:\d+)", line).group(1)
@@ -523,8 +521,8 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(weights, stop):
 def test_a_second_ctrl_c_stops_at_once_in_one_line(weights):
     """A second Ctrl-C cuts the requests in flight off and says so; the tasks uvicorn cancels then (its
     lifespan's, the requests') printed CancelledError tracebacks under "ERROR:" before that line."""
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = forks.popen("serve", weights, "--port", "0", stderr=subprocess.PIPE,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         url = re.search(r"on (http://127\.0\.0\.1:(\d+))", proc.stderr.readline())
         while httpx.get(url.group(1) + "/readyz").status_code != 200:

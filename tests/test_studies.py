@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import forks
 from conftest import vitkit_here
 from vitkit.cli import main as cli
 from vitkit.data import fashion_mnist as fm
@@ -164,10 +165,10 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
     finishes the rest and reports every arm; the arm the kill interrupted ends as a study never
     stopped would end it (run here again, alone, in a fresh folder)."""
     env = dict(os.environ, VITKIT_TINY="1")
-    args = [sys.executable, "-m", "vitkit", "study", "position-embeddings", "--smoke", "--threads", "1",
-            "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    args = ["study", "position-embeddings", "--smoke", "--threads", "1", "--work", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "out")]
     first = tmp_path / "runs" / "none-7x7-s0" / "summary.json"
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = forks.popen(*args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not first.is_file():
         assert proc.poll() is None, "the study ended before it could be killed"
@@ -176,7 +177,7 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     stamp = first.stat().st_mtime_ns
-    assert vitkit_here(*args[3:]) == 0  # started again: in this process (VITKIT_TINY is set here too)
+    assert vitkit_here(*args) == 0  # started again: in this process (VITKIT_TINY is set here too)
     assert first.stat().st_mtime_ns == stamp  # reused, not trained again
     results = json.loads((tmp_path / "out" / "position-embeddings.json").read_text())
     kept = json.loads(first.read_text())

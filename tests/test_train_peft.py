@@ -5,13 +5,13 @@ on save; bad options are one line."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import forks
 import vitkit
 from conftest import in_process, kill_at_checkpoint, max_diff, randomize, vitkit_here
 from vitkit.data import fashion_mnist as fm
@@ -116,8 +116,7 @@ def test_bad_finetune_options(call, words):
     (["--init", "x", "--finetune", "lora", "--lora-targets", ","], "lora_targets must name at least one layer"),
 ])
 def test_bad_finetune_flags_are_one_line(flags, words, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--runs-dir", str(tmp_path), *flags],
-                          capture_output=True, text=True)
+    done = forks.run("train", "--runs-dir", tmp_path, *flags)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -185,8 +184,7 @@ def test_a_killed_lora_run_resumes_bitwise(tmp_path, base_run, capsys):
     saved = json.loads((run / "config.json").read_text())["recipe"]  # the machine's own: fmnist or fmnist-fp32
     assert other.returncode == 2 and f'--recipe (saved: "{saved}", given: "deit")' in other.stderr, other.stderr
     shutil.rmtree(init)  # the run's own checkpoint holds every weight: it was refused "--init weights not found"
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
-                           "--finetune", "lora", "--lora-rank", "4"], env=env, capture_output=True, text=True)
+    done = forks.run("train", "--resume", run, "--no-progress", "--finetune", "lora", "--lora-rank", "4", env=env)
     assert done.returncode == 0, done.stderr
     assert "the --init architecture as init_model.json holds it" in done.stdout + done.stderr
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")

@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import forks
 from conftest import kill_at_checkpoint, vitkit_here
 from vitkit.data import fashion_mnist as fm
 
@@ -44,8 +43,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     state = torch.load(tmp_path / "straight" / "checkpoints" / "step_00000008.pt", weights_only=True)
     assert middle.config == vitkit.from_pretrained(tmp_path / "straight").config
     assert all(torch.equal(v, state["model"][k]) for k, v in middle.state_dict().items())
-    done = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--no-progress",
-                           "--tensorboard", "--test-tta", "flip"], env=env, capture_output=True, text=True)
+    done = forks.run("train", "--resume", run, "--no-progress", "--tensorboard", "--test-tta", "flip", env=env)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr
     summary = json.loads((run / "summary.json").read_text())
