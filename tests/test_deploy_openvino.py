@@ -338,11 +338,13 @@ TRAINED_LATER = {
 def _in_child(function: str, *args) -> Any:
     """``function(*args)`` of this module in a fresh process, its JSON result returned. In the suite's
     process OpenVINO has compiled bf16/int8 models by now, and heavy torch work after that crashed
-    it (a segfault at these tests, twice; conftest.py describes the crash)."""
+    it (a segfault at these tests, twice; conftest.py describes the crash). It computes on this
+    process's threads: two such children of the two xdist workers, each on both cores, took 2.3x as long."""
     script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_deploy_openvino as t; "
               "print(json.dumps(getattr(t, sys.argv[2])(*json.loads(sys.argv[3]))))")
     done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), function, json.dumps(args)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads())))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -384,11 +386,11 @@ def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp
 def _kept_float_shapes(folder: str, name: str = "vit_base_patch16_siglip_224", num_classes: int = 10) -> dict:
     import openvino as ov
 
-    from vitkit.deploy.openvino import _kept_float
+    from vitkit.deploy.openvino_int8 import kept_float
 
     model = vitkit.create_model(name, num_classes=num_classes, **LATER_SMALL).eval()
     ir = ov.Core().read_model(str(export_openvino(model, Path(folder) / "f.xml")))
-    kept = [op for op in ir.get_ordered_ops() if op.get_friendly_name() in _kept_float(ir)]
+    kept = [op for op in ir.get_ordered_ops() if op.get_friendly_name() in kept_float(ir)]
     return {"kinds": sorted(op.get_type_name() for op in kept),
             "shapes": [[d.get_length() if d.is_static else None for d in op.get_output_partial_shape(0)]
                        for op in kept if op.get_type_name() == "MatMul"]}

@@ -24,7 +24,6 @@ OpenVINO's throughput streams, as vitkit's PyTorch inference splits a batch over
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import sys
@@ -41,7 +40,9 @@ from ..extras import first_line, require
 from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..parallel import parts
 from ..progress import working
+from . import openvino_int8
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
+from .openvino_int8 import no_telemetry, quiet, silenced
 from .quantize import CalibrationSource
 from .runtime import OnnxMetadataError, OnnxModel, thread_count
 
@@ -54,19 +55,10 @@ CALIBRATION_PURPOSE = "OpenVINO int8 (NNCF)"
 
 
 def openvino_module(purpose: str):
-    """``openvino``, or one line naming the ``openvino`` extra (its telemetry left out: :func:`_no_telemetry`)."""
-    _no_telemetry()
+    """``openvino``, or one line naming the ``openvino`` extra (its telemetry left out:
+    :func:`~.openvino_int8.no_telemetry`)."""
+    no_telemetry()
     return require("openvino", "openvino", purpose)
-
-
-def _no_telemetry() -> None:
-    """Hide ``openvino_telemetry`` from this process, so OpenVINO's converter and NNCF take their stubs.
-
-    Without a consent file both send usage events, each from a process forked off this one (about 25
-    for one export). Once, while name lookups hung, such a fork was made as another thread held the
-    resolver's lock, never ended, and ``vitkit convert --quantize int8`` waited on it for good. vitkit
-    sends nothing; a process that imported the package first keeps it."""
-    sys.modules.setdefault("openvino_telemetry", None)
 
 
 def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str] = None,
@@ -116,23 +108,25 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
 
 
 def _quantized(ov: Any, ir: Any, batches: list, work: Path) -> Any:
-    """``ir`` quantized by :func:`_quantize` in a child process. NNCF loads its torch backend with
-    hooks on torch's functions (nncf.torch.function_hook), and a process that had imported it and
-    went on training crashed (a segfault, seen in the test suite): the child takes NNCF with it
-    when it exits."""
+    """``ir`` quantized by :func:`~.openvino_int8.quantize_ir` in a child process that never imports
+    torch. NNCF loads its torch backend with hooks on torch's functions (nncf.torch.function_hook),
+    and a process that had imported it and went on training crashed (a segfault, seen in the test
+    suite): the child takes NNCF with it when it exits."""
     import subprocess
 
     src, dst, data = work / "float.xml", work / "int8.xml", work / "calibration.npz"
     ov.save_model(ir, str(src), compress_to_fp16=False)
     np.savez(data, *batches)
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(data), str(dst)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _CHILD, openvino_int8.__file__, str(src), str(data), str(dst)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise OnnxExportError(f"NNCF could not quantize the model: {_child_failure(done.returncode, done.stderr)}")
     return ov.Core().read_model(str(dst))
 
 
-#: the child of _quantized (``-c``, not ``-m``: runpy's warning about the package's own import was its last line)
-_CHILD = "import sys; from vitkit.deploy.openvino import _quantize_file; _quantize_file(*sys.argv[1:4])"
+#: the child of _quantized: openvino_int8.py run by path, without the package (which imports torch), and
+#: by ``-c``: a script's own folder would come first on sys.path, and its openvino.py is not OpenVINO
+_CHILD = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 def _child_failure(code: int, stderr: str) -> str:
@@ -146,83 +140,12 @@ def _child_failure(code: int, stderr: str) -> str:
     return lines[-1] if lines else f"its process ended with exit code {code} before it said why"
 
 
-def _quantize_file(src: str, data: str, dst: str) -> None:
-    """The child's work: read the IR and the calibration batches, quantize, write."""
-    ov, nncf = openvino_module("OpenVINO int8"), _nncf()
-    with np.load(data, allow_pickle=False) as saved:
-        batches = [saved[k] for k in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
-    ir = _quantize(nncf, ov.Core().read_model(src), batches, sum(len(b) for b in batches))
-    ov.save_model(ir, dst, compress_to_fp16=False)
-
-
-def _quantize(nncf: Any, ir: Any, batches: list, count: int) -> Any:
-    """NNCF's transformer preset (norms, softmax, GELU and the residual adds stay float) without
-    its SmoothQuant step, with the first layer (raw pixels) and the one-token products (the
-    classifier, a MAP head's query) kept float (:func:`_kept_float`).
-    Measured on a Fashion-MNIST hybrid (4 epochs, 2,000 test images; fp32 91.15%): the preset
-    with SmoothQuant 13.8% (its scales break the convolution stem), without it 90.9%, NNCF's
-    default preset 90.55%, the mixed preset with the first and last layers float 90.95%."""
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
-
-    keep = _kept_float(ir)
-    no_smoothing = AdvancedQuantizationParameters(
-        smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1, convolution=-1))
-    with _silenced():  # NNCF draws its own progress bars on stdout
-        return nncf.quantize(ir, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER, subset_size=count,
-                             ignored_scope=nncf.IgnoredScope(names=keep), advanced_parameters=no_smoothing)
-
-
-def _kept_float(ir: Any) -> list:
-    """The layers NNCF leaves in float: the first that the image reaches (raw pixels) and every
-    product over a single token: the classifier and a MAP head's pooled query (its attention
-    output and the MLP after it). Those cost one token's work, and in int8 their error has no
-    other tokens to average it out: on a SigLIP-style model trained briefly on Fashion-MNIST
-    (Zen 3, AVX2), int8 kept 94.3% of fp32's decisions with only the first and last layers
-    float, 95.7% so.
-
-    A headless model's last product is a block's over every token, and it is quantized too: kept
-    float it cost DINOv2-S/14 at batch 32 5% of its int8 speed (45.3 against 42.9 img/s, Zen 4),
-    and on two trained Fashion-MNIST hybrids with their heads removed it changed nothing
-    measurable (features' cosine to fp32 0.99979 / 0.99985 either way, the fp32 head's decisions
-    on them 99.62% / 99.72% the same).
-
-    Only layers the image reaches count: products of constants come first in graph order (a MAP
-    head projects its learned query before any pixel arrives; only the batch size, through
-    ``ShapeOf``, comes from the image), and taking one for "the first layer" left the patch
-    embedding quantized."""
-    reached, layers, single = set(), [], []
-    for op in ir.get_ordered_ops():  # topological: an op's inputs come before it
-        name = op.get_friendly_name()
-        if op.get_type_name() == "Parameter" or op.get_type_name() != "ShapeOf" and any(
-                value.get_node().get_friendly_name() in reached for value in op.input_values()):
-            reached.add(name)
-            if op.get_type_name() in ("Convolution", "MatMul"):
-                layers.append(name)
-                if _one_token(op.get_output_partial_shape(0)):
-                    single.append(name)
-    return sorted(set(layers[:1] + single))
-
-
-def _one_token(shape: Any) -> bool:
-    """An output of one token per image: (batch, features), or (..., 1, features)."""
-    if not shape.rank.is_static:
-        return False
-    return len(shape) == 2 or shape[len(shape) - 2].is_static and shape[len(shape) - 2].get_length() == 1
-
-
 def _batches(images: torch.Tensor, config: Any, batch_size: int):
     from ..evaluate.metrics import prepare_batch
 
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4 or not len(images):
         raise ValueError("calibration images must be a non-empty uint8 tensor (N, C, H, W)")
     return [prepare_batch(images[i:i + batch_size], config).numpy() for i in range(0, len(images), batch_size)]
-
-
-@contextlib.contextmanager
-def _silenced():
-    """stdout and stderr to /dev/null while the block runs (file descriptors too: NNCF's bars)."""
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
-        yield
 
 
 def _check_nncf() -> None:
@@ -236,11 +159,10 @@ def _check_nncf() -> None:
 
 def _nncf():
     """NNCF, quiet: its INFO lines and torch's note on a missing CUDA runtime are not the user's."""
-    _no_telemetry()
-    with _silenced():
+    no_telemetry()
+    with silenced():
         nncf = require("nncf", "openvino", "int8 quantization for OpenVINO (NNCF)")
-    nncf.set_log_level(logging.ERROR)
-    return nncf
+    return quiet(nncf)
 
 
 def is_openvino(source: PathLike) -> bool:
