@@ -9,7 +9,6 @@ test split a row labelled -1 (an unlabelled test row, as ImageNet's on the Hub).
 import io
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -438,9 +437,8 @@ def test_bad_datasets_and_flags_are_one_line_each(tmp_path, hf_data, capsys):
 def test_an_uncached_hub_name_offline_says_so_in_one_line(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                HF_DATASETS_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "hf:someone/nothing-here",
-                           "--runs-dir", str(tmp_path / "runs"), "--no-progress"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = forks.run("train", "--dataset", "hf:someone/nothing-here", "--runs-dir", tmp_path / "runs", "--no-progress",
+                     env=env, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "vitkit train: error: hf:someone/nothing-here: not in the local Hugging Face cache and the Hub cannot be "
@@ -455,9 +453,8 @@ def test_a_hub_that_does_not_resolve_is_read_as_offline_not_asked_again_and_agai
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http", "ALL_PROXY", "all_proxy"))}
     env.update(HF_ENDPOINT="https://hub.vitkit-test.invalid", HF_HOME=str(tmp_path / "hf"),
                HF_DATASETS_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "hf:mydata", "--runs-dir",
-                           str(tmp_path / "runs"), "--no-progress"], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = forks.run("train", "--dataset", "hf:mydata", "--runs-dir", tmp_path / "runs", "--no-progress", env=env,
+                     timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "the Hub cannot be reached" in proc.stderr and "nor is there a folder mydata here" in proc.stderr
 
