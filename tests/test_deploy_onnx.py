@@ -481,7 +481,7 @@ print("RESULT", served.runtime, float((got - expected).abs().max()), "onnxscript
 
 
 def test_an_export_apart_that_fails_is_the_child_s_one_line(tmp_path):
-    from vitkit.deploy.apart import _how_it_ended, export_apart
+    from vitkit.deploy.apart import export_apart
 
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
     with pytest.raises(OnnxExportError, match="quantize must be one of int8, int8-static, not 'int4'"):
@@ -491,7 +491,12 @@ def test_an_export_apart_that_fails_is_the_child_s_one_line(tmp_path):
         export_apart(model, tmp_path / "m.onnx", "onnxruntime", calibration=tmp_path)
     with pytest.raises(ValueError, match="onnxruntime or openvino, not 'torch'"):
         export_apart(model, tmp_path / "m.onnx", "torch")
-    assert _how_it_ended(-9) == "the export process was killed by signal 9 before it said why (out of memory?)"
+    from vitkit.signals import how_it_ended
+
+    assert how_it_ended(-9, "the export process") == "the export process was killed by SIGKILL before it said why " \
+                                                     "(out of memory?)"
+    assert how_it_ended(-11, "it") == "it was killed by SIGSEGV before it said why"
+    assert how_it_ended(3, "it") == "it ended with exit code 3 before it said why"
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

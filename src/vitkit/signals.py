@@ -123,3 +123,15 @@ def _child_ended(signum: int, frame: Any) -> None:
     SIGCHLD that arrived just before the stop (an evaluation's worker ending) is still pending for
     Python, which reports a pending signal whose handler became SIG_DFL as an error with a traceback
     ("Signal 17 ignored due to race condition")."""
+
+
+def how_it_ended(code: int, who: str) -> str:
+    """Why a child process (``who``) failed without a word: the signal that killed it, by name, or
+    its exit code. SIGKILL is most often the kernel's out-of-memory killer, and says so."""
+    if code >= 0:
+        return f"{who} ended with exit code {code} before it said why"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"{who} was killed by {name} before it said why" + (" (out of memory?)" if -code == signal.SIGKILL else "")

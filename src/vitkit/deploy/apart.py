@@ -26,6 +26,7 @@ from torch import nn
 
 from ..files import PathLike, work_folder
 from ..models.serialize import save_pretrained
+from ..signals import how_it_ended
 from . import onnx_export, openvino
 from .onnx_export import OnnxExportError
 from .quantize import CalibrationSource, calibrates, calibration_images
@@ -54,7 +55,7 @@ def export_apart(model: nn.Module, path: PathLike, runtime: str, quantize: Optio
         code, said = _run_child([sys.executable, "-m", "vitkit.deploy.apart", str(saved), str(path), runtime,
                                  quantize or "", str(images or "")])
         if code != 0:
-            raise OnnxExportError(said or _how_it_ended(code))
+            raise OnnxExportError(said or how_it_ended(code, "the export process"))
     return path
 
 
@@ -88,12 +89,6 @@ def _end_group(child: subprocess.Popen) -> None:
             child.poll()  # the child reaped: its zombie would keep the group alive
             os.killpg(child.pid, 0)
             time.sleep(0.05)
-
-
-def _how_it_ended(code: int) -> str:
-    """A child that failed without a word (killed: out of memory?)."""
-    how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
-    return f"the export process {how} before it said why (out of memory?)"
 
 
 def _export_here(saved: str, path: str, runtime: str, quantize: str, images: str) -> None:

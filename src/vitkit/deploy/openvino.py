@@ -23,9 +23,7 @@ OpenVINO's throughput streams, as vitkit's PyTorch inference splits a batch over
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -40,6 +38,7 @@ from ..extras import first_line, require
 from ..files import DiskFull, PathLike, is_disk_full, work_folder
 from ..parallel import parts
 from ..progress import working
+from ..signals import how_it_ended
 from . import openvino_int8
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .openvino_int8 import no_telemetry, quiet, silenced
@@ -132,12 +131,8 @@ _CHILD = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0]
 def _child_failure(code: int, stderr: str) -> str:
     """Why the quantizing process failed: its error's line, or the signal that killed it without one
     (a segfault inside OpenVINO said nothing, and an earlier warning passed for the reason)."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"its process was killed by {signal.Signals(-code).name} before it said why"
-        return f"its process was killed by signal {-code} before it said why"
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else f"its process ended with exit code {code} before it said why"
+    return lines[-1] if lines and code > 0 else how_it_ended(code, "its process")
 
 
 def _batches(images: torch.Tensor, config: Any, batch_size: int):
