@@ -7,8 +7,9 @@ that on Zen 3), and the suite starts about a hundred of them. Each xdist worker 
 is still a process of its own (its own pid, signals, exit status, file descriptors, working folder
 and environment), so kill-and-resume tests and SIGTERM tests see what a user's process does.
 
-What a fork cannot change, the server fixes at its start: ``PYTHONHASHSEED=0`` (the bitwise resume
-tests ask for it) and the variables read at import (``OMP_NUM_THREADS``, matplotlib's). Tests of the
+What a fork cannot change: every child hashes with ``PYTHONHASHSEED=0`` (the bitwise resume tests ask
+for it), and what a library reads once at import (matplotlib's ``MPLCONFIGDIR``) is the server's. The
+thread count follows the child's own ``OMP_NUM_THREADS``, as in a new process. Tests of the
 interpreter's own start (``--help`` without torch, a broken pipe, the console entry point) start a
 plain process instead.
 """
@@ -69,7 +70,7 @@ class Forked:
         self.args = [str(a) for a in argv]
         self.returncode = None
         ours, theirs = [], []
-        for which in (stdout, stderr):
+        for fd, which in ((1, stdout), (2, stderr)):
             if which == subprocess.PIPE:
                 r, w = os.pipe()
                 ours.append(os.fdopen(r, "r" if text else "rb"))
@@ -77,7 +78,7 @@ class Forked:
             else:
                 ours.append(None)
                 theirs.append(os.open(os.devnull, os.O_WRONLY) if which == subprocess.DEVNULL
-                              else os.dup(sys.__stderr__.fileno() if which is None else which.fileno()))
+                              else os.dup(fd if which is None else which.fileno()))  # None: this process's
         self.stdout, self.stderr = ours
         stdin = os.open(os.devnull, os.O_RDONLY)
         request = {"argv": self.args, "env": dict(os.environ if env is None else env),
