@@ -148,15 +148,6 @@ class Forked:
         self.wait(None if timeout is None else max(0.0, timeout - (time.time() - start)))
         return tuple(said)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for f in (self.stdout, self.stderr):
-            if f is not None:
-                f.close()
-        self.wait()
-
 
 def popen(*argv, env=None, cwd=None, stdout=None, stderr=None, text=True, start_new_session=False) -> Forked:
     """``subprocess.Popen([python, -m, vitkit, *ARGV], ...)``, forked."""

@@ -46,8 +46,7 @@ def listing(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def cli(*argv, **kw):
-    return forks.run(*argv, **kw)
+cli = forks.run  # python -m vitkit ARGV, as a process of its own
 
 
 # ---------------------------------------------------------------- 1. the last good checkpoint is good

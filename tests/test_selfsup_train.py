@@ -25,8 +25,7 @@ SHORT = ["--max-steps", "30", "--log-every", "5", "--warmup-steps", "10", "--bat
          "--no-tensorboard", "--test-size", "500"]
 
 
-def cli(*args, env=None):
-    return forks.run(*args, env=env)
+cli = forks.run  # python -m vitkit ARGV, as a process of its own
 
 
 def rows(run):
