@@ -131,6 +131,11 @@ def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
     assert resolve_config("fmnist", lr=5e-6).min_lr == 1e-5  # the default floor, not chosen: held at the peak
     with pytest.raises(ValueError, match=r"freeze_blocks=2 needs --init WEIGHTS"):
         resolve_config("fmnist", freeze_blocks=2)
+    with pytest.raises(ValueError, match=r"init_interpolation='bilinear-aligned' needs --init WEIGHTS"):
+        resolve_config("fmnist", init_interpolation="bilinear-aligned")
+    with pytest.raises(ValueError, match=r"init_interpolation must be auto, bicubic, bilinear or bilinear-aligned, "
+                                         r"not 'zoom'"):
+        resolve_config("fmnist", init="x", init_interpolation="zoom")
     with pytest.raises(ValueError, match=r"epochs must be >= 0, not -1"):  # beside max_steps: stored all the same
         resolve_config("fmnist", max_steps=5, epochs=-1.0)
     # options the run would ignore: Adam's betas with SGD, SGD's momentum with AdamW, a stream's buffer in memory

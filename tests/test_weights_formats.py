@@ -95,6 +95,41 @@ def test_an_official_npz_at_another_size_is_resampled_as_timm_loads_it(tmp_path,
         assert max_diff(ref(x), ours(x)) <= 1e-5
 
 
+@pytest.mark.parametrize("side", [7, 3])  # the 4x4 table of 32 px up to 56 px and down to 24 px
+def test_bilinear_aligned_resamples_an_official_npz_as_the_official_code_does(side, tmp_path):
+    """vit_jax's own loader (checkpoint.py) resizes the table with ``scipy.ndimage.zoom(grid, zoom, order=1)``:
+    the corner embeddings stay the corners'. ``interpolation="bilinear-aligned"`` gives that table, from
+    from_pretrained and from `vitkit train --init`; the default (timm's loader, above) aligns no corners."""
+    ndimage = pytest.importorskip("scipy.ndimage")
+    from vitkit.train.init import model_from_init
+
+    arrays = official_arrays(tiny(depth=1, gelu="tanh"))
+    np.savez(tmp_path / "official.npz", **arrays)
+    table = arrays["Transformer/posembed_input/pos_embedding"]
+    grid = table[0, 1:].reshape(4, 4, -1)
+    zoomed = ndimage.zoom(grid, (side / 4, side / 4, 1), order=1).reshape(1, side * side, -1)
+    want = torch.from_numpy(np.concatenate([table[:, :1], zoomed], axis=1))
+    aligned = vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side, interpolation="bilinear-aligned")
+    assert max_diff(aligned.pos_embed.detach(), want) <= 1e-6
+    data = dict(img_size=(8 * side, 8 * side), in_chans=3, num_classes=5, label_names=None)
+    trained_from = model_from_init(str(tmp_path / "official.npz"), data, {}, "keep", log=lambda _: None,
+                                   interpolation="bilinear-aligned")
+    assert max_diff(trained_from.pos_embed.detach(), want) <= 1e-6
+    timms = vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side)
+    assert max_diff(timms.pos_embed.detach(), want) > 1e-2  # a different table: the choice matters
+    with pytest.raises(ValueError, match="interpolation must be one of bicubic, bilinear, nearest, bilinear-aligned, "
+                                         "not 'zoom'"):
+        vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side, interpolation="zoom")
+
+
+def test_the_init_interpolation_choices_are_what_loading_takes():
+    from vitkit.train.config import CHOICES
+    from vitkit.weights.load import LOAD_INTERPOLATIONS
+
+    # restated in the config so the CLI parses without torch: all but nearest, and auto (the library's own)
+    assert CHOICES["init_interpolation"] == ("auto", *(m for m in LOAD_INTERPOLATIONS if m != "nearest"))
+
+
 def test_a_big_vision_siglip_npz_at_384_keeps_timms_crop(tmp_path):
     """timm evaluates big_vision's SigLIP towers on the centre 90% at every size (the official ViTs' 384 px
     rule above is not theirs)."""

@@ -162,8 +162,8 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     comments = field_comments(TrainConfig)
     # pre-training starts from no weights: what fine-tunes a part of --init weights has nothing to act on
-    hidden = set(LABEL_FIELDS) | {"init_head", "alpha", "tau", "mixup_switch_prob", "finetune", "lora_rank",
-                                  "lora_alpha", "lora_targets", "freeze_blocks"} if pretrain else \
+    hidden = set(LABEL_FIELDS) | {"init_head", "init_interpolation", "alpha", "tau", "mixup_switch_prob", "finetune",
+                                  "lora_rank", "lora_alpha", "lora_targets", "freeze_blocks"} if pretrain else \
         set(OBJECTIVE_OPTIONS) | {"fewshot"}
     for name, f in _train_fields().items():
         if name in hidden:

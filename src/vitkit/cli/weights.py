@@ -185,9 +185,10 @@ def add_convert(verb) -> None:
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
-    p.add_argument("--interpolation", choices=["bicubic", "bilinear"],
+    p.add_argument("--interpolation", choices=["bicubic", "bilinear", "bilinear-aligned"],
                    help="how a position table of another size is resampled (default: as the weights' library "
-                        "does: bicubic; FlexiViT's bilinear)")
+                        "does: bicubic; FlexiViT's and the official .npz files' bilinear; bilinear-aligned: the "
+                        "official vit_jax code's, corners aligned)")
     p.set_defaults(func=cmd_convert)
 
 

@@ -96,6 +96,10 @@ class TrainConfig:
     init: Optional[str] = None
     #: "new": drop pre-logits and head for a zero-initialised head (the paper); "keep".
     init_head: str = "new"
+    #: How the --init position table is resampled to another grid: auto (as the weights' library does:
+    #: timm's bicubic, its bilinear for the official .npz files), bicubic, bilinear, or bilinear-aligned (the
+    #: official vit_jax code's scipy zoom: the corners aligned).
+    init_interpolation: str = "auto"
     #: What fine-tuning trains (with --init): full (everything), lora (low-rank adapters on the
     #: blocks' linear layers, through peft; merged into the weights when the model is saved),
     #: bitfit (the biases) or head (the classifier alone); the new head always trains.
@@ -278,6 +282,9 @@ class TrainConfig:
             problems.append(f"epochs must be >= 0, not {_show(self.epochs)}")
         if self.finetune in CHOICES["finetune"] and self.finetune != "full" and not self.init:
             problems.append(f"finetune={self.finetune!r} needs --init WEIGHTS (it trains a part of existing weights)")
+        if self.init_interpolation in CHOICES["init_interpolation"][1:] and not self.init:
+            problems.append(f"init_interpolation={self.init_interpolation!r} needs --init WEIGHTS (it resamples their "
+                            f"position table)")
         if self.freeze_blocks and not self.init:
             problems.append(f"freeze_blocks={self.freeze_blocks} needs --init WEIGHTS (it freezes the first blocks of "
                             f"existing weights)")

@@ -36,11 +36,12 @@ FREE_WITH_INIT = ("attn_impl", "dynamic_img_size", "pos_embed_interpolation", "p
 
 
 def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str, Any],
-                    head: str = "new", log=print) -> nn.Module:
+                    head: str = "new", log=print, interpolation: str = "auto") -> nn.Module:
     """A model shaped for the new data, holding the weights of ``source``.
 
     ``data_args``: img_size, in_chans, num_classes, label_names of the new data.
     ``model_args``: the run's ViTConfig overrides (e.g. drop_path_rate).
+    ``interpolation``: how a position table of another grid is resampled (``auto``: as the weights' library does).
     """
     if head not in HEAD_MODES:
         raise ValueError(f"init_head must be one of {HEAD_MODES}, not {head!r}")
@@ -73,8 +74,9 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     exclude = (*(f"{name}." for name in model.head_names()), "pre_logits.") if head == "new" else ()
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
-        # the position table resampled as the source's library resamples it (as from_pretrained does)
-        report = load_into(model, src, strict=True, exclude=exclude)
+        # the position table resampled as the source's library resamples it (as from_pretrained does), or as named
+        report = load_into(model, src, strict=True, exclude=exclude,
+                           interpolation=None if interpolation == "auto" else interpolation)
     if head == "new":
         model.reset_classifier(config.num_classes)
     log(f"initialised from {source} ({report.format}); head: {head}"

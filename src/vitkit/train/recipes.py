@@ -60,7 +60,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
                        "clip_grad": 1.0, "lr": 1e-3, "min_lr": 0.0, "crop_pad": 0, "hflip": True,
                        "model_args": {"representation_size": "width", "drop_rate": 0.1}},
     # `vitkit train --recipe paper-finetune --init ViT-B_16.npz --dataset folder --data-dir photos/
-    # --img-size 384` (docs/datasets.md).
+    # --img-size 384 --init-interpolation bilinear-aligned` (docs/datasets.md: the official code's resizing
+    # of the position table; a recipe cannot hold it, as it needs --init).
     # Cost and result: not measured.
     # The paper's fine-tuning: SGD momentum 0.9, batch 512, cosine, no weight decay, clip 1.
     "paper-finetune": {"optimizer": "sgd", "momentum": 0.9, "batch_size": 512, "weight_decay": 0.0,

@@ -81,7 +81,8 @@ class Classification:
             model = build_from_config(config_from_dict(saved_init))
             log(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-            model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head, log=log)
+            model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head, log=log,
+                                    interpolation=cfg.init_interpolation)
         if cfg.init:
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]

@@ -31,9 +31,10 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
 
     ``source``: a file (.safetensors, .pth/.bin, .npz), a folder (vitkit, Hugging Face or timm
     hub layout), or an in-memory state dict. The layout is detected from key names. A
-    different patch grid or patch size is resampled (``interpolation`` 'bicubic' or 'bilinear', ``antialias``;
-    by default as the weights' library does: timm's bicubic with antialiasing, FlexiViT's bilinear without, a
-    model's ``pos_embed_antialias``). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
+    different patch grid or patch size is resampled (``interpolation`` 'bicubic', 'bilinear' or 'bilinear-aligned':
+    the official vit_jax code's, corners aligned; ``antialias``; by default as the weights' library does: timm's
+    bicubic with antialiasing, its bilinear without for FlexiViT and the official .npz files, a model's
+    ``pos_embed_antialias``). ``exclude``: name prefixes to skip, e.g. ``('head.',)``.
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
     every shape mismatch, and a source whose own config describes another architecture than the
     model's (its heads, eps, activation, blocks; said as an :class:`AdaptNote` when not ``strict``);

@@ -17,7 +17,7 @@ from torch import nn
 from ..files import PathLike
 from ..models import family_of_state_dict, positions
 from ..models.features import FeatureModel
-from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
+from ..models.layers import INTERPOLATIONS, adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
@@ -512,6 +512,12 @@ def _names(names: List[str], limit: int = 20) -> str:
 #: timm's RADIO v3 weights whose table its loader resamples with the corners aligned
 RADIO_ALIGN_CORNERS = ("base_patch16_radio_v3", "huge_patch16_radio_v3")
 
+#: the ``interpolation`` a caller may name while loading. ``bilinear-aligned`` is the official vit_jax code's
+#: resampling of a position table: ``scipy.ndimage.zoom(grid, zoom, order=1)`` keeps the corner embeddings at the
+#: corners (bilinear with the corners aligned, no antialiasing), where timm's loader of the same files does not
+#: align them; patch filters of another size are then resampled bilinearly.
+LOAD_INTERPOLATIONS = (*INTERPOLATIONS, "bilinear-aligned")
+
 
 def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: Optional[bool],
                     source_format: Optional[str] = None) -> Tuple[str, bool, bool]:
@@ -519,8 +525,13 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     say: as the weights' library loads them. timm: bicubic, antialiased, but FlexiViT's and RADIO's bilinear without
     (its ``checkpoint_filter_fn`` for ``flexi*`` and ``*radio*``, RADIO v3 base and huge with the corners aligned;
     bicubic was 4e-4 to 0.13 off timm's FlexiViT, 0.2 off its RADIO), and the official npz files' bilinear without
-    (timm's ``_load_weights``; the official code resizes bilinearly); a transformers tower's antialiasing is its
-    config's (none for CLIP's and DINOv2's). Returns (interpolation, antialias, align_corners)."""
+    (timm's ``_load_weights``; the official vit_jax code's ``bilinear-aligned`` differs from it by up to a third of
+    a smooth table's spread: named, it is used); a transformers tower's antialiasing is its config's (none for CLIP's
+    and DINOv2's). Returns (interpolation, antialias, align_corners)."""
+    if interpolation is not None and interpolation not in LOAD_INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {', '.join(LOAD_INTERPOLATIONS)}, not {interpolation!r}")
+    if interpolation == "bilinear-aligned":  # scipy's zoom: no antialiasing, whichever way the grid changes
+        return "bilinear", bool(antialias), True
     config = getattr(model, "config", None)
     name = str(getattr(config, "name", None) or "")
     timm_bilinear = "flexi" in name or "radio" in name or source_format in ("npz", "big_vision")

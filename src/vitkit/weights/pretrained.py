@@ -299,7 +299,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
     from the source. Overrides change the configuration: ``img_size=384`` resamples the
-    position embeddings; a new ``num_classes`` keeps a fresh zero-initialised head;
+    position embeddings (as the weights' library resamples them, or by ``interpolation``: 'bicubic', 'bilinear',
+    or 'bilinear-aligned', the official vit_jax code's); a new ``num_classes`` keeps a fresh zero-initialised head;
     ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation).
 
     A pre-training model (a vitkit pre-training run, Hugging Face ``ViTForMaskedImageModeling``
