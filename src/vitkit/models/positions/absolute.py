@@ -21,8 +21,9 @@ def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation
     """Resample a (1, gh, gw, D) grid of embeddings to (1, H', W', D).
 
     ``bicubic`` with ``antialias=True`` is timm's default (DeiT, timm checkpoints);
-    the official JAX code resizes bilinearly; Hugging Face uses bicubic without antialias.
-    ``align_corners``: the corner embeddings stay the corners' (timm's loader for RADIO v3 base and huge).
+    the official JAX code resizes bilinearly with the corners aligned (scipy's zoom); Hugging Face uses bicubic
+    without antialias. ``align_corners``: the corner embeddings stay the corners' (that zoom; timm's loader for
+    RADIO v3 base and huge).
     """
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
