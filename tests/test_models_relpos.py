@@ -192,6 +192,29 @@ def test_a_timm_eva_folder_saved_at_another_width_loads_as_timm_builds_it(tmp_pa
         assert max_diff(ours(x), want) <= 1e-5 * max(1.0, want.abs().max().item())
 
 
+def test_vitkit_s_own_beit_at_a_non_square_size_keeps_its_grid_when_loaded_at_another(tmp_path, images):
+    """A 4x6 grid's tables have the rows of a 6x4 one: read off the saved config, not the row count (they were
+    reused transposed, 0.03-0.2 off)."""
+    import copy
+
+    model = randomize(vitkit.create_model("beit_base_patch16_224", depth=1, img_size=(64, 96)), scale=0.2)
+    model.save_pretrained(tmp_path / "beit")
+    resized = copy.deepcopy(model)
+    resized.set_input_size((96, 64))
+    x = images(2, 96, 64)
+    with torch.no_grad():
+        assert max_diff(resized(x), vitkit.from_pretrained(tmp_path / "beit", img_size=(96, 64))(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "vit_relpos_medium_patch16_cls_224"])
+def test_a_relative_bias_too_large_to_index_is_refused_by_its_memory(name):
+    """4,096 px at patch 16: 65,537 tokens, whose index alone is 32 GiB (torch's allocation error before)."""
+    with pytest.raises(ValueError, match=r"65,537 tokens: its 65,537 x 65,537 index of bias rows would take 32 GiB"):
+        vitkit.create_model(name, img_size=4096, depth=1)
+    with torch.device("meta"):
+        assert vitkit.create_model(name, img_size=2048, depth=1).config.img_size == (2048, 2048)
+
+
 def test_it_trains_without_weight_decay_on_its_tables():
     model = ours().train()
     names = model.no_weight_decay()

@@ -122,6 +122,21 @@ def test_bilinear_aligned_resamples_an_official_npz_as_the_official_code_does(si
         vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side, interpolation="zoom")
 
 
+def test_bilinear_aligned_resamples_the_2d_tables_too(tmp_path):
+    """The paper's row and column tables (``pos_embed="learned_2d"``) take the named resampling as the 1D table does
+    (bilinear-aligned was dropped to plain bilinear for them)."""
+    import torch.nn.functional as F
+
+    model = tiny(pos_embed="learned_2d", depth=1)
+    model.save_pretrained(tmp_path / "m")
+    ours = vitkit.from_pretrained(tmp_path / "m", img_size=56, interpolation="bilinear-aligned")
+    for key, axis in (("pos_embed_row", 2), ("pos_embed_col", 3)):
+        table = getattr(model, key).detach()  # (1, 4, D/2)
+        grid = table.permute(0, 2, 1).unsqueeze(5 - axis)  # a 4x1 or 1x4 image of D/2 channels
+        want = F.interpolate(grid, size=(7, 1) if axis == 2 else (1, 7), mode="bilinear", align_corners=True)
+        assert max_diff(getattr(ours, key).detach(), want.squeeze(5 - axis).permute(0, 2, 1)) <= 1e-6
+
+
 def test_the_init_interpolation_choices_are_what_loading_takes():
     from vitkit.train.config import CHOICES
     from vitkit.weights.load import LOAD_INTERPOLATIONS

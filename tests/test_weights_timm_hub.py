@@ -22,6 +22,42 @@ def _saved(tmp_path, name, **kw):
     return ref, folder
 
 
+@pytest.mark.parametrize("name, saved_at, loaded_at", [
+    ("vit_small_patch16_224", (32, 128), (64, 64)),   # a 2x8 table is no 4x4 one, though both have 16 patches
+    ("vit_small_patch16_224", (64, 96), (96, 64)),    # a 4x6 table is no 6x4 one (the model's slot count)
+    ("deit3_small_patch16_224", (64, 144), (64, 64)),  # patches only: 4x9
+    ("beit_base_patch16_224", (32, 224), (80, 80)),   # a per-layer relative-bias table of a 2x14 grid
+])
+def test_a_hub_folder_saved_at_a_non_square_size_is_resampled_from_its_own_grid(tmp_path, name, saved_at,
+                                                                                 loaded_at, images):
+    """The grid a table was made for is the one its config.json names, as timm's ``set_input_size`` resizes that
+    model; the slot count alone was read as a square grid, or as the model's own (max |difference| 0.02-2)."""
+    import copy
+
+    ref, folder = _saved(tmp_path, name, depth=1, img_size=saved_at)
+    resized = copy.deepcopy(ref)
+    resized.set_input_size(img_size=loaded_at)
+    ours = vitkit.from_pretrained(folder, img_size=loaded_at)
+    x = images(2, *loaded_at)
+    with torch.no_grad():
+        want = resized(x)
+        assert max_diff(want, ours(x)) <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_a_position_table_cut_short_of_its_config_is_refused(tmp_path):
+    """A 2x8 grid with a class slot is 17 slots: 16 were read as a table without a class slot, and every patch
+    took its neighbour's position in silence."""
+    from safetensors.torch import load_file, save_file
+
+    _, folder = _saved(tmp_path, "vit_small_patch16_224", depth=1, img_size=(32, 128))
+    tensors = load_file(folder / "model.safetensors")
+    tensors["pos_embed"] = tensors["pos_embed"][:, 1:].contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(WeightsError, match=r"pos_embed has 16 slots where the weights' own config \(2x8 patches, 1 "
+                                           r"prefix slot\(s\)\) needs 17: the table was cut"):
+        vitkit.from_pretrained(folder)
+
+
 @pytest.mark.parametrize("name, kw", [
     ("vit_little_patch16_reg4_gap_256", dict(depth=2, img_size=64, num_classes=7)),
     ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),

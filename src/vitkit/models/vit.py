@@ -63,6 +63,10 @@ POS_EMBEDS = tuple(positions.KINDS)
 #: Registers past this many are a typo (the papers use 1 to 16).
 MAX_REGISTERS = 256
 
+#: the most patches a relative position bias is built for (a 128 x 128 grid: 2,048 px at patch 16): its (N, N)
+#: index of table rows (int64) takes 2 GiB there; more ended in an allocation error (64 GiB at 4,096 px)
+MAX_RELATIVE_PATCHES = 16_384
+
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -200,12 +204,29 @@ class ViTConfig(TokenConfig):
             if self.distill_token or self.representation_size:
                 problems.append("global_pool='map' has its own head: no distill_token or representation_size")
         problems += self._later_block_problems()
+        problems += self._relative_size_problems()
         if self.backbone is not None and (problem := embedding_problem(self.backbone, self.embed_dim,
                                                                          self.patch_size)):
             problems.append(problem)
         if self.block == "res_post" and self.init_values is not None and not isinstance(self.init_values, (int, float)):
             problems.append(f"init_values must be a number, got {self.init_values!r}")
         return problems
+
+    def _relative_size_problems(self) -> List[str]:
+        """A relative position bias holds an (N, N) index over the N tokens: past MAX_RELATIVE_PATCHES, said as its
+        memory rather than met as torch's allocation error."""
+        sizes = (*self.img_size, *self.patch_size)
+        if self.pos_embed not in ("relative", "relative_mlp") or self.backbone is not None or \
+                not all(_is_count(v) and v > 0 for v in sizes) or not _is_count(self.reg_tokens):
+            return []
+        patches = (self.img_size[0] // self.patch_size[0]) * (self.img_size[1] // self.patch_size[1])
+        if patches <= MAX_RELATIVE_PATCHES:
+            return []
+        tokens = patches + self.num_prefix_tokens
+        return [f"pos_embed={self.pos_embed!r} at {self.img_size[0]}x{self.img_size[1]} px is {tokens:,} tokens: its "
+                f"{tokens:,} x {tokens:,} index of bias rows would take {tokens * tokens * 8 / 2 ** 30:,.0f} GiB "
+                f"(vitkit builds it for up to {MAX_RELATIVE_PATCHES:,} patches, a 128 x 128 grid: 2,048 px at "
+                f"patch 16)"]
 
     def _later_block_problems(self) -> List[str]:
         """The combinations of differential attention and the parallel block that timm's layouts have."""

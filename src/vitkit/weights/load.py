@@ -289,6 +289,36 @@ def _metadata_json(path: Path, text: str) -> Dict[str, Any]:
     return data
 
 
+def stored_table(src: Source) -> Dict[str, Any]:
+    """The grid and prefix slots of the position table a source's own config describes (a vitkit or a timm hub
+    config.json), read off that model built on the meta device: a table of another length was cut or mixed
+    with other weights, and a table of a 4x6 grid is not read as one of 6x4 or of a square. Empty where no
+    config says (bare tensors: their shapes are read as before) or where the config does not build (its own
+    check says why)."""
+    cj = src.config_json or {}
+    from ..models import build_from_config, config_from_dict
+
+    try:
+        if src.pretraining:
+            return {}
+        if src.format == "vitkit" and isinstance(cj.get("config"), dict):
+            config = config_from_dict(cj["config"])
+        elif src.format == "timm" and "architecture" in cj:
+            config = timm_format.config_from_hub(cj, src.tensors)
+        else:
+            return {}
+        with torch.device("meta"):
+            stored = build_from_config(config)
+    except (ValueError, TypeError, KeyError):  # WeightsError is a ValueError
+        return {}
+    if getattr(stored, "pos_embed_kind", None) is None:
+        return {}  # a CNN: no positions
+    facts: Dict[str, Any] = {"grid": tuple(stored.patch_embed.grid_size)}
+    if getattr(stored, "pos_embed", None) is not None:
+        facts["pos_slots"] = stored.pos_embed_prefix_tokens
+    return facts
+
+
 def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """Source tensors in vitkit names, plus facts (source grid, layout) for adaptation. Of a
     pre-training model, its encoder's (what fine-tuning, evaluation and inspection load)."""
@@ -346,6 +376,12 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
         area = grid[0] * grid[1]
         if src_grid is not None:
             src_prefix = n - src_grid[0] * src_grid[1]
+            slots = facts.get("pos_slots")
+            if slots is not None and src_prefix != slots:
+                raise WeightsError(f"pos_embed has {n} slots where the weights' own config ({src_grid[0]}x"
+                                   f"{src_grid[1]} patches, {slots} prefix slot(s)) needs "
+                                   f"{slots + src_grid[0] * src_grid[1]}: the table was cut, or the config edited "
+                                   f"or mixed with other weights")
         elif facts.get("pos_has_class_slot") is False:
             src_prefix = 0
         elif n in (prefix + area, area):  # the model's own grid, with or without prefix slots
@@ -380,7 +416,8 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
                                     f"({interpolation}{', corners aligned' if aligned else ''})")
         sd["pos_embed"] = pos
-    report.resampled.extend(positions.fit_state_dict(sd, model, interpolation, antialias))
+    fit = positions.StateFit(interpolation, antialias, aligned, facts.get("grid"))
+    report.resampled.extend(positions.fit_state_dict(sd, model, fit))
 
 
 def _first_conv(model: nn.Module) -> Optional[str]:
@@ -565,6 +602,7 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
         return _load_pretrainer(model, src, strict, interpolation, antialias)
     interpolation, antialias, aligned = load_resampling(model, interpolation, antialias, src.format)
     sd, facts = to_native(src)
+    facts = {**stored_table(src), **facts}
     report = LoadReport(src.format)
     _adapt_pos_embed(sd, model, facts, interpolation, antialias, report, aligned)
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))

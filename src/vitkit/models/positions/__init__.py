@@ -90,12 +90,14 @@ def _2d_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> None:
     model.pos_embed_col = nn.Parameter(torch.zeros(1, grid[1], dim // 2))
 
 
-def _resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str, antialias: bool) -> torch.Tensor:
+def _resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str, antialias: bool,
+                   align_corners: bool = False) -> torch.Tensor:
     """A (1, n, D') row (axis 0) or column (axis 1) table resampled to ``size`` entries."""
     if table.shape[1] == size:
         return table
     grid = table.unsqueeze(2 if axis == 0 else 1)
-    out = resample_pos_embed_grid(grid, (size, 1) if axis == 0 else (1, size), interpolation, antialias)
+    out = resample_pos_embed_grid(grid, (size, 1) if axis == 0 else (1, size), interpolation, antialias,
+                                  align_corners)
     return out.squeeze(2 if axis == 0 else 1)
 
 
@@ -117,13 +119,12 @@ def _2d_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     model.pos_embed_row, model.pos_embed_col = nn.Parameter(row.detach()), nn.Parameter(col.detach())
 
 
-def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, interpolation: str,
-                  antialias: bool) -> List[str]:
+def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
     notes = []
     for axis, key in enumerate(("pos_embed_row", "pos_embed_col")):
         if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
-            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]}")
-            sd[key] = _resample_axis(sd[key], axis, grid[axis], interpolation, antialias)
+            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} ({fit.said})")
+            sd[key] = _resample_axis(sd[key], axis, grid[axis], fit.interpolation, fit.antialias, fit.align_corners)
     return notes
 
 
@@ -200,9 +201,16 @@ def square_table_side(offsets: int) -> Optional[int]:
     return side if offsets > 0 and (2 * side - 1) ** 2 == offsets else None
 
 
-def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
-    """The grid a stored table of ``rows`` rows was made for: the model's, else a square one."""
+def _relative_source_grid(rows: int, grid: IntPair, prefix: int, stored: Optional[IntPair] = None) -> IntPair:
+    """The grid a stored table of ``rows`` rows was made for: the one the weights' config names (``stored``), else
+    the model's, else a square one (a 4x6 grid's table has the rows of a 6x4 one: only a config tells them apart)."""
     offsets = rows - 3 * prefix
+    if stored is not None:
+        if offsets == (2 * stored[0] - 1) * (2 * stored[1] - 1):
+            return tuple(stored)
+        raise ValueError(f"a relative-bias table of {rows} rows does not fit the {stored[0]}x{stored[1]} grid the "
+                         f"weights' config names ({(2 * stored[0] - 1) * (2 * stored[1] - 1) + 3 * prefix} rows with "
+                         f"{prefix} prefix token(s)): the table or the config was changed")
     if offsets == (2 * grid[0] - 1) * (2 * grid[1] - 1):
         return tuple(grid)
     side = square_table_side(offsets)
@@ -213,13 +221,12 @@ def _relative_source_grid(rows: int, grid: IntPair, prefix: int) -> IntPair:
                      f"(the model's {grid[0]}x{grid[1]} grid needs {need})")
 
 
-def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, interpolation: str,
-                        antialias: bool) -> List[str]:
+def _relative_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
     prefix, resized, source = model.num_prefix_tokens, 0, None
     for key in [k for k in sd if k.endswith(RELATIVE_LEAF)]:
         if sd[key].dim() != 2:
             continue  # the loader's shape check names it
-        source = _relative_source_grid(sd[key].shape[0], grid, prefix)
+        source = _relative_source_grid(sd[key].shape[0], grid, prefix, fit.source_grid)
         if source != tuple(grid):
             sd[key] = resize_relative_table(sd[key], source, grid, prefix, model.config.rel_pos_resize)
             resized += 1
@@ -242,6 +249,22 @@ def _no_notes(*args) -> List[str]:
 
 
 @dataclass(frozen=True)
+class StateFit:
+    """How a loaded state dict's position parameters meet the model's grid: the resampling the loader chose
+    (as the weights' library resamples, or as the caller named) and the grid the weights were made for, where
+    their config names it (a table's size alone does not tell a 4x6 grid from a 6x4 one)."""
+
+    interpolation: str = "bicubic"
+    antialias: bool = True
+    align_corners: bool = False
+    source_grid: Optional[IntPair] = None
+
+    @property
+    def said(self) -> str:
+        return self.interpolation + (", corners aligned" if self.align_corners else "")
+
+
+@dataclass(frozen=True)
 class PosEmbedKind:
     """The functions of one position-embedding kind (see the module notes)."""
 
@@ -253,10 +276,10 @@ class PosEmbedKind:
     resample: Callable[[nn.Module, IntPair, IntPair], None]
     #: the width the kind needs: D is divisible by this
     width_multiple: int = 1
-    #: (state dict, model, model grid, interpolation, antialias) -> notes: fit a loaded state
-    #: dict's parameters of this kind to the model's grid in place (the learned table, which every
-    #: foreign layout stores, is fitted by the loader itself: it also infers prefix slots)
-    fit_state: Callable[[Dict[str, torch.Tensor], nn.Module, IntPair, str, bool], List[str]] = _no_notes
+    #: (state dict, model, model grid, StateFit) -> notes: fit a loaded state dict's parameters of
+    #: this kind to the model's grid in place (the learned table, which every foreign layout stores,
+    #: is fitted by the loader itself: it also infers prefix slots)
+    fit_state: Callable[[Dict[str, torch.Tensor], nn.Module, IntPair, StateFit], List[str]] = _no_notes
     #: (model) -> None: create the parts that live in the blocks, once they exist
     attach: Callable[[nn.Module], None] = _nothing
 
@@ -371,16 +394,15 @@ def full_table(model: nn.Module) -> Optional[torch.Tensor]:
     return torch.cat([prefix, patches.detach()], dim=1)
 
 
-def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, interpolation: str, antialias: bool) -> List[str]:
+def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, fit: StateFit) -> List[str]:
     """Fit the state dict's parameters of the model's kind (other than the learned table) to the
     model's grid; returns what was resampled."""
-    return KINDS[model.pos_embed_kind].fit_state(sd, model, tuple(model.patch_embed.grid_size), interpolation,
-                                                 antialias)
+    return KINDS[model.pos_embed_kind].fit_state(sd, model, tuple(model.patch_embed.grid_size), fit)
 
 
 __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_grid", "resample_pos_embed",
            "sincos_2d_pos_embed", "relative_position_index", "resize_relative_table", "RELATIVE_RESIZES",
-           "square_table_side",
+           "square_table_side", "StateFit",
            "RelativeBiasTable",
            "RelativePositionBias", "relative_log_coords", "RelativePositionMlp", "Rope", "rotate_pairs", "apply_rope",
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
