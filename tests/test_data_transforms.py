@@ -76,6 +76,44 @@ def test_one_decoder_scales_16_bit_and_composites_alpha(tmp_path):
         load_image(tmp_path / "missing.png")
 
 
+def test_a_transparent_16_bit_grey_level_and_a_lab_image_decode_as_their_8_bit_and_rgb_forms(tmp_path):
+    """A 16-bit PNG's transparent grey (tRNS) is composited on white as an 8-bit one is (it was dropped); a LAB
+    image reads as grey through RGB (Pillow converts LAB to RGB only: a grey model refused it)."""
+    deep = np.full((8, 8), 100 * 257, dtype=np.uint16)
+    deep[2:6, 2:6] = 230 * 257
+    Image.fromarray(deep).save(tmp_path / "t16.png", transparency=230 * 257)
+    assert Image.open(tmp_path / "t16.png").info.get("transparency") == 230 * 257
+    Image.fromarray((deep // 257).astype(np.uint8)).save(tmp_path / "t8.png", transparency=230)
+    for channels in (1, 3):
+        eight = np.asarray(decode_image(tmp_path / "t8.png", channels))
+        assert eight[3, 3].min() == 255 and eight[0, 0].max() == 100
+        assert np.array_equal(np.asarray(decode_image(tmp_path / "t16.png", channels)), eight)
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    lab = rgb.convert("LAB")
+    lab.save(tmp_path / "lab.tif")
+    assert np.array_equal(np.asarray(decode_image(tmp_path / "lab.tif", 1)),
+                          np.asarray(lab.convert("RGB").convert("L")))
+
+
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_the_transform_of_a_pil_image_converts_its_mode_as_preprocess_does(in_chans):
+    """``transform_for(model)(image)`` took a palette's indices for grey levels, a 16-bit image's raw values, and
+    an RGBA image's four channels; it reads every mode as ``preprocess`` (and a decoded file) does."""
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, in_chans=in_chans)
+    transform = vitkit.transform_for(model)
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8))
+    rgba = np.dstack([np.asarray(rgb), rng.integers(0, 256, (40, 36), dtype=np.uint8)])
+    images = {"P": rgb.convert("P"), "I;16": Image.fromarray(rng.integers(0, 65536, (40, 36), dtype=np.uint16)),
+              "1": rgb.convert("1"), "RGBA": Image.fromarray(rgba, "RGBA"), "LA": rgb.convert("LA"),
+              "L": rgb.convert("L"), "RGB": rgb}
+    for mode, im in images.items():
+        assert im.mode == mode
+        x = transform(im)
+        assert x.shape == (in_chans, 32, 32), mode
+        assert torch.equal(x, preprocess(model, im)[0]), mode
+
+
 def test_predict_sees_the_pixels_that_folder_validation_sees(tmp_path):
     """The 16-bit file that `vitkit predict` once clipped to white: the same tensor on both paths."""
     import vitkit

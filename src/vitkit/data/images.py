@@ -56,7 +56,8 @@ def _reason(error: BaseException) -> str:
 
 
 def _high_depth_to_l(im: Image.Image) -> Image.Image:
-    """16/32-bit integer or float grey -> 8-bit L, scaled (Pillow's convert would clip at 255)."""
+    """16/32-bit integer or float grey -> 8-bit L, scaled (Pillow's convert would clip at 255); a transparent
+    grey level (a 16-bit PNG's tRNS) composited on white, as an 8-bit one is."""
     arr = np.asarray(im)
     if im.mode == "F":
         arr = arr * 255.0 if arr.size and np.nanmax(arr) <= 1.0 else arr
@@ -67,6 +68,9 @@ def _high_depth_to_l(im: Image.Image) -> Image.Image:
             out = (np.clip(arr, 0, 65535) * 255 + 32767) // 65535
         else:
             out = np.clip(arr, 0, 255)
+        clear = im.info.get("transparency")
+        if isinstance(clear, int) and not isinstance(clear, bool):
+            out[arr == clear] = 255
     return Image.fromarray(out.astype(np.uint8), "L")
 
 
@@ -79,7 +83,13 @@ def to_rgb(im: Image.Image, channels: int = 3) -> Image.Image:
     if im.mode in _ALPHA_MODES or "transparency" in im.info:
         im = im.convert("RGBA")
         im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im)
-    return im.convert("L" if channels == 1 else "RGB")
+    want = "L" if channels == 1 else "RGB"
+    try:
+        return im.convert(want)
+    except ValueError:  # a colour space Pillow converts to RGB only (LAB, HSV): its grey through RGB
+        if want == "RGB":
+            raise
+        return im.convert("RGB").convert(want)
 
 
 def decode_image(source: ImageSource, channels: int = 3, name: Optional[str] = None) -> Image.Image:

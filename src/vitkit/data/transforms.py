@@ -95,7 +95,12 @@ class EvalTransform:
         return im.resize(size, self.resample)
 
     def view(self, im: Image.Image) -> Image.Image:
-        """The pixels the model sees: resized, centre-cropped, before normalisation."""
+        """The pixels the model sees: in its channels (RGB or grey, converted as :func:`.images.to_rgb` converts a
+        decoded file: a palette, 16-bit grey or an alpha channel read as ``preprocess`` reads them), resized,
+        centre-cropped, before normalisation."""
+        channels = len(self.mean)
+        if channels in (1, 3) and im.mode != ("L" if channels == 1 else "RGB"):  # (other counts: as given)
+            im = to_rgb(im, channels)
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
@@ -137,9 +142,10 @@ def transform_for(model: Any) -> EvalTransform:
 
 
 def preprocess(model: Any, images: Union[ImageLike, Sequence[ImageLike]]) -> torch.Tensor:
-    """Image(s) -> the model's input batch (N, C, H, W), with its own preprocessing: decoded upright,
-    converted to its channels, resized and centre-cropped as its config says (``crop_pct``,
-    ``interpolation``, ``crop_mode``), normalised by its mean and std -- what ``vitkit predict`` feeds it.
+    """Image(s) -> the model's input batch (N, C, H, W), with its own preprocessing: decoded upright (a path
+    or bytes: their EXIF orientation applied; a PIL image is taken as it stands), converted to its channels,
+    resized and centre-cropped as its config says (``crop_pct``, ``interpolation``, ``crop_mode``), normalised
+    by its mean and std -- what ``vitkit predict`` feeds it.
 
     An image is a PIL image, a path, the bytes of a file, or an array (H, W) / (H, W, C) of uint8,
     or floats in [0, 1] (a tensor may also be (C, H, W)). One image gives a batch of one."""
