@@ -44,6 +44,26 @@ def test_a_hub_folder_saved_at_a_non_square_size_is_resampled_from_its_own_grid(
         assert max_diff(want, ours(x)) <= 1e-5 * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.parametrize("dropped", [("crop_pct",), ("mean", "std"), ("crop_pct", "mean", "std", "interpolation",
+                                                                    "crop_mode")])
+def test_a_hub_config_that_leaves_preprocessing_out_is_preprocessed_as_timm_loads_it(tmp_path, dropped):
+    """timm reads a folder's pretrained_cfg into its PretrainedCfg, whose defaults (crop 0.875, ImageNet's
+    statistics) fill what the file leaves out; vitkit took the architecture's (0.9, mean 0.5): up to 2.0 off."""
+    import numpy as np
+    from PIL import Image
+
+    _, folder = _saved(tmp_path, "vit_tiny_patch16_224", num_classes=5)
+    config = json.loads((folder / "config.json").read_text())
+    for key in dropped:
+        del config["pretrained_cfg"][key]
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs = timm.create_model(f"local-dir:{folder}")
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8))
+    ours = vitkit.preprocess(vitkit.from_pretrained(folder), image)[0]
+    assert torch.equal(ours, transform(image))
+
+
 def test_a_position_table_cut_short_of_its_config_is_refused(tmp_path):
     """A 2x8 grid with a class slot is 17 slots: 16 were read as a table without a class slot, and every patch
     took its neighbour's position in silence."""

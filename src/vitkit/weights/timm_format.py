@@ -151,6 +151,30 @@ def training_checkpoint_config(facts: Mapping[str, Any], sd: Mapping[str, Any]) 
     return {"architecture": facts["arch"], "num_classes": classes, "model_args": model_args, "pretrained_cfg": pre}
 
 
+#: what timm's ``PretrainedCfg`` holds where a hub ``config.json`` leaves a preprocessing field out: timm reads
+#: the file's pretrained_cfg into that dataclass, so its defaults, not the architecture's, fill the gap
+TIMM_CFG_DEFAULTS: Dict[str, Any] = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "crop_pct": 0.875,
+                                     "interpolation": "bicubic", "crop_mode": "center"}
+
+
+def with_timm_defaults(cfg: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A timm hub ``config.json`` (either form) with the preprocessing fields its pretrained_cfg leaves out filled
+    as timm fills them (:data:`TIMM_CFG_DEFAULTS`): without this such a folder was preprocessed with the
+    architecture's crop and statistics (0.9, mean 0.5) where timm uses 0.875 and ImageNet's. Any other config, or
+    one that says every field, as it is."""
+    if not isinstance(cfg, dict) or "architecture" not in cfg or cfg.get("model_type") is not None or \
+            cfg.get("format") == "vitkit":
+        return cfg
+    nested = "pretrained_cfg" in cfg
+    pre = cfg["pretrained_cfg"] if nested else cfg
+    if not isinstance(pre, dict):
+        return cfg  # said where it is read
+    missing = {k: v for k, v in TIMM_CFG_DEFAULTS.items() if k not in pre}
+    if not missing:
+        return cfg
+    return {**cfg, "pretrained_cfg": {**pre, **missing}} if nested else {**cfg, **missing}
+
+
 def _current_hub_form(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """timm 0.6's ``config.json`` (one dict: ``architecture`` beside the pretrained config's own keys,
     ``labels`` for the class names) in the current form, as timm's ``load_model_config_from_hf`` still
