@@ -194,8 +194,8 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
     (tmp_path / "photos" / "fifo.png").unlink()
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
-    assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff) in the folder " \
-                          f"{tmp_path / 'empty'}" in err, err
+    assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, .ppm, .pgm) in the " \
+                         f"folder {tmp_path / 'empty'}" in err, err
 
 
 def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tiny_weights, photo, tmp_path):

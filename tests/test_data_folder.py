@@ -74,6 +74,8 @@ def test_header_scan_skips_empty_and_non_images(collection, caplog):
     assert sorted(p.rsplit("/", 1)[-1] for p, _ in ds.skipped) == ["empty.png", "notes.jpg"]
     assert dict(ds.skipped)[str(collection / "cats" / "empty.png")].startswith("empty file")
     assert str(collection / "dogs" / "notes.jpg") in caplog.text and "empty.png" in caplog.text
+    # README.txt is no image by its name: left out, and said (once, with its kind)
+    assert f"left out 1 file(s) of {collection} without an image extension (.txt x1)" in caplog.text
     # The header check cannot see the truncation: the file is listed and fails when loaded.
     names = [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
     assert names == GOOD["cats"] + sorted(GOOD["dogs"] + ["truncated.jpg"])

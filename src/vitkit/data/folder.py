@@ -34,7 +34,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from PIL import Image
@@ -46,7 +46,8 @@ from .transforms import ImageShapeError
 
 logger = logging.getLogger("vitkit.data")
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: torchvision's ImageFolder's (with its .ppm and .pgm) and GIF
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 VERIFY_LEVELS = ("none", "header", "full")
 
 
@@ -159,6 +160,7 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
         hint = f" (it holds {loose} images directly: move them into a subfolder per class)" if loose else ""
         raise ValueError(f"no class subfolders in {root}: expected {root}/<class name>/<image file>{hint}")
     samples: List[Tuple[str, int]] = []
+    others: Dict[str, int] = {}  # the files left out, by extension: said once, not in silence
     for index, name in track(list(enumerate(classes)), f"listing {root}", enabled=progress, unit="classes"):
         found = 0
         for folder, files in _walk_once(root / name):
@@ -166,8 +168,16 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
                 if f.lower().endswith(extensions):
                     samples.append((os.path.join(folder, f), index))
                     found += 1
+                else:
+                    kind = os.path.splitext(f)[1].lower() or "no extension"
+                    others[kind] = others.get(kind, 0) + 1
         if not found:
             logger.warning("class folder %s has no images (%s)", root / name, ", ".join(extensions))
+    if others:
+        kinds = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))
+        logger.warning("left out %d file(s) of %s without an image extension (%s%s); read: %s",
+                       sum(others.values()), root, ", ".join(f"{k} x{n}" for k, n in kinds[:5]),
+                       " ..." if len(kinds) > 5 else "", ", ".join(extensions))
     if not samples:
         raise ValueError(f"no image files ({', '.join(extensions)}) in the {len(classes)} class "
                          f"subfolders of {root}")
