@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..files import PathLike
-from ..models import family_of_state_dict, positions
+from ..models import build_from_config, config_from_dict, family_of_state_dict, positions
 from ..models.features import FeatureModel
 from ..models.layers import INTERPOLATIONS, adapt_input_channels, resample_patch_embed, resample_pos_embed
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
@@ -296,8 +296,6 @@ def stored_table(src: Source) -> Dict[str, Any]:
     config says (bare tensors: their shapes are read as before) or where the config does not build (its own
     check says why)."""
     cj = src.config_json or {}
-    from ..models import build_from_config, config_from_dict
-
     try:
         if src.pretraining:
             return {}
@@ -345,8 +343,6 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         sd = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
               for k, v in tensors.items()}
         if src.format == "vitkit" and src.config_json:
-            from ..models import config_from_dict
-
             grid = getattr(config_from_dict(src.config_json["config"]), "grid_size", None)
             if grid is not None:
                 facts["grid"] = grid
