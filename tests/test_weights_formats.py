@@ -139,7 +139,7 @@ def test_bilinear_aligned_resamples_the_2d_tables_too(tmp_path):
 
 def test_the_init_interpolation_choices_are_what_loading_takes():
     from vitkit.train.config import CHOICES
-    from vitkit.weights.load import LOAD_INTERPOLATIONS
+    from vitkit.weights.resampling import LOAD_INTERPOLATIONS
 
     # restated in the config so the CLI parses without torch: all but nearest, and auto (the library's own)
     assert CHOICES["init_interpolation"] == ("auto", *(m for m in LOAD_INTERPOLATIONS if m != "nearest"))

@@ -337,7 +337,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     exclude: Tuple[str, ...] = ()
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
         exclude = tuple(f"{name}." for name in model.head_names())
-    # resampled to another size as the source's library resamples it (load_resampling)
+    # resampled to another size as the source's library resamples it (resampling.load_resampling)
     load_into(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
     norm = False
     if features_only and out_indices is None:  # a saved backbone or a transformers one: the maps it returns
