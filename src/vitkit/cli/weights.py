@@ -165,6 +165,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def add_convert(verb) -> None:
+    from ..train.config import CHOICES
+
     p = verb("convert", "convert weights between layouts")
     p.add_argument("src", help="file, folder or hf-hub:org/name")
     p.add_argument("dst", help="output file or folder")
@@ -185,7 +187,7 @@ def add_convert(verb) -> None:
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
-    p.add_argument("--interpolation", choices=["bicubic", "bilinear", "bilinear-aligned"],
+    p.add_argument("--interpolation", choices=CHOICES["init_interpolation"][1:],  # (--init-interpolation's)
                    help="how a position table of another size is resampled (default: as the weights' library "
                         "does: bicubic; FlexiViT's and the official .npz files' bilinear; bilinear-aligned: the "
                         "official vit_jax code's, corners aligned)")

@@ -328,7 +328,7 @@ def _square_side(n: int) -> Optional[int]:
 
 
 def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
-                     interpolation: str, antialias: bool, report: LoadReport, aligned: bool = False) -> None:
+                     fit: positions.StateFit, report: LoadReport) -> None:
     """Fit the source position table to the model: prefix slots and grid size (a flat table,
     the form every layout stores); the model's other kinds fit their own parameters."""
     if getattr(model, "pos_embed_kind", None) is None:
@@ -381,11 +381,10 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             pad = pos.new_zeros(1, prefix - src_prefix, pos.shape[-1])
             pos = torch.cat([pad, pos], dim=1)
         if tuple(src_grid) != grid:
-            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, interpolation, antialias, aligned)
-            report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} "
-                                    f"({interpolation}{', corners aligned' if aligned else ''})")
+            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, fit.interpolation, fit.antialias,
+                                     fit.align_corners)
+            report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} ({fit.said})")
         sd["pos_embed"] = pos
-    fit = positions.StateFit(interpolation, antialias, aligned, facts.get("grid"))
     report.resampled.extend(positions.fit_state_dict(sd, model, fit))
 
 
@@ -539,7 +538,8 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     sd, facts = to_native(src)
     facts = {**stored_table(src), **facts}
     report = LoadReport(src.format)
-    _adapt_pos_embed(sd, model, facts, interpolation, antialias, report, aligned)
+    fit = positions.StateFit(interpolation, antialias, aligned, facts.get("grid"))
+    _adapt_pos_embed(sd, model, facts, fit, report)
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
                if m]
     report.resampled += adapted
