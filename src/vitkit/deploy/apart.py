@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Tuple
@@ -65,8 +66,7 @@ def _run_child(command: list) -> Tuple[int, str]:
     or the child killed would otherwise leave NNCF's process under it running."""
     read, write = os.pipe()
     try:
-        with subprocess.Popen([*command, str(write)], stdout=subprocess.DEVNULL, start_new_session=True,
-                              pass_fds=(write,)) as child:
+        with _started([*command, str(write)], write) as child:
             os.close(write)
             write = -1
             try:
@@ -78,6 +78,35 @@ def _run_child(command: list) -> Tuple[int, str]:
         for fd in (read, write):
             if fd >= 0:
                 os.close(fd)
+
+
+def _started(command: list, write: int) -> subprocess.Popen:
+    """The child, started in a thread of its own: a stop (Ctrl-C, SIGTERM: Python raises it in the main thread)
+    that landed inside Popen after the fork left a child that nobody owned, running on after the parent had
+    stopped (a server's SIGTERM test saw it under load). If the stop lands while the thread starts it, its
+    group is ended before the stop goes on."""
+    started: list = []
+    failed: list = []
+
+    def start() -> None:
+        try:
+            started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True,
+                                            pass_fds=(write,)))
+        except BaseException as e:  # (OSError: said by the caller's thread)
+            failed.append(e)
+
+    starter = threading.Thread(target=start, name="vitkit-apart-start", daemon=True)
+    starter.start()
+    try:
+        starter.join()
+    except BaseException:
+        starter.join()
+        if started:
+            _end_group(started[0])
+        raise
+    if failed:
+        raise failed[0]
+    return started[0]
 
 
 def _end_group(child: subprocess.Popen) -> None:
