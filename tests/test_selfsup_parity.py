@@ -124,6 +124,26 @@ def test_official_mae_checkpoint_round_trip(tmp_path):
     assert max_diff(a.pred, b.pred) <= TOL and abs(a.loss.item() - b.loss.item()) <= TOL
 
 
+def test_an_mae_the_official_layout_would_read_back_as_another_model_is_refused(tmp_path):
+    """The official checkpoint holds no head counts: read back, the encoder has heads of 64 channels and the
+    decoder 16. An MAE of other heads was written in silence and read back 0.7 off (the encoder 1.4), with no
+    keyword to set them back (a pre-training model loads as saved): refused, naming both. Other input statistics
+    are said, as MAE's are read back."""
+    from vitkit.weights.export import ExportWarning
+    from vitkit.weights.io import WeightsError
+
+    enc = vitkit.ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128)
+    odd = MAE(enc, decoder_dim=32, decoder_depth=1, decoder_heads=4, decoder_mlp_dim=64)
+    with pytest.raises(WeightsError, match=r"encoder num_heads \(4 in the model, 1 read off the shapes\); "
+                                           r"decoder_heads 16 \(this model: 4\); export it as 'vitkit' or 'hf'"):
+        export_weights(odd, tmp_path / "odd.pth", "mae")
+    assert not (tmp_path / "odd.pth").exists()
+    model = mae_vitb_like()  # heads of 64 channels and 16 in the decoder; mean 0.5 (not MAE's)
+    with pytest.warns(ExportWarning, match=r"read back with MAE's input statistics: mean \[0.485, 0.456, 0.406\] "
+                                           r"\(this model: \[0.5, 0.5, 0.5\]\)"):
+        export_weights(model, tmp_path / "mae.pth", "mae")
+
+
 def test_official_mae_encoder_loads_as_timm_loads_it(tmp_path):
     """MAE's released encoders are timm ViTs: vitkit reads the full checkpoint's encoder as timm
     reads the encoder-only release (the same file without decoder_* and mask_token)."""

@@ -96,7 +96,9 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
         if format == "vitkit":
             return _replacing(path, model.save_pretrained)
         if format in ("hf", "mae"):
-            return selfsup_format.export(model, path, format)
+            written = selfsup_format.export(model, path, format)
+            _mae_statistics_note(model, path, format)
+            return written
         warnings.warn(f"the {_LAYOUT_NAMES[format]} layout has no place for {model.objective}'s decoder: "
                       f"{path} holds its encoder (a ViT without head)", ExportWarning, stacklevel=2)
         model = model.encoder
@@ -115,20 +117,25 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     if format == "hf":
         return _export_hf(model, path)
     if format in ("npz", "big_vision"):
-        if path.suffix != ".npz":
-            raise WeightsError(f"npz export: the file name must end in .npz, not {path.name!r}")
-        arrays = npz_format.from_native(model, "vit_jax" if format == "npz" else "big_vision", scan)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        lost = npz_format.read_back_losses(arrays, model)
-        if lost:  # the official files hold arrays only: say what reading one back assumes, as --to timm's .pth does
-            warnings.warn(f"{path} holds the official arrays only: read back, it would have {'; '.join(lost)}. "
-                          f"Load it with this model's values as keywords (from_pretrained(path, field=value); "
-                          f"vitkit predict --mean --std), or export as 'vitkit' or 'timm' (.safetensors), which "
-                          f"keep them",
-                          ExportWarning, stacklevel=2)
-        return path
+        return _export_npz(model, path, format, scan)
     raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+
+
+def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
+    """The official arrays (vit_jax's or big_vision's), and what reading them back assumes otherwise."""
+    if path.suffix != ".npz":
+        raise WeightsError(f"npz export: the file name must end in .npz, not {path.name!r}")
+    arrays = npz_format.from_native(model, "vit_jax" if format == "npz" else "big_vision", scan)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    lost = npz_format.read_back_losses(arrays, model)
+    if lost:  # the official files hold arrays only: say what reading one back assumes, as --to timm's .pth does
+        warnings.warn(f"{path} holds the official arrays only: read back, it would have {'; '.join(lost)}. "
+                      f"Load it with this model's values as keywords (from_pretrained(path, field=value); "
+                      f"vitkit predict --mean --std), or export as 'vitkit' or 'timm' (.safetensors), which "
+                      f"keep them",
+                      ExportWarning, stacklevel=3)
+    return path
 
 
 def _replacing(path: Path, save) -> Path:
@@ -165,6 +172,15 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         write_json(into / "config.json", config)
         write_json(into / "preprocessor_config.json", processor)
     return path
+
+
+def _mae_statistics_note(model: Pretrainer, path: Path, format: str) -> None:
+    """The official MAE checkpoint is read back with ImageNet's mean and std: other statistics are said."""
+    statistics = selfsup_format.mae_statistics_losses(model) if format == "mae" else []
+    if statistics:
+        warnings.warn(f"{path} holds tensors only, read back with MAE's input statistics: {'; '.join(statistics)}; "
+                      f"this model's are not kept (export as 'vitkit' or 'hf', which keep them)", ExportWarning,
+                      stacklevel=3)
 
 
 def _odd_margin_note(config, path: Path) -> None:
@@ -222,7 +238,7 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     elif path.suffix in (".pth", ".pt", ".bin"):
         with atomic_path(path) as tmp:
             torch.save(sd, tmp)
-        lost = timm_format.bare_state_dict_losses(sd, model)
+        lost = timm_format.bare_state_dict_losses(sd, model) + timm_format.bare_preprocessing_losses(sd, model)
         names = " (its class names are not kept either: predictions name classes by number)" \
             if model.config.label_names else ""
         if lost:

@@ -23,9 +23,10 @@ vitkit's own names are the official layout's with the encoder under ``encoder.``
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -60,6 +61,8 @@ def detect(keys, config_json: Optional[Mapping[str, Any]]) -> Optional[str]:
     if cj.get("format") == "vitkit":
         entry = cj.get(CONFIG_KEY)
         return entry.get("objective") if isinstance(entry, Mapping) else None
+    if cj.get("architecture"):  # a timm hub folder holds the timm model it names: tensors beside it are strays
+        return None
     if any(k.startswith("encoder.patch_embed.") for k in keys):  # vitkit's names, no config at hand
         own = {"decoder.weight": "simmim", "mpp_head.weight": "mpp", "decoder_embed.weight": "mae"}
         return next((objective for key, objective in own.items() if key in keys), None)
@@ -167,9 +170,14 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
         if path.suffix not in (".pth", ".pt"):
             raise WeightsError(f"MAE export: the official checkpoints are .pth files, not {path.name!r}")
         _need_class_token(enc, "the official MAE layout")
-        sd = {**timm_format.from_native(enc), **own}  # timm names; any position kind as its full table
+        encoder_sd = timm_format.from_native(enc)  # timm names; any position kind as its full table
+        shapes = mae_shape_losses(encoder_sd, model)
+        if shapes:  # a pre-training model loads as it was saved: no keyword could set them back
+            raise WeightsError(f"the official MAE layout holds tensors only: read back, this model would have "
+                               f"{'; '.join(shapes)}; export it as 'vitkit' or 'hf' (ViTMAEForPreTraining), which "
+                               f"keep them")
         with atomic_path(path) as tmp:
-            torch.save({"model": sd}, tmp)
+            torch.save({"model": {**encoder_sd, **own}}, tmp)
         return path
     if objective == "mpp":
         raise WeightsError("masked patch prediction has no Hugging Face layout; export it as 'vitkit' "
@@ -202,11 +210,35 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
     return path
 
 
+def mae_shape_losses(encoder_sd: Mapping[str, Any], model: Pretrainer) -> List[str]:
+    """What reading an official MAE checkpoint of ``model`` back builds otherwise, as the loader and
+    :func:`options` read one: the encoder off its shapes (heads of 64 channels), 16 decoder heads (one where the
+    width does not divide them). Empty for the released models."""
+    shapes = [f"encoder {what}" for what in timm_format.bare_state_dict_losses(encoder_sd, model.encoder)]
+    width, heads = model.config.decoder_dim, model.config.decoder_heads
+    read = MAE_DECODER_HEADS if width % 16 == 0 else 1
+    if heads != read:
+        shapes.append(f"decoder_heads {read} (this model: {heads})")
+    return shapes
+
+
+def mae_statistics_losses(model: Pretrainer) -> List[str]:
+    """The input statistics an official MAE checkpoint of ``model`` is read back with (ImageNet's), where the
+    model's differ."""
+    lost = []
+    for field, value in official_mae_encoder_overrides().items():
+        ours = tuple(getattr(model.encoder.config, field))
+        if len(ours) != len(value) or any(abs(a - b) > 1e-6 for a, b in zip(ours, value)):
+            lost.append(f"{field} {json.dumps(list(value))} (this model: {json.dumps(list(ours))})")
+    return lost
+
+
 def _need_class_token(encoder: nn.Module, layout: str) -> None:
     if not encoder.config.class_token:
         raise WeightsError(f"{layout} always has a class token and this encoder has none; export the model "
                            f"as 'vitkit'")
 
 
-__all__ = ["detect", "options", "split", "export", "official_mae_encoder_overrides",
+__all__ = ["detect", "options", "split", "export", "official_mae_encoder_overrides", "mae_shape_losses",
+           "mae_statistics_losses",
            "OWN_PREFIXES"]
