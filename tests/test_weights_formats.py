@@ -227,6 +227,48 @@ def test_official_layouts_refuse_what_would_read_back_as_another_model(layout, t
         assert not (tmp_path / "w.npz").exists()
 
 
+def test_a_class_token_read_after_its_own_norm_exports_to_the_official_layouts_and_hf_exactly(tmp_path, images):
+    """timm's ``global_pool='token', fc_norm=True`` normalises the class token alone, which is the class token of
+    every token normalised: the official ``encoder_norm`` and HF ViT's final LayerNorm hold it. Before, the npz
+    export ended in a bare KeyError ('norm.weight'), and HF's refused it as "needs global_pool='token'"."""
+    timm = pytest.importorskip("timm")
+    transformers = pytest.importorskip("transformers")
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5,
+                                      global_pool="token", fc_norm=True)).eval()
+    model = vitkit.from_pretrained(_timm_file(ref, tmp_path / "src.safetensors"), model_name="vit_tiny_patch16_224",
+                                   img_size=32, patch_size=8, depth=2, num_classes=5, global_pool="token",
+                                   fc_norm=True)
+    x = images(2, 32, 32)
+    for layout in ("npz", "big_vision"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExportWarning)  # GELU's form (said by the test above)
+            path = vitkit.export_weights(model, tmp_path / f"{layout}.npz", layout)
+        with torch.no_grad():
+            assert max_diff(vitkit.from_pretrained(path, gelu="exact")(x), ref(x)) <= 1e-5
+    vitkit.export_weights(model, tmp_path / "hf", "hf")
+    theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        assert max_diff(theirs(pixel_values=x).logits, ref(x)) <= 1e-5
+
+
+def test_a_bare_timm_pth_says_the_preprocessing_it_reads_back_otherwise(tmp_path, images):
+    """A ``.pth`` holds tensors only: read back, its mean, std and crop are the family's defaults. The export
+    named the heads alone, and the preprocessing was said only when reading."""
+    src = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, mean=(0.11, 0.22, 0.33),
+                              std=(0.41, 0.52, 0.63), crop_pct=0.77)
+    with pytest.warns(ExportWarning) as said:
+        path = vitkit.export_weights(src, tmp_path / "w.pth", "timm")
+    text = str(said[0].message)
+    assert "mean ([0.11, 0.22, 0.33] in the model, [0.5, 0.5, 0.5] read back)" in text
+    assert "std ([0.41, 0.52, 0.63]" in text and "crop_pct (0.77 in the model, 0.9 read back)" in text
+    back = vitkit.from_pretrained(path, mean=(0.11, 0.22, 0.33), std=(0.41, 0.52, 0.63), crop_pct=0.77)
+    assert back.config.mean == src.config.mean and back.config.crop_pct == 0.77  # as the note says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # the family's defaults: nothing to say
+        vitkit.export_weights(vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), tmp_path / "d.pth",
+                              "timm")
+
+
 def _timm_file(model, path):
     from safetensors.torch import save_file
 

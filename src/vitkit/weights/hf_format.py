@@ -158,6 +158,8 @@ def from_native(model) -> Dict[str, torch.Tensor]:
     cfg = model.config
     _check_exportable(cfg)
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if cfg.global_pool == "token" and cfg.use_fc_norm:  # the class token's own LayerNorm: HF's final one, as alike
+        sd.update({f"norm.{k}": sd.pop(f"fc_norm.{k}") for k in ("weight", "bias")})
     classify = cfg.num_classes > 0
     root = MODEL_TYPES[model_type_of(cfg)] if classify else ""
     inv_top = {v: k for k, v in _TOP_NAMES.items() if not k.startswith("cls_classifier.")}
@@ -185,9 +187,9 @@ def _check_exportable(cfg: ViTConfig) -> None:
     if cfg.backbone is not None:
         problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
                         "implemented); export it as 'vitkit', 'timm' or 'npz'")
-    if cfg.class_token and (cfg.global_pool != "token" or cfg.use_fc_norm):
-        problems.append("HF ViT pools the class token (needs global_pool='token'; without a class token, I-JEPA "
-                        "pools the mean of the normalised tokens)")
+    if cfg.class_token and cfg.global_pool != "token":
+        problems.append(f"HF ViT pools the class token (needs global_pool='token', not {cfg.global_pool!r}; "
+                        f"without a class token, I-JEPA pools the mean of the normalised tokens)")
     if not cfg.class_token and (cfg.global_pool != "avg" or cfg.use_fc_norm or cfg.representation_size):
         problems.append("HF's ViT without a class token is I-JEPA: the mean of the normalised tokens "
                         "(global_pool='avg', fc_norm=False, no representation_size)")

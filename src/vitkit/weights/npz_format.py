@@ -317,8 +317,11 @@ def from_native(model, layout: str = "vit_jax", scan: bool = False) -> Dict[str,
     w.update(_positions_from_native(model, sd, layout))
     blocks = [_block_from_native(sd, f"blocks.{i}.", parts, D, H) for i in range(cfg.depth)]
     w.update(_blocks_in_layout(blocks, layout, scan))
-    w["Transformer/encoder_norm/scale"] = sd["norm.weight"]
-    w["Transformer/encoder_norm/bias"] = sd["norm.bias"]
+    # a class token read after its own LayerNorm (fc_norm) is the class token of every token normalised: the
+    # official encoder_norm, the same function
+    final = "fc_norm" if cfg.global_pool == "token" and cfg.use_fc_norm else "norm"
+    w["Transformer/encoder_norm/scale"] = sd[f"{final}.weight"]
+    w["Transformer/encoder_norm/bias"] = sd[f"{final}.bias"]
     if cfg.global_pool == "map":
         w.update(_map_from_native(sd, D, cfg.map_heads or H))
     if cfg.representation_size:
@@ -347,6 +350,8 @@ def read_back_losses(arrays: Mapping[str, np.ndarray], model) -> List[str]:
         return [f"no image size (its position table is no square grid): load it with img_size="
                 f"{tuple(model.config.img_size)}"]
     want = model.config.to_dict()
+    if want["global_pool"] == "token":  # fc_norm on the class token: written as the official encoder_norm
+        got["fc_norm"] = want["fc_norm"]
     return [f"{k} {json.dumps(got.get(k))} (this model: {json.dumps(want[k])})"
             for k in want if k not in _UNSTORED_NEUTRAL and want[k] != got.get(k)]
 
