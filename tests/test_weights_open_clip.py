@@ -5,6 +5,7 @@
 import json
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +29,15 @@ def _tower(tmp_path, name, layers=2, size=64, **vision):
     (tmp_path / "open_clip_config.json").write_text(json.dumps(
         {"model_cfg": cfg, "preprocess_cfg": {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}}))
     return model
+
+
+def _alone(folder):
+    """The folder's open_clip file copied where no config is beside it (beside its configs it reads as its
+    folder)."""
+    import shutil
+
+    (folder / "alone").mkdir(exist_ok=True)
+    return Path(shutil.copy(folder / "open_clip_model.safetensors", folder / "alone"))
 
 
 @pytest.mark.parametrize("name", ["ViT-B-32", "ViT-B-16-quickgelu"])
@@ -54,11 +64,11 @@ def test_open_clip_layer_scale_tower(tmp_path, images):
 def test_a_bare_open_clip_file_says_what_it_assumed(tmp_path, images):
     ref = _tower(tmp_path, "ViT-B-16-quickgelu")
     with pytest.warns(GuessWarning, match="gelu='quick'"):
-        guessed = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+        guessed = vitkit.from_pretrained(_alone(tmp_path))
     assert guessed.config.gelu == "exact"
     with warnings.catch_warnings():
         warnings.simplefilter("error", GuessWarning)  # told: nothing to say
-        told = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="quick")
+        told = vitkit.from_pretrained(_alone(tmp_path), gelu="quick")
     x = images(2, 64, 64)
     with torch.no_grad():
         a = ref.encode_image(x)
@@ -71,7 +81,7 @@ def test_a_bare_file_of_a_wide_tower_has_open_clips_head_count(tmp_path, images)
     (ViT-H-14: 20 heads for 16), a function 1.1 away from encode_image's, without a word."""
     ref = _tower(tmp_path, "ViT-H-14", layers=1, size=28)
     with pytest.warns(GuessWarning, match="gelu") as said:
-        bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+        bare = vitkit.from_pretrained(_alone(tmp_path))
     assert bare.config.num_heads == 16 and not any("number of heads" in str(w.message) for w in said)
     x = images(2, 28, 28)
     with torch.no_grad():
@@ -80,7 +90,7 @@ def test_a_bare_file_of_a_wide_tower_has_open_clips_head_count(tmp_path, images)
     (tmp_path / "odd").mkdir()
     _tower(tmp_path / "odd", "ViT-B-32", layers=1, size=64, width=192)  # no open_clip config is this wide
     with pytest.warns(GuessWarning, match="number of heads is not stored and was read as 3 .width 192 / 64"):
-        vitkit.from_pretrained(tmp_path / "odd" / "open_clip_model.safetensors")
+        vitkit.from_pretrained(_alone(tmp_path / "odd"))
 
 
 def test_a_file_mixing_the_tower_with_another_layout_is_refused_by_name(tmp_path):
@@ -131,7 +141,7 @@ def test_clipa_towers_and_the_other_readouts_load_with_parity(readout, tmp_path,
         assert max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
         if readout.get("no_ln_pre"):
             with pytest.warns(GuessWarning, match="a tower without ln_pre was read as CLIPA's"):
-                bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="exact")
+                bare = vitkit.from_pretrained(_alone(tmp_path), gelu="exact")
             assert max_diff(a, bare(x)) <= 1e-5 * max(1.0, a.abs().max().item())
 
 
@@ -272,7 +282,7 @@ def test_open_clips_siglip_tower_from_its_folder_and_alone(tmp_path):
     ref = _timm_tower(tmp_path, cfg["vision_cfg"], {"mean": [0.5] * 3, "std": [0.5] * 3, "resize_mode": "squash"})
     ours = vitkit.from_pretrained(tmp_path).eval()
     with pytest.warns(GuessWarning, match="holds tensors only"):
-        bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors").eval()
+        bare = vitkit.from_pretrained(_alone(tmp_path)).eval()
     info = vitkit.weights.pretrained.describe_source(tmp_path)
     assert info["format"] == "timm" and "open_clip image tower built by timm" in info["source_name"]
     assert ours.config.name == "vit_base_patch16_siglip_224" and ours.config.global_pool == "map"
@@ -390,7 +400,7 @@ def test_a_coca_tower_reads_its_image_embedding_through_the_attentional_pooler(n
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.visual.parameters()) + a.shape[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GuessWarning)
-        bare = vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors")
+        bare = vitkit.from_pretrained(_alone(tmp_path))
     ours.save_pretrained(tmp_path / "vitkit")
     back = vitkit.from_pretrained(tmp_path / "vitkit")
     save_file({k: v.contiguous() for k, v in ours.state_dict().items()}, str(tmp_path / "vitkit_names.safetensors"))

@@ -64,6 +64,32 @@ def test_a_hub_config_that_leaves_preprocessing_out_is_preprocessed_as_timm_load
     assert torch.equal(ours, transform(image))
 
 
+def test_a_hub_folders_weight_file_named_alone_is_read_with_the_config_beside_it(tmp_path, images):
+    """``--init FOLDER/model.safetensors`` read the tensors alone: heads guessed from the width (1 where the
+    config says 2) and mean 0.5 where it says ImageNet's, 4e-4 off timm, said only as guesses."""
+    ref, folder = _saved(tmp_path, "deit3_small_patch16_224", img_size=32, depth=2, embed_dim=64, num_heads=2,
+                         num_classes=3)
+    ours = vitkit.from_pretrained(folder / "model.safetensors")
+    assert ours.config.num_heads == 2 and ours.config.mean == vitkit.from_pretrained(folder).config.mean
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert max_diff(ours(x), ref(x)) <= 1e-5
+
+
+def test_a_hub_folder_with_stray_pre_training_tensors_is_refused_naming_them(tmp_path):
+    """A timm hub folder holds the model its config names: MAE-like tensors beside it (a mask token, a decoder's
+    embedding) made it read as an MAE, refused naming tensors the file does not hold (q_bias, gamma_1)."""
+    from safetensors.torch import load_file, save_file
+
+    _, folder = _saved(tmp_path, "deit3_small_patch16_224", img_size=32, depth=1, num_classes=3)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({**tensors, "mask_token": torch.zeros(1, 384), "decoder_embed.weight": torch.zeros(32, 384)},
+              folder / "model.safetensors")
+    with pytest.raises(WeightsError, match=r"not in the model: decoder_embed\.weight") as e:
+        vitkit.from_pretrained(folder)
+    assert "q_bias" not in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_position_table_cut_short_of_its_config_is_refused(tmp_path):
     """A 2x8 grid with a class slot is 17 slots: 16 were read as a table without a class slot, and every patch
     took its neighbour's position in silence."""

@@ -170,10 +170,19 @@ def _run_model_config(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def read_source(path: PathLike) -> Source:
-    """Read a weight file, or a folder holding ``config.json`` and a weight file."""
+    """Read a weight file, or a folder holding ``config.json`` and a weight file. A folder's own weight file
+    named alone is read with the configs beside it, as its folder is (before, its architecture was guessed off
+    the shapes and its preprocessing was the family's default: a hub folder's ``model.safetensors``)."""
     path = Path(path)
     if path.is_dir():
         return _read_folder(path)
+    if folder_weights(path.parent) == path and any((path.parent / n).is_file() for n in FOLDER_CONFIGS):
+        return _read_folder(path.parent)
+    return _read_file(path)
+
+
+def _read_file(path: Path) -> Source:
+    """A weight file alone: its tensors, and the config its metadata or its run holds."""
     run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     tensors = backbone_model(tensors, str(path))
@@ -242,7 +251,7 @@ def _read_folder(path: Path) -> Source:
     own = weights.name in open_clip_format.WEIGHT_FILES and open_clip_config is not None
     config_json = None if own else _read_json(path / "config.json")
     try:
-        src = read_source(weights)
+        src = _read_file(weights)
     except WeightsError:
         _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
         raise
