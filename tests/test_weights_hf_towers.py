@@ -112,11 +112,15 @@ def test_dinov3_at_a_non_square_size_as_transformers(tmp_path, images):
 def test_vitkit_towers_export_to_their_hugging_face_class(name, cls, tmp_path, images):
     size = 70 if "patch14" in name else 64
     kind = dict(head_kind="projection") if "clip" in name else {}  # a tower's head is its projection
+    if "siglip" in name:
+        kind["gelu"] = "tanh"  # big_vision's and transformers' SigLIP (timm's is exact)
     model = randomize(vitkit.create_model(name, depth=2, img_size=size, **kind))
     if model.config.num_classes:
         torch.nn.init.zeros_(model.head.bias)  # CLIP's projection has no bias
     vitkit.export_weights(model, tmp_path / "hf", "hf")
     ref = getattr(T, cls).from_pretrained(tmp_path / "hf").eval()
+    if model.config.gelu == "tanh":  # torch's tanh GELU, as vitkit's; gelu_fast's own formula was written, 6e-7 off
+        assert ref.config.hidden_act == "gelu_pytorch_tanh"
     processor = T.AutoImageProcessor.from_pretrained(tmp_path / "hf")
     assert list(processor.image_mean) == pytest.approx(list(model.config.mean))
     x = images(2, size, size)

@@ -10,8 +10,8 @@ import torch
 from ..models import ViTConfig
 from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .hf_tower_parts import (
-    _ACTS,
     _VISION_PREFIX,
+    HF_ACT_NAMES,
     Tower,
     _act,
     _fuse_qkv,
@@ -100,7 +100,7 @@ def _clip_hf_config(config: ViTConfig) -> Dict[str, Any]:
     out = dict(model_type="clip_vision_model", hidden_size=config.embed_dim, num_hidden_layers=config.depth,
                num_attention_heads=config.num_heads, intermediate_size=config.mlp_dim,
                image_size=config.img_size[0], patch_size=config.patch_size[0], num_channels=config.in_chans,
-               layer_norm_eps=config.norm_eps, hidden_act={v: k for k, v in _ACTS.items()}[config.gelu],
+               layer_norm_eps=config.norm_eps, hidden_act=HF_ACT_NAMES[config.gelu],
                architectures=["CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"])
     if config.num_classes:
         out["projection_dim"] = config.num_classes
@@ -189,7 +189,7 @@ def _siglip_hf_config(config: ViTConfig) -> Dict[str, Any]:
                 num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
                 intermediate_size=config.mlp_dim, image_size=config.img_size[0], patch_size=config.patch_size[0],
                 num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
-                hidden_act={v: k for k, v in _ACTS.items()}[config.gelu], vision_use_head=True)
+                hidden_act=HF_ACT_NAMES[config.gelu], vision_use_head=True)
 
 
 

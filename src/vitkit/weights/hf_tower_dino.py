@@ -10,7 +10,7 @@ import torch
 
 from ..models import EvaConfig, ViTConfig
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
-from .hf_tower_parts import _ACTS, Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
+from .hf_tower_parts import HF_ACT_NAMES, Tower, _act, _fuse_qkv, _move_all, _pair, _problems, _split_qkv
 from .io import WeightsError
 from .names import rename
 
@@ -108,7 +108,7 @@ def _dinov2_hf_config(config: ViTConfig) -> Dict[str, Any]:
                hidden_size=config.embed_dim, num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
                mlp_ratio=config.mlp_dim // config.embed_dim if not swiglu else 4, image_size=config.img_size[0],
                patch_size=config.patch_size[0], num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
-               hidden_act={v: k for k, v in _ACTS.items()}[config.gelu], qkv_bias=config.qkv_bias,
+               hidden_act=HF_ACT_NAMES[config.gelu], qkv_bias=config.qkv_bias,
                layerscale_value=config.init_values, use_swiglu_ffn=swiglu)
     if config.reg_tokens:
         out["num_register_tokens"] = config.reg_tokens
@@ -209,7 +209,7 @@ def _dinov3_hf_config(config: EvaConfig) -> Dict[str, Any]:
                 num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
                 intermediate_size=config.mlp_dim, image_size=config.img_size[0], patch_size=config.patch_size[0],
                 num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
-                hidden_act="silu" if config.mlp == "swiglu" else {v: k for k, v in _ACTS.items()}[config.gelu],
+                hidden_act="silu" if config.mlp == "swiglu" else HF_ACT_NAMES[config.gelu],
                 layerscale_value=config.init_values, num_register_tokens=config.reg_tokens,
                 rope_theta=config.rope_temperature, pos_embed_rescale=config.rope_rescale_coords,
                 query_bias=config.qkv_bias, key_bias=config.k_bias and config.qkv_bias, value_bias=config.qkv_bias,

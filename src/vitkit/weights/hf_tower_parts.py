@@ -18,6 +18,9 @@ from .io import WeightsError
 #: Hugging Face's ``hidden_act`` -> vitkit's ``gelu``
 _ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
          "gelu_fast": "tanh"}
+#: the name each GELU is written under: the one that computes as vitkit does (torch's tanh GELU, not gelu_fast's
+#: own formula, 6e-7 off)
+HF_ACT_NAMES = {"exact": "gelu", "quick": "quick_gelu", "tanh": "gelu_pytorch_tanh"}
 #: what the vision part of a two-tower checkpoint is prefixed with, and what of it is the other tower's
 _VISION_PREFIX = "vision_model."
 _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
