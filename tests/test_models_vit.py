@@ -103,8 +103,10 @@ def test_layerscale_and_tanh_gelu_options():
 def test_invalid_configs_have_clear_errors():
     with pytest.raises(ValueError, match="class_token"):
         ViTConfig(global_pool="token", class_token=False)
-    with pytest.raises(ValueError, match="nearest multiples: 288 or 304"):
+    with pytest.raises(ValueError, match=r"nearest multiples: 288 or 304\)"):  # a square size's, once
         ViTConfig(img_size=300, patch_size=16)
+    with pytest.raises(ValueError, match=r"nearest multiples: 288 or 304 / 96 or 112\)"):
+        ViTConfig(img_size=(300, 100), patch_size=16)
     with pytest.raises(ValueError, match="pos_embed must be one of"):
         ViTConfig(pos_embed="rope")
     with pytest.raises(ValueError, match="divisible by num_heads"):

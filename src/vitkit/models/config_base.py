@@ -284,6 +284,8 @@ class TokenConfig(ImageConfig):
         if not any(i % p for i, p in zip(self.img_size, self.patch_size)):
             return []
         near = [sorted({(i // p) * p, (i // p + 1) * p} - {0}) for i, p in zip(self.img_size, self.patch_size)]
+        if near[0] == near[1]:  # a square size's sides: said once
+            near = near[:1]
         return [f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
                 f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})"]
 

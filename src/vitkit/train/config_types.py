@@ -79,7 +79,9 @@ def _number(name: str, value: Any, kind: str, coerce: bool) -> Tuple[Any, Option
     what = _EXPECTED[kind]
     read = value
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return value, f"{name} {_show(value)} is not {what}", None
+        square = " (one side: vitkit train trains square images; a trained model loads at any height and width)" \
+            if name == "img_size" and isinstance(value, (list, tuple)) else ""
+        return value, f"{name} {_show(value)} is not {what}{square}", None
     if isinstance(value, str):
         if not coerce or not _NUMBER.fullmatch(value.strip()):
             return value, f"{name} {_show(value)} is not {what}", None
