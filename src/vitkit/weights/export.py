@@ -97,7 +97,8 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
             return _replacing(path, model.save_pretrained)
         if format in ("hf", "mae"):
             written = selfsup_format.export(model, path, format)
-            _mae_statistics_note(model, path, format)
+            if format == "mae":
+                _mae_statistics_note(model, path)
             return written
         warnings.warn(f"the {_LAYOUT_NAMES[format]} layout has no place for {model.objective}'s decoder: "
                       f"{path} holds its encoder (a ViT without head)", ExportWarning, stacklevel=2)
@@ -174,9 +175,9 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     return path
 
 
-def _mae_statistics_note(model: Pretrainer, path: Path, format: str) -> None:
+def _mae_statistics_note(model: Pretrainer, path: Path) -> None:
     """The official MAE checkpoint is read back with ImageNet's mean and std: other statistics are said."""
-    statistics = selfsup_format.mae_statistics_losses(model) if format == "mae" else []
+    statistics = selfsup_format.mae_statistics_losses(model)
     if statistics:
         warnings.warn(f"{path} holds tensors only, read back with MAE's input statistics: {'; '.join(statistics)}; "
                       f"this model's are not kept (export as 'vitkit' or 'hf', which keep them)", ExportWarning,
@@ -238,7 +239,7 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     elif path.suffix in (".pth", ".pt", ".bin"):
         with atomic_path(path) as tmp:
             torch.save(sd, tmp)
-        lost = timm_format.bare_state_dict_losses(sd, model) + timm_format.bare_preprocessing_losses(sd, model)
+        lost = timm_format.bare_state_dict_losses(sd, model, preprocessing=True)
         names = " (its class names are not kept either: predictions name classes by number)" \
             if model.config.label_names else ""
         if lost:

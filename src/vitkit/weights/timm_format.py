@@ -69,41 +69,36 @@ def architecture_differences(config, other) -> List[str]:
             if k not in skip and a.get(k) != b.get(k)]
 
 
-def bare_state_dict_losses(sd: Mapping[str, Any], model) -> List[str]:
-    """What reading ``model``'s timm state dict back from its shapes alone would get wrong: each
-    config field that changes the function and is read differently (empty: nothing is lost)."""
-    try:
-        got = infer_config(sd).to_dict()
-    except WeightsError as e:
-        return [str(e)]
-    want = timm_config(model)
-    # patch_bias None is "the family's default" (none after a pre-norm): equal where the tensor is read the same
-    if want.get("patch_bias") is None and ("patch_embed.proj.bias" in sd) == bool(got.get("patch_bias", True)):
-        got["patch_bias"] = None
-    # fc_norm None is "after an average pool only" (ViTConfig.use_fc_norm): equal where it resolves the same
-    if "fc_norm" in want and "fc_norm" in got and want.get("global_pool") == got.get("global_pool"):
-        def resolved(fc_norm):
-            return got.get("global_pool") == "avg" if fc_norm is None else bool(fc_norm)
-        if resolved(want["fc_norm"]) == resolved(got["fc_norm"]):
-            got["fc_norm"] = want["fc_norm"]
-    return [f"{k} ({json.dumps(want[k])} in the model, {json.dumps(got.get(k))} read off the shapes)"
-            for k in want if k not in _NOT_IN_WEIGHTS and want[k] != got.get(k)]
-
-
 #: how a model expects its images: what a bare state dict is read back with its family's defaults for
 _PREPROCESSING = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 
 
-def bare_preprocessing_losses(sd: Mapping[str, Any], model) -> List[str]:
-    """How reading ``model``'s timm state dict back from its shapes alone would preprocess images otherwise
-    (its family's defaults for the fields no tensor holds), each as :func:`bare_state_dict_losses` says them."""
+def bare_state_dict_losses(sd: Mapping[str, Any], model, preprocessing: bool = False) -> List[str]:
+    """What reading ``model``'s timm state dict back from its shapes alone would get wrong: each
+    config field that changes the function and is read differently (empty: nothing is lost); with
+    ``preprocessing``, also the image preprocessing it would be read with otherwise (its family's defaults for
+    the fields no tensor holds)."""
     try:
-        got = infer_config(sd).to_dict()
-    except WeightsError:
-        return []  # said by bare_state_dict_losses
-    want = model.config.to_dict()
-    return [f"{k} ({json.dumps(want[k])} in the model, {json.dumps(got.get(k))} read back)"
-            for k in _PREPROCESSING if k in want and want[k] != got.get(k)]
+        read = infer_config(sd).to_dict()
+    except WeightsError as e:
+        return [str(e)]
+    got, want = dict(read), timm_config(model)
+    # patch_bias None is "the family's default" (none after a pre-norm): equal where the tensor is read the same
+    if want.get("patch_bias") is None and ("patch_embed.proj.bias" in sd) == bool(got.get("patch_bias", True)):
+        got["patch_bias"] = None
+    # fc_norm None is "after an average pool only" (ViTConfig.use_fc_norm): equal where it resolves the same
+    pool = got.get("global_pool")
+    if "fc_norm" in want and "fc_norm" in got and want.get("global_pool") == pool:
+        ours, theirs = (pool == "avg" if v is None else bool(v) for v in (want["fc_norm"], got["fc_norm"]))
+        if ours == theirs:
+            got["fc_norm"] = want["fc_norm"]
+    lost = [f"{k} ({json.dumps(want[k])} in the model, {json.dumps(got.get(k))} read off the shapes)"
+            for k in want if k not in _NOT_IN_WEIGHTS and want[k] != got.get(k)]
+    if preprocessing:
+        config = model.config.to_dict()
+        lost += [f"{k} ({json.dumps(config[k])} in the model, {json.dumps(read.get(k))} read back)"
+                 for k in _PREPROCESSING if k in config and config[k] != read.get(k)]
+    return lost
 
 
 def infer_config(sd: Mapping[str, Any], **overrides: Any):
