@@ -94,6 +94,12 @@ def test_a_fixed_table_is_made_on_the_cpu_and_lands_on_the_default_device():
         table, index = sincos_2d_pos_embed((3, 4), 16), relative_position_index((3, 4), 1)
     assert table.is_meta and index.is_meta
     assert table.shape == sincos_2d_pos_embed((3, 4), 16).shape and index.shape == (13, 13)
+    for grid, prefix in (((3, 5), 0), ((5, 3), 1)):  # meta: allocated from its shape, not computed (2 GiB at 2,048 px)
+        with torch.device("meta"):
+            meta = relative_position_index(grid, prefix)
+        assert meta.is_meta and meta.shape == relative_position_index(grid, prefix).shape == (15 + prefix, 15 + prefix)
+    with torch.device("meta"), pytest.raises(ValueError, match="0 or 1 prefix tokens"):
+        relative_position_index((3, 4), 2)
     # counting the default model's parameters (every `vitkit train` does) never reaches torch._dynamo
     code = ("import sys; from vitkit.models import get_model_config; from vitkit.models.complexity import "
             "count_params; count_params(get_model_config('vit_fmnist_hybrid')); print('torch._dynamo' in sys.modules)")

@@ -3,6 +3,8 @@ or one computed by a small MLP from the log-spaced offset (timm's ``RelPosMlp``)
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,7 +13,18 @@ from ..sizes import IntPair
 from .cpu_table import computed_on_cpu
 
 
-@computed_on_cpu
+def _check_prefix(prefix_tokens: int) -> None:
+    if prefix_tokens not in (0, 1):
+        raise ValueError(f"relative position bias supports 0 or 1 prefix tokens (a class token), not {prefix_tokens}")
+
+
+def _index_shape(grid: IntPair, prefix_tokens: int = 0) -> Tuple[int, int]:
+    _check_prefix(prefix_tokens)
+    n = grid[0] * grid[1] + prefix_tokens
+    return n, n
+
+
+@computed_on_cpu(shape=_index_shape)
 def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tensor:
     """(N, N) long: for query token i and key token j, the row of a relative-bias table that holds
     their 2D offset (Swin / BEiT; equal to timm's ``gen_relative_position_index``).
@@ -20,8 +33,7 @@ def relative_position_index(grid: IntPair, prefix_tokens: int = 0) -> torch.Tens
     of the (2 gh - 1)(2 gw - 1) offsets. With one prefix token (a class token, ``prefix_tokens=1``)
     the table has three more rows, BEiT's: class -> patch, patch -> class, class -> class.
     """
-    if prefix_tokens not in (0, 1):
-        raise ValueError(f"relative position bias supports 0 or 1 prefix tokens (a class token), not {prefix_tokens}")
+    _check_prefix(prefix_tokens)
     gh, gw = grid
     rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
     coords = torch.stack([rows.flatten(), cols.flatten()])  # (2, gh*gw)
