@@ -416,8 +416,8 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
 @pytest.mark.parametrize("argv,words", [
     (["train", "--epoch", "3"], "unrecognized arguments: --epoch 3 (did you mean --epochs?)"),
     (["train", "--batch", "64"], "unrecognized arguments: --batch 64 (did you mean --batch-size?)"),
-    (["predict", "--weight", "w", "x.png"], "the following arguments are required: --weights (did you mean "
-                                            "--weights?)"),
+    (["predict", "--weight", "w", "x.png"], "the following arguments are required: --weights (--weight is no flag: "
+                                            "did you mean --weights?)"),
     (["eval", "--weights", "w", "--max-image", "3"], "unrecognized arguments: --max-image 3 (did you mean "
                                                      "--max-images?)"),
     (["train", "--finetune", "full", "--lora-rank", "4", "--init", "w"],

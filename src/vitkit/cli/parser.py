@@ -30,7 +30,9 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("the following arguments are required"):  # a misspelt flag is why, often
             unknown = [w for w in getattr(self, "_given", []) if w.startswith("--")
                        and w.split("=")[0] not in self._option_string_actions]
-            message += self._meant(unknown) or self._files_taken()
+            meant = self._meant(unknown)  # said with what was typed: "required: --weights (did you mean --weights?)"
+            message += meant.replace(" (did you mean", f" ({', '.join(unknown)} is no flag: did you mean", 1) \
+                if meant else self._files_taken()
         message += _eaten_path(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
