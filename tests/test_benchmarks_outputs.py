@@ -87,6 +87,7 @@ def test_bench_inference_quick_writes_to_the_smoke_folder(dirs, capsys, monkeypa
     assert "fp32 compiled" in capsys.readouterr().out
 
 
+@pytest.mark.full
 def test_gpu_check_dry_runs_every_stage_into_one_folder(tmp_path, monkeypatch):
     """make gpu-check's script, proven on the CPU: each stage in its own process (the CUDA-only tests
     skip), its JSON in one folder, and a stage that hangs killed at its limit while the rest go on."""
@@ -161,6 +162,7 @@ def test_bench_training_compile_adds_compiled_rows_that_gpu_checks_verdict_reads
     assert not gpu_check.training_verdict(tmp_path)["goal_met"]
 
 
+@pytest.mark.full
 def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dirs):
     """The make-demo benchmark runs `vitkit train` as a user does (its own process, no recipe named)
     and records the recipe the machine chose, the CPU's flags and each seed's wall clock."""
@@ -240,6 +242,7 @@ def test_bench_onnx_refuses_what_cannot_run_in_one_line(dirs, argv, said, capsys
     assert e.value.code == 2 and said in err[-1] and "Traceback" not in "\n".join(err)
 
 
+@pytest.mark.full
 def test_bench_onnx_quick_writes_to_the_smoke_folder(dirs, monkeypatch):
     """bench_onnx at its smallest (ViT-Ti at 32 px, one round): every path is built and exported
     for real, and the row's ratios come from the measured medians."""
@@ -322,6 +325,7 @@ def test_peft_smoke_fine_tunes_a_real_pretrained_encoder_each_way(dirs, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_bench_serve_smoke_loads_both_servers_and_states_its_goals(dirs, monkeypatch, tmp_path):
     """bench_serve --smoke for real: `vitkit serve` and the plain timm endpoint as processes on
     loopback (a tiny ViT), every level answered by both, every good request of the fault run
@@ -552,6 +556,7 @@ def test_open_clip_coverage_checks_its_towers_and_writes_its_table(tmp_path):
         cov.merged({**earlier, "machine": {**earlier["machine"], "layers": 1}}, [], info, "c.json")
 
 
+@pytest.mark.full
 def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatch):
     """The crowded-CPU benchmark runs train, eval and predict alone and beside a busy process of
     each kind, and scores each against the issue's fair share and the scheduler's."""
@@ -608,6 +613,7 @@ def test_bench_fair_share_scores_each_command_against_its_share(dirs, monkeypatc
     assert refused.value.code == 2
 
 
+@pytest.mark.full
 def test_bench_fair_share_exports_the_runtimes_file_once(tmp_path, monkeypatch):
     """--runtime onnxruntime: eval and predict read the run's model as an int8 .onnx file written by
     vitkit convert (checked by ONNX Runtime); torch reads the model folder itself."""

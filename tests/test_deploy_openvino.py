@@ -194,6 +194,7 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
     assert not (tmp_path / "x.xml").exists() and not (tmp_path / "x.bin").exists()
 
 
+@pytest.mark.full
 def test_int8_of_a_model_whose_classes_name_no_dataset_calibrates_on_a_folder(tmp_path, capsys):
     """An ImageNet-style model (its own classes): --calibration FOLDER gives NNCF the images, and
     predict on the IR answers as predict with the same int8 export on the fly does, and as the server's
@@ -372,6 +373,7 @@ def _int8_agreement(case: str, folder: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(TRAINED_LATER))
+@pytest.mark.full
 def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp_path):
     """RoPE, registers, LayerScale, SwiGLU and the MAP head survive int8 on OpenVINO (NNCF) and
     ONNX Runtime (static QDQ): the decisions of a trained model stay (the issue's deployment goal)."""

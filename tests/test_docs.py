@@ -5,7 +5,9 @@ at most 2 steps of 16 images, the first 3,000/100 images of a split) so hours be
 without changing a word. ``vitkit`` lines run in this process through ``vitkit.cli.main`` (one
 torch import for all of them); other commands (``torchrun``, ``python``) run as processes. Shell
 variables set in a block (``RUN=runs/mae``) carry to later lines. Python blocks share one
-namespace per document.
+namespace per document. `make test` (CI) runs the README this way and, for every page, only what
+costs nothing: each vitkit command parsed (a training command's settings resolved) and each Python
+block compiled; `make test-full` runs every page.
 
 A block is marked on the line before its fence:
     <!-- docs-test: skip: REASON -->   not run, and the reason is said in the document
@@ -202,8 +204,60 @@ def test_every_block_is_run_or_marked_with_a_reason():
                 f"{b.where}: a fence needs its language (bash, python, text, ...)"
 
 
-@pytest.mark.slow
+def vitkit_words(command: str, variables: dict) -> Optional[List[str]]:
+    """The words after ``vitkit`` of a command that runs vitkit (``vitkit``, ``python -m vitkit``,
+    ``torchrun ... -m vitkit``), with the document's ``$NAME`` values; None for other commands."""
+    words = shlex.split(re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), "X"), command),
+                        comments=True)
+    if words and words[0] == "vitkit":
+        return words[1:]
+    at = next((i for i in range(len(words) - 1) if words[i:i + 2] == ["-m", "vitkit"]), None)
+    return words[at + 2:] if at is not None and words[0] in ("python", "python3", "torchrun") else None
+
+
 @pytest.mark.parametrize("doc", DOCS)
+def test_every_documented_command_parses_and_every_python_block_compiles(doc, tmp_path, monkeypatch):
+    """The part of running a document that costs nothing (``make test``; ``make test-full`` runs every page):
+    each vitkit command's flags and values are the parser's, a training command's settings are a valid run
+    (its recipe, --config file and flags resolved as `vitkit train` resolves them), and the Python is Python."""
+    from vitkit.cli import build_parser, train_config
+
+    monkeypatch.chdir(tmp_path)
+    variables, parsed = {}, 0
+    for b in blocks((ROOT / doc).read_text(), doc):
+        if b.mark == "file":
+            (tmp_path / b.arg).write_text(b.text)
+        if b.mark == "skip" or b.mark == "file":
+            continue
+        if b.lang == "python":
+            compile(b.text, b.where, "exec")
+        elif RUN_LANGS.get(b.lang) == "shell":
+            for command in commands(b.text):
+                assignment = re.fullmatch(r"([A-Za-z_]\w*)=(\S*)(\s+#.*)?", command)
+                if assignment:
+                    variables[assignment.group(1)] = assignment.group(2)
+                    continue
+                words = vitkit_words(command, variables)
+                if words is None:
+                    continue
+                parser = build_parser()
+                verbs = next(a for a in parser._actions if a.dest == "verb").choices
+                try:
+                    args, extra = parser.parse_known_args(words)
+                    if extra:
+                        verbs[args.verb].unknown(extra)
+                    if getattr(args, "verb", None):
+                        verbs[args.verb].check_values(args)
+                except SystemExit:
+                    pytest.fail(f"{b.where}: `{command}` does not parse (the error is above)")
+                if getattr(args, "verb", None) in ("train", "pretrain") and not args.resume:
+                    train_config(args, getattr(args, "objective", None))
+                parsed += 1
+    assert parsed or doc not in ("README.md", "docs/cli.md", "docs/training.md")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", [d if d == "README.md" else pytest.param(d, marks=pytest.mark.full) for d in DOCS])
 def test_the_document_runs_as_written(doc, tmp_path, monkeypatch, capsys):
     from vitkit.data import fashion_mnist as fm
 

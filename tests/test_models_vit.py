@@ -281,6 +281,7 @@ def test_autocast_weight_cache_is_exact_and_follows_weight_updates(images):
     assert torch.equal(plain2, after) and not torch.equal(after, before)
 
 
+@pytest.mark.full
 def test_compile_for_inference_computes_what_eager_bf16_computes(images):
     """Inductor with freezing (weights folded in as constants, prepacked) is the same function:
     under bf16 autocast it agrees with the eager fast path to bf16 rounding."""

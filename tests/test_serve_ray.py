@@ -196,6 +196,7 @@ def replica_states(address: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_two_replicas_answer_as_vitkit_predict_and_sigterm_stops_every_ray_process(weights, tmp_path):
     pytest.importorskip("ray.serve")
     if not Path("/proc").is_dir():

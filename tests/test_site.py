@@ -121,6 +121,7 @@ def served(site):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_every_page_loads_in_chromium_with_every_figure(site, served, tmp_path):
     """Each page, with a probe added to a copy of it, opened in headless Chromium: the page's own
     title, and every image decoded (naturalWidth > 0)."""

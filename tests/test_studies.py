@@ -112,6 +112,7 @@ def tiny(monkeypatch):
 
 @real
 @pytest.mark.slow
+@pytest.mark.full
 def test_every_study_runs_end_to_end_with_the_smoke_flag(tmp_path, tiny, capsys):
     """The training studies, then the two that read them (the few-shot proxy ranks their models,
     attention distance measures the compute study's), into one results folder."""
