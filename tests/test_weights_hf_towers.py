@@ -3,6 +3,7 @@ registers) and DINOv3 (one-tower and two-tower classes) read by ``vitkit.from_pr
 transformers' pooled outputs (fp32, 1e-5); vitkit's models exported as 'hf' are read by transformers'
 own classes with the same outputs, and back."""
 
+import json
 import re
 
 import pytest
@@ -139,6 +140,22 @@ def test_dinov3_exports_to_its_hugging_face_class(tmp_path, images):
     x = images(2, 64, 64)
     with torch.no_grad():
         assert _close(_pooled(ref, x), model(x))
+
+
+@pytest.mark.parametrize("name, dtype", [("vit_small_patch14_dinov2", torch.float16),
+                                         ("vit_small_patch16_dinov3_qkvb", torch.bfloat16),
+                                         ("vit_tiny_patch16_224", torch.bfloat16), ("vit_tiny_patch16_224", None)])
+def test_a_hugging_face_folder_says_its_dtype_as_transformers_writes_it(name, dtype, tmp_path):
+    model = vitkit.create_model(name, depth=1, img_size=28 if "patch14" in name else 32,
+                                **(dict(num_classes=0, global_pool="token") if "dinov3" in name else {}))
+    if dtype is not None:
+        model = model.to(dtype)
+    vitkit.export_weights(model, tmp_path / "hf", "hf")
+    ours = json.loads((tmp_path / "hf" / "config.json").read_text())
+    ref = T.AutoModel.from_pretrained(tmp_path / "hf", dtype="auto")
+    ref.save_pretrained(tmp_path / "again")
+    assert ours["dtype"] == json.loads((tmp_path / "again" / "config.json").read_text())["dtype"] \
+        == str(dtype or torch.float32).replace("torch.", "")
 
 
 def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):

@@ -168,6 +168,9 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
                       f"transformers' pixels will differ on images of another shape than {h}:{w} "
                       f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=3)
     _odd_margin_note(model.config, path)
+    floats = {t.dtype for t in sd.values() if t.is_floating_point()}
+    if len(floats) == 1:  # as transformers' save_pretrained writes it: dtype="auto" (4.x) reads it
+        config["dtype"] = str(floats.pop()).replace("torch.", "")
     with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
         save_safetensors(sd, into / "model.safetensors")
         write_json(into / "config.json", config)

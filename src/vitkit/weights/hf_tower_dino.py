@@ -67,8 +67,8 @@ def _dinov2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
 
 def _dinov2_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
     sd = _split_qkv(sd, config.embed_dim)
-    out = {"embeddings.mask_token": torch.zeros(1, config.embed_dim)}
     pos = sd.pop("pos_embed")
+    out = {"embeddings.mask_token": pos.new_zeros(1, config.embed_dim)}  # the weights' dtype (fp16 stays fp16)
     if config.reg_tokens:  # a zero class slot: the class token keeps its folded position
         pos = torch.cat([pos.new_zeros(1, 1, pos.shape[-1]), pos], dim=1)
     out["embeddings.position_embeddings"] = pos
@@ -175,8 +175,9 @@ def _dinov3_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> EvaConfig:
 
 def _dinov3_out(sd: Dict[str, torch.Tensor], config: EvaConfig) -> Dict[str, torch.Tensor]:
     sd = _split_qkv(sd, config.embed_dim)
-    out = {"embeddings.mask_token": torch.zeros(1, 1, config.embed_dim),
-           "embeddings.register_tokens": sd.pop("reg_token", torch.zeros(1, 0, config.embed_dim))}
+    like = sd["cls_token"]  # the weights' dtype (fp16 stays fp16)
+    out = {"embeddings.mask_token": like.new_zeros(1, 1, config.embed_dim),
+           "embeddings.register_tokens": sd.pop("reg_token", like.new_zeros(1, 0, config.embed_dim))}
     _move_all(sd, ((r"cls_token", "embeddings.cls_token"),
                    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.\1"),
                    (r"norm\.(weight|bias)", r"norm.\1"),
