@@ -4,6 +4,7 @@ on save; bad options are one line."""
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -221,6 +222,25 @@ def test_layer_decay_puts_registers_rope_and_norm_pre_with_the_embedding():
     assert layer_of("blocks.3.gamma_1", 12) == 4 and layer_of("attn_pool.latent", 12) == 13
 
 
+def test_the_layer_decay_line_says_the_scales_the_optimizer_uses():
+    from vitkit.train import resolve_config
+    from vitkit.train.optim import layer_decay_line, make_optimizer
+
+    model = vitkit.create_model("vit_small_patch14_reg4_dinov2", depth=2, img_size=28, num_classes=3)
+    line = layer_decay_line(model, 0.75)
+    names = {id(p): n.rsplit(".", 1)[0] if n.endswith((".weight", ".bias")) else n for n, p in model.named_parameters()}
+    scales = {}
+    for group in make_optimizer(model, resolve_config("fmnist", layer_decay=0.75)).param_groups:
+        for p in group["params"]:
+            scales.setdefault(f"{group['lr_scale']:.3g}", set()).add(names[id(p)])
+    said = dict(re.findall(r"x([\d.]+) for ([^;]+)", line))
+    assert set(said["0.422"].removeprefix("the embedding (").rstrip(")").split(", ")) == scales["0.422"] \
+        == {"cls_token", "reg_token", "pos_embed", "patch_embed.proj"}
+    assert "x0.562 to x0.75 for blocks 0-1" in line and {"blocks.0.attn.qkv", "blocks.1.mlp.fc2"} <= scales["0.562"] | \
+        scales["0.75"]
+    assert set(said["1"].split(", ")) == scales["1"] == {"norm", "head"}
+
+
 @real
 @pytest.mark.slow
 def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
@@ -236,5 +256,8 @@ def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
                                    checkpoint_every=1000, tensorboard=False, threads=1, test_size=200),
                     log=logs.append)
     assert any("q_proj" in line and "fc1_g" in line for line in logs if line.startswith("fine-tuning lora"))
+    # LoRA trains the adapters and the head: the embedding has nothing to scale
+    assert [line for line in logs if line.startswith("layer decay")] == ["layer decay 0.75: lr x0.562 to x0.75 for "
+                                                                         "blocks 0-1; x1 for head"]
     model = vitkit.from_pretrained(tmp_path / "eva" / "model")
     assert model.config.architecture == "eva" and model.rope is not None and summary["test_top1"] >= 0

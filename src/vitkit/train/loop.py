@@ -46,7 +46,7 @@ from .distill import InputSpec, load_teacher
 from .ema import ModelEma
 from .fit import cost_line, fit_to_data
 from .memory import check_batches_fit
-from .optim import layer_of, make_optimizer  # noqa: F401 (layer_of: vitkit.train.loop's, where it was)
+from .optim import layer_decay_line, layer_of, make_optimizer  # noqa: F401 (layer_of: vitkit.train.loop's, where it was)
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
@@ -82,6 +82,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         run.note(_starting(run))
         for line in run.fit_notes:  # none on resume: a resumed config records no chosen fields
             run.note(line)
+        if cfg.layer_decay is not None and cfg.layer_decay != 1:
+            run.note(layer_decay_line(run.model, cfg.layer_decay))
         if run.main and run.start < run.total:
             encoder = encoder_of(run.model)
             run.note(cost_line(encoder, complexity(encoder.config).macs, (run.total - run.start) * run.cfg.batch_size,

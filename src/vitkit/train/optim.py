@@ -38,6 +38,29 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, **fused)
 
 
+def layer_decay_line(model: nn.Module, decay: float) -> str:
+    """What layer-wise decay does to this model's trainable parameters, said once at the start: the scale of
+    the embedding (and which tensors count as it: registers, RoPE tables), of the blocks and of the rest."""
+    depth = len(getattr(model, "blocks", ()))
+    layers = layer_groups(model)
+    held: Dict[int, List[str]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            held.setdefault(layers.layer_of(name, depth), []).append(name.rsplit(".", 1)[0]
+                                                                      if name.endswith((".weight", ".bias")) else name)
+    parts = []
+    if 0 in held:
+        parts.append(f"x{decay ** (depth + 1):.3g} for the embedding ({', '.join(dict.fromkeys(held[0]))})")
+    blocks = sorted(k - 1 for k in held if 0 < k <= depth)
+    if blocks:
+        first, last = blocks[0], blocks[-1]
+        scales = f"x{decay ** (depth - first):.3g}" + (f" to x{decay ** (depth - last):.3g}" if last > first else "")
+        parts.append(f"{scales} for block{'s' if last > first else ''} {first}" + (f"-{last}" if last > first else ""))
+    if depth + 1 in held:
+        parts.append(f"x1 for {', '.join(dict.fromkeys(held[depth + 1]))}")
+    return f"layer decay {decay:g}: lr " + "; ".join(parts)
+
+
 def layer_groups(model: nn.Module) -> LayerGroups:
     """The parameter groups ``model``'s family declares; a module that declares none (a
     pre-training wrapper, a CNN, a model from elsewhere) is grouped by the token models' rule."""
@@ -53,4 +76,4 @@ def layer_of(name: str, depth: int) -> int:
     return TokenModel.layer_groups.layer_of(name, depth)
 
 
-__all__ = ["layer_groups", "layer_of", "make_optimizer"]
+__all__ = ["layer_decay_line", "layer_groups", "layer_of", "make_optimizer"]
