@@ -122,6 +122,21 @@ def test_bad_finetune_flags_are_one_line(flags, words, tmp_path):
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize("flags,words", [
+    (["--finetune", "lora", "--lora-targets", "query"], "--lora-targets query: not a linear layer"),
+    (["--freeze-blocks", "3"], "--freeze-blocks 3: the model has 2 blocks"),
+])
+def test_fine_tuning_flags_the_model_refuses_are_the_only_line(flags, words, tmp_path, capsys):
+    """They were checked after `initialised from ...` was said: two lines for one refusal."""
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    vitkit.create_model("vit_fmnist", depth=2).save_pretrained(tmp_path / "w")
+    done = in_process(capsys, "train", "--init", tmp_path / "w", "--runs-dir", tmp_path / "runs", "--max-steps", "1",
+                      "--no-progress", *flags)
+    assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "initialised" not in done.stdout + done.stderr and not list((tmp_path / "runs").glob("*/model"))
+
+
 def test_missing_peft_names_its_extra(monkeypatch):
     import vitkit.utils
 

@@ -14,7 +14,7 @@ the features are worth.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -77,12 +77,13 @@ class Classification:
         """A new model shaped for the data, or (``--init``) the given weights' architecture fitted to it;
         ``saved_init``: that architecture as the run saved it (:data:`INIT_MODEL`), which a resume builds
         (the checkpoint holds every weight: the --init file may be gone or replaced since)."""
+        said: List[str] = []  # said once the fine-tuning flags fit the model: a refusal is the only line
         if cfg.init and saved_init is not None:
             model = build_from_config(config_from_dict(saved_init))
-            log(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
+            said.append(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
-            model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head, log=log,
-                                    interpolation=cfg.init_interpolation)
+            model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head,
+                                    log=said.append, interpolation=cfg.init_interpolation)
         if cfg.init:
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
@@ -91,10 +92,12 @@ class Classification:
                     shown = list(dict.fromkeys(parts))
                 finetune.prepare(model, cfg.finetune, cfg.lora_rank, cfg.lora_alpha, targets, cfg.freeze_blocks)
                 n, total = finetune.trainable(model)
-                log(f"fine-tuning {cfg.finetune}" + (f" (rank {cfg.lora_rank}, {', '.join(shown)})"
-                                                     if cfg.finetune == "lora" else "")
-                    + (f", first {cfg.freeze_blocks} blocks frozen" if cfg.freeze_blocks else "")
-                    + f": {n:,} of {total:,} parameters train ({100 * n / total:.2f}%)")
+                said.append(f"fine-tuning {cfg.finetune}" + (f" (rank {cfg.lora_rank}, {', '.join(shown)})"
+                                                             if cfg.finetune == "lora" else "")
+                            + (f", first {cfg.freeze_blocks} blocks frozen" if cfg.freeze_blocks else "")
+                            + f": {n:,} of {total:,} parameters train ({100 * n / total:.2f}%)")
+            for line in said:
+                log(line)
             return model
         config = get_model_config(cfg.model).replace(**model_args_for(cfg, data))
         check_model_fits(config)  # before it is built: a typo must not fill the memory first
