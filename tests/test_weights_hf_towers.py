@@ -11,6 +11,7 @@ import torch
 
 import vitkit
 from conftest import max_diff, randomize
+from vitkit.weights.export import ExportWarning
 from vitkit.weights.io import WeightsError
 
 T = pytest.importorskip("transformers")
@@ -313,3 +314,49 @@ def test_a_folder_whose_config_is_another_models_says_what_disagrees(tmp_path):
         (tmp_path / folder / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(WeightsError, match=re.escape(said)):
             vitkit.from_pretrained(tmp_path / folder)
+
+
+@pytest.mark.parametrize("cls, config, said, name, keywords, trap", [
+    ("DINOv3ViTModel", lambda: T.DINOv3ViTConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=2,
+                                                  num_attention_heads=6, num_register_tokens=4, image_size=32,
+                                                  patch_size=16),
+     r"timm builds this model as vit_small_patch16_lingbot: timm.create_model\('vit_small_patch16_lingbot', depth=2\) "
+     r"\(rope_rescale_coords 2.0 \(not null\): only training reads it\)",
+     "vit_small_patch16_lingbot", {}, "vit_small_patch16_dinov3_qkvb"),
+    ("SiglipVisionModel", lambda: T.SiglipVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=1,
+                                                       num_attention_heads=12, image_size=32, patch_size=16),
+     r"timm's nearest architecture, vit_base_patch16_siglip_224, loads these tensors and computes another function: "
+     r"it differs in depth 1 \(not 12\); gelu \"tanh\" \(not \"exact\"\)\. Build it .*act_layer for gelu",
+     "vit_base_patch16_siglip_224", dict(act_layer="gelu_tanh"), "vit_base_patch16_siglip_224"),
+])
+def test_a_timm_file_from_transformers_says_how_timm_computes_it(cls, config, said, name, keywords, trap, tmp_path,
+                                                                 images):
+    """The file loads strictly into a timm architecture that computes another function, in silence: DINOv3 pools
+    the class token in transformers, timm's dinov3 names average; SigLIP's GELU is the tanh form there."""
+    from safetensors.torch import load_file
+
+    timm = pytest.importorskip("timm")
+    ref = randomize(getattr(T, cls)(config())).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    with pytest.warns(ExportWarning, match=said):
+        vitkit.export_weights(vitkit.from_pretrained(tmp_path / "hf"), tmp_path / "m.safetensors", "timm")
+    x = images(2, 32, 32)
+    sd = load_file(tmp_path / "m.safetensors")
+    with torch.no_grad():
+        expected = _pooled(ref, x)
+        told, untold = (timm.create_model(n, depth=config().num_hidden_layers, img_size=32, **kw).eval()
+                        for n, kw in ((name, keywords), (trap, {})))
+        told.load_state_dict(sd)
+        untold.load_state_dict(sd)  # strict: nothing in the tensors says it is another model
+        assert _close(told(x), expected) and max_diff(untold(x), expected) > 1e-4
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_base_patch16_siglip_224", "eva02_tiny_patch14_224",
+                                  "vit_small_patch14_reg4_dinov2", "vit_fmnist_hybrid"])
+def test_a_model_timm_builds_under_its_own_name_exports_to_timm_without_a_note(name, tmp_path):
+    import warnings
+
+    model = vitkit.create_model(name, depth=1, img_size=28 if "14" in name else 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # vit_fmnist_hybrid: no timm name, and timm refuses its shapes
+        vitkit.export_weights(model, tmp_path / "m.safetensors", "timm")

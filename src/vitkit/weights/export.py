@@ -252,4 +252,10 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
                           ExportWarning, stacklevel=3)
     else:
         raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
+    note = timm_format.timm_function_note(model)
+    if note:  # a timm user would load it under that name strictly, and compute something else
+        warnings.warn(f"{path}: {note}" + ("" if note.startswith("timm builds") else
+                                           ", which reads this model's config from the file's metadata"
+                                           if path.suffix == ".safetensors" else " with those keywords"),
+                      ExportWarning, stacklevel=3)
     return path

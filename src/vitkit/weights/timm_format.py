@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from ..models import family_of, family_of_state_dict, get_model_config, list_models
+from ..models import config_from_dict, family_of, family_of_state_dict, get_model_config, list_models
 from ..models.positions import full_table
 from .io import WeightsError
 
@@ -67,6 +67,73 @@ def architecture_differences(config, other) -> List[str]:
     skip = _NOT_IN_WEIGHTS | _ADAPTED
     return [f"{k} {json.dumps(a.get(k))} (not {json.dumps(b.get(k))})" for k in sorted(set(a) | set(b))
             if k not in skip and a.get(k) != b.get(k)]
+
+
+#: Fields that change what a timm state dict computes but none of its tensor names or shapes: a timm model built
+#: with another value loads the tensors strictly and computes something else, in silence (a 'map' pool has tensors)
+SILENT_FIELDS = frozenset({"gelu", "norm_eps", "global_pool", "block", "pool_include_prefix", "num_heads", "map_heads",
+                           "rope_grid_indexing", "rope_grid_offset", "rope_half", "rope_ref_grid", "rope_temperature"})
+#: fields only training reads (DINOv3's random rescale of the rotary coordinates)
+TRAINING_ONLY = frozenset({"rope_rescale_coords"})
+#: what a timm user passes for such a field, where timm's keyword is not the field's own name
+_TIMM_WORDS = {"gelu": "act_layer", "norm_eps": "norm_layer's eps", "block": "block_fn"}
+#: registered names timm does not have
+VITKIT_ONLY = frozenset({"vit_fmnist", "vit_fmnist_hybrid", "resnetv2_50_nopreact"})
+
+
+def _as_computed(config) -> Dict[str, Any]:
+    """``config``'s fields with a default that resolves one way said that way (fc_norm null: after an average pool)."""
+    values = config.to_dict()
+    if "fc_norm" in values and values["fc_norm"] is None:
+        values["fc_norm"] = values.get("global_pool") == "avg"
+    return values
+
+
+def nearest_timm_name(model) -> Optional[tuple]:
+    """(timm architecture, the fields it differs in, the silent ones among them) nearest to what ``model``'s timm
+    state dict computes: its family's registered timm name with the fewest differences (training-only ones count
+    last; its own name first on a tie); None where no name of its family is timm's."""
+    config = config_from_dict({**model.config.to_dict(), **timm_config(model)})
+    ours, found = _as_computed(config), []
+    skip = _NOT_IN_WEIGHTS | _ADAPTED
+    for name in list_models():
+        other = get_model_config(name)
+        if name not in VITKIT_ONLY and type(other) is type(config):
+            theirs = _as_computed(other)
+            fields = [k for k in sorted(set(ours) | set(theirs)) if k not in skip and ours.get(k) != theirs.get(k)]
+            training = sum(f in TRAINING_ONLY for f in fields)
+            found.append((len(fields) - training, training, name != model.config.name, name,
+                          [f"{k} {json.dumps(ours.get(k))} (not {json.dumps(theirs.get(k))})" for k in fields]))
+    if not found:
+        return None
+    *_, name, differences = min(found)
+    silent = [d for d in differences if d.split()[0] in SILENT_FIELDS and not (d.startswith("global_pool") and
+                                                                               '"map"' in d)]
+    return name, differences, silent
+
+
+def timm_function_note(model) -> Optional[str]:
+    """What to tell a timm user: the architecture timm builds this model as, where it is not the model's own
+    name, or what its nearest one computes differently from the same tensors (None: timm builds it under its own
+    name, or it differs in more than those fields and the depth: other shapes, which timm refuses loudly)."""
+    near = nearest_timm_name(model)
+    if near is None:
+        return None
+    name, differences, silent = near
+    fields = [d.split()[0] for d in differences]
+    if any(f not in SILENT_FIELDS | TRAINING_ONLY | {"depth"} for f in fields) or \
+            (not silent and name == model.config.name):
+        return None
+    call = f"timm.create_model({name!r}" + (f", depth={model.config.depth})" if "depth" in fields else ")")
+    training = [d for d in differences if d.split()[0] in TRAINING_ONLY]
+    also = f" ({'; '.join(training)}: only training reads it)" if training else ""
+    if not silent:
+        return f"timm builds this model as {name}: {call}{also}"
+    words = sorted({f"{_TIMM_WORDS[f]} for {f}" for f in (d.split()[0] for d in silent) if f in _TIMM_WORDS})
+    differ = "; ".join(d for d in differences if d not in training)
+    return (f"timm's nearest architecture, {name}, loads these tensors and computes another function: it differs in "
+            f"{differ}{also}. Build it in timm with this model's values ({call[:-1]}, ...)"
+            f"{': ' + ', '.join(words) if words else ''}), or read the file with vitkit")
 
 
 #: how a model expects its images: what a bare state dict is read back with its family's defaults for
