@@ -443,3 +443,18 @@ def test_a_width_in_model_args_brings_its_mlp_width_as_timm_builds_it(tmp_path, 
     x = images(2, 32, 32)
     with torch.no_grad():
         assert max_diff(ours(x), ref(x)) <= 1e-5
+
+
+def test_weights_another_models_config_json_describes_say_which_file_and_stay_one_short_line(tmp_path):
+    """The hub folder's config.json (another width) was used without saying so, and every one of the 31 tensors
+    was listed: a line of 3,000 characters."""
+    _, tiny = _saved(tmp_path, "vit_tiny_patch16_224", depth=2, img_size=32)
+    _, small = _saved(tmp_path, "vit_small_patch16_224", depth=2, img_size=32)
+    (tiny / "config.json").write_bytes((small / "config.json").read_bytes())
+    for source in (tiny, tiny / "model.safetensors"):
+        with pytest.raises(WeightsError) as e:
+            vitkit.from_pretrained(source)
+        said = str(e.value)
+        assert said.startswith(f"{tiny / 'config.json'} describes another model than these weights: shape mismatch: ")
+        assert "head.weight: checkpoint (1000, 192) vs model (1000, 384)" in said and said.endswith(
+            "; and 24 more of 31 tensors") and len(said) < 800

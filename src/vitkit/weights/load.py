@@ -447,6 +447,10 @@ def _adapt_patch_size(sd: Dict[str, torch.Tensor], model: nn.Module, interpolati
             f"{interpolation})")
 
 
+#: the shape mismatches one error names (another width makes every tensor one)
+SHOWN_MISMATCHES = 6
+
+
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
                             exclude: Sequence[str] = (), report: Optional[LoadReport] = None,
                             copy: bool = True) -> LoadReport:
@@ -459,13 +463,17 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
     differing, missing, unexpected = state_dict_differences(source, target)
     report.unexpected = sorted(k.replace("unmapped:", "", 1) for k in unexpected)
     report.missing = [k for k in missing if not (exclude and k.startswith(exclude))]
-    mismatched = [f"{k}: checkpoint {tuple(source[k].shape)} vs model {tuple(target[k].shape)}" for k in differing]
-    if mismatched:
+    if differing:
         hint = ""
         head = "head.weight"
         if head in differing and source[head].shape[0] != target[head].shape[0]:
             hint = " (a different number of classes: pass exclude=('head.',) to keep a fresh head)"
-        raise WeightsError("shape mismatch: " + "; ".join(mismatched) + hint)
+        # another width differs in every tensor: the first few say it (the head's, which says the classes, kept)
+        shown = list(dict.fromkeys([*differing[:SHOWN_MISMATCHES], *[head] * (head in differing)]))
+        more = len(differing) - len(shown)
+        raise WeightsError("shape mismatch: " + "; ".join(f"{k}: checkpoint {tuple(source[k].shape)} vs model "
+                                                          f"{tuple(target[k].shape)}" for k in shown)
+                           + (f"; and {more} more of {len(differing)} tensors" if more else "") + hint)
     # integers or 8-bit floats where the model holds floats (a quantized file, its scales kept elsewhere) were cast
     # as they stood (float8 ended in torch's "isfinite not implemented" below)
     integral = [k for k, v in source.items()

@@ -288,7 +288,17 @@ def _check_loads(config: Any, src: Source) -> None:
     check_claims(config, src)
     with torch.device("meta"):
         model = build_from_config(config)
-    load_into(model, src, copy=False)
+    _load_described(model, src, src.config_json, copy=False)
+
+
+def _load_described(model: nn.Module, src: Source, described: Optional[Mapping[str, Any]], **how: Any) -> None:
+    """``load_into``; tensors of other shapes than the architecture a config file ``described`` say which file."""
+    try:
+        load_into(model, src, **how)
+    except WeightsError as e:
+        if described is None or not str(e).startswith("shape mismatch"):
+            raise
+        raise WeightsError(f"{_config_file(src)} describes another model than these weights: {e}") from None
 
 
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
@@ -338,7 +348,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
         exclude = tuple(f"{name}." for name in model.head_names())
     # resampled to another size as the source's library resamples it (resampling.load_resampling)
-    load_into(model, src, strict=strict, interpolation=interpolation, exclude=exclude)
+    _load_described(model, src, None if model_name else src.config_json, strict=strict, interpolation=interpolation,
+                    exclude=exclude)
     norm = False
     if features_only and out_indices is None:  # a saved backbone or a transformers one: the maps it returns
         depth = len(getattr(model, "blocks", ()))
