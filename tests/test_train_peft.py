@@ -276,3 +276,6 @@ def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
                                                                          "blocks 0-1; x1 for head"]
     model = vitkit.from_pretrained(tmp_path / "eva" / "model")
     assert model.config.architecture == "eva" and model.rope is not None and summary["test_top1"] >= 0
+    # the run's record names the model it trained (it said the recipe's default model, vit_fmnist)
+    assert json.loads((tmp_path / "eva" / "config.json").read_text())["model"] == summary["model"] \
+        == "eva02_base_patch14_224"

@@ -214,7 +214,10 @@ def restore(run: Run, resume: Optional[str]) -> None:
         main_dir = str(new_run_dir(run)) if run.main else None
         run.run_dir = Path(distributed.broadcast(run.dist, main_dir))
         if run.main:
-            write_json(run.run_dir / "config.json", _located(run.cfg.to_dict()))
+            values = _located(run.cfg.to_dict())
+            if run.cfg.init:  # the model trained: the --init weights' architecture, not the recipe's model
+                values["model"] = run.model_name
+            write_json(run.run_dir / "config.json", values)
             if run.cfg.init:  # what the --init weights built: a resume needs neither them nor their reading again
                 write_json(run.run_dir / INIT_MODEL, run.model.config.to_dict())
     else:

@@ -37,6 +37,8 @@ def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     for old, new in RENAMED.items():
         if old in values:
             values.setdefault(new, values.pop(old))
+    if values.get("init"):  # the architecture the --init weights built, as said: init_model.json builds it again
+        values.pop("model", None)
     return values
 
 
