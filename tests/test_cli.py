@@ -217,6 +217,23 @@ def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tin
     assert code == 2 and f"no answer: {NOT_FINITE}" in out
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["predict", "--weights", "{tmp}/missing", "{tmp}/a.png"], "image not found: {tmp}/a.png"),
+    (["info", "{tmp}/nothing-here"], "weights not found: {tmp}/nothing-here"),
+    (["convert", "{tmp}/missing", "{tmp}/out.onnx", "--to", "onnx"], "weights not found: {tmp}/missing"),
+    (["eval", "--weights", "{tmp}/missing", "--dataset", "fashion-mnist"], "weights not found"),
+])
+def test_with_json_an_error_is_also_a_json_object_on_stdout(argv, said, capsys, tmp_path):
+    """With --json an error was plain text on stderr only: a script reading stdout had nothing to parse."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, out, err = run(capsys, *argv, "--json")
+    got = json.loads(out)
+    assert code == 2 and got["verb"] == argv[0] and got["exit"] == 2 and said.replace("{tmp}", str(tmp_path)) in \
+        got["error"] and err.strip() == f"vitkit {argv[0]}: error: {got['error']}"
+    code, out, _ = run(capsys, *argv)  # without --json: stdout stays empty
+    assert code == 2 and out == ""
+
+
 def test_console_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "vitkit", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"vitkit {vitkit.__version__}"

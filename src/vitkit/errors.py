@@ -33,6 +33,11 @@ def describe_error(e: BaseException) -> str:
             f"if the input was sound)")
 
 
+class AnsweredError(ValueError):
+    """An input error the verb's ``--json`` document on stdout already holds (``predict``'s images without an
+    answer): the command line says it on stderr only, not as a second JSON object."""
+
+
 def is_user_error(e: BaseException) -> bool:
     """vitkit's own errors of input that are not ValueError/OSError (a missing extra, a diverged run);
     the training loop is looked up, not imported: an error before it loaded is none of its."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import os
 import select
 import signal
@@ -15,7 +16,7 @@ import threading
 import warnings
 from typing import Optional, Sequence
 
-from ..errors import describe_error
+from ..errors import AnsweredError, describe_error
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
@@ -46,10 +47,18 @@ def _one_line_warnings(verb: str):
     return previous
 
 
-def _error(verb: str, e: Exception, debug: bool) -> int:
+def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
+    """The error's one line on stderr; with ``--json`` also ``{"error": ..., "exit": 2}`` on stdout, so that a
+    script reading stdout has an answer to parse (unless the verb's own document already holds it)."""
     if debug:
         raise e
-    print(f"vitkit {verb}: error: {describe_error(e)}", file=sys.stderr)
+    said = describe_error(e)
+    print(f"vitkit {verb}: error: {said}", file=sys.stderr)
+    if as_json and not isinstance(e, AnsweredError):
+        try:
+            print(json.dumps({"verb": verb, "error": said, "exit": 2}), flush=True)
+        except OSError:  # stdout's reader went away: stderr said it
+            pass
     return 2
 
 
@@ -129,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _error(args.verb, e, debug)
         return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
-        return _error(args.verb, e, debug)
+        return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
     finally:
         warnings.showwarning = previous_warn
         if main_thread:

@@ -22,6 +22,7 @@ from .common import (
 def cmd_predict(args: argparse.Namespace) -> int:
     from ..data.folder import image_files
     from ..evaluate import predict_images
+    from ..errors import AnsweredError
     from ..evaluate.predict import NOT_FINITE
 
     if args.top_k < 1:  # before the weights are read
@@ -41,7 +42,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 print(f"  {rank:>{len(str(len(p.top)))}}. {label:<30} {100 * prob:6.2f}%  (class {index})")
     broken = [p.image for p in preds if p.error]
     if broken:  # every other image answered above; the exit code says not all were
-        raise ValueError(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"
+        raise (AnsweredError if args.json else ValueError)(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"
                          f"{', ...' if len(broken) > 3 else ''}; each said above)")
     return 0
 
