@@ -21,8 +21,8 @@ from .common import (
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from ..data.folder import image_files
-    from ..evaluate import predict_images
     from ..errors import AnsweredError
+    from ..evaluate import predict_images
     from ..evaluate.predict import NOT_FINITE
 
     if args.top_k < 1:  # before the weights are read
