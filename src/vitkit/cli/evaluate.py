@@ -42,8 +42,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 print(f"  {rank:>{len(str(len(p.top)))}}. {label:<30} {100 * prob:6.2f}%  (class {index})")
     broken = [p.image for p in preds if p.error]
     if broken:  # every other image answered above; the exit code says not all were
-        raise (AnsweredError if args.json else ValueError)(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"
-                         f"{', ...' if len(broken) > 3 else ''}; each said above)")
+        error = AnsweredError if args.json else ValueError  # --json: the document above holds each image's error
+        raise error(f"{len(broken)} of {len(preds)} images have no answer ({', '.join(broken[:3])}"
+                    f"{', ...' if len(broken) > 3 else ''}; each said above)")
     return 0
 
 
