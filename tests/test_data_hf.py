@@ -234,6 +234,11 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
                 "--seeds", "2", "--json", "--no-progress"]) == 0
     shots = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
     assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
+    # shots drawn from the split that is scored: fitted on the test images (it scored higher, in silence)
+    assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-split", "test",
+                "--shots", "1", "--no-progress"]) == 2
+    assert "--hf-split test: fewshot scores the test split, so the shots must come from another one" in \
+        capsys.readouterr().err
 
 
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):

@@ -9,6 +9,7 @@ import vitkit
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.evaluate import fewshot_from_features, ridge_fit
+from vitkit.evaluate.dataset import check_fewshot_options
 
 
 def blobs(n_per_class, classes=10, dim=32, spread=0.3, seed=0):
@@ -54,6 +55,31 @@ def test_not_enough_images_per_class_is_a_clear_error():
     with pytest.raises(ValueError, match=r"need 35 training images per class; \d+ of \d+ classes have fewer "
                                          r"\(class \d+: 10\): give the probe"):
         fewshot_from_features(tr_x, tr_y, tr_x, tr_y, shots=[25], holdout_per_class=10)
+
+
+def test_the_largest_shot_count_decides_and_the_advice_names_the_counts_that_fit():
+    """`--shots 5 30` on 30 images a class named 5 shots (the first) and said "or fewer --shots" with 1 image."""
+    tr_x, tr_y = blobs(30)
+    with pytest.raises(ValueError, match=r"^30 shots \+ 10 held out .* need 40 training images per class; .* "
+                                         r"\(class \d+: 30\): give the probe a training split with more images per "
+                                         r"class, or only --shots 5$"):
+        fewshot_from_features(tr_x, tr_y, tr_x, tr_y, shots=[5, 30], holdout_per_class=10)
+    with pytest.raises(ValueError, match=r"images per class$"):  # no shot count fits: no "fewer" advice
+        fewshot_from_features(tr_x, tr_y, tr_x, tr_y, shots=[25, 30], holdout_per_class=10)
+
+
+def test_one_class_and_features_that_are_not_finite_are_refused_not_scored():
+    """One class scored 100% and NaN features chance (10%), each as a normal result with exit 0."""
+    tr_x, tr_y = blobs(30)
+    one = tr_y == tr_y[0]
+    with pytest.raises(ValueError, match="needs at least 2 classes; the training split has 1"):
+        fewshot_from_features(tr_x[one], tr_y[one], tr_x[one], tr_y[one], shots=[1], holdout_per_class=10)
+    broken = tr_x.clone()
+    broken[3, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"features are not finite \(NaN or inf\): its weights overflow"):
+        fewshot_from_features(broken, tr_y, tr_x, tr_y, shots=[1], holdout_per_class=10)
+    with pytest.raises(ValueError, match=r"--seeds 100000000000: at most 1000"):
+        check_fewshot_options([1], 10 ** 11, 0)
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

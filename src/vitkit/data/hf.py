@@ -223,7 +223,7 @@ def pick_split(splits: Any, name: str, split: Optional[str], role: str) -> str:
     wanted = ("train",) if role == "train" else TEST_SPLITS
     found = next((s for s in wanted if s in have), None)
     if found is None:
-        flag = "--hf-split" if role == "train" else "--hf-test-split (vitkit eval and fewshot: --hf-split)"
+        flag = "--hf-split" if role == "train" else "--hf-test-split (vitkit eval: --hf-split)"
         raise ValueError(f"{name} has no {' or '.join(wanted)} split for {role}; its splits: {', '.join(have)}: "
                          f"name one with {flag}")
     return found

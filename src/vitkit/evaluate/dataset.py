@@ -68,10 +68,16 @@ def check_score_options(batch_size: int, max_images: Optional[int], tta: str = "
     check_mode(tta)
 
 
+#: the most draws a few-shot score averages
+MAX_SEEDS = 1000
+
+
 def check_fewshot_options(shots: Sequence[int], seeds: int, pool: int) -> None:
     if not shots or min(shots) < 1 or seeds < 1 or pool < 0:
         raise ValueError(f"--shots must be >= 1, --seeds >= 1 and --pool >= 0 (0: all), not {list(shots)}, "
                          f"{seeds} and {pool}")
+    if seeds > MAX_SEEDS:  # each seed is a fit per shot count: 10^11 of them ran until killed
+        raise ValueError(f"--seeds {seeds}: at most {MAX_SEEDS} (the paper averages 5 draws, big_vision 3)")
 
 
 def dataset_of(model, dataset: Optional[str]) -> str:
@@ -251,6 +257,9 @@ def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[in
     skipped: List[str] = []
     if datasets.is_hf(dataset):
         splits = _hf_splits(model, dataset, {"train": hf_split, "test": None}, image_key, label_key)
+        if splits["train"].split_name == splits["test"].split_name:  # fitted on the images it is scored on
+            raise ValueError(f"--hf-split {hf_split}: fewshot scores the {splits['test'].split_name} split, so the "
+                             f"shots must come from another one (the default: train)")
         features = _file_features(model, splits, pool, progress, skipped)
     elif dataset == "folder":
         features = _file_features(model, _folder_splits(model, data_dir, ("train", "test"), progress), pool,

@@ -73,6 +73,22 @@ class FewShotResult:
                 "lambdas": self.lambdas}
 
 
+def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int) -> None:
+    """At least two classes, each with the images the largest shot count draws (said for that one, which decides)."""
+    present = sum(len(idx) > 0 for idx in by_class)
+    if present < 2:
+        raise ValueError(f"few-shot classification needs at least 2 classes; the training split has {present}")
+    need = max(shots) + holdout
+    short = [c for c, idx in enumerate(by_class) if len(idx) < need]
+    if short:
+        fewest = min(short, key=lambda c: len(by_class[c]))
+        fits = [k for k in shots if k + holdout <= len(by_class[fewest])]
+        raise ValueError(f"{max(shots)} shots + {holdout} held out (the ridge's regulariser is chosen on them) need "
+                         f"{need} training images per class; {len(short)} of {len(by_class)} classes have fewer "
+                         f"(class {fewest}: {len(by_class[fewest])}): give the probe a training split with more "
+                         f"images per class" + (f", or only --shots {' '.join(map(str, fits))}" if fits else ""))
+
+
 def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                           test_y: torch.Tensor, shots: Sequence[int], seeds: int = 3,
                           holdout_per_class: int = 50, progress: bool = True) -> Dict[int, FewShotResult]:
@@ -85,17 +101,13 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
         raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
     classes = int(max(train_y.max(), test_y.max()).item()) + 1
     by_class = [torch.nonzero(train_y == c).flatten() for c in range(classes)]
+    _check_fits(by_class, shots, holdout_per_class)
+    if not (torch.isfinite(train_x).all() and torch.isfinite(test_x).all()):  # chance, said as a score before
+        raise ValueError("the model's features are not finite (NaN or inf): its weights overflow")
     results: Dict[int, FewShotResult] = {}
     with waiting_bar(len(shots) * seeds, "fitting few-shot ridge", progress, unit="fits") as bar:
         for k in shots:
             need = k + holdout_per_class
-            short = [c for c, idx in enumerate(by_class) if len(idx) < need]
-            if short:
-                fewest = min(short, key=lambda c: len(by_class[c]))
-                raise ValueError(f"{k} shots + {holdout_per_class} held out (the ridge's regulariser is chosen on "
-                                 f"them) need {need} training images per class; {len(short)} of {classes} classes "
-                                 f"have fewer (class {fewest}: {len(by_class[fewest])}): give the probe a training "
-                                 f"split with more images per class, or fewer --shots")
             accs, chosen = [], []
             for seed in range(seeds):
                 g = torch.Generator().manual_seed(seed)
