@@ -215,6 +215,16 @@ def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tin
     assert err.strip().splitlines()[-1].startswith("vitkit predict: error: 1 of 1 images have no answer"), err
     code, out, _ = run(capsys, "predict", "--weights", str(tmp_path / "overflows"), str(photo))
     assert code == 2 and f"no answer: {NOT_FINITE}" in out
+    # inspect says it as predict does (it said matplotlib's "supplied range of [inf, inf] is not finite"), and so
+    # does it for a model whose tokens overflow before any head
+    with torch.no_grad():
+        model.blocks[1].mlp.fc2.weight.mul_(1e37)
+    model.save_pretrained(tmp_path / "tokens")
+    for weights in ("overflows", "tokens"):
+        code, _, err = run(capsys, "inspect", "--weights", str(tmp_path / weights), "--image", str(photo), "--out",
+                           str(tmp_path / f"inspect-{weights}"), "--no-progress")
+        assert code == 2 and err.strip() == f"vitkit inspect: error: {NOT_FINITE}", err
+        assert not (tmp_path / f"inspect-{weights}").exists()
 
 
 @pytest.mark.parametrize("argv, said", [

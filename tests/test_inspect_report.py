@@ -66,6 +66,32 @@ def test_a_second_report_into_the_same_folder_replaces_the_first_whole(tmp_path,
     assert "<h2>predictions</h2>" not in page and "no classifier" in page and "the prediction draws on" not in page
 
 
+def test_a_report_replaces_only_what_an_earlier_report_wrote_and_never_inspects_it(tmp_path, saved_model, capsys):
+    """Every rollout_*.png in --out was taken for an old figure and deleted (the image being inspected too), a
+    user's filter_pca.png was replaced, and `--image DIR --out DIR` inspected its own figures the second time."""
+    out = tmp_path / "photos"
+    out.mkdir()
+    for i, name in enumerate(("rollout_7.png", "cat.png")):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(out / name)
+    mine = (out / "rollout_7.png").read_bytes()
+    for _ in range(2):
+        assert cli(["inspect", "--weights", str(saved_model), "--image", str(out), "--out", str(out), "--json"]) == 0
+        said = json.loads(capsys.readouterr().out)
+        assert len(said["predictions"]) == 2, said  # cat.png and rollout_7.png, never the report's own figures
+    assert (out / "rollout_7.png").read_bytes() == mine and (out / "rollout_2.png").is_file()
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(out / "cat.png"), "--out", str(out)]) == 0
+    assert not (out / "rollout_2.png").exists() and (out / "rollout_7.png").read_bytes() == mine
+    capsys.readouterr()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "filter_pca.png").write_bytes(b"my own figure")
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(out / "cat.png"), "--out", str(theirs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{theirs} holds filter_pca.png, which no earlier vitkit inspect report there wrote" in err, err
+    assert [p.name for p in theirs.iterdir()] == ["filter_pca.png"] and \
+        (theirs / "filter_pca.png").read_bytes() == b"my own figure"
+
+
 def test_the_report_of_a_hybrid_names_its_tokens_in_pixels(tmp_path):
     from vitkit.inspect import inspect_model
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -21,7 +22,7 @@ from PIL import Image
 from torch import nn
 
 from ..data.transforms import EvalTransform, load_image
-from ..evaluate.predict import label_for
+from ..evaluate.predict import NOT_FINITE, label_for
 from ..extras import require
 from ..files import weights_folder, write_text
 from ..models import family_of
@@ -161,7 +162,7 @@ def write_report(result: InspectResult, model: nn.Module, title: str, pretrainin
     config_json = html.escape(json.dumps(cfg.to_dict(), indent=1, default=str))
     notes = "".join(f"<p class=\"caption\">{html.escape(note)}</p>\n" for note in result.notes)
     page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: vitkit inspect</title>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: {REPORT_MARK}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
 img{{max-width:100%}}.caption{{color:#555;max-width:60em}}
 table{{border-collapse:collapse}}td,th{{padding:2px 10px;border-bottom:1px solid #ddd}}
@@ -240,7 +241,10 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     and 16 images through a ViT-S/16 take ~20 s on a CPU."""
     from ..data.folder import image_files
 
-    images = image_files(images) if images else images  # a folder: the images under it
+    given = [Path(p) for p in images or ()]
+    earlier = {p.resolve() for p in report_files(Path(out_dir))}  # a folder's earlier figures are no input
+    images = [p for p in image_files(images) if Path(p) in given or Path(p).resolve() not in earlier] if images \
+        else images  # a folder: the images under it
     if images and len(images) > MAX_IMAGES:
         raise ValueError(f"{len(images):,} images to inspect: at most {MAX_IMAGES} (one figure each, all held at "
                          f"once); pass a few of them, or classify many with vitkit predict")
@@ -275,6 +279,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
                     if getattr(pretrainer.config, "norm_pix_loss", False) else "")
                 bar.advance()
             probs, rollout, distance = _per_image(model, x, pretrainer is None and not no_classes(cfg), bar, maps)
+            _check_finite(probs)
             for (name, _), p in zip(named, probs if probs is not None else []):
                 result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
             for i, ((name, _), view) in enumerate(zip(named, views) if maps else ()):
@@ -285,8 +290,15 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             _model_figures(model, x, views[0], distance, into, result, pca_components, bar)
             result.report = write_report(result, model, title or cfg.name or "ViT",
                                          pretrainer.config.to_dict() if pretrainer is not None else None)
+            _check_replaces_only_reports(into, out)
             bar.advance()
     return _moved(result, out)
+
+
+def _check_finite(values: Optional[torch.Tensor]) -> None:
+    """Said as predict says it, not as matplotlib's "supplied range of [inf, inf] is not finite" at a figure."""
+    if values is not None and not torch.isfinite(values).all():
+        raise ValueError(NOT_FINITE)
 
 
 def _moved(result: InspectResult, out: Path) -> InspectResult:
@@ -297,11 +309,36 @@ def _moved(result: InspectResult, out: Path) -> InspectResult:
     return result
 
 
+#: what marks a report.html as vitkit inspect's (its title's end)
+REPORT_MARK = "vitkit inspect"
+
+
 def report_files(folder: Path) -> List[Path]:
-    """The files an earlier ``vitkit inspect`` wrote into ``folder`` (a new report replaces them all)."""
-    names = {*CAPTIONS, *(stem for stem, _ in EXTRA_ANALYSES.values())}
-    return [p for p in (*folder.glob("rollout_*.png"), *(folder / f"{n}.png" for n in names), folder / "report.html")
-            if p.is_file()]
+    """The files an earlier ``vitkit inspect`` wrote into ``folder`` (a new report replaces them all): its
+    report.html and the figures it shows (their names are its images' ``alt``), never a file of the user's that
+    only looks like one (``rollout_7.png`` beside no report was deleted, the image being inspected included)."""
+    page = Path(folder) / "report.html"
+    try:
+        text = page.read_text(errors="replace") if page.is_file() else ""
+    except OSError:
+        text = ""
+    if REPORT_MARK not in text:
+        return []
+    known = {*CAPTIONS, *(stem for stem, _ in EXTRA_ANALYSES.values())}
+    shown = [n for n in re.findall(r'<img alt="([A-Za-z0-9_]+)"', text)
+             if n in known or re.fullmatch(r"rollout_\d+", n)]
+    return [p for p in (*(page.parent / f"{n}.png" for n in dict.fromkeys(shown)), page) if p.is_file()]
+
+
+def _check_replaces_only_reports(into: Path, out: Path) -> None:
+    """A file in ``out`` of a name the new report writes, which no earlier report wrote, is the user's: refused,
+    not replaced (a filter_pca.png of their own, an image named rollout_1.png)."""
+    ours = {p.name for p in report_files(out)}
+    theirs = sorted(p.name for p in into.iterdir() if (out / p.name).exists() and p.name not in ours)
+    if theirs:
+        which = "it" if len(theirs) == 1 else "them"
+        raise ValueError(f"{out} holds {', '.join(theirs[:4])}{' ...' if len(theirs) > 4 else ''}, which no earlier "
+                         f"vitkit inspect report there wrote: the report would replace {which}; give another --out")
 
 
 def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Optional[torch.Tensor], out: Path,
@@ -322,6 +359,7 @@ def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Option
             distance, out / "attention_distance.png", image_size=max(cfg.img_size), uniform=uniform)
         bar.advance()
     norms = token_norms(model, batch)
+    _check_finite(norms.patches)
     labels = (["class"] if model.cls_token is not None else []) + \
         (["distillation"] if getattr(model, "dist_token", None) is not None else []) + \
         [f"register {i + 1}" for i in range(getattr(cfg, "reg_tokens", 0) or 0)]
