@@ -225,7 +225,8 @@ def test_overload_answers_503_with_retry_after_and_slowness_504(serving):
     batcher = quick.server.config.app.state.endpoint.predictor
     batcher.run = slow(batcher.run)
     late = post(quick.url, photo(1))
-    assert late.status_code == 504 and "no answer within 0.2 s" in late.json()["error"]
+    assert late.status_code == 504 and late.json()["error"] == "no answer within 0.2 s (--timeout: the server is " \
+        "busy, or its model takes longer than that)"
     assert httpx.get(quick.url + "/healthz").status_code == 200
 
 
@@ -353,6 +354,12 @@ def test_bad_query_values_are_one_line_400s(serving):
     assert len(post(running.url, photo(1), "/predict?top_k=" + "9" * 18).json()["top"]) >= 1
     twice = post(running.url, photo(1), "/predict?top_k=1&top_k=3")  # was read as 3, without a word
     assert twice.status_code == 400 and twice.json() == {"error": "top_k is given 2 times: give it once"}
+    typo = post(running.url, photo(1), "/predict?topk=3")  # answered five classes, without a word
+    assert typo.status_code == 400 and typo.json() == {
+        "error": "unknown query parameter 'topk' for /predict (it reads top_k; did you mean top_k?)"}
+    extra = post(running.url, photo(1), "/embed?normalize=1")
+    assert extra.status_code == 400 and "unknown query parameter 'normalize' for /embed (it reads none)" in \
+        extra.json()["error"]
 
 
 def _form(parts, boundary=b"BB") -> bytes:
@@ -394,6 +401,9 @@ def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving
                                                                                               level)
     answer = post(running.url, deep, headers={"content-type": "multipart/form-data; boundary=b1"})
     assert answer.status_code == 400 and answer.json()["error"], answer.text
+    torn = _form([(disposition % (b"file", b"a"), photo(1))])[:-len(b"\r\n--BB--\r\n")]  # no closing boundary
+    answer = post(running.url, torn, headers={"content-type": "multipart/form-data; boundary=BB"})  # was a 200
+    assert answer.status_code == 400 and "a torn form" in answer.json()["error"], answer.text
     assert post(running.url, photo(1)).status_code == 200
 
 
@@ -705,7 +715,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     (["--max-batch", "0"], "--max-batch must be >= 1"),
     (["--max-batch", "100000"], "--max-batch must be at most 1,024 (the server runs its largest batch once"),
     (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),
-    (["--timeout", "0"], "--timeout must be between 0 and 3600"),
+    (["--timeout", "0"], "--timeout must be more than 0 and at most 3600 seconds, not 0.0"),
     (["--max-body-mb", "0"], "--max-body-mb must be positive"),
     (["--max-body-mb", "0.0000001"], "not 1e-07 (less than one byte)"),  # was said as --max-body-bytes, no flag
     (["--max-body-mb", "nan"], "--max-body-mb must be positive and at most 1,048,576, not nan"),

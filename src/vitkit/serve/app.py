@@ -13,6 +13,7 @@ import hmac
 import os
 import time
 from dataclasses import dataclass
+from email import errors as email_errors
 from email.parser import BytesParser
 from email.policy import HTTP
 from pathlib import Path
@@ -68,7 +69,7 @@ class ServeOptions:
         if not 0 <= self.max_wait_ms <= 10_000:
             out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
         if not 0 < self.timeout_s <= 3600:
-            out.append(f"--timeout must be between 0 and 3600 seconds, not {self.timeout_s}")
+            out.append(f"--timeout must be more than 0 and at most 3600 seconds, not {self.timeout_s}")
         if self.api_key is not None and not header_safe(self.api_key):
             out.append("--api-key " + KEY_RULE)
         return out
@@ -178,7 +179,8 @@ class Endpoint:
                          retry_after=1)
 
     def _too_late(self) -> HttpError:
-        return HttpError(504, f"no answer within {self.options.timeout_s:g} s (the server is overloaded)")
+        return HttpError(504, f"no answer within {self.options.timeout_s:g} s (--timeout: the server is busy, or its "
+                              f"model takes longer than that)")
 
     def _worker_done(self, job: "asyncio.Future") -> None:
         self.workers.release()
@@ -200,6 +202,7 @@ class Endpoint:
     async def embed(self, request: Request):
         """The image's pooled pre-logits features (the PyTorch runtime)."""
         self._torch_only("embeddings")
+        _only_query(request)
         features, name = await self._through(self.embedder, request)
         return {"image": name, "dim": len(features), "embedding": _finite(features).tolist()}
 
@@ -208,6 +211,7 @@ class Endpoint:
         from fastapi.responses import Response
 
         self._torch_only("attention maps")
+        _only_query(request)
         body, ctype = await self._body(request)
         deadline = time.monotonic() + self.options.timeout_s
         png = await self._in_worker(self._rollout_png, body, ctype, deadline=deadline)
@@ -418,7 +422,20 @@ def _finite(values):
     return values
 
 
+def _only_query(request, allowed: Tuple[str, ...] = ()) -> None:
+    """A query parameter the route does not read is refused, not ignored (``?topk=3`` answered five classes)."""
+    import difflib
+
+    unknown = [k for k in dict.fromkeys(request.query_params.keys()) if k not in allowed]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        reads = f"it reads {', '.join(allowed)}" if allowed else "it reads none"
+        raise HttpError(400, f"unknown query parameter {unknown[0][:40]!r} for {request.url.path} ({reads}"
+                             f"{f'; did you mean {close[0]}?' if close else ''})")
+
+
 def _top_k(request, default: int) -> int:
+    _only_query(request, ("top_k",))
     given = request.query_params.getlist("top_k")
     if len(given) > 1:
         raise HttpError(400, f"top_k is given {len(given)} times: give it once")
@@ -481,7 +498,9 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
         message = BytesParser(policy=HTTP).parsebytes(head + body)
     except (RecursionError, UnicodeError):
         raise HttpError(400, "the multipart body could not be read") from None
-    if not message.is_multipart():
+    torn = (email_errors.CloseBoundaryNotFoundDefect, email_errors.StartBoundaryNotFoundDefect)
+    if not message.is_multipart() or any(isinstance(d, torn) for d in message.defects):  # (a form cut short
+        # before its closing boundary was answered from what had come of its file)
         raise HttpError(400, "the multipart body could not be read (no boundary, or a torn form)")
     parts = list(message.iter_parts())
     if any(part.is_multipart() for part in parts):
