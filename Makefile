@@ -45,13 +45,13 @@ tour: $(STAMP)
 # others prove piece by piece (every page of docs/ run as written, the benchmark smokes, int8 of
 # the trained later ViTs, Ray's replicas, every study end to end, the site in Chromium, inductor).
 # `make test-full` runs them too; run it before you stop.
-TIER ?= -m "not full"
+TEST_MARKS := -m "not full"
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 $(TIER) --ignore=tests/test_deploy_openvino.py
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=5 $(TIER) tests/test_deploy_openvino.py
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 $(TEST_MARKS) --ignore=tests/test_deploy_openvino.py
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=5 $(TEST_MARKS) tests/test_deploy_openvino.py
 
 test-full: $(STAMP)
-	$(MAKE) test TIER=
+	$(MAKE) test TEST_MARKS=
 
 # On a machine lent a GPU, first thing (its python3 has torch, timm and transformers; vitkit runs
 # from this source): tests/gpu, inference and training against timm, the default run; JSON into
