@@ -47,3 +47,51 @@ def test_two_gloo_processes_match_one(tmp_path, verb):
     # fp32 sums in another order (an all-reduce of two halves against one batch), grown over 8 steps:
     # relative to the loss, 0.5e-5 seen with AVX-512 kernels and 1.14e-5 with AVX2's (ATEN_CPU_CAPABILITY=avx2)
     assert max(abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b)) <= 3e-5
+
+
+def _children(pid: int):
+    """The processes whose parent is ``pid`` (torchrun's ranks), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sigterm_to_one_rank_ends_the_whole_job(tmp_path, rank):
+    """The stopped rank waited at the process group's closing barrier while the other waited in a step's
+    all-reduce: both ranks and torchrun stayed (10 minutes, until killed). Now the job ends, the stop is
+    said, and the run keeps its checkpoint to resume from."""
+    import os
+    import signal
+    import time
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    args = [a for a in ARGS if a not in ("--json",)]
+    args[args.index("--max-steps") + 1] = "100000"
+    job = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
+                            "--checkpoint-every", "2", "--runs-dir", str(tmp_path), "--name", "stopped"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not list((tmp_path / "stopped").glob("checkpoints/step_*.pt")):
+            assert job.poll() is None and time.time() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        ranks = _children(job.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[rank], signal.SIGTERM)
+        _, err = job.communicate(timeout=120)  # torchrun ends its other rank once one has ended
+    finally:
+        if job.poll() is None:
+            job.kill()
+            for pid in _children(job.pid):
+                os.kill(pid, signal.SIGKILL)
+    assert job.returncode != 0 and not _children(job.pid)
+    assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
+    assert list((tmp_path / "stopped").glob("checkpoints/step_*.pt"))

@@ -56,7 +56,11 @@ def broadcast(info: DistInfo, obj: Any) -> Any:
     return box[0]
 
 
-def cleanup(info: DistInfo) -> None:
+def cleanup(info: DistInfo, finished: bool = True) -> None:
+    """The process group's end: after a barrier where every rank finished, without one where this rank stopped
+    early (a signal, an error): the others wait in a step's all-reduce, never at the barrier, and both waited
+    for ever (torchrun and both ranks stayed after SIGTERM to one). Its exit ends the others' all-reduce."""
     if info.world > 1 and dist.is_initialized():
-        dist.barrier()
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()

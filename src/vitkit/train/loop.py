@@ -75,7 +75,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         torch.set_num_threads(cfg.threads)
     dist_info = distributed.setup()
     run = None
-    discard = False
+    discard = finished = False
     try:
         run = build(cfg, dist_info, log, saved_init_model(resume) if resume and cfg.init else None)
         restore(run, resume)
@@ -90,7 +90,9 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
                                run.layout.local, run.amp, run.dist.device, timed=cfg.objective == "classify"))
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
-            return summarise(run)
+            summary = summarise(run)
+        finished = True
+        return summary
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C or SIGTERM, to this process or a data worker
         # a worker's death after a stop this process received (and Python swallowed: see stop_received)
         stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
@@ -115,7 +117,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
             shutil.rmtree(run.run_dir, ignore_errors=True)
         if run is not None and run.lock is not None:
             run.lock.release()
-        distributed.cleanup(dist_info)
+        distributed.cleanup(dist_info, finished)
 
 
 def _starting(run: Run) -> str:
