@@ -161,7 +161,7 @@ def test_a_study_runs_on_an_image_folder(tmp_path, tiny):
 
 @real
 @pytest.mark.slow
-def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
+def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny, monkeypatch, capsys):
     """SIGKILL once the first run is done; started again, the study keeps that run as it was,
     finishes the rest and reports every arm; the arm the kill interrupted ends as a study never
     stopped would end it (run here again, alone, in a fresh folder)."""
@@ -190,6 +190,12 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny):
     interrupted = next(a for a in arms if a.key == "learned-7x7")  # the arm after the first
     straight = train_run(interrupted, 0, options, study, tmp_path / "straight")
     assert results["runs"]["learned-7x7-s0"]["test_top1"] == straight["test_top1"]
+    # without VITKIT_TINY the same folder's test-scale runs were reused as results (the results file said not tiny)
+    monkeypatch.setenv("VITKIT_TINY", "0")
+    capsys.readouterr()
+    assert vitkit_here(*args) == 2
+    assert "none-7x7-s0 was trained with VITKIT_TINY (a test-scale run), and this study runs without it" in \
+        capsys.readouterr().err
 
 
 def test_attention_distance_growth_needs_more_than_noise():

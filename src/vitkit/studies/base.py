@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .. import tiny
 from ..files import write_json, write_text
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
@@ -274,7 +275,12 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     if started:
         _check_reuse(run, config, configs / f"{name}.json")
     if finished:
-        return _read_json(run / "summary.json", "the summary of a finished run")
+        summary = _read_json(run / "summary.json", "the summary of a finished run")
+        if bool(summary.get("tiny")) != tiny.enabled():  # a test-scale run is no result, and the reverse
+            raise ValueError(f"{run} was trained {'with' if summary.get('tiny') else 'without'} VITKIT_TINY (a "
+                             f"test-scale run), and this study runs {'with' if tiny.enabled() else 'without'} it: "
+                             f"give the study another --work folder, or remove that one to train it again")
+        return summary
     if started:
         return run_training(f"resuming {name}", resume=str(run), threads=options.threads)
     discard_unstarted(run)
@@ -341,7 +347,7 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
         "date": datetime.date.today().isoformat(), "machine": machine(),
         "settings": {"seeds": list(options.seeds), "smoke": options.smoke, "steps": options.steps,
                      "dataset": options.dataset or "fashion-mnist", "data_dir": options.data_dir,
-                     "tiny": bool(os.environ.get("VITKIT_TINY", "") not in ("", "0"))},
+                     "tiny": tiny.enabled()},
         "arms": {a.key: {"label": a.label, "train": a.train, **a.facts} for a in arms}, "runs": {}}
     path = out / f"{study.name}.json"
     # runs are recorded as they finish beside the results, never over them: a study stopped (or
