@@ -43,6 +43,16 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     state = torch.load(tmp_path / "straight" / "checkpoints" / "step_00000008.pt", weights_only=True)
     assert middle.config == vitkit.from_pretrained(tmp_path / "straight").config
     assert all(torch.equal(v, state["model"][k]) for k, v in middle.state_dict().items())
+    # config.json edited since the checkpoint: the run changed part-way and config.json claimed it for every step
+    saved = (run / "config.json").read_text()
+    config = json.loads(saved)
+    (run / "config.json").write_text(json.dumps({**config, "lr": config["lr"] * 10}))
+    edited = forks.run("train", "--resume", run, "--no-progress", env=env)
+    assert edited.returncode == 2 and f"{run / 'config.json'} was changed after the checkpoint step_00000008.pt was " \
+        f"written: lr {config['lr'] * 10} (the run trained with {config['lr']})" in edited.stderr, edited.stderr
+    assert edited.stderr.strip().splitlines()[-1].startswith("vitkit train: error: ") and "Traceback" not in \
+        edited.stderr and not (run / "summary.json").exists()
+    (run / "config.json").write_text(saved)
     done = forks.run("train", "--resume", run, "--no-progress", "--tensorboard", "--test-tta", "flip", env=env)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr

@@ -18,6 +18,7 @@ checkpoint is written only once every step before it is known to be finite.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -50,7 +51,7 @@ from .optim import layer_decay_line, layer_of, make_optimizer  # noqa: F401 (lay
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
-from .resume import read_run_json, resumed_config
+from .resume import RUNTIME_FIELDS, read_run_json, resumed_config
 from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir  # noqa: F401 (re-exported)
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
@@ -252,6 +253,7 @@ def _load_state(run: Run, run_dir: Path) -> None:
         raise ValueError(f"the checkpoint {path} does not fit {built} as its run's config.json says: "
                          f"{'; '.join(problems)}")
     _check_same_data(run, state.get("data"), path)
+    _check_same_config(run, state.get("config"), path)
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
@@ -276,6 +278,27 @@ def _located(values: Dict[str, Any]) -> Dict[str, Any]:
     """``values`` with each local path of :data:`PATH_FIELDS` absolute (a Hub name stays as given)."""
     return {k: os.path.abspath(v) if k in PATH_FIELDS and isinstance(v, str) and os.path.exists(v) else v
             for k, v in values.items()}
+
+
+def _deciding(cfg: TrainConfig) -> Dict[str, Any]:
+    """The settings that decide what a run computes (not the machine's, which a resume may change), as JSON
+    holds them: what a checkpoint records for --resume to compare with the run's config.json."""
+    values = _located(cfg.to_dict())
+    return json.loads(json.dumps({k: v for k, v in values.items() if k not in RUNTIME_FIELDS}))
+
+
+def _check_same_config(run: Run, saved: Optional[Dict[str, Any]], path: Path) -> None:
+    """A config.json edited since ``path`` was written would change the run part-way (an lr 10x from step 40 on,
+    and config.json then claiming it for every step): refused, naming what changed (None: an older checkpoint)."""
+    if saved is None:
+        return
+    now = _deciding(run.cfg)
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if changed:
+        said = "; ".join(f"{k} {json.dumps(now.get(k))} (the run trained with {json.dumps(saved.get(k))})"
+                         for k in changed[:3])
+        raise ValueError(f"{run.run_dir / 'config.json'} was changed after the checkpoint {path.name} was written: "
+                         f"{said}; a run continues as it started: undo the change, or start a new run")
 
 
 def _data_facts(run: Run) -> Dict[str, Any]:
@@ -405,7 +428,7 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
         return None
     state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "scaler": run.scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
-             "seconds": run.seconds(), "data": _data_facts(run)}
+             "seconds": run.seconds(), "data": _data_facts(run), "config": _deciding(run.cfg)}
     if run.prior_train_seconds is not None:
         state["train_seconds"] = run.prior_train_seconds + run.train_seconds
     if run.ema is not None:
