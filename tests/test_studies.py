@@ -198,6 +198,28 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny, monk
         capsys.readouterr().err
 
 
+def test_a_damaged_or_edited_run_record_in_a_study_folder_is_one_line_naming_its_file(tmp_path):
+    """An edited summary.json was believed (99%) and then ended in the study's TypeError; a damaged fewshot.json
+    said only "Expecting value: line 2 column 1", and one of {} dropped the run's few-shot columns in silence."""
+    from vitkit.studies.base import fewshot_scores, run_name
+
+    study = get_study("compute")
+    options = Options(seeds=(0,), smoke=True)
+    arm = study.arms(options)[0]
+    run = tmp_path / run_name(arm, 0)
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"test_top1": 0.99}))
+    with pytest.raises(ValueError, match=r"summary.json \(the summary of a finished run\) has no run_dir, model, "
+                                         r"params, steps, train_images, precision: not what vitkit train writes"):
+        train_run(arm, 0, options, study, tmp_path)
+    for cached in ("[", "{}", '{"fewshot_5": 0.5, "fewshot_25": "high"}'):
+        (run / "fewshot.json").write_text(cached)
+        with pytest.raises(ValueError, match=re.escape(str(run / "fewshot.json"))):
+            fewshot_scores(run, options)
+    (run / "fewshot.json").write_text('{"fewshot_5": 0.5, "fewshot_25": 0.75}')
+    assert fewshot_scores(run, options) == {"fewshot_5": 0.5, "fewshot_25": 0.75}
+
+
 def test_attention_distance_growth_needs_more_than_noise():
     """Two training steps moved the mean distance 14.2 -> 14.2 px (uniform 14.4) and the study said "attention
     distance grows with depth: reproduced"; a change within 5% of the uniform distance is none now."""

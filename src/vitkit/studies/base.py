@@ -221,6 +221,9 @@ def fewshot_of(weights: Path, shots: Sequence[int], seeds: int, options: "Option
     return calling(f"few-shot evaluation of {weights.name}", run)
 
 
+#: what every finished run's summary.json holds, and a study reads
+SUMMARY_FIELDS = ("run_dir", "model", "params", "steps", "train_images", "precision")
+
 #: request fields that do not change what a run computes: a finished run is reused across them
 _NOT_DECIDING = ("threads", "runs_dir", "tensorboard", "name")
 
@@ -276,6 +279,10 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         _check_reuse(run, config, configs / f"{name}.json")
     if finished:
         summary = _read_json(run / "summary.json", "the summary of a finished run")
+        lacking = [k for k in SUMMARY_FIELDS if not isinstance(summary.get(k), (int, float, str))]
+        if lacking:  # an edited or foreign summary: read on, it ended in a TypeError of the study's arithmetic
+            raise ValueError(f"{run / 'summary.json'} (the summary of a finished run) has no {', '.join(lacking)}: "
+                             f"not what vitkit train writes; remove the run's folder to train it again")
         if bool(summary.get("tiny")) != tiny.enabled():  # a test-scale run is no result, and the reverse
             raise ValueError(f"{run} was trained {'with' if summary.get('tiny') else 'without'} VITKIT_TINY (a "
                              f"test-scale run), and this study runs {'with' if tiny.enabled() else 'without'} it: "
@@ -308,7 +315,12 @@ def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
         return {}
     cached = run / "fewshot.json"
     if cached.is_file():
-        return json.loads(cached.read_text())
+        scores = _read_json(cached, "the run's cached few-shot scores")
+        wanted = {f"fewshot_{k}" for k in FEWSHOT_SHOTS}
+        if set(scores) == wanted and all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in scores.values()):
+            return scores
+        raise ValueError(f"{cached} (the run's cached few-shot scores) holds {sorted(scores)[:4]}, not "
+                         f"{', '.join(sorted(wanted))} as accuracies in [0, 1]: remove the file to score the run again")
     results = fewshot_of(run, FEWSHOT_SHOTS, FEWSHOT_SEEDS, options)
     scores = {f"fewshot_{k}": r.mean for k, r in results.items()}
     write_json(cached, scores)
