@@ -266,13 +266,18 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
              # --work named as itself (it was said as --out)
              (["study", "position-embeddings", "--work", str(tmp_path / "file")], "--work"),
              (["study", "attention-distance", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's"),
-             (["study", "fewshot-proxy", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's")]
+             (["study", "fewshot-proxy", "--out", str(tmp_path / "torn")], "torn/compute.json is not a study's"),
+             # met by the first run, after the study's folder and that run's config were written
+             (["study", "compute", "--dataset", "nope", "--work", str(tmp_path / "w1")], "unknown dataset 'nope'"),
+             (["study", "registers", "--dataset", "folder", "--work", str(tmp_path / "w2")],
+              "--dataset folder reads files: give their folder with --data-dir DIR")]
     (tmp_path / "torn").mkdir()
     (tmp_path / "torn" / "compute.json").write_text('{"runs": {')  # a results file cut short
     for args, message in cases:
         assert cli(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and err[0].startswith("vitkit study: error: "), (args, err)
+    assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
     assert cli(["study", "list"]) == 0
     assert "position-embeddings" in capsys.readouterr().out
     for flag in ("--work", "--out"):  # an empty one was the current folder, which the study filled
