@@ -239,15 +239,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     "inspecting" line on stderr counting the steps (an image loaded, a chunk analysed, a figure
     written) with the ETA, once the inspection has run 5 s: each image's figure takes ~0.25 s,
     and 16 images through a ViT-S/16 take ~20 s on a CPU."""
-    from ..data.folder import image_files
-
-    given = [Path(p) for p in images or ()]
-    earlier = {p.resolve() for p in report_files(Path(out_dir))}  # a folder's earlier figures are no input
-    images = [p for p in image_files(images) if Path(p) in given or Path(p).resolve() not in earlier] if images \
-        else images  # a folder: the images under it
-    if images and len(images) > MAX_IMAGES:
-        raise ValueError(f"{len(images):,} images to inspect: at most {MAX_IMAGES} (one figure each, all held at "
-                         f"once); pass a few of them, or classify many with vitkit predict")
+    images = _images_to_inspect(images, Path(out_dir))
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
@@ -293,6 +285,22 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             _check_replaces_only_reports(into, out)
             bar.advance()
     return _moved(result, out)
+
+
+def _images_to_inspect(images: Optional[Sequence[Union[str, Path]]], out: Path) -> Optional[List[Path]]:
+    """The files given, and the images under the folders given, but an earlier report's own figures in ``out``
+    (``--image DIR --out DIR`` inspected them the second time); at most :data:`MAX_IMAGES`."""
+    from ..data.folder import image_files
+
+    if not images:
+        return None
+    given = [Path(p) for p in images]
+    earlier = {p.resolve() for p in report_files(out)}
+    found = [p for p in image_files(images) if Path(p) in given or Path(p).resolve() not in earlier]
+    if len(found) > MAX_IMAGES:
+        raise ValueError(f"{len(found):,} images to inspect: at most {MAX_IMAGES} (one figure each, all held at "
+                         f"once); pass a few of them, or classify many with vitkit predict")
+    return found
 
 
 def _check_finite(values: Optional[torch.Tensor]) -> None:
