@@ -59,7 +59,12 @@ def test_keeping_a_head_for_the_same_classes_in_another_order_is_refused(tmp_pat
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def _finished_run(work, name, asked, summary='{"test_top1": 0.5}'):
+#: a finished run's summary.json, as vitkit train writes its fields that a study reads
+SUMMARY = {"test_top1": 0.5, "run_dir": "w/run", "model": "vit_fmnist", "params": 1000, "steps": 10,
+           "train_images": 100, "precision": "fp32"}
+
+
+def _finished_run(work, name, asked, summary=json.dumps(SUMMARY)):
     """A study's run as an earlier invocation left it: the settings it was given, and its summary."""
     (work / "configs").mkdir(parents=True, exist_ok=True)
     (work / "configs" / f"{name}.json").write_text(json.dumps(asked))
@@ -77,7 +82,7 @@ def test_a_study_reuses_a_finished_run_only_for_the_same_settings(tmp_path):
     asked = {**arm.train, "seed": 0, "runs_dir": str(tmp_path), "name": name, "tensorboard": False}
     asked.pop("recipe", None)
     _finished_run(tmp_path, name, asked)
-    assert train_run(arm, 0, Options(seeds=(0,), threads=1), study, tmp_path) == {"test_top1": 0.5}  # threads: same
+    assert train_run(arm, 0, Options(seeds=(0,), threads=1), study, tmp_path) == SUMMARY  # threads: the same run
     for options, words in ((Options(seeds=(0,), dataset="folder", data_dir="x"), "dataset: None then, 'folder' now"),
                            (Options(seeds=(0,), steps=7), "max_steps: 1290 then, 7 now"),
                            (Options(seeds=(0,), smoke=True), "then,")):
