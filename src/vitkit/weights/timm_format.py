@@ -63,7 +63,11 @@ def architecture_differences(config, other) -> List[str]:
     """The fields in which ``config`` is another architecture than ``other`` (empty: the same,
     up to what loading adapts: image size, classes, channels, the form of the position table,
     and what weights do not hold: preprocessing, names, regularisation)."""
-    a, b = config.to_dict(), other.to_dict()
+    return _differences(config.to_dict(), other.to_dict())
+
+
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> List[str]:
+    """:func:`architecture_differences` of two configs' ``to_dict`` forms, each said as ``field a (not b)``."""
     skip = _NOT_IN_WEIGHTS | _ADAPTED
     return [f"{k} {json.dumps(a.get(k))} (not {json.dumps(b.get(k))})" for k in sorted(set(a) | set(b))
             if k not in skip and a.get(k) != b.get(k)]
@@ -82,10 +86,10 @@ VITKIT_ONLY = frozenset({"vit_fmnist", "vit_fmnist_hybrid", "resnetv2_50_nopreac
 
 
 def _as_computed(config) -> Dict[str, Any]:
-    """``config``'s fields with a default that resolves one way said that way (fc_norm null: after an average pool)."""
+    """``config``'s fields with a default that resolves one way said that way (fc_norm null: ``use_fc_norm``)."""
     values = config.to_dict()
-    if "fc_norm" in values and values["fc_norm"] is None:
-        values["fc_norm"] = values.get("global_pool") == "avg"
+    if values.get("fc_norm", False) is None:
+        values["fc_norm"] = config.use_fc_norm
     return values
 
 
@@ -95,15 +99,12 @@ def nearest_timm_name(model) -> Optional[tuple]:
     last; its own name first on a tie); None where no name of its family is timm's."""
     config = config_from_dict({**model.config.to_dict(), **timm_config(model)})
     ours, found = _as_computed(config), []
-    skip = _NOT_IN_WEIGHTS | _ADAPTED
     for name in list_models():
         other = get_model_config(name)
         if name not in VITKIT_ONLY and type(other) is type(config):
-            theirs = _as_computed(other)
-            fields = [k for k in sorted(set(ours) | set(theirs)) if k not in skip and ours.get(k) != theirs.get(k)]
-            training = sum(f in TRAINING_ONLY for f in fields)
-            found.append((len(fields) - training, training, name != model.config.name, name,
-                          [f"{k} {json.dumps(ours.get(k))} (not {json.dumps(theirs.get(k))})" for k in fields]))
+            differences = _differences(ours, _as_computed(other))
+            training = sum(d.split()[0] in TRAINING_ONLY for d in differences)
+            found.append((len(differences) - training, training, name != model.config.name, name, differences))
     if not found:
         return None
     *_, name, differences = min(found)
