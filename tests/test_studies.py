@@ -270,14 +270,16 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
              # met by the first run, after the study's folder and that run's config were written
              (["study", "compute", "--dataset", "nope", "--work", str(tmp_path / "w1")], "unknown dataset 'nope'"),
              (["study", "registers", "--dataset", "folder", "--work", str(tmp_path / "w2")],
-              "--dataset folder reads files: give their folder with --data-dir DIR")]
+              "--dataset folder needs --data-dir: a folder with train/ and test/ (or val/) subfolders"),
+             (["study", "registers", "--dataset", "folder", "--data-dir", str(tmp_path / "nowhere"), "--work",
+               str(tmp_path / "w3")], f"data folder not found: {tmp_path / 'nowhere'}")]
     (tmp_path / "torn").mkdir()
     (tmp_path / "torn" / "compute.json").write_text('{"runs": {')  # a results file cut short
     for args, message in cases:
         assert cli(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and err[0].startswith("vitkit study: error: "), (args, err)
-    assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
+    assert not any((tmp_path / w).exists() for w in ("w1", "w2", "w3"))
     assert cli(["study", "list"]) == 0
     assert "position-embeddings" in capsys.readouterr().out
     for flag in ("--work", "--out"):  # an empty one was the current folder, which the study filled

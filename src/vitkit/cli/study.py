@@ -20,10 +20,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     study = get_study(args.name)
     options = options_from(args)
     if options.dataset:  # before any folder is made (an unknown one was met by the first run, its config written)
-        from ..data.datasets import FILE_DATASETS, canonical
+        from ..data.datasets import FILE_DATASETS, canonical, file_split_dirs
 
-        if canonical(options.dataset) in FILE_DATASETS and not options.data_dir:
-            raise ValueError(f"--dataset {options.dataset} reads files: give their folder with --data-dir DIR")
+        if (name := canonical(options.dataset)) in FILE_DATASETS:
+            file_split_dirs(name, options.data_dir)
     work, out = default_folders(study, options)
     check_output(work, "folder", "--work")  # the results go there too unless --out names another folder
     if args.out is not None:
