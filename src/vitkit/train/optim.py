@@ -28,7 +28,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
             groups.setdefault((p.ndim <= 1 or name in skip, layer), []).append(p)
     decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
     params = [{"params": ps, "weight_decay": 0.0 if no_wd else cfg.weight_decay,
-               "lr_scale": decay ** (depth + 1 - layer)} for (no_wd, layer), ps in sorted(groups.items())]
+               "lr_scale": lr_scale(decay, depth, layer)} for (no_wd, layer), ps in sorted(groups.items())]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
     # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
@@ -36,6 +36,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, **fused)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, **fused)
+
+
+def lr_scale(decay: float, depth: int, layer: int) -> float:
+    """Layer ``layer``'s learning-rate scale (0 the embedding, i + 1 block i, depth + 1 the rest: scale 1)."""
+    return decay ** (depth + 1 - layer)
 
 
 def layer_decay_line(model: nn.Module, decay: float) -> str:
@@ -50,11 +55,12 @@ def layer_decay_line(model: nn.Module, decay: float) -> str:
                                                                       if name.endswith((".weight", ".bias")) else name)
     parts = []
     if 0 in held:
-        parts.append(f"x{decay ** (depth + 1):.3g} for the embedding ({', '.join(dict.fromkeys(held[0]))})")
+        parts.append(f"x{lr_scale(decay, depth, 0):.3g} for the embedding ({', '.join(dict.fromkeys(held[0]))})")
     blocks = sorted(k - 1 for k in held if 0 < k <= depth)
     if blocks:
         first, last = blocks[0], blocks[-1]
-        scales = f"x{decay ** (depth - first):.3g}" + (f" to x{decay ** (depth - last):.3g}" if last > first else "")
+        scales = f"x{lr_scale(decay, depth, first + 1):.3g}" + (
+            f" to x{lr_scale(decay, depth, last + 1):.3g}" if last > first else "")
         parts.append(f"{scales} for block{'s' if last > first else ''} {first}" + (f"-{last}" if last > first else ""))
     if depth + 1 in held:
         parts.append(f"x1 for {', '.join(dict.fromkeys(held[depth + 1]))}")
