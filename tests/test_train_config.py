@@ -63,6 +63,19 @@ def test_resume_conflicts_only_where_model_args_change_something(tmp_path):
     assert resume_conflicts(str(tmp_path), {"ema_decay": OFF}) != []
 
 
+def test_resume_reads_a_pretraining_option_saved_as_none_as_the_objectives_own_value(tmp_path):
+    """An MAE run saved with mask_ratio none trained at 0.75: --mask-ratio 0.75 given again continues it, and
+    0.6 is refused saying 0.75, not null (the run never trained with 'no ratio')."""
+    from vitkit.train.config import TrainConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(TrainConfig(objective="mae").to_dict()))
+    assert resume_conflicts(str(tmp_path), {"mask_ratio": 0.75, "norm_pix_loss": True}) == []
+    (refused,) = resume_conflicts(str(tmp_path), {"mask_ratio": 0.6})
+    assert refused == "--mask-ratio (saved: 0.75, mae's default, given: 0.6)"
+    (refused,) = resume_conflicts(str(tmp_path), {"mask_block": 8})  # not MAE's: still none
+    assert refused == "--mask-block (saved: null, given: 8)"
+
+
 def test_one_seeding_helper_gives_independent_reproducible_streams():
     assert seed_for(0, "mix", 3, 0, 1) == seed_for(0, "mix", 3, 0, 1)
     keys = [(s, stream, i) for s in (0, 1) for stream in ("order", "augment", "mix") for i in range(50)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..machine import usable_cores
-from .config import OFF, RENAMED, TrainConfig, deep_merge, field_kinds
+from .config import OBJECTIVE_OPTIONS, OFF, RENAMED, TrainConfig, deep_merge, field_kinds
 
 #: Fields that describe the machine a run executes on or how its end is scored, not what it
 #: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
@@ -94,9 +94,23 @@ def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
         v = None if v is OFF else list(v) if isinstance(v, tuple) else v
         if k == "model_args" and isinstance(v, Mapping) and isinstance(old, Mapping):
             v = deep_merge(old, v)  # model_args given again only conflict where they change something
+        said = json.dumps(old)
+        if old is None and k in OBJECTIVE_OPTIONS:  # saved as none: the objective's own value, which it trained with
+            old, said = _objective_default(values.get("objective"), k)
         if old != v:
-            out.append(f"--{k.replace('_', '-')} (saved: {json.dumps(old)}, given: {json.dumps(v)})")
+            out.append(f"--{k.replace('_', '-')} (saved: {said}, given: {json.dumps(v)})")
     return out
+
+
+def _objective_default(objective: Any, name: str) -> Tuple[Any, str]:
+    """The value a pre-training option saved as none had in ``objective``'s run, and how to say it
+    (an option the objective does not have stays none)."""
+    from ..selfsup import OBJECTIVES
+
+    if objective not in OBJECTIVES or objective not in OBJECTIVE_OPTIONS[name]:
+        return None, "null"
+    value = getattr(OBJECTIVES[objective].config_cls(), name)
+    return value, f"{json.dumps(value)}, {objective}'s default"
 
 
 def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
