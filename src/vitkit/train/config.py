@@ -502,7 +502,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
     if isinstance(values.get("betas"), list):
         values["betas"] = tuple(values["betas"])
-    with _naming(file, {k for k in from_file if k not in given}):
+    recipe_only = set(RECIPES[recipe]) & set(OBJECTIVE_OPTIONS) - set(chosen)
+    with _naming(file, {k for k in from_file if k not in given}, recipe, recipe_only):
         cfg = _checked(values)
         refuse_unused(cfg, chosen)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
@@ -578,12 +579,17 @@ def _checked(values: Dict[str, Any]) -> TrainConfig:
 
 
 @contextlib.contextmanager
-def _naming(file: Optional[str], fields: set):
-    """A problem with a field the config file set (and no flag replaced) names the file too."""
+def _naming(file: Optional[str], fields: set, recipe: str, recipe_fields: set):
+    """A problem with a field the config file set (and no flag replaced) names the file too; one with a
+    pre-training option only the recipe set names the recipe (``--recipe simmim-fmnist --objective mae``:
+    its mask_block)."""
     try:
         yield
     except ValueError as e:
         named = sorted(f for f in fields if re.search(rf"\b{f}\b", str(e)))
         if file and named:
             raise ValueError(f"{file} ({', '.join(named)}): {e}") from None
+        named = sorted(f for f in recipe_fields - fields if re.search(rf"\b{f}\b", str(e)))
+        if named:
+            raise ValueError(f"{e} ({', '.join(named)}: set by recipe {recipe})") from None
         raise
