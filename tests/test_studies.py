@@ -255,6 +255,29 @@ def test_a_run_another_study_process_writes_is_never_removed(tmp_path):
         lock.release()
 
 
+def test_a_run_to_resume_that_another_process_writes_is_said_in_the_studys_words(tmp_path):
+    """An interrupted run the study would resume, locked by another process: the study says what a study does
+    (wait, or another --work), not the run's "--resume it then", which the study itself does."""
+    from vitkit.runlock import RunLock
+    from vitkit.studies.base import run_training
+    from vitkit.train import resolve_config
+
+    run = tmp_path / "arm-s0"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = resolve_config("fmnist", max_steps=2, val_size=100, test_size=100, threads=1, tensorboard=False)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run / "checkpoints" / "step_00000001.pt").write_bytes(b"not reached")
+    lock = RunLock(run).acquire()
+    try:
+        with pytest.raises(ValueError, match=r"resuming arm-s0 failed: .*arm-s0 is being written by process .*"
+                                             r"is this study running in another process\?") as got:
+            run_training("resuming arm-s0", resume=str(run), threads=1)
+        assert "--resume" not in str(got.value)
+    finally:
+        lock.release()
+    assert (run / ".lock").read_text() == ""  # released: it names no writer
+
+
 def test_bad_arguments_are_one_line_each(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     cases = [(["study", "imagenet-scaling"], "unknown study 'imagenet-scaling'; the studies: position-embeddings"),

@@ -43,7 +43,11 @@ if hasattr(os, "register_at_fork"):
 
 
 class RunLocked(OSError):
-    """Another process is writing this run."""
+    """Another process is writing this run (``folder``, ``writer``: who, for a caller's own message)."""
+
+    def __init__(self, message: str, folder: Optional[Path] = None, writer: str = "another process"):
+        super().__init__(message)
+        self.folder, self.writer = folder, writer
 
 
 class RunLock:
@@ -62,7 +66,7 @@ class RunLock:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise RunLocked(f"{self.path.parent} is being written by {holder}; wait for it to finish "
-                            f"(--resume it then) or start another run (--name)") from None
+                            f"(--resume it then) or start another run (--name)", self.path.parent, holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
@@ -73,6 +77,7 @@ class RunLock:
     def release(self) -> None:
         if self.fd in _HELD:  # not in a forked child: its copy is closed, and unlocking would free the parent's
             _HELD.discard(self.fd)
+            os.ftruncate(self.fd, 0)  # a finished run's lock names no writer (the file stays: unlinking races)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
         self.fd = None

@@ -167,14 +167,21 @@ def too_few_seeds(results: Dict[str, Any]) -> bool:
 def discard_unstarted(run: Path) -> None:
     """Remove a run folder that stopped before its first checkpoint (nothing to keep), unless a process writes it
     now: the same study run twice at once deleted the first one's live run (which then died) and trained it again."""
-    from ..runlock import RunLocked, holder
+    from ..runlock import holder
 
     if not run.exists():
         return
     if who := holder(run):
-        raise RunLocked(f"{run} is being written by {who}: is this study running in another process? Wait for it "
-                        f"to finish (the study then reuses its runs), or give this one another --work")
+        raise study_locked(run, who)
     shutil.rmtree(run)
+
+
+def study_locked(run: Path, who: str) -> OSError:
+    """The study's own words for a run another process writes (a run's would say --resume, which a study does)."""
+    from ..runlock import RunLocked
+
+    return RunLocked(f"{run} is being written by {who}: is this study running in another process? Wait for it "
+                     f"to finish (the study then reuses its runs), or give this one another --work", run, who)
 
 
 def run_name(arm: Arm, seed: int) -> str:
@@ -199,11 +206,15 @@ def run_training(what: str, recipe: Optional[str] = None, file: Optional[str] = 
     """The summary of a training (or pre-training, with ``objective``) run, as ``vitkit train``
     (``pretrain``) makes it from a recipe, a config file and fields (``resume``: the run folder
     to continue, as it saved its config; only ``threads`` may change), without a progress line."""
+    from ..runlock import RunLocked
     from ..train import resolve_config, train
 
     def run() -> Dict[str, Any]:
         cfg = resolve_config(recipe, file, progress=False, **({"threads": threads} if threads else {}), **fields)
-        return train(cfg, resume=resume, log=lambda line: None, asked=["progress"] + ["threads"] * bool(threads))
+        try:
+            return train(cfg, resume=resume, log=lambda line: None, asked=["progress"] + ["threads"] * bool(threads))
+        except RunLocked as e:
+            raise study_locked(e.folder or Path(resume or "."), e.writer) from None
 
     return json.loads(json.dumps(calling(what, run)))  # as its summary.json holds it (string keys, lists)
 
