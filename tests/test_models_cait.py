@@ -210,7 +210,7 @@ def test_position_table_is_resampled_without_a_class_slot(tmp_path, images):
     assert bigger.pos_embed.shape == (1, 36, 32)
     model = CaiT(tiny_config(img_size=48))
     report = vitkit.load_weights(model, tmp_path / "m.pth")
-    assert report.resampled == ["pos_embed 4x4 -> 6x6 (bicubic)"]
+    assert report.resampled == ["pos_embed 4x4 -> 6x6 (bicubic, antialiased)"]  # as timm resamples it
     # dynamic size resamples the same way at run time
     dyn = CaiT(tiny_config(dynamic_img_size=True)).eval()
     vitkit.load_weights(dyn, ref.state_dict())

@@ -75,7 +75,7 @@ def test_smaller_patches_resample_filter_and_grid(tmp_path):
         fine = vitkit.from_pretrained(tmp_path / "m", patch_size=2)
     notes = [str(w.message) for w in said if issubclass(w.category, AdaptNote)]
     assert notes == ["adapted the weights: patch_embed.proj.weight 4x4 -> 2x2 px patches (FlexiViT's "
-                     "pseudo-inverse resize, bicubic)"]
+                     "pseudo-inverse resize, bicubic, antialiased)"]
     assert fine.patch_embed.grid_size == (14, 14) and fine.pos_embed.shape == (1, 1 + 14 * 14, 32)
     expected = timm_layers.resample_patch_embed(small.patch_embed.proj.weight.detach(), [2, 2])
     assert max_diff(fine.patch_embed.proj.weight, expected) < 1e-6

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 import types
 import warnings
@@ -450,6 +451,35 @@ def test_unknown_layout_and_bad_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(WeightsError, match="no weights in folder"):
         vitkit.from_pretrained(tmp_path / "empty")
+
+
+def test_a_file_that_mixes_timm_and_hugging_face_layers_is_refused_as_mixed(tmp_path):
+    """Half timm's blocks and half transformers' layers: refused as a mix whichever half decides the layout (a
+    timm half said the other's names were "not in the model", a Hugging Face half that it "needs its config.json",
+    as if one config would make the file load)."""
+    import timm
+    import transformers
+    from safetensors.torch import save_file
+
+    timm_sd = timm.create_model("vit_tiny_patch16_224", depth=4, num_classes=10).state_dict()
+    hf_sd = transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=768, num_labels=10)).state_dict()
+
+    def layer(key):
+        found = re.search(r"(?:blocks|layers?)\.(\d+)\.", key)
+        return int(found.group(1)) if found else -1
+
+    def mixed(first, second):  # layers 0-1 of one library, 2-3 of the other
+        return {**{k: v for k, v in first.items() if layer(k) < 2},
+                **{k: v for k, v in second.items() if layer(k) >= 2}}
+
+    for name, held, ours, theirs in (("a", mixed(timm_sd, hf_sd), "timm", "Hugging Face"),
+                                     ("b", mixed(hf_sd, timm_sd), "Hugging Face", "timm")):
+        save_file({k: v.contiguous() for k, v in held.items()}, tmp_path / f"{name}.safetensors")
+        with pytest.raises(WeightsError, match=rf"mixes two layouts: {ours}'s names \(e.g. .*\) beside \d\d tensors "
+                                               rf"of {theirs}'s layers"):
+            vitkit.from_pretrained(tmp_path / f"{name}.safetensors")
+    assert detect_format(timm_sd) == "timm" and detect_format(hf_sd) == "hf"  # each whole: its own layout
 
 
 def test_wrapped_and_ddp_prefixed_checkpoints(tmp_path, images):

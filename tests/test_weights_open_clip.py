@@ -101,7 +101,8 @@ def test_a_file_mixing_the_tower_with_another_layout_is_refused_by_name(tmp_path
     tensors = load_file(str(tmp_path / "open_clip_model.safetensors"))  # the text tower stays: it is open_clip's
     timm_vit = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32).state_dict()
     save_file({**tensors, **{k: v.contiguous() for k, v in timm_vit.items()}}, str(tmp_path / "mixed.safetensors"))
-    with pytest.raises(WeightsError, match=r"image tower \(visual.\*\) and tensors of another layout \(blocks.0"):
+    with pytest.raises(WeightsError, match=r"mixes two layouts: open_clip's names \(e.g. visual.transformer.resblocks.0"
+                                           r".*\) beside 12 tensors of timm's layers \(e.g. blocks.0"):
         vitkit.from_pretrained(tmp_path / "mixed.safetensors")
     assert vitkit.from_pretrained(tmp_path / "open_clip_model.safetensors", gelu="exact").config.num_classes == 512
 

@@ -74,7 +74,7 @@ def test_pos_embed_resampling_matches_timm():
     ref_model = randomize(timm.create_model("vit_tiny_patch16_224", num_classes=2))
     ours_384 = vitkit.create_model("vit_tiny_patch16_384", num_classes=2)
     report = vitkit.load_weights(ours_384, ref_model.state_dict())
-    assert report.resampled and "14x14 -> 24x24" in report.resampled[0]
+    assert report.resampled == ["pos_embed 14x14 -> 24x24 (bicubic, antialiased)"]  # timm's, and said so
     expected = resample_abs_pos_embed(ref_model.pos_embed.detach(), new_size=(24, 24), num_prefix_tokens=1)
     assert max_diff(ours_384.pos_embed.detach(), expected) <= 1e-6
 

@@ -204,7 +204,8 @@ def test_a_state_dict_mixing_layouts_is_refused_by_name():
     model = vitkit.create_model("vit_small_patch16_224", depth=1, img_size=32, num_classes=2)
     sd = dict(model.state_dict())
     sd["vit.embeddings.patch_embeddings.projection.weight"] = sd["patch_embed.proj.weight"]  # a Hugging Face key too
-    with pytest.raises(WeightsError, match="patch_embed.proj.weight|not in the model"):
+    with pytest.raises(WeightsError, match=r"mixes two layouts: Hugging Face's names \(e.g. vit.embeddings.patch_embed"
+                                           r"dings.projection.weight\) beside 12 tensors of timm's layers"):
         vitkit.load_weights(model, sd)
 
 

@@ -261,7 +261,8 @@ class StateFit:
 
     @property
     def said(self) -> str:
-        return self.interpolation + (", corners aligned" if self.align_corners else "")
+        return self.interpolation + (", antialiased" if self.antialias else "") + \
+            (", corners aligned" if self.align_corners else "")
 
 
 @dataclass(frozen=True)
