@@ -234,3 +234,29 @@ def test_class_names_in_two_unicode_forms_are_said_as_such():
     assert said.startswith("the same names in two Unicode forms ('Caf\\xe9' in the weights, 'Cafe\\u0301' in the "
                            "data")
     assert class_difference(["a", "b"], ["a", "c"]).startswith("other classes")
+
+
+def test_a_one_channel_model_trained_on_colour_images_says_they_are_read_as_grey(tmp_path, capsys):
+    """The default model has one channel: a folder of red and green images trained at chance (both colours are
+    about the same grey), and nothing said so. A folder of grey images saved as RGB says nothing."""
+    from conftest import in_process
+
+    def pixel(name, c):
+        return (90,) * 3 if name == "grey" else (255, 0, 0) if c == "red" else (0, 130, 0)
+
+    for name in ("colour", "grey"):
+        for split, n in (("train", 6), ("test", 2)):
+            for c in ("red", "green"):
+                (tmp_path / name / split / c).mkdir(parents=True)
+                for i in range(n):
+                    Image.new("RGB", (32, 32), pixel(name, c)).save(tmp_path / name / split / c / f"{i}.png")
+    said = {}
+    for name in ("colour", "grey"):
+        done = in_process(capsys, "train", "--dataset", "folder", "--data-dir", tmp_path / name, "--max-steps", "1",
+                          "--batch-size", "4", "--val-size", "2", "--workers", "0", "--threads", "1",
+                          "--runs-dir", tmp_path / "runs", "--name", name, "--no-progress", "--no-tensorboard")
+        assert done.returncode == 0, done.stderr[-1500:]
+        said[name] = next(line for line in done.stderr.splitlines() if line.startswith("training "))
+    assert "its colour images read as grey, the model's one channel (--model-args '{\"in_chans\": 3}' keeps the " \
+           "colour)" in said["colour"], said["colour"]
+    assert "read as grey" not in said["grey"], said["grey"]

@@ -5,6 +5,7 @@ import itertools
 import json
 import logging
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,6 +194,51 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, caplog):
     assert len(partial) < 6 and "is damaged" in caplog.text
     lost = [s for s in partial if isinstance(s, Skipped)]
     assert lost and lost[-1].name == f"{cut}#rest"  # the lost rest is counted, and named
+
+
+def test_two_samples_under_one_key_are_skipped_not_merged(tmp_path, caplog):
+    """Consecutive samples written under one key were read as one sample, the first's image and label lost
+    without a word (half of a test split scored); webdataset refuses such a tar. Now the sample is skipped,
+    named and counted; --strict-data stops."""
+    wds = pytest.importorskip("webdataset")
+    shard = write_tar(tmp_path / "dup-0.tar", [
+        ("k0.png", png_bytes(image_of(1))), ("k0.cls", b"1"), ("k0.png", png_bytes(image_of(2))), ("k0.cls", b"0"),
+        ("k1.png", png_bytes(image_of(3))), ("k1.cls", b"1")])
+    with pytest.raises(ValueError, match="duplicate file name"):  # the reference: webdataset's reading of it
+        list(wds.WebDataset(str(shard), shardshuffle=False))
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        out = list(ShardDataset(shard))
+    assert [isinstance(s, Skipped) for s in out] == [True, False] and ident(out[1]) == (3, 1)
+    assert f"{shard}:k0" in caplog.text and "holds .png twice: two samples under one key" in caplog.text
+    with pytest.raises(BadImageError, match=r"dup-0\.tar:k0: holds .png twice"):
+        list(ShardDataset(shard, strict=True))
+
+
+def test_a_shard_folder_holds_exactly_what_its_meta_lists_and_compressed_shards_are_read(shards, tmp_path):
+    """A listed shard deleted read 10 of 12 test images, a stale unlisted one 22: each without a word. Now the
+    folder is refused, naming the shard; a .tar.gz in the folder (which the reader takes) is read, not left out."""
+    import gzip
+    import shutil
+
+    paths, truth = shards
+    folder = tmp_path / "shards"
+    assert len(list(ShardDataset(folder))) == 7
+    shutil.copy(paths[0], folder / "old-000009.tar")
+    with pytest.raises(FileNotFoundError, match=r"does not hold the shards its meta.json lists: 1 shard\(s\) are "
+                                                r"not listed \(first: old-000009.tar"):
+        ShardDataset(folder)
+    (folder / "old-000009.tar").unlink()
+    moved = tmp_path / "elsewhere.tar"
+    shutil.move(paths[-1], moved)
+    with pytest.raises(FileNotFoundError, match=rf"1 listed shard\(s\) are not there \(first: {Path(paths[-1]).name}"):
+        ShardDataset(folder)
+    plain = tmp_path / "plain"  # no meta.json's list: the tars there, compressed ones too
+    plain.mkdir()
+    shutil.copy(paths[0], plain / "a.tar")
+    with open(moved, "rb") as src, gzip.open(plain / "b.tar.gz", "wb") as dst:
+        dst.write(src.read())
+    want = sorted(ident(s) for s in [*ShardDataset(paths[0]), *ShardDataset(str(moved))])
+    assert sorted(ident(s) for s in ShardDataset(plain)) == want and len(want) == 4
 
 
 def test_dataloader_with_a_worker(shards, tmp_path):

@@ -204,6 +204,44 @@ def test_shards_without_val_say_they_validate_on_the_test_split(tmp_path):
         open_data(cfg, torch.device("cpu"), channels=1)
 
 
+def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_left_untrained_is_said(tmp_path):
+    """A val/ beside test/ was never read (validation was carved from train/, val/'s own classes unchecked); a
+    test/ that links to train/ was scored as held out; a class whose only image was carved for validation was
+    learned from nothing, without a word."""
+    import os
+    import shutil
+    import warnings
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=6)
+    shutil.copytree(tmp_path / "d" / "test", tmp_path / "d" / "val")
+    data = open_data(config(tmp_path, tmp_path / "d", val_size=5), torch.device("cpu"), channels=1)
+    assert data.n_train == 12 and len(data.val) == 12 and data.val.folder.root == tmp_path / "d" / "val"
+    (tmp_path / "d" / "val" / "c").mkdir()
+    shutil.copy(tmp_path / "d" / "val" / "a" / "0.png", tmp_path / "d" / "val" / "c")
+    with pytest.raises(ValueError, match=r"class folders of .*d/val differ from those of .*d/train: only in train/: "
+                                         r"none; only in val/: c"):
+        open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    os.symlink("train", tmp_path / "d" / "linked")
+    shutil.rmtree(tmp_path / "d" / "test")
+    os.rename(tmp_path / "d" / "linked", tmp_path / "d" / "test")
+    with pytest.raises(fm.DatasetNotFound, match=r"d/test is .*d/train \(a link to the same folder\): a score on "
+                                                 r"it would be of the training images"):
+        open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    # 14 images of a, 1 of b: the carve of one image for validation takes b's (seed 2021)
+    _noise_folder(tmp_path / "lone", ["a"], per_class=14)
+    (tmp_path / "lone" / "train" / "b").mkdir()
+    (tmp_path / "lone" / "test" / "b").mkdir()
+    for split in ("train", "test"):
+        shutil.copy(tmp_path / "lone" / split / "a" / "0.png", tmp_path / "lone" / split / "b" / "0.png")
+    with pytest.warns(UserWarning, match=r"1 of the 2 classes of .*lone/train have no training image left after 1 "
+                                         r"were carved for validation: b; give them more images, a val/ folder"):
+        data = open_data(config(tmp_path, tmp_path / "lone", val_size=1), torch.device("cpu"), channels=1)
+    assert data.n_train == 14
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_data(config(tmp_path, tmp_path / "lone", val_size=0), torch.device("cpu"), channels=1)
+
+
 def _noise_folder(root, classes, per_class=12):
     rng = np.random.default_rng(len(str(root)))
     for split in ("train", "test"):

@@ -136,4 +136,7 @@ def file_split_dirs(name: str, data_dir: Optional[str]) -> Tuple[Path, Path]:
         what = "class subfolders of images" if name == "folder" else ".tar shards"
         raise DatasetNotFound(f"{root} must hold train/ and test/ (or val/), each with {what}; "
                               f"found: {', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}")
+    if train.resolve() == test.resolve():  # a link: the test score would be of the training images
+        raise DatasetNotFound(f"{test} is {train} (a link to the same folder): a score on it would be of the "
+                              f"training images; give {root} a {test.name}/ of held-out images")
     return train, test

@@ -94,14 +94,20 @@ def expand_braces(pattern: str) -> List[str]:
     return [pattern[:m.start()] + choice + rest for choice in choices for rest in rests]
 
 
+#: what a shard in a folder is named: a tar, compressed or not (the reader takes each)
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
 def expand_shards(shards: Union[str, Path, Sequence[Union[str, Path]]]) -> List[str]:
-    """Shard paths from a list, a brace pattern, a glob, or a folder (its ``*.tar``, sorted)."""
+    """Shard paths from a list, a brace pattern, a glob, or a folder (its tars, compressed or not, sorted; where
+    its ``meta.json`` lists the shards, exactly those)."""
     if isinstance(shards, (str, Path)):
         spec = str(shards)
         if os.path.isdir(spec):
-            found = sorted(glob.glob(os.path.join(glob.escape(spec), "*.tar")))
+            found = sorted(os.path.join(spec, name) for name in os.listdir(spec) if name.endswith(SHARD_SUFFIXES))
             if not found:
                 raise FileNotFoundError(f"no .tar shards in the folder {spec}")
+            _check_listed(Path(spec), found)
             return found
         out: List[str] = []
         for path in expand_braces(spec):
@@ -120,6 +126,22 @@ def expand_shards(shards: Union[str, Path, Sequence[Union[str, Path]]]) -> List[
     if missing:
         raise FileNotFoundError(f"{len(missing)} of {len(out)} shards not found, first: {missing[0]}")
     return out
+
+
+def _check_listed(folder: Path, found: List[str]) -> None:
+    """A folder whose ``meta.json`` lists its shards holds exactly those: a listed one missing was a part of the
+    split lost without a word, an unlisted one (a stale shard of an earlier writing) was read as part of it."""
+    counts = read_meta(folder)[1]
+    if not counts:
+        return
+    names = {Path(p).name for p in found}
+    missing, extra = sorted(set(counts) - names), sorted(names - set(counts))
+    if missing or extra:
+        said = [f"{len(missing)} listed shard(s) are not there (first: {missing[0]})"] if missing else []
+        said += [f"{len(extra)} shard(s) are not listed (first: {extra[0]}, left from an earlier writing?)"] \
+            if extra else []
+        raise FileNotFoundError(f"{folder} does not hold the shards its {META_FILE} lists: {'; '.join(said)}; "
+                                f"put them back, or write the shards again")
 
 
 def read_meta(folder: Union[str, Path]) -> Tuple[Optional[List[str]], Dict[str, int]]:

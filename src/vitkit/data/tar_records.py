@@ -32,6 +32,8 @@ class _Record:
     shard: str
     key: str
     members: Dict[str, bytes] = field(default_factory=dict)
+    #: a member the sample holds twice (two samples written under one key): the sample is skipped, not merged
+    twice: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -62,13 +64,15 @@ def iter_records(shard: str, strict: bool = False) -> Iterator[Union[_Record, Sk
                 data = tar.extractfile(member).read()
                 if current is None or current.key != key:
                     if current is not None:
-                        yield current
+                        yield _whole(current, strict)
                     current = _Record(shard, key)
+                if ext in current.members:
+                    current.twice = current.twice or ext
                 current.members[ext] = data
         if not _ends_like_a_tar(shard):
             raise tarfile.ReadError("it ends without the end-of-archive blocks: cut short")
         if current is not None:
-            yield current
+            yield _whole(current, strict)
     except (tarfile.TarError, OSError, EOFError) as e:
         if strict:
             raise ValueError(f"shard {shard} is damaged: {e}") from e
@@ -76,6 +80,19 @@ def iter_records(shard: str, strict: bool = False) -> Iterator[Union[_Record, Sk
         if current is not None:
             yield current
         yield Skipped(f"{shard}#rest", f"the tar is damaged ({e}); the samples after this point are lost")
+
+
+def _whole(record: _Record, strict: bool) -> Union[_Record, Skipped]:
+    """``record``, or a Skipped where it holds a member twice: consecutive samples written under one key would
+    be merged into one, the first's image lost without a word (webdataset refuses such a tar)."""
+    if record.twice is None:
+        return record
+    why = (f"holds .{record.twice} twice: two samples under one key (a sample is the consecutive members with the "
+           f"same key), so neither is read")
+    if strict:
+        raise BadImageError(record.name, why)
+    logger.warning("skipping %s: %s", record.name, why)
+    return Skipped(record.name, why)
 
 
 _COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")  # gzip, bzip2, xz: their streams detect a cut themselves

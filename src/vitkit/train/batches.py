@@ -16,12 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
-from ..data.images import Skipped
+from ..data.images import BadImageError, Skipped, decode_image
 from ..data.loader import loader_batches
 from ..evaluate.metrics import prepare_batch
 from ..utils import seed_for
@@ -190,6 +191,19 @@ class FolderBatches:
         """(height, width) of the first image as stored (before any resize), None if it does not decode."""
         item = self.folder[self.indices[0]] if self.indices else None
         return None if item is None or isinstance(item, Skipped) else (item[0].height, item[0].width)
+
+    def holds_colour(self, look: int = 16) -> bool:
+        """Whether any of ``look`` images spread over the part is in colour as stored (its channels differ
+        somewhere): a one-channel model reads them as grey, which its run says."""
+        spread = sorted({self.indices[i * len(self.indices) // look] for i in range(min(look, len(self.indices)))})
+        for index in spread:
+            try:
+                pixels = np.asarray(decode_image(self.folder.samples[index][0], 3), dtype=np.int16)
+            except (BadImageError, OSError, ValueError):
+                continue  # a bad file is skipped and said where it is read
+            if np.abs(np.diff(pixels, axis=-1)).max() > 0:
+                return True
+        return False
 
     def _loader(self, dataset: Dataset, batches: Any) -> Iterator[MicroBatch]:
         return loader_batches(dataset, batch_sampler=batches, num_workers=self.workers, collate_fn=collate_skip_bad,

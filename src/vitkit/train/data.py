@@ -10,6 +10,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
@@ -151,23 +152,41 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
     train_dir, test_dir = datasets.file_split_dirs("folder", cfg.data_dir)
-    train = ImageFolder(train_dir, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
-    test = ImageFolder(test_dir, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
-    if test.classes != train.classes:
-        only_train = sorted(set(train.classes) - set(test.classes))
-        only_test = sorted(set(test.classes) - set(train.classes))
-        raise ValueError(f"the class folders of {test_dir} differ from those of {train_dir}: only in "
-                         f"{train_dir.name}/: {', '.join(only_train) or 'none'}; only in {test_dir.name}/: "
-                         f"{', '.join(only_test) or 'none'}")
-    val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
+    # validation: a val/ beside test/ (as tar shards have it), else carved from train/
+    val_dir = train_dir.parent / "val" if test_dir.name == "test" and (train_dir.parent / "val").is_dir() else None
+    folders = {part: ImageFolder(folder, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
+               for part, folder in (("train", train_dir), ("test", test_dir), ("val", val_dir)) if folder}
+    train, test = folders["train"], folders["test"]
+    for other in [f for part, f in folders.items() if part != "train"]:
+        if other.classes != train.classes:
+            only_train = sorted(set(train.classes) - set(other.classes))
+            only_other = sorted(set(other.classes) - set(train.classes))
+            raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: only in "
+                             f"{train_dir.name}/: {', '.join(only_train) or 'none'}; only in {other.root.name}/: "
+                             f"{', '.join(only_other) or 'none'}")
+    carved = 0 if "val" in folders else min(cfg.val_size, max(1, len(train) // 10))
+    val_idx, tr_idx = _carve(len(train), carved)
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
+    _say_untrained_classes(train.classes, torch.as_tensor(train.targets)[tr_idx], train_dir, carved)
     mean, std = datasets.FILE_STATS
     test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
+    val = FolderBatches(folders["val"], range(len(folders["val"])), cfg.workers) if "val" in folders else \
+        FolderBatches(train, val_idx.tolist(), cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
-                   val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
-                   test=test_batches,
-                   n_train=len(tr_idx), skipped=train.skipped + test.skipped)
+                   val=val if cfg.val_size else test_batches, test=test_batches,
+                   n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped])
+
+
+def _say_untrained_classes(classes: List[str], trained: torch.Tensor, train_dir: Path, carved: int) -> None:
+    """A class left without a training image (its few images all carved for validation) is learned from nothing
+    and scored all the same: said, with the way out."""
+    lacking = [name for i, name in enumerate(classes) if not bool((trained == i).any())]
+    if lacking:
+        shown = ", ".join(lacking[:6]) + (f" ... ({len(lacking)} in all)" if len(lacking) > 6 else "")
+        warnings.warn(f"{len(lacking)} of the {len(classes)} classes of {train_dir} have no training image left "
+                      f"after {carved} were carved for validation: {shown}; give them more images, a val/ folder "
+                      f"beside train/, or a smaller --val-size", stacklevel=3)
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:

@@ -136,6 +136,9 @@ def _starting(run: Run) -> str:
     if stored and tuple(stored) != size:  # a folder's images are resized to the model's input: say so
         where += (f"; its images ({stored[0]}x{stored[1]}, the first) resized to {size[0]}x{size[1]}, the model's "
                   f"size (--img-size chooses)")
+    if run.data.kind == "folder" and encoder_of(run.model).config.in_chans == 1 and run.data.train.holds_colour():
+        where += "; its colour images read as grey, the model's one channel (--model-args '{\"in_chans\": 3}' keeps " \
+                 "the colour)"
     steps = (f"steps {run.start + 1:,}-{run.total:,} of {cfg.batch_size:,} images" if run.start < run.total else
              f"all {run.total:,} steps done before (the checkpoint is the last step's): only the scores are left")
     return (f"{what} {run.model_name} ({params:,} parameters, {run.precision}: {why}; recipe {cfg.recipe}) on "
