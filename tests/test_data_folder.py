@@ -76,6 +76,20 @@ def test_header_scan_skips_empty_and_non_images(collection, caplog):
     assert str(collection / "dogs" / "notes.jpg") in caplog.text and "empty.png" in caplog.text
     # README.txt is no image by its name: left out, and said (once, with its kind)
     assert f"left out 1 file(s) of {collection} without an image extension (.txt x1)" in caplog.text
+    assert "beside its class folders" not in caplog.text
+
+
+def test_images_beside_the_class_folders_are_said_not_dropped_in_silence(collection, caplog):
+    """An image at the top of the split, beside the class folders, has no class: it was left out of every count
+    without a word (a whole class's images left there by mistake went unnoticed)."""
+    import shutil
+
+    shutil.copy(collection / "cats" / "rgb.jpg", collection / "stray.jpg")
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        ds = ImageFolder(collection)
+    assert f"left out 1 image(s) of {collection} that lie beside its class folders, in no class (stray.jpg)" \
+        in caplog.text
+    assert all("stray" not in p for p, _ in ds.samples + ds.skipped)
     # The header check cannot see the truncation: the file is listed and fails when loaded.
     names = [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
     assert names == GOOD["cats"] + sorted(GOOD["dogs"] + ["truncated.jpg"])

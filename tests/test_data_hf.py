@@ -480,3 +480,22 @@ def test_a_saved_dataset_pre_trains_without_its_labels(tmp_path, hf_data, capsys
                 "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["objective"] == "mae" and summary["steps"] == 6 and summary["dataset"] == f"hf:{hf_data[0]}"
+
+
+def test_a_class_no_training_row_has_is_said_and_colour_rows_are_seen_as_colour(tmp_path):
+    """A ClassLabel name that no training row carries was trained from nothing and scored (a test image of it can
+    never be right), without a word; a colour dataset's rows are seen as colour for the one-channel note (which
+    read a row number as a file and failed every Hugging Face run)."""
+    from vitkit.train.data import open_data
+
+    red, green = np.zeros((28, 28, 3), np.uint8), np.zeros((28, 28, 3), np.uint8)
+    red[..., 0], green[..., 1] = 200, 130
+    train_x = [{"bytes": png(red), "path": None}] * 6 + [{"bytes": png(green), "path": None}] * 6
+    splits = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"image": train_x, "label": [0] * 6 + [1] * 6}, features=features()),
+        "test": datasets.Dataset.from_dict({"image": train_x[:3], "label": [0, 1, 2]}, features=features())})
+    splits.save_to_disk(str(tmp_path / "saved"))
+    with pytest.warns(UserWarning, match=r"1 of the 3 classes have no training image in hf:.*saved's train split: "
+                                         r"bag; they are learned from nothing"):
+        data = open_data(config(tmp_path, f"hf:{tmp_path / 'saved'}", val_size=2), torch.device("cpu"), channels=1)
+    assert data.train.holds_colour()

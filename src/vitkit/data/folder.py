@@ -159,6 +159,11 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
         loose = sum(1 for e in listing if e.is_file() and e.name.lower().endswith(extensions))
         hint = f" (it holds {loose} images directly: move them into a subfolder per class)" if loose else ""
         raise ValueError(f"no class subfolders in {root}: expected {root}/<class name>/<image file>{hint}")
+    loose = [e.name for e in listing if e.is_file() and e.name.lower().endswith(extensions)]
+    if loose:  # beside the class folders: no class, so not read, and said (they are not in any count)
+        logger.warning("left out %d image(s) of %s that lie beside its class folders, in no class (%s%s): move "
+                       "each into its class's folder", len(loose), root, ", ".join(loose[:3]),
+                       " ..." if len(loose) > 3 else "")
     samples: List[Tuple[str, int]] = []
     others: Dict[str, int] = {}  # the files left out, by extension: said once, not in silence
     for index, name in track(list(enumerate(classes)), f"listing {root}", enabled=progress, unit="classes"):
@@ -254,6 +259,10 @@ class ImageFolder(SampleList):
         with ThreadPoolExecutor(threads) as pool:  # in chunks: no million pending futures
             for start in range(0, len(paths), 512):
                 yield from pool.map(check, paths[start:start + 512])
+
+    def stored_image(self, index: int) -> Image.Image:
+        """Sample ``index``'s image in colour as stored, whatever ``channels`` reads it as (BadImageError if bad)."""
+        return decode_image(self.samples[index][0], 3)
 
     def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
         path, label = self.samples[index]

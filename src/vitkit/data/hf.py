@@ -406,6 +406,12 @@ class HFImages(SampleList):
     def sample_name(self, row: int) -> str:
         return f"{self.name}/{self.split_name}#{row}"
 
+    def stored_image(self, index: int) -> Any:
+        """Sample ``index``'s image (PIL) in colour as stored, whatever ``channels`` reads it as (BadImageError if
+        bad)."""
+        row = self.samples[index][0]
+        return decode_cell(self._rows[row][self.image_key], 3, self.sample_name(row), self.roots)
+
     def __getitem__(self, index: int) -> Union[Tuple[Any, int], Skipped]:
         row, label = self.samples[index]
         name = self.sample_name(row)

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
-from ..data.images import BadImageError, Skipped, decode_image
+from ..data.images import BadImageError, Skipped
 from ..data.loader import loader_batches
 from ..evaluate.metrics import prepare_batch
 from ..utils import seed_for
@@ -198,7 +198,7 @@ class FolderBatches:
         spread = sorted({self.indices[i * len(self.indices) // look] for i in range(min(look, len(self.indices)))})
         for index in spread:
             try:
-                pixels = np.asarray(decode_image(self.folder.samples[index][0], 3), dtype=np.int16)
+                pixels = np.asarray(self.folder.stored_image(index), dtype=np.int16)
             except (BadImageError, OSError, ValueError):
                 continue  # a bad file is skipped and said where it is read
             if np.abs(np.diff(pixels, axis=-1)).max() > 0:

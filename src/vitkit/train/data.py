@@ -10,7 +10,6 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
@@ -167,7 +166,9 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     carved = 0 if "val" in folders else min(cfg.val_size, max(1, len(train) // 10))
     val_idx, tr_idx = _carve(len(train), carved)
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
-    _say_untrained_classes(train.classes, torch.as_tensor(train.targets)[tr_idx], train_dir, carved)
+    if cfg.objective == "classify":  # (pre-training reads no label)
+        _say_untrained_classes(train.classes, torch.as_tensor(train.targets), torch.as_tensor(train.targets)[tr_idx],
+                               str(train_dir), carved)
     mean, std = datasets.FILE_STATS
     test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     val = FolderBatches(folders["val"], range(len(folders["val"])), cfg.workers) if "val" in folders else \
@@ -178,15 +179,24 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
                    n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped])
 
 
-def _say_untrained_classes(classes: List[str], trained: torch.Tensor, train_dir: Path, carved: int) -> None:
-    """A class left without a training image (its few images all carved for validation) is learned from nothing
-    and scored all the same: said, with the way out."""
-    lacking = [name for i, name in enumerate(classes) if not bool((trained == i).any())]
-    if lacking:
-        shown = ", ".join(lacking[:6]) + (f" ... ({len(lacking)} in all)" if len(lacking) > 6 else "")
-        warnings.warn(f"{len(lacking)} of the {len(classes)} classes of {train_dir} have no training image left "
-                      f"after {carved} were carved for validation: {shown}; give them more images, a val/ folder "
-                      f"beside train/, or a smaller --val-size", stacklevel=3)
+def _say_untrained_classes(classes: List[str], labels: torch.Tensor, trained: torch.Tensor, where: str,
+                           carved: int) -> None:
+    """A class without a training image (none in the split: a Hugging Face label no training row has, or all of
+    its few carved for validation) is learned from nothing and scored all the same: said, with the way out."""
+    def listed(names: List[str]) -> str:
+        return ", ".join(names[:6]) + (f" ... ({len(names)} in all)" if len(names) > 6 else "")
+
+    if not classes:  # pre-training on a dataset without labels
+        return
+    never = [name for i, name in enumerate(classes) if not bool((labels == i).any())]
+    carved_out = [name for i, name in enumerate(classes) if name not in never and not bool((trained == i).any())]
+    if never:
+        warnings.warn(f"{len(never)} of the {len(classes)} classes have no training image in {where}: "
+                      f"{listed(never)}; they are learned from nothing and scored all the same", stacklevel=3)
+    if carved_out:
+        warnings.warn(f"{len(carved_out)} of the {len(classes)} classes of {where} have no training image left "
+                      f"after {carved} were carved for validation: {listed(carved_out)}; give them more images, a "
+                      f"val/ folder beside train/, or a smaller --val-size", stacklevel=3)
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
@@ -247,8 +257,12 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                         strict=cfg.strict_data)
     test = hf.HFImages(splits[test_name], name, test_name, image_key, label_key, train.classes, channels=channels,
                        strict=cfg.strict_data)
-    val_idx, tr_idx = _carve(len(train), min(cfg.val_size, max(1, len(train) // 10)))
+    carved = min(cfg.val_size, max(1, len(train) // 10))
+    val_idx, tr_idx = _carve(len(train), carved)
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
+    if cfg.objective == "classify":
+        _say_untrained_classes(train.classes, torch.as_tensor(train.targets), torch.as_tensor(train.targets)[tr_idx],
+                               f"{name}'s {train_name} split", carved)
     test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
