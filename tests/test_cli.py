@@ -125,6 +125,10 @@ def test_convert_each_format(capsys, tmp_path, tiny_weights):
     assert code == 0 and f"note: {tmp_path / 'notes.pth'} was there before and is replaced" in err
     code, _, err = run(capsys, "convert", str(path), str(tmp_path / "fresh.pth"), "--to", "timm")
     assert code == 0 and "replaced" not in err
+    # a folder that held a model: its files replaced, said as a file's are (an HF folder's processor config too)
+    code, _, err = run(capsys, "convert", str(path), str(tmp_path / "hf"), "--to", "vitkit")
+    assert code == 0 and f"note: {tmp_path / 'hf'} held a model before: its config.json, model.safetensors, " \
+        f"preprocessor_config.json are replaced" in err, err
 
 
 def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):

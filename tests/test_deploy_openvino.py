@@ -45,6 +45,34 @@ def test_openvino_fp32_matches_pytorch(family, tmp_path):
         torch.testing.assert_close(ir(x), want, rtol=1e-4, atol=1e-4)
 
 
+def test_an_ir_replaced_part_way_leaves_no_old_xml_beside_new_weights(tmp_path, monkeypatch):
+    """The .bin and .xml are moved into place one after the other: a stop between them left the old .xml naming
+    the new .bin (a model of the same shape would have loaded with the other export's metadata). Now the old .xml
+    goes first: a stop part-way leaves no IR, never a mixed one; an export that finishes is whole."""
+    import os
+
+    first = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    second = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))
+    path = export_openvino(first, tmp_path / "m.xml")
+    real, moved = os.replace, []
+
+    def stopped_after_the_weights(src, dst):
+        if str(dst).endswith(".xml"):
+            raise KeyboardInterrupt  # the stop between the two moves
+        moved.append(dst)
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", stopped_after_the_weights)
+    with pytest.raises(KeyboardInterrupt):
+        export_openvino(second, path)
+    monkeypatch.setattr(os, "replace", real)
+    assert path.with_suffix(".bin") in moved and not path.exists()  # no .xml left naming the other weights
+    export_openvino(second, path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(OpenVinoModel(path, precision="fp32")(x), second.eval()(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(precision, tmp_path):
     """Each image's output is the one it gets alone (and in fp32 the one PyTorch gives), whatever

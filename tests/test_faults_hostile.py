@@ -509,6 +509,15 @@ def test_convert_never_overwrites_what_it_reads(model_dir, tmp_path, capsys):
         line = one_line(in_process(capsys, "convert", clip, dst, "--to", to))
         assert words in line, line
     assert sorted(p.name for p in clip.iterdir()) == ["open_clip_config.json", "open_clip_model.safetensors"]
+    # a training run's folder as DST: its config.json (the run's settings) was replaced by a model's
+    run = tmp_path / "run"
+    run.mkdir()
+    settings = json.dumps({"recipe": "fmnist", "objective": "classify", "lr": 0.002})
+    (run / "config.json").write_text(settings)
+    for to in ("vitkit", "hf"):
+        line = one_line(in_process(capsys, "convert", source, run, "--to", to))
+        assert f"DST {run} is a training run's folder (its config.json holds the run's settings)" in line, line
+    assert (run / "config.json").read_text() == settings and sorted(p.name for p in run.iterdir()) == ["config.json"]
 
 
 def test_warnings_are_one_line_notes(capsys, model_dir, tmp_path):

@@ -137,7 +137,7 @@ def fake_run(root, finished=True):
     tiny().save_pretrained(run / "model")
     (run / "summary.json").write_text(json.dumps({
         "model": "vit_tiny_patch16_224", "dataset": "fashion-mnist", "init": None, "test_top1": 0.87654,
-        "val_top1": 0.9, "test_loss": 0.41234, "steps": 1200, "epochs": 2.0, "seconds": 123.4,
+        "val_top1": 0.9, "test_loss": 0.41234, "test_images": 100, "steps": 1200, "epochs": 2.0, "seconds": 123.4,
         "train_img_s": 2345.6, "precision": "bf16", "tiny": "VITKIT_TINY was set: a test-scale run, not a result"}))
     (run / "training_curves.png").write_bytes(b"\x89PNG curves")
     (run / "inspect").mkdir()
@@ -156,6 +156,7 @@ def test_run_push_carries_scores_and_figures(tmp_path):
     assert (remote / "figures" / "training_curves.png").read_bytes() == b"\x89PNG curves"
     card = (remote / "README.md").read_text()
     for text in ["## Training", "| test top-1 | 87.65 % |", "| validation top-1 | 90.00 % |",
+                 "| test images scored | 100 |",  # a subset's score is said as one (--test-size)
                  "| test loss | 0.4123 |", "| steps | 1,200 |", "| precision | bf16 |", "| dataset | fashion-mnist |",
                  "**Note:** VITKIT_TINY was set", "![training curves](figures/training_curves.png)",
                  "![attention distance](figures/attention_distance.png)"]:
@@ -232,6 +233,14 @@ def test_push_errors_become_one_line(tmp_path, where, error, status, expected):
 def test_push_without_network_says_nothing_was_committed(tmp_path):
     api = FakeApi(tmp_path / "remote", fail={"upload_folder": ConnectionError("Connection refused")})
     with pytest.raises(WeightsError, match=r"could not reach .* \(ConnectionError: Connection refused\): nothing"):
+        push_to_hub(tiny(), "org/name", api=api)
+    # huggingface_hub 1.x's transport: httpx, whose ConnectError is under httpx.HTTPError (it was "failed while
+    # creating it", as if the Hub had answered)
+    httpx = pytest.importorskip("httpx")
+    offline = httpx.ConnectError("[Errno -2] Name or service not known")
+    api = FakeApi(tmp_path / "remote2", fail={"create_repo": offline})
+    with pytest.raises(WeightsError, match=r"could not reach the Hugging Face Hub while .* \(ConnectError: .*\): "
+                                           r"nothing was committed"):
         push_to_hub(tiny(), "org/name", api=api)
 
 
@@ -351,3 +360,17 @@ def test_vitkit_push_uploads_a_run_and_dry_run_only_writes(tmp_path, monkeypatch
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
     assert len(FakeApi.instances) == 1
+
+
+def test_a_half_precision_source_is_pushed_in_its_own_precision(tmp_path):
+    """A bfloat16 folder was pushed as float32, twice its size, without a word (convert keeps it as stored)."""
+    from safetensors import safe_open
+
+    from vitkit.weights.hub import save_for_hub
+
+    model = tiny().to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "half")
+    out = save_for_hub(tmp_path / "half", tmp_path / "card")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert (out / "model.safetensors").stat().st_size <= (tmp_path / "half" / "model.safetensors").stat().st_size + 4096

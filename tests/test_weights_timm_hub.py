@@ -22,6 +22,24 @@ def _saved(tmp_path, name, **kw):
     return ref, folder
 
 
+def test_a_folder_with_its_config_named_as_an_architecture_is_read_by_its_config(tmp_path, images):
+    """`convert FOLDER --model deit_tiny_patch16_224` rebuilt a 64 x 96 timm folder at the name's 224 px with
+    ImageNet's statistics and wrote a file that computes something else, without a word: the name now only has to
+    agree with the folder's config, which decides; another architecture's name is refused."""
+    ref, folder = _saved(tmp_path, "vit_tiny_patch16_224", num_classes=7, img_size=(64, 96))
+    x = images(2, 64, 96)
+    with torch.no_grad():
+        want = ref.eval()(x)
+    for name in ("vit_tiny_patch16_224", "deit_tiny_patch16_224"):  # the same architecture, the name's defaults
+        ours = vitkit.from_pretrained(folder, model_name=name)
+        assert tuple(ours.config.img_size) == (64, 96) and ours.config.mean == tuple(ref.pretrained_cfg["mean"])
+        with torch.no_grad():
+            assert max_diff(ours(x), want) <= 1e-5
+    with pytest.raises(WeightsError, match=r"has its own config, and vit_small_patch16_224 is another architecture: "
+                                           r"embed_dim 384 \(not 192\)"):
+        vitkit.from_pretrained(folder, model_name="vit_small_patch16_224")
+
+
 @pytest.mark.parametrize("name, saved_at, loaded_at", [
     ("vit_small_patch16_224", (32, 128), (64, 64)),   # a 2x8 table is no 4x4 one, though both have 16 patches
     ("vit_small_patch16_224", (64, 96), (96, 64)),    # a 4x6 table is no 6x4 one (the model's slot count)

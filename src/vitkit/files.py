@@ -252,7 +252,7 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
         with work_folder(folder.parent, folder.name) as staging:  # removed however the save ends
             sweep_work_folders(folder.parent, folder.name)  # and one of a killed save of this name
             yield staging
-            with interrupts_deferred(), _parent_held(folder):
+            with interrupts_deferred(), parent_held(folder):
                 (staging / _OWNER).unlink()  # not the model's; the lock stays on the open file until the end
                 _install(staging, folder, old_files)
     except BaseException as e:
@@ -277,8 +277,9 @@ def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[O
 
 
 @contextlib.contextmanager
-def _parent_held(folder: Path) -> Iterator[None]:
-    """An exclusive flock on ``folder``'s parent while a model is moved into ``folder`` (renames only: brief)."""
+def parent_held(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``folder``'s parent while a model is moved into ``folder`` (renames only: brief), or
+    a file pair into place beside it (an OpenVINO IR's .xml and .bin)."""
     fd = os.open(folder.parent, os.O_RDONLY)
     try:
         if fcntl is not None:

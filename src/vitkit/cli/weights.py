@@ -6,6 +6,7 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 from ..files import check_output
 from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
@@ -30,13 +31,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.scan and args.to != "big_vision":
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     check_destination(args.src, args.dst, args.to)  # before the work
-    replaced = Path(args.dst).is_file()  # replaced as cp replaces it, but said: it may not have been a model
+    replaced = _replaced(Path(args.dst))
     # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
     # weights layout keeps the weights as they are stored (the position table at the config's size)
     model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"))
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
-    half = stored_half_dtype(args.src) if args.to in HALF_LAYOUTS else None
+    from ..weights.pretrained import source_half_dtype
+
+    half = source_half_dtype(args.src) if args.to in HALF_LAYOUTS else None
     if half is not None:  # a float16 or bfloat16 source is written as it was stored, not twice its size
         model = model.to(half)
     with warnings.catch_warnings(record=True) as notes:
@@ -58,25 +61,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return _said_replaced(0, replaced, args.dst)
 
 
-def _said_replaced(code: int, replaced: bool, dst: str) -> int:
+def _replaced(dst: Path) -> Optional[str]:
+    """What converting into ``dst`` replaces, said after (as cp replaces a file, but said: it may not have been a
+    model): a file, or the model files of a folder (None: nothing)."""
+    from ..weights.load import model_files
+
+    if dst.is_file():
+        return f"{dst} was there before and is replaced"
+    held = sorted(p.name for p in model_files(dst)) if dst.is_dir() else []
+    return f"{dst} held a model before: its {', '.join(held)} are replaced" if held else None
+
+
+def _said_replaced(code: int, replaced: Optional[str], dst: str) -> int:
     if replaced and code == 0:
-        print(f"vitkit convert: note: {dst} was there before and is replaced", file=sys.stderr)
+        print(f"vitkit convert: note: {replaced}", file=sys.stderr)
     return code
 
 
 #: the layouts whose files keep a half-precision source's precision (vit_jax and big_vision files are float32)
 HALF_LAYOUTS = ("vitkit", "timm", "hf", "mae")
-
-
-def stored_half_dtype(source: str):
-    """The half precision a ``.safetensors`` source (a file, or a folder's weights) stores its floats in, else None."""
-    from ..weights.io import stored_half_dtype as of_file
-    from ..weights.load import folder_weights
-    from ..weights.pretrained import weights_path
-
-    path = weights_path(source)
-    path = folder_weights(path) if path.is_dir() else path
-    return of_file(path) if path is not None else None
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:

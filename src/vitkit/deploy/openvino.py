@@ -35,10 +35,10 @@ import torch
 from torch import nn
 
 from ..extras import first_line, require
-from ..files import DiskFull, PathLike, is_disk_full, work_folder
+from ..files import DiskFull, PathLike, is_disk_full, parent_held, work_folder
 from ..parallel import parts
 from ..progress import working
-from ..signals import how_it_ended
+from ..signals import how_it_ended, interrupts_deferred
 from . import openvino_int8
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .openvino_int8 import no_telemetry, quiet, silenced
@@ -96,9 +96,12 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
                 ir.set_rt_info(value, [RT_SECTION, key])
             staged = Path(work) / "model.xml"
             ov.save_model(ir, str(staged), compress_to_fp16=False)
-            for src, dst in ((staged.with_suffix(".bin"), path.with_suffix(".bin")), (staged, path)):
-                os.chmod(src, 0o644)
-                os.replace(src, dst)  # the weights first: an .xml never names a .bin that is not there yet
+            # two exports to one IR: one pair moved at a time, never one file of each; Ctrl-C waits for the pair
+            with interrupts_deferred(), parent_held(path):
+                path.unlink(missing_ok=True)  # a stop between the moves leaves no IR, not an old .xml with new weights
+                for src, dst in ((staged.with_suffix(".bin"), path.with_suffix(".bin")), (staged, path)):
+                    os.chmod(src, 0o644)
+                    os.replace(src, dst)  # the weights first: an .xml never names a .bin that is not there yet
     except Exception as e:
         if is_disk_full(e, path.parent):
             raise DiskFull(path, "nothing was replaced (the previous files, if any, are intact)") from e

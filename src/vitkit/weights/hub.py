@@ -28,7 +28,7 @@ from ..extras import require
 from ..files import PathLike, check_output, copy_file, new_folder, write_text
 from ..runlock import unfinished_run
 from .io import WeightsError
-from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder
+from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder, source_half_dtype
 
 CARD_NAME = "README.md"
 FIGURES = "figures"
@@ -92,7 +92,9 @@ def _model_and_run(source: Union[nn.Module, PathLike]) -> Tuple[nn.Module, Optio
     run = path if run_model_folder(path) is not None else None
     if run is None and path.name == "model" and (path.parent / "summary.json").is_file():
         run = path.parent  # runs/NAME/model: its run's scores and figures belong on the card too
-    return from_pretrained(path), run
+    model = from_pretrained(path)
+    half = source_half_dtype(run / "model" if run is not None and (run / "model").is_dir() else path)
+    return (model.to(half) if half is not None else model), run  # a half-precision source stays half its size
 
 
 def _copy_figures(run: Path, folder: Path) -> List[Path]:
@@ -193,7 +195,8 @@ def _usage(name: str, config: Dict[str, Any], pretraining: Optional[Dict[str, An
 
 #: The summary.json entries the card shows, in order: (key, label, how: pct / loss / int / text).
 _SUMMARY_ROWS = (("model", "model", "text"), ("dataset", "dataset", "text"), ("init", "initialised from", "text"),
-                 ("objective", "objective", "text"), ("test_top1", "test top-1", "pct"),
+                 ("objective", "objective", "text"), ("test_images", "test images scored", "int"),
+                 ("test_top1", "test top-1", "pct"),
                  ("val_top1", "validation top-1", "pct"), ("test_top1_ema", "test top-1 (EMA)", "pct"),
                  ("val_top1_ema", "validation top-1 (EMA)", "pct"), ("test_colour_acc", "test colour accuracy", "pct"),
                  ("test_loss", "test loss", "loss"), ("val_loss", "validation loss", "loss"),

@@ -74,11 +74,12 @@ def _hub_kind(e: BaseException) -> Tuple[str, Optional[int]]:
             return _HUB_ERRORS[name], status
     if status in (401, 403):
         return "auth", status
+    # the transports raise OSError (requests) or their own RequestError tree (httpx), without a response; httpx's
+    # tree is under its HTTPError, so this comes first (an offline push was "failed while creating it")
+    if status is None and (isinstance(e, (OSError, TimeoutError)) or {"RequestError", "TransportError"} & set(names)):
+        return "network", status
     if status is not None or "HTTPError" in names:
         return "http", status
-    # the transports raise OSError (requests) or their own RequestError tree (httpx)
-    if isinstance(e, (OSError, TimeoutError)) or {"RequestError", "TransportError"} & set(names):
-        return "network", status
     return "other", status
 
 
@@ -331,6 +332,9 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
+    if model_name and src.config_json is not None:  # the source says what it is: the name must agree
+        _check_named_agrees(src, model_name, _stored_config(src, overrides))
+        model_name = None
     stored = _named_config(src, model_name) if model_name else _stored_config(src, overrides)
     if not model_name:
         check_claims(stored, src)
@@ -358,6 +362,17 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     model = as_features(model, features_only, out_indices, pyramid, pyramid_channels, norm)
     model.eval()
     return model
+
+
+def source_half_dtype(source: PathLike) -> Optional[torch.dtype]:
+    """The half precision a ``.safetensors`` source (a file, or a folder's weights) stores its floats in, else None:
+    what a copy of it in another layout keeps (not twice its size as float32)."""
+    from .io import stored_half_dtype
+    from .load import folder_weights
+
+    path = weights_path(source)
+    path = folder_weights(path) if path.is_dir() else path
+    return stored_half_dtype(path) if path is not None else None
 
 
 def saved_features(src: Source) -> Optional[Tuple[List[int], bool]]:
@@ -542,6 +557,17 @@ def fit_channel_stats(stored, overrides: dict) -> dict:
             avg = sum(values) / len(values)
             out[key] = (avg,) * chans
     return out
+
+
+def _check_named_agrees(src: Source, model_name: str, own: Any) -> None:
+    """A source with its own config named as an architecture is read by its config (the name's 224 px and ImageNet
+    statistics rebuilt a 64 x 96 model at 224 and normalised it otherwise, in silence); a name of another
+    architecture is refused, naming how they differ."""
+    differences = timm_format.architecture_differences(get_model_config(model_name), own)
+    if differences:
+        raise WeightsError(f"{src.path or 'the weights'} has its own config, and {model_name} is another "
+                           f"architecture: {'; '.join(differences[:3])}; leave the model name out (the source says "
+                           f"what it is)")
 
 
 def _named_config(src: Source, model_name: str):
