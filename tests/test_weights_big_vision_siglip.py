@@ -28,6 +28,22 @@ def test_siglip_npz_written_by_vitkit_is_what_timm_reads(scan, tmp_path, images)
         assert max_diff(back(x), expected) == 0
 
 
+def test_a_class_token_models_npz_is_what_timm_reads_into_a_model_without_a_class_slot(tmp_path, images):
+    """big_vision's table has no class slot (vitkit folds the model's into cls): timm's reader fails on its
+    class-slot model, and reads the file exactly into one built with no_embed_class=True, as the Weights page says
+    (it said timm's reader reads vitkit's files, which held for pooled models only)."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=64, num_classes=7))
+    path = vitkit.export_weights(model, tmp_path / "token.npz", "big_vision")
+    with pytest.raises(RuntimeError):  # the class-slot model cannot take the table
+        _load_weights(timm.create_model("vit_tiny_patch16_224", depth=2, img_size=64, num_classes=7), str(path))
+    ref = timm.create_model("vit_tiny_patch16_224", depth=2, img_size=64, num_classes=7, no_embed_class=True).eval()
+    _load_weights(ref, str(path))
+    x = images(2, 64, 64)
+    with torch.no_grad():
+        expected = model.eval()(x)
+        assert max_diff(ref(x), expected) <= 1e-5 * max(1.0, expected.abs().max().item())
+
+
 def test_the_image_tower_of_a_two_tower_checkpoint(tmp_path, images):
     """SigLIP's released npz holds both towers: params/img/ is read, params/txt/ left out."""
     model = randomize(vitkit.create_model("vit_base_patch16_siglip_224", depth=1, img_size=32, gelu="tanh"))
