@@ -10,7 +10,7 @@ run's ``summary.json`` scores.
 
 The upload itself is huggingface_hub's (the ``hub`` extra): its ``HfApi`` does the
 authentication, the large-file storage and the retries; vitkit turns its typed errors into one
-line saying what to do (:func:`~vitkit.weights.pretrained.hub_failure`).
+line saying what to do (:func:`~vitkit.weights.hub_download.hub_failure`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from .._version import __version__
 from ..extras import require
 from ..files import PathLike, check_output, copy_file, new_folder, write_text
 from ..runlock import unfinished_run
+from .hub_download import HUB_PREFIX, hub_failure
 from .io import WeightsError
-from .pretrained import HUB_PREFIX, from_pretrained, hub_failure, run_model_folder, source_half_dtype
+from .pretrained import from_pretrained, run_model_folder, source_half_dtype
 
 CARD_NAME = "README.md"
 FIGURES = "figures"
