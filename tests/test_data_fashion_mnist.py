@@ -3,6 +3,7 @@
 import gzip
 import hashlib
 import http.server
+import os
 import threading
 from functools import partial
 
@@ -127,6 +128,24 @@ def test_real_fashion_mnist_splits():
     assert train.images.shape == (60_000, 28, 28) and test.images.shape == (10_000, 28, 28)
     assert np.bincount(train.labels).tolist() == [6000] * 10 and np.bincount(test.labels).tolist() == [1000] * 10
     assert train.images.dtype == np.uint8 and 60 < train.images.mean() < 90
+
+
+@real
+def test_other_idx_files_under_fashion_mnists_names_are_said(tmp_path):
+    """MNIST and KMNIST ship under the same four file names: they were read as Fashion-MNIST, their digits named
+    't-shirt', 'trouser', ..., without a word. The decoded arrays are checked (the files' compression varies)."""
+    import shutil
+    import warnings
+
+    for name in os.listdir(fm.DEBIAN_DIR):
+        shutil.copy(fm.DEBIAN_DIR / name, tmp_path / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fm.load_split("test", tmp_path)  # the real files: nothing said
+    test = fm.load_split("test")
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", ((test.labels + 1) % 10).astype(np.uint8))
+    with pytest.warns(UserWarning, match=r"under Fashion-MNIST's names whose test split is not Fashion-MNIST's"):
+        fm.load_split("test", tmp_path)
 
 
 def test_registered_fashion_mnist_models_expect_the_datasets_statistics():

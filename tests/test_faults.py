@@ -329,7 +329,7 @@ def test_differing_class_folders_are_named(tmp_path):
         for c in classes:
             (tmp_path / split / c).mkdir(parents=True)
             Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / split / c / "x.png")
-    with pytest.raises(ValueError, match="only in train/: bee; only in test/: cow"):
+    with pytest.raises(ValueError, match="only in train/: 'bee'; only in test/: 'cow'"):
         train(resolve_config("fmnist", dataset="folder", data_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"),
                              model="vit_fmnist", max_steps=1, workers=0, progress=False))
     assert not (tmp_path / "runs").exists()

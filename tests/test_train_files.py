@@ -101,6 +101,14 @@ def test_strict_data_stops_before_writing_anything(tmp_path, fmnist_folder):
     with pytest.raises(BadImageError, match="empty.png"):
         train(config(tmp_path, fmnist_folder, strict_data=True))
     assert not (tmp_path / "run").exists()
+    # a truncated JPEG passes the header check: it stopped the run when a batch reached it (hours in, on a large
+    # folder); strict decodes every file while the data is opened, before the first step
+    import shutil
+
+    shutil.copytree(fmnist_folder, tmp_path / "data")
+    (tmp_path / "data" / "train" / "bag" / "empty.png").unlink()
+    with pytest.raises(BadImageError, match=r"truncated.jpg"):
+        open_data(config(tmp_path, tmp_path / "data", strict_data=True), torch.device("cpu"), channels=1)
 
 
 def test_missing_and_empty_datasets_are_clear_cli_errors(tmp_path, capsys):
@@ -218,8 +226,8 @@ def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_le
     assert data.n_train == 12 and len(data.val) == 12 and data.val.folder.root == tmp_path / "d" / "val"
     (tmp_path / "d" / "val" / "c").mkdir()
     shutil.copy(tmp_path / "d" / "val" / "a" / "0.png", tmp_path / "d" / "val" / "c")
-    with pytest.raises(ValueError, match=r"class folders of .*d/val differ from those of .*d/train: only in train/: "
-                                         r"none; only in val/: c"):
+    with pytest.raises(ValueError, match=r"class folders of .*d/val differ from those of .*d/train: other classes "
+                                         r"\(train/: 2, val/: 3; only in val/: 'c'\)"):
         open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
     os.symlink("train", tmp_path / "d" / "linked")
     shutil.rmtree(tmp_path / "d" / "test")
@@ -227,6 +235,14 @@ def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_le
     with pytest.raises(fm.DatasetNotFound, match=r"d/test is .*d/train \(a link to the same folder\): a score on "
                                                  r"it would be of the training images"):
         open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    # the same name in two Unicode forms (a Mac's NFD folder beside an NFC one) is said as such
+    import unicodedata
+
+    _noise_folder(tmp_path / "u", ["x"], per_class=2)
+    for split, form in (("train", "NFC"), ("test", "NFD")):
+        os.rename(tmp_path / "u" / split / "x", tmp_path / "u" / split / unicodedata.normalize(form, "caf\u00e9"))
+    with pytest.raises(ValueError, match=r"the same names in two Unicode forms"):
+        open_data(config(tmp_path, tmp_path / "u"), torch.device("cpu"), channels=1)
     # 14 images of a, 1 of b: the carve of one image for validation takes b's (seed 2021)
     _noise_folder(tmp_path / "lone", ["a"], per_class=14)
     (tmp_path / "lone" / "train" / "b").mkdir()

@@ -12,6 +12,7 @@ import hashlib
 import os
 import urllib.error
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
@@ -43,6 +44,10 @@ OFFICIAL_MD5 = {
     "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
 }
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+#: md5 of each split's decoded arrays (images as uint8 bytes, labels as uint8), whatever their files' compression:
+#: MNIST and KMNIST ship under the same four file names, and would be read with Fashion-MNIST's class names
+ARRAY_MD5 = {"train": ("f209073e486d5113ebe2cc431d4df862", "3236f6424fc25388b2834cb19942cf7e"),
+             "test": ("b7656a891b218fc13e45205c48a92cae", "8dea97a4e78c1bd1b5a6e8efbb870b6e")}
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -164,4 +169,9 @@ def load_split(split: str = "train", data_dir: Optional[Union[str, Path]] = None
     if images.shape != (n, 28, 28) or labels.shape != (n,) or labels.max() > 9:
         raise ValueError(f"Fashion-MNIST {split} in {folder} has images {images.shape} and labels "
                          f"{labels.shape}; expected ({n}, 28, 28) and ({n},) with labels 0-9")
+    digests = tuple(hashlib.md5(a.astype(np.uint8).tobytes()).hexdigest() for a in (images, labels))
+    if digests != ARRAY_MD5[split]:
+        warnings.warn(f"{folder} holds IDX files under Fashion-MNIST's names whose {split} split is not "
+                      f"Fashion-MNIST's (MNIST and KMNIST use the same names): its labels are read with "
+                      f"Fashion-MNIST's class names, and its scores are no Fashion-MNIST scores", stacklevel=2)
     return ArrayDataset(images, labels.astype(np.int64), list(CLASSES), source=str(folder))

@@ -153,16 +153,16 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     train_dir, test_dir = datasets.file_split_dirs("folder", cfg.data_dir)
     # validation: a val/ beside test/ (as tar shards have it), else carved from train/
     val_dir = train_dir.parent / "val" if test_dir.name == "test" and (train_dir.parent / "val").is_dir() else None
-    folders = {part: ImageFolder(folder, channels=channels, strict=cfg.strict_data, progress=cfg.progress)
+    # --strict-data stops on the first bad file before anything is written: every file decoded in the scan (the
+    # header check lets a truncated JPEG through, which then stopped the run part-way)
+    verify = "full" if cfg.strict_data else "header"
+    folders = {part: ImageFolder(folder, channels=channels, strict=cfg.strict_data, progress=cfg.progress,
+                                 verify=verify)
                for part, folder in (("train", train_dir), ("test", test_dir), ("val", val_dir)) if folder}
     train, test = folders["train"], folders["test"]
     for other in [f for part, f in folders.items() if part != "train"]:
-        if other.classes != train.classes:
-            only_train = sorted(set(train.classes) - set(other.classes))
-            only_other = sorted(set(other.classes) - set(train.classes))
-            raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: only in "
-                             f"{train_dir.name}/: {', '.join(only_train) or 'none'}; only in {other.root.name}/: "
-                             f"{', '.join(only_other) or 'none'}")
+        if why := class_difference(train.classes, other.classes, (f"{train_dir.name}/", f"{other.root.name}/")):
+            raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: {why}")
     carved = 0 if "val" in folders else min(cfg.val_size, max(1, len(train) // 10))
     val_idx, tr_idx = _carve(len(train), carved)
     tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
