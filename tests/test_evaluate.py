@@ -55,7 +55,21 @@ def test_cli_eval_max_images_scores_the_first_images_of_the_split(tmp_path, caps
     labels = fm.load_split("test").labels[:300]  # the confusion rows count the first 300 images' classes
     assert np.sum(out["confusion"], axis=1).tolist() == np.bincount(labels, minlength=10).tolist()
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--no-progress"]) == 0
-    assert "the first 300 of 10,000 images" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "the first 300 of 10,000 images" in said and "classes (the split is read in order" not in said
+    # a folder is read class by class: its first images are one class's, which the score then is of (said)
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "f" / split / name).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (28, 28), 40 * i).save(tmp_path / "f" / split / name / f"{i}.png")
+    vitkit.create_model("vit_fmnist", depth=1, num_classes=2, label_names=["a", "b"]).save_pretrained(tmp_path / "ab")
+    assert main(["eval", "--weights", str(tmp_path / "ab"), "--dataset", "folder", "--data-dir", str(tmp_path / "f"),
+                 "--max-images", "2", "--no-progress"]) == 0
+    assert "note: the first 2 images hold 1 of the 2 classes (the split is read in order, a folder class by " \
+           "class): the score is of those classes only" in capsys.readouterr().out
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "0"]) == 2
     err = capsys.readouterr().err
     assert "--max-images must be a positive integer, not 0" in err and "Traceback" not in err

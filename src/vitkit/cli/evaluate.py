@@ -88,6 +88,11 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     n = len(report.confusion)
     top5 = f"top-5 {100 * report.top5:.2f}%" if n > 5 else f"top-5 n/a ({n} classes)"  # (100%: says nothing)
     print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  {top5}  ({first} images, {runtime}{tta})")
+    present = sum(acc is not None for acc in report.per_class.values())
+    if cut and present < n:  # a folder is read class by class: its first images are one class's
+        print(f"note: the first {report.count:,} images hold {present} of the {n} classes (the split is read in "
+              f"order, a folder class by class): the score is of those classes only; a larger --max-images, or "
+              f"none, scores the whole split")
     if score.skipped:
         print(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
