@@ -274,3 +274,15 @@ def test_a_one_channel_model_trained_on_colour_images_says_they_are_read_as_grey
     assert "its colour images read as grey, the model's one channel (--model-args '{\"in_chans\": 3}' keeps the " \
            "colour)" in said["colour"], said["colour"]
     assert "read as grey" not in said["grey"], said["grey"]
+
+
+def test_a_class_folder_that_links_to_another_is_refused(tmp_path):
+    """`ln -s a a2`: every image of a was read twice, once as a and once as a2, without a word."""
+    import os
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        Image.new("L", (8, 8), 0).save(tmp_path / name / "0.png")
+    os.symlink("a", tmp_path / "a2")
+    with pytest.raises(ValueError, match=r"the class folders 'a' and 'a2' of .* are one folder \(a link\)"):
+        ImageFolder(tmp_path)

@@ -155,6 +155,13 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
     with os.scandir(root) as entries:
         listing = sorted(entries, key=lambda e: e.name)
     classes = [e.name for e in listing if e.is_dir() and not e.name.startswith(".")]
+    real: Dict[str, str] = {}
+    for name in classes:  # a link to another class's folder: its images would be both classes at once
+        other = real.setdefault(os.path.realpath(root / name), name)
+        if other != name:
+            raise ValueError(f"the class folders {other!r} and {name!r} of {root} are one folder (a link): each of "
+                             f"its images would carry two labels; remove the link, or copy the images that belong "
+                             f"to both")
     if not classes:
         loose = sum(1 for e in listing if e.is_file() and e.name.lower().endswith(extensions))
         hint = f" (it holds {loose} images directly: move them into a subfolder per class)" if loose else ""
