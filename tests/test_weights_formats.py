@@ -301,6 +301,11 @@ def test_official_export_names_each_field_the_file_cannot_hold(layout, tmp_path,
     back = vitkit.from_pretrained(tmp_path / "wide.npz", img_size=(32, 48))  # as the note says
     x = images(2, 32, 48)
     assert max_diff(back(x), wide(x)) <= 1e-5
+    # a non-square model's other fields are said too (the size note stood alone: exact GELU read back as tanh)
+    exact = tiny(gelu="exact", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9, img_size=(32, 48))
+    with pytest.warns(ExportWarning, match=r"no image size .* img_size=\(32, 48\); gelu \"tanh\" \(this model: "
+                                           r"\"exact\"\)"):
+        vitkit.export_weights(exact, tmp_path / "exact.npz", layout)
 
 
 def test_a_non_square_table_is_read_at_the_size_passed_as_the_refusal_asks(tmp_path, images):

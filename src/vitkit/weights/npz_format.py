@@ -344,16 +344,19 @@ def read_back_losses(arrays: Mapping[str, np.ndarray], model) -> List[str]:
     code) reads such a file: the fields no array holds (GELU's form, LayerNorm's eps, the input
     normalisation, the crop, the class names), each as "field VALUE_READ (this model: ITS_VALUE)"."""
     sd, facts = to_native(arrays)
+    said = []
     try:
         got = infer_config(sd, facts).to_dict()
     except WeightsError:  # a non-square grid: the official code builds the model from its own config
-        return [f"no image size (its position table is no square grid): load it with img_size="
-                f"{tuple(model.config.img_size)}"]
+        size = tuple(model.config.img_size)
+        said.append(f"no image size (its position table is no square grid): load it with img_size={size}")
+        got = infer_config(sd, facts, img_size=size).to_dict()  # and read at that size, what else it would have
+        got["img_size"] = model.config.to_dict()["img_size"]
     want = model.config.to_dict()
     if want["global_pool"] == "token":  # fc_norm on the class token: written as the official encoder_norm
         got["fc_norm"] = want["fc_norm"]
-    return [f"{k} {json.dumps(got.get(k))} (this model: {json.dumps(want[k])})"
-            for k in want if k not in _UNSTORED_NEUTRAL and want[k] != got.get(k)]
+    return said + [f"{k} {json.dumps(got.get(k))} (this model: {json.dumps(want[k])})"
+                   for k in want if k not in _UNSTORED_NEUTRAL and want[k] != got.get(k)]
 
 
 def _export_problems(cfg: Any, layout: str) -> List[str]:
