@@ -640,6 +640,16 @@ def test_crafted_pickle_is_refused_and_never_runs(tmp_path):
         with pytest.raises(UnsafeCheckpointError, match="refused to load"):
             vitkit.from_pretrained(tmp_path / name)
         assert not marker.exists(), "unpickling ran code"
+    # a plain pickle (protocol 4, not torch.save's zip): refused in one line, without torch's note about protocols
+    import pickle
+
+    with open(tmp_path / "plain.bin", "wb") as f:
+        pickle.dump(payload, f, protocol=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(WeightsError, match="not a PyTorch checkpoint of tensors|refused to load"):
+            vitkit.from_pretrained(tmp_path / "plain.bin")
+    assert not marker.exists()
     # an npz holding a pickled object array is refused too
     np.savez(tmp_path / "evil.npz", obj=np.array([evil], dtype=object))
     with pytest.raises(WeightsError, match="refused|pickled"):

@@ -192,7 +192,9 @@ def _read_npz(path: Path) -> Dict[str, object]:
 
 def _load_torch(path: Path) -> object:
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            # torch's "Detected pickle protocol 4 ... please file an issue" is about torch, not the file: not said
+            warnings.filterwarnings("ignore", message=r"Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise _unpickling_error(path, e) from None
