@@ -374,3 +374,27 @@ def test_a_half_precision_source_is_pushed_in_its_own_precision(tmp_path):
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     assert (out / "model.safetensors").stat().st_size <= (tmp_path / "half" / "model.safetensors").stat().st_size + 4096
+
+
+def test_the_cards_preprocessing_says_what_a_non_square_model_does(tmp_path):
+    """A 32 x 48 model's card said "the shorter side resized to 32 / crop fraction, a centre 32 x 48 crop", which no
+    square photo can give: vitkit resizes to cover the size keeping the aspect (data/transforms.eval_resize_size)."""
+    from vitkit.data.transforms import eval_resize_size
+    from vitkit.weights.hub import save_for_hub
+
+    card = (save_for_hub(tiny(img_size=(32, 48)), tmp_path / "wide") / "README.md").read_text()
+    assert "resized, keeping its aspect, to cover 32 x 48 / crop fraction, a centre 32 x 48 crop" in card
+    assert "shorter side" not in card
+    assert eval_resize_size((100, 100), (32, 48), 0.9) == (53, 53)  # a square photo: covers 35 x 53, not 35 x 35
+    square = (save_for_hub(tiny(), tmp_path / "square") / "README.md").read_text()
+    assert "the shorter side resized to 32 / crop fraction, a centre 32 x 32 crop" in square
+
+
+def test_the_cards_shape_words_are_counted_and_a_hybrid_has_no_patch_size(tmp_path):
+    """"1 blocks" and a hybrid's "patches 1x1" (its tokens are its CNN's cells) were written as they were."""
+    from vitkit.weights.hub import save_for_hub
+
+    card = (save_for_hub(tiny(depth=1, num_heads=1), tmp_path / "one") / "README.md").read_text()
+    assert "1 block, width 32, 1 head, patches 8x8" in card
+    hybrid = (save_for_hub(vitkit.create_model("vit_fmnist_hybrid"), tmp_path / "hybrid") / "README.md").read_text()
+    assert "patches" not in hybrid and "heads" in hybrid

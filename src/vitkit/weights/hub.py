@@ -155,9 +155,12 @@ def model_card(config_json: Dict[str, Any], params: int, repo_id: Optional[str] 
 
 
 def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[str, Any]]) -> List[str]:
-    shape = [text.format(config[key]) for key, text in (("depth", "{} blocks"), ("embed_dim", "width {}"),
-                                                          ("num_heads", "{} heads")) if config.get(key)]
-    if config.get("patch_size"):
+    shape = [f"{config[key]} {word}{'s' if config[key] != 1 else ''}" for key, word in (("depth", "block"),
+                                                                                       ("num_heads", "head"))
+             if config.get(key)]
+    if config.get("embed_dim"):
+        shape.insert(1 if config.get("depth") else 0, f"width {config['embed_dim']}")
+    if config.get("patch_size") and not config.get("backbone"):  # a hybrid's tokens are its CNN's cells
         shape.append(f"patches {'x'.join(map(str, config['patch_size']))}")
     family = config.get("architecture", "?")
     arch = f"`{config.get('name') or family}` ({family} family{'; ' + ', '.join(shape) if shape else ''})"
@@ -176,16 +179,23 @@ def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[
     return [f"| {k} | {_cell(v)} |" for k, v in rows]
 
 
+def _resize_words(crop_mode: Optional[str], h: Any, w: Any) -> str:
+    """How the evaluation resize meets the model's size (data/transforms.eval_resize_size), in words."""
+    if crop_mode == "squash":
+        return f"the whole image resized to {h} x {w} / crop fraction"
+    if h == w:
+        return f"the shorter side resized to {h} / crop fraction"
+    return f"resized, keeping its aspect, to cover {h} x {w} / crop fraction"
+
+
 def _usage(name: str, config: Dict[str, Any], pretraining: Optional[Dict[str, Any]]) -> List[str]:
     h, w = config.get("img_size", ("?", "?"))
     call = f'vitkit.from_pretrained("hf-hub:{name}"{", encoder_only=True" if pretraining else ""})'
     lines = ["## Use", "", "```python", "import vitkit  # pip install 'vitkit[hub]'", "",
              f"model = {call}",
              "x = vitkit.preprocess(model, \"photo.jpg\")  # (1, C, H, W), the model's own preprocessing", "```", "",
-             "Inputs, as `vitkit.preprocess` makes them: "
-             + ("the whole image resized to" if config.get("crop_mode") == "squash" else "the shorter side resized to")
-             + f" {h} / crop fraction, a centre "
-             f"{h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above."
+             "Inputs, as `vitkit.preprocess` makes them: " + _resize_words(config.get("crop_mode"), h, w)
+             + f", a centre {h} x {w} crop, pixels scaled to [0, 1] and normalised with the mean and std above."
              + ("" if config.get("head_kind") == "projection" or not config.get("num_classes") else
                 f" From the command line: `vitkit predict --weights hf-hub:{name} IMAGE`.")]
     if pretraining:
