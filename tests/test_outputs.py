@@ -172,6 +172,26 @@ def test_the_printed_summary_of_a_run_with_ema_gives_both_scores(tmp_path, capsy
     assert "test-scale run" in summary["tiny"] and summary["train_images"] < 3000  # never passes for a result
 
 
+def test_a_run_without_validation_images_says_so_not_a_second_score(tmp_path, capsys):
+    """--val-size 0: the validation rows score the test split; the summary line said "validation 12.00%" beside
+    "test 12.00%", and a pushed card a validation top-1, as if two splits agreed."""
+    from vitkit.weights.hub import save_for_hub
+
+    args = [a for a in TINY if a not in ("--val-size", "100")]
+    assert main(["train", *args, "--val-size", "0", "--ema-decay", "0.9", "--runs-dir", str(tmp_path),
+                 "--name", "v0"]) == 0
+    said = capsys.readouterr().out
+    summary = json.loads((tmp_path / "v0" / "summary.json").read_text())
+    assert summary["val_is_test"] is True and "(no validation split: its rows scored the test split)" in said
+    assert "EMA      top-1" in said and "(model_ema/)" in said and "validation " not in said.replace(
+        "no validation split", "")
+    card = (save_for_hub(tmp_path / "v0", tmp_path / "card") / "README.md").read_text()
+    assert "| test top-1 |" in card and "validation" not in card
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "v100"]) == 0  # with validation images
+    assert "(validation " in capsys.readouterr().out
+    assert "val_is_test" not in json.loads((tmp_path / "v100" / "summary.json").read_text())
+
+
 def test_a_run_with_test_tta_reports_what_vitkit_eval_says_with_those_views(tmp_path, capsys, monkeypatch):
     # 60 real steps of a one-layer plain ViT (patch 4, no flips or shifts in training): a model of
     # 46-62% top-1, not a constant guess, whose flipped and shifted views change 40-70 of the 500

@@ -78,13 +78,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         return f"; {summary['test_tta']} TTA {100 * summary[key]:.2f}%" if key in summary else ""
 
     images = f" on {summary['test_images']:,} images" if "test_images" in summary else ""
-    print(f"test     top-1 {100 * summary['test_top1']:.2f}%{images}  (validation {100 * summary['val_top1']:.2f}%"
-          f"{tta('test_top1_tta')})")
+    val = "no validation split: its rows scored the test split" if summary.get("val_is_test") else \
+        f"validation {100 * summary['val_top1']:.2f}%"
+    print(f"test     top-1 {100 * summary['test_top1']:.2f}%{images}  ({val}{tta('test_top1_tta')})")
     if summary.get("skipped_files"):  # (a stream's are found as it is read: the first lines could not say them)
         print(f"skipped  {summary['skipped_files']:,} unreadable images or samples (named in the log)")
     if "test_top1_ema" in summary:
-        print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  (validation "
-              f"{100 * summary['val_top1_ema']:.2f}%{tta('test_top1_ema_tta')}; model_ema/)")
+        ema_val = "" if summary.get("val_is_test") else f"validation {100 * summary['val_top1_ema']:.2f}%"
+        print(f"EMA      top-1 {100 * summary['test_top1_ema']:.2f}%  ({ema_val}{tta('test_top1_ema_tta')}"
+              f"{'; ' if ema_val or 'test_top1_ema_tta' in summary else ''}model_ema/)")
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{_img_s(summary)}")
     run = summary["run_dir"]

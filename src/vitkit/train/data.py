@@ -86,6 +86,9 @@ class RunData:
     test: Any
     n_train: int
     skipped: List[Any] = field(default_factory=list)
+    #: the validation rows score the test split (--val-size 0, or a stream without val/): said as such, not as a
+    #: validation score beside the test one
+    val_is_test: bool = False
 
     def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
         args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
@@ -146,7 +149,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
-                   n_train=len(tr_idx))
+                   n_train=len(tr_idx), val_is_test=not cfg.val_size)
 
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
@@ -176,7 +179,8 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=val if cfg.val_size else test_batches, test=test_batches,
-                   n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped])
+                   n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped],
+                   val_is_test=not cfg.val_size)
 
 
 def _say_untrained_classes(classes: List[str], labels: torch.Tensor, trained: torch.Tensor, where: str,
@@ -234,7 +238,8 @@ def _shards(cfg: TrainConfig, channels: int) -> RunData:
                       f"validation set, or pass --val-size 0 to say it is meant", stacklevel=2)
     return RunData("shards", classes, channels, None, mean[:channels], std[:channels],
                    train=ShardBatches(maker(train_dir), cfg.workers), val=ShardBatches(maker(val_dir), cfg.workers),
-                   test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples)
+                   test=ShardBatches(maker(test_dir), cfg.workers), n_train=probe.num_samples,
+                   val_is_test=val_dir == test_dir or not cfg.val_size)
 
 
 def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
@@ -268,7 +273,7 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches, n_train=len(tr_idx),
-                   skipped=train.skipped + test.skipped)
+                   skipped=train.skipped + test.skipped, val_is_test=not cfg.val_size)
 
 
 def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:
@@ -293,4 +298,5 @@ def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: 
     mean, std = datasets.FILE_STATS
     test = ShardBatches(maker(test_name), cfg.workers)
     return RunData("shards", classes, channels, None, mean[:channels], std[:channels],
-                   train=ShardBatches(maker(train_name), cfg.workers), val=test, test=test, n_train=rows)
+                   train=ShardBatches(maker(train_name), cfg.workers), val=test, test=test, n_train=rows,
+                   val_is_test=True)

@@ -221,8 +221,8 @@ def _training(summary: Dict[str, Any]) -> List[str]:
     rows = []
     for key, label, how in _SUMMARY_ROWS:
         value = summary.get(key)
-        if value is None or value == "":
-            continue
+        if value is None or value == "" or (key.startswith("val_") and summary.get("val_is_test")):
+            continue  # (validation that scored the test split is no second score)
         if how == "pct" and isinstance(value, (int, float)):
             text = f"{100 * value:.2f} %"
         elif how == "loss" and isinstance(value, (int, float)):
