@@ -103,6 +103,25 @@ def test_mean_distance_is_zero_for_self_attention_and_analytic_for_uniform():
     assert torch.allclose(distance, torch.full_like(distance, analytic), atol=1e-4)
 
 
+def test_a_query_that_gives_a_prefix_token_almost_all_its_attention_keeps_its_distance():
+    """A register sink: a patch query with 1e-13 of its attention on the patches was renormalised against a 1e-12
+    floor in float32 and counted as 0 px, pulling its head's mean down (0.5-1 px on a DINOv2 with registers). Its
+    patch attention, renormalised, is still a distance; a query with none on the patches is left out."""
+    N = 1 + 16
+    uniform = torch.full((1, 1, N, N), 1 / N)
+    sink = uniform.clone()
+    sink[:, :, 1:9] = 0
+    sink[:, :, 1:9, 0] = 1 - 16e-14  # half the patch queries: almost everything on the class token
+    sink[:, :, 1:9, 1:] = 1e-14
+    none = uniform.clone()
+    none[:, :, 1:9] = 0
+    none[:, :, 1:9, 0] = 1  # and exactly nothing on the patches: no distance, left out
+    want = mean_attention_distance(FixedAttention(uniform), torch.zeros(1, 3, 32, 32))
+    for maps in (sink, none):
+        got = mean_attention_distance(FixedAttention(maps), torch.zeros(1, 3, 32, 32))
+        assert torch.allclose(got, want, atol=1e-4), (got, want)
+
+
 def test_sincos_similarity_is_one_on_the_diagonal_and_falls_with_distance():
     model = tiny(img_size=64, patch_size=8, embed_dim=64, pos_embed="sincos2d", class_token=False, global_pool="avg")
     sim = pos_embed_similarity(model)
@@ -163,20 +182,29 @@ def test_filters_of_a_hybrid_are_its_first_convolution_as_applied():
     assert comps.shape == (9, 1, 3, 3) and explained.sum() <= 1 + 1e-6
 
 
-def test_cait_class_attention_layers_in_rollout_and_distance():
-    """CaiT: self-attention over patches, then class attention where only the class token's
-    row is updated. The rollout is a distribution over the patches; the distance has one row
-    per self-attention layer (class attention has no patch queries)."""
+def test_cait_talking_heads_maps_are_refused_as_no_distributions():
+    """CaiT's talking heads mix the heads' weights after the softmax (proj_w): its maps' rows do not sum to 1 and
+    hold negative weights, and the attention distance built on them came out at -1e12 px. Refused in one line, as
+    differential attention is (timm's CaiT is the reference: its maps are the same)."""
+    import timm
+
     from vitkit.models.cait import CaiT, CaiTConfig
 
     model = randomize(CaiT(CaiTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, cls_depth=2,
                                       num_heads=2, num_classes=3))).eval()
-    x = torch.randn(2, 3, 32, 32)
-    maps = attention_maps(model, x)
-    assert [tuple(m.shape[-2:]) for m in maps] == [(16, 16), (16, 16), (1, 17), (1, 17)]
-    rollout = attention_rollout(model, x)
-    assert rollout.shape == (2, 4, 4) and torch.allclose(rollout.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
-    assert mean_attention_distance(model, x).shape == (2, 2)
+    ref = timm.create_model("cait_xxs24_224", img_size=32, patch_size=8, embed_dim=32, depth=2, depth_token_only=2,
+                            num_heads=2, num_classes=3).eval()
+    ref.load_state_dict(model.state_dict())
+    seen = []
+    ref.blocks[0].attn.proj_w.register_forward_hook(lambda m, i, o: seen.append(o))
+    with torch.no_grad():
+        ref(torch.randn(2, 3, 32, 32))
+    rows = seen[0].sum(dim=-1)  # (B, N, N, heads) after proj_w: summed over the keys
+    assert (rows - 1).abs().max() > 1e-3 or (seen[0] < 0).any()  # no distribution, in timm's own model
+    for analysis in (attention_maps, attention_rollout, mean_attention_distance):
+        with pytest.raises(ValueError, match=r"need maps whose rows are distributions; this model's talking-heads "
+                                             r"attention \(CaiT's\) mixes the heads' weights after the softmax"):
+            analysis(model, torch.randn(2, 3, 32, 32))
 
 
 def test_token_norms_are_the_last_blocks_tokens_and_fence_their_outliers():

@@ -136,6 +136,17 @@ def test_embed_is_the_models_pooled_features(serving, weights):
     assert rollout.status_code == 200 and rollout.content[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_model_whose_maps_are_no_distributions_has_no_rollout_and_says_why(serving):
+    """CaiT's talking heads: /rollout drew a map out of weights that are no distributions; it is now a 501 that
+    says why, as vitkit inspect says it, and /predict still answers."""
+    cait = vitkit.create_model("cait_xxs24_224", img_size=32, patch_size=8, embed_dim=32, depth=1, cls_depth=1,
+                               num_heads=2, num_classes=3).eval()
+    running = serving(cait, max_wait_ms=0)
+    got = post(running.url, photo(5), "/rollout")
+    assert got.status_code == 501 and "talking-heads attention (CaiT's)" in got.json()["error"], got.text
+    assert post(running.url, photo(5)).status_code == 200
+
+
 # ------------------------------------------------------------------ batching
 
 

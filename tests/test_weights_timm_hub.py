@@ -35,8 +35,8 @@ def test_a_folder_with_its_config_named_as_an_architecture_is_read_by_its_config
         assert tuple(ours.config.img_size) == (64, 96) and ours.config.mean == tuple(ref.pretrained_cfg["mean"])
         with torch.no_grad():
             assert max_diff(ours(x), want) <= 1e-5
-    with pytest.raises(WeightsError, match=r"has its own config, and vit_small_patch16_224 is another architecture: "
-                                           r"embed_dim 384 \(not 192\)"):
+    with pytest.raises(WeightsError, match=r"the file's config is another architecture than vit_small_patch16_224: "
+                                           r"embed_dim 192 \(not 384\)"):
         vitkit.from_pretrained(folder, model_name="vit_small_patch16_224")
 
 

@@ -11,7 +11,7 @@ is the map's size minus the patches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -27,14 +27,12 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     tokens are added (ConViT's GPSA layers), prefix tokens first otherwise.
 
     Rows are queries, columns keys; each row sums to 1. The model is put in eval mode for
-    the call (no attention dropout) and restored afterwards. Differential attention (timm's
-    ``vit_dwee``) is refused: its maps are differences of two softmax maps, with negative weights and
-    rows that sum to 1 - lambda, which the analyses built on these maps would misread.
+    the call (no attention dropout) and restored afterwards. A model whose maps are no distributions
+    (:func:`maps_not_distributions`: differential attention, CaiT's talking heads) is refused: the
+    analyses built on these maps would misread them (CaiT's attention distance came out at 1e12 px).
     """
-    if differential_layers(model):
-        raise ValueError("the attention analyses need maps whose rows are distributions; this model's "
-                         "differential attention mixes values by a difference of two softmax maps (rows sum to "
-                         "1 - lambda, some weights negative)")
+    if why := maps_not_distributions(model):
+        raise ValueError(f"the attention analyses need maps whose rows are distributions; {why}")
     was_training = model.training
     model.eval()
     try:
@@ -44,9 +42,16 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     return [a.float() for a in attns]
 
 
-def differential_layers(model: nn.Module) -> int:
-    """How many of the model's layers use differential attention (their maps are no distributions)."""
-    return sum(1 for m in model.modules() if hasattr(m, "lambda_q1"))
+def maps_not_distributions(model: nn.Module) -> Optional[str]:
+    """Why the model's attention maps are no distributions (None: they are): differential attention mixes values
+    by a difference of two softmax maps; talking heads (CaiT) mix the heads' weights after the softmax."""
+    if any(hasattr(m, "lambda_q1") for m in model.modules()):
+        return ("this model's differential attention mixes values by a difference of two softmax maps (rows sum "
+                "to 1 - lambda, some weights negative)")
+    if any(hasattr(m, "proj_w") and hasattr(m, "proj_l") for m in model.modules()):
+        return ("this model's talking-heads attention (CaiT's) mixes the heads' weights after the softmax (rows "
+                "do not sum to 1, some weights negative)")
+    return None
 
 
 def _fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
@@ -138,7 +143,9 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
 
     For each patch query, the distance in the image to every patch key weighted by the
     attention, averaged over queries and images. Prefix tokens have no place in the image:
-    their rows and columns are dropped and each patch row renormalised over the patches.
+    their rows and columns are dropped and each patch row renormalised over the patches (in
+    float64: a query that gives a register almost all its attention still has a distance; one
+    that gives the patches none is left out).
     CaiT's class-attention layers have no patch queries and are left out (one row per
     self-attention layer).
     """
@@ -149,9 +156,11 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
         if attn.shape[-2] != attn.shape[-1]:
             continue  # class attention (CaiT): no patch queries, no distance to measure
         prefix = attn.shape[-1] - grid[0] * grid[1]  # 0 for layers before the prefix tokens join
-        a = attn[:, :, prefix:, prefix:]
-        a = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
-        out.append((a * dist).sum(dim=-1).mean(dim=(0, 2)))
+        a = attn[:, :, prefix:, prefix:].double()  # float64: a row's patch mass can be 1e-13 (a register sink)
+        mass = a.sum(dim=-1, keepdim=True)
+        held = (mass > 0).squeeze(-1)  # a query attending to no patch at all has no distance: left out
+        each = ((a / mass.clamp_min(torch.finfo(torch.float64).tiny)) * dist).sum(dim=-1)
+        out.append(((each * held).sum(dim=(0, 2)) / held.sum(dim=(0, 2)).clamp_min(1)).float())
     return torch.stack(out)
 
 

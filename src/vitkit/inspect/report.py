@@ -34,8 +34,8 @@ from .analysis import (
     attention_maps,
     attention_rollout,
     convit_gates,
-    differential_layers,
     embedding_filters_pca,
+    maps_not_distributions,
     mean_attention_distance,
     patch_distances,
     pos_embed_similarity,
@@ -180,10 +180,9 @@ input {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, {sum(p.numel() for p i
     return path
 
 
-#: Why a model with differential attention gets no attention-map figures (report.html says it).
-SIGNED_NOTE = ("No attention rollout, attention per layer or attention distance: this model's differential "
-               "attention mixes values by a difference of two softmax maps (rows sum to 1 - lambda, some weights "
-               "negative), which those analyses, built on maps whose rows are distributions, would misread.")
+#: Why a model whose maps are no distributions gets no attention-map figures (report.html says it, with the reason).
+SIGNED_NOTE = ("No attention rollout, attention per layer or attention distance: {why}, which those analyses, "
+               "built on maps whose rows are distributions, would misread.")
 
 #: Images per forward pass of the per-image analyses: bounds the attention maps held at once
 #: (ViT-B/16 at 224: 12 layers x 12 heads x 197^2 floats, 22 MB an image) and paces the progress line.
@@ -243,7 +242,8 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
-    maps = not differential_layers(model)  # differential attention's maps are no distributions: no map figures
+    signed = maps_not_distributions(model)  # maps that are no distributions: no map figures, and why
+    maps = signed is None
     out = Path(out_dir)
     with waiting_bar(None, "inspecting", progress, unit="steps") as bar:
         named = [] if images else default_images(model)
@@ -262,7 +262,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             x = torch.stack(tensors).to(next(model.parameters()).device)
             result = InspectResult(into, images=len(named))
             if not maps:
-                result.notes.append(SIGNED_NOTE)
+                result.notes.append(SIGNED_NOTE.format(why=signed))
             if pretrainer is not None:  # masks drawn from a fixed seed: the same figure every time
                 shown = pretrainer.visualise(x, torch.Generator().manual_seed(0))
                 result.figures["reconstruction"] = figures.reconstruction_grid(

@@ -211,6 +211,8 @@ class Endpoint:
         from fastapi.responses import Response
 
         self._torch_only("attention maps")
+        if why := self.served.no_rollout():  # no map to draw: said, as vitkit inspect says it
+            raise HttpError(501, f"no attention rollout for this model: {why}")
         _only_query(request)
         body, ctype = await self._body(request)
         deadline = time.monotonic() + self.options.timeout_s

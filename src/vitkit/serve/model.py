@@ -172,6 +172,12 @@ class ServedModel:
         values, indices = probs.topk(min(top_k, len(probs)))
         return Answer([(i, label_for(i, self.labels), v) for i, v in zip(indices.tolist(), values.tolist())])
 
+    def no_rollout(self) -> Optional[str]:
+        """Why this model has no attention rollout to draw (None: it has one): maps that are no distributions."""
+        from ..inspect.analysis import maps_not_distributions
+
+        return maps_not_distributions(self._encoder())
+
     def rollout_png(self, data: bytes, name: str = "upload") -> bytes:
         """The paper's attention rollout over the image, as a PNG (the PyTorch runtime only)."""
         from ..inspect.analysis import attention_rollout

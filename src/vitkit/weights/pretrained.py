@@ -449,10 +449,10 @@ def _check_named_agrees(src: Source, model_name: str, own: Any) -> None:
     """A source with its own config named as an architecture is read by its config (the name's 224 px and ImageNet
     statistics rebuilt a 64 x 96 model at 224 and normalised it otherwise, in silence); a name of another
     architecture is refused, naming how they differ."""
-    differences = timm_format.architecture_differences(get_model_config(model_name), own)
+    differences = timm_format.architecture_differences(own, get_model_config(model_name))
     if differences:
-        raise WeightsError(f"{src.path or 'the weights'} has its own config, and {model_name} is another "
-                           f"architecture: {'; '.join(differences[:3])}; leave the model name out (the source says "
+        raise WeightsError(f"{src.path or 'the weights'}: the file's config is another architecture than "
+                           f"{model_name}: {'; '.join(differences[:3])}; load it without a model name (the file says "
                            f"what it is)")
 
 
