@@ -146,3 +146,39 @@ def test_the_tta_modes_are_the_config_and_cli_choices():
     from vitkit.train.config import CHOICES
 
     assert CHOICES["test_tta"] == TTA_MODES  # restated there so the CLI parses without torch
+
+
+def test_the_evaluation_helpers_refuse_what_they_would_misread():
+    """Each of these was answered with a number: float images divided by 255 a second time (features 2.2 off),
+    a label of -1 counted as the last class, features and labels of different lengths fitted; and a model's
+    float32 features or a bare int for shots ended in a torch error deep inside."""
+    from vitkit.evaluate import extract_features, fewshot_from_features
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, embed_dim=32, num_heads=2,
+                                num_classes=3).eval()
+    u8 = torch.randint(0, 255, (6, 3, 32, 32), dtype=torch.uint8)
+    for bad in (u8.float() / 255, u8.float(), u8[0]):
+        with pytest.raises(ValueError, match=r"images must be uint8 pixels \(N, C, H, W\) in 0-255"):
+            extract_features(model, bad, progress=False)
+        with pytest.raises(ValueError, match="images must be uint8 pixels"):
+            classification_report(model, bad, torch.zeros(len(bad), dtype=torch.long), progress=False)
+    with pytest.raises(ValueError, match=r"labels must be class numbers >= 0, not -1"):
+        classification_report(model, u8, torch.tensor([0, 1, 2, 0, 1, -1]), progress=False)
+    with pytest.raises(ValueError, match=r"labels: 6 images need 6 labels in one dimension, not \(4,\)"):
+        classification_report(model, u8, torch.tensor([0, 1, 2, 0]), progress=False)
+    report = classification_report(model, u8, torch.tensor([0, 1, 2, 0, 1, 2]), progress=False)
+    assert report.count == 6 and report.confusion.sum(1).tolist() == [2, 2, 2]
+    g = torch.Generator().manual_seed(0)
+    tx, ty = torch.randn(180, 8, generator=g), torch.arange(3).repeat_interleave(60)
+    vx, vy = torch.randn(30, 8, generator=g), torch.arange(3).repeat(10)
+    with pytest.raises(ValueError, match=r"train_y: 180 images need 180 labels in one dimension, not \(175,\)"):
+        fewshot_from_features(tx, ty[:-5], vx, vy, shots=[1], seeds=1, progress=False)
+    with pytest.raises(ValueError, match=r"shots must be a list of whole numbers \(shots=\[1, 5\]\), not 5"):
+        fewshot_from_features(tx, ty, vx, vy, shots=5, seeds=1, progress=False)
+    with pytest.raises(ValueError, match=r"train_y must be integer class numbers, not torch.float32"):
+        fewshot_from_features(tx, ty.float(), vx, vy, shots=[1], seeds=1, progress=False)
+    with pytest.raises(ValueError, match=r"features must be \(images, width\) matrices of one width"):
+        fewshot_from_features(tx, ty, vx[:, :4], vy, shots=[1], seeds=1, progress=False)
+    as_float32 = fewshot_from_features(tx, ty, vx, vy, shots=[1], seeds=1, progress=False)  # a model's features
+    assert as_float32[1].mean == fewshot_from_features(tx.double(), ty, vx.double(), vy, shots=[1], seeds=1,
+                                                       progress=False)[1].mean

@@ -424,3 +424,26 @@ def test_a_new_width_keeps_the_mlp_ratio_as_timms_create_model_does(name, size):
     x = torch.randn(2, 3, size, size)
     with torch.no_grad():
         assert max_diff(ours(x), ref(x)) < 1e-5
+
+
+def test_a_channel_count_gets_one_normalisation_whichever_way_the_model_is_built(tmp_path):
+    """create_model(in_chans=1) took the red channel's mean (0.485) where from_pretrained(in_chans=1) averaged
+    (0.449): one architecture, two preprocessings. A given mean of another length was cut in silence."""
+    rgb = vitkit.create_model("deit_tiny_patch16_224", img_size=32, depth=1)
+    rgb.save_pretrained(tmp_path / "rgb")
+    built = vitkit.create_model("deit_tiny_patch16_224", img_size=32, depth=1, in_chans=1).config
+    loaded = vitkit.from_pretrained(tmp_path / "rgb", in_chans=1).config
+    assert built.mean == loaded.mean == (pytest.approx(sum(rgb.config.mean) / 3),)
+    assert built.std == loaded.std
+    with pytest.raises(ValueError, match=r"mean \(0.1, 0.2, 0.3\) has 3 values for in_chans 2"):
+        vitkit.create_model("deit_tiny_patch16_224", img_size=32, depth=1, in_chans=2, mean=(0.1, 0.2, 0.3))
+    with pytest.raises(ValueError, match=r"std \(0.2, 0.2, 0.2\) has 3 values for in_chans 1"):
+        vitkit.from_pretrained(tmp_path / "rgb", in_chans=1, std=(0.2, 0.2, 0.2))
+
+
+def test_a_gelu_that_nothing_reads_is_refused():
+    """A SwiGLU MLP gates with SiLU: gelu='quick' was stored and changed nothing (bit-identical outputs)."""
+    with pytest.raises(ValueError, match=r"gelu 'quick' has nothing to act on: a swiglu MLP gates with SiLU"):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, mlp="swiglu", gelu="quick")
+    # a MAP head's MLP reads it: kept
+    vitkit.create_model("vit_base_patch16_siglip_224", img_size=32, depth=1, mlp="swiglu", gelu="tanh")

@@ -152,3 +152,22 @@ def test_weights_at_another_size_are_resampled_as_timm_loads_them(name, src_size
     with torch.no_grad():
         a = ref(x)
         assert a.std() > 1e-2 and max_diff(a, ours(x)) <= 1e-5 * max(1.0, a.abs().max().item())
+
+
+def test_load_weights_refuses_what_it_would_load_nothing_into_or_misread():
+    """A model on the meta device was reported loaded with nothing copied; a module passed as the source, a
+    string for strict and an interpolation nothing resamples with ended in deep errors or were taken."""
+    import timm
+
+    ref = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
+    meta = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1).to("meta")
+    with pytest.raises(ValueError, match=r"the model is on the meta device: .*model.to_empty\(device='cpu'\)"):
+        vitkit.load_weights(meta, ref.state_dict())
+    assert str(vitkit.load_weights(meta, ref.state_dict(), copy=False)) == "format: timm"  # checks only: as said
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
+    with pytest.raises(TypeError, match=r"source is a model \(VisionTransformer\): pass its state_dict\(\)"):
+        vitkit.load_weights(model, ref)
+    with pytest.raises(ValueError, match=r"load_weights: strict='yes': it must be True or False"):
+        vitkit.load_weights(model, ref.state_dict(), strict="yes")
+    with pytest.raises(ValueError, match=r"interpolation must be 'bicubic', 'bilinear' or 'bilinear-aligned'"):
+        vitkit.load_weights(model, ref.state_dict(), interpolation="nearest")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..progress import track, waiting_bar
-from .metrics import prepare_batch
+from .metrics import checked_labels, prepare_batch
 
 #: Ridge regularisers tried (powers of two, as big_vision's few-shot evaluator does).
 LAMBDAS = tuple(2.0 ** k for k in range(-10, 11, 2))
@@ -97,8 +97,16 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
     ``progress``: a line on stderr with the (shots, seed) fits done, once they have run 5 s
     (100 classes of 768-d features: about 10 s on one CPU thread).
     """
-    if not shots or min(shots) < 1 or seeds < 1:
+    if isinstance(shots, int) or not all(isinstance(k, int) and not isinstance(k, bool) for k in shots):
+        raise ValueError(f"shots must be a list of whole numbers (shots=[1, 5]), not {shots!r}")
+    if not shots or min(shots) < 1 or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
+    train_x, test_x = torch.as_tensor(train_x).double(), torch.as_tensor(test_x).double()  # a model's float32 too
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"features must be (images, width) matrices of one width, not train {tuple(train_x.shape)} "
+                         f"and test {tuple(test_x.shape)}")
+    train_y = checked_labels(train_y, len(train_x), "train_y")
+    test_y = checked_labels(test_y, len(test_x), "test_y")
     classes = int(max(train_y.max(), test_y.max()).item()) + 1
     by_class = [torch.nonzero(train_y == c).flatten() for c in range(classes)]
     _check_fits(by_class, shots, holdout_per_class)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -32,6 +32,11 @@ class ClassificationReport:
 
 def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
     """uint8 (B, C, H, W) -> the model's input: channels, size and normalisation of its config."""
+    if not isinstance(images_uint8, torch.Tensor) or images_uint8.dtype != torch.uint8 or images_uint8.ndim != 4:
+        what = f"{images_uint8.dtype} {tuple(images_uint8.shape)}" if isinstance(images_uint8, torch.Tensor) else \
+            type(images_uint8).__name__
+        raise ValueError(f"images must be uint8 pixels (N, C, H, W) in 0-255, as the datasets hold them, not {what} "
+                         f"(a float batch was divided by 255 again; one already normalised goes to model(x))")
     x = images_uint8.float() / 255.0
     if x.shape[1] != config.in_chans:
         if x.shape[1] == 1:
@@ -56,6 +61,7 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     """
     n_classes = model.config.num_classes
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
+    labels = checked_labels(labels, len(images), "labels")
     data_classes = max(len(classes), int(labels.max()) + 1 if len(labels) else 0)
     if data_classes != n_classes:
         raise ValueError(f"the model predicts {n_classes} classes and the data has {data_classes}: "
@@ -63,6 +69,18 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     batches = ((prepare_batch(images[i:i + batch_size], model.config), labels[i:i + batch_size])
                for i in range(0, len(labels), batch_size))
     return report_over(model, batches, classes, -(-len(labels) // batch_size), progress, label, tta)
+
+
+def checked_labels(labels: Any, count: int, what: str) -> torch.Tensor:
+    """``labels`` as an int64 tensor of ``count`` class numbers (>= 0), or a ValueError naming ``what``."""
+    y = torch.as_tensor(labels)
+    if y.ndim != 1 or len(y) != count:
+        raise ValueError(f"{what}: {count} images need {count} labels in one dimension, not {tuple(y.shape)}")
+    if y.is_floating_point() or y.dtype == torch.bool or y.is_complex():
+        raise ValueError(f"{what} must be integer class numbers, not {y.dtype}")
+    if len(y) and int(y.min()) < 0:
+        raise ValueError(f"{what} must be class numbers >= 0, not {int(y.min())} (an unlabelled image has no score)")
+    return y.long()
 
 
 @torch.inference_mode()
@@ -80,6 +98,8 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     top5_hits = 0
     for x, y in track(batches, label, total, enabled=progress, unit="batches"):
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):  # numpy reads -1 as the last class
+            raise ValueError(f"labels must be class numbers 0-{n_classes - 1}, not {int(y.min())}-{int(y.max())}")
         logits = model(x).float() if tta == "none" else probabilities(model, x, tta, model.config)
         k = min(5, n_classes)
         top5_hits += (logits.topk(k, dim=-1).indices == y[:, None]).any(-1).sum().item()

@@ -131,6 +131,25 @@ class ConfigMixin:
         return dataclasses.replace(self, **overrides)
 
 
+def fit_channel_stats(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """A new ``in_chans`` brings per-channel mean/std of that length, the average of the stored ones, unless they
+    are given (one route for create_model and from_pretrained: the first value was spread by one, the average by
+    the other); given ones of another length are refused (a 3-value mean for 2 channels was cut in silence)."""
+    chans = overrides.get("in_chans", stored.in_chans)
+    out = dict(overrides)
+    for key in ("mean", "std"):
+        if key in overrides:
+            given = overrides[key]
+            if isinstance(chans, int) and isinstance(given, (list, tuple)) and len(given) != chans:
+                raise ValueError(f"{key} {tuple(given)} has {len(given)} values for in_chans {chans}: give one a "
+                                 f"channel")
+            continue
+        values = tuple(getattr(stored, key))
+        if isinstance(chans, int) and chans > 0 and len(values) != chans:
+            out[key] = (sum(values) / len(values),) * chans
+    return out
+
+
 def no_classes(config: Any) -> Optional[str]:
     """Why a model's outputs are no class scores (None: they are): no head, or a projection (``head_kind``)."""
     classes = getattr(config, "num_classes", 0)

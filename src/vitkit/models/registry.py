@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..utils import check_switches
+from .config_base import fit_channel_stats
 
 
 def _state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -198,7 +199,7 @@ def create_model(name: str, features_only: bool = False, out_indices: Optional[U
     if has_mlp_dim and isinstance(overrides.get("embed_dim"), int) and "mlp_dim" not in overrides:
         # the MLP keeps its ratio to the width, as timm's mlp_ratio does (it kept the registered width)
         overrides["mlp_dim"] = int(overrides["embed_dim"] * base.mlp_dim / base.embed_dim)
-    config = base.replace(**overrides)
+    config = base.replace(**fit_channel_stats(base, overrides))
     return as_features(build_from_config(config), features_only, out_indices, pyramid, pyramid_channels)
 
 

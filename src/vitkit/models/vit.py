@@ -186,6 +186,8 @@ class ViTConfig(TokenConfig):
         if self.distill_token and self.reg_tokens:
             problems.append("distill_token and reg_tokens: DeiT's layout has no registers")
         problems += _choice_problems(self, (("gelu", GELUS), ("norm", NORMS), ("mlp", MLPS), ("block", BLOCKS)))
+        if self.mlp != "mlp" and self.gelu != "exact" and self.global_pool != "map":  # (taken, and it changed nothing)
+            problems.append(f"gelu {self.gelu!r} has nothing to act on: a {self.mlp} MLP gates with SiLU (no MAP head)")
         problems += self._positive_int_problems(("mlp_dim",))
         if not _is_count(self.reg_tokens) or self.reg_tokens > MAX_REGISTERS:
             problems.append(f"reg_tokens must be an integer in 0..{MAX_REGISTERS}, got {self.reg_tokens!r}")

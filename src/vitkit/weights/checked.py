@@ -10,6 +10,7 @@ not. :func:`~vitkit.weights.from_pretrained` builds the source's own model and n
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -18,6 +19,7 @@ from torch import nn
 from ..files import PathLike
 from ..models.features import FeatureModel
 from ..selfsup import Pretrainer
+from ..utils import check_switches
 from .io import WeightsError
 from .load import AdaptNote, LoadReport, Source, load_into, read_source
 from .pretrained import config_for_source, weights_path
@@ -41,6 +43,15 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     the model is untouched when it raises. ``copy=False``: every check, nothing copied (the model
     may be on the meta device).
     """
+    check_switches("load_weights", strict=strict, copy=copy)
+    if interpolation not in (None, "bicubic", "bilinear", "bilinear-aligned"):
+        raise ValueError(f"interpolation must be 'bicubic', 'bilinear' or 'bilinear-aligned', not {interpolation!r}")
+    if isinstance(source, nn.Module):
+        raise TypeError(f"source is a model ({type(source).__name__}): pass its state_dict(), or a file or folder")
+    if copy and any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        raise ValueError("the model is on the meta device: its tensors have no storage to copy into (nothing would "
+                         "load); build it on a device first (model.to_empty(device='cpu')), or pass copy=False to "
+                         "check the weights only")
     if not isinstance(source, (Mapping, Source)):
         source = read_source(weights_path(source))
         _check_architecture(model, source, strict)

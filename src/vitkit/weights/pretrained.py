@@ -17,6 +17,7 @@ from torch import nn
 
 from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
+from ..models.config_base import fit_channel_stats  # noqa: F401 (re-exported: train/init.py)
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
@@ -428,21 +429,6 @@ def run_model_folder(path: Path) -> Optional[Path]:
             and (path / "model" / "config.json").is_file():
         return path / "model"
     return None
-
-
-def fit_channel_stats(stored, overrides: dict) -> dict:
-    """A new ``in_chans`` brings per-channel mean/std of that length unless they are given (given ones are the
-    user's: one of another length is refused by the config, not averaged)."""
-    chans = overrides.get("in_chans", stored.in_chans)
-    out = dict(overrides)
-    for key in ("mean", "std"):
-        if key in overrides:
-            continue
-        values = tuple(getattr(stored, key))
-        if len(values) != chans:
-            avg = sum(values) / len(values)
-            out[key] = (avg,) * chans
-    return out
 
 
 def _check_named_agrees(src: Source, model_name: str, own: Any) -> None:
