@@ -14,6 +14,7 @@ layer-wise learning-rate decay (:class:`LayerGroups`, timm's ``group_matcher``) 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -139,8 +140,18 @@ class TokenModel(SaveMixin, nn.Module):
         return {n for n, _ in self.named_parameters()
                 if n in self.NO_WEIGHT_DECAY or n.endswith(positions.RELATIVE_LEAF)}
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """:attr:`layer_groups` in timm's form, so that timm's optimizer factory (``layer_decay=``) groups the
+        parameters as vitkit's does: the embedding, then a group per block, the rest last (``coarse``: the same,
+        a block is one group either way). Without it timm gave 54 of 56 tensors the scale 1."""
+        groups = self.layer_groups
+        return {"stem": "^(?:" + "|".join(re.escape(p) for p in groups.embed) + ")",
+                "blocks": [(rf"^{re.escape(groups.blocks)}(\d+)\.", None)]}
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = bool(enable)
+        if not isinstance(enable, bool):  # set_grad_checkpointing('no') switched it on
+            raise ValueError(f"set_grad_checkpointing: enable must be True or False, not {enable!r}")
+        self.grad_checkpointing = enable
 
     @torch.no_grad()
     def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
