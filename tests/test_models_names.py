@@ -200,3 +200,12 @@ def test_new_blocks_are_checked_in_the_config():
                       (dict(rope_temperature=-1.0), "rope_temperature"), (dict(rope_rescale_coords=0.5), "rescale")):
         with pytest.raises(ValueError, match=word):
             EvaConfig(**bad)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_rope_reg1_gap_256",
+                                  "vit_base_patch16_224", "deit_tiny_distilled_patch16_224"])
+def test_the_tensors_exempt_from_weight_decay_are_timms(name):
+    """Register tokens were decayed (a (1, n, D) tensor, not 1-D) where timm's ViT and EVA exempt them."""
+    ref, ours = _pair(name, dict(depth=1, img_size=28 if "patch14" in name else 32))
+    present = {n for n, _ in ours.named_parameters()}
+    assert ours.no_weight_decay() & present == set(ref.no_weight_decay()) & present

@@ -1,6 +1,7 @@
 """The ViT module: sizes, options, API contracts, initialisation."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -447,3 +448,27 @@ def test_a_gelu_that_nothing_reads_is_refused():
         vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, mlp="swiglu", gelu="quick")
     # a MAP head's MLP reads it: kept
     vitkit.create_model("vit_base_patch16_siglip_224", img_size=32, depth=1, mlp="swiglu", gelu="tanh")
+
+
+def test_api_values_of_the_wrong_kind_are_one_clear_error():
+    """Each was taken (label_names 'abc' as three names) or failed deep inside (a TypeError from re, from a
+    tensor's size, from a comparison; an AttributeError for a numpy input)."""
+    import numpy as np
+
+    small = dict(img_size=32, depth=1)
+    for name, kw, words in (
+            ("vit_tiny_patch16_224", dict(label_names="abc", num_classes=3), "label_names must be a list of names"),
+            ("vit_tiny_patch16_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
+            ("cait_xxs24_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
+            ("vit_tiny_patch16_224", dict(representation_size=-3), "representation_size must be a positive integer"),
+            ("vit_tiny_patch16_224", dict(representation_size=32.0), "representation_size must be a positive")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            vitkit.create_model(name, **small, **kw)
+    for bad in (None, 3):
+        with pytest.raises(ValueError, match="a model name is a string"):
+            vitkit.create_model(bad)
+    with pytest.raises(ValueError, match="shell-style pattern string"):
+        vitkit.list_models(3)
+    model = vitkit.create_model("vit_tiny_patch16_224", **small)
+    with pytest.raises(TypeError, match=r"takes a torch.Tensor of images \(B, 3, H, W\), not a ndarray"):
+        model(np.zeros((1, 3, 32, 32), np.float32))

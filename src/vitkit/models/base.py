@@ -65,7 +65,7 @@ class TokenModel(SaveMixin, nn.Module):
     #: the family's config class (the default configuration when none is given)
     config_cls: type = TokenConfig
     #: parameters the papers' recipes exempt from weight decay (besides 1-D tensors)
-    NO_WEIGHT_DECAY = ("cls_token", "dist_token") + positions.PARAMETER_NAMES
+    NO_WEIGHT_DECAY = ("cls_token", "dist_token", "reg_token") + positions.PARAMETER_NAMES  # timm's set
     #: layer-wise learning-rate decay's layers: the embedding -- patches, the class, distillation and
     #: register tokens, positions (the learned table and RoPE-Mixed's frequencies), the norm after the
     #: embedding -- then the blocks (a module that declares none is grouped by this rule too)

@@ -90,7 +90,7 @@ class CaiTConfig(TokenConfig):
         for name in ("mlp_ratio", "cls_mlp_ratio"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.init_values is not None and not self.init_values > 0:
+        if isinstance(self.init_values, (int, float)) and not self.init_values > 0:  # (a string: said with the rest)
             problems.append(f"init_values (LayerScale epsilon) must be > 0 or None, got {self.init_values!r}")
         return problems
 

@@ -84,6 +84,15 @@ class ConfigMixin:
                 problems.append(f"mean/std need {chans} values")
         if self.head_kind not in HEAD_KINDS:
             problems.append(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+        if isinstance(self.label_names, str):  # 'abc' was taken as the names 'a', 'b', 'c'
+            problems.append(f"label_names must be a list of names, not the string {self.label_names!r}")
+        init = getattr(self, "init_values", None)  # a string was a TypeError deep in one family, taken by another
+        if init is not None and (isinstance(init, bool) or not isinstance(init, (int, float))
+                                 or not math.isfinite(init)):
+            problems.append(f"init_values (LayerScale's start) must be a number or null, got {init!r}")
+        rep = getattr(self, "representation_size", None)
+        if rep is not None and rep != 0 and not (_is_int(rep) and rep > 0):
+            problems.append(f"representation_size must be a positive integer or null, got {rep!r}")
         if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         if isinstance(self.num_classes, int) and self.num_classes > MAX_CLASSES:

@@ -30,6 +30,9 @@ class PatchGrid:
     def check_images(self, x: torch.Tensor, strict: bool = True) -> None:
         """Clear errors for a wrong layout, channel count or size (any size, when not ``strict``,
         that the grid can tile)."""
+        if not isinstance(x, torch.Tensor):  # a numpy array or a list was an AttributeError ('no attribute dim')
+            raise TypeError(f"the model takes a torch.Tensor of images (B, {self.in_chans}, H, W), not a "
+                            f"{type(x).__name__}: vitkit.preprocess(model, image) makes one")
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(
                 f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")

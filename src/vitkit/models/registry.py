@@ -161,11 +161,15 @@ def register_name_pattern(pattern: str, factory: Callable[[re.Match], Any]) -> N
 
 def list_models(pattern: str = "*") -> List[str]:
     """Registered model names, optionally filtered by a shell-style pattern."""
+    if not isinstance(pattern, str):
+        raise ValueError(f"list_models takes a shell-style pattern string (\"*dinov2*\"), not {pattern!r}")
     return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
 
 
 def get_model_config(name: str) -> Any:
     """The configuration behind a name (a copy: changing it changes nothing registered)."""
+    if not isinstance(name, str):  # None or 3 was a TypeError inside re
+        raise ValueError(f"a model name is a string (\"vit_base_patch16_224\", \"B/16\"), not {name!r}")
     for pattern, factory in _PATTERNS:
         m = pattern.match(name)
         if m:
