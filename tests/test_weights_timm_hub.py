@@ -410,7 +410,7 @@ def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, ca
     assert top("--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5")[0] == assumed
     assert main(run + ["--mean", "0.4", "--std", "0.2", "0.2", "0.2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "mean/std need 3 values" in err
+    assert err.count("\n") == 1 and "mean (0.4,) has 1 value for in_chans 3: give one a channel" in err
     assert main(run + ["--labels", "a", "b", "c"]) == 2  # it said the file "carries its own preprocessing"
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "its size and classes are its tensors'" in err and "--mean and --std stand in" in err, err

@@ -150,8 +150,8 @@ def fit_channel_stats(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
         if key in overrides:
             given = overrides[key]
             if isinstance(chans, int) and isinstance(given, (list, tuple)) and len(given) != chans:
-                raise ValueError(f"{key} {tuple(given)} has {len(given)} values for in_chans {chans}: give one a "
-                                 f"channel")
+                raise ValueError(f"{key} {tuple(given)} has {len(given)} value{'s' if len(given) != 1 else ''} for "
+                                 f"in_chans {chans}: give one a channel")
             continue
         values = tuple(getattr(stored, key))
         if isinstance(chans, int) and chans > 0 and len(values) != chans:
