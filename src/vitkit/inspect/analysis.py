@@ -70,7 +70,8 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
     Per layer: fuse the heads, drop the weakest ``discard_ratio`` of each row's weights (the
     query's own weight is kept), add the identity for the residual path, renormalise rows;
     then multiply the layers from first to last. The map is the row of what the readout reads over
-    the patches: the class token's, or with global average pooling (and a MAP head, whose learned query
+    the patches: the class token's (a distilled DeiT's: the mean of its class and distillation tokens' rows,
+    as its two heads are averaged), or with global average pooling (and a MAP head, whose learned query
     is not in the rollout) the mean of the patch rows: the pooled representation draws on every patch
     token equally. Each map is normalised to sum 1 over the patches that the rollout reaches (prefix
     mass removed).
@@ -119,10 +120,13 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
 def _readout_rows(model: nn.Module, rollout: torch.Tensor) -> torch.Tensor:
     """The rollout's rows of the tokens the model's readout reads (B, N): the class token's, the mean of the
     patch tokens' (global average pooling, with the prefix tokens where it includes them; a patch mean beside a
-    class token was read as the class token's: CLIPA's towers), both halves of a class token beside the mean."""
+    class token was read as the class token's: CLIPA's towers), both halves of a class token beside the mean, and
+    a distilled DeiT's class and distillation tokens' rows averaged, as its heads are."""
     prefix, config = model.num_prefix_tokens, getattr(model, "config", None)
     pool = getattr(config, "global_pool", "token")
     mean = rollout[:, (0 if getattr(config, "pool_include_prefix", False) else prefix):].mean(dim=1)
+    if getattr(model, "head_dist", None) is not None:  # DeiT: the class and distillation tokens' heads, averaged
+        return (rollout[:, 0] + rollout[:, 1]) / 2
     if model.cls_token is None or pool in ("avg", "map"):
         return mean
     return (rollout[:, 0] + mean) / 2 if pool == "token_avg" else rollout[:, 0]
