@@ -70,6 +70,16 @@ def test_cli_eval_max_images_scores_the_first_images_of_the_split(tmp_path, caps
                  "--max-images", "2", "--no-progress"]) == 0
     assert "note: the first 2 images hold 1 of the 2 classes (the split is read in order, a folder class by " \
            "class): the score is of those classes only" in capsys.readouterr().out
+    # scoring test/ needs no train/ (it was refused: "must hold train/ and test/")
+    import shutil
+
+    shutil.rmtree(tmp_path / "f" / "train")
+    assert main(["eval", "--weights", str(tmp_path / "ab"), "--dataset", "folder", "--data-dir", str(tmp_path / "f"),
+                 "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 6
+    assert main(["eval", "--weights", str(tmp_path / "ab"), "--dataset", "folder", "--data-dir", str(tmp_path / "f"),
+                 "--split", "train", "--no-progress"]) == 2
+    assert "must hold train/ and test/ (or val/)" in capsys.readouterr().err
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "0"]) == 2
     err = capsys.readouterr().err
     assert "--max-images must be a positive integer, not 0" in err and "Traceback" not in err

@@ -119,8 +119,9 @@ def stats(name: str) -> Stats:
     return IN_MEMORY[name][1] if name in IN_MEMORY else FILE_STATS
 
 
-def file_split_dirs(name: str, data_dir: Optional[str]) -> Tuple[Path, Path]:
-    """(train folder, test folder) of a file dataset: ``train/`` and ``test/`` (else ``val/``)."""
+def file_split_dirs(name: str, data_dir: Optional[str], need_train: bool = True) -> Tuple[Path, Path]:
+    """(train folder, test folder) of a file dataset: ``train/`` and ``test/`` (else ``val/``); without
+    ``need_train`` (scoring the held-out split alone) a folder without ``train/`` will do."""
     if not data_dir:
         raise DatasetNotFound(f"--dataset {name} needs --data-dir: a folder with train/ and test/ "
                               f"(or val/) subfolders")
@@ -132,11 +133,12 @@ def file_split_dirs(name: str, data_dir: Optional[str]) -> Tuple[Path, Path]:
     train = root / "train"
     held_out: List[Path] = [root / "test", root / "val"]
     test = next((p for p in held_out if p.is_dir()), None)
-    if not train.is_dir() or test is None:
+    if (need_train and not train.is_dir()) or test is None:
         what = "class subfolders of images" if name == "folder" else ".tar shards"
-        raise DatasetNotFound(f"{root} must hold train/ and test/ (or val/), each with {what}; "
+        needed = "train/ and test/ (or val/), each" if need_train else "test/ (or val/)"
+        raise DatasetNotFound(f"{root} must hold {needed} with {what}; "
                               f"found: {', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}")
-    if train.resolve() == test.resolve():  # a link: the test score would be of the training images
+    if train.is_dir() and train.resolve() == test.resolve():  # a link: the test score would be of the training images
         raise DatasetNotFound(f"{test} is {train} (a link to the same folder): a score on it would be of the "
                               f"training images; give {root} a {test.name}/ of held-out images")
     return train, test

@@ -154,7 +154,7 @@ def _shard_split(model, data_dir: Optional[str], split: str):
     from ..data.pipelines import from_model_config
     from ..data.shards import ShardDataset
 
-    train, test = file_split_dirs("shards", data_dir)
+    train, test = file_split_dirs("shards", data_dir, need_train=split == "train")
     folder = train if split == "train" else test
     data = ShardDataset(folder, from_model_config(model.config, train=False), channels_of(model), rank=0,
                         world_size=1)
@@ -184,7 +184,7 @@ def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progres
     from ..data.folder import ImageFolder
     from ..data.pipelines import from_model_config
 
-    train, test = file_split_dirs("folder", data_dir)
+    train, test = file_split_dirs("folder", data_dir, need_train="train" in roles)  # test/ alone scores test/
     out = {role: ImageFolder(train if role == "train" else test, from_model_config(model.config, train=False),
                              channels_of(model), progress=progress) for role in roles}
     if len(out) == 2 and (why := class_difference(out["train"].classes, out["test"].classes,
