@@ -258,6 +258,21 @@ def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_le
         open_data(config(tmp_path, tmp_path / "lone", val_size=0), torch.device("cpu"), channels=1)
 
 
+def test_an_explicit_val_size_cut_to_a_tenth_is_said(tmp_path):
+    """--val-size 5 of 24 images carved 2 without a word (the cap is a tenth); a default is cut in silence."""
+    import warnings
+
+    _noise_folder(tmp_path / "d", ["a", "b"])
+    with pytest.warns(UserWarning, match=r"--val-size 5 is more than a tenth of the 24 training images: 2 are carved"):
+        data = open_data(config(tmp_path, tmp_path / "d", val_size=5), torch.device("cpu"), channels=1)
+    assert len(data.val) == 2 and data.n_train == 22
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = config(tmp_path, tmp_path / "d")
+        cfg.chosen = frozenset()  # the recipe's val_size, not the user's
+        open_data(cfg, torch.device("cpu"), channels=1)
+
+
 def _noise_folder(root, classes, per_class=12):
     rng = np.random.default_rng(len(str(root)))
     for split in ("train", "test"):
