@@ -147,6 +147,26 @@ def test_epoch_length_keeps_ranks_in_step(shards):
         len(ShardDataset(paths))
 
 
+def test_a_stale_meta_count_that_makes_an_epoch_repeat_its_samples_is_said(shards, caplog):
+    """meta.json's per-shard counts x10 (shards rewritten with fewer samples): training said "300 images, 1.0
+    epochs" and read the 30 real ones 10 times, without a word (evaluation warned)."""
+    paths, _ = shards
+    meta_path = Path(paths[0]).parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["shards"] = {name: 10 * n for name, n in meta["shards"].items()}
+    meta_path.write_text(json.dumps(meta))
+    with caplog.at_level(logging.INFO, logger="vitkit.data"):
+        ds = ShardDataset(paths, rank=0, world_size=1, shuffle_buffer=3, epoch_length="auto")
+        assert len(ds) == 70 and len(list(ds)) == 70  # as its counts say, 7 samples 10 times
+    said = [r for r in caplog.records if "stale meta.json" in r.getMessage()]
+    assert said and said[0].levelno == logging.WARNING and "gave 7 samples where meta.json's counts make its " \
+        "epoch 70" in said[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit.data"):  # an explicit length past the data: not called stale
+        list(ShardDataset(paths, rank=0, world_size=1, shuffle_buffer=3, epoch_length=20))
+    assert not [r for r in caplog.records if "stale" in r.getMessage()]
+
+
 def test_same_seed_and_epoch_same_order(shards):
     paths, _ = shards
     ds = ShardDataset(paths, seed=3, shuffle_buffer=4)

@@ -330,8 +330,21 @@ class ShardDataset(RankedReader, IterableDataset):
             one_pass, quota, lambda record: not isinstance(record, Skipped),
             lambda: f"rank {rank} worker {worker} of {num_workers} found no samples in its share of {len(order)} "
                     f"shards: too few samples for {world_size * num_workers} readers",
-            lambda produced: logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again",
-                                         rank, worker, produced, quota))
+            lambda produced: self._short_pass(rank, worker, produced, quota))
+
+    def _short_pass(self, rank: int, worker: int, produced: int, quota: int) -> None:
+        """A reader's first pass ended short of its epoch length: a few samples of uneven shares are read again
+        (said at info level); a pass far short, where meta.json's counts set that length, is a stale meta.json,
+        whose epoch would be the same samples many times over (300 images said, 30 read 10 times): said."""
+        stale = produced < quota // 2 and self._epoch_length == "auto" and \
+            all(Path(s).name in self._meta_counts for s in self.shards)
+        if stale:
+            logger.warning("rank %d worker %d: one pass over its shards gave %d samples where %s's counts make "
+                           "its epoch %d: the same samples are read again to fill it (a stale %s? write the "
+                           "shards again)", rank, worker, produced, META_FILE, quota, META_FILE)
+        else:
+            logger.info("rank %d worker %d: %d samples, %d wanted; reading its shards again", rank, worker,
+                        produced, quota)
 
     def _lost(self, shard: str, read: int, rest: Skipped, mine: Callable[[int], bool]) -> Iterator[Skipped]:
         """The samples a damaged shard lost after ``read`` of them: one :class:`Skipped` each (those of
