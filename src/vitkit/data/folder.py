@@ -162,11 +162,10 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
             raise ValueError(f"the class folders {other!r} and {name!r} of {root} are one folder (a link): each of "
                              f"its images would carry two labels; remove the link, or copy the images that belong "
                              f"to both")
-    if not classes:
-        loose = sum(1 for e in listing if e.is_file() and e.name.lower().endswith(extensions))
-        hint = f" (it holds {loose} images directly: move them into a subfolder per class)" if loose else ""
-        raise ValueError(f"no class subfolders in {root}: expected {root}/<class name>/<image file>{hint}")
     loose = [e.name for e in listing if e.is_file() and e.name.lower().endswith(extensions)]
+    if not classes:
+        hint = f" (it holds {len(loose)} images directly: move them into a subfolder per class)" if loose else ""
+        raise ValueError(f"no class subfolders in {root}: expected {root}/<class name>/<image file>{hint}")
     if loose:  # beside the class folders: no class, so not read, and said (they are not in any count)
         logger.warning("left out %d image(s) of %s that lie beside its class folders, in no class (%s%s): move "
                        "each into its class's folder", len(loose), root, ", ".join(loose[:3]),

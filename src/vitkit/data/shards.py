@@ -235,14 +235,17 @@ class ShardDataset(RankedReader, IterableDataset):
     def samples_per_shard(self) -> List[int]:
         """From ``meta.json`` when it lists every shard, else by reading the tar headers (once)."""
         if self._counts is None:
-            names = [Path(s).name for s in self.shards]
-            if all(n in self._meta_counts for n in names):
-                self._counts = [self._meta_counts[n] for n in names]
+            if self._counted_by_meta():
+                self._counts = [self._meta_counts[Path(s).name] for s in self.shards]
             else:
                 # every tar's headers read once: minutes for a large compressed set without meta.json
                 self._counts = [count_samples(s) for s in track(self.shards, "counting samples in shards",
                                                                 unit="shards")]
         return self._counts
+
+    def _counted_by_meta(self) -> bool:
+        """Whether ``meta.json`` gives every shard's count (else the tar headers are read)."""
+        return all(Path(s).name in self._meta_counts for s in self.shards)
 
     @property
     def num_samples(self) -> int:
@@ -336,8 +339,7 @@ class ShardDataset(RankedReader, IterableDataset):
         """A reader's first pass ended short of its epoch length: a few samples of uneven shares are read again
         (said at info level); a pass far short, where meta.json's counts set that length, is a stale meta.json,
         whose epoch would be the same samples many times over (300 images said, 30 read 10 times): said."""
-        stale = produced < quota // 2 and self._epoch_length == "auto" and \
-            all(Path(s).name in self._meta_counts for s in self.shards)
+        stale = produced < quota // 2 and self._epoch_length == "auto" and self._counted_by_meta()
         if stale:
             logger.warning("rank %d worker %d: one pass over its shards gave %d samples where %s's counts make "
                            "its epoch %d: the same samples are read again to fill it (a stale %s? write the "

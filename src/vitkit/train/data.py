@@ -166,12 +166,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     for other in [f for part, f in folders.items() if part != "train"]:
         if why := class_difference(train.classes, other.classes, (f"{train_dir.name}/", f"{other.root.name}/")):
             raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: {why}")
-    carved = 0 if "val" in folders or not cfg.val_size else _carved_size(cfg, len(train))
-    val_idx, tr_idx = _carve(len(train), carved)
-    tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
-    if cfg.objective == "classify":  # (pre-training reads no label)
-        _say_untrained_classes(train.classes, torch.as_tensor(train.targets), torch.as_tensor(train.targets)[tr_idx],
-                               str(train_dir), carved)
+    val_idx, tr_idx = _split_training(cfg, train, str(train_dir), carve="val" not in folders)
     mean, std = datasets.FILE_STATS
     test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     val = FolderBatches(folders["val"], range(len(folders["val"])), cfg.workers) if "val" in folders else \
@@ -183,13 +178,26 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
                    val_is_test=not cfg.val_size)
 
 
+def _split_training(cfg: TrainConfig, train: Any, where: str, carve: bool = True):
+    """(validation, training) indices of an indexable training split (a folder's, or a Hugging Face split's rows):
+    validation carved from it unless ``carve`` is off (a val/ of its own), ``train_fraction``'s class-balanced
+    subset, and a class left without a training image said."""
+    targets = torch.as_tensor(train.targets)
+    carved = _carved_size(cfg, len(train)) if carve else 0
+    val_idx, tr_idx = _carve(len(train), carved)
+    tr_idx = _labelled_subset(tr_idx, targets, cfg.train_fraction)
+    if cfg.objective == "classify":  # (pre-training reads no label)
+        _say_untrained_classes(train.classes, targets, targets[tr_idx], where, carved)
+    return val_idx, tr_idx
+
+
 def _carved_size(cfg: TrainConfig, n: int) -> int:
-    """The validation images carved from ``n`` training images: --val-size, at most a tenth of them (an explicit
-    --val-size cut so is said: 5 asked of 27 images gave 2 without a word)."""
+    """The validation images carved from ``n`` training images: --val-size (0: none), at most a tenth of them (an
+    explicit --val-size cut so is said: 5 asked of 27 images gave 2 without a word)."""
     carved = min(cfg.val_size, max(1, n // 10))
     if carved < cfg.val_size and "val_size" in (getattr(cfg, "chosen", None) or ()):
         warnings.warn(f"--val-size {cfg.val_size} is more than a tenth of the {n:,} training images: {carved:,} are "
-                      f"carved for validation", stacklevel=3)
+                      f"carved for validation", stacklevel=4)
     return carved
 
 
@@ -206,11 +214,11 @@ def _say_untrained_classes(classes: List[str], labels: torch.Tensor, trained: to
     carved_out = [name for i, name in enumerate(classes) if name not in never and not bool((trained == i).any())]
     if never:
         warnings.warn(f"{len(never)} of the {len(classes)} classes have no training image in {where}: "
-                      f"{listed(never)}; they are learned from nothing and scored all the same", stacklevel=3)
+                      f"{listed(never)}; they are learned from nothing and scored all the same", stacklevel=4)
     if carved_out:
         warnings.warn(f"{len(carved_out)} of the {len(classes)} classes of {where} have no training image left "
                       f"after {carved} were carved for validation: {listed(carved_out)}; give them more images, a "
-                      f"val/ folder beside train/, or a smaller --val-size", stacklevel=3)
+                      f"val/ folder beside train/, or a smaller --val-size", stacklevel=4)
 
 
 def _shards(cfg: TrainConfig, channels: int) -> RunData:
@@ -272,12 +280,7 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                         strict=cfg.strict_data)
     test = hf.HFImages(splits[test_name], name, test_name, image_key, label_key, train.classes, channels=channels,
                        strict=cfg.strict_data)
-    carved = _carved_size(cfg, len(train)) if cfg.val_size else 0
-    val_idx, tr_idx = _carve(len(train), carved)
-    tr_idx = _labelled_subset(tr_idx, torch.as_tensor(train.targets), cfg.train_fraction)
-    if cfg.objective == "classify":
-        _say_untrained_classes(train.classes, torch.as_tensor(train.targets), torch.as_tensor(train.targets)[tr_idx],
-                               f"{name}'s {train_name} split", carved)
+    val_idx, tr_idx = _split_training(cfg, train, f"{name}'s {train_name} split")
     test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),

@@ -149,8 +149,7 @@ class Classification:
         test_loss, test_acc = final_score(run, run.model, "test")
         # the loop validated after its last step; a run resumed at its end has not run the loop
         val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
-        out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc,
-               **({"val_is_test": True} if run.data.val_is_test else {})}
+        out = {"test_top1": test_acc, "test_loss": test_loss, "val_top1": val_acc}
         tta = run.cfg.test_tta
         if tta != "none":  # the views named beside their score: the summary says what it holds
             out.update(test_tta=tta, test_top1_tta=final_score(run, run.model, "test", tta=tta)[1])
@@ -221,8 +220,7 @@ class Pretraining:
         the run says ``fewshot`` off)."""
         test_loss, test_acc = final_score(run, run.model, "test")
         val_loss, val_acc = run.final_val if run.final_val is not None else final_score(run, run.model, "val")
-        out: Dict[str, Any] = {"objective": self.name, "test_loss": test_loss, "val_loss": val_loss,
-                               **({"val_is_test": True} if run.data.val_is_test else {})}
+        out: Dict[str, Any] = {"objective": self.name, "test_loss": test_loss, "val_loss": val_loss}
         if self.has_accuracy:
             out.update(test_colour_acc=test_acc, val_colour_acc=val_acc)
         if run.ema is not None:
