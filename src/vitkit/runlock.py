@@ -98,6 +98,16 @@ def holder(run_dir: Path) -> Optional[str]:
     return None
 
 
+def run_settings(folder: Path) -> Optional[dict]:
+    """The settings a training run saved in ``folder/config.json`` (None: no such file, or a model's config.json,
+    which names no recipe)."""
+    try:
+        saved = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and "recipe" in saved else None
+
+
 def unfinished_run(source: str) -> Optional[str]:
     """Why ``source`` cannot be read as weights when it is a run folder without its model yet
     (None otherwise): being written now, or stopped, with the command that finishes it."""
@@ -105,11 +115,8 @@ def unfinished_run(source: str) -> Optional[str]:
     if not (folder / "config.json").is_file() or (folder / "model" / "config.json").is_file() \
             or (folder / "model.safetensors").is_file():
         return None
-    try:
-        saved = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(saved, dict) or "recipe" not in saved:  # a model's config.json, not a run's
+    saved = run_settings(folder)
+    if saved is None:
         return None
     writer = holder(folder)
     if writer is not None:

@@ -15,6 +15,7 @@ from ..files import PathLike, atomic_path, check_output, weights_folder, write_j
 from ..models import family_of
 from ..models.features import FeatureModel
 from ..models.serialize import save_pretrained
+from ..runlock import run_settings
 from ..selfsup import Pretrainer
 from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
 from .io import WeightsError, save_safetensors
@@ -55,7 +56,7 @@ def check_destination(src: str, dst: str, to: str) -> None:
     check_output(dst, "folder" if folder else "file", "DST")
     if to == "openvino":
         check_output(str(Path(dst).with_suffix(".bin")), "file", "DST's weights")
-    if folder and _is_run_folder(Path(dst)):  # its config.json is the run's settings, which the model's would replace
+    if folder and run_settings(Path(dst)) is not None:  # its config.json, which the model's would replace
         raise ValueError(f"DST {dst} is a training run's folder (its config.json holds the run's settings): write "
                          f"the model somewhere else")
     source = Path(src)
@@ -70,15 +71,6 @@ def check_destination(src: str, dst: str, to: str) -> None:
     hit = sorted(str(p) for p in {p.resolve() for p in reads} & {p.resolve() for p in writes} if p.exists())
     if hit:
         raise ValueError(f"DST {dst} would overwrite {hit[0]}, which SRC {src} is read from: write somewhere else")
-
-
-def _is_run_folder(folder: Path) -> bool:
-    """Whether ``folder`` holds a training run (its config.json the run's settings, which name a recipe)."""
-    try:
-        saved = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(saved, dict) and "recipe" in saved  # (as runlock.unfinished_run reads it)
 
 
 def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: bool = False) -> Path:

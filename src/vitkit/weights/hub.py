@@ -94,7 +94,7 @@ def _model_and_run(source: Union[nn.Module, PathLike]) -> Tuple[nn.Module, Optio
     if run is None and path.name == "model" and (path.parent / "summary.json").is_file():
         run = path.parent  # runs/NAME/model: its run's scores and figures belong on the card too
     model = from_pretrained(path)
-    half = source_half_dtype(run / "model" if run is not None and (run / "model").is_dir() else path)
+    half = source_half_dtype(run_model_folder(path) or path)
     return (model.to(half) if half is not None else model), run  # a half-precision source stays half its size
 
 
