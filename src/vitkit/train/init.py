@@ -18,12 +18,12 @@ from torch import nn
 
 from ..data.datasets import class_difference
 from ..models import build_from_config
-from ..models.config_base import no_classes
+from ..models.config_base import fit_channel_stats, no_classes
 from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import config_for_source, fit_channel_stats, note_guesses, weights_path
+from ..weights.pretrained import config_for_source, note_guesses, weights_path
 from .config import resolve_width
 
 HEAD_MODES = ("new", "keep")

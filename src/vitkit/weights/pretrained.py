@@ -17,7 +17,7 @@ from torch import nn
 
 from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
-from ..models.config_base import fit_channel_stats  # noqa: F401 (re-exported: train/init.py)
+from ..models.config_base import fit_channel_stats
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
@@ -219,10 +219,13 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
-    if model_name and src.config_json is not None:  # the source says what it is: the name must agree
-        _check_named_agrees(src, model_name, _stored_config(src, overrides))
-        model_name = None
-    stored = _named_config(src, model_name) if model_name else _stored_config(src, overrides)
+    if model_name and src.config_json is None:
+        stored = _named_config(src, model_name)
+    else:  # the source's config; a name given beside it must agree with it
+        stored = _stored_config(src, overrides)
+        if model_name:
+            _check_named_agrees(src, model_name, stored)
+            model_name = None
     if not model_name:
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
