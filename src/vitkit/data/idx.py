@@ -10,7 +10,7 @@ import gzip
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -31,15 +31,23 @@ class IDXError(ValueError):
     """A file that is not a well-formed IDX file."""
 
 
+def file_version(path: Path) -> Optional[Tuple]:
+    """What tells one version of a file from another (its real path, size, modification time and inode; None: it
+    cannot be read): what is worked out from a file once is kept under it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def read_idx(path: Union[str, Path]) -> np.ndarray:
     """Read an IDX file (``.gz`` or raw) into a numpy array, checking header and size. A large
     file read before in this process, unchanged since (its size, modification time and inode),
     is not decoded again; the caller gets its own copy either way."""
     path = Path(path)
-    try:
-        st = path.stat()
-        key: Tuple = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    except OSError:  # _decode says why it cannot be read
+    key = file_version(path)
+    if key is None:  # _decode says why it cannot be read
         return _decode(path)
     with _decoded_lock:
         kept = _decoded.get(key)
@@ -47,7 +55,7 @@ def read_idx(path: Union[str, Path]) -> np.ndarray:
             _decoded.move_to_end(key)
             return kept.copy()
     arr = _decode(path)
-    if st.st_size >= CACHE_FROM_BYTES:
+    if key[1] >= CACHE_FROM_BYTES:
         with _decoded_lock:
             _decoded[key] = arr.copy()
             while len(_decoded) > CACHE_FILES:
