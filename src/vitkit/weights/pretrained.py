@@ -219,13 +219,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
         return _pretrainer(src, model_name, strict, interpolation, overrides)
-    if model_name and src.config_json is None:
-        stored = _named_config(src, model_name)
-    else:  # the source's config; a name given beside it must agree with it
-        stored = _stored_config(src, overrides)
-        if model_name:
-            _check_named_agrees(src, model_name, stored)
-            model_name = None
+    stored, model_name = _config_to_build(src, model_name, overrides)
     if not model_name:
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
@@ -432,6 +426,17 @@ def run_model_folder(path: Path) -> Optional[Path]:
             and (path / "model" / "config.json").is_file():
         return path / "model"
     return None
+
+
+def _config_to_build(src: Source, model_name: Optional[str], overrides: Mapping[str, Any]) -> Tuple[Any, Optional[str]]:
+    """(the configuration to build, the model name still in force): the named architecture's for a source without
+    a config; else the source's own, read once, a name given beside it checked against it and then dropped."""
+    if model_name and src.config_json is None:
+        return _named_config(src, model_name), model_name
+    stored = _stored_config(src, overrides)
+    if model_name:
+        _check_named_agrees(src, model_name, stored)
+    return stored, None
 
 
 def _check_named_agrees(src: Source, model_name: str, own: Any) -> None:
