@@ -169,5 +169,5 @@ def test_load_weights_refuses_what_it_would_load_nothing_into_or_misread():
         vitkit.load_weights(model, ref)
     with pytest.raises(ValueError, match=r"load_weights: strict='yes': it must be True or False"):
         vitkit.load_weights(model, ref.state_dict(), strict="yes")
-    with pytest.raises(ValueError, match=r"interpolation must be 'bicubic', 'bilinear' or 'bilinear-aligned'"):
+    with pytest.raises(ValueError, match=r"must be one of bicubic, bilinear, bilinear-aligned, not 'nearest'"):
         vitkit.load_weights(model, ref.state_dict(), interpolation="nearest")

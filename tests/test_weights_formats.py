@@ -118,9 +118,11 @@ def test_bilinear_aligned_resamples_an_official_npz_as_the_official_code_does(si
     assert max_diff(trained_from.pos_embed.detach(), want) <= 1e-6
     timms = vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side)
     assert max_diff(timms.pos_embed.detach(), want) > 1e-2  # a different table: the choice matters
-    with pytest.raises(ValueError, match="interpolation must be one of bicubic, bilinear, nearest, bilinear-aligned, "
+    with pytest.raises(ValueError, match="interpolation must be one of bicubic, bilinear, bilinear-aligned, "
                                          "not 'zoom'"):
         vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side, interpolation="zoom")
+    with pytest.raises(ValueError, match="not 'nearest'"):  # one rule with load_weights and the CLI
+        vitkit.from_pretrained(tmp_path / "official.npz", img_size=8 * side, interpolation="nearest")
 
 
 def test_bilinear_aligned_resamples_the_2d_tables_too(tmp_path):
@@ -142,8 +144,8 @@ def test_the_init_interpolation_choices_are_what_loading_takes():
     from vitkit.train.config import CHOICES
     from vitkit.weights.resampling import LOAD_INTERPOLATIONS
 
-    # restated in the config so the CLI parses without torch: all but nearest, and auto (the library's own)
-    assert CHOICES["init_interpolation"] == ("auto", *(m for m in LOAD_INTERPOLATIONS if m != "nearest"))
+    # restated in the config so the CLI parses without torch, with auto (the library's own)
+    assert CHOICES["init_interpolation"] == ("auto", *LOAD_INTERPOLATIONS)
 
 
 def test_a_big_vision_siglip_npz_at_384_keeps_timms_crop(tmp_path):

@@ -134,7 +134,7 @@ HF_FIELDS: Tuple[str, ...] = ("hf_split", "hf_test_split", "image_key", "label_k
 CHOICES: Dict[str, Tuple[str, ...]] = {
     "optimizer": ("adamw", "adam", "sgd"), "schedule": ("cosine", "linear", "constant"),
     "precision": ("auto", "bf16", "fp16", "fp32"), "init_head": ("new", "keep"),
-    # vitkit.weights.resampling.LOAD_INTERPOLATIONS but nearest, and auto (as the weights' library resamples);
+    # vitkit.weights.resampling.LOAD_INTERPOLATIONS and auto (as the weights' library resamples);
     # vitkit convert --interpolation takes the same, auto aside
     "init_interpolation": ("auto", "bicubic", "bilinear", "bilinear-aligned"), "distill": ("none", "soft", "hard"),
     "cpu_parallel": ("auto", "batch", "ops"), "finetune": ("full", "lora", "bitfit", "head"),

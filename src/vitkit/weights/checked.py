@@ -23,6 +23,7 @@ from ..utils import check_switches
 from .io import WeightsError
 from .load import AdaptNote, LoadReport, Source, load_into, read_source
 from .pretrained import config_for_source, weights_path
+from .resampling import check_load_interpolation
 from .timm_format import architecture_differences
 
 
@@ -44,8 +45,7 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     may be on the meta device).
     """
     check_switches("load_weights", strict=strict, copy=copy)
-    if interpolation not in (None, "bicubic", "bilinear", "bilinear-aligned"):
-        raise ValueError(f"interpolation must be 'bicubic', 'bilinear' or 'bilinear-aligned', not {interpolation!r}")
+    check_load_interpolation(interpolation)  # before the file is read
     if isinstance(source, nn.Module):
         raise TypeError(f"source is a model ({type(source).__name__}): pass its state_dict(), or a file or folder")
     if copy and any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):

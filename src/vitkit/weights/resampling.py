@@ -48,8 +48,16 @@ RADIO_ALIGN_CORNERS = ("base_patch16_radio_v3", "huge_patch16_radio_v3")
 #: the ``interpolation`` a caller may name while loading. ``bilinear-aligned`` is the official vit_jax code's
 #: resampling of a position table: ``scipy.ndimage.zoom(grid, zoom, order=1)`` keeps the corner embeddings at the
 #: corners (bilinear with the corners aligned, no antialiasing), where timm's loader of the same files does not
-#: align them; patch filters of another size are then resampled bilinearly.
-LOAD_INTERPOLATIONS = (*INTERPOLATIONS, "bilinear-aligned")
+#: align them; patch filters of another size are then resampled bilinearly. Nearest is not one: it gives
+#: neighbouring patches one position (and a relative-bias table has no nearest resizing), so one rule holds for
+#: from_pretrained, load_weights, ``vitkit convert --interpolation`` and ``vitkit train --init-interpolation``.
+LOAD_INTERPOLATIONS = (*(m for m in INTERPOLATIONS if m != "nearest"), "bilinear-aligned")
+
+
+def check_load_interpolation(interpolation: Optional[str]) -> None:
+    """Refuse an ``interpolation`` loading does not take (None: as the weights' library resamples)."""
+    if interpolation is not None and interpolation not in LOAD_INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {', '.join(LOAD_INTERPOLATIONS)}, not {interpolation!r}")
 
 
 def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: Optional[bool],
@@ -61,8 +69,7 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     (timm's ``_load_weights``; the official vit_jax code's ``bilinear-aligned`` differs from it by up to a third of
     a smooth table's spread: named, it is used); a transformers tower's antialiasing is its config's (none for CLIP's
     and DINOv2's). Returns (interpolation, antialias, align_corners)."""
-    if interpolation is not None and interpolation not in LOAD_INTERPOLATIONS:
-        raise ValueError(f"interpolation must be one of {', '.join(LOAD_INTERPOLATIONS)}, not {interpolation!r}")
+    check_load_interpolation(interpolation)
     if interpolation == "bilinear-aligned":  # scipy's zoom: no antialiasing, whichever way the grid changes
         return "bilinear", bool(antialias), True
     config = getattr(model, "config", None)
@@ -76,4 +83,4 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     return interpolation, antialias, aligned
 
 
-__all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "load_resampling", "stored_table"]
+__all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "check_load_interpolation", "load_resampling", "stored_table"]
