@@ -6,6 +6,7 @@ the broken ones, or with strict_data stops naming them before anything is writte
 """
 
 import json
+import os
 import re
 
 import numpy as np
@@ -297,7 +298,8 @@ def test_resume_reads_the_folder_the_run_started_on_and_refuses_data_that_change
     assert json.loads((run / "config.json").read_text())["data_dir"] == str(tmp_path / "data")
     checkpoint_paths(run)[-1].unlink()  # an unfinished run: it resumes at step 2
     monkeypatch.chdir(tmp_path / "elsewhere")
-    assert train(cfg, resume=str(run))["resumed_at_step"] == 2
+    resumed = train(cfg, resume=os.path.join("..", "run"))  # a relative --resume: the summary names the folder
+    assert (resumed["resumed_at_step"], resumed["run_dir"]) == (2, str(run))  # as every other folder knows it
     assert json.loads((run / "model" / "config.json").read_text())["config"]["label_names"] == ["c0", "c1", "c2"]
     for split in ("train", "test"):
         (tmp_path / "data" / split / "c2").rename(tmp_path / "data" / split / "zebra")

@@ -457,7 +457,8 @@ def summarise(run: Run) -> Dict[str, Any]:
         if run.ema is not None:
             run.ema.module.save_pretrained(run.run_dir / "model_ema")
         plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
-    summary = {"run_dir": str(run.run_dir), "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
+    summary = {"run_dir": os.path.abspath(run.run_dir),  # a study reads it from elsewhere
+               "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
                **({"val_is_test": True} if data.val_is_test else {}),  # its val_ scores are the test split's
                "train_images": data.n_train,
