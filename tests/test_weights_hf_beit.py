@@ -56,7 +56,7 @@ def test_hugging_face_beit_folder_loads_with_parity(case, tmp_path, images):
         assert _close(_out(ref, x), ours(x))
     assert ours.config.norm_eps == ref.config.layer_norm_eps  # 1e-12, not timm's BEiT's 1e-6
     if "ForImageClassification" in cls:
-        assert ours.config.label_names == [ref.config.id2label[i] for i in range(ref.config.num_labels)]
+        assert ref.config.id2label[0] == "LABEL_0" and ours.config.label_names is None  # placeholders: none
 
 
 def test_transformers_5_in_memory_names_load_too(tmp_path, images):

@@ -51,7 +51,7 @@ def test_hugging_face_folder_loads_with_parity(case, tmp_path, images):
                     "tokens": out[0]}[output]
         assert _close(expected, ours.forward_features(x) if output == "tokens" else ours(x))
     if "ForImageClassification" in cls:
-        assert ours.config.label_names == [ref.config.id2label[i] for i in range(ref.config.num_labels)]
+        assert ref.config.id2label[0] == "LABEL_0" and ours.config.label_names is None  # placeholders: none
     if cls.startswith("DeiT"):  # the teacher class alone averages the distillation head in
         assert ours.config.distill_token and ours.config.distill_head == cls.endswith("WithTeacher")
 

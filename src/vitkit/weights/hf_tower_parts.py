@@ -248,7 +248,8 @@ def processor_fields(config: Any) -> Dict[str, Any]:
 
 
 def labels_from_hf(hf: Mapping[str, Any], count: int) -> Optional[List[str]]:
-    """The class names of a classifier of ``count`` classes from config.json's ``id2label`` (None without); a
+    """The class names of a classifier of ``count`` classes from config.json's ``id2label`` (None without, or
+    where they are transformers' ``LABEL_i``); a
     count that disagrees with the classifier's is an edited file, refused (transformers keeps the two equal)."""
     names = hf.get("id2label") or {}
     if not isinstance(names, dict):  # transformers writes {"0": "cat", ...}
@@ -257,7 +258,10 @@ def labels_from_hf(hf: Mapping[str, Any], count: int) -> Optional[List[str]]:
     if names and len(names) != count:
         raise WeightsError(f"the config's id2label names {len(names)} classes where its classifier holds {count}: "
                            f"it was edited or mixed with other weights; fix or re-save it")
-    return [str(names.get(str(i), names.get(i, i))) for i in range(count)] if names else None
+    labels = [str(names.get(str(i), names.get(i, i))) for i in range(count)] if names else None
+    if labels == [f"LABEL_{i}" for i in range(count)]:  # transformers' placeholders (what it writes for no names)
+        return None  # as names they would show in predictions and cards as if someone had named the classes
+    return labels
 
 
 def labels_to_hf(config: Any) -> Dict[str, Any]:
