@@ -12,6 +12,7 @@ from conftest import Oracle
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.evaluate import classification_report, plot_confusion, prepare_batch
+from vitkit.evaluate.dataset import scored_positions
 
 
 def test_report_counts_and_confusion(tmp_path):
@@ -45,19 +46,19 @@ def test_cli_eval_on_fashion_mnist(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
-def test_cli_eval_max_images_scores_the_first_images_of_the_split(tmp_path, capsys):
+def test_cli_eval_max_images_scores_a_fixed_sample_of_the_split(tmp_path, capsys):
     torch.manual_seed(0)
     model = vitkit.create_model("vit_fmnist", depth=1, label_names=list(fm.CLASSES))
     model.save_pretrained(tmp_path / "m")
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["count"] == 300 and out["split_images"] == 10_000
-    labels = fm.load_split("test").labels[:300]  # the confusion rows count the first 300 images' classes
+    labels = fm.load_split("test").labels[scored_positions(10_000, 300).numpy()]  # the confusion rows count them
     assert np.sum(out["confusion"], axis=1).tolist() == np.bincount(labels, minlength=10).tolist()
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--no-progress"]) == 0
     said = capsys.readouterr().out
-    assert "the first 300 of 10,000 images" in said and "classes (the split is read in order" not in said
-    # a folder is read class by class: its first images are one class's, which the score then is of (said)
+    assert "(300 of 10,000, a fixed sample, images" in said and "classes: the score is of those" not in said
+    # a folder is read class by class: its first images were one class's, and the score then was of that class
     from PIL import Image
 
     for split in ("train", "test"):
@@ -67,9 +68,8 @@ def test_cli_eval_max_images_scores_the_first_images_of_the_split(tmp_path, caps
                 Image.new("L", (28, 28), 40 * i).save(tmp_path / "f" / split / name / f"{i}.png")
     vitkit.create_model("vit_fmnist", depth=1, num_classes=2, label_names=["a", "b"]).save_pretrained(tmp_path / "ab")
     assert main(["eval", "--weights", str(tmp_path / "ab"), "--dataset", "folder", "--data-dir", str(tmp_path / "f"),
-                 "--max-images", "2", "--no-progress"]) == 0
-    assert "note: the first 2 images hold 1 of the 2 classes (the split is read in order, a folder class by " \
-           "class): the score is of those classes only" in capsys.readouterr().out
+                 "--max-images", "2", "--json", "--no-progress"]) == 0
+    assert np.sum(json.loads(capsys.readouterr().out)["confusion"], axis=1).tolist() == [1, 1]  # positions 2 and 5
     # scoring test/ needs no train/ (it was refused: "must hold train/ and test/")
     import shutil
 

@@ -59,7 +59,7 @@ def test_pretraining_learns_and_saves_the_objective(pretrained, objective, cls):
     assert ("train_acc" in train[0]) is (objective == "mpp")  # only MPP's colour classes have an accuracy
     assert summary["objective"] == objective and summary["model"] == "vit_fmnist"
     assert summary["train_images"] == 60_000  # every training image, no labels, nothing held out
-    assert summary["test_images"] == 500  # --test-size: the first 500 are scored
+    assert summary["test_images"] == 500  # --test-size: a fixed sample of 500 is scored
     if objective == "mae":
         assert set(summary["fewshot"]) == {"1", "5", "10", "25"}
         assert summary["fewshot"]["25"] > 0.5  # the frozen encoder's features carry the classes, already

@@ -10,6 +10,7 @@ from vitkit.data import fashion_mnist as fm
 from vitkit.train import NonFiniteLoss, resolve_config, train
 from vitkit.train.checkpoint import checkpoint_paths, load_latest
 from vitkit.train.config import DEFAULT_MODEL
+from vitkit.train.data import scored_positions
 from vitkit.train.schedule import lr_at
 
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
@@ -30,7 +31,7 @@ def test_short_run_learns_and_writes_a_usable_run(tmp_path):
     # the last row's train loss 0.60-0.64 of the first's, train accuracy up 0.33-0.36 (120 of 128,
     # seed 0: 0.76, 0.61, 0.31)
     summary = train(small(tmp_path, max_steps=200, batch_size=32, warmup_steps=10, checkpoint_every=100,
-                          val_size=500, test_size=700))  # the first 700 test images are scored, and said so
+                          val_size=500, test_size=700))  # 700 test images are scored, and said so
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train_loss" in r]
@@ -43,10 +44,11 @@ def test_short_run_learns_and_writes_a_usable_run(tmp_path):
     model = vitkit.from_pretrained(run / "model")
     assert model.config.label_names[0] == "T-shirt/top" and model.config.in_chans == 1
     test = fm.load_split("test")
-    x = (torch.from_numpy(test.images[:700])[:, None].float() / 255 - 0.2860) / 0.3530
+    scored = scored_positions(len(test.labels), 700).numpy()  # the run's fixed sample
+    x = (torch.from_numpy(test.images[scored])[:, None].float() / 255 - 0.2860) / 0.3530
     # in the precision the run scored in (bf16 autocast on a CPU without native bf16 is emulated: seconds)
     with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=summary["precision"] == "bf16"):
-        acc = (model(x).argmax(-1).numpy() == test.labels[:700]).mean()
+        acc = (model(x).argmax(-1).numpy() == test.labels[scored]).mean()
     assert summary["test_images"] == 700
     assert abs(acc - summary["test_top1"]) <= 3 / 700  # the saved model, on those images (bf16 batching aside)
     assert [p.name for p in checkpoint_paths(run)] == ["step_00000100.pt", "step_00000200.pt"]

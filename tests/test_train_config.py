@@ -90,8 +90,8 @@ def test_one_seeding_helper_gives_independent_reproducible_streams():
 
 
 def test_tiny_scale_caps_test_images_of_indexable_data_only(monkeypatch):
-    """VITKIT_TINY=1 (the docs' commands at test scale) scores the first 100 test images of an image
-    folder or a Hugging Face dataset, keeps a smaller --test-size, and leaves streams, which have no first N."""
+    """VITKIT_TINY=1 (the docs' commands at test scale) scores a sample of 100 test images of an image
+    folder or a Hugging Face dataset, keeps a smaller --test-size, and leaves streams (no positions to draw)."""
     from vitkit import tiny
 
     monkeypatch.setenv("VITKIT_TINY", "1")

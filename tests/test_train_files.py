@@ -259,6 +259,20 @@ def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_le
         open_data(config(tmp_path, tmp_path / "lone", val_size=0), torch.device("cpu"), channels=1)
 
 
+def test_test_size_scores_a_fixed_sample_of_every_class_not_the_first_folders(tmp_path):
+    """--test-size took the first N test images: a folder lists them class by class, so 12 of 36 were all of
+    class a's and the score said nothing of b and c. It is a fixed random sample (Hugging Face's examples
+    shuffle before max_eval_samples), the same in every run."""
+    _noise_folder(tmp_path / "d", ["a", "b", "c"], per_class=12)
+    picked = []
+    for _ in range(2):
+        data = open_data(config(tmp_path, tmp_path / "d", test_size=12), torch.device("cpu"), channels=1)
+        picked.append(data.test.indices)
+    assert picked[0] == picked[1] and len(picked[0]) == 12 and picked[0] == sorted(picked[0])
+    classes = {data.test.folder.targets[i] for i in picked[0]}
+    assert classes == {0, 1, 2}
+
+
 def test_an_explicit_val_size_cut_to_a_tenth_is_said(tmp_path):
     """--val-size 5 of 24 images carved 2 without a word (the cap is a tenth); a default is cut in silence."""
     import warnings

@@ -4,7 +4,7 @@ The test suite runs each command of README.md and docs/*.md as written (tests/te
 this switch makes that take seconds instead of hours without changing a single flag. It is
 read in two places only: the training configuration (steps, batch, validation size) and the
 in-memory datasets (the first images of each split; image folders and Hugging Face datasets
-score their first test images through ``test_size``). Never set it for real work: it is printed
+score a fixed sample of their test images through ``test_size``). Never set it for real work: it is printed
 in every run's summary, so a tiny result cannot pass for a real one.
 """
 
@@ -35,7 +35,7 @@ def shrink_config(values: Dict[str, Any], defaults: Any, stream: bool = False) -
             continue  # no validation carve stays none
         out[key] = limit if value is None else min(value, limit)
     out["micro_batch"] = None
-    # tar shards and streams have no "first N" (test_size refuses them): they score every test image
+    # tar shards and streams have no positions to sample (test_size refuses them): they score every test image
     if not stream:
         size = out.get("test_size")
         out["test_size"] = SPLIT_IMAGES["test"] if size is None else min(size, SPLIT_IMAGES["test"])

@@ -84,15 +84,15 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     report, total = score.report, score.total
     tta = "" if args.tta == "none" else f", {args.tta} TTA"
     cut = args.max_images is not None and args.max_images < total
-    first = f"the first {report.count:,} of {total:,}" if cut else f"{report.count:,}"
+    first = (f"the first {report.count:,} of {total:,}" if score.first_only else
+             f"{report.count:,} of {total:,}, a fixed sample,") if cut else f"{report.count:,}"
     n = len(report.confusion)
     top5 = f"top-5 {100 * report.top5:.2f}%" if n > 5 else f"top-5 n/a ({n} classes)"  # (100%: says nothing)
     print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  {top5}  ({first} images, {runtime}{tta})")
     present = sum(acc is not None for acc in report.per_class.values())
-    if cut and present < n:  # a folder is read class by class: its first images are one class's
-        print(f"note: the first {report.count:,} images hold {present} of the {n} classes (the split is read in "
-              f"order, a folder class by class): the score is of those classes only; a larger --max-images, or "
-              f"none, scores the whole split")
+    if cut and present < n:  # (a stream's first images may be one class's)
+        print(f"note: the {report.count:,} images scored hold {present} of the {n} classes: the score is of those "
+              f"classes only; a larger --max-images, or none, scores the whole split")
     if score.skipped:
         print(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]}); see the log for why")
     for name, acc in report.per_class.items():
@@ -150,7 +150,8 @@ def add_eval(verb) -> None:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--max-images", type=int, metavar="N",
-                   help="score only the split's first N images, for a quick check of a large set (default: all)")
+                   help="score only N of the split's images (a fixed random sample; of tar shards, the first N), for "
+                        "a quick check of a large set (default: all)")
     p.add_argument("--tta", default="none", choices=CHOICES["test_tta"],
                    help="test-time augmentation: flip scores the mean probabilities of each image and its mirror, "
                         "flip-shift of those and their one-pixel shifts up, down, left and right (10 views; for "

@@ -58,8 +58,9 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 def _quick_run_notes(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
     """The notes that keep a quick run's numbers from passing for the split's."""
     if cfg is not None and cfg.test_size is not None:
-        print(f"{'note':<{width}}test scores are of the first {summary.get('test_images', cfg.test_size):,} test "
-              f"images (--test-size), not the whole split")
+        scored = summary.get("test_images", cfg.test_size)
+        print(f"{'note':<{width}}test scores are of {scored:,} test images (--test-size: a fixed random sample), not "
+              f"the whole split")
     if summary.get("tiny"):
         print(f"{'note':<{width}}{summary['tiny']}")
 

@@ -22,6 +22,8 @@ from .tta import check_mode
 
 #: Images per batch for few-shot features of a Hugging Face split.
 FEATURE_BATCH = 500
+#: the fixed draw of a split's scored images (scored_positions)
+SCORED_SEED = 2021
 
 
 @dataclass
@@ -33,6 +35,8 @@ class DatasetScore:
     split: str
     total: int
     skipped: List[str] = field(default_factory=list)
+    #: a stream's first ``max_images`` were scored (a sample where the split has positions to draw from)
+    first_only: bool = False
 
     def to_dict(self) -> Dict[str, Any]:
         return {"dataset": self.dataset, "split": self.split, **self.report.to_dict()}
@@ -107,7 +111,8 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
                   max_images: Optional[int] = None, batch_size: int = 500, tta: str = "none",
                   progress: bool = True) -> DatasetScore:
     """Top-1, top-5, per-class accuracy and the confusion matrix of a classifier on a split
-    (``dataset`` None: the one whose classes the model names); ``max_images``: its first N only."""
+    (``dataset`` None: the one whose classes the model names); ``max_images``: a fixed random sample of that
+    many (a stream's first N)."""
     from ..data import datasets
 
     check_score_options(batch_size, max_images, tta)
@@ -128,7 +133,8 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
     images, labels, classes = load_split_tensors(dataset, split, data_dir)
     check_same_classes(model.config.label_names, classes, dataset)
     total = len(labels)
-    images, labels = images[:max_images], labels[:max_images]
+    scored = scored_positions(total, max_images)
+    images, labels = images[scored], labels[scored]
     report = classification_report(model, images, labels, classes, batch_size, progress=progress,
                                    label=f"evaluating {dataset} {split}", tta=tta)
     return DatasetScore(report, dataset, split, total)
@@ -196,8 +202,8 @@ def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progres
 def _score_files(model, dataset: str, data, split_name: str, max_images: Optional[int], batch_size: int,
                  tta: str, progress: bool) -> DatasetScore:
     """A split of image files (an image folder, a Hugging Face split, tar shards) decoded in DataLoader
-    workers; unusable files skipped and named. ``max_images``: the first N (of a stream, the first N
-    it gives: its order is fixed, the shards in order dealt to two workers)."""
+    workers; unusable files skipped and named. ``max_images``: a fixed random sample of N (of a stream, the first
+    N it gives: its order is fixed, the shards in order dealt to two workers)."""
     from torch.utils.data import IterableDataset, Subset
 
     from ..data.loader import decoded_batches
@@ -207,8 +213,8 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     stream = isinstance(data, IterableDataset)
     total = data.num_samples if stream else len(data)
     wanted = total if max_images is None else min(max_images, total)
-    batches = decoded_batches(data if stream or wanted == total else Subset(data, range(wanted)), batch_size, 2,
-                              skipped)
+    batches = decoded_batches(data if stream or wanted == total else
+                              Subset(data, scored_positions(total, wanted).tolist()), batch_size, 2, skipped)
     whole = stream and max_images is None  # every sample the stream gives, whatever its index counted
     report = report_over(model, _first(batches, wanted) if stream and not whole else batches, data.classes,
                          -(-wanted // batch_size), progress, f"evaluating {dataset} {split_name}", tta)
@@ -217,7 +223,7 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
         warnings.warn(f"{dataset} {split_name}: its index (meta.json) counts {total:,} samples, its shards hold "
                       f"{read:,}: every one was scored; rewrite the index (write_shards writes it)", stacklevel=2)
         total = read
-    return DatasetScore(report, dataset, split_name, total, skipped)
+    return DatasetScore(report, dataset, split_name, total, skipped, first_only=stream and wanted < total)
 
 
 def _first(batches, n: int):
@@ -233,6 +239,15 @@ def _first(batches, n: int):
 def channels_of(model) -> int:
     """The channels to decode image files to for ``model`` (grey for one, else RGB)."""
     return 1 if model.config.in_chans == 1 else 3
+
+
+def scored_positions(n: int, size: Optional[int]) -> torch.Tensor:
+    """Positions of a split's images scored (train's ``test_size``, eval's ``max_images``): all of them, or a fixed
+    random ``size`` of them (the same for every seed and run), in the split's order. The first N of a class-ordered
+    folder were one class's (Hugging Face's examples shuffle before their max_eval_samples too)."""
+    if size is None or size >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(SCORED_SEED))[:size].sort().values
 
 
 def pool_rows(n: int, pool: int) -> torch.Tensor:

@@ -199,9 +199,9 @@ class TrainConfig:
     #: Training images held out for validation (the same ones for every seed); 0: none held out,
     #: every training image is trained on and validation rows score the test split.
     val_size: int = 5000
-    #: Score only the first this many test images at the end, as Hugging Face's examples'
-    #: max_eval_samples (quick checks; the summary's test_images says how many); none: the whole
-    #: test split. Indexable data only (in memory, an image folder, a Hugging Face dataset).
+    #: Score only this many test images at the end, a fixed random sample (the same for every seed), as
+    #: Hugging Face's examples' max_eval_samples (quick checks; the summary's test_images says how many);
+    #: none: the whole test split. Indexable data only (in memory, an image folder, a Hugging Face dataset).
     test_size: Optional[int] = None
     #: Test-time augmentation for a second test score at the end (``test_top1_tta``, and the
     #: EMA's; vitkit eval --tta's modes): flip (the image and its mirror) or flip-shift (and their

@@ -21,6 +21,7 @@ from ..data.pipelines import from_model_config
 from ..data.randaugment import RandAugment
 from ..data.shards import ShardDataset
 from ..data.tensors import load_split_tensors, to_tensors  # noqa: F401 (re-exported)
+from ..evaluate.dataset import scored_positions
 from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
 from .config import TrainConfig
 
@@ -141,7 +142,8 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     val_idx, tr_idx = _carve(len(train_set), cfg.val_size)
     tr_idx = _labelled_subset(tr_idx, torch.from_numpy(train_set.labels), cfg.train_fraction)
     all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
-    te_x, te_y = to_tensors(test_set.images[:cfg.test_size], test_set.labels[:cfg.test_size], device)
+    scored = scored_positions(len(test_set.labels), cfg.test_size).numpy()
+    te_x, te_y = to_tensors(test_set.images[scored], test_set.labels[scored], device)
     mean, std = datasets.stats(name)
     tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
     test = MemoryBatches(te_x, te_y)
@@ -168,7 +170,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
             raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: {why}")
     val_idx, tr_idx = _split_training(cfg, train, str(train_dir), carve="val" not in folders)
     mean, std = datasets.FILE_STATS
-    test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
+    test_batches = FolderBatches(test, scored_positions(len(test), cfg.test_size).tolist(), cfg.workers)
     val = FolderBatches(folders["val"], range(len(folders["val"])), cfg.workers) if "val" in folders else \
         FolderBatches(train, val_idx.tolist(), cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
@@ -281,7 +283,7 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
     test = hf.HFImages(splits[test_name], name, test_name, image_key, label_key, train.classes, channels=channels,
                        strict=cfg.strict_data)
     val_idx, tr_idx = _split_training(cfg, train, f"{name}'s {train_name} split")
-    test_batches = FolderBatches(test, range(len(test))[:cfg.test_size], cfg.workers)
+    test_batches = FolderBatches(test, scored_positions(len(test), cfg.test_size).tolist(), cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
