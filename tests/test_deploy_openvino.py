@@ -193,7 +193,12 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
     short = tmp_path / "short.xml"  # the weights cut
     shutil.copy(good, short)
     short.with_suffix(".bin").write_bytes(good.with_suffix(".bin").read_bytes()[:1000])
-    one_line([*predict, str(short)], str(short))
+    one_line([*predict, str(short)], str(short), "short.bin holds 1,000 bytes where the .xml reads")
+    mixed = tmp_path / "mixed.xml"  # another model's weights beside it (OpenVINO named a broken ReduceMean axis)
+    shutil.copy(good, mixed)
+    deeper = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3))
+    shutil.copy(export_openvino(deeper, tmp_path / "deeper.xml").with_suffix(".bin"), mixed.with_suffix(".bin"))
+    one_line([*predict, str(mixed)], "the two are not one export (a .bin of another model, or cut)")
     alone = tmp_path / "alone.xml"  # the .bin forgotten
     shutil.copy(good, alone)
     one_line([*predict, str(alone)], "alone.bin is missing")

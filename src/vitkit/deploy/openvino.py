@@ -24,6 +24,7 @@ OpenVINO's throughput streams, as vitkit's PyTorch inference splits a batch over
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -251,7 +252,7 @@ class OpenVinoModel(OnnxModel):
 
 
 def _check_files(path: Path) -> None:
-    """The .xml and its .bin exist and are not empty: one line naming the missing piece."""
+    """The .xml and its .bin exist, are not empty and belong together: one line naming the missing piece."""
     if path.is_dir():
         raise OnnxMetadataError(f"{path} is a folder, not an OpenVINO IR (.xml)")
     if not path.is_file():
@@ -263,6 +264,29 @@ def _check_files(path: Path) -> None:
                                     f"the .bin beside it)")
         if file.stat().st_size == 0:
             raise OnnxMetadataError(f"{file} is empty (0 bytes): not an OpenVINO IR (an interrupted copy?)")
+    if why := _mismatched_weights(path):
+        raise OnnxMetadataError(why)
+
+
+def _mismatched_weights(path: Path) -> Optional[str]:
+    """An IR whose .bin is another model's or cut: OpenVINO read a larger model's .bin under a smaller one's graph
+    without a word (other weights), and named only the first layer that wrong bytes broke. The .xml's constants say
+    how many bytes they read (``offset`` + ``size``), which an export's .bin holds exactly; read as text, not parsed
+    as XML (an untrusted file)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not text.rstrip().endswith("</net>"):  # the .xml is what was cut: its constants are not all listed
+        return None
+    ends = [int(m.group(1)) + int(m.group(2)) for tag in re.findall(r"<data\b[^>]*>", text)
+            if (m := re.search(r'\boffset="(\d+)"[^>]*\bsize="(\d+)"', tag))]
+    held = path.with_suffix(".bin").stat().st_size
+    if not ends or max(ends) == held:
+        return None
+    return (f"{path}: its weights file {path.with_suffix('.bin').name} holds {held:,} bytes where the .xml reads "
+            f"{max(ends):,}: the two are not one export (a .bin of another model, or cut); convert again, or put "
+            f"the .xml's own .bin beside it")
 
 
 def _rt_metadata(graph: Any) -> Dict[str, str]:
