@@ -148,3 +148,43 @@ def test_lengths_no_machine_could_train_are_refused_by_name():
                       (dict(epochs=1e12), "epochs must be <= 1,000,000, not 1000000000000.0")):
         with pytest.raises(ValueError, match=re.escape(words)):
             resolve_config("fmnist", **kw)
+
+
+def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
+    """A run's config.json lists every field, its defaults too: given back as --config, LoRA's rank without LoRA
+    and SGD's momentum beside AdamW were refused as choices no one made. A field at the value of the layer below
+    is no choice; one that changes it still is, and a model beside init must name the weights' architecture."""
+    import vitkit
+    from vitkit.train import train
+    from vitkit.train.loop import _located
+
+    monkeypatch.setenv("VITKIT_TINY", "0")
+    saved = _located(resolve_config("fmnist").to_dict())
+    (tmp_path / "run.json").write_text(json.dumps(saved))
+    again = resolve_config(None, str(tmp_path / "run.json"))
+    assert again.to_dict() == resolve_config("fmnist").to_dict()
+    (tmp_path / "lora.json").write_text(json.dumps({**saved, "lora_rank": 4}))  # a rank that changes something
+    with pytest.raises(ValueError, match=r"--lora-rank applies with --finetune lora"):
+        resolve_config(None, str(tmp_path / "lora.json"))
+    # a fine-tuning run's config.json holds init and the architecture it trained
+    vitkit.create_model("vit_fmnist", depth=1, num_classes=10).save_pretrained(tmp_path / "w")
+    (tmp_path / "init.json").write_text(json.dumps({**saved, "init": str(tmp_path / "w"), "model": "vit_fmnist"}))
+    assert resolve_config(None, str(tmp_path / "init.json")).model == "vit_fmnist"
+    (tmp_path / "other.json").write_text(json.dumps({**saved, "init": str(tmp_path / "w"),
+                                                     "model": "vit_tiny_patch16_224"}))
+    with pytest.raises(ValueError, match=r"the config file's model vit_tiny_patch16_224 is not the --init weights' "
+                                         r"architecture, vit_fmnist"):
+        train(resolve_config(None, str(tmp_path / "other.json"), runs_dir=str(tmp_path / "runs"), max_steps=1,
+                             val_size=10, test_size=10, progress=False, tensorboard=False))
+    with pytest.raises(ValueError, match=r"--model vit_fmnist does not apply with --init"):  # typed: refused
+        resolve_config(None, str(tmp_path / "init.json"), model="vit_fmnist")
+
+
+def test_a_config_files_objective_picks_the_pretraining_recipe(tmp_path):
+    """vitkit pretrain --config with objective: in the file ran on the classification recipe (a 25.6M-parameter
+    MAE decoder, random erasing, 5,000 validation images) where --objective picks its pre-training recipe."""
+    (tmp_path / "pt.yaml").write_text("objective: mae\nmodel: vit_fmnist\n")
+    cfg = resolve_config(None, str(tmp_path / "pt.yaml"))
+    assert (cfg.recipe, cfg.decoder_dim) == ("mae-fmnist", 64)
+    assert cfg.to_dict() == resolve_config("mae-fmnist", objective="mae", model="vit_fmnist").to_dict()
+    assert train_config(parse_train("--config", str(tmp_path / "pt.yaml"))).recipe == "mae-fmnist"

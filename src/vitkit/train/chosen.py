@@ -10,14 +10,16 @@ from typing import Any, Mapping
 from .config_types import _show
 
 
-def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any]) -> None:
-    """Before the values are checked: a LoRA option without LoRA, a model with --init."""
+def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any], typed: Mapping[str, Any]) -> None:
+    """Before the values are checked: a LoRA option without LoRA, a model typed with --init (``typed``: the flags;
+    a config file's model beside its init, as a run's own config.json holds them, must name the weights'
+    architecture: the task checks it once the weights are read)."""
     lora = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if chosen.get(k) is not None]
     if lora and values.get("finetune") != "lora":  # a LoRA option without LoRA would be ignored: say so
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in lora)} "
                          f"appl{'y' if len(lora) > 1 else 'ies'} with --finetune lora (this "
                          f"run: --finetune {values.get('finetune') or 'full'})")
-    if chosen.get("init") and "model" in chosen:  # the architecture comes from the weights: say so, never ignore it
+    if chosen.get("init") and "model" in typed:  # the architecture comes from the weights: say so, never ignore it
         raise ValueError(f"--model {chosen['model']} does not apply with --init: the architecture comes from the "
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import re
 import warnings
@@ -489,14 +490,14 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             if key == "model_args" and isinstance(value, Mapping):
                 value = deep_merge(values.get(key, {}), value)
             values[key] = None if value is OFF else value
-    chosen = {**from_file, **given}
+    chosen = {**_changing(from_file, RECIPES[recipe]), **given}
     if values.get("objective", "classify") != "classify":
         # a label option the recipe set (the default run's smoothing) has nothing to act on in
         # pre-training: dropped; one the user chose is still refused by name (validate)
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
-    refuse_ignored(values, chosen)
+    refuse_ignored(values, chosen, typed=given)
     _refuse_unknown(values, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
@@ -509,6 +510,16 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
+
+
+def _changing(from_file: Mapping[str, Any], recipe: Mapping[str, Any]) -> Dict[str, Any]:
+    """The config file's fields that change what the recipe and the defaults set: a run's own config.json lists
+    every field, and its defaults (LoRA's rank without LoRA, SGD's momentum beside AdamW) are no one's choice."""
+    below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+             for f in dataclasses.fields(TrainConfig) if f.init}
+    below.update(recipe)
+    same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
+    return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
 
 
 def _file_values(file: Optional[str]) -> Dict[str, Any]:
@@ -525,6 +536,9 @@ def _recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping
                       from_file: Mapping[str, Any]) -> str:
     """The recipe named, else the default run's for the precision the run will train in; a config
     file overrides a recipe and cannot choose another."""
+    objective = given.get("objective", from_file.get("objective"))
+    if recipe is None and f"{objective}-fmnist" in RECIPES:  # pre-training's, as vitkit pretrain --objective picks
+        recipe = f"{objective}-fmnist"
     if recipe is None:
         precision = given.get("precision", from_file.get("precision", TrainConfig.precision))
         if precision not in CHOICES["precision"]:

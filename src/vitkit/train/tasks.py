@@ -84,6 +84,10 @@ class Classification:
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
             model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head,
                                     log=said.append, interpolation=cfg.init_interpolation)
+            held = model.config.name or model.config.architecture
+            if "model" in (getattr(cfg, "chosen", None) or ()) and cfg.model != held:  # a config file's, with --init
+                raise ValueError(f"the config file's model {cfg.model} is not the --init weights' architecture, "
+                                 f"{held}: the architecture comes from the weights (leave model out)")
         if cfg.init:
             if cfg.finetune != "full" or cfg.freeze_blocks:
                 targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
