@@ -46,3 +46,31 @@ def test_memory_batches_pad_crops_with_black_and_augment_before_normalising():
     assert all(int((img == white).sum()) == 4 for img in x)  # the square is cut, never padded
     moved = sum(not torch.equal(img, x[0]) for img in x)
     assert moved > 0  # the crops differ from sample to sample
+
+
+@pytest.mark.parametrize("randaugment", [False, True])
+def test_an_image_gets_the_same_augmentation_however_the_batch_splits(randaugment):
+    """One process in 4 micro-batches and two processes in 2 each must see each image cropped, flipped (and
+    RandAugment-ed) alike: micro-batches drawn one by one from the step's generator gave the same image other
+    draws (torchrun with --micro-batch drifted 6e-3 from one process)."""
+    from types import SimpleNamespace
+
+    from vitkit.data.randaugment import RandAugment
+    from vitkit.train.batches import Layout, MemoryBatches
+
+    config = SimpleNamespace(in_chans=1, img_size=(8, 8), mean=(0.5,), std=(0.5,))
+    images = torch.randint(0, 256, (64, 1, 8, 8), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    batches = MemoryBatches(images, torch.arange(64), crop_pad=2, hflip=True,
+                            randaugment=RandAugment.from_spec("rand-m9-n2") if randaugment else None)
+
+    def seen(batch, accum, world, rank):  # {label: image} over two steps
+        out = {}
+        for x, y, _ in batches.train(config, 3, Layout(batch, accum, world, rank), 0, 2):
+            out.update({int(label): img for label, img in zip(y, x)})
+        return out
+
+    one = seen(32, 4, 1, 0)
+    two = {**seen(32, 2, 2, 0), **seen(32, 2, 2, 1)}
+    assert one.keys() == two.keys() and len(one) == 64
+    assert all(torch.equal(one[i], two[i]) for i in one)
+    assert all(torch.equal(one[i], img) for i, img in seen(32, 1, 1, 0).items())  # and as one micro-batch

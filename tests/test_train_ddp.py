@@ -95,3 +95,27 @@ def test_sigterm_to_one_rank_ends_the_whole_job(tmp_path, rank):
     assert job.returncode != 0 and not _children(job.pid)
     assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
     assert list((tmp_path / "stopped").glob("checkpoints/step_*.pt"))
+
+
+def test_each_rank_draws_its_own_dropout_and_drop_path_masks():
+    """Every rank started from the seed the weights were initialised with, so under torchrun each drew the same
+    drop-path masks for its part of the batch (recorded: [0,1,1,0] then [0,1,1,1] on both ranks). A step's
+    layers draw from (seed, step, rank): other ranks, other masks; the same step again, the same masks (resume)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vitkit.models.layers import DropPath
+    from vitkit.train.loop import seed_random_layers
+
+    layer = DropPath(0.5).train()
+
+    def masks(world, rank, step):
+        run = SimpleNamespace(dist=SimpleNamespace(world=world, rank=rank), cfg=SimpleNamespace(seed=0))
+        torch.manual_seed(0)  # the initialisation seed every rank shares
+        seed_random_layers(run, step)
+        return layer(torch.ones(64, 1, 1))[:, 0, 0] > 0
+
+    assert not torch.equal(masks(2, 0, 5), masks(2, 1, 5))
+    assert torch.equal(masks(2, 1, 5), masks(2, 1, 5)) and not torch.equal(masks(2, 1, 5), masks(2, 1, 6))
+    assert torch.equal(masks(1, 0, 5), masks(1, 0, 6))  # one process: its one generator, as checkpoints save it

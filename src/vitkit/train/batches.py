@@ -11,6 +11,7 @@ samples); their augmentation follows the worker's random state and is not replay
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -139,18 +140,21 @@ class MemoryBatches:
 
     def train(self, config: Any, seed: int, layout: Layout, start: int, total: int, repeats: int = 1
               ) -> Iterator[MicroBatch]:
-        aug, aug_step = None, -1
-        for step, _, idx in index_plan(len(self), seed, layout, start, total, repeats):
-            if step != aug_step:  # one generator per step, shared by its micro-batches
-                aug, aug_step = generator(seed, "augment", step), step
-            idx = idx.to(self.images.device)
-            # the global micro-batch: the same draws on every rank, then this rank's part
+        plan = index_plan(len(self), seed, layout, start, total, repeats)
+        for step, parts in itertools.groupby(plan, key=lambda item: item[0]):
+            idx = torch.cat([part for _, _, part in parts]).to(self.images.device)
+            # the step's whole global batch drawn at once from (seed, step), then each micro-batch and this
+            # rank's part of it: the same image gets the same crop however the batch splits (micro-batches
+            # drawn one by one had other draws with another number of processes or accumulation steps)
+            aug = generator(seed, "augment", step)
             pixels = random_crop(self.images[idx], self.crop_pad, aug)
             if self.hflip:
                 pixels = random_hflip(pixels, aug)
             if self.randaugment is not None:
                 pixels = self.randaugment(pixels, aug)
-            yield layout.mine(prepare_batch(pixels, config)), layout.mine(self.labels[idx]), ()
+            for k in range(layout.accum_steps):
+                part = slice(k * layout.micro, (k + 1) * layout.micro)
+                yield prepare_batch(layout.mine(pixels[part]), config), layout.mine(self.labels[idx[part]]), ()
 
     def eval(self, config: Any, batch_size: int) -> Iterator[MicroBatch]:
         for i in range(0, len(self), batch_size):

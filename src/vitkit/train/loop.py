@@ -372,8 +372,19 @@ def loop(run: Run) -> None:
         progress.close()
 
 
+def seed_random_layers(run: Run, step: int) -> None:
+    """Under torchrun, dropout and drop-path draw from (seed, step, rank): every rank started from the one seed
+    the weights were initialised with, so each drew the same masks for its part of the batch (half the
+    independent draws of one process at the global batch, with two ranks); seeded per step, a resume draws them
+    again exactly without each rank's generator saved. One process keeps its one generator (saved with each
+    checkpoint)."""
+    if run.dist.world > 1:
+        torch.manual_seed(seed_for(run.cfg.seed, "layers", step, run.dist.rank))
+
+
 def _step(run: Run, step: int, lr: float, batches: Iterator[MicroBatch]) -> Tuple[torch.Tensor, int]:
     """One optimiser step over the step's micro-batches -> ((summed loss, correct) on the device, images)."""
+    seed_random_layers(run, step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     stats, n = torch.zeros(2, device=run.dist.device), 0
