@@ -143,6 +143,7 @@ def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):
     (left / "checkpoints").mkdir(parents=True)
     (left / "config.json").write_text("{}")  # what a run refused after its folder was made leaves
     (left / "metrics.jsonl").write_text("")
+    (left / ".lock").write_text("")  # (a run's lock file stays after it)
     assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "x"]) == 0
     assert f"reusing {left}" in capsys.readouterr().err and (left / "model").is_dir()
     kept = runs / "y"
@@ -150,6 +151,15 @@ def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):
     (kept / "checkpoints" / "step_4.pt").write_bytes(b"x")  # something to resume: never reused
     assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "y"]) == 2
     assert "already exists" in capsys.readouterr().err and (kept / "checkpoints" / "step_4.pt").is_file()
+    mine = runs / "mine"  # a folder of someone's own settings, never a run's: not taken for an abandoned one
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "settings"}')
+    assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "mine"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (mine / "config.json").read_text() == '{"my": "settings"}'
+    (runs / "afile").write_text("x")  # (it said "Not a directory: .../afile/.lock")
+    assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "afile"]) == 2
+    assert "run directory " + str(runs / "afile") + " is a file, not a folder" in capsys.readouterr().err
 
 
 def test_a_size_string_model_makes_one_flat_folder_named_after_it(tmp_path):

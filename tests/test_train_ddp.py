@@ -1,6 +1,7 @@
 """torchrun with 2 CPU processes (gloo) follows the same losses as 1 process at the same global batch."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,11 +64,12 @@ def _children(pid: int):
     return sorted(found)
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_sigterm_to_one_rank_ends_the_whole_job(tmp_path, rank):
+@pytest.mark.parametrize("rank, how", [(0, "SIGTERM"), (1, "SIGTERM"), (1, "SIGKILL")])
+def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     """The stopped rank waited at the process group's closing barrier while the other waited in a step's
     all-reduce: both ranks and torchrun stayed (10 minutes, until killed). Now the job ends, the stop is
-    said, and the run keeps its checkpoint to resume from."""
+    said, and the run keeps its checkpoint to resume from; a rank killed outright left rank 0 with gloo's
+    "unexpected RuntimeError ... Connection closed by peer" and no word of the checkpoint."""
     import os
     import signal
     import time
@@ -85,7 +87,7 @@ def test_sigterm_to_one_rank_ends_the_whole_job(tmp_path, rank):
             time.sleep(0.2)
         ranks = _children(job.pid)
         assert len(ranks) == 2, ranks
-        os.kill(ranks[rank], signal.SIGTERM)
+        os.kill(ranks[rank], getattr(signal, how))
         _, err = job.communicate(timeout=120)  # torchrun ends its other rank once one has ended
     finally:
         if job.poll() is None:
@@ -94,7 +96,46 @@ def test_sigterm_to_one_rank_ends_the_whole_job(tmp_path, rank):
                 os.kill(pid, signal.SIGKILL)
     assert job.returncode != 0 and not _children(job.pid)
     assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
+    assert "unexpected" not in err, err[-2000:]
+    if how == "SIGKILL":
+        assert re.search(r"another process of the job stopped, so this one did: interrupted; \S+ keeps its "
+                         r"checkpoint of step \d+: vitkit train --resume", err), err[-2000:]
     assert list((tmp_path / "stopped").glob("checkpoints/step_*.pt"))
+
+
+def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path):
+    """Under torchrun every rank said an input error (twice), and an error rank 0 alone met (its folder taken)
+    left rank 1 with gloo's "unexpected RuntimeError ... please report it"; a second train() in one process
+    (what a study does) waited for ever joining the process group again, and vitkit study ran on every rank."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    args = [a for a in ARGS if a not in ("--json",)]
+    args[args.index("--max-steps") + 1] = "2"
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("someone's")
+    for extra, said in ((["--name", "taken"], "run directory"), (["--name", "odd", "--batch-size", "33"],
+                                                                   "batch_size 33 must divide")):
+        job = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
+                              "--runs-dir", str(tmp_path), *extra], capture_output=True, text=True, timeout=300)
+        lines = [line for line in job.stderr.splitlines() if line.startswith("vitkit train:")]
+        assert job.returncode != 0 and len(lines) == 1 and said in lines[0], job.stderr[-2000:]
+    study = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "study",
+                            "position-embeddings", "--smoke", "--work", str(tmp_path / "s")],
+                           capture_output=True, text=True, timeout=300)
+    assert [line for line in study.stderr.splitlines() if line.startswith("vitkit study:")] == [
+        "vitkit study: error: vitkit study runs its arms one after another in one process, not under torchrun (each "
+        "rank would run the whole study and write its files): run it without torchrun"]
+    script = tmp_path / "twice.py"
+    script.write_text(f"""
+from vitkit.train import resolve_config, train
+for name in ("a", "b"):
+    cfg = resolve_config("fmnist", max_steps=2, batch_size=16, val_size=50, test_size=50, model_args={{"depth": 1}},
+                         runs_dir={str(tmp_path)!r}, name=name, progress=False, tensorboard=False, threads=1)
+    train(cfg, log=lambda m: None)
+""")
+    twice = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
+                           text=True, timeout=300)
+    assert twice.returncode == 0, twice.stderr[-2000:]
+    assert [json.loads((tmp_path / name / "summary.json").read_text())["processes"] for name in "ab"] == [2, 2]
 
 
 def test_each_rank_draws_its_own_dropout_and_drop_path_masks():

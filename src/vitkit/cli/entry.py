@@ -16,7 +16,7 @@ import threading
 import warnings
 from typing import Optional, Sequence
 
-from ..errors import AnsweredError, describe_error
+from ..errors import AnsweredError, describe_error, is_user_error
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
@@ -47,11 +47,26 @@ def _one_line_warnings(verb: str):
     return previous
 
 
+def _said_by_first_process(e: BaseException) -> bool:
+    """Under torchrun, whether this process leaves the line to its machine's first one: an input error or a stop
+    that every rank meets alike, or another process's stop (``PeerLost``), was said once per rank. An unexpected
+    error is said by each process it reaches."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    if world <= 1 or os.environ.get("LOCAL_RANK", "0") == "0":
+        return False
+    return isinstance(e, (ValueError, OSError, KeyboardInterrupt)) or is_user_error(e)
+
+
 def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
     """The error's one line on stderr; with ``--json`` also ``{"error": ..., "exit": 2}`` on stdout, so that a
     script reading stdout has an answer to parse (unless the verb's own document already holds it)."""
     if debug:
         raise e
+    if _said_by_first_process(e):
+        return 2
     said = describe_error(e)
     print(f"vitkit {verb}: error: {said}", file=sys.stderr)
     if as_json and not isinstance(e, AnsweredError):
@@ -131,7 +146,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _release_interrupted_work(e)
         signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         removed = "" if args.verb in WRITES_NOTHING else "; partial files were removed"
-        print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
+        if not _said_by_first_process(e):
+            print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError as e:
         if debug or not _stdout_closed():

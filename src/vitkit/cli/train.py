@@ -46,8 +46,9 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     from ..train.resume import RUNTIME_FIELDS
 
     asked = [f for f in RUNTIME_FIELDS if getattr(args, f, None) is not None] + ["progress"] * args.no_progress
-    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr), asked=asked)
-    if os.environ.get("RANK", "0") != "0":
+    first = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 says what every rank would
+    summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr) if first else None, asked=asked)
+    if not first:
         return None
     if args.json:
         print(json.dumps(summary))

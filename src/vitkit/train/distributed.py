@@ -7,6 +7,7 @@ trajectory as one process with the whole batch. Rank 0 alone writes files.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,9 @@ def setup() -> DistInfo:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    if world > 1 and not dist.is_initialized():  # joined once per process: a second join waited for ever
         dist.init_process_group("nccl" if cuda else "gloo")
+        atexit.register(_leave)
     rank = dist.get_rank() if world > 1 else 0
     return DistInfo(world, rank, device)
 
@@ -57,10 +59,32 @@ def broadcast(info: DistInfo, obj: Any) -> Any:
 
 
 def cleanup(info: DistInfo, finished: bool = True) -> None:
-    """The process group's end: after a barrier where every rank finished, without one where this rank stopped
-    early (a signal, an error): the others wait in a step's all-reduce, never at the barrier, and both waited
-    for ever (torchrun and both ranks stayed after SIGTERM to one). Its exit ends the others' all-reduce."""
+    """A run's end: a barrier where every rank finished, the group kept for the process's next run (train()
+    called again: joining a second time waited for ever in init_process_group); where this rank stopped early (a
+    signal, an error) the group ends now, without a barrier: the others wait in a step's all-reduce, never at
+    the barrier, and both waited for ever (torchrun and both ranks stayed after SIGTERM to one). Its end ends
+    the others' all-reduce."""
     if info.world > 1 and dist.is_initialized():
         if finished:
             dist.barrier()
+        else:
+            dist.destroy_process_group()
+
+
+def _leave() -> None:
+    if dist.is_initialized():
         dist.destroy_process_group()
+
+
+#: what gloo and NCCL say when another process of the job went away mid-collective
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "ProcessGroupNCCL's watchdog", "Socket Timeout", "Connection refused")
+
+
+class PeerLost(ConnectionError):
+    """Another process of a torchrun job stopped (a signal, an error, a kill): this one's collective lost it."""
+
+
+def peer_lost(info: DistInfo, e: BaseException) -> bool:
+    """Whether ``e`` is another process's stop as a collective of this one saw it (gloo's or NCCL's words)."""
+    return info.world > 1 and isinstance(e, RuntimeError) and any(words in str(e) for words in PEER_LOST)

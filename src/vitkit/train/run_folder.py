@@ -31,9 +31,12 @@ def new_run_dir(run: Run) -> Path:
         except FileExistsError:
             if cfg.name is None:
                 continue  # taken: the next number
+            if not path.is_dir():
+                raise FileExistsError(f"run directory {path} is a file, not a folder: pass another --name") from None
+        ran_here = (path / ".lock").is_file()  # a vitkit run's folder (its lock file stays): before it is taken
         run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
         if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
-            if not _abandoned(path):
+            if not (ran_here and _abandoned(path)):  # (a folder of someone's own config.json is not a run's)
                 run.lock.release()
                 raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
                                       f"or another --name")
