@@ -360,3 +360,16 @@ def test_paper_md_is_what_the_results_give():
     finally:
         sys.path.pop(0)
     assert (ROOT / "docs" / "paper.md").read_text() == paper_md.page(), "run python scripts/paper_md.py"
+
+
+def test_a_shortened_arm_warms_up_for_a_tenth_of_it():
+    """--smoke's 20 steps and a short --steps kept the arms' 200-step warm-up: the learning rate never reached its
+    peak. A warm-up in epochs (DeiT's) is the recipe's own measure and stays."""
+    from vitkit.studies.base import _shorten_warmup
+
+    cases = (({"max_steps": 20}, "fmnist", 2), ({"max_steps": 20, "warmup_steps": 30}, "fmnist", 2),
+             ({"max_steps": 1000, "warmup_steps": 30}, "fmnist", 30), ({"max_steps": 5}, "fmnist", 1),
+             ({"max_steps": 20}, "deit", None))
+    for config, recipe, want in cases:
+        _shorten_warmup(config, recipe)
+        assert config.get("warmup_steps") == want, (config, recipe)

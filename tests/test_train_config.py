@@ -188,3 +188,25 @@ def test_a_config_files_objective_picks_the_pretraining_recipe(tmp_path):
     assert (cfg.recipe, cfg.decoder_dim) == ("mae-fmnist", 64)
     assert cfg.to_dict() == resolve_config("mae-fmnist", objective="mae", model="vit_fmnist").to_dict()
     assert train_config(parse_train("--config", str(tmp_path / "pt.yaml"))).recipe == "mae-fmnist"
+
+
+def test_what_the_data_or_the_flags_decide_is_not_overridden_in_silence(tmp_path):
+    """--img-size 40 beside model_args img_size 32 trained at 32 while config.json said 40; model_args num_classes
+    fought the data's classes; a --warmup-steps given lost to a recipe's warmup_epochs (DeiT's 5 epochs: a
+    37k-step warm-up for a 3-step run); a warm-up as long as the run was never said."""
+    from vitkit.train import train
+
+    with pytest.raises(ValueError, match=r"--img-size 40 and model_args img_size 32 differ .* give the size once"):
+        resolve_config("fmnist", img_size=40, model_args={"img_size": 32})
+    assert resolve_config("fmnist", img_size=32, model_args={"img_size": [32, 32]}).img_size == 32
+    with pytest.raises(ValueError, match=r"model_args label_names, num_classes: the data decides the classes"):
+        resolve_config("fmnist", model_args={"num_classes": 5, "label_names": list("abcde")})
+    assert resolve_config("deit", warmup_steps=1).warmup_epochs is None
+    assert resolve_config("deit").warmup_epochs == 5.0  # the recipe's, where no steps are given
+    assert resolve_config("deit", warmup_steps=1, warmup_epochs=2).warmup_epochs == 2  # both given: the epochs
+    lines = []
+    cfg = resolve_config("fmnist", max_steps=3, batch_size=8, val_size=20, test_size=20, model_args={"depth": 1},
+                         runs_dir=str(tmp_path), progress=False, tensorboard=False, precision="fp32")
+    train(cfg, log=lines.append)
+    assert any("the warm-up of 200 steps is as long as the run's 3: the learning rate never reaches --lr" in line
+               for line in lines), lines

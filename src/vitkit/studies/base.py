@@ -264,6 +264,17 @@ def _check_reuse(run: Path, asked: Dict[str, Any], saved: Path) -> None:
                          f"folder, or remove that one to train it again")
 
 
+def _shorten_warmup(config: Dict[str, Any], recipe: str) -> None:
+    """A run cut to --steps or --smoke's 20 warms up for a tenth of it, as training fits a run to small data: the
+    arm's warm-up (200 steps) outlasted it, and the learning rate never reached its peak."""
+    from ..train.config import TrainConfig
+    from ..train.recipes import RECIPES
+
+    warmup = config.get("warmup_steps", RECIPES[recipe].get("warmup_steps", TrainConfig.warmup_steps))
+    if config.get("warmup_epochs", RECIPES[recipe].get("warmup_epochs")) is None and warmup >= config["max_steps"]:
+        config["warmup_steps"] = max(1, config["max_steps"] // 10)
+
+
 def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -> Dict[str, Any]:
     """The summary of the arm's run for ``seed``: reused when finished, resumed when interrupted,
     each only when the study asks for the same settings as when it was started."""
@@ -283,6 +294,8 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     # the recipe the study was measured with, on every machine (a run that names none gets the one
     # for the machine's precision); a config file cannot choose a recipe, a flag can
     recipe = config.pop("recipe", "fmnist")
+    if options.smoke or options.steps:
+        _shorten_warmup(config, recipe)
     configs = work / "configs"
     finished = (run / "summary.json").is_file()
     started = finished or ((run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))

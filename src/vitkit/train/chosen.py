@@ -26,6 +26,14 @@ def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any], typed: 
 
 def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
     """Once the run's configuration is checked (``cfg``, its lr scaled): what its other choices leave unread."""
+    decided = sorted(k for k in ("num_classes", "label_names") if k in (cfg.model_args or {}))
+    if decided:  # the data's classes: a head of another size failed at the first step, names were replaced
+        raise ValueError(f"model_args {', '.join(decided)}: the data decides the classes (its class folders, its "
+                         f"labels); leave {'them' if len(decided) > 1 else 'it'} out")
+    size = (cfg.model_args or {}).get("img_size")
+    if cfg.img_size is not None and size is not None and _pair(size) != _pair(cfg.img_size):
+        raise ValueError(f"--img-size {cfg.img_size} and model_args img_size {_show(size)} differ (the model was "
+                         f"built at the second and the run's config said the first): give the size once")
     if "min_lr" in chosen and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
         raise ValueError(f"--min-lr {_show(cfg.min_lr)} is above the peak learning rate {_show(cfg.lr)}: the "
                          f"schedule decays from lr to min_lr, so it would rise instead")
@@ -40,6 +48,10 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         if not (dataset == "shards" or (is_hf(dataset) and cfg.hf_streaming)):
             raise ValueError(f"--shuffle-buffer applies to streamed data (tar shards, --hf-streaming), not {dataset}, "
                              f"which is shuffled whole")
+
+
+def _pair(size: Any) -> Any:
+    return (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else size
 
 
 __all__ = ["refuse_ignored", "refuse_unused"]

@@ -151,7 +151,7 @@ class TrainConfig:
     #: Linear warm-up from 0, in optimiser steps.
     warmup_steps: int = 200
     #: Warm-up in epochs (DeiT: 5), converted with the run's steps per epoch; wins over
-    #: warmup_steps when given.
+    #: warmup_steps when given (a recipe's gives way to warmup_steps a person sets).
     warmup_epochs: Optional[float] = None
     #: The linear scaling rule: when set, resolve_config turns ``lr`` into
     #: ``lr * batch_size / lr_scale_batch`` (DeiT: 5e-4 x batch / 512) and stores the scaled
@@ -491,6 +491,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
                 value = deep_merge(values.get(key, {}), value)
             values[key] = None if value is OFF else value
     chosen = {**_changing(from_file, RECIPES[recipe]), **given}
+    if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
+        values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
         # a label option the recipe set (the default run's smoothing) has nothing to act on in
         # pre-training: dropped; one the user chose is still refused by name (validate)
