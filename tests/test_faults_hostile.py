@@ -357,6 +357,15 @@ def test_unambiguous_numbers_are_coerced_and_said_dates_stay_text(tmp_path):
                "--runs-dir", tmp_path / "r")
     assert 'vitkit train: note: ' in done.stderr and 'lr "1e-3" read as 0.001' in done.stderr  # one line per note
     assert "max_steps must be in [1, 1,000,000,000]" in one_line(done)
+    # YAML 1.1's other number forms were read in silence: 0042 octal (34), 0b1000 (8), 1:30 sexagesimal (90)
+    path = config_file(tmp_path, "o.yaml", "seed: 0042\nmax_steps: 12\n")
+    with pytest.warns(ConfigNote, match='seed "0042" read as 42'):
+        assert resolve_config("fmnist", str(path)).seed == 42
+    for text, words in (("batch_size: 0b1000", 'batch_size "0b1000" is not an integer'),
+                        ("epochs: 1:30", 'epochs "1:30" is not a finite number'),
+                        ("batch_size: 0x10", 'batch_size "0x10" is not an integer')):
+        with pytest.raises(ValueError, match=words):
+            resolve_config("fmnist", str(config_file(tmp_path, "b.yaml", text + "\n")))
 
 
 @pytest.mark.parametrize("field,value,words", [

@@ -5,6 +5,7 @@ dates and tags, each refused in one line naming the file (and the line and colum
 from __future__ import annotations
 
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -100,15 +101,23 @@ def _read_yaml(p: Path, text: str) -> Any:
         raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
 
 
+#: YAML 1.1's numbers that are not one written plainly (octal 0042 was 34, 0b1000 8, 0x10 16, 1:30 the
+#: sexagesimal 90, 1_000 1000): left as text, which the fields' check reads or refuses with a note
+PLAIN_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
+PLAIN_FLOAT = re.compile(r"^(?:[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?|[-+]?\.[0-9]+(?:[eE][-+][0-9]+)?"
+                         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
 def _yaml_loader(yaml, p: Path):
-    """PyYAML's safe loader without its date resolver (a date is text to vitkit) and refusing
-    duplicate keys (PyYAML keeps the last silently)."""
+    """PyYAML's safe loader without its date resolver (a date is text to vitkit), with numbers only as
+    written plainly (PLAIN_INT, PLAIN_FLOAT), refusing duplicate keys (PyYAML keeps the last silently)."""
 
     class Loader(yaml.SafeLoader):
         pass
 
+    plain = {"tag:yaml.org,2002:int": PLAIN_INT, "tag:yaml.org,2002:float": PLAIN_FLOAT}
     Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        first: [(tag, plain.get(tag, regexp)) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def mapping(loader, node):
