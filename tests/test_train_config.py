@@ -210,3 +210,22 @@ def test_what_the_data_or_the_flags_decide_is_not_overridden_in_silence(tmp_path
     train(cfg, log=lines.append)
     assert any("the warm-up of 200 steps is as long as the run's 3: the learning rate never reaches --lr" in line
                for line in lines), lines
+
+
+@pytest.mark.parametrize("given, words", [
+    (dict(teacher="t"), "--teacher applies with --distill soft or hard"),
+    (dict(alpha=0.9), "--alpha applies to --distill soft"),
+    (dict(distill="hard", teacher="t", tau=5.0, alpha=0.1), "--alpha and --tau apply to --distill soft .*this run: "
+                                                            "--distill hard"),
+    (dict(init_head="keep"), "--init-head applies with --init"),
+    (dict(mixup=0.8, mixup_switch_prob=0.9), "--mixup-switch-prob chooses between Mixup and CutMix"),
+])
+def test_an_option_another_leaves_unread_is_refused_by_name(given, words):
+    """Each was taken, changed nothing and exited 0 (--teacher /nonexistent without --distill too)."""
+    with pytest.raises(ValueError, match=words):
+        resolve_config("fmnist", **given)
+
+
+def test_the_options_they_need_let_them_be_read():
+    assert resolve_config("fmnist", distill="soft", teacher="t", tau=2.0, alpha=0.3).tau == 2.0
+    assert resolve_config("fmnist", mixup=0.8, cutmix=1.0, mixup_switch_prob=0.9).mixup_switch_prob == 0.9

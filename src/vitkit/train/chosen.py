@@ -41,6 +41,8 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         raise ValueError("--betas apply to --optimizer adamw and adam (Adam's moments), not sgd: --momentum is SGD's")
     if "momentum" in chosen and cfg.optimizer in ("adamw", "adam"):
         raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
+    if why := _unread(cfg, chosen):
+        raise ValueError(why)
     if "shuffle_buffer" in chosen:
         from ..data.datasets import canonical, is_hf
 
@@ -48,6 +50,24 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         if not (dataset == "shards" or (is_hf(dataset) and cfg.hf_streaming)):
             raise ValueError(f"--shuffle-buffer applies to streamed data (tar shards, --hf-streaming), not {dataset}, "
                              f"which is shuffled whole")
+
+
+def _unread(cfg: Any, chosen: Mapping[str, Any]) -> str:
+    """A chosen option another one leaves unread (each was taken and changed nothing): '' where none is."""
+    soft_only = [k for k in ("alpha", "tau") if k in chosen]
+    rules = (
+        ("teacher", cfg.distill == "none", "--teacher applies with --distill soft or hard (this run: --distill none)"),
+        ("alpha", cfg.distill != "soft", f"--{' and --'.join(soft_only)} appl{'y' if len(soft_only) > 1 else 'ies'} "
+                                         f"to --distill soft (hard distillation weighs its two terms equally; this "
+                                         f"run: --distill {cfg.distill})"),
+        ("tau", cfg.distill != "soft", ""),  # (said with alpha's words)
+        ("init_head", not cfg.init, "--init-head applies with --init (a new model's head is new)"),
+        ("mixup_switch_prob", not (cfg.mixup and cfg.cutmix), "--mixup-switch-prob chooses between Mixup and CutMix: "
+                                                              "it applies when both --mixup and --cutmix are on"))
+    for name, unread, words in rules:
+        if name in chosen and unread:
+            return words or rules[1][2]
+    return ""
 
 
 def _pair(size: Any) -> Any:
