@@ -229,3 +229,15 @@ def test_an_option_another_leaves_unread_is_refused_by_name(given, words):
 def test_the_options_they_need_let_them_be_read():
     assert resolve_config("fmnist", distill="soft", teacher="t", tau=2.0, alpha=0.3).tau == 2.0
     assert resolve_config("fmnist", mixup=0.8, cutmix=1.0, mixup_switch_prob=0.9).mixup_switch_prob == 0.9
+
+
+def test_a_switchs_help_offers_only_what_it_takes(capsys):
+    """--norm-pix-loss's help said "'none' unsets it", which the switch refused as an unrecognized argument."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["pretrain", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    said = text[text.index("--norm-pix-loss, --no-norm-pix-loss"):][:300]
+    head = said.split("]")[0]  # the flag's help, to its default
+    assert head.endswith("[default: none") and "unsets" not in head
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["pretrain", "--norm-pix-loss", "none"])

@@ -259,7 +259,7 @@ def test_a_folders_val_is_its_validation_a_linked_test_is_refused_and_a_class_le
         open_data(config(tmp_path, tmp_path / "lone", val_size=0), torch.device("cpu"), channels=1)
 
 
-def test_test_size_scores_a_fixed_sample_of_every_class_not_the_first_folders(tmp_path):
+def test_test_size_scores_a_fixed_sample_of_every_class_not_the_first_folders(tmp_path, capsys):
     """--test-size took the first N test images: a folder lists them class by class, so 12 of 36 were all of
     class a's and the score said nothing of b and c. It is a fixed random sample (Hugging Face's examples
     shuffle before max_eval_samples), the same in every run."""
@@ -270,7 +270,15 @@ def test_test_size_scores_a_fixed_sample_of_every_class_not_the_first_folders(tm
         picked.append(data.test.indices)
     assert picked[0] == picked[1] and len(picked[0]) == 12 and picked[0] == sorted(picked[0])
     classes = {data.test.folder.targets[i] for i in picked[0]}
-    assert classes == {0, 1, 2}
+    assert classes == {0, 1, 2} and data.test_split == 36
+    whole = open_data(config(tmp_path, tmp_path / "d", test_size=100), torch.device("cpu"), channels=1)
+    assert len(whole.test) == 36 and whole.test_split is None  # past the split: all of it, and no note says less
+    from vitkit.cli.train import _quick_run_notes
+
+    _quick_run_notes({"test_images": 36})
+    _quick_run_notes({"test_images": 12, "test_split_images": 36})
+    assert capsys.readouterr().out.splitlines() == [
+        "note     test scores are of 12 of the split's 36 test images (--test-size: a fixed random sample)"]
 
 
 def test_an_explicit_val_size_cut_to_a_tenth_is_said(tmp_path):

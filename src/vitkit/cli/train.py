@@ -56,12 +56,11 @@ def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def _quick_run_notes(summary: Dict[str, Any], width: int = 9, cfg: Any = None) -> None:
+def _quick_run_notes(summary: Dict[str, Any], width: int = 9) -> None:
     """The notes that keep a quick run's numbers from passing for the split's."""
-    if cfg is not None and cfg.test_size is not None:
-        scored = summary.get("test_images", cfg.test_size)
-        print(f"{'note':<{width}}test scores are of {scored:,} test images (--test-size: a fixed random sample), not "
-              f"the whole split")
+    if summary.get("test_split_images"):  # (a --test-size past the split's size scored all of it: no note)
+        print(f"{'note':<{width}}test scores are of {summary['test_images']:,} of the split's "
+              f"{summary['test_split_images']:,} test images (--test-size: a fixed random sample)")
     if summary.get("tiny"):
         print(f"{'note':<{width}}{summary['tiny']}")
 
@@ -95,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
     print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
           f"maps)")
-    _quick_run_notes(summary, cfg=cfg)
+    _quick_run_notes(summary)
     return 0
 
 
@@ -125,7 +124,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{_img_s(summary)}")
     print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
-    _quick_run_notes(summary, 10, cfg)
+    _quick_run_notes(summary, 10)
     return 0
 
 
@@ -176,7 +175,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
         help = comments.get(name, "").replace("%", "%%") + f" [default: {shown}"
-        help += "; 'none' unsets it]" if "Optional" in kind else "]"
+        help += "; 'none' unsets it]" if "Optional" in kind and "bool" not in kind else "]"  # (--no-X: a switch's)
         if name == "model_args":
             p.add_argument(flag, metavar="JSON", help=help)
         elif name == "betas":

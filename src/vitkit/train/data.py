@@ -33,6 +33,11 @@ VAL_SPLIT_SEED = 2021
 SUBSET_SEED = 2022
 
 
+def _cut_from(n: int, test_size: Optional[int]) -> Optional[int]:
+    """The test split's size where --test-size scores fewer of its images (None: every one is scored)."""
+    return n if test_size is not None and test_size < n else None
+
+
 def _carve(n: int, val_size: int):
     """(validation indices, training indices); val_size 0: no validation, all of them trained on."""
     if val_size == 0:
@@ -90,6 +95,8 @@ class RunData:
     #: the validation rows score the test split (--val-size 0, or a stream without val/): said as such, not as a
     #: validation score beside the test one
     val_is_test: bool = False
+    #: the test split's images where --test-size scores fewer of them (None: all are scored)
+    test_split: Optional[int] = None
 
     def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
         args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
@@ -151,7 +158,8 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
-                   n_train=len(tr_idx), val_is_test=not cfg.val_size)
+                   n_train=len(tr_idx), val_is_test=not cfg.val_size,
+                   test_split=_cut_from(len(test_set.labels), cfg.test_size))
 
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
@@ -177,7 +185,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=val if cfg.val_size else test_batches, test=test_batches,
                    n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped],
-                   val_is_test=not cfg.val_size)
+                   val_is_test=not cfg.val_size, test_split=_cut_from(len(test), cfg.test_size))
 
 
 def _split_training(cfg: TrainConfig, train: Any, where: str, carve: bool = True):
@@ -288,7 +296,8 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches, n_train=len(tr_idx),
-                   skipped=train.skipped + test.skipped, val_is_test=not cfg.val_size)
+                   skipped=train.skipped + test.skipped, val_is_test=not cfg.val_size,
+                   test_split=_cut_from(len(test), cfg.test_size))
 
 
 def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:

@@ -478,6 +478,7 @@ def summarise(run: Run) -> Dict[str, Any]:
                "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
                **({"val_is_test": True} if data.val_is_test else {}),  # its val_ scores are the test split's
+               **({"test_split_images": data.test_split} if data.test_split else {}),  # --test-size scored fewer
                "train_images": data.n_train,
                **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else  # a stream: as read
                   {"test_images": run.scored["test"]} if "test" in run.scored else {}),
