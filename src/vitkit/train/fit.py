@@ -47,7 +47,8 @@ def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]
     changes, notes = {}, []
     batch = cfg.batch_size
     if "batch_size" not in chosen and cfg.micro_batch is None and n_train < batch * STEPS_PER_EPOCH:
-        fitted = max(MIN_BATCH, 2 ** int(math.log2(max(1, n_train // STEPS_PER_EPOCH))))
+        # (fewer images than MIN_BATCH: all of them; 8 of 5 was refused as a batch larger than the data)
+        fitted = min(n_train, max(MIN_BATCH, 2 ** int(math.log2(max(1, n_train // STEPS_PER_EPOCH)))))
         if fitted < batch:
             changes["batch_size"] = fitted
             notes.append(f"batch {fitted} (not the recipe's {batch}): {n_train:,} training images make "
