@@ -216,6 +216,37 @@ def test_predict_on_the_onnx_file_alone_matches_predict_on_the_weights(tmp_path,
     assert {t["label"] for t in onnx_preds[0]["top"]} == {"cat", "dog", "fox"}
 
 
+class _Probabilities(torch.nn.Module):
+    """A classifier exported with its softmax, as many foreign "prob" outputs are (then reshaped: looked through)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).softmax(-1).reshape(x.shape[0], -1)
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
+    """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out."""
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(20)
+        for name, net in (("logits", model), ("prob", _Probabilities(model))):
+            torch.onnx.export(net, (torch.zeros(2, 3, 32, 32),), str(tmp_path / f"{name}.onnx"), dynamo=False,
+                              dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+        x = torch.randn(3, 3, 32, 32)
+        want = model(x).softmax(-1)
+    stand_ins = dict(img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    logits, prob = OnnxModel(tmp_path / "logits.onnx", **stand_ins), OnnxModel(tmp_path / "prob.onnx", **stand_ins)
+    assert (logits.probabilities, prob.probabilities) == (False, True)
+    assert max_diff(prob(x).softmax(-1), want) <= 1e-5 and max_diff(logits(x).softmax(-1), want) <= 1e-5
+    assert want.max() > 0.99  # (a second softmax would have evened it out)
+
+
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
 def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_path, capsys):
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))

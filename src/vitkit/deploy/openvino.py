@@ -44,7 +44,7 @@ from . import openvino_int8
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .openvino_int8 import no_telemetry, quiet, silenced
 from .quantize import CalibrationSource
-from .runtime import OnnxMetadataError, OnnxModel, thread_count
+from .runtime import OnnxMetadataError, OnnxModel, _last_op, thread_count
 
 #: The IR's runtime-info section that holds vitkit's metadata entries.
 RT_SECTION = "vitkit"
@@ -200,6 +200,9 @@ class OpenVinoModel(OnnxModel):
         except Exception as e:
             raise OnnxMetadataError(f"{self.path} is not a readable OpenVINO IR ({first_line(e)})") from None
         self.metadata = _rt_metadata(graph)
+        if graph.outputs:
+            self.probabilities = _last_op(_made, graph.outputs[0].get_node().input_value(0).get_node()) in (
+                "Softmax", "SoftMax")
         inputs, outputs = [_port(p) for p in graph.inputs], [_port(p) for p in graph.outputs]
         self._check_graph(inputs, outputs)
         self.quantization = self.metadata.get("vitkit.quantization", "unknown")
@@ -287,6 +290,13 @@ def _mismatched_weights(path: Path) -> Optional[str]:
     return (f"{path}: its weights file {path.with_suffix('.bin').name} holds {held:,} bytes where the .xml reads "
             f"{max(ends):,}: the two are not one export (a .bin of another model, or cut); convert again, or put "
             f"the .xml's own .bin beside it")
+
+
+def _made(node: Any):
+    """An OpenVINO operation's type and its first input's operation (for runtime._last_op)."""
+    values = node.input_values()
+    return node.get_type_name(), [values[0].get_node()] if values and values[0].get_node().get_type_name() != \
+        "Parameter" else []
 
 
 def _rt_metadata(graph: Any) -> Dict[str, str]:

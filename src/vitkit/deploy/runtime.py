@@ -79,6 +79,9 @@ class OnnxModel(nn.Module):
     #: the runtime and the ``vitkit convert --to`` value of this kind of file, for messages
     runtime = "ONNX Runtime"
     export_flag = "onnx"
+    #: the graph ends in Softmax (a foreign export's "prob" output): its outputs are read as probabilities, not
+    #: softmaxed a second time (40% where the model said 100%)
+    probabilities = False
 
     def __init__(self, path: PathLike, threads: Optional[int] = None, img_size: Optional[Sequence[int]] = None,
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
@@ -94,6 +97,13 @@ class OnnxModel(nn.Module):
         self.metadata = {p.key: p.value for p in proto.metadata_props}
         #: one image per run: the graph scales its activations by its whole input (see the class notes)
         self.per_image = any(node.op_type == "DynamicQuantizeLinear" for node in proto.graph.node)
+        producers = {out: node for node in proto.graph.node for out in node.output}
+
+        def made(name: str):
+            node = producers.get(name)
+            return None if node is None else (node.op_type, list(node.input[:1]))
+
+        self.probabilities = bool(proto.graph.output) and _last_op(made, proto.graph.output[0].name) == "Softmax"
         del proto
         threads = thread_count(threads)
         self.session = self._session(ort, threads)
@@ -215,6 +225,8 @@ class OnnxModel(nn.Module):
             raise OnnxMetadataError(f"{self.runtime} could not run {self.path} on a batch of shape "
                                     f"{tuple(array.shape)}: {first_line(e)}") from None
         classes = self.config.num_classes
+        if self.probabilities:  # a graph that ends in Softmax: its log is what a softmax reads back as itself
+            out = np.log(np.clip(out, np.finfo(np.float32).tiny, None))
         if out.ndim != 2 or out.shape[0] != array.shape[0] or (classes and out.shape[1] != classes):
             raise OnnxMetadataError(f"{self.path} gave an output of shape {tuple(out.shape)} for {array.shape[0]} "
                                     f"images where (batch, {classes or 'features'}) was expected: its metadata "
@@ -235,6 +247,24 @@ class OnnxModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}"
+
+
+#: operations that pass a classifier's output on unchanged in value (looked through for the last one)
+PASS_THROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "Flatten", "Convert")
+
+
+def _last_op(producer: Any, name: str) -> Optional[str]:
+    """The operation that computes the output ``name``, looked through :data:`PASS_THROUGH` ones
+    (``producer(name)``: its operation and input names, or None for a graph input)."""
+    for _ in range(16):
+        made = producer(name)
+        if made is None:
+            return None
+        op, inputs = made
+        if op not in PASS_THROUGH or not inputs:
+            return op
+        name = inputs[0]
+    return None
 
 
 def check_onnx_file(path: Path) -> None:
