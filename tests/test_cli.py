@@ -155,7 +155,7 @@ def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
     assert code == 2 and "image not found" in err
 
 
-def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, photo, tmp_path):
+def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, photo, tmp_path, caplog):
     """`vitkit predict photos/` was refused ("a folder, not an image file"); timm's inference script
     reads a folder. Now its images, subfolders included, sorted, hidden files and non-images left out;
     a folder without images is one line, before the weights are read."""
@@ -166,11 +166,15 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
         (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(photo, tmp_path / "photos" / name)
     (tmp_path / "photos" / "notes.txt").write_text("not an image")
+    shutil.copy(photo, tmp_path / "photos" / "f.jfif")  # (JPEG's other name, and .pnm/.pbm: read, not dropped)
     code, out, _ = run(capsys, "predict", "--weights", str(path), str(tmp_path / "photos"), str(photo), "--json")
     assert code == 0
     got = json.loads(out)
-    assert [g["image"] for g in got] == [str(tmp_path / "photos" / n) for n in ("a.png", "b.png", "sub/c.png")] + [
-        str(photo)]
+    assert [g["image"] for g in got] == [str(tmp_path / "photos" / n) for n in ("a.png", "b.png", "f.jfif",
+                                                                                  "sub/c.png")] + [str(photo)]
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]  # not in silence, and once
+    assert len(said) == 1 and "left out 1 file(s) of " in said[0] and "(.txt x1)" in said[0], said
+    (tmp_path / "photos" / "f.jfif").unlink()
     assert len({json.dumps(g["top"]) for g in got}) == 1  # the same picture gives the same answer
     # a broken file among them: said where it stands, every other image still answered, exit 2
     (tmp_path / "photos" / "b2.png").write_bytes(b"half a png")
@@ -198,8 +202,8 @@ def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, 
     (tmp_path / "photos" / "fifo.png").unlink()
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "predict", "--weights", str(tmp_path / "missing"), str(tmp_path / "empty"))
-    assert code == 2 and f"no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, .ppm, .pgm) in the " \
-                         f"folder {tmp_path / 'empty'}" in err, err
+    assert code == 2 and ("no image files (.jpg, .jpeg, .jfif, .png, .bmp, .gif, .webp, .tif, .tiff, .ppm, .pgm, .pbm, "
+                          f".pnm) in the folder {tmp_path / 'empty'}") in err, err
 
 
 def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tiny_weights, photo, tmp_path):

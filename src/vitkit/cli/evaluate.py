@@ -27,7 +27,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:  # before the weights are read
         raise ValueError(f"--top-k must be a positive integer, not {args.top_k}")
-    image_files(args.images)  # a folder's images listed (or refused) before the weights are read
+    image_files(args.images, say=False)  # a folder's images listed (or refused) before the weights are read
     model = runtime_model(args)
     # the paths as given: a folder's dangling link or FIFO is said in its place (listed, it was a path given)
     preds = predict_images(model, args.images, top_k=args.top_k, progress=not args.no_progress)

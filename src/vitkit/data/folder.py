@@ -47,7 +47,8 @@ from .transforms import ImageShapeError
 logger = logging.getLogger("vitkit.data")
 
 #: torchvision's ImageFolder's (with its .ppm and .pgm) and GIF
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm",
+                  ".pnm")
 VERIFY_LEVELS = ("none", "header", "full")
 
 
@@ -115,11 +116,13 @@ def _suffixes(extensions: Sequence[str]) -> Tuple[str, ...]:
     return tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
 
 
-def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS) -> List[str]:
+def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = IMG_EXTENSIONS,
+                say: bool = True) -> List[str]:
     """``paths`` with each folder replaced by the image files under it (sorted, subfolders included,
     hidden ones not), as timm's inference script reads a folder; files are kept as given (a file
     that is not an image is said when it is read). A folder without images, a path that is not
-    there or is no regular file: refused by name, before any image is read."""
+    there or is no regular file: refused by name, before any image is read. A folder's files without an image
+    extension are said (``say``), by extension."""
     out: List[str] = []
     suffixes = _suffixes(extensions)
     for path in map(str, paths):
@@ -130,12 +133,28 @@ def image_files(paths: Sequence[Union[str, Path]], extensions: Sequence[str] = I
                 raise ValueError(f"{path} is not a regular file (a FIFO, a socket or a device): pass an image file")
             out.append(path)
             continue
-        found = [os.path.join(folder, f) for folder, files in _walk_once(path) for f in files
-                 if f.lower().endswith(suffixes)]
+        found, others = [], {}  # (the files left out, by extension: said, as a class folder's are)
+        for folder, files in _walk_once(path):
+            for f in files:
+                if f.lower().endswith(suffixes):
+                    found.append(os.path.join(folder, f))
+                else:
+                    kind = os.path.splitext(f)[1].lower() or "no extension"
+                    others[kind] = others.get(kind, 0) + 1
         if not found:
             raise ValueError(f"no image files ({', '.join(extensions)}) in the folder {path}")
+        if say:
+            _say_left_out(others, path, suffixes)
         out += found
     return out
+
+
+def _say_left_out(others: Dict[str, int], root: Any, extensions: Sequence[str]) -> None:
+    if others:
+        kinds = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))
+        logger.warning("left out %d file(s) of %s without an image extension (%s%s); read: %s",
+                       sum(others.values()), root, ", ".join(f"{k} x{n}" for k, n in kinds[:5]),
+                       " ..." if len(kinds) > 5 else "", ", ".join(extensions))
 
 
 def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIONS, progress: bool = False
@@ -184,11 +203,7 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
                     others[kind] = others.get(kind, 0) + 1
         if not found:
             logger.warning("class folder %s has no images (%s)", root / name, ", ".join(extensions))
-    if others:
-        kinds = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))
-        logger.warning("left out %d file(s) of %s without an image extension (%s%s); read: %s",
-                       sum(others.values()), root, ", ".join(f"{k} x{n}" for k, n in kinds[:5]),
-                       " ..." if len(kinds) > 5 else "", ", ".join(extensions))
+    _say_left_out(others, root, extensions)
     if not samples:
         raise ValueError(f"no image files ({', '.join(extensions)}) in the {len(classes)} class "
                          f"subfolders of {root}")
