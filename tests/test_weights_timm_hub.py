@@ -82,6 +82,29 @@ def test_a_hub_config_that_leaves_preprocessing_out_is_preprocessed_as_timm_load
     assert torch.equal(ours, transform(image))
 
 
+def test_a_dynamic_size_model_runs_at_the_size_timms_data_config_feeds_it(tmp_path):
+    """A model saved with dynamic_img_size and a pretrained_cfg input_size other than its img_size: timm's
+    data config feeds it 96 px (its table resampled each forward); vitkit ran it at model_args' 64 px, and 3 of
+    6 images took another class. Its table is resampled once while loading, to timm's logits at 96."""
+    import numpy as np
+    from PIL import Image
+
+    model = randomize(timm.create_model("vit_tiny_patch16_224", img_size=64, depth=2, num_classes=5,
+                                        dynamic_img_size=True)).eval()
+    model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, 96, 96), "crop_pct": 1.0}
+    save_for_hf(model, tmp_path, model_args={"img_size": 64, "depth": 2, "dynamic_img_size": True},
+                safe_serialization=True)
+    theirs = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    ours = vitkit.from_pretrained(tmp_path).eval()
+    assert tuple(ours.config.img_size) == (96, 96)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 100, 3), dtype=np.uint8))
+    x = vitkit.preprocess(ours, image)
+    assert torch.equal(x[0], transform(image))
+    with torch.no_grad():
+        assert max_diff(theirs(x), ours(x)) <= 1e-5
+
+
 def test_a_hub_folders_weight_file_named_alone_is_read_with_the_config_beside_it(tmp_path, images):
     """``--init FOLDER/model.safetensors`` read the tensors alone: heads guessed from the width (1 where the
     config says 2) and mean 0.5 where it says ImageNet's, 4e-4 off timm, said only as guesses."""

@@ -27,7 +27,7 @@ def stored_table(src: Any) -> Dict[str, Any]:
         if src.format == "vitkit" and isinstance(cj.get("config"), dict):
             config = config_from_dict(cj["config"])
         elif src.format == "timm" and "architecture" in cj:
-            config = timm_format.config_from_hub(cj, src.tensors)
+            config = timm_format.config_from_hub(cj, src.tensors, stored=True)
         else:
             return {}
         with torch.device("meta"):

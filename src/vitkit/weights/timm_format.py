@@ -288,11 +288,14 @@ def projection_head(arch: str, pretrained_cfg: Mapping[str, Any]) -> bool:
     return bool(tag) and any(n in base for n in _TOWER_NAMES) and "ft" not in tag.split("_")
 
 
-def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: Any):
+def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool = False, **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
     The base configuration is the registered model of that name, else the one read off the
-    shapes; timm's arguments are translated by the family (``Family.timm_args``).
+    shapes; timm's arguments are translated by the family (``Family.timm_args``). A model built with
+    ``dynamic_img_size`` runs at ``pretrained_cfg``'s input size, as timm's data config feeds it (its table,
+    resampled to that grid each forward, is resampled once while loading); ``stored``: the size its table was
+    saved at (``model_args``' img_size), which the loader reads.
     """
     for key in ("pretrained_cfg", "model_args"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
@@ -318,7 +321,10 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], **overrides: 
         if key in pre:
             kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
     if "input_size" in pre:
-        kw.setdefault("img_size", tuple(pre["input_size"][1:]))
+        served = tuple(pre["input_size"][1:])
+        if args.get("dynamic_img_size") and not stored:  # (it ran at model_args' size: other answers than timm's)
+            kw["img_size"] = served
+        kw.setdefault("img_size", served)
     if kw.get("num_classes") and projection_head(arch, pre):
         kw["head_kind"] = "projection"
     names = cfg.get("label_names")
