@@ -31,6 +31,9 @@ CASES = {
     "siglip": (T.SiglipVisionModel, T.SiglipVisionConfig, T.SiglipImageProcessor, {}, "squash"),
     "clip": (T.CLIPVisionModel, T.CLIPVisionConfig, T.CLIPImageProcessor, {}, "center"),
     "dinov2": (T.Dinov2Model, T.Dinov2Config, T.BitImageProcessor, DINO, "center"),
+    # its crop_pct was left unread: a resize to 224 with no crop where transformers resizes to 256, then crops
+    "convnext": (T.ViTModel, T.ViTConfig, T.ConvNextImageProcessor, dict(size={"shortest_edge": 224}, crop_pct=0.875),
+                 "center"),
 }
 
 
@@ -253,3 +256,21 @@ def test_an_older_or_partial_processor_config_is_read_as_transformers_reads_it(c
     for photo in _photos(ours.config.crop_mode):
         assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
                               atol=1e-5), case
+
+
+@pytest.mark.parametrize("side, dropped", [(384, ()), (160, ("crop_pct",))])
+def test_convnexts_processor_warps_from_384_and_crops_by_its_default_below(side, dropped, tmp_path):
+    """ConvNextImageProcessor resizes a shorter side under 384 to side / crop_pct and cuts the centre square
+    (crop_pct 224/256 where the file leaves it out), and warps the whole image to the square from 384 up."""
+    T.ViTModel(T.ViTConfig(**{**SMALL, "image_size": side})).save_pretrained(tmp_path)
+    T.ConvNextImageProcessor(size={"shortest_edge": side}).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    for key in dropped:
+        del config[key]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.crop_mode == ("squash" if side >= 384 else "center")
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    for photo in _photos(ours.config.crop_mode):
+        assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
+                              atol=1e-5)

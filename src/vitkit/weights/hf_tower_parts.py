@@ -51,7 +51,11 @@ PROCESSOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "CLIPImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
     "BitImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
     "DINOv3ViTImageProcessor": _defaults({"height": 224, "width": 224}, 2, _IMAGENET),
+    "ConvNextImageProcessor": {**_defaults({"shortest_edge": 384}, 3, _HALF), "crop_pct": 224 / 256},
 }
+#: ConvNeXt's processor: a shorter side under this is resized to side / crop_pct and centre-cropped to a square
+#: of the side, from it up the image is warped to that square (transformers' ConvNextImageProcessor.resize)
+CONVNEXT_WARP = 384
 #: the processor class of a config that names none, by the model's ``model_type`` (transformers' image
 #: processor mapping; the vision towers alone, which it has no entry for, as their two-tower model's)
 MODEL_TYPE_PROCESSORS = {
@@ -133,6 +137,8 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
     size, crop = _size_and_crop(pre, kind)
+    if kind == "ConvNextImageProcessor":  # its crop_pct was left unread (a 36 px resize read as 32)
+        return {**out, **_convnext_crop(pre, size)}
     side = size.get("shortest_edge") or size.get("height")
     if size.get("height") and size.get("width") and not size.get("shortest_edge"):
         out["crop_mode"] = "squash"
@@ -146,6 +152,18 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     return out
 
 
+def _convnext_crop(pre: Mapping[str, Any], size: Mapping[str, float]) -> Dict[str, Any]:
+    side, pct = size.get("shortest_edge"), pre.get("crop_pct")
+    if not side:
+        return {}
+    if side >= CONVNEXT_WARP:
+        return {"crop_mode": "squash", "crop_pct": 1.0}
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 1:
+        raise ProcessorConfigError(f"crop_pct must be a number in (0, 1] (the share of the resized side kept), "
+                                   f"got {pct!r}")
+    return {"crop_mode": "center", "crop_pct": float(pct)}
+
+
 def processor_size(pre: Mapping[str, Any], model_type: Optional[str] = None) -> Optional[Tuple[int, int]]:
     """The height and width of the pixels a processor makes: its centre crop, or the size it squashes images to;
     None where they keep the image's aspect (a shorter side without a crop) or the file says no size."""
@@ -154,7 +172,10 @@ def processor_size(pre: Mapping[str, Any], model_type: Optional[str] = None) -> 
         size, crop = _size_and_crop(pre, kind)
     except ProcessorConfigError:  # said by :func:`preprocessing`, which reads the same fields
         return None
-    box = crop if pre.get("do_center_crop") else {} if size.get("shortest_edge") else size
+    if kind == "ConvNextImageProcessor" and size.get("shortest_edge"):  # a square of the side either way
+        box = {"height": size["shortest_edge"], "width": size["shortest_edge"]}
+    else:
+        box = crop if pre.get("do_center_crop") else {} if size.get("shortest_edge") else size
     return (int(box["height"]), int(box["width"])) if box.get("height") and box.get("width") else None
 
 
