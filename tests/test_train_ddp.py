@@ -122,8 +122,8 @@ def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path):
                             "position-embeddings", "--smoke", "--work", str(tmp_path / "s")],
                            capture_output=True, text=True, timeout=300)
     assert [line for line in study.stderr.splitlines() if line.startswith("vitkit study:")] == [
-        "vitkit study: error: vitkit study runs its arms one after another in one process, not under torchrun (each "
-        "rank would run the whole study and write its files): run it without torchrun"]
+        "vitkit study: error: vitkit study runs in one process, not under torchrun (each rank would run all of it "
+        "and write its files): run it without torchrun (vitkit train and pretrain use its processes)"]
     script = tmp_path / "twice.py"
     script.write_text(f"""
 from vitkit.train import resolve_config, train

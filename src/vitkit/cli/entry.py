@@ -60,6 +60,18 @@ def _said_by_first_process(e: BaseException) -> bool:
     return isinstance(e, (ValueError, OSError, KeyboardInterrupt)) or is_user_error(e)
 
 
+#: the verbs that train on torchrun's processes (each rank its part of the batch)
+DISTRIBUTED_VERBS = ("train", "pretrain")
+
+
+def _check_one_process(verb: str) -> None:
+    """Another verb under torchrun ran whole on every rank: it printed and wrote everything once per rank (a
+    study's arms on both, eval's score twice)."""
+    if verb not in DISTRIBUTED_VERBS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        raise ValueError(f"vitkit {verb} runs in one process, not under torchrun (each rank would run all of it and "
+                         f"write its files): run it without torchrun (vitkit train and pretrain use its processes)")
+
+
 def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
     """The error's one line on stderr; with ``--json`` also ``{"error": ..., "exit": 2}`` on stdout, so that a
     script reading stdout has an answer to parse (unless the verb's own document already holds it)."""
@@ -135,6 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_warn = _one_line_warnings(args.verb)
     previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
+        _check_one_process(args.verb)
         code = int(args.func(args) or 0)
         # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed
         # here, a reader that went away is caught below, not reported by Python at exit (status 120)

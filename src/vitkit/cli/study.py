@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from ..files import check_output
 
@@ -18,9 +17,6 @@ def cmd_study(args: argparse.Namespace) -> int:
             study = get_study(name)
             print(f"{name:<22} {study.title}")
         return 0
-    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):  # every rank would run, print and write the study
-        raise ValueError("vitkit study runs its arms one after another in one process, not under torchrun (each "
-                         "rank would run the whole study and write its files): run it without torchrun")
     study = get_study(args.name)
     options = options_from(args)
     if options.dataset:  # before any folder is made (an unknown one was met by the first run, its config written)
