@@ -428,6 +428,7 @@ def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, ca
 
     assumed, err = top()
     assert "its input normalisation is not stored and was read as mean [0.5, 0.5, 0.5]" in err
+    assert "and its resize as bicubic to the centre 0.9 (center)" in err  # (assumed too: it said only mean, std)
     imagenet, err = top("--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225")
     assert "normalisation" not in err and imagenet != assumed
     assert top("--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5")[0] == assumed

@@ -316,8 +316,10 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
     said = []
     if "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
         said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
-                    f"{_numbers(config.std)}; a model trained with another (DeiT's, DINOv2's and BEiT v2's are "
-                    f"ImageNet's, CLIP's its own) needs mean= and std= (vitkit predict --mean --std)")
+                    f"{_numbers(config.std)}, and its resize as {config.interpolation} to the centre "
+                    f"{config.crop_pct:g} ({config.crop_mode}); a model trained with another (DeiT's, DINOv2's and "
+                    f"BEiT v2's are ImageNet's, CLIP's its own) needs mean= and std= (vitkit predict --mean --std; "
+                    f"crop_pct= and interpolation= in Python)")
     if getattr(config, "architecture", None) == "coca" and not overrides:
         said.append("what no tensor holds was assumed as open_clip builds CoCa: LayerNorm eps 1e-5, exact GELU, the "
                     "pooler's 8 heads, the tower's heads 64 wide, a head of the pooler's width the projection; load "
