@@ -192,3 +192,24 @@ def test_the_evaluation_helpers_refuse_what_they_would_misread():
     as_float32 = fewshot_from_features(tx, ty, vx, vy, shots=[1], seeds=1, progress=False)  # a model's features
     assert as_float32[1].mean == fewshot_from_features(tx.double(), ty, vx.double(), vy, shots=[1], seeds=1,
                                                        progress=False)[1].mean
+
+
+def test_a_folder_is_scored_in_the_models_class_order(tmp_path):
+    """A folder lists its class folders alphabetically, which says nothing of a head's order: a model of the classes
+    c, b, a was refused on a folder of a/, b/, c/ ("the same 3 classes in another order"). Each folder image is
+    scored under the model's number for its class's name."""
+    from PIL import Image
+
+    from vitkit.evaluate.dataset import score_dataset
+    from vitkit.models import get_model_config
+
+    class Reversed(Oracle):
+        config = get_model_config("vit_fmnist").replace(img_size=(4, 4), patch_size=(4, 4), num_classes=3, mean=(0.0,),
+                                                       std=(1.0,), label_names=["c", "b", "a"], crop_pct=1.0)
+
+    for brightness, name in ((10, "c"), (20, "b"), (30, "a")):  # the Oracle's class 0 is the darkest: "c" here
+        (tmp_path / "test" / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (4, 4), brightness).save(tmp_path / "test" / name / f"{i}.png")
+    score = score_dataset(Reversed(), "folder", data_dir=str(tmp_path), progress=False)
+    assert score.report.top1 == 1.0 and list(score.report.per_class) == ["c", "b", "a"]

@@ -127,6 +127,7 @@ def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, 
         return _score_files(model, dataset, data, data.split_name, max_images, batch_size, tta, progress)
     if dataset == "folder":
         data = _folder_splits(model, data_dir, (split,), progress)[split]
+        _in_models_order(data, model.config.label_names)
         return _score_files(model, dataset, data, data.root.name, max_images, batch_size, tta, progress)
     from ..data.tensors import load_split_tensors
 
@@ -181,6 +182,18 @@ def _hf_splits(model, dataset: str, roles: Dict[str, Optional[str]], image_key: 
         [], [str(i) for i in range(n)]) else None
     return hf.open_splits(dataset, roles, image_key, label_key, channels_of(model),
                           from_model_config(model.config, train=False), numbered)
+
+
+def _in_models_order(folder, names: Optional[Sequence[str]]) -> None:
+    """A folder's classes numbered as the model numbers them, where they are the same names: a folder lists its
+    class folders alphabetically, which says nothing of a head's order (a model trained as dog, cat was refused
+    on a folder of cat/ and dog/)."""
+    names = [str(n) for n in names or ()]
+    if not names or names == folder.classes or sorted(names) != sorted(folder.classes) or len(set(names)) < len(names):
+        return
+    index = {name: i for i, name in enumerate(names)}
+    folder.samples = [(source, index[folder.classes[label]]) for source, label in folder.samples]
+    folder.classes, folder.class_to_idx = names, index
 
 
 def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progress: bool) -> Dict[str, Any]:
