@@ -1,6 +1,7 @@
 """Reading a training config file (YAML or JSON) within bounds: its size, the number and nesting
-of its values (a YAML alias "bomb" stands for far more than it holds), duplicate keys, and YAML's
-dates and tags, each refused in one line naming the file (and the line and column)."""
+of its values (a YAML alias "bomb" stands for far more than it holds), duplicate keys, and tags other than
+YAML's own, each refused in one line naming the file (and the line and column); dates and YAML 1.1's other
+number forms stay text."""
 
 from __future__ import annotations
 
