@@ -343,20 +343,23 @@ def test_a_huge_or_special_config_file_is_refused_unread(tmp_path):
 
 
 def test_unambiguous_numbers_are_coerced_and_said_dates_stay_text(tmp_path):
-    path = config_file(tmp_path, "c.YML", "lr: 1e-3\nmax_steps: 1e4\nname: 2024-01-01\nmin_lr: 0\n")
+    path = config_file(tmp_path, "c.YML", 'lr: "1e-3"\nmax_steps: 1e4\nname: 2024-01-01\nmin_lr: 0\n')
     with pytest.warns(ConfigNote) as notes:
         cfg = resolve_config("fmnist", str(path))
     assert cfg.lr == 0.001 and cfg.max_steps == 10000 and isinstance(cfg.max_steps, int)
     assert cfg.name == "2024-01-01" and cfg.min_lr == 0
     said = sorted(str(n.message) for n in notes)
-    assert said == [f'{path}: lr "1e-3" read as 0.001', f'{path}: max_steps "1e4" read as 10000']
+    assert said == [f'{path}: lr "1e-3" read as 0.001', f'{path}: max_steps 10000.0 read as 10000']
     path = config_file(tmp_path, "c.json", '{"max_steps": 1e4, "epochs": 2}')  # JSON's 1e4 is a float
     with pytest.warns(ConfigNote, match="max_steps 10000.0 read as 10000"):
         assert resolve_config("fmnist", str(path)).max_steps == 10000
-    done = cli("train", "--config", config_file(tmp_path, "n.yaml", "lr: 1e-3\nmax_steps: 0\n"),
+    done = cli("train", "--config", config_file(tmp_path, "n.yaml", 'lr: "1e-3"\nmax_steps: 0\n'),
                "--runs-dir", tmp_path / "r")
     assert 'vitkit train: note: ' in done.stderr and 'lr "1e-3" read as 0.001' in done.stderr  # one line per note
     assert "max_steps must be in [1, 1,000,000,000]" in one_line(done)
+    # YAML 1.2's numbers: 1e-3 unquoted is one (YAML 1.1's text, which model_args refused: "got '1e-1'")
+    assert resolve_config("fmnist", str(config_file(tmp_path, "e.yaml", "lr: 1e-3\nmodel_args: {drop_path_rate: 1e-1}\n"
+                                                    ))).model_args["drop_path_rate"] == 0.1
     # YAML 1.1's other number forms were read in silence: 0042 octal (34), 0b1000 (8), 1:30 sexagesimal (90)
     path = config_file(tmp_path, "o.yaml", "seed: 0042\nmax_steps: 12\n")
     with pytest.warns(ConfigNote, match='seed "0042" read as 42'):

@@ -102,11 +102,12 @@ def _read_yaml(p: Path, text: str) -> Any:
         raise ValueError(f"config file {p} is nested too deeply (at most {MAX_CONFIG_DEPTH} levels)") from None
 
 
-#: YAML 1.1's numbers that are not one written plainly (octal 0042 was 34, 0b1000 8, 0x10 16, 1:30 the
-#: sexagesimal 90, 1_000 1000): left as text, which the fields' check reads or refuses with a note
+#: numbers as YAML 1.2 reads them: YAML 1.1's other forms (octal 0042 was 34, 0b1000 8, 0x10 16, 1:30 the
+#: sexagesimal 90, 1_000 1000) are left as text, which the fields' check reads or refuses with a note, and
+#: 1e-3 is the number (YAML 1.1 wanted a dot: text, which model_args refused)
 PLAIN_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
-PLAIN_FLOAT = re.compile(r"^(?:[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?|[-+]?\.[0-9]+(?:[eE][-+][0-9]+)?"
-                         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+PLAIN_FLOAT = re.compile(r"^(?:[-+]?(?:(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
+                         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")  # (a dot or an exponent: 12 is an int)
 
 
 def _yaml_loader(yaml, p: Path):

@@ -1,6 +1,6 @@
 """What a training option's value may be, as people write it (flags, YAML, JSON): each kind of field
 (int, float, bool, str, pair, mapping) checked and, for a config file, unambiguous numbers coerced
-("1e-3", which YAML reads as text, is the number 0.001), with a ConfigNote saying so; the words and
+(a quoted "1e-3" is the number 0.001, JSON's 1e4 the count 10000), with a ConfigNote saying so; the words and
 ranges the fields take (CHOICES, RANGES); and OFF, the command line's way to switch one off.
 
 Which field has which kind is TrainConfig's (:func:`vitkit.train.config.field_kinds`): this module
