@@ -461,7 +461,8 @@ def test_api_values_of_the_wrong_kind_are_one_clear_error():
             ("vit_tiny_patch16_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("cait_xxs24_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("vit_tiny_patch16_224", dict(representation_size=-3), "representation_size must be a positive integer"),
-            ("vit_tiny_patch16_224", dict(representation_size=32.0), "representation_size must be a positive")):
+            ("vit_tiny_patch16_224", dict(representation_size=32.0), "representation_size must be a positive"),
+            ("vit_tiny_patch16_224", dict(drop_path_rate=False), "drop_path_rate must be in [0, 1), got False")):
         with pytest.raises(ValueError, match=re.escape(words)):
             vitkit.create_model(name, **small, **kw)
     for bad in (None, 3):

@@ -282,8 +282,8 @@ class TokenConfig(ImageConfig):
             problems.append(f"rel_pos_resize must be one of {RELATIVE_RESIZES}, got {self.rel_pos_resize!r}")
         for rate in self.RATES:
             value = getattr(self, rate)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                problems.append(f"{rate} must be in [0, 1), got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                problems.append(f"{rate} must be in [0, 1), got {value!r}")  # (false passed as the rate 0)
         for name in ("img_size", "patch_size"):
             if min(getattr(self, name)) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
