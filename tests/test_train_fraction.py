@@ -1,6 +1,7 @@
 """train_fraction: a fixed, class-balanced, nested labelled subset; val_every spaces validation."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -23,6 +24,14 @@ def test_subset_keeps_the_same_share_of_every_class_and_nests():
     assert torch.equal(class_subset(labels, 1.0), torch.arange(1000))
     tiny = class_subset(labels, 1e-6)  # every class keeps at least one image
     assert torch.bincount(labels[tiny]).tolist() == [1, 1, 1]
+    from vitkit.train.data import _labelled_subset
+
+    with pytest.warns(UserWarning, match=r"--train-fraction 1e-06 of 1,000 training images keeps 3, not 0\.0: every "
+                                         r"class keeps at least one"):  # (it was said nowhere)
+        _labelled_subset(torch.arange(1000), labels, 1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _labelled_subset(torch.arange(1000), labels, 0.01)
 
 
 def test_bad_fraction_and_val_every_are_refused():

@@ -74,6 +74,9 @@ def _labelled_subset(tr_idx: torch.Tensor, labels: torch.Tensor, fraction: float
         return tr_idx
     kept = tr_idx[class_subset(labels[tr_idx], fraction)]
     log.info(f"train_fraction {fraction:g}: {len(kept)} of {len(tr_idx)} training images")
+    if len(kept) > 1.5 * fraction * len(tr_idx) + 1:  # every class keeps one: more than the fraction asked for
+        warnings.warn(f"--train-fraction {fraction:g} of {len(tr_idx):,} training images keeps {len(kept):,}, not "
+                      f"{fraction * len(tr_idx):,.1f}: every class keeps at least one", stacklevel=4)
     return kept
 
 
