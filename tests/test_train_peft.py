@@ -218,6 +218,12 @@ def test_lora_targets_name_the_split_layers_of_the_later_vits():
     eva = vitkit.create_model("eva02_base_patch14_224", depth=1, img_size=28)
     names = finetune.lora_target_names(eva, finetune.DEFAULT_TARGETS)
     assert {n.rsplit(".", 1)[1] for n in names} == {"q_proj", "k_proj", "v_proj", "proj", "fc1_g", "fc1_x", "fc2"}
+    # a relative-position MLP (timm's relpos ViTs: 2 -> 128 -> heads) computes positions, not the block's MLP: it
+    # was adapted too, and the default rank 8 was refused as "past the rank of ...rel_pos.mlp.fc1"
+    relpos = vitkit.create_model("vit_relpos_small_patch16_224", depth=2, img_size=64)
+    assert finetune.lora_target_names(relpos, ("fc1", "fc2")) == [f"blocks.{i}.mlp.{f}" for i in (0, 1)
+                                                                  for f in ("fc1", "fc2")]
+    finetune.prepare(relpos, "lora", lora_rank=8)  # the default rank: refused before
     beit = randomize(vitkit.create_model("beitv2_base_patch16_224", depth=1, img_size=32, num_classes=3)).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

@@ -54,12 +54,19 @@ TARGET_ALIASES = {"qkv": ("q_proj", "k_proj", "v_proj", "in_proj"), "fc1": ("fc1
                   "proj": ("attn_out_proj", "out_proj"), "fc2": ("mlp_out_proj", "out_proj")}
 
 
+#: the modules of a block that compute positions, not the block's attention or MLP: a relative-position
+#: MLP's fc1 and fc2 (timm's relpos ViTs: 2 -> 128 -> heads) were LoRA targets beside the block's own MLP
+POSITION_PARTS = frozenset({"rel_pos", "rope", "pos_embed"})
+
+
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
-    """The full names of the blocks' linear layers whose last name part is in ``targets`` (``qkv`` and
+    """The full names of the blocks' linear layers (not those that compute positions: :data:`POSITION_PARTS`)
+    whose last name part is in ``targets`` (``qkv`` and
     ``fc1`` stand for their parts where a model splits them: :data:`TARGET_ALIASES`); an unknown part is
     an error naming the parts the blocks have."""
     linears = [(f"{prefix}.{name}", name.rsplit(".", 1)[-1]) for prefix, blocks in _block_lists(model)
-               for name, module in blocks.named_modules() if isinstance(module, nn.Linear)]
+               for name, module in blocks.named_modules()
+               if isinstance(module, nn.Linear) and not POSITION_PARTS & set(name.split("."))]
     have = {part for _, part in linears}
     wanted = set(targets)
     for target, parts in TARGET_ALIASES.items():
