@@ -336,3 +336,28 @@ def test_resume_reads_the_folder_the_run_started_on_and_refuses_data_that_change
         train(cfg, resume=str(run))
     before, after = map(int, re.search(r"on (\d+) images, now (\d+)", str(refused.value)).groups())
     assert after == before + 1
+
+
+def test_a_folders_flip_follows_no_hflip_and_crop_pad_is_refused_for_files(tmp_path, monkeypatch):
+    """--no-hflip and --crop-pad 4 on a folder were written to config.json and never applied: its images were
+    flipped at 0.5 and cut by RandomResizedCrop whatever they said. The flip follows the flag (none: timm's 0.5);
+    --crop-pad, which pads in-memory images, is refused for files."""
+    from vitkit.data import pipelines
+    from vitkit.train import data as train_data
+    from vitkit.train.batches import Layout
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    flips = []
+    real = pipelines.from_model_config
+    monkeypatch.setattr(train_data, "from_model_config",
+                        lambda *a, **kw: flips.append(kw.get("hflip")) or real(*a, **kw))
+    import vitkit
+
+    model = vitkit.create_model("vit_fmnist", depth=1, num_classes=2)
+    for given, want in ((None, 0.5), (True, 0.5), (False, 0.0)):
+        cfg = config(tmp_path, tmp_path / "d", val_size=4, **({} if given is None else {"hflip": given}))
+        data = open_data(cfg, torch.device("cpu"), channels=1)
+        next(iter(data.train_batches(model.config, cfg, Layout(8, 1, 1, 0), 0, 1)))
+        assert flips[-1] == want, given
+    with pytest.raises(ValueError, match=r"--crop-pad pads in-memory images .* cut by timm's RandomResizedCrop"):
+        config(tmp_path, tmp_path / "d", crop_pad=4)

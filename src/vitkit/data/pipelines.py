@@ -92,15 +92,16 @@ def eval_transform(img_size: IntOrPair, mean: Sequence[float], std: Sequence[flo
     return EvalTransform(_pair(img_size), mean, std, crop_pct, interpolation, crop_mode, crop_offset)
 
 
-def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None) -> Callable[[Any], Any]:
+def from_model_config(config: Any, train: bool, randaugment: Optional[str] = None,
+                      hflip: float = 0.5) -> Callable[[Any], Any]:
     """The training or evaluation pipeline for a :class:`vitkit.models.vit.ViTConfig`.
 
     Size, mean, std and interpolation come from the config (the weights' preprocessing);
-    ``crop_pct`` is used for evaluation only.
+    ``crop_pct`` is used for evaluation only; ``hflip``: training's flip probability.
     """
     if train:
         return train_transform(config.img_size, config.mean, config.std, interpolation=config.interpolation,
-                               randaugment=randaugment)
+                               randaugment=randaugment, hflip=hflip)
     return eval_transform(config.img_size, config.mean, config.std, crop_pct=config.crop_pct,
                           interpolation=config.interpolation, crop_mode=getattr(config, "crop_mode", "center"),
                           crop_offset=getattr(config, "crop_offset", "round"))

@@ -43,6 +43,12 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
     if why := _unread(cfg, chosen):
         raise ValueError(why)
+    if chosen.get("crop_pad"):
+        from ..data.datasets import canonical, is_in_memory
+
+        if not is_in_memory(canonical(cfg.dataset)):  # taken, written to config.json, and never applied
+            raise ValueError(f"--crop-pad pads in-memory images (Fashion-MNIST, CIFAR); {canonical(cfg.dataset)}'s "
+                             f"image files are cut by timm's RandomResizedCrop instead")
     if "shuffle_buffer" in chosen:
         from ..data.datasets import canonical, is_hf
 

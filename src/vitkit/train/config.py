@@ -161,12 +161,14 @@ class TrainConfig:
     clip_grad: Optional[float] = 1.0
     #: Label smoothing of the cross-entropy targets.
     label_smoothing: float = 0.0
-    #: Random crop: pad by this many pixels of the data (black, pixel 0) and cut a window of
-    #: the data's size. Augmentation is off by default: a 5-minute run underfits (crop + flip
-    #: cost the plain vit_fmnist 2.4 points there); fmnist-long turns it on.
+    #: Random crop of in-memory data: pad by this many pixels of the data (black, pixel 0) and cut a
+    #: window of the data's size (image files are cut by timm's RandomResizedCrop instead). Augmentation
+    #: is off by default: a 5-minute run underfits (crop + flip cost the plain vit_fmnist 2.4 points
+    #: there); fmnist-long turns it on.
     crop_pad: int = 0
-    #: Horizontal flip with probability 0.5 (after the crop).
-    hflip: bool = False
+    #: Horizontal flip with probability 0.5 (after the crop); none: in-memory data unflipped, image
+    #: files flipped as timm's training pipeline does (no-hflip turns that off).
+    hflip: Optional[bool] = None
     #: DeiT's batch regularisers (timm semantics, on the device, drawn from (seed, step)):
     #: the Mixup Beta alpha (0: off; DeiT 0.8). With Mixup or CutMix the loss is soft-target
     #: cross-entropy with label smoothing folded into the targets, and train accuracy is

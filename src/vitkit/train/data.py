@@ -122,7 +122,8 @@ class RunData:
                       ) -> Iterator[MicroBatch]:
         if self.kind == "memory":
             return self.train.train(config, cfg.seed, layout, start, total, cfg.repeated_aug)
-        transform = from_model_config(config, train=True, randaugment=cfg.randaugment)
+        transform = from_model_config(config, train=True, randaugment=cfg.randaugment,
+                                      hflip=0.0 if cfg.hflip is False else 0.5)  # (--no-hflip was unread here)
         if self.kind == "folder":
             return self.train.train(transform, cfg.seed, layout, start, total, cfg.repeated_aug)
         return self.train.train(transform, cfg.seed, layout, start, total, self.steps_per_epoch(layout))
