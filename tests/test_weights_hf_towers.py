@@ -164,6 +164,13 @@ def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
     with pytest.raises(WeightsError, match="nearest, clip_vision_model, cannot hold reg_tokens=2"):
         vitkit.export_weights(model, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
+    # a DINOv2 tower fine-tuned on its class token alone: "cannot export to Hugging Face ViT: HF ViT has no
+    # LayerScale" named neither the nearest class nor what keeps it out
+    dino = vitkit.create_model("vit_small_patch14_dinov2", depth=1, img_size=28, num_classes=3, global_pool="token")
+    with pytest.raises(WeightsError, match=r"no Hugging Face class expresses this model: the nearest, "
+                                           r"Dinov2ForImageClassification, cannot hold global_pool='token' \(it reads "
+                                           r"'token_avg'\)"):
+        vitkit.export_weights(dino, tmp_path / "hf", "hf")
     model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32)
     with torch.no_grad():
         model.head.bias.fill_(1.0)  # a classifier trained on the tower: not CLIP's projection any more

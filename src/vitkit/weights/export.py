@@ -226,6 +226,7 @@ def _pooler_note(config, path: Path) -> None:
 def _later_vit(config) -> bool:
     """Whether a ViT config uses a part of the later ViTs (the paper's ViT layout of HF cannot hold it)."""
     return bool(config.reg_tokens or config.pre_norm or config.global_pool == "map" or config.no_embed_class
+                or config.init_values is not None  # LayerScale: DINOv2's tower, not HF's ViT
                 or config.mlp != "mlp" or config.norm != "layernorm" or config.qk_norm or config.attn_norm
                 or config.mlp_norm or config.embed_norm or config.block != "pre" or not config.final_norm
                 or config.diff_attn)

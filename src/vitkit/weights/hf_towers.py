@@ -207,7 +207,15 @@ def export_problems(config: Any) -> Dict[str, List[str]]:
     nearest): an EVA-style model can only be DINOv3, a ViT one of the others."""
     kinds = ("dinov3_vit", "beit") if getattr(config, "architecture", "vit") == "eva" else (
         "clip_vision_model", "siglip_vision_model", "dinov2")
-    return {kind: TOWERS[kind].problems(config) for kind in kinds}
+    out: Dict[str, List[str]] = {}
+    for kind in kinds:  # a classifier's own class first ("dinov2 cannot hold num_classes=3" hid that one)
+        if getattr(config, "num_classes", 0) and kind in _AS_TOWER:
+            fields, name, _ = _AS_TOWER[kind]
+            out[name] = TOWERS[kind].problems(config.replace(num_classes=0, **fields)) + [
+                f"{k}={getattr(config, k, None)!r} (it reads {v!r})" for k, v in _CLASSIFIERS[kind][0].items()
+                if getattr(config, k, None) != v]
+        out[kind] = TOWERS[kind].problems(config)
+    return out
 
 
 _PROCESSORS = {"clip_vision_model": "CLIPImageProcessor", "siglip_vision_model": "SiglipImageProcessor",
