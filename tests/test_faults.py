@@ -318,8 +318,8 @@ def test_predict_on_a_folder_without_images_and_top_k_zero_say_what_is_wrong(tmp
     vitkit.create_model("vit_fmnist").save_pretrained(tmp_path / "m")
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "a.png")
     done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path / "m"))  # a folder of weights, no image
-    assert done.returncode == 2 and "no image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, .ppm, " \
-                                    f".pgm) in the folder {tmp_path / 'm'}" in done.stderr
+    assert done.returncode == 2 and "no image files (.jpg, .jpeg, .jfif, .png, .bmp, .gif, .webp, .tif, .tiff, " \
+                                    f".ppm, .pgm, .pbm, .pnm) in the folder {tmp_path / 'm'}" in done.stderr
     done = cli("predict", "--weights", str(tmp_path / "m"), str(tmp_path / "a.png"), "--top-k", "0")
     assert done.returncode == 2 and "--top-k must be a positive integer" in done.stderr
 

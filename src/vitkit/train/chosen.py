@@ -5,9 +5,36 @@ not the recipe's.)"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
+import json
+from typing import Any, Dict, Mapping, Optional, Set
 
 from .config_types import _show
+
+
+def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict[str, Any]:
+    """The config file's fields that change what the recipe and the defaults (``below``) set: a run's own
+    config.json lists every field, and its defaults (LoRA's rank without LoRA, SGD's momentum beside AdamW)
+    are no one's choice."""
+    same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
+    return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
+
+
+def refuse_unknown(values: Mapping[str, Any], known: Set[str], renamed: Mapping[str, str], file: Optional[str],
+                   from_file: Mapping[str, Any]) -> None:
+    """Options no TrainConfig has (``known``), named with what they became (``renamed``) or the closest field."""
+    unknown = sorted(map(str, set(values) - known))
+    if unknown:
+        import difflib
+
+        def meant(key: str) -> str:
+            if key in renamed:
+                return f"{key} (now {renamed[key]})"
+            close = difflib.get_close_matches(key.strip().lower().replace("-", "_"), sorted(known), n=1)
+            return f"{_show(key)} (did you mean {close[0]}?)" if close else _show(key)
+
+        where = f"{file}: " if file and any(k in from_file for k in unknown) else ""
+        raise ValueError(f"{where}unknown training option(s): {', '.join(map(meant, unknown))}")
 
 
 def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any], typed: Mapping[str, Any]) -> None:
@@ -80,4 +107,4 @@ def _pair(size: Any) -> Any:
     return (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else size
 
 
-__all__ = ["refuse_ignored", "refuse_unused"]
+__all__ = ["file_choices", "refuse_ignored", "refuse_unknown", "refuse_unused"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import re
 import warnings
@@ -18,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .. import tiny
 from ..extras import require
 from ..machine import usable_cores
-from .chosen import refuse_ignored, refuse_unused
+from .chosen import file_choices, refuse_ignored, refuse_unknown, refuse_unused
 from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES, YAML_SUFFIXES, load_config_file  # noqa: F401 (re-exported)
 from .config_types import (
     CHOICES,
@@ -492,7 +491,9 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             if key == "model_args" and isinstance(value, Mapping):
                 value = deep_merge(values.get(key, {}), value)
             values[key] = None if value is OFF else value
-    chosen = {**_changing(from_file, RECIPES[recipe]), **given}
+    fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
+    below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in fields}
+    chosen = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
@@ -502,7 +503,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
     refuse_ignored(values, chosen, typed=given)
-    _refuse_unknown(values, file, from_file)
+    refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
     if isinstance(values.get("betas"), list):
@@ -514,16 +515,6 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
-
-
-def _changing(from_file: Mapping[str, Any], recipe: Mapping[str, Any]) -> Dict[str, Any]:
-    """The config file's fields that change what the recipe and the defaults set: a run's own config.json lists
-    every field, and its defaults (LoRA's rank without LoRA, SGD's momentum beside AdamW) are no one's choice."""
-    below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-             for f in dataclasses.fields(TrainConfig) if f.init}
-    below.update(recipe)
-    same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
-    return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
 
 
 def _file_values(file: Optional[str]) -> Dict[str, Any]:
@@ -558,23 +549,6 @@ def _recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping
                              f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
                              f"{from_file['recipe']})")
     return recipe
-
-
-def _refuse_unknown(values: Mapping[str, Any], file: Optional[str], from_file: Mapping[str, Any]) -> None:
-    """Options no TrainConfig has, named with what they became (RENAMED) or the closest field."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(map(str, set(values) - known))
-    if unknown:
-        import difflib
-
-        def meant(key: str) -> str:
-            if key in RENAMED:
-                return f"{key} (now {RENAMED[key]})"
-            close = difflib.get_close_matches(key.strip().lower().replace("-", "_"), sorted(known), n=1)
-            return f"{_show(key)} (did you mean {close[0]}?)" if close else _show(key)
-
-        where = f"{file}: " if file and any(k in from_file for k in unknown) else ""
-        raise ValueError(f"{where}unknown training option(s): {', '.join(map(meant, unknown))}")
 
 
 def _checked(values: Dict[str, Any]) -> TrainConfig:
