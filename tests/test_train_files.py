@@ -361,3 +361,18 @@ def test_a_folders_flip_follows_no_hflip_and_crop_pad_is_refused_for_files(tmp_p
         assert flips[-1] == want, given
     with pytest.raises(ValueError, match=r"--crop-pad pads in-memory images .* cut by timm's RandomResizedCrop"):
         config(tmp_path, tmp_path / "d", crop_pad=4)
+
+
+def test_test_images_that_are_training_images_are_said(tmp_path):
+    """A test image that is a training image byte for byte was scored as held out without a word."""
+    import shutil
+    import warnings
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # distinct images: nothing said
+        open_data(config(tmp_path, tmp_path / "d", val_size=2), torch.device("cpu"), channels=1)
+    shutil.copy(tmp_path / "d" / "train" / "b" / "3.png", tmp_path / "d" / "test" / "a" / "copy.png")
+    with pytest.warns(UserWarning, match=r"1 of the 25 images of .*test are copies of training images, byte for "
+                                         r"byte \(first: .*test/a/copy.png = .*train/b/3.png\)"):
+        open_data(config(tmp_path, tmp_path / "d", val_size=2), torch.device("cpu"), channels=1)

@@ -29,6 +29,7 @@ files uses (RGB or L, upright, transparency on white, 16-bit grey scaled, not cl
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -208,6 +209,38 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
         raise ValueError(f"no image files ({', '.join(extensions)}) in the {len(classes)} class "
                          f"subfolders of {root}")
     return classes, samples
+
+
+#: the most files a folder's copies across its splits are looked for in by default (their sizes are read from
+#: the file system: seconds for a million on a local disk, longer on a network one); --strict-data: always
+COPY_CHECK_FILES = 300_000
+
+
+def copied_files(held_out: "ImageFolder", trained: "ImageFolder") -> List[Tuple[str, str]]:
+    """(held-out file, training file) pairs with the same bytes: a test image that is a training image scores
+    what was trained on as if held out. Files of one size are compared by their BLAKE2 digests."""
+    def sizes(folder: "ImageFolder") -> Dict[int, List[str]]:
+        out: Dict[int, List[str]] = {}
+        for path, _ in folder.samples:
+            try:
+                out.setdefault(os.path.getsize(path), []).append(path)
+            except OSError:
+                continue
+        return out
+
+    def digest(path: str) -> Optional[bytes]:
+        try:
+            with open(path, "rb") as f:
+                return hashlib.blake2b(f.read(), digest_size=16).digest()
+        except OSError:
+            return None
+
+    theirs, pairs = sizes(trained), []
+    for size, paths in sizes(held_out).items():
+        if size in theirs:
+            known = {digest(p): p for p in theirs[size]}
+            pairs += [(p, known[d]) for p in paths if (d := digest(p)) is not None and d in known]
+    return pairs
 
 
 class SampleList(Dataset):

@@ -33,6 +33,20 @@ VAL_SPLIT_SEED = 2021
 SUBSET_SEED = 2022
 
 
+def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
+    """Held-out images that are training images byte for byte: their scores count what was trained on."""
+    from ..data.folder import COPY_CHECK_FILES, copied_files
+
+    if not strict and sum(len(f) for f in folders.values()) > COPY_CHECK_FILES:
+        return
+    for part in [p for p in ("test", "val") if p in folders]:
+        copies = copied_files(folders[part], folders["train"])
+        if copies:
+            warnings.warn(f"{len(copies):,} of the {len(folders[part]):,} images of {folders[part].root} are copies "
+                          f"of training images, byte for byte (first: {copies[0][0]} = {copies[0][1]}): its scores "
+                          f"count them as held out; remove them from one split", stacklevel=3)
+
+
 def _cut_from(n: int, test_size: Optional[int]) -> Optional[int]:
     """The test split's size where --test-size scores fewer of its images (None: every one is scored)."""
     return n if test_size is not None and test_size < n else None
@@ -180,6 +194,7 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     for other in [f for part, f in folders.items() if part != "train"]:
         if why := class_difference(train.classes, other.classes, (f"{train_dir.name}/", f"{other.root.name}/")):
             raise ValueError(f"the class folders of {other.root} differ from those of {train_dir}: {why}")
+    _say_copies(folders, cfg.strict_data)
     val_idx, tr_idx = _split_training(cfg, train, str(train_dir), carve="val" not in folders)
     mean, std = datasets.FILE_STATS
     test_batches = FolderBatches(test, scored_positions(len(test), cfg.test_size).tolist(), cfg.workers)
