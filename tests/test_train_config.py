@@ -163,6 +163,12 @@ def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
     (tmp_path / "run.json").write_text(json.dumps(saved))
     again = resolve_config(None, str(tmp_path / "run.json"))
     assert again.to_dict() == resolve_config("fmnist").to_dict()
+    from vitkit.train.fit import fit_to_data
+
+    # every field a file writes is still chosen: kept from fitting (a study's arm wrote batch 128 and trained at 32)
+    assert "batch_size" in again.chosen and fit_to_data(again, 550)[0].batch_size == again.batch_size == 128
+    (tmp_path / "warm.json").write_text(json.dumps({"warmup_steps": 200}))
+    assert resolve_config("deit", str(tmp_path / "warm.json")).warmup_epochs is None  # as --warmup-steps 200
     (tmp_path / "lora.json").write_text(json.dumps({**saved, "lora_rank": 4}))  # a rank that changes something
     with pytest.raises(ValueError, match=r"--lora-rank applies with --finetune lora"):
         resolve_config(None, str(tmp_path / "lora.json"))

@@ -13,9 +13,10 @@ from .config_types import _show
 
 
 def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict[str, Any]:
-    """The config file's fields that change what the recipe and the defaults (``below``) set: a run's own
-    config.json lists every field, and its defaults (LoRA's rank without LoRA, SGD's momentum beside AdamW)
-    are no one's choice."""
+    """The config file's fields that change what the recipe and the defaults (``below``) set: those an option
+    can leave unread. A run's own config.json lists every field, and its defaults (LoRA's rank without LoRA,
+    SGD's momentum beside AdamW) are refused by no rule; every field a file writes still counts as chosen
+    (kept from fitting: a study's batch 128 was fitted to 32)."""
     same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
     return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
 

@@ -493,7 +493,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             values[key] = None if value is OFF else value
     fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
     below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in fields}
-    chosen = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}
+    chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
+    changing = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}  # (what it refuses as unread)
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
@@ -502,7 +503,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
-    refuse_ignored(values, chosen, typed=given)
+    refuse_ignored(values, changing, typed=given)
     refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
@@ -511,7 +512,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     recipe_only = set(RECIPES[recipe]) & set(OBJECTIVE_OPTIONS) - set(chosen)
     with _naming(file, {k for k in from_file if k not in given}, recipe, recipe_only):
         cfg = _checked(values)
-        refuse_unused(cfg, chosen)
+        refuse_unused(cfg, changing)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
