@@ -682,6 +682,8 @@ def test_only_what_nobody_chose_is_fitted_to_small_data():
     assert notes == ["note: 10 steps are too few to learn much (under 100): more --epochs, or a smaller --batch-size"]
     assert fit_to_data(TrainConfig(), 146)[0] == TrainConfig()  # made directly: nothing is known to be free
     assert fit_to_data(default, 5)[0].batch_size == 5  # fewer images than the smallest batch: all of them
+    assert fit_to_data(default, 5, world=2)[0].batch_size == 4  # a multiple of torchrun's processes
+    assert fit_to_data(default, 146, world=3)[0].batch_size == 6
     long_enough = resolve_config("fmnist-fp32", max_steps=300)  # big data, a short run asked for: untouched
     assert fit_to_data(long_enough, 55_000) == (long_enough, [])
 

@@ -214,7 +214,7 @@ def test_what_the_data_or_the_flags_decide_is_not_overridden_in_silence(tmp_path
     cfg = resolve_config("fmnist", max_steps=3, batch_size=8, val_size=20, test_size=20, model_args={"depth": 1},
                          runs_dir=str(tmp_path), progress=False, tensorboard=False, precision="fp32")
     train(cfg, log=lines.append)
-    assert any("the warm-up of 200 steps is as long as the run's 3: the learning rate never reaches --lr" in line
+    assert any("the warm-up of 200 steps is longer than the run's 3: the learning rate never reaches its peak" in line
                for line in lines), lines
 
 

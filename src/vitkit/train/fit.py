@@ -38,9 +38,9 @@ def chosen_fields(cfg: TrainConfig) -> Optional[frozenset]:
     return getattr(cfg, "chosen", None)
 
 
-def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]:
+def fit_to_data(cfg: TrainConfig, n_train: int, world: int = 1) -> Tuple[TrainConfig, List[str]]:
     """``cfg`` with the batch, epochs and warm-up nobody chose fitted to ``n_train`` training
-    images, and one line per change."""
+    images, and one line per change; the batch a multiple of the ``world``'s processes."""
     chosen = chosen_fields(cfg)
     if chosen is None or n_train <= 0:
         return cfg, []
@@ -49,6 +49,7 @@ def fit_to_data(cfg: TrainConfig, n_train: int) -> Tuple[TrainConfig, List[str]]
     if "batch_size" not in chosen and cfg.micro_batch is None and n_train < batch * STEPS_PER_EPOCH:
         # (fewer images than MIN_BATCH: all of them; 8 of 5 was refused as a batch larger than the data)
         fitted = min(n_train, max(MIN_BATCH, 2 ** int(math.log2(max(1, n_train // STEPS_PER_EPOCH)))))
+        fitted = max(world, fitted - fitted % world)  # (5 of 2 processes was refused: "must divide into")
         if fitted < batch:
             changes["batch_size"] = fitted
             notes.append(f"batch {fitted} (not the recipe's {batch}): {n_train:,} training images make "

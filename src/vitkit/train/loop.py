@@ -181,7 +181,7 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,
     if data.skipped and main:
         log(f"skipped {len(data.skipped)} unreadable image files (first: {data.skipped[0][0]}: "
             f"{data.skipped[0][1]}); --strict-data makes them an error")
-    cfg, fitted = fit_to_data(cfg, data.n_train)  # a small dataset: a batch and a length that train
+    cfg, fitted = fit_to_data(cfg, data.n_train, dist_info.world)  # a small dataset: a batch and a length that train
     task = task_for(cfg)
     torch.manual_seed(seed_for(cfg.seed, "init"))  # initialisation, then dropout and drop-path
     model = task.build_model(cfg, data, log if main else (lambda *a: None), saved_init).to(device)
@@ -201,9 +201,10 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,
               forward=torch.compile(ddp or model) if cfg.compile else (ddp or model), task=task, ddp=ddp,
               ema=ModelEma(model, cfg.ema_decay) if cfg.ema_decay is not None else None,
               fit_notes=fitted)  # said after the run's first line, once nothing can refuse it
-    if run.warmup >= run.total > 1 and not tiny.enabled():  # the schedule never reaches its peak, nor decays
-        run.fit_notes = [*run.fit_notes, f"the warm-up of {run.warmup:,} steps is as long as the run's "
-                         f"{run.total:,}: the learning rate never reaches --lr {cfg.lr:g} (--warmup-steps sets it)"]
+    if run.warmup > run.total > 1 and not tiny.enabled():  # the schedule never reaches its peak, nor decays
+        run.fit_notes = [*run.fit_notes, f"the warm-up of {run.warmup:,} steps is longer than the run's "
+                         f"{run.total:,}: the learning rate never reaches its peak {cfg.lr:g} (--warmup-steps sets "
+                         f"the warm-up)"]
     run.parallel, run.parallel_how = choose(cfg.cpu_parallel, torch.get_num_threads(), device, world, model,
                                             cfg.compile)
     note = busy_cpu_note(cfg.threads) if run.parallel is None and main and world == 1 and device.type == "cpu" else None
