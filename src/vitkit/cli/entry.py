@@ -39,7 +39,7 @@ def _one_line_warnings(verb: str):
 
     def show(message, category, filename, lineno, file=None, line=None):
         text = " ".join(str(message).split())
-        if text not in said:
+        if text not in said and _first_process():  # (under torchrun every rank said each note)
             said.add(text)
             print(f"vitkit {verb}: note: {text}", file=sys.stderr)
 
@@ -47,15 +47,25 @@ def _one_line_warnings(verb: str):
     return previous
 
 
-def _said_by_first_process(e: BaseException) -> bool:
-    """Under torchrun, whether this process leaves the line to its machine's first one: an input error or a stop
-    that every rank meets alike, or another process's stop (``PeerLost``), was said once per rank. An unexpected
-    error is said by each process it reaches."""
+def _under_torchrun() -> bool:
+    """A process of a torchrun job (its WORLD_SIZE and LOCAL_RANK; another launcher's WORLD_SIZE alone is not)."""
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
     except ValueError:
         return False
-    if world <= 1 or os.environ.get("LOCAL_RANK", "0") == "0":
+
+
+def _first_process() -> bool:
+    """Not a torchrun process, or its machine's first: the one that says what every rank would."""
+    return not _under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
+
+
+def _said_by_first_process(e: BaseException) -> bool:
+    """Under torchrun, whether this process leaves the line to its machine's first one: an input error or a stop
+    that every rank meets alike, or another process's stop before the run began (``PeerLost``), was said once
+    per rank. An unexpected error, and another's stop that left a checkpoint to name (rank 0 may be the one that
+    stopped), are said by each process they reach."""
+    if _first_process() or getattr(e, "said_by_each", False):
         return False
     return isinstance(e, (ValueError, OSError, KeyboardInterrupt)) or is_user_error(e)
 
@@ -67,9 +77,9 @@ DISTRIBUTED_VERBS = ("train", "pretrain")
 def _check_one_process(verb: str) -> None:
     """Another verb under torchrun ran whole on every rank: it printed and wrote everything once per rank (a
     study's arms on both, eval's score twice)."""
-    if verb not in DISTRIBUTED_VERBS and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
-        raise ValueError(f"vitkit {verb} runs in one process, not under torchrun (each rank would run all of it and "
-                         f"write its files): run it without torchrun (vitkit train and pretrain use its processes)")
+    if verb not in DISTRIBUTED_VERBS and _under_torchrun():
+        raise ValueError(f"vitkit {verb} runs in one process, not under torchrun (each rank would run all of it): "
+                         f"run it without torchrun (vitkit train and pretrain use its processes)")
 
 
 def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
@@ -169,13 +179,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:
         return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
     finally:
-        warnings.showwarning = previous_warn
-        if main_thread:
-            own_signals(False)
-            sys.unraisablehook = previous_unraisable
+        # the handlers first: a SIGTERM landing here (torchrun ending a rank that has said its error) raised in
+        # the middle of this block, a traceback after the line
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+        warnings.showwarning = previous_warn
+        if main_thread:
+            own_signals(False)
+            sys.unraisablehook = previous_unraisable
         if main_thread and previous_chld is not None and signal.getsignal(signal.SIGCHLD) != previous_chld:
             signal.signal(signal.SIGCHLD, previous_chld)

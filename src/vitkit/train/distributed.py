@@ -36,6 +36,9 @@ def setup() -> DistInfo:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():  # joined once per process: a second join waited for ever
+        if _ended["group"]:  # (joining again raced the old group's store: "another process stopped", 3 of 8)
+            raise RuntimeError("a run that stopped under torchrun ended this process's part in the job (its process "
+                               "group, which its other processes may have left): start the job again")
         dist.init_process_group("nccl" if cuda else "gloo")
         atexit.register(_leave)
     rank = dist.get_rank() if world > 1 else 0
@@ -69,6 +72,11 @@ def cleanup(info: DistInfo, finished: bool = True) -> None:
             dist.barrier()
         else:
             dist.destroy_process_group()
+            _ended["group"] = True
+
+
+#: whether this process ended its process group after a stop (a later run cannot join the job again)
+_ended = {"group": False}
 
 
 def _leave() -> None:

@@ -98,8 +98,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         # a worker's death after a stop this process received (and Python swallowed: see stop_received)
         stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
         if stop is None and distributed.peer_lost(dist_info, e):  # (said by gloo as an "unexpected" error)
-            kept = f": {_interrupted(run)}" if run is not None and run.run_dir is not None and run.main else ""
-            raise distributed.PeerLost(f"another process of the job stopped, so this one did{kept}") from None
+            kept = f": {_interrupted(run)}" if run is not None and run.run_dir is not None else ""
+            lost = distributed.PeerLost(f"another process of the job stopped, so this one did{kept}")
+            lost.said_by_each = bool(kept)  # (the one that stopped may be rank 0, which would have said it)
+            raise lost from None
         if stop is None:
             raise
         expect_worker_deaths()
