@@ -101,7 +101,11 @@ class OnnxModel(nn.Module):
 
         def made(name: str):
             node = producers.get(name)
-            return None if node is None else (node.op_type, list(node.input[:1]))
+            if node is None:
+                return None
+            axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+            over_classes = node.op_type != "Softmax" or axis in (-1, 1)  # (a softmax over the batch is not one)
+            return (node.op_type if over_classes else "Softmax over another axis"), list(node.input[:1])
 
         self.probabilities = bool(proto.graph.output) and _last_op(made, proto.graph.output[0].name) == "Softmax"
         del proto
