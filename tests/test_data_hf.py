@@ -329,7 +329,7 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, hf_data):
     args = ["train", "--dataset", f"hf:{hf_data[0]}", "--model", "vit_fmnist", "--model-args", json.dumps(TINY),
             "--max-steps", "12", "--checkpoint-every", "4", "--keep-checkpoints", "5", "--batch-size", "30",
-            "--val-size", "90", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress", "--threads", "1",
+            "--val-size", "90", "--warmup-steps", "4", "--hflip", "--no-progress", "--threads", "1",
             "--workers", "1", "--runs-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONHASHSEED="0", HF_DATASETS_CACHE=str(hf_data[2]))
     forks.run(*args, "--name", "straight", check=True, env=env)

@@ -98,10 +98,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         # a worker's death after a stop this process received (and Python swallowed: see stop_received)
         stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
         if stop is None and distributed.peer_lost(dist_info, e):  # (said by gloo as an "unexpected" error)
-            kept = f": {_interrupted(run)}" if run is not None and run.run_dir is not None else ""
-            lost = distributed.PeerLost(f"another process of the job stopped, so this one did{kept}")
-            lost.said_by_each = bool(kept)  # (the one that stopped may be rank 0, which would have said it)
-            raise lost from None
+            raise _peer_stopped(run) from None
         if stop is None:
             raise
         expect_worker_deaths()
@@ -155,6 +152,15 @@ def _last_checkpoint(run: Run) -> Optional[Path]:
     place and before ``run.last_ckpt`` is set leaves a whole file to resume from all the same."""
     on_disk = checkpoint_paths(run.run_dir)
     return on_disk[-1] if on_disk else run.last_ckpt
+
+
+def _peer_stopped(run: Optional[Run]) -> distributed.PeerLost:
+    """Another torchrun process's stop, with where the run keeps its checkpoint: said by each rank that knows it
+    (the one that stopped may be rank 0, which would have said it)."""
+    kept = f": {_interrupted(run)}" if run is not None and run.run_dir is not None else ""
+    lost = distributed.PeerLost(f"another process of the job stopped, so this one did{kept}")
+    lost.said_by_each = bool(kept)
+    return lost
 
 
 def _interrupted(run: Run) -> str:
