@@ -232,6 +232,7 @@ def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out."""
     import timm
 
+    torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
     with torch.no_grad():
         model.head.weight.mul_(20)
@@ -244,7 +245,7 @@ def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     logits, prob = OnnxModel(tmp_path / "logits.onnx", **stand_ins), OnnxModel(tmp_path / "prob.onnx", **stand_ins)
     assert (logits.probabilities, prob.probabilities) == (False, True)
     assert max_diff(prob(x).softmax(-1), want) <= 1e-5 and max_diff(logits(x).softmax(-1), want) <= 1e-5
-    assert want.max() > 0.99  # (a second softmax would have evened it out)
+    assert want.max() > 0.8  # (a second softmax would have evened it out; seeded: not left to chance)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

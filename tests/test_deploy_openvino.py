@@ -507,6 +507,7 @@ def test_an_ir_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
 
     from test_deploy_onnx import _Probabilities
 
+    torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
     with torch.no_grad():
         model.head.weight.mul_(20)
@@ -517,4 +518,4 @@ def test_an_ir_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     ov.save_model(ov.convert_model(str(tmp_path / "prob.onnx")), str(tmp_path / "prob.xml"), compress_to_fp16=False)
     prob = OpenVinoModel(tmp_path / "prob.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
     assert prob.probabilities and (prob(x).softmax(-1) - want).abs().max() <= 1e-5
-    assert want.max() > 0.99
+    assert want.max() > 0.8  # (a second softmax would have evened it out; seeded: not left to chance)
