@@ -59,7 +59,7 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         raise ValueError(f"model_args {', '.join(decided)}: the data decides the classes (its class folders, its "
                          f"labels); leave {'them' if len(decided) > 1 else 'it'} out")
     size = (cfg.model_args or {}).get("img_size")
-    if cfg.img_size is not None and size is not None and _pair(size) != _pair(cfg.img_size):
+    if cfg.img_size is not None and size is not None and _sizes_differ(cfg.img_size, size):
         raise ValueError(f"--img-size {cfg.img_size} and model_args img_size {_show(size)} differ (the model was "
                          f"built at the second and the run's config said the first): give the size once")
     if "min_lr" in chosen and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
@@ -89,23 +89,26 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
 def _unread(cfg: Any, chosen: Mapping[str, Any]) -> str:
     """A chosen option another one leaves unread (each was taken and changed nothing): '' where none is."""
     soft_only = [k for k in ("alpha", "tau") if k in chosen]
-    rules = (
-        ("teacher", cfg.distill == "none", "--teacher applies with --distill soft or hard (this run: --distill none)"),
-        ("alpha", cfg.distill != "soft", f"--{' and --'.join(soft_only)} appl{'y' if len(soft_only) > 1 else 'ies'} "
-                                         f"to --distill soft (hard distillation weighs its two terms equally; this "
-                                         f"run: --distill {cfg.distill})"),
-        ("tau", cfg.distill != "soft", ""),  # (said with alpha's words)
-        ("init_head", not cfg.init, "--init-head applies with --init (a new model's head is new)"),
-        ("mixup_switch_prob", not (cfg.mixup and cfg.cutmix), "--mixup-switch-prob chooses between Mixup and CutMix: "
-                                                              "it applies when both --mixup and --cutmix are on"))
-    for name, unread, words in rules:
-        if name in chosen and unread:
-            return words or rules[1][2]
+    if "teacher" in chosen and cfg.distill == "none":
+        return "--teacher applies with --distill soft or hard (this run: --distill none)"
+    if soft_only and cfg.distill != "soft":
+        return (f"--{' and --'.join(soft_only)} appl{'y' if len(soft_only) > 1 else 'ies'} to --distill soft (hard "
+                f"distillation weighs its two terms equally; this run: --distill {cfg.distill})")
+    if "init_head" in chosen and not cfg.init:
+        return "--init-head applies with --init (a new model's head is new)"
+    if "mixup_switch_prob" in chosen and not (cfg.mixup and cfg.cutmix):
+        return "--mixup-switch-prob chooses between Mixup and CutMix: it applies when both --mixup and --cutmix are on"
     return ""
 
 
-def _pair(size: Any) -> Any:
-    return (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else size
+def _sizes_differ(given: Any, in_args: Any) -> bool:
+    """--img-size and model_args' img_size name other sizes (a malformed one is the model config's to refuse)."""
+    from ..models.sizes import to_2tuple
+
+    try:
+        return to_2tuple(given) != to_2tuple(in_args)
+    except ValueError:
+        return False
 
 
 __all__ = ["file_choices", "refuse_ignored", "refuse_unknown", "refuse_unused"]
