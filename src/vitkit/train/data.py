@@ -10,7 +10,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -47,9 +47,10 @@ def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
                           f"count them as held out; remove them from one split", stacklevel=3)
 
 
-def _cut_from(n: int, test_size: Optional[int]) -> Optional[int]:
-    """The test split's size where --test-size scores fewer of its images (None: every one is scored)."""
-    return n if test_size is not None and test_size < n else None
+def _scored_test(n: int, test_size: Optional[int]) -> Tuple[List[int], Optional[int]]:
+    """(positions of the test images scored: --test-size's sample, the split's size where they are fewer)."""
+    scored = scored_positions(n, test_size).tolist()
+    return scored, (n if len(scored) < n else None)
 
 
 def _carve(n: int, val_size: int):
@@ -167,7 +168,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
     val_idx, tr_idx = _carve(len(train_set), cfg.val_size)
     tr_idx = _labelled_subset(tr_idx, torch.from_numpy(train_set.labels), cfg.train_fraction)
     all_x, all_y = to_tensors(train_set.images, train_set.labels, device)
-    scored = scored_positions(len(test_set.labels), cfg.test_size).numpy()
+    scored, cut = _scored_test(len(test_set.labels), cfg.test_size)
     te_x, te_y = to_tensors(test_set.images[scored], test_set.labels[scored], device)
     mean, std = datasets.stats(name)
     tr_idx, val_idx = tr_idx.to(device), val_idx.to(device)
@@ -176,8 +177,7 @@ def _memory(cfg: TrainConfig, name: str, device: torch.device) -> RunData:
                    train=MemoryBatches(all_x[tr_idx], all_y[tr_idx], cfg.crop_pad, cfg.hflip,
                                        RandAugment.from_spec(cfg.randaugment) if cfg.randaugment else None),
                    val=MemoryBatches(all_x[val_idx], all_y[val_idx]) if cfg.val_size else test, test=test,
-                   n_train=len(tr_idx), val_is_test=not cfg.val_size,
-                   test_split=_cut_from(len(test_set.labels), cfg.test_size))
+                   n_train=len(tr_idx), val_is_test=not cfg.val_size, test_split=cut)
 
 
 def _folder(cfg: TrainConfig, channels: int) -> RunData:
@@ -197,14 +197,15 @@ def _folder(cfg: TrainConfig, channels: int) -> RunData:
     _say_copies(folders, cfg.strict_data)
     val_idx, tr_idx = _split_training(cfg, train, str(train_dir), carve="val" not in folders)
     mean, std = datasets.FILE_STATS
-    test_batches = FolderBatches(test, scored_positions(len(test), cfg.test_size).tolist(), cfg.workers)
+    scored, cut = _scored_test(len(test), cfg.test_size)
+    test_batches = FolderBatches(test, scored, cfg.workers)
     val = FolderBatches(folders["val"], range(len(folders["val"])), cfg.workers) if "val" in folders else \
         FolderBatches(train, val_idx.tolist(), cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=val if cfg.val_size else test_batches, test=test_batches,
                    n_train=len(tr_idx), skipped=[bad for f in folders.values() for bad in f.skipped],
-                   val_is_test=not cfg.val_size, test_split=_cut_from(len(test), cfg.test_size))
+                   val_is_test=not cfg.val_size, test_split=cut)
 
 
 def _split_training(cfg: TrainConfig, train: Any, where: str, carve: bool = True):
@@ -310,13 +311,13 @@ def _hf(cfg: TrainConfig, name: str, channels: int) -> RunData:
     test = hf.HFImages(splits[test_name], name, test_name, image_key, label_key, train.classes, channels=channels,
                        strict=cfg.strict_data)
     val_idx, tr_idx = _split_training(cfg, train, f"{name}'s {train_name} split")
-    test_batches = FolderBatches(test, scored_positions(len(test), cfg.test_size).tolist(), cfg.workers)
+    scored, cut = _scored_test(len(test), cfg.test_size)
+    test_batches = FolderBatches(test, scored, cfg.workers)
     return RunData("folder", train.classes, channels, None, mean[:channels], std[:channels],
                    train=FolderBatches(train, tr_idx.tolist(), cfg.workers),
                    val=FolderBatches(train, val_idx.tolist(), cfg.workers) if cfg.val_size else test_batches,
                    test=test_batches, n_train=len(tr_idx),
-                   skipped=train.skipped + test.skipped, val_is_test=not cfg.val_size,
-                   test_split=_cut_from(len(test), cfg.test_size))
+                   skipped=train.skipped + test.skipped, val_is_test=not cfg.val_size, test_split=cut)
 
 
 def _hf_stream(cfg: TrainConfig, name: str, splits: Any, names: tuple, columns: tuple, channels: int) -> RunData:
