@@ -216,31 +216,40 @@ def find_images(root: Union[str, Path], extensions: Sequence[str] = IMG_EXTENSIO
 COPY_CHECK_FILES = 300_000
 
 
-def copied_files(held_out: "ImageFolder", trained: "ImageFolder") -> List[Tuple[str, str]]:
-    """(held-out file, training file) pairs with the same bytes: a test image that is a training image scores
-    what was trained on as if held out. Files of one size are compared by their BLAKE2 digests."""
-    def sizes(folder: "ImageFolder") -> Dict[int, List[str]]:
-        out: Dict[int, List[str]] = {}
-        for path, _ in folder.samples:
-            try:
-                out.setdefault(os.path.getsize(path), []).append(path)
-            except OSError:
-                continue
-        return out
+def copied_files(trained: "ImageFolder", held_out: Sequence["ImageFolder"]) -> List[List[Tuple[str, str]]]:
+    """For each held-out folder, its (held-out file, training file) pairs with the same bytes: a test image that
+    is a training image scores what was trained on as if held out. Files of one size are compared by their
+    BLAKE2 digests; the training files' sizes and digests are read once for every held-out folder."""
+    theirs: Dict[int, List[str]] = _by_size(trained)
+    known: Dict[int, Dict[Optional[bytes], str]] = {}  # a size's training files by digest, read once
+    found = []
+    for folder in held_out:
+        pairs = []
+        for size, paths in _by_size(folder).items():
+            if size in theirs:
+                digests = known.setdefault(size, {_digest(p): p for p in theirs[size]})
+                pairs += [(p, digests[d]) for p in paths if (d := _digest(p)) is not None and d in digests]
+        found.append(pairs)
+    return found
 
-    def digest(path: str) -> Optional[bytes]:
+
+def _by_size(folder: "ImageFolder") -> Dict[int, List[str]]:
+    """A folder's files by their size in bytes (a file that cannot be read is left out)."""
+    out: Dict[int, List[str]] = {}
+    for path, _ in folder.samples:
         try:
-            with open(path, "rb") as f:
-                return hashlib.blake2b(f.read(), digest_size=16).digest()
+            out.setdefault(os.path.getsize(path), []).append(path)
         except OSError:
-            return None
+            continue
+    return out
 
-    theirs, pairs = sizes(trained), []
-    for size, paths in sizes(held_out).items():
-        if size in theirs:
-            known = {digest(p): p for p in theirs[size]}
-            pairs += [(p, known[d]) for p in paths if (d := digest(p)) is not None and d in known]
-    return pairs
+
+def _digest(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.blake2b(f.read(), digest_size=16).digest()
+    except OSError:
+        return None
 
 
 class SampleList(Dataset):

@@ -39,8 +39,8 @@ def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
 
     if not strict and sum(len(f) for f in folders.values()) > COPY_CHECK_FILES:
         return
-    for part in [p for p in ("test", "val") if p in folders]:
-        copies = copied_files(folders[part], folders["train"])
+    parts = [p for p in ("test", "val") if p in folders]
+    for part, copies in zip(parts, copied_files(folders["train"], [folders[p] for p in parts])):
         if copies:
             warnings.warn(f"{len(copies):,} of the {len(folders[part]):,} images of {folders[part].root} are copies "
                           f"of training images, byte for byte (first: {copies[0][0]} = {copies[0][1]}): its scores "
