@@ -227,9 +227,9 @@ class _Probabilities(torch.nn.Module):
         return self.model(x).softmax(-1).reshape(x.shape[0], -1)
 
 
-@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
-def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
-    """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out."""
+def softmax_ended_graphs(folder):
+    """A seeded timm classifier exported by plain torch.onnx as ``logits.onnx`` and, ending in its softmax,
+    ``prob.onnx`` into ``folder``; (images, the model's probabilities for them)."""
     import timm
 
     torch.manual_seed(0)
@@ -237,10 +237,16 @@ def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     with torch.no_grad():
         model.head.weight.mul_(20)
         for name, net in (("logits", model), ("prob", _Probabilities(model))):
-            torch.onnx.export(net, (torch.zeros(2, 3, 32, 32),), str(tmp_path / f"{name}.onnx"), dynamo=False,
+            torch.onnx.export(net, (torch.zeros(2, 3, 32, 32),), str(folder / f"{name}.onnx"), dynamo=False,
                               dynamic_axes={"x": {0: "b"}}, input_names=["x"])
         x = torch.randn(3, 3, 32, 32)
-        want = model(x).softmax(-1)
+        return x, model(x).softmax(-1)
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
+    """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out."""
+    x, want = softmax_ended_graphs(tmp_path)
     stand_ins = dict(img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
     logits, prob = OnnxModel(tmp_path / "logits.onnx", **stand_ins), OnnxModel(tmp_path / "prob.onnx", **stand_ins)
     assert (logits.probabilities, prob.probabilities) == (False, True)

@@ -503,18 +503,10 @@ def test_vitkit_info_says_what_an_ir_is(tmp_path, capsys):
 def test_an_ir_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     """As an ONNX graph's (test_deploy_onnx): a foreign IR whose output is probabilities was softmaxed twice."""
     import openvino as ov
-    import timm
 
-    from test_deploy_onnx import _Probabilities
+    from test_deploy_onnx import softmax_ended_graphs
 
-    torch.manual_seed(0)
-    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
-    with torch.no_grad():
-        model.head.weight.mul_(20)
-        torch.onnx.export(_Probabilities(model), (torch.zeros(2, 3, 32, 32),), str(tmp_path / "prob.onnx"),
-                          dynamo=False, dynamic_axes={"x": {0: "b"}}, input_names=["x"])
-        x = torch.randn(3, 3, 32, 32)
-        want = model(x).softmax(-1)
+    x, want = softmax_ended_graphs(tmp_path)
     ov.save_model(ov.convert_model(str(tmp_path / "prob.onnx")), str(tmp_path / "prob.xml"), compress_to_fp16=False)
     prob = OpenVinoModel(tmp_path / "prob.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
     assert prob.probabilities and (prob(x).softmax(-1) - want).abs().max() <= 1e-5
