@@ -304,11 +304,15 @@ def test_a_config_file_that_is_wrong_is_one_line_naming_file_field_and_value(tmp
     assert not (tmp_path / "runs").exists()  # refused before a run folder was made
 
 
-def test_a_config_file_names_its_recipe_only_to_agree_and_its_typos_get_a_hint(tmp_path, capsys):
+def test_a_config_files_recipe_is_taken_as_the_recipes_and_its_typos_get_a_hint(tmp_path, capsys):
     path = config_file(tmp_path, "c.yaml", "recipe: deit\n")
-    line = one_line(in_process(capsys, "train", "--config", path, "--runs-dir", tmp_path / "runs"))
-    assert 'recipe "deit" differs from the recipe in effect' in line and "--recipe deit" in line, line
-    assert resolve_config("deit", str(path)).mixup == 0.8  # the same recipe: the file may say so
+    assert resolve_config(None, str(path)).mixup == 0.8  # the file's recipe, as --recipe deit (it was refused)
+    assert resolve_config("deit", str(path)).mixup == 0.8  # the same recipe named twice
+    line = one_line(in_process(capsys, "train", "--config", path, "--recipe", "fmnist", "--runs-dir", tmp_path / "r"))
+    assert f'{path}: recipe "deit" differs from --recipe fmnist: name one recipe' in line, line
+    line = one_line(in_process(capsys, "train", "--config", config_file(tmp_path, "u.yaml", "recipe: deit3\n"),
+                               "--runs-dir", tmp_path / "runs"))
+    assert f"{tmp_path / 'u.yaml'}: unknown recipe 'deit3'; known: fmnist" in line, line
     path = config_file(tmp_path, "t.yaml", "max-steps: 5\nLR: 0.1\n")
     line = one_line(in_process(capsys, "train", "--config", path, "--runs-dir", tmp_path / "runs"))
     assert f"{path}: unknown training option(s): \"LR\" (did you mean lr?), \"max-steps\" (did you mean max_steps?)" \

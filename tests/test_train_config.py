@@ -186,6 +186,32 @@ def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
         resolve_config(None, str(tmp_path / "init.json"), model="vit_fmnist")
 
 
+def test_a_finished_runs_config_json_trains_again_in_a_folder_of_its_own(tmp_path, capsys):
+    """vitkit train --config runs/r/config.json was refused as "run directory runs/r already exists" (the file names
+    its run) and, from a machine with bf16 on one without, as a recipe the file could not choose: it trains again
+    with the run's settings in a new folder, and notes say why (the recipe sized for another precision too)."""
+    from conftest import in_process
+
+    runs = tmp_path / "runs"
+    first = ["train", "--runs-dir", runs, "--max-steps", "2", "--val-size", "10", "--test-size", "10", "--no-progress"]
+    assert in_process(capsys, *first, "--name", "r", "--recipe", "fmnist").returncode == 0
+    again = in_process(capsys, "train", "--config", runs / "r" / "config.json", "--precision", "fp32", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert f"note: {runs / 'r' / 'config.json'} is run r's own: this run gets a folder of its own (--name)" \
+        in again.stderr, again.stderr
+    assert "recipe fmnist is the default run for bf16 or fp16; this run trains in fp32 (--precision fp32), whose " \
+           "default run is --recipe fmnist-fp32" in again.stderr, again.stderr
+    (new,) = [p for p in runs.iterdir() if p.name != "r"]
+    old, now = (json.loads((runs / n / "config.json").read_text()) for n in ("r", new.name))
+    assert now["name"] is None and now["recipe"] == "fmnist" and now["precision"] == "fp32"
+    assert {k: v for k, v in now.items() if k not in ("name", "precision")} == \
+        {k: v for k, v in old.items() if k not in ("name", "precision")}
+    (tmp_path / "copy").mkdir()  # the same file elsewhere names a folder someone chose: still refused when taken
+    (tmp_path / "copy" / "config.json").write_text((runs / "r" / "config.json").read_text())
+    line = in_process(capsys, "train", "--config", tmp_path / "copy" / "config.json").stderr
+    assert f"run directory {runs / 'r'} already exists" in line, line
+
+
 def test_a_config_files_objective_picks_the_pretraining_recipe(tmp_path):
     """vitkit pretrain --config with objective: in the file ran on the classification recipe (a 25.6M-parameter
     MAE decoder, random erasing, 5,000 validation images) where --objective picks its pre-training recipe."""

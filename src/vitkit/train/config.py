@@ -18,7 +18,14 @@ from .. import tiny
 from ..extras import require
 from ..machine import usable_cores
 from .chosen import file_choices, refuse_ignored, refuse_unknown, refuse_unused
-from .config_files import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES, YAML_SUFFIXES, load_config_file  # noqa: F401 (re-exported)
+from .config_files import (  # noqa: F401 (re-exported)
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_CONFIG_VALUES,
+    YAML_SUFFIXES,
+    load_config_file,
+    own_run_name,
+)
 from .config_types import (
     CHOICES,
     HF_FIELDS,
@@ -32,7 +39,7 @@ from .config_types import (
     check_value,
     kinds_of,
 )
-from .recipes import RECIPES, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
+from .recipes import RECIPES, recipe_in_effect, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches about 92% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -484,7 +491,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     recipe: the default run's for the precision the run will train in (precision.default_recipe)."""
     given = {k: v for k, v in overrides.items() if v is not None}
     from_file = _file_values(file)
-    recipe = _recipe_in_effect(recipe, file, given, from_file)
+    recipe = recipe_in_effect(recipe, file, given, from_file)
     values: Dict[str, Any] = {"recipe": recipe}
     for layer in (RECIPES[recipe], from_file, given):
         for key, value in layer.items():
@@ -523,33 +530,11 @@ def _file_values(file: Optional[str]) -> Dict[str, Any]:
     if not file:
         return {}
     from_file, notes = coerce_fields(load_config_file(file), str(file))
+    if own_run_name(file, from_file):  # run r's own runs/r/config.json: the new run is not r
+        notes.append(f"{file} is run {from_file.pop('name')}'s own: this run gets a folder of its own (--name)")
     for note in notes:  # said, not silent: the command line prints each as one "note:" line
         warnings.warn(ConfigNote(note), stacklevel=3)  # at resolve_config's caller
     return from_file
-
-
-def _recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[str, Any],
-                      from_file: Mapping[str, Any]) -> str:
-    """The recipe named, else the default run's for the precision the run will train in; a config
-    file overrides a recipe and cannot choose another."""
-    objective = given.get("objective", from_file.get("objective"))
-    if recipe is None and f"{objective}-fmnist" in RECIPES:  # pre-training's, as vitkit pretrain --objective picks
-        recipe = f"{objective}-fmnist"
-    if recipe is None:
-        precision = given.get("precision", from_file.get("precision", TrainConfig.precision))
-        if precision not in CHOICES["precision"]:
-            raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
-        from .precision import default_recipe  # imports torch: parsing flags does not
-
-        recipe = default_recipe(precision)[0]
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    if file:
-        if from_file.get("recipe", recipe) != recipe:  # the file overrides a recipe; it cannot pick one
-            raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from the recipe in effect, "
-                             f"{recipe!r}: a config file overrides a recipe and cannot choose one (pass --recipe "
-                             f"{from_file['recipe']})")
-    return recipe
 
 
 def _checked(values: Dict[str, Any]) -> TrainConfig:

@@ -63,6 +63,13 @@ def load_config_file(path: str) -> Dict[str, Any]:
     return data
 
 
+def own_run_name(path: str, data: Dict[str, Any]) -> bool:
+    """Whether ``data`` is a run's own config.json, read where the run left it: its ``name`` is that run's folder
+    (a new run reusing its settings gets a folder of its own), not a name chosen for the next."""
+    p = Path(path)
+    return p.name == "config.json" and data.get("name") == p.parent.name and (p.parent / ".lock").is_file()
+
+
 def _read_json(p: Path, text: str) -> Any:
     def no_duplicates(pairs):
         seen, twice = set(), set()
@@ -156,4 +163,6 @@ def _check_shape(p: Path, data: Any) -> None:
     walk(data, 0)
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "MAX_CONFIG_VALUES", "YAML_SUFFIXES", "load_config_file"]
+__all__ = [
+    "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "MAX_CONFIG_VALUES", "YAML_SUFFIXES", "load_config_file", "own_run_name",
+]

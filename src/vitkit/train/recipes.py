@@ -1,10 +1,14 @@
 """Named recipes: overrides of TrainConfig's defaults, each with the command that runs it, its cost
 and its measured result where one was measured (docs/training.md, docs/selfsup.md), as big_vision's
-configs say theirs. Apart from the fields and their checks (:mod:`.config`), which read them."""
+configs say theirs, and which one a run takes. Apart from the fields and their checks (:mod:`.config`), which
+read them."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import warnings
+from typing import Any, Dict, Mapping, Optional
+
+from .config_types import CHOICES, ConfigNote, _show
 
 #: Self-supervised pre-training on Fashion-MNIST's training images without their labels
 #: (``vitkit pretrain --objective X`` takes recipe ``X-fmnist``), about 10 minutes each on 2 CPU
@@ -116,4 +120,44 @@ def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
     return {**model_args, "representation_size": width}
 
 
-__all__ = ["RECIPES", "resolve_width"]
+def recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[str, Any],
+                      from_file: Mapping[str, Any]) -> str:
+    """The recipe named (--recipe, else the config file's, as a run's config.json names it), else the default
+    run's for the objective or for the precision the run will train in; --recipe and the file's must agree."""
+    objective = given.get("objective", from_file.get("objective"))
+    if recipe is None and isinstance(from_file.get("recipe"), str):  # the file's, as --recipe (a run's config.json)
+        recipe = _named_by_file(file, from_file["recipe"], given.get("precision", from_file.get("precision")))
+    if recipe is None and f"{objective}-fmnist" in RECIPES:  # pre-training's, as vitkit pretrain --objective picks
+        recipe = f"{objective}-fmnist"
+    if recipe is None:
+        precision = given.get("precision", from_file.get("precision", "auto"))  # (TrainConfig's)
+        if precision not in CHOICES["precision"]:
+            raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
+        from .precision import default_recipe  # imports torch: parsing flags does not
+
+        recipe = default_recipe(precision)[0]
+    if recipe not in RECIPES:
+        where = f"{file}: " if file and from_file.get("recipe") == recipe else ""
+        raise ValueError(f"{where}unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    if file and from_file.get("recipe", recipe) != recipe:  # --recipe and the file's disagree
+        raise ValueError(f"{file}: recipe {_show(from_file['recipe'])} differs from --recipe {recipe}: name "
+                         f"one recipe")
+    return recipe
+
+
+def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -> str:
+    """A config file's recipe, with a note when it is the default run of another precision than this run's (a run's
+    config.json from a machine with bf16, reused on one without: its model was sized for the other)."""
+    from .precision import DEFAULT_RECIPES, default_recipe
+
+    if recipe in DEFAULT_RECIPES.values() and precision in CHOICES["precision"]:
+        here, why = default_recipe(precision)
+        if here != recipe:
+            meant = " or ".join(p for p, r in DEFAULT_RECIPES.items() if r == recipe)
+            warnings.warn(ConfigNote(f"{file}: recipe {recipe} is the default run for {meant}; this run trains in "
+                                     f"{why.replace(': ', ' (', 1)}), whose default run is --recipe {here}"),
+                          stacklevel=4)
+    return recipe
+
+
+__all__ = ["RECIPES", "recipe_in_effect", "resolve_width"]
