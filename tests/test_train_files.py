@@ -363,8 +363,9 @@ def test_a_folders_flip_follows_no_hflip_and_crop_pad_is_refused_for_files(tmp_p
         config(tmp_path, tmp_path / "d", crop_pad=4)
 
 
-def test_test_images_that_are_training_images_are_said(tmp_path):
-    """A test image that is a training image byte for byte was scored as held out without a word."""
+def test_test_images_that_are_training_images_are_said(tmp_path, monkeypatch):
+    """A test image that is a training image byte for byte was scored as held out without a word; test/ was never
+    compared with val/, and every process of a torchrun job read and hashed the files again."""
     import shutil
     import warnings
 
@@ -376,3 +377,18 @@ def test_test_images_that_are_training_images_are_said(tmp_path):
     with pytest.warns(UserWarning, match=r"1 of the 25 images of .*test are copies of training images, byte for "
                                          r"byte \(first: .*test/a/copy.png = .*train/b/3.png\)"):
         open_data(config(tmp_path, tmp_path / "d", val_size=2), torch.device("cpu"), channels=1)
+    # a val/ beside test/: a test image that is a validation image is said too (test/ was compared with train/ only)
+    shutil.copytree(tmp_path / "d" / "train", tmp_path / "d" / "val")
+    for extra in (tmp_path / "d" / "val").rglob("*.png"):
+        extra.write_bytes(extra.read_bytes() + b"\0")  # other bytes: no copies of training images
+    shutil.copy(tmp_path / "d" / "val" / "a" / "5.png", tmp_path / "d" / "test" / "b" / "seen.png")
+    with pytest.warns(UserWarning) as said:
+        open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    words = [str(w.message) for w in said if "byte for byte" in str(w.message)]
+    assert len(words) == 2 and "of the 26 images of" in words[1] and "are copies of validation images" in \
+        words[1] and "test/b/seen.png = " in words[1] and words[1].endswith("val/a/5.png): its scores count them "
+                                                                          "as held out; remove them from one split")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun's other processes on the machine: its first reads and says it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)

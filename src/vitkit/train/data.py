@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -34,16 +35,22 @@ SUBSET_SEED = 2022
 
 
 def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
-    """Held-out images that are training images byte for byte: their scores count what was trained on."""
+    """Held-out images that are training images byte for byte (their scores count what was trained on), and test
+    images that are validation images (the test score counts what the run's choices were made on). Read by each
+    machine's first process (torchrun's LOCAL_RANK 0), which says it for the others."""
     from ..data.folder import COPY_CHECK_FILES, copied_files
 
-    if not strict and sum(len(f) for f in folders.values()) > COPY_CHECK_FILES:
+    if os.environ.get("LOCAL_RANK", "0") != "0" or (not strict and sum(map(len, folders.values())) > COPY_CHECK_FILES):
         return
     parts = [p for p in ("test", "val") if p in folders]
-    for part, copies in zip(parts, copied_files(folders["train"], [folders[p] for p in parts])):
+    pairs = [(part, "training", copies) for part, copies in
+             zip(parts, copied_files(folders["train"], [folders[p] for p in parts]))]
+    if len(parts) == 2:
+        pairs.append(("test", "validation", copied_files(folders["val"], [folders["test"]])[0]))
+    for part, other, copies in pairs:
         if copies:
             warnings.warn(f"{len(copies):,} of the {len(folders[part]):,} images of {folders[part].root} are copies "
-                          f"of training images, byte for byte (first: {copies[0][0]} = {copies[0][1]}): its scores "
+                          f"of {other} images, byte for byte (first: {copies[0][0]} = {copies[0][1]}): its scores "
                           f"count them as held out; remove them from one split", stacklevel=3)
 
 
