@@ -21,7 +21,7 @@ import vitkit
 from conftest import max_diff, randomize, trained_briefly
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
-from vitkit.deploy import OnnxExportError, OnnxModel, export_onnx, read_metadata
+from vitkit.deploy import OnnxExportError, OnnxMetadataError, OnnxModel, export_onnx, read_metadata
 
 SMALL = dict(depth=2, num_classes=5)
 FAMILIES = {  # (registered name, overrides): each family at a small size
@@ -217,41 +217,59 @@ def test_predict_on_the_onnx_file_alone_matches_predict_on_the_weights(tmp_path,
 
 
 class _Probabilities(torch.nn.Module):
-    """A classifier exported with its softmax, as many foreign "prob" outputs are (then reshaped: looked through)."""
+    """A classifier exported with its softmax, as many foreign "prob" outputs are (then reshaped: looked through),
+    or with a multi-label model's sigmoid."""
 
-    def __init__(self, model):
+    def __init__(self, model, sigmoid: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.sigmoid = model, sigmoid
 
     def forward(self, x):
-        return self.model(x).softmax(-1).reshape(x.shape[0], -1)
+        out = self.model(x)
+        return (out.sigmoid() if self.sigmoid else out.softmax(-1)).reshape(x.shape[0], -1)
 
 
 def softmax_ended_graphs(folder):
-    """A seeded timm classifier exported by plain torch.onnx as ``logits.onnx`` and, ending in its softmax,
-    ``prob.onnx`` into ``folder``; (images, the model's probabilities for them)."""
+    """A seeded timm classifier exported by plain torch.onnx as ``logits.onnx``, ending in its softmax as
+    ``prob.onnx``, that softmax quantized and dequantized after it as ``prob_qdq.onnx`` and ending in a sigmoid as
+    ``sigmoid.onnx`` into ``folder``; (images, the model's probabilities for them)."""
     import timm
 
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
     with torch.no_grad():
         model.head.weight.mul_(20)
-        for name, net in (("logits", model), ("prob", _Probabilities(model))):
+        for name, net in (("logits", model), ("prob", _Probabilities(model)), ("sigmoid", _Probabilities(model, True))):
             torch.onnx.export(net, (torch.zeros(2, 3, 32, 32),), str(folder / f"{name}.onnx"), dynamo=False,
                               dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+        graph = onnx.load(str(folder / "prob.onnx"))  # a quantized export's output: its probabilities as 8 bits
+        out = graph.graph.output[0].name
+        for node in graph.graph.node:
+            node.output[:] = [f"{o}_f" if o == out else o for o in node.output]
+        graph.graph.initializer.extend([onnx.numpy_helper.from_array(np.float32(1 / 255), "s"),
+                                        onnx.numpy_helper.from_array(np.uint8(0), "z")])
+        graph.graph.node.extend([onnx.helper.make_node("QuantizeLinear", [f"{out}_f", "s", "z"], ["q"]),
+                                 onnx.helper.make_node("DequantizeLinear", ["q", "s", "z"], [out])])
+        onnx.save(graph, str(folder / "prob_qdq.onnx"))
         x = torch.randn(3, 3, 32, 32)
         return x, model(x).softmax(-1)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
 def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
-    """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out."""
+    """Its probabilities were softmaxed a second time: 40% where the model said 100%, the others evened out; so were
+    those quantized after the softmax, and a sigmoid's (a multi-label model's) were softmaxed as one class each."""
     x, want = softmax_ended_graphs(tmp_path)
     stand_ins = dict(img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
     logits, prob = OnnxModel(tmp_path / "logits.onnx", **stand_ins), OnnxModel(tmp_path / "prob.onnx", **stand_ins)
     assert (logits.probabilities, prob.probabilities) == (False, True)
     assert max_diff(prob(x).softmax(-1), want) <= 1e-5 and max_diff(logits(x).softmax(-1), want) <= 1e-5
     assert want.max() > 0.8  # (a second softmax would have evened it out; seeded: not left to chance)
+    qdq = OnnxModel(tmp_path / "prob_qdq.onnx", **stand_ins)  # quantized after its softmax: still probabilities
+    assert qdq.probabilities and max_diff(qdq(x).softmax(-1), want) <= 2 / 255  # (8-bit steps, renormalised)
+    with pytest.raises(OnnxMetadataError, match=r"sigmoid.onnx ends in Sigmoid: a multi-label model's independent "
+                                                r"probabilities"):
+        OnnxModel(tmp_path / "sigmoid.onnx", **stand_ins)  # (each was softmaxed as if one class each)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

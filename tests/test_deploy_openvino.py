@@ -511,3 +511,10 @@ def test_an_ir_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     prob = OpenVinoModel(tmp_path / "prob.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
     assert prob.probabilities and (prob(x).softmax(-1) - want).abs().max() <= 1e-5
     assert want.max() > 0.8  # (a second softmax would have evened it out; seeded: not left to chance)
+    for name in ("prob_qdq", "sigmoid"):  # quantized after the softmax (FakeQuantize); a multi-label model's sigmoid
+        ov.save_model(ov.convert_model(str(tmp_path / f"{name}.onnx")), str(tmp_path / f"{name}.xml"),
+                      compress_to_fp16=False)
+    qdq = OpenVinoModel(tmp_path / "prob_qdq.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    assert qdq.probabilities and (qdq(x).softmax(-1) - want).abs().max() <= 2 / 255  # (8-bit steps, renormalised)
+    with pytest.raises(OnnxMetadataError, match=r"sigmoid.xml ends in Sigmoid"):
+        OpenVinoModel(tmp_path / "sigmoid.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)

@@ -44,7 +44,7 @@ from . import openvino_int8
 from .onnx_export import OnnxExportError, export_onnx, metadata_for
 from .openvino_int8 import no_telemetry, quiet, silenced
 from .quantize import CalibrationSource
-from .runtime import OnnxMetadataError, OnnxModel, _last_op, thread_count
+from .runtime import OnnxMetadataError, OnnxModel, _last_op, _read_as_probabilities, thread_count
 
 #: The IR's runtime-info section that holds vitkit's metadata entries.
 RT_SECTION = "vitkit"
@@ -201,8 +201,8 @@ class OpenVinoModel(OnnxModel):
             raise OnnxMetadataError(f"{self.path} is not a readable OpenVINO IR ({first_line(e)})") from None
         self.metadata = _rt_metadata(graph)
         if graph.outputs:
-            self.probabilities = _last_op(_made, graph.outputs[0].get_node().input_value(0).get_node()) in (
-                "Softmax", "SoftMax")
+            self.probabilities = _read_as_probabilities(self.path, _last_op(
+                _made, graph.outputs[0].get_node().input_value(0).get_node()))
         inputs, outputs = [_port(p) for p in graph.inputs], [_port(p) for p in graph.outputs]
         self._check_graph(inputs, outputs)
         self.quantization = self.metadata.get("vitkit.quantization", "unknown")

@@ -107,7 +107,8 @@ class OnnxModel(nn.Module):
             over_classes = node.op_type != "Softmax" or axis in (-1, 1)  # (a softmax over the batch is not one)
             return (node.op_type if over_classes else "Softmax over another axis"), list(node.input[:1])
 
-        self.probabilities = bool(proto.graph.output) and _last_op(made, proto.graph.output[0].name) == "Softmax"
+        self.probabilities = _read_as_probabilities(self.path, _last_op(made, proto.graph.output[0].name)
+                                                    if proto.graph.output else None)
         del proto
         threads = thread_count(threads)
         self.session = self._session(ort, threads)
@@ -253,8 +254,21 @@ class OnnxModel(nn.Module):
         return f"{self.path}, quantization={self.quantization}"
 
 
-#: operations that pass a classifier's output on unchanged in value (looked through for the last one)
-PASS_THROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "Flatten", "Convert")
+#: operations that pass a classifier's output on unchanged in value (looked through for the last one); a
+#: quantized graph's probabilities pass through a quantize-dequantize pair (ONNX's Q/DQ, OpenVINO's FakeQuantize)
+PASS_THROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "Flatten", "Convert", "QuantizeLinear", "DequantizeLinear",
+                "FakeQuantize")
+
+
+def _read_as_probabilities(path: Path, last: Optional[str]) -> bool:
+    """Whether a graph's output (``last``: the operation that computes it) is read as probabilities: a Softmax's
+    are; a Sigmoid's (a multi-label model's, one independent probability per class) are refused, since every
+    answer of vitkit's ranks classes that exclude one another (a softmax over them changed each number)."""
+    if last == "Sigmoid":
+        raise OnnxMetadataError(f"{path} ends in Sigmoid: a multi-label model's independent probabilities, which "
+                                f"vitkit would rank as classes that exclude one another (a softmax over them): "
+                                f"not read")
+    return last in ("Softmax", "SoftMax")
 
 
 def _last_op(producer: Any, name: str) -> Optional[str]:
