@@ -53,11 +53,17 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     assert edited.stderr.strip().splitlines()[-1].startswith("vitkit train: error: ") and "Traceback" not in \
         edited.stderr and not (run / "summary.json").exists()
     (run / "config.json").write_text(saved)
+    last = run / "checkpoints" / "step_00000008.pt"  # as if its first session had run on two processes (torchrun)
+    assert torch.load(last, weights_only=True)["processes"] == [1]
+    torch.save({**torch.load(last, weights_only=True), "processes": [2]}, last)
     done = forks.run("train", "--resume", run, "--no-progress", "--tensorboard", "--test-tta", "flip", env=env)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_at_step"] == 8
+    # processes said this session's count alone; the earlier session's two are said beside it
+    assert (summary["processes"], summary["processes_earlier"]) == (1, [2])
+    assert "processes_earlier" not in json.loads((tmp_path / "straight" / "summary.json").read_text())
     assert "test_top1_tta" in summary and "test_top1_tta" not in json.loads(
         (tmp_path / "straight" / "summary.json").read_text())
     assert any((run / "tensorboard").glob("events.out.tfevents.*"))

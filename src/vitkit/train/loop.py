@@ -283,6 +283,7 @@ def _load_state(run: Run, run_dir: Path) -> None:
     run.start = int(state["step"])
     run.prior_seconds = float(state.get("seconds", 0.0))
     run.prior_train_seconds = state.get("train_seconds")  # None: written before it was recorded
+    run.prior_processes = tuple(state.get("processes", ()))
     run.last_ckpt = path
     run.note(f"resuming {run_dir} at step {run.start}/{run.total} ({path.name})")
 
@@ -457,7 +458,8 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
         return None
     state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
              "scaler": run.scaler.state_dict(), "rng": torch.get_rng_state(), "step": step,
-             "seconds": run.seconds(), "data": _data_facts(run), "config": _deciding(run.cfg)}
+             "seconds": run.seconds(), "data": _data_facts(run), "config": _deciding(run.cfg),
+             "processes": sorted({*run.prior_processes, run.dist.world})}
     if run.prior_train_seconds is not None:
         state["train_seconds"] = run.prior_train_seconds + run.train_seconds
     if run.ema is not None:
@@ -494,7 +496,9 @@ def summarise(run: Run) -> Dict[str, Any]:
                "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **train_throughput(run), "precision": run.precision,
-               "device": str(run.dist.device), "processes": run.dist.world,
+               "device": str(run.dist.device), "processes": run.dist.world,  # this session's; earlier ones':
+               **({"processes_earlier": sorted(set(run.prior_processes))} if {*run.prior_processes} - {run.dist.world}
+                  else {}),
                "skipped_files": len({name for name, _ in data.skipped} | run.skipped),
                **({"tiny": "VITKIT_TINY was set: a test-scale run, not a result"} if tiny.enabled() else {})}
     run.metrics.close(summary)

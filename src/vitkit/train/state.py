@@ -61,6 +61,8 @@ class Run:
     start: int = 0
     prior_seconds: float = 0.0
     prior_train_seconds: Optional[float] = 0.0
+    #: the process counts of earlier sessions of the run (a resume may run on another number)
+    prior_processes: tuple = ()
     t_start: float = field(default_factory=time.perf_counter)
     train_seconds: float = 0.0
     #: names of the samples the batch sources dropped (each counted once, however often met)
