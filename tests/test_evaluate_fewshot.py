@@ -86,8 +86,8 @@ def test_one_class_and_features_that_are_not_finite_are_refused_not_scored():
 def test_cli_fewshot_json(tmp_path, capsys):
     torch.manual_seed(0)
     vitkit.create_model("vit_fmnist", depth=1).save_pretrained(tmp_path / "m")
-    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--shots", "1", "5", "--seeds", "2",
-                 "--pool", "3000", "--json"])
+    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--dataset", "fashion-mnist", "--shots", "1", "5",
+                 "--seeds", "2", "--pool", "3000", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and [r["shots"] for r in out["results"]] == [1, 5]
     one, five = (r["mean"] for r in out["results"])
@@ -101,8 +101,36 @@ def test_a_pool_too_small_for_the_shots_names_the_pool(tmp_path, capsys):
     enough, the pool drawn from it does not, and the line says so (it said to find a larger split)."""
     torch.manual_seed(0)
     vitkit.create_model("vit_fmnist", depth=1).save_pretrained(tmp_path / "m")
-    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--shots", "25", "--seeds", "1", "--pool", "500",
-                 "--no-progress"])
+    code = main(["fewshot", "--weights", str(tmp_path / "m"), "--dataset", "fashion-mnist", "--shots", "25", "--seeds",
+                 "1", "--pool", "500", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "only a pool of 500 training images was drawn" in err[0]
     assert "--pool 0" in err[0]
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, capsys):
+    """--dataset defaulted to fashion-mnist whatever the weights: a model trained on ImageNet folders was scored
+    "1-shot 23.92%" on Fashion-MNIST without a word. The weights' class names pick the dataset, as eval's do; a
+    pre-training run's encoder (no classes) takes the dataset its run trained on; anything else is asked for."""
+    from vitkit.data.datasets import CLASS_NAMES
+
+    torch.manual_seed(0)
+    args = ["--shots", "1", "--seeds", "1", "--pool", "1000", "--no-progress", "--json"]
+    vitkit.create_model("vit_fmnist", depth=1, label_names=[f"n0{i}" for i in range(10)]).save_pretrained(
+        tmp_path / "imagenet-like")
+    assert main(["fewshot", "--weights", str(tmp_path / "imagenet-like"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --dataset: few-shot fits its probes on the dataset named" in err[0], err
+    vitkit.create_model("vit_fmnist", depth=1, label_names=CLASS_NAMES["fashion-mnist"]).save_pretrained(
+        tmp_path / "named")
+    assert main(["fewshot", "--weights", str(tmp_path / "named"), *args]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == "fashion-mnist"
+    run = tmp_path / "runs" / "mae"  # a pre-training run's folder: its config.json, its encoder in model/
+    vitkit.create_model("vit_fmnist", depth=1, num_classes=0).save_pretrained(run / "model")
+    (run / "config.json").write_text(json.dumps({"objective": "mae", "dataset": "fashion-mnist", "data_dir": None}))
+    for weights in (run, run / "model"):
+        assert main(["fewshot", "--weights", str(weights), *args]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out)["dataset"] == "fashion-mnist"
+        assert f"note: fashion-mnist, the dataset the run {run} trained on (--dataset chooses another)" in said.err

@@ -103,21 +103,25 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
     from ..evaluate import fewshot_on_dataset
-    from ..evaluate.dataset import check_fewshot_options, check_hf_options
+    from ..evaluate.dataset import check_fewshot_options, check_hf_options, fewshot_data_of
 
     check_fewshot_options(args.shots, args.seeds, args.pool)  # before the features are computed
-    check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
+    if args.dataset:
+        check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
     model = load_model(args, encoder_only=True)  # a pre-training model's ViT
-    score = fewshot_on_dataset(model, args.dataset, args.shots, args.seeds, args.pool, data_dir=args.data_dir,
+    dataset, data_dir, note = fewshot_data_of(model, args.weights, args.dataset, args.data_dir)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    score = fewshot_on_dataset(model, dataset, args.shots, args.seeds, args.pool, data_dir=data_dir,
                                hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
                                progress=not args.no_progress)
     if score.skipped:
         print(f"note: skipped {len(score.skipped)} unusable images (first: {score.skipped[0]})", file=sys.stderr)
     if args.json:
-        print(json.dumps({"weights": args.weights, "dataset": args.dataset, "seeds": args.seeds,
+        print(json.dumps({"weights": args.weights, "dataset": dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in score.results.values()]}))
         return 0
-    print(f"few-shot linear evaluation ({args.dataset}, {args.seeds} seed{'s' * (args.seeds != 1)}, ridge to "
+    print(f"few-shot linear evaluation ({dataset}, {args.seeds} seed{'s' * (args.seeds != 1)}, ridge to "
           f"{{-1, 1}} targets)")
     for r in score.results.values():
         print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
@@ -142,8 +146,8 @@ def add_eval(verb) -> None:
 
     p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
     p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
-    p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR (default: the one "
-                                     "whose classes the weights name)")
+    p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100, folder, shards or hf:NAME_OR_DIR (default: "
+                                     "the one whose classes the weights name)")
     p.add_argument("--data-dir")
     p.add_argument("--split", default="test", choices=["train", "test"])
     add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
@@ -167,7 +171,8 @@ def add_eval(verb) -> None:
 def add_fewshot(verb) -> None:
     p = verb("fewshot", "the paper's few-shot linear evaluation of frozen features")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
-    p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist, cifar10, cifar100 or hf:NAME_OR_DIR")
+    p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100, folder or hf:NAME_OR_DIR (default: the one "
+                                     "whose classes the weights name, else the one their run trained on)")
     p.add_argument("--data-dir")
     add_hf_flags(p, "the split shots are drawn from (default: train; tested on test, or validation)")
     p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -96,6 +96,36 @@ def dataset_of(model, dataset: Optional[str]) -> str:
         raise ValueError(f"the weights' classes ({shown}) are none of {', '.join(datasets.CLASS_NAMES)}: "
                          f"pass --dataset")
     return found
+
+
+def fewshot_data_of(model, weights: Optional[str], dataset: Optional[str],
+                    data_dir: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
+    """(dataset, data_dir, a note) for few-shot: ``dataset``; else the one the model's class names are; else the one
+    the run that saved ``weights`` trained on (a pre-training run's encoder has no classes), with its data_dir. None
+    of them: refused (it ran on Fashion-MNIST whatever the model: an ImageNet tower's "1-shot 23.92%")."""
+    import json
+    from pathlib import Path
+
+    from ..data import datasets
+    from ..weights.pretrained import run_model_folder
+
+    if dataset:
+        return dataset, data_dir, None
+    if found := datasets.dataset_for_labels(model.config.label_names):
+        return found, data_dir, None
+    path = Path(weights) if weights and not str(weights).startswith("hf-hub:") else None
+    run = path if path is not None and run_model_folder(path) else \
+        path.parent if path is not None and path.name == "model" else None
+    try:
+        saved = json.loads((run / "config.json").read_text()) if run is not None else {}
+    except (OSError, ValueError):
+        saved = {}
+    if isinstance(saved, dict) and isinstance(saved.get("dataset"), str) and "objective" in saved:
+        return (saved["dataset"], data_dir or saved.get("data_dir"),
+                f"{saved['dataset']}, the dataset the run {run} trained on (--dataset chooses another)")
+    raise ValueError("pass --dataset: few-shot fits its probes on the dataset named (fashion-mnist, cifar10, "
+                     "cifar100, folder or hf:NAME_OR_DIR), and the weights' classes name none vitkit knows, nor "
+                     "are they a run's")
 
 
 def check_same_classes(names: Optional[Sequence[str]], classes: Sequence[str], dataset: str) -> None:
