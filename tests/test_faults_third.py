@@ -695,7 +695,7 @@ def test_the_cost_line_times_a_large_model_on_few_images(monkeypatch):
     from vitkit.train import fit
 
     timed = []
-    monkeypatch.setattr(fit, "_time_step", lambda model, n, amp, device: timed.append(n) or 0.5 * n)
+    monkeypatch.setattr(fit, "_time_step", lambda model, n, amp, device, parallel: timed.append(n) or 0.5 * n)
     cpu = torch.device("cpu")
     for name, kw in (("vit_base_patch16_384", {}), ("vit_fmnist_hybrid", {})):
         model = vitkit.create_model(name, **kw)
@@ -708,6 +708,35 @@ def test_the_cost_line_times_a_large_model_on_few_images(monkeypatch):
     fit.cost_line(model, complexity(model.config).macs, 32, 16, None, cpu)
     fit.cost_line(model, complexity(model.config).macs, 200, 64, None, cpu)
     assert timed[2:] == [1, 10]
+
+
+def test_the_cost_line_times_the_step_as_the_run_takes_it():
+    """The timed step ran on torch's own threads while the run's steps run in parts on single-threaded workers:
+    beside a busy process the barriers stalled it ("about 59 min" for a run that took 208 s). It runs as the
+    steps do now: in parts, each on one thread, leaving the model's gradients, mode and random streams as found."""
+    import threading
+
+    from vitkit.models.complexity import complexity
+    from vitkit.parallel import BatchParallel
+    from vitkit.train import fit
+
+    model = vitkit.create_model("vit_fmnist", depth=1).train()
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(
+        (len(args[0]), threading.current_thread().name.startswith("vitkit-part"), torch.get_num_threads())))
+    parallel, before = BatchParallel(2), torch.random.get_rng_state()
+    try:
+        line = fit.cost_line(model, complexity(model.config).macs, 10_000, 32, None, torch.device("cpu"),
+                             parallel=parallel)
+    finally:
+        parallel.close()
+    assert line.endswith("(one timed step of 32 images)") and "about" in line, line
+    assert sorted(seen) == [(16, True, 1)] * 4  # two passes of two parts, each on a worker with one thread
+    assert all(p.grad is None for p in model.parameters()) and model.training
+    assert torch.equal(torch.random.get_rng_state(), before)
+    seen.clear()
+    fit.cost_line(model, complexity(model.config).macs, 10_000, 32, None, torch.device("cpu"))  # (torch's threads)
+    assert [(n, part) for n, part, _ in seen] == [(32, False)] * 2
 
 
 # ---------------------------------------------------------------- 9. preprocessing in one call

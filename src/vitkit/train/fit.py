@@ -14,6 +14,7 @@ forward pass's) times the images it will see, and the time that takes here, from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -21,6 +22,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..parallel import BatchParallel
 from .config import TrainConfig
 
 #: the fewest optimiser steps an epoch of a small dataset gets (by a smaller batch, down to MIN_BATCH)
@@ -88,49 +90,52 @@ TIMED_SHARE = 0.05
 
 
 def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, amp: Optional[torch.dtype],
-              device: torch.device, timed: bool = True) -> str:
+              device: torch.device, timed: bool = True, parallel: Optional[BatchParallel] = None) -> str:
     """What the run costs: training operations (3x the forward pass's) per image, times the images
     it will see, and the seconds that takes on this machine from one timed step of ``micro_batch``
     random images (at most 32, and at most :data:`TIMED_STEP_FLOPS` worth) through ``model`` (its
-    state, gradients and random streams untouched), and at most :data:`TIMED_SHARE` of ``images``."""
+    state, gradients and random streams untouched), and at most :data:`TIMED_SHARE` of ``images``;
+    in parts on ``parallel``'s workers where the run's steps are (beside a busy process, torch's own
+    threads stall at every operation's barrier: "about 59 min" for a run of 208 s)."""
     per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
     total = per_image * images
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
     if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
         return line + " (the encoder's full pass; masking and a decoder change it)"
     n = max(1, min(micro_batch, 32, int(TIMED_STEP_FLOPS // per_image), int(images * TIMED_SHARE)))
-    seconds = _time_step(model, n, amp, device)
+    with parallel.single_threaded_ops() if parallel is not None else contextlib.nullcontext():
+        seconds = _time_step(model, n, amp, device, parallel)
     if seconds is None:
         return line
     return line + f"; about {_duration(seconds / n * images)} here (one timed step of {n} image{'s' if n > 1 else ''})"
 
 
-def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device
-               ) -> Optional[float]:
+def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device,
+               parallel: Optional[BatchParallel]) -> Optional[float]:
     config = getattr(model, "config", None)
     size, chans = getattr(config, "img_size", None), getattr(config, "in_chans", None)
     if size is None or chans is None:
         return None
     x = torch.zeros(n, chans, *size, device=device)
+    params = [p for p in model.parameters() if p.requires_grad]  # gradients returned, none accumulated in place
+
+    def step(part: slice) -> None:
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            out = model(x[part])
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.autograd.grad(out.float().sum(), params, allow_unused=True)
+
     training = model.training
-    grads = {p: p.grad for p in model.parameters()}
-    for p in grads:  # backward accumulates into a gradient in place: time into fresh ones
-        p.grad = None
     model.eval()  # no running statistics move; dropout draws nothing
     try:
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
             for _ in range(2):  # the first pass warms the kernels up
                 start = time.perf_counter()
-                with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                    out = model(x)
-                out = out[0] if isinstance(out, (tuple, list)) else out
-                out.float().sum().backward()
+                parallel.run(step, n) if parallel is not None else step(slice(None))
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - start
     finally:
-        for p, g in grads.items():
-            p.grad = g
         model.train(training)
     return seconds
 

@@ -88,7 +88,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         if run.main and run.start < run.total:
             encoder = encoder_of(run.model)
             run.note(cost_line(encoder, complexity(encoder.config).macs, (run.total - run.start) * run.cfg.batch_size,
-                               run.layout.local, run.amp, run.dist.device, timed=cfg.objective == "classify"))
+                               run.layout.local, run.amp, run.dist.device, timed=cfg.objective == "classify",
+                               parallel=run.parallel))
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
             summary = summarise(run)
