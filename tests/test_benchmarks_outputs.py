@@ -93,7 +93,7 @@ def test_gpu_check_dry_runs_every_stage_into_one_folder(tmp_path, monkeypatch):
     skip), its JSON in one folder, and a stage that hangs killed at its limit while the rest go on."""
     monkeypatch.syspath_prepend(str(BENCH))
     import gpu_check
-    from vitkit.train.precision import default_recipe
+    from vitkit.train.recipes import default_recipe
 
     with pytest.raises(SystemExit) as e:  # no GPU here: said in one line, not a traceback
         gpu_check.parse_args([])
@@ -167,7 +167,7 @@ def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dir
     """The make-demo benchmark runs `vitkit train` as a user does (its own process, no recipe named)
     and records the recipe the machine chose, the CPU's flags and each seed's wall clock."""
     import bench_default_run
-    from vitkit.train.precision import default_recipe
+    from vitkit.train.recipes import default_recipe
 
     results, smoke = dirs
     assert bench_default_run.main(["--quick", "--seeds", "3"]) == 0

@@ -288,7 +288,34 @@ def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words,
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "usage:" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "--epocs", "3"], ["--version"]])
+def test_help_shows_the_defaults_a_run_takes(capsys):
+    """--help showed TrainConfig's own defaults, which no run without --recipe takes: train's epochs 6 (the default
+    runs train 9 in bf16, 3 in fp32), pretrain's model vit_fmnist_hybrid (refused by every objective), its lr, betas,
+    epochs, validation images of classification. Each shown default is the one the run resolves."""
+    import re
+
+    from vitkit.train.config import resolve_config
+
+    def help_of(verb: str, flag: str) -> str:
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        text = " ".join(capsys.readouterr().out.split("options:", 1)[1].split())  # (not the usage block)
+        return re.search(rf"{flag} \S+ .*?\[default: (.*?)\]( --|$)", text).group(1)
+
+    bf16, fp32 = resolve_config("fmnist"), resolve_config("fmnist-fp32")
+    assert help_of("train", "--epochs") == f"{bf16.epochs} where the run trains in bf16, {fp32.epochs} in fp32 " \
+        f"(the default recipes; 6.0 under a recipe that sets none)"
+    assert help_of("train", "--label-smoothing").startswith(f"{bf16.label_smoothing} (the default recipes;")
+    assert help_of("train", "--model") == bf16.model == fp32.model
+    runs = {o: resolve_config(f"{o}-fmnist", objective=o) for o in ("simmim", "mpp", "mae")}
+    assert help_of("pretrain", "--model") == runs["mae"].model == runs["simmim"].model == "vit_fmnist"
+    assert help_of("pretrain", "--epochs") == "by --objective: " + ", ".join(f"{o} {r.epochs}" for o, r in runs.items())
+    assert help_of("pretrain", "--lr") == str(runs["mae"].lr) and help_of("pretrain", "--val-size") == "0"
+    assert help_of("pretrain", "--betas") == str(list(runs["mpp"].betas))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["pretrain", "--help"], ["train", "--epocs", "3"],
+                                  ["--version"]])
 def test_help_and_a_mistyped_flag_answer_without_importing_torch(argv):
     """torch's import is most of a second: help and flag errors must not wait for it."""
     code = ("import sys, vitkit.cli\n"

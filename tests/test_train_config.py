@@ -107,14 +107,15 @@ def test_tiny_scale_caps_test_images_of_indexable_data_only(monkeypatch):
 @pytest.mark.parametrize("native_bf16", [True, False])
 def test_a_run_that_names_no_recipe_gets_the_one_for_the_precision_it_trains_in(monkeypatch, native_bf16):
     from vitkit.train import precision
+    from vitkit.train.recipes import default_recipe
 
     monkeypatch.setattr(precision, "native_bf16_cpu", lambda: native_bf16)
     monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
     auto = "fmnist" if native_bf16 else "fmnist-fp32"
-    assert precision.default_recipe() == (auto, "bf16: this CPU runs bf16 natively" if native_bf16
-                                          else "fp32: this CPU has no native bf16")
-    assert precision.default_recipe("fp32") == ("fmnist-fp32", "fp32: --precision fp32")  # asked for, either CPU
-    assert precision.default_recipe("bf16")[0] == precision.default_recipe("fp16")[0] == "fmnist"
+    assert default_recipe() == (auto, "bf16: this CPU runs bf16 natively" if native_bf16
+                                else "fp32: this CPU has no native bf16")
+    assert default_recipe("fp32") == ("fmnist-fp32", "fp32: --precision fp32")  # asked for, either CPU
+    assert default_recipe("bf16")[0] == default_recipe("fp16")[0] == "fmnist"
     from vitkit.train.config import RECIPES
 
     for argv, recipe in [((), auto), (("--precision", "fp32"), "fmnist-fp32"), (("--precision", "bf16"), "fmnist"),

@@ -153,7 +153,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
     from ..train.config import LABEL_FIELDS, OBJECTIVE_OPTIONS
     from ..utils import field_comments
 
-    recipes = [r for r in RECIPES if r.endswith("-fmnist") and r.split("-")[0] in ("simmim", "mpp", "mae")]
+    recipes = list(PRETRAIN_RECIPES)
     if pretrain:
         p.add_argument("--recipe", choices=recipes, help="named recipe whose values replace the defaults "
                        "(a config file and flags override it) [default: OBJECTIVE-fmnist]")
@@ -173,8 +173,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
             continue
         flag, kind = "--" + name.replace("_", "-"), str(f.type)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = "none" if default is None else json.dumps(default) if isinstance(default, dict) else default
-        help = comments.get(name, "").replace("%", "%%") + f" [default: {shown}"
+        help = comments.get(name, "").replace("%", "%%") + f" [default: {_default_shown(name, default, pretrain)}"
         help += "; 'none' unsets it]" if "Optional" in kind and "bool" not in kind else "]"  # (--no-X: a switch's)
         if name == "model_args":
             p.add_argument(flag, metavar="JSON", help=help)
@@ -185,6 +184,31 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
         else:
             parse = int if "int" in kind else float if "float" in kind else str
             p.add_argument(flag, type=_optional(parse) if "Optional" in kind else parse, help=help)
+
+
+def _default_shown(name: str, default, pretrain: bool) -> str:
+    """A field's default as a run takes it: the default recipe's value where it sets one (train: the recipe of the
+    precision the run trains in; pretrain: the objective's), the field's own elsewhere."""
+    from ..train.recipes import DEFAULT_RECIPES, RECIPES
+
+    def shown(value) -> str:
+        return "none" if value is None else json.dumps(value) if isinstance(value, (dict, tuple)) else str(value)
+
+    if pretrain:
+        by = {r.split("-")[0]: RECIPES[r].get(name, default) for r in PRETRAIN_RECIPES}
+        if len({shown(v) for v in by.values()}) == 1:
+            return shown(next(iter(by.values())))
+        return "by --objective: " + ", ".join(f"{k} {shown(v)}" for k, v in by.items())
+    by = {p: RECIPES[DEFAULT_RECIPES[p]].get(name, default) for p in ("bf16", "fp32")}
+    if shown(by["bf16"]) == shown(by["fp32"]) == shown(default):
+        return shown(default)
+    run = shown(by["bf16"]) if shown(by["bf16"]) == shown(by["fp32"]) else \
+        f"{shown(by['bf16'])} where the run trains in bf16, {shown(by['fp32'])} in fp32"
+    return f"{run} (the default recipes; {shown(default)} under a recipe that sets none)"
+
+
+#: the recipes ``vitkit pretrain`` takes (``--objective X``: ``X-fmnist``)
+PRETRAIN_RECIPES = ("simmim-fmnist", "mpp-fmnist", "mae-fmnist")
 
 
 def add_train(verb) -> None:
@@ -199,7 +223,8 @@ def add_pretrain(verb) -> None:
                          "masked patch prediction or MAE (default: Fashion-MNIST's 60k training images)")
     p.add_argument("--objective", choices=["simmim", "mpp", "mae"],
                    help="simmim: masked blocks' pixels by L1 (arXiv 2111.09886); mpp: the ViT paper's masked patch "
-                        "prediction (3-bit mean colour); mae: masked autoencoder (arXiv 2111.06377)")
+                        "prediction (3-bit mean colour); mae: masked autoencoder (arXiv 2111.06377); required, here "
+                        "or as --config's objective")
     _add_train_flags(p, pretrain=True)
     p.set_defaults(func=cmd_pretrain)
 

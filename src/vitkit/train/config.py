@@ -123,9 +123,8 @@ class TrainConfig:
     #: Train and evaluate at this square size (in-memory images are resized on the device);
     #: none: the data's own size.
     img_size: Optional[int] = None
-    #: Epochs to train (the default recipe, fmnist, trains 9 of batch 128 with random erasing:
-    #: about 3 min 15 s on 2 CPU cores on a fast day of this project's EPYC; batch 128 learned
-    #: 0.8 points more than 256 in 2 epochs, at the same img/s).
+    #: Epochs to train: passes over the training images (--max-steps, when given, decides instead;
+    #: the default run's batch 128 learned 0.8 points more than 256 in 2 epochs, at the same img/s).
     epochs: float = 6.0
     #: Stop after this many optimiser steps instead (none: from epochs).
     max_steps: Optional[int] = None
@@ -488,7 +487,7 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, 
 def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **overrides: Any) -> TrainConfig:
     """Defaults <- recipe <- config file <- explicit overrides (None: not given; ``OFF``: switch
     an optional field off). ``model_args`` is merged deeply across the three, not replaced. No
-    recipe: the default run's for the precision the run will train in (precision.default_recipe)."""
+    recipe: the default run's for the precision the run will train in (recipes.default_recipe)."""
     given = {k: v for k, v in overrides.items() if v is not None}
     from_file = _file_values(file)
     recipe = recipe_in_effect(recipe, file, given, from_file)

@@ -3,7 +3,7 @@
 ``auto`` means the machine's fastest precision that trains well: bf16 on a GPU that has it (fp16
 on older ones), bf16 on a CPU that runs it natively (AVX-512 BF16 or AMX), and fp32 elsewhere,
 where torch would emulate bf16 many times slower than fp32. A run that names no recipe gets
-the one chosen for that precision (``DEFAULT_RECIPES``): a model and schedule sized so that the
+the one chosen for that precision (``recipes.DEFAULT_RECIPES``): a model and schedule sized so that the
 default run fits its few minutes on the machine it runs on.
 """
 
@@ -14,9 +14,6 @@ from typing import Optional, Tuple
 import torch
 
 from ..machine import native_bf16_cpu
-
-#: ``vitkit train`` without --recipe: the recipe for the precision the run trains in.
-DEFAULT_RECIPES = {"fp32": "fmnist-fp32", "bf16": "fmnist", "fp16": "fmnist"}
 
 
 def this_device() -> torch.device:
@@ -50,11 +47,11 @@ def name_of(dtype: Optional[torch.dtype]) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def default_recipe(precision: str = "auto", device: Optional[torch.device] = None) -> Tuple[str, str]:
-    """(recipe, why) for a run that names no recipe, from the precision it will train in."""
+def trains_in(precision: str = "auto", device: Optional[torch.device] = None) -> Tuple[str, str]:
+    """(the precision a run asking for ``precision`` trains in, why), which picks a run's default recipe
+    (recipes.default_recipe)."""
     device = device or this_device()
-    trains_in = name_of(pick_precision(precision, device))
-    return DEFAULT_RECIPES[trains_in], f"{trains_in}: {why_precision(precision, device)}"
+    return name_of(pick_precision(precision, device)), why_precision(precision, device)
 
 
-__all__ = ["DEFAULT_RECIPES", "default_recipe", "name_of", "pick_precision", "this_device", "why_precision"]
+__all__ = ["name_of", "pick_precision", "this_device", "trains_in", "why_precision"]

@@ -6,7 +6,7 @@ read them."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .config_types import CHOICES, ConfigNote, _show
 
@@ -120,6 +120,18 @@ def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
     return {**model_args, "representation_size": width}
 
 
+#: ``vitkit train`` without --recipe: the recipe for the precision the run trains in (train/precision.py).
+DEFAULT_RECIPES = {"fp32": "fmnist-fp32", "bf16": "fmnist", "fp16": "fmnist"}
+
+
+def default_recipe(precision: str = "auto", device: Any = None) -> Tuple[str, str]:
+    """(recipe, why) for a run that names no recipe, from the precision it will train in."""
+    from .precision import trains_in  # imports torch: parsing flags does not
+
+    name, why = trains_in(precision, device)
+    return DEFAULT_RECIPES[name], f"{name}: {why}"
+
+
 def recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[str, Any],
                       from_file: Mapping[str, Any]) -> str:
     """The recipe named (--recipe, else the config file's, as a run's config.json names it), else the default
@@ -133,8 +145,6 @@ def recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[
         precision = given.get("precision", from_file.get("precision", "auto"))  # (TrainConfig's)
         if precision not in CHOICES["precision"]:
             raise ValueError(f"precision must be one of {', '.join(CHOICES['precision'])}, not {_show(precision)}")
-        from .precision import default_recipe  # imports torch: parsing flags does not
-
         recipe = default_recipe(precision)[0]
     if recipe not in RECIPES:
         where = f"{file}: " if file and from_file.get("recipe") == recipe else ""
@@ -148,8 +158,6 @@ def recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[
 def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -> str:
     """A config file's recipe, with a note when it is the default run of another precision than this run's (a run's
     config.json from a machine with bf16, reused on one without: its model was sized for the other)."""
-    from .precision import DEFAULT_RECIPES, default_recipe
-
     if recipe in DEFAULT_RECIPES.values() and precision in CHOICES["precision"]:
         here, why = default_recipe(precision)
         if here != recipe:
@@ -160,4 +168,4 @@ def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -
     return recipe
 
 
-__all__ = ["RECIPES", "recipe_in_effect", "resolve_width"]
+__all__ = ["DEFAULT_RECIPES", "RECIPES", "default_recipe", "recipe_in_effect", "resolve_width"]
