@@ -305,6 +305,10 @@ def test_bad_arguments_are_one_line_each(tmp_path, capsys):
     assert not any((tmp_path / w).exists() for w in ("w1", "w2", "w3"))
     assert cli(["study", "list"]) == 0
     assert "position-embeddings" in capsys.readouterr().out
+    assert cli(["study", "list", "--json"]) == 0  # (it printed the table: json.load failed on it)
+    listed = json.loads(capsys.readouterr().out)
+    assert listed[0] == {"name": "position-embeddings", "title": get_study("position-embeddings").title}
+    assert [s["name"] for s in listed] == list_studies()
     for flag in ("--work", "--out"):  # an empty one was the current folder, which the study filled
         with pytest.raises(SystemExit) as stop:
             cli(["study", "position-embeddings", flag, ""])

@@ -13,9 +13,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ..studies.base import default_folders, options_from, run_study, summary_lines
 
     if args.name == "list":
-        for name in list_studies():
-            study = get_study(name)
-            print(f"{name:<22} {study.title}")
+        studies = [(name, get_study(name).title) for name in list_studies()]
+        if args.json:  # (the table was printed: every verb's --json is one JSON document)
+            print(json.dumps([{"name": name, "title": title} for name, title in studies]))
+        else:
+            print("\n".join(f"{name:<22} {title}" for name, title in studies))
         return 0
     study = get_study(args.name)
     options = options_from(args)
