@@ -298,6 +298,12 @@ def test_hybrid_exports_that_cannot_express_it_are_refused(tmp_path):
     with pytest.raises(WeightsError, match="ResNet hybrid is not an HF ViT"):
         vitkit.export_weights(model, tmp_path / "hf", "hf")
     assert not (tmp_path / "bv.npz").exists() and not (tmp_path / "hf").exists()
+    stem = vitkit.create_model("vit_fmnist_hybrid")  # a conv stem: no layout but vitkit's and timm's holds it
+    for layout, path in (("big_vision", "bv.npz"), ("npz", "vj.npz"), ("hf", "hf")):  # (npz was suggested for it)
+        with pytest.raises(WeightsError) as refused:
+            vitkit.export_weights(stem, tmp_path / path, layout)
+        assert "'conv'" in str(refused.value) and "as 'vitkit' or 'timm'" in str(refused.value) and "'npz'" not in \
+            str(refused.value), (layout, str(refused.value))
 
 
 # ------------------------------------------------------------------ config, sizes, errors

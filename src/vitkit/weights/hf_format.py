@@ -184,9 +184,12 @@ def from_native(model) -> Dict[str, torch.Tensor]:
 
 def _check_exportable(cfg: ViTConfig) -> None:
     problems = []
-    if cfg.backbone is not None:
+    if cfg.backbone is not None and cfg.backbone.get("type") == "resnetv2":
         problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
                         "implemented); export it as 'vitkit', 'timm' or 'npz'")
+    elif cfg.backbone is not None:  # (the official layout has only ResNet hybrids)
+        problems.append(f"a hybrid of a {cfg.backbone.get('type')!r} stem is not an HF ViT; export it as 'vitkit' "
+                        f"or 'timm'")
     if cfg.class_token and cfg.global_pool != "token":
         problems.append(f"HF ViT pools the class token (needs global_pool='token', not {cfg.global_pool!r}; "
                         f"without a class token, I-JEPA pools the mean of the normalised tokens)")

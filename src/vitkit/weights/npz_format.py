@@ -392,7 +392,7 @@ def _export_problems(cfg: Any, layout: str) -> List[str]:
     if cfg.global_pool == "map" and (cfg.map_mlp_dim not in (None, cfg.mlp_dim) or cfg.pool_include_prefix):
         problems.append("big_vision's MAP head has the blocks' MLP width and pools the patches")
     backbone = getattr(cfg, "backbone", None)
-    if backbone is not None and layout != "vit_jax":
+    if backbone is not None and backbone["type"] == "resnetv2" and layout != "vit_jax":
         problems.append("big_vision has no ResNet hybrid layout (export hybrids as 'npz', the vit_jax layout)")
     elif backbone is not None and backbone["type"] != "resnetv2":
         problems.append(f"the official layout has only ResNet hybrids, not a {backbone['type']!r} backbone "
