@@ -19,7 +19,7 @@ import vitkit
 from conftest import randomize, trained_briefly
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
-from vitkit.deploy.openvino import OpenVinoModel, export_openvino
+from vitkit.deploy import OpenVinoModel, export_openvino  # (the public names, as docs/shipping.md uses them)
 from vitkit.deploy.runtime import OnnxMetadataError
 
 ov = pytest.importorskip("openvino")
