@@ -40,18 +40,28 @@ class DiskFull(OSError):
 
 def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> bool:
     """Whether ``error`` means the disk (or the user's quota) is full. ``OSError`` says so by its
-    errno and safetensors in its text; torch's zip writer raises a RuntimeError whose text names
-    neither ("unexpected pos 576 vs 534"), so for a writer's RuntimeError the free space of
-    ``folder`` decides (under 1 MiB left)."""
+    errno and safetensors in its text; torch's zip writer, OpenVINO and protobuf raise errors whose
+    text names neither (:data:`WRITER_WORDS`), so for those the free space of ``folder`` (or of the
+    work folder the job failed in, when it failed) decides (under 1 MiB left)."""
     if isinstance(error, DiskFull) or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
         return True
     text = str(error)
     if any(words in text for words in ("No space left on device", "StorageFull", "Disk quota exceeded", "os error 28")):
         return True
-    if isinstance(error, RuntimeError) and folder is not None and ("inline_container" in text or "write" in text):
-        free = free_bytes(folder)
+    if folder is not None and any(words in text for words in WRITER_WORDS):
+        free = getattr(error, FREE_AT_FAILURE, None)  # (a work folder's files, removed since, held the space)
+        free = free if free is not None else free_bytes(folder)
         return free is not None and free < 1 << 20
     return False
+
+
+#: what writers say, in their own words, when a file they wrote or read back fell short: torch's zip writer
+#: ("inline_container ... unexpected pos"), OpenVINO's C++ streams ("basic_ios::clear: iostream error"), and
+#: protobuf reading a model that ONNX Runtime's tools wrote cut short without a word ("Error parsing message")
+WRITER_WORDS = ("inline_container", "write", "iostream error", "Error parsing message")
+#: the attribute a work folder puts on the exception that ended its job: the bytes still free at that moment
+#: (once its files are removed, the disk no longer looks full)
+FREE_AT_FAILURE = "vitkit_free_at_failure"
 
 
 def free_bytes(folder: PathLike) -> Optional[int]:
@@ -175,6 +185,11 @@ def work_folder(parent: PathLike, name: str) -> Iterator[Path]:
             fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o600)
             _try_lock(fd)
         yield folder
+    except BaseException as e:
+        if folder is not None and not hasattr(e, FREE_AT_FAILURE):  # (the innermost job's folder says it)
+            with contextlib.suppress(Exception):
+                setattr(e, FREE_AT_FAILURE, free_bytes(folder))
+        raise
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)

@@ -104,7 +104,9 @@ def _release_interrupted_work(stop: BaseException) -> None:
     DataLoader's workers are shut down here, before the last line, rather than by the
     interpreter's exit, where its queues' threads and finalizers race and print tracebacks."""
     error: Optional[BaseException] = stop
-    while error is not None:
+    seen = set()
+    while error is not None and id(error) not in seen:  # (a chain may loop: SIGTERM inside torch.onnx's import of
+        seen.add(id(error))  # torch._dynamo made its own error the context of an error it caused, for ever)
         error.__traceback__ = None
         error = error.__context__ or error.__cause__
     gc.collect()

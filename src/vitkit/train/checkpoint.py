@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..files import atomic_path
+from ..files import DiskFull, atomic_path
 from ..weights.io import unsafe_object
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -69,11 +69,21 @@ def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int) 
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.pt"
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-        back = torch.load(tmp, map_location="cpu", weights_only=True)  # a file that cannot be read never counts
-        if back.get("step") != step:
-            raise OSError(f"checkpoint {path} did not read back as written (step {back.get('step')!r})")
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+            back = torch.load(tmp, map_location="cpu", weights_only=True)  # a file that cannot be read never counts
+            if back.get("step") != step:
+                raise OSError(f"checkpoint {path} did not read back as written (step {back.get('step')!r})")
+    except DiskFull:
+        kept = checkpoint_paths(run_dir)
+        if not kept:
+            raise
+        size = kept[-1].stat().st_size / 1e6
+        raise DiskFull(path, f"the checkpoints before are intact (the newest of step {checkpoint_step(kept[-1])}); "
+                             f"a checkpoint is written beside the ones kept before the oldest goes, so "
+                             f"--keep-checkpoints {keep} needs room for {keep + 1} of {size:,.1f} MB: free some "
+                             f"space, then --resume the run") from None
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -6,8 +6,10 @@ on the same rows, written only by the main process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -23,7 +25,42 @@ def _tensorboard_writer(folder: Path):
     except MissingExtra as e:  # optional: metrics.jsonl is the record, so the run goes on without it
         log.info("%s; metrics go to metrics.jsonl only", e)
         return None
-    return tensorboard.SummaryWriter(log_dir=str(folder))
+    _quiet_writer_threads()
+    with _said_as_disk_full(folder, "free some space (or run with --no-tensorboard: metrics.jsonl is the record)"):
+        return tensorboard.SummaryWriter(log_dir=str(folder))
+
+
+#: what a full disk under TensorBoard's writes mid-run leaves
+ROWS_KEPT = "metrics.jsonl holds the rows before; free some space, then --resume the run"
+
+
+@contextlib.contextmanager
+def _said_as_disk_full(folder: Path, what: str = ROWS_KEPT):
+    """TensorBoard's writes, a full disk said as one line naming its folder (its OSError named no file)."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e, folder):
+            raise DiskFull(folder, what) from None
+        raise
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes from a thread of its own, which hands its error to the next call of the run's thread
+    (said there) and then raises it again, printed as a thread's traceback after the run's last line: that
+    second telling is dropped (a full disk, a folder removed), every other thread's is printed as before."""
+    hook = threading.excepthook
+    if getattr(hook, "vitkit_tensorboard", False):
+        return
+
+    def excepthook(args) -> None:
+        if type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError):
+            log.info("TensorBoard's writer stopped: %s", args.exc_value)
+            return
+        hook(args)
+
+    excepthook.vitkit_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = excepthook
 
 
 def scalar_tag(key: str) -> str:
@@ -76,16 +113,18 @@ class MetricsLog:
                                               "run") from None
                 raise
         if self.writer is not None:
-            for key, value in row.items():
-                if key not in ("step", "epoch") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(scalar_tag(key), value, row["step"])
+            with _said_as_disk_full(Path(self.writer.log_dir)):
+                for key, value in row.items():
+                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                        self.writer.add_scalar(scalar_tag(key), value, row["step"])
 
     def close(self, summary: Optional[Dict[str, Any]] = None) -> None:
         if self.writer is None:
             return
-        if summary:
-            for key in ("test_top1", "test_loss", "val_top1", "test_top1_tta"):
-                if isinstance(summary.get(key), (int, float)):
-                    self.writer.add_scalar(f"final/{key}", summary[key], summary.get("steps", 0))
-        self.writer.close()
-        self.writer = None
+        writer, self.writer = self.writer, None
+        with _said_as_disk_full(Path(writer.log_dir)):
+            if summary:
+                for key in ("test_top1", "test_loss", "val_top1", "test_top1_tta"):
+                    if isinstance(summary.get(key), (int, float)):
+                        writer.add_scalar(f"final/{key}", summary[key], summary.get("steps", 0))
+            writer.close()
