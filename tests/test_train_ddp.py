@@ -98,8 +98,10 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
     assert "unexpected" not in err, err[-2000:]
     if how == "SIGKILL":  # (rank 0 killed: rank 1 says it, where it said nothing)
-        assert re.search(r"another process of the job stopped, so this one did: interrupted; \S+ keeps its "
-                         r"checkpoint of step \d+: vitkit train --resume", err), err[-2000:]
+        # the survivor meets the loss in its next all-reduce ("another process of the job stopped, so this one
+        # did"), or on a loaded machine torchrun's SIGTERM first ("stopped by SIGTERM"): the checkpoint is said
+        assert re.search(r"interrupted; \S+ keeps its checkpoint of step \d+: vitkit train --resume \S+ goes on "
+                         r"from there", err), err[-2000:]
         assert "Traceback (most recent call last)" not in err.split("vitkit train: error:")[-1].split("\n", 1)[0]
     assert list((tmp_path / "stopped").glob("checkpoints/step_*.pt"))
 
