@@ -270,6 +270,14 @@ def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
     with pytest.raises(OnnxMetadataError, match=r"sigmoid.onnx ends in Sigmoid: a multi-label model's independent "
                                                 r"probabilities"):
         OnnxModel(tmp_path / "sigmoid.onnx", **stand_ins)  # (each was softmaxed as if one class each)
+    graph = onnx.load(str(tmp_path / "prob.onnx"))  # a softmax over the batch: rows of 1.0 were read as 10% each
+    for node in graph.graph.node:
+        if node.op_type == "Softmax":
+            del node.attribute[:]
+            node.attribute.append(onnx.helper.make_attribute("axis", 0))
+    onnx.save(graph, str(tmp_path / "batch.onnx"))
+    with pytest.raises(OnnxMetadataError, match=r"batch.onnx ends in a Softmax over another axis than its classes'"):
+        OnnxModel(tmp_path / "batch.onnx", **stand_ins)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

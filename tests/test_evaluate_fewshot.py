@@ -1,6 +1,7 @@
 """Few-shot ridge evaluation: near 100% on separable features, near chance on random labels."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -129,8 +130,10 @@ def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, 
     run = tmp_path / "runs" / "mae"  # a pre-training run's folder: its config.json, its encoder in model/
     vitkit.create_model("vit_fmnist", depth=1, num_classes=0).save_pretrained(run / "model")
     (run / "config.json").write_text(json.dumps({"objective": "mae", "dataset": "fashion-mnist", "data_dir": None}))
-    for weights in (run, run / "model"):
-        assert main(["fewshot", "--weights", str(weights), *args]) == 0
+    for weights in (run, run / "model", run / "model" / "model.safetensors"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # (a note is said once per place in a process)
+            assert main(["fewshot", "--weights", str(weights), *args]) == 0
         said = capsys.readouterr()
         assert json.loads(said.out)["dataset"] == "fashion-mnist"
         assert f"note: fashion-mnist, the dataset the run {run} trained on (--dataset chooses another)" in said.err

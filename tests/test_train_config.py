@@ -213,6 +213,34 @@ def test_a_finished_runs_config_json_trains_again_in_a_folder_of_its_own(tmp_pat
     assert f"run directory {runs / 'r'} already exists" in line, line
 
 
+def test_a_pretraining_recipe_implies_its_objective_and_a_file_without_precision_is_noted(tmp_path, monkeypatch):
+    """A config file's recipe: mae-fmnist without an objective ran classification over MAE's fields ("decoder_dim
+    ... only apply to pre-training"); a hand-written recipe: fmnist without precision: got no note of the precision
+    the default run of this machine is; a run's own config.json given from inside its folder was not known."""
+    import warnings
+
+    from vitkit.train import precision
+    from vitkit.train.config_files import own_run_name
+
+    (tmp_path / "mae.yaml").write_text("recipe: mae-fmnist\n")
+    assert resolve_config(None, str(tmp_path / "mae.yaml")).objective == "mae"
+    assert resolve_config("simmim-fmnist").objective == "simmim" and resolve_config("fmnist").objective == "classify"
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)  # a machine without bf16
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
+    (tmp_path / "f.yaml").write_text("recipe: fmnist\n")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert resolve_config(None, str(tmp_path / "f.yaml")).recipe == "fmnist"
+    assert any("recipe fmnist is the default run for bf16 or fp16; this run trains in fp32" in str(w.message)
+               for w in said), [str(w.message) for w in said]
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / ".lock").write_text("")
+    (run / "config.json").write_text(json.dumps({"name": "r"}))
+    monkeypatch.chdir(run)
+    assert own_run_name("config.json", {"name": "r"}) and not own_run_name("config.json", {"name": "other"})
+
+
 def test_a_config_files_objective_picks_the_pretraining_recipe(tmp_path):
     """vitkit pretrain --config with objective: in the file ran on the classification recipe (a 25.6M-parameter
     MAE decoder, random erasing, 5,000 validation images) where --objective picks its pre-training recipe."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from ..files import check_output
 from .common import (
@@ -111,7 +112,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     model = load_model(args, encoder_only=True)  # a pre-training model's ViT
     dataset, data_dir, note = fewshot_data_of(model, args.weights, args.dataset, args.data_dir)
     if note:
-        print(f"note: {note}", file=sys.stderr)
+        warnings.warn(note, stacklevel=1)  # (the command line's one "vitkit fewshot: note:" line)
     score = fewshot_on_dataset(model, dataset, args.shots, args.seeds, args.pool, data_dir=data_dir,
                                hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
                                progress=not args.no_progress)

@@ -29,7 +29,7 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
                              f"not {json.dumps(overrides['model_args'])}")
     if args.no_progress:
         overrides["progress"] = False
-    recipe = args.recipe or (f"{objective}-fmnist" if objective else None)  # pretrain --resume: the saved
+    recipe = args.recipe  # none: the config file's, else the objective's or the precision's (recipe_in_effect)
     if args.resume:  # the run's saved config decides; only the runtime fields may change
         from ..train.resume import check_resume, with_saved
 
@@ -104,7 +104,7 @@ def _img_s(summary: dict) -> str:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    if not args.objective and not args.resume and not args.config:
+    if not args.objective and not args.resume and not args.config and not args.recipe:
         raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
     cfg = train_config(args, args.objective)
     if cfg.objective == "classify" and not args.resume:  # a config file without an objective
@@ -151,6 +151,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
     and none of those that need labels."""
     from ..train import RECIPES, TrainConfig
     from ..train.config import LABEL_FIELDS, OBJECTIVE_OPTIONS
+    from ..train.recipes import PRETRAIN_RECIPES
     from ..utils import field_comments
 
     recipes = list(PRETRAIN_RECIPES)
@@ -189,7 +190,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 def _default_shown(name: str, default, pretrain: bool) -> str:
     """A field's default as a run takes it: the default recipe's value where it sets one (train: the recipe of the
     precision the run trains in; pretrain: the objective's), the field's own elsewhere."""
-    from ..train.recipes import DEFAULT_RECIPES, RECIPES
+    from ..train.recipes import DEFAULT_RECIPES, PRETRAIN_RECIPES, RECIPES
 
     def shown(value) -> str:
         return "none" if value is None else json.dumps(value) if isinstance(value, (dict, tuple)) else str(value)
@@ -205,10 +206,6 @@ def _default_shown(name: str, default, pretrain: bool) -> str:
     run = shown(by["bf16"]) if shown(by["bf16"]) == shown(by["fp32"]) else \
         f"{shown(by['bf16'])} where the run trains in bf16, {shown(by['fp32'])} in fp32"
     return f"{run} (the default recipes; {shown(default)} under a recipe that sets none)"
-
-
-#: the recipes ``vitkit pretrain`` takes (``--objective X``: ``X-fmnist``)
-PRETRAIN_RECIPES = ("simmim-fmnist", "mpp-fmnist", "mae-fmnist")
 
 
 def add_train(verb) -> None:

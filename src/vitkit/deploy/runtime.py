@@ -264,6 +264,8 @@ def _read_as_probabilities(path: Path, last: Optional[str]) -> bool:
     """Whether a graph's output (``last``: the operation that computes it) is read as probabilities: a Softmax's
     are; a Sigmoid's (a multi-label model's, one independent probability per class) are refused, since every
     answer of vitkit's ranks classes that exclude one another (a softmax over them changed each number)."""
+    if last == "Softmax over another axis":  # (over the batch: each row is no one image's probabilities)
+        raise OnnxMetadataError(f"{path} ends in a Softmax over another axis than its classes': not read")
     if last == "Sigmoid":
         raise OnnxMetadataError(f"{path} ends in Sigmoid: a multi-label model's independent probabilities, which "
                                 f"vitkit would rank as classes that exclude one another (a softmax over them): "

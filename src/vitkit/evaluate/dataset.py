@@ -107,22 +107,21 @@ def fewshot_data_of(model, weights: Optional[str], dataset: Optional[str],
     from pathlib import Path
 
     from ..data import datasets
-    from ..weights.pretrained import run_model_folder
 
     if dataset:
         return dataset, data_dir, None
     if found := datasets.dataset_for_labels(model.config.label_names):
         return found, data_dir, None
     path = Path(weights) if weights and not str(weights).startswith("hf-hub:") else None
-    run = path if path is not None and run_model_folder(path) else \
-        path.parent if path is not None and path.name == "model" else None
-    try:
-        saved = json.loads((run / "config.json").read_text()) if run is not None else {}
-    except (OSError, ValueError):
-        saved = {}
-    if isinstance(saved, dict) and isinstance(saved.get("dataset"), str) and "objective" in saved:
-        return (saved["dataset"], data_dir or saved.get("data_dir"),
-                f"{saved['dataset']}, the dataset the run {run} trained on (--dataset chooses another)")
+    # the run's folder, its model/ folder, or a file in either (runs/r/model/model.safetensors, a checkpoint)
+    for run in (path, *path.parents[:2]) if path is not None else ():
+        try:
+            saved = json.loads((run / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and isinstance(saved.get("dataset"), str) and "objective" in saved:
+            return (saved["dataset"], data_dir or saved.get("data_dir"),
+                    f"{saved['dataset']}, the dataset the run {run} trained on (--dataset chooses another)")
     raise ValueError("pass --dataset: few-shot fits its probes on the dataset named (fashion-mnist, cifar10, "
                      "cifar100, folder or hf:NAME_OR_DIR), and the weights' classes name none vitkit knows, nor "
                      "are they a run's")

@@ -39,7 +39,7 @@ from .config_types import (
     check_value,
     kinds_of,
 )
-from .recipes import RECIPES, recipe_in_effect, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
+from .recipes import PRETRAIN_RECIPES, RECIPES, recipe_in_effect, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches about 92% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -489,10 +489,10 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     an optional field off). ``model_args`` is merged deeply across the three, not replaced. No
     recipe: the default run's for the precision the run will train in (recipes.default_recipe)."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    from_file = _file_values(file)
+    from_file = _file_values(file, given)
     recipe = recipe_in_effect(recipe, file, given, from_file)
-    values: Dict[str, Any] = {"recipe": recipe}
-    for layer in (RECIPES[recipe], from_file, given):
+    values: Dict[str, Any] = {"recipe": recipe, "objective": PRETRAIN_RECIPES.get(recipe, "classify")}
+    for layer in (RECIPES[recipe], from_file, given):  # (a pre-training recipe implies its objective)
         for key, value in layer.items():
             if key == "model_args" and isinstance(value, Mapping):
                 value = deep_merge(values.get(key, {}), value)
@@ -524,12 +524,12 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     return cfg
 
 
-def _file_values(file: Optional[str]) -> Dict[str, Any]:
+def _file_values(file: Optional[str], given: Mapping[str, Any]) -> Dict[str, Any]:
     """The config file's fields (none: no file), their types checked and unambiguous numbers coerced."""
     if not file:
         return {}
     from_file, notes = coerce_fields(load_config_file(file), str(file))
-    if own_run_name(file, from_file):  # run r's own runs/r/config.json: the new run is not r
+    if "name" not in given and own_run_name(file, from_file):  # run r's own runs/r/config.json: the new run is not r
         notes.append(f"{file} is run {from_file.pop('name')}'s own: this run gets a folder of its own (--name)")
     for note in notes:  # said, not silent: the command line prints each as one "note:" line
         warnings.warn(ConfigNote(note), stacklevel=3)  # at resolve_config's caller

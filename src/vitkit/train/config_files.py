@@ -66,7 +66,7 @@ def load_config_file(path: str) -> Dict[str, Any]:
 def own_run_name(path: str, data: Dict[str, Any]) -> bool:
     """Whether ``data`` is a run's own config.json, read where the run left it: its ``name`` is that run's folder
     (a new run reusing its settings gets a folder of its own), not a name chosen for the next."""
-    p = Path(path)
+    p = Path(path).resolve()  # (config.json given from inside the run's folder: its parent is ".")
     return p.name == "config.json" and data.get("name") == p.parent.name and (p.parent / ".lock").is_file()
 
 

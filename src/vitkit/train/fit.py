@@ -107,7 +107,7 @@ def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, 
         seconds = _time_step(model, n, amp, device, parallel)
     if seconds is None:
         return line
-    return line + f"; about {_duration(seconds / n * images)} here (one timed step of {n} image{'s' if n > 1 else ''})"
+    return line + f"; {_about(seconds / n * images)} here (one timed step of {n} image{'s' if n > 1 else ''})"
 
 
 def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device,
@@ -145,6 +145,10 @@ def _flops(n: float) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n / 1e6:,.1f} MFLOPs"
+
+
+def _about(seconds: float) -> str:
+    return "under 1 s" if seconds < 1 else f"about {_duration(seconds)}"
 
 
 def _duration(seconds: float) -> str:

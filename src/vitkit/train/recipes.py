@@ -120,6 +120,8 @@ def resolve_width(model_args: Dict[str, Any], config: Any) -> Dict[str, Any]:
     return {**model_args, "representation_size": width}
 
 
+#: the pre-training recipes and the objective each pre-trains (``vitkit pretrain --objective X``: ``X-fmnist``)
+PRETRAIN_RECIPES = {"simmim-fmnist": "simmim", "mpp-fmnist": "mpp", "mae-fmnist": "mae"}
 #: ``vitkit train`` without --recipe: the recipe for the precision the run trains in (train/precision.py).
 DEFAULT_RECIPES = {"fp32": "fmnist-fp32", "bf16": "fmnist", "fp16": "fmnist"}
 
@@ -158,6 +160,7 @@ def recipe_in_effect(recipe: Optional[str], file: Optional[str], given: Mapping[
 def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -> str:
     """A config file's recipe, with a note when it is the default run of another precision than this run's (a run's
     config.json from a machine with bf16, reused on one without: its model was sized for the other)."""
+    precision = "auto" if precision is None else precision  # (TrainConfig's: a file that does not say)
     if recipe in DEFAULT_RECIPES.values() and precision in CHOICES["precision"]:
         here, why = default_recipe(precision)
         if here != recipe:
@@ -168,4 +171,4 @@ def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -
     return recipe
 
 
-__all__ = ["DEFAULT_RECIPES", "RECIPES", "default_recipe", "recipe_in_effect", "resolve_width"]
+__all__ = ["DEFAULT_RECIPES", "PRETRAIN_RECIPES", "RECIPES", "default_recipe", "recipe_in_effect", "resolve_width"]
