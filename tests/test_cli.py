@@ -278,6 +278,7 @@ def test_a_reader_that_goes_away_ends_the_verb_quietly():
     (["info", "B/16", "--img-size", "224", "224", "224"], "--img-size takes one value or two (H W), not 3"),
     (["info", "B/16", "--patch-size", "0"], "patch_size must be positive"),
     (["train", "--threads", "0"], "threads must be >= 1"),
+    (["--json", "models"], "unrecognized arguments: --json (--json goes after the verb: vitkit models --json"),
 ])
 def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words, capsys):
     try:  # argparse's own errors exit; the verbs' return 2

@@ -46,6 +46,9 @@ class _Parser(argparse.ArgumentParser):
         if meant is not None:  # `vitkit serve --weights w`: the flag of other verbs is an argument here
             name = meant.metavar or meant.dest.upper()
             return f" ({name} is an argument of {self.prog}, without a flag: {self.prog} {name} ...)"
+        placed = [w for w in words if w.split("=")[0] in flags]  # `vitkit --json models`: a verb's flag before it
+        if placed:
+            return f" ({placed[0].split('=')[0]} goes after the verb: {self.prog} {placed[0]} ...)"
         guesses = [g for word in words if word.startswith("-")
                    for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
         return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
