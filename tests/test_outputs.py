@@ -154,9 +154,12 @@ def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):
     mine = runs / "mine"  # a folder of someone's own settings, never a run's: not taken for an abandoned one
     mine.mkdir()
     (mine / "config.json").write_text('{"my": "settings"}')
-    assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "mine"]) == 2
-    assert "already exists" in capsys.readouterr().err
-    assert (mine / "config.json").read_text() == '{"my": "settings"}'
+    for _ in range(2):  # (the first refusal left a .lock file, and the second took it for a run's and removed it)
+        assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "mine"]) == 2
+        assert f"{mine} exists and is no vitkit run's folder (no .lock file, no checkpoints): pass another --name" in \
+            capsys.readouterr().err
+        assert (mine / "config.json").read_text() == '{"my": "settings"}' and sorted(os.listdir(mine)) == \
+            ["config.json"]
     (runs / "afile").write_text("x")  # (it said "Not a directory: .../afile/.lock")
     assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "afile"]) == 2
     assert "run directory " + str(runs / "afile") + " is a file, not a folder" in capsys.readouterr().err
