@@ -156,8 +156,8 @@ def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path, capsys):
     (mine / "config.json").write_text('{"my": "settings"}')
     for _ in range(2):  # (the first refusal left a .lock file, and the second took it for a run's and removed it)
         assert main(["train", *TINY, "--runs-dir", str(runs), "--name", "mine"]) == 2
-        assert f"{mine} exists and is no vitkit run's folder (no .lock file, no checkpoints): pass another --name" in \
-            capsys.readouterr().err
+        assert f"run directory {mine} exists and is no vitkit run's folder (no .lock file, no checkpoints): pass " \
+               f"another --name" in capsys.readouterr().err
         assert (mine / "config.json").read_text() == '{"my": "settings"}' and sorted(os.listdir(mine)) == \
             ["config.json"]
     (runs / "afile").write_text("x")  # (it said "Not a directory: .../afile/.lock")

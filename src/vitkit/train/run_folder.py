@@ -40,8 +40,8 @@ def new_run_dir(run: Run) -> Path:
                 run.lock.path.unlink(missing_ok=True)  # (left behind, it made someone's folder a run's the next
                 run.lock.release()  # time, whose config.json was then removed as an abandoned run's)
                 if not any((path / "checkpoints").glob("*.pt")) and not (path / "summary.json").is_file():
-                    raise FileExistsError(f"{path} exists and is no vitkit run's folder (no .lock file, no "
-                                          f"checkpoints): pass another --name")
+                    raise FileExistsError(f"run directory {path} exists and is no vitkit run's folder (no .lock "
+                                          f"file, no checkpoints): pass another --name")
             if not ran_here or not _abandoned(path):
                 run.lock.release()
                 raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
