@@ -36,14 +36,14 @@ def new_run_dir(run: Run) -> Path:
         ran_here = (path / ".lock").is_file()  # a vitkit run's folder (its lock file stays): before it is taken
         run.lock = RunLock(path).acquire()  # an existing named folder may be another run's, just made
         if cfg.name and any(p.name != ".lock" for p in path.iterdir()):
-            if not ran_here:  # a folder without vitkit's lock file: left as it was, the lock file made gone
-                run.lock.path.unlink(missing_ok=True)  # (left behind, it made someone's folder a run's the next
-                run.lock.release()  # time, whose config.json was then removed as an abandoned run's)
-                if not any((path / "checkpoints").glob("*.pt")) and not (path / "summary.json").is_file():
+            if not ran_here or not _abandoned(path):
+                if not ran_here:  # a folder without vitkit's lock file is left as it was: the lock file made goes
+                    run.lock.path.unlink(missing_ok=True)  # (left, it made someone's folder a run's the next time,
+                run.lock.release()  # whose config.json was then removed as an abandoned run's)
+                if not ran_here and not any((path / "checkpoints").glob("*.pt")) \
+                        and not (path / "summary.json").is_file():
                     raise FileExistsError(f"run directory {path} exists and is no vitkit run's folder (no .lock "
                                           f"file, no checkpoints): pass another --name")
-            if not ran_here or not _abandoned(path):
-                run.lock.release()
                 raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
                                       f"or another --name")
             for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
