@@ -133,7 +133,7 @@ def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path):
         "run it without torchrun (vitkit train and pretrain use its processes)"]
     script = tmp_path / "twice.py"
     script.write_text(f"""
-import sys
+import os
 from vitkit.train import resolve_config, train
 for name, batch in (("a", 16), ("b", 16), ("c", 33), ("d", 16)):
     cfg = resolve_config("fmnist", max_steps=2, batch_size=batch, val_size=50, test_size=50,
@@ -142,7 +142,7 @@ for name, batch in (("a", 16), ("b", 16), ("c", 33), ("d", 16)):
     try:
         train(cfg, log=lambda m: None)
     except Exception as e:  # c fails on every rank; d then cannot join a job its group has left
-        print(name, type(e).__name__, e, file=sys.stderr, flush=True)
+        os.write(2, f"{{name}} {{type(e).__name__}} {{e}}\\n".encode())  # one write: the two ranks' lines never mix
 """)
     twice = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
                            text=True, timeout=300)
