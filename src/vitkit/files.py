@@ -55,6 +55,21 @@ def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> boo
     return False
 
 
+@contextlib.contextmanager
+def said_as_disk_full(path: PathLike, what: str = "nothing was replaced (the previous file, if any, is intact)",
+                      folder: Optional[PathLike] = None) -> Iterator[None]:
+    """A full disk met inside the block raised as one :class:`DiskFull` naming ``path`` and what is left
+    intact: exporters, quantizers and TensorBoard raise their own types, in words that name no file. The
+    free space of ``folder`` (``path``'s own folder by default) decides where their words are ambiguous. A
+    DiskFull from within (naming a work folder's file) is said again naming ``path``."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e, Path(folder) if folder is not None else Path(path).parent):
+            raise DiskFull(path, what) from e
+        raise
+
+
 #: what writers say, in their own words, when a file they wrote or read back fell short: torch's zip writer
 #: ("inline_container ... unexpected pos"), OpenVINO's C++ streams ("basic_ios::clear: iostream error"), and
 #: protobuf reading a model that ONNX Runtime's tools wrote cut short without a word ("Error parsing message")

@@ -46,7 +46,7 @@ from torch.torch_version import TorchVersion
 
 from .._version import __version__
 from ..extras import require
-from ..files import DiskFull, PathLike, is_disk_full, work_folder
+from ..files import PathLike, said_as_disk_full, work_folder
 from ..progress import working
 from .quantize import CalibrationSource
 
@@ -96,23 +96,19 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     config = model.config
     path.parent.mkdir(parents=True, exist_ok=True)
     # built in a private folder beside the target, then renamed over it: a crash leaves no half file,
-    # and a killed export's folder is removed by the next export of the same name
-    try:
-        with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to ONNX ({exporter})",
-                                                                  progress) as said:
-            fp32 = Path(work) / "fp32.onnx"
-            _export_graph(model, fp32, exporter, opset)
-            final = fp32
-            if quantize:
-                said.label = f"quantizing {path.name} ({quantize})"
-                final = Path(work) / f"{quantize}.onnx"
-            finish_export(fp32, final, config, exporter, quantize, calibration)
-            os.chmod(final, 0o644)
-            os.replace(final, path)
-    except Exception as e:  # the exporter and ORT's quantizer raise their own types on a full disk
-        if is_disk_full(e, path.parent):
-            raise DiskFull(path, "nothing was replaced (the previous file, if any, is intact)") from e
-        raise
+    # and a killed export's folder is removed by the next export of the same name; a full disk, which the
+    # exporter and ORT's quantizer say as their own types, is one line naming the file
+    with said_as_disk_full(path), work_folder(path.parent, path.name) as work, \
+            working(f"exporting {path.name} to ONNX ({exporter})", progress) as said:
+        fp32 = Path(work) / "fp32.onnx"
+        _export_graph(model, fp32, exporter, opset)
+        final = fp32
+        if quantize:
+            said.label = f"quantizing {path.name} ({quantize})"
+            final = Path(work) / f"{quantize}.onnx"
+        finish_export(fp32, final, config, exporter, quantize, calibration)
+        os.chmod(final, 0o644)
+        os.replace(final, path)
     return path
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..extras import first_line, require
-from ..files import DiskFull, PathLike, is_disk_full, parent_held, work_folder
+from ..files import PathLike, parent_held, said_as_disk_full, work_folder
 from ..parallel import parts
 from ..progress import working
 from ..signals import how_it_ended, interrupts_deferred
@@ -85,28 +85,24 @@ def export_openvino(model: nn.Module, path: PathLike, *, quantize: Optional[str]
         _check_nncf()  # installed? (one line naming the extra); the quantization runs in a child process
         calibration = calibration_images(model, source=calibration, purpose=CALIBRATION_PURPOSE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with work_folder(path.parent, path.name) as work, working(f"exporting {path.name} to OpenVINO",
-                                                                  progress) as said:
-            onnx_path = export_onnx(model, Path(work) / "model.onnx", progress=False)
-            ir = ov.convert_model(str(onnx_path))
-            if quantize:
-                said.label = f"quantizing {path.name} to int8 (NNCF, {len(calibration)} calibration images)"
-                ir = _quantized(ov, ir, _batches(calibration, model.config, calibration_batch), Path(work))
-            for key, value in metadata_for(model.config, "openvino", "int8-static" if quantize else None).items():
-                ir.set_rt_info(value, [RT_SECTION, key])
-            staged = Path(work) / "model.xml"
-            ov.save_model(ir, str(staged), compress_to_fp16=False)
-            # two exports to one IR: one pair moved at a time, never one file of each; Ctrl-C waits for the pair
-            with interrupts_deferred(), parent_held(path):
-                path.unlink(missing_ok=True)  # a stop between the moves leaves no IR, not an old .xml with new weights
-                for src, dst in ((staged.with_suffix(".bin"), path.with_suffix(".bin")), (staged, path)):
-                    os.chmod(src, 0o644)
-                    os.replace(src, dst)  # the weights first: an .xml never names a .bin that is not there yet
-    except Exception as e:
-        if is_disk_full(e, path.parent):
-            raise DiskFull(path, "nothing was replaced (the previous files, if any, are intact)") from e
-        raise
+    kept = "nothing was replaced (the previous files, if any, are intact)"
+    with said_as_disk_full(path, kept), work_folder(path.parent, path.name) as work, \
+            working(f"exporting {path.name} to OpenVINO", progress) as said:
+        onnx_path = export_onnx(model, Path(work) / "model.onnx", progress=False)
+        ir = ov.convert_model(str(onnx_path))
+        if quantize:
+            said.label = f"quantizing {path.name} to int8 (NNCF, {len(calibration)} calibration images)"
+            ir = _quantized(ov, ir, _batches(calibration, model.config, calibration_batch), Path(work))
+        for key, value in metadata_for(model.config, "openvino", "int8-static" if quantize else None).items():
+            ir.set_rt_info(value, [RT_SECTION, key])
+        staged = Path(work) / "model.xml"
+        ov.save_model(ir, str(staged), compress_to_fp16=False)
+        # two exports to one IR: one pair moved at a time, never one file of each; Ctrl-C waits for the pair
+        with interrupts_deferred(), parent_held(path):
+            path.unlink(missing_ok=True)  # a stop between the moves leaves no IR, not an old .xml with new weights
+            for src, dst in ((staged.with_suffix(".bin"), path.with_suffix(".bin")), (staged, path)):
+                os.chmod(src, 0o644)
+                os.replace(src, dst)  # the weights first: an .xml never names a .bin that is not there yet
     return path
 
 

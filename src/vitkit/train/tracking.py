@@ -6,7 +6,6 @@ on the same rows, written only by the main process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..extras import MissingExtra, require
-from ..files import DiskFull, atomic_path, is_disk_full
+from ..files import atomic_path, said_as_disk_full
 
 log = logging.getLogger("vitkit.train")
 
@@ -26,23 +25,13 @@ def _tensorboard_writer(folder: Path):
         log.info("%s; metrics go to metrics.jsonl only", e)
         return None
     _quiet_writer_threads()
-    with _said_as_disk_full(folder, "free some space (or run with --no-tensorboard: metrics.jsonl is the record)"):
+    with said_as_disk_full(folder, "free some space (or run with --no-tensorboard: metrics.jsonl is the record)",
+                           folder=folder):
         return tensorboard.SummaryWriter(log_dir=str(folder))
 
 
 #: what a full disk under TensorBoard's writes mid-run leaves
 ROWS_KEPT = "metrics.jsonl holds the rows before; free some space, then --resume the run"
-
-
-@contextlib.contextmanager
-def _said_as_disk_full(folder: Path, what: str = ROWS_KEPT):
-    """TensorBoard's writes, a full disk said as one line naming its folder (its OSError named no file)."""
-    try:
-        yield
-    except Exception as e:
-        if is_disk_full(e, folder):
-            raise DiskFull(folder, what) from None
-        raise
 
 
 def _quiet_writer_threads() -> None:
@@ -101,19 +90,17 @@ class MetricsLog:
     def write(self, row: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.path, "ab") as f:
+        with said_as_disk_full(self.path, "the rows before are intact; free some space, then --resume the run"), \
+                open(self.path, "ab") as f:
             end = f.tell()
             try:
                 f.write((json.dumps(row) + "\n").encode())
                 f.flush()
-            except OSError as e:  # never half a row: cut the file back to the rows before
+            except OSError:  # never half a row: cut the file back to the rows before
                 f.truncate(end)
-                if is_disk_full(e, self.path.parent):
-                    raise DiskFull(self.path, "the rows before are intact; free some space, then --resume the "
-                                              "run") from None
                 raise
         if self.writer is not None:
-            with _said_as_disk_full(Path(self.writer.log_dir)):
+            with said_as_disk_full(self.writer.log_dir, ROWS_KEPT, folder=self.writer.log_dir):
                 for key, value in row.items():
                     if key not in ("step", "epoch") and isinstance(value, (int, float)):
                         self.writer.add_scalar(scalar_tag(key), value, row["step"])
@@ -122,7 +109,7 @@ class MetricsLog:
         if self.writer is None:
             return
         writer, self.writer = self.writer, None
-        with _said_as_disk_full(Path(writer.log_dir)):
+        with said_as_disk_full(writer.log_dir, ROWS_KEPT, folder=writer.log_dir):
             if summary:
                 for key in ("test_top1", "test_loss", "val_top1", "test_top1_tta"):
                     if isinstance(summary.get(key), (int, float)):
