@@ -388,7 +388,8 @@ def test_test_images_that_are_training_images_are_said(tmp_path, monkeypatch):
     assert len(words) == 2 and "of the 26 images of" in words[1] and "are copies of validation images" in \
         words[1] and "test/b/seen.png = " in words[1] and words[1].endswith("val/a/5.png): its scores count them "
                                                                           "as held out; remove them from one split")
-    monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun's other processes on the machine: its first reads and says it
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's other processes on the machine: its first reads and says it
+    monkeypatch.setenv("LOCAL_RANK", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)

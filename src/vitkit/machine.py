@@ -1,4 +1,5 @@
-"""What this machine offers a run: memory left, usable cores, native bf16 on the CPU."""
+"""What this machine offers a run: memory left, usable cores, native bf16 on the CPU, and which of a
+torchrun job's processes on it is the first."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def available_memory() -> Optional[int]:
         with contextlib.suppress(AttributeError, ValueError, OSError):
             found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     return min(found) if found else None
+
+
+def under_torchrun() -> bool:
+    """A process of a torchrun job (its WORLD_SIZE and LOCAL_RANK; another launcher's WORLD_SIZE alone is not)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
+    except ValueError:
+        return False
+
+
+def first_process_on_machine() -> bool:
+    """Not a torchrun process, or its machine's first (LOCAL_RANK 0): the one that says, and checks, what every
+    process of the machine would."""
+    return not under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
 
 
 def usable_cores() -> int:

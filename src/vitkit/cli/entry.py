@@ -17,6 +17,7 @@ import warnings
 from typing import Optional, Sequence
 
 from ..errors import AnsweredError, describe_error, is_user_error
+from ..machine import first_process_on_machine, under_torchrun
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
@@ -39,7 +40,7 @@ def _one_line_warnings(verb: str):
 
     def show(message, category, filename, lineno, file=None, line=None):
         text = " ".join(str(message).split())
-        if text not in said and _first_process():  # (under torchrun every rank said each note)
+        if text not in said and first_process_on_machine():  # (under torchrun every rank said each note)
             said.add(text)
             print(f"vitkit {verb}: note: {text}", file=sys.stderr)
 
@@ -47,25 +48,12 @@ def _one_line_warnings(verb: str):
     return previous
 
 
-def _under_torchrun() -> bool:
-    """A process of a torchrun job (its WORLD_SIZE and LOCAL_RANK; another launcher's WORLD_SIZE alone is not)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
-    except ValueError:
-        return False
-
-
-def _first_process() -> bool:
-    """Not a torchrun process, or its machine's first: the one that says what every rank would."""
-    return not _under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
-
-
 def _said_by_first_process(e: BaseException) -> bool:
     """Under torchrun, whether this process leaves the line to its machine's first one: an input error or a stop
     that every rank meets alike, or another process's stop before the run began (``PeerLost``), was said once
     per rank. An unexpected error, and another's stop that left a checkpoint to name (rank 0 may be the one that
     stopped), are said by each process they reach."""
-    if _first_process() or getattr(e, "said_by_each", False):
+    if first_process_on_machine() or getattr(e, "said_by_each", False):
         return False
     return isinstance(e, (ValueError, OSError, KeyboardInterrupt)) or is_user_error(e)
 
@@ -77,7 +65,7 @@ DISTRIBUTED_VERBS = ("train", "pretrain")
 def _check_one_process(verb: str) -> None:
     """Another verb under torchrun ran whole on every rank: it printed and wrote everything once per rank (a
     study's arms on both, eval's score twice)."""
-    if verb not in DISTRIBUTED_VERBS and _under_torchrun():
+    if verb not in DISTRIBUTED_VERBS and under_torchrun():
         raise ValueError(f"vitkit {verb} runs in one process, not under torchrun (each rank would run all of it): "
                          f"run it without torchrun (vitkit train and pretrain use its processes)")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -23,6 +22,7 @@ from ..data.randaugment import RandAugment
 from ..data.shards import ShardDataset
 from ..data.tensors import load_split_tensors, to_tensors  # noqa: F401 (re-exported)
 from ..evaluate.dataset import scored_positions
+from ..machine import first_process_on_machine
 from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
 from .config import TrainConfig
 
@@ -40,7 +40,7 @@ def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
     machine's first process (torchrun's LOCAL_RANK 0), which says it for the others."""
     from ..data.folder import COPY_CHECK_FILES, copied_files
 
-    if os.environ.get("LOCAL_RANK", "0") != "0" or (not strict and sum(map(len, folders.values())) > COPY_CHECK_FILES):
+    if not first_process_on_machine() or (not strict and sum(map(len, folders.values())) > COPY_CHECK_FILES):
         return
     parts = [p for p in ("test", "val") if p in folders]
     pairs = [(part, "training", copies) for part, copies in
