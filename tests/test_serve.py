@@ -354,6 +354,31 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
     assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
 
 
+def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):
+    """A client that stalled mid-upload held the drain, and the process's exit, for the whole --timeout (30 s by
+    default: past Kubernetes' grace period before its SIGKILL); a body still arriving when the drain begins
+    has DRAIN_BODY_S more to arrive, then a 503, while a request whose body came is answered."""
+    from vitkit.serve import app as serve_app
+
+    monkeypatch.setattr(serve_app, "DRAIN_BODY_S", 1.0)
+    running = serving(max_wait_ms=2000, timeout_s=60)
+    host, port = running.url.removeprefix("http://").split(":")
+    data = photo(1)
+    with socket.create_connection((host, int(port))) as stalled, ThreadPoolExecutor(1) as pool:
+        stalled.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: "
+                        f"{len(data)}\r\n\r\n".encode() + data[:100])
+        came = pool.submit(post, running.url, data)  # waits for its batch (2 s)
+        time.sleep(0.5)
+        began = time.monotonic()
+        running.server.handle_exit(signal.SIGTERM, None)
+        stalled.settimeout(20)
+        reply = stalled.recv(4096).decode()
+        assert came.result().status_code == 200
+    running.thread.join(20)
+    assert reply.startswith("HTTP/1.1 503") and "shutting down: the body had not arrived" in reply, reply
+    assert not running.thread.is_alive() and time.monotonic() - began < 10
+
+
 def test_bad_query_values_are_one_line_400s(serving):
     running = serving(max_wait_ms=0)
     # '%C2%B2' is '²' and '%D9%A3' an Arabic-Indic 3: str.isdigit passes both (int() refused the one with a
@@ -416,6 +441,22 @@ def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving
     answer = post(running.url, torn, headers={"content-type": "multipart/form-data; boundary=BB"})  # was a 200
     assert answer.status_code == 400 and "a torn form" in answer.json()["error"], answer.text
     assert post(running.url, photo(1)).status_code == 200
+
+
+def test_a_form_with_bare_lf_line_endings_keeps_a_file_that_ends_in_cr(serving):
+    """Before a delimiter the parser strips CRLF or a bare LF alike: in a form whose lines end in LF alone, a file
+    ending in the byte 13 (here an uncompressed image of it) lost that byte, and the image could not be read."""
+    running = serving(max_wait_ms=0)
+    bmp = io.BytesIO()
+    Image.fromarray(np.full((40, 40, 3), 13, np.uint8)).save(bmp, "BMP")
+    data = bmp.getvalue()
+    assert data.endswith(b"\r")
+    want = post(running.url, data).json()
+    for eol in (b"\n", b"\r\n"):
+        form = (b"--BB" + eol + b'Content-Disposition: form-data; name="file"; filename="a.bmp"' + eol + eol + data
+                + eol + b"--BB--" + eol)
+        got = post(running.url, form, headers={"content-type": "multipart/form-data; boundary=BB"})
+        assert got.status_code == 200 and got.json()["top"] == want["top"], (eol, got.text)
 
 
 def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):

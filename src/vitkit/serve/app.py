@@ -17,7 +17,7 @@ from email import errors as email_errors
 from email.parser import BytesParser
 from email.policy import HTTP
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..data.images import BadImageError
 from ..extras import require
@@ -140,7 +140,8 @@ class Endpoint:
 
     async def _body(self, request) -> Tuple[bytes, str]:
         """The request's body (within the size and time limits) and its content type."""
-        body = await _read_body(request, self.options.max_body_bytes, self.options.timeout_s)
+        body = await _read_body(request, self.options.max_body_bytes, self.options.timeout_s,
+                                lambda: self.state["draining"])
         return body, request.headers.get("content-type", "")
 
     def _decoded(self, body: bytes, ctype: str) -> Tuple[Any, str]:
@@ -452,25 +453,40 @@ def _top_k(request, default: int) -> int:
     return int(text)
 
 
-async def _read_body(request, limit: int, timeout: float) -> bytes:
+#: seconds a body still arriving when the server begins to drain may take to arrive (503 after): a client that
+#: stalled mid-upload held the drain, and the process's exit, for the whole --timeout
+DRAIN_BODY_S = 5.0
+
+
+async def _read_body(request, limit: int, timeout: float, draining: Callable[[], bool] = lambda: False) -> bytes:
     """The body, refused past ``limit`` bytes (413, before reading it when Content-Length says so)
-    or when it takes longer than ``timeout`` to arrive (408: a slow client holds no worker long)."""
+    or when it takes longer than ``timeout`` to arrive (408: a slow client holds no worker long), or
+    :data:`DRAIN_BODY_S` once the server drains (503)."""
     from starlette.requests import ClientDisconnect
 
     length = request.headers.get("content-length")
     if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise HttpError(413, f"the body is {int(length):,} bytes; this server takes at most {limit:,}")
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline, drained = loop.time() + timeout, False
     chunks, size = [], 0
     stream = request.stream().__aiter__()
     while True:
+        # waited for in slices, never cancelled mid-chunk (that would close the stream): a drain is seen in time
+        chunk_task = asyncio.ensure_future(stream.__anext__())
+        while not chunk_task.done():
+            if not drained and draining():
+                drained, deadline = True, min(deadline, loop.time() + DRAIN_BODY_S)
+            if loop.time() >= deadline:
+                chunk_task.cancel()
+                if drained:
+                    raise HttpError(503, "the server is shutting down: the body had not arrived", retry_after=5)
+                raise HttpError(408, f"the body did not arrive within {timeout:g} s")
+            await asyncio.wait([chunk_task], timeout=min(max(deadline - loop.time(), 0.001), 0.25))
         try:
-            chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.001))
+            chunk = chunk_task.result()
         except StopAsyncIteration:
             break
-        except asyncio.TimeoutError:
-            raise HttpError(408, f"the body did not arrive within {timeout:g} s") from None
         except ClientDisconnect:
             raise HttpError(400, "the client disconnected before sending the whole body") from None
         size += len(chunk)
@@ -515,7 +531,19 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
         raise HttpError(400, "the form has no file (send the image as the field 'file')")
     if len(files) > 1:
         raise HttpError(400, f"the form has {len(files)} files: send one image per request")
-    return files[0].get_payload(decode=True) or b"", _safe_name(files[0].get_filename() or "upload")
+    payload = files[0].get_payload(decode=True) or b""
+    return _with_bare_lf_tail(payload, body, boundary), _safe_name(files[0].get_filename() or "upload")
+
+
+def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str]) -> bytes:
+    """``payload`` with the ``\r`` the parser took from its end in a form whose lines end in a bare LF: before a
+    delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte there."""
+    if not boundary:
+        return payload
+    delimiter = b"--" + boundary.encode("latin-1")
+    at = body.find(delimiter)
+    bare_lf = at >= 0 and body[at + len(delimiter):at + len(delimiter) + 1] == b"\n"
+    return payload + b"\r" if bare_lf and payload + b"\r\n" + delimiter in body else payload
 
 
 def _safe_name(name: str) -> str:
