@@ -137,3 +137,17 @@ def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, 
         said = capsys.readouterr()
         assert json.loads(said.out)["dataset"] == "fashion-mnist"
         assert f"note: fashion-mnist, the dataset the run {run} trained on (--dataset chooses another)" in said.err
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_the_python_fewshot_takes_the_models_dataset_or_asks_for_one():
+    """``fewshot_on_dataset(model)`` scored any model on Fashion-MNIST (its default), as the command line did."""
+    from vitkit.data.datasets import CLASS_NAMES
+    from vitkit.evaluate import fewshot_on_dataset
+
+    torch.manual_seed(0)
+    other = vitkit.create_model("vit_fmnist", depth=1, label_names=[f"n0{i}" for i in range(10)])
+    with pytest.raises(ValueError, match=r"are none of fashion-mnist.*pass --dataset \(dataset= in Python\)"):
+        fewshot_on_dataset(other, shots=(1,), seeds=1, pool=1000, progress=False)
+    named = vitkit.create_model("vit_fmnist", depth=1, label_names=CLASS_NAMES["fashion-mnist"])
+    assert fewshot_on_dataset(named, shots=(1,), seeds=1, pool=1000, progress=False).dataset == "fashion-mnist"

@@ -94,7 +94,7 @@ def dataset_of(model, dataset: Optional[str]) -> str:
         shown = f"{len(names)}: " + ", ".join(map(str, names[:3])) + (", ..." if len(names) > 3 else "") \
             if names else "no label names"
         raise ValueError(f"the weights' classes ({shown}) are none of {', '.join(datasets.CLASS_NAMES)}: "
-                         f"pass --dataset")
+                         f"pass --dataset (dataset= in Python)")
     return found
 
 
@@ -299,18 +299,19 @@ def pool_rows(n: int, pool: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(0))[:pool]
 
 
-def fewshot_on_dataset(model, dataset: str = "fashion-mnist", shots: Sequence[int] = (1, 5, 10, 25),
+def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int] = (1, 5, 10, 25),
                        seeds: int = 3, pool: int = 10_000, *, data_dir: Optional[str] = None,
                        hf_split: Optional[str] = None, image_key: Optional[str] = None,
                        label_key: Optional[str] = None, progress: bool = True) -> FewShotScore:
     """The paper's few-shot linear evaluation of ``model``'s frozen features: ridge probes fitted
     on ``shots`` images per class drawn from a fixed random ``pool`` of the training split
-    (0: all of it), scored on the test split, over ``seeds`` draws."""
+    (0: all of it), scored on the test split, over ``seeds`` draws. ``dataset`` None: the one whose class names
+    the model's labels are (it was Fashion-MNIST whatever the model); a model without them needs one named."""
     from ..data import datasets
 
     check_fewshot_options(shots, seeds, pool)
     check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
-    dataset = _indexable(dataset)
+    dataset = _indexable(dataset_of(model, dataset))
     skipped: List[str] = []
     if datasets.is_hf(dataset):
         splits = _hf_splits(model, dataset, {"train": hf_split, "test": None}, image_key, label_key)
