@@ -375,7 +375,8 @@ def test_test_images_that_are_training_images_are_said(tmp_path, monkeypatch):
         open_data(config(tmp_path, tmp_path / "d", val_size=2), torch.device("cpu"), channels=1)
     shutil.copy(tmp_path / "d" / "train" / "b" / "3.png", tmp_path / "d" / "test" / "a" / "copy.png")
     with pytest.warns(UserWarning, match=r"1 of the 25 images of .*test are copies of training images, byte for "
-                                         r"byte \(first: .*test/a/copy.png = .*train/b/3.png\)"):
+                                         r"byte \(1 of them under another class there: one image, two labels\) "
+                                         r"\(first: .*test/a/copy.png = .*train/b/3.png\)"):
         open_data(config(tmp_path, tmp_path / "d", val_size=2), torch.device("cpu"), channels=1)
     # a val/ beside test/: a test image that is a validation image is said too (test/ was compared with train/ only)
     shutil.copytree(tmp_path / "d" / "train", tmp_path / "d" / "val")
@@ -393,3 +394,17 @@ def test_test_images_that_are_training_images_are_said(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    monkeypatch.delenv("LOCAL_RANK")
+    # val/ a link to test/: said as one folder (it was "every test image is a copy of a validation image: remove them
+    # from one split"); a copy under its own class is not said to be relabelled
+    shutil.rmtree(tmp_path / "d" / "val")
+    (tmp_path / "d" / "val").symlink_to(tmp_path / "d" / "test")
+    (tmp_path / "d" / "test" / "a" / "copy.png").unlink()
+    shutil.copy(tmp_path / "d" / "train" / "a" / "3.png", tmp_path / "d" / "test" / "a" / "same.png")
+    with pytest.warns(UserWarning) as said:
+        open_data(config(tmp_path, tmp_path / "d"), torch.device("cpu"), channels=1)
+    words = [str(w.message) for w in said]
+    assert not any("validation images" in w for w in words), words
+    assert any(w.endswith("are one folder: the test score counts the images the run's choices (the checkpoint kept) "
+                          "were made on") for w in words), words
+    assert any("copies of training images, byte for byte (first:" in w for w in words), words

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -43,15 +44,27 @@ def _say_copies(folders: Dict[str, Any], strict: bool) -> None:
     if not first_process_on_machine() or (not strict and sum(map(len, folders.values())) > COPY_CHECK_FILES):
         return
     parts = [p for p in ("test", "val") if p in folders]
-    pairs = [(part, "training", copies) for part, copies in
+    if len(parts) == 2 and os.path.realpath(folders["val"].root) == os.path.realpath(folders["test"].root):
+        warnings.warn(f"{folders['val'].root} and {folders['test'].root} are one folder: the test score counts the "
+                      f"images the run's choices (the checkpoint kept) were made on", stacklevel=3)
+        parts = ["test"]
+    pairs = [(part, "training", folders["train"], copies) for part, copies in
              zip(parts, copied_files(folders["train"], [folders[p] for p in parts]))]
     if len(parts) == 2:
-        pairs.append(("test", "validation", copied_files(folders["val"], [folders["test"]])[0]))
-    for part, other, copies in pairs:
+        pairs.append(("test", "validation", folders["val"], copied_files(folders["val"], [folders["test"]])[0]))
+    for part, other, theirs, copies in pairs:
         if copies:
-            warnings.warn(f"{len(copies):,} of the {len(folders[part]):,} images of {folders[part].root} are copies "
-                          f"of {other} images, byte for byte (first: {copies[0][0]} = {copies[0][1]}): its scores "
-                          f"count them as held out; remove them from one split", stacklevel=3)
+            held = folders[part]
+            relabelled = sum(_class_of(a, held.root) != _class_of(b, theirs.root) for a, b in copies)
+            also = f" ({relabelled:,} of them under another class there: one image, two labels)" if relabelled else ""
+            warnings.warn(f"{len(copies):,} of the {len(held):,} images of {held.root} are copies of {other} images, "
+                          f"byte for byte{also} (first: {copies[0][0]} = {copies[0][1]}): its scores count them as "
+                          f"held out; remove them from one split", stacklevel=3)
+
+
+def _class_of(path: str, root: Any) -> str:
+    """The class folder an image file is in, under its split's ``root``."""
+    return os.path.relpath(path, root).split(os.sep)[0]
 
 
 def _scored_test(n: int, test_size: Optional[int]) -> Tuple[List[int], Optional[int]]:
