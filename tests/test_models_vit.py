@@ -450,6 +450,21 @@ def test_a_gelu_that_nothing_reads_is_refused():
     vitkit.create_model("vit_base_patch16_siglip_224", img_size=32, depth=1, mlp="swiglu", gelu="tanh")
 
 
+def test_a_model_keeps_its_own_copy_of_the_label_names():
+    """The config held the caller's list: sorting it afterwards relabelled the head without a word, and adding a
+    name made a model whose saved folder from_pretrained refused (4 label names for 3 classes)."""
+    names = ["zebra", "ant", "moth"]
+    for name in ("vit_tiny_patch16_224", "convit_tiny", "cait_xxs24_224"):
+        model = vitkit.create_model(name, img_size=32, depth=2, num_classes=3, label_names=names,
+                                    **({"local_up_to_layer": 1} if name == "convit_tiny" else {}))
+        names.sort()
+        names.append("x")
+        assert model.config.label_names == ["zebra", "ant", "moth"], name
+        names[:] = ["zebra", "ant", "moth"]
+    assert vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2,
+                               label_names=("a", "b")).config.label_names == ["a", "b"]
+
+
 def test_api_values_of_the_wrong_kind_are_one_clear_error():
     """Each was taken (label_names 'abc' as three names) or failed deep inside (a TypeError from re, from a
     tensor's size, from a comparison; an AttributeError for a numpy input)."""
@@ -458,6 +473,7 @@ def test_api_values_of_the_wrong_kind_are_one_clear_error():
     small = dict(img_size=32, depth=1)
     for name, kw, words in (
             ("vit_tiny_patch16_224", dict(label_names="abc", num_classes=3), "label_names must be a list of names"),
+            ("cait_xxs24_224", dict(label_names=5, num_classes=3), "label_names must be a list of names, got 5"),
             ("vit_tiny_patch16_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("cait_xxs24_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("vit_tiny_patch16_224", dict(representation_size=-3), "representation_size must be a positive integer"),

@@ -86,6 +86,11 @@ class ConfigMixin:
             problems.append(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
         if isinstance(self.label_names, str):  # 'abc' was taken as the names 'a', 'b', 'c'
             problems.append(f"label_names must be a list of names, not the string {self.label_names!r}")
+        elif self.label_names is not None:  # a copy: sorting the caller's list afterwards relabelled the head
+            try:
+                self.label_names = list(self.label_names)
+            except TypeError:
+                problems.append(f"label_names must be a list of names, got {self.label_names!r}")
         init = getattr(self, "init_values", None)  # a string was a TypeError deep in one family, taken by another
         if init is not None and (isinstance(init, bool) or not isinstance(init, (int, float))
                                  or not math.isfinite(init)):
@@ -93,7 +98,7 @@ class ConfigMixin:
         rep = getattr(self, "representation_size", None)
         if rep is not None and rep != 0 and not (_is_int(rep) and rep > 0):
             problems.append(f"representation_size must be a positive integer or null, got {rep!r}")
-        if self.label_names is not None and self.num_classes and len(self.label_names) != self.num_classes:
+        if isinstance(self.label_names, list) and self.num_classes and len(self.label_names) != self.num_classes:
             problems.append(f"{len(self.label_names)} label names for {self.num_classes} classes")
         if isinstance(self.num_classes, int) and self.num_classes > MAX_CLASSES:
             problems.append(f"num_classes {self.num_classes:,} is past {MAX_CLASSES:,} (ImageNet-21k has 21,841)")
