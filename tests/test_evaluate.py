@@ -213,3 +213,57 @@ def test_a_folder_is_scored_in_the_models_class_order(tmp_path):
             Image.new("L", (4, 4), brightness).save(tmp_path / "test" / name / f"{i}.png")
     score = score_dataset(Reversed(), "folder", data_dir=str(tmp_path), progress=False)
     assert score.report.top1 == 1.0 and list(score.report.per_class) == ["c", "b", "a"]
+
+
+def test_evaluation_leaves_the_model_in_its_mode_and_refuses_what_it_would_score_wrongly(tmp_path):
+    """Each of these set the caller's model to eval and left it there (evaluating inside one's own training loop
+    went on without dropout); classes= in another order than the model's label_names scored a perfect model 0%;
+    a negative batch size scored 0% of 0 images; empty inputs, top_k=True, holdout_per_class=0 and k=-1 were
+    taken, or failed deep inside."""
+    from PIL import Image
+
+    from vitkit.evaluate import extract_features, fewshot_from_features, predict_images
+    from vitkit.inspect import attention_maps, embedding_filters_pca, token_norms
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", depth=1, num_classes=3, label_names=["cat", "dog", "eel"],
+                                drop_rate=0.1)
+    images = torch.randint(0, 255, (6, 1, 28, 28), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    Image.fromarray(images[0, 0].numpy()).save(tmp_path / "a.png")
+    x = prepare_batch(images[:2], model.config)
+    for mode in (True, False):
+        for call in (lambda: classification_report(model, images, labels, progress=False),
+                     lambda: extract_features(model, images, progress=False),
+                     lambda: predict_images(model, [tmp_path / "a.png"], progress=False),
+                     lambda: attention_maps(model, x), lambda: token_norms(model, x)):
+            model.train(mode)
+            call()
+            assert model.training is mode and all(m.training is mode for m in model.modules())
+    model.train()
+    dropout_free = classification_report(model, images, labels, progress=False)
+    assert dropout_free.top1 == classification_report(model.eval(), images, labels, progress=False).top1
+    with pytest.raises(ValueError, match=r"classes= are not the model's label_names: the same 3 classes in another "
+                                         r"order .*give the labels in the model's order"):
+        classification_report(model, images, labels, classes=["eel", "dog", "cat"], progress=False)
+    assert classification_report(model, images, labels, classes=["cat", "dog", "eel"], progress=False).count == 6
+    for batch_size in (-1, 0, True, 2.0):
+        for call in (lambda: classification_report(model, images, labels, batch_size=batch_size, progress=False),
+                     lambda: extract_features(model, images, batch_size=batch_size, progress=False),
+                     lambda: predict_images(model, [tmp_path / "a.png"], batch_size=batch_size, progress=False)):
+            with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+                call()
+    with pytest.raises(ValueError, match="no images given"):
+        classification_report(model, images[:0], labels[:0], progress=False)
+    with pytest.raises(ValueError, match="no images given"):
+        extract_features(model, images[:0], progress=False)
+    with pytest.raises(ValueError, match="top_k must be a positive integer, got True"):
+        predict_images(model, [tmp_path / "a.png"], top_k=True, progress=False)
+    features = torch.randn(30, 4)
+    for holdout in (0, -5):
+        with pytest.raises(ValueError, match="holdout_per_class .* must be a whole number >= 1"):
+            fewshot_from_features(features, torch.arange(30) % 3, features, torch.arange(30) % 3, [1],
+                                  holdout_per_class=holdout, progress=False)
+    for k in (-1, 0):
+        with pytest.raises(ValueError, match="k \\(the components shown\\) must be a positive integer"):
+            embedding_filters_pca(model, k=k)

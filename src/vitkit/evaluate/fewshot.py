@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models.layers import in_eval_mode
 from ..progress import track, waiting_bar
-from .metrics import checked_labels, prepare_batch
+from .metrics import check_batch_size, checked_labels, prepare_batch
 
 #: Ridge regularisers tried (powers of two, as big_vision's few-shot evaluator does).
 LAMBDAS = tuple(2.0 ** k for k in range(-10, 11, 2))
@@ -30,15 +31,21 @@ def extract_features(model: nn.Module, images: torch.Tensor, batch_size: int = 5
     ``progress``: a ``label`` line on stderr with the batches done and the ETA, once the
     extraction has run 5 s (10,000 images through a ViT-S/16 on a CPU: tens of seconds).
     """
+    check_batch_size(batch_size)
+    if not len(images):
+        raise ValueError("no images given")
     batches = (prepare_batch(images[i:i + batch_size], model.config) for i in range(0, len(images), batch_size))
     return features_over(model, batches, -(-len(images) // batch_size), progress, label)
 
 
+@in_eval_mode
 @torch.inference_mode()
 def features_over(model: nn.Module, batches: Iterable[torch.Tensor], total: Optional[int] = None,
                   progress: bool = True, label: str = "extracting features") -> torch.Tensor:
     """:func:`extract_features` over model inputs already at the model's size and normalisation."""
-    model.eval()
+    if not hasattr(model, "forward_head"):  # an ONNX Runtime or OpenVINO model: logits only
+        raise ValueError(f"features are a torch model's pre-logits; {type(model).__name__} gives logits only: "
+                         f"load the weights it was exported from (vitkit.from_pretrained)")
     out = [model.forward_head(model.forward_features(x), pre_logits=True).double()
            for x in track(batches, label, total, enabled=progress, unit="batches")]
     return torch.cat(out)
@@ -101,6 +108,10 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
         raise ValueError(f"shots must be a list of whole numbers (shots=[1, 5]), not {shots!r}")
     if not shots or min(shots) < 1 or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
+    if isinstance(holdout_per_class, bool) or not isinstance(holdout_per_class, int) or holdout_per_class < 1:
+        # (0 chose the ridge's strength on no images at all)
+        raise ValueError(f"holdout_per_class (the images per class the ridge's strength is chosen on) must be a whole "
+                         f"number >= 1, not {holdout_per_class!r}")
     train_x, test_x = torch.as_tensor(train_x).double(), torch.as_tensor(test_x).double()  # a model's float32 too
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
         raise ValueError(f"features must be (images, width) matrices of one width, not train {tuple(train_x.shape)} "

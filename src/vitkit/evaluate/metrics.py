@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.layers import in_eval_mode
 from ..progress import track
 from ..utils import pyplot, save_png
 from .tta import check_mode, probabilities
@@ -59,8 +60,17 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     evaluation has run 5 s (:func:`vitkit.progress.track`). ``tta``: score the mean
     probabilities of each image's views (:mod:`vitkit.evaluate.tta`).
     """
+    from ..data.datasets import class_difference
+
+    check_batch_size(batch_size)
     n_classes = model.config.num_classes
+    if classes is not None and (why := class_difference(model.config.label_names, classes,
+                                                        ("the model", "classes="))):
+        raise ValueError(f"classes= are not the model's label_names: {why}; label i is scored against the model's "
+                         f"output i, so give the labels in the model's order")
     classes = list(classes or model.config.label_names or [str(i) for i in range(n_classes)])
+    if not len(images):
+        raise ValueError("no images given")
     labels = checked_labels(labels, len(images), "labels")
     data_classes = max(len(classes), int(labels.max()) + 1 if len(labels) else 0)
     if data_classes != n_classes:
@@ -69,6 +79,12 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
     batches = ((prepare_batch(images[i:i + batch_size], model.config), labels[i:i + batch_size])
                for i in range(0, len(labels), batch_size))
     return report_over(model, batches, classes, -(-len(labels) // batch_size), progress, label, tta)
+
+
+def check_batch_size(batch_size: Any) -> None:
+    """A batch size is a whole number >= 1 (a negative one scored nothing, as 0% of 0 images)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
 
 
 def checked_labels(labels: Any, count: int, what: str) -> torch.Tensor:
@@ -83,6 +99,7 @@ def checked_labels(labels: Any, count: int, what: str) -> torch.Tensor:
     return y.long()
 
 
+@in_eval_mode
 @torch.inference_mode()
 def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], classes: List[str],
                 total: Optional[int] = None, progress: bool = True, label: str = "evaluating",
@@ -90,7 +107,6 @@ def report_over(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Te
     """The report over (model input, labels) batches: inputs already at the model's size and
     normalisation (an image file pipeline's, or :func:`prepare_batch`'s); ``classes`` are the data's."""
     check_mode(tta)
-    model.eval()
     n_classes = model.config.num_classes
     if len(classes) != n_classes:
         raise ValueError(f"the model predicts {n_classes} classes and the data has {len(classes)}: "

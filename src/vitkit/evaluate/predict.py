@@ -14,8 +14,9 @@ from ..data.folder import image_files
 from ..data.images import BadImageError
 from ..data.transforms import preprocess
 from ..models.config_base import no_classes
-from ..models.layers import fast_inference
+from ..models.layers import fast_inference, in_eval_mode
 from ..progress import track
+from .metrics import check_batch_size
 
 #: a :class:`Prediction`'s error where the model gave NaN or inf (no probability to state: JSON has none)
 NOT_FINITE = "the model's output is not finite (NaN or inf): its weights overflow"
@@ -37,6 +38,7 @@ def label_for(index: int, names: Optional[Sequence[str]]) -> str:
     return names[index] if names and index < len(names) else f"class {index}"
 
 
+@in_eval_mode
 @torch.inference_mode()
 def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: int = 5,
                    batch_size: int = 16, progress: bool = True) -> List[Prediction]:
@@ -51,10 +53,10 @@ def predict_images(model: nn.Module, images: Iterable[Union[str, Path]], top_k: 
     paths = image_files(list(images))
     if not paths:
         raise ValueError("no images given")
-    model.eval()
     device = next(model.parameters(), torch.empty(0)).device  # an ONNX Runtime model has none: the CPU
-    if not isinstance(top_k, int) or top_k < 1:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    check_batch_size(batch_size)
     k = min(top_k, config.num_classes)
     out: List[Prediction] = []
     with fast_inference(model):

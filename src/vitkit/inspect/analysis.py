@@ -16,9 +16,12 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..models.layers import in_eval_mode
+
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
+@in_eval_mode
 @torch.no_grad()
 def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]:
     """Per layer, the attention weights (B, heads, N, N) over [prefix tokens + patches].
@@ -33,12 +36,7 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     """
     if why := maps_not_distributions(model):
         raise ValueError(f"the attention analyses need maps whose rows are distributions; {why}")
-    was_training = model.training
-    model.eval()
-    try:
-        _, attns = model(images, return_attention=True)
-    finally:
-        model.train(was_training)
+    _, attns = model(images, return_attention=True)
     return [a.float() for a in attns]
 
 
@@ -207,6 +205,8 @@ def embedding_filters_pca(model: nn.Module, k: int = 28) -> Tuple[torch.Tensor, 
     and decomposed; returns the components as (k, C, P, P) images (unit norm, orthogonal)
     and the fraction of the variance each explains (sorted, summing to <= 1).
     """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:  # (-1 sliced from the end, 0 gave nothing)
+        raise ValueError(f"k (the components shown) must be a positive integer, not {k!r}")
     weight = embedding_filters(model)  # (D, C, P, P)
     D = weight.shape[0]
     flat = weight.reshape(D, -1)
@@ -257,19 +257,15 @@ class TokenNorms:
         return float(self.outliers.float().mean())
 
 
+@in_eval_mode
 @torch.no_grad()
 def token_norms(model: nn.Module, images: torch.Tensor, fence: float = None) -> TokenNorms:
     """Token norms of ``images`` after the last block (:class:`TokenNorms`). Darcet et al. found a few
     patch tokens with norms ~10x the rest in large ViTs trained without registers, holding global
     information, and none with registers. The fence is Q3 + 3 IQR of these images' patch norms unless
     given (compare models by one fence)."""
-    was_training = model.training
-    model.eval()
-    try:
-        out, = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False, output_fmt="NCHW",
-                                           return_prefix_tokens=True, intermediates_only=True)
-    finally:
-        model.train(was_training)
+    out, = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False, output_fmt="NCHW",
+                                       return_prefix_tokens=True, intermediates_only=True)
     # a model without prefix tokens gives the maps alone, as timm's does
     tokens, prefix = out if isinstance(out, tuple) else (out, out.new_zeros(out.shape[0], 0, out.shape[1]))
     norms = tokens.float().norm(dim=1)  # (B, gh, gw)

@@ -27,6 +27,7 @@ from ..extras import require
 from ..files import weights_folder, write_text
 from ..models import family_of
 from ..models.config_base import no_classes
+from ..models.layers import in_eval_mode
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
 from . import figures
@@ -227,6 +228,7 @@ def default_folder(weights: Union[str, Path]) -> Path:
     return Path("runs") / f"inspect-{name}"
 
 
+@in_eval_mode
 @torch.no_grad()
 def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[Sequence[Union[str, Path]]] = None,
                   title: Optional[str] = None, pca_components: int = 28, progress: bool = True) -> InspectResult:
@@ -239,7 +241,6 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     written) with the ETA, once the inspection has run 5 s: each image's figure takes ~0.25 s,
     and 16 images through a ViT-S/16 take ~20 s on a CPU."""
     images = _images_to_inspect(images, Path(out_dir))
-    model.eval()
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
     signed = maps_not_distributions(model)  # maps that are no distributions: no map figures, and why

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .mlp import MLPS, Linear, Mlp, SwiGLU, compile_for_inference, fast_inference, make_mlp  # noqa: F401 (re-exported)
+from .mlp import MLPS, Linear, Mlp, SwiGLU, compile_for_inference, fast_inference, in_eval_mode, make_mlp  # noqa: F401 (re-exported)
 from .norms import GELUS, NORMS, NormFactory, QuickGELU, RmsNorm, gelu_layer, norm_factory  # noqa: F401 (re-exported)
 from .patch import PatchEmbed, PatchGrid, adapt_input_channels, resample_patch_embed  # noqa: F401 (re-exported)
 from .positions import (  # noqa: F401 (re-exported)

@@ -1,10 +1,12 @@
 """The token-wise layers: :class:`Linear` (which may keep its autocast copy), the MLP kinds built from it,
-and the inference switches that act on both (:func:`fast_inference`, :func:`compile_for_inference`)."""
+and the inference switches that act on both (:func:`fast_inference`, :func:`compile_for_inference`) or on the
+whole model (:func:`in_eval_mode`)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+import functools
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +74,28 @@ def fast_inference(model: nn.Module) -> Iterator[nn.Module]:
                 m.__dict__.pop("_autocast_cache", None)
             else:
                 m.gelu_in_place = value
+
+
+F_ = TypeVar("F_", bound=Callable[..., Any])
+
+
+def in_eval_mode(fn: F_) -> F_:
+    """``fn(model, ...)`` with ``model`` in eval mode (no dropout, no drop-path) and put back in the mode it was in
+    after: evaluating inside one's own training loop went on training without dropout, in silence. A model with
+    no ``training`` flag (an ONNX Runtime or OpenVINO model) is only told ``eval()``."""
+
+    @functools.wraps(fn)
+    def wrapped(model, *args, **kwargs):
+        was = getattr(model, "training", None)
+        if hasattr(model, "eval"):
+            model.eval()
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            if isinstance(was, bool) and hasattr(model, "train"):
+                model.train(was)
+
+    return wrapped  # type: ignore[return-value]
 
 
 def compile_for_inference(model: nn.Module) -> nn.Module:
