@@ -444,6 +444,34 @@ def test_from_pretrained_new_class_count_keeps_fresh_head(tmp_path):
     assert torch.equal(model.blocks[1].mlp.fc2.weight, src.blocks[1].mlp.fc2.weight)
 
 
+def test_overrides_that_compute_another_function_of_a_configs_tensors_are_refused(tmp_path, images):
+    """block=, num_heads=, norm_eps=, gelu= beside a folder whose config states them loaded the same tensors into
+    another function, in silence (logits off by up to 1.7; load_weights refused the same model); a bare file's
+    unstored fields are still told this way, and strict=False builds it so with a note."""
+    import warnings
+
+    from vitkit.weights.load import AdaptNote
+
+    src = tiny()
+    src.save_pretrained(tmp_path / "m")
+    for override in (dict(block="res_post"), dict(num_heads=2), dict(norm_eps=1e-2), dict(gelu="quick"),
+                     dict(global_pool="avg")):
+        (field, value), = override.items()
+        with pytest.raises(WeightsError, match=rf"overriding its config with {field} .* would compute another "
+                                               rf"function of the same tensors: load it without {field} "
+                                               r".*nothing was loaded"):
+            vitkit.from_pretrained(tmp_path / "m", **override)
+        with pytest.warns(AdaptNote, match="built so all the same"):
+            built = vitkit.from_pretrained(tmp_path / "m", strict=False, **override)
+        assert getattr(built.config, field) == value
+    torch.save(src.state_dict(), tmp_path / "bare.pth")  # tensors only: what they lack is told by the overrides
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert vitkit.from_pretrained(tmp_path / "bare.pth", gelu="quick", num_heads=2).config.num_heads == 2
+    assert torch.equal(vitkit.from_pretrained(tmp_path / "m", img_size=48, drop_path_rate=0.1).blocks[0].mlp.fc1.weight,
+                       src.blocks[0].mlp.fc1.weight)
+
+
 def test_unknown_layout_and_bad_files(tmp_path):
     with pytest.raises(WeightsError, match="unrecognised weight layout"):
         detect_format(["conv1.weight", "fc.bias"])

@@ -28,7 +28,7 @@ from .hf_backbone import backbone_plan
 from .hf_tower_parts import ProcessorConfigError
 from .hub_download import HUB_PREFIX, download_from_hub, hub_failure  # noqa: F401 (re-exported)
 from .io import WeightsError
-from .load import WEIGHT_FILES, Source, load_into, read_source, to_native
+from .load import WEIGHT_FILES, AdaptNote, Source, load_into, read_source, to_native
 
 
 def _config_file(src: Source) -> str:
@@ -199,7 +199,9 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     from the source. Overrides change the configuration: ``img_size=384`` resamples the
     position embeddings (as the weights' library resamples them, or by ``interpolation``: 'bicubic', 'bilinear',
     or 'bilinear-aligned', the official vit_jax code's); a new ``num_classes`` keeps a fresh zero-initialised head;
-    ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation).
+    ``in_chans=1`` sums RGB patch filters for grey input (and averages the normalisation). An override that
+    would compute another function of the same tensors (``block``, ``num_heads``, ``norm_eps``, ``gelu``,
+    ``global_pool`` against a source whose config states them) is refused, or with ``strict=False`` noted.
 
     A pre-training model (a vitkit pre-training run, Hugging Face ``ViTForMaskedImageModeling``
     / ``ViTMAEForPreTraining``, an official MAE checkpoint) comes back as the
@@ -231,6 +233,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
                           f"images of another shape get other pixels than transformers gives them", GuessWarning,
                           stacklevel=2)
     config = stored.replace(**fit_channel_stats(stored, overrides))
+    _check_overrides_compute_the_same(src, stored, config, strict)
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
@@ -439,6 +442,26 @@ def _config_to_build(src: Source, model_name: Optional[str], overrides: Mapping[
     if model_name:
         _check_named_agrees(src, model_name, stored)
     return stored, None
+
+
+def _check_overrides_compute_the_same(src: Source, stored: Any, config: Any, strict: bool) -> None:
+    """Overrides of fields no tensor holds (the block, heads, eps, activation, pool) against a source whose config
+    states them: the tensors loaded and computed another function, in silence (``load_weights`` refused the same
+    model). Refused when ``strict``, else an :class:`AdaptNote`."""
+    if src.config_json is None:  # bare tensors: the overrides are how their unstored fields are told
+        return
+    silent = [d for d in timm_format.architecture_differences(config, stored)
+              if d.split()[0] in timm_format.SILENT_FIELDS]
+    if not silent:
+        return
+    fields = ", ".join(d.split()[0] for d in silent)
+    said = (f"{src.path or 'the weights'}: overriding its config with {'; '.join(silent)} would compute another "
+            f"function of the same tensors")
+    if strict:
+        raise WeightsError(f"{said}: load it without {fields} (its config says what it is), or build the model you "
+                           f"mean with vitkit.create_model and load_weights(model, path, strict=False); nothing was "
+                           f"loaded")
+    warnings.warn(AdaptNote(f"{said}: built so all the same (strict=False)"), stacklevel=3)
 
 
 def _check_named_agrees(src: Source, model_name: str, own: Any) -> None:
