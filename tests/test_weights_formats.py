@@ -964,3 +964,21 @@ def test_a_headless_vit_written_for_transformers_says_its_pooler_is_random(tmp_p
         warnings.simplefilter("error", ExportWarning)  # with the paper's pre-logits layer the pooler is filled
         vitkit.export_weights(tiny(num_classes=0, representation_size=tiny().config.embed_dim, crop_pct=1.0),
                               tmp_path / "pl", "hf")
+
+
+def test_load_weights_says_when_the_sources_config_prescribes_other_preprocessing(tmp_path):
+    """The folder's ImageNet mean/std and crop were dropped without a word: preprocess then normalised otherwise
+    than the weights learned."""
+    import warnings
+
+    from vitkit.weights.load import AdaptNote
+
+    src = tiny(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875)
+    src.save_pretrained(tmp_path / "m")
+    with pytest.warns(AdaptNote, match=r"config prescribes other preprocessing: mean \[0.485, 0.456, 0.406\] "
+                                       r"\(this model: \[0.5, 0.5, 0.5\]\); std .*; crop_pct 0.875 \(this model: 0.9\); "
+                                       r"the model keeps its own"):
+        load_weights(tiny(), tmp_path / "m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same preprocessing: nothing said
+        load_weights(tiny(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875), tmp_path / "m")

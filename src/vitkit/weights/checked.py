@@ -11,6 +11,7 @@ not. :func:`~vitkit.weights.from_pretrained` builds the source's own model and n
 from __future__ import annotations
 
 import itertools
+import json
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -41,8 +42,9 @@ def load_weights(model: nn.Module, source: Union[PathLike, Mapping[str, Any], So
     Raises :class:`WeightsError` naming every missing/unexpected key (when ``strict``) and
     every shape mismatch, and a source whose own config describes another architecture than the
     model's (its heads, eps, activation, blocks; said as an :class:`AdaptNote` when not ``strict``);
-    the model is untouched when it raises. ``copy=False``: every check, nothing copied (the model
-    may be on the meta device).
+    the model is untouched when it raises. A source whose config prescribes other preprocessing (mean,
+    std, crop) is said as an :class:`AdaptNote`: the model keeps its own. ``copy=False``: every check,
+    nothing copied (the model may be on the meta device).
     """
     check_switches("load_weights", strict=strict, copy=copy)
     check_load_interpolation(interpolation)  # before the file is read
@@ -70,6 +72,7 @@ def _check_architecture(model: nn.Module, src: Source, strict: bool) -> None:
         return
     if type(stored) is not type(config):
         return  # another family: the names and shapes say it
+    _note_other_preprocessing(stored, config, src)
     differences = architecture_differences(stored, config)
     if not differences:
         return
@@ -79,6 +82,22 @@ def _check_architecture(model: nn.Module, src: Source, strict: bool) -> None:
         raise WeightsError(f"{said}; vitkit.from_pretrained builds the model it holds (or build this one with those "
                            f"fields); nothing was loaded")
     warnings.warn(AdaptNote(f"{said}: loaded into this model all the same (strict=False)"), stacklevel=3)
+
+
+#: the fields of a config that say how images are made into its input
+PREPROCESSING = ("mean", "std", "crop_pct", "crop_mode", "crop_offset", "interpolation")
+
+
+def _note_other_preprocessing(stored: Any, config: Any, src: Source) -> None:
+    """The source's config prescribes other preprocessing than the model keeps (its mean and std, crop): said,
+    since ``vitkit.preprocess`` and predict then feed the weights images normalised otherwise than they learned."""
+    other = [f"{f} {json.dumps(getattr(stored, f))} (this model: {json.dumps(getattr(config, f))})"
+             for f in PREPROCESSING if hasattr(stored, f) and hasattr(config, f)
+             and getattr(stored, f) != getattr(config, f)]
+    if other:
+        warnings.warn(AdaptNote(f"{src.path or 'the source'}'s config prescribes other preprocessing: "
+                                f"{'; '.join(other)}; the model keeps its own (vitkit.from_pretrained takes the "
+                                f"source's)"), stacklevel=4)
 
 
 __all__ = ["load_weights"]
