@@ -976,8 +976,8 @@ def test_load_weights_says_when_the_sources_config_prescribes_other_preprocessin
     src = tiny(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875)
     src.save_pretrained(tmp_path / "m")
     with pytest.warns(AdaptNote, match=r"config prescribes other preprocessing: mean \[0.485, 0.456, 0.406\] "
-                                       r"\(this model: \[0.5, 0.5, 0.5\]\); std .*; crop_pct 0.875 \(this model: 0.9\); "
-                                       r"the model keeps its own"):
+                                       r"\(this model: \[0.5, 0.5, 0.5\]\); std .*; crop_pct 0.875 "
+                                       r"\(this model: 0.9\); the model keeps its own"):
         load_weights(tiny(), tmp_path / "m")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same preprocessing: nothing said
