@@ -76,6 +76,27 @@ def test_one_decoder_scales_16_bit_and_composites_alpha(tmp_path):
         load_image(tmp_path / "missing.png")
 
 
+def test_integer_grey_levels_are_scaled_by_the_depth_the_file_says_not_by_their_values(tmp_path):
+    """A dark 16-bit PGM (every level under 256 of 65,535) was read as 8-bit levels, 257 times too bright; an
+    integer image made in memory flipped between the two readings by one pixel over 255: it is read as Pillow's
+    convert reads it (levels 0-255, clipped), as timm's pipeline gets it."""
+    levels = np.arange(16).reshape(4, 4) * 10  # 0..150 of 65,535: near black
+    (tmp_path / "dark.pgm").write_bytes(b"P5\n4 4\n65535\n" + levels.astype(">u2").tobytes())
+    assert np.asarray(decode_image(tmp_path / "dark.pgm", channels=1)).max() == 1
+    assert np.asarray(load_image(tmp_path / "dark.pgm", channels=1)).max() == 1
+    Image.fromarray(levels.astype(np.uint16)).save(tmp_path / "dark.tif")  # 16 bits per sample, said by the file
+    assert np.asarray(decode_image(tmp_path / "dark.tif", channels=1)).max() == 1
+    model = vitkit.create_model("vit_fmnist")
+    flat = np.full((28, 28), 200, np.int32)
+    one_over = flat.copy()
+    one_over[0, 0] = 300
+    for array in (flat, one_over):
+        im = Image.fromarray(array)
+        assert im.mode == "I"
+        want = vitkit.preprocess(model, im.convert("L"))
+        assert torch.equal(vitkit.preprocess(model, im), want)
+
+
 def test_a_transparent_16_bit_grey_level_and_a_lab_image_decode_as_their_8_bit_and_rgb_forms(tmp_path):
     """A 16-bit PNG's transparent grey (tRNS) is composited on white as an 8-bit one is (it was dropped); a LAB
     image reads as grey through RGB (Pillow converts LAB to RGB only: a grey model refused it)."""

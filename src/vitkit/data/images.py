@@ -57,14 +57,18 @@ def _reason(error: BaseException) -> str:
 
 def _high_depth_to_l(im: Image.Image) -> Image.Image:
     """16/32-bit integer or float grey -> 8-bit L, scaled (Pillow's convert would clip at 255); a transparent
-    grey level (a 16-bit PNG's tRNS) composited on white, as an 8-bit one is."""
+    grey level (a 16-bit PNG's tRNS) composited on white, as an 8-bit one is. Integers are 16-bit levels where
+    the mode or the file says so (:func:`_sixteen_bit`: a dark 16-bit PGM whose levels were all under 256 was
+    read as 8-bit, 257 times too bright); an integer image made in memory is read as Pillow's convert reads it
+    (levels 0-255, clipped), and only a file of other depth (32-bit TIFF) by its own largest value."""
     arr = np.asarray(im)
     if im.mode == "F":
         arr = arr * 255.0 if arr.size and np.nanmax(arr) <= 1.0 else arr
         out = np.clip(np.nan_to_num(arr), 0, 255).round()
     else:
         arr = arr.astype(np.int64)
-        if im.mode.startswith("I;16") or (arr.size and arr.max() > 255):
+        guessed = im.format is not None and arr.size and arr.max() > 255
+        if _sixteen_bit(im) or guessed:
             out = (np.clip(arr, 0, 65535) * 255 + 32767) // 65535
         else:
             out = np.clip(arr, 0, 255)
@@ -72,6 +76,15 @@ def _high_depth_to_l(im: Image.Image) -> Image.Image:
         if isinstance(clear, int) and not isinstance(clear, bool):
             out[arr == clear] = 255
     return Image.fromarray(out.astype(np.uint8), "L")
+
+
+def _sixteen_bit(im: Image.Image) -> bool:
+    """Whether an integer grey image holds 16-bit levels: its mode says so (I;16), or its file does (a PGM or PNG
+    Pillow opens as 'I' holds 16-bit levels, and a TIFF says its bits per sample)."""
+    if im.mode.startswith("I;16") or im.format in ("PPM", "PNG"):
+        return True
+    bits = getattr(im, "tag_v2", {}).get(258) if im.format == "TIFF" else None
+    return bits in (16, (16,))
 
 
 def to_rgb(im: Image.Image, channels: int = 3) -> Image.Image:
@@ -104,6 +117,8 @@ def decode_image(source: ImageSource, channels: int = 3, name: Optional[str] = N
     try:
         with Image.open(source) as im:
             im.load()
+            if im.mode in _HIGH_DEPTH_MODES:  # while the file's format is known (the upright copy has none)
+                im = _high_depth_to_l(im)
             try:
                 im = ImageOps.exif_transpose(im)
             except DECODE_ERRORS as e:  # the pixels are fine; only the orientation tag is not
