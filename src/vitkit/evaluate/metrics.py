@@ -32,7 +32,10 @@ class ClassificationReport:
 
 
 def prepare_batch(images_uint8: torch.Tensor, config) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> the model's input: channels, size and normalisation of its config."""
+    """uint8 (B, C, H, W) -> the model's input: channels, size and normalisation of its config. The whole image
+    is resized (bicubic), as the in-memory training pipeline resizes it: the config's ``crop_pct`` and
+    ``interpolation``, which the image-file pipelines apply (:func:`vitkit.preprocess`, ``predict_images``), are
+    not, so in-memory data (Fashion-MNIST, CIFAR) is scored as it is trained on."""
     if not isinstance(images_uint8, torch.Tensor) or images_uint8.dtype != torch.uint8 or images_uint8.ndim != 4:
         what = f"{images_uint8.dtype} {tuple(images_uint8.shape)}" if isinstance(images_uint8, torch.Tensor) else \
             type(images_uint8).__name__
