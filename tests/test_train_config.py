@@ -225,6 +225,14 @@ def test_a_pretraining_recipe_implies_its_objective_and_a_file_without_precision
     (tmp_path / "mae.yaml").write_text("recipe: mae-fmnist\n")
     assert resolve_config(None, str(tmp_path / "mae.yaml")).objective == "mae"
     assert resolve_config("simmim-fmnist").objective == "simmim" and resolve_config("fmnist").objective == "classify"
+    # another objective beside a pre-training recipe: refused as the two disagreeing (it was "mask_block does not
+    # apply to mae", a field of the recipe's)
+    (tmp_path / "simmim.yaml").write_text("recipe: simmim-fmnist\n")
+    for recipe, file, given in (("simmim-fmnist", None, "mae"), (None, str(tmp_path / "simmim.yaml"), "mae"),
+                                ("mpp-fmnist", None, "classify")):
+        with pytest.raises(ValueError, match=rf"the recipe \S+ pre-trains \w+, not {given}: give the objective's own "
+                                             r"recipe \((--recipe mae-fmnist|no pre-training recipe)\)"):
+            resolve_config(recipe, file, objective=given)
     monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)  # a machine without bf16
     monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
     (tmp_path / "f.yaml").write_text("recipe: fmnist\n")

@@ -491,6 +491,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     given = {k: v for k, v in overrides.items() if v is not None}
     from_file = _file_values(file, given)
     recipe = recipe_in_effect(recipe, file, given, from_file)
+    _check_objective_of_recipe(recipe, {**from_file, **given}.get("objective"))
     values: Dict[str, Any] = {"recipe": recipe, "objective": PRETRAIN_RECIPES.get(recipe, "classify")}
     for layer in (RECIPES[recipe], from_file, given):  # (a pre-training recipe implies its objective)
         for key, value in layer.items():
@@ -522,6 +523,17 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
+
+
+def _check_objective_of_recipe(recipe: str, objective: Any) -> None:
+    """A pre-training recipe trains its own objective: another one asked beside it was refused by a field of the
+    recipe's it cannot read ("mask_block does not apply to mae"), not as the two disagreeing."""
+    implied = PRETRAIN_RECIPES.get(recipe)
+    if implied and isinstance(objective, str) and objective != implied:
+        mine = next((r for r, o in PRETRAIN_RECIPES.items() if o == objective), None)
+        hint = f"--recipe {mine}" if mine else "no pre-training recipe"
+        raise ValueError(f"the recipe {recipe} pre-trains {implied}, not {objective}: give the objective's own recipe "
+                         f"({hint}) or leave the objective out")
 
 
 def _file_values(file: Optional[str], given: Mapping[str, Any]) -> Dict[str, Any]:
