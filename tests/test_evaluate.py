@@ -238,8 +238,11 @@ def test_evaluation_leaves_the_model_in_its_mode_and_refuses_what_it_would_score
                      lambda: predict_images(model, [tmp_path / "a.png"], progress=False),
                      lambda: attention_maps(model, x), lambda: token_norms(model, x)):
             model.train(mode)
+            model.blocks[0].attn.eval()  # a part the caller keeps in eval (frozen) stays so
             call()
-            assert model.training is mode and all(m.training is mode for m in model.modules())
+            assert model.training is mode and model.blocks[0].attn.training is False
+            assert all(m.training is mode for m in model.modules() if m is not model.blocks[0].attn and
+                       all(m is not c for c in model.blocks[0].attn.modules()))
     model.train()
     dropout_free = classification_report(model, images, labels, progress=False)
     assert dropout_free.top1 == classification_report(model.eval(), images, labels, progress=False).top1

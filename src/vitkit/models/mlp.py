@@ -80,20 +80,21 @@ F_ = TypeVar("F_", bound=Callable[..., Any])
 
 
 def in_eval_mode(fn: F_) -> F_:
-    """``fn(model, ...)`` with ``model`` in eval mode (no dropout, no drop-path) and put back in the mode it was in
-    after: evaluating inside one's own training loop went on training without dropout, in silence. A model with
-    no ``training`` flag (an ONNX Runtime or OpenVINO model) is only told ``eval()``."""
+    """``fn(model, ...)`` with ``model`` in eval mode (no dropout, no drop-path) and each of its modules put back in
+    the mode it was in after (a frozen part kept in eval stays so): evaluating inside one's own training loop went
+    on training without dropout, in silence. A model that is no ``nn.Module`` (an ONNX Runtime or OpenVINO
+    model) is only told ``eval()``."""
 
     @functools.wraps(fn)
     def wrapped(model, *args, **kwargs):
-        was = getattr(model, "training", None)
+        modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
         if hasattr(model, "eval"):
             model.eval()
         try:
             return fn(model, *args, **kwargs)
         finally:
-            if isinstance(was, bool) and hasattr(model, "train"):
-                model.train(was)
+            for module, training in modes:
+                module.training = training
 
     return wrapped  # type: ignore[return-value]
 
