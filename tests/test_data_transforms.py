@@ -171,3 +171,28 @@ def test_a_long_thin_image_is_refused_by_name_before_its_resize_takes_gigabytes(
     samples = {Path(path).name: folder[i] for i, (path, _) in enumerate(folder.samples)}
     assert isinstance(samples["thin.png"], Skipped) and "crop it nearer" in samples["thin.png"].reason
     assert samples["wide.png"][0].shape == (1, 28, 28)
+
+
+def test_a_tiff_whose_tag_has_the_wrong_type_is_a_bad_image_not_a_crash(tmp_path):
+    """Pillow raises a TypeError for a TIFF whose StripOffsets is typed RATIONAL: `vitkit predict` ended on it with
+    "unexpected TypeError" and no answer for the other images, and the server answered a plain-text 500."""
+    import io
+    import struct
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), "red").save(buf, "TIFF")
+    data = bytearray(buf.getvalue())
+    ifd = struct.unpack("<I", data[4:8])[0]
+    for i in range(struct.unpack("<H", data[ifd:ifd + 2])[0]):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack("<H", data[entry:entry + 2])[0] == 273:  # StripOffsets, typed RATIONAL
+            data[entry + 2:entry + 4] = struct.pack("<H", 5)
+    (tmp_path / "bad.tiff").write_bytes(bytes(data))
+    with pytest.raises(BadImageError, match="bad.tiff"):
+        decode_image(tmp_path / "bad.tiff")
+    Image.new("RGB", (40, 30), "blue").save(tmp_path / "good.png")
+    from vitkit.evaluate import predict_images
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    out = predict_images(model, [tmp_path / "good.png", tmp_path / "bad.tiff"], progress=False)
+    assert out[0].error is None and out[1].error and out[1].top == []

@@ -24,7 +24,7 @@ logger = logging.getLogger("vitkit.data")
 
 #: What Pillow raises on a damaged or unsupported file (plugins raise more than OSError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
-                 Image.DecompressionBombError)
+                 Image.DecompressionBombError, TypeError)  # (a TIFF tag of the wrong type: Pillow's TypeError)
 _HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
 
