@@ -344,6 +344,12 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
             reply = idle.recv(4096).decode()
             assert reply.startswith("HTTP/1.1 408") and "headers did not arrive within 1 s" in reply, reply
             assert idle.recv(4096) == b""  # closed
+    with socket.create_connection((host, int(port))) as idle:  # kept alive after an answer, then idle: closed in
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # silence (a 408 there could be read as
+        idle.settimeout(10)                                            # the answer to the next request)
+        first = idle.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b'{"status":"ok"}'), first
+        assert idle.recv(4096) == b""
     with httpx.Client() as kept:  # a kept-alive connection is not cut while it answers requests
         for _ in range(3):
             assert kept.get(running.url + "/healthz").json() == {"status": "ok"}
@@ -352,6 +358,28 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
             gone.sendall(head + data[:100])
     assert post(running.url, data).status_code == 200
     assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_a_body_refused_or_late_closes_its_connection(serving):
+    """After a 413 (from Content-Length, before the body) or a 408 (the body too slow) the connection stayed open:
+    uvicorn read the rest of the declared body (8 GB in 6 s) and a client trickling a byte every few seconds held
+    it for ever, past the header deadline (300 of them used up a server's files). Both say Connection: close."""
+    running = serving(max_wait_ms=0, timeout_s=1, max_body_bytes=1000)
+    host, port = running.url.removeprefix("http://").split(":")
+    for length, status in ((100_000_000_000, "413"), (500, "408")):
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nx".encode())
+            client.settimeout(10)
+            reply = b""
+            while b"}" not in reply:
+                reply += client.recv(4096)
+            assert reply.startswith(f"HTTP/1.1 {status}".encode()) and b"connection: close" in reply.lower(), reply
+            started = time.monotonic()
+            with contextlib.suppress(OSError):  # (a reset, where bytes were still coming, is a close too)
+                while client.recv(4096):
+                    client.send(b"x")
+            assert time.monotonic() - started < 5
+    assert post(running.url, photo(1)[:900]).status_code in (200, 400)  # the server answers on
 
 
 def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):
@@ -437,6 +465,14 @@ def test_a_form_holds_one_image_and_forms_that_choke_the_parser_are_400s(serving
                                                                                               level)
     answer = post(running.url, deep, headers={"content-type": "multipart/form-data; boundary=b1"})
     assert answer.status_code == 400 and answer.json()["error"], answer.text
+    # a part's headers of 300 kB held a worker thread for a minute (the parser reads them again per parameter)
+    started = time.monotonic()
+    heavy = post(running.url, _form([(b'Content-Disposition: form-data; name="file"' + b"; a=b" * 60_000, photo(1))]),
+                 headers={"content-type": "multipart/form-data; boundary=BB"})
+    assert heavy.status_code == 400 and heavy.json() == {"error": "a part of the form has more than 8 KiB of headers"}
+    assert time.monotonic() - started < 5
+    epilogue = _form([(disposition % (b"file", b"a"), photo(1))]) + b"x" * 20_000  # after the close: not a part
+    assert post(running.url, epilogue, headers={"content-type": "multipart/form-data; boundary=BB"}).status_code == 200
     torn = _form([(disposition % (b"file", b"a"), photo(1))])[:-len(b"\r\n--BB--\r\n")]  # no closing boundary
     answer = post(running.url, torn, headers={"content-type": "multipart/form-data; boundary=BB"})  # was a 200
     assert answer.status_code == 400 and "a torn form" in answer.json()["error"], answer.text

@@ -86,9 +86,14 @@ def header_safe(key: str) -> bool:
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, retry_after: Optional[int] = None):
+    """An answer in words. ``close``: the connection is closed after it, as for a body refused or not arrived (408,
+    413: kept open, the rest of the body was read and thrown away, and a client trickling it held the connection,
+    past the header deadline, for ever; RFC 9110 15.5.9)."""
+
+    def __init__(self, status: int, message: str, retry_after: Optional[int] = None, close: bool = False):
         super().__init__(message)
         self.status, self.message, self.retry_after = status, message, retry_after
+        self.close = close or status in (408, 413)
 
 
 #: the request body the upload endpoints take, for the OpenAPI schema (read by hand: no form library)
@@ -412,8 +417,10 @@ def _key_ok(headers, key: str) -> bool:
 
 
 def error_response(response_class, e: HttpError):
-    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
-    return response_class({"error": e.message}, status_code=e.status, headers=headers)
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
+    if e.close:
+        headers["Connection"] = "close"
+    return response_class({"error": e.message}, status_code=e.status, headers=headers or None)
 
 
 def _finite(values):
@@ -480,7 +487,8 @@ async def _read_body(request, limit: int, timeout: float, draining: Callable[[],
             if loop.time() >= deadline:
                 chunk_task.cancel()
                 if drained:
-                    raise HttpError(503, "the server is shutting down: the body had not arrived", retry_after=5)
+                    raise HttpError(503, "the server is shutting down: the body had not arrived", retry_after=5,
+                                    close=True)
                 raise HttpError(408, f"the body did not arrive within {timeout:g} s")
             await asyncio.wait([chunk_task], timeout=min(max(deadline - loop.time(), 0.001), 0.25))
         try:
@@ -496,6 +504,10 @@ async def _read_body(request, limit: int, timeout: float, draining: Callable[[],
     return b"".join(chunks)
 
 
+#: the most bytes of a form part's headers (h11's limit for a request's own is 16 KiB): the standard library's
+#: parser reads a Content-Disposition again for each parameter asked of it, at about a minute of CPU per MB, in a
+#: worker thread no timeout stops (six forms of 300 kB made every other request a 504 for 100 s)
+MAX_PART_HEADER_BYTES = 8 * 1024
 #: the most part delimiters a form may hold (a browser's upload form holds one file and a few fields): the
 #: parser's time grows with them (300,000 empty fields: a minute), and nested forms recurse in it
 MAX_FORM_PARTS = 64
@@ -512,6 +524,8 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
     # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
     if boundary and body.count(b"--" + boundary.encode("latin-1")) > MAX_FORM_PARTS + 1:
         raise HttpError(400, f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
+    if boundary and _longest_part_head(body, b"--" + boundary.encode("latin-1")) > MAX_PART_HEADER_BYTES:
+        raise HttpError(400, f"a part of the form has more than {MAX_PART_HEADER_BYTES // 1024} KiB of headers")
     try:
         message = BytesParser(policy=HTTP).parsebytes(head + body)
     except (RecursionError, UnicodeError):
@@ -533,6 +547,17 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
         raise HttpError(400, f"the form has {len(files)} files: send one image per request")
     payload = files[0].get_payload(decode=True) or b""
     return _with_bare_lf_tail(payload, body, boundary), _safe_name(files[0].get_filename() or "upload")
+
+
+def _longest_part_head(body: bytes, delimiter: bytes) -> int:
+    """The most bytes of headers any part of the form holds (up to its blank line; a part without one: all of it)."""
+    longest = 0
+    for part in body.split(delimiter)[1:]:
+        if part.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
+            break
+        ends = [at for at in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if at >= 0]
+        longest = max(longest, min(ends) if ends else len(part))
+    return longest
 
 
 def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str]) -> bytes:
