@@ -421,6 +421,12 @@ def test_bad_query_values_are_one_line_400s(serving):
     typo = post(running.url, photo(1), "/predict?topk=3")  # answered five classes, without a word
     assert typo.status_code == 400 and typo.json() == {
         "error": "unknown query parameter 'topk' for /predict (it reads top_k; did you mean top_k?)"}
+    import gzip
+
+    zipped = post(running.url, gzip.compress(photo(1)), headers={"content-encoding": "gzip"})  # was "not an image"
+    assert zipped.status_code == 415 and zipped.json()["error"].startswith("Content-Encoding 'gzip' is not read")
+    shouted = post(running.url, photo(1), "/predict?TOP_K=3")
+    assert shouted.status_code == 400 and shouted.json()["error"].endswith("did you mean top_k?)")
     extra = post(running.url, photo(1), "/embed?normalize=1")
     assert extra.status_code == 400 and "unknown query parameter 'normalize' for /embed (it reads none)" in \
         extra.json()["error"]
@@ -830,7 +836,8 @@ def test_a_port_in_use_is_one_line(weights, capsys):
         taken.listen()
         assert main(["serve", str(weights), "--port", str(taken.getsockname()[1])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "cannot listen on 127.0.0.1:" in err[-1] and "pick another --port" in err[-1], err
+    assert err[-1].startswith("vitkit serve: error: cannot listen on 127.0.0.1:") and "pick another --port" in \
+        err[-1], err  # (it began "[Errno 98] ")
 
 
 # ------------------------------------------------------------------ the page, in a real browser

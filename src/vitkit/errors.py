@@ -27,6 +27,8 @@ def describe_error(e: BaseException) -> str:
         return "the input is nested too deeply to read (a recursion limit was reached)"
     if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 13] ...: 'x'"
         return f"{e.strerror}: {e.filename}"
+    if isinstance(e, OSError) and e.strerror and text.startswith("[Errno"):  # not "[Errno 98] cannot listen ..."
+        return e.strerror
     if isinstance(e, (ValueError, OSError)) or is_user_error(e):
         return text or type(e).__name__
     return (f"unexpected {type(e).__name__}: {text or 'no detail'} (VITKIT_DEBUG=1 shows where; please report it "

@@ -2,8 +2,8 @@
 
 Every answer is JSON with one plain ``error`` line when something is wrong: 400 an image that
 is not one, 401 a missing or wrong key, 408 a body that arrives too slowly, 413 one too large,
-501 what the runtime cannot do, 503 (with Retry-After) a full queue or a server draining on
-SIGTERM, 504 a model that did not answer in time.
+415 a Content-Encoding it does not read (gzip), 501 what the runtime cannot do, 503 (with
+Retry-After) a full queue or a server draining on SIGTERM, 504 a model that did not answer in time.
 """
 
 from __future__ import annotations
@@ -145,6 +145,10 @@ class Endpoint:
 
     async def _body(self, request) -> Tuple[bytes, str]:
         """The request's body (within the size and time limits) and its content type."""
+        coding = request.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):  # (it was read as the image's bytes: "not an image")
+            raise HttpError(415, f"Content-Encoding {coding[:40]!r} is not read: send the image's bytes as they are "
+                                 f"(an image file is compressed already)", close=True)
         body = await _read_body(request, self.options.max_body_bytes, self.options.timeout_s,
                                 lambda: self.state["draining"])
         return body, request.headers.get("content-type", "")
@@ -438,7 +442,7 @@ def _only_query(request, allowed: Tuple[str, ...] = ()) -> None:
 
     unknown = [k for k in dict.fromkeys(request.query_params.keys()) if k not in allowed]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        close = difflib.get_close_matches(unknown[0].lower(), allowed, n=1)  # (?TOP_K=3 too)
         reads = f"it reads {', '.join(allowed)}" if allowed else "it reads none"
         raise HttpError(400, f"unknown query parameter {unknown[0][:40]!r} for {request.url.path} ({reads}"
                              f"{f'; did you mean {close[0]}?' if close else ''})")
