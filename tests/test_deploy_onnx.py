@@ -2,12 +2,15 @@
 every family's logits through ORT match the PyTorch model's, the file's metadata is enough for
 `vitkit predict`, int8 models run and agree, and every bad input is one line."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -609,3 +612,54 @@ def test_vitkit_info_says_what_an_onnx_file_is(tmp_path, capsys):
         assert main(["info", str(tmp_path / bad)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
+
+
+def test_an_export_apart_ends_when_its_parent_is_killed_outright(tmp_path):
+    """The child runs in a session of its own (a stop in the parent ends its group), so a parent killed by SIGKILL
+    or the OOM killer left it exporting, owned by nobody (a minute of CPU under NNCF): it watches its parent's end
+    of a pipe and ends its group when that closes."""
+    import signal
+    import subprocess
+
+    script = f"""
+import torch, vitkit
+from vitkit.deploy.apart import export_apart
+model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+export_apart(model, {str(tmp_path / "m.onnx")!r}, "onnxruntime")
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    child = []
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def children():
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == parent.pid and "vitkit.deploy.apart" in \
+                        (stat.parent / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(stat.parent.name))
+        return found
+
+    try:
+        deadline = time.time() + 60
+        while not (child := children()) and time.time() < deadline and parent.poll() is None:
+            time.sleep(0.05)
+        assert child, "the export's child process was not seen"
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 120
+        while alive(child[0]) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not alive(child[0]), "the export's child went on after its parent was killed"
+        assert not (tmp_path / "m.onnx").exists(), "the orphaned child finished the export"
+    finally:
+        parent.kill()
+        for pid in child:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

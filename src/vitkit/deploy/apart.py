@@ -63,24 +63,28 @@ def export_apart(model: nn.Module, path: PathLike, runtime: str, quantize: Optio
 def _run_child(command: list) -> Tuple[int, str]:
     """Run the child in its own process group -> (exit code, the line it said why it failed). The line comes
     through a pipe (a full disk cannot lose it). The whole group ends with it: a stop here (Ctrl-C, SIGTERM)
-    or the child killed would otherwise leave NNCF's process under it running."""
+    or the child killed would otherwise leave NNCF's process under it running. A second pipe is the parent's
+    lifeline: where the parent is killed outright (SIGKILL, the OOM killer), its end closes and the child ends
+    its group (it went on exporting, a minute of CPU under NNCF, owned by nobody)."""
     read, write = os.pipe()
+    life_read, life_write = os.pipe()
     try:
-        with _started([*command, str(write)], write) as child:
-            os.close(write)
-            write = -1
+        with _started([*command, str(write), str(life_read)], (write, life_read)) as child:
+            for fd in (write, life_read):
+                os.close(fd)
+            write = life_read = -1
             try:
                 code = child.wait()
             finally:  # a stop here, or a child killed under NNCF's process: none of them goes on
                 _end_group(child)
         return code, os.read(read, 1 << 16).decode(errors="replace").strip()
     finally:
-        for fd in (read, write):
+        for fd in (read, write, life_read, life_write):
             if fd >= 0:
                 os.close(fd)
 
 
-def _started(command: list, write: int) -> subprocess.Popen:
+def _started(command: list, fds: Tuple[int, ...]) -> subprocess.Popen:
     """The child, started in a thread of its own: a stop (Ctrl-C, SIGTERM: Python raises it in the main thread)
     that landed inside Popen after the fork left a child that nobody owned, running on after the parent had
     stopped (a server's SIGTERM test saw it under load). If the stop lands while the thread starts it, its
@@ -91,7 +95,7 @@ def _started(command: list, write: int) -> subprocess.Popen:
     def start() -> None:
         try:
             started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True,
-                                            pass_fds=(write,)))
+                                            pass_fds=fds))
         except BaseException as e:  # (OSError: said by the caller's thread)
             failed.append(e)
 
@@ -132,10 +136,22 @@ def _export_here(saved: str, path: str, runtime: str, quantize: str, images: str
     export(model, path, quantize=quantize or None, calibration=calibration)
 
 
-if __name__ == "__main__":  # the child of export_apart: SAVED PATH RUNTIME QUANTIZE IMAGES PIPE
+def _end_with_parent(lifeline: int) -> None:
+    """End this process's group (the child and NNCF's process under it) once the parent's end of ``lifeline``
+    closes: the parent is gone, however it went."""
+    def watch() -> None:
+        while os.read(lifeline, 1):
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vitkit-apart-lifeline", daemon=True).start()
+
+
+if __name__ == "__main__":  # the child of export_apart: SAVED PATH RUNTIME QUANTIZE IMAGES PIPE LIFELINE
     from ..extras import first_line
 
-    *arguments, pipe = sys.argv[1:7]
+    *arguments, pipe, lifeline = sys.argv[1:8]
+    _end_with_parent(int(lifeline))
     try:
         _export_here(*arguments)
     except Exception as e:  # the parent raises it as one line
