@@ -91,6 +91,10 @@ def test_a_bare_file_of_a_wide_tower_has_open_clips_head_count(tmp_path, images)
     _tower(tmp_path / "odd", "ViT-B-32", layers=1, size=64, width=192)  # no open_clip config is this wide
     with pytest.warns(GuessWarning, match="number of heads is not stored and was read as 3 .width 192 / 64"):
         vitkit.from_pretrained(_alone(tmp_path / "odd"))
+    (tmp_path / "narrow").mkdir()  # 128 is a ResNet tower's width in open_clip's configs, no ViT's: it was
+    _tower(tmp_path / "narrow", "ViT-B-32", layers=1, size=64, width=128)  # read as 2 heads without a word
+    with pytest.warns(GuessWarning, match="number of heads is not stored and was read as 2 .width 128 / 64"):
+        vitkit.from_pretrained(_alone(tmp_path / "narrow"))
 
 
 def test_a_file_mixing_the_tower_with_another_layout_is_refused_by_name(tmp_path):

@@ -41,8 +41,9 @@ HEAD_WIDTH = 64
 #: open_clip's configs that set ``head_width`` (ViT-H, ViT-g, ViT-bigG, ViT-e: 16 heads each), by tower width:
 #: a bare file of one of them read at 64 per head computed another function (ViT-H-14: 20 heads for 16)
 WIDE_HEAD_WIDTHS = {1280: 80, 1408: 88, 1664: 104, 1792: 112}
-#: the other tower widths of open_clip's configs (open_clip 3.3), all at 64 per head
-PLAIN_WIDTHS = (64, 80, 96, 128, 384, 512, 768, 896, 1024)
+#: the other ViT tower widths of open_clip's configs (open_clip 3.3), all at 64 per head (64, 80, 96 and 128 are its
+#: ResNet towers' widths: a ViT of those is read with a note)
+PLAIN_WIDTHS = (384, 512, 768, 896, 1024)
 #: open_clip's preprocess_cfg resize_mode -> vitkit's crop_mode (its "longest" pads to a square, which vitkit does
 #: not: read as "center" and said, ``pretrained.guesses``)
 RESIZE_MODES = {"shortest": "center", "squash": "squash"}
