@@ -171,6 +171,13 @@ def test_a_model_no_tower_holds_is_refused_naming_the_nearest(tmp_path):
                                            r"Dinov2ForImageClassification, cannot hold global_pool='token' \(it reads "
                                            r"'token_avg'\)"):
         vitkit.export_weights(dino, tmp_path / "hf", "hf")
+    # a classifier without a class token (timm's reg/gap ViTs): CLIP's pooling was tried on it and its config's
+    # own check leaked out ("global_pool='token' needs class_token=True (or use global_pool='avg')")
+    gap = vitkit.create_model("vit_medium_patch16_reg4_gap_256", depth=1, img_size=32, num_classes=3)
+    with pytest.raises(WeightsError, match=r"no Hugging Face class expresses this model: the nearest, "
+                                           r"Dinov2ForImageClassification, cannot hold global_pool='avg' \(it reads "
+                                           r"'token_avg'\) \(export as 'timm' or 'vitkit'\)$"):
+        vitkit.export_weights(gap, tmp_path / "hf", "hf")
     model = vitkit.create_model("vit_base_patch16_clip_224", depth=1, img_size=32)
     with torch.no_grad():
         model.head.bias.fill_(1.0)  # a classifier trained on the tower: not CLIP's projection any more

@@ -211,7 +211,12 @@ def export_problems(config: Any) -> Dict[str, List[str]]:
     for kind in kinds:  # a classifier's own class first ("dinov2 cannot hold num_classes=3" hid that one)
         if getattr(config, "num_classes", 0) and kind in _AS_TOWER:
             fields, name, _ = _AS_TOWER[kind]
-            out[name] = TOWERS[kind].problems(config.replace(num_classes=0, **fields)) + [
+            try:
+                as_tower = TOWERS[kind].problems(config.replace(num_classes=0, **fields))
+            except ValueError:  # the tower's pooling is none this model can have (a class token's, without one)
+                as_tower = [f"{k}={getattr(config, k, None)!r} (its tower reads {v!r})" for k, v in fields.items()
+                            if getattr(config, k, None) != v and k not in _CLASSIFIERS[kind][0]]
+            out[name] = as_tower + [
                 f"{k}={getattr(config, k, None)!r} (it reads {v!r})" for k, v in _CLASSIFIERS[kind][0].items()
                 if getattr(config, k, None) != v]
         out[kind] = TOWERS[kind].problems(config)
