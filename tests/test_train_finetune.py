@@ -92,6 +92,9 @@ def test_init_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match=rf"--model-args num_heads={2 * heads} \(the weights': {heads}\), "
                                          rf"norm_eps=0.1 \(the weights': 1e-06\) contradict the --init weights"):
         model_from_init(str(tmp_path / "rgb"), data, {"num_heads": 2 * heads, "norm_eps": 0.1, "drop_rate": 0.2}, "new")
+    with pytest.raises(ValueError, match=r"--model-args img_size: with --init the size is --img-size 42 \(the weights' "
+                                         r"position tables are resampled"):  # (said to compute another function)
+        model_from_init(str(tmp_path / "rgb"), data, {"img_size": 42}, "new")
     model = model_from_init(str(tmp_path / "rgb"), data, {"num_heads": heads, "global_pool": "avg", "drop_rate": 0.2},
                             "new", log=lambda *a: None)  # the weights' own value, the readout and a rate: free
     assert model.config.global_pool == "avg" and model.config.drop_rate == 0.2

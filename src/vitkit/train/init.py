@@ -87,6 +87,12 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
 def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str) -> None:
     """``model_args`` that contradict what the --init weights are (:data:`FREE_WITH_INIT` aside) are refused
     by name: the run would start from another function of the same tensors without a word."""
+    if "img_size" in model_args and _differs(model_args["img_size"], getattr(stored, "img_size", None)):
+        # (it was said to compute another function: it is a resampling, --img-size's)
+        size = model_args["img_size"]
+        shown = " ".join(map(str, size)) if isinstance(size, (list, tuple)) else size
+        raise ValueError(f"--model-args img_size: with --init the size is --img-size {shown} (the weights' position "
+                         f"tables are resampled to it as their library resamples them)")
     free = (*FREE_WITH_INIT, *getattr(stored, "RATES", ()))
     changed = [f"{k}={json.dumps(v)} (the weights': {json.dumps(getattr(stored, k))})" for k, v in model_args.items()
                if k not in free and hasattr(stored, k) and _differs(v, getattr(stored, k))]
