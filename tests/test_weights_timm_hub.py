@@ -105,6 +105,42 @@ def test_a_dynamic_size_model_runs_at_the_size_timms_data_config_feeds_it(tmp_pa
         assert max_diff(theirs(x), ours(x)) <= 1e-5
 
 
+def test_a_model_of_any_size_by_its_architecture_runs_at_the_size_timm_feeds_it(tmp_path):
+    """DINOv3 runs at any size without dynamic_img_size in its model_args (its architecture's own default): its
+    folder's pretrained_cfg says 256 px where model_args say 32, timm's pipeline feeds 256, and vitkit fed 32
+    (another class). A one-value mean/std is spread over the channels as timm's Normalize spreads it, and label
+    names that are not one per class are said, not dropped in silence."""
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+
+    args = {"img_size": 32, "depth": 2, "embed_dim": 64, "num_heads": 2, "num_classes": 5}
+    model = randomize(timm.create_model("vit_small_patch16_dinov3", **args)).eval()
+    save_for_hf(model, tmp_path / "d3", model_args=args, safe_serialization=True)
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'd3'}", pretrained=True).eval()
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    ours = vitkit.from_pretrained(tmp_path / "d3").eval()
+    assert tuple(ours.config.img_size) == tuple(theirs.pretrained_cfg["input_size"][1:]) != (32, 32)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 100, 3), dtype=np.uint8))
+    x = vitkit.preprocess(ours, image)
+    assert torch.equal(x[0], transform(image))
+    with torch.no_grad():
+        assert max_diff(theirs(x), ours(x)) <= 1e-5
+    config = json.loads((tmp_path / "d3" / "config.json").read_text())
+    config["pretrained_cfg"].update(mean=[0.5], std=[0.25])
+    config["label_names"] = ["a", "b", "c"]
+    (tmp_path / "d3" / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"label_names \(3\) are not one name for each of the head's 5 classes"):
+        ours = vitkit.from_pretrained(tmp_path / "d3")
+    assert ours.config.mean == (0.5,) * 3 and ours.config.std == (0.25,) * 3 and ours.config.label_names is None
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'd3'}", pretrained=True).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    assert torch.equal(vitkit.preprocess(ours, image)[0], transform(image))
+
+
 def test_a_hub_folders_weight_file_named_alone_is_read_with_the_config_beside_it(tmp_path, images):
     """``--init FOLDER/model.safetensors`` read the tensors alone: heads guessed from the width (1 where the
     config says 2) and mean 0.5 where it says ImageNet's, 4e-4 off timm, said only as guesses."""

@@ -11,6 +11,7 @@ architecture off a bare state dict's shapes, and ``timm_args`` translates timm's
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -317,12 +318,16 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         kw["num_classes"] = 0  # transformers builds its TimmWrapperModel headless
     if cfg.get("global_pool") in getattr(type(config), "POOLS", ("token", "avg")):
         kw["global_pool"] = cfg["global_pool"]
+    channels = kw.get("in_chans", getattr(config, "in_chans", 3))
     for key in ("mean", "std", "crop_pct", "interpolation", "crop_mode"):
         if key in pre:
             kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
+            if key in ("mean", "std") and isinstance(kw[key], tuple) and len(kw[key]) == 1 and channels != 1:
+                kw[key] *= channels  # one value for every channel: timm's Normalize spreads it
     if "input_size" in pre:
         served = tuple(pre["input_size"][1:])
-        if args.get("dynamic_img_size") and not stored:  # (it ran at model_args' size: other answers than timm's)
+        dynamic = args.get("dynamic_img_size", getattr(config, "dynamic_img_size", False))  # (DINOv3's by default)
+        if dynamic and not stored:  # (it ran at model_args' size: other answers than timm's)
             kw["img_size"] = served
         kw.setdefault("img_size", served)
     if kw.get("num_classes") and projection_head(arch, pre):
@@ -332,6 +337,9 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         names = [names.get(str(i), names.get(i)) for i in range(len(names))]
     if isinstance(names, list) and len(names) == kw.get("num_classes", -1) and None not in names:
         kw["label_names"] = [str(n) for n in names]
+    elif isinstance(names, list) and names and isinstance(kw.get("num_classes"), int):
+        warnings.warn(f"the config.json's label_names ({len(names)}) are not one name for each of the head's "
+                      f"{kw['num_classes']} classes: read without names", UserWarning, stacklevel=2)
     known = set(config.to_dict())
     kw = {k: v for k, v in kw.items() if k in known}
     kw.update(overrides)
