@@ -51,7 +51,8 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
         lines.append(f"  vitkit      cannot load it: {info['refused']}")
         return lines
     c = info["config"]
-    extra = [f"{c.reg_tokens} registers" if getattr(c, "reg_tokens", 0) else "",
+    regs = getattr(c, "reg_tokens", 0)
+    extra = [f"{regs} register{'s' if regs != 1 else ''}" if regs else "",
              f"rotary positions ({c.rope})" if getattr(c, "rope", "none") != "none" else "",
              f"pooling {c.global_pool}", _head(c), f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"
              + (" (squashed)" if getattr(c, "crop_mode", "center") == "squash" else "")]

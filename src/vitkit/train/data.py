@@ -246,8 +246,8 @@ def _carved_size(cfg: TrainConfig, n: int) -> int:
     explicit --val-size cut so is said: 5 asked of 27 images gave 2 without a word)."""
     carved = min(cfg.val_size, max(1, n // 10))
     if carved < cfg.val_size and "val_size" in (getattr(cfg, "chosen", None) or ()):
-        warnings.warn(f"--val-size {cfg.val_size} is more than a tenth of the {n:,} training images: {carved:,} are "
-                      f"carved for validation", stacklevel=4)
+        warnings.warn(f"--val-size {cfg.val_size} is more than a tenth of the {n:,} training images: {carved:,} "
+                      f"{'is' if carved == 1 else 'are'} carved for validation", stacklevel=4)
     return carved
 
 
