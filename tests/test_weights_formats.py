@@ -840,6 +840,24 @@ def test_a_bare_file_without_a_tensor_its_architecture_is_read_from_is_one_line(
         vitkit.from_pretrained(tmp_path / "bias.pth")
 
 
+def test_a_foreign_files_missing_tensor_is_said_to_be_named_as_vitkit_names_it(tmp_path):
+    """An open_clip or Hugging Face file without one tensor was said "missing from the checkpoint: norm.weight", a
+    name the file never held: the line says the names are vitkit's for that layout's tensors."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8)
+    transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "hf")
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    dropped = next(k for k in tensors if k.endswith("layernorm.weight"))
+    save_file({k: v for k, v in tensors.items() if k != dropped}, tmp_path / "hf" / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"missing from the checkpoint: norm\.weight \(named as vitkit names the "
+                                           r"hf file's tensors\)"):
+        vitkit.from_pretrained(tmp_path / "hf")
+
+
 def test_a_vitkit_weights_file_loads_by_its_architecture_s_name(tmp_path, images):
     """`--model vit_fmnist` on the model.safetensors save_pretrained wrote was refused ("missing pos_embed"):
     the name was read in timm's form (positions as a learned table), the file holds vitkit's (fixed sine-cosine

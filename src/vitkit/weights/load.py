@@ -470,7 +470,9 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
             parts.append(f"missing from the checkpoint: {_names(report.missing)}")
         if report.unexpected:
             parts.append(f"not in the model: {_names(report.unexpected)}")
-        raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts)
+        named = "" if report.format in ("vitkit", "timm") else \
+            f" (named as vitkit names the {report.format} file's tensors)"
+        raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts) + named
                            + " (in Python, load_weights(model, source, strict=False) loads the rest)")
     if copy:
         with torch.no_grad():
