@@ -374,3 +374,17 @@ def test_a_model_timm_builds_under_its_own_name_exports_to_timm_without_a_note(n
     with warnings.catch_warnings():
         warnings.simplefilter("error", ExportWarning)  # vit_fmnist_hybrid: no timm name, and timm refuses its shapes
         vitkit.export_weights(model, tmp_path / "m.safetensors", "timm")
+
+
+def test_a_siglip_file_without_its_probe_names_the_one_tensor_it_lacks(tmp_path):
+    """Without head.probe the tower was read as headless, and the head's 12 other tensors were said as "not in the
+    model": the head is known by any of its tensors, and the one missing is named."""
+    from safetensors.torch import load_file, save_file
+
+    T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if k != "head.probe"}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"missing from the checkpoint: attn_pool\.latent \(named as vitkit names "
+                                           r"the hf file's tensors\) \(in Python"):
+        vitkit.from_pretrained(tmp_path)

@@ -141,7 +141,9 @@ def _siglip_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, 
 
 
 def _siglip_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
-    head = hf.get("vision_use_head", True) and "head.probe" in sd
+    # the head by any of its tensors: a file without head.probe alone was read as headless (its 12 other head
+    # tensors said as "not in the model")
+    head = hf.get("vision_use_head", True) and any(k.startswith("head.") for k in sd)
     img, patch = _pair(hf.get("image_size", 224)), _pair(hf.get("patch_size", 16))
     return ViTConfig(
         img_size=img, patch_size=patch, in_chans=hf.get("num_channels", 3), embed_dim=hf["hidden_size"],
