@@ -77,24 +77,28 @@ def test_one_decoder_scales_16_bit_and_composites_alpha(tmp_path):
 
 
 def test_integer_grey_levels_are_scaled_by_the_depth_the_file_says_not_by_their_values(tmp_path):
-    """A dark 16-bit PGM (every level under 256 of 65,535) was read as 8-bit levels, 257 times too bright; an
-    integer image made in memory flipped between the two readings by one pixel over 255: it is read as Pillow's
-    convert reads it (levels 0-255, clipped), as timm's pipeline gets it."""
+    """A dark 16-bit PGM (every level under 256 of 65,535) was read as 8-bit levels, 257 times too bright. The
+    depth is read before the EXIF rotation (the upright copy knows no format), which still turns a 16-bit PNG; an
+    opened file's copy (exif_transpose, crop) is read as the file is."""
+    import io
+
+    from PIL import ImageOps
+
     levels = np.arange(16).reshape(4, 4) * 10  # 0..150 of 65,535: near black
     (tmp_path / "dark.pgm").write_bytes(b"P5\n4 4\n65535\n" + levels.astype(">u2").tobytes())
     assert np.asarray(decode_image(tmp_path / "dark.pgm", channels=1)).max() == 1
     assert np.asarray(load_image(tmp_path / "dark.pgm", channels=1)).max() == 1
     Image.fromarray(levels.astype(np.uint16)).save(tmp_path / "dark.tif")  # 16 bits per sample, said by the file
     assert np.asarray(decode_image(tmp_path / "dark.tif", channels=1)).max() == 1
-    model = vitkit.create_model("vit_fmnist")
-    flat = np.full((28, 28), 200, np.int32)
-    one_over = flat.copy()
-    one_over[0, 0] = 300
-    for array in (flat, one_over):
-        im = Image.fromarray(array)
-        assert im.mode == "I"
-        want = vitkit.preprocess(model, im.convert("L"))
-        assert torch.equal(vitkit.preprocess(model, im), want)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: 6 wide, 4 high on disk, upright 4 wide, 6 high
+    rotated = io.BytesIO()
+    Image.fromarray((np.arange(24).reshape(4, 6) * 2000).astype(np.uint16)).save(rotated, "PNG", exif=exif.tobytes())
+    assert decode_image(rotated.getvalue(), channels=1).size == (4, 6)
+    (tmp_path / "mid.pgm").write_bytes(b"P5 32 32 1023\n" + np.full((32, 32), 512, ">u2").tobytes())  # 10-bit grey
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1)
+    from_file = vitkit.preprocess(model, tmp_path / "mid.pgm")
+    assert torch.equal(vitkit.preprocess(model, ImageOps.exif_transpose(Image.open(tmp_path / "mid.pgm"))), from_file)
 
 
 def test_a_transparent_16_bit_grey_level_and_a_lab_image_decode_as_their_8_bit_and_rgb_forms(tmp_path):

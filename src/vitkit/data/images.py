@@ -55,20 +55,20 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _high_depth_to_l(im: Image.Image) -> Image.Image:
+def _high_depth_to_l(im: Image.Image, sixteen: Optional[bool] = None) -> Image.Image:
     """16/32-bit integer or float grey -> 8-bit L, scaled (Pillow's convert would clip at 255); a transparent
     grey level (a 16-bit PNG's tRNS) composited on white, as an 8-bit one is. Integers are 16-bit levels where
-    the mode or the file says so (:func:`_sixteen_bit`: a dark 16-bit PGM whose levels were all under 256 was
-    read as 8-bit, 257 times too bright); an integer image made in memory is read as Pillow's convert reads it
-    (levels 0-255, clipped), and only a file of other depth (32-bit TIFF) by its own largest value."""
+    the mode or the file says so (``sixteen``, else :func:`_sixteen_bit`: a dark 16-bit PGM whose levels were all
+    under 256 was read as 8-bit, 257 times too bright); elsewhere (an image made in memory, a copy of an opened
+    one, a 32-bit TIFF) by their largest value, as 16-bit levels where it passes 255."""
     arr = np.asarray(im)
     if im.mode == "F":
         arr = arr * 255.0 if arr.size and np.nanmax(arr) <= 1.0 else arr
         out = np.clip(np.nan_to_num(arr), 0, 255).round()
     else:
         arr = arr.astype(np.int64)
-        guessed = im.format is not None and arr.size and arr.max() > 255
-        if _sixteen_bit(im) or guessed:
+        sixteen = _sixteen_bit(im) if sixteen is None else sixteen
+        if sixteen or (arr.size and arr.max() > 255):
             out = (np.clip(arr, 0, 65535) * 255 + 32767) // 65535
         else:
             out = np.clip(arr, 0, 255)
@@ -117,12 +117,13 @@ def decode_image(source: ImageSource, channels: int = 3, name: Optional[str] = N
     try:
         with Image.open(source) as im:
             im.load()
-            if im.mode in _HIGH_DEPTH_MODES:  # while the file's format is known (the upright copy has none)
-                im = _high_depth_to_l(im)
+            sixteen = _sixteen_bit(im)  # while the file's format is known (the upright copy has none)
             try:
                 im = ImageOps.exif_transpose(im)
             except DECODE_ERRORS as e:  # the pixels are fine; only the orientation tag is not
                 logger.warning("ignoring the unreadable EXIF orientation of %s (%s)", name, _reason(e))
+            if im.mode in _HIGH_DEPTH_MODES:
+                im = _high_depth_to_l(im, sixteen)
             return to_rgb(im, channels)
     except FileNotFoundError:
         raise
