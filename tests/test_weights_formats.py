@@ -470,6 +470,10 @@ def test_overrides_that_compute_another_function_of_a_configs_tensors_are_refuse
         assert vitkit.from_pretrained(tmp_path / "bare.pth", gelu="quick", num_heads=2).config.num_heads == 2
     assert torch.equal(vitkit.from_pretrained(tmp_path / "m", img_size=48, drop_path_rate=0.1).blocks[0].mlp.fc1.weight,
                        src.blocks[0].mlp.fc1.weight)
+    # a new head (timm's create_model(..., num_classes=10, global_pool='avg') for fine-tuning): its pooling is free
+    for classes in (10, 0):
+        assert vitkit.from_pretrained(tmp_path / "m", num_classes=classes, global_pool="avg",
+                                      fc_norm=False).config.global_pool == "avg"
 
 
 def test_unknown_layout_and_bad_files(tmp_path):

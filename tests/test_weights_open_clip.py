@@ -430,3 +430,15 @@ def test_coca_poolers_vitkit_does_not_compute_are_refused_by_name(tmp_path):
             {**cfg, "model_cfg": {**cfg["model_cfg"], "vision_cfg": {**cfg["model_cfg"]["vision_cfg"], **vision}}}))
         with pytest.raises(WeightsError, match=re.escape(words)):
             vitkit.from_pretrained(tmp_path)
+
+
+def test_overrides_against_an_open_clip_config_that_states_them_are_refused(tmp_path):
+    """gelu= or num_heads= against an open_clip_config.json that states them loaded the tensors into another
+    function without a word (the check read only a config.json); a bare file's activation is still told so."""
+    _tower(tmp_path, "ViT-B-16-quickgelu", layers=1, size=32)
+    for override in (dict(gelu="exact"), dict(num_heads=4)):
+        with pytest.raises(WeightsError, match="would compute another function of the same tensors"):
+            vitkit.from_pretrained(tmp_path, **override)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert vitkit.from_pretrained(_alone(tmp_path), gelu="quick").config.gelu == "quick"

@@ -448,10 +448,12 @@ def _check_overrides_compute_the_same(src: Source, stored: Any, config: Any, str
     """Overrides of fields no tensor holds (the block, heads, eps, activation, pool) against a source whose config
     states them: the tensors loaded and computed another function, in silence (``load_weights`` refused the same
     model). Refused when ``strict``, else an :class:`AdaptNote`."""
-    if src.config_json is None:  # bare tensors: the overrides are how their unstored fields are told
+    stated = src.config_json is not None or isinstance((src.open_clip_config or {}).get("model_cfg"), Mapping)
+    if not stated:  # bare tensors: the overrides are how their unstored fields are told
         return
+    new_head = config.num_classes != stored.num_classes  # (the pooling a new head reads is the caller's choice)
     silent = [d for d in timm_format.architecture_differences(config, stored)
-              if d.split()[0] in timm_format.SILENT_FIELDS]
+              if d.split()[0] in timm_format.SILENT_FIELDS and not (new_head and d.startswith("global_pool "))]
     if not silent:
         return
     fields = ", ".join(d.split()[0] for d in silent)
