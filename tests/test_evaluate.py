@@ -270,3 +270,33 @@ def test_evaluation_leaves_the_model_in_its_mode_and_refuses_what_it_would_score
     for k in (-1, 0):
         with pytest.raises(ValueError, match="k \\(the components shown\\) must be a positive integer"):
             embedding_filters_pca(model, k=k)
+
+
+def test_two_threads_evaluating_one_model_share_its_eval_mode():
+    """Each call saved the modes it found and put them back: a second thread's call saved the first one's eval
+    mode, the first put train mode back while the second still ran (its batches with dropout), and the second
+    left the model in eval."""
+    import threading
+
+    from vitkit.evaluate import extract_features
+
+    model = vitkit.create_model("vit_fmnist", depth=1, drop_rate=0.5).train()
+    images = torch.randint(0, 255, (3, 1, 28, 28), dtype=torch.uint8)
+    both_inside, seen = threading.Barrier(2, timeout=30), []
+
+    def watch(module, inputs):
+        seen.append(model.training or module.training)
+        if getattr(threading.current_thread(), "first", True):
+            threading.current_thread().first = False
+            both_inside.wait()  # each thread's first batch waits until both calls have begun
+
+    model.patch_embed.register_forward_pre_hook(watch)
+    threads = [threading.Thread(target=extract_features, args=(model, images), kwargs=dict(batch_size=1,
+                                                                                          progress=False))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(seen) == 6 and not any(seen), seen
+    assert model.training and all(m.training for m in model.modules())

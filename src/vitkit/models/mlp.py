@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import weakref
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
@@ -79,22 +81,39 @@ def fast_inference(model: nn.Module) -> Iterator[nn.Module]:
 F_ = TypeVar("F_", bound=Callable[..., Any])
 
 
+#: the models inside an :func:`in_eval_mode` call, with how many calls and the modes to put back after the last
+_EVALUATING: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+_EVALUATING_LOCK = threading.Lock()
+
+
 def in_eval_mode(fn: F_) -> F_:
     """``fn(model, ...)`` with ``model`` in eval mode (no dropout, no drop-path) and each of its modules put back in
     the mode it was in after (a frozen part kept in eval stays so): evaluating inside one's own training loop went
-    on training without dropout, in silence. A model that is no ``nn.Module`` (an ONNX Runtime or OpenVINO
-    model) is only told ``eval()``."""
+    on training without dropout, in silence. Calls that overlap (threads, or one inside another) share one eval
+    mode, put back when the last ends. A model that is no ``nn.Module`` (an ONNX Runtime or OpenVINO model) is
+    only told ``eval()``."""
 
     @functools.wraps(fn)
     def wrapped(model, *args, **kwargs):
-        modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
-        if hasattr(model, "eval"):
-            model.eval()
+        if not isinstance(model, nn.Module):
+            if hasattr(model, "eval"):
+                model.eval()
+            return fn(model, *args, **kwargs)
+        with _EVALUATING_LOCK:
+            entry = _EVALUATING.get(model)
+            if entry is None:
+                entry = _EVALUATING[model] = [0, [(m, m.training) for m in model.modules()]]
+                model.eval()
+            entry[0] += 1
         try:
             return fn(model, *args, **kwargs)
         finally:
-            for module, training in modes:
-                module.training = training
+            with _EVALUATING_LOCK:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del _EVALUATING[model]
+                    for module, training in entry[1]:
+                        module.training = training
 
     return wrapped  # type: ignore[return-value]
 
