@@ -91,7 +91,8 @@ def test_a_batch_runs_in_parts_on_one_thread_sessions_and_one_image_on_all_threa
     torch.testing.assert_close(single(x), got, rtol=1e-5, atol=1e-5)
     from vitkit.evaluate import extract_features  # features need the pre-logits: it failed in an AttributeError
 
-    with pytest.raises(ValueError, match="features are a torch model's pre-logits; OnnxModel gives logits only"):
+    with pytest.raises(ValueError, match="features are a vitkit model's pre-logits .its forward_head.; OnnxModel "
+                                         "has none: load the "):
         extract_features(single, torch.zeros(2, 3, 32, 32, dtype=torch.uint8), progress=False)
 
 

@@ -250,6 +250,7 @@ def test_evaluation_leaves_the_model_in_its_mode_and_refuses_what_it_would_score
                                          r"order .*give the labels in the model's order"):
         classification_report(model, images, labels, classes=["eel", "dog", "cat"], progress=False)
     assert classification_report(model, images, labels, classes=["cat", "dog", "eel"], progress=False).count == 6
+    assert classification_report(model, images, labels, batch_size=np.int64(4), progress=False).count == 6
     for batch_size in (-1, 0, True, 2.0):
         for call in (lambda: classification_report(model, images, labels, batch_size=batch_size, progress=False),
                      lambda: extract_features(model, images, batch_size=batch_size, progress=False),

@@ -463,6 +463,13 @@ def test_a_model_keeps_its_own_copy_of_the_label_names():
         names[:] = ["zebra", "ant", "moth"]
     assert vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2,
                                label_names=("a", "b")).config.label_names == ["a", "b"]
+    import numpy as np
+
+    assert vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2,
+                               label_names=np.array(["a", "b"])).config.label_names == ["a", "b"]
+    for unordered in ({0: "cat", 1: "dog"}, {"cat", "dog"}, b"ab"):  # its keys, its hash order, its numbers
+        with pytest.raises(ValueError, match="label_names must be a list of names in class order"):
+            vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2, label_names=unordered)
 
 
 def test_api_values_of_the_wrong_kind_are_one_clear_error():
@@ -473,7 +480,8 @@ def test_api_values_of_the_wrong_kind_are_one_clear_error():
     small = dict(img_size=32, depth=1)
     for name, kw, words in (
             ("vit_tiny_patch16_224", dict(label_names="abc", num_classes=3), "label_names must be a list of names"),
-            ("cait_xxs24_224", dict(label_names=5, num_classes=3), "label_names must be a list of names, got 5"),
+            ("cait_xxs24_224", dict(label_names=5, num_classes=3),
+             "label_names must be a list of names in class order, got int 5"),
             ("vit_tiny_patch16_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("cait_xxs24_224", dict(init_values="0.1"), "init_values (LayerScale's start) must be a number"),
             ("vit_tiny_patch16_224", dict(representation_size=-3), "representation_size must be a positive integer"),

@@ -9,6 +9,7 @@ mean and standard deviation of test accuracy over seeds.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -44,8 +45,10 @@ def features_over(model: nn.Module, batches: Iterable[torch.Tensor], total: Opti
                   progress: bool = True, label: str = "extracting features") -> torch.Tensor:
     """:func:`extract_features` over model inputs already at the model's size and normalisation."""
     if not hasattr(model, "forward_head"):  # an ONNX Runtime or OpenVINO model: logits only
-        raise ValueError(f"features are a torch model's pre-logits; {type(model).__name__} gives logits only: "
-                         f"load the weights it was exported from (vitkit.from_pretrained)")
+        hint = ": load the weights it was exported from (vitkit.from_pretrained)" if hasattr(model, "runtime") else \
+            " (a backbone's maps or a wrapper: pass the vitkit model itself)"
+        raise ValueError(f"features are a vitkit model's pre-logits (its forward_head); {type(model).__name__} has "
+                         f"none{hint}")
     out = [model.forward_head(model.forward_features(x), pre_logits=True).double()
            for x in track(batches, label, total, enabled=progress, unit="batches")]
     return torch.cat(out)
@@ -108,7 +111,8 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
         raise ValueError(f"shots must be a list of whole numbers (shots=[1, 5]), not {shots!r}")
     if not shots or min(shots) < 1 or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
-    if isinstance(holdout_per_class, bool) or not isinstance(holdout_per_class, int) or holdout_per_class < 1:
+    if isinstance(holdout_per_class, bool) or not isinstance(holdout_per_class, numbers.Integral) or \
+            holdout_per_class < 1:
         # (0 chose the ridge's strength on no images at all)
         raise ValueError(f"holdout_per_class (the images per class the ridge's strength is chosen on) must be a whole "
                          f"number >= 1, not {holdout_per_class!r}")

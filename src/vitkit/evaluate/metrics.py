@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -85,8 +86,8 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
 
 
 def check_batch_size(batch_size: Any) -> None:
-    """A batch size is a whole number >= 1 (a negative one scored nothing, as 0% of 0 images)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    """A batch size is a whole number >= 1 (a negative one scored nothing, as 0% of 0 images); numpy's too."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
 
 

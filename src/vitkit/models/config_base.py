@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, TypeVar
 
@@ -87,10 +88,12 @@ class ConfigMixin:
         if isinstance(self.label_names, str):  # 'abc' was taken as the names 'a', 'b', 'c'
             problems.append(f"label_names must be a list of names, not the string {self.label_names!r}")
         elif self.label_names is not None:  # a copy: sorting the caller's list afterwards relabelled the head
-            try:
-                self.label_names = list(self.label_names)
-            except TypeError:
-                problems.append(f"label_names must be a list of names, got {self.label_names!r}")
+            if isinstance(self.label_names, (bytes, Mapping, Set)) or not hasattr(self.label_names, "__iter__"):
+                # (a dict gave its keys, a set its hash order, bytes their numbers)
+                problems.append(f"label_names must be a list of names in class order, got "
+                                f"{type(self.label_names).__name__} {str(self.label_names)[:60]}")
+            else:
+                self.label_names = [n.item() if hasattr(n, "item") else n for n in self.label_names]
         init = getattr(self, "init_values", None)  # a string was a TypeError deep in one family, taken by another
         if init is not None and (isinstance(init, bool) or not isinstance(init, (int, float))
                                  or not math.isfinite(init)):
