@@ -1002,5 +1002,9 @@ def test_load_weights_says_when_the_sources_config_prescribes_other_preprocessin
                                        r"\(this model: 0.9\); the model keeps its own"):
         load_weights(tiny(), tmp_path / "m")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the same preprocessing: nothing said
+        warnings.filterwarnings("error", message=".*prescribes other preprocessing")  # the same: nothing said
         load_weights(tiny(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875), tmp_path / "m")
+        tiny().save_pretrained(tmp_path / "rgb")  # grey from RGB: the channel average is what loading makes
+        load_weights(tiny(in_chans=1, mean=(0.5,), std=(0.5,)), tmp_path / "rgb", strict=False)
+        with pytest.raises(WeightsError, match="another architecture"):  # refused: no note about a model untouched
+            load_weights(tiny(num_heads=2), tmp_path / "m")

@@ -32,6 +32,13 @@ def test_a_timm_model_saved_by_transformers_loads_with_its_outputs(arch, args, t
         assert max_diff(classifier(pixel_values=x).logits, ours(x)) <= 1e-5
         assert max_diff(features(pixel_values=x).pooler_output, headless(x)) <= 1e-5
     assert "TimmWrapperForImageClassification" in describe_source(tmp_path / "classifier")["source_name"]
+    import warnings
+
+    T.TimmWrapperModel(T.TimmWrapperConfig(architecture=arch, num_labels=3, model_args=args)).save_pretrained(
+        tmp_path / "named")  # a classifier's config saved headless: its names are not said to be dropped
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*label_names")
+        assert vitkit.from_pretrained(tmp_path / "named").config.num_classes == 0
 
 
 def test_a_timm_architecture_vitkit_does_not_know_is_refused_by_name(tmp_path):

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from torch import nn
 
 from ..files import PathLike
+from ..models.config_base import fit_channel_stats
 from ..models.features import FeatureModel
 from ..selfsup import Pretrainer
 from ..utils import check_switches
@@ -72,9 +73,9 @@ def _check_architecture(model: nn.Module, src: Source, strict: bool) -> None:
         return
     if type(stored) is not type(config):
         return  # another family: the names and shapes say it
-    _note_other_preprocessing(stored, config, src)
     differences = architecture_differences(stored, config)
     if not differences:
+        _note_other_preprocessing(stored, config, src)
         return
     said = (f"{src.path or 'the source'} holds a model of another architecture than this one: its config says "
             f"{'; '.join(differences[:4])}{' ...' if len(differences) > 4 else ''}")
@@ -91,9 +92,11 @@ PREPROCESSING = ("mean", "std", "crop_pct", "crop_mode", "crop_offset", "interpo
 def _note_other_preprocessing(stored: Any, config: Any, src: Source) -> None:
     """The source's config prescribes other preprocessing than the model keeps (its mean and std, crop): said,
     since ``vitkit.preprocess`` and predict then feed the weights images normalised otherwise than they learned."""
-    other = [f"{f} {json.dumps(getattr(stored, f))} (this model: {json.dumps(getattr(config, f))})"
-             for f in PREPROCESSING if hasattr(stored, f) and hasattr(config, f)
-             and getattr(stored, f) != getattr(config, f)]
+    fitted = stored.replace(**fit_channel_stats(stored, {"in_chans": config.in_chans})) \
+        if stored.in_chans != config.in_chans else stored  # (grey from RGB: the channel average, as loading makes it)
+    other = [f"{f} {json.dumps(getattr(fitted, f))} (this model: {json.dumps(getattr(config, f))})"
+             for f in PREPROCESSING if hasattr(fitted, f) and hasattr(config, f)
+             and getattr(fitted, f) != getattr(config, f)]
     if other:
         warnings.warn(AdaptNote(f"{src.path or 'the source'}'s config prescribes other preprocessing: "
                                 f"{'; '.join(other)}; the model keeps its own (vitkit.from_pretrained takes the "

@@ -337,7 +337,8 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         names = [names.get(str(i), names.get(i)) for i in range(len(names))]
     if isinstance(names, list) and len(names) == kw.get("num_classes", -1) and None not in names:
         kw["label_names"] = [str(n) for n in names]
-    elif isinstance(names, list) and names and isinstance(kw.get("num_classes"), int):
+    elif isinstance(names, list) and names and isinstance(kw.get("num_classes"), int) and kw["num_classes"]:
+        # (a headless build, transformers' TimmWrapperModel of a classifier, has no classes to name)
         warnings.warn(f"the config.json's label_names ({len(names)}) are not one name for each of the head's "
                       f"{kw['num_classes']} classes: read without names", UserWarning, stacklevel=2)
     known = set(config.to_dict())
