@@ -501,6 +501,21 @@ def test_a_form_with_bare_lf_line_endings_keeps_a_file_that_ends_in_cr(serving):
         assert got.status_code == 200 and got.json()["top"] == want["top"], (eol, got.text)
 
 
+def test_a_forms_parts_are_read_at_their_delimiters_only():
+    """The header limit split the form at the boundary's bytes anywhere (a payload holding them, then 8 KiB with
+    no blank line, was a 400), and the bare-LF fix read the whole body (a field before the file whose value was
+    the file's bytes and a CR gave the file that CR)."""
+    from vitkit.serve.app import image_of
+
+    payload = photo(1) + b"--BOUND" + bytes(range(256)).replace(b"\n", b"") * 40
+    body = (b'--BOUND\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + payload
+            + b"\r\n--BOUND--\r\n")
+    assert image_of(body, "multipart/form-data; boundary=BOUND")[0] == payload
+    body = (b'--B\nContent-Disposition: form-data; name="note"\n\nabc\r\n--B\nContent-Disposition: form-data; '
+            b'name="file"; filename="f"\n\nabc\n--B--\n')
+    assert image_of(body, "multipart/form-data; boundary=B")[0] == b"abc"
+
+
 def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):
     model = vitkit.from_pretrained(weights)
     with torch.no_grad():

@@ -17,7 +17,7 @@ from email import errors as email_errors
 from email.parser import BytesParser
 from email.policy import HTTP
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..data.images import BadImageError
 from ..extras import require
@@ -550,29 +550,51 @@ def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
     if len(files) > 1:
         raise HttpError(400, f"the form has {len(files)} files: send one image per request")
     payload = files[0].get_payload(decode=True) or b""
-    return _with_bare_lf_tail(payload, body, boundary), _safe_name(files[0].get_filename() or "upload")
+    return (_with_bare_lf_tail(payload, body, boundary, parts.index(files[0])),
+            _safe_name(files[0].get_filename() or "upload"))
+
+
+def _raw_parts(body: bytes, delimiter: bytes) -> List[bytes]:
+    """The form's parts as sent, in order, each from after its delimiter line's ``--boundary`` to before the next
+    one's line break (delimiters only at the start of a line: a payload may hold the boundary's bytes elsewhere);
+    the closing delimiter and the epilogue left out."""
+    pieces = (b"\n" + body).split(b"\n" + delimiter)[1:]
+    out = []
+    for piece in pieces:
+        if piece.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
+            break
+        out.append(piece[:-1] if piece.endswith(b"\r") else piece)  # (a CRLF before the next delimiter)
+    return out
+
+
+def _head_length(part: bytes) -> int:
+    """The bytes of a raw part's headers, up to its blank line (a part without one: all of it)."""
+    ends = [at for at in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if at >= 0]
+    return min(ends) if ends else len(part)
 
 
 def _longest_part_head(body: bytes, delimiter: bytes) -> int:
-    """The most bytes of headers any part of the form holds (up to its blank line; a part without one: all of it)."""
-    longest = 0
-    for part in body.split(delimiter)[1:]:
-        if part.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
-            break
-        ends = [at for at in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if at >= 0]
-        longest = max(longest, min(ends) if ends else len(part))
-    return longest
+    """The most bytes of headers any part of the form holds."""
+    return max((_head_length(part) for part in _raw_parts(body, delimiter)), default=0)
 
 
-def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str]) -> bytes:
-    """``payload`` with the ``\r`` the parser took from its end in a form whose lines end in a bare LF: before a
-    delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte there."""
+def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str], index: int) -> bytes:
+    """``payload`` (part ``index``'s) with the ``\r`` the parser took from its end in a form whose lines end in a
+    bare LF: before a delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte there. Read
+    off that part's own bytes as sent."""
     if not boundary:
         return payload
     delimiter = b"--" + boundary.encode("latin-1")
     at = body.find(delimiter)
-    bare_lf = at >= 0 and body[at + len(delimiter):at + len(delimiter) + 1] == b"\n"
-    return payload + b"\r" if bare_lf and payload + b"\r\n" + delimiter in body else payload
+    if at < 0 or body[at + len(delimiter):at + len(delimiter) + 1] != b"\n":  # a CRLF form
+        return payload
+    parts = (b"\n" + body).split(b"\n" + delimiter)[1:]  # (as sent: the CR before the next delimiter kept)
+    if index >= len(parts):
+        return payload
+    part = parts[index]
+    blank = part.find(b"\n\n")
+    sent = part[blank + 2:] if blank >= 0 else b""
+    return payload + b"\r" if sent == payload + b"\r" else payload
 
 
 def _safe_name(name: str) -> str:
