@@ -461,6 +461,9 @@ def test_resnet_classifier_parity_both_ways_and_round_trip(tmp_path, images):
         assert torch.equal(back(x), mine(x)) and torch.equal(bare(x), mine(x))
     with pytest.raises(WeightsError, match="no official JAX layout"):
         vitkit.export_weights(mine, tmp_path / "r.npz", "npz")
+    fresh = vitkit.from_pretrained(tmp_path / "native", num_classes=3)  # was AttributeError: no head_names
+    assert fresh.head.fc.out_channels == 3 and torch.count_nonzero(fresh.head.fc.weight) == 0
+    assert torch.equal(fresh.stem.conv.weight, mine.stem.conv.weight)
 
 
 def test_pre_activation_resnet_is_refused_clearly(tmp_path):

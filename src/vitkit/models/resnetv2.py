@@ -123,6 +123,10 @@ class ResNetV2(SaveMixin, ResNetV2Backbone):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = bool(enable)
 
+    def head_names(self) -> Tuple[str, ...]:
+        """The attribute holding the classifier (a new class count starts it afresh, as for the ViT families)."""
+        return ("head",)
+
     def get_classifier(self) -> nn.Module:
         """The classifier (timm's API: the head's linear layer, an Identity without classes)."""
         return self.head.fc if self.head.fc is not None else nn.Identity()
