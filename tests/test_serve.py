@@ -382,6 +382,27 @@ def test_a_body_refused_or_late_closes_its_connection(serving):
     assert post(running.url, photo(1)[:900]).status_code in (200, 400)  # the server answers on
 
 
+def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(serving):
+    """A bad Content-Length or a request line that is none was uvicorn's plain-text "Invalid HTTP request
+    received.": JSON now, as every other answer, and the connection closed."""
+    running = serving(max_wait_ms=0)
+    host, port = running.url.removeprefix("http://").split(":")
+    for request in (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+                    b"NOT A REQUEST LINE\r\n\r\n"):
+        with socket.create_connection((host, int(port))) as client:
+            client.settimeout(10)
+            with contextlib.suppress(OSError):  # (the server may close before the whole header is sent)
+                client.sendall(request)
+            reply = b""
+            with contextlib.suppress(OSError):
+                while chunk := client.recv(4096):
+                    reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), reply[:300]
+        assert json.loads(body)["error"].startswith("the request could not be read as HTTP/1.1"), body
+    assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
+
+
 def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):
     """A client that stalled mid-upload held the drain, and the process's exit, for the whole --timeout (30 s by
     default: past Kubernetes' grace period before its SIGKILL); a body still arriving when the drain begins

@@ -194,6 +194,19 @@ def _headers_in_time(timeout_s: float) -> type:
             elif self.header_timer is None:
                 self.header_timer = self.loop.call_later(timeout_s, self._too_late)
 
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's own 400 (a request h11 cannot read: a bad Content-Length, a header too large) in the one
+            error shape, JSON, as every other answer (it was plain text)."""
+            body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            try:
+                for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:  # an answer of ours already began (a 413 before a torn body): closed
+                pass
+            self.transport.close()
+
         def _unwatch(self) -> None:
             if self.header_timer is not None:
                 self.header_timer.cancel()
