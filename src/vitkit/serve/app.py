@@ -13,15 +13,13 @@ import hmac
 import os
 import time
 from dataclasses import dataclass
-from email import errors as email_errors
-from email.parser import BytesParser
-from email.policy import HTTP
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..data.images import BadImageError
 from ..extras import require
 from .batcher import Batcher, QueueFull, Stopped
+from .forms import FormError, read_upload
 from .metrics import Metrics
 from .model import ServedModel
 from .page import example_png, page_html
@@ -508,96 +506,9 @@ async def _read_body(request, limit: int, timeout: float, draining: Callable[[],
     return b"".join(chunks)
 
 
-#: the most bytes of a form part's headers (h11's limit for a request's own is 16 KiB): the standard library's
-#: parser reads a Content-Disposition again for each parameter asked of it, at about a minute of CPU per MB, in a
-#: worker thread no timeout stops (six forms of 300 kB made every other request a 504 for 100 s)
-MAX_PART_HEADER_BYTES = 8 * 1024
-#: the most part delimiters a form may hold (a browser's upload form holds one file and a few fields): the
-#: parser's time grows with them (300,000 empty fields: a minute), and nested forms recurse in it
-MAX_FORM_PARTS = 64
-
-
 def image_of(body: bytes, ctype: str) -> Tuple[bytes, str]:
-    """(image bytes, a name for messages): the body itself, or the one file of a multipart form. A form
-    with several files, a nested form, or more than :data:`MAX_FORM_PARTS` parts is refused (400), never
-    answered for its first file alone."""
-    if not ctype.lower().startswith("multipart/form-data"):
-        return body, "upload"
-    head = b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
-    boundary = BytesParser(policy=HTTP).parsebytes(head).get_boundary()
-    # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
-    if boundary and body.count(b"--" + boundary.encode("latin-1")) > MAX_FORM_PARTS + 1:
-        raise HttpError(400, f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
-    if boundary and _longest_part_head(body, b"--" + boundary.encode("latin-1")) > MAX_PART_HEADER_BYTES:
-        raise HttpError(400, f"a part of the form has more than {MAX_PART_HEADER_BYTES // 1024} KiB of headers")
+    """(image bytes, a name for messages) of a request (:func:`.forms.read_upload`); a refused form is a 400."""
     try:
-        message = BytesParser(policy=HTTP).parsebytes(head + body)
-    except (RecursionError, UnicodeError):
-        raise HttpError(400, "the multipart body could not be read") from None
-    torn = (email_errors.CloseBoundaryNotFoundDefect, email_errors.StartBoundaryNotFoundDefect)
-    if not message.is_multipart() or any(isinstance(d, torn) for d in message.defects):  # (a form cut short
-        # before its closing boundary was answered from what had come of its file)
-        raise HttpError(400, "the multipart body could not be read (no boundary, or a torn form)")
-    parts = list(message.iter_parts())
-    if any(part.is_multipart() for part in parts):
-        raise HttpError(400, "the form nests another form: send one image as the field 'file'")
-    if any(part.get_param("name", header="content-disposition") == "top_k" for part in parts):  # was dropped
-        raise HttpError(400, "top_k is read from the query, not the form: POST to /predict?top_k=3")
-    files = [part for part in parts if part.get_filename() is not None
-             or part.get_param("name", header="content-disposition") in ("file", "image")]
-    if not files:
-        raise HttpError(400, "the form has no file (send the image as the field 'file')")
-    if len(files) > 1:
-        raise HttpError(400, f"the form has {len(files)} files: send one image per request")
-    payload = files[0].get_payload(decode=True) or b""
-    return (_with_bare_lf_tail(payload, body, boundary, parts.index(files[0])),
-            _safe_name(files[0].get_filename() or "upload"))
-
-
-def _raw_parts(body: bytes, delimiter: bytes) -> List[bytes]:
-    """The form's parts as sent, in order, each from after its delimiter line's ``--boundary`` to before the next
-    one's line break (delimiters only at the start of a line: a payload may hold the boundary's bytes elsewhere);
-    the closing delimiter and the epilogue left out."""
-    pieces = (b"\n" + body).split(b"\n" + delimiter)[1:]
-    out = []
-    for piece in pieces:
-        if piece.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
-            break
-        out.append(piece[:-1] if piece.endswith(b"\r") else piece)  # (a CRLF before the next delimiter)
-    return out
-
-
-def _head_length(part: bytes) -> int:
-    """The bytes of a raw part's headers, up to its blank line (a part without one: all of it)."""
-    ends = [at for at in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if at >= 0]
-    return min(ends) if ends else len(part)
-
-
-def _longest_part_head(body: bytes, delimiter: bytes) -> int:
-    """The most bytes of headers any part of the form holds."""
-    return max((_head_length(part) for part in _raw_parts(body, delimiter)), default=0)
-
-
-def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str], index: int) -> bytes:
-    """``payload`` (part ``index``'s) with the ``\r`` the parser took from its end in a form whose lines end in a
-    bare LF: before a delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte there. Read
-    off that part's own bytes as sent."""
-    if not boundary:
-        return payload
-    delimiter = b"--" + boundary.encode("latin-1")
-    at = body.find(delimiter)
-    if at < 0 or body[at + len(delimiter):at + len(delimiter) + 1] != b"\n":  # a CRLF form
-        return payload
-    parts = (b"\n" + body).split(b"\n" + delimiter)[1:]  # (as sent: the CR before the next delimiter kept)
-    if index >= len(parts):
-        return payload
-    part = parts[index]
-    blank = part.find(b"\n\n")
-    sent = part[blank + 2:] if blank >= 0 else b""
-    return payload + b"\r" if sent == payload + b"\r" else payload
-
-
-def _safe_name(name: str) -> str:
-    """A client's file name, for messages only (never a path on the server): its last part, printable."""
-    base = name.replace("\\", "/").rsplit("/", 1)[-1]
-    return "".join(c for c in base if c.isprintable())[:200] or "upload"
+        return read_upload(body, ctype)
+    except FormError as e:
+        raise HttpError(400, str(e)) from None

@@ -194,18 +194,8 @@ def _headers_in_time(timeout_s: float) -> type:
             elif self.header_timer is None:
                 self.header_timer = self.loop.call_later(timeout_s, self._too_late)
 
-        def send_400_response(self, msg: str) -> None:
-            """uvicorn's own 400 (a request h11 cannot read: a bad Content-Length, a header too large) in the one
-            error shape, JSON, as every other answer (it was plain text)."""
-            body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-            try:
-                for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                              h11.Data(data=body), h11.EndOfMessage()):
-                    self.transport.write(self.conn.send(event))
-            except h11.LocalProtocolError:  # an answer of ours already began (a 413 before a torn body): closed
-                pass
-            self.transport.close()
+        def send_400_response(self, msg: str) -> None:  # uvicorn's own 400: in the one error shape, JSON
+            _unreadable(self, msg)
 
         def _unwatch(self) -> None:
             if self.header_timer is not None:
@@ -223,6 +213,22 @@ def _headers_in_time(timeout_s: float) -> type:
                 self.transport.close()
 
     return HeadersInTime
+
+
+def _unreadable(protocol: Any, msg: str) -> None:
+    """uvicorn's answer to a request h11 cannot read (a bad Content-Length, a line that is no request line) as
+    JSON, as every other answer (it was plain text); nothing where an answer of ours already began."""
+    import h11
+
+    body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    try:
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            protocol.transport.write(protocol.conn.send(event))
+    except h11.LocalProtocolError:  # (a 413 sent before a torn body)
+        pass
+    protocol.transport.close()
 
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
