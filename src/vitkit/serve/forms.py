@@ -6,7 +6,7 @@ from __future__ import annotations
 from email import errors as email_errors
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 
 class FormError(ValueError):
@@ -30,10 +30,12 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
         return body, "upload"
     head = b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
     boundary = BytesParser(policy=HTTP).parsebytes(head).get_boundary()
+    delimiter = b"--" + boundary.encode("latin-1") if boundary else b""
     # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
-    if boundary and body.count(b"--" + boundary.encode("latin-1")) > MAX_FORM_PARTS + 1:
+    if delimiter and body.count(delimiter) > MAX_FORM_PARTS + 1:
         raise FormError(f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
-    if boundary and _longest_part_head(body, b"--" + boundary.encode("latin-1")) > MAX_PART_HEADER_BYTES:
+    sent = _parts_as_sent(body, delimiter) if delimiter else []
+    if max((_head_length(part.removesuffix(b"\r")) for part in sent), default=0) > MAX_PART_HEADER_BYTES:
         raise FormError(f"a part of the form has more than {MAX_PART_HEADER_BYTES // 1024} KiB of headers")
     try:
         message = BytesParser(policy=HTTP).parsebytes(head + body)
@@ -55,20 +57,21 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
     if len(files) > 1:
         raise FormError(f"the form has {len(files)} files: send one image per request")
     payload = files[0].get_payload(decode=True) or b""
-    return (_with_bare_lf_tail(payload, body, boundary, parts.index(files[0])),
-            _safe_name(files[0].get_filename() or "upload"))
+    index, at = parts.index(files[0]), body.find(delimiter) + len(delimiter)
+    if body[at:at + 1] == b"\n" and index < len(sent):  # a form whose lines end in a bare LF
+        payload = _with_bare_lf_tail(payload, sent[index])
+    return payload, _safe_name(files[0].get_filename() or "upload")
 
 
-def _raw_parts(body: bytes, delimiter: bytes) -> List[bytes]:
+def _parts_as_sent(body: bytes, delimiter: bytes) -> List[bytes]:
     """The form's parts as sent, in order, each from after its delimiter line's ``--boundary`` to before the next
-    one's line break (delimiters only at the start of a line: a payload may hold the boundary's bytes elsewhere);
+    one's line feed (delimiters only at the start of a line: a payload may hold the boundary's bytes elsewhere);
     the closing delimiter and the epilogue left out."""
-    pieces = (b"\n" + body).split(b"\n" + delimiter)[1:]
     out = []
-    for piece in pieces:
+    for piece in (b"\n" + body).split(b"\n" + delimiter)[1:]:
         if piece.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
             break
-        out.append(piece[:-1] if piece.endswith(b"\r") else piece)  # (a CRLF before the next delimiter)
+        out.append(piece)
     return out
 
 
@@ -78,25 +81,9 @@ def _head_length(part: bytes) -> int:
     return min(ends) if ends else len(part)
 
 
-def _longest_part_head(body: bytes, delimiter: bytes) -> int:
-    """The most bytes of headers any part of the form holds."""
-    return max((_head_length(part) for part in _raw_parts(body, delimiter)), default=0)
-
-
-def _with_bare_lf_tail(payload: bytes, body: bytes, boundary: Optional[str], index: int) -> bytes:
-    """``payload`` (part ``index``'s) with the ``\r`` the parser took from its end in a form whose lines end in a
-    bare LF: before a delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte there. Read
-    off that part's own bytes as sent."""
-    if not boundary:
-        return payload
-    delimiter = b"--" + boundary.encode("latin-1")
-    at = body.find(delimiter)
-    if at < 0 or body[at + len(delimiter):at + len(delimiter) + 1] != b"\n":  # a CRLF form
-        return payload
-    parts = (b"\n" + body).split(b"\n" + delimiter)[1:]  # (as sent: the CR before the next delimiter kept)
-    if index >= len(parts):
-        return payload
-    part = parts[index]
+def _with_bare_lf_tail(payload: bytes, part: bytes) -> bytes:
+    r"""``payload`` with the ``\r`` the parser took from its end in a form whose lines end in a bare LF (``part``:
+    its part as sent): before a delimiter it strips CRLF or LF alike, so a file ending in ``\r`` lost that byte."""
     blank = part.find(b"\n\n")
     sent = part[blank + 2:] if blank >= 0 else b""
     return payload + b"\r" if sent == payload + b"\r" else payload
