@@ -5,6 +5,7 @@ import nothing of vitkit but each other (extras uses signals)."""
 from __future__ import annotations
 
 import functools
+import numbers
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -89,6 +90,11 @@ def check_switches(where: str, **switches: Any) -> None:
     bad = [f"{name}={value!r}" for name, value in switches.items() if not isinstance(value, bool)]
     if bad:
         raise ValueError(f"{where}: {', '.join(bad)}: {'each' if len(bad) > 1 else 'it'} must be True or False")
+
+
+def positive_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number >= 1 (numpy's integers too; True is no count of anything)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1
 
 
 def field_comments(cls: type) -> Dict[str, str]:

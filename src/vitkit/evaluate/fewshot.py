@@ -9,7 +9,6 @@ mean and standard deviation of test accuracy over seeds.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from ..models.layers import in_eval_mode
 from ..progress import track, waiting_bar
+from ..utils import positive_whole
 from .metrics import check_batch_size, checked_labels, prepare_batch
 
 #: Ridge regularisers tried (powers of two, as big_vision's few-shot evaluator does).
@@ -111,9 +111,7 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
         raise ValueError(f"shots must be a list of whole numbers (shots=[1, 5]), not {shots!r}")
     if not shots or min(shots) < 1 or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"shots must be whole numbers >= 1 and seeds >= 1, not shots {list(shots)} and seeds {seeds}")
-    if isinstance(holdout_per_class, bool) or not isinstance(holdout_per_class, numbers.Integral) or \
-            holdout_per_class < 1:
-        # (0 chose the ridge's strength on no images at all)
+    if not positive_whole(holdout_per_class):  # (0 chose the ridge's strength on no images at all)
         raise ValueError(f"holdout_per_class (the images per class the ridge's strength is chosen on) must be a whole "
                          f"number >= 1, not {holdout_per_class!r}")
     train_x, test_x = torch.as_tensor(train_x).double(), torch.as_tensor(test_x).double()  # a model's float32 too

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -14,7 +13,7 @@ from torch import nn
 
 from ..models.layers import in_eval_mode
 from ..progress import track
-from ..utils import pyplot, save_png
+from ..utils import positive_whole, pyplot, save_png
 from .tta import check_mode, probabilities
 
 
@@ -87,7 +86,7 @@ def classification_report(model: nn.Module, images: torch.Tensor, labels: torch.
 
 def check_batch_size(batch_size: Any) -> None:
     """A batch size is a whole number >= 1 (a negative one scored nothing, as 0% of 0 images); numpy's too."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+    if not positive_whole(batch_size):
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
 
 

@@ -10,7 +10,6 @@ is the map's size minus the patches.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from ..models.layers import in_eval_mode
+from ..utils import positive_whole
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -206,7 +206,7 @@ def embedding_filters_pca(model: nn.Module, k: int = 28) -> Tuple[torch.Tensor, 
     and decomposed; returns the components as (k, C, P, P) images (unit norm, orthogonal)
     and the fraction of the variance each explains (sorted, summing to <= 1).
     """
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:  # (-1 sliced from the end, 0 gave nothing)
+    if not positive_whole(k):  # (-1 sliced from the end, 0 gave nothing)
         raise ValueError(f"k (the components shown) must be a positive integer, not {k!r}")
     weight = embedding_filters(model)  # (D, C, P, P)
     D = weight.shape[0]
