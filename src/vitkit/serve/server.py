@@ -205,10 +205,9 @@ def _headers_in_time(timeout_s: float) -> type:
         def _too_late(self) -> None:
             self.header_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                # nothing of ours half sent, and a request begun (an idle kept-alive connection is closed in silence
-                # as uvicorn closes it: a 408 there could be read as the answer to the request its client sends next)
-                begun = self.cycle is None or bool(self.conn.trailing_data[0])
-                if begun and (self.cycle is None or self.cycle.response_complete):
+                # a first request, or a next one begun after our answer (an idle kept-alive connection is closed in
+                # silence, as uvicorn closes it: a 408 there could be read as the answer to the client's next request)
+                if self.cycle is None or (self.cycle.response_complete and self.conn.trailing_data[0]):
                     self.transport.write(late)
                 self.transport.close()
 
