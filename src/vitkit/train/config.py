@@ -570,8 +570,8 @@ def _checked(values: Dict[str, Any]) -> TrainConfig:
 @contextlib.contextmanager
 def _naming(file: Optional[str], fields: set, recipe: str, recipe_fields: set):
     """A problem with a field the config file set (and no flag replaced) names the file too; one with a
-    pre-training option only the recipe set names the recipe (``--recipe simmim-fmnist --objective mae``:
-    its mask_block)."""
+    pre-training option only the recipe set names the recipe (``--recipe mae-fmnist --decoder-dim 7``: its
+    decoder_heads, 4)."""
     try:
         yield
     except ValueError as e:
