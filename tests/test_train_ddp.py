@@ -64,7 +64,8 @@ def _children(pid: int):
     return sorted(found)
 
 
-@pytest.mark.parametrize("rank, how", [(0, "SIGTERM"), (1, "SIGTERM"), (1, "SIGKILL"), (0, "SIGKILL")])
+@pytest.mark.parametrize("rank, how", [(0, "SIGTERM"), (1, "SIGTERM"), (1, "SIGKILL"), (0, "SIGKILL"),
+                                       (0, "SIGKILL, then SIGTERM to the other")])
 def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     """The stopped rank waited at the process group's closing barrier while the other waited in a step's
     all-reduce: both ranks and torchrun stayed (10 minutes, until killed). Now the job ends, the stop is
@@ -87,7 +88,9 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
             time.sleep(0.2)
         ranks = _children(job.pid)
         assert len(ranks) == 2, ranks
-        os.kill(ranks[rank], getattr(signal, how))
+        os.kill(ranks[rank], getattr(signal, how.split(",")[0]))
+        if "then" in how:  # torchrun's SIGTERM reaching the survivor before its next all-reduce meets the loss
+            os.kill(ranks[1 - rank], signal.SIGTERM)
         _, err = job.communicate(timeout=120)  # torchrun ends its other rank once one has ended
     finally:
         if job.poll() is None:
@@ -97,7 +100,7 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     assert job.returncode != 0 and not _children(job.pid)
     assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
     assert "unexpected" not in err, err[-2000:]
-    if how == "SIGKILL":  # (rank 0 killed: rank 1 says it, where it said nothing)
+    if how.startswith("SIGKILL"):  # (rank 0 killed: rank 1 says it, where it said nothing)
         # the survivor meets the loss in its next all-reduce ("another process of the job stopped, so this one
         # did"), or on a loaded machine torchrun's SIGTERM first ("stopped by SIGTERM"): the checkpoint is said
         assert re.search(r"interrupted; \S+ keeps its checkpoint of step \d+: vitkit train --resume \S+ goes on "
@@ -173,3 +176,32 @@ def test_each_rank_draws_its_own_dropout_and_drop_path_masks():
     assert not torch.equal(masks(2, 0, 5), masks(2, 1, 5))
     assert torch.equal(masks(2, 1, 5), masks(2, 1, 5)) and not torch.equal(masks(2, 1, 5), masks(2, 1, 6))
     assert torch.equal(masks(1, 0, 5), masks(1, 0, 6))  # one process: its one generator, as checkpoints save it
+
+
+def test_a_rank_knows_when_its_machines_first_process_is_gone(tmp_path):
+    """Rank 0 killed outright says nothing, and torchrun's SIGTERM may reach rank 1 before its next all-reduce
+    meets the loss: rank 1 was silent too, and no line named the checkpoint. The check reads the siblings (the
+    parent's other children) from /proc: a first process that runs counts, a dead one (a zombie) does not."""
+    import os
+    import signal
+
+    probe = [sys.executable, "-c", "from vitkit.machine import first_process_alive; print(first_process_alive())"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "WORLD_SIZE": "2"}
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**env, "LOCAL_RANK": "0"})
+    try:
+        ask = lambda: subprocess.run(probe, env={**env, "LOCAL_RANK": "1"}, capture_output=True,  # noqa: E731
+                                     text=True, check=True).stdout.strip()
+        assert ask() == "True"
+        os.kill(first.pid, signal.SIGKILL)
+        for _ in range(100):  # killed, not yet reaped: a zombie
+            if Path(f"/proc/{first.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            __import__("time").sleep(0.05)
+        assert ask() == "False"
+        first.wait()
+        assert ask() == "False"
+        alone = subprocess.run(probe, env={**env, "LOCAL_RANK": "0"}, capture_output=True, text=True, check=True)
+        assert alone.stdout.strip() == "True"  # the first process itself
+    finally:
+        first.kill()
+        first.wait()

@@ -42,6 +42,27 @@ def first_process_on_machine() -> bool:
     return not under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
 
 
+def first_process_alive() -> bool:
+    """Under torchrun, whether this machine's first process (a sibling with LOCAL_RANK 0) still runs: one killed
+    outright says nothing, so what it would have said falls to the others. True where that cannot be told."""
+    if first_process_on_machine():
+        return True
+    parent, me = os.getppid(), os.getpid()
+    try:
+        entries = [e for e in Path("/proc").iterdir() if e.name.isdigit() and int(e.name) != me]
+    except OSError:  # no /proc (not Linux)
+        return True
+    for entry in entries:
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            environ = (entry / "environ").read_bytes()
+        except (OSError, ValueError):  # (gone meanwhile)
+            continue
+        if int(ppid) == parent and state != "Z" and b"\0LOCAL_RANK=0\0" in b"\0" + environ:
+            return True
+    return False
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity; every core where that is unknown)."""
     with contextlib.suppress(AttributeError, OSError):

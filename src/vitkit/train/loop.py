@@ -30,6 +30,7 @@ import torch
 
 from .. import tiny
 from ..files import remove_stale_temporaries, write_json
+from ..machine import first_process_alive
 from ..models import get_model_config
 from ..models.complexity import complexity
 from ..parallel import add_in_order, choose
@@ -98,8 +99,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C or SIGTERM, to this process or a data worker
         # a worker's death after a stop this process received (and Python swallowed: see stop_received)
         stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
-        if stop is None and distributed.peer_lost(dist_info, e):  # (said by gloo as an "unexpected" error)
-            raise _peer_stopped(run) from None
+        if stop is None and distributed.peer_lost(dist_info, e) or stop is not None and _first_killed(run):
+            raise _peer_stopped(run) from None  # (gloo's "unexpected" error, or torchrun's SIGTERM came first)
         if stop is None:
             raise
         expect_worker_deaths()
@@ -162,6 +163,12 @@ def _peer_stopped(run: Optional[Run]) -> distributed.PeerLost:
     lost = distributed.PeerLost(f"another process of the job stopped, so this one did{kept}")
     lost.said_by_each = bool(kept)
     return lost
+
+
+def _first_killed(run: Optional[Run]) -> bool:
+    """Whether this rank's stop is torchrun's SIGTERM after its machine's first process was killed outright (which
+    said nothing), reaching here before the next all-reduce would have met the loss."""
+    return run is not None and not run.main and not first_process_alive()
 
 
 def _interrupted(run: Run) -> str:
