@@ -25,13 +25,18 @@ def _tensorboard_writer(folder: Path):
         log.info("%s; metrics go to metrics.jsonl only", e)
         return None
     _quiet_writer_threads()
-    with said_as_disk_full(folder, "free some space (or run with --no-tensorboard: metrics.jsonl is the record)",
-                           folder=folder):
+    with _board_full(folder, "free some space (or run with --no-tensorboard: metrics.jsonl is the record)"):
         return tensorboard.SummaryWriter(log_dir=str(folder))
 
 
 #: what a full disk under TensorBoard's writes mid-run leaves
 ROWS_KEPT = "metrics.jsonl holds the rows before; free some space, then --resume the run"
+
+
+def _board_full(folder, what: str = ROWS_KEPT):
+    """A full disk under TensorBoard's writes, said naming its folder (whose free space decides: its words name
+    no file)."""
+    return said_as_disk_full(folder, what, folder=folder)
 
 
 def _quiet_writer_threads() -> None:
@@ -100,7 +105,7 @@ class MetricsLog:
                 f.truncate(end)
                 raise
         if self.writer is not None:
-            with said_as_disk_full(self.writer.log_dir, ROWS_KEPT, folder=self.writer.log_dir):
+            with _board_full(self.writer.log_dir):
                 for key, value in row.items():
                     if key not in ("step", "epoch") and isinstance(value, (int, float)):
                         self.writer.add_scalar(scalar_tag(key), value, row["step"])
@@ -109,7 +114,7 @@ class MetricsLog:
         if self.writer is None:
             return
         writer, self.writer = self.writer, None
-        with said_as_disk_full(writer.log_dir, ROWS_KEPT, folder=writer.log_dir):
+        with _board_full(writer.log_dir):
             if summary:
                 for key in ("test_top1", "test_loss", "val_top1", "test_top1_tta"):
                     if isinstance(summary.get(key), (int, float)):
