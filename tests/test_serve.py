@@ -358,6 +358,11 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
             gone.sendall(head + data[:100])
     assert post(running.url, data).status_code == 200
     assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
+    # the two headers-late 408s are counted as every answer is (no path was read: "other"); the body-late one
+    # under its path
+    counted = httpx.get(running.url + "/metrics").text
+    assert 'vitkit_requests_total{code="408",endpoint="other"} 2' in counted, counted
+    assert 'vitkit_requests_total{code="408",endpoint="/predict"} 1' in counted, counted
 
 
 def test_a_body_refused_or_late_closes_its_connection(serving):
@@ -401,6 +406,8 @@ def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(servin
         assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), reply[:300]
         assert json.loads(body)["error"].startswith("the request could not be read as HTTP/1.1"), body
     assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
+    counted = httpx.get(running.url + "/metrics").text  # counted as every answer is (uvicorn's were not)
+    assert 'vitkit_requests_total{code="400",endpoint="other"} 2' in counted, counted
 
 
 def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):
@@ -678,9 +685,17 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(weights):
             assert proc.poll() is None  # draining: the request is still in flight
             proc.send_signal(signal.SIGINT)
             code = proc.wait(30)
+            client.settimeout(10)
+            reply = b""
+            while chunk := client.recv(65536):
+                reply += chunk
         err = proc.stderr.read()
         assert code == 130 and err.strip().splitlines() == [
             "vitkit serve: stopped at once (a second Ctrl-C): requests in flight were cut off"], err
+        # the request cut off is told so, in the one error shape (it was uvicorn's plain-text 500)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head.lower(), reply
+        assert "stopped at once" in json.loads(body.split(b"\r\n")[1] if b"chunked" in head else body)["error"]
     finally:
         proc.kill()
 

@@ -266,6 +266,11 @@ class Endpoint:
         return Response(png, media_type="image/png")
 
 
+#: the answer to a request in flight when a second Ctrl-C stops the server at once
+STOPPED_AT_ONCE = HttpError(503, "the server was stopped at once (a second Ctrl-C) before this request was "
+                                 "answered: send it again once the server is back", close=True)
+
+
 class Guard:
     """The API key, the drain, and every answer counted and timed: plain ASGI around the app
     (Starlette's ``BaseHTTPMiddleware`` costs a task and a body stream per request)."""
@@ -280,11 +285,11 @@ class Guard:
         from fastapi.responses import JSONResponse
         from starlette.datastructures import Headers
 
-        endpoint, start, path, status = self.endpoint, time.perf_counter(), scope["path"], [500]
+        endpoint, start, path, status, started = self.endpoint, time.perf_counter(), scope["path"], [500], [False]
 
         async def sending(message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
             await send(message)
 
         key = endpoint.options.api_key
@@ -299,6 +304,10 @@ class Guard:
                 await error_response(JSONResponse, refused)(scope, receive, sending)
             else:
                 await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # a second Ctrl-C: uvicorn's answer to the cancelled was a plain-text 500
+            if not started[0]:
+                await error_response(JSONResponse, STOPPED_AT_ONCE)(scope, receive, sending)
+            raise
         finally:
             name = path if path in ROUTES else OPEN_PREFIX.rstrip("/") if path.startswith(OPEN_PREFIX) else "other"
             endpoint.metrics.inc("vitkit_requests_total", endpoint=name, code=str(status[0]))

@@ -154,16 +154,17 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5,
-                            http=_headers_in_time(options.timeout_s))
+                            http=_headers_in_time(options.timeout_s, app.state.metrics))
     name = sock.getsockname()
     shown = f"[{name[0]}]" if sock.family == socket.AF_INET6 else name[0]
     return Server(config), sock, f"http://{shown}:{name[1]}"
 
 
-def _headers_in_time(timeout_s: float) -> type:
+def _headers_in_time(timeout_s: float, metrics: Any) -> type:
     """uvicorn's h11 protocol with a deadline for each request's headers: a connection that opened and sent no
     request, or half of one, was held for ever (thousands of them used up the process's files, and the server
-    answered nobody, saying nothing); after ``timeout_s`` it gets a 408 and is closed, as a slow body is."""
+    answered nobody, saying nothing); after ``timeout_s`` it gets a 408 and is closed, as a slow body is. Its
+    answers are counted in ``metrics`` as the app's are (under endpoint "other": no path was read)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -195,7 +196,8 @@ def _headers_in_time(timeout_s: float) -> type:
                 self.header_timer = self.loop.call_later(timeout_s, self._too_late)
 
         def send_400_response(self, msg: str) -> None:  # uvicorn's own 400: in the one error shape, JSON
-            _unreadable(self, msg)
+            if _unreadable(self, msg):
+                metrics.inc("vitkit_requests_total", endpoint="other", code="400")
 
         def _unwatch(self) -> None:
             if self.header_timer is not None:
@@ -209,14 +211,16 @@ def _headers_in_time(timeout_s: float) -> type:
                 # silence, as uvicorn closes it: a 408 there could be read as the answer to the client's next request)
                 if self.cycle is None or (self.cycle.response_complete and self.conn.trailing_data[0]):
                     self.transport.write(late)
+                    metrics.inc("vitkit_requests_total", endpoint="other", code="408")
                 self.transport.close()
 
     return HeadersInTime
 
 
-def _unreadable(protocol: Any, msg: str) -> None:
+def _unreadable(protocol: Any, msg: str) -> bool:
     """uvicorn's answer to a request h11 cannot read (a bad Content-Length, a line that is no request line) as
-    JSON, as every other answer (it was plain text); nothing where an answer of ours already began."""
+    JSON, as every other answer (it was plain text); nothing where an answer of ours already began. Returns
+    whether it was sent."""
     import h11
 
     body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
@@ -226,8 +230,10 @@ def _unreadable(protocol: Any, msg: str) -> None:
                       h11.EndOfMessage()):
             protocol.transport.write(protocol.conn.send(event))
     except h11.LocalProtocolError:  # (a 413 sent before a torn body)
-        pass
-    protocol.transport.close()
+        return False
+    finally:
+        protocol.transport.close()
+    return True
 
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
