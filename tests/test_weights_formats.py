@@ -844,22 +844,39 @@ def test_a_bare_file_without_a_tensor_its_architecture_is_read_from_is_one_line(
         vitkit.from_pretrained(tmp_path / "bias.pth")
 
 
-def test_a_foreign_files_missing_tensor_is_said_to_be_named_as_vitkit_names_it(tmp_path):
+def test_a_foreign_files_missing_tensor_is_said_by_the_files_own_name(tmp_path):
     """An open_clip or Hugging Face file without one tensor was said "missing from the checkpoint: norm.weight", a
-    name the file never held: the line says the names are vitkit's for that layout's tensors."""
+    name the file never held: a layout vitkit writes names it as the file does (the model's export to that
+    layout, against what the file holds; a two-tower file's prefix kept), with vitkit's name beside it; one it
+    does not write says the names are vitkit's for that layout's tensors."""
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file, save_file
 
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                    image_size=32, patch_size=8)
-    transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "hf")
-    tensors = load_file(tmp_path / "hf" / "model.safetensors")
-    dropped = next(k for k in tensors if k.endswith("layernorm.weight"))
-    save_file({k: v for k, v in tensors.items() if k != dropped}, tmp_path / "hf" / "model.safetensors",
-              metadata={"format": "pt"})
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                 patch_size=8)
+    transformers.ViTModel(transformers.ViTConfig(**small), add_pooling_layer=False).save_pretrained(tmp_path / "hf")
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+                max_position_embeddings=16)
+    transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=small, projection_dim=16)
+                           ).save_pretrained(tmp_path / "clip")
+    for folder, dropped, said in (
+            ("hf", "layernorm.weight", r"layernorm\.weight \(vitkit's norm\.weight\) \(in Python"),
+            ("clip", "vision_model.encoder.layers.0.mlp.fc2.bias",
+             r"vision_model\.encoder\.layers\.0\.mlp\.fc2\.bias \(vitkit's blocks\.0\.mlp\.fc2\.bias\) \(in Python")):
+        tensors = load_file(tmp_path / folder / "model.safetensors")
+        save_file({k: v for k, v in tensors.items() if k != dropped}, tmp_path / folder / "model.safetensors",
+                  metadata={"format": "pt"})
+        with pytest.raises(WeightsError, match=r"missing from the checkpoint: " + said):
+            vitkit.from_pretrained(tmp_path / folder)
+    open_clip = pytest.importorskip("open_clip")
+    cfg = open_clip.get_model_config("ViT-B-32")
+    cfg["vision_cfg"].update(layers=1, image_size=64, width=64, head_width=32)
+    cfg["text_cfg"].update(layers=1)
+    tensors = open_clip.CLIP(**cfg).state_dict()
+    torch.save({k: v for k, v in tensors.items() if k != "visual.ln_post.weight"}, tmp_path / "oc.pth")
     with pytest.raises(WeightsError, match=r"missing from the checkpoint: norm\.weight \(named as vitkit names the "
-                                           r"hf file's tensors\)"):
-        vitkit.from_pretrained(tmp_path / "hf")
+                                           r"open_clip file's tensors\)"):
+        vitkit.from_pretrained(tmp_path / "oc.pth")
 
 
 def test_a_vitkit_weights_file_loads_by_its_architecture_s_name(tmp_path, images):

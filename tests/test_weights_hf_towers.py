@@ -315,7 +315,7 @@ def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_ru
 def test_a_folder_whose_config_is_another_models_says_what_disagrees(tmp_path):
     """DINOv3's config saying 16 px patches over 8 px filters had its filters resampled (transformers refuses
     the folder); a CLIP folder relabelled SigLIP was blamed on its image size (17 slots: its 4x4 grid and a class
-    slot SigLIP lacks)."""
+    slot SigLIP lacks): now on the head SigLIP's class holds, or, the head said off, on the class slot."""
     import json
 
     T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL)).save_pretrained(tmp_path / "d3")
@@ -323,6 +323,9 @@ def test_a_folder_whose_config_is_another_models_says_what_disagrees(tmp_path):
     for folder, change, said in (
             ("d3", {"patch_size": 16}, "patch_size 16x16 where its weights hold 8 px patch filters"),
             ("clip", {"model_type": "siglip_vision_model", "architectures": ["SiglipVisionModel"]},
+             "its config names SiglipVisionModel, which holds its attention-pool head, where its weights hold no "
+             "head.* tensor"),
+            ("clip", {"vision_use_head": False},  # (its class's head said off: the position table says it)
              "17 position slots: its 4x4 grid's and 1 for prefix tokens where the config's model has 0")):
         config = json.loads((tmp_path / folder / "config.json").read_text())
         (tmp_path / folder / "config.json").write_text(json.dumps({**config, **change}))
@@ -378,13 +381,79 @@ def test_a_model_timm_builds_under_its_own_name_exports_to_timm_without_a_note(n
 
 def test_a_siglip_file_without_its_probe_names_the_one_tensor_it_lacks(tmp_path):
     """Without head.probe the tower was read as headless, and the head's 12 other tensors were said as "not in the
-    model": the head is known by any of its tensors, and the one missing is named."""
+    model": the head is known by any of its tensors, and the one missing is named (as the file names it)."""
     from safetensors.torch import load_file, save_file
 
     T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL)).save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     save_file({k: v for k, v in tensors.items() if k != "head.probe"}, tmp_path / "model.safetensors",
               metadata={"format": "pt"})
-    with pytest.raises(WeightsError, match=r"missing from the checkpoint: attn_pool\.latent \(named as vitkit names "
-                                           r"the hf file's tensors\) \(in Python"):
+    with pytest.raises(WeightsError, match=r"missing from the checkpoint: head\.probe \(vitkit's attn_pool\.latent\) "
+                                           r"\(in Python"):
+        vitkit.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("cls, config, dropped", [
+    ("CLIPVisionModelWithProjection", lambda: T.CLIPVisionConfig(**SMALL, projection_dim=16), "visual_projection."),
+    ("CLIPModel", lambda: T.CLIPConfig(text_config=TEXT, vision_config=SMALL, projection_dim=16), "visual_projection."),
+    ("SiglipVisionModel", lambda: T.SiglipVisionConfig(**SMALL), "head."),
+    ("SiglipModel", lambda: T.SiglipConfig(text_config=TEXT, vision_config=SMALL), "vision_model.head.")])
+def test_a_file_without_the_part_its_class_always_holds_is_refused(cls, config, dropped, tmp_path, images):
+    """A CLIP ...WithProjection file without visual_projection loaded as the plain tower (the 64-wide pooled output
+    where transformers' image embeds are 16 wide), a SigLIP file without its head as the tokens' mean: other
+    features, in silence. Refused by the class its config names; a SigLIP classifier (whose head is not read) and
+    a tower its config says has no head still load."""
+    from safetensors.torch import load_file, save_file
+
+    getattr(T, cls)(config()).save_pretrained(tmp_path / "whole")
+    tensors = load_file(tmp_path / "whole" / "model.safetensors")
+    getattr(T, cls)(config()).save_pretrained(tmp_path / "cut")
+    save_file({k: v for k, v in tensors.items() if not k.startswith(dropped)}, tmp_path / "cut" / "model.safetensors",
+              metadata={"format": "pt"})
+    vitkit.from_pretrained(tmp_path / "whole")
+    with pytest.raises(WeightsError, match=rf"its config names {cls}, which holds its .*, where its weights hold no "
+                                           rf"{re.escape(dropped.split('.')[-2])}\.\* tensor"):
+        vitkit.from_pretrained(tmp_path / "cut")
+
+
+def test_a_siglip_without_a_head_by_its_config_or_a_classifier_loads(tmp_path, images):
+    T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL, vision_use_head=False)).save_pretrained(tmp_path / "plain")
+    assert vitkit.from_pretrained(tmp_path / "plain").config.global_pool == "avg"
+    hf = T.SiglipForImageClassification(T.SiglipConfig(text_config=TEXT, vision_config=SMALL, num_labels=3)).eval()
+    hf.save_pretrained(tmp_path / "classes")
+    model = vitkit.from_pretrained(tmp_path / "classes").eval()
+    with torch.no_grad():
+        assert _close(model(images(2, 32, 32)), hf(pixel_values=images(2, 32, 32)).logits)
+
+
+def test_a_dinov2_file_whose_registers_disagree_with_its_config_is_refused_by_them(tmp_path):
+    """A with-registers folder without its register_tokens was blamed on its image size ("17 position slots: its 4x4
+    grid's and 1 for prefix tokens where the config's model has 0"): the registers are said."""
+    from safetensors.torch import load_file, save_file
+
+    T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**SMALL)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "register" not in k}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"its config says 4 register tokens \(dinov2_with_registers\) where its "
+                                           r"weights hold no embeddings\.register_tokens"):
+        vitkit.from_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(model_type="dinov2", architectures=["Dinov2Model"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"its weights hold embeddings\.register_tokens where its config "
+                                           r"\(model_type 'dinov2'\) has no registers"):
+        vitkit.from_pretrained(tmp_path)
+
+
+def test_a_file_missing_a_query_says_which_part(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if not k.endswith("layers.1.self_attn.q_proj.weight")},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"layer 1's attention lacks its query weight \(the file holds its key and "
+                                           r"value weight\)"):
         vitkit.from_pretrained(tmp_path)

@@ -32,7 +32,19 @@ _DINOV2_RULES = [
 ]
 
 
+def _registers(hf: Mapping[str, Any]) -> int:
+    """The register tokens a DINOv2 config states (only the with-registers class has them)."""
+    return int(hf.get("num_register_tokens", 0)) if hf.get("model_type") == "dinov2_with_registers" else 0
+
+
 def _dinov2_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    registers, held = _registers(hf), "embeddings.register_tokens" in sd
+    if bool(registers) != held:  # (the table's class slot folds by the registers: a missing tensor blamed the size)
+        said = (f"its config says {registers} register tokens (dinov2_with_registers) where its weights hold no "
+                f"embeddings.register_tokens" if registers else
+                f"its weights hold embeddings.register_tokens where its config (model_type "
+                f"{hf.get('model_type')!r}) has no registers")
+        raise WeightsError(f"{said}: it was edited or mixed with other weights; fix or re-save it")
     sd.pop("embeddings.mask_token", None)  # the masked pre-training's token: no use in a forward pass
     pos = sd.pop("embeddings.position_embeddings", None)
     out = rename(sd, _DINOV2_RULES)
@@ -42,7 +54,7 @@ def _dinov2_in(sd: Dict[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, 
             out[f"{m.group(1)}.{m.group(2)[0]}.{m.group(3)}"] = out.pop(key)
     _fuse_qkv(out)
     if pos is not None:
-        if "reg_token" in out:  # registers enter after the positions: the class slot folds into the token
+        if registers:  # registers enter after the positions: the class slot folds into the token
             if "cls_token" in out:
                 out["cls_token"] = out["cls_token"] + pos[:, :1]
             pos = pos[:, 1:]
@@ -54,7 +66,7 @@ def _dinov2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
     width = hf["hidden_size"]
     hidden = int(width * hf.get("mlp_ratio", 4))
     swiglu = bool(hf.get("use_swiglu_ffn"))
-    registers = int(hf.get("num_register_tokens", 0)) if hf.get("model_type") == "dinov2_with_registers" else 0
+    registers = _registers(hf)
     return ViTConfig(
         img_size=_pair(hf.get("image_size", 518)), patch_size=_pair(hf.get("patch_size", 14)),
         in_chans=hf.get("num_channels", 3), embed_dim=width, depth=hf["num_hidden_layers"],

@@ -313,14 +313,24 @@ def _fuse_qkv(sd: Dict[str, torch.Tensor], part: str = r"(q|k|v)", missing_k_bia
     for (block, leaf), got in parts.items():
         if leaf == "weight":
             if set(got) != {"q", "k", "v"}:
-                raise WeightsError(f"{block}: query/key/value weights incomplete ({', '.join(sorted(got))})")
+                raise WeightsError(_incomplete(block, leaf, got))
             sd[f"{block}.attn.qkv.weight"] = torch.cat([got["q"], got["k"], got["v"]])
         elif set(got) == {"q", "k", "v"}:
             sd[f"{block}.attn.qkv.bias"] = torch.cat([got["q"], got["k"], got["v"]])
         elif set(got) == {"q", "v"} and missing_k_bias:
             sd[f"{block}.attn.q_bias"], sd[f"{block}.attn.v_bias"] = got["q"], got["v"]
         else:
-            raise WeightsError(f"{block}: query/key/value biases incomplete ({', '.join(sorted(got))})")
+            raise WeightsError(_incomplete(block, leaf, got))
+
+
+def _incomplete(block: str, leaf: str, got: Mapping[str, Any]) -> str:
+    """A layer whose query, key and value are not all in the file, in words (it was "blocks.0: query/key/value
+    weights incomplete (k, v)": vitkit's name, and the parts it held, not the one it lacked)."""
+    words = {"q": "query", "k": "key", "v": "value"}
+    lacks = " and ".join(words[p] for p in "qkv" if p not in got)
+    holds = " and ".join(words[p] for p in "qkv" if p in got)
+    return f"layer {block.split('.')[-1]}'s attention lacks its {lacks} {leaf} (the file holds its {holds} {leaf}): " \
+           f"the file is incomplete; fix or re-save it"
 
 
 def _split_qkv(sd: Dict[str, torch.Tensor], width: int) -> Dict[str, torch.Tensor]:

@@ -173,6 +173,8 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
     try:
         tensors = dict(vision_part(sd))
         head = _without_classifier(kind, tensors)
+        if not head:
+            _check_parts_held(hf, tower, tensors)
         config = TOWERS[kind].config(tower, tensors)
         if head:  # transformers' ...ForImageClassification: its pooling and labels (in the outer config)
             count = int(head["head.weight"].shape[0])
@@ -186,6 +188,26 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         raise
     except (ValueError, TypeError) as e:
         raise WeightsError(f"the {kind} config describes no model vitkit builds: {e}") from None
+
+
+#: the part a class always holds, by the class its config names: (the part's tensors' prefix, the part in words)
+_PARTS_OF_CLASS = {"CLIPModel": ("visual_projection.", "its visual_projection"),
+                   "CLIPVisionModelWithProjection": ("visual_projection.", "its visual_projection"),
+                   "SiglipModel": ("head.", "its attention-pool head"),
+                   "SiglipVisionModel": ("head.", "its attention-pool head")}
+
+
+def _check_parts_held(hf: Mapping[str, Any], tower: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+    """A file whose class always holds a part (CLIP's projection, SigLIP's attention-pool head) without any of its
+    tensors: read as the tower without it, it gave other features (the pooled width, not the projection's; the
+    tokens' mean, not the pool's), without a word, where transformers fills the part anew and says so."""
+    for cls in hf.get("architectures") or ():
+        prefix, part = _PARTS_OF_CLASS.get(cls, (None, None))
+        if prefix is None or (prefix == "head." and not tower.get("vision_use_head", True)):
+            continue
+        if not any(key.startswith(prefix) for key in tensors):
+            raise WeightsError(f"its config names {cls}, which holds {part}, where its weights hold no {prefix}* "
+                               f"tensor: it was edited or mixed with other weights; fix or re-save it")
 
 
 def run_size(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]]) -> Optional[Tuple[int, int]]:

@@ -8,7 +8,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from ..models.layers import adapt_input_channels, resample_patch_embed, resample
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
 from ..selfsup import Pretrainer
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from .file_names import missing_by_file_names
 from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata, unwrap_state_dict
 from .layouts import detect_format
 from .resampling import load_resampling, stored_table
@@ -429,9 +430,10 @@ SHOWN_MISMATCHES = 6
 
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], strict: bool = True,
                             exclude: Sequence[str] = (), report: Optional[LoadReport] = None,
-                            copy: bool = True) -> LoadReport:
+                            copy: bool = True, file_names: Collection[str] = ()) -> LoadReport:
     """Copy ``sd`` into ``model`` after checking every name and shape; nothing is copied on error
-    (``copy=False``: check only)."""
+    (``copy=False``: check only). ``file_names``: the names the file of a foreign layout holds (``sd`` is in
+    vitkit's), to name what it lacks as the file would."""
     report = report or LoadReport("state_dict")
     exclude = tuple(exclude)
     target = model.state_dict()
@@ -466,11 +468,14 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
                            f"from a run that diverged; nothing was loaded")
     if strict and (report.missing or report.unexpected):
         parts = []
-        if report.missing:
+        theirs = missing_by_file_names(model, report.format, file_names) if report.missing and file_names else None
+        if theirs:
+            parts.append(f"missing from the checkpoint: {_names(theirs)} (vitkit's {_names(report.missing)})")
+        elif report.missing:
             parts.append(f"missing from the checkpoint: {_names(report.missing)}")
         if report.unexpected:
             parts.append(f"not in the model: {_names(report.unexpected)}")
-        named = "" if report.format in ("vitkit", "timm") else \
+        named = "" if report.format in ("vitkit", "timm") or (theirs and not report.unexpected) else \
             f" (named as vitkit names the {report.format} file's tensors)"
         raise WeightsError(f"{report.format} weights do not match the model: " + "; ".join(parts) + named
                            + " (in Python, load_weights(model, source, strict=False) loads the rest)")
@@ -538,7 +543,7 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
                if m]
     report.resampled += adapted
-    out = load_state_dict_checked(model, sd, strict, exclude, report, copy)
+    out = load_state_dict_checked(model, sd, strict, exclude, report, copy, file_names=src.tensors.keys())
     # filters that compute another function are said; a position grid is the expected case
     for what in adapted if copy else ():
         warnings.warn(AdaptNote(f"adapted the weights: {what}"), stacklevel=2)
