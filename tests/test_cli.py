@@ -17,7 +17,10 @@ from vitkit.evaluate.predict import NOT_FINITE
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # the parser's own errors end as argparse ends them
+        code = e.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -125,6 +128,19 @@ def test_convert_each_format(capsys, tmp_path, tiny_weights):
     assert code == 0 and f"note: {tmp_path / 'notes.pth'} was there before and is replaced" in err
     code, _, err = run(capsys, "convert", str(path), str(tmp_path / "fresh.pth"), "--to", "timm")
     assert code == 0 and "replaced" not in err
+    (tmp_path / "link.pth").symlink_to(tmp_path / "notes.pth")  # the link goes, its target stays: said so
+    before = (tmp_path / "notes.pth").read_bytes()
+    code, _, err = run(capsys, "convert", str(path), str(tmp_path / "link.pth"), "--to", "timm")
+    assert code == 0 and f"note: {tmp_path / 'link.pth'} was a link to {tmp_path / 'notes.pth'}: the link is " \
+        f"replaced by the file, its target left as it was" in err, err
+    assert not (tmp_path / "link.pth").is_symlink() and (tmp_path / "notes.pth").read_bytes() == before
+    # a suffix in capitals is the layout's as the readers take it (.XML was written, .ONNX and .PTH refused)
+    code, _, err = run(capsys, "convert", str(path), str(tmp_path / "upper.PTH"), "--to", "timm")
+    assert code == 0 and torch.allclose(vitkit.from_pretrained(tmp_path / "upper.PTH")(x), model(x), atol=1e-6), err
+    for fmt in ("hf", "vitkit"):  # a folder under a file's name: refused in Python as on the command line
+        with pytest.raises(vitkit.WeightsError, match=r"layout is a folder .*py\.safetensors is a file name"):
+            vitkit.export_weights(model, tmp_path / "py.safetensors", format=fmt)
+    assert not (tmp_path / "py.safetensors").exists()
     # a folder that held a model: its files replaced, said as a file's are (an HF folder's processor config too)
     code, _, err = run(capsys, "convert", str(path), str(tmp_path / "hf"), "--to", "vitkit")
     assert code == 0 and f"note: {tmp_path / 'hf'} held a model before: its config.json, model.safetensors, " \
@@ -240,6 +256,12 @@ def test_predict_says_where_the_model_overflows_and_keeps_json_valid(capsys, tin
     (["info", "{tmp}/nothing-here"], "weights not found: {tmp}/nothing-here"),
     (["convert", "{tmp}/missing", "{tmp}/out.onnx", "--to", "onnx"], "weights not found: {tmp}/missing"),
     (["eval", "--weights", "{tmp}/missing", "--dataset", "fashion-mnist"], "weights not found"),
+    # the parser's own (it printed nothing on stdout): a bad choice, a bad number, an empty value, a flag missing
+    (["convert", "{tmp}/missing", "{tmp}/out.onnx", "--to", "onx"], "argument --to: invalid choice: 'onx'"),
+    (["convert", "{tmp}/missing", "{tmp}/out.onnx", "--to", "onnx", "--opset", "abc"],
+     "argument --opset: invalid int value: 'abc'"),
+    (["convert", "{tmp}/missing", "", "--to", "timm"], "argument DST: an empty value"),
+    (["convert", "{tmp}/missing", "{tmp}/out.onnx"], "the following arguments are required: --to"),
 ])
 def test_with_json_an_error_is_also_a_json_object_on_stdout(argv, said, capsys, tmp_path):
     """With --json an error was plain text on stderr only: a script reading stdout had nothing to parse."""
@@ -247,7 +269,7 @@ def test_with_json_an_error_is_also_a_json_object_on_stdout(argv, said, capsys, 
     code, out, err = run(capsys, *argv, "--json")
     got = json.loads(out)
     assert code == 2 and got["verb"] == argv[0] and got["exit"] == 2 and said.replace("{tmp}", str(tmp_path)) in \
-        got["error"] and err.strip() == f"vitkit {argv[0]}: error: {got['error']}"
+        got["error"] and err.strip().startswith(f"vitkit {argv[0]}: error: {got['error']}")
     code, out, _ = run(capsys, *argv)  # without --json: stdout stays empty
     assert code == 2 and out == ""
 

@@ -184,12 +184,14 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
         assert err.count("\n") == 1 and "Traceback" not in err, err
         for fragment in fragments:
             assert fragment in err, err
+        return err
 
     predict = ["predict", str(tmp_path / "a.png"), "--weights"]
     cut = tmp_path / "cut.xml"  # an interrupted copy: half the graph
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     shutil.copy(good.with_suffix(".bin"), cut.with_suffix(".bin"))
-    one_line([*predict, str(cut)], "not a readable OpenVINO IR")
+    said = one_line([*predict, str(cut)], "not a readable OpenVINO IR (")  # the cause (a tag at an offset), where it
+    assert "at offset" in said and "Exception from" not in said, said  # said where OpenVINO threw ("core.cpp:84:")
     short = tmp_path / "short.xml"  # the weights cut
     shutil.copy(good, short)
     short.with_suffix(".bin").write_bytes(good.with_suffix(".bin").read_bytes()[:1000])

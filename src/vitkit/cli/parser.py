@@ -4,6 +4,7 @@ verb's flags from the module that handles it."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -34,6 +35,9 @@ class _Parser(argparse.ArgumentParser):
             message += meant.replace(" (did you mean", f" ({', '.join(unknown)} is no flag: did you mean", 1) \
                 if meant else self._files_taken()
         message += _eaten_path(message)
+        if "--json" in self._option_string_actions and "--json" in getattr(self, "_given", []):
+            # a script reading stdout has an answer to parse here too, as for every error of the verb's own
+            print(json.dumps({"verb": self.prog.split()[-1], "error": message, "exit": 2}), flush=True)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _meant(self, words: Sequence[str]) -> str:

@@ -66,6 +66,8 @@ def _replaced(dst: Path) -> Optional[str]:
     model): a file, or the model files of a folder (None: nothing)."""
     from ..weights.load import model_files
 
+    if dst.is_symlink() and dst.is_file():  # written as a new file beside its target, as every atomic write is
+        return f"{dst} was a link to {dst.resolve()}: the link is replaced by the file, its target left as it was"
     if dst.is_file():
         return f"{dst} was there before and is replaced"
     held = sorted(p.name for p in model_files(dst)) if dst.is_dir() else []

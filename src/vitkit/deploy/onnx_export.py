@@ -142,7 +142,7 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
     elif params * 4 >= PROTO_LIMIT:
         problems.append(f"{model.config.architecture} has {params:,} parameters: "
                         f"over 2 GB in fp32, past the single-file ONNX limit vitkit writes")
-    if path.suffix != ".onnx":
+    if path.suffix.lower() != ".onnx":
         problems.append(f"the ONNX file's name must end in .onnx, not {path.name!r}")
     if exporter not in EXPORTERS:
         problems.append(f"exporter must be one of {', '.join(EXPORTERS)}, not {exporter!r}")

@@ -194,7 +194,7 @@ class OpenVinoModel(OnnxModel):
         try:
             graph = self._core.read_model(str(self.path))
         except Exception as e:
-            raise OnnxMetadataError(f"{self.path} is not a readable OpenVINO IR ({first_line(e)})") from None
+            raise OnnxMetadataError(f"{self.path} is not a readable OpenVINO IR ({openvino_words(e)})") from None
         self.metadata = _rt_metadata(graph)
         if graph.outputs:
             self.probabilities = _read_as_probabilities(self.path, _last_op(
@@ -221,7 +221,7 @@ class OpenVinoModel(OnnxModel):
         try:
             return self._core.compile_model(graph, "CPU", {**self._options, "PERFORMANCE_HINT": hint})
         except Exception as e:
-            raise OnnxMetadataError(f"OpenVINO cannot compile {self.path}: {first_line(e)}") from None
+            raise OnnxMetadataError(f"OpenVINO cannot compile {self.path}: {openvino_words(e)}") from None
 
     def _run(self, array):
         slices = parts(len(array), self.streams)
@@ -248,6 +248,14 @@ class OpenVinoModel(OnnxModel):
 
     def extra_repr(self) -> str:
         return f"{self.path}, quantization={self.quantization}, precision={self.precision}, streams={self.streams}"
+
+
+def openvino_words(e: BaseException) -> str:
+    """What OpenVINO's C++ error says, in its last line of words: its first lines are where it was thrown
+    ("Exception from src/inference/src/cpp/core.cpp:84:", "Check '...' failed at ..."), no cause."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    words = [line for line in lines if not line.startswith(("Exception from ", "Check '"))]
+    return words[-1] if words else first_line(e)
 
 
 def _check_files(path: Path) -> None:

@@ -51,7 +51,7 @@ def check_destination(src: str, dst: str, to: str) -> None:
     if to == "openvino" and Path(dst).suffix.lower() != ".xml":
         raise ValueError(f"--to openvino writes an IR: DST must end in .xml (its weights go beside it as .bin), "
                          f"not {dst}")
-    if to in FILE_SUFFIXES and Path(dst).suffix not in FILE_SUFFIXES[to]:  # said before the model is read
+    if to in FILE_SUFFIXES and Path(dst).suffix.lower() not in FILE_SUFFIXES[to]:  # said before the model is read
         raise ValueError(f"--to {to} writes a file: DST must end in {' or '.join(FILE_SUFFIXES[to])}, not {dst}")
     check_output(dst, "folder" if folder else "file", "DST")
     if to == "openvino":
@@ -96,6 +96,9 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
         model = model.model
     if format not in EXPORT_FORMATS:
         raise WeightsError(f"unknown export format {format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+    if format in ("vitkit", "hf") and path.suffix.lower() in _FILE_SUFFIXES:  # (the command line refused it)
+        raise WeightsError(f"the {format!r} layout is a folder (config.json, model.safetensors, ...); {path} is a "
+                           f"file name: give a folder")
     if isinstance(model, Pretrainer):
         if format == "vitkit":
             return _replacing(path, model.save_pretrained)
@@ -128,7 +131,7 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
 
 def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
     """The official arrays (vit_jax's or big_vision's), and what reading them back assumes otherwise."""
-    if path.suffix != ".npz":
+    if path.suffix.lower() != ".npz":
         raise WeightsError(f"npz export: the file name must end in .npz, not {path.name!r}")
     arrays = npz_format.from_native(model, "vit_jax" if format == "npz" else "big_vision", scan)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
@@ -242,9 +245,9 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     tensors only: when its architecture cannot be read back off the shapes (heads of a
     non-standard width, a conv backbone), a :class:`ExportWarning` says what to pass when loading."""
     sd = timm_format.from_native(model)
-    if path.suffix == ".safetensors":
+    if path.suffix.lower() == ".safetensors":
         save_safetensors(sd, path, {CONFIG_METADATA_KEY: json.dumps(timm_format.timm_config(model))})
-    elif path.suffix in (".pth", ".pt", ".bin"):
+    elif path.suffix.lower() in (".pth", ".pt", ".bin"):
         with atomic_path(path) as tmp:
             torch.save(sd, tmp)
         lost = timm_format.bare_state_dict_losses(sd, model, preprocessing=True)
@@ -261,6 +264,6 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     if note:  # a timm user would load it under that name strictly, and compute something else
         warnings.warn(f"{path}: {note}" + ("" if note.startswith("timm builds") else
                                            ", which reads this model's config from the file's metadata"
-                                           if path.suffix == ".safetensors" else " with those keywords"),
+                                           if path.suffix.lower() == ".safetensors" else " with those keywords"),
                       ExportWarning, stacklevel=3)
     return path
