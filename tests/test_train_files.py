@@ -408,3 +408,32 @@ def test_test_images_that_are_training_images_are_said(tmp_path, monkeypatch):
     assert any(w.endswith("are one folder: the test score counts the images the run's choices (the checkpoint kept) "
                           "were made on") for w in words), words
     assert any("copies of training images, byte for byte (first:" in w for w in words), words
+
+
+def test_a_recipes_padding_on_a_folder_is_not_saved_and_an_older_runs_resumes(tmp_path, capsys, monkeypatch):
+    """A recipe's crop_pad 2 on a folder was taken silently, saved in config.json, and then refused by the run's own
+    --resume as a choice ("--crop-pad pads in-memory images"): the run the stop message said to resume could never
+    be. The padding (never applied to files) is not saved; a run saved that way resumes."""
+    from vitkit.train import config as train_config
+    from vitkit.train.checkpoint import checkpoint_paths
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    common = ["--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--model-args", json.dumps(TINY),
+              "--img-size", "28", "--batch-size", "8", "--val-size", "4", "--test-size", "8", "--no-progress",
+              "--threads", "1", "--runs-dir", str(tmp_path / "runs"), "--checkpoint-every", "2", "--max-steps", "4"]
+    for verb in (["train", "--recipe", "fmnist-long"], ["pretrain", "--objective", "simmim", "--no-fewshot"]):
+        name = verb[0]
+        assert cli([*verb, *common, "--name", name]) == 0, capsys.readouterr().err
+        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["crop_pad"] == 0
+        with monkeypatch.context() as older:  # as versions before saved it: the recipe's 2
+            older.setattr(train_config, "_pads", lambda dataset: True)
+            assert cli([*verb, *common, "--name", f"{name}-older"]) == 0, capsys.readouterr().err
+        run = tmp_path / "runs" / f"{name}-older"
+        assert json.loads((run / "config.json").read_text())["crop_pad"] == 2
+        assert cli([verb[0], "--resume", str(run)]) == 0, capsys.readouterr().err  # finished: its scores
+        (run / "summary.json").unlink()
+        checkpoint_paths(run)[-1].unlink()  # unfinished: it trains on from its step 2
+        capsys.readouterr()
+        assert cli([verb[0], "--resume", str(run)]) == 0, capsys.readouterr().err
+    assert cli(["train", *common, "--crop-pad", "2", "--name", "padded"]) == 2  # asked for: refused, as before
+    assert "--crop-pad pads in-memory images" in capsys.readouterr().err

@@ -510,6 +510,9 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
+    if values.get("crop_pad") and "crop_pad" not in chosen and not _pads(values.get("dataset", TrainConfig.dataset)):
+        values["crop_pad"] = 0  # the recipe's padding of in-memory images: saved, never applied, and then refused
+        # as a choice by the run's own resume
     refuse_ignored(values, changing, typed=given)
     refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
@@ -523,6 +526,17 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg
+
+
+def _pads(dataset: Any) -> bool:
+    """Whether ``dataset``'s images are padded and cropped (in memory), not cut by RandomResizedCrop (files); an
+    unknown name is the config's check's to say."""
+    from ..data.datasets import canonical, is_in_memory
+
+    try:
+        return is_in_memory(canonical(dataset))
+    except (ValueError, TypeError, AttributeError):
+        return True
 
 
 def _check_objective_of_recipe(recipe: str, objective: Any) -> None:

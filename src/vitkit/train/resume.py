@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..machine import usable_cores
 from .config import OBJECTIVE_OPTIONS, OFF, RENAMED, TrainConfig, deep_merge, field_kinds
+from .recipes import RECIPES
 
 #: Fields that describe the machine a run executes on or how its end is scored, not what it
 #: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
@@ -148,11 +149,18 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
     if values is None:
         return None, overrides  # not a run folder: resuming says so
     recipe = values.pop("recipe", None)
-    kinds, defaults = field_kinds(), TrainConfig()
-    merged = {k: v for k, v in values.items()  # as choices, where saved (the machine's fields: this one's)
-              if k in kinds and k not in RUNTIME_FIELDS and v != getattr(defaults, k)}
+    kinds, defaults, own = field_kinds(), TrainConfig(), RECIPES.get(recipe, {})
+    # as choices, where saved (the machine's fields: this one's), unless the run's recipe set them (a folder run's
+    # recipe padding, saved as 2 by older versions, was refused as a choice its own resume made)
+    merged = {k: v for k, v in values.items() if k in kinds and k not in RUNTIME_FIELDS
+              and v != getattr(defaults, k) and not (k in own and _same(v, own[k]))}
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
+
+
+def _same(saved: Any, recipes: Any) -> bool:
+    """A saved JSON value and the recipe's, alike (a JSON list is a recipe's tuple)."""
+    return json.dumps(saved, sort_keys=True, default=str) == json.dumps(recipes, sort_keys=True, default=str)
 
 
 __all__ = ["RUNTIME_FIELDS", "RUNTIME_FLAGS", "check_resume", "resume_conflicts", "resumed_config", "saved_field",
