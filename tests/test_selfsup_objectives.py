@@ -237,11 +237,22 @@ def test_mae_ratio_that_leaves_nothing_visible_is_refused():
     ("convit_tiny", "ConViT's gated positional attention"),
     ("deit_tiny_distilled_patch16_224", "distillation token"),
     ("resnetv2_50_nopreact", "CNN without patch tokens"),
+    # an EVA config is a ViTConfig too: it was built as a plain ViT (no rotary positions) and saved as EVA
+    ("eva02_tiny_patch14_224", "not 'eva': .*without EVA's rotary positions"),
+    ("vit_small_patch16_rope_224", "not 'eva': .*without EVA's rotary positions"),
 ])
 @pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
 def test_architectures_that_cannot_apply_are_refused_by_name(objective, name, reason):
     with pytest.raises(ValueError, match=reason):
         create_pretrainer(objective, name)
+
+
+@pytest.mark.parametrize("pos_embed", ["relative", "relative_mlp"])
+def test_mae_refuses_a_relative_bias_of_either_kind(pos_embed):
+    """relative_mlp's bias was not refused as relative's is: an internal "size of tensor a (12) must match the size
+    of tensor b (49)" at the first step, after the run's folder was made."""
+    with pytest.raises(ValueError, match="relative position bias over the whole grid cannot follow"):
+        MAE(tiny(pos_embed=pos_embed), **SMALL_MAE)
 
 
 def test_a_classifier_is_not_an_encoder_and_bad_masks_are_named():

@@ -95,18 +95,22 @@ class PretrainConfig(ConfigMixin):
 def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
     """The ViT config an objective pre-trains: headless (no classes, no pre-logits layer), or a
     ValueError naming why the architecture cannot be pre-trained this way."""
-    if not isinstance(config, ViTConfig):
+    if type(config) is not ViTConfig:  # (an EVA config is a ViTConfig too: built as a plain ViT, saved as EVA)
         arch = getattr(config, "architecture", type(config).__name__)
         why = {"cait": "CaiT's class-attention stage reads only the class token",
                "convit": "ConViT's gated positional attention works over the full patch grid",
-               "resnetv2": "a ResNetV2 is a CNN without patch tokens"}.get(arch, "it is no ViT")
+               "resnetv2": "a ResNetV2 is a CNN without patch tokens",
+               "eva": "the pre-training encoder is built as a plain ViT, without EVA's rotary positions, SwiGLU "
+                      "and attention (EVA-02, DINOv3 and timm's rope ViTs are EVA models here)",
+               "coca": "the pre-training encoder is built as a plain ViT, without CoCa's attention-pool "
+                       "heads"}.get(arch, "it is no ViT")
         raise ValueError(f"{objective} pre-trains a plain ViT, not {arch!r}: {why}; pre-train a ViT "
                          f"(e.g. --model vit_fmnist) and fine-tune it")
     if config.backbone is not None:
         raise ValueError(f"{objective} cannot pre-train a hybrid ({config.name or 'a CNN before the patches'}): its "
                          f"CNN sees the whole image before patches are masked, so masked pixels leak into visible "
                          f"tokens through its receptive fields; use a plain ViT (e.g. --model vit_fmnist)")
-    if objective == "mae" and config.pos_embed == "relative":
+    if objective == "mae" and config.pos_embed in ("relative", "relative_mlp"):
         raise ValueError("mae encodes the visible patches alone, a different set in every image, which a relative "
                          "position bias over the whole grid cannot follow; pre-train it with simmim or mpp, or give "
                          "the encoder absolute positions (--model-args '{\"pos_embed\": \"sincos2d\"}')")
