@@ -437,3 +437,31 @@ def test_a_recipes_padding_on_a_folder_is_not_saved_and_an_older_runs_resumes(tm
         assert cli([verb[0], "--resume", str(run)]) == 0, capsys.readouterr().err
     assert cli(["train", *common, "--crop-pad", "2", "--name", "padded"]) == 2  # asked for: refused, as before
     assert "--crop-pad pads in-memory images" in capsys.readouterr().err
+
+
+def test_a_finished_run_whose_summary_or_model_is_damaged_is_scored_again_and_a_moved_one_says_where_it_is(
+        tmp_path, capsys):
+    """A damaged summary.json ended --resume in "Invalid control character at: line 1 column 12", naming no file; a
+    finished run without its model/ was "finished: nothing to resume" to --resume and "stopped before it finished
+    (--resume finishes it)" to --init, each verb sending the user to the other. Both are scored again from the last
+    checkpoint, said in a note. A run moved since it finished said its old folder (from its summary.json)."""
+    import shutil
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    runs = tmp_path / "runs"
+    assert cli(["train", "--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--model-args", json.dumps(TINY),
+                "--img-size", "28", "--batch-size", "8", "--val-size", "4", "--test-size", "8", "--no-progress",
+                "--threads", "1", "--runs-dir", str(runs), "--max-steps", "2", "--name", "r", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)["test_top1"]
+    (runs / "r" / "summary.json").write_text('{"trunc')
+    assert cli(["train", "--resume", str(runs / "r"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f"note: {runs / 'r'}: its summary.json cannot be read (JSONDecodeError: " in err, err
+    assert json.loads((runs / "r" / "summary.json").read_text())["test_top1"] == scores == json.loads(out)["test_top1"]
+    shutil.rmtree(runs / "r" / "model")
+    assert cli(["train", "--resume", str(runs / "r")]) == 0
+    assert f"note: {runs / 'r'}: its model/ is gone: the run is scored again" in capsys.readouterr().err
+    assert (runs / "r" / "model" / "model.safetensors").is_file()
+    (runs / "r").rename(runs / "moved")
+    assert cli(["train", "--resume", str(runs / "moved"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_dir"] == str((runs / "moved").resolve())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict
 
@@ -72,8 +73,22 @@ def is_finished(run_dir: Path) -> bool:
     summary, checkpoints = run_dir / "summary.json", checkpoint_paths(run_dir)
     if not summary.is_file() or not checkpoints:
         return False
-    steps = json.loads(summary.read_text()).get("steps")
+    try:
+        steps = json.loads(summary.read_text()).get("steps")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:  # (said without a file: "Invalid
+        # control character at: line 1 column 12")
+        return _scored_again(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
+    if not (run_dir / "model" / "config.json").is_file():  # (each verb sent the user to the other)
+        return _scored_again(run_dir, "its model/ is gone")
     return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
+
+
+def _scored_again(run_dir: Path, why: str) -> bool:
+    """A finished run whose summary or model is damaged or gone: resumed from its last checkpoint, whose step is
+    the last, so only the scores are made again (and the model saved, the summary written). Said; not finished."""
+    warnings.warn(f"{run_dir}: {why}: the run is scored again from its last checkpoint, which writes them anew",
+                  stacklevel=3)
+    return False
 
 
 def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, Any]:
@@ -83,6 +98,7 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     named its views (``test_tta``) gets the run's saved ones, so its TTA score is never labelled
     with the views asked for now."""
     summary = json.loads((run_dir / "summary.json").read_text())
+    summary["run_dir"] = str(run_dir.resolve())  # where it is now (a run moved since: not where it was written)
     then = (f"to train longer, start a new run with --init {run_dir}" if saved_field(str(run_dir), "objective")
             in (None, "classify") else f"vitkit train --init {run_dir} fine-tunes its encoder on labels")
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
