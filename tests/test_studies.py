@@ -220,6 +220,51 @@ def test_a_damaged_or_edited_run_record_in_a_study_folder_is_one_line_naming_its
     assert fewshot_scores(run, options) == {"fewshot_5": 0.5, "fewshot_25": 0.75}
 
 
+@real
+@pytest.mark.slow
+def test_the_self_supervision_study_reuses_a_pre_training_and_its_scores_only_as_asked(tmp_path, tiny, capsys):
+    """A --smoke pre-training (0.2 epochs) was reused by the full study and reported as a full result; an edited
+    fewshot-encoder.json (5.0, "500%") went into the table, one of Fashion-MNIST stood in for a --dataset folder's;
+    and --steps left the pre-training at its recipe's epochs. The run is checked against its own config.json,
+    the scores against the settings they were made with (scored again where another)."""
+    from vitkit.studies.selfsup import REUSED_BY, encoder_fewshot, pretrain_run
+
+    args = ["study", "self-supervision", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--threads",
+            "1"]
+    assert cli([*args, "--smoke"]) == 0
+    cached = tmp_path / "w" / "pretrain-mae" / "fewshot-encoder.json"
+    held = json.loads(cached.read_text())
+    assert held["settings"]["dataset"] == "fashion-mnist" and set(held["scores"]) == {"1", "5", "10", "25"}
+    cached.write_text(json.dumps({**held, "scores": {**held["scores"], "5": 5.0}}))  # edited: scored again
+    capsys.readouterr()
+    assert cli([*args, "--smoke"]) == 0
+    assert json.loads(cached.read_text()) == held
+    assert cli([*args, "--seeds", "0"]) == 2  # the full study: another pre-training
+    assert re.search(r"pretrain-mae was pre-trained with other settings \(epochs: 0\.2 then, 15\.0 now\)",
+                     capsys.readouterr().err)
+    options = Options(seeds=(0,), smoke=True, dataset="folder", data_dir=str(tmp_path))
+    assert encoder_fewshot(tmp_path / "w" / "pretrain-mae", options) == {}  # as the runs' rows for image files
+    with pytest.raises(ValueError, match=r"dataset: 'fashion-mnist' then, 'folder' now"):
+        pretrain_run("mae", tmp_path / "w", 1, 0.2, {"dataset": "folder", "data_dir": str(tmp_path)})
+    assert set(REUSED_BY) >= {"epochs", "max_steps", "dataset", "data_dir"}
+
+
+def test_a_study_on_image_files_leaves_its_arms_padding_out(tmp_path, monkeypatch):
+    """The self-supervision arms' crop_pad 2 (in-memory images' padding) was written into the runs' configs for a
+    --dataset folder, which refused it as the run's choice, after the study had pre-trained for half an hour."""
+    from vitkit.studies import base
+
+    monkeypatch.setattr(base, "run_training", lambda *a, **k: {})
+    study = get_study("self-supervision")
+    for dataset, padded in (("folder", False), ("fashion-mnist", True)):
+        options = Options(seeds=(0,), smoke=True, dataset=dataset, data_dir=str(tmp_path))
+        arm = study.arms(options)[0]
+        assert arm.train["crop_pad"] == 2
+        train_run(arm, 0, options, study, tmp_path / dataset)
+        written = json.loads((tmp_path / dataset / "configs" / f"{base.run_name(arm, 0)}.json").read_text())
+        assert ("crop_pad" in written) == padded
+
+
 def test_attention_distance_growth_needs_more_than_noise():
     """Two training steps moved the mean distance 14.2 -> 14.2 px (uniform 14.4) and the study said "attention
     distance grows with depth: reproduced"; a change within 5% of the uniform distance is none now."""
@@ -369,11 +414,11 @@ def test_paper_md_is_what_the_results_give():
 def test_a_shortened_arm_warms_up_for_a_tenth_of_it():
     """--smoke's 20 steps and a short --steps kept the arms' 200-step warm-up: the learning rate never reached its
     peak. A warm-up in epochs (DeiT's) is the recipe's own measure and stays."""
-    from vitkit.studies.base import _shorten_warmup
+    from vitkit.studies.base import shorten_warmup
 
     cases = (({"max_steps": 20}, "fmnist", 2), ({"max_steps": 20, "warmup_steps": 30}, "fmnist", 2),
              ({"max_steps": 1000, "warmup_steps": 30}, "fmnist", 30), ({"max_steps": 5}, "fmnist", 1),
              ({"max_steps": 20}, "deit", None))
     for config, recipe, want in cases:
-        _shorten_warmup(config, recipe)
+        shorten_warmup(config, recipe)
         assert config.get("warmup_steps") == want, (config, recipe)

@@ -239,7 +239,7 @@ SUMMARY_FIELDS = ("run_dir", "model", "params", "steps", "train_images", "precis
 _NOT_DECIDING = ("threads", "runs_dir", "tensorboard", "name")
 
 
-def _read_json(path: Path, what: str) -> Dict[str, Any]:
+def read_study_json(path: Path, what: str) -> Dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -255,7 +255,7 @@ def _check_reuse(run: Path, asked: Dict[str, Any], saved: Path) -> None:
     same settings: another --dataset, --steps or --smoke is another experiment."""
     if not saved.is_file():
         return
-    before = _read_json(saved, "the settings the study gave this run")
+    before = read_study_json(saved, "the settings the study gave this run")
     keys = sorted((set(before) | set(asked)) - set(_NOT_DECIDING))
     changed = [k for k in keys if before.get(k) != asked.get(k)]
     if changed:
@@ -264,7 +264,7 @@ def _check_reuse(run: Path, asked: Dict[str, Any], saved: Path) -> None:
                          f"folder, or remove that one to train it again")
 
 
-def _shorten_warmup(config: Dict[str, Any], recipe: str) -> None:
+def shorten_warmup(config: Dict[str, Any], recipe: str) -> None:
     """A run cut to --steps or --smoke's 20 warms up for a tenth of it, as training fits a run to small data: the
     arm's warm-up (200 steps) outlasted it, and the learning rate never reached its peak."""
     from ..train.config import TrainConfig
@@ -287,6 +287,10 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         config.update(max_steps=options.steps, val_every=options.steps, checkpoint_every=options.steps)
     if options.dataset:
         config["dataset"] = options.dataset
+        from ..data.datasets import canonical, is_in_memory
+
+        if not is_in_memory(canonical(options.dataset)):  # an arm's padding is of in-memory images: for image
+            config.pop("crop_pad", None)  # files it was refused as the run's choice, after the study's pre-training
     if options.data_dir:
         config["data_dir"] = options.data_dir
     if options.threads:
@@ -295,14 +299,14 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
     # for the machine's precision); a config file cannot choose a recipe, a flag can
     recipe = config.pop("recipe", "fmnist")
     if options.smoke or options.steps:
-        _shorten_warmup(config, recipe)
+        shorten_warmup(config, recipe)
     configs = work / "configs"
     finished = (run / "summary.json").is_file()
     started = finished or ((run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
     if started:
         _check_reuse(run, config, configs / f"{name}.json")
     if finished:
-        summary = _read_json(run / "summary.json", "the summary of a finished run")
+        summary = read_study_json(run / "summary.json", "the summary of a finished run")
         lacking = [k for k in SUMMARY_FIELDS if not isinstance(summary.get(k), (int, float, str))]
         if lacking:  # an edited or foreign summary: read on, it ended in a TypeError of the study's arithmetic
             raise ValueError(f"{run / 'summary.json'} (the summary of a finished run) has no {', '.join(lacking)}: "
@@ -339,7 +343,7 @@ def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
         return {}
     cached = run / "fewshot.json"
     if cached.is_file():
-        scores = _read_json(cached, "the run's cached few-shot scores")
+        scores = read_study_json(cached, "the run's cached few-shot scores")
         wanted = {f"fewshot_{k}" for k in FEWSHOT_SHOTS}
         if set(scores) == wanted and all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in scores.values()):
             return scores

@@ -27,7 +27,6 @@ Result: see docs/paper.md.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -44,7 +43,10 @@ from .base import (
     differ,
     discard_unstarted,
     fewshot_of,
+    fewshot_pool,
+    read_study_json,
     run_training,
+    shorten_warmup,
     spread,
     too_few_seeds,
     verdict,
@@ -68,18 +70,51 @@ GOALS = {0.01: 0.05, 0.1: 0.02}
 
 
 def pretrain_run(objective: str, work: Path, threads: Optional[int] = None, epochs: Optional[float] = None,
-                 data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                 data: Optional[Dict[str, Any]] = None, steps: Optional[int] = None) -> Dict[str, Any]:
     """The summary of ``vitkit pretrain --objective OBJECTIVE`` in ``work/pretrain-OBJECTIVE`` (on
-    ``data``'s dataset fields): reused when finished, resumed from its last checkpoint when interrupted."""
-    run = work / f"pretrain-{objective}"
-    if (run / "summary.json").is_file():
-        return json.loads((run / "summary.json").read_text())
-    if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")):
+    ``data``'s dataset fields; ``steps``: optimiser steps instead of the recipe's epochs): reused when
+    finished, resumed from its last checkpoint when interrupted, each only where it was made as asked now."""
+    run, recipe = work / f"pretrain-{objective}", f"{objective}-fmnist"
+    fields = {**({"epochs": epochs} if epochs else {}), **(data or {})}
+    if steps:
+        fields["max_steps"] = steps
+        shorten_warmup(fields, recipe)
+    finished = (run / "summary.json").is_file()
+    started = finished or ((run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
+    if started:
+        _check_pretraining_reuse(run, recipe, fields)
+    if finished:
+        return read_study_json(run / "summary.json", "the summary of a finished pre-training run")
+    if started:
         return run_training(f"resuming {run.name}", resume=str(run), threads=threads)
     discard_unstarted(run)
     work.mkdir(parents=True, exist_ok=True)
-    return run_training(f"pre-training {objective}", f"{objective}-fmnist", threads=threads, objective=objective,
-                        runs_dir=str(work), name=run.name, **({"epochs": epochs} if epochs else {}), **(data or {}))
+    return run_training(f"pre-training {objective}", recipe, threads=threads, objective=objective,
+                        runs_dir=str(work), name=run.name, **fields)
+
+
+#: the fields a pre-training run of the study is reused by: another value is another experiment
+REUSED_BY = ("epochs", "max_steps", "dataset", "data_dir")
+
+
+def _check_pretraining_reuse(run: Path, recipe: str, fields: Dict[str, Any]) -> None:
+    """A pre-training run of an earlier invocation (a --smoke one, on another --dataset, cut to other --steps)
+    was reused whatever made it: its encoder then stood in the table as this study's. Compared with the run's own
+    config.json (so runs of versions before are checked too), against the config asked now would make."""
+    import warnings
+
+    from ..train import resolve_config
+
+    saved = read_study_json(run / "config.json", "the pre-training run's settings")
+    with warnings.catch_warnings():  # (its notes are the run's to say, when it runs)
+        warnings.simplefilter("ignore")
+        asked = resolve_config(recipe, None, objective=recipe.split("-")[0], progress=False, **fields)
+    same = {"data_dir": lambda a, b: a == b or bool(a and b and Path(a).resolve() == Path(b).resolve())}
+    changed = [k for k in REUSED_BY if not same.get(k, lambda a, b: a == b)(saved.get(k), getattr(asked, k))]
+    if changed:
+        said = "; ".join(f"{k}: {saved.get(k)!r} then, {getattr(asked, k)!r} now" for k in changed)
+        raise ValueError(f"{run} was pre-trained with other settings ({said}): give the study another --work "
+                         f"folder, or remove that one to pre-train it again")
 
 
 def random_encoder(work: Path) -> Path:
@@ -97,12 +132,24 @@ def random_encoder(work: Path) -> Path:
 
 
 def encoder_fewshot(weights: Path, options: Options) -> Dict[str, float]:
-    """{shots: accuracy} of a frozen encoder, cached beside it as ``fewshot-encoder.json``."""
+    """{shots: accuracy} of a frozen encoder, cached beside it as ``fewshot-encoder.json`` with the settings it
+    was scored with (another --dataset or --smoke's pool scores it again: the cache of another was read as this
+    one's, and any numbers in it were put in the table)."""
+    from ..data.datasets import FILE_DATASETS, canonical
+
+    if options.dataset and canonical(options.dataset) in FILE_DATASETS:  # as the runs' few-shot rows (fewshot_scores)
+        return {}
     cached = (weights if weights.is_dir() else weights.parent) / "fewshot-encoder.json"
+    settings = {"dataset": options.dataset or "fashion-mnist", "data_dir": options.data_dir,
+                "pool": fewshot_pool(options), "shots": list(SHOTS), "seeds": 3}
     if cached.is_file():
-        return json.loads(cached.read_text())
+        held = read_study_json(cached, "the few-shot scores of a frozen encoder")
+        scores = held.get("scores")
+        if held.get("settings") == settings and isinstance(scores, dict) and sorted(scores) == sorted(map(str, SHOTS)) \
+                and all(isinstance(v, float) and 0 <= v <= 1 for v in scores.values()):
+            return scores
     scores = {str(k): r.mean for k, r in fewshot_of(weights, SHOTS, 3, options).items()}
-    write_json(cached, scores)
+    write_json(cached, {"settings": settings, "scores": scores})
     return scores
 
 
@@ -146,7 +193,7 @@ class SelfSupervision(Study):
         for objective in self._objectives(options):
             say(f"pre-training {objective} (or reusing {work / f'pretrain-{objective}'}) ...")
             s = pretrain_run(objective, work, options.threads, SMOKE_PRETRAIN_EPOCHS if options.smoke else None,
-                             data_fields(options))
+                             data_fields(options), options.steps)
             pretrained[objective] = {k: s.get(k) for k in ("test_loss", "seconds", "train_img_s", "epochs", "steps")}
             fewshot[objective] = encoder_fewshot(work / f"pretrain-{objective}", options)
         fewshot["random-init"] = encoder_fewshot(random_encoder(work), options)
