@@ -226,6 +226,14 @@ def test_mask_block_that_does_not_tile_is_refused():
     assert SimMIM("vit_fmnist", mask_block=4).config.mask_block == 4
 
 
+@pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
+def test_a_grid_of_one_patch_is_refused(objective):
+    """MPP masked none of a one-patch grid (count_for's at least 1 and at most n - 1): a loss of exactly 0 and
+    exit 0 for a run that learnt nothing."""
+    with pytest.raises(ValueError, match=r"1x1 grid of patches leaves none to mask"):
+        create_pretrainer(objective, tiny(img_size=8, patch_size=8))
+
+
 def test_mae_ratio_that_leaves_nothing_visible_is_refused():
     with pytest.raises(ValueError, match="leaves no visible patch"):
         MAE(tiny(img_size=8), **SMALL_MAE, mask_ratio=0.9)

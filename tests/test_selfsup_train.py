@@ -133,8 +133,15 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, capsys):
     (["--objective", "simmim", "--model", "convit_tiny", "--img-size", "32"], "ConViT's gated positional attention"),
     (["--objective", "mae", "--decoder-heads", "5"], "decoder_dim 64 is not divisible by decoder_heads 5"),
     ([], "--objective is required"),
+    (["--objective", "mae", "--model", "eva02_tiny_patch14_224"], "not 'eva'"),
+    # a config file of classification beside a pre-training flag: it blamed the flag ("mask_ratio only applies to
+    # pre-training")
+    (["--config", "{tmp}/classify.yaml", "--mask-ratio", "0.5"], "classify.yaml says objective: classify, which "
+                                                                  "vitkit train runs"),
 ])
 def test_bad_pretraining_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+    (tmp_path / "classify.yaml").write_text("objective: classify\n")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = cli("pretrain", *args, "--max-steps", "2", "--threads", "1", "--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr

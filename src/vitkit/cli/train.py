@@ -106,6 +106,12 @@ def _img_s(summary: dict) -> str:
 def cmd_pretrain(args: argparse.Namespace) -> int:
     if not args.objective and not args.resume and not args.config and not args.recipe:
         raise ValueError("--objective is required: simmim, mpp or mae (see vitkit pretrain --help)")
+    if args.config and not args.objective and not args.resume:  # said before the pre-training flags beside it are
+        from ..train.config_files import load_config_file  # refused as "only applies to pre-training"
+
+        if load_config_file(args.config).get("objective") == "classify":
+            raise ValueError(f"{args.config} says objective: classify, which vitkit train runs: vitkit pretrain "
+                             f"needs simmim, mpp or mae (--objective, or objective: in the config file)")
     cfg = train_config(args, args.objective)
     if cfg.objective == "classify" and not args.resume:  # a config file without an objective
         raise ValueError("--objective is required: simmim, mpp or mae (or objective: in the config file)")

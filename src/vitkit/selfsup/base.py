@@ -152,6 +152,9 @@ class Pretrainer(nn.Module):
         self.grid: IntPair = tuple(self.encoder.patch_embed.grid_size)
         self.patch_size: IntPair = tuple(self.encoder.config.patch_size)
         self.num_patches = self.grid[0] * self.grid[1]
+        if self.num_patches < 2:  # (MPP masked none of one: a loss of exactly 0, nothing learnt, exit 0)
+            raise ValueError(f"invalid {self.objective} config: its {self.grid[0]}x{self.grid[1]} grid of patches "
+                             f"leaves none to mask beside one to see; use smaller patches (patch_size)")
 
     # ------------------------------------------------------------------ pixels and patches
 
