@@ -273,4 +273,14 @@ def test_a_classifier_is_not_an_encoder_and_bad_masks_are_named():
         model(torch.randn(2, 3, 32, 32), mask=torch.zeros(2, 64))
     with pytest.raises(ValueError, match="noise must have shape"):
         MAE(tiny(), **SMALL_MAE)(torch.randn(2, 3, 32, 32), noise=torch.rand(3, 64))
+    # accepted: an all-False mask scored a loss of exactly 0, integer or NaN noise was sorted as given, and
+    # norm_pix_loss="no" was kept and read as true
+    with pytest.raises(ValueError, match="mask must mask at least one patch of each image; image 1 has none"):
+        model(torch.randn(2, 3, 32, 32), mask=torch.zeros(2, 64, dtype=torch.bool).index_fill_(1, torch.tensor(
+            [3]), True).index_fill_(0, torch.tensor([1]), False))
+    for noise in (torch.randint(0, 9, (2, 64)), torch.full((2, 64), float("nan"))):
+        with pytest.raises(ValueError, match="noise must be finite floating-point values"):
+            MAE(tiny(), **SMALL_MAE)(torch.randn(2, 3, 32, 32), noise=noise)
+    with pytest.raises(ValueError, match="norm_pix_loss must be true or false, got 'no'"):
+        MAE(tiny(), **SMALL_MAE, norm_pix_loss="no")
     assert encoder_of(model) is model.encoder

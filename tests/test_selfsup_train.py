@@ -77,6 +77,9 @@ def test_fine_tuning_fewshot_and_inspect_read_a_pretraining_run(pretrained, tmp_
                       "--warmup-steps", "5", "--val-size", "200", "--test-size", "500", "--no-progress",
                       "--no-tensorboard", "--runs-dir", str(tmp_path), "--json")
     assert done.returncode == 0, done.stderr[-3000:]
+    # what of the pre-training model is not taken is said beside what was (it said only "head: new")
+    assert f"initialised from {run} (vitkit); head: new; its mae pre-training's decoder_blocks, decoder_embed, " \
+           f"decoder_norm, decoder_pos_embed, decoder_pred, mask_token left out" in done.stderr, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["model"] == "vit_fmnist" and summary["init"] == str(run)  # named after what was trained
     assert os.path.basename(summary["run_dir"]).startswith("vit_fmnist-")
@@ -160,4 +163,9 @@ def test_a_fine_tuning_source_whose_encoder_does_not_fit(pretrained, tmp_path):
                "--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--model-args mlp_dim=128 (the weights': 192) contradicts the --init weights" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+    done = cli("train", "--init", str(run), "--init-head", "keep", "--max-steps", "2", "--threads", "1",
+               "--runs-dir", str(tmp_path / "runs"))  # it said "the weights have 0 (classes), the data 10"
+    assert done.returncode == 2 and f"keeps a classifier: {run} has none (a headless encoder)" in done.stderr, \
+        done.stderr
     assert not (tmp_path / "runs").exists()

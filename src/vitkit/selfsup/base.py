@@ -192,6 +192,12 @@ class Pretrainer(nn.Module):
                              f"{self.grid[0]}x{self.grid[1]} grid, got {tuple(value.shape)}")
         if dtype is not None and value.dtype != dtype:
             raise ValueError(f"{name} must be a {str(dtype).replace('torch.', '')} tensor, got {value.dtype}")
+        if dtype is None and not (value.is_floating_point() and torch.isfinite(value).all()):  # MAE's noise sorts
+            raise ValueError(f"{name} must be finite floating-point values (they are sorted), got {value.dtype}"
+                             f"{'' if not value.is_floating_point() else ' with NaN or inf'}")
+        if name == "mask" and not value.any(dim=1).all():  # (a loss of exactly 0: nothing to predict)
+            raise ValueError(f"mask must mask at least one patch of each image; image "
+                             f"{int((~value.any(dim=1)).nonzero()[0])} has none")
 
     # ------------------------------------------------------------------ the objective's API
 

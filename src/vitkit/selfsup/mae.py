@@ -55,6 +55,8 @@ class MAEConfig(PretrainConfig):
                for name in ("decoder_dim", "decoder_depth", "decoder_heads", "decoder_mlp_dim")
                if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool)
                or getattr(self, name) <= 0]
+        if not isinstance(self.norm_pix_loss, bool):  # ("no" was kept, and read as true)
+            out.append(f"norm_pix_loss must be true or false, got {self.norm_pix_loss!r}")
         if not out and self.decoder_dim % self.decoder_heads:
             out.append(f"decoder_dim {self.decoder_dim} is not divisible by decoder_heads {self.decoder_heads}")
         if not out and self.decoder_dim % 4:

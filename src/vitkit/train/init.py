@@ -59,8 +59,9 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     if head == "new":
         overrides.setdefault("representation_size", None)
         overrides["head_kind"] = "classes"
-    elif stored.head_kind != "classes":
-        raise WeightsError(f"init_head='keep' keeps a classifier: {source} has {no_classes(stored)}; use "
+    elif stored.head_kind != "classes" or not stored.num_classes:  # (a pre-trained encoder: "the weights have 0")
+        raise WeightsError(f"init_head='keep' keeps a classifier: {source} has "
+                           f"{no_classes(stored) if stored.num_classes else 'none (a headless encoder)'}; use "
                            f"--init-head new")
     elif stored.num_classes != data_args["num_classes"]:
         raise WeightsError(f"init_head='keep' needs the same classes: the weights have "
@@ -79,9 +80,20 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
                            interpolation=None if interpolation == "auto" else interpolation)
     if head == "new":
         model.reset_classifier(config.num_classes)
-    log(f"initialised from {source} ({report.format}); head: {head}"
+    log(f"initialised from {source} ({report.format}); head: {head}" + _objective_left_out(src)
         + "".join(f"; {r}" for r in report.resampled))
     return model
+
+
+def _objective_left_out(src) -> str:
+    """What of a pre-training model the fine-tuning does not take (its decoder, mask token, prediction head), said
+    beside the line that says what it did take."""
+    if not src.pretraining:
+        return ""
+    from ..weights import selfsup_format
+
+    parts = sorted({key.split(".")[0] for key in selfsup_format.split(src.pretraining, src.format, src.tensors)[1]})
+    return f"; its {src.pretraining} pre-training's {', '.join(parts)} left out" if parts else ""
 
 
 def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str) -> None:
