@@ -1,6 +1,7 @@
 """The paper's analyses, checked by properties with known answers (not snapshots)."""
 
 import itertools
+import re
 import math
 from types import SimpleNamespace
 
@@ -259,3 +260,55 @@ def test_prefix_attention_splits_the_patches_attention_between_class_and_registe
     assert torch.allclose(shares["class"][0], maps[0][:, :, 5:, 0].mean(), atol=1e-6)
     plain = vitkit.create_model("vit_fmnist", depth=1)
     assert prefix_attention(plain, torch.randn(1, 1, 28, 28))["registers"].tolist() == [0.0]
+
+
+def test_a_flat_map_is_drawn_flat_and_a_cropped_margin_unread(tmp_path):
+    """A uniform rollout (every patch 1/16, a spread of 6e-7 from rounding) was min-max stretched into a full
+    black-to-white gradient, and the 'input x rollout' panel dimmed half the image; a crop_remainder model's map
+    was stretched over the margin no patch reads."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.inspect import figures
+
+    flat = torch.full((4, 4), 1 / 16) + torch.randn(4, 4) * 1e-9
+    assert figures.is_flat(flat) and not figures.is_flat(torch.arange(16.0).reshape(4, 4))
+    image = np.full((40, 40, 3), 200, np.uint8)
+    figures.rollout_overlay(image, flat, tmp_path / "flat.png")
+    drawn = np.asarray(Image.open(tmp_path / "flat.png").convert("L"), np.float32)
+    third = drawn.shape[1] // 3  # the middle panel, the map: one colour, no gradient
+    middle = drawn[drawn.shape[0] // 4: 3 * drawn.shape[0] // 4, third + third // 4: 2 * third - third // 4]
+    assert middle.std() < 2, middle.std()
+    config = SimpleNamespace(crop_remainder=True, patch_size=(16, 16))
+    assert figures.covered_pixels(config, (2, 2)) == (32, 32)
+    assert figures.covered_pixels(SimpleNamespace(crop_remainder=False, patch_size=(16, 16)), (2, 2)) is None
+    ramp = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    figures.rollout_overlay(image, ramp, tmp_path / "cropped.png", covered=(32, 32))
+    assert (tmp_path / "cropped.png").stat().st_size > 1000
+
+
+def test_bad_inputs_to_the_analyses_are_one_value_error_each():
+    """No images gave 0 px of attention distance, NaN shares and torch's reshape error; a NaN fence found no
+    outlier ever, a string fence or discard ratio ended in a TypeError."""
+    from vitkit.inspect import prefix_attention, token_norms
+
+    model = tiny()
+    none = torch.randn(0, 3, 32, 32)
+    for analysis in (mean_attention_distance, prefix_attention, token_norms, attention_rollout):
+        with pytest.raises(ValueError, match=r"tensor of one image or more, got \(0, 3, 32, 32\)"):
+            analysis(model, none)
+    x = torch.randn(2, 3, 32, 32)
+    for fence in (float("nan"), "3", float("inf")):
+        with pytest.raises(ValueError, match="fence must be a finite number"):
+            token_norms(model, x, fence=fence)
+    with pytest.raises(ValueError, match="discard_ratio must be in"):
+        attention_rollout(model, x, discard_ratio="0.5")
+
+
+def test_a_model_without_a_table_says_how_it_knows_positions():
+    """A RoPE model was said to have pos_embed='none', as if it knew nothing of where its patches are."""
+    for model, said in ((vitkit.create_model("vit_small_patch16_rope_224", depth=1, img_size=32), "rotary"),
+                        (tiny(pos_embed="relative"), "relative biases (relative)"),
+                        (tiny(pos_embed="none"), "no position embedding (pos_embed='none')")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            pos_embed_similarity(model)

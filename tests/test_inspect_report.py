@@ -152,3 +152,29 @@ def test_inspect_runs_on_cait(tmp_path):
     # talking heads' maps are no distributions: no map figures, and the report says why
     assert set(result.figures) == {"position_embedding_similarity", "filter_pca", "token_norms"}
     assert any("talking-heads attention (CaiT's)" in note for note in result.notes)
+
+
+def test_a_rope_models_report_says_why_it_has_no_position_figure_and_images_are_checked(tmp_path):
+    """A RoPE model's report left the position-embedding figure out without a word; inspect_model(images='a.png')
+    read the string a character at a time ("image not found: a"), images=[] fell back to the sample photos, and
+    pca_components=0 was refused only after every analysis had run."""
+    from vitkit.inspect import inspect_model
+
+    model = randomize(vitkit.create_model("vit_small_patch16_rope_224", depth=1, img_size=32, num_classes=3))
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(photo)
+    result = inspect_model(model, tmp_path / "out", images=str(photo), progress=False)
+    assert result.images == 1 and "position_embedding_similarity" not in result.figures
+    assert any(n.startswith("no position-embedding similarity: its positions are rotary") for n in result.notes)
+    assert "no position-embedding similarity" in (tmp_path / "out" / "report.html").read_text()
+    with pytest.raises(ValueError, match="images is empty"):
+        inspect_model(model, tmp_path / "none", images=[], progress=False)
+    with pytest.raises(ValueError, match="pca_components must be a positive integer, not 0"):
+        inspect_model(model, tmp_path / "zero", images=[photo], pca_components=0, progress=False)
+    assert not (tmp_path / "none").exists() and not (tmp_path / "zero").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_said_by_its_own_name(tmp_path, saved_model, capsys):
+    """--out /proc/o9 said "No such file or directory: /proc/.o9.5z0tfzy9.work", the staging folder's name."""
+    assert cli(["inspect", "--weights", str(saved_model), "--out", "/proc/vitkit-o9"]) == 2
+    assert capsys.readouterr().err.strip() == "vitkit inspect: error: No such file or directory: /proc/vitkit-o9"

@@ -288,10 +288,19 @@ def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) ->
     except BaseException as e:
         if made:
             shutil.rmtree(made[-1], ignore_errors=True)  # the outermost folder this made
-        said = _as_written(e, staging, folder) if staging is not None else None
+        said = _as_written(e, staging, folder) if staging is not None else _staging_unmade(e, folder)
         if said is not None:
             raise said from e
         raise
+
+
+def _staging_unmade(error: BaseException, folder: Path) -> Optional[OSError]:
+    """The staging folder beside ``folder`` that could not be made, said as ``folder`` (it said its own name:
+    "No such file or directory: /proc/.o9.5z0tfzy9.work" for --out /proc/o9); None for any other error."""
+    named = Path(error.filename) if isinstance(error, OSError) and error.filename else None
+    if named is None or named.parent != folder.parent or not named.name.startswith(f".{folder.name}."):
+        return None
+    return OSError(error.errno, error.strerror, str(folder))
 
 
 def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[OSError]:

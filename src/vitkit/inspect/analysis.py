@@ -10,8 +10,9 @@ is the map's size minus the patches.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -37,8 +38,16 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> List[torch.Tensor]
     """
     if why := maps_not_distributions(model):
         raise ValueError(f"the attention analyses need maps whose rows are distributions; {why}")
+    _check_batch(images)
     _, attns = model(images, return_attention=True)
     return [a.float() for a in attns]
+
+
+def _check_batch(images: Any) -> None:
+    """A batch of at least one image: none gave 0 px of attention distance, NaN shares, or torch's reshape error."""
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or images.shape[0] == 0:
+        got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a (batch, channels, height, width) tensor of one image or more, got {got}")
 
 
 def maps_not_distributions(model: nn.Module) -> Optional[str]:
@@ -77,7 +86,7 @@ def attention_rollout(model: nn.Module, images: torch.Tensor, head_fusion: str =
     """
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
-    if not 0.0 <= discard_ratio < 1.0:
+    if not isinstance(discard_ratio, (int, float)) or isinstance(discard_ratio, bool) or not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     attns = attention_maps(model, images)
     B, N = attns[-1].shape[0], attns[-1].shape[-1]
@@ -167,6 +176,18 @@ def mean_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Ten
     return torch.stack(out)
 
 
+def no_table_why(model: nn.Module) -> str:
+    """How a model without a position table knows where its patches are, in words (a RoPE model was said to have
+    pos_embed='none', as if it knew nothing of position)."""
+    config = getattr(model, "config", None)
+    rope, kind = getattr(config, "rope", None), getattr(config, "pos_embed", None)
+    if rope not in (None, "none"):
+        return f"its positions are rotary ({rope} RoPE), applied to queries and keys inside attention"
+    if kind in ("relative", "relative_mlp"):
+        return f"its positions are relative biases ({kind}) added inside attention"
+    return f"it has no position embedding (pos_embed={kind or getattr(model, 'pos_embed_kind', 'none')!r})"
+
+
 @torch.no_grad()
 def pos_embed_similarity(model: nn.Module) -> torch.Tensor:
     """(gh, gw, gh, gw) cosine similarity between the position embeddings of patches (Fig. 7 centre).
@@ -178,8 +199,7 @@ def pos_embed_similarity(model: nn.Module) -> torch.Tensor:
     grid = tuple(model.patch_embed.grid_size)
     pos = model.patch_pos_embed(grid)
     if pos is None:
-        raise ValueError(f"the model has no position embedding table to compare (pos_embed="
-                         f"{getattr(model, 'pos_embed_kind', 'none')!r})")
+        raise ValueError(f"the model has no position embedding table to compare: {no_table_why(model)}")
     pos = pos.reshape(-1, pos.shape[-1]).float()
     pos = pos / pos.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     sim = pos @ pos.T
@@ -265,6 +285,10 @@ def token_norms(model: nn.Module, images: torch.Tensor, fence: float = None) -> 
     patch tokens with norms ~10x the rest in large ViTs trained without registers, holding global
     information, and none with registers. The fence is Q3 + 3 IQR of these images' patch norms unless
     given (compare models by one fence)."""
+    _check_batch(images)
+    if fence is not None and (not isinstance(fence, (int, float)) or isinstance(fence, bool)
+                              or not math.isfinite(fence)):
+        raise ValueError(f"fence must be a finite number (a token norm), not {fence!r}")  # (NaN: no outlier, ever)
     out, = model.forward_intermediates(images, indices=[len(model.blocks) - 1], norm=False, output_fmt="NCHW",
                                        return_prefix_tokens=True, intermediates_only=True)
     # a model without prefix tokens gives the maps alone, as timm's does

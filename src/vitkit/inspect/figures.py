@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -18,25 +18,56 @@ def _save(fig, path: PathLike) -> Path:
     return save_png(fig, path, bbox_inches="tight")
 
 
+#: a map whose spread is within this share of its largest value is drawn flat: stretched to the full colour
+#: range, rounding noise (a spread of 6e-7 of a uniform rollout) was drawn as a strong pattern
+FLAT = 1e-3
+
+
+def is_flat(grid_map: torch.Tensor) -> bool:
+    """Whether a map's values are all alike (within :data:`FLAT` of its largest)."""
+    high, low = grid_map.max().item(), grid_map.min().item()
+    return high - low <= FLAT * max(abs(high), abs(low), 1e-12)
+
+
 def _upsample(grid_map: torch.Tensor, size: Sequence[int]) -> np.ndarray:
+    """The map at ``size``, stretched to [0, 1] (all ones where it is flat)."""
     m = torch.nn.functional.interpolate(grid_map[None, None].float(), size=tuple(size), mode="bilinear",
                                         align_corners=False)[0, 0]
+    if is_flat(grid_map):
+        return np.ones(tuple(size), dtype=np.float32)
     m = m - m.min()
     return (m / m.max().clamp_min(1e-12)).numpy()
 
 
-def rollout_overlay(image: np.ndarray, rollout: torch.Tensor, path: PathLike, title: str = "") -> Path:
-    """The image, the rollout map, and the image weighted by the map (the paper's Fig. 6)."""
+def covered_pixels(config, grid: Sequence[int]) -> Optional[Tuple[int, int]]:
+    """The top-left pixels a model's patches read (``crop_remainder``: the last partial row and column of patches
+    are dropped), or None where they cover the image."""
+    if not getattr(config, "crop_remainder", False):
+        return None
+    return grid[0] * config.patch_size[0], grid[1] * config.patch_size[1]
+
+
+def rollout_overlay(image: np.ndarray, rollout: torch.Tensor, path: PathLike, title: str = "",
+                    covered: Optional[Tuple[int, int]] = None) -> Path:
+    """The image, the rollout map, and the image weighted by the map (the paper's Fig. 6); ``covered``: the
+    pixels the patches read (:func:`covered_pixels`): the map is placed over them, the margin shown unread."""
     plt = pyplot()
     h, w = image.shape[:2]
-    heat = _upsample(rollout, (h, w))
+    ch, cw = covered or (h, w)
+    heat = np.full((h, w), np.nan, dtype=np.float32)
+    heat[:ch, :cw] = _upsample(rollout, (ch, cw))
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
     cmap = "gray" if image.ndim == 2 else None
     axes[0].imshow(image, cmap=cmap)
     axes[0].set_title("input")
-    axes[1].imshow(heat, cmap="inferno")
-    axes[1].set_title("attention rollout")
-    weighted = image.astype(np.float32) / 255.0 * (heat if image.ndim == 2 else heat[..., None])
+    shown = plt.get_cmap("inferno").copy()
+    shown.set_bad("#9a9a9a")  # (a margin no patch reads)
+    axes[1].imshow(np.ma.masked_invalid(heat), cmap=shown, vmin=0, vmax=1)
+    flat = is_flat(rollout)
+    axes[1].set_title("attention rollout" + (" (flat: every patch alike)" if flat else "")
+                      + ("\n(grey: pixels no patch reads)" if (ch, cw) != (h, w) else ""), fontsize=9)
+    weight = np.nan_to_num(heat, nan=0.0)
+    weighted = image.astype(np.float32) / 255.0 * (weight if image.ndim == 2 else weight[..., None])
     axes[2].imshow(weighted, cmap=cmap)
     axes[2].set_title("input x rollout")
     for ax in axes:
@@ -183,24 +214,31 @@ def reconstruction_grid(views: dict, path: PathLike, objective: str, names: Sequ
 
 def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tensor, all_norms: torch.Tensor,
                    prefix_norms: Sequence[float], prefix_labels: Sequence[str], fence: float, path: PathLike,
-                   title: str = "") -> Path:
+                   title: str = "", covered: Optional[Tuple[int, int]] = None) -> Path:
     """"Vision Transformers Need Registers" (Darcet et al. 2024), Fig. 2-3 in one figure: the norm of every
-    patch token over the image, outliers (above ``fence``) crossed out, and the histogram of the patch
-    norms of every image with the fence and the prefix tokens' (class, registers) norms marked."""
+    patch token over the (first) image, on a stated scale, outliers (above ``fence``) crossed out, and the
+    histogram of the patch norms of every image with the fence and the first image's prefix tokens' (class,
+    registers) norms marked. ``covered``: the pixels the patches read (:func:`covered_pixels`)."""
     plt = pyplot()
     h, w = image.shape[:2]
+    ch, cw = covered or (h, w)
     gh, gw = norms.shape
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
     axes[0].imshow(image, cmap="gray" if image.ndim == 2 else None)
-    axes[0].imshow(norms.numpy(), cmap="inferno", alpha=0.6, extent=(0, w, h, 0), interpolation="nearest")
+    drawn = axes[0].imshow(norms.numpy(), cmap="inferno", alpha=0.6, extent=(0, cw, ch, 0), interpolation="nearest")
+    axes[0].set_xlim(0, w)
+    axes[0].set_ylim(h, 0)
+    fig.colorbar(drawn, ax=axes[0], fraction=0.046, pad=0.02)  # (autoscaled: the scale is said)
     ys, xs = np.nonzero(outliers.numpy())
-    axes[0].scatter((xs + 0.5) * w / gw, (ys + 0.5) * h / gh, marker="x", s=60, c="cyan", linewidths=2)
-    axes[0].set_title(f"patch token norms ({len(xs)} outlier{'s' if len(xs) != 1 else ''})")
+    axes[0].scatter((xs + 0.5) * cw / gw, (ys + 0.5) * ch / gh, marker="x", s=60, c="cyan", linewidths=2)
+    axes[0].set_title(f"patch token norms, first image ({len(xs)} outlier{'s' if len(xs) != 1 else ''})",
+                      fontsize=9)
     axes[0].axis("off")
     axes[1].hist(all_norms.flatten().numpy(), bins=50, color="#555")
     axes[1].axvline(fence, color="cyan", linestyle="--", label=f"outlier fence {fence:.3g}")
     for value, label in zip(prefix_norms, prefix_labels):
-        axes[1].axvline(value, color="#d62728" if label.startswith("reg") else "#1f77b4", linewidth=1, label=label)
+        axes[1].axvline(value, color="#d62728" if label.startswith("reg") else "#1f77b4", linewidth=1,
+                        label=f"{label} (first image)")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("L2 norm after the last block")
     axes[1].set_ylabel("patch tokens")

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from ..models.config_base import no_classes
 from ..models.layers import in_eval_mode
 from ..progress import Progress, waiting_bar
 from ..selfsup import is_pretrainer
+from ..utils import positive_whole
 from . import figures
 from .analysis import (
     attention_maps,
@@ -38,6 +39,7 @@ from .analysis import (
     embedding_filters_pca,
     maps_not_distributions,
     mean_attention_distance,
+    no_table_why,
     patch_distances,
     pos_embed_similarity,
     token_norms,
@@ -105,10 +107,13 @@ def _data_uri(path: Path) -> str:
 CAPTIONS = {
     "rollout": "Attention rollout (Abnar &amp; Zuidema; the paper's Fig. 6): the attention that reaches the "
                "output, heads averaged and the residual path added, multiplied through the layers; bright "
-               "regions are what the prediction draws on. The class and register tokens have no place in the "
-               "image: the map is the patches' share, renormalised.",
+               "regions are what the prediction draws on: the row of what the output reads (the class token's; a "
+               "distilled DeiT's class and distillation tokens' mean; the patches' mean where the model pools "
+               "them). The class, distillation and register tokens have no place in the image: the map is the "
+               "patches' share, renormalised; a flat map is drawn flat.",
     "attention_per_layer": "What the class token (without one, the mean patch row) attends to in each layer, "
-                           "for the first image, heads averaged.",
+                           "for the first image, heads averaged (a model that pools the patches' mean reads its "
+                           "output from them: its rollout reads that row).",
     "attention_distance": "Mean attention distance (the paper's Fig. 7 right) of every head in every layer, "
                           "averaged over the {n} of this report: how far in pixels a head looks; the "
                           "dashed line is attention spread evenly over the grid.",
@@ -123,8 +128,8 @@ CAPTIONS = {
     "token_norms": "The norm of every token after the last block (\"Vision Transformers Need Registers\", Darcet et "
                    "al. 2024): large ViTs trained without registers grow a few patch tokens with norms far above "
                    "the rest (crossed: above Q3 + 3 IQR of the {n}' patch norms), which hold global information "
-                   "and spoil attention maps; register tokens take that role. The histogram marks the class and "
-                   "register tokens' norms.",
+                   "and spoil attention maps; register tokens take that role. The map and the class and register "
+                   "tokens' norms marked on the histogram are the first image's; the histogram is every image's.",
 }
 
 
@@ -240,7 +245,7 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     "inspecting" line on stderr counting the steps (an image loaded, a chunk analysed, a figure
     written) with the ETA, once the inspection has run 5 s: each image's figure takes ~0.25 s,
     and 16 images through a ViT-S/16 take ~20 s on a CPU."""
-    images = _images_to_inspect(images, Path(out_dir))
+    images = _images_to_inspect(_checked(images, pca_components), Path(out_dir))
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
     signed = maps_not_distributions(model)  # maps that are no distributions: no map figures, and why
@@ -278,7 +283,8 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             for i, ((name, _), view) in enumerate(zip(named, views) if maps else ()):
                 label = f", predicted {result.predictions[i][1]}" if result.predictions else ""
                 result.figures[f"rollout_{i + 1}"] = figures.rollout_overlay(
-                    view, rollout[i], into / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}")
+                    view, rollout[i], into / f"rollout_{i + 1}.png", title=f"{Path(name).name}{label}",
+                    covered=figures.covered_pixels(cfg, rollout[i].shape))
                 bar.advance()
             _model_figures(model, x, views[0], distance, into, result, pca_components, bar)
             result.report = write_report(result, model, title or cfg.name or "ViT",
@@ -286,6 +292,18 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
             _check_replaces_only_reports(into, out)
             bar.advance()
     return _moved(result, out)
+
+
+def _checked(images: Any, pca_components: Any) -> Optional[List[Union[str, Path]]]:
+    """``images`` as a list (one path: a string was read a character at a time, "image not found: a"), an empty one
+    refused (it fell back to the sample photos), and ``pca_components`` checked before the analyses run."""
+    if isinstance(images, (str, Path)):
+        images = [images]
+    if images is not None and not list(images):
+        raise ValueError("images is empty: give image files or folders, or leave it out for the sample photos")
+    if not positive_whole(pca_components):
+        raise ValueError(f"pca_components must be a positive integer, not {pca_components!r}")
+    return None if images is None else list(images)
 
 
 def _images_to_inspect(images: Optional[Sequence[Union[str, Path]]], out: Path) -> Optional[List[Path]]:
@@ -375,7 +393,8 @@ def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Option
     result.figures["token_norms"] = figures.token_norm_map(
         view, norms.patches[0], norms.outliers[0], norms.patches, norms.prefix[0].tolist(), labels, norms.fence,
         out / "token_norms.png", title=f"{norms.outliers.sum().item()} outliers among {norms.patches.numel():,} "
-                                      f"patch tokens of {len(batch)} image{'s' if len(batch) != 1 else ''}")
+                                      f"patch tokens of {len(batch)} image{'s' if len(batch) != 1 else ''}",
+        covered=figures.covered_pixels(cfg, norms.patches.shape[-2:]))
     bar.advance()
     for name in family_of(cfg).analyses:  # the family's own analyses (ConViT: its gates)
         stem, write = EXTRA_ANALYSES[name]
@@ -386,6 +405,9 @@ def _model_figures(model: nn.Module, batch: torch.Tensor, view, distance: Option
     if model.patch_pos_embed(model.patch_embed.grid_size) is not None:
         result.figures["position_embedding_similarity"] = figures.pos_embed_similarity_grid(
             pos_embed_similarity(model).cpu(), out / "position_embedding_similarity.png")
+    else:  # (the figure was left out without a word)
+        result.notes.append(f"no position-embedding similarity: {no_table_why(model)}, so there is no table to "
+                            f"compare")
     bar.advance()
     comps, explained = embedding_filters_pca(model, pca_components)
     hybrid = getattr(model.patch_embed, "backbone", None) is not None

@@ -181,14 +181,15 @@ class ServedModel:
     def rollout_png(self, data: bytes, name: str = "upload") -> bytes:
         """The paper's attention rollout over the image, as a PNG (the PyTorch runtime only)."""
         from ..inspect.analysis import attention_rollout
-        from ..inspect.figures import rollout_overlay
+        from ..inspect.figures import covered_pixels, rollout_overlay
 
         x = self.image(data, name)
         pixels = _display(x, self.transform)
         with torch.inference_mode():
             rollout = attention_rollout(self._encoder(), x[None].to(self.device))[0].cpu()
         with _FIGURE_LOCK, tempfile.TemporaryDirectory(prefix="vitkit-rollout-") as tmp:  # pyplot: one at a time
-            return rollout_overlay(pixels, rollout, Path(tmp) / "rollout.png").read_bytes()
+            return rollout_overlay(pixels, rollout, Path(tmp) / "rollout.png",
+                                   covered=covered_pixels(self._encoder().config, rollout.shape)).read_bytes()
 
 
 def _display(x: torch.Tensor, transform: Any) -> Any:
