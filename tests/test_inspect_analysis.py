@@ -1,8 +1,8 @@
 """The paper's analyses, checked by properties with known answers (not snapshots)."""
 
 import itertools
-import re
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
