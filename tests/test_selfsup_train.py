@@ -169,3 +169,14 @@ def test_a_fine_tuning_source_whose_encoder_does_not_fit(pretrained, tmp_path):
     assert done.returncode == 2 and f"keeps a classifier: {run} has none (a headless encoder)" in done.stderr, \
         done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_pretraining_with_ema_says_its_ema_score(tmp_path, capsys):
+    """The EMA's test loss and model_ema/ were written and not said (vitkit train says its EMA line)."""
+    done = in_process(capsys, "pretrain", "--objective", "mae", "--max-steps", "2", "--batch-size", "16",
+                      "--warmup-steps", "1", "--no-progress", "--no-tensorboard", "--test-size", "64", "--val-size",
+                      "64", "--no-fewshot", "--ema-decay", "0.9", "--runs-dir", str(tmp_path), "--name", "ema")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "ema" / "summary.json").read_text())
+    assert f"EMA       pre-training loss {summary['test_loss_ema']:.4f}  (model_ema/)" in done.stdout, done.stdout
+    assert (tmp_path / "ema" / "model_ema").is_dir()

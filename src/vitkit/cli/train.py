@@ -124,6 +124,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
           f"{summary['precision']}; {summary['train_images']:,} images, no labels)")
     acc = f", colour accuracy {100 * summary['test_colour_acc']:.1f}%" if "test_colour_acc" in summary else ""
     print(f"test      pre-training loss {summary['test_loss']:.4f}{acc}")
+    if "test_loss_ema" in summary:  # (written, and not said)
+        print(f"EMA       pre-training loss {summary['test_loss_ema']:.4f}  (model_ema/)")
     if summary.get("fewshot"):
         shots = "  ".join(f"{k}-shot {100 * v:.1f}%" for k, v in summary["fewshot"].items())
         print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
