@@ -57,7 +57,7 @@ def test_cli_eval_max_images_scores_a_fixed_sample_of_the_split(tmp_path, capsys
     assert np.sum(out["confusion"], axis=1).tolist() == np.bincount(labels, minlength=10).tolist()
     assert main(["eval", "--weights", str(tmp_path / "m"), "--max-images", "300", "--no-progress"]) == 0
     said = capsys.readouterr().out
-    assert "(300 of 10,000, a fixed sample, images" in said and "classes: the score is of those" not in said
+    assert "(300 of 10,000 images, a fixed sample, " in said and "classes: the score is of those" not in said
     # a folder is read class by class: its first images were one class's, and the score then was of that class
     from PIL import Image
 

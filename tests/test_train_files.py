@@ -465,3 +465,76 @@ def test_a_finished_run_whose_summary_or_model_is_damaged_is_scored_again_and_a_
     (runs / "r").rename(runs / "moved")
     assert cli(["train", "--resume", str(runs / "moved"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run_dir"] == str((runs / "moved").resolve())
+
+
+def test_a_split_none_of_whose_images_can_be_read_is_no_zero_score(tmp_path, capsys):
+    """Every test image unreadable (truncated past the header check) gave "test top-1 0.00% on 20 images" after
+    training, "top-1 0.00% (0 images)" from eval and torch's "expected a non-empty list of Tensors" from fewshot,
+    each with exit 0 or an internal error; one unreadable image was counted in train's test_images (61 for 60)."""
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    common = ["--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--model-args", json.dumps(TINY),
+              "--img-size", "28", "--batch-size", "8", "--val-size", "4", "--no-progress", "--threads", "1",
+              "--runs-dir", str(tmp_path / "runs"), "--max-steps", "2"]
+    def cut_jpeg(path):  # a JPEG cut short: its header reads, its pixels do not
+        Image.open(path).convert("L").save(path.with_suffix(".jpg"), quality=95)
+        data = path.with_suffix(".jpg").read_bytes()
+        path.with_suffix(".jpg").write_bytes(data[: len(data) * 2 // 3])
+
+    cut_jpeg(tmp_path / "d" / "test" / "a" / "0.png")
+    assert cli(["train", *common, "--name", "one", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["test_images"] == 24 and summary["skipped_files"] == 1  # the 24 read, not 25
+    for path in list((tmp_path / "d" / "test").rglob("*.png")):
+        cut_jpeg(path)
+        path.unlink()
+    assert cli(["train", *common, "--name", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the test split's images could be read (first: " in err and "0.00%" not in err, err
+    assert cli(["eval", "--weights", str(tmp_path / "runs" / "one"), "--dataset", "folder", "--data-dir",
+                str(tmp_path / "d"), "--no-progress"]) == 2
+    assert "folder test: none of its 24 images could be read (first: " in capsys.readouterr().err
+    assert cli(["fewshot", "--weights", str(tmp_path / "runs" / "one"), "--dataset", "folder", "--data-dir",
+                str(tmp_path / "d"), "--shots", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 24 test images read for few-shot could be read" in err and "torch.cat" not in err, err
+
+
+def test_eval_of_a_run_reads_its_own_data_and_classes_by_name_in_any_layout(tmp_path, capsys):
+    """A folder run's own "next: vitkit eval --weights RUN" was refused ("pass --dataset"); shards (and Hugging Face
+    splits) holding the model's classes in another order were refused ("evaluate them on their own dataset")
+    where a folder was scored by name; weights without names were scored by the data's order without a word;
+    top-5 of 2 classes was 1.0 in the JSON ("n/a" printed); an earlier eval.json was replaced in silence."""
+    import vitkit
+    from vitkit.data.shard_writer import folder_to_shards
+    from vitkit.evaluate import score_dataset
+    from vitkit.models import build_from_config
+
+    _noise_folder(tmp_path / "d", ["a", "b"], per_class=12)
+    assert cli(["train", "--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--model-args", json.dumps(TINY),
+                "--img-size", "28", "--batch-size", "8", "--val-size", "4", "--no-progress", "--threads", "1",
+                "--runs-dir", str(tmp_path / "runs"), "--max-steps", "2", "--name", "r"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "eval.json").write_text("{}")
+    assert cli(["eval", "--weights", str(tmp_path / "runs" / "r"), "--no-progress", "--json", "--out",
+                str(out)]) == 0
+    said = capsys.readouterr()
+    result = json.loads(said.out)
+    assert result["dataset"] == "folder" and result["count"] == 24 and result["top5"] is None
+    assert f"note: {out} held eval.json before: replaced" in said.err
+    model = vitkit.from_pretrained(tmp_path / "runs" / "r")
+    flipped = model.config.replace(label_names=["b", "a"])  # the same head read with its rows named the other way
+    other = build_from_config(flipped)
+    other.load_state_dict({**model.state_dict(), "head.weight": model.head.weight.flip(0),
+                           "head.bias": model.head.bias.flip(0)})
+    by_folder = score_dataset(other, "folder", data_dir=str(tmp_path / "d"), progress=False).report
+    folder_to_shards(tmp_path / "d" / "test", tmp_path / "shards" / "test")
+    by_shards = score_dataset(other, "shards", data_dir=str(tmp_path / "shards"), progress=False).report
+    want = score_dataset(model, "folder", data_dir=str(tmp_path / "d"), progress=False).report
+    assert by_folder.top1 == by_shards.top1 == want.top1 and by_shards.classes == ["b", "a"]
+    bare = build_from_config(model.config.replace(label_names=None))
+    bare.load_state_dict(model.state_dict())
+    with pytest.warns(UserWarning, match=r"the weights name no classes: folder's 2 classes, in its order \(a, b\), "
+                                         r"are taken as the head's rows 0 to 1"):
+        score_dataset(bare, "folder", data_dir=str(tmp_path / "d"), progress=False)

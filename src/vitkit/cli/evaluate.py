@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import warnings
+from pathlib import Path
 
 from ..files import check_output
 from .common import (
@@ -50,8 +51,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from ..data.datasets import dataset_for_labels
     from ..evaluate import plot_confusion, score_dataset
-    from ..evaluate.dataset import check_hf_options, check_score_options
+    from ..evaluate.dataset import check_hf_options, check_score_options, run_data_of
     from ..files import new_folder, write_json
 
     check_score_options(args.batch_size, args.max_images)  # before the weights are read
@@ -59,7 +61,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out:  # checked before the evaluation, not after it
         check_output(args.out, "folder", "--out")
     model = runtime_model(args)
-    score = score_dataset(model, args.dataset, args.split, data_dir=args.data_dir, hf_split=args.hf_split,
+    dataset, data_dir = args.dataset, args.data_dir
+    if not dataset and (found := run_data_of(args.weights, data_dir)):  # a run's own data, as the run's last
+        dataset, data_dir, note = found  # line tells (a folder run's "next vitkit eval --weights RUN" was refused)
+        if dataset != dataset_for_labels(model.config.label_names):  # (said where the names say another)
+            warnings.warn(note, stacklevel=1)
+    score = score_dataset(model, dataset, args.split, data_dir=data_dir, hf_split=args.hf_split,
                           image_key=args.image_key, label_key=args.label_key, max_images=args.max_images,
                           batch_size=args.batch_size, tta=args.tta, progress=not args.no_progress)
     report, total = score.report, score.total
@@ -71,6 +78,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result["skipped"] = len(score.skipped)
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
+        held = [n for n in ("eval.json", "confusion_matrix.png") if (Path(args.out) / n).is_file()]
+        if held:  # replaced, as convert replaces, but said (an earlier evaluation's numbers went in silence)
+            warnings.warn(f"{args.out} held {' and '.join(held)} before: replaced", stacklevel=1)
         with new_folder(args.out) as out:  # a failure (a full disk, a signal) removes the folder it made
             png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
             write_json(out / "eval.json", result)
@@ -85,11 +95,11 @@ def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
     report, total = score.report, score.total
     tta = "" if args.tta == "none" else f", {args.tta} TTA"
     cut = args.max_images is not None and args.max_images < total
-    first = (f"the first {report.count:,} of {total:,}" if score.first_only else
-             f"{report.count:,} of {total:,}, a fixed sample,") if cut else f"{report.count:,}"
+    first = (f"the first {report.count:,} of {total:,} images" if score.first_only else
+             f"{report.count:,} of {total:,} images, a fixed sample") if cut else f"{report.count:,} images"
     n = len(report.confusion)
     top5 = f"top-5 {100 * report.top5:.2f}%" if n > 5 else f"top-5 n/a ({n} classes)"  # (100%: says nothing)
-    print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  {top5}  ({first} images, {runtime}{tta})")
+    print(f"{score.dataset} {score.split}: top-1 {100 * report.top1:.2f}%  {top5}  ({first}, {runtime}{tta})")
     present = sum(acc is not None for acc in report.per_class.values())
     if cut and present < n:  # (a stream's first images may be one class's)
         print(f"note: the {report.count:,} images scored hold {present} of the {n} classes: the score is of those "
@@ -148,7 +158,8 @@ def add_eval(verb) -> None:
     p = verb("eval", "top-1, top-5, per-class accuracy and a confusion-matrix PNG")
     p.add_argument("--weights", required=True, help="file, folder, hf-hub:org/name or an .onnx file")
     p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100, folder, shards or hf:NAME_OR_DIR (default: "
-                                     "the one whose classes the weights name)")
+                                     "the one a run folder's run trained on, else the one whose classes the weights "
+                                     "name)")
     p.add_argument("--data-dir")
     p.add_argument("--split", default="test", choices=["train", "test"])
     add_hf_flags(p, "the split to score (default: --split train's train, else test, or validation)")
@@ -162,6 +173,7 @@ def add_eval(verb) -> None:
                         "flip-shift of those and their one-pixel shifts up, down, left and right (10 views; for "
                         "classes a mirror and a small shift do not change) [default: none]")
     add_runtime_flags(p)
+    add_stand_in_flags(p)  # (an .onnx without metadata was told to give them, and eval had none)
     p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
                                                 "(default: print only, write nothing)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

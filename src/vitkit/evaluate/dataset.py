@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .fewshot import FewShotResult, extract_features, features_over, fewshot_from_features
+from .fewshot import FewShotResult, NoImages, extract_features, features_over, fewshot_from_features
 from .metrics import ClassificationReport, classification_report, report_over
 from .tta import check_mode
 
@@ -103,8 +103,6 @@ def fewshot_data_of(model, weights: Optional[str], dataset: Optional[str],
     """(dataset, data_dir, a note) for few-shot: ``dataset``; else the one the model's class names are; else the one
     the run that saved ``weights`` trained on (a pre-training run's encoder has no classes), with its data_dir. None
     of them: refused (it ran on Fashion-MNIST whatever the model: an ImageNet tower's "1-shot 23.92%")."""
-    import json
-    from pathlib import Path
 
     from ..data import datasets
 
@@ -112,8 +110,21 @@ def fewshot_data_of(model, weights: Optional[str], dataset: Optional[str],
         return dataset, data_dir, None
     if found := datasets.dataset_for_labels(model.config.label_names):
         return found, data_dir, None
+    if found := run_data_of(weights, data_dir):
+        return found
+    raise ValueError("pass --dataset: few-shot fits its probes on the dataset named (fashion-mnist, cifar10, "
+                     "cifar100, folder or hf:NAME_OR_DIR), and the weights' classes name none vitkit knows, nor "
+                     "are they a run's")
+
+
+def run_data_of(weights: Optional[str], data_dir: Optional[str] = None
+                ) -> Optional[Tuple[str, Optional[str], str]]:
+    """(dataset, data_dir, a note) of the run whose folder ``weights`` is (its folder, its model/ folder, or a file in
+    either: runs/r/model/model.safetensors, a checkpoint), from its config.json; None where it is no run's."""
+    import json
+    from pathlib import Path
+
     path = Path(weights) if weights and not str(weights).startswith("hf-hub:") else None
-    # the run's folder, its model/ folder, or a file in either (runs/r/model/model.safetensors, a checkpoint)
     for run in (path, *path.parents[:2]) if path is not None else ():
         try:
             saved = json.loads((run / "config.json").read_text())
@@ -122,9 +133,7 @@ def fewshot_data_of(model, weights: Optional[str], dataset: Optional[str],
         if isinstance(saved, dict) and isinstance(saved.get("dataset"), str) and "objective" in saved:
             return (saved["dataset"], data_dir or saved.get("data_dir"),
                     f"{saved['dataset']}, the dataset the run {run} trained on (--dataset chooses another)")
-    raise ValueError("pass --dataset: few-shot fits its probes on the dataset named (fashion-mnist, cifar10, "
-                     "cifar100, folder or hf:NAME_OR_DIR), and the weights' classes name none vitkit knows, nor "
-                     "are they a run's")
+    return None
 
 
 def check_same_classes(names: Optional[Sequence[str]], classes: Sequence[str], dataset: str) -> None:
@@ -133,6 +142,11 @@ def check_same_classes(names: Optional[Sequence[str]], classes: Sequence[str], d
 
     if why := class_difference(names, classes, ("the weights", f"{dataset}'s data")):
         raise ValueError(f"the weights were trained on {why}: evaluate them on their own dataset")
+    if not names and classes:  # (a bare file: its rows were scored as the data's classes without a word)
+        shown = ", ".join(map(str, list(classes)[:4])) + (", ..." if len(classes) > 4 else "")
+        warnings.warn(f"the weights name no classes: {dataset}'s {len(classes)} classes, in its order ({shown}), are "
+                      f"taken as the head's rows 0 to {len(classes) - 1}; give the weights their names (label_names) "
+                      f"if they were trained in another order", stacklevel=3)
 
 
 def score_dataset(model, dataset: Optional[str] = None, split: str = "test", *, data_dir: Optional[str] = None,
@@ -225,6 +239,19 @@ def _in_models_order(folder, names: Optional[Sequence[str]]) -> None:
     folder.classes, folder.class_to_idx = names, index
 
 
+def _in_models_numbers(names: Optional[Sequence[str]], classes: Sequence[str]
+                       ) -> Tuple[Sequence[str], Optional[torch.Tensor]]:
+    """(the classes as the model numbers them, the data's label -> the model's) where a Hugging Face split or shards
+    hold the model's classes in another order (refused, "evaluate them on their own dataset", on the very data the
+    run trained on, whose splits may order their ClassLabels apart); (``classes``, None) otherwise."""
+    names = [str(n) for n in names or ()]
+    if not names or names == list(classes) or sorted(names) != sorted(map(str, classes)) or \
+            len(set(names)) < len(names):
+        return classes, None
+    index = {name: i for i, name in enumerate(names)}
+    return names, torch.tensor([index[str(c)] for c in classes])
+
+
 def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progress: bool) -> Dict[str, Any]:
     """An image folder's splits by role ("train": train/, else test/ or val/, as vitkit train reads
     them), through the model's evaluation pipeline; unreadable files skipped and named."""
@@ -250,16 +277,22 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
 
     from ..data.loader import decoded_batches
 
-    check_same_classes(model.config.label_names, data.classes, dataset)
+    classes, order = _in_models_numbers(model.config.label_names, data.classes)
+    check_same_classes(model.config.label_names, classes, dataset)
     skipped = [name for name, _ in getattr(data, "skipped", ())]  # (a stream finds its bad samples as it reads)
     stream = isinstance(data, IterableDataset)
     total = data.num_samples if stream else len(data)
     wanted = total if max_images is None else min(max_images, total)
     batches = decoded_batches(data if stream or wanted == total else
                               Subset(data, scored_positions(total, wanted).tolist()), batch_size, 2, skipped)
+    if order is not None:
+        batches = ((x, order[y]) for x, y in batches)
     whole = stream and max_images is None  # every sample the stream gives, whatever its index counted
-    report = report_over(model, _first(batches, wanted) if stream and not whole else batches, data.classes,
+    report = report_over(model, _first(batches, wanted) if stream and not whole else batches, classes,
                          -(-wanted // batch_size), progress, f"evaluating {dataset} {split_name}", tta)
+    if report.count == 0:  # every sample unreadable: "top-1 0.00% (0 images)", exit 0
+        raise ValueError(f"{dataset} {split_name}: none of its {total:,} images could be read (first: "
+                         f"{skipped[0] if skipped else 'none named'}): there is nothing to score")
     if whole and report.count + len(skipped) != total:  # the first N were scored: samples past a stale count lost
         read = report.count + len(skipped)
         warnings.warn(f"{dataset} {split_name}: its index (meta.json) counts {total:,} samples, its shards hold "
@@ -363,7 +396,11 @@ def _file_features(model, data: Dict[str, Any], pool: int, progress: bool, skipp
                 labels.append(y)
                 yield x
 
-        feats = features_over(model, inputs(), -(-len(part) // FEATURE_BATCH), progress,
-                              f"extracting {role} features")
+        try:
+            feats = features_over(model, inputs(), -(-len(part) // FEATURE_BATCH), progress,
+                                  f"extracting {role} features")
+        except NoImages:  # every image unreadable ("torch.cat(): expected a non-empty list of Tensors")
+            raise ValueError(f"none of the {len(part):,} {role} images read for few-shot could be read (first: "
+                             f"{skipped[0] if skipped else 'none named'}): there is nothing to fit or score") from None
         out += [feats, torch.cat(labels)]
     return tuple(out)

@@ -51,7 +51,13 @@ def features_over(model: nn.Module, batches: Iterable[torch.Tensor], total: Opti
                          f"none{hint}")
     out = [model.forward_head(model.forward_features(x), pre_logits=True).double()
            for x in track(batches, label, total, enabled=progress, unit="batches")]
+    if not out:
+        raise NoImages(f"{label}: no images to extract features from")
     return torch.cat(out)
+
+
+class NoImages(ValueError):
+    """Features asked of no images (every file of a split unreadable, or an empty batch list)."""
 
 
 def ridge_fit(x: torch.Tensor, targets: torch.Tensor, lam: float):

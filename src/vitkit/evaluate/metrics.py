@@ -27,7 +27,9 @@ class ClassificationReport:
     count: int = 0
 
     def to_dict(self) -> dict:
-        return {"top1": self.top1, "top5": self.top5, "count": self.count, "per_class": self.per_class,
+        # top-5 of five classes or fewer is 1.0 whatever the model: null, as the printed line's "n/a"
+        return {"top1": self.top1, "top5": self.top5 if len(self.confusion) > 5 else None, "count": self.count,
+                "per_class": self.per_class,
                 "confusion": self.confusion.tolist(), "classes": self.classes}
 
 

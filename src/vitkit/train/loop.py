@@ -499,8 +499,9 @@ def summarise(run: Run) -> Dict[str, Any]:
                **({"val_is_test": True} if data.val_is_test else {}),  # its val_ scores are the test split's
                **({"test_split_images": data.test_split} if data.test_split else {}),  # --test-size scored fewer
                "train_images": data.n_train,
-               **({"test_images": len(data.test)} if hasattr(data.test, "__len__") else  # a stream: as read
-                  {"test_images": run.scored["test"]} if "test" in run.scored else {}),
+               # the images scored (a file skipped as unreadable was counted: "on 61 images" for 60), else the split's
+               **({"test_images": run.scored["test"]} if "test" in run.scored else
+                  {"test_images": len(data.test)} if hasattr(data.test, "__len__") else {}),
                "steps": run.total, "epochs": round(run.total / run.steps_per_epoch, 3),
                "seconds": round(run.seconds(), 2), **({"resumed_at_step": run.start} if run.start else {}),
                **train_throughput(run), "precision": run.precision,

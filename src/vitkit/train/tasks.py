@@ -258,7 +258,13 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: st
     # host sync is added (the task's one sync ends the scoring)
     shown = track(batches, label, total, enabled=run.cfg.progress and run.main, unit="batches")
     views = {} if tta == "none" else {"tta": tta, "config": run.input_config}
-    return run.task.evaluate(net, shown, run.amp, run.parallel, **views)
+    scores = run.task.evaluate(net, shown, run.amp, run.parallel, **views)
+    if run.scored.get(split) == 0:  # every image unreadable: scored "0.00% on 20 images", exit 0
+        first = sorted(run.skipped)[0] if run.skipped else "none named"
+        raise ValueError(f"none of the {split} split's images could be read (first: {first}): there is nothing to "
+                         f"score; replace the files (--strict-data stops at the first), then --resume {run.run_dir} "
+                         f"scores the trained model")
+    return scores
 
 
 def _counted(run: "Run", split: str, batches: Iterable[MicroBatch]) -> Iterator[MicroBatch]:
