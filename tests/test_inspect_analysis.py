@@ -282,9 +282,18 @@ def test_a_flat_map_is_drawn_flat_and_a_cropped_margin_unread(tmp_path):
     config = SimpleNamespace(crop_remainder=True, patch_size=(16, 16))
     assert figures.covered_pixels(config, (2, 2)) == (32, 32)
     assert figures.covered_pixels(SimpleNamespace(crop_remainder=False, patch_size=(16, 16)), (2, 2)) is None
+    assert figures.covered_pixels(SimpleNamespace(crop_remainder=True, patch_size=(16, 16), backbone={"x": 1}),
+                                  (2, 2)) is None  # a hybrid reads every pixel through its CNN
     ramp = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
-    figures.rollout_overlay(image, ramp, tmp_path / "cropped.png", covered=(32, 32))
-    assert (tmp_path / "cropped.png").stat().st_size > 1000
+    plt = __import__("vitkit.utils", fromlist=["pyplot"]).pyplot()
+    drawn = []
+    real = plt.Axes.imshow
+    with pytest.MonkeyPatch.context() as patch:  # what the map panel is given: grey (masked) past the 32 px read
+        patch.setattr(plt.Axes, "imshow", lambda self, data, **kw: drawn.append(data) or real(self, data, **kw))
+        figures.rollout_overlay(image, ramp, tmp_path / "cropped.png", covered=(32, 32))
+    heat = drawn[1]
+    assert heat.shape == (40, 40) and heat.mask[32:, :].all() and heat.mask[:, 32:].all()
+    assert not heat.mask[:32, :32].any() and heat[:32, :32].min() == 0 and heat[:32, :32].max() == 1
 
 
 def test_bad_inputs_to_the_analyses_are_one_value_error_each():

@@ -164,6 +164,8 @@ def test_a_rope_models_report_says_why_it_has_no_position_figure_and_images_are_
     photo = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(photo)
     result = inspect_model(model, tmp_path / "out", images=str(photo), progress=False)
+    assert inspect_model(model, tmp_path / "gen", images=(p for p in [photo]), progress=False).images == 1  # a
+    # generator was spent by the emptiness check and the sample photos inspected instead
     assert result.images == 1 and "position_embedding_similarity" not in result.figures
     assert any(n.startswith("no position-embedding similarity: its positions are rotary") for n in result.notes)
     assert "no position-embedding similarity" in (tmp_path / "out" / "report.html").read_text()

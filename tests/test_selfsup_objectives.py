@@ -284,3 +284,4 @@ def test_a_classifier_is_not_an_encoder_and_bad_masks_are_named():
     with pytest.raises(ValueError, match="norm_pix_loss must be true or false, got 'no'"):
         MAE(tiny(), **SMALL_MAE, norm_pix_loss="no")
     assert encoder_of(model) is model.encoder
+

@@ -165,3 +165,11 @@ def test_official_mae_encoder_loads_as_timm_loads_it(tmp_path):
     plain = vitkit.from_pretrained(tmp_path / "mae_pretrain_encoder.pth")  # the released encoder-only file
     with torch.no_grad():
         assert max_diff(plain(x), encoder(x)) <= TOL
+
+
+def test_an_official_mae_file_in_capitals_is_written(tmp_path):
+    """--to mae with m.PTH passed the destination check (case-blind) and was then refused by the writer."""
+    model = mae_vitb_like()
+    export_weights(model, tmp_path / "m.PTH", "mae")
+    held = torch.load(tmp_path / "m.PTH", weights_only=True)["model"]
+    assert torch.equal(held["mask_token"], model.state_dict()["mask_token"])

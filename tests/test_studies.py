@@ -240,13 +240,23 @@ def test_the_self_supervision_study_reuses_a_pre_training_and_its_scores_only_as
     assert cli([*args, "--smoke"]) == 0
     assert json.loads(cached.read_text()) == held
     assert cli([*args, "--seeds", "0"]) == 2  # the full study: another pre-training
-    assert re.search(r"pretrain-mae was pre-trained with other settings \(epochs: 0\.2 then, 15\.0 now\)",
+    assert re.search(r"pretrain-mae was pre-trained with other settings \(epochs: 0\.2 then, the recipe's now\)",
                      capsys.readouterr().err)
     options = Options(seeds=(0,), smoke=True, dataset="folder", data_dir=str(tmp_path))
     assert encoder_fewshot(tmp_path / "w" / "pretrain-mae", options) == {}  # as the runs' rows for image files
     with pytest.raises(ValueError, match=r"dataset: 'fashion-mnist' then, 'folder' now"):
         pretrain_run("mae", tmp_path / "w", 1, 0.2, {"dataset": "folder", "data_dir": str(tmp_path)})
-    assert set(REUSED_BY) >= {"epochs", "max_steps", "dataset", "data_dir"}
+    # a run of a version before the study kept what it asked: read by its own config.json, where fitting to a
+    # small dataset raised the epochs (reused) and a --smoke run's are fewer than the recipe's (refused)
+    (tmp_path / "w" / "configs" / "pretrain-mae.json").unlink()
+    config = tmp_path / "w" / "pretrain-mae" / "config.json"
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps({**saved, "epochs": 20.0}))
+    assert pretrain_run("mae", tmp_path / "w", 1)["steps"] > 0
+    config.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"epochs: 0\.2 then, the recipe's now"):
+        pretrain_run("mae", tmp_path / "w", 1)
+    assert set(REUSED_BY) == {"epochs", "max_steps", "dataset", "data_dir"}
 
 
 def test_a_study_on_image_files_leaves_its_arms_padding_out(tmp_path, monkeypatch):

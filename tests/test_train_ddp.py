@@ -205,3 +205,19 @@ def test_a_rank_knows_when_its_machines_first_process_is_gone(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_ctrl_c_is_never_read_as_another_ranks_death():
+    """Every rank gets a terminal's Ctrl-C; one whose KeyboardInterrupt came late (a long C call) could find rank 0
+    already gone and say "another process of the job stopped": only torchrun's SIGTERM is read that way."""
+    from types import SimpleNamespace
+
+    from vitkit.signals import Terminated
+    from vitkit.train import loop
+
+    rank1 = SimpleNamespace(main=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "first_process_alive", lambda: False)
+        assert not loop._first_killed(rank1, KeyboardInterrupt())
+        assert loop._first_killed(rank1, Terminated())
+        assert not loop._first_killed(SimpleNamespace(main=True), Terminated())

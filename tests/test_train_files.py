@@ -426,7 +426,7 @@ def test_a_recipes_padding_on_a_folder_is_not_saved_and_an_older_runs_resumes(tm
         assert cli([*verb, *common, "--name", name]) == 0, capsys.readouterr().err
         assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["crop_pad"] == 0
         with monkeypatch.context() as older:  # as versions before saved it: the recipe's 2
-            older.setattr(train_config, "_pads", lambda dataset: True)
+            older.setattr(train_config, "in_memory_images", lambda dataset: True)
             assert cli([*verb, *common, "--name", f"{name}-older"]) == 0, capsys.readouterr().err
         run = tmp_path / "runs" / f"{name}-older"
         assert json.loads((run / "config.json").read_text())["crop_pad"] == 2
@@ -460,7 +460,8 @@ def test_a_finished_run_whose_summary_or_model_is_damaged_is_scored_again_and_a_
     assert json.loads((runs / "r" / "summary.json").read_text())["test_top1"] == scores == json.loads(out)["test_top1"]
     shutil.rmtree(runs / "r" / "model")
     assert cli(["train", "--resume", str(runs / "r")]) == 0
-    assert f"note: {runs / 'r'}: its model/ is gone: the run is scored again" in capsys.readouterr().err
+    assert f"note: {runs / 'r'}: its model/ is gone: the run is resumed from its last checkpoint" in \
+        capsys.readouterr().err
     assert (runs / "r" / "model" / "model.safetensors").is_file()
     (runs / "r").rename(runs / "moved")
     assert cli(["train", "--resume", str(runs / "moved"), "--json"]) == 0
@@ -492,7 +493,7 @@ def test_a_split_none_of_whose_images_can_be_read_is_no_zero_score(tmp_path, cap
     assert "none of the test split's images could be read (first: " in err and "0.00%" not in err, err
     assert cli(["eval", "--weights", str(tmp_path / "runs" / "one"), "--dataset", "folder", "--data-dir",
                 str(tmp_path / "d"), "--no-progress"]) == 2
-    assert "folder test: none of its 24 images could be read (first: " in capsys.readouterr().err
+    assert "folder test: none of the 24 images tried could be read (first: " in capsys.readouterr().err
     assert cli(["fewshot", "--weights", str(tmp_path / "runs" / "one"), "--dataset", "folder", "--data-dir",
                 str(tmp_path / "d"), "--shots", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err

@@ -397,7 +397,8 @@ def test_a_siglip_file_without_its_probe_names_the_one_tensor_it_lacks(tmp_path)
     ("CLIPVisionModelWithProjection", lambda: T.CLIPVisionConfig(**SMALL, projection_dim=16), "visual_projection."),
     ("CLIPModel", lambda: T.CLIPConfig(text_config=TEXT, vision_config=SMALL, projection_dim=16), "visual_projection."),
     ("SiglipVisionModel", lambda: T.SiglipVisionConfig(**SMALL), "head."),
-    ("SiglipModel", lambda: T.SiglipConfig(text_config=TEXT, vision_config=SMALL), "vision_model.head.")])
+    ("SiglipModel", lambda: T.SiglipConfig(text_config=TEXT, vision_config=SMALL), "vision_model.head."),
+    ("Siglip2VisionModel", lambda: T.Siglip2VisionConfig(**{**SMALL, "num_patches": 16}), "head.")])
 def test_a_file_without_the_part_its_class_always_holds_is_refused(cls, config, dropped, tmp_path, images):
     """A CLIP ...WithProjection file without visual_projection loaded as the plain tower (the 64-wide pooled output
     where transformers' image embeds are 16 wide), a SigLIP file without its head as the tokens' mean: other

@@ -231,12 +231,10 @@ def _in_models_order(folder, names: Optional[Sequence[str]]) -> None:
     """A folder's classes numbered as the model numbers them, where they are the same names: a folder lists its
     class folders alphabetically, which says nothing of a head's order (a model trained as dog, cat was refused
     on a folder of cat/ and dog/)."""
-    names = [str(n) for n in names or ()]
-    if not names or names == folder.classes or sorted(names) != sorted(folder.classes) or len(set(names)) < len(names):
-        return
-    index = {name: i for i, name in enumerate(names)}
-    folder.samples = [(source, index[folder.classes[label]]) for source, label in folder.samples]
-    folder.classes, folder.class_to_idx = names, index
+    classes, order = _in_models_numbers(names, folder.classes)
+    if order is not None:
+        folder.samples = [(source, int(order[label])) for source, label in folder.samples]
+        folder.classes, folder.class_to_idx = list(classes), {name: i for i, name in enumerate(classes)}
 
 
 def _in_models_numbers(names: Optional[Sequence[str]], classes: Sequence[str]
@@ -291,7 +289,7 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     report = report_over(model, _first(batches, wanted) if stream and not whole else batches, classes,
                          -(-wanted // batch_size), progress, f"evaluating {dataset} {split_name}", tta)
     if report.count == 0:  # every sample unreadable: "top-1 0.00% (0 images)", exit 0
-        raise ValueError(f"{dataset} {split_name}: none of its {total:,} images could be read (first: "
+        raise ValueError(f"{dataset} {split_name}: none of the {wanted:,} images tried could be read (first: "
                          f"{skipped[0] if skipped else 'none named'}): there is nothing to score")
     if whole and report.count + len(skipped) != total:  # the first N were scored: samples past a stale count lost
         read = report.count + len(skipped)

@@ -42,8 +42,8 @@ def _upsample(grid_map: torch.Tensor, size: Sequence[int]) -> np.ndarray:
 def covered_pixels(config, grid: Sequence[int]) -> Optional[Tuple[int, int]]:
     """The top-left pixels a model's patches read (``crop_remainder``: the last partial row and column of patches
     are dropped), or None where they cover the image."""
-    if not getattr(config, "crop_remainder", False):
-        return None
+    if not getattr(config, "crop_remainder", False) or getattr(config, "backbone", None) is not None:
+        return None  # (a hybrid takes the flag and reads every pixel through its CNN)
     return grid[0] * config.patch_size[0], grid[1] * config.patch_size[1]
 
 

@@ -299,11 +299,12 @@ def _checked(images: Any, pca_components: Any) -> Optional[List[Union[str, Path]
     refused (it fell back to the sample photos), and ``pca_components`` checked before the analyses run."""
     if isinstance(images, (str, Path)):
         images = [images]
-    if images is not None and not list(images):
+    images = None if images is None else list(images)  # (once: a generator is spent by its first reading)
+    if images is not None and not images:
         raise ValueError("images is empty: give image files or folders, or leave it out for the sample photos")
     if not positive_whole(pca_components):
         raise ValueError(f"pca_components must be a positive integer, not {pca_components!r}")
-    return None if images is None else list(images)
+    return images
 
 
 def _images_to_inspect(images: Optional[Sequence[Union[str, Path]]], out: Path) -> Optional[List[Path]]:

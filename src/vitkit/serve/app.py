@@ -266,9 +266,11 @@ class Endpoint:
         return Response(png, media_type="image/png")
 
 
-#: the answer to a request in flight when a second Ctrl-C stops the server at once
+#: the answer to a request in flight when a second Ctrl-C stops the server at once, and when a drain's time ran out
 STOPPED_AT_ONCE = HttpError(503, "the server was stopped at once (a second Ctrl-C) before this request was "
                                  "answered: send it again once the server is back", close=True)
+DRAIN_TIMED_OUT = HttpError(503, "the server stopped before this request was answered (its shutdown's time ran "
+                                 "out): send it again once the server is back", close=True)
 
 
 class Guard:
@@ -306,7 +308,8 @@ class Guard:
                 await self.app(scope, receive, sending)
         except asyncio.CancelledError:  # a second Ctrl-C: uvicorn's answer to the cancelled was a plain-text 500
             if not started[0]:
-                await error_response(JSONResponse, STOPPED_AT_ONCE)(scope, receive, sending)
+                said = STOPPED_AT_ONCE if endpoint.state.get("stopped_at_once") else DRAIN_TIMED_OUT
+                await error_response(JSONResponse, said)(scope, receive, sending)
             raise
         finally:
             name = path if path in ROUTES else OPEN_PREFIX.rstrip("/") if path.startswith(OPEN_PREFIX) else "other"

@@ -150,6 +150,7 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
             app.state.vitkit["draining"] = True
             super().handle_exit(sig, frame)
             if self.force_exit:  # a second Ctrl-C: the tasks it cancels are not errors (the last line says so)
+                app.state.vitkit["stopped_at_once"] = True  # (its answer to them says so; a drain's timeout is other)
                 logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL + 1)
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

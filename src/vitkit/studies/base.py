@@ -287,10 +287,10 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         config.update(max_steps=options.steps, val_every=options.steps, checkpoint_every=options.steps)
     if options.dataset:
         config["dataset"] = options.dataset
-        from ..data.datasets import canonical, is_in_memory
+        from ..train.config import in_memory_images
 
-        if not is_in_memory(canonical(options.dataset)):  # an arm's padding is of in-memory images: for image
-            config.pop("crop_pad", None)  # files it was refused as the run's choice, after the study's pre-training
+        if not in_memory_images(options.dataset):  # an arm's padding is of in-memory images: for image files it
+            config.pop("crop_pad", None)  # was refused as the run's choice, after the study's pre-training
     if options.data_dir:
         config["data_dir"] = options.data_dir
     if options.threads:

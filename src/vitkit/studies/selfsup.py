@@ -30,7 +30,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .. import tiny
 from ..files import write_json
+from ..train.recipes import RECIPES
 from .base import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -73,48 +75,69 @@ def pretrain_run(objective: str, work: Path, threads: Optional[int] = None, epoc
                  data: Optional[Dict[str, Any]] = None, steps: Optional[int] = None) -> Dict[str, Any]:
     """The summary of ``vitkit pretrain --objective OBJECTIVE`` in ``work/pretrain-OBJECTIVE`` (on
     ``data``'s dataset fields; ``steps``: optimiser steps instead of the recipe's epochs): reused when
-    finished, resumed from its last checkpoint when interrupted, each only where it was made as asked now."""
+    finished, resumed from its last checkpoint when interrupted, each only where it was asked for as now."""
     run, recipe = work / f"pretrain-{objective}", f"{objective}-fmnist"
     fields = {**({"epochs": epochs} if epochs else {}), **(data or {})}
     if steps:
         fields["max_steps"] = steps
         shorten_warmup(fields, recipe)
+    asked = {k: fields.get(k) for k in REUSED_BY}
+    record = work / "configs" / f"{run.name}.json"
     finished = (run / "summary.json").is_file()
     started = finished or ((run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step_*.pt")))
     if started:
-        _check_pretraining_reuse(run, recipe, fields)
+        _check_pretraining_reuse(run, recipe, asked, record)
     if finished:
         return read_study_json(run / "summary.json", "the summary of a finished pre-training run")
     if started:
         return run_training(f"resuming {run.name}", resume=str(run), threads=threads)
     discard_unstarted(run)
     work.mkdir(parents=True, exist_ok=True)
+    write_json(record, asked)
     return run_training(f"pre-training {objective}", recipe, threads=threads, objective=objective,
                         runs_dir=str(work), name=run.name, **fields)
 
 
-#: the fields a pre-training run of the study is reused by: another value is another experiment
+#: what the study asks of a pre-training run (None: the recipe's): another value is another experiment
 REUSED_BY = ("epochs", "max_steps", "dataset", "data_dir")
 
 
-def _check_pretraining_reuse(run: Path, recipe: str, fields: Dict[str, Any]) -> None:
+def _check_pretraining_reuse(run: Path, recipe: str, asked: Dict[str, Any], record: Path) -> None:
     """A pre-training run of an earlier invocation (a --smoke one, on another --dataset, cut to other --steps)
-    was reused whatever made it: its encoder then stood in the table as this study's. Compared with the run's own
-    config.json (so runs of versions before are checked too), against the config asked now would make."""
-    import warnings
-
-    from ..train import resolve_config
-
-    saved = read_study_json(run / "config.json", "the pre-training run's settings")
-    with warnings.catch_warnings():  # (its notes are the run's to say, when it runs)
-        warnings.simplefilter("ignore")
-        asked = resolve_config(recipe, None, objective=recipe.split("-")[0], progress=False, **fields)
-    same = {"data_dir": lambda a, b: a == b or bool(a and b and Path(a).resolve() == Path(b).resolve())}
-    changed = [k for k in REUSED_BY if not same.get(k, lambda a, b: a == b)(saved.get(k), getattr(asked, k))]
+    was reused whatever made it: its encoder then stood in the table as this study's. Checked against what the
+    study asked of it (``record``); a run of a version before the record, against its own config.json, where
+    fitting to a small dataset may have raised its epochs (never lowered them)."""
+    if record.is_file():
+        before = read_study_json(record, "the settings the study gave this pre-training")
+        changed = [k for k in REUSED_BY if before.get(k) != asked[k]]
+    else:
+        saved = read_study_json(run / "config.json", "the pre-training run's settings")
+        changed = [k for k in ("dataset", "data_dir") if not _same_data(k, saved.get(k), asked[k])]
+        want = asked["epochs"] or RECIPES[recipe].get("epochs", 0)
+        if saved.get("epochs") != want and (asked["epochs"] or (saved.get("epochs") or 0) < want):
+            changed.append("epochs")
+        if saved.get("max_steps") != asked["max_steps"] and not tiny.enabled():  # (shrunk by VITKIT_TINY)
+            changed.append("max_steps")
+        before = saved
     if changed:
-        said = "; ".join(f"{k}: {saved.get(k)!r} then, {getattr(asked, k)!r} now" for k in changed)
+        said = "; ".join(f"{k}: {_shown(k, before.get(k))} then, {_shown(k, asked[k])} now" for k in changed)
         raise ValueError(f"{run} was pre-trained with other settings ({said}): give the study another --work "
                          f"folder, or remove that one to pre-train it again")
+
+
+def _shown(key: str, value: Any) -> str:
+    if value is None:
+        return {"epochs": "the recipe's", "max_steps": "the recipe's", "dataset": "'fashion-mnist'"}.get(key, "none")
+    return repr(value)
+
+
+def _same_data(key: str, saved: Any, asked: Any) -> bool:
+    """A run's saved dataset or data_dir and the one asked (None: Fashion-MNIST, no folder) name the same data."""
+    from ..data.datasets import canonical
+
+    if key == "dataset":
+        return canonical(str(saved or "fashion-mnist")) == canonical(str(asked or "fashion-mnist"))
+    return saved == asked or bool(saved and asked and Path(saved).resolve() == Path(asked).resolve())
 
 
 def random_encoder(work: Path) -> Path:

@@ -510,7 +510,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
         for name, off in LABEL_FIELDS.items():
             if name in RECIPES[recipe] and name not in chosen:
                 values[name] = off
-    if values.get("crop_pad") and "crop_pad" not in chosen and not _pads(values.get("dataset", TrainConfig.dataset)):
+    if values.get("crop_pad") and "crop_pad" not in chosen and \
+            not in_memory_images(values.get("dataset", TrainConfig.dataset)):
         values["crop_pad"] = 0  # the recipe's padding of in-memory images: saved, never applied, and then refused
         # as a choice by the run's own resume
     refuse_ignored(values, changing, typed=given)
@@ -528,9 +529,9 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     return cfg
 
 
-def _pads(dataset: Any) -> bool:
-    """Whether ``dataset``'s images are padded and cropped (in memory), not cut by RandomResizedCrop (files); an
-    unknown name is the config's check's to say."""
+def in_memory_images(dataset: Any) -> bool:
+    """Whether ``dataset``'s images are in memory (padded and cropped by --crop-pad), not files (cut by
+    RandomResizedCrop); an unknown name counts as in memory: the config's check says it."""
     from ..data.datasets import canonical, is_in_memory
 
     try:

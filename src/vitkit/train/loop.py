@@ -36,7 +36,7 @@ from ..models.complexity import complexity
 from ..parallel import add_in_order, choose
 from ..runlock import RunLock
 from ..selfsup import encoder_of
-from ..signals import expect_worker_deaths, stop_received, worker_stop
+from ..signals import Terminated, expect_worker_deaths, stop_received, worker_stop
 from ..utils import seed_for
 from ..weights.load import shape_problems
 from . import distributed, finetune
@@ -97,13 +97,14 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         finished = True
         return summary
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C or SIGTERM, to this process or a data worker
-        # a worker's death after a stop this process received (and Python swallowed: see stop_received)
-        stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()
-        if stop is None and distributed.peer_lost(dist_info, e) or stop is not None and _first_killed(run):
-            raise _peer_stopped(run) from None  # (gloo's "unexpected" error, or torchrun's SIGTERM came first)
+        stop = e if isinstance(e, KeyboardInterrupt) else worker_stop(e) or stop_received()  # (see stop_received)
+        if stop is None and distributed.peer_lost(dist_info, e):  # (said by gloo as an "unexpected" error)
+            raise _peer_stopped(run) from None
         if stop is None:
             raise
         expect_worker_deaths()
+        if _first_killed(run, stop):  # torchrun's SIGTERM came before the next all-reduce would have met the loss
+            raise _peer_stopped(run) from None
         if run is not None and run.run_dir is not None and run.main:
             log(_interrupted(run))
         if stop is e:
@@ -165,10 +166,11 @@ def _peer_stopped(run: Optional[Run]) -> distributed.PeerLost:
     return lost
 
 
-def _first_killed(run: Optional[Run]) -> bool:
+def _first_killed(run: Optional[Run], stop: BaseException) -> bool:
     """Whether this rank's stop is torchrun's SIGTERM after its machine's first process was killed outright (which
-    said nothing), reaching here before the next all-reduce would have met the loss."""
-    return run is not None and not run.main and not first_process_alive()
+    said nothing), reaching here before the next all-reduce would have met the loss (a Ctrl-C, which reaches every
+    rank, is no such stop: a rank that met it late may find the first one gone)."""
+    return isinstance(stop, Terminated) and run is not None and not run.main and not first_process_alive()
 
 
 def _interrupted(run: Run) -> str:

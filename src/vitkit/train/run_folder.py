@@ -77,17 +77,18 @@ def is_finished(run_dir: Path) -> bool:
         steps = json.loads(summary.read_text()).get("steps")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:  # (said without a file: "Invalid
         # control character at: line 1 column 12")
-        return _scored_again(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
-    if not (run_dir / "model" / "config.json").is_file():  # (each verb sent the user to the other)
-        return _scored_again(run_dir, "its model/ is gone")
-    return isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
+        return _resumed_anew(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
+    done = isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
+    if done and not (run_dir / "model" / "config.json").is_file():  # (each verb sent the user to the other)
+        return _resumed_anew(run_dir, "its model/ is gone")
+    return done
 
 
-def _scored_again(run_dir: Path, why: str) -> bool:
-    """A finished run whose summary or model is damaged or gone: resumed from its last checkpoint, whose step is
-    the last, so only the scores are made again (and the model saved, the summary written). Said; not finished."""
-    warnings.warn(f"{run_dir}: {why}: the run is scored again from its last checkpoint, which writes them anew",
-                  stacklevel=3)
+def _resumed_anew(run_dir: Path, why: str) -> bool:
+    """A finished run whose summary or model is damaged or gone: not finished, resumed from its last checkpoint
+    (the last step's: only the scores are made again), which saves the model and writes the summary. Said."""
+    warnings.warn(f"{run_dir}: {why}: the run is resumed from its last checkpoint, which writes its model and "
+                  f"summary anew", stacklevel=3)
     return False
 
 

@@ -252,7 +252,8 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: st
     source = run.data.val if split == "val" else run.data.test
     size = run.cfg.eval_batch_size
     total = -(-len(source) // size) if hasattr(source, "__len__") else None  # shards: a stream
-    batches = _counted(run, split, run.data.eval_batches(split, run.input_config, size))
+    unread: List[str] = []  # this split's, in the order met
+    batches = _counted(run, split, run.data.eval_batches(split, run.input_config, size), unread)
     label = " ".join(filter(None, ["evaluating", which, split, "" if tta == "none" else f"({tta} TTA)"]))
     # counts the batches handed to the device: on a GPU a few ahead of those computed, as no
     # host sync is added (the task's one sync ends the scoring)
@@ -260,19 +261,23 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: st
     views = {} if tta == "none" else {"tta": tta, "config": run.input_config}
     scores = run.task.evaluate(net, shown, run.amp, run.parallel, **views)
     if run.scored.get(split) == 0:  # every image unreadable: scored "0.00% on 20 images", exit 0
-        first = sorted(run.skipped)[0] if run.skipped else "none named"
+        first = unread[0] if unread else "none named"
         raise ValueError(f"none of the {split} split's images could be read (first: {first}): there is nothing to "
                          f"score; replace the files (--strict-data stops at the first), then --resume {run.run_dir} "
                          f"scores the trained model")
     return scores
 
 
-def _counted(run: "Run", split: str, batches: Iterable[MicroBatch]) -> Iterator[MicroBatch]:
+def _counted(run: "Run", split: str, batches: Iterable[MicroBatch], unread: Optional[List[str]] = None
+             ) -> Iterator[MicroBatch]:
     """``batches`` as they are, the images read and the unreadable samples named kept on ``run`` (a stream's
-    test samples that did not decode were lost from the summary: skipped_files 0, no test_images)."""
+    test samples that did not decode were lost from the summary: skipped_files 0, no test_images), the split's
+    own unreadable ones in ``unread``."""
     run.scored[split] = 0
     for x, y, bad in batches:
         run.skipped.update(bad)
+        if unread is not None:
+            unread.extend(bad)
         run.scored[split] += 0 if x is None else len(y)
         yield x, y, bad
 

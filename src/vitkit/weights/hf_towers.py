@@ -194,7 +194,9 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
 _PARTS_OF_CLASS = {"CLIPModel": ("visual_projection.", "its visual_projection"),
                    "CLIPVisionModelWithProjection": ("visual_projection.", "its visual_projection"),
                    "SiglipModel": ("head.", "its attention-pool head"),
-                   "SiglipVisionModel": ("head.", "its attention-pool head")}
+                   "SiglipVisionModel": ("head.", "its attention-pool head"),
+                   "Siglip2Model": ("head.", "its attention-pool head"),
+                   "Siglip2VisionModel": ("head.", "its attention-pool head")}
 
 
 def _check_parts_held(hf: Mapping[str, Any], tower: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:

@@ -167,7 +167,7 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
         if objective != "mae":
             raise WeightsError(f"the official MAE layout holds MAE models only, not {objective}; "
                                f"export it as 'vitkit' (or its encoder as 'timm')")
-        if path.suffix not in (".pth", ".pt"):
+        if path.suffix.lower() not in (".pth", ".pt"):
             raise WeightsError(f"MAE export: the official checkpoints are .pth files, not {path.name!r}")
         _need_class_token(enc, "the official MAE layout")
         encoder_sd = timm_format.from_native(enc)  # timm names; any position kind as its full table
