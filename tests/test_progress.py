@@ -150,8 +150,9 @@ class FakeTask:
 
 
 def fake_run(progress_on: bool, main: bool = True, n: int = 10):
+    batch = lambda size: ([0] * size, [0] * size, ())  # noqa: E731 (inputs, labels, none unreadable)
     data = SimpleNamespace(test=list(range(n)), val=list(range(n)),
-                           eval_batches=lambda split, config, size: iter([(None, [0] * size, ())] * -(-n // size)))
+                           eval_batches=lambda split, config, size: iter([batch(size)] * -(-n // size)))
     return SimpleNamespace(cfg=SimpleNamespace(progress=progress_on, eval_batch_size=4), main=main, data=data,
                            input_config=None, task=FakeTask(), amp=None, parallel=None, skipped=set(), scored={})
 
