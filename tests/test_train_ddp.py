@@ -64,8 +64,7 @@ def _children(pid: int):
     return sorted(found)
 
 
-@pytest.mark.parametrize("rank, how", [(0, "SIGTERM"), (1, "SIGTERM"), (1, "SIGKILL"), (0, "SIGKILL"),
-                                       (0, "SIGKILL, then SIGTERM to the other")])
+@pytest.mark.parametrize("rank, how", [(0, "SIGTERM"), (1, "SIGTERM"), (1, "SIGKILL"), (0, "SIGKILL")])
 def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     """The stopped rank waited at the process group's closing barrier while the other waited in a step's
     all-reduce: both ranks and torchrun stayed (10 minutes, until killed). Now the job ends, the stop is
@@ -88,9 +87,7 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
             time.sleep(0.2)
         ranks = _children(job.pid)
         assert len(ranks) == 2, ranks
-        os.kill(ranks[rank], getattr(signal, how.split(",")[0]))
-        if "then" in how:  # torchrun's SIGTERM reaching the survivor before its next all-reduce meets the loss
-            os.kill(ranks[1 - rank], signal.SIGTERM)
+        os.kill(ranks[rank], getattr(signal, how))
         _, err = job.communicate(timeout=120)  # torchrun ends its other rank once one has ended
     finally:
         if job.poll() is None:
@@ -100,7 +97,7 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     assert job.returncode != 0 and not _children(job.pid)
     assert "stopped by SIGTERM" in err or "interrupted" in err, err[-2000:]
     assert "unexpected" not in err, err[-2000:]
-    if how.startswith("SIGKILL"):  # (rank 0 killed: rank 1 says it, where it said nothing)
+    if how == "SIGKILL":  # (rank 0 killed: rank 1 says it, where it said nothing)
         # the survivor meets the loss in its next all-reduce ("another process of the job stopped, so this one
         # did"), or on a loaded machine torchrun's SIGTERM first ("stopped by SIGTERM"): the checkpoint is said
         assert re.search(r"interrupted; \S+ keeps its checkpoint of step \d+: vitkit train --resume \S+ goes on "
@@ -180,8 +177,10 @@ def test_each_rank_draws_its_own_dropout_and_drop_path_masks():
 
 def test_a_rank_knows_when_its_machines_first_process_is_gone(tmp_path):
     """Rank 0 killed outright says nothing, and torchrun's SIGTERM may reach rank 1 before its next all-reduce
-    meets the loss: rank 1 was silent too, and no line named the checkpoint. The check reads the siblings (the
-    parent's other children) from /proc: a first process that runs counts, a dead one (a zombie) does not."""
+    meets the loss: rank 1 was silent too, and no line named the checkpoint (CI's red run of the SIGKILL case
+    above). The check reads the siblings (the parent's other children) from /proc: a first process that runs
+    counts, a dead one (a zombie) does not. (Forcing that order end to end sends rank 1 two SIGTERMs, ours and
+    torchrun's, a race of its own: the mechanism is tested here and in the test below.)"""
     import os
     import signal
 
