@@ -832,3 +832,30 @@ def test_a_run_resumed_at_its_last_step_from_an_old_checkpoint_claims_no_speed()
     assert train_throughput(midway) == {"train_img_s": 320.0, "train_img_s_covers": "steps 61-100 (since the resume; "
                                         "earlier checkpoints kept no training time)"}
     assert _img_s(train_throughput(midway)) == "320 img/s"
+
+
+def test_a_worker_gone_after_it_noted_a_sigterm_is_the_stop(monkeypatch):
+    """A worker that noted a SIGTERM and then died of it before the main process asked ended evaluation in torch's
+    "DataLoader worker (pid(s) N) exited unexpectedly", said as an unexpected error: it is the stop it means.
+    Without such a note the error is torch's, as before."""
+    from vitkit.data import loader
+    from vitkit.signals import Terminated
+
+    def fake(noted):
+        class Loader:
+            def __init__(self, dataset, worker_init_fn=None, **options):
+                self.init = worker_init_fn
+
+            def __iter__(self):
+                yield 1
+                if noted:
+                    self.init.args[0].value = 1  # what a worker's SIGTERM handler sets
+                raise RuntimeError("DataLoader worker (pid(s) 5449) exited unexpectedly")
+        return Loader
+
+    for noted, error in ((True, Terminated), (False, RuntimeError)):
+        monkeypatch.setattr(loader, "DataLoader", fake(noted))
+        batches = loader.loader_batches([0], num_workers=2)
+        assert next(batches) == 1
+        with pytest.raises(error):
+            next(batches)

@@ -47,10 +47,15 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
     loader = DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options)
     with interrupts_deferred():  # the workers' start: a stop raised inside it (or inside its at-fork
         batches = iter(loader)   # hooks, where it is lost) leaves an iterator whose __del__ fails
-    for batch in batches:
-        check()
-        yield batch
-        check()
+    try:
+        for batch in batches:
+            check()
+            yield batch
+            check()
+    except RuntimeError:  # torch's word for a worker gone ("exited unexpectedly"), after one noted a SIGTERM that
+        if flag.value:    # then ended it before this process asked: the stop it means, not "unexpected"
+            raise Terminated() from None
+        raise
 
 
 def decoded_batches(dataset: Dataset, batch_size: int, workers: int, skipped: List[str]) -> Iterator[Tuple[Any, Any]]:
