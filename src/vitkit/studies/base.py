@@ -334,12 +334,18 @@ def fewshot_pool(options: Options) -> int:
     return SMOKE_FEWSHOT_POOL if options.smoke else FEWSHOT_POOL
 
 
-def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
-    """{"fewshot_K": accuracy} of a run's frozen features, cached as ``RUN/fewshot.json`` (empty for
-    image folders and shards, which ``vitkit fewshot`` does not read)."""
+def scores_fewshot(options: Options) -> bool:
+    """Whether a study scores few-shot on its dataset: not image folders and shards, which ``vitkit fewshot``
+    does not read (the runs' rows and the self-supervision study's frozen encoders alike)."""
     from ..data.datasets import FILE_DATASETS, canonical
 
-    if options.dataset and canonical(options.dataset) in FILE_DATASETS:
+    return not (options.dataset and canonical(options.dataset) in FILE_DATASETS)
+
+
+def fewshot_scores(run: Path, options: Options) -> Dict[str, float]:
+    """{"fewshot_K": accuracy} of a run's frozen features, cached as ``RUN/fewshot.json`` (empty where the study
+    scores no few-shot: :func:`scores_fewshot`)."""
+    if not scores_fewshot(options):
         return {}
     cached = run / "fewshot.json"
     if cached.is_file():

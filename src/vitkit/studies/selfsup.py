@@ -48,6 +48,7 @@ from .base import (
     fewshot_pool,
     read_study_json,
     run_training,
+    scores_fewshot,
     shorten_warmup,
     spread,
     too_few_seeds,
@@ -158,9 +159,7 @@ def encoder_fewshot(weights: Path, options: Options) -> Dict[str, float]:
     """{shots: accuracy} of a frozen encoder, cached beside it as ``fewshot-encoder.json`` with the settings it
     was scored with (another --dataset or --smoke's pool scores it again: the cache of another was read as this
     one's, and any numbers in it were put in the table)."""
-    from ..data.datasets import FILE_DATASETS, canonical
-
-    if options.dataset and canonical(options.dataset) in FILE_DATASETS:  # as the runs' few-shot rows (fewshot_scores)
+    if not scores_fewshot(options):  # as the runs' few-shot rows
         return {}
     cached = (weights if weights.is_dir() else weights.parent) / "fewshot-encoder.json"
     settings = {"dataset": options.dataset or "fashion-mnist", "data_dir": options.data_dir,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..machine import usable_cores
+from .chosen import file_choices
 from .config import OBJECTIVE_OPTIONS, OFF, RENAMED, TrainConfig, deep_merge, field_kinds
 from .recipes import RECIPES
 
@@ -149,18 +150,14 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
     if values is None:
         return None, overrides  # not a run folder: resuming says so
     recipe = values.pop("recipe", None)
-    kinds, defaults, own = field_kinds(), TrainConfig(), RECIPES.get(recipe, {})
+    kinds, defaults = field_kinds(), TrainConfig()
     # as choices, where saved (the machine's fields: this one's), unless the run's recipe set them (a folder run's
     # recipe padding, saved as 2 by older versions, was refused as a choice its own resume made)
-    merged = {k: v for k, v in values.items() if k in kinds and k not in RUNTIME_FIELDS
-              and v != getattr(defaults, k) and not (k in own and _same(v, own[k]))}
+    not_the_recipes = file_choices(values, RECIPES.get(recipe, {}))
+    merged = {k: v for k, v in not_the_recipes.items() if k in kinds and k not in RUNTIME_FIELDS
+              and v != getattr(defaults, k)}
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
-
-
-def _same(saved: Any, recipes: Any) -> bool:
-    """A saved JSON value and the recipe's, alike (a JSON list is a recipe's tuple)."""
-    return json.dumps(saved, sort_keys=True, default=str) == json.dumps(recipes, sort_keys=True, default=str)
 
 
 __all__ = ["RUNTIME_FIELDS", "RUNTIME_FLAGS", "check_resume", "resume_conflicts", "resumed_config", "saved_field",
