@@ -504,7 +504,8 @@ def test_eval_of_a_run_reads_its_own_data_and_classes_by_name_in_any_layout(tmp_
     """A folder run's own "next: vitkit eval --weights RUN" was refused ("pass --dataset"); shards (and Hugging Face
     splits) holding the model's classes in another order were refused ("evaluate them on their own dataset")
     where a folder was scored by name; weights without names were scored by the data's order without a word;
-    top-5 of 2 classes was 1.0 in the JSON ("n/a" printed); an earlier eval.json was replaced in silence."""
+    top-5 of 2 classes was 1.0 in the JSON ("n/a" printed); an earlier eval.json was replaced in silence; few-shot
+    named a class by its index."""
     import vitkit
     from vitkit.data.shard_writer import folder_to_shards
     from vitkit.evaluate import score_dataset
@@ -539,3 +540,7 @@ def test_eval_of_a_run_reads_its_own_data_and_classes_by_name_in_any_layout(tmp_
     with pytest.warns(UserWarning, match=r"the weights name no classes: folder's 2 classes, in its order \(a, b\), "
                                          r"are taken as the head's rows 0 to 1"):
         score_dataset(bare, "folder", data_dir=str(tmp_path / "d"), progress=False)
+    for i in range(3):  # few-shot named the class too small for its shots by index ("class 1: 9")
+        (tmp_path / "d" / "train" / "b" / f"{i}.png").unlink()
+    assert cli(["fewshot", "--weights", str(tmp_path / "runs" / "r"), "--shots", "5", "--no-progress"]) == 2
+    assert "2 of 2 classes have fewer (class 'b': 9)" in capsys.readouterr().err

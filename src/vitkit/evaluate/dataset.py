@@ -349,14 +349,14 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
         if splits["train"].split_name == splits["test"].split_name:  # fitted on the images it is scored on
             raise ValueError(f"--hf-split {hf_split}: fewshot scores the {splits['test'].split_name} split, so the "
                              f"shots must come from another one (the default: train)")
-        features = _file_features(model, splits, pool, progress, skipped)
     elif dataset == "folder":
-        features = _file_features(model, _folder_splits(model, data_dir, ("train", "test"), progress), pool,
-                                  progress, skipped)
+        splits = _folder_splits(model, data_dir, ("train", "test"), progress)
+    if datasets.is_hf(dataset) or dataset == "folder":
+        features, names = _file_features(model, splits, pool, progress, skipped), splits["train"].classes
     else:
-        features = _memory_features(model, dataset, pool, data_dir, progress)
+        features, names = _memory_features(model, dataset, pool, data_dir, progress)
     try:
-        results = fewshot_from_features(*features, list(shots), seeds, progress=progress)
+        results = fewshot_from_features(*features, list(shots), seeds, progress=progress, class_names=names)
     except ValueError as e:
         if pool and len(features[1]) >= pool:  # the pool drawn, not the split, held too few of a class
             raise ValueError(f"{e}; only a pool of {pool:,} training images was drawn: a larger pool, or 0 for the "
@@ -368,12 +368,12 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
 def _memory_features(model, dataset: str, pool: int, data_dir: Optional[str], progress: bool):
     from ..data.tensors import load_split_tensors
 
-    tr_x, tr_y, _ = load_split_tensors(dataset, "train", data_dir)
+    tr_x, tr_y, names = load_split_tensors(dataset, "train", data_dir)
     te_x, te_y, _ = load_split_tensors(dataset, "test", data_dir)
     pick = pool_rows(len(tr_y), pool)  # features of a random subset of the training pool are enough
     tr_x, tr_y = tr_x[pick], tr_y[pick]
     return (extract_features(model, tr_x, progress=progress, label="extracting train features"), tr_y,
-            extract_features(model, te_x, progress=progress, label="extracting test features"), te_y)
+            extract_features(model, te_x, progress=progress, label="extracting test features"), te_y), names
 
 
 def _file_features(model, data: Dict[str, Any], pool: int, progress: bool, skipped: List[str]):

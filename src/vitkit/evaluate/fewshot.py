@@ -89,8 +89,10 @@ class FewShotResult:
                 "lambdas": self.lambdas}
 
 
-def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int) -> None:
-    """At least two classes, each with the images the largest shot count draws (said for that one, which decides)."""
+def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int,
+                class_names: Optional[Sequence[str]] = None) -> None:
+    """At least two classes, each with the images the largest shot count draws (said for that one, which decides;
+    by its name where the data has names: "class 0" told a folder's user nothing)."""
     present = sum(len(idx) > 0 for idx in by_class)
     if present < 2:
         raise ValueError(f"few-shot classification needs at least 2 classes; the training split has {present}")
@@ -99,16 +101,19 @@ def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int
     if short:
         fewest = min(short, key=lambda c: len(by_class[c]))
         fits = [k for k in shots if k + holdout <= len(by_class[fewest])]
+        named = f"{class_names[fewest]!r}" if class_names is not None and fewest < len(class_names) else str(fewest)
         raise ValueError(f"{max(shots)} shots + {holdout} held out (the ridge's regulariser is chosen on them) need "
                          f"{need} training images per class; {len(short)} of {len(by_class)} classes have fewer "
-                         f"(class {fewest}: {len(by_class[fewest])}): give the probe a training split with more "
+                         f"(class {named}: {len(by_class[fewest])}): give the probe a training split with more "
                          f"images per class" + (f", or only --shots {' '.join(map(str, fits))}" if fits else ""))
 
 
 def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                           test_y: torch.Tensor, shots: Sequence[int], seeds: int = 3,
-                          holdout_per_class: int = 50, progress: bool = True) -> Dict[int, FewShotResult]:
-    """Few-shot accuracy for each shot count, from precomputed features.
+                          holdout_per_class: int = 50, progress: bool = True,
+                          class_names: Optional[Sequence[str]] = None) -> Dict[int, FewShotResult]:
+    """Few-shot accuracy for each shot count, from precomputed features (``class_names``: the labels' names, for a
+    class too small to be said by name).
 
     ``progress``: a line on stderr with the (shots, seed) fits done, once they have run 5 s
     (100 classes of 768-d features: about 10 s on one CPU thread).
@@ -128,7 +133,7 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
     test_y = checked_labels(test_y, len(test_x), "test_y")
     classes = int(max(train_y.max(), test_y.max()).item()) + 1
     by_class = [torch.nonzero(train_y == c).flatten() for c in range(classes)]
-    _check_fits(by_class, shots, holdout_per_class)
+    _check_fits(by_class, shots, holdout_per_class, class_names)
     if not (torch.isfinite(train_x).all() and torch.isfinite(test_x).all()):  # chance, said as a score before
         raise ValueError("the model's features are not finite (NaN or inf): its weights overflow")
     results: Dict[int, FewShotResult] = {}

@@ -328,7 +328,7 @@ def fewshot_probe(encoder: nn.Module, data: RunData, progress: bool = False) -> 
     feats_tr = extract_features(encoder, train.images[pick], progress=progress, label="extracting train features").cpu()
     feats_te = extract_features(encoder, test.images, progress=progress, label="extracting test features").cpu()
     results = fewshot_from_features(feats_tr, train.labels[pick].cpu(), feats_te, test.labels.cpu(),
-                                    FEWSHOT_SHOTS, FEWSHOT_SEEDS, progress=progress)
+                                    FEWSHOT_SHOTS, FEWSHOT_SEEDS, progress=progress, class_names=data.classes)
     return {str(k): r.mean for k, r in results.items()}
 
 
