@@ -119,6 +119,9 @@ def test_missing_and_empty_datasets_are_clear_cli_errors(tmp_path, capsys):
              (["--dataset", "folder", "--data-dir", str(tmp_path / "nowhere")], "not found"),
              (["--dataset", "folder", "--data-dir", str(tmp_path)], "must hold train/ and test/"),
              (["--dataset", "folder", "--data-dir", str(tmp_path / "empty")], "no class subfolders"),
+             (["--dataset", "folder", "--data-dir", str(tmp_path / "empty" / "test")],  # a split given for its folder
+              f"; {tmp_path / 'empty' / 'test'} looks like one split of {tmp_path / 'empty'}: give --data-dir "
+              f"{tmp_path / 'empty'}"),
              (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
              (["--dataset", str(tmp_path / "empty")],  # a folder without the word: both ways to read one
               f"({tmp_path / 'empty'} is a folder: --dataset folder --data-dir {tmp_path / 'empty'} reads its "

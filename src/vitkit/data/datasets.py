@@ -119,6 +119,14 @@ def stats(name: str) -> Stats:
     return IN_MEMORY[name][1] if name in IN_MEMORY else FILE_STATS
 
 
+def _split_given(root: Path) -> str:
+    """The advice where ``root`` is itself one split of a dataset folder (photos/test given for photos)."""
+    parent, splits = root.resolve().parent, ("train", "test", "val")
+    if root.resolve().name in splits and sum((parent / s).is_dir() for s in splits) > 1:
+        return f"; {root} looks like one split of {parent}: give --data-dir {parent}"
+    return ""
+
+
 def file_split_dirs(name: str, data_dir: Optional[str], need_train: bool = True) -> Tuple[Path, Path]:
     """(train folder, test folder) of a file dataset: ``train/`` and ``test/`` (else ``val/``); without
     ``need_train`` (scoring the held-out split alone) a folder without ``train/`` will do."""
@@ -137,7 +145,8 @@ def file_split_dirs(name: str, data_dir: Optional[str], need_train: bool = True)
         what = "class subfolders of images" if name == "folder" else ".tar shards"
         needed = "train/ and test/ (or val/), each" if need_train else "test/ (or val/)"
         raise DatasetNotFound(f"{root} must hold {needed} with {what}; "
-                              f"found: {', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}")
+                              f"found: {', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'}"
+                              + _split_given(root))
     if train.is_dir() and train.resolve() == test.resolve():  # a link: the test score would be of the training images
         raise DatasetNotFound(f"{test} is {train} (a link to the same folder): a score on it would be of the "
                               f"training images; give {root} a {test.name}/ of held-out images")
