@@ -700,6 +700,42 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(weights):
         proc.kill()
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_request_cut_off_is_told_why_in_json(at_once):
+    """A request still running when uvicorn cancels it (a second Ctrl-C, or a drain past its time: --timeout + 1 s)
+    got uvicorn's plain-text 500; it gets a JSON 503 that says which, with Connection: close, and is counted."""
+    from types import SimpleNamespace
+
+    from vitkit.serve.app import Guard
+    from vitkit.serve.metrics import Metrics
+
+    endpoint = SimpleNamespace(options=SimpleNamespace(api_key=None), metrics=Metrics(),
+                               state={"draining": False, "stopped_at_once": at_once})
+    sent, started = [], asyncio.Event()
+
+    async def running_for_ever(scope, receive, send):
+        started.set()
+        await asyncio.Event().wait()
+
+    async def scenario():
+        async def send(message):
+            sent.append(message)
+
+        request = asyncio.ensure_future(Guard(running_for_ever, endpoint)(
+            {"type": "http", "path": "/predict", "method": "POST", "headers": []}, None, send))
+        await started.wait()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+
+    asyncio.run(scenario())
+    head, body = sent[0], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert head["status"] == 503 and (b"connection", b"close") in [(k.lower(), v) for k, v in head["headers"]]
+    why = "stopped at once (a second Ctrl-C)" if at_once else "its shutdown's time ran out"
+    assert why in body["error"] and "send it again once the server is back" in body["error"], body
+    assert endpoint.metrics.value("vitkit_requests_total", endpoint="/predict", code="503") == 1
+
+
 def test_a_sigterm_as_soon_as_the_server_says_it_is_ready_drains_it(weights):
     """A SIGTERM between the ready line and uvicorn's own handlers was raised as an exception in
     asyncio's start ("coroutine ... was never awaited", exit 143, nothing said). Sent from the ready
