@@ -599,6 +599,19 @@ def test_vitkit_info_says_what_an_onnx_file_is(tmp_path, capsys):
     onnx.save(proto, str(tmp_path / "lie.onnx"))
     assert main(["info", str(tmp_path / "lie.onnx")]) == 2
     assert "cannot load it:" in capsys.readouterr().out
+    # a depth or patch size edited in the metadata was printed as the file's (predict runs by neither)
+    for key, value, words in (("depth", 3, "it holds 1 of blocks.N where that model has 3"),
+                              ("patch_size", [4, 4], "its patch_embed.proj.weight is [192, 3, 8, 8] where that "
+                                                     "model's is [192, 3, 4, 4]")):
+        proto = onnx.load(str(path))
+        meta = next(p for p in proto.metadata_props if p.key == "vitkit.config")
+        edited = json.loads(meta.value)
+        edited["config"][key] = value
+        meta.value = json.dumps(edited)
+        onnx.save(proto, str(tmp_path / "lie.onnx"))
+        assert main(["info", str(tmp_path / "lie.onnx")]) == 2
+        out = capsys.readouterr().out
+        assert "cannot load it: its vitkit metadata does not describe its graph: " + words in " ".join(out.split()), out
     # a foreign graph: what it takes and gives, and what predict needs to run it
     with torch.no_grad():
         torch.onnx.export(model, (torch.zeros(2, 3, 32, 32),), str(tmp_path / "foreign.onnx"), dynamo=False,

@@ -25,7 +25,8 @@ def is_graph(source: PathLike) -> bool:
 
 
 def describe_graph(path: PathLike) -> Dict[str, Any]:
-    """``vitkit info``'s facts of an exported graph (see the module docstring)."""
+    """``vitkit info``'s facts of an exported graph (see the module docstring); an ONNX graph's named weights are
+    checked against the model its metadata describes too (OpenVINO keeps no names to check)."""
     from .openvino import OpenVinoModel, _check_files, is_openvino
     from .runtime import OnnxMetadataError, OnnxModel, check_onnx_file
 
@@ -34,7 +35,7 @@ def describe_graph(path: PathLike) -> Dict[str, Any]:
     runtime = OpenVinoModel if openvino else OnnxModel
     (_check_files if openvino else check_onnx_file)(path)  # what the runtime checks first: there, not empty
     try:
-        metadata, inputs, outputs, tensors = (_openvino_facts if openvino else _onnx_facts)(path)
+        metadata, inputs, outputs, tensors, graph = (_openvino_facts if openvino else _onnx_facts)(path)
     except Exception as e:  # protobuf's and OpenVINO's parse errors: all mean "not such a file"
         raise OnnxMetadataError(f"{path} is not a readable {'OpenVINO IR' if openvino else 'ONNX model'} "
                                 f"({first_line(e) or type(e).__name__})") from None
@@ -52,9 +53,49 @@ def describe_graph(path: PathLike) -> Dict[str, Any]:
                            + f", quantization {metadata.get('vitkit.quantization', 'unknown')}")
     try:
         info["config"] = runtime(path, threads=1).config  # every check predict makes
+        if lie := _tensors_disagree(info["config"], graph):
+            raise OnnxMetadataError(f"its vitkit metadata does not describe its graph: {lie}")
     except (OnnxMetadataError, ValueError) as e:
         info["refused"] = " ".join(str(e).split())
     return info
+
+
+def _tensors_disagree(config: Any, graph: Dict[str, Any]) -> str:
+    """Where the graph's named weights and layers are not those of the model its metadata describes (a depth or
+    patch size edited in the metadata was printed as the file's: predict checks only what it runs by, the input and
+    the classes); "" where they agree, or where nothing can be compared (a family not built on torch's meta device).
+    A graph names a layer through its weights (the exporter keeps one name for equal constants: zero biases) and
+    through the module each operation came from (the dynamo exporter's ``namespace``): where it has the second,
+    its layers are all of the model's; without, none past them."""
+    import torch
+
+    from ..models import build_from_config
+
+    try:
+        with torch.device("meta"):
+            model = build_from_config(config)
+    except Exception:  # (a family that computes at build time: nothing to compare)
+        return ""
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    for name in sorted(expected.keys() & graph["weights"].keys()):
+        if expected[name] != graph["weights"][name]:
+            return f"its {name} is {graph['weights'][name]} where that model's is {expected[name]}"
+    held, wanted = _layers([*graph["weights"], *graph["modules"]]), _layers(name for name, _ in model.named_modules())
+    for prefix in sorted(held.keys() & wanted.keys()):
+        if held[prefix] - wanted[prefix] or (graph["modules"] and held[prefix] != wanted[prefix]):
+            return f"it holds {len(held[prefix])} of {prefix}.N where that model has {len(wanted[prefix])}"
+    return ""
+
+
+def _layers(names) -> Dict[str, set]:
+    """{"blocks": {0, 1, ...}} of module or weight names (CaiT's blocks_token_only too)."""
+    import re
+
+    out: Dict[str, set] = {}
+    for name in names:
+        if m := re.match(r"(.*\bblocks\w*)\.(\d+)(\.|$)", name):
+            out.setdefault(m[1], set()).add(int(m[2]))
+    return out
 
 
 def _onnx_facts(path: Path):
@@ -71,10 +112,13 @@ def _onnx_facts(path: Path):
         return value.name, dims, TensorProto.DataType.Name(kind.elem_type).lower()
 
     tensors = [(TensorProto.DataType.Name(t.data_type).lower(), math.prod(t.dims)) for t in proto.graph.initializer]
+    modules = {part.split(":")[0].strip() for node in proto.graph.node for p in node.metadata_props
+               if p.key == "namespace" for part in p.value.split("/")}
+    graph = {"weights": {t.name: list(t.dims) for t in proto.graph.initializer}, "modules": modules - {""}}
     tensors += [(TensorProto.DataType.Name(a.t.data_type).lower(), math.prod(a.t.dims))
                 for node in proto.graph.node if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
     inputs = [port(i) for i in proto.graph.input if i.name not in known]  # (old exporters list weights as inputs)
-    return metadata, inputs, [port(o) for o in proto.graph.output], tensors
+    return metadata, inputs, [port(o) for o in proto.graph.output], tensors, graph
 
 
 def _openvino_facts(path: Path):
@@ -91,7 +135,8 @@ def _openvino_facts(path: Path):
 
     tensors = [(op.get_output_element_type(0).get_type_name(), math.prod(op.get_output_shape(0)))
                for op in graph.get_ordered_ops() if op.get_type_name() == "Constant"]
-    return _rt_metadata(graph), [port(i) for i in graph.inputs], [port(o) for o in graph.outputs], tensors
+    return _rt_metadata(graph), [port(i) for i in graph.inputs], [port(o) for o in graph.outputs], tensors, \
+        {"weights": {}, "modules": set()}
 
 
 __all__ = ["describe_graph", "is_graph"]
