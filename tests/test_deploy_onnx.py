@@ -310,6 +310,10 @@ def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_pat
     assert main(["predict", str(tmp_path / "a.png"), "--weights", str(path), "--img-size", "32", "--mean", "0.5",
                  "--std", "0.5", "0.5", "0.5"]) == 2  # one mean for three channels
     assert "--mean has 1 values for 3 channels" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(path), "--img-size", "32", "--mean", "124",
+                 "116", "104", "--std", "58", "57", "57"]) == 2  # ImageNet's on the 0-255 scale: another answer
+    assert "--mean (124, 116, 104) and --std (58, 57, 57) are not of pixels scaled to [0, 1]" in \
+        capsys.readouterr().err
     vitkit_file = export_onnx(model, tmp_path / "v.onnx")
     assert main(["predict", str(tmp_path / "a.png"), "--weights", str(vitkit_file), "--img-size", "64"]) == 2
     assert "carries its own preprocessing" in capsys.readouterr().err

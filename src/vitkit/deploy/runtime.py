@@ -27,7 +27,7 @@ from torch import nn
 
 from ..extras import first_line
 from ..files import PathLike
-from ..models.config_base import MAX_IMG_SIZE, _is_int
+from ..models.config_base import MAX_IMG_SIZE, _is_int, pixel_scale_problem
 from ..parallel import BatchParallel, parts
 from .onnx_export import CONFIG_KEY, onnx_modules
 
@@ -207,6 +207,8 @@ class OnnxModel(nn.Module):
             problems.append(f"--img-size must be between 1 and {MAX_IMG_SIZE:,} px, not {size[0]} {size[1]}")
         if not all(math.isfinite(s) and s > 0 for s in std) or not all(math.isfinite(m) for m in mean):
             problems.append("--std values must be positive and --mean values finite")
+        elif scale := pixel_scale_problem(mean, std, "--"):
+            problems.append(scale)
         if labels and classes and len(labels) != classes:
             problems.append(f"--labels names {len(labels)} classes, the model has {classes}")
         fixed = [d for d in in_shape[2:] if isinstance(d, int)]

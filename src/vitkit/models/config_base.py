@@ -52,6 +52,20 @@ class UnknownOption(ValueError, TypeError):
     ValueError: bad input, one line on the command line)."""
 
 
+def pixel_scale_problem(mean: Sequence[float], std: Sequence[float], flag: str = "") -> str:
+    """Why a mean and std are not of 0-1 pixels ("" where they are): values on the 0-255 scale (ImageNet's 123.7,
+    58.4) were taken and gave another model's answers, every image read as far outside its data. ``flag``: "--"
+    where they were given as the command line's --mean and --std."""
+    if any(not 0 <= m <= 1 for m in mean) or any(s > 1 for s in std):
+        return (f"{flag}mean {_shown(mean)} and {flag}std {_shown(std)} are not of pixels scaled to [0, 1] (a mean "
+                f"within 0 to 1, a std at most 1), as vitkit reads them: on the 0-255 scale, divide them by 255")
+    return ""
+
+
+def _shown(values: Sequence[float]) -> str:
+    return "(" + ", ".join(f"{v:g}" for v in values) + ")"
+
+
 class ConfigMixin:
     KIND: ClassVar[str] = "model"
 
@@ -68,6 +82,8 @@ class ConfigMixin:
         if not all(math.isfinite(s) and s > 0 for s in self.std) or not all(math.isfinite(m) for m in self.mean):
             problems.append(f"std must be positive and mean finite (inputs are divided by std), got mean "
                             f"{self.mean} and std {self.std}")
+        elif scale := pixel_scale_problem(self.mean, self.std):
+            problems.append(scale)
         if not isinstance(self.crop_pct, (int, float)) or not 0 < self.crop_pct <= 1:
             problems.append(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
         if self.interpolation not in INTERPOLATIONS:
