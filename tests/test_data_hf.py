@@ -361,8 +361,11 @@ def test_a_stream_resumes_in_order_and_splits_between_ranks(hf_data):
     def pixel_sum(im):  # tells the rows apart (the labels are in class order)
         return torch.tensor(float(np.asarray(im, dtype=np.float64).sum()))
 
-    whole = [x for x, _, _ in source.train(pixel_sum, 0, layout, 0, spe + 2, spe)]
-    resumed = [x for x, _, _ in source.train(pixel_sum, 0, layout, 3, spe + 2, spe)]
+    def augmented(im):  # a random draw too: a resumed run's were not the uninterrupted run's
+        return pixel_sum(im) + torch.rand(())
+
+    whole = [x for x, _, _ in source.train(augmented, 0, layout, 0, spe + 2, spe)]
+    resumed = [x for x, _, _ in source.train(augmented, 0, layout, 3, spe + 2, spe)]
     assert len(whole) == spe + 2 and len(resumed) == spe - 1
     assert all(torch.equal(a, b) for a, b in zip(whole[3:], resumed))
     assert not torch.equal(whole[0], whole[spe])  # the next epoch is shuffled anew

@@ -146,6 +146,30 @@ def test_folder_batches_resume_at_any_step_with_the_same_pixels(fmnist_folder):
     assert not torch.equal(whole[0][0], whole[2][0])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_resumes_with_the_same_pixels(tmp_path, fmnist_folder, workers):
+    """Shards gave the same samples after a resume but other crops and flips: the transform drew from the process's
+    random state (the DataLoader's seed, or without workers the training's own), so a resumed run was not the
+    uninterrupted one (losses apart from the first step after it, every weight different at the end)."""
+    folder_to_shards(fmnist_folder / "train", tmp_path / "shards" / "train", max_per_shard=50)
+    folder_to_shards(fmnist_folder / "test", tmp_path / "shards" / "test", max_per_shard=50)
+    data = open_data(config(tmp_path, tmp_path / "shards", dataset="shards", workers=workers, shuffle_buffer=100,
+                            val_size=0),
+                     torch.device("cpu"), channels=1)
+    transform = from_model_config(create_model("vit_fmnist", img_size=24, num_classes=3).config, train=True)
+    layout = Layout(batch_size=20, accum_steps=1, world=1, rank=0)  # 2 workers: 7 each of their 150, not 300 // 20
+    spe = data.steps_per_epoch(layout)
+    torch.manual_seed(1)
+    whole = list(data.train.train(transform, 5, layout, 0, 2 * spe + 2, spe))
+    for start in (3, spe + 1):  # within the first epoch, and in the next
+        torch.manual_seed(start)  # a resumed process's own random state is another
+        resumed = list(data.train.train(transform, 5, layout, start, 2 * spe + 2, spe))
+        assert len(resumed) == len(whole) - start
+        for (xa, ya, _), (xb, yb, _) in zip(whole[start:], resumed):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert not torch.equal(whole[0][0], whole[spe][0])  # the next epoch draws anew
+
+
 @real
 @pytest.mark.slow
 def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):

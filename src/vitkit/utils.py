@@ -63,7 +63,7 @@ def save_png(fig: Any, path: PathLike, **savefig: Any) -> Path:
 
 #: The random streams of a run, each drawn from its own seed (:func:`seed_for`).
 SEED_STREAMS = ("init", "order", "augment", "mix", "sample", "shard-order", "shard-buffer", "mask", "eval-mask",
-                "hf-stream", "layers")
+                "hf-stream", "layers", "stream-sample")
 
 
 def seed_for(seed: int, stream: str, *index: int) -> int:

@@ -504,9 +504,9 @@ class HFStream(RankedReader, IterableDataset):
                              lambda: f"{self.name}/{self.split_name}: reader {reader} of {readers} found no rows: "
                                      f"too few rows (or files) for {readers} readers: use fewer --workers")
         for position, row in enumerate(itertools.islice(rows, quota) if quota is not None else rows):
-            yield self._sample(position, row)
+            yield self._sample(position, row, reader)
 
-    def _sample(self, position: int, row: Dict[str, Any]) -> Union[Tuple[Any, int], Skipped]:
+    def _sample(self, position: int, row: Dict[str, Any], reader: int = 0) -> Union[Tuple[Any, int], Skipped]:
         name = f"{self.name}/{self.split_name}@epoch{self.epoch}:{self.rank}.{position}"
         label = _reordered(row.get(self.label_key), self._order)
         problem = _label_problem(label, len(self.classes))
@@ -519,7 +519,7 @@ class HFStream(RankedReader, IterableDataset):
                 raise
             logger.warning("skipping %s: %s", name, e.reason)
             return Skipped(name, e.reason)
-        return (self.transform(im) if self.transform is not None else im), int(label)
+        return self.transformed(im, reader, position), int(label)
 
 
 @contextlib.contextmanager

@@ -287,13 +287,13 @@ class ShardDataset(RankedReader, IterableDataset):
         if quota is not None:
             records = itertools.islice(records, quota)
         num_classes = len(self.classes) if self.classes is not None else None
-        for record in records:
+        for count, record in enumerate(records):
             if isinstance(record, Skipped):
                 yield record
                 continue
             try:
                 im, label = decode_record(record, self.channels, num_classes)
-                sample = (self.transform(im) if self.transform is not None else im), label
+                sample = self.transformed(im, rank, worker, count), label
             except (BadImageError, ImageShapeError) as e:
                 if not isinstance(e, BadImageError):  # evaluation's resize of a long thin image
                     e = BadImageError(record.name, str(e))

@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 
+from ..utils import seed_for
+
 
 def _default_rank_world() -> Tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -15,10 +17,25 @@ def _default_rank_world() -> Tuple[int, int]:
 
 
 class RankedReader:
-    """The rank and world size a stream reads for: given, else torch.distributed's (else 0 of 1)."""
+    """The rank and world size a stream reads for: given, else torch.distributed's (else 0 of 1); and its
+    samples' transform with their random draws fixed (:meth:`transformed`)."""
 
     _rank: Optional[int] = None
     _world_size: Optional[int] = None
+    transform: Optional[Callable] = None
+    seed: int = 0
+    epoch: int = 0
+
+    def transformed(self, im: Any, *where: int) -> Any:
+        """``im`` through the transform, its random draws fixed by (seed, epoch, ``where``: the reader and the
+        sample's position in its epoch): drawn from the process's own state, a resumed run's crops and flips were
+        not the uninterrupted run's (its DataLoader's seed, and without workers the training's own draws, were
+        others), though its samples were."""
+        if self.transform is None:
+            return im
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
+            torch.manual_seed(seed_for(self.seed, "stream-sample", self.epoch, *where))
+            return self.transform(im)
 
     @property
     def rank(self) -> int:

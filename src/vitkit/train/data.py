@@ -145,8 +145,8 @@ class RunData:
         return args
 
     def steps_per_epoch(self, layout: Layout) -> int:
-        if self.kind == "shards":  # every rank streams its own share of the samples
-            steps = self.n_train // layout.world // layout.local // layout.accum_steps
+        if self.kind == "shards":  # every rank streams its own share of the samples, in batches per worker
+            steps = self.train.batches_per_epoch(self.n_train // layout.world, layout.local) // layout.accum_steps
         else:
             steps = self.n_train // layout.batch_size
         if steps == 0:
