@@ -82,6 +82,14 @@ def test_a_batch_runs_in_parts_on_one_thread_sessions_and_one_image_on_all_threa
     assert ran == ["session"]
     with pytest.raises(ValueError, match="could not run"):
         wrapped(torch.randn(4, 3, 48, 48))
+    # raw pixels and a numpy array are refused as the torch model refuses them (uint8 ran as if normalised)
+    with pytest.raises(ValueError, match=r"expected float pixels, .* got a torch.uint8 tensor \(raw 0-255 values\?\)"):
+        wrapped(torch.full((1, 3, 32, 32), 200, dtype=torch.uint8))
+    with pytest.raises(TypeError, match=r"takes a torch.Tensor of images \(B, 3, H, W\), not a ndarray "
+                                        r"\(torch.from_numpy\(array\)\)"):
+        wrapped(x.numpy())
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, H, W\), got \(3, 32, 32\)"):
+        wrapped(x[0])
     torch.testing.assert_close(wrapped(x), got, rtol=0, atol=0)
     single = OnnxModel(path, threads=1)  # one thread: one session, every batch whole
     assert single._part_session is single.session

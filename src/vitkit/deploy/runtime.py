@@ -28,6 +28,7 @@ from torch import nn
 from ..extras import first_line
 from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE, _is_int, pixel_scale_problem
+from ..models.patch import check_pixel_tensor
 from ..parallel import BatchParallel, parts
 from .onnx_export import CONFIG_KEY, onnx_modules
 
@@ -225,6 +226,7 @@ class OnnxModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, C, H, W) prepared as ``config`` says -> the model's output (B, classes)."""
+        check_pixel_tensor(x, self.config.in_chans)
         array = x.detach().to("cpu", torch.float32).contiguous().numpy()
         try:
             out = self._run(array)

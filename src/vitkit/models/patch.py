@@ -4,7 +4,7 @@ another patch size (FlexiViT's way) or another number of input channels (timm's 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,16 +30,8 @@ class PatchGrid:
     def check_images(self, x: torch.Tensor, strict: bool = True) -> None:
         """Clear errors for a wrong layout, channel count or size (any size, when not ``strict``,
         that the grid can tile)."""
-        if not isinstance(x, torch.Tensor):  # a numpy array or a list was an AttributeError ('no attribute dim')
-            raise TypeError(f"the model takes a torch.Tensor of images (B, {self.in_chans}, H, W), not a "
-                            f"{type(x).__name__}: vitkit.preprocess(model, image) makes one")
-        if x.dim() != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(
-                f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
+        check_pixel_tensor(x, self.in_chans)
         weight = next(self.parameters(), None)
-        if not x.is_floating_point():
-            raise ValueError(f"expected float pixels, normalised as vitkit.preprocess gives them; got a {x.dtype} "
-                             f"tensor (raw 0-255 values?)")
         if weight is not None and x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
             raise ValueError(f"the images are {x.dtype} and the model's weights {weight.dtype}: cast one to the "
                              f"other (x.to({weight.dtype}), or model.to({x.dtype})), or run under torch.autocast")
@@ -51,6 +43,20 @@ class PatchGrid:
                 f"dynamic_img_size=True or call model.set_input_size({size})")
         if not strict:
             self.grid_for(size)  # clear error when not divisible
+
+
+def check_pixel_tensor(x: Any, in_chans: int) -> None:
+    """A batch of images as a model takes them: a float tensor (B, ``in_chans``, H, W). A numpy array or a list was
+    an AttributeError ('no attribute dim'), and an exported model ran uint8 pixels as if normalised."""
+    if not isinstance(x, torch.Tensor):
+        hint = " (torch.from_numpy(array))" if type(x).__module__ == "numpy" else ""
+        raise TypeError(f"the model takes a torch.Tensor of images (B, {in_chans}, H, W), not a "
+                        f"{type(x).__name__}{hint}: vitkit.preprocess(model, image) makes one")
+    if x.dim() != 4 or x.shape[1] != in_chans:
+        raise ValueError(f"expected images of shape (B, {in_chans}, H, W), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"expected float pixels, normalised as vitkit.preprocess gives them; got a {x.dtype} "
+                         f"tensor (raw 0-255 values?)")
 
 
 class PatchEmbed(PatchGrid, nn.Module):
