@@ -106,6 +106,30 @@ def test_init_errors_are_clear(tmp_path):
         resolve_config("fmnist", init_head="old")
 
 
+@pytest.mark.filterwarnings("ignore:.*holds tensors only")
+def test_a_bare_files_unheld_fields_can_be_given_to_fine_tune_it(tmp_path):
+    """A bare state dict's head count is a guess (width / 64: 1 for 64 wide); --model-args num_heads=2 was refused as
+    contradicting "the weights' 1", and --model with --init was refused too: every way the note named to give the
+    true count failed, and the run fine-tuned another function of the weights. What the tensors hold stays fixed."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    ref = timm.create_model("vit_small_patch14_dinov2", pretrained=False, embed_dim=64, num_heads=2, depth=2,
+                            img_size=28, num_classes=0).eval()
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "bare.safetensors")
+    data = dict(img_size=(28, 28), in_chans=3, num_classes=3, label_names=["a", "b", "c"])
+    x = torch.randn(2, 3, 28, 28)
+    model = model_from_init(str(tmp_path / "bare.safetensors"), data, {"num_heads": 2}, "new", log=lambda *a: None)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval().forward_features(x), ref.forward_features(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"--model-args depth=3 \(the weights': 2\) contradicts the --init weights"):
+        model_from_init(str(tmp_path / "bare.safetensors"), data, {"num_heads": 2, "depth": 3}, "new")
+    # a folder with its config holds the count: there it is the weights'
+    vitkit.from_pretrained(tmp_path / "bare.safetensors", num_heads=2).save_pretrained(tmp_path / "folder")
+    with pytest.raises(ValueError, match=r"num_heads=1 \(the weights': 2\) contradicts"):
+        model_from_init(str(tmp_path / "folder"), data, {"num_heads": 1}, "new")
+
+
 def test_keeping_the_head_compares_class_names_in_order(tmp_path):
     torch.manual_seed(0)
     names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Dict
+from typing import Any, Collection, Dict
 
 from torch import nn
 
@@ -23,7 +23,7 @@ from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import config_for_source, note_guesses, weights_path
+from ..weights.pretrained import config_for_source, note_guesses, open_fields, weights_path
 from .config import resolve_width
 
 HEAD_MODES = ("new", "keep")
@@ -54,7 +54,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     stored = config_for_source(src)
     check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
     note_guesses(stored, src, model_args)
-    _check_model_args(model_args, stored, source)
+    _check_model_args(model_args, stored, source, open_fields(stored, src))
     overrides = {**data_args, **resolve_width(model_args, stored)}
     if head == "new":
         overrides.setdefault("representation_size", None)
@@ -96,16 +96,17 @@ def _objective_left_out(src) -> str:
     return f"; its {src.pretraining} pre-training's {', '.join(parts)} left out" if parts else ""
 
 
-def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str) -> None:
-    """``model_args`` that contradict what the --init weights are (:data:`FREE_WITH_INIT` aside) are refused
-    by name: the run would start from another function of the same tensors without a word."""
+def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str, unheld: Collection[str] = ()) -> None:
+    """``model_args`` that contradict what the --init weights are (:data:`FREE_WITH_INIT` aside, and ``unheld``: what
+    a bare file's tensors leave open) are refused by name: the run would start from another function of the same
+    tensors without a word."""
     if "img_size" in model_args and _differs(model_args["img_size"], getattr(stored, "img_size", None)):
         # (it was said to compute another function: it is a resampling, --img-size's)
         size = model_args["img_size"]
         shown = " ".join(map(str, size)) if isinstance(size, (list, tuple)) else size
         raise ValueError(f"--model-args img_size: with --init the size is --img-size {shown} (the weights' position "
                          f"tables are resampled to it as their library resamples them)")
-    free = (*FREE_WITH_INIT, *getattr(stored, "RATES", ()))
+    free = (*FREE_WITH_INIT, *getattr(stored, "RATES", ()), *unheld)
     changed = [f"{k}={json.dumps(v)} (the weights': {json.dumps(getattr(stored, k))})" for k, v in model_args.items()
                if k not in free and hasattr(stored, k) and _differs(v, getattr(stored, k))]
     if changed:

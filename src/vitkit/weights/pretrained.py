@@ -334,12 +334,29 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
     if config.embed_dim not in HEADS_BY_WIDTH and "num_heads" not in overrides:
         said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
                     f"{config.embed_dim} / 64); if the model had another, load it with its architecture "
-                    f"(--model NAME, model_name=) or num_heads=")
+                    f"(--model NAME, model_name=) or num_heads= (vitkit train --init: --model-args)")
     assumed = _unstored(config, src, overrides)
     if assumed:
         said.append(f"what no tensor holds was assumed: {'; '.join(assumed)}. Load it with its architecture "
                     f"(--model NAME, model_name=) or from its hub folder to be sure")
     return said
+
+
+def open_fields(config: Any, src: Source) -> frozenset:
+    """The config fields a bare source's tensors do not hold (what :func:`guesses` says were taken for them):
+    fine-tuning's --model-args may set them, where a field the weights do hold is refused (a bare file's guessed
+    1 head was "the weights'", and every way the notes named to give the true count was refused)."""
+    preprocessing = {"mean", "std", "crop_pct", "interpolation", "crop_mode"}
+    if src.format == "open_clip":
+        bare = not isinstance((src.open_clip_config or {}).get("model_cfg"), Mapping)
+        return frozenset({"gelu", "num_heads", *preprocessing} if bare else ())
+    if src.config_json is not None or src.format != "timm":
+        return frozenset()
+    if getattr(config, "architecture", None) != "vit":
+        return frozenset(preprocessing)
+    from ..models.vit import UNSTORED
+
+    return frozenset({*preprocessing, "num_heads", *UNSTORED})
 
 
 def _numbers(values: Sequence[float]) -> str:
