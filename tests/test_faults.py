@@ -304,6 +304,16 @@ def test_random_bytes_are_not_called_a_pickle_and_no_unsafe_hint_is_given(tmp_pa
     with pytest.raises(WeightsError, match="is not a PyTorch checkpoint") as info:
         vitkit.from_pretrained(tmp_path / "noise.pth")
     assert not isinstance(info.value, UnsafeCheckpointError) and "weights_only" not in str(info.value)
+    # a malformed pickle stream: the unpickler's own IndexError was "unexpected" (a traceback-class line), and a
+    # checkpoint of the same bytes stopped a resume
+    from vitkit.train.checkpoint import read_checkpoint
+
+    for name, data in (("stack.pth", b"\x80\x02R."), ("t.pth", b"t")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(WeightsError, match=rf"{name} is not a readable PyTorch checkpoint \(pop from empty"):
+            vitkit.from_pretrained(tmp_path / name)
+        with pytest.raises(OSError, match=rf"{name} is not a readable checkpoint \(IndexError"):
+            read_checkpoint(tmp_path / name)
 
     class Evil:
         def __reduce__(self):

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..files import DiskFull, atomic_path
-from ..weights.io import unsafe_object
+from ..weights.io import UNREADABLE_TORCH_FILE, unsafe_object
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
@@ -100,7 +99,7 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
                              f"{named!r}, which could run code; vitkit never loads it. Delete it "
                              f"to resume from the checkpoint before it") from None
         raise OSError(f"{path} is not a readable checkpoint ({str(e).splitlines()[-1][:200]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+    except UNREADABLE_TORCH_FILE as e:
         raise OSError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(state, dict) or "step" not in state or "model" not in state:
         raise OSError(f"{path} is not a vitkit checkpoint (no step and model state)")

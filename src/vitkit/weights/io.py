@@ -14,6 +14,7 @@ import argparse
 import json
 import pickle
 import re
+import struct
 import warnings
 import zipfile
 from pathlib import Path
@@ -190,6 +191,12 @@ def _read_npz(path: Path) -> Dict[str, object]:
         raise WeightsError(f"{path} is not a readable .npz archive: {e}") from e
 
 
+#: what torch.load raises for a file that is no checkpoint it can read: the archive's and the stream's errors, and
+#: the weights-only unpickler's own on a malformed stream (b"\x80\x02R." was an "unexpected IndexError")
+UNREADABLE_TORCH_FILE = (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError, IndexError, KeyError,
+                         TypeError, AttributeError, struct.error)
+
+
 def _load_torch(path: Path) -> object:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
@@ -198,8 +205,9 @@ def _load_torch(path: Path) -> object:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise _unpickling_error(path, e) from None
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
-        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({first_line(e)})") from None
+    except UNREADABLE_TORCH_FILE as e:
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({first_line(e) or type(e).__name__})") \
+            from None
 
 
 def _training_facts(obj: object) -> Dict[str, Any]:
