@@ -291,6 +291,17 @@ def test_a_reader_that_goes_away_ends_the_verb_quietly():
     assert proc.wait(60) == 141 and err == "", err
 
 
+def test_a_closed_stdout_is_no_error_and_no_verb_is_one():
+    """`vitkit info Ti/16 >&-`: Python has no stdout object, and the flush after the work was done ended in
+    "unexpected AttributeError" (exit 2, after a training run had saved everything); `vitkit` alone printed the
+    help and exited 0, as if something had run."""
+    closed = subprocess.run([sys.executable, "-m", "vitkit", "info", "Ti/16"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 0 and closed.stderr == "", closed.stderr
+    bare = subprocess.run([sys.executable, "-m", "vitkit"], capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stdout == "" and bare.stderr.startswith("usage: vitkit")
+
+
 @pytest.mark.parametrize("argv,words", [
     (["fewshot", "--weights", "w", "--shots", "0"], "--shots must be >= 1"),
     (["fewshot", "--weights", "w", "--seeds", "0"], "--seeds >= 1"),

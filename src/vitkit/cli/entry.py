@@ -125,14 +125,17 @@ WRITES_NOTHING = ("models", "info", "predict", "serve")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
+    for name in ("stdout", "stderr"):  # closed (`vitkit models >&-`): Python has None there, and the work done was
+        if getattr(sys, name) is None:  # "unexpected AttributeError" at the flush; its lines go nowhere, as asked
+            setattr(sys, name, open(os.devnull, "w"))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if extra:  # said by the verb's own parser, which knows the flags that were meant
         (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+    if not getattr(args, "func", None):  # no verb: the help, as an error (it was exit 0, as if something ran)
+        parser.print_help(sys.stderr)
+        return 2
     verbs[args.verb].check_values(args)
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
