@@ -34,7 +34,13 @@ def vitkit_model(name_or_weights, **overrides):
     text = str(name_or_weights)
     if text.startswith("hf-hub:") or _Path(text).exists():
         return _vitkit.from_pretrained(text, **overrides)
-    return _vitkit.create_model(text, **overrides)
+    try:
+        return _vitkit.create_model(text, **overrides)
+    except ValueError as e:  # a mistyped path was said to be an unknown model name, and only that
+        if not str(e).startswith("unknown model"):
+            raise
+        raise ValueError(f"{e}; nor is there a file or folder {_Path(text).absolute()} to load weights from") \
+            from None
 
 
 def _entry(name):

@@ -406,7 +406,12 @@ def test_pre_training_models_and_huge_models_are_refused_before_any_work(tmp_pat
     with pytest.raises(OnnxExportError, match="past the single-file ONNX limit"):
         export_onnx(vitkit.create_model("vit_huge_patch14_224", depth=1, embed_dim=576, num_heads=1, mlp_dim=32,
                                         num_classes=1_000_000), tmp_path / "h.onnx")  # a 2.3 GB head
+    with pytest.raises(OnnxExportError, match=r"takes a model \(a torch.nn.Module\), not the str 'runs/x': load it "
+                                              r"first \(vitkit.from_pretrained\(path\)\)"):  # an AttributeError
+        export_onnx("runs/x", tmp_path / "s.onnx")
     assert list(tmp_path.iterdir()) == []
+    with pytest.raises(vitkit.weights.WeightsError, match="weights are a file, a folder or hf-hub:NAME, not None"):
+        vitkit.from_pretrained(None)  # (pathlib's TypeError)
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):

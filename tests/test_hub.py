@@ -309,6 +309,9 @@ def test_torch_hub_load_from_a_checkout(tmp_path, images):
             assert torch.equal(loaded(x), vitkit.from_pretrained(saved)(x))
     by_name = torch.hub.load(str(ROOT), "vitkit_model", "vit_tiny_patch16_224", source="local", depth=1)
     assert by_name.config.depth == 1
+    with pytest.raises(ValueError, match=rf"unknown model '{tmp_path}/tiyn'.*; nor is there a file or folder "
+                                         rf"{tmp_path}/tiyn to load weights from"):  # a mistyped folder
+        torch.hub.load(str(ROOT), "vitkit_model", str(tmp_path / "tiyn"), source="local")
 
 
 def test_a_hub_entry_refuses_another_architectures_weights(tmp_path):

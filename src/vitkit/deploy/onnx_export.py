@@ -131,6 +131,11 @@ def finish_export(fp32: PathLike, final: PathLike, config: Any, exporter: str, q
 def _problems(model, path, exporter, opset, quantize, calibration, quantizations) -> list:
     from ..selfsup import is_pretrainer
 
+    if not isinstance(model, nn.Module):  # a path was "'str' object has no attribute 'parameters'"
+        hint = ": load it first (vitkit.from_pretrained(path)), or vitkit convert SRC DST --to onnx" \
+            if isinstance(model, (str, os.PathLike)) else ""
+        given = f"{type(model).__name__} {str(model)[:60]!r}"
+        return [f"export_onnx takes a model (a torch.nn.Module), not the {given}{hint}"]
     problems = []
     params = sum(p.numel() for p in model.parameters())
     if is_pretrainer(model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
@@ -426,6 +427,8 @@ def _name_hint(source: str) -> str:
 def weights_path(source: PathLike) -> Path:
     """The local file or folder of ``source``: ``"hf-hub:org/name"`` is downloaded first; a
     training run's folder (``runs/NAME``) stands for the model it saved (``runs/NAME/model``)."""
+    if not isinstance(source, (str, os.PathLike)) or not str(source):  # None was pathlib's TypeError
+        raise WeightsError(f"weights are a file, a folder or hf-hub:NAME, not {source!r}")
     text = str(source)
     path = download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
     return run_model_folder(path) or path
