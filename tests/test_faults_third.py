@@ -6,6 +6,7 @@ As in ``test_faults_hostile.py``: each case asserts the exit code, that no trace
 words of the message and what is left on disk.
 """
 
+import errno
 import json
 import re
 import time
@@ -122,6 +123,25 @@ def test_a_torn_summary_of_a_study_run_is_named_and_the_last_results_stay(tmp_pa
     assert (tmp_path / "out" / "position-embeddings.json").read_text() == before
     partial = json.loads((tmp_path / "out" / "position-embeddings.partial.json").read_text())
     assert list(partial["runs"]) == [base.run_name(arms[0], 0)]
+    # a full disk at the figure: the numbers and the table were rewritten beside the last study's figure
+    monkeypatch.setattr(base, "train_run", lambda *a: {"test_top1": 0.9})
+    done = base.run_study(study, base.Options(seeds=(0,), work=tmp_path / "w2", out=tmp_path / "out"),
+                          say=lambda *a: None)
+    assert done["figure"] == str(tmp_path / "out" / "position-embeddings.png")
+    written = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    assert {"position-embeddings.json", "position-embeddings.md", "position-embeddings.png"} <= set(written)
+
+    def full(results, path):
+        path.write_bytes(b"half a figure")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(base, "train_run", lambda *a: {"test_top1": 0.5})
+    monkeypatch.setattr(study, "figure", full)
+    with pytest.raises(OSError, match="No space left"):
+        base.run_study(study, base.Options(seeds=(0,), work=tmp_path / "w3", out=tmp_path / "out"),
+                       say=lambda *a: None)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()
+            if not p.name.endswith(".partial.json")} == written  # all three as they were, no staging left
 
 
 def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_does(tmp_path, capsys):

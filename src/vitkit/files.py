@@ -263,6 +263,20 @@ def new_folder(folder: PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def files_together(folder: PathLike) -> Iterator[Path]:
+    """Files that belong together (an evaluation's numbers and its figure; a study's results, table and figure)
+    written into ``folder`` all or none: into a work folder inside it (the path yielded), then renamed into place
+    once every one is written. A failure (a full disk, a signal) leaves the files ``folder`` held as they were
+    (replaced one by one, a full disk left new numbers beside an old figure) and no folder this made."""
+    with new_folder(folder) as out, work_folder(out, "files") as stage:
+        yield stage
+        with interrupts_deferred():
+            for staged in sorted(stage.iterdir()):
+                if staged.name != _OWNER:
+                    os.replace(staged, out / staged.name)
+
+
+@contextlib.contextmanager
 def weights_folder(folder: PathLike, old_files: Callable[[Path], List[Path]]) -> Iterator[Path]:
     """A model's files written into ``folder`` whole or not at all: the writer writes into a staging folder
     beside it (the path yielded), and only once it has finished does the staging folder become ``folder``

@@ -54,7 +54,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..data.datasets import dataset_for_labels
     from ..evaluate import plot_confusion, score_dataset
     from ..evaluate.dataset import check_hf_options, check_score_options, run_data_of
-    from ..files import new_folder, write_json
+    from ..files import files_together, write_json
 
     check_score_options(args.batch_size, args.max_images)  # before the weights are read
     check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
@@ -81,9 +81,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         held = [n for n in ("eval.json", "confusion_matrix.png") if (Path(args.out) / n).is_file()]
         if held:  # replaced, as convert replaces, but said (an earlier evaluation's numbers went in silence)
             warnings.warn(f"{args.out} held {' and '.join(held)} before: replaced", stacklevel=1)
-        with new_folder(args.out) as out:  # a failure (a full disk, a signal) removes the folder it made
-            png = result["confusion_png"] = str(plot_confusion(report, out / "confusion_matrix.png"))
-            write_json(out / "eval.json", result)
+        with files_together(args.out) as stage:  # a failure (a full disk, a signal) leaves what was there
+            png = result["confusion_png"] = str(Path(args.out) / "confusion_matrix.png")
+            plot_confusion(report, stage / "confusion_matrix.png")
+            write_json(stage / "eval.json", result)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import tiny
-from ..files import write_json, write_text
+from ..files import files_together, write_json, write_text
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
 #: few-shot evaluation of a run's frozen features: shots per class, seeds, training pool
@@ -418,12 +418,13 @@ def run_study(study: Study, options: Options, say=print) -> Dict[str, Any]:
     study.extra(results, options)
     results["verdicts"] = study.verdicts(results)
     results["table"] = study.table(results)
-    write_json(path, results)
+    with files_together(out) as stage:  # all three or none: a full disk rewrote the numbers beside an old figure
+        write_json(stage / path.name, results)
+        write_text(stage / f"{study.name}.md", results["table"] + "\n")
+        figure = study.figure(results, stage / f"{study.name}.png")
     progress.unlink(missing_ok=True)
-    write_text(out / f"{study.name}.md", results["table"] + "\n")
-    figure = study.figure(results, out / f"{study.name}.png")
     if figure is not None:
-        results["figure"] = str(figure)
+        results["figure"] = str(out / Path(figure).name)
     return results
 
 
