@@ -717,6 +717,21 @@ def wait_for(predicate, proc, timeout=120, what="the file"):
         time.sleep(0.02)
 
 
+def test_a_stop_after_the_file_was_installed_says_it_is_whole(model_dir, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in the moment between installing the ONNX file and the verb's end said "partial files were removed"
+    with the whole, working file left in place: the user could not tell whether to trust it."""
+    import vitkit.cli.weights as verb
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verb, "_faster_here", interrupted)
+    done = in_process(capsys, "convert", model_dir, tmp_path / "m.onnx", "--to", "onnx")
+    assert done.returncode == 130 and done.stderr.strip().splitlines()[-1] == \
+        f"vitkit convert: stopped by Ctrl-C after {tmp_path / 'm.onnx'} was written whole", done.stderr
+    assert vitkit.deploy.OnnxModel(tmp_path / "m.onnx").config.num_classes == 10
+
+
 def test_sigterm_during_an_onnx_export_exits_cleanly_and_leaves_nothing(model_dir, tmp_path):
     proc = forks.popen("convert", model_dir, tmp_path / "m.onnx", "--to", "onnx", "--quantize", "int8", env=ENV,
                        stderr=subprocess.PIPE)

@@ -161,7 +161,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         _release_interrupted_work(e)
         signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        removed = "" if args.verb in WRITES_NOTHING else "; partial files were removed"
+        written = getattr(args, "written", None)  # (a stop after the verb's output was installed: it is whole)
+        removed = "" if args.verb in WRITES_NOTHING else \
+            f" after {written} was written whole" if written else "; partial files were removed"
         if not _said_by_first_process(e):
             print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130

@@ -44,7 +44,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         model = model.to(half)
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always", ExportWarning)
-        out = export_weights(model, args.dst, args.to, scan=args.scan)
+        out = args.written = export_weights(model, args.dst, args.to, scan=args.scan)
     for note in notes:
         print(f"vitkit convert: note: {note.message}", file=sys.stderr)
     arch = getattr(model.config, "architecture", None) or f"{model.config.objective} pre-training (vit)"
@@ -93,7 +93,7 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
         from ..deploy.openvino import export_openvino
         from ..machine import native_bf16_cpu
 
-        out = export_openvino(model, args.dst, quantize=args.quantize, calibration=args.calibration)
+        out = args.written = export_openvino(model, args.dst, quantize=args.quantize, calibration=args.calibration)
         info = {"src": args.src, "dst": str(out), "weights": str(out.with_suffix(".bin")), "format": "openvino",
                 "architecture": model.config.architecture, "params": params,
                 "quantization": "int8-static" if args.quantize else "none",
@@ -107,8 +107,8 @@ def _convert_onnx(model, args: argparse.Namespace) -> int:
                 f"{fmt_bytes(info['bytes'])}; preprocessing in its runtime info)")
     else:
         exporter = args.exporter or EXPORTERS[0]
-        out = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize,
-                          calibration=args.calibration)
+        out = args.written = export_onnx(model, args.dst, exporter=exporter, opset=args.opset, quantize=args.quantize,
+                                         calibration=args.calibration)
         info = {"src": args.src, "dst": str(out), "format": "onnx", "architecture": model.config.architecture,
                 "params": params, "quantization": args.quantize or "none", "exporter": exporter,
                 "bytes": out.stat().st_size}
