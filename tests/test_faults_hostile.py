@@ -719,7 +719,8 @@ def wait_for(predicate, proc, timeout=120, what="the file"):
 
 def test_a_stop_after_the_file_was_installed_says_it_is_whole(model_dir, tmp_path, capsys, monkeypatch):
     """Ctrl-C in the moment between installing the ONNX file and the verb's end said "partial files were removed"
-    with the whole, working file left in place: the user could not tell whether to trust it."""
+    with the whole, working file left in place: the user could not tell whether to trust it. With --json a stop
+    left stdout empty, where an error gives its JSON object."""
     import vitkit.cli.weights as verb
 
     def interrupted(*args):
@@ -730,6 +731,9 @@ def test_a_stop_after_the_file_was_installed_says_it_is_whole(model_dir, tmp_pat
     assert done.returncode == 130 and done.stderr.strip().splitlines()[-1] == \
         f"vitkit convert: stopped by Ctrl-C after {tmp_path / 'm.onnx'} was written whole", done.stderr
     assert vitkit.deploy.OnnxModel(tmp_path / "m.onnx").config.num_classes == 10
+    done = in_process(capsys, "convert", model_dir, tmp_path / "m.onnx", "--to", "onnx", "--json")
+    assert json.loads(done.stdout) == {"verb": "convert", "error": f"stopped by Ctrl-C after {tmp_path / 'm.onnx'} "
+                                                                   f"was written whole", "exit": 130}  # (it was none)
 
 
 def test_sigterm_during_an_onnx_export_exits_cleanly_and_leaves_nothing(model_dir, tmp_path):

@@ -5,6 +5,7 @@ stderr (0 done, 2 an error in words, 130 Ctrl-C, 143 SIGTERM) or none (141: stdo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -164,9 +165,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         written = getattr(args, "written", None)  # (a stop after the verb's output was installed: it is whole)
         removed = "" if args.verb in WRITES_NOTHING else \
             f" after {written} was written whole" if written else "; partial files were removed"
+        code = 143 if isinstance(e, Terminated) else 130
         if not _said_by_first_process(e):
             print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+            if getattr(args, "json", False):  # a script reading stdout has an answer to parse, as for an error
+                with contextlib.suppress(OSError):
+                    print(json.dumps({"verb": args.verb, "error": f"stopped by {signal_name}{removed}",
+                                      "exit": code}), flush=True)
+        return code
     except BrokenPipeError as e:
         if debug or not _stdout_closed():
             return _error(args.verb, e, debug)

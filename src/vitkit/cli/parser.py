@@ -53,6 +53,8 @@ class _Parser(argparse.ArgumentParser):
         placed = [w for w in words if w.split("=")[0] in flags]  # `vitkit --json models`: a verb's flag before it
         if placed:
             return f" ({placed[0].split('=')[0]} goes after the verb: {self.prog} {placed[0]} ...)"
+        if "--out" in [w.split("=")[0] for w in words] and "--runs-dir" in flags:  # (train: "did you mean --cutmix?")
+            return f" ({self.prog} writes into --runs-dir DIR, its run's folder named by --name)"
         guesses = [g for word in words if word.startswith("-")
                    for g in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
         return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
