@@ -432,3 +432,15 @@ def test_a_shortened_arm_warms_up_for_a_tenth_of_it():
     for config, recipe, want in cases:
         shorten_warmup(config, recipe)
         assert config.get("warmup_steps") == want, (config, recipe)
+
+
+def test_another_studys_results_are_found_in_the_work_folder_given(tmp_path):
+    """`study compute --work W` then `study attention-distance --work W` looked for compute.json in
+    runs/studies/compute alone ("not found"), and only --out pointed it elsewhere."""
+    from vitkit.studies.base import Options
+    from vitkit.studies.fewshot_proxy import source_path
+
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "compute.json").write_text("{}")
+    assert source_path("compute", Options(work=tmp_path / "w", smoke=True)) == tmp_path / "w" / "compute.json"
+    assert source_path("compute", Options(work=tmp_path, smoke=True)) == Path("runs/studies/compute-smoke/compute.json")

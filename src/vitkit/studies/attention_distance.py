@@ -68,8 +68,8 @@ class AttentionDistance(Study):
         compute = source_results("compute", options)
         if compute is None:
             raise ValueError(f"attention distance measures the compute study's models; not found: "
-                             f"{source_path('compute', options)}: run `vitkit study compute` first, or point --out at "
-                             f"its results")
+                             f"{source_path('compute', options)}: run `vitkit study compute` first, or point --out or "
+                             f"--work at its results")
         settings = compute["settings"]
         first_seed = compute["settings"]["seeds"][0]
         results["models"] = {}

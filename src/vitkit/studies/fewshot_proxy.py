@@ -69,9 +69,11 @@ def permutation_p(x: Sequence[float], y: Sequence[float], rho: float, shuffles: 
 
 
 def source_path(name: str, options: Options) -> Path:
-    here = Path(options.out) / f"{name}.json" if options.out else None
-    if here is not None and here.is_file():
-        return here
+    """Where another study's NAME.json is: in the --out or the --work given to this one (both studies run with one
+    --work W: it looked in runs/studies alone), else in that study's own default folder."""
+    for folder in (options.out, options.work):
+        if folder and (Path(folder) / f"{name}.json").is_file():
+            return Path(folder) / f"{name}.json"
     return Path("runs") / "studies" / (name + ("-smoke" if options.smoke else "")) / f"{name}.json"
 
 
@@ -124,7 +126,7 @@ class FewShotProxy(Study):
                                    "fewshot_5": shot5.mean, "fewshot_25": shot25.mean, "seeds": top1.n})
         if missing:
             raise ValueError(f"the few-shot proxy reads the other studies' results; not found: {', '.join(missing)}: "
-                             f"run those studies first (vitkit study NAME), or point --out at their results")
+                             f"run those studies first (vitkit study NAME), or point --out or --work at their results")
         results["points"] = points
         results["correlation"] = {}
         for group in ("all",) + SOURCES:
