@@ -694,3 +694,22 @@ export_apart(model, {str(tmp_path / "m.onnx")!r}, "onnxruntime")
         for pid in child:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_backbone_exports_its_maps_by_name_and_is_said_to_be_one(tmp_path):
+    """export_onnx of a features_only model wrote its second map as "313", and vitkit's runtimes then called the
+    file "no image model vitkit can run"; its maps are features_0, features_1, ..., each ONNX Runtime's equal to
+    the model's, and the runtimes say what the file is and what runs it."""
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3,
+                                          features_only=True, out_indices=(0, 2))).eval()
+    path = export_onnx(model, tmp_path / "b.onnx", progress=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["features_0", "features_1"]
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for got, want in zip(session.run(None, {session.get_inputs()[0].name: x.numpy()}), model(x)):
+            scale = want.abs().max().item()  # (unnormalised block outputs: tens, not a logit's units)
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-5 * scale)
+    with pytest.raises(OnnxMetadataError, match=r"is a backbone's graph \(2 feature maps: features_0, features_1\), "
+                                                r"not a classifier's: .* run it with ONNX Runtime"):
+        OnnxModel(path)

@@ -38,7 +38,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -242,7 +242,7 @@ def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[i
     specialise a dimension of size 1 into a constant."""
     h, w = model.config.img_size
     example = torch.zeros(2, model.config.in_chans, h, w)
-    output = "logits" if getattr(model.config, "num_classes", 0) else "features"
+    outputs = backbone_outputs(model) or ["logits" if getattr(model.config, "num_classes", 0) else "features"]
     was_training = model.training
     model.eval()
     try:
@@ -250,12 +250,12 @@ def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[i
             warnings.simplefilter("ignore")  # the tracer's notes on shapes it fixes: the batch stays dynamic
             if exporter == "dynamo":
                 torch.onnx.export(model, (example,), str(path), dynamo=True, verbose=False, external_data=False,
-                                  input_names=[INPUT_NAME], output_names=[output], opset_version=opset,
+                                  input_names=[INPUT_NAME], output_names=outputs, opset_version=opset,
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
             else:
                 torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=opset or 17,
-                                  input_names=[INPUT_NAME], output_names=[output],
-                                  dynamic_axes={INPUT_NAME: {0: "batch"}, output: {0: "batch"}})
+                                  input_names=[INPUT_NAME], output_names=outputs,
+                                  dynamic_axes={INPUT_NAME: {0: "batch"}, **{o: {0: "batch"} for o in outputs}})
     except Exception as e:
         if stop := _stop_inside(e):  # torch.export wraps a signal's KeyboardInterrupt in its own error
             raise stop from None
@@ -264,6 +264,18 @@ def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[i
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'}") from e
     finally:
         model.train(was_training)
+
+
+#: the outputs of a backbone's graph (a ``features_only`` model's maps): features_0, features_1, ...
+BACKBONE_OUTPUT = "features_"
+
+
+def backbone_outputs(model: nn.Module) -> List[str]:
+    """A ``features_only`` model's output names, one per map (its second was named by the exporter, "313"); []
+    for a classifier or an encoder."""
+    from ..models.features import FeatureModel
+
+    return [f"{BACKBONE_OUTPUT}{i}" for i in range(len(model.feature_info))] if isinstance(model, FeatureModel) else []
 
 
 def _stop_inside(error: BaseException) -> Optional[KeyboardInterrupt]:

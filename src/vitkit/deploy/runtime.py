@@ -30,7 +30,7 @@ from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE, _is_int, pixel_scale_problem
 from ..models.patch import check_pixel_tensor
 from ..parallel import BatchParallel, parts
-from .onnx_export import CONFIG_KEY, onnx_modules
+from .onnx_export import BACKBONE_OUTPUT, CONFIG_KEY, onnx_modules
 
 
 class StandInNote(UserWarning):
@@ -134,6 +134,11 @@ class OnnxModel(nn.Module):
     def _check_graph(self, inputs, outputs) -> None:
         """What vitkit can feed and read: one float32 (batch, channels, height, width) input and
         one (batch, classes) output."""
+        maps = [o.name for o in outputs if o.name.startswith(BACKBONE_OUTPUT)]
+        if maps and len(maps) == len(outputs):  # export_onnx of a features_only model
+            raise OnnxMetadataError(f"{self.path} is a backbone's graph ({len(maps)} feature maps: {', '.join(maps)}), "
+                                    f"not a classifier's: vitkit predict, eval and serve run classifiers; run it with "
+                                    f"ONNX Runtime (onnxruntime.InferenceSession) for its maps")
         problems = []
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
             problems.append(f"it takes {len(inputs)} input(s) of shape(s) {[i.shape for i in inputs]}, not one "
