@@ -47,6 +47,12 @@ def test_list_models_and_unknown_name():
         vitkit.create_model("vit_base_patch16_244")
     with pytest.raises(TypeError, match="unknown option"):
         vitkit.create_model("Ti/16", not_an_option=1)
+    # another library's name for a field, or a typo, is pointed at the field (a list of 60 names said nothing)
+    for keyword, meant in (("mlp_ratio", "mlp_dim (the MLP's width: mlp_ratio x embed_dim)"),
+                           ("num_attention_heads", "num_heads"), ("embed_dm", "embed_dim")):
+        with pytest.raises(TypeError, match=re.escape(f"unknown option(s) {keyword} of a ViT config (did you mean "
+                                                      f"{meant}?); known: ")):
+            vitkit.create_model("Ti/16", **{keyword: 2})
 
 
 def tiny(**kw):

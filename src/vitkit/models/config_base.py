@@ -52,6 +52,23 @@ class UnknownOption(ValueError, TypeError):
     ValueError: bad input, one line on the command line)."""
 
 
+#: other libraries' names for config fields (timm's, transformers', the CLI's), said beside a refusal of them
+OTHER_NAMES = {"mlp_ratio": "mlp_dim (the MLP's width: mlp_ratio x embed_dim)", "model": "model_name=",
+               "hidden_size": "embed_dim", "num_attention_heads": "num_heads", "num_hidden_layers": "depth",
+               "intermediate_size": "mlp_dim", "image_size": "img_size", "num_channels": "in_chans",
+               "in_channels": "in_chans", "width": "embed_dim", "layers": "depth", "heads": "num_heads"}
+
+
+def _meant(unknown: Sequence[str], known: Set) -> str:
+    """" (did you mean ...?)" for keywords another library names so (timm's mlp_ratio) or close to a field."""
+    import difflib
+
+    guesses = [OTHER_NAMES.get(word) or next(iter(difflib.get_close_matches(word, sorted(known), n=1)), None)
+               for word in unknown]
+    said = [f"{word}: {guess}" if len(unknown) > 1 else guess for word, guess in zip(unknown, guesses) if guess]
+    return f" (did you mean {', '.join(said)}?)" if said else ""
+
+
 def pixel_scale_problem(mean: Sequence[float], std: Sequence[float], flag: str = "") -> str:
     """Why a mean and std are not of 0-1 pixels ("" where they are): values on the 0-255 scale (ImageNet's 123.7,
     58.4) were taken and gave another model's answers, every image read as far outside its data. ``flag``: "--"
@@ -154,8 +171,8 @@ class ConfigMixin:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise UnknownOption(f"unknown option(s) {', '.join(unknown)} of a {self.KIND} config; known: "
-                                f"{', '.join(sorted(known))}")
+            raise UnknownOption(f"unknown option(s) {', '.join(unknown)} of a {self.KIND} config"
+                                f"{_meant(unknown, known)}; known: {', '.join(sorted(known))}")
         if "num_classes" in overrides and "label_names" not in overrides and self.label_names is not None \
                 and overrides["num_classes"] != len(self.label_names):
             overrides["label_names"] = None
