@@ -286,3 +286,16 @@ def test_a_class_folder_that_links_to_another_is_refused(tmp_path):
     os.symlink("a", tmp_path / "a2")
     with pytest.raises(ValueError, match=r"the class folders 'a' and 'a2' of .* are one folder \(a link\)"):
         ImageFolder(tmp_path)
+
+
+def test_an_empty_file_and_json_are_said_for_what_they_are(tmp_path):
+    """predict called an empty file "not an image Pillow can identify" (eval: "empty file (0 bytes)"), and the
+    server said the same of a JSON body sent where the image's bytes go."""
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "body.png").write_bytes(b' {"image": "aGVsbG8="}')
+    for source, reason in ((tmp_path / "empty.jpg", "empty (0 bytes)"), (b"", "empty (0 bytes)"),
+                           (tmp_path / "body.png", "it is JSON (send the image file's own bytes, or a form upload)"),
+                           (b"not an image", "not an image Pillow can identify")):
+        with pytest.raises(BadImageError) as info:
+            decode_image(source)
+        assert info.value.reason.endswith(reason), info.value.reason

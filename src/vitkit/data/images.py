@@ -15,7 +15,7 @@ import io
 import logging
 import struct
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, Optional, Union
+from typing import Any, BinaryIO, NamedTuple, Optional, Union
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -128,7 +128,28 @@ def decode_image(source: ImageSource, channels: int = 3, name: Optional[str] = N
     except FileNotFoundError:
         raise
     except DECODE_ERRORS as e:
-        raise BadImageError(name, _reason(e)) from e
+        raise BadImageError(name, _unidentified(source) if isinstance(e, UnidentifiedImageError) else _reason(e)) \
+            from e
+
+
+def _unidentified(source: Any) -> str:
+    """Why Pillow found no image, where the first bytes say: none at all (predict said "not an image Pillow can
+    identify" of an empty file, which eval calls empty), or JSON or a form where the server wants the image's bytes."""
+    try:
+        if isinstance(source, (str, Path)):
+            with open(source, "rb") as f:
+                head = f.read(64)
+        else:
+            source.seek(0)
+            head = source.read(64)
+    except (OSError, AttributeError, ValueError):
+        return _reason(UnidentifiedImageError())
+    text = head.lstrip()
+    if not head:
+        return "empty (0 bytes)"
+    if text[:1] in (b"{", b"["):
+        return "not an image Pillow can identify: it is JSON (send the image file's own bytes, or a form upload)"
+    return _reason(UnidentifiedImageError())
 
 
 def load_image(path: Union[str, Path], channels: int = 3) -> Image.Image:
