@@ -9,6 +9,7 @@ import errno
 import glob
 import json
 import os
+import shlex
 import shutil
 import stat
 import tempfile
@@ -392,6 +393,12 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {ancestor}")
     return path
+
+
+def as_argument(path: PathLike) -> str:
+    """``path`` as a shell word, for a command vitkit suggests ("next: vitkit eval --weights ..."): a folder with a
+    space or a quote in its name broke the command that was copied."""
+    return shlex.quote(str(path))
 
 
 def write_json(path: PathLike, obj: Any) -> None:

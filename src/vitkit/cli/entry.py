@@ -123,6 +123,24 @@ def _stdout_closed() -> bool:
 WRITES_NOTHING = ("models", "info", "predict", "serve")
 
 
+def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
+    """A verb stopped by Ctrl-C or SIGTERM: its one line (what became of its files), with --json its object on
+    stdout too; the exit code the shell gives a process the signal ended."""
+    _release_interrupted_work(stop)
+    signal_name = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+    written = getattr(args, "written", None)  # (a stop after the verb's output was installed: it is whole)
+    removed = "" if args.verb in WRITES_NOTHING else \
+        f" after {written} was written whole" if written else "; partial files were removed"
+    code = 143 if isinstance(stop, Terminated) else 130
+    if not _said_by_first_process(stop):
+        print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reading stdout has an answer to parse, as for an error
+            with contextlib.suppress(OSError):
+                print(json.dumps({"verb": args.verb, "error": f"stopped by {signal_name}{removed}", "exit": code}),
+                      flush=True)
+    return code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
@@ -160,19 +178,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as e:
         if debug:
             raise
-        _release_interrupted_work(e)
-        signal_name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        written = getattr(args, "written", None)  # (a stop after the verb's output was installed: it is whole)
-        removed = "" if args.verb in WRITES_NOTHING else \
-            f" after {written} was written whole" if written else "; partial files were removed"
-        code = 143 if isinstance(e, Terminated) else 130
-        if not _said_by_first_process(e):
-            print(f"vitkit {args.verb}: stopped by {signal_name}{removed}", file=sys.stderr)
-            if getattr(args, "json", False):  # a script reading stdout has an answer to parse, as for an error
-                with contextlib.suppress(OSError):
-                    print(json.dumps({"verb": args.verb, "error": f"stopped by {signal_name}{removed}",
-                                      "exit": code}), flush=True)
-        return code
+        return _stopped(args, e)
     except BrokenPipeError as e:
         if debug or not _stdout_closed():
             return _error(args.verb, e, debug)

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
-from ..files import check_output
+from ..files import as_argument, check_output
 from .common import fmt_int
 
 
@@ -91,8 +91,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"time     {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{_img_s(summary)}")
     run = summary["run_dir"]
-    print(f"next     vitkit eval --weights {run}   (per-class accuracy, confusion matrix)")
-    print(f"         vitkit predict --weights {run} IMAGE...   |   vitkit inspect --weights {run}   (attention "
+    print(f"next     vitkit eval --weights {as_argument(run)}   (per-class accuracy, confusion matrix)")
+    print(f"         vitkit predict --weights {as_argument(run)} IMAGE...   |   vitkit inspect --weights "
+          f"{as_argument(run)}   (attention "
           f"maps)")
     _quick_run_notes(summary)
     return 0
@@ -131,7 +132,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         print(f"few-shot  {shots}  (frozen encoder, ridge; labels only here)")
     print(f"time      {summary['seconds']:.0f} s for {summary['steps']:,} steps ({summary['epochs']} epochs), "
           f"{_img_s(summary)}")
-    print(f"next      vitkit train --init {summary['run_dir']}   (fine-tune the encoder on labels)")
+    print(f"next      vitkit train --init {as_argument(summary['run_dir'])}   (fine-tune the encoder on labels)")
     _quick_run_notes(summary, 10)
     return 0
 

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 import torch
 
 from .. import tiny
-from ..files import remove_stale_temporaries, write_json
+from ..files import as_argument, remove_stale_temporaries, write_json
 from ..machine import first_process_alive
 from ..models import get_model_config
 from ..models.complexity import complexity
@@ -181,7 +181,7 @@ def _interrupted(run: Run) -> str:
         return f"interrupted before the first checkpoint of {run.run_dir}: nothing to resume (vitkit {verb} " \
                f"--name {run.run_dir.name} starts it again there)"
     return f"interrupted; {run.run_dir} keeps its checkpoint of step {checkpoint_step(last)}: " \
-           f"vitkit {verb} --resume {run.run_dir} goes on from there"
+           f"vitkit {verb} --resume {as_argument(run.run_dir)} goes on from there"
 
 
 def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
+from ..files import as_argument
 from ..machine import usable_cores
 from .chosen import file_choices
 from .config import OBJECTIVE_OPTIONS, OFF, RENAMED, TrainConfig, deep_merge, field_kinds
@@ -136,8 +137,9 @@ def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
     if conflicts:
         free = ", ".join(RUNTIME_FLAGS.get(f, "--" + f.replace("_", "-")) for f in RUNTIME_FIELDS
                          if verb == "train" or f != "test_tta")  # (pre-training has no test-time augmentation)
-        after = (f"vitkit train --init {run_dir} starts one from this run's model once it has finished" if
-                 verb == "train" else f"vitkit train --init {run_dir} fine-tunes its encoder once it has finished")
+        init = f"vitkit train --init {as_argument(run_dir)}"
+        after = (f"{init} starts one from this run's model once it has finished" if verb == "train" else
+                 f"{init} fine-tunes its encoder once it has finished")
         raise ValueError(f"--resume continues {run_dir} as its config.json says; only {free} can change there, not "
                          f"{'; '.join(conflicts)} (for another recipe, start a new run; {after})")
     return overrides

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict
 
+from ..files import as_argument
 from ..runlock import RunLock
 from .checkpoint import checkpoint_paths, checkpoint_step
 from .resume import saved_field
@@ -45,8 +46,8 @@ def new_run_dir(run: Run) -> Path:
                         and not (path / "summary.json").is_file():
                     raise FileExistsError(f"run directory {path} exists and is no vitkit run's folder (no .lock "
                                           f"file, no checkpoints): pass another --name")
-                raise FileExistsError(f"run directory {path} already exists; pass --resume {path} to continue it "
-                                      f"or another --name")
+                raise FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to "
+                                      f"continue it or another --name")
             for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
                 target = path / leftover
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
@@ -101,14 +102,14 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir.resolve())  # where it is now (a run moved since: not where it was written)
     then = (f"to train longer, start a new run with --init {run_dir}" if saved_field(str(run_dir), "objective")
-            in (None, "classify") else f"vitkit train --init {run_dir} fine-tunes its encoder on labels")
+            in (None, "classify") else f"vitkit train --init {as_argument(run_dir)} fine-tunes its encoder on labels")
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; {then})")
     scored = saved_field(str(run_dir), "test_tta")
     if "test_top1_tta" in summary:
         summary.setdefault("test_tta", scored)
     if tta not in ("none", scored):  # its summary holds no score with these views
-        log(f"its test score with {tta} TTA: vitkit eval --weights {run_dir} --tta {tta}")
+        log(f"its test score with {tta} TTA: vitkit eval --weights {as_argument(run_dir)} --tta {tta}")
     return summary
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..data.mixing import mixup_cutmix, random_erasing
 from ..evaluate.tta import probabilities as tta_probabilities
+from ..files import as_argument
 from ..models import build_from_config, config_from_dict, get_model_config
 from ..parallel import BatchParallel, add_in_order
 from ..progress import track
@@ -237,7 +238,7 @@ class Pretraining:
                 run.note(f"no few-shot evaluation: {e}")
         elif run.cfg.fewshot and run.data.kind != "memory":  # it was left out without a word
             run.note(f"no few-shot evaluation: the run's probe needs an in-memory dataset (fashion-mnist, cifar10); "
-                     f"vitkit fewshot --weights {run.run_dir} --dataset {run.cfg.dataset}"
+                     f"vitkit fewshot --weights {as_argument(run.run_dir)} --dataset {run.cfg.dataset}"
                      + (f" --data-dir {run.cfg.data_dir}" if run.cfg.data_dir else "") + " scores these images")
         return out
 
@@ -263,8 +264,8 @@ def final_score(run: "Run", net: nn.Module, split: str, which: str = "", tta: st
     if run.scored.get(split) == 0:  # every image unreadable: scored "0.00% on 20 images", exit 0
         first = unread[0] if unread else "none named"
         raise ValueError(f"none of the {split} split's images could be read (first: {first}): there is nothing to "
-                         f"score; replace the files (--strict-data stops at the first), then --resume {run.run_dir} "
-                         f"scores the trained model")
+                         f"score; replace the files (--strict-data stops at the first), then --resume "
+                         f"{as_argument(run.run_dir)} scores the trained model")
     return scores
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..files import PathLike
+from ..files import PathLike, as_argument
 from ..models import config_from_dict, family_of_state_dict, positions
 from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed, resample_pos_embed
@@ -143,7 +143,7 @@ def _run_model_config(path: Path) -> Optional[Dict[str, Any]]:
     if started is not None:
         return {"format": "vitkit", "config": started}
     raise WeightsError(f"{path} is a checkpoint of the run {run}, which has not finished: its architecture is saved "
-                       f"with its model at the end (vitkit train --resume {run} finishes it)")
+                       f"with its model at the end (vitkit train --resume {as_argument(run)} finishes it)")
 
 
 def read_source(path: PathLike) -> Source:
