@@ -239,8 +239,8 @@ def test_a_run_with_test_tta_reports_what_vitkit_eval_says_with_those_views(tmp_
 
 
 def test_a_finished_run_says_what_to_try_next_on_its_folder(tmp_path, capsys):
-    assert main(["train", *TINY, "--runs-dir", str(tmp_path), "--name", "next"]) == 0
+    assert main(["train", *TINY, "--runs-dir", str(tmp_path / "my runs"), "--name", "next"]) == 0
     out = capsys.readouterr().out
-    run = tmp_path / "next"
+    run = f"'{tmp_path / 'my runs' / 'next'}'"  # quoted: a folder with a space broke the copied command
     assert f"next     vitkit eval --weights {run}" in out
     assert f"vitkit predict --weights {run} IMAGE..." in out and f"vitkit inspect --weights {run}" in out
