@@ -98,6 +98,11 @@ def test_init_errors_are_clear(tmp_path):
     model = model_from_init(str(tmp_path / "rgb"), data, {"num_heads": heads, "global_pool": "avg", "drop_rate": 0.2},
                             "new", log=lambda *a: None)  # the weights' own value, the readout and a rate: free
     assert model.config.global_pool == "avg" and model.config.drop_rate == 0.2
+    # a MAP readout asked of weights without one is new, as the head is (it was "missing from the checkpoint:
+    # attn_pool.kv.bias, ..."): the encoder's weights are the checkpoint's
+    model = model_from_init(str(tmp_path / "rgb"), data, {"global_pool": "map"}, "new", log=lambda *a: None)
+    assert model.config.global_pool == "map" and model.attn_pool is not None
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight, old.blocks[0].attn.qkv.weight, rtol=0, atol=0)
     with pytest.raises(WeightsError, match="same classes.*5.*10"):
         model_from_init(str(tmp_path / "rgb"), data, {}, "keep")
     with pytest.raises(FileNotFoundError, match="--init weights not found"):

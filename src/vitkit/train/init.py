@@ -73,6 +73,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     model = build_from_config(config)
     # a new head: every classifier (a distilled DeiT's head_dist too) and the pre-logits layer start afresh
     exclude = (*(f"{name}." for name in model.head_names()), "pre_logits.") if head == "new" else ()
+    if getattr(config, "global_pool", None) == "map" and getattr(stored, "global_pool", None) != "map":
+        exclude = (*exclude, "attn_pool.")  # a MAP readout asked of weights without one: new, as the head is
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
         # the position table resampled as the source's library resamples it (as from_pretrained does), or as named
