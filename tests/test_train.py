@@ -133,6 +133,8 @@ def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
     assert resolve_config("fmnist", lr=5e-6).min_lr == 1e-5  # the default floor, not chosen: held at the peak
     with pytest.raises(ValueError, match=r"freeze_blocks=2 needs --init WEIGHTS"):
         resolve_config("fmnist", freeze_blocks=2)
+    with pytest.raises(ValueError, match=r"freeze_blocks=1 does nothing with finetune='head'"):  # (taken in silence)
+        resolve_config("fmnist", init="x", finetune="head", freeze_blocks=1)
     with pytest.raises(ValueError, match=r"init_interpolation='bilinear-aligned' needs --init WEIGHTS"):
         resolve_config("fmnist", init_interpolation="bilinear-aligned")
     with pytest.raises(ValueError, match=r"init_interpolation must be auto, bicubic, bilinear or bilinear-aligned, "

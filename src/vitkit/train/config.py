@@ -296,6 +296,9 @@ class TrainConfig:
         if self.freeze_blocks and not self.init:
             problems.append(f"freeze_blocks={self.freeze_blocks} needs --init WEIGHTS (it freezes the first blocks of "
                             f"existing weights)")
+        if self.freeze_blocks and self.finetune == "head":  # (it was taken, and froze what head mode freezes anyway)
+            problems.append(f"freeze_blocks={self.freeze_blocks} does nothing with finetune='head' (only the head "
+                            f"trains): drop it, or use it with full, lora or bitfit")
         if not [t for t in self.lora_targets.split(",") if t.strip()]:
             problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
