@@ -294,12 +294,17 @@ def test_a_reader_that_goes_away_ends_the_verb_quietly():
 def test_a_closed_stdout_is_no_error_and_no_verb_is_one():
     """`vitkit info Ti/16 >&-`: Python has no stdout object, and the flush after the work was done ended in
     "unexpected AttributeError" (exit 2, after a training run had saved everything); `vitkit` alone printed the
-    help and exited 0, as if something had run."""
+    help and exited 0, as if something had run; a thread count that is none was OpenMP's line alone."""
     closed = subprocess.run([sys.executable, "-m", "vitkit", "info", "Ti/16"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))
     assert closed.returncode == 0 and closed.stderr == "", closed.stderr
     bare = subprocess.run([sys.executable, "-m", "vitkit"], capture_output=True, text=True)
     assert bare.returncode == 2 and bare.stdout == "" and bare.stderr.startswith("usage: vitkit")
+    # OpenMP's own "Invalid value for environment variable OMP_NUM_THREADS" said nothing of what came next
+    odd = subprocess.run([sys.executable, "-m", "vitkit", "info", "Ti/16"], capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="garbage"))
+    assert odd.returncode == 0 and "vitkit info: note: OMP_NUM_THREADS='garbage' is no thread count (a whole number " \
+        ">= 1): it is ignored, and torch chooses its own" in odd.stderr, odd.stderr
 
 
 @pytest.mark.parametrize("argv,words", [

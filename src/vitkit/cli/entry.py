@@ -123,6 +123,15 @@ def _stdout_closed() -> bool:
 WRITES_NOTHING = ("models", "info", "predict", "serve")
 
 
+def _check_thread_variable() -> None:
+    """OMP_NUM_THREADS that is no thread count: OpenMP's own line ("Invalid value for environment variable") said
+    nothing of what happens next; the run goes on with torch's default."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is not None and not (value.strip().isdigit() and int(value) > 0):
+        warnings.warn(f"OMP_NUM_THREADS={value!r} is no thread count (a whole number >= 1): it is ignored, and torch "
+                      f"chooses its own", stacklevel=2)
+
+
 def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
     """A verb stopped by Ctrl-C or SIGTERM: its one line (what became of its files), with --json its object on
     stdout too; the exit code the shell gives a process the signal ended."""
@@ -167,6 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_int = signal.signal(signal.SIGINT, _on_sigint) \
         if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous_warn = _one_line_warnings(args.verb)
+    _check_thread_variable()
     previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
         _check_one_process(args.verb)

@@ -293,12 +293,10 @@ class TrainConfig:
         if self.init_interpolation in CHOICES["init_interpolation"][1:] and not self.init:
             problems.append(f"init_interpolation={self.init_interpolation!r} needs --init WEIGHTS (it resamples their "
                             f"position table)")
-        if self.freeze_blocks and not self.init:
-            problems.append(f"freeze_blocks={self.freeze_blocks} needs --init WEIGHTS (it freezes the first blocks of "
-                            f"existing weights)")
-        if self.freeze_blocks and self.finetune == "head":  # (it was taken, and froze what head mode freezes anyway)
-            problems.append(f"freeze_blocks={self.freeze_blocks} does nothing with finetune='head' (only the head "
-                            f"trains): drop it, or use it with full, lora or bitfit")
+        if self.freeze_blocks and (not self.init or self.finetune == "head"):  # (head: taken, and it did nothing)
+            problems.append(f"freeze_blocks={self.freeze_blocks} " + ("needs --init WEIGHTS (it freezes the first "
+                            "blocks of existing weights)" if not self.init else "does nothing with finetune='head' "
+                            "(only the head trains): drop it, or use it with full, lora or bitfit"))
         if not [t for t in self.lora_targets.split(",") if t.strip()]:
             problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
