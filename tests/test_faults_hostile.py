@@ -664,6 +664,10 @@ def test_a_full_disk_under_tensorboard_and_a_kept_checkpoint_are_one_line(small_
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "the checkpoints before are intact (the newest of step 2); a checkpoint is written beside the ones kept " \
            "before the oldest goes, so --keep-checkpoints 2 needs room for 3 of" in line, line
+    # its resume on the disk made read-only names the run, not a --runs-dir the user never gave
+    assert subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True).returncode == 0
+    line = one_line(cli("train", "--resume", small_disk / "r" / "k", "--no-progress"))
+    assert f"--resume {small_disk / 'r' / 'k'} cannot be written: no permission to write in" in line, line
 
 
 def test_a_stop_whose_error_chain_loops_still_ends():
