@@ -639,6 +639,33 @@ def test_openvino_and_onnx_int8_exports_on_a_full_disk_are_one_line(small_disk, 
         assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
+def test_a_full_disk_at_the_final_model_says_the_resume_that_writes_it(tmp_path, capsys, monkeypatch):
+    """A disk full when the trained model was saved said "no space ... model.safetensors; nothing was replaced":
+    nothing of the steps the checkpoints hold, nor of the resume that writes the model from them."""
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    import errno
+
+    from vitkit.models.serialize import SaveMixin
+
+    def full(self, directory):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+
+    monkeypatch.setattr(SaveMixin, "save_pretrained", full)
+    args = ("train", "--model", "vit_fmnist", "--model-args", '{"depth": 1, "embed_dim": 16, "num_heads": 1}',
+            "--max-steps", "2", "--batch-size", "8", "--val-size", "10", "--test-size", "10", "--no-progress",
+            "--runs-dir", tmp_path / "r", "--name", "k", "--no-tensorboard")
+    done = in_process(capsys, *args)
+    line = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr and line == (
+        f"vitkit train: error: no space left on device while writing {tmp_path / 'r' / 'k' / 'model'}; "
+                    f"the run's checkpoints hold its steps: free some space, then vitkit train --resume "
+                    f"{tmp_path / 'r' / 'k'} writes the model"), line
+    monkeypatch.undo()
+    assert in_process(capsys, "train", "--resume", tmp_path / "r" / "k", "--no-progress").returncode == 0
+    assert (tmp_path / "r" / "k" / "model" / "model.safetensors").is_file()
+
+
 def test_a_full_disk_under_tensorboard_and_a_kept_checkpoint_are_one_line(small_disk, tmp_path):
     """TensorBoard's writer thread printed its traceback after the run's line (which named no file); a disk with
     room for the checkpoints kept but not the next beside them said nothing of why."""

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 import torch
 
 from .. import tiny
-from ..files import as_argument, remove_stale_temporaries, write_json
+from ..files import as_argument, remove_stale_temporaries, said_as_disk_full, write_json
 from ..machine import first_process_alive
 from ..models import get_model_config
 from ..models.complexity import complexity
@@ -490,11 +490,14 @@ def summarise(run: Run) -> Dict[str, Any]:
     if run.ema is not None:
         finetune.merge(run.ema.module)
     results = run.task.results(run)
-    if run.main:
-        model.save_pretrained(run.run_dir / "model")
-        if run.ema is not None:
-            run.ema.module.save_pretrained(run.run_dir / "model_ema")
-        plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
+    if run.main:  # a full disk here: the steps are in the checkpoints, and a resume writes what is missing
+        verb = "train" if cfg.objective == "classify" else "pretrain"
+        with said_as_disk_full(run.run_dir / "model", "the run's checkpoints hold its steps: free some space, then "
+                               f"vitkit {verb} --resume {as_argument(run.run_dir)} writes the model"):
+            model.save_pretrained(run.run_dir / "model")
+            if run.ema is not None:
+                run.ema.module.save_pretrained(run.run_dir / "model_ema")
+            plot_curves(run.metrics.path, run.run_dir / "training_curves.png")
     summary = {"run_dir": os.path.abspath(run.run_dir),  # a study reads it from elsewhere
                "model": run.model_name, "init": cfg.init, "dataset": cfg.dataset,
                "params": sum(p.numel() for p in model.parameters()), "trainable_params": trained, **results,
