@@ -354,6 +354,12 @@ def test_unambiguous_numbers_are_coerced_and_said_dates_stay_text(tmp_path):
     assert cfg.name == "2024-01-01" and cfg.min_lr == 0
     said = sorted(str(n.message) for n in notes)
     assert said == [f'{path}: lr "1e-3" read as 0.001', f'{path}: max_steps 10000.0 read as 10000']
+    # a flag over one of the file's values wins, and is said (pretrain --objective mae over objective: simmim ran MAE
+    # without a word); the same value given twice is no news
+    with pytest.warns(ConfigNote) as notes:
+        cfg = resolve_config("fmnist", str(path), lr=0.002, max_steps=10000)
+    assert cfg.lr == 0.002 and [str(n.message) for n in notes if "taken over" in str(n.message)] == [
+        f"--lr 0.002 is taken over {path}'s lr: 0.001"]
     path = config_file(tmp_path, "c.json", '{"max_steps": 1e4, "epochs": 2}')  # JSON's 1e4 is a float
     with pytest.warns(ConfigNote, match="max_steps 10000.0 read as 10000"):
         assert resolve_config("fmnist", str(path)).max_steps == 10000

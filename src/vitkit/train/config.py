@@ -307,8 +307,8 @@ class TrainConfig:
             from ..data.randaugment import parse_randaugment
             try:
                 parse_randaugment(self.randaugment)
-            except ValueError as e:
-                problems.append(str(e))
+            except ValueError as e:  # (its own words: the part of the string that is wrong)
+                problems += [str(e)]
         problems += self._bound_problems()
         return problems
 
@@ -346,9 +346,8 @@ class TrainConfig:
         if not is_hf(self.dataset):
             return [f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to Hugging Face datasets "
                     f"(--dataset hf:NAME_OR_DIR)"] if given else []
-        problems = []
-        if self.data_dir:
-            problems.append(f"data_dir does not apply to --dataset {self.dataset}: the folder or Hub name follows hf:")
+        problems = [f"data_dir does not apply to --dataset {self.dataset}: the folder or Hub name follows hf:"] \
+            if self.data_dir else []
         indexed = [name for name, on in (("train_fraction", self.train_fraction < 1.0),
                                          ("repeated_aug", self.repeated_aug > 1),
                                          ("test_size", self.test_size is not None)) if on]
@@ -553,12 +552,14 @@ def _check_objective_of_recipe(recipe: str, objective: Any) -> None:
 
 
 def _file_values(file: Optional[str], given: Mapping[str, Any]) -> Dict[str, Any]:
-    """The config file's fields (none: no file), their types checked and unambiguous numbers coerced."""
+    """The config file's fields (none: no file), their types checked and numbers coerced; a flag over one is said."""
     if not file:
         return {}
     from_file, notes = coerce_fields(load_config_file(file), str(file))
     if "name" not in given and own_run_name(file, from_file):  # run r's own runs/r/config.json: the new run is not r
         notes.append(f"{file} is run {from_file.pop('name')}'s own: this run gets a folder of its own (--name)")
+    notes += [f"--{k.replace('_', '-')} {given[k]} is taken over {file}'s {k}: {v}" for k, v in from_file.items()
+              if k in given and given[k] != v and k != "model_args"]
     for note in notes:  # said, not silent: the command line prints each as one "note:" line
         warnings.warn(ConfigNote(note), stacklevel=3)  # at resolve_config's caller
     return from_file
@@ -585,9 +586,8 @@ def _checked(values: Dict[str, Any]) -> TrainConfig:
 
 @contextlib.contextmanager
 def _naming(file: Optional[str], fields: set, recipe: str, recipe_fields: set):
-    """A problem with a field the config file set (and no flag replaced) names the file too; one with a
-    pre-training option only the recipe set names the recipe (``--recipe mae-fmnist --decoder-dim 7``: its
-    decoder_heads, 4)."""
+    """A problem with a field the config file set (and no flag replaced) names the file too; one with a pre-training
+    option only the recipe set names the recipe (``--recipe mae-fmnist --decoder-dim 7``: its decoder_heads, 4)."""
     try:
         yield
     except ValueError as e:
