@@ -79,7 +79,9 @@ def test_pyramid_strides_and_channels(images):
 
 @pytest.mark.parametrize("kw,words", [
     (dict(out_indices=[5]), r"block indices \[5\] out of range for depth 2"),
-    (dict(out_indices=3), r"indices=3: expected 1..2 last blocks"),
+    (dict(out_indices=3), r"indices=3: expected 1..2 last blocks$"),
+    (dict(out_indices=-1), r"indices=-1: expected 1..2 last blocks \(a block counted from the end is a list: "
+                           r"\(-1,\)\)"),
     # said as given (-4 was said as [-1]); empty was max()'s error; '1', 1.0 and True were read as numbers
     (dict(out_indices=(-4,)), r"block indices \[-4\] out of range for depth 2 \(0..1, or -2..-1 from the end\)"),
     (dict(out_indices=()), r"a non-empty list of block numbers .*got \(\)"),

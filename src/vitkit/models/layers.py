@@ -85,7 +85,8 @@ def intermediates_plan(depth: int, indices: Optional[Union[int, Sequence[int]]],
     elif isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
         indices = int(indices)
         if not 0 < indices <= depth:
-            raise ValueError(f"indices={indices}: expected 1..{depth} last blocks")
+            hint = f" (a block counted from the end is a list: ({indices},))" if -depth <= indices < 0 else ""
+            raise ValueError(f"indices={indices}: expected 1..{depth} last blocks{hint}")
         take = list(range(depth - indices, depth))
     else:
         if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence) or not indices or not all(
