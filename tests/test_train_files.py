@@ -157,8 +157,9 @@ def test_a_stream_resumes_with_the_same_pixels(tmp_path, fmnist_folder, workers)
                             val_size=0),
                      torch.device("cpu"), channels=1)
     transform = from_model_config(create_model("vit_fmnist", img_size=24, num_classes=3).config, train=True)
-    layout = Layout(batch_size=20, accum_steps=1, world=1, rank=0)  # 2 workers: 7 each of their 150, not 300 // 20
+    layout = Layout(batch_size=20, accum_steps=1, world=1, rank=0)  # 2 workers' 451 each made 22 + 22 batches
     spe = data.steps_per_epoch(layout)
+    assert spe == data.n_train // 20  # whatever the worker count: each one's share is whole batches (23 + 22)
     torch.manual_seed(1)
     whole = list(data.train.train(transform, 5, layout, 0, 2 * spe + 2, spe))
     for start in (3, spe + 1):  # within the first epoch, and in the next

@@ -499,7 +499,7 @@ class HFStream(RankedReader, IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         reader, readers = self.rank * workers + worker, self.world_size * workers
         length = self.epoch_length
-        quota = None if length is None else length // workers + (worker < length % workers)
+        quota = self.worker_quota(length, worker, workers)
         rows = repeat_passes(lambda passes: self._stream(reader, readers, passes), quota, lambda row: True,
                              lambda: f"{self.name}/{self.split_name}: reader {reader} of {readers} found no rows: "
                                      f"too few rows (or files) for {readers} readers: use fewer --workers")

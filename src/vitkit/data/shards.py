@@ -277,9 +277,7 @@ class ShardDataset(RankedReader, IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world_size = self.rank, self.world_size
-        quota = None
-        if self.epoch_length is not None:
-            quota = self.epoch_length // num_workers + (worker < self.epoch_length % num_workers)
+        quota = self.worker_quota(self.epoch_length, worker, num_workers)
         records = self._records(rank, world_size, worker, num_workers, quota)
         if self.shuffle_buffer > 0:
             rng = np.random.default_rng(seed_for(self.seed, "shard-buffer", self.epoch, rank, worker))

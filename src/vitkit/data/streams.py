@@ -25,6 +25,18 @@ class RankedReader:
     transform: Optional[Callable] = None
     seed: int = 0
     epoch: int = 0
+    #: the DataLoader's batch size in training: each worker's share of an epoch is whole batches of it
+    batch_quantum: int = 1
+
+    def worker_quota(self, length: Optional[int], worker: int, workers: int) -> Optional[int]:
+        """This worker's samples of an epoch of ``length`` (a rank's; None: no length, every sample once): whole
+        batches of :attr:`batch_quantum` shared out among the workers. Each worker batches its own share and drops
+        its own last part, so shares of samples made an epoch's batches depend on the worker count (a resume with
+        another --workers rescaled the schedule), and the training then counted more than it read."""
+        if length is None:
+            return None
+        batches, rest = divmod(length // self.batch_quantum, workers)
+        return (batches + (worker < rest)) * self.batch_quantum
 
     def transformed(self, im: Any, *where: int) -> Any:
         """``im`` through the transform, its random draws fixed by (seed, epoch, ``where``: the reader and the

@@ -233,17 +233,10 @@ class ShardBatches:
     def __init__(self, make_dataset: Callable[..., Any], workers: int = 2):
         self.make_dataset, self.workers = make_dataset, workers
 
-    def batches_per_epoch(self, samples: int, local: int) -> int:
-        """The micro-batches of ``local`` samples an epoch of ``samples`` (a rank's) gives: each DataLoader worker
-        batches its own share and drops its own last part (counted as ``samples // local``, an epoch ran out a
-        batch or more before its count with two workers, and a resumed run then skipped too few: it trained
-        again on batches it had had)."""
-        readers = max(self.workers, 1)
-        return sum((samples // readers + (worker < samples % readers)) // local for worker in range(readers))
-
     def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int,
               steps_per_epoch: int) -> Iterator[MicroBatch]:
         dataset = self.make_dataset(transform=transform, seed=seed, shuffle=True)
+        dataset.batch_quantum = layout.local  # whole batches per worker: the epoch's count whatever --workers
         epoch, skip = divmod(start, steps_per_epoch)
         skip *= layout.accum_steps
         left = (total - start) * layout.accum_steps

@@ -145,14 +145,10 @@ class RunData:
         return args
 
     def steps_per_epoch(self, layout: Layout) -> int:
-        if self.kind == "shards":  # every rank streams its own share of the samples, in batches per worker
-            steps = self.train.batches_per_epoch(self.n_train // layout.world, layout.local) // layout.accum_steps
+        if self.kind == "shards":  # every rank streams its own share of the samples, whole batches per worker
+            steps = self.n_train // layout.world // layout.local // layout.accum_steps
         else:
             steps = self.n_train // layout.batch_size
-        if steps == 0 and self.kind == "shards" and self.n_train // layout.world >= layout.local * layout.accum_steps:
-            workers = max(self.train.workers, 1)  # each batches its own share: none holds a full batch
-            raise ValueError(f"the shards give no full batch of {layout.local} samples to any of the {workers} "
-                             f"DataLoader worker(s) of this process: use fewer --workers or a smaller --batch-size")
         if steps == 0:
             raise ValueError(f"batch_size {layout.batch_size} is larger than the {self.n_train} training images")
         return steps
