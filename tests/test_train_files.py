@@ -171,6 +171,24 @@ def test_a_stream_resumes_with_the_same_pixels(tmp_path, fmnist_folder, workers)
     assert not torch.equal(whole[0][0], whole[spe][0])  # the next epoch draws anew
 
 
+def test_a_samples_seeded_draws_leave_a_gpus_random_state_alone(monkeypatch, fmnist_folder):
+    """torch.manual_seed inside fork_rng(devices=[]) reseeded every GPU's generator, which fork_rng does not put
+    back: without DataLoader workers each sample's seed became the GPU's (its dropout and masks), as a file
+    sample's did too. Draws stay fixed by the sample, distinct between samples."""
+    from vitkit.data.streams import RankedReader
+    from vitkit.train.batches import _Seeded
+
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    reader = RankedReader()
+    reader.transform = lambda im: torch.rand(())
+    first, again, other = (reader.transformed(None, 0, i) for i in (1, 1, 2))
+    folder = ImageFolder(fmnist_folder / "train", channels=1)
+    files = _Seeded(folder, range(2), lambda im: torch.rand(()))
+    assert first == again != other and files[(0, 7)][0] == files[(0, 7)][0] != files[(1, 8)][0]
+    assert reseeded == []
+
+
 @real
 @pytest.mark.slow
 def test_shards_train_and_resume_in_order(tmp_path, fmnist_folder):

@@ -45,9 +45,9 @@ class RankedReader:
         others), though its samples were."""
         if self.transform is None:
             return im
-        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
-            torch.manual_seed(seed_for(self.seed, "stream-sample", self.epoch, *where))
-            return self.transform(im)
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone (the CPU's: restored)
+            torch.default_generator.manual_seed(seed_for(self.seed, "stream-sample", self.epoch, *where))
+            return self.transform(im)  # (torch.manual_seed would reseed a GPU's too, which fork_rng does not keep)
 
     @property
     def rank(self) -> int:

@@ -177,8 +177,8 @@ class _Seeded(Dataset):
             return sample
         if seed is None:
             return self.transform(sample[0]), sample[1]
-        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
-            torch.manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone (the CPU's: restored;
+            torch.default_generator.manual_seed(seed)  # torch.manual_seed reseeded a GPU's too, without workers)
             return self.transform(sample[0]), sample[1]
 
 
