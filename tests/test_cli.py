@@ -301,10 +301,12 @@ def test_a_closed_stdout_is_no_error_and_no_verb_is_one():
     bare = subprocess.run([sys.executable, "-m", "vitkit"], capture_output=True, text=True)
     assert bare.returncode == 2 and bare.stdout == "" and bare.stderr.startswith("usage: vitkit")
     # OpenMP's own "Invalid value for environment variable OMP_NUM_THREADS" said nothing of what came next
-    odd = subprocess.run([sys.executable, "-m", "vitkit", "info", "Ti/16"], capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="garbage"))
-    assert odd.returncode == 0 and "vitkit info: note: OMP_NUM_THREADS='garbage' is no thread count (a whole number " \
-        ">= 1): it is ignored, and torch chooses its own" in odd.stderr, odd.stderr
+    for value, said in (("garbage", True), ("\u00b2", True), ("0", True), ("1,2", False), (" 4 ", False)):
+        odd = subprocess.run([sys.executable, "-m", "vitkit", "info", "Ti/16"], capture_output=True, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS=value))  # ("1,2": OpenMP's list per nesting level)
+        assert odd.returncode == 0 and "Traceback" not in odd.stderr, odd.stderr
+        assert (f"vitkit info: note: OMP_NUM_THREADS={value!r} is no thread count (a whole number >= 1): OpenMP "
+                f"ignores it" in odd.stderr) == said, (value, odd.stderr)
 
 
 @pytest.mark.parametrize("argv,words", [

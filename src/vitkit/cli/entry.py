@@ -10,6 +10,7 @@ import functools
 import gc
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -126,10 +127,10 @@ WRITES_NOTHING = ("models", "info", "predict", "serve")
 def _check_thread_variable() -> None:
     """OMP_NUM_THREADS that is no thread count: OpenMP's own line ("Invalid value for environment variable") said
     nothing of what happens next; the run goes on with torch's default."""
-    value = os.environ.get("OMP_NUM_THREADS")
-    if value is not None and not (value.strip().isdigit() and int(value) > 0):
-        warnings.warn(f"OMP_NUM_THREADS={value!r} is no thread count (a whole number >= 1): it is ignored, and torch "
-                      f"chooses its own", stacklevel=2)
+    value = os.environ.get("OMP_NUM_THREADS")  # a count, or OpenMP's list of counts per nesting level ("4,2")
+    if value is not None and not re.fullmatch(r"\s*0*[1-9]\d*(\s*,\s*\d+)*\s*", value, re.ASCII):
+        warnings.warn(f"OMP_NUM_THREADS={value!r} is no thread count (a whole number >= 1): OpenMP ignores it, and "
+                      f"the threads are --threads' where the verb has it, else torch's own choice", stacklevel=2)
 
 
 def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
@@ -176,9 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_int = signal.signal(signal.SIGINT, _on_sigint) \
         if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous_warn = _one_line_warnings(args.verb)
-    _check_thread_variable()
     previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
+        _check_thread_variable()
         _check_one_process(args.verb)
         code = int(args.func(args) or 0)
         # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed
