@@ -360,6 +360,12 @@ def test_unambiguous_numbers_are_coerced_and_said_dates_stay_text(tmp_path):
         cfg = resolve_config("fmnist", str(path), lr=0.002, max_steps=10000)
     assert cfg.lr == 0.002 and [str(n.message) for n in notes if "taken over" in str(n.message)] == [
         f"--lr 0.002 is taken over {path}'s lr: 0.001"]
+    from vitkit.train.config import OFF
+
+    same = config_file(tmp_path, "s.json", '{"betas": [0.9, 0.95], "init": null, "dataset": "fmnist"}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigNote)  # a tuple for a list, none for null, a dataset's other name
+        resolve_config("fmnist", str(same), betas=(0.9, 0.95), init=OFF, dataset="fashion-mnist")
     path = config_file(tmp_path, "c.json", '{"max_steps": 1e4, "epochs": 2}')  # JSON's 1e4 is a float
     with pytest.warns(ConfigNote, match="max_steps 10000.0 read as 10000"):
         assert resolve_config("fmnist", str(path)).max_steps == 10000

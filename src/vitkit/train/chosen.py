@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Dict, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Set
 
-from .config_types import _show
+from .config_types import _show, as_saved
 
 
 def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict[str, Any]:
@@ -19,6 +19,20 @@ def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict
     (kept from fitting: a study's batch 128 was fitted to 32)."""
     same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
     return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
+
+
+def flags_over_file(file: str, from_file: Mapping[str, Any], given: Mapping[str, Any]) -> List[str]:
+    """A note for each flag that replaces a value of the config file (flags win, as documented, but in silence:
+    pretrain --objective mae over objective: simmim); one equal to the file's value (a dataset by another of its
+    names, a list given as a tuple, none as null) is no news. model_args merge, key by key."""
+    from ..data.datasets import canonical
+
+    def same(key: str, a: Any, b: Any) -> bool:
+        return as_saved(a) == as_saved(b) or (key == "dataset" and isinstance(a, str) and isinstance(b, str)
+                                              and canonical(a) == canonical(b))
+
+    return [f"--{k.replace('_', '-')} {_show(given[k])} is taken over {file}'s {k}: {_show(v)}"
+            for k, v in from_file.items() if k in given and k != "model_args" and not same(k, given[k], v)]
 
 
 def refuse_unknown(values: Mapping[str, Any], known: Set[str], renamed: Mapping[str, str], file: Optional[str],

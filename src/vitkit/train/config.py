@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .. import tiny
 from ..extras import require
 from ..machine import usable_cores
-from .chosen import file_choices, refuse_ignored, refuse_unknown, refuse_unused
+from .chosen import file_choices, flags_over_file, refuse_ignored, refuse_unknown, refuse_unused
 from .config_files import (  # noqa: F401 (re-exported)
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
@@ -558,8 +558,7 @@ def _file_values(file: Optional[str], given: Mapping[str, Any]) -> Dict[str, Any
     from_file, notes = coerce_fields(load_config_file(file), str(file))
     if "name" not in given and own_run_name(file, from_file):  # run r's own runs/r/config.json: the new run is not r
         notes.append(f"{file} is run {from_file.pop('name')}'s own: this run gets a folder of its own (--name)")
-    notes += [f"--{k.replace('_', '-')} {given[k]} is taken over {file}'s {k}: {v}" for k, v in from_file.items()
-              if k in given and given[k] != v and k != "model_args"]
+    notes += flags_over_file(file, from_file, given)
     for note in notes:  # said, not silent: the command line prints each as one "note:" line
         warnings.warn(ConfigNote(note), stacklevel=3)  # at resolve_config's caller
     return from_file

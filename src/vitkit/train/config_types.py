@@ -127,6 +127,12 @@ class _Off:
 OFF = _Off()
 
 
+def as_saved(value: Any) -> Any:
+    """A value as a config file or a run's config.json holds it: the command line's ``none`` as null, a tuple as a
+    list (``--betas 0.9 0.95`` and a file's [0.9, 0.95] are one value)."""
+    return None if value is OFF else list(value) if isinstance(value, tuple) else value
+
+
 #: The options of Hugging Face datasets (--dataset hf:...) that name a split or a column.
 HF_FIELDS: Tuple[str, ...] = ("hf_split", "hf_test_split", "image_key", "label_key")
 

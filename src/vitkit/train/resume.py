@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from ..files import as_argument
 from ..machine import usable_cores
 from .chosen import file_choices
-from .config import OBJECTIVE_OPTIONS, OFF, RENAMED, TrainConfig, deep_merge, field_kinds
+from .config import OBJECTIVE_OPTIONS, RENAMED, TrainConfig, deep_merge, field_kinds
+from .config_types import as_saved
 from .recipes import RECIPES
 
 #: Fields that describe the machine a run executes on or how its end is scored, not what it
@@ -94,7 +95,7 @@ def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
         if v is None or k in RUNTIME_FIELDS:
             continue
         old = values.get(k)
-        v = None if v is OFF else list(v) if isinstance(v, tuple) else v
+        v = as_saved(v)
         if k == "model_args" and isinstance(v, Mapping) and isinstance(old, Mapping):
             v = deep_merge(old, v)  # model_args given again only conflict where they change something
         said = json.dumps(old)
