@@ -53,6 +53,9 @@ def test_list_models_and_unknown_name():
         with pytest.raises(TypeError, match=re.escape(f"unknown option(s) {keyword} of a ViT config (did you mean "
                                                       f"{meant}?); known: ")):
             vitkit.create_model("Ti/16", **{keyword: 2})
+    with pytest.raises(TypeError) as info:  # a name only for a field this config has (a ResNetV2 has no embed_dim)
+        vitkit.create_model("resnetv2_50_nopreact", width=2)
+    assert "embed_dim?" not in str(info.value)
 
 
 def tiny(**kw):

@@ -63,7 +63,11 @@ def _meant(unknown: Sequence[str], known: Set) -> str:
     """" (did you mean ...?)" for keywords another library names so (timm's mlp_ratio) or close to a field."""
     import difflib
 
-    guesses = [OTHER_NAMES.get(word) or next(iter(difflib.get_close_matches(word, sorted(known), n=1)), None)
+    def other_name(word: str) -> Optional[str]:  # (one this config has: ResNetV2's width is no embed_dim)
+        meant = OTHER_NAMES.get(word)
+        return meant if meant and (meant.endswith("=") or meant.split()[0] in known) else None
+
+    guesses = [other_name(word) or next(iter(difflib.get_close_matches(word, sorted(known), n=1)), None)
                for word in unknown]
     said = [f"{word}: {guess}" if len(unknown) > 1 else guess for word, guess in zip(unknown, guesses) if guess]
     return f" (did you mean {', '.join(said)}?)" if said else ""
