@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import time
 from pathlib import Path
@@ -124,6 +125,6 @@ def unfinished_run(source: str) -> Optional[str]:
     verb = "train" if saved.get("objective", "classify") == "classify" else "pretrain"
     if not any((folder / "checkpoints").glob("step_*.pt")):
         return f"{source} is a run that stopped before its first checkpoint: it has no model and nothing to " \
-               f"resume (vitkit {verb} --name {folder.name} runs it again in the same folder)"
+               f"resume (vitkit {verb} --name {shlex.quote(folder.name)} runs it again in the same folder)"
     return f"{source} is a run that stopped before it finished: it has no model/ yet (vitkit {verb} --resume " \
-           f"{source} finishes it)"
+           f"{shlex.quote(str(source))} finishes it)"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import tiny
+from ..files import as_argument
 from . import cifar, fashion_mnist
 from .fashion_mnist import ArrayDataset, DatasetNotFound
 
@@ -123,7 +124,7 @@ def _split_given(root: Path) -> str:
     """The advice where ``root`` is itself one split of a dataset folder (photos/test given for photos)."""
     parent, splits = root.resolve().parent, ("train", "test", "val")
     if root.resolve().name in splits and sum((parent / s).is_dir() for s in splits) > 1:
-        return f"; {root} looks like one split of {parent}: give --data-dir {parent}"
+        return f"; {root} looks like one split of {parent}: give --data-dir {as_argument(parent)}"
     return ""
 
 

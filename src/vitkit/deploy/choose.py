@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
-from ..files import PathLike, work_folder
+from ..files import PathLike, as_argument, work_folder
 from .onnx_export import export_onnx
 from .openvino import OpenVinoModel, export_openvino, is_openvino
 from .quantize import CalibrationSource, calibrates, can_calibrate
@@ -124,15 +124,16 @@ def check_classifier(model: nn.Module, weights: PathLike) -> nn.Module:
 
     if is_pretrainer(model):
         raise ValueError(f"{weights} is a {model.objective} pre-training model: it has no classifier; fine-tune it "
-                         f"first (vitkit train --init {weights}), or read its encoder with vitkit fewshot / inspect")
+                         f"first (vitkit train --init {as_argument(weights)}), or read its encoder with vitkit "
+                         f"fewshot / inspect")
     from ..models.config_base import no_classes
 
     if why := no_classes(model.config):
         if is_onnx(weights) or is_openvino(weights):
             raise ValueError(f"{weights} has {why}: an exported graph scores no classes; fine-tune the weights it "
                              f"was exported from (vitkit train --init WEIGHTS) and export that")
-        raise ValueError(f"{weights} has {why}: fine-tune it first (vitkit train --init {weights}), or read it "
-                         f"with vitkit fewshot / inspect")
+        raise ValueError(f"{weights} has {why}: fine-tune it first (vitkit train --init {as_argument(weights)}), or "
+                         f"read it with vitkit fewshot / inspect")
     return model
 
 

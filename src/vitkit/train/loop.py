@@ -179,7 +179,7 @@ def _interrupted(run: Run) -> str:
     last = _last_checkpoint(run)
     if last is None:
         return f"interrupted before the first checkpoint of {run.run_dir}: nothing to resume (vitkit {verb} " \
-               f"--name {run.run_dir.name} starts it again there)"
+               f"--name {as_argument(run.run_dir.name)} starts it again there)"
     return f"interrupted; {run.run_dir} keeps its checkpoint of step {checkpoint_step(last)}: " \
            f"vitkit {verb} --resume {as_argument(run.run_dir)} goes on from there"
 

@@ -101,8 +101,9 @@ def finished_summary(run_dir: Path, log=print, tta: str = "none") -> Dict[str, A
     with the views asked for now."""
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir.resolve())  # where it is now (a run moved since: not where it was written)
-    then = (f"to train longer, start a new run with --init {run_dir}" if saved_field(str(run_dir), "objective")
-            in (None, "classify") else f"vitkit train --init {as_argument(run_dir)} fine-tunes its encoder on labels")
+    init = f"--init {as_argument(run_dir)}"
+    then = (f"to train longer, start a new run with {init}" if saved_field(str(run_dir), "objective")
+            in (None, "classify") else f"vitkit train {init} fine-tunes its encoder on labels")
     log(f"{run_dir} finished at step {summary.get('steps', '?')}: nothing to resume (its summary.json, "
         f"unchanged; {then})")
     scored = saved_field(str(run_dir), "test_tta")

@@ -239,7 +239,8 @@ class Pretraining:
         elif run.cfg.fewshot and run.data.kind != "memory":  # it was left out without a word
             run.note(f"no few-shot evaluation: the run's probe needs an in-memory dataset (fashion-mnist, cifar10); "
                      f"vitkit fewshot --weights {as_argument(run.run_dir)} --dataset {run.cfg.dataset}"
-                     + (f" --data-dir {run.cfg.data_dir}" if run.cfg.data_dir else "") + " scores these images")
+                     + (f" --data-dir {as_argument(run.cfg.data_dir)}" if run.cfg.data_dir else "")
+                     + " scores these images")
         return out
 
 
