@@ -211,6 +211,7 @@ def test_a_full_disk_is_said_in_words_and_the_previous_checkpoint_stays(tmp_path
     ("--model-args", '{"heads": 4}', "unknown option(s) heads of a ViT config"),
     ("--model-args", '{"std": [0]}', "std must be positive"),
     ("--model-args", '{"mean": [72.9]}', "mean (72.9) and std (0.353) are not of pixels scaled to [0, 1]"),
+    ("--model-args", '{"mean": [-0.5]}', "a std at most 1), as vitkit reads them\n"),  # no 0-255 advice
     ("--lr", "-1", "lr must be > 0"), ("--lrr", "1", "(did you mean --lr?)"),
     ("--recipe", "deit2", "invalid choice: 'deit2'"),
 ])

@@ -147,8 +147,9 @@ def _unidentified(source: Any) -> str:
     text = head.lstrip()
     if not head:
         return "empty (0 bytes)"
-    if text[:1] in (b"{", b"["):
-        return "not an image Pillow can identify: it is JSON (send the image file's own bytes, or a form upload)"
+    if text[:1] in (b"{", b"["):  # (the advice where bytes were sent: a request's body)
+        sent = "" if isinstance(source, (str, Path)) else " (send the image file's own bytes, or a form upload)"
+        return f"not an image Pillow can identify: it is JSON{sent}"
     return _reason(UnidentifiedImageError())
 
 

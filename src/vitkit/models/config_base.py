@@ -78,8 +78,9 @@ def pixel_scale_problem(mean: Sequence[float], std: Sequence[float], flag: str =
     58.4) were taken and gave another model's answers, every image read as far outside its data. ``flag``: "--"
     where they were given as the command line's --mean and --std."""
     if any(not 0 <= m <= 1 for m in mean) or any(s > 1 for s in std):
+        scale = ": on the 0-255 scale, divide them by 255" if max(*mean, *std) > 2 else ""  # (ImageNet's: 124, 58)
         return (f"{flag}mean {_shown(mean)} and {flag}std {_shown(std)} are not of pixels scaled to [0, 1] (a mean "
-                f"within 0 to 1, a std at most 1), as vitkit reads them: on the 0-255 scale, divide them by 255")
+                f"within 0 to 1, a std at most 1), as vitkit reads them{scale}")
     return ""
 
 
