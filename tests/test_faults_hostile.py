@@ -670,7 +670,7 @@ def test_a_full_disk_at_the_final_model_says_the_resume_that_writes_it(tmp_path,
     done = in_process(capsys, *args)
     line = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr and line == (
-        f"vitkit train: error: no space left on device while writing {tmp_path / 'r' / 'k' / 'model'}; "
+        f"vitkit train: error: no space left on device while writing {tmp_path / 'r' / 'k'}; "
                     f"the run's checkpoints hold its steps: free some space, then vitkit train --resume "
                     f"{tmp_path / 'r' / 'k'} writes the model"), line
     monkeypatch.undo()

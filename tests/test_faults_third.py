@@ -142,6 +142,13 @@ def test_a_torn_summary_of_a_study_run_is_named_and_the_last_results_stay(tmp_pa
                        say=lambda *a: None)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()
             if not p.name.endswith(".partial.json")} == written  # all three as they were, no staging left
+    from vitkit.files import files_together
+
+    with pytest.raises(ValueError, match="installs files, not folders"), files_together(tmp_path / "out") as stage:
+        (stage / "position-embeddings.json").write_text("{}")  # (a folder renamed over a full one failed half-way)
+        (stage / "figures").mkdir()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()
+            if not p.name.endswith(".partial.json")} == written
 
 
 def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_does(tmp_path, capsys):

@@ -271,10 +271,12 @@ def files_together(folder: PathLike) -> Iterator[Path]:
     (replaced one by one, a full disk left new numbers beside an old figure) and no folder this made."""
     with new_folder(folder) as out, work_folder(out, "files") as stage:
         yield stage
+        staged = sorted(p for p in stage.iterdir() if p.name != _OWNER)
+        if any(p.is_dir() for p in staged):  # a folder's rename over a full one fails half-way through the set
+            raise ValueError(f"files_together installs files, not folders: {[p.name for p in staged if p.is_dir()]}")
         with interrupts_deferred():
-            for staged in sorted(stage.iterdir()):
-                if staged.name != _OWNER:
-                    os.replace(staged, out / staged.name)
+            for path in staged:
+                os.replace(path, out / path.name)
 
 
 @contextlib.contextmanager

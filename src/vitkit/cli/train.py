@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..files import as_argument, check_output
@@ -67,7 +68,8 @@ def _quick_run_notes(summary: Dict[str, Any], width: int = 9) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
-    check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
+    if not args.resume or Path(args.resume).is_dir():  # (a --resume of no folder: the run's own words say why)
+        check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
     if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
         raise ValueError(f"the configuration asks for {cfg.objective} pre-training: run it with vitkit pretrain")
     summary = _run(cfg, args)
@@ -116,7 +118,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     cfg = train_config(args, args.objective)
     if cfg.objective == "classify" and not args.resume:  # a config file without an objective
         raise ValueError("--objective is required: simmim, mpp or mae (or objective: in the config file)")
-    check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
+    if not args.resume or Path(args.resume).is_dir():  # (a --resume of no folder: the run's own words say why)
+        check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
     summary = _run(cfg, args)
     if summary is None:
         return 0

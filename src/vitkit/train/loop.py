@@ -492,7 +492,7 @@ def summarise(run: Run) -> Dict[str, Any]:
     results = run.task.results(run)
     if run.main:  # a full disk here: the steps are in the checkpoints, and a resume writes what is missing
         verb = "train" if cfg.objective == "classify" else "pretrain"
-        with said_as_disk_full(run.run_dir / "model", "the run's checkpoints hold its steps: free some space, then "
+        with said_as_disk_full(run.run_dir, "the run's checkpoints hold its steps: free some space, then "
                                f"vitkit {verb} --resume {as_argument(run.run_dir)} writes the model"):
             model.save_pretrained(run.run_dir / "model")
             if run.ema is not None:
