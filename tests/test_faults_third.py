@@ -886,3 +886,31 @@ def test_a_worker_gone_after_it_noted_a_sigterm_is_the_stop(monkeypatch):
         assert next(batches) == 1
         with pytest.raises(error):
             next(batches)
+
+
+class _DiesOfSigterm(torch.utils.data.Dataset):
+    """A worker that dies of SIGTERM with its default action, as torch's own handler has it before worker_init_fn."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 9:
+            import os
+            import signal
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return torch.tensor(i)
+
+
+def test_a_worker_that_died_of_sigterm_before_its_note_is_the_stop():
+    """torch puts its own SIGTERM handler in a worker before worker_init_fn installs vitkit's: a SIGTERM in that
+    window ended the worker with no note, and a full run's evaluation stopped with "unexpected RuntimeError:
+    DataLoader worker ... exited unexpectedly" (exit 2, 1 of 2,143). The worker's own end says which signal."""
+    from vitkit.data.loader import loader_batches
+    from vitkit.signals import Terminated
+
+    with pytest.raises(Terminated):
+        for _ in loader_batches(_DiesOfSigterm(), batch_size=4, num_workers=2):
+            pass

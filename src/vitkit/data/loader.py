@@ -53,9 +53,16 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
             yield batch
             check()
     except RuntimeError:  # torch's word for a worker gone ("exited unexpectedly"), after one noted a SIGTERM that
-        if flag.value:    # then ended it before this process asked: the stop it means, not "unexpected"
-            raise Terminated() from None
+        if flag.value or _died_of(batches, signal.SIGTERM):  # then ended it before this process asked, or one that
+            raise Terminated() from None                     # came before its note could be made: the stop it means
         raise
+
+
+def _died_of(batches: Any, signum: int) -> bool:
+    """Whether one of the iterator's workers died of ``signum``. torch puts its own C handler for SIGTERM in a
+    worker before the worker_init_fn runs (it prints nothing and ends the worker): a SIGTERM in that window left no
+    note, and the stop was "unexpected RuntimeError: DataLoader worker ... exited unexpectedly" (exit 2)."""
+    return any(getattr(w, "exitcode", None) == -signum for w in getattr(batches, "_workers", ()))
 
 
 def decoded_batches(dataset: Dataset, batch_size: int, workers: int, skipped: List[str]) -> Iterator[Tuple[Any, Any]]:
