@@ -182,6 +182,7 @@ def test_a_samples_seeded_draws_leave_a_gpus_random_state_alone(monkeypatch, fmn
     monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
     reader = RankedReader()
     reader.transform = lambda im: torch.rand(())
+    reader.for_training(1)
     first, again, other = (reader.transformed(None, 0, i) for i in (1, 1, 2))
     folder = ImageFolder(fmnist_folder / "train", channels=1)
     files = _Seeded(folder, range(2), lambda im: torch.rand(()))

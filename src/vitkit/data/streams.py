@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 import torch
 
 from ..utils import seed_for
+from .transforms import with_fixed_draws
 
 
 def _default_rank_world() -> Tuple[int, int]:
@@ -27,6 +28,12 @@ class RankedReader:
     epoch: int = 0
     #: the DataLoader's batch size in training: each worker's share of an epoch is whole batches of it
     batch_quantum: int = 1
+    #: training: each sample's random draws fixed by its place (evaluation's transform draws nothing)
+    fixed_draws: bool = False
+
+    def for_training(self, batch: int) -> None:
+        """Read as training reads: whole batches of ``batch`` per worker, each sample's draws fixed."""
+        self.batch_quantum, self.fixed_draws = batch, True
 
     def worker_quota(self, length: Optional[int], worker: int, workers: int) -> Optional[int]:
         """This worker's samples of an epoch of ``length`` (a rank's; None: no length, every sample once): whole
@@ -39,15 +46,15 @@ class RankedReader:
         return (batches + (worker < rest)) * self.batch_quantum
 
     def transformed(self, im: Any, *where: int) -> Any:
-        """``im`` through the transform, its random draws fixed by (seed, epoch, ``where``: the reader and the
-        sample's position in its epoch): drawn from the process's own state, a resumed run's crops and flips were
-        not the uninterrupted run's (its DataLoader's seed, and without workers the training's own draws, were
-        others), though its samples were."""
+        """``im`` through the transform; in training (:meth:`for_training`) its random draws fixed by (seed, epoch,
+        ``where``: the reader and the sample's position in its epoch): drawn from the process's own state, a resumed
+        run's crops and flips were not the uninterrupted run's (its DataLoader's seed, and without workers the
+        training's own draws, were others), though its samples were."""
         if self.transform is None:
             return im
-        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone (the CPU's: restored)
-            torch.default_generator.manual_seed(seed_for(self.seed, "stream-sample", self.epoch, *where))
-            return self.transform(im)  # (torch.manual_seed would reseed a GPU's too, which fork_rng does not keep)
+        if not self.fixed_draws:
+            return self.transform(im)
+        return with_fixed_draws(seed_for(self.seed, "stream-sample", self.epoch, *where), self.transform, im)
 
     @property
     def rank(self) -> int:

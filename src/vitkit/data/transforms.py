@@ -57,6 +57,15 @@ def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], cro
     return round(w / ratio), round(h / ratio)
 
 
+def with_fixed_draws(seed: int, transform: Any, value: Any) -> Any:
+    """``transform(value)`` with its random draws fixed by ``seed`` (a training sample's crops and flips, the same
+    after a resume), the caller's random state left as it was. The CPU generator alone is reseeded:
+    torch.manual_seed would reseed a GPU's too, which fork_rng(devices=[]) does not put back."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return transform(value)
+
+
 class EvalTransform:
     """PIL image -> normalised (C, H, W) float tensor for a model configuration."""
 

@@ -25,6 +25,7 @@ from ..data.augment import random_crop, random_hflip
 from ..data.folder import ImageFolder, collate_skip_bad
 from ..data.images import BadImageError, Skipped
 from ..data.loader import loader_batches
+from ..data.transforms import with_fixed_draws
 from ..evaluate.metrics import prepare_batch
 from ..utils import seed_for
 
@@ -177,9 +178,7 @@ class _Seeded(Dataset):
             return sample
         if seed is None:
             return self.transform(sample[0]), sample[1]
-        with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone (the CPU's: restored;
-            torch.default_generator.manual_seed(seed)  # torch.manual_seed reseeded a GPU's too, without workers)
-            return self.transform(sample[0]), sample[1]
+        return with_fixed_draws(seed, self.transform, sample[0]), sample[1]
 
 
 class FolderBatches:
@@ -236,7 +235,7 @@ class ShardBatches:
     def train(self, transform: Callable, seed: int, layout: Layout, start: int, total: int,
               steps_per_epoch: int) -> Iterator[MicroBatch]:
         dataset = self.make_dataset(transform=transform, seed=seed, shuffle=True)
-        dataset.batch_quantum = layout.local  # whole batches per worker: the epoch's count whatever --workers
+        dataset.for_training(layout.local)
         epoch, skip = divmod(start, steps_per_epoch)
         skip *= layout.accum_steps
         left = (total - start) * layout.accum_steps
