@@ -66,10 +66,18 @@ def _quick_run_notes(summary: Dict[str, Any], width: int = 9) -> None:
         print(f"{'note':<{width}}{summary['tiny']}")
 
 
+def _check_writable(args: argparse.Namespace, cfg) -> None:
+    """The folder the run writes into, before any work: the --resume run's own, else --runs-dir (a --resume of no
+    folder is left to the resume, whose words say why)."""
+    if not args.resume:
+        check_output(cfg.runs_dir, "folder", "--runs-dir")
+    elif Path(args.resume).is_dir():
+        check_output(args.resume, "folder", "--resume")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
-    if not args.resume or Path(args.resume).is_dir():  # (a --resume of no folder: the run's own words say why)
-        check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
+    _check_writable(args, cfg)
     if cfg.objective != "classify":  # a config file may say so; its summary is pre-training's
         raise ValueError(f"the configuration asks for {cfg.objective} pre-training: run it with vitkit pretrain")
     summary = _run(cfg, args)
@@ -95,8 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = summary["run_dir"]
     print(f"next     vitkit eval --weights {as_argument(run)}   (per-class accuracy, confusion matrix)")
     print(f"         vitkit predict --weights {as_argument(run)} IMAGE...   |   vitkit inspect --weights "
-          f"{as_argument(run)}   (attention "
-          f"maps)")
+          f"{as_argument(run)}   (attention maps)")
     _quick_run_notes(summary)
     return 0
 
@@ -118,8 +125,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     cfg = train_config(args, args.objective)
     if cfg.objective == "classify" and not args.resume:  # a config file without an objective
         raise ValueError("--objective is required: simmim, mpp or mae (or objective: in the config file)")
-    if not args.resume or Path(args.resume).is_dir():  # (a --resume of no folder: the run's own words say why)
-        check_output(*((args.resume, "folder", "--resume") if args.resume else (cfg.runs_dir, "folder", "--runs-dir")))
+    _check_writable(args, cfg)
     summary = _run(cfg, args)
     if summary is None:
         return 0

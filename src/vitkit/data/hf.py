@@ -506,7 +506,7 @@ class HFStream(RankedReader, IterableDataset):
         for position, row in enumerate(itertools.islice(rows, quota) if quota is not None else rows):
             yield self._sample(position, row, reader)
 
-    def _sample(self, position: int, row: Dict[str, Any], reader: int = 0) -> Union[Tuple[Any, int], Skipped]:
+    def _sample(self, position: int, row: Dict[str, Any], reader: int) -> Union[Tuple[Any, int], Skipped]:
         name = f"{self.name}/{self.split_name}@epoch{self.epoch}:{self.rank}.{position}"
         label = _reordered(row.get(self.label_key), self._order)
         problem = _label_problem(label, len(self.classes))

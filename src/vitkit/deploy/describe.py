@@ -8,6 +8,7 @@ output and what running it needs."""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -89,8 +90,6 @@ def _tensors_disagree(config: Any, graph: Dict[str, Any]) -> str:
 
 def _layers(names) -> Dict[str, set]:
     """{"blocks": {0, 1, ...}} of module or weight names (CaiT's blocks_token_only too)."""
-    import re
-
     out: Dict[str, set] = {}
     for name in names:
         if m := re.match(r"(.*\bblocks\w*)\.(\d+)(\.|$)", name):
