@@ -143,9 +143,9 @@ def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
     with pytest.raises(ValueError, match=r"epochs must be >= 0, not -1"):  # beside max_steps: stored all the same
         resolve_config("fmnist", max_steps=5, epochs=-1.0)
     # options the run would ignore: Adam's betas with SGD, SGD's momentum with AdamW, a stream's buffer in memory
-    with pytest.raises(ValueError, match=r"--betas apply to --optimizer adamw and adam"):
+    with pytest.raises(ValueError, match=r"--betas apply to --optimizer adamw, adam and muon"):
         resolve_config("fmnist", optimizer="sgd", betas=(0.5, 0.5))
-    with pytest.raises(ValueError, match=r"--momentum applies to --optimizer sgd, not adamw"):
+    with pytest.raises(ValueError, match=r"--momentum applies to --optimizer sgd and muon, not adamw"):
         resolve_config("fmnist", momentum=0.5)
     with pytest.raises(ValueError, match=r"--shuffle-buffer applies to streamed data .* not fashion-mnist"):
         resolve_config("fmnist", shuffle_buffer=0)

@@ -80,9 +80,10 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
         raise ValueError(f"--min-lr {_show(cfg.min_lr)} is above the peak learning rate {_show(cfg.lr)}: the "
                          f"schedule decays from lr to min_lr, so it would rise instead")
     if "betas" in chosen and cfg.optimizer == "sgd":
-        raise ValueError("--betas apply to --optimizer adamw and adam (Adam's moments), not sgd: --momentum is SGD's")
+        raise ValueError("--betas apply to --optimizer adamw, adam and muon (Adam's moments), not sgd: --momentum is "
+                         "SGD's")
     if "momentum" in chosen and cfg.optimizer in ("adamw", "adam"):
-        raise ValueError(f"--momentum applies to --optimizer sgd, not {cfg.optimizer}: --betas are Adam's")
+        raise ValueError(f"--momentum applies to --optimizer sgd and muon, not {cfg.optimizer}: --betas are Adam's")
     if why := _unread(cfg, chosen):
         raise ValueError(why)
     if chosen.get("crop_pad"):
@@ -108,6 +109,8 @@ def _unread(cfg: Any, chosen: Mapping[str, Any]) -> str:
     if soft_only and cfg.distill != "soft":
         return (f"--{' and --'.join(soft_only)} appl{'y' if len(soft_only) > 1 else 'ies'} to --distill soft (hard "
                 f"distillation weighs its two terms equally; this run: --distill {cfg.distill})")
+    if "muon_lr_scale" in chosen and cfg.optimizer != "muon":
+        return f"--muon-lr-scale applies to --optimizer muon (this run: --optimizer {cfg.optimizer})"
     if "init_head" in chosen and not cfg.init:
         return "--init-head applies with --init (a new model's head is new)"
     if "mixup_switch_prob" in chosen and not (cfg.mixup and cfg.cutmix):

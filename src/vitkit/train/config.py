@@ -135,7 +135,7 @@ class TrainConfig:
     #: At most this many images per process per forward pass: accumulation steps are added
     #: until the batch fits (none: accum_steps as given).
     micro_batch: Optional[int] = None
-    #: adamw (decoupled weight decay), adam or sgd (with momentum).
+    #: adamw (decoupled weight decay), adam, sgd (with momentum) or muon (orthogonalised steps: train/muon.py).
     optimizer: str = "adamw"
     #: Peak learning rate, reached after the warm-up.
     lr: float = 2e-3
@@ -149,14 +149,15 @@ class TrainConfig:
     layer_decay: Optional[float] = None
     #: Adam's beta1 and beta2.
     betas: Tuple[float, float] = (0.9, 0.999)
-    #: SGD's momentum.
+    #: SGD's momentum; Muon's (its authors use 0.95).
     momentum: float = 0.9
+    #: Muon's weight matrices learn at lr x this (1: at AdamW's RMS; the fp32 default run's: 4).
+    muon_lr_scale: float = 1.0
     #: Decay after the warm-up: cosine, linear or constant.
     schedule: str = "cosine"
     #: Linear warm-up from 0, in optimiser steps.
     warmup_steps: int = 200
-    #: Warm-up in epochs (DeiT: 5), converted with the run's steps per epoch; wins over
-    #: warmup_steps when given (a recipe's gives way to warmup_steps a person sets).
+    #: Warm-up in epochs (DeiT: 5), from the run's steps per epoch; wins over warmup_steps (a recipe's yields to yours).
     warmup_epochs: Optional[float] = None
     #: The linear scaling rule: when set, resolve_config turns ``lr`` into
     #: ``lr * batch_size / lr_scale_batch`` (DeiT: 5e-4 x batch / 512) and stores the scaled

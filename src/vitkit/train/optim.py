@@ -1,15 +1,17 @@
-"""The optimiser: weight decay on the weight matrices only, and layer-wise learning-rate decay by
-the parameter groups the model's family declares (:class:`vitkit.models.base.LayerGroups`)."""
+"""The optimiser: weight decay on the weight matrices only, layer-wise learning-rate decay by
+the parameter groups the model's family declares (:class:`vitkit.models.base.LayerGroups`), and
+which weights Muon steps (:func:`hidden_matrices`)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import torch
 from torch import nn
 
 from ..models.base import LayerGroups, TokenModel
 from .config import TrainConfig
+from .muon import Muon
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -21,14 +23,19 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     depth = len(getattr(model, "blocks", ()))
     layers = layer_groups(model)
-    groups: Dict[Tuple[bool, int], List[nn.Parameter]] = {}
+    matrices = hidden_matrices(model) if cfg.optimizer == "muon" else set()
+    groups: Dict[Tuple[bool, int, bool], List[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
             layer = layers.layer_of(name, depth) if cfg.layer_decay is not None else depth + 1
-            groups.setdefault((p.ndim <= 1 or name in skip, layer), []).append(p)
+            groups.setdefault((p.ndim <= 1 or name in skip, layer, name in matrices), []).append(p)
     decay = cfg.layer_decay if cfg.layer_decay is not None else 1.0
     params = [{"params": ps, "weight_decay": 0.0 if no_wd else cfg.weight_decay,
-               "lr_scale": lr_scale(decay, depth, layer)} for (no_wd, layer), ps in sorted(groups.items())]
+               "lr_scale": lr_scale(decay, depth, layer) * (cfg.muon_lr_scale if muon else 1.0),
+               **({"muon": True} if muon else {})}
+              for (no_wd, layer, muon), ps in sorted(groups.items())]
+    if cfg.optimizer == "muon":
+        return Muon(params, lr=cfg.lr, betas=cfg.betas, momentum=cfg.momentum)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
     # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
@@ -36,6 +43,20 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, **fused)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, **fused)
+
+
+def hidden_matrices(model: nn.Module) -> Set[str]:
+    """The weights Muon steps: those of every linear and convolutional layer but the first (it reads
+    the pixels) and the classifier (``get_classifier``; a model without one: its last layer), as
+    Muon's authors keep the input and output layers on AdamW. Tokens, position tables, norms, biases
+    and LayerScale are not layers' matrices and stay on AdamW too."""
+    layers = [(name, m) for name, m in model.named_modules()
+              if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+    if not layers:
+        return set()
+    heads = model.get_classifier() if hasattr(model, "get_classifier") else layers[-1][1]
+    heads = set(map(id, heads if isinstance(heads, tuple) else (heads,)))
+    return {f"{name}.weight" for name, m in layers[1:] if id(m) not in heads and m.weight.requires_grad}
 
 
 def lr_scale(decay: float, depth: int, layer: int) -> float:
@@ -82,4 +103,4 @@ def layer_of(name: str, depth: int) -> int:
     return TokenModel.layer_groups.layer_of(name, depth)
 
 
-__all__ = ["layer_decay_line", "layer_groups", "layer_of", "make_optimizer"]
+__all__ = ["hidden_matrices", "layer_decay_line", "layer_groups", "layer_of", "make_optimizer"]

@@ -1,0 +1,89 @@
+"""Muon (Jordan et al. 2024): the hidden layers' weight matrices step along their momentum made
+orthogonal (a Newton-Schulz iteration), everything else along AdamW's step, in one optimiser so
+that the schedule, layer-wise decay, checkpoints and resume treat it like the others.
+
+The matrices' step is scaled to AdamW's RMS (0.2 sqrt(max(rows, cols)), Liu et al. 2025, "Muon is
+Scalable for LLM Training"), so one ``lr`` and one ``weight_decay`` serve both kinds of parameter.
+A convolution's kernel is one matrix (out channels x the rest), as in Muon's CIFAR-10 runs. Which
+parameters are the hidden matrices is :func:`vitkit.train.optim.hidden_matrices`'s rule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, Tuple
+
+import torch
+from torch import Tensor
+
+#: the quintic Newton-Schulz coefficients Muon's authors tuned (torch.optim.Muon's defaults too)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def orthogonalize(update: Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> Tensor:
+    """``update`` (any shape, read as rows = its first dimension) pushed towards the nearest
+    semi-orthogonal matrix, U V^T of its SVD, by ``steps`` quintic iterations (singular values end
+    near 1, not at it: the coefficients trade exactness for speed)."""
+    x = update.reshape(update.shape[0], -1).float()
+    wide = x.shape[0] <= x.shape[1]
+    x = x if wide else x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1 before iterating
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x if wide else x.T).reshape(update.shape).to(update.dtype)
+
+
+def rms_scale(shape: torch.Size) -> float:
+    """The factor that gives an orthogonal step AdamW's typical RMS (0.2) for a matrix of ``shape``."""
+    rows, cols = shape[0], math.prod(shape[1:])
+    return 0.2 * math.sqrt(max(rows, cols))
+
+
+class Muon(torch.optim.Optimizer):
+    """Groups with ``muon=True`` take Muon's step (Nesterov momentum ``momentum``), the others AdamW's
+    (``betas``, ``eps``); both decay their weights by ``lr * weight_decay`` (decoupled)."""
+
+    def __init__(self, params: Iterable[Dict[str, Any]], lr: float, betas: Tuple[float, float] = (0.9, 0.999),
+                 momentum: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "momentum": momentum, "eps": eps,
+                                  "weight_decay": weight_decay, "muon": False})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    (self._muon_step if group["muon"] else self._adamw_step)(p, group)
+        return loss
+
+    def _muon_step(self, p: Tensor, group: Dict[str, Any]) -> None:
+        state, grad, mu = self.state[p], p.grad, group["momentum"]
+        buf = state.setdefault("momentum_buffer", torch.zeros_like(grad))
+        buf.lerp_(grad, 1 - mu)
+        update = orthogonalize(grad.lerp(buf, mu))  # Nesterov: the gradient looked one step ahead
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update, alpha=-group["lr"] * rms_scale(p.shape))
+
+    def _adamw_step(self, p: Tensor, group: Dict[str, Any]) -> None:
+        state, grad = self.state[p], p.grad
+        (b1, b2), lr = group["betas"], group["lr"]
+        if not state:
+            state["step"] = torch.zeros(())
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        t = float(state["step"])
+        state["exp_avg"].lerp_(grad, 1 - b1)
+        state["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        p.mul_(1 - lr * group["weight_decay"])
+        denom = (state["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - b1 ** t))
+
+
+__all__ = ["Muon", "NS_COEFFICIENTS", "orthogonalize", "rms_scale"]

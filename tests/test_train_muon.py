@@ -1,0 +1,125 @@
+"""Muon: its matrices' step is torch.optim.Muon's (RMS matched to AdamW), the rest is torch's AdamW,
+the input and output layers stay on AdamW, and a run with it learns and resumes bitwise."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.data import fashion_mnist as fm
+from vitkit.selfsup import create_pretrainer
+from vitkit.train import resolve_config, train
+from vitkit.train.muon import Muon, orthogonalize
+from vitkit.train.optim import hidden_matrices, make_optimizer
+
+real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+
+
+def _steps(optimizer, params, grads):
+    for g in grads:
+        for p, gp in zip(params, g):
+            p.grad = gp.clone()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32)])
+def test_a_matrix_steps_as_torch_muon_steps_it(shape):
+    torch.manual_seed(0)
+    start = torch.randn(shape)
+    grads = [[torch.randn(shape)] for _ in range(4)]
+    theirs, ours = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    _steps(torch.optim.Muon([theirs], lr=0.01, weight_decay=0.1, momentum=0.95, nesterov=True,
+                            adjust_lr_fn="match_rms_adamw"), [theirs], grads)
+    _steps(Muon([{"params": [ours], "muon": True, "weight_decay": 0.1}], lr=0.01, momentum=0.95), [ours], grads)
+    moved = (theirs - start).abs().max()
+    # torch orthogonalises in bf16, vitkit in fp32: 1% of the distance moved; a step without Nesterov's
+    # look-ahead, or without the RMS scale, lands tens of percent away
+    assert (theirs - ours).abs().max() < 0.03 * moved
+
+
+def test_the_other_parameters_step_as_torch_adamw_steps_them():
+    torch.manual_seed(0)
+    starts = [torch.randn(7), torch.randn(5, 3)]
+    grads = [[torch.randn_like(s) for s in starts] for _ in range(5)]
+    theirs = [torch.nn.Parameter(s.clone()) for s in starts]
+    ours = [torch.nn.Parameter(s.clone()) for s in starts]
+    _steps(torch.optim.AdamW(theirs, lr=0.01, betas=(0.9, 0.99), weight_decay=0.05), theirs, grads)
+    _steps(Muon([{"params": ours, "weight_decay": 0.05}], lr=0.01, betas=(0.9, 0.99)), ours, grads)
+    for a, b in zip(theirs, ours):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32), (64, 32, 3, 3)])
+def test_orthogonalize_keeps_the_singular_vectors_and_flattens_the_values(shape):
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    o = orthogonalize(g)
+    assert o.shape == g.shape
+    u, _, vh = torch.linalg.svd(g.reshape(shape[0], -1), full_matrices=False)
+    d = u.T @ o.reshape(shape[0], -1) @ vh.T  # diagonal where o = U S' V^T
+    values = torch.diagonal(d)
+    assert (d - torch.diag(values)).abs().max() < 1e-4
+    assert 0.5 < values.min() and values.max() < 1.5  # the quintic's spread around 1 (Muon's authors)
+
+
+def test_the_input_and_output_layers_and_non_matrices_stay_on_adamw():
+    hybrid = vitkit.create_model("vit_fmnist_hybrid")
+    assert hidden_matrices(hybrid) == {
+        *(f"patch_embed.backbone.{i}.conv.weight" for i in range(1, 5)), "patch_embed.proj.weight",
+        *(f"blocks.0.{m}.weight" for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))}
+    deit = vitkit.create_model("deit_tiny_distilled_patch16_224", depth=2)
+    chosen = hidden_matrices(deit)
+    assert not {"patch_embed.proj.weight", "head.weight", "head_dist.weight"} & chosen
+    assert len(chosen) == 2 * 4
+    mae = create_pretrainer("mae", "vit_fmnist")  # no classifier: the decoder's last layer is the output
+    layers = {n for n, m in mae.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
+    assert layers - {n.removesuffix(".weight") for n in hidden_matrices(mae)} == {"encoder.patch_embed.proj",
+                                                                                   "decoder_pred"}
+    optimizer = make_optimizer(hybrid, resolve_config("fmnist", optimizer="muon", momentum=0.95))
+    names = {id(p): n for n, p in hybrid.named_parameters()}
+    on_muon = {names[id(p)] for g in optimizer.param_groups if g["muon"] for p in g["params"]}
+    assert on_muon == hidden_matrices(hybrid)
+    assert all(g["momentum"] == 0.95 for g in optimizer.param_groups)
+    assert {g["weight_decay"] for g in optimizer.param_groups if g["muon"]} == {0.05}
+
+
+def test_muon_lr_scale_multiplies_the_matrices_lr_only():
+    hybrid = vitkit.create_model("vit_fmnist_hybrid")
+    optimizer = make_optimizer(hybrid, resolve_config("fmnist", optimizer="muon", muon_lr_scale=4.0, layer_decay=0.5))
+    scales = {(g["muon"], g["lr_scale"]) for g in optimizer.param_groups}
+    # one block: the embedding's layer (the stem's matrices, then its first convolution) at 0.25, the block's at 0.5
+    assert scales == {(True, 1.0), (True, 2.0), (False, 0.25), (False, 0.5), (False, 1.0)}
+
+
+def test_muon_takes_momentum_betas_and_its_scale_and_nothing_else_does():
+    assert resolve_config("fmnist", optimizer="muon", momentum=0.8, betas=(0.9, 0.95)).momentum == 0.8
+    with pytest.raises(ValueError, match=r"--muon-lr-scale applies to --optimizer muon \(this run: --optimizer sgd\)"):
+        resolve_config("fmnist", optimizer="sgd", muon_lr_scale=2.0)
+    with pytest.raises(ValueError, match=r"muon_lr_scale must be > 0"):
+        resolve_config("fmnist", optimizer="muon", muon_lr_scale=0.0)
+    with pytest.raises(ValueError, match=r"optimizer must be adamw, adam, sgd or muon, not .muons."):
+        resolve_config("fmnist", optimizer="muons")
+
+
+@real
+@pytest.mark.slow
+def test_a_muon_run_learns_and_resumes_bitwise(tmp_path):
+    def config(name, steps):
+        return resolve_config("fmnist", optimizer="muon", momentum=0.95, max_steps=steps, batch_size=32,
+                              warmup_steps=10, checkpoint_every=40, val_size=500, test_size=500,
+                              runs_dir=str(tmp_path), name=name, progress=False, log_every=20)
+
+    summary = train(config("straight", 80))
+    rows = [json.loads(r) for r in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert losses[-1] < 0.75 * losses[0] and summary["test_top1"] > 0.55  # chance is 0.1
+    train(config("resumed", 80))
+    run = tmp_path / "resumed"
+    (run / "checkpoints" / "step_00000080.pt").unlink()  # as if it had stopped after step 40
+    shutil.rmtree(run / "model")
+    assert train(config("ignored", 80), resume=str(run), log=lambda line: None)["resumed_at_step"] == 40
+    a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    b = load_file(run / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
