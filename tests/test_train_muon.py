@@ -77,11 +77,12 @@ def test_the_input_and_output_layers_and_non_matrices_stay_on_adamw():
     layers = {n for n, m in mae.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
     assert layers - {n.removesuffix(".weight") for n in hidden_matrices(mae)} == {"encoder.patch_embed.proj",
                                                                                    "decoder_pred"}
-    optimizer = make_optimizer(hybrid, resolve_config("fmnist", optimizer="muon", momentum=0.95))
+    optimizer = make_optimizer(hybrid, resolve_config("fmnist", optimizer="muon"))  # Muon's own momentum
     names = {id(p): n for n, p in hybrid.named_parameters()}
     on_muon = {names[id(p)] for g in optimizer.param_groups if g["muon"] for p in g["params"]}
     assert on_muon == hidden_matrices(hybrid)
     assert all(g["momentum"] == 0.95 for g in optimizer.param_groups)
+    assert make_optimizer(hybrid, resolve_config("fmnist", optimizer="sgd")).param_groups[0]["momentum"] == 0.9
     assert {g["weight_decay"] for g in optimizer.param_groups if g["muon"]} == {0.05}
 
 

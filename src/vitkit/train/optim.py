@@ -35,9 +35,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
                **({"muon": True} if muon else {})}
               for (no_wd, layer, muon), ps in sorted(groups.items())]
     if cfg.optimizer == "muon":
-        return Muon(params, lr=cfg.lr, betas=cfg.betas, momentum=cfg.momentum)
+        return Muon(params, lr=cfg.lr, betas=cfg.betas, momentum=0.95 if cfg.momentum is None else cfg.momentum)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9 if cfg.momentum is None else cfg.momentum)
     # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
     fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
     if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
