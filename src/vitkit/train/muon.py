@@ -29,9 +29,9 @@ def orthogonalize(update: Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> T
     x = x if wide else x.T
     x = x / x.norm().clamp(min=eps)  # spectral norm <= 1 before iterating
     a, b, c = NS_COEFFICIENTS
-    for _ in range(steps):
+    for _ in range(steps):  # x <- a x + (b G + c G^2) x with G = x x^T, in two fused products
         gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return (x if wide else x.T).reshape(update.shape).to(update.dtype)
 
 
