@@ -310,3 +310,17 @@ def test_a_switchs_help_offers_only_what_it_takes(capsys):
     assert head.endswith("[default: none") and "unsets" not in head
     with pytest.raises(SystemExit):
         build_parser().parse_args(["pretrain", "--norm-pix-loss", "none"])
+
+
+def test_a_saved_runs_defaults_are_not_taken_as_its_choices_on_resume(tmp_path):
+    """A run's config.json holds every field: an SGD run's betas (saved as a list, the default is a tuple) were
+    taken as chosen and refused as Adam's, so no SGD run resumed through the command line."""
+    from vitkit.train.resume import with_saved
+
+    for name, cfg in {"sgd": resolve_config("fmnist", optimizer="sgd"), "adamw": resolve_config("fmnist"),
+                      "muon": resolve_config("fmnist-fp32")}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))
+        recipe, merged = with_saved(str(tmp_path / name), {})
+        assert not {"betas", "momentum"} & set(merged), name
+        assert resolve_config(recipe, **merged).optimizer == cfg.optimizer

@@ -77,7 +77,7 @@ def test_the_input_and_output_layers_and_non_matrices_stay_on_adamw():
     layers = {n for n, m in mae.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
     assert layers - {n.removesuffix(".weight") for n in hidden_matrices(mae)} == {"encoder.patch_embed.proj",
                                                                                    "decoder_pred"}
-    optimizer = make_optimizer(hybrid, resolve_config("fmnist", optimizer="muon"))  # Muon's own momentum
+    optimizer = make_optimizer(hybrid, resolve_config("fmnist-fp32"))
     names = {id(p): n for n, p in hybrid.named_parameters()}
     on_muon = {names[id(p)] for g in optimizer.param_groups if g["muon"] for p in g["params"]}
     assert on_muon == hidden_matrices(hybrid)
@@ -94,8 +94,28 @@ def test_muon_lr_scale_multiplies_the_matrices_lr_only():
     assert scales == {(True, 1.0), (True, 2.0), (False, 0.25), (False, 0.5), (False, 1.0)}
 
 
+def test_lora_factors_stay_on_adamw():
+    from vitkit.train.finetune import prepare
+
+    lora = prepare(vitkit.create_model("vit_fmnist"), "lora")
+    assert any(".lora_A." in n for n, _ in lora.named_modules()) and hidden_matrices(lora) == set()
+
+
+def test_fine_tuning_in_fp32_keeps_adamw_unless_muon_is_named():
+    from vitkit.train.recipes import recipe_in_effect
+
+    assert recipe_in_effect(None, None, {"precision": "fp32"}, {}) == "fmnist-fp32"
+    assert recipe_in_effect(None, None, {"precision": "fp32", "init": "w"}, {}) == "fmnist-fp32-adamw"
+    assert recipe_in_effect(None, None, {"precision": "bf16", "init": "w"}, {}) == "fmnist"
+    assert recipe_in_effect("fmnist-fp32", None, {"precision": "fp32", "init": "w"}, {}) == "fmnist-fp32"
+    tuned = resolve_config("fmnist-fp32-adamw")
+    assert (tuned.optimizer, tuned.epochs, tuned.label_smoothing) == ("adamw", 3.0, 0.1)
+
+
 def test_muon_takes_momentum_betas_and_its_scale_and_nothing_else_does():
     assert resolve_config("fmnist", optimizer="muon", momentum=0.8, betas=(0.9, 0.95)).momentum == 0.8
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), not 1.0"):  # at 1 Muon's buffer never moves
+        resolve_config("fmnist", optimizer="muon", momentum=1.0)
     with pytest.raises(ValueError, match=r"--muon-lr-scale applies to --optimizer muon \(this run: --optimizer sgd\)"):
         resolve_config("fmnist", optimizer="sgd", muon_lr_scale=2.0)
     with pytest.raises(ValueError, match=r"muon_lr_scale must be > 0"):
@@ -108,7 +128,7 @@ def test_muon_takes_momentum_betas_and_its_scale_and_nothing_else_does():
 @pytest.mark.slow
 def test_a_muon_run_learns_and_resumes_bitwise(tmp_path):
     def config(name, steps):
-        return resolve_config("fmnist", optimizer="muon", momentum=0.95, max_steps=steps, batch_size=32,
+        return resolve_config("fmnist-fp32", max_steps=steps, batch_size=32,
                               warmup_steps=10, checkpoint_every=40, val_size=500, test_size=500,
                               runs_dir=str(tmp_path), name=name, progress=False, log_every=20)
 

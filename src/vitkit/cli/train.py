@@ -208,7 +208,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
 def _default_shown(name: str, default, pretrain: bool) -> str:
     """A field's default as a run takes it: the default recipe's value where it sets one (train: the recipe of the
     precision the run trains in; pretrain: the objective's), the field's own elsewhere."""
-    from ..train.recipes import DEFAULT_RECIPES, PRETRAIN_RECIPES, RECIPES
+    from ..train.recipes import DEFAULT_RECIPES, FINETUNE_RECIPES, PRETRAIN_RECIPES, RECIPES
 
     def shown(value) -> str:
         return "none" if value is None else json.dumps(value) if isinstance(value, (dict, tuple)) else str(value)
@@ -223,6 +223,9 @@ def _default_shown(name: str, default, pretrain: bool) -> str:
         return shown(default)
     run = shown(by["bf16"]) if shown(by["bf16"]) == shown(by["fp32"]) else \
         f"{shown(by['bf16'])} where the run trains in bf16, {shown(by['fp32'])} in fp32"
+    tuning = RECIPES[FINETUNE_RECIPES.get(DEFAULT_RECIPES["fp32"], DEFAULT_RECIPES["fp32"])].get(name, default)
+    if shown(tuning) != shown(by["fp32"]):
+        run += f" ({shown(tuning)} with --init)"
     return f"{run} (the default recipes; {shown(default)} under a recipe that sets none)"
 
 

@@ -149,9 +149,9 @@ class TrainConfig:
     layer_decay: Optional[float] = None
     #: Adam's beta1 and beta2.
     betas: Tuple[float, float] = (0.9, 0.999)
-    #: SGD's or Muon's momentum (none: 0.9 for SGD, Muon's authors' 0.95 for Muon).
-    momentum: Optional[float] = None
-    #: Muon's weight matrices learn at lr x this (1: at AdamW's RMS; the fp32 default run's: 4).
+    #: SGD's or Muon's momentum (Muon's authors use 0.95, as the fp32 default run does).
+    momentum: float = 0.9
+    #: Muon's weight matrices learn and decay at lr x this (1: at AdamW's RMS; the fp32 default run's: 4).
     muon_lr_scale: float = 1.0
     #: Decay after the warm-up: cosine, linear or constant.
     schedule: str = "cosine"

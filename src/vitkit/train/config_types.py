@@ -155,7 +155,7 @@ RANGES: Tuple[Tuple[str, Any, Any, str], ...] = (
     ("max_steps", 1, 10 ** 9, " (or none: from epochs)"), ("epochs", None, 10 ** 6, ""),
     ("lr", ("open", 0), None, ""), ("min_lr", 0, None, ""),
     ("weight_decay", 0, None, ""), ("label_smoothing", 0, ("open", 1), ""),
-    ("momentum", 0, 1, " (none: the optimiser's own)"), ("muon_lr_scale", ("open", 0), None, ""),
+    ("momentum", 0, ("open", 1), ""), ("muon_lr_scale", ("open", 0), None, ""),
     ("clip_grad", ("open", 0), None, " (none: no clipping)"), ("warmup_steps", 0, None, ""),
     ("warmup_epochs", 0, None, ""), ("lr_scale_batch", 1, None, ""), ("crop_pad", 0, None, ""),
     ("img_size", 1, None, ""), ("threads", 1, None, " (none: every core)"), ("workers", 0, None, ""),

@@ -35,9 +35,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
                **({"muon": True} if muon else {})}
               for (no_wd, layer, muon), ps in sorted(groups.items())]
     if cfg.optimizer == "muon":
-        return Muon(params, lr=cfg.lr, betas=cfg.betas, momentum=0.95 if cfg.momentum is None else cfg.momentum)
+        return Muon(params, lr=cfg.lr, betas=cfg.betas, momentum=cfg.momentum)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9 if cfg.momentum is None else cfg.momentum)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
     # on a GPU the fused kernels (one launch for every tensor); a CPU keeps the foreach step
     fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
     if cfg.optimizer == "adam":  # the paper's Adam with decoupled weight decay is AdamW
@@ -49,9 +49,10 @@ def hidden_matrices(model: nn.Module) -> Set[str]:
     """The weights Muon steps: those of every linear and convolutional layer but the first (it reads
     the pixels) and the classifier (``get_classifier``; a model without one: its last layer), as
     Muon's authors keep the input and output layers on AdamW. Tokens, position tables, norms, biases
-    and LayerScale are not layers' matrices and stay on AdamW too."""
+    and LayerScale are not layers' matrices and stay on AdamW too, as do LoRA's low-rank factors (Muon
+    was made for whole weight matrices)."""
     layers = [(name, m) for name, m in model.named_modules()
-              if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+              if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and ".lora_" not in f".{name}"]
     if not layers:
         return set()
     heads = model.get_classifier() if hasattr(model, "get_classifier") else layers[-1][1]

@@ -158,7 +158,7 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
     # recipe padding, saved as 2 by older versions, was refused as a choice its own resume made)
     not_the_recipes = file_choices(values, RECIPES.get(recipe, {}))
     merged = {k: v for k, v in not_the_recipes.items() if k in kinds and k not in RUNTIME_FIELDS
-              and v != getattr(defaults, k)}
+              and as_saved(v) != as_saved(getattr(defaults, k))}  # (saved betas are a list, the default a tuple)
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
 
