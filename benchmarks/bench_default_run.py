@@ -8,6 +8,7 @@ the mean test top-1 against the goal.
 
     python benchmarks/bench_default_run.py                   # seeds 0 1 2, the machine's own recipe
     python benchmarks/bench_default_run.py --recipe fmnist   # another recipe, for a side-by-side
+    python benchmarks/bench_default_run.py --precision fp32  # a bf16 machine as one without bf16 runs it
     python benchmarks/bench_default_run.py --quick           # smoke check (a few steps)
 
 A benchmark, not a test: run it on a quiet machine (nothing else busy) and say what else ran.
@@ -39,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--recipe", help="a named recipe (default: none named, as make demo: the machine's own)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), help="the run's precision (default: none named, as "
+                                                                  "make demo: the machine's fastest)")
     ap.add_argument("--work", help="folder for the runs (default: runs/default_run; its seedN folders are replaced)")
     ap.add_argument("--out", help="results file, or a folder for the default name")
     ap.add_argument("--quick", action="store_true", help="smoke check: 5 steps, 100 test images, no peaks")
@@ -56,6 +59,8 @@ def one_run(seed: int, args: argparse.Namespace, work: Path) -> dict:
            "--no-progress", "--json"]
     if args.recipe:
         cmd += ["--recipe", args.recipe]
+    if args.precision:
+        cmd += ["--precision", args.precision]
     if args.quick:
         cmd += ["--max-steps", "5", "--val-size", "100", "--test-size", "100"]
     t0 = time.perf_counter()
@@ -94,8 +99,10 @@ def main(argv=None) -> int:
     }
     kind = f"fmnist_default_{result['precision'].replace('bfloat16', 'bf16')}"
     out = results_path(args.out, dated_name(kind, device, info), smoke=args.quick)
-    write_json_atomic(out, {"benchmark": kind, "command": "vitkit train --seed S" + (
-        f" --recipe {args.recipe}" if args.recipe else ""), "machine": info, "result": result, "runs": runs})
+    flags = (f" --recipe {args.recipe}" if args.recipe else "") + (f" --precision {args.precision}" if args.precision
+                                                                  else "")
+    write_json_atomic(out, {"benchmark": kind, "command": "vitkit train --seed S" + flags, "machine": info,
+                            "result": result, "runs": runs})
     print(f"mean test top-1 {100 * result['mean_test_top1']:.2f}%, wall {result['mean_wall_s']:.0f} s mean, "
           f"{result['max_wall_s']:.0f} s max ({result['precision']}, recipe {result['recipe']}): goal "
           f"{'met' if result['goal_met'] else 'not met'}; wrote {out}")

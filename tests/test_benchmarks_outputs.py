@@ -180,6 +180,11 @@ def test_bench_default_run_times_the_make_demo_command_and_names_the_machine(dir
     assert run["wall_s"] >= run["summary"]["seconds"] > 0  # from outside: start-up and scoring included
     assert "avx2" in data["machine"]["cpu_flags"] and data["machine"]["cpu_family_model"].startswith("family ")
     assert result["goal_met"] is (result["mean_test_top1"] >= 0.925 and result["max_wall_s"] <= 300)
+    path.unlink()
+    assert bench_default_run.main(["--quick", "--seeds", "4", "--precision", "fp32"]) == 0  # as without bf16
+    data = json.loads(next(smoke.glob("fmnist_default_fp32_*.json")).read_text())
+    assert data["command"] == "vitkit train --seed S --precision fp32"
+    assert (data["result"]["precision"], data["result"]["recipe"]) == ("fp32", "fmnist-fp32")
     with pytest.raises(SystemExit):
         bench_default_run.parse_args(["--seeds", "-1"])
 
