@@ -34,8 +34,9 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     "fmnist": {"label_smoothing": 0.1, "random_erasing": 0.25, "epochs": 9.0},
     # `vitkit train` (no recipe named, where the run trains in fp32) or `vitkit train --recipe fmnist-fp32`.
     # Cost: 3 epochs; with AdamW 4 min 36 s (mean of seeds 0-2) on 2 CPU cores (AMD EPYC, Zen 3, AVX2, no
-    # bf16), fp32, 650 img/s; Muon's step costs no measurable time more (Zen 4 in fp32, one thread a run).
-    # Result: 92.65 / 92.61 / 92.55% test top-1, seeds 0-2, mean 92.60%, where AdamW gave 91.96 / 91.20 /
+    # bf16), fp32, 650 img/s; Muon's step costs no measurable time more (Zen 4 in fp32, 2 threads, 5
+    # interleaved rounds).
+    # Result: 92.66 / 92.59 / 92.62% test top-1, seeds 0-2, mean 92.62%, where AdamW gave 91.96 / 91.20 /
     # 91.06% (mean 91.41%) on the same machine (Zen 4 in fp32; Zen 3: 91.87 / 90.98 / 91.11%) (docs/training.md,
     # On a CPU without bf16; benchmarks/results/fmnist_fp32_muon_cpu-amd-epyc-zen4_2026-12-05.json).
     # The default run where it trains in fp32 (no native bf16: most laptops and cloud VMs). Muon on the
