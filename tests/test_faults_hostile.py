@@ -402,7 +402,7 @@ def test_the_api_takes_no_wrong_type_either(field, value, words):
 @pytest.mark.parametrize("flag,value,words", [
     ("--lr", "nan", "lr NaN is not finite"), ("--clip-grad", "inf", "clip_grad Infinity is not finite"),
     ("--clip-grad", "0", "clip_grad must be > 0"), ("--betas", "0.9 1.5", "betas must be two numbers in [0, 1)"),
-    ("--momentum", "2", "momentum must be in [0, 1]"), ("--weight-decay", "-0.1", "weight_decay must be >= 0"),
+    ("--momentum", "2", "momentum must be in [0, 1), not 2.0"), ("--weight-decay", "-0.1", "weight_decay must be >= 0"),
     ("--label-smoothing", "1", "label_smoothing must be in [0, 1), not 1.0"),
     ("--seed", "-1", "seed must be in [0, 2^63)"),
     ("--name", "..", "name must be a folder name"), ("--name", "a/b", "name must be a folder name"),
