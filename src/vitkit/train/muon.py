@@ -10,10 +10,11 @@ parameters are the hidden matrices is :func:`vitkit.train.optim.hidden_matrices`
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 import torch
 from torch import Tensor
+from torch.optim.adamw import adamw
 
 #: the quintic Newton-Schulz coefficients Muon's authors tuned (torch.optim.Muon's defaults too)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -57,9 +58,12 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    (self._muon_step if group["muon"] else self._adamw_step)(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["muon"]:
+                for p in params:
+                    self._muon_step(p, group)
+            elif params:
+                self._adamw_step(params, group)
         return loss
 
     def _muon_step(self, p: Tensor, group: Dict[str, Any]) -> None:
@@ -70,20 +74,17 @@ class Muon(torch.optim.Optimizer):
         p.mul_(1 - group["lr"] * group["weight_decay"])
         p.add_(update, alpha=-group["lr"] * rms_scale(p.shape))
 
-    def _adamw_step(self, p: Tensor, group: Dict[str, Any]) -> None:
-        state, grad = self.state[p], p.grad
-        (b1, b2), lr = group["betas"], group["lr"]
-        if not state:
-            state["step"] = torch.zeros(())
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
-        state["step"] += 1
-        t = float(state["step"])
-        state["exp_avg"].lerp_(grad, 1 - b1)
-        state["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        p.mul_(1 - lr * group["weight_decay"])
-        denom = (state["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - b1 ** t))
-
+    def _adamw_step(self, params: List[Tensor], group: Dict[str, Any]) -> None:
+        """torch's own AdamW update (its foreach kernels where the tensors allow), on this group's
+        state, which is laid out as torch.optim.AdamW lays it out."""
+        for p in params:
+            if not self.state[p]:
+                self.state[p].update(step=torch.zeros(()), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
+        states = [self.state[p] for p in params]
+        (b1, b2) = group["betas"]
+        adamw(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+              [], [s["step"] for s in states], amsgrad=False, beta1=b1, beta2=b2, lr=group["lr"],
+              weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
 __all__ = ["Muon", "NS_COEFFICIENTS", "orthogonalize", "rms_scale"]
