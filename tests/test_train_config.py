@@ -173,6 +173,9 @@ def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
     (tmp_path / "lora.json").write_text(json.dumps({**saved, "lora_rank": 4}))  # a rank that changes something
     with pytest.raises(ValueError, match=r"--lora-rank applies with --finetune lora"):
         resolve_config(None, str(tmp_path / "lora.json"))
+    # a file written by hand: 16 is LoRA's alpha 16.0, and [0.9, 0.999] the betas' tuple (one rule with resume's)
+    (tmp_path / "hand.yaml").write_text("lora_alpha: 16\nbetas: [0.9, 0.999]\nmomentum: 0.9\noptimizer: sgd\n")
+    assert resolve_config(None, str(tmp_path / "hand.yaml")).lora_alpha == 16
     # a fine-tuning run's config.json holds init and the architecture it trained
     vitkit.create_model("vit_fmnist", depth=1, num_classes=10).save_pretrained(tmp_path / "w")
     (tmp_path / "init.json").write_text(json.dumps({**saved, "init": str(tmp_path / "w"), "model": "vit_fmnist"}))

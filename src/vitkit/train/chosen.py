@@ -5,8 +5,6 @@ not the recipe's.)"""
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any, Dict, List, Mapping, Optional, Set
 
 from .config_types import _show, as_saved
@@ -17,8 +15,7 @@ def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict
     can leave unread. A run's own config.json lists every field, and its defaults (LoRA's rank without LoRA,
     SGD's momentum beside AdamW) are refused by no rule; every field a file writes still counts as chosen
     (kept from fitting: a study's batch 128 was fitted to 32)."""
-    same = functools.partial(json.dumps, sort_keys=True, default=str)  # (a JSON list is a default tuple)
-    return {k: v for k, v in from_file.items() if k not in below or same(v) != same(below[k])}
+    return {k: v for k, v in from_file.items() if k not in below or as_saved(v) != as_saved(below[k])}
 
 
 def flags_over_file(file: str, from_file: Mapping[str, Any], given: Mapping[str, Any]) -> List[str]:

@@ -129,8 +129,13 @@ OFF = _Off()
 
 def as_saved(value: Any) -> Any:
     """A value as a config file or a run's config.json holds it: the command line's ``none`` as null, a tuple as a
-    list (``--betas 0.9 0.95`` and a file's [0.9, 0.95] are one value)."""
-    return None if value is OFF else list(value) if isinstance(value, tuple) else value
+    list (``--betas 0.9 0.95`` and a file's [0.9, 0.95] are one value), inside model_args too. Two values are one
+    choice where their saved forms are equal (3 and 3.0 too): the one comparison of resume's and chosen's rules."""
+    if isinstance(value, (tuple, list)):
+        return [as_saved(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_saved(v) for k, v in value.items()}
+    return None if value is OFF else value
 
 
 #: The options of Hugging Face datasets (--dataset hf:...) that name a split or a column.
