@@ -85,7 +85,7 @@ def finetune(encoder: str, mode: str, fraction: float, seed: int, args: argparse
         cfg = args.work / f"{run.name}.json"
         cfg.write_text(json.dumps({k: v for k, v in recipe.items() if v is not None}, indent=1))  # None: default
         # the recipe it was measured with, on every machine (naming none picks one by the machine's precision)
-        done = run_training(run.name, "fmnist", str(cfg), threads=args.threads, runs_dir=str(args.work),
+        done = run_training(run.name, "fmnist-adamw", str(cfg), threads=args.threads, runs_dir=str(args.work),
                             name=run.name)
     return done
 

@@ -333,7 +333,7 @@ def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words,
 
 def test_help_shows_the_defaults_a_run_takes(capsys):
     """--help showed TrainConfig's own defaults, which no run without --recipe takes: train's epochs 6 (the default
-    runs train 9 in bf16, 3 in fp32), pretrain's model vit_fmnist_hybrid (refused by every objective), its lr, betas,
+    runs train 5 in bf16, 3 in fp32, and 9 in bf16 from --init), pretrain's model vit_fmnist_hybrid (refused by every objective), its lr, betas,
     epochs, validation images of classification. Each shown default is the one the run resolves."""
     import re
 
@@ -346,8 +346,11 @@ def test_help_shows_the_defaults_a_run_takes(capsys):
         return re.search(rf"{flag} \S+ .*?\[default: (.*?)\]( --|$)", text).group(1)
 
     bf16, fp32 = resolve_config("fmnist"), resolve_config("fmnist-fp32")
+    tuning = resolve_config("fmnist-adamw")  # fine-tuning's, from --init, where the run trains in bf16
     assert help_of("train", "--epochs") == f"{bf16.epochs} where the run trains in bf16, {fp32.epochs} in fp32 " \
-        f"(the default recipes; 6.0 under a recipe that sets none)"
+        f"({tuning.epochs} where the run trains in bf16, {fp32.epochs} in fp32 with --init) (the default recipes; " \
+        f"6.0 under a recipe that sets none)"
+    assert help_of("train", "--optimizer").startswith("muon (adamw with --init) (the default recipes;")
     assert help_of("train", "--label-smoothing").startswith(f"{bf16.label_smoothing} (the default recipes;")
     assert help_of("train", "--model") == bf16.model == fp32.model
     runs = {o: resolve_config(f"{o}-fmnist", objective=o) for o in ("simmim", "mpp", "mae")}

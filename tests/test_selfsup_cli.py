@@ -139,7 +139,7 @@ def test_layer_decay_scales_each_layer_and_leaves_the_head_at_lr():
     model = vitkit.create_model("vit_fmnist")  # 4 blocks
     assert [layer_of(n, 4) for n in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight",
                                      "blocks.3.norm1.bias", "norm.weight", "head.weight")] == [0, 1, 4, 5, 5]
-    opt = make_optimizer(model, resolve_config("fmnist", lr=1e-3, layer_decay=0.5))
+    opt = make_optimizer(model, resolve_config("fmnist-adamw", lr=1e-3, layer_decay=0.5))
     scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert scale[id(named["head.weight"])] == 1.0 and scale[id(named["blocks.3.mlp.fc1.weight"])] == 0.5
@@ -147,7 +147,7 @@ def test_layer_decay_scales_each_layer_and_leaves_the_head_at_lr():
     assert scale[id(named["patch_embed.proj.weight"])] == 0.5 ** 5
     wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert wd[id(named["blocks.0.mlp.fc1.weight"])] == 0.05 and wd[id(named["blocks.0.mlp.fc1.bias"])] == 0.0
-    plain = make_optimizer(model, resolve_config("fmnist"))
+    plain = make_optimizer(model, resolve_config("fmnist-adamw"))
     assert len(plain.param_groups) == 2 and all(g["lr_scale"] == 1.0 for g in plain.param_groups)
     with pytest.raises(ValueError, match="layer_decay must be in \\(0, 1\\]"):
         resolve_config("fmnist", layer_decay=1.5)

@@ -146,7 +146,7 @@ def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
     with pytest.raises(ValueError, match=r"--betas apply to --optimizer adamw, adam and muon"):
         resolve_config("fmnist", optimizer="sgd", betas=(0.5, 0.5))
     with pytest.raises(ValueError, match=r"--momentum applies to --optimizer sgd and muon, not adamw"):
-        resolve_config("fmnist", momentum=0.5)
+        resolve_config("fmnist-adamw", momentum=0.5)
     with pytest.raises(ValueError, match=r"--shuffle-buffer applies to streamed data .* not fashion-mnist"):
         resolve_config("fmnist", shuffle_buffer=0)
     assert resolve_config("fmnist", optimizer="sgd", momentum=0.5).momentum == 0.5

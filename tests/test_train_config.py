@@ -176,6 +176,15 @@ def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
     # a file written by hand: 16 is LoRA's alpha 16.0, and [0.9, 0.999] the betas' tuple (one rule with resume's)
     (tmp_path / "hand.yaml").write_text("lora_alpha: 16\nbetas: [0.9, 0.999]\nmomentum: 0.9\noptimizer: sgd\n")
     assert resolve_config(None, str(tmp_path / "hand.yaml")).lora_alpha == 16
+    # a run's config.json from before its recipe changed (fmnist was AdamW for 9 epochs until 2026-12-06, now Muon
+    # with momentum 0.95): trains as it says, and AdamW's unread momentum 0.9, the field's default, is no choice
+    old = {**_located(resolve_config("fmnist-adamw", precision="bf16").to_dict()), "recipe": "fmnist"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    before = resolve_config(None, str(tmp_path / "old.json"))
+    assert (before.recipe, before.optimizer, before.momentum, before.epochs) == ("fmnist", "adamw", 0.9, 9.0)
+    (tmp_path / "old.json").write_text(json.dumps({**old, "momentum": 0.8}))  # one the run chose is still refused
+    with pytest.raises(ValueError, match=r"--momentum applies to --optimizer sgd and muon, not adamw"):
+        resolve_config(None, str(tmp_path / "old.json"))
     # a fine-tuning run's config.json holds init and the architecture it trained
     vitkit.create_model("vit_fmnist", depth=1, num_classes=10).save_pretrained(tmp_path / "w")
     (tmp_path / "init.json").write_text(json.dumps({**saved, "init": str(tmp_path / "w"), "model": "vit_fmnist"}))

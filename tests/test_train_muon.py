@@ -86,7 +86,7 @@ def test_the_input_and_output_layers_and_non_matrices_stay_on_adamw():
     on_muon = {names[id(p)] for g in optimizer.param_groups if g["muon"] for p in g["params"]}
     assert on_muon == hidden_matrices(hybrid)
     assert all(g["momentum"] == 0.95 for g in optimizer.param_groups)
-    assert make_optimizer(hybrid, resolve_config("fmnist", optimizer="sgd")).param_groups[0]["momentum"] == 0.9
+    assert make_optimizer(hybrid, resolve_config("fmnist-adamw", optimizer="sgd")).param_groups[0]["momentum"] == 0.9
     assert {g["weight_decay"] for g in optimizer.param_groups if g["muon"]} == {0.05}
 
 
@@ -105,15 +105,18 @@ def test_lora_factors_stay_on_adamw():
     assert any(".lora_A." in n for n, _ in lora.named_modules()) and hidden_matrices(lora) == set()
 
 
-def test_fine_tuning_in_fp32_keeps_adamw_unless_muon_is_named():
+@pytest.mark.parametrize("precision, default, tuning, epochs", [("fp32", "fmnist-fp32", "fmnist-fp32-adamw", 3.0),
+                                                                ("bf16", "fmnist", "fmnist-adamw", 9.0)])
+def test_fine_tuning_keeps_adamw_unless_muon_is_named(precision, default, tuning, epochs):
+    """Both default runs train from scratch with Muon; from --init weights, the recipe each had before (AdamW)."""
     from vitkit.train.recipes import recipe_in_effect
 
-    assert recipe_in_effect(None, None, {"precision": "fp32"}, {}) == "fmnist-fp32"
-    assert recipe_in_effect(None, None, {"precision": "fp32", "init": "w"}, {}) == "fmnist-fp32-adamw"
-    assert recipe_in_effect(None, None, {"precision": "bf16", "init": "w"}, {}) == "fmnist"
-    assert recipe_in_effect("fmnist-fp32", None, {"precision": "fp32", "init": "w"}, {}) == "fmnist-fp32"
-    tuned = resolve_config("fmnist-fp32-adamw")
-    assert (tuned.optimizer, tuned.epochs, tuned.label_smoothing) == ("adamw", 3.0, 0.1)
+    assert recipe_in_effect(None, None, {"precision": precision}, {}) == default
+    assert resolve_config(default).optimizer == "muon"
+    assert recipe_in_effect(None, None, {"precision": precision, "init": "w"}, {}) == tuning
+    assert recipe_in_effect(default, None, {"precision": precision, "init": "w"}, {}) == default  # named: kept
+    tuned = resolve_config(tuning)
+    assert (tuned.optimizer, tuned.momentum, tuned.epochs, tuned.label_smoothing) == ("adamw", 0.9, epochs, 0.1)
 
 
 def test_muon_takes_momentum_betas_and_its_scale_and_nothing_else_does():

@@ -52,11 +52,12 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
         f"written: lr {config['lr'] * 10} (the run trained with {config['lr']})" in edited.stderr, edited.stderr
     assert edited.stderr.strip().splitlines()[-1].startswith("vitkit train: error: ") and "Traceback" not in \
         edited.stderr and not (run / "summary.json").exists()
-    # as if written by a version without muon_lr_scale (2026-12-04), a field that trained at its default: no change
-    (run / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "muon_lr_scale"}))
+    # as if written by a version without a field the run trained at its default (muon_lr_scale before 2026-12-05;
+    # here mixup, at 0 in this run): no change (every run saved before muon_lr_scale was refused)
+    (run / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "mixup"}))
     last = run / "checkpoints" / "step_00000008.pt"  # as if its first session had run on two processes (torchrun)
     state = torch.load(last, weights_only=True)
-    assert state["processes"] == [1] and state["config"].pop("muon_lr_scale") == 1.0
+    assert state["processes"] == [1] and state["config"].pop("mixup") == 0.0
     torch.save({**state, "processes": [2]}, last)
     done = forks.run("train", "--resume", run, "--no-progress", "--tensorboard", "--test-tta", "flip", env=env)
     assert done.returncode == 0, done.stderr

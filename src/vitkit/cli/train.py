@@ -218,15 +218,16 @@ def _default_shown(name: str, default, pretrain: bool) -> str:
         if len({shown(v) for v in by.values()}) == 1:
             return shown(next(iter(by.values())))
         return "by --objective: " + ", ".join(f"{k} {shown(v)}" for k, v in by.items())
-    by = {p: RECIPES[DEFAULT_RECIPES[p]].get(name, default) for p in ("bf16", "fp32")}
-    if shown(by["bf16"]) == shown(by["fp32"]) == shown(default):
-        return shown(default)
-    run = shown(by["bf16"]) if shown(by["bf16"]) == shown(by["fp32"]) else \
-        f"{shown(by['bf16'])} where the run trains in bf16, {shown(by['fp32'])} in fp32"
-    tuning = RECIPES[FINETUNE_RECIPES.get(DEFAULT_RECIPES["fp32"], DEFAULT_RECIPES["fp32"])].get(name, default)
-    if shown(tuning) != shown(by["fp32"]):
-        run += f" ({shown(tuning)} with --init)"
-    return f"{run} (the default recipes; {shown(default)} under a recipe that sets none)"
+    def by_precision(recipes) -> str:  # {precision: recipe} in words
+        bf16, fp32 = (shown(RECIPES[recipes[p]].get(name, default)) for p in ("bf16", "fp32"))
+        return bf16 if bf16 == fp32 else f"{bf16} where the run trains in bf16, {fp32} in fp32"
+
+    run = by_precision(DEFAULT_RECIPES)
+    tuning = by_precision({p: FINETUNE_RECIPES.get(r, r) for p, r in DEFAULT_RECIPES.items()})
+    if run == tuning == shown(default):
+        return run
+    return f"{run}{f' ({tuning} with --init)' if tuning != run else ''} (the default recipes; {shown(default)} under " \
+           f"a recipe that sets none)"
 
 
 def add_train(verb) -> None:

@@ -295,9 +295,9 @@ def train_run(arm: Arm, seed: int, options: Options, study: Study, work: Path) -
         config["data_dir"] = options.data_dir
     if options.threads:
         config["threads"] = options.threads
-    # the recipe the study was measured with, on every machine (a run that names none gets the one
-    # for the machine's precision); a config file cannot choose a recipe, a flag can
-    recipe = config.pop("recipe", "fmnist")
+    # the recipe the study was measured with (fmnist-adamw unless it names one), on every machine (a run
+    # that names none gets the one for the machine's precision); a config file cannot choose a recipe, a flag can
+    recipe = config.pop("recipe", "fmnist-adamw")
     if options.smoke or options.steps:
         shorten_warmup(config, recipe)
     configs = work / "configs"

@@ -7,7 +7,7 @@ hybrids and ResNets of three sizes each.
 The paper pre-trains ViTs, ResNets and hybrids of many sizes on JFT-300M and plots transfer
 accuracy against pre-training compute: hybrids are ahead of plain ViTs at small compute, the gap
 vanishes for larger models, and ViTs reach a given accuracy with 2-4x less compute than ResNets.
-Here each model trains on Fashion-MNIST for the same two epochs (batch 128, the default recipe),
+Here each model trains on Fashion-MNIST for the same two epochs (batch 128, recipe fmnist-adamw),
 so its compute is its training FLOPs per image (3x the forward pass, from vitkit's counter: ``vitkit
 info``) times the images seen; the score is test top-1, and wall time is recorded beside it.
 Families, small to large: the plain ViT (patch 4: width 64 / 96 / 160, depth 2 / 4 / 6), the
@@ -61,7 +61,7 @@ class ComputeFrontier(Study):
     title = "Compute frontier: ViT, hybrid and ResNet at three sizes"
     claim = ("Hybrids beat plain ViTs at small compute, the gap vanishes as models grow, and ViTs need less "
              "compute than ResNets for the same accuracy (Figure 5)")
-    setting = ("Fashion-MNIST, every model 2 epochs (860 steps of 128) with the default recipe; compute = 3 x "
+    setting = ("Fashion-MNIST, every model 2 epochs (860 steps of 128) with recipe fmnist-adamw; compute = 3 x "
                "forward FLOPs x images seen; test top-1 over 3 seeds")
     paper = {"source": "Dosovitskiy et al. 2021, section 4.4 and Figure 5",
              "vit_compute_advantage_over_resnet": "2-4x less compute for the same performance"}
@@ -71,7 +71,7 @@ class ComputeFrontier(Study):
         keep = [m for m in MODELS if not options.smoke or not m[0].endswith("-l")]  # smoke: two sizes each
         out = []
         for key, family, model, model_args, label in keep:
-            train = {"model": model, "model_args": model_args, "recipe": "fmnist", "max_steps": STEPS,
+            train = {"model": model, "model_args": model_args, "recipe": "fmnist-adamw", "max_steps": STEPS,
                      "val_every": STEPS, "checkpoint_every": STEPS // 2, "warmup_steps": 100}
             out.append(Arm(key, label, train, {"family": family}))
         return out

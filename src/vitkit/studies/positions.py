@@ -33,8 +33,8 @@ LABELS = {"none": "none", "learned": "learned 1D", "learned_2d": "learned 2D (ro
 GRIDS = {4: ("7x7", 1290), 2: ("14x14", 430)}
 #: the ways of encoding position are "level" when their means are within this (points of accuracy)
 LEVEL = 0.01
-#: the recipe every run shares: the default run's (label smoothing 0.1, random erasing 0.25)
-TRAIN = {"model": "vit_fmnist", "recipe": "fmnist", "batch_size": 128, "warmup_steps": 200}
+#: the recipe every run shares: the bf16 default run's until 2026-12-06 (label smoothing 0.1, random erasing 0.25)
+TRAIN = {"model": "vit_fmnist", "recipe": "fmnist-adamw", "batch_size": 128, "warmup_steps": 200}
 
 
 class PositionEmbeddings(Study):

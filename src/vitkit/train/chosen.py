@@ -10,12 +10,14 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 from .config_types import _show, as_saved
 
 
-def file_choices(from_file: Mapping[str, Any], below: Mapping[str, Any]) -> Dict[str, Any]:
-    """The config file's fields that change what the recipe and the defaults (``below``) set: those an option
-    can leave unread. A run's own config.json lists every field, and its defaults (LoRA's rank without LoRA,
-    SGD's momentum beside AdamW) are refused by no rule; every field a file writes still counts as chosen
-    (kept from fitting: a study's batch 128 was fitted to 32)."""
-    return {k: v for k, v in from_file.items() if k not in below or as_saved(v) != as_saved(below[k])}
+def file_choices(from_file: Mapping[str, Any], *below: Mapping[str, Any]) -> Dict[str, Any]:
+    """The config file's fields that change what each layer ``below`` sets (the recipe's value, the field's default):
+    those an option can leave unread. A run's own config.json lists every field, and its defaults (LoRA's rank
+    without LoRA, SGD's momentum beside AdamW, also where a recipe changed since: a run of the AdamW recipe before
+    Muon) are refused by no rule; every field a file writes still counts as chosen (kept from fitting: a study's
+    batch 128 was fitted to 32)."""
+    return {k: v for k, v in from_file.items()
+            if not any(k in layer and as_saved(v) == as_saved(layer[k]) for layer in below)}
 
 
 def flags_over_file(file: str, from_file: Mapping[str, Any], given: Mapping[str, Any]) -> List[str]:

@@ -149,9 +149,9 @@ class TrainConfig:
     layer_decay: Optional[float] = None
     #: Adam's beta1 and beta2.
     betas: Tuple[float, float] = (0.9, 0.999)
-    #: SGD's or Muon's momentum (Muon's authors use 0.95, as the fp32 default run does).
+    #: SGD's or Muon's momentum (Muon's authors use 0.95, as the default runs do).
     momentum: float = 0.9
-    #: Muon's weight matrices learn and decay at lr x this (1: at AdamW's RMS; the fp32 default run's: 4).
+    #: Muon's weight matrices learn and decay at lr x this (1: at AdamW's RMS; the default runs': 4).
     muon_lr_scale: float = 1.0
     #: Decay after the warm-up: cosine, linear or constant.
     schedule: str = "cosine"
@@ -502,7 +502,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
     below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in fields}
     chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
-    changing = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}  # (what it refuses as unread)
+    changing = {**file_choices(from_file, below, RECIPES[recipe]), **given}  # (what it refuses as unread)
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":

@@ -153,12 +153,11 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
     if values is None:
         return None, overrides  # not a run folder: resuming says so
     recipe = values.pop("recipe", None)
-    kinds, defaults = field_kinds(), TrainConfig()
+    kinds, defaults = field_kinds(), TrainConfig().to_dict()
     # as choices, where saved (the machine's fields: this one's), unless the run's recipe set them (a folder run's
     # recipe padding, saved as 2 by older versions, was refused as a choice its own resume made)
-    not_the_recipes = file_choices(values, RECIPES.get(recipe, {}))
-    merged = {k: v for k, v in not_the_recipes.items() if k in kinds and k not in RUNTIME_FIELDS
-              and as_saved(v) != as_saved(getattr(defaults, k))}  # (saved betas are a list, the default a tuple)
+    merged = {k: v for k, v in file_choices(values, RECIPES.get(recipe, {}), defaults).items()
+              if k in kinds and k not in RUNTIME_FIELDS}
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
 
