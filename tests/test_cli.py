@@ -333,8 +333,9 @@ def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words,
 
 def test_help_shows_the_defaults_a_run_takes(capsys):
     """--help showed TrainConfig's own defaults, which no run without --recipe takes: train's epochs 6 (the default
-    runs train 5 in bf16, 3 in fp32, and 9 in bf16 from --init), pretrain's model vit_fmnist_hybrid (refused by every objective), its lr, betas,
-    epochs, validation images of classification. Each shown default is the one the run resolves."""
+    runs train 5 in bf16, 3 in fp32, and 9 in bf16 from --init), pretrain's model vit_fmnist_hybrid (refused by every
+    objective), its lr, betas, epochs, validation images of classification. Each shown default is the one the run
+    resolves."""
     import re
 
     from vitkit.train.config import resolve_config
