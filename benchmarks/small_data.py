@@ -106,7 +106,7 @@ def train_one(arm: str, fraction: float, seed: int, args: argparse.Namespace) ->
     cfg_file = args.work / f"{name}.json"
     cfg_file.write_text(json.dumps(run_config(arm, fraction, seed, args), indent=1))
     # the recipe it was measured with, on every machine (naming none picks one by the machine's precision)
-    cmd = [sys.executable, "-m", "vitkit", "train", "--recipe", "fmnist", "--config", str(cfg_file), "--json",
+    cmd = [sys.executable, "-m", "vitkit", "train", "--recipe", "fmnist-adamw", "--config", str(cfg_file), "--json",
            "--no-progress"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -185,6 +185,10 @@ def test_a_runs_own_config_json_is_a_config_file_again(tmp_path, monkeypatch):
     (tmp_path / "old.json").write_text(json.dumps({**old, "momentum": 0.8}))  # one the run chose is still refused
     with pytest.raises(ValueError, match=r"--momentum applies to --optimizer sgd and muon, not adamw"):
         resolve_config(None, str(tmp_path / "old.json"))
+    # a file's floor at the field's default, over a recipe's 0, is still a change: above the peak, refused
+    (tmp_path / "floor.yaml").write_text("min_lr: 1.0e-5\nlr: 5.0e-6\n")
+    with pytest.raises(ValueError, match=r"--min-lr 1e-05 is above the peak learning rate 5e-06"):
+        resolve_config("paper-finetune", str(tmp_path / "floor.yaml"))
     # a fine-tuning run's config.json holds init and the architecture it trained
     vitkit.create_model("vit_fmnist", depth=1, num_classes=10).save_pretrained(tmp_path / "w")
     (tmp_path / "init.json").write_text(json.dumps({**saved, "init": str(tmp_path / "w"), "model": "vit_fmnist"}))
@@ -329,7 +333,7 @@ def test_a_saved_runs_defaults_are_not_taken_as_its_choices_on_resume(tmp_path):
     taken as chosen and refused as Adam's, so no SGD run resumed through the command line."""
     from vitkit.train.resume import with_saved
 
-    for name, cfg in {"sgd": resolve_config("fmnist", optimizer="sgd"), "adamw": resolve_config("fmnist"),
+    for name, cfg in {"sgd": resolve_config("fmnist", optimizer="sgd"), "adamw": resolve_config("fmnist-adamw"),
                       "muon": resolve_config("fmnist-fp32")}.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))

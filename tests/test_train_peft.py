@@ -251,7 +251,7 @@ def test_the_layer_decay_line_says_the_scales_the_optimizer_uses():
     line = layer_decay_line(model, 0.75)
     names = {id(p): n.rsplit(".", 1)[0] if n.endswith((".weight", ".bias")) else n for n, p in model.named_parameters()}
     scales = {}
-    for group in make_optimizer(model, resolve_config("fmnist", layer_decay=0.75)).param_groups:
+    for group in make_optimizer(model, resolve_config("fmnist-adamw", layer_decay=0.75)).param_groups:
         for p in group["params"]:
             scales.setdefault(f"{group['lr_scale']:.3g}", set()).add(names[id(p)])
     said = dict(re.findall(r"x([\d.]+) for ([^;]+)", line))
@@ -280,7 +280,7 @@ def test_timms_optimizer_factory_decays_a_vitkit_model_by_layer_as_vitkit_does(n
         return {names[id(p)]: round(group["lr_scale"], 6) for group in optimizer.param_groups for p in group["params"]}
 
     theirs = scales(create_optimizer_v2(model, "adamw", lr=1e-3, layer_decay=0.5))
-    ours = scales(make_optimizer(model, resolve_config("fmnist", layer_decay=0.5)))
+    ours = scales(make_optimizer(model, resolve_config("fmnist-adamw", layer_decay=0.5)))  # (AdamW, as timm)
     assert theirs == ours and len(set(ours.values())) == 5  # embedding, 3 blocks, the rest
 
 

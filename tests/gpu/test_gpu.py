@@ -59,7 +59,7 @@ def test_adamw_is_fused_on_a_gpu_and_steps_as_the_foreach_one_does():
     reproducible between two models, and Adam turns a 1e-9 gradient difference on a near-zero
     element into a visible update difference (the first GPU run failed on exactly that)."""
     torch.manual_seed(0)
-    cfg = resolve_config("fmnist")
+    cfg = resolve_config("fmnist-adamw")  # (the default run trains with Muon)
     a = vitkit.create_model("vit_fmnist_hybrid").to(CUDA)
     b = vitkit.create_model("vit_fmnist_hybrid").to(CUDA)
     b.load_state_dict(a.state_dict())

@@ -42,7 +42,7 @@ class PositionEmbeddings(Study):
     title = "Position embeddings: none, 1D, 2D, sine-cosine, relative"
     claim = ("No position embedding performs worst; the ways of encoding position (1D, 2D, relative) differ "
              "little, because at the patch level spatial relations are easy to learn (Appendix D.4, Table 8)")
-    setting = ("vit_fmnist (0.30M parameters, mean pooling, no class token) on Fashion-MNIST, the default recipe, "
+    setting = ("vit_fmnist (0.30M parameters, mean pooling, no class token) on Fashion-MNIST, recipe fmnist-adamw, "
                "the same number of steps for every kind: 1,290 steps of 128 (3 epochs) at 4 px patches (7x7 "
                "tokens), 430 (1 epoch) at 2 px patches (14x14 tokens); test top-1 and the frozen features' "
                "5- and 25-shot accuracy")

@@ -1,7 +1,7 @@
 """Registers ("Vision Transformers Need Registers", Darcet et al., ICLR 2024): do the default model's
 tokens grow high-norm outliers without registers, and do registers take them away?
 
-    vitkit study registers            # 0 and 4 registers x 3 seeds, the default run's recipe: about 2 h on a
+    vitkit study registers            # 0 and 4 registers x 3 seeds, recipe fmnist-adamw: about 2 h on a
                                       # 2-core AVX2 CPU in fp32 (about 35 min where bf16 is native)
     vitkit study registers --smoke    # one seed, 20 steps a run: about a minute
 
@@ -11,12 +11,12 @@ which hold global information; attention maps show them as artifacts. Appending 
 that no output reads (registers) gives that information a place: the outliers vanish, attention maps
 are smoother, and dense tasks improve. Here the default model of ``vitkit train`` (the hybrid
 ``vit_fmnist_hybrid``: a conv stem, one transformer layer of width 96, 7x7 tokens, mean pooling) is
-trained with the default recipe with 0 and with 4 registers, 3 seeds each; on 500 test images each
-model is measured for: the share of patch tokens whose norm after the last block is an outlier (above
-Q3 + 3 IQR of its patch norms; ``vitkit.inspect.token_norms``), the largest norm against the median,
-how much of the patches' attention goes to the registers (``vitkit.inspect.prefix_attention``), and
-how smooth its attention rollout is (the mean absolute difference between neighbouring cells of the
-map, normalised to mean 1: lower is smoother).
+trained with the recipe fmnist-adamw (the default run's until 2026-12-06: AdamW, 9 epochs) with 0 and with 4
+registers, 3 seeds each; on 500 test images each model is measured for: the share of patch tokens whose norm
+after the last block is an outlier (above Q3 + 3 IQR of its patch norms; ``vitkit.inspect.token_norms``), the
+largest norm against the median, how much of the patches' attention goes to the registers
+(``vitkit.inspect.prefix_attention``), and how smooth its attention rollout is (the mean absolute difference
+between neighbouring cells of the map, normalised to mean 1: lower is smoother).
 
 Result (the committed ``docs/studies/registers.json``, where it has been run): see docs/paper.md.
 """

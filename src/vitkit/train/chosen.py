@@ -11,11 +11,11 @@ from .config_types import _show, as_saved
 
 
 def file_choices(from_file: Mapping[str, Any], *below: Mapping[str, Any]) -> Dict[str, Any]:
-    """The config file's fields that change what each layer ``below`` sets (the recipe's value, the field's default):
-    those an option can leave unread. A run's own config.json lists every field, and its defaults (LoRA's rank
-    without LoRA, SGD's momentum beside AdamW, also where a recipe changed since: a run of the AdamW recipe before
-    Muon) are refused by no rule; every field a file writes still counts as chosen (kept from fitting: a study's
-    batch 128 was fitted to 32)."""
+    """The config file's fields whose value no layer ``below`` sets. Against the recipe over the defaults: what the
+    file changes (a floor above the peak is refused). Against both apart: what an option can leave unread, since a
+    run's own config.json lists every field, and its defaults (LoRA's rank without LoRA, SGD's momentum beside AdamW,
+    also where a recipe changed since: a run of the AdamW recipe before Muon) are refused by no rule. Every field a
+    file writes still counts as chosen (kept from fitting: a study's batch 128 was fitted to 32)."""
     return {k: v for k, v in from_file.items()
             if not any(k in layer and as_saved(v) == as_saved(layer[k]) for layer in below)}
 
@@ -65,8 +65,9 @@ def refuse_ignored(values: Mapping[str, Any], chosen: Mapping[str, Any], typed: 
                          f"weights (for a bare state dict's heads: --model-args '{{\"num_heads\": N}}')")
 
 
-def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
-    """Once the run's configuration is checked (``cfg``, its lr scaled): what its other choices leave unread."""
+def refuse_unused(cfg: Any, chosen: Mapping[str, Any], changing: Mapping[str, Any]) -> None:
+    """Once the run's configuration is checked (``cfg``, its lr scaled): what its other choices leave unread, and a
+    learning-rate floor above the peak (``changing``: also a file's value at the field's default, over a recipe's)."""
     decided = sorted(k for k in ("num_classes", "label_names") if k in (cfg.model_args or {}))
     if decided:  # the data's classes: a head of another size failed at the first step, names were replaced
         raise ValueError(f"model_args {', '.join(decided)}: the data decides the classes (its class folders, its "
@@ -75,7 +76,7 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any]) -> None:
     if cfg.img_size is not None and size is not None and _sizes_differ(cfg.img_size, size):
         raise ValueError(f"--img-size {cfg.img_size} and model_args img_size {_show(size)} differ (the model was "
                          f"built at the second and the run's config said the first): give the size once")
-    if "min_lr" in chosen and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
+    if "min_lr" in changing and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
         raise ValueError(f"--min-lr {_show(cfg.min_lr)} is above the peak learning rate {_show(cfg.lr)}: the "
                          f"schedule decays from lr to min_lr, so it would rise instead")
     if "betas" in chosen and cfg.optimizer == "sgd":

@@ -48,10 +48,8 @@ DEFAULT_MODEL = "vit_fmnist_hybrid"
 
 @dataclass
 class TrainConfig:
-    """Every hyper-parameter of a run; saved as ``config.json`` in the run directory.
-
-    The ``#:`` comment above each field is its ``vitkit train --help`` text.
-    """
+    """Every hyper-parameter of a run; saved as ``config.json`` in the run directory. The ``#:`` comment above
+    each field is its ``vitkit train --help`` text."""
 
     #: Named recipe whose values replace these defaults (a config file and flags override it);
     #: none named: fmnist where the run trains in bf16 (a GPU, a CPU with native bf16), fmnist-fp32
@@ -502,7 +500,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
     below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in fields}
     chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
-    changing = {**file_choices(from_file, below, RECIPES[recipe]), **given}  # (what it refuses as unread)
+    changing, unread = ({**file_choices(from_file, *layers), **given} for layers in  # (refuse_unused says which)
+                        (({**below, **RECIPES[recipe]},), (below, RECIPES[recipe])))
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
@@ -515,7 +514,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
             not in_memory_images(values.get("dataset", TrainConfig.dataset)):
         values["crop_pad"] = 0  # the recipe's padding of in-memory images: saved, never applied, and then refused
         # as a choice by the run's own resume
-    refuse_ignored(values, changing, typed=given)
+    refuse_ignored(values, unread, typed=given)
     refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
@@ -524,7 +523,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     recipe_only = set(RECIPES[recipe]) & set(OBJECTIVE_OPTIONS) - set(chosen)
     with _naming(file, {k for k in from_file if k not in given}, recipe, recipe_only):
         cfg = _checked(values)
-        refuse_unused(cfg, changing)
+        refuse_unused(cfg, unread, changing)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg

@@ -323,7 +323,8 @@ def _check_same_config(run: Run, saved: Optional[Dict[str, Any]], path: Path) ->
         return
     now, default = _deciding(run.cfg), _deciding(TrainConfig())
     # a field newer than the checkpoint (muon_lr_scale in a run from before it) trained at its default
-    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k, default.get(k)) != now.get(k)]
+    saved = {**default, **saved}
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
     if changed:
         said = "; ".join(f"{k} {json.dumps(now.get(k))} (the run trained with {json.dumps(saved.get(k))})"
                          for k in changed[:3])
