@@ -340,3 +340,14 @@ def test_a_saved_runs_defaults_are_not_taken_as_its_choices_on_resume(tmp_path):
         recipe, merged = with_saved(str(tmp_path / name), {})
         assert not {"betas", "momentum"} & set(merged), name
         assert resolve_config(recipe, **merged).optimizer == cfg.optimizer
+    # a bf16 default run from before its recipe took Muon (fmnist: AdamW, 9 epochs): its flags' checks pass, and
+    # the run goes on as its config.json says
+    from vitkit.train.resume import resumed_config
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps({**resolve_config("fmnist-adamw").to_dict(),
+                                                              "recipe": "fmnist"}))
+    recipe, merged = with_saved(str(tmp_path / "old"), {})
+    resolve_config(recipe, **merged)
+    again = resumed_config(str(tmp_path / "old"), resolve_config(recipe, **merged))
+    assert (again.recipe, again.optimizer, again.momentum, again.epochs) == ("fmnist", "adamw", 0.9, 9.0)
