@@ -7,7 +7,7 @@ before the runs and the clock again after), each run's summary, config and img/s
 the mean test top-1 against the goal.
 
     python benchmarks/bench_default_run.py                   # seeds 0 1 2, the machine's own recipe
-    python benchmarks/bench_default_run.py --recipe fmnist   # another recipe, for a side-by-side
+    python benchmarks/bench_default_run.py --recipe fmnist-adamw --seeds 0   # another recipe, side by side
     python benchmarks/bench_default_run.py --precision fp32  # a bf16 machine as one without bf16 runs it
     python benchmarks/bench_default_run.py --quick           # smoke check (a few steps)
 
