@@ -496,6 +496,19 @@ def test_vitkit_info_says_what_an_ir_is(tmp_path, capsys):
     assert info["source"]["graph"]["outputs"][0][1] == ["?", 3] and graph.outputs[0].get_partial_shape()[1] == 3
     assert info["source"]["tensors"] == sum(op.get_type_name() == "Constant" for op in graph.get_ordered_ops())
     assert info["source"]["config"] == model.config.to_dict() and info["source"]["format"] == "openvino"
+    # a patch size or width edited in the runtime info was printed as the file's (the IR keeps the names of the
+    # weights it did not fold: the patch embedding's, the classifier's, the tokens and the position table)
+    for key, value, words in (("patch_size", [4, 4], "its patch_embed.proj.weight is [192, 3, 8, 8] where that "
+                                                     "model's is [192, 3, 4, 4]"),
+                              ("embed_dim", 96, "its cls_token is [1, 1, 192] where that model's is [1, 1, 96]")):
+        edited = json.loads(graph.get_rt_info(["vitkit", "vitkit.config"]).astype(str))
+        edited["config"][key] = value
+        lie = ov.Core().read_model(str(path))
+        lie.set_rt_info(json.dumps(edited), ["vitkit", "vitkit.config"])
+        ov.save_model(lie, str(tmp_path / "lie.xml"), compress_to_fp16=False)
+        assert main(["info", str(tmp_path / "lie.xml")]) == 2
+        out = " ".join(capsys.readouterr().out.split())
+        assert "cannot load it: its vitkit metadata does not describe its graph: " + words in out, out
     path.with_suffix(".bin").unlink()
     assert main(["info", str(path)]) == 2
     assert "its weights file m.bin is missing" in capsys.readouterr().err

@@ -26,8 +26,9 @@ def is_graph(source: PathLike) -> bool:
 
 
 def describe_graph(path: PathLike) -> Dict[str, Any]:
-    """``vitkit info``'s facts of an exported graph (see the module docstring); an ONNX graph's named weights are
-    checked against the model its metadata describes too (OpenVINO keeps no names to check)."""
+    """``vitkit info``'s facts of an exported graph (see the module docstring); its named weights are checked
+    against the model its metadata describes too (an OpenVINO IR keeps the names of the weights it did not fold
+    or transpose: the patch embedding's and the classifier's)."""
     from .openvino import OpenVinoModel, _check_files, is_openvino
     from .runtime import OnnxMetadataError, OnnxModel, check_onnx_file
 
@@ -132,10 +133,11 @@ def _openvino_facts(path: Path):
         names = value.get_names()
         return (next(iter(names)) if names else "?"), dims, value.get_element_type().get_type_name()
 
-    tensors = [(op.get_output_element_type(0).get_type_name(), math.prod(op.get_output_shape(0)))
-               for op in graph.get_ordered_ops() if op.get_type_name() == "Constant"]
+    constants = [op for op in graph.get_ordered_ops() if op.get_type_name() == "Constant"]
+    tensors = [(op.get_output_element_type(0).get_type_name(), math.prod(op.get_output_shape(0))) for op in constants]
+    weights = {op.get_friendly_name(): list(op.get_output_shape(0)) for op in constants}  # (others: Constant_5)
     return _rt_metadata(graph), [port(i) for i in graph.inputs], [port(o) for o in graph.outputs], tensors, \
-        {"weights": {}, "modules": set()}
+        {"weights": weights, "modules": set()}
 
 
 __all__ = ["describe_graph", "is_graph"]
