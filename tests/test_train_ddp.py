@@ -130,7 +130,7 @@ def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert [line for line in study.stderr.splitlines() if line.startswith("vitkit study:")] == [
         "vitkit study: error: vitkit study runs in one process, not under torchrun (each rank would run all of it): "
-        "run it without torchrun (vitkit train and pretrain use its processes)"]
+        "run it without torchrun (vitkit train and pretrain use its processes)"], study.stderr[-2000:]
     script = tmp_path / "twice.py"
     script.write_text(f"""
 import os
@@ -201,6 +201,33 @@ def test_a_rank_knows_when_its_machines_first_process_is_gone(tmp_path):
         assert ask() == "False"
         alone = subprocess.run(probe, env={**env, "LOCAL_RANK": "0"}, capture_output=True, text=True, check=True)
         assert alone.stdout.strip() == "True"  # the first process itself
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_rank_that_leaves_its_error_to_the_first_waits_for_it_to_say_it(tmp_path):
+    """A rank whose error the first process says exited at once, and torchrun stopped the first before its line (on
+    a busy machine, still importing): the job ended without a word (a fresh clone's make test, 2026-12-06: the study
+    above). It waits while its first process runs, and goes quietly when torchrun stops it."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "WORLD_SIZE": "2"}
+    said = [sys.executable, "-m", "vitkit", "study", "position-embeddings", "--smoke", "--work", str(tmp_path / "s")]
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"], env={**env, "LOCAL_RANK": "0"})
+    start = time.monotonic()
+    second = subprocess.run(said, env={**env, "LOCAL_RANK": "1"}, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2 and second.stderr == "" and first.poll() is not None, second.stderr
+    assert time.monotonic() - start >= 3.5  # (its error comes within a second)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**env, "LOCAL_RANK": "0"})
+    try:  # the first has failed: torchrun's SIGTERM ends the wait, without a line
+        second = subprocess.Popen(said, env={**env, "LOCAL_RANK": "1"}, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert second.poll() is None
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 2 and second.stderr.read() == ""
     finally:
         first.kill()
         first.wait()

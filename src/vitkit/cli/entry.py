@@ -19,7 +19,7 @@ import warnings
 from typing import Optional, Sequence
 
 from ..errors import AnsweredError, describe_error, is_user_error
-from ..machine import first_process_on_machine, under_torchrun
+from ..machine import first_process_alive, first_process_on_machine, under_torchrun
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
@@ -72,12 +72,28 @@ def _check_one_process(verb: str) -> None:
                          f"run it without torchrun (vitkit train and pretrain use its processes)")
 
 
+def _leave_it_to_the_first_process(timeout_s: float = 30.0) -> None:
+    """A rank that leaves its error to the machine's first process waits while that one runs: exiting first, it had
+    torchrun stop the first before it said the error (still importing torch on a busy machine: the job ended
+    without a word). torchrun stops this one once the first has failed; a first that meets no error (a rank's own,
+    which a collective will notice) lets it go after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and first_process_alive():
+            time.sleep(0.1)
+    except (Terminated, KeyboardInterrupt):  # torchrun ending this rank: the first has said it
+        pass
+
+
 def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
     """The error's one line on stderr; with ``--json`` also ``{"error": ..., "exit": 2}`` on stdout, so that a
     script reading stdout has an answer to parse (unless the verb's own document already holds it)."""
     if debug:
         raise e
     if _said_by_first_process(e):
+        _leave_it_to_the_first_process()
         return 2
     said = describe_error(e)
     print(f"vitkit {verb}: error: {said}", file=sys.stderr)
