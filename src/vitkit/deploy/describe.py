@@ -28,7 +28,7 @@ def is_graph(source: PathLike) -> bool:
 def describe_graph(path: PathLike) -> Dict[str, Any]:
     """``vitkit info``'s facts of an exported graph (see the module docstring); its named weights are checked
     against the model its metadata describes too (an OpenVINO IR keeps the names of the weights it did not fold
-    or transpose: the patch embedding's and the classifier's)."""
+    or transpose: the patch embedding's, the classifier's, the tokens and the position table)."""
     from .openvino import OpenVinoModel, _check_files, is_openvino
     from .runtime import OnnxMetadataError, OnnxModel, check_onnx_file
 

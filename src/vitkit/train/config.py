@@ -500,8 +500,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
     below = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in fields}
     chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
-    changing, unread = ({**file_choices(from_file, *layers), **given} for layers in  # (refuse_unused says which)
-                        (({**below, **RECIPES[recipe]},), (below, RECIPES[recipe])))
+    changing = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}  # what a file changes (min_lr)
+    unread = {**file_choices(from_file, below, RECIPES[recipe]), **given}  # of it, what is off the field's default
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
