@@ -271,19 +271,22 @@ def _check_files(path: Path) -> None:
                                     f"the .bin beside it)")
         if file.stat().st_size == 0:
             raise OnnxMetadataError(f"{file} is empty (0 bytes): not an OpenVINO IR (an interrupted copy?)")
-    if why := _mismatched_weights(path):
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise OnnxMetadataError(f"cannot read {path}: {e.strerror or e}") from None
+    if "<net" not in text[:4096]:  # else OpenVINO tries its other readers (TensorFlow's logs C++ errors) and says little
+        raise OnnxMetadataError(f"{path} is not an OpenVINO IR: its text has no <net> element (an IR's .xml is "
+                                f"what vitkit convert --to openvino writes)")
+    if why := _mismatched_weights(path, text):
         raise OnnxMetadataError(why)
 
 
-def _mismatched_weights(path: Path) -> Optional[str]:
+def _mismatched_weights(path: Path, text: str) -> Optional[str]:
     """An IR whose .bin is another model's or cut: OpenVINO read a larger model's .bin under a smaller one's graph
     without a word (other weights), and named only the first layer that wrong bytes broke. The .xml's constants say
     how many bytes they read (``offset`` + ``size``), which an export's .bin holds exactly; read as text, not parsed
     as XML (an untrusted file)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
     if not text.rstrip().endswith("</net>"):  # the .xml is what was cut: its constants are not all listed
         return None
     ends = [int(m.group(1)) + int(m.group(2)) for tag in re.findall(r"<data\b[^>]*>", text)
