@@ -275,7 +275,7 @@ def _check_files(path: Path) -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise OnnxMetadataError(f"cannot read {path}: {e.strerror or e}") from None
-    if "<net" not in text[:4096]:  # else OpenVINO tries its other readers (TensorFlow's logs C++ errors) and says little
+    if "<net" not in text[:4096]:  # else OpenVINO tries its other readers (TensorFlow's logs C++ errors)
         raise OnnxMetadataError(f"{path} is not an OpenVINO IR: its text has no <net> element (an IR's .xml is "
                                 f"what vitkit convert --to openvino writes)")
     if why := _mismatched_weights(path, text):
