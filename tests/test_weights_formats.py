@@ -907,6 +907,13 @@ def test_the_model_file_save_pretrained_writes_is_read_exactly_without_its_folde
     x = images(2, 28, 28, c=1)
     with torch.no_grad():
         assert back.config == model.config and max_diff(back(x), model(x)) == 0
+    (tmp_path / "fm" / "config.json").unlink()  # the file alone in its folder (config.json not copied): the folder
+    (tmp_path / "alone.safetensors").rename(tmp_path / "fm" / "model.safetensors")  # lost the file's config
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = vitkit.from_pretrained(tmp_path / "fm")
+    with torch.no_grad():
+        assert back.config == model.config and max_diff(back(x), model(x)) == 0
     create_pretrainer("mae", get_model_config("vit_fmnist").replace(num_classes=0)).save_pretrained(tmp_path / "mae")
     assert type(vitkit.from_pretrained(tmp_path / "mae" / "model.safetensors")).__name__ == "MAE"
 

@@ -235,7 +235,8 @@ def _read_folder(path: Path) -> Source:
     if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
         _check_config_kind(path, config_json)
     _check_same_model(path, src.config_json, config_json)
-    src.config_json = timm_format.with_timm_defaults(config_json)
+    if config_json is not None:  # else the file's own (a vitkit model.safetensors carries its config)
+        src.config_json = timm_format.with_timm_defaults(config_json)
     src.preprocessor_json = _read_json(path / "preprocessor_config.json")
     src.open_clip_config = open_clip_config
     if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
