@@ -10,7 +10,7 @@ import vitkit
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.evaluate import fewshot_from_features, ridge_fit
-from vitkit.evaluate.dataset import check_fewshot_options
+from vitkit.evaluate.dataset import check_fewshot_options, fewshot_on_dataset
 
 
 def blobs(n_per_class, classes=10, dim=32, spread=0.3, seed=0):
@@ -81,6 +81,24 @@ def test_one_class_and_features_that_are_not_finite_are_refused_not_scored():
         fewshot_from_features(broken, tr_y, tr_x, tr_y, shots=[1], holdout_per_class=10)
     with pytest.raises(ValueError, match=r"--seeds 100000000000: at most 1000"):
         check_fewshot_options([1], 10 ** 11, 0)
+    # shots no pool can hold: said before any image is read (it took the features' 15 s, then advised a larger pool)
+    with pytest.raises(ValueError, match=r"--shots 1000000: the probe draws 1000000 \+ 50 .* pool of 1,000: a larger"):
+        check_fewshot_options([1, 10 ** 6], 1, 1000)
+    check_fewshot_options([25], 1, 150)  # 2 x (25 + 50): may fit
+    check_fewshot_options([10 ** 6], 1, 0)  # the whole split: its size decides
+
+
+@pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
+def test_an_error_that_is_not_the_pools_gets_no_advice_on_the_pool():
+    """Overflowing weights were refused with "...its weights overflow; only a pool of 1,000 training images was
+    drawn: a larger pool": the pool's advice followed every error of the fit, where it mends only too few images."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_fmnist", depth=1, label_names=list(fm.CLASSES))
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight.mul_(1e37)
+    with pytest.raises(ValueError, match="not finite") as caught:
+        fewshot_on_dataset(model, "fashion-mnist", shots=(1,), seeds=1, pool=1000, progress=False)
+    assert "pool" not in str(caught.value), caught.value
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
@@ -143,7 +161,6 @@ def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, 
 def test_the_python_fewshot_takes_the_models_dataset_or_asks_for_one():
     """``fewshot_on_dataset(model)`` scored any model on Fashion-MNIST (its default), as the command line did."""
     from vitkit.data.datasets import CLASS_NAMES
-    from vitkit.evaluate import fewshot_on_dataset
 
     torch.manual_seed(0)
     other = vitkit.create_model("vit_fmnist", depth=1, label_names=[f"n0{i}" for i in range(10)])

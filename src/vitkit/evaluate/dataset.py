@@ -16,7 +16,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .fewshot import FewShotResult, NoImages, extract_features, features_over, fewshot_from_features
+from .fewshot import (
+    HOLDOUT_PER_CLASS,
+    FewShotResult,
+    NoImages,
+    TooFewImages,
+    extract_features,
+    features_over,
+    fewshot_from_features,
+)
 from .metrics import ClassificationReport, classification_report, report_over
 from .tta import check_mode
 
@@ -82,6 +90,11 @@ def check_fewshot_options(shots: Sequence[int], seeds: int, pool: int) -> None:
                          f"{seeds} and {pool}")
     if seeds > MAX_SEEDS:  # each seed is a fit per shot count: 10^11 of them ran until killed
         raise ValueError(f"--seeds {seeds}: at most {MAX_SEEDS} (the paper averages 5 draws, big_vision 3)")
+    need = 2 * (max(shots) + HOLDOUT_PER_CLASS)  # two classes at least: said before the features are computed
+    if pool and need > pool:
+        raise ValueError(f"--shots {max(shots)}: the probe draws {max(shots)} + {HOLDOUT_PER_CLASS} held-out images "
+                         f"of each of at least 2 classes, {need:,} or more, from a pool of {pool:,}: a larger "
+                         f"--pool (0 for the whole split), or fewer --shots")
 
 
 def dataset_of(model, dataset: Optional[str]) -> str:
@@ -357,7 +370,7 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
         features, names = _memory_features(model, dataset, pool, data_dir, progress)
     try:
         results = fewshot_from_features(*features, list(shots), seeds, progress=progress, class_names=names)
-    except ValueError as e:
+    except TooFewImages as e:
         if pool and len(features[1]) >= pool:  # the pool drawn, not the split, held too few of a class
             raise ValueError(f"{e}; only a pool of {pool:,} training images was drawn: a larger pool, or 0 for the "
                              f"whole split (vitkit fewshot --pool 0)") from None

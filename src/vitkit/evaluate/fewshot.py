@@ -89,20 +89,29 @@ class FewShotResult:
                 "lambdas": self.lambdas}
 
 
+#: images per class the ridge's regulariser is chosen on, beside each shot count's
+HOLDOUT_PER_CLASS = 50
+
+
+class TooFewImages(ValueError):
+    """The training images hold too few classes, or too few images of one, for the shots asked (what a larger
+    pool can mend; other errors of a fit are not the pool's)."""
+
+
 def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int,
                 class_names: Optional[Sequence[str]] = None) -> None:
     """At least two classes, each with the images the largest shot count draws (said for that one, which decides;
     by its name where the data has names: "class 0" told a folder's user nothing)."""
     present = sum(len(idx) > 0 for idx in by_class)
     if present < 2:
-        raise ValueError(f"few-shot classification needs at least 2 classes; the training split has {present}")
+        raise TooFewImages(f"few-shot classification needs at least 2 classes; the training split has {present}")
     need = max(shots) + holdout
     short = [c for c, idx in enumerate(by_class) if len(idx) < need]
     if short:
         fewest = min(short, key=lambda c: len(by_class[c]))
         fits = [k for k in shots if k + holdout <= len(by_class[fewest])]
         named = f"{class_names[fewest]!r}" if class_names is not None and fewest < len(class_names) else str(fewest)
-        raise ValueError(f"{max(shots)} shots + {holdout} held out (the ridge's regulariser is chosen on them) need "
+        raise TooFewImages(f"{max(shots)} shots + {holdout} held out (the ridge's regulariser is chosen on them) need "
                          f"{need} training images per class; {len(short)} of {len(by_class)} classes have fewer "
                          f"(class {named}: {len(by_class[fewest])}): give the probe a training split with more "
                          f"images per class" + (f", or only --shots {' '.join(map(str, fits))}" if fits else ""))
@@ -110,7 +119,7 @@ def _check_fits(by_class: List[torch.Tensor], shots: Sequence[int], holdout: int
 
 def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                           test_y: torch.Tensor, shots: Sequence[int], seeds: int = 3,
-                          holdout_per_class: int = 50, progress: bool = True,
+                          holdout_per_class: int = HOLDOUT_PER_CLASS, progress: bool = True,
                           class_names: Optional[Sequence[str]] = None) -> Dict[int, FewShotResult]:
     """Few-shot accuracy for each shot count, from precomputed features (``class_names``: the labels' names, for a
     class too small to be said by name).
