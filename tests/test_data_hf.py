@@ -237,8 +237,18 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
     # shots drawn from the split that is scored: fitted on the test images (it scored higher, in silence)
     assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-split", "test",
                 "--shots", "1", "--no-progress"]) == 2
-    assert "--hf-split test: fewshot scores the test split, so the shots must come from another one" in \
-        capsys.readouterr().err
+    assert "--hf-split test: fewshot scores the test split (--hf-test-split), so the shots must come from another " \
+        "one" in capsys.readouterr().err
+    # the split scored, named (the error for a dataset without a test split said to name it with a flag fewshot
+    # did not have): the default's scores again, and another split's name is refused by the splits there are
+    assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-test-split", "test",
+                "--shots", "1", "5", "--seeds", "2", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"] == shots
+    assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-test-split", "holdout",
+                "--shots", "1", "--no-progress"]) == 2
+    assert "has no split 'holdout'; its splits: train, test" in capsys.readouterr().err
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "fashion-mnist", "--hf-test-split", "test"]) == 2
+    assert "--hf-test-split applies only to Hugging Face datasets" in capsys.readouterr().err
 
 
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):

@@ -119,14 +119,15 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
     check_fewshot_options(args.shots, args.seeds, args.pool)  # before the features are computed
     if args.dataset:
-        check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
+        check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key,
+                         args.hf_test_split)
     model = load_model(args, encoder_only=True)  # a pre-training model's ViT
     dataset, data_dir, note = fewshot_data_of(model, args.weights, args.dataset, args.data_dir)
     if note:
         warnings.warn(note, stacklevel=1)  # (the command line's one "vitkit fewshot: note:" line)
     score = fewshot_on_dataset(model, dataset, args.shots, args.seeds, args.pool, data_dir=data_dir,
                                hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, hf_test_split=args.hf_test_split)
     if score.skipped:
         print(f"note: skipped {len(score.skipped)} unusable images (first: {score.skipped[0]})", file=sys.stderr)
     if args.json:
@@ -188,7 +189,9 @@ def add_fewshot(verb) -> None:
     p.add_argument("--dataset", help="fashion-mnist, cifar10, cifar100, folder or hf:NAME_OR_DIR (default: the one "
                                      "whose classes the weights name, else the one their run trained on)")
     p.add_argument("--data-dir")
-    add_hf_flags(p, "the split shots are drawn from (default: train; tested on test, or validation)")
+    add_hf_flags(p, "the split shots are drawn from (default: train)")
+    p.add_argument("--hf-test-split", help="hf: datasets: the split the probes are scored on (default: the first of "
+                                           "test, validation, valid, val)")
     p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--pool", type=int, default=10_000,

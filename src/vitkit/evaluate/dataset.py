@@ -59,12 +59,14 @@ class FewShotScore:
 
 
 def check_hf_options(dataset: Optional[str], data_dir: Optional[str] = None, hf_split: Optional[str] = None,
-                     image_key: Optional[str] = None, label_key: Optional[str] = None) -> None:
+                     image_key: Optional[str] = None, label_key: Optional[str] = None,
+                     hf_test_split: Optional[str] = None) -> None:
     """A Hugging Face split's and columns' names apply to ``hf:`` datasets alone, ``data_dir`` to the others."""
     from ..data import datasets
 
-    given = [f"--{k.replace('_', '-')}" for k, v in (("hf_split", hf_split), ("image_key", image_key),
-                                                      ("label_key", label_key)) if v is not None]
+    given = [f"--{k.replace('_', '-')}" for k, v in (("hf_split", hf_split), ("hf_test_split", hf_test_split),
+                                                      ("image_key", image_key), ("label_key", label_key))
+             if v is not None]
     if given and not datasets.is_hf(dataset):
         raise ValueError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to Hugging Face "
                          f"datasets (--dataset hf:NAME_OR_DIR)")
@@ -346,22 +348,26 @@ def pool_rows(n: int, pool: int) -> torch.Tensor:
 def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int] = (1, 5, 10, 25),
                        seeds: int = 3, pool: int = 10_000, *, data_dir: Optional[str] = None,
                        hf_split: Optional[str] = None, image_key: Optional[str] = None,
-                       label_key: Optional[str] = None, progress: bool = True) -> FewShotScore:
+                       label_key: Optional[str] = None, progress: bool = True,
+                       hf_test_split: Optional[str] = None) -> FewShotScore:
     """The paper's few-shot linear evaluation of ``model``'s frozen features: ridge probes fitted
     on ``shots`` images per class drawn from a fixed random ``pool`` of the training split
     (0: all of it), scored on the test split, over ``seeds`` draws. ``dataset`` None: the one whose class names
-    the model's labels are (it was Fashion-MNIST whatever the model); a model without them needs one named."""
+    the model's labels are (it was Fashion-MNIST whatever the model); a model without them needs one named.
+    ``hf_split`` / ``hf_test_split``: a Hugging Face dataset's splits the shots come from and are scored on
+    (default: train; the first of test, validation, valid, val)."""
     from ..data import datasets
 
     check_fewshot_options(shots, seeds, pool)
-    check_hf_options(dataset, data_dir, hf_split, image_key, label_key)
+    check_hf_options(dataset, data_dir, hf_split, image_key, label_key, hf_test_split)
     dataset = _indexable(dataset_of(model, dataset))
     skipped: List[str] = []
     if datasets.is_hf(dataset):
-        splits = _hf_splits(model, dataset, {"train": hf_split, "test": None}, image_key, label_key)
+        splits = _hf_splits(model, dataset, {"train": hf_split, "test": hf_test_split}, image_key, label_key)
         if splits["train"].split_name == splits["test"].split_name:  # fitted on the images it is scored on
-            raise ValueError(f"--hf-split {hf_split}: fewshot scores the {splits['test'].split_name} split, so the "
-                             f"shots must come from another one (the default: train)")
+            raise ValueError(f"--hf-split {splits['train'].split_name}: fewshot scores the "
+                             f"{splits['test'].split_name} split (--hf-test-split), so the shots must come from "
+                             f"another one")
     elif dataset == "folder":
         splits = _folder_splits(model, data_dir, ("train", "test"), progress)
     if datasets.is_hf(dataset) or dataset == "folder":
