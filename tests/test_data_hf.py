@@ -251,6 +251,24 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
     assert "--hf-test-split applies only to Hugging Face datasets" in capsys.readouterr().err
 
 
+def test_no_progress_silences_the_datasets_packages_bars_too(trained, hf_data, tmp_path):
+    """`--no-progress` left datasets' own bars on stderr ("Generating train split: 0 examples ...", and
+    "Downloading data: 100%" for files already on the disk); without it they stay, as the datasets package draws
+    them. Each run reads the Parquet folder into a fresh cache, where the bars are drawn."""
+    import subprocess
+
+    def stderr(*flags, cache):
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_DISABLE_PROGRESS_BARS")}
+        done = subprocess.run([sys.executable, "-m", "vitkit", "eval", "--weights", str(trained[0]), "--dataset",
+                               f"hf:{hf_data[1]}", "--max-images", "20", *flags], capture_output=True, text=True,
+                              env={**env, "HF_DATASETS_CACHE": str(tmp_path / cache), "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    assert "Generating test split" in stderr(cache="shown")
+    assert "Generating" not in stderr("--no-progress", cache="quiet")
+
+
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):
     """`vitkit eval --dataset folder --data-dir D` (what a folder-trained run is evaluated on) said
     "folder is a file dataset: it is read through a DataLoader, not into memory", and `--dataset

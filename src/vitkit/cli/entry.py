@@ -167,6 +167,35 @@ def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
     return code
 
 
+#: the variables that switch off the progress bars of Hugging Face's libraries (read when they are imported)
+LIBRARY_BAR_VARIABLES = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+@contextlib.contextmanager
+def _library_bars(shown: bool):
+    """``--no-progress`` silences the bars Hugging Face's libraries draw as well (datasets' "Generating train
+    split" and "Downloading data" on a local folder, the Hub's downloads): they filled stderr under it. A
+    variable the user set is theirs; a library imported before the verb takes its own switch."""
+    if shown or any(os.environ.get(k) is not None for k in LIBRARY_BAR_VARIABLES):
+        yield
+        return
+    switches = []
+    for module, path in (("datasets", "datasets.utils"), ("huggingface_hub", "huggingface_hub.utils")):
+        if module in sys.modules:
+            utils = sys.modules.get(path) or __import__(path, fromlist=["disable_progress_bars"])
+            if not utils.are_progress_bars_disabled():
+                utils.disable_progress_bars()
+                switches.append(utils)
+    os.environ.update(dict.fromkeys(LIBRARY_BAR_VARIABLES, "1"))
+    try:
+        yield
+    finally:
+        for name in LIBRARY_BAR_VARIABLES:
+            os.environ.pop(name, None)
+        for utils in switches:
+            utils.enable_progress_bars()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
@@ -197,7 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _check_thread_variable()
         _check_one_process(args.verb)
-        code = int(args.func(args) or 0)
+        with _library_bars(not getattr(args, "no_progress", False)):
+            code = int(args.func(args) or 0)
         # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed
         # here, a reader that went away is caught below, not reported by Python at exit (status 120)
         sys.stdout.flush()
