@@ -599,6 +599,19 @@ def fill(disk, leave=48 * 1024):
     (disk / "filler").write_bytes(b"\0" * max(free - leave, 0))
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_stdout_is_said_as_stdouts_not_as_the_disk_the_work_was_on(small_disk):
+    """`vitkit models > /dev/full` said "no space left on device: free some space and run it again", as if a file
+    the verb wrote had failed; stdout on a full disk, the same. The verb's files are whole: the line says stdout."""
+    for where in ("/dev/full", small_disk / "out.txt"):
+        if where != "/dev/full":
+            fill(small_disk, leave=0)
+        with open(where, "w") as out:
+            done = subprocess.run([sys.executable, "-m", "vitkit", "models"], stdout=out, stderr=subprocess.PIPE,
+                                  text=True, env=ENV)
+        assert "no space left on the device stdout writes to" in one_line(done), where
+
+
 def test_a_full_disk_under_torch_s_zip_writer_keeps_the_previous_checkpoint(small_disk):
     run = small_disk / "run"
     first = save_checkpoint(run, 4, {"model": {"w": torch.ones(8)}, "step": 4}, keep=1)

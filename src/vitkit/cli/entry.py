@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import gc
 import json
@@ -13,6 +14,7 @@ import os
 import re
 import select
 import signal
+import stat
 import sys
 import threading
 import warnings
@@ -116,6 +118,27 @@ def _release_interrupted_work(stop: BaseException) -> None:
         error.__traceback__ = None
         error = error.__context__ or error.__cause__
     gc.collect()
+
+
+def _stdout_full(error: BaseException) -> bool:
+    """Whether ``error`` is a full disk that stdout met (`vitkit fewshot --json > /dev/full`, said as the disk's,
+    where every file the verb wrote was whole): stdout, flushed again, meets it too. If so stdout becomes
+    /dev/null, so that Python's own flush at exit does not say it a second time."""
+    if not (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) and error.filename is None):
+        return False
+    try:  # (a failed write leaves nothing buffered to fail again: stdout's device is asked instead)
+        fd = sys.stdout.fileno()
+        kind = os.fstat(fd)
+        if stat.S_ISCHR(kind.st_mode):
+            full = kind.st_rdev == os.stat("/dev/full").st_rdev
+        else:
+            space = os.fstatvfs(fd)
+            full = stat.S_ISREG(kind.st_mode) and space.f_bavail * space.f_frsize < 1 << 20
+    except (AttributeError, ValueError, OSError):  # stdout is no file (a test's capture)
+        return False
+    if full:
+        sys.stdout = open(os.devnull, "w")
+    return full
 
 
 def _stdout_closed() -> bool:
@@ -241,6 +264,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _error(args.verb, e, debug)
         return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
+        if _stdout_full(e):
+            e = ValueError("no space left on the device stdout writes to: the command's printed output is "
+                           "incomplete (send stdout to a disk with space)")
         return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
     finally:
         # the handlers first: a SIGTERM landing here (torchrun ending a rank that has said its error) raised in
