@@ -4,6 +4,7 @@ run folder's name is never blocked or rewritten by a run that is over."""
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -59,6 +60,29 @@ def test_inspect_writes_beside_the_run_or_under_runs_never_into_the_current_fold
     assert main(["inspect", "--weights", str(tmp_path / "weights" / "my model"), "--json"]) == 0
     assert (tmp_path / "runs" / "inspect-my-model" / "report.html").is_file()
     assert {p.name for p in tmp_path.iterdir()} == {"weights", "runs"}
+
+
+def test_inspect_names_the_folder_by_the_model_and_keeps_two_models_apart(run, tmp_path, monkeypatch, capsys):
+    """A run's model.safetensors went to runs/inspect-model, as every model.safetensors did, and its checkpoint
+    to runs/inspect-step_N: the next model of the same file name replaced the report without a word. A run's
+    file goes beside the run, a generic file name takes its folder's, and a taken name another free one."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = sorted((run / "checkpoints").glob("*.pt"))[-1]
+    for weights, folder in ((run / "model" / "model.safetensors", run / "inspect"),
+                            (checkpoint, run / f"inspect-{checkpoint.stem}")):
+        shutil.rmtree(folder, ignore_errors=True)
+        assert main(["inspect", "--weights", str(weights), "--no-progress"]) == 0
+        assert (folder / "report.html").is_file(), folder
+    model = vitkit.from_pretrained(run)
+    for i, where in enumerate(("a/net", "b/net")):
+        model.save_pretrained(tmp_path / where)
+        assert main(["inspect", "--weights", f"{where}/model.safetensors", "--no-progress"]) == 0
+        assert ("holds the report of other weights" in capsys.readouterr().err) == (i == 1)
+    first, second = (tmp_path / "runs" / name / "report.html" for name in ("inspect-net", "inspect-net-2"))
+    assert "a/net/model.safetensors" in first.read_text() and "b/net/model.safetensors" in second.read_text()
+    assert main(["inspect", "--weights", str(tmp_path / "a/net/model.safetensors"), "--no-progress"]) == 0
+    assert "other weights" not in capsys.readouterr().err  # its own report, by another spelling of its path
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["inspect-net", "inspect-net-2"]
 
 
 def test_a_run_folder_is_read_as_its_model_by_every_verb(run, tmp_path, monkeypatch, capsys):

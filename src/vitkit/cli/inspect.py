@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 
 from ..files import check_output
 from .common import load_model, print_json
@@ -10,8 +11,14 @@ from .common import load_model, print_json
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ..inspect import default_folder, inspect_model
+    from ..inspect.report import free_folder
 
-    out = args.out or str(default_folder(args.weights))
+    out = args.out
+    if out is None:
+        chosen = default_folder(args.weights)
+        out = str(free_folder(chosen, str(args.weights)))
+        if out != str(chosen):
+            warnings.warn(f"{chosen} holds the report of other weights; this one goes to {out}", stacklevel=1)
     check_output(out, "folder", "--out")
     model = load_model(args)
     result = inspect_model(model, out, args.image, title=str(args.weights),
@@ -31,7 +38,9 @@ def add_inspect(verb) -> None:
     p.add_argument("--image", nargs="+", help="image files or folders (default: scikit-image's sample photos, or "
                                              "Fashion-MNIST test images for a 28x28 grey model)")
     p.add_argument("--out", metavar="DIR", help="folder to write the figures and report.html into (default: "
-                                                "RUN/inspect for a run's model, else runs/inspect-NAME)")
+                                                "RUN/inspect for a run's model, RUN/inspect-step_N for its checkpoint, "
+                                                "else runs/inspect-NAME: NAME the file's, or its folder's for a "
+                                                "model.safetensors; NAME-2, ... where other weights' report is)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=cmd_inspect)

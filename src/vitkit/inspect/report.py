@@ -218,9 +218,16 @@ def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progres
     return (torch.cat(probs) if probs else None), torch.cat(rollouts), distance / len(x)
 
 
+#: weight files whose name says nothing of the model (the folder holding one names it)
+GENERIC_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model", "checkpoint", "weights",
+                 "flax_model", "tf_model")
+
+
 def default_folder(weights: Union[str, Path]) -> Path:
-    """Where ``vitkit inspect`` writes without ``--out``: beside a run's model (``runs/NAME/inspect``),
-    else ``runs/inspect-NAME`` -- never the current directory itself."""
+    """Where ``vitkit inspect`` writes without ``--out``: beside a run's model (``runs/NAME/inspect``; a run's
+    checkpoint, ``runs/NAME/inspect-step_N``), else ``runs/inspect-NAME`` with NAME the file's or, for a file
+    named as every model's is (model.safetensors), its folder's -- never the current directory itself. Two
+    models whose names agree are kept apart by :func:`free_folder`."""
     from ..weights.pretrained import run_model_folder
 
     path = Path(weights)
@@ -228,9 +235,48 @@ def default_folder(weights: Union[str, Path]) -> Path:
         return path / "inspect"
     if path.name == "model" and (path.parent / "config.json").is_file():  # runs/NAME/model
         return path.parent / "inspect"
+    run = path.parent.parent
+    if path.suffix and run_model_folder(run) is not None:  # runs/NAME/model/model.safetensors, a checkpoint
+        return run / "inspect" if path.parent.name == "model" else run / f"inspect-{_safe_name(path.stem)}"
     stem = path.stem if path.suffix else path.name
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in (stem or "model")).strip(".-") or "model"
-    return Path("runs") / f"inspect-{name}"
+    if path.suffix and stem in GENERIC_STEMS and path.parent.name not in ("", ".", ".."):
+        stem = path.parent.name
+    return Path("runs") / f"inspect-{_safe_name(stem)}"
+
+
+def _safe_name(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in (stem or "model")).strip(".-") or "model"
+
+
+def free_folder(folder: Path, title: str) -> Path:
+    """``folder``, or where its name is taken by another model's report (a report's title names its weights),
+    the first of ``folder-2``, ``folder-3``, ... that is free or holds this model's: a default folder was
+    replaced, without a word, by the next model whose file had the same name."""
+    candidates = [folder, *(folder.with_name(f"{folder.name}-{i}") for i in range(2, 1000))]
+    for candidate in candidates:
+        made_by = report_title(candidate)
+        if made_by is None or made_by == title or _same_path(made_by, title):
+            return candidate
+    return folder  # (a thousand other models' reports: this one replaces the first, as --out would)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Two spellings of one file or folder (a relative and an absolute path)."""
+    try:
+        return Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def report_title(folder: Path) -> Optional[str]:
+    """The title (the weights) of the vitkit inspect report in ``folder``, or None where there is none."""
+    page = Path(folder) / "report.html"
+    try:
+        text = page.read_text(errors="replace") if page.is_file() else ""
+    except OSError:
+        return None
+    found = re.search(r"<title>(.*): " + re.escape(REPORT_MARK) + r"</title>", text)
+    return html.unescape(found.group(1)) if found else None
 
 
 @in_eval_mode
