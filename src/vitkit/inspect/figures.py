@@ -220,6 +220,8 @@ def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tenso
     histogram of the patch norms of every image with the fence and the first image's prefix tokens' (class,
     registers) norms marked. ``covered``: the pixels the patches read (:func:`covered_pixels`)."""
     plt = pyplot()
+    from matplotlib import ticker
+
     h, w = image.shape[:2]
     ch, cw = covered or (h, w)
     gh, gw = norms.shape
@@ -228,18 +230,23 @@ def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tenso
     drawn = axes[0].imshow(norms.numpy(), cmap="inferno", alpha=0.6, extent=(0, cw, ch, 0), interpolation="nearest")
     axes[0].set_xlim(0, w)
     axes[0].set_ylim(h, 0)
-    fig.colorbar(drawn, ax=axes[0], fraction=0.046, pad=0.02)  # (autoscaled: the scale is said)
+    fig.colorbar(drawn, ax=axes[0], fraction=0.046, pad=0.02).set_label("L2 norm", fontsize=8)  # (autoscaled)
     ys, xs = np.nonzero(outliers.numpy())
     axes[0].scatter((xs + 0.5) * cw / gw, (ys + 0.5) * ch / gh, marker="x", s=60, c="cyan", linewidths=2)
     axes[0].set_title(f"patch token norms, first image ({len(xs)} outlier{'s' if len(xs) != 1 else ''})",
                       fontsize=9)
     axes[0].axis("off")
-    axes[1].hist(all_norms.flatten().numpy(), bins=50, color="#555")
+    counts = axes[1].hist(all_norms.flatten().numpy(), bins=50, color="#555")[0]
     axes[1].axvline(fence, color="cyan", linestyle="--", label=f"outlier fence {fence:.3g}")
     for value, label in zip(prefix_norms, prefix_labels):
         axes[1].axvline(value, color="#d62728" if label.startswith("reg") else "#1f77b4", linewidth=1,
                         label=f"{label} (first image)")
-    axes[1].set_yscale("log")
+    if counts.max() >= 20:  # rare outliers beside many tokens: counts on a log scale, as plain numbers (minor
+        axes[1].set_yscale("log")  # ticks' "6 x 10^0" ran into the colorbar)
+        axes[1].yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axes[1].yaxis.set_minor_formatter(ticker.NullFormatter())
+    else:  # a few tokens: whole counts (a log scale labelled only its 1)
+        axes[1].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     axes[1].set_xlabel("L2 norm after the last block")
     axes[1].set_ylabel("patch tokens")
     handles, labels = axes[1].get_legend_handles_labels()
@@ -247,4 +254,5 @@ def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tenso
     axes[1].legend(seen.values(), seen.keys(), fontsize=7)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
     return _save(fig, path)
