@@ -342,6 +342,16 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
                 "--shots", "1", "5", "--seeds", "2", "--json", "--no-progress"]) == 0
     shots = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
     assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
+    unusable = sorted((tmp_path / "d" / "test").iterdir())[-1]  # a class none of whose test images reads: the
+    kept = {p: p.read_bytes() for p in unusable.iterdir()}  # probes scored the other classes, unsaid
+    for p in kept:
+        p.write_bytes(b"not an image")
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                "--shots", "1", "--seeds", "1", "--no-progress"]) == 0
+    assert (f"note: the test split holds no images of 1 of the classes the probes are fitted on ({unusable.name}): "
+            f"the score is of the others only") in capsys.readouterr().err
+    for p, data in kept.items():
+        p.write_bytes(data)
     (tmp_path / "d" / "train" / "coat").mkdir()
     (tmp_path / "d" / "train" / "coat" / "0.png").write_bytes(train_x[0]["bytes"])
     assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),

@@ -128,8 +128,8 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     score = fewshot_on_dataset(model, dataset, args.shots, args.seeds, args.pool, data_dir=data_dir,
                                hf_split=args.hf_split, image_key=args.image_key, label_key=args.label_key,
                                progress=not args.no_progress, hf_test_split=args.hf_test_split)
-    if score.skipped:
-        print(f"note: skipped {len(score.skipped)} unusable images (first: {score.skipped[0]})", file=sys.stderr)
+    if score.skipped:  # (the command line's "vitkit fewshot: note:" line, as every note)
+        warnings.warn(f"skipped {len(score.skipped)} unusable images (first: {score.skipped[0]})", stacklevel=1)
     if args.json:
         print(json.dumps({"weights": args.weights, "dataset": dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in score.results.values()]}))

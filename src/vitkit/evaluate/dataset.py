@@ -374,6 +374,7 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
         features, names = _file_features(model, splits, pool, progress, skipped), splits["train"].classes
     else:
         features, names = _memory_features(model, dataset, pool, data_dir, progress)
+    _note_classes_not_scored(features[1], features[3], names)
     try:
         results = fewshot_from_features(*features, list(shots), seeds, progress=progress, class_names=names)
     except TooFewImages as e:
@@ -382,6 +383,17 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
                              f"whole split (vitkit fewshot --pool 0)") from None
         raise
     return FewShotScore(results, dataset, skipped)
+
+
+def _note_classes_not_scored(train_y: torch.Tensor, test_y: torch.Tensor, names: Optional[Sequence[str]]) -> None:
+    """A note where the test split lacks classes the probes are fitted on (a folder's class without usable
+    images scored the rest in silence; eval says so)."""
+    missing = sorted(set(torch.as_tensor(train_y).tolist()) - set(torch.as_tensor(test_y).tolist()))
+    if missing and len(test_y):
+        said = [str(names[c]) if names is not None and c < len(names) else str(c) for c in missing]
+        warnings.warn(f"the test split holds no images of {len(missing)} of the classes the probes are fitted on "
+                      f"({', '.join(said[:5])}{' ...' if len(said) > 5 else ''}): the score is of the others only",
+                      stacklevel=3)
 
 
 def _memory_features(model, dataset: str, pool: int, data_dir: Optional[str], progress: bool):

@@ -127,7 +127,7 @@ CAPTIONS = {
                     "convolution-like attention, 0 is content attention.",
     "token_norms": "The norm of every token after the last block (\"Vision Transformers Need Registers\", Darcet et "
                    "al. 2024): large ViTs trained without registers grow a few patch tokens with norms far above "
-                   "the rest (crossed: above Q3 + 3 IQR of the {n}' patch norms), which hold global information "
+                   "the rest (crossed: above Q3 + 3 IQR of the patch norms of the {n}), which hold global information "
                    "and spoil attention maps; register tokens take that role. The map and the class and register "
                    "tokens' norms marked on the histogram are the first image's; the histogram is every image's.",
 }

@@ -119,7 +119,7 @@ def _download_problem(repo: str, revision: str, e: BaseException) -> str:
         return f"the Hugging Face Hub refused access to {repo!r} (HTTP {status or '401'}): {login}"
     if kind in ("offline", "network"):
         return (f"could not reach the Hugging Face Hub for {repo!r} and it is not in the cache (offline? {detail}); "
-                f"download the repository elsewhere and pass its local folder to from_pretrained()")
+                f"download the repository elsewhere and pass its local folder in place of hf-hub:NAME")
     if kind == "no-file":
         return f"{repo!r} lacks a file from_pretrained() needs ({detail})"
     http = f"HTTP {status}, " if status else ""

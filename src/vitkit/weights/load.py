@@ -218,7 +218,7 @@ def _read_folder(path: Path) -> Source:
     """A folder's weight file with the configs beside it (config.json, the image processor's, open_clip's)."""
     weights = folder_weights(path)
     if weights is None:
-        found = sorted(p.name for p in path.iterdir())[:10]
+        found = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:10]  # a folder named as a file
         raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
                            f"shard index: {', '.join(SHARD_INDEXES)})"
                            f" (found: {', '.join(found) or 'nothing'})")
