@@ -533,7 +533,7 @@ def test_a_forms_parts_are_read_at_their_delimiters_only():
     """The header limit split the form at the boundary's bytes anywhere (a payload holding them, then 8 KiB with
     no blank line, was a 400), and the bare-LF fix read the whole body (a field before the file whose value was
     the file's bytes and a CR gave the file that CR)."""
-    from vitkit.serve.app import image_of
+    from vitkit.serve.app import HttpError, image_of
 
     payload = photo(1) + b"--BOUND" + bytes(range(256)).replace(b"\n", b"") * 40
     body = (b'--BOUND\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + payload
@@ -542,6 +542,11 @@ def test_a_forms_parts_are_read_at_their_delimiters_only():
     body = (b'--B\nContent-Disposition: form-data; name="note"\n\nabc\r\n--B\nContent-Disposition: form-data; '
             b'name="file"; filename="f"\n\nabc\n--B--\n')
     assert image_of(body, "multipart/form-data; boundary=B")[0] == b"abc"
+    # a boundary no header byte spells (a raw \xff as the server reads headers; RFC 2231's encoded form) was a 500
+    for ctype in ("multipart/form-data; boundary=\xff", "multipart/form-data; boundary*=utf-8''%E2%98%83"):
+        with pytest.raises(HttpError) as refused:
+            image_of(body, ctype)
+        assert refused.value.status == 400 and "boundary is not ASCII" in str(refused.value), ctype
 
 
 def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):
@@ -557,6 +562,9 @@ def test_unknown_paths_and_methods_answer_in_the_one_error_shape_and_probes_take
     running = serving(max_wait_ms=0)
     missing = httpx.get(running.url + "/nothing")
     assert missing.status_code == 404 and missing.json() == {"error": "Not Found"}
+    for path in ("/predict/", "/predict%2f"):  # a 307 with an empty body, to the Host header's name (any host)
+        slash = httpx.post(running.url + path, content=photo(1), headers={"host": "evil.example.com"})
+        assert slash.status_code == 404 and slash.json() == {"error": "Not Found"}, path
     wrong = httpx.get(running.url + "/predict")
     assert wrong.status_code == 405 and wrong.json() == {"error": "Method Not Allowed"}
     assert "POST" in wrong.headers["allow"]

@@ -328,7 +328,8 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
         raise ValueError("; ".join(problems))
     endpoint = Endpoint(served, options, title)
     assets = docs_assets()
-    app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan,
+    app = fastapi.FastAPI(title=title, lifespan=endpoint.lifespan, redirect_slashes=False,  # (a 307 to the Host
+                          # header's name, body empty, for /predict/: a 404 in the one error shape instead)
                           description="vitkit serve: a ViT classifier behind HTTP, requests batched dynamically",
                           **({"docs_url": None, "redoc_url": None} if assets else {}))
     app.state.vitkit, app.state.metrics, app.state.endpoint = endpoint.state, endpoint.metrics, endpoint

@@ -30,7 +30,10 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
         return body, "upload"
     head = b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
     boundary = BytesParser(policy=HTTP).parsebytes(head).get_boundary()
-    delimiter = b"--" + boundary.encode("latin-1") if boundary else b""
+    try:  # (a raw \xff, or an RFC 2231 boundary*=utf-8''%E2%98%83, came back as text no header byte spells: a 500)
+        delimiter = b"--" + boundary.encode("latin-1") if boundary else b""
+    except UnicodeError:
+        raise FormError("the form's boundary is not ASCII text (RFC 2046: 1-70 characters of a safe set)") from None
     # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
     if delimiter and body.count(delimiter) > MAX_FORM_PARTS + 1:
         raise FormError(f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
