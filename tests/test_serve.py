@@ -549,6 +549,47 @@ def test_a_forms_parts_are_read_at_their_delimiters_only():
         assert refused.value.status == 400 and "boundary is not ASCII" in str(refused.value), ctype
 
 
+def test_large_images_are_decoded_within_a_pixel_budget(monkeypatch):
+    """A 40M-pixel RGBA PNG is 170 kB of upload and ~1.7 GB while decoded; eight at once took the server to 5.2 GB
+    (up to 32 decode threads). Images are decoded while their pixels fit the budget (the largest image taken):
+    two large ones wait for each other, a small one passes beside, and every answer is the same as alone."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vitkit.serve import model as served_module
+    from vitkit.serve.model import ServedModel
+
+    served = ServedModel(vitkit.create_model("vit_fmnist"), "torch", max_pixels=20_000)
+    real, inside, peak, lock = served_module.decode_image, [0], [0], threading.Lock()
+
+    def slow_decode(data, channels, name):
+        with Image.open(io.BytesIO(data)) as im:
+            pixels = im.size[0] * im.size[1]
+        with lock:
+            inside[0] += pixels
+            peak[0] = max(peak[0], inside[0])
+        time.sleep(0.2)
+        try:
+            return real(data, channels, name)
+        finally:
+            with lock:
+                inside[0] -= pixels
+
+    def png(w, h, seed):
+        out = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 4), dtype=np.uint8), "RGBA").save(out,
+                                                                                                            "PNG")
+        return out.getvalue()
+
+    uploads = [png(150, 100, i) for i in range(4)] + [png(40, 40, 9)]  # 15,000 pixels each, and 1,600
+    alone = [served.image(u) for u in uploads]
+    monkeypatch.setattr(served_module, "decode_image", slow_decode)
+    with ThreadPoolExecutor(5) as pool:
+        together = list(pool.map(served.image, uploads))
+    assert 15_000 + 1_600 <= peak[0] <= 20_000, peak  # one large at a time, the small one beside it
+    assert all(torch.equal(a, b) for a, b in zip(alone, together)) and served.decoding.used == 0
+
+
 def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):
     model = vitkit.from_pretrained(weights)
     with torch.no_grad():
