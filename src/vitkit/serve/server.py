@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import json
 import logging
 import os
@@ -41,7 +42,22 @@ def key_given(api_key: Optional[str]) -> Optional[str]:
 
 
 def check_bind(host: str, api_key: Optional[str]) -> None:
-    if host not in LOCAL_HOSTS and not api_key:
+    """A host this machine can listen on, and an API key where other machines can reach it (a name counts as
+    what it resolves to). A host that resolves to nothing, or carries a port or brackets, was refused as
+    "reachable from other machines: give an API key", and with a key bound to nothing."""
+    if host.startswith("[") and host.endswith("]"):
+        raise ValueError(f"--host {host}: give the address without brackets ({host[1:-1]})")
+    if host.count(":") == 1:  # (IPv6 addresses hold two or more)
+        raise ValueError(f"--host {host}: give the port with --port, not in --host")
+    if host in LOCAL_HOSTS:
+        return
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise ValueError(f"--host {host} is no address of this machine's ({reason}): give an address such as "
+                         f"127.0.0.1 or 0.0.0.0") from None
+    if not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found) and not api_key:
         raise ValueError(f"--host {host} is reachable from other machines: give an API key (--api-key KEY or "
                          f"{KEY_VARIABLE}=KEY), or serve on 127.0.0.1 behind your own proxy")
 
