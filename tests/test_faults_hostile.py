@@ -6,6 +6,8 @@ printed, the words of the message and what is left on disk. Full disks are real 
 mounted where the test may; skipped with the reason where not) and signals go to real processes.
 """
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -610,6 +612,11 @@ def test_a_full_stdout_is_said_as_stdouts_not_as_the_disk_the_work_was_on(small_
             done = subprocess.run([sys.executable, "-m", "vitkit", "models"], stdout=out, stderr=subprocess.PIPE,
                                   text=True, env=ENV)
         assert "no space left on the device stdout writes to" in one_line(done), where
+    from vitkit.cli.entry import _stdout_full
+
+    with open(small_disk / "out.txt", "a") as full, contextlib.redirect_stdout(full):
+        assert not _stdout_full(DiskFull("run/x.pt"))  # the disk under the verb's own file full: its line,
+        assert _stdout_full(OSError(errno.ENOSPC, "No space left on device"))  # not stdout's
 
 
 def test_a_full_disk_under_torch_s_zip_writer_keeps_the_previous_checkpoint(small_disk):

@@ -124,7 +124,10 @@ def _stdout_full(error: BaseException) -> bool:
     """Whether ``error`` is a full disk that stdout met (`vitkit fewshot --json > /dev/full`, said as the disk's,
     where every file the verb wrote was whole): stdout, flushed again, meets it too. If so stdout becomes
     /dev/null, so that Python's own flush at exit does not say it a second time."""
-    if not (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) and error.filename is None):
+    from ..files import DiskFull
+
+    if isinstance(error, DiskFull) or not (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+                                           and error.filename is None):  # (DiskFull names the file the verb wrote)
         return False
     try:  # (a failed write leaves nothing buffered to fail again: stdout's device is asked instead)
         fd = sys.stdout.fileno()

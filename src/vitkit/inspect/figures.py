@@ -241,11 +241,12 @@ def token_norm_map(image: np.ndarray, norms: torch.Tensor, outliers: torch.Tenso
     for value, label in zip(prefix_norms, prefix_labels):
         axes[1].axvline(value, color="#d62728" if label.startswith("reg") else "#1f77b4", linewidth=1,
                         label=f"{label} (first image)")
-    if counts.max() >= 20:  # rare outliers beside many tokens: counts on a log scale, as plain numbers (minor
-        axes[1].set_yscale("log")  # ticks' "6 x 10^0" ran into the colorbar)
+    if counts.max() >= 100 * max(counts[counts > 0].min(), 1):  # rare outliers beside many tokens: a log scale
+        axes[1].set_yscale("log")  # spanning two decades or more, its counts as plain numbers ("6 x 10^0" ran
+        # into the colorbar; within one decade a log axis has no major tick to label)
         axes[1].yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         axes[1].yaxis.set_minor_formatter(ticker.NullFormatter())
-    else:  # a few tokens: whole counts (a log scale labelled only its 1)
+    else:  # counts of one or two decades: whole numbers
         axes[1].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     axes[1].set_xlabel("L2 norm after the last block")
     axes[1].set_ylabel("patch tokens")

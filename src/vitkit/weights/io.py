@@ -289,7 +289,8 @@ def unwrap_state_dict(obj: object, where: str = "checkpoint") -> Dict[str, objec
                               CheckpointNote, stacklevel=3)
             obj = obj[held[0]]
     if not isinstance(obj, Mapping) or not _is_state_dict(obj):
-        held = f"top-level keys: {_preview(obj)}" if isinstance(obj, Mapping) else f"it holds a {type(obj).__name__}"
+        held = f"top-level keys: {_preview(obj)}" if isinstance(obj, Mapping) else \
+            f"it holds an object of type {type(obj).__name__}"
         raise WeightsError(f"{where}: no state dict of tensors found ({held})")
     sd = {k: v for k, v in obj.items() if isinstance(v, ARRAYS)}  # an in-memory dict may hold numpy arrays
     # saved from DistributedDataParallel, a compiled model, or both (in either order)
