@@ -4,7 +4,6 @@ run folder's name is never blocked or rewritten by a run that is over."""
 
 import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -68,11 +67,13 @@ def test_inspect_names_the_folder_by_the_model_and_keeps_two_models_apart(run, t
     file goes beside the run, a generic file name takes its folder's, and a taken name another free one."""
     monkeypatch.chdir(tmp_path)
     checkpoint = sorted((run / "checkpoints").glob("*.pt"))[-1]
-    for weights, folder in ((run / "model" / "model.safetensors", run / "inspect"),
+    for weights, folder in ((run, run / "inspect"), (run / "model", run / "inspect"),  # one model, three spellings
+                            (run / "model" / "model.safetensors", run / "inspect"),
                             (checkpoint, run / f"inspect-{checkpoint.stem}")):
-        shutil.rmtree(folder, ignore_errors=True)
         assert main(["inspect", "--weights", str(weights), "--no-progress"]) == 0
-        assert (folder / "report.html").is_file(), folder
+        assert (folder / "report.html").is_file() and "other weights" not in capsys.readouterr().err, weights
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("inspect")) == [
+        "inspect", f"inspect-{checkpoint.stem}"]
     model = vitkit.from_pretrained(run)
     for i, where in enumerate(("a/net", "b/net")):
         model.save_pretrained(tmp_path / where)

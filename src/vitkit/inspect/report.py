@@ -261,11 +261,22 @@ def free_folder(folder: Path, title: str) -> Path:
 
 
 def _same_path(a: str, b: str) -> bool:
-    """Two spellings of one file or folder (a relative and an absolute path)."""
+    """Two spellings of one model: a relative and an absolute path, a run's folder, its model/ folder and the
+    weight file in it (each was "other weights" to the other: a second report beside the run's)."""
     try:
-        return Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+        return Path(a).exists() and _model_of(Path(a)) == _model_of(Path(b))
     except OSError:
         return False
+
+
+def _model_of(path: Path) -> Path:
+    """The folder (or file) ``path`` loads its model from, resolved."""
+    from ..weights.pretrained import run_model_folder
+
+    path = run_model_folder(path) or path
+    if path.is_file() and path.stem in GENERIC_STEMS:  # the one weight file of its folder
+        path = path.parent
+    return path.resolve()
 
 
 def report_title(folder: Path) -> Optional[str]:
