@@ -269,6 +269,31 @@ def test_no_progress_silences_the_datasets_packages_bars_too(trained, hf_data, t
     assert "Generating" not in stderr("--no-progress", cache="quiet")
 
 
+def test_a_verbs_quiet_bars_end_with_it_and_the_users_variable_decides(monkeypatch):
+    """The switch is the verb's, not the process's: on again after it (set by a variable read at import, the bars
+    of a library first imported during a quiet verb stayed off for good); a variable the user set is theirs."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from vitkit.progress import library_bars
+
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    enable_progress_bars()
+    with library_bars(shown=False):
+        assert are_progress_bars_disabled()
+    assert not are_progress_bars_disabled()
+    with library_bars(shown=True):
+        assert not are_progress_bars_disabled()
+    monkeypatch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "0")  # the user's: they want the bars
+    with library_bars(shown=False):
+        assert not are_progress_bars_disabled()
+    disable_progress_bars()  # off before the verb: still off after it
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS")
+    with library_bars(shown=False):
+        pass
+    assert are_progress_bars_disabled()
+    enable_progress_bars()
+
+
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):
     """`vitkit eval --dataset folder --data-dir D` (what a folder-trained run is evaluated on) said
     "folder is a file dataset: it is read through a DataLoader, not into memory", and `--dataset

@@ -255,8 +255,8 @@ def test_decoding_and_rollouts_wait_under_the_same_deadline_and_queue_limit(serv
     # after they arrive, the waiting ones could end 6 s after the first arrived, past their 4 s however the
     # clients' arrivals spread (up to 0.7 s seen)
     decode = served.image
-    served.image = lambda data, label: time.sleep(3) or decode(data, label)
-    served.rollout_png = lambda data, label: time.sleep(3) or b"\x89PNG"
+    served.image = lambda data, label, deadline=None: time.sleep(3) or decode(data, label)
+    served.rollout_png = lambda data, label, deadline=None: time.sleep(3) or b"\x89PNG"
     extra = 5
     with ThreadPoolExecutor(2 * workers + extra) as pool:
         answers = list(pool.map(lambda i: post(running.url, photo(i), route), range(2 * workers + extra)))
@@ -595,6 +595,10 @@ def test_large_images_are_decoded_within_a_pixel_budget(monkeypatch):
         together = list(pool.map(served.image, uploads))
     assert 15_000 + 1_600 <= peak[0] <= 20_000, peak  # one large at a time, the small one beside it
     assert all(torch.equal(a, b) for a, b in zip(alone, together)) and served.decoding.used == 0
+    with served.decoding.hold(20_000):  # a wait past the request's deadline gives up (its answer was a 504)
+        with pytest.raises(TimeoutError):
+            served.image(uploads[-1], "late", deadline=time.monotonic() + 0.05)
+    assert served.decoding.used == 0 and not served.decoding._waiting
 
 
 def test_a_model_that_overflows_is_a_json_500_not_a_broken_answer(serving, weights):

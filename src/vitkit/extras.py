@@ -47,6 +47,9 @@ def require(module: str, extra: str, purpose: str) -> Any:
         with interrupts_deferred():  # native extensions load here: a signal inside one aborts the process
             for i in range(1, len(parts) + 1):
                 found = importlib.import_module(".".join(parts[:i]))
+        from .progress import quiet_libraries
+
+        quiet_libraries()  # (a verb's --no-progress for the bars of datasets and the Hub too)
         return found
     except Exception as e:  # a broken install raises anything (protobuf's TypeError, torch ops' RuntimeError)
         # missing: the module, a parent, or the package a wrapper imports (torch.utils.tensorboard's tensorboard)

@@ -21,12 +21,13 @@ ETA, a quiet start) and tqdm is no dependency of vitkit. Only the process that r
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, Dict, Iterable, Iterator, Optional, TextIO, TypeVar
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -211,3 +212,41 @@ def copy_with_progress(src: BinaryIO, dst: BinaryIO, label: str, total_bytes: Op
 
 
 __all__ = ["Progress", "track", "waiting_bar", "copy_with_progress", "reporting_process", "DELAY_S"]
+
+
+# ------------------------------------------------------------------ other libraries' bars
+
+#: the libraries that draw bars of their own: (their switches' module, the variable a user sets)
+LIBRARY_SWITCHES = {"datasets": ("datasets.utils", "HF_DATASETS_DISABLE_PROGRESS_BARS"),
+                    "huggingface_hub": ("huggingface_hub.utils", "HF_HUB_DISABLE_PROGRESS_BARS")}
+_LIBRARY_BARS = {"shown": True}
+_SWITCHED_OFF: List[Any] = []
+
+
+@contextlib.contextmanager
+def library_bars(shown: bool) -> Iterator[None]:
+    """A verb's ``--no-progress`` for the bars Hugging Face's libraries draw as well (datasets' "Generating train
+    split" and "Downloading data" on a local folder filled stderr under it): switched off in a library already
+    imported, and by :func:`quiet_libraries` in one imported during the verb; on again after it."""
+    before = _LIBRARY_BARS["shown"]
+    _LIBRARY_BARS["shown"] = shown
+    try:
+        quiet_libraries()
+        yield
+    finally:
+        _LIBRARY_BARS["shown"] = before
+        while _SWITCHED_OFF:
+            _SWITCHED_OFF.pop().enable_progress_bars()
+
+
+def quiet_libraries() -> None:
+    """The bars of the libraries imported so far off while a verb runs without progress (``extras.require`` calls
+    it after each import), except where the user's variable decides (each library reads its own)."""
+    if _LIBRARY_BARS["shown"]:
+        return
+    for name, (module, variable) in LIBRARY_SWITCHES.items():
+        if name in sys.modules and os.environ.get(variable) is None:
+            switches = importlib.import_module(module)
+            if not switches.are_progress_bars_disabled():
+                switches.disable_progress_bars()
+                _SWITCHED_OFF.append(switches)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from ..errors import AnsweredError, describe_error, is_user_error
 from ..machine import first_process_alive, first_process_on_machine, under_torchrun
+from ..progress import library_bars
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
 from .parser import build_parser
 
@@ -97,7 +98,9 @@ def _error(verb: str, e: Exception, debug: bool, as_json: bool = False) -> int:
     if _said_by_first_process(e):
         _leave_it_to_the_first_process()
         return 2
-    said = describe_error(e)
+    said = describe_error(e) if not _stdout_full(e) else ("no space left on the device stdout writes to: the "
+                                                          "command's printed output is incomplete (send stdout to a "
+                                                          "disk with space)")
     print(f"vitkit {verb}: error: {said}", file=sys.stderr)
     if as_json and not isinstance(e, AnsweredError):
         try:
@@ -193,35 +196,6 @@ def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
     return code
 
 
-#: the variables that switch off the progress bars of Hugging Face's libraries (read when they are imported)
-LIBRARY_BAR_VARIABLES = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
-
-
-@contextlib.contextmanager
-def _library_bars(shown: bool):
-    """``--no-progress`` silences the bars Hugging Face's libraries draw as well (datasets' "Generating train
-    split" and "Downloading data" on a local folder, the Hub's downloads): they filled stderr under it. A
-    variable the user set is theirs; a library imported before the verb takes its own switch."""
-    if shown or any(os.environ.get(k) is not None for k in LIBRARY_BAR_VARIABLES):
-        yield
-        return
-    switches = []
-    for module, path in (("datasets", "datasets.utils"), ("huggingface_hub", "huggingface_hub.utils")):
-        if module in sys.modules:
-            utils = sys.modules.get(path) or __import__(path, fromlist=["disable_progress_bars"])
-            if not utils.are_progress_bars_disabled():
-                utils.disable_progress_bars()
-                switches.append(utils)
-    os.environ.update(dict.fromkeys(LIBRARY_BAR_VARIABLES, "1"))
-    try:
-        yield
-    finally:
-        for name in LIBRARY_BAR_VARIABLES:
-            os.environ.pop(name, None)
-        for utils in switches:
-            utils.enable_progress_bars()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
@@ -252,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _check_thread_variable()
         _check_one_process(args.verb)
-        with _library_bars(not getattr(args, "no_progress", False)):
+        with library_bars(not getattr(args, "no_progress", False)):
             code = int(args.func(args) or 0)
         # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed
         # here, a reader that went away is caught below, not reported by Python at exit (status 120)
@@ -267,9 +241,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _error(args.verb, e, debug)
         return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
-        if _stdout_full(e):
-            e = ValueError("no space left on the device stdout writes to: the command's printed output is "
-                           "incomplete (send stdout to a disk with space)")
         return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
     finally:
         # the handlers first: a SIGTERM landing here (torchrun ending a rank that has said its error) raised in

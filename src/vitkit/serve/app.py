@@ -129,7 +129,7 @@ class Endpoint:
         with batcher.arriving():
             body, ctype = await self._body(request)
             deadline = time.monotonic() + self.options.timeout_s
-            x, name = await self._in_worker(self._decoded, body, ctype, deadline=deadline)
+            x, name = await self._in_worker(self._decoded, body, ctype, deadline, deadline=deadline)
         try:
             result = await asyncio.wait_for(batcher.submit(x), max(deadline - time.monotonic(), 0.001))
         except QueueFull:
@@ -151,13 +151,13 @@ class Endpoint:
                                 lambda: self.state["draining"])
         return body, request.headers.get("content-type", "")
 
-    def _decoded(self, body: bytes, ctype: str) -> Tuple[Any, str]:
+    def _decoded(self, body: bytes, ctype: str, deadline: float) -> Tuple[Any, str]:
         """(the model's input, the image's name) of a request's body (a worker thread's job)."""
         data, name = image_of(body, ctype)
-        return self.served.image(data, name), name
+        return self.served.image(data, name, deadline), name
 
-    def _rollout_png(self, body: bytes, ctype: str) -> bytes:
-        return self.served.rollout_png(*image_of(body, ctype))
+    def _rollout_png(self, body: bytes, ctype: str, deadline: float) -> bytes:
+        return self.served.rollout_png(*image_of(body, ctype), deadline)
 
     async def _in_worker(self, fn, *args: Any, deadline: float):
         """``fn(*args)`` (a form read and its image decoded, a rollout) in a worker thread, as many at once as
@@ -224,7 +224,7 @@ class Endpoint:
         _only_query(request)
         body, ctype = await self._body(request)
         deadline = time.monotonic() + self.options.timeout_s
-        png = await self._in_worker(self._rollout_png, body, ctype, deadline=deadline)
+        png = await self._in_worker(self._rollout_png, body, ctype, deadline, deadline=deadline)
         return Response(png, media_type="image/png")
 
     async def healthz(self):

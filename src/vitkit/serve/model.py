@@ -11,10 +11,12 @@ import io
 import re
 import tempfile
 import threading
+import time
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -55,19 +57,32 @@ _LIBC: Any = None
 
 
 class PixelBudget:
-    """The pixels decoded at once, at most ``limit``: an image waits while larger ones hold the budget. A
-    40M-pixel RGBA PNG is 170 kB of upload and about 1.7 GB while it is decoded and flattened onto white; eight
-    at once took 5.2 GB, and the decode threads number up to 32. Small images pass beside one large one."""
+    """The pixels decoded at once, at most ``limit``, handed out in arrival order: an image waits while the
+    images before it hold the budget. A 40M-pixel RGBA PNG is 170 kB of upload and about 1.7 GB while it is
+    decoded and flattened onto white; eight at once took 5.2 GB, and the decode threads number up to 32.
+    A small image passes beside a large one that holds the budget; one that waits past its request's
+    ``deadline`` gives up (its request has had its 504), so no worker thread waits for nobody."""
 
     def __init__(self, limit: int):
         self.limit, self.used = limit, 0
         self._free = threading.Condition()
+        self._waiting: Deque[object] = deque()
 
-    def hold(self, pixels: int) -> "_Held":
-        """A context holding ``pixels`` of the budget (waiting for them first)."""
-        pixels = min(max(int(pixels), 0), self.limit)
+    def hold(self, pixels: int, deadline: Optional[float] = None) -> "_Held":
+        """A context holding ``pixels`` of the budget (waiting for them first, until ``deadline``, a
+        ``time.monotonic()``; past it :class:`TimeoutError`)."""
+        pixels, turn = min(max(int(pixels), 0), self.limit), object()
         with self._free:
-            self._free.wait_for(lambda: self.used + pixels <= self.limit)
+            self._waiting.append(turn)
+            try:
+                while not (self._waiting[0] is turn and self.used + pixels <= self.limit):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError("the image waited past its request's deadline for the pixels to decode it")
+                    self._free.wait(left)
+            finally:
+                self._waiting.remove(turn)
+                self._free.notify_all()  # (the next in line may fit now)
             self.used += pixels
         return _Held(self, pixels)
 
@@ -155,25 +170,30 @@ class ServedModel:
     def _encoder(self) -> nn.Module:
         return getattr(self.model, "model", self.model)  # a CPU's batch-parallel wrapper holds the model
 
-    def image(self, data: bytes, name: str = "upload") -> torch.Tensor:
-        """Image bytes -> the model's (C, H, W) input; BadImageError for anything that is not a usable image."""
+    def image(self, data: bytes, name: str = "upload", deadline: Optional[float] = None) -> torch.Tensor:
+        """Image bytes -> the model's (C, H, W) input; BadImageError for anything that is not a usable image
+        (``deadline``: how long it may wait for the pixel budget, :class:`PixelBudget`)."""
         if not data:
             raise BadImageError(name, "the request has no image bytes")
         pixels = self._check_size(data, name)
-        with self.decoding.hold(pixels), warnings.catch_warnings():
+        with self.decoding.hold(pixels, deadline):
+            try:
+                return self._decoded(data, name)
+            finally:  # (a large image that failed to decode had taken its memory too)
+                if pixels >= TRIM_PIXELS:
+                    _trim()
+
+    def _decoded(self, data: bytes, name: str) -> torch.Tensor:
+        with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             try:
                 im = decode_image(data, self.channels, name)
             except Image.DecompressionBombWarning as e:
                 raise BadImageError(name, self._too_many(e)) from None
-            try:
-                return self.transform(im)
-            except ImageShapeError as e:  # a long thin image: its resize would take gigabytes
-                raise BadImageError(name, str(e)) from None
-            finally:
-                if pixels >= TRIM_PIXELS:
-                    del im
-                    _trim()
+        try:
+            return self.transform(im)
+        except ImageShapeError as e:  # a long thin image: its resize would take gigabytes
+            raise BadImageError(name, str(e)) from None
 
     def _check_size(self, data: bytes, name: str) -> int:
         """The pixel count from the header, before any pixel is decoded (a decompression bomb); 0 where the header
@@ -242,12 +262,12 @@ class ServedModel:
 
         return maps_not_distributions(self._encoder())
 
-    def rollout_png(self, data: bytes, name: str = "upload") -> bytes:
+    def rollout_png(self, data: bytes, name: str = "upload", deadline: Optional[float] = None) -> bytes:
         """The paper's attention rollout over the image, as a PNG (the PyTorch runtime only)."""
         from ..inspect.analysis import attention_rollout
         from ..inspect.figures import covered_pixels, rollout_overlay
 
-        x = self.image(data, name)
+        x = self.image(data, name, deadline)
         pixels = _display(x, self.transform)
         with torch.inference_mode():
             rollout = attention_rollout(self._encoder(), x[None].to(self.device))[0].cpu()
