@@ -549,6 +549,18 @@ def test_a_forms_parts_are_read_at_their_delimiters_only():
     body = (b'--B\r\nContent-Disposition: form-data; name="file"\r\nContent-Transfer-Encoding: base64\r\n\r\n'
             + base64.encodebytes(photo(1)) + b"\r\n--B--\r\n")  # an old client's encoding: decoded, as before
     assert image_of(body, "multipart/form-data; boundary=B")[0] == photo(1)
+    # the delimiter line as RFC 2046 has it (the delimiter at a line's start, then "--" or blanks only): a payload
+    # line starting with the boundary's bytes stays payload, a preamble mentioning them decides no line ending
+    tricky = b"DA\n--BTA\n--B--TA\r\n" + b"x--B" * 70  # (70 times: the old count of the bytes refused it)
+    for form in (b"--B\r\n", b"a preamble --B\r\n--B\r\n"):
+        body = form + b'Content-Disposition: form-data; name="file"\r\n\r\n' + tricky + b"\r\n--B--\r\n"
+        assert image_of(body, "multipart/form-data; boundary=B")[0] == tricky, form
+    body = b'--B\r\nContent-Disposition: form-data; name="file"\n\r\nDATA\r\n--B--\r\n'  # mixed line ends
+    assert image_of(body, "multipart/form-data; boundary=B")[0] == b"DATA"
+    body = b'--B\r\nContent-Disposition: form-data; name="file"\r\nContent-Transfer-Encoding: x-uuencode\r\n\r\n' \
+        b"begin 644 a\r\n--B--\r\n"
+    with pytest.raises(HttpError, match="transfer encoding x-uuencode is not read"):
+        image_of(body, "multipart/form-data; boundary=B")
     # a boundary no header byte spells (a raw \xff as the server reads headers; RFC 2231's encoded form) was a 500
     for ctype in ("multipart/form-data; boundary=\xff", "multipart/form-data; boundary*=utf-8''%E2%98%83"):
         with pytest.raises(HttpError) as refused:

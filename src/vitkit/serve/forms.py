@@ -7,10 +7,11 @@ from __future__ import annotations
 import base64
 import binascii
 import quopri
+import re
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 
 class FormError(ValueError):
@@ -40,14 +41,9 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
         delimiter = b"--" + boundary.encode("latin-1") if boundary else b""
     except UnicodeError:
         raise FormError("the form's boundary is not ASCII text (RFC 2046: 1-70 characters of a safe set)") from None
-    # (the client's boundary, which its parts never hold: an uncompressed image may hold any other bytes)
-    if delimiter and body.count(delimiter) > MAX_FORM_PARTS + 1:
-        raise FormError(f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
-    sent = _parts_as_sent(body, delimiter) if delimiter else []
-    closed = bool(delimiter) and (b"\n" + body).find(b"\n" + delimiter + b"--") >= 0
+    sent, crlf, closed = _parts_as_sent(body, delimiter) if delimiter else ([], False, False)
     if not sent or not closed:  # (a form cut short before its closing boundary was answered from what had come)
         raise FormError("the multipart body could not be read (no boundary, or a torn form)")
-    crlf = body[body.find(delimiter) + len(delimiter):].lstrip(b" \t").startswith(b"\r\n")
     parts = [_part(raw, crlf) for raw in sent]
     if any(headers.is_multipart() or headers.get_content_maintype() == "multipart" for headers, _ in parts):
         raise FormError("the form nests another form: send one image as the field 'file'")
@@ -64,22 +60,19 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
 
 
 def _part(raw: bytes, crlf: bool) -> Tuple[Message, bytes]:
-    """(headers, payload) of a part as sent (:func:`_parts_as_sent`): the rest of its delimiter line dropped, its
-    headers (at most :data:`MAX_PART_HEADER_BYTES`) parsed, its payload as sent up to the line break before the
-    next delimiter (CRLF in a form whose lines end so, else the LF alone: a file ending in a CR keeps it)."""
-    line = raw.find(b"\n")
-    rest = raw[line + 1:] if line >= 0 else b""
-    ends = [(at, size) for at, size in ((rest.find(b"\r\n\r\n"), 4), (rest.find(b"\n\n"), 2)) if at >= 0]
-    if rest.startswith((b"\r\n", b"\n")):  # no headers at all
-        ends.append((0, 2 if rest.startswith(b"\r\n") else 1))
-    at, size = min(ends) if ends else (len(rest), 0)
+    """(headers, payload) of a part as sent (:func:`_parts_as_sent`): its headers (at most
+    :data:`MAX_PART_HEADER_BYTES`, up to the first empty line, whatever its line ends) parsed, its payload as sent
+    up to the line break before the next delimiter (CRLF in a form whose lines end so, else the LF alone: a file
+    ending in a CR keeps it)."""
+    blank = _BLANK_LINE.search(raw)
+    at, after = (blank.start(), blank.end()) if blank else (len(raw), len(raw))
     if at > MAX_PART_HEADER_BYTES:
         raise FormError(f"a part of the form has more than {MAX_PART_HEADER_BYTES // 1024} KiB of headers")
     try:
-        headers = BytesParser(policy=HTTP).parsebytes(rest[:at] + b"\r\n\r\n", headersonly=True)
+        headers = BytesParser(policy=HTTP).parsebytes(raw[:at].rstrip(b"\r") + b"\r\n\r\n", headersonly=True)
     except (RecursionError, UnicodeError):
         raise FormError("the multipart body could not be read") from None
-    payload = rest[at + size:]
+    payload = raw[after:]
     return headers, payload[:-1] if crlf and payload.endswith(b"\r") else payload
 
 
@@ -87,6 +80,8 @@ def _decoded(headers: Message, payload: bytes) -> bytes:
     """A payload in the transfer encoding its part names (RFC 7578 forbids any but binary; old clients sent
     base64 or quoted-printable)."""
     encoding = str(headers.get("content-transfer-encoding", "")).strip().lower()
+    if "uu" in encoding:  # x-uuencode: the standard library decodes it with a module gone in Python 3.13
+        raise FormError(f"the file's transfer encoding {encoding} is not read: send the file's bytes as they are")
     try:
         if encoding == "base64":
             return base64.b64decode(payload)
@@ -97,16 +92,37 @@ def _decoded(headers: Message, payload: bytes) -> bytes:
     return payload
 
 
-def _parts_as_sent(body: bytes, delimiter: bytes) -> List[bytes]:
-    """The form's parts as sent, in order, each from after its delimiter line's ``--boundary`` to before the next
-    one's line feed (delimiters only at the start of a line: a payload may hold the boundary's bytes elsewhere);
-    the closing delimiter and the epilogue left out."""
-    out = []
-    for piece in (b"\n" + body).split(b"\n" + delimiter)[1:]:
-        if piece.startswith(b"--"):  # the closing delimiter: what follows is the epilogue
+def _parts_as_sent(body: bytes, delimiter: bytes) -> Tuple[List[bytes], bool, bool]:
+    """(the form's parts as sent, each from after its delimiter line to before the line feed of the next one;
+    whether its lines end in CRLF, by its first delimiter line; whether it closes). A delimiter line is the
+    delimiter at the start of a line, ``--`` after it for the close, then spaces or tabs only (RFC 2046): a payload
+    line that merely starts with the boundary's bytes stays payload, and the preamble and epilogue are left out.
+    More than :data:`MAX_FORM_PARTS` parts are refused before any is read."""
+    lines = re.compile(rb"(?:^|\n)" + re.escape(delimiter) + rb"(--)?[ \t]*(\r?\n|\Z)")
+    found = []
+    for line in filter(None, (lines.match(body, at) for at in _candidates(body, delimiter))):
+        found.append(line)
+        if line.group(1):  # the close: what follows is the epilogue
             break
-        out.append(piece)
-    return out
+        if len(found) > MAX_FORM_PARTS:
+            raise FormError(f"the form has more than {MAX_FORM_PARTS} parts: send one image (the field 'file')")
+    parts = [body[a.end():b.start()] for a, b in zip(found, found[1:])]
+    return parts, bool(found) and found[0].group(2) == b"\r\n", bool(found) and found[-1].group(1) is not None
+
+
+def _candidates(body: bytes, delimiter: bytes) -> Iterator[int]:
+    """Where a delimiter line may start: the body's start, and each line feed followed by the delimiter (found by
+    bytes.find: a regular expression tried at every line feed of 19 MB of them took 0.4 s)."""
+    if body.startswith(delimiter):
+        yield 0
+    at = body.find(b"\n" + delimiter)
+    while at >= 0:
+        yield at
+        at = body.find(b"\n" + delimiter, at + 1)
+
+
+#: the empty line that ends a part's headers (CRLF or LF, mixed as clients mix them), or opens a part without any
+_BLANK_LINE = re.compile(rb"(?:^|\n)\r?\n")
 
 
 def _safe_name(name: str) -> str:
