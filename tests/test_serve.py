@@ -968,9 +968,9 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
 @pytest.mark.parametrize("args, words", [
     (["--host", "0.0.0.0"], "reachable from other machines: give an API key"),
     # (were all "reachable from other machines: give an API key", and with a key "cannot listen")
-    (["--host", "999.1.1.1"], "--host 999.1.1.1 is no address of this machine's"),
+    (["--host", "999.1.1.1"], "--host 999.1.1.1 cannot be resolved to an address"),
     (["--host", "127.0.0.1:80"], "--host 127.0.0.1:80: give the port with --port"),
-    (["--host", "[::1]"], "--host [::1]: give the address without brackets (::1)"),
+    (["--host", "[::1]:8000"], "--host [::1]:8000: give the address without brackets (::1), and a port with"),
     (["--max-batch", "0"], "--max-batch must be >= 1"),
     (["--max-batch", "100000"], "--max-batch must be at most 1,024 (the server runs its largest batch once"),
     (["--max-wait-ms", "-1"], "--max-wait-ms must be between 0 and 10000"),

@@ -45,8 +45,11 @@ def check_bind(host: str, api_key: Optional[str]) -> None:
     """A host this machine can listen on, and an API key where other machines can reach it (a name counts as
     what it resolves to). A host that resolves to nothing, or carries a port or brackets, was refused as
     "reachable from other machines: give an API key", and with a key bound to nothing."""
-    if host.startswith("[") and host.endswith("]"):
-        raise ValueError(f"--host {host}: give the address without brackets ({host[1:-1]})")
+    if not host.strip():
+        raise ValueError("--host is empty: give an address such as 127.0.0.1, or 0.0.0.0 for every interface")
+    if host.startswith("["):
+        inner = host[1:].split("]")[0]
+        raise ValueError(f"--host {host}: give the address without brackets ({inner}), and a port with --port")
     if host.count(":") == 1:  # (IPv6 addresses hold two or more)
         raise ValueError(f"--host {host}: give the port with --port, not in --host")
     if host in LOCAL_HOSTS:
@@ -55,7 +58,7 @@ def check_bind(host: str, api_key: Optional[str]) -> None:
         found = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
     except (socket.gaierror, UnicodeError) as e:
         reason = getattr(e, "strerror", None) or str(e)
-        raise ValueError(f"--host {host} is no address of this machine's ({reason}): give an address such as "
+        raise ValueError(f"--host {host} cannot be resolved to an address ({reason}): give an address such as "
                          f"127.0.0.1 or 0.0.0.0") from None
     if not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found) and not api_key:
         raise ValueError(f"--host {host} is reachable from other machines: give an API key (--api-key KEY or "
