@@ -237,8 +237,11 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
     # shots drawn from the split that is scored: fitted on the test images (it scored higher, in silence)
     assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-split", "test",
                 "--shots", "1", "--no-progress"]) == 2
-    assert "--hf-split test: fewshot scores the test split (--hf-test-split), so the shots must come from another " \
-        "one" in capsys.readouterr().err
+    assert "--hf-split test: fewshot draws its shots from the test split (--hf-split) and scores the test split " \
+        "(--hf-test-split): they must be two splits" in capsys.readouterr().err
+    assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-test-split", "train",
+                "--shots", "1", "--no-progress"]) == 2  # (the line blamed --hf-split, not given)
+    assert "--hf-test-split train: fewshot draws its shots from the train split" in capsys.readouterr().err
     # the split scored, named (the error for a dataset without a test split said to name it with a flag fewshot
     # did not have): the default's scores again, and another split's name is refused by the splits there are
     assert cli(["fewshot", "--weights", str(run), "--dataset", f"hf:{hf_data[1]}", "--hf-test-split", "test",
@@ -369,14 +372,16 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
     assert [r["shots"] for r in shots] == [1, 5] and shots[1]["mean"] > 0.5
     unusable = sorted((tmp_path / "d" / "test").iterdir())[-1]  # a class none of whose test images reads: the
     kept = {p: p.read_bytes() for p in unusable.iterdir()}  # probes scored the other classes, unsaid
-    for p in kept:
-        p.write_bytes(b"not an image")
-    assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
-                "--shots", "1", "--seeds", "1", "--no-progress"]) == 0
-    assert (f"note: the test split holds no images of 1 of the classes the probes are fitted on ({unusable.name}): "
-            f"the score is of the others only") in capsys.readouterr().err
-    for p, data in kept.items():
-        p.write_bytes(data)
+    try:
+        for p in kept:
+            p.write_bytes(b"not an image")
+        assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                    "--shots", "1", "--seeds", "1", "--no-progress"]) == 0
+        assert (f"note: the test split holds no images of 1 of the classes the probes are fitted on "
+                f"({unusable.name}): the score is of the others only") in capsys.readouterr().err
+    finally:
+        for p, data in kept.items():
+            p.write_bytes(data)
     (tmp_path / "d" / "train" / "coat").mkdir()
     (tmp_path / "d" / "train" / "coat" / "0.png").write_bytes(train_x[0]["bytes"])
     assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),

@@ -86,6 +86,7 @@ def test_one_class_and_features_that_are_not_finite_are_refused_not_scored():
         check_fewshot_options([1, 10 ** 6], 1, 1000)
     check_fewshot_options([25], 1, 150)  # 2 x (25 + 50): may fit
     check_fewshot_options([10 ** 6], 1, 0)  # the whole split: its size decides
+    check_fewshot_options([1.5], 1, 10)  # not whole: fewshot_from_features says so in its words, not this check
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

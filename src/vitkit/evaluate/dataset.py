@@ -92,7 +92,8 @@ def check_fewshot_options(shots: Sequence[int], seeds: int, pool: int) -> None:
                          f"{seeds} and {pool}")
     if seeds > MAX_SEEDS:  # each seed is a fit per shot count: 10^11 of them ran until killed
         raise ValueError(f"--seeds {seeds}: at most {MAX_SEEDS} (the paper averages 5 draws, big_vision 3)")
-    need = 2 * (max(shots) + HOLDOUT_PER_CLASS)  # two classes at least: said before the features are computed
+    whole = all(isinstance(k, int) and not isinstance(k, bool) for k in shots)  # (else fewshot_from_features says)
+    need = 2 * (max(shots) + HOLDOUT_PER_CLASS) if whole else 0  # two classes at least: said before the features
     if pool and need > pool:
         raise ValueError(f"--shots {max(shots)}: the probe draws {max(shots)} + {HOLDOUT_PER_CLASS} held-out images "
                          f"of each of at least 2 classes, {need:,} or more, from a pool of {pool:,}: a larger "
@@ -365,9 +366,10 @@ def fewshot_on_dataset(model, dataset: Optional[str] = None, shots: Sequence[int
     if datasets.is_hf(dataset):
         splits = _hf_splits(model, dataset, {"train": hf_split, "test": hf_test_split}, image_key, label_key)
         if splits["train"].split_name == splits["test"].split_name:  # fitted on the images it is scored on
-            raise ValueError(f"--hf-split {splits['train'].split_name}: fewshot scores the "
-                             f"{splits['test'].split_name} split (--hf-test-split), so the shots must come from "
-                             f"another one")
+            said = "--hf-test-split" if hf_test_split is not None and hf_split is None else "--hf-split"
+            raise ValueError(f"{said} {splits['train'].split_name}: fewshot draws its shots from the "
+                             f"{splits['train'].split_name} split (--hf-split) and scores the "
+                             f"{splits['test'].split_name} split (--hf-test-split): they must be two splits")
     elif dataset == "folder":
         splits = _folder_splits(model, data_dir, ("train", "test"), progress)
     if datasets.is_hf(dataset) or dataset == "folder":
