@@ -632,7 +632,7 @@ def test_unknown_paths_and_methods_answer_in_the_one_error_shape_and_probes_take
     wrong = httpx.get(running.url + "/predict")
     assert wrong.status_code == 405 and wrong.json() == {"error": "Method Not Allowed"}
     assert "POST" in wrong.headers["allow"]
-    for probe in ("/healthz", "/readyz"):
+    for probe in ("/healthz", "/readyz", "/info", "/metrics", "/", "/example.png"):  # (the last four were 405s)
         head = httpx.head(running.url + probe)
         assert head.status_code == 200 and head.content == b"", probe
 

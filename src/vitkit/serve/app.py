@@ -341,14 +341,13 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
     for path, handler in (("/predict", endpoint.predict), ("/embed", endpoint.embed),
                           ("/rollout", endpoint.rollout)):
         app.add_api_route(path, handler, methods=["POST"], openapi_extra=UPLOAD)
-    for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz)):
+    for path, handler in (("/healthz", endpoint.healthz), ("/readyz", endpoint.readyz),
+                          ("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
         app.add_api_route(path, handler, methods=["GET"])
-        app.add_api_route(path, handler, methods=["HEAD"], include_in_schema=False)  # probes that ask with HEAD
-        # (one route of both methods: one operation id twice in the schema, a warning each time it is built)
-    for path, handler in (("/metrics", endpoint.metrics_text), ("/info", endpoint.info)):
-        app.add_api_route(path, handler, methods=["GET"])
-    app.add_api_route("/", endpoint.page, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/example.png", endpoint.example, methods=["GET"], include_in_schema=False)
+        app.add_api_route(path, handler, methods=["HEAD"], include_in_schema=False)  # probes and checkers ask
+        # with HEAD (one route of both methods: one operation id twice in the schema, a warning at each build)
+    for path, handler in (("/", endpoint.page), ("/example.png", endpoint.example)):
+        app.add_api_route(path, handler, methods=["GET", "HEAD"], include_in_schema=False)
     if assets:
         _add_offline_docs(app, title, assets)
     if options.api_key:
