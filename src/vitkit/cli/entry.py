@@ -125,8 +125,9 @@ def _release_interrupted_work(stop: BaseException) -> None:
 
 def _stdout_full(error: BaseException) -> bool:
     """Whether ``error`` is a full disk that stdout met (`vitkit fewshot --json > /dev/full`, said as the disk's,
-    where every file the verb wrote was whole): stdout, flushed again, meets it too. If so stdout becomes
-    /dev/null, so that Python's own flush at exit does not say it a second time."""
+    where every file the verb wrote was whole): an error naming no file, with stdout on /dev/full or a file on a
+    disk with under 1 MiB left. If so stdout becomes /dev/null, so that Python's own flush at exit does not say
+    it a second time."""
     from ..files import DiskFull
 
     if isinstance(error, DiskFull) or not (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
