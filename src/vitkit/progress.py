@@ -211,9 +211,6 @@ def copy_with_progress(src: BinaryIO, dst: BinaryIO, label: str, total_bytes: Op
     return done
 
 
-__all__ = ["Progress", "track", "waiting_bar", "copy_with_progress", "reporting_process", "DELAY_S"]
-
-
 # ------------------------------------------------------------------ other libraries' bars
 
 #: the libraries that draw bars of their own: (their switches' module, the variable a user sets)
@@ -250,3 +247,7 @@ def quiet_libraries() -> None:
             if not switches.are_progress_bars_disabled():
                 switches.disable_progress_bars()
                 _SWITCHED_OFF.append(switches)
+
+
+__all__ = ["Progress", "track", "waiting_bar", "copy_with_progress", "reporting_process", "DELAY_S",
+           "library_bars", "quiet_libraries"]

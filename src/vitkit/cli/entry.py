@@ -144,7 +144,7 @@ def _stdout_full(error: BaseException) -> bool:
     except (AttributeError, ValueError, OSError):  # stdout is no file (a test's capture)
         return False
     if full:
-        sys.stdout = open(os.devnull, "w")
+        _to_devnull(fd)
     return full
 
 
@@ -159,10 +159,15 @@ def _stdout_closed() -> bool:
     except (AttributeError, ValueError, OSError):  # no poll (Windows), or stdout is no file
         return False
     if closed:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, fd)
-        os.close(null)
+        _to_devnull(fd)
     return closed
+
+
+def _to_devnull(fd: int) -> None:
+    """``fd`` (stdout's) written to /dev/null from now on."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
 
 
 #: verbs that write no file of their own: a stop says no "partial files were removed" (an export a server or

@@ -218,9 +218,14 @@ def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progres
     return (torch.cat(probs) if probs else None), torch.cat(rollouts), distance / len(x)
 
 
-#: weight files whose name says nothing of the model (the folder holding one names it)
-GENERIC_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model", "checkpoint", "weights",
-                 "flax_model", "tf_model")
+#: file stems that say nothing of the model, beside the weight files a folder is read by (the folder names it)
+GENERIC_STEMS = ("model", "checkpoint", "weights")
+
+
+def _generic(path: Path) -> bool:
+    from ..weights.load import WEIGHT_FILES
+
+    return path.name in WEIGHT_FILES or path.stem in GENERIC_STEMS
 
 
 def default_folder(weights: Union[str, Path]) -> Path:
@@ -239,7 +244,7 @@ def default_folder(weights: Union[str, Path]) -> Path:
     if path.suffix and run_model_folder(run) is not None:  # runs/NAME/model/model.safetensors, a checkpoint
         return run / "inspect" if path.parent.name == "model" else run / f"inspect-{_safe_name(path.stem)}"
     stem = path.stem if path.suffix else path.name
-    if path.suffix and stem in GENERIC_STEMS and path.parent.name not in ("", ".", ".."):
+    if path.suffix and _generic(path) and path.parent.name not in ("", ".", ".."):
         stem = path.parent.name
     return Path("runs") / f"inspect-{_safe_name(stem)}"
 
@@ -252,8 +257,7 @@ def free_folder(folder: Path, title: str) -> Path:
     """``folder``, or where its name is taken by another model's report (a report's title names its weights),
     the first of ``folder-2``, ``folder-3``, ... that is free or holds this model's: a default folder was
     replaced, without a word, by the next model whose file had the same name."""
-    candidates = [folder, *(folder.with_name(f"{folder.name}-{i}") for i in range(2, 1000))]
-    for candidate in candidates:
+    for candidate in (folder, *(folder.with_name(f"{folder.name}-{i}") for i in range(2, 1000))):
         made_by = report_title(candidate)
         if made_by is None or made_by == title or _same_path(made_by, title):
             return candidate
@@ -271,23 +275,28 @@ def _same_path(a: str, b: str) -> bool:
 
 def _model_of(path: Path) -> Path:
     """The folder (or file) ``path`` loads its model from, resolved."""
+    from ..weights.load import folder_weights
     from ..weights.pretrained import run_model_folder
 
     path = run_model_folder(path) or path
-    if path.is_file() and path.stem in GENERIC_STEMS:  # the one weight file of its folder
+    if path.is_file() and folder_weights(path.parent) == path:  # the weight file its folder is read by
         path = path.parent
     return path.resolve()
 
 
 def report_title(folder: Path) -> Optional[str]:
     """The title (the weights) of the vitkit inspect report in ``folder``, or None where there is none."""
+    found = re.search(r"<title>(.*): " + re.escape(REPORT_MARK) + r"</title>", _report_text(folder))
+    return html.unescape(found.group(1)) if found else None
+
+
+def _report_text(folder: Path) -> str:
+    """``folder``'s report.html as text ("" where there is none, or it cannot be read)."""
     page = Path(folder) / "report.html"
     try:
-        text = page.read_text(errors="replace") if page.is_file() else ""
+        return page.read_text(errors="replace") if page.is_file() else ""
     except OSError:
-        return None
-    found = re.search(r"<title>(.*): " + re.escape(REPORT_MARK) + r"</title>", text)
-    return html.unescape(found.group(1)) if found else None
+        return ""
 
 
 @in_eval_mode
@@ -403,10 +412,7 @@ def report_files(folder: Path) -> List[Path]:
     report.html and the figures it shows (their names are its images' ``alt``), never a file of the user's that
     only looks like one (``rollout_7.png`` beside no report was deleted, the image being inspected included)."""
     page = Path(folder) / "report.html"
-    try:
-        text = page.read_text(errors="replace") if page.is_file() else ""
-    except OSError:
-        text = ""
+    text = _report_text(folder)
     if REPORT_MARK not in text:
         return []
     known = {*CAPTIONS, *(stem for stem, _ in EXTRA_ANALYSES.values())}

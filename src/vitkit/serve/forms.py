@@ -45,7 +45,7 @@ def read_upload(body: bytes, ctype: str) -> Tuple[bytes, str]:
     if not sent or not closed:  # (a form cut short before its closing boundary was answered from what had come)
         raise FormError("the multipart body could not be read (no boundary, or a torn form)")
     parts = [_part(raw, crlf) for raw in sent]
-    if any(headers.is_multipart() or headers.get_content_maintype() == "multipart" for headers, _ in parts):
+    if any(headers.get_content_maintype() == "multipart" for headers, _ in parts):
         raise FormError("the form nests another form: send one image as the field 'file'")
     if any(headers.get_param("name", header="content-disposition") == "top_k" for headers, _ in parts):
         raise FormError("top_k is read from the query, not the form: POST to /predict?top_k=3")  # (was dropped)

@@ -6,7 +6,9 @@ the model sees whole batches. Image bytes only: no request can name a file on th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import io
 import re
 import tempfile
@@ -16,7 +18,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Deque, List, Optional, Sequence
+from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -42,18 +44,17 @@ TRIM_PIXELS = 4_000_000
 def _trim() -> None:
     """glibc's malloc_trim: the arenas of the decode threads kept what a large image had used (four 40M-pixel
     decodes, one after the other on four threads, held 2.9 GB after them; trimmed, 0.5 GB). Elsewhere nothing."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 (musl and other C libraries have none)
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_LIBC: Any = None
+@functools.lru_cache(maxsize=None)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl and other C libraries have none)
+        return None
 
 
 class PixelBudget:
@@ -68,8 +69,9 @@ class PixelBudget:
         self._free = threading.Condition()
         self._waiting: Deque[object] = deque()
 
-    def hold(self, pixels: int, deadline: Optional[float] = None) -> "_Held":
-        """A context holding ``pixels`` of the budget (waiting for them first, until ``deadline``, a
+    @contextlib.contextmanager
+    def hold(self, pixels: int, deadline: Optional[float] = None) -> Iterator[None]:
+        """``pixels`` of the budget while the block runs (waited for first, until ``deadline``, a
         ``time.monotonic()``; past it :class:`TimeoutError`)."""
         pixels, turn = min(max(int(pixels), 0), self.limit), object()
         with self._free:
@@ -84,24 +86,12 @@ class PixelBudget:
                 self._waiting.remove(turn)
                 self._free.notify_all()  # (the next in line may fit now)
             self.used += pixels
-        return _Held(self, pixels)
-
-    def _release(self, pixels: int) -> None:
-        with self._free:
-            self.used -= pixels
-            self._free.notify_all()
-
-
-@dataclass
-class _Held:
-    budget: PixelBudget
-    pixels: int
-
-    def __enter__(self) -> "_Held":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.budget._release(self.pixels)
+        try:
+            yield
+        finally:
+            with self._free:
+                self.used -= pixels
+                self._free.notify_all()
 
 
 #: the most input shapes a server gives OpenVINO: past it, batches are padded up to common sizes
