@@ -3,6 +3,7 @@ the input and output layers stay on AdamW, and a run with it learns and resumes 
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -129,6 +130,24 @@ def test_muon_takes_momentum_betas_and_its_scale_and_nothing_else_does():
         resolve_config("fmnist", optimizer="muon", muon_lr_scale=0.0)
     with pytest.raises(ValueError, match=r"optimizer must be adamw, adam, sgd or muon, not .muons."):
         resolve_config("fmnist", optimizer="muons")
+
+
+def test_another_optimizer_leaves_the_recipes_muon_settings_behind_and_says_so():
+    """--optimizer sgd over the default run's Muon recipe: its momentum 0.95 reached SGD in silence."""
+    from vitkit.train.config_types import ConfigNote
+
+    with pytest.warns(ConfigNote, match=r"--optimizer sgd replaces recipe fmnist's muon: its momentum 0.95 goes back "
+                                        r"to 0.9; its learning rate 0.002 is muon's, not sgd's: choose one with --lr"):
+        sgd = resolve_config("fmnist", optimizer="sgd")
+    assert (sgd.optimizer, sgd.momentum, sgd.muon_lr_scale) == ("sgd", 0.9, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what the person chose stays, and nothing is left to say
+        assert resolve_config("fmnist", optimizer="sgd", momentum=0.95, lr=0.1).momentum == 0.95
+        assert resolve_config("fmnist", optimizer="muon").momentum == 0.95  # the recipe's own optimizer
+        adamw = resolve_config("fmnist", optimizer="adamw")  # Adam reads neither field: reset without a word
+    assert (adamw.momentum, adamw.muon_lr_scale) == (0.9, 1.0)
+    with pytest.warns(ConfigNote, match=r"recipe paper-finetune's sgd: its learning rate 0.01 is sgd's, not adamw's"):
+        resolve_config("paper-finetune", optimizer="adamw")
 
 
 @real

@@ -39,7 +39,7 @@ from .config_types import (
     check_value,
     kinds_of,
 )
-from .recipes import PRETRAIN_RECIPES, RECIPES, recipe_in_effect, resolve_width  # noqa: F401 (resolve_width: re-exported, where it was)
+from .recipes import PRETRAIN_RECIPES, RECIPES, for_other_optimizer, recipe_in_effect, resolve_width  # noqa: F401
 
 #: The default model of `vitkit train`: the conv-stem hybrid ViT for 28x28 grey images,
 #: which reaches about 92% on Fashion-MNIST within the 5-minute CPU budget (README: Training).
@@ -440,8 +440,7 @@ def check_field(name: str, value: Any, coerce: bool = False) -> Tuple[Any, Optio
 def type_problems(values: Mapping[str, Any]) -> List[str]:
     """The fields of ``values`` whose type is wrong (no coercion: the API takes what it is given)."""
     kinds = field_kinds()
-    return [p for name, value in values.items() if name in kinds
-            for p in (check_field(name, value)[1],) if p]
+    return [p for name, value in values.items() if name in kinds for p in (check_field(name, value)[1],) if p]
 
 
 def coerce_fields(values: Mapping[str, Any], where: str) -> Tuple[Dict[str, Any], List[str]]:
@@ -502,6 +501,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
     changing = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}  # what a file changes (min_lr)
     unread = {**file_choices(from_file, below, RECIPES[recipe]), **given}  # of it, what is off the field's default
+    optimizer_note = for_other_optimizer(recipe, values, chosen, below, TrainConfig.optimizer)
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":
@@ -512,8 +512,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
                 values[name] = off
     if values.get("crop_pad") and "crop_pad" not in chosen and \
             not in_memory_images(values.get("dataset", TrainConfig.dataset)):
-        values["crop_pad"] = 0  # the recipe's padding of in-memory images: saved, never applied, and then refused
-        # as a choice by the run's own resume
+        values["crop_pad"] = 0  # the recipe's padding of in-memory images: else saved, unread, refused on resume
     refuse_ignored(values, unread, typed=given)
     refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
@@ -524,6 +523,8 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     with _naming(file, {k for k in from_file if k not in given}, recipe, recipe_only):
         cfg = _checked(values)
         refuse_unused(cfg, unread, changing)
+    if optimizer_note:  # once the run is accepted (no note before a refusal's line)
+        warnings.warn(ConfigNote(optimizer_note), stacklevel=2)
     if not tiny.enabled():  # what a person set: the rest may be fitted to the data (vitkit.train.fit)
         cfg.chosen = frozenset(chosen)
     return cfg

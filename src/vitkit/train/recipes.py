@@ -149,6 +149,28 @@ DEFAULT_RECIPES = {"fp32": "fmnist-fp32", "bf16": "fmnist", "fp16": "fmnist"}
 FINETUNE_RECIPES = {"fmnist": "fmnist-adamw", "fmnist-fp32": "fmnist-fp32-adamw"}
 
 
+#: the fields a recipe sets for its optimizer alone: they go with it when a run names another optimizer
+_OPTIMIZER_FIELDS = {"muon": ("momentum", "muon_lr_scale"), "sgd": ("momentum",)}
+
+
+def for_other_optimizer(recipe: str, values: Dict[str, Any], chosen: Mapping[str, Any], defaults: Mapping[str, Any],
+                        default_optimizer: str) -> str:
+    """``--optimizer sgd`` over a Muon recipe: the recipe's momentum and lr scale were Muon's (0.95 reached SGD in
+    silence), so they return to the fields' defaults. The note returned names those the new optimizer reads, and
+    says the lr was chosen for the recipe's optimizer where the two step on different scales (SGD and the rest)."""
+    mine, theirs = values.get("optimizer"), RECIPES[recipe].get("optimizer", default_optimizer)
+    if "optimizer" not in chosen or mine == theirs:
+        return ""
+    reset = [k for k in _OPTIMIZER_FIELDS.get(theirs, ()) if k in RECIPES[recipe] and k not in chosen]
+    said = [f"its {k} {_show(values[k])} goes back to {_show(defaults[k])}" for k in reset  # (what mine reads)
+            if k in _OPTIMIZER_FIELDS.get(mine, ()) and values[k] != defaults[k]]
+    values.update({k: defaults[k] for k in reset})
+    if "lr" not in chosen and "sgd" in (mine, theirs):
+        said.append(f"its learning rate {_show(values.get('lr', defaults['lr']))} is {theirs}'s, not {mine}'s: "
+                    f"choose one with --lr")
+    return f"--optimizer {mine} replaces recipe {recipe}'s {theirs}: {'; '.join(said)}" if said else ""
+
+
 def default_recipe(precision: str = "auto", device: Any = None) -> Tuple[str, str]:
     """(recipe, why) for a run that names no recipe, from the precision it will train in."""
     from .precision import trains_in  # imports torch: parsing flags does not
@@ -196,5 +218,5 @@ def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -
     return recipe
 
 
-__all__ = ["DEFAULT_RECIPES", "FINETUNE_RECIPES", "PRETRAIN_RECIPES", "RECIPES", "default_recipe", "recipe_in_effect",
-           "resolve_width"]
+__all__ = ["DEFAULT_RECIPES", "FINETUNE_RECIPES", "PRETRAIN_RECIPES", "RECIPES", "default_recipe",
+           "for_other_optimizer", "recipe_in_effect", "resolve_width"]
