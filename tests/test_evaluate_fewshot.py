@@ -1,6 +1,7 @@
 """Few-shot ridge evaluation: near 100% on separable features, near chance on random labels."""
 
 import json
+import statistics
 import warnings
 
 import pytest
@@ -37,6 +38,10 @@ def test_random_labels_are_near_chance():
     te_y = torch.randint(0, 10, (len(te_x),), generator=g)
     res = fewshot_from_features(tr_x, tr_y, te_x, te_y, shots=[10], seeds=3, holdout_per_class=20)
     assert abs(res[10].mean - 0.1) < 0.04
+    # the spread over seeds is the sample's (n - 1), as the studies' are: it was numpy's default, the population's
+    assert len(set(res[10].per_seed)) > 1 and res[10].std == pytest.approx(statistics.stdev(res[10].per_seed))
+    one = fewshot_from_features(tr_x, tr_y, te_x, te_y, shots=[10], seeds=1, holdout_per_class=20)
+    assert one[10].std == 0.0 and one[10].per_seed == res[10].per_seed[:1]
 
 
 def test_ridge_closed_form_matches_least_squares_limit_and_dual_form():

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -388,11 +389,57 @@ def test_a_body_refused_or_late_closes_its_connection(serving):
     assert post(running.url, photo(1)[:900]).status_code in (200, 400)  # the server answers on
 
 
-def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(serving):
+def test_a_client_that_sends_its_whole_body_first_reads_the_413_not_a_reset(serving, monkeypatch):
+    """Python's http.client sends the whole body before it reads: closing on the 413 with 30 MB unread reset the
+    connection, and the client saw "connection reset by peer" where the answer said why. The server now reads and
+    throws away what follows its answer, for a few seconds at most: a client that never stops is closed after it."""
+    import http.client
+
+    from vitkit.serve import protocol
+
+    monkeypatch.setattr(protocol, "LINGER_S", 1.0)
+    running = serving(max_wait_ms=0, max_body_bytes=1_000_000)
+    host, port = running.url.removeprefix("http://").split(":")
+    for size in (2_000_000, 30_000_000):
+        client = http.client.HTTPConnection(host, int(port), timeout=30)
+        client.request("POST", "/predict", body=b"x" * size, headers={"content-type": "image/png"})
+        answer = client.getresponse()
+        assert answer.status == 413 and answer.getheader("connection") == "close", size
+        assert json.loads(answer.read())["error"] == f"the body is {size:,} bytes; this server takes at most 1,000,000"
+        client.close()
+    with socket.create_connection((host, int(port))) as endless:  # sends for ever: closed one LINGER_S after
+        endless.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+        endless.settimeout(10)
+        started, cut = time.monotonic(), False
+        with contextlib.suppress(OSError):
+            while time.monotonic() - started < 8:
+                endless.sendall(b"x" * 65536)
+        cut = time.monotonic() - started < 8
+    assert cut, "the server read a never-ending body past its linger"
+    assert post(running.url, photo(1)).status_code == 200  # the server answers on
+
+
+@pytest.fixture
+def uvicorn_log():
+    """``listen()``: the records uvicorn's error logger passes on from then (after the server starts: its logging
+    config replaces the logger's handlers, and pytest's caplog never sees them)."""
+    records, handler, logger = [], logging.Handler(), logging.getLogger("uvicorn.error")
+    handler.emit = records.append
+
+    def listen():
+        logger.addHandler(handler)
+        return records
+
+    yield listen
+    logger.removeHandler(handler)
+
+
+def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(serving, uvicorn_log):
     """A bad Content-Length or a request line that is none was uvicorn's plain-text "Invalid HTTP request
-    received.": JSON now, as every other answer, and the connection closed."""
+    received.": JSON now, as every other answer, and the connection closed. uvicorn logged that line for each."""
     running = serving(max_wait_ms=0)
     host, port = running.url.removeprefix("http://").split(":")
+    logged = uvicorn_log()
     for request in (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
                     b"NOT A REQUEST LINE\r\n\r\n"):
         with socket.create_connection((host, int(port))) as client:
@@ -409,6 +456,10 @@ def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(servin
     assert httpx.get(running.url + "/healthz").json() == {"status": "ok"}
     counted = httpx.get(running.url + "/metrics").text  # counted as every answer is (uvicorn's were not)
     assert 'vitkit_requests_total{code="400",endpoint="other"} 2' in counted, counted
+    # uvicorn logged a line for each (a scanner's garbage filled the log): the first is said, with where the rest go
+    said = [r.getMessage() for r in logged if r.getMessage().startswith("Invalid HTTP request")]
+    assert said == ["Invalid HTTP request received: answered 400; the next ones are counted in /metrics "
+                    "(vitkit_requests_total, endpoint other, code 400), not logged"], said
 
 
 def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):
@@ -656,9 +707,18 @@ def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
     assert post(running.url, photo(1), headers={"X-API-Key": "wrong"}).status_code == 401
     assert post(running.url, photo(1), headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert post(running.url, photo(1), headers={"X-API-Key": "s3cret"}).status_code == 200
+    both = {"X-API-Key": "s3cret", "Authorization": "Bearer s3cret"}
+    assert post(running.url, photo(1), headers=both).status_code == 200
+    for wrong in ({"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}):  # (it said "missing or wrong")
+        mixed = post(running.url, photo(1), headers={**both, **wrong})
+        assert mixed.status_code == 401 and mixed.json()["error"] == "X-API-Key and Authorization: Bearer carry " \
+            "different keys: send the API key in one of them", wrong
     assert httpx.get(running.url + "/metrics").status_code == 401
     for open_path in ("/healthz", "/readyz", "/"):
         assert httpx.get(running.url + open_path).status_code == 200
+    icon = httpx.get(running.url + "/favicon.ico")  # a browser asks for it on every page: it was a 404
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/png"
+    assert Image.open(io.BytesIO(icon.content)).size == (32, 32) and httpx.head(running.url + "/favicon.ico").is_success
     # the API's description opens without the key (a browser cannot send one to /docs: 401), and it declares the
     # key, so the docs' Authorize button sends it with every call
     schema = httpx.get(running.url + "/openapi.json").json()
@@ -842,7 +902,8 @@ def test_what_lives_as_long_as_the_server_is_frozen_out_of_the_collector(weights
         def run(self, sockets):
             seen["frozen"] = gc.get_freeze_count()
 
-    def fake_make_server(served, options, host, port, title, sock):
+    def fake_make_server(served, options, host, port, title, sock, host_checked=False):
+        seen["host_checked"] = host_checked  # serve checked --host before the weights: not looked up twice
         return Recorder(), sock, f"http://{host}:{sock.getsockname()[1]}"
 
     monkeypatch.setattr(server_module, "make_server", fake_make_server)
@@ -851,7 +912,7 @@ def test_what_lives_as_long_as_the_server_is_frozen_out_of_the_collector(weights
         server_module.serve(str(weights), port=0, say=lambda line: None)
     finally:
         gc.unfreeze()  # the test process goes on collecting as before
-    assert seen["frozen"] > 10_000  # torch's and the app's objects, not a handful
+    assert seen["frozen"] > 10_000 and seen["host_checked"]  # torch's and the app's objects, not a handful
 
 
 class BatchSizes(torch.nn.Module):
@@ -956,7 +1017,7 @@ def test_serve_warms_every_batch_size_before_it_listens(weights, monkeypatch):
     order = []
     monkeypatch.setattr(ServedModel, "warm", lambda self, progress=True: order.append(("warm", self.max_batch)))
 
-    def fake_make_server(served, options, host, port, title, sock):
+    def fake_make_server(served, options, host, port, title, sock, host_checked=False):
         order.append(("server", options.max_batch))
         return type("Recorder", (), {"run": lambda self, sockets: None})(), sock, "http://127.0.0.1:1"
 

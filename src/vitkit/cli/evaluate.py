@@ -133,10 +133,11 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         print(json.dumps({"weights": args.weights, "dataset": dataset, "seeds": args.seeds,
                           "results": [r.to_dict() for r in score.results.values()]}))
         return 0
-    print(f"few-shot linear evaluation ({dataset}, {args.seeds} seed{'s' * (args.seeds != 1)}, ridge to "
+    spread = ": mean +- sample std" if args.seeds > 1 else ""
+    print(f"few-shot linear evaluation ({dataset}, {args.seeds} seed{'s' * (args.seeds != 1)}{spread}, ridge to "
           f"{{-1, 1}} targets)")
     for r in score.results.values():
-        print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}% +- {100 * r.std:.2f}")
+        print(f"  {r.shots:>3}-shot  {100 * r.mean:6.2f}%" + (f" +- {100 * r.std:.2f}" if args.seeds > 1 else ""))
     return 0
 
 

@@ -78,6 +78,8 @@ def ridge_accuracy(w, b, x: torch.Tensor, labels: torch.Tensor) -> float:
 
 @dataclass
 class FewShotResult:
+    """One shot count's accuracy over the seeds' draws of the shots: their mean, and their sample standard deviation
+    (n - 1, as the studies' spreads; 0 for one seed, which has no spread)."""
     shots: int
     mean: float
     std: float
@@ -164,5 +166,6 @@ def fewshot_from_features(train_x: torch.Tensor, train_y: torch.Tensor, test_x: 
                 accs.append(ridge_accuracy(*fits[best], test_x, test_y))
                 chosen.append(best)
                 bar.advance()
-            results[k] = FewShotResult(k, float(np.mean(accs)), float(np.std(accs)), accs, chosen)
+            spread = float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0
+            results[k] = FewShotResult(k, float(np.mean(accs)), spread, accs, chosen)
     return results

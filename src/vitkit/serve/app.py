@@ -22,7 +22,7 @@ from .batcher import Batcher, QueueFull, Stopped
 from .forms import FormError, read_upload
 from .metrics import Metrics
 from .model import ServedModel
-from .page import example_png, page_html
+from .page import example_png, favicon_png, page_html
 
 try:  # the request type the routes are annotated with (FastAPI reads annotations); the serve extra
     from starlette.requests import Request
@@ -265,6 +265,11 @@ class Endpoint:
         png = await asyncio.get_running_loop().run_in_executor(None, example_png, self.served)
         return Response(png, media_type="image/png")
 
+    async def favicon(self):
+        from fastapi.responses import Response
+
+        return Response(favicon_png(), media_type="image/png", headers={"Cache-Control": "max-age=86400"})
+
 
 #: the answer to a request in flight when a second Ctrl-C stops the server at once, and when a drain's time ran out
 STOPPED_AT_ONCE = HttpError(503, "the server was stopped at once (a second Ctrl-C) before this request was "
@@ -296,9 +301,9 @@ class Guard:
 
         key = endpoint.options.api_key
         refused = None
-        if key and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX) and not _key_ok(Headers(scope=scope),
-                                                                                               key):
-            refused = HttpError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
+        if key and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX) and \
+                (wrong := _key_problem(Headers(scope=scope), key)):
+            refused = HttpError(401, wrong)
         elif endpoint.state["draining"] and path not in ("/healthz", "/readyz", "/metrics"):
             refused = HttpError(503, "the server is shutting down", retry_after=5)
         try:
@@ -346,7 +351,7 @@ def create_app(served: ServedModel, options: Optional[ServeOptions] = None, titl
         app.add_api_route(path, handler, methods=["GET"])
         app.add_api_route(path, handler, methods=["HEAD"], include_in_schema=False)  # probes and checkers ask
         # with HEAD (one route of both methods: one operation id twice in the schema, a warning at each build)
-    for path, handler in (("/", endpoint.page), ("/example.png", endpoint.example)):
+    for path, handler in (("/", endpoint.page), ("/example.png", endpoint.example), ("/favicon.ico", endpoint.favicon)):
         app.add_api_route(path, handler, methods=["GET", "HEAD"], include_in_schema=False)
     if assets:
         _add_offline_docs(app, title, assets)
@@ -419,15 +424,21 @@ def _add_offline_docs(app: Any, title: str, folder: Path) -> None:
 
 #: the paths counted by name in the metrics (others: "other", so a scan cannot grow them)
 ROUTES = ("/predict", "/embed", "/rollout", "/healthz", "/readyz", "/metrics", "/info", "/", "/example.png",
-          "/openapi.json", "/docs", "/redoc")
+          "/favicon.ico", "/openapi.json", "/docs", "/redoc")
 
 
-def _key_ok(headers, key: str) -> bool:
-    given = headers.get("x-api-key") or ""
+def _key_problem(headers, key: str) -> str:
+    """Why a request's key is refused ('' where it is the server's). Two keys that differ are refused as such,
+    whichever is right: one of them was a mistake, and "wrong API key" beside a right Bearer token said neither."""
+    given = [headers.get("x-api-key") or ""]
     auth = headers.get("authorization") or ""
-    if auth.lower().startswith("bearer "):
-        given = given or auth[7:].strip()
-    return hmac.compare_digest(given.encode(), key.encode())
+    given += [auth[7:].strip()] if auth.lower().startswith("bearer ") else []
+    given = [g for g in given if g]
+    if len(given) == 2 and not hmac.compare_digest(given[0].encode(), given[1].encode()):
+        return "X-API-Key and Authorization: Bearer carry different keys: send the API key in one of them"
+    if not given or not hmac.compare_digest(given[0].encode(), key.encode()):
+        return "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)"
+    return ""
 
 
 def error_response(response_class, e: HttpError):

@@ -7,7 +7,6 @@ a model endpoint open to a network without one is a mistake far more often than 
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import ipaddress
 import json
@@ -23,6 +22,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from ..extras import require
 from .app import KEY_RULE, ServeOptions, create_app, header_safe
 from .model import ServedModel, load_served
+from .protocol import connection_protocol
 
 #: hosts that only this machine can reach
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -156,11 +156,14 @@ def loading_response(method: str, path: str) -> bytes:
 
 
 def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000,
-                title: str = "vitkit", sock: Optional[socket.socket] = None) -> Tuple[object, socket.socket, str]:
+                title: str = "vitkit", sock: Optional[socket.socket] = None, *,
+                host_checked: bool = False) -> Tuple[object, socket.socket, str]:
     """(uvicorn server, its bound socket, its URL) for ``served``; ``server.run(sockets=[sock])`` runs
-    it (in the main thread, SIGINT and SIGTERM drain it). ``sock``: one already bound (``open_socket``)."""
+    it (in the main thread, SIGINT and SIGTERM drain it). ``sock``: one already bound (``open_socket``).
+    ``host_checked``: the caller ran :func:`check_bind` on this host and key (a name is not looked up twice)."""
     uvicorn = require("uvicorn", "serve", "vitkit serve")
-    check_bind(host, options.api_key)
+    if not host_checked:
+        check_bind(host, options.api_key)
     app = create_app(served, options, title)
     sock = sock or open_socket(host, port)
 
@@ -174,86 +177,10 @@ def make_server(served: ServedModel, options: ServeOptions, host: str = "127.0.0
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=int(options.timeout_s) + 1, timeout_keep_alive=5,
-                            http=_headers_in_time(options.timeout_s, app.state.metrics))
+                            http=connection_protocol(options.timeout_s, app.state.metrics))
     name = sock.getsockname()
     shown = f"[{name[0]}]" if sock.family == socket.AF_INET6 else name[0]
     return Server(config), sock, f"http://{shown}:{name[1]}"
-
-
-def _headers_in_time(timeout_s: float, metrics: Any) -> type:
-    """uvicorn's h11 protocol with a deadline for each request's headers: a connection that opened and sent no
-    request, or half of one, was held for ever (thousands of them used up the process's files, and the server
-    answered nobody, saying nothing); after ``timeout_s`` it gets a 408 and is closed, as a slow body is. Its
-    answers are counted in ``metrics`` as the app's are (under endpoint "other": no path was read)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    body = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
-    late = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-    class HeadersInTime(H11Protocol):
-        header_timer: Optional[asyncio.TimerHandle] = None
-
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._watch()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._watch()
-
-        def connection_lost(self, exc) -> None:
-            self._unwatch()
-            super().connection_lost(exc)
-
-        def _watch(self) -> None:
-            """A deadline while the client owes a request's headers (h11: the client is IDLE), none once sent."""
-            waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
-            if not waiting:
-                self._unwatch()
-            elif self.header_timer is None:
-                self.header_timer = self.loop.call_later(timeout_s, self._too_late)
-
-        def send_400_response(self, msg: str) -> None:  # uvicorn's own 400: in the one error shape, JSON
-            if _unreadable(self, msg):
-                metrics.inc("vitkit_requests_total", endpoint="other", code="400")
-
-        def _unwatch(self) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-                self.header_timer = None
-
-        def _too_late(self) -> None:
-            self.header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                # a first request, or a next one begun after our answer (an idle kept-alive connection is closed in
-                # silence, as uvicorn closes it: a 408 there could be read as the answer to the client's next request)
-                if self.cycle is None or (self.cycle.response_complete and self.conn.trailing_data[0]):
-                    self.transport.write(late)
-                    metrics.inc("vitkit_requests_total", endpoint="other", code="408")
-                self.transport.close()
-
-    return HeadersInTime
-
-
-def _unreadable(protocol: Any, msg: str) -> bool:
-    """uvicorn's answer to a request h11 cannot read (a bad Content-Length, a line that is no request line) as
-    JSON, as every other answer (it was plain text); nothing where an answer of ours already began. Returns
-    whether it was sent."""
-    import h11
-
-    body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-    try:
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
-                      h11.EndOfMessage()):
-            protocol.transport.write(protocol.conn.send(event))
-    except h11.LocalProtocolError:  # (a 413 sent before a torn body)
-        return False
-    finally:
-        protocol.transport.close()
-    return True
 
 
 def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Optional[str] = None,
@@ -280,7 +207,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
             served = load_served(weights, runtime, quantize, model_name, say, calibration, options.max_batch,
                                  **stand_ins)
         label = runtime_label(served.model)
-        server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock)
+        server, sock, url = make_server(served, options, host, port, f"vitkit serve: {weights}", sock,
+                                        host_checked=True)
     except BaseException:
         sock.close()
         raise

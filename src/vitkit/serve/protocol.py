@@ -1,0 +1,157 @@
+"""One HTTP/1.1 connection of the server: uvicorn's h11 protocol, with what an endpoint open to clients it does not
+know needs on top of it.
+
+- A deadline for a request's headers: a connection that sent none was held for ever.
+- uvicorn's own 400 (a request h11 cannot read) in the one JSON error shape, counted in ``/metrics``, and its log
+  line said once per server: a scanner's garbage wrote one line per request.
+- A lingering close: an answer given while the client's body is still coming (a 413 read off Content-Length, a 408,
+  a drain's 503) is followed by a few seconds of reading, and throwing away, what comes, before the close. Closing
+  a socket with bytes unread sends a reset, and a client that sends its whole body before it reads (Python's
+  ``http.client``, ``requests``) read "connection reset" in place of the answer. nginx's ``lingering_close``
+  does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, List, Optional
+
+#: the longest a connection is held after its answer, reading the rest of a refused body to throw it away
+LINGER_S = 5.0
+#: uvicorn's log line for each request h11 cannot read
+INVALID_LINE = "Invalid HTTP request received."
+
+
+def connection_protocol(timeout_s: float, metrics: Any) -> type:
+    """uvicorn's h11 protocol with the deadline (``timeout_s``), the JSON 400 and the lingering close. Its own
+    answers are counted in ``metrics`` as the app's are (under endpoint "other": no path was read). One class per
+    server, so that the invalid-request line is said once per server."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    body = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
+    late = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    said: List[bool] = [False]
+
+    class Connection(H11Protocol):
+        header_timer: Optional[asyncio.TimerHandle] = None
+        lingering = False
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.logger = _InvalidSaidOnce(self.logger, said)
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(_Lingering(transport, self))
+            self._watch()
+
+        def data_received(self, data: bytes) -> None:
+            if self.lingering:  # the rest of a refused body: read, so that the close is no reset, and dropped
+                return
+            super().data_received(data)
+            self._watch()
+
+        def connection_lost(self, exc) -> None:
+            self._unwatch()
+            super().connection_lost(exc)
+
+        def _watch(self) -> None:
+            """A deadline while the client owes a request's headers (h11: the client is IDLE), none once sent."""
+            waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+            if not waiting:
+                self._unwatch()
+            elif self.header_timer is None:
+                self.header_timer = self.loop.call_later(timeout_s, self._too_late)
+
+        def send_400_response(self, msg: str) -> None:  # uvicorn's own 400: in the one error shape, JSON
+            if _unreadable(self, msg):
+                metrics.inc("vitkit_requests_total", endpoint="other", code="400")
+
+        def _unwatch(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def _too_late(self) -> None:
+            self.header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                # a first request, or a next one begun after our answer (an idle kept-alive connection is closed in
+                # silence, as uvicorn closes it: a 408 there could be read as the answer to the client's next request)
+                if self.cycle is None or (self.cycle.response_complete and self.conn.trailing_data[0]):
+                    self.transport.write(late)
+                    metrics.inc("vitkit_requests_total", endpoint="other", code="408")
+                self.transport.close()
+
+    return Connection
+
+
+class _Lingering:
+    """A connection's transport whose ``close()``, while the client is still sending a body, ends our side (FIN after
+    the answer) and reads for up to :data:`LINGER_S` before it closes; every other call is the transport's."""
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self._transport, self._protocol = transport, protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:  # (uvicorn writes nothing more once it is)
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        import h11
+
+        transport, protocol = self._transport, self._protocol
+        if protocol.lingering or transport.is_closing() or protocol.conn.their_state is not h11.SEND_BODY \
+                or not transport.can_write_eof():
+            transport.close()
+            return
+        protocol.lingering = True
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        transport.resume_reading()  # (uvicorn pauses reading while a handler has not asked for the body)
+        protocol.loop.call_later(LINGER_S, transport.close)
+
+
+class _InvalidSaidOnce:
+    """uvicorn's logger, saying its invalid-request line once per server (with where the rest are counted) and every
+    other line as it is."""
+
+    def __init__(self, logger: Any, said: List[bool]) -> None:
+        self._logger, self._said = logger, said
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if msg == INVALID_LINE:
+            if self._said[0]:
+                return
+            self._said[0] = True
+            msg = ("Invalid HTTP request received: answered 400; the next ones are counted in /metrics "
+                   "(vitkit_requests_total, endpoint other, code 400), not logged")
+        self._logger.warning(msg, *args, **kwargs)
+
+
+def _unreadable(protocol: Any, msg: str) -> bool:
+    """uvicorn's answer to a request h11 cannot read (a bad Content-Length, a line that is no request line) as
+    JSON, as every other answer (it was plain text); nothing where an answer of ours already began. Returns
+    whether it was sent."""
+    import h11
+
+    body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    try:
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            protocol.transport.write(protocol.conn.send(event))
+    except h11.LocalProtocolError:  # (a 413 sent before a torn body)
+        return False
+    finally:
+        protocol.transport.close()
+    return True
