@@ -173,3 +173,43 @@ def test_an_official_mae_file_in_capitals_is_written(tmp_path):
     export_weights(model, tmp_path / "m.PTH", "mae")
     held = torch.load(tmp_path / "m.PTH", weights_only=True)["model"]
     assert torch.equal(held["mask_token"], model.state_dict()["mask_token"])
+
+
+class _KeepThese(torch.nn.Module):
+    """timm's patch dropout, keeping the patches MAE keeps (its own draws at random): the prefix tokens, then
+    ``keep``'s patches in that order; ``indices``: also return them, as timm's Eva asks (it picks the rotations)."""
+
+    def __init__(self, keep, prefix, indices):
+        super().__init__()
+        self.keep, self.prefix, self.indices = keep, prefix, indices
+
+    def forward(self, x):
+        patches = torch.gather(x[:, self.prefix:], 1, self.keep[..., None].expand(-1, -1, x.shape[-1]))
+        x = torch.cat([x[:, :self.prefix], patches], dim=1)
+        return (x, self.keep) if self.indices else x
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("vit_base_patch16_clip_224", dict(depth=2, img_size=64)),  # a norm after the embedding (CLIP's ln_pre)
+    ("eva02_tiny_patch14_224", dict(depth=2, img_size=56)),  # axial RoPE over a learned table, SwiGLU
+    ("vit_small_patch16_rope_mixed_224", dict(depth=2, img_size=64)),  # RoPE-Mixed: per layer and head
+    ("vit_small_patch16_dinov3", dict(depth=2, img_size=64)),  # DINOv3's rotations of halves, four registers
+])
+def test_maes_encoder_sees_the_visible_patches_as_timm_drops_the_others(tmp_path, name, kw):
+    """MAE encodes each image's visible patches alone: timm's patch dropout does the same to a ViT, so timm with
+    MAE's kept patches is the reference. A CLIP-style encoder skipped its norm after the embedding here (0.69 apart),
+    and an encoder with rotary positions was refused; its rotations are now picked per image, as timm picks them."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    ref = randomize(timm.create_model(name, num_classes=0, **kw)).eval()
+    save_for_hf(ref, str(tmp_path), safe_serialization=True)
+    ours = MAE(vitkit.from_pretrained(tmp_path, img_size=kw["img_size"]), fixed_pos_embed=False, decoder_dim=16,
+               decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32).eval()  # (the encoder as timm's: its table kept)
+    x = images(2, kw["img_size"])
+    noise = torch.rand(2, ours.num_patches, generator=torch.Generator().manual_seed(3))
+    keep = torch.argsort(noise, dim=1)[:, :ours.keep]
+    ref.patch_drop = _KeepThese(keep, ref.num_prefix_tokens, indices=type(ref).__name__ == "Eva")
+    with torch.no_grad():
+        latent = ours.forward_encoder(x, noise)[0]
+        assert max_diff(latent, ref.forward_features(x)) < TOL

@@ -181,9 +181,15 @@ class TokenModel(SaveMixin, nn.Module):
         B, gh, gw, D = x.shape
         return x.reshape(B, gh * gw, D), (gh, gw)
 
-    def embed_tokens(self, x: torch.Tensor, grid: IntPair) -> torch.Tensor:
-        """Patch embeddings (B, gh*gw, D) -> the first layer's tokens: prefix + patches, with positions."""
-        x = positions.add(self, x, grid, self.prefix_tokens(x.shape[0]))
+    def embed_tokens(self, x: torch.Tensor, grid: IntPair, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Patch embeddings (B, gh*gw, D) -> the first layer's tokens: prefix + patches, with positions. ``keep``
+        (B, K): only those patches, in that order (MAE encodes the visible ones; positions are added first)."""
+        prefix = self.prefix_tokens(x.shape[0])
+        if keep is None:
+            x = positions.add(self, x, grid, prefix)
+        else:
+            x = positions.add_to_patches(self, x, grid)
+            x = positions.join_prefix(self, torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[-1])), prefix)
         if self.pos_drop is not None:
             x = self.pos_drop(x)
         return x if self.norm_pre is None else self.norm_pre(x)
@@ -198,10 +204,16 @@ class TokenModel(SaveMixin, nn.Module):
             return checkpoint(blk, *args, use_reentrant=False)
         return blk(*args)
 
-    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
-        """Layer ``i`` (``blk``) on the tokens -> (tokens, attention weights or None)."""
+    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool,
+               keep: Optional[torch.Tensor] = None):
+        """Layer ``i`` (``blk``) on the tokens -> (tokens, attention weights or None); ``keep``: the patches the
+        tokens hold (:meth:`embed_tokens`), whose rotations are picked per image."""
         bias = positions.attention_bias(self, blk, grid)  # relative positions: the layer's own bias
         rope = positions.rotary(self, i, grid)  # rotary positions: the patches' rotations in this layer
+        if rope is not None and keep is not None:
+            rope = positions.kept_rotations(rope, keep)
+        if bias is not None and keep is not None:  # (a bias over the whole grid: MAE refuses such encoders)
+            raise ValueError("a relative position bias covers the whole grid, not a subset of its patches")
         if rope is not None:
             return self._checkpointed(blk, x, return_attention, bias, rope)
         if bias is None:
@@ -217,12 +229,13 @@ class TokenModel(SaveMixin, nn.Module):
         x, grid = self.embed(x)
         return self.encode_tokens(x, grid, return_attention)
 
-    def encode_tokens(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False):
+    def encode_tokens(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False,
+                      keep: Optional[torch.Tensor] = None):
         """The first layer's tokens (B, L, D) -> final normalised tokens and, when asked, per-layer
-        attention (L may be fewer than the grid's patches: MAE encodes the visible ones only)."""
+        attention (L may be fewer than the grid's patches: MAE encodes the visible ones only, ``keep``)."""
         attns: List[torch.Tensor] = []
         for i, blk in enumerate(self.blocks):
-            x, attn = self._layer(i, blk, x, grid, return_attention)
+            x, attn = self._layer(i, blk, x, grid, return_attention, keep)
             if return_attention:
                 attns.append(attn)
         return self._finish(x, attns if return_attention else None), attns

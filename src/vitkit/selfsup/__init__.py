@@ -1,4 +1,4 @@
-"""Self-supervised pre-training of a plain ViT: one module per objective.
+"""Self-supervised pre-training of a plain or an EVA-style ViT (rotary positions): one module per objective.
 
 - ``simmim``: SimMIM (arXiv 2111.09886, the source seed 003 cites): masked blocks replaced by a
   mask token, L1 regression of their pixels by a one-layer head (:mod:`.simmim`);

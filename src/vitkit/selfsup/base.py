@@ -1,7 +1,8 @@
 """What the pre-training objectives share: the encoder and its checks, pixels as patches, the
 output, and the native save.
 
-A pre-training model wraps a plain :class:`~vitkit.models.VisionTransformer` as ``.encoder``
+A pre-training model wraps a plain :class:`~vitkit.models.VisionTransformer`, or an EVA-style one (rotary
+positions, SwiGLU, LayerScale: EVA-02, timm's rope ViTs, BEiT's layout), as ``.encoder``
 (headless: ``num_classes=0``, no pre-logits layer), so whatever it learns is a ViT that
 fine-tuning (``vitkit train --init``), few-shot evaluation and inspection take as it is. The
 objective's own parts (mask token, decoder, prediction head) sit beside it. Every objective
@@ -19,7 +20,7 @@ Where an objective cannot apply the model is refused by name, with the reason:
 - DeiT's distillation token: it is trained against a teacher's labels, which pre-training
   has not (fine-tuning can add it);
 - CaiT, ConViT and the ResNetV2 classifier: other families (class attention, gated
-  positional attention over the full grid, no tokens at all); pre-train a plain ViT.
+  positional attention over the full grid, no tokens at all); pre-train a plain or an EVA-style ViT.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from torch import nn
 from ..files import PathLike
 from ..models import VisionTransformer, ViTConfig, get_model_config
 from ..models.config_base import ConfigMixin
+from ..models.eva import EvaConfig
 from ..models.layers import IntPair
+from ..models.registry import build_from_config
 from ..models.serialize import save_pretrained
 
 #: The key of a native ``config.json`` that marks a pre-training model (its objective's options).
@@ -95,17 +98,15 @@ class PretrainConfig(ConfigMixin):
 def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
     """The ViT config an objective pre-trains: headless (no classes, no pre-logits layer), or a
     ValueError naming why the architecture cannot be pre-trained this way."""
-    if type(config) is not ViTConfig:  # (an EVA config is a ViTConfig too: built as a plain ViT, saved as EVA)
+    if type(config) not in (ViTConfig, EvaConfig):  # (other families subclass ViTConfig too)
         arch = getattr(config, "architecture", type(config).__name__)
         why = {"cait": "CaiT's class-attention stage reads only the class token",
                "convit": "ConViT's gated positional attention works over the full patch grid",
                "resnetv2": "a ResNetV2 is a CNN without patch tokens",
-               "eva": "the pre-training encoder is built as a plain ViT, without EVA's rotary positions, SwiGLU "
-                      "and attention (EVA-02, DINOv3 and timm's rope ViTs are EVA models here)",
                "coca": "the pre-training encoder is built as a plain ViT, without CoCa's attention-pool "
                        "heads"}.get(arch, "it is no ViT")
-        raise ValueError(f"{objective} pre-trains a plain ViT, not {arch!r}: {why}; pre-train a ViT "
-                         f"(e.g. --model vit_fmnist) and fine-tune it")
+        raise ValueError(f"{objective} pre-trains a plain ViT or an EVA-style one, not {arch!r}: {why}; pre-train "
+                         f"a ViT (e.g. --model vit_fmnist) and fine-tune it")
     if config.backbone is not None:
         raise ValueError(f"{objective} cannot pre-train a hybrid ({config.name or 'a CNN before the patches'}): its "
                          f"CNN sees the whole image before patches are masked, so masked pixels leak into visible "
@@ -145,7 +146,7 @@ class Pretrainer(nn.Module):
                                  f"representation_size=None) or give its config")
             self.encoder = encoder
         else:
-            self.encoder = VisionTransformer(encoder_config(encoder if encoder is not None else ViTConfig(),
+            self.encoder = build_from_config(encoder_config(encoder if encoder is not None else ViTConfig(),
                                                             self.objective))
         base = config if config is not None else self.config_cls()
         self.config = base.replace(**options) if options else base

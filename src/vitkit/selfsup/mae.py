@@ -29,7 +29,6 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..models import positions
 from ..models.layers import Block, init_block_, sincos_2d_pos_embed, xavier_uniform_fan
 from .base import PretrainConfig, Pretrainer, PretrainOutput, masked_mean
 from .masking import noise as draw_noise
@@ -71,7 +70,7 @@ def mae_pos_table(grid: Tuple[int, int], dim: int, prefix: int) -> torch.Tensor:
 
 
 class MAE(Pretrainer):
-    """MAE on a plain ViT: ``model(images, noise=FLOAT_B_N)`` -> loss, per-patch pixel predictions."""
+    """MAE on a ViT (plain or EVA-style): ``model(images, noise=FLOAT_B_N)`` -> loss, per-patch pixel predictions."""
 
     objective: ClassVar[str] = "mae"
     config_cls: ClassVar[type] = MAEConfig
@@ -118,13 +117,11 @@ class MAE(Pretrainer):
         """-> (latent (B, prefix + keep, D), mask (B, N), ids_restore (B, N))."""
         enc = self.encoder
         tokens, grid = enc.patch_tokens(images)
-        tokens = positions.add_to_patches(enc, tokens, grid)
         ids_keep, mask, ids_restore = shuffle_ids(noise, self.keep)
-        visible = torch.gather(tokens, 1, ids_keep[..., None].expand(-1, -1, tokens.shape[-1]))
-        x = positions.join_prefix(enc, visible, enc.prefix_tokens(images.shape[0]))
-        if enc.pos_drop is not None:
-            x = enc.pos_drop(x)
-        return enc.encode_tokens(x, grid)[0], mask, ids_restore
+        # the encoder's own embedding of the visible patches (positions, prefix, its norm_pre: a CLIP-style encoder
+        # skipped it here) and their rotations, where it has rotary positions
+        x = enc.embed_tokens(tokens, grid, keep=ids_keep)
+        return enc.encode_tokens(x, grid, keep=ids_keep)[0], mask, ids_restore
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
         """-> per-patch pixel predictions (B, N, ph*pw*C) in grid order."""

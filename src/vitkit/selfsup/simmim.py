@@ -39,7 +39,7 @@ class SimMIMConfig(PretrainConfig):
 
 
 class SimMIM(Pretrainer):
-    """SimMIM on a plain ViT: ``model(images, mask=BOOL_B_N)`` -> loss, reconstruction."""
+    """SimMIM on a ViT (plain or EVA-style): ``model(images, mask=BOOL_B_N)`` -> loss, reconstruction."""
 
     objective: ClassVar[str] = "simmim"
     config_cls: ClassVar[type] = SimMIMConfig

@@ -30,10 +30,7 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    body = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
-    late = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    said: List[bool] = [False]
+    late, said = _late_answer(timeout_s), [False]
 
     class Connection(H11Protocol):
         header_timer: Optional[asyncio.TimerHandle] = None
@@ -85,6 +82,13 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
                 self.transport.close()
 
     return Connection
+
+
+def _late_answer(timeout_s: float) -> bytes:
+    """The 408 a connection gets whose request headers did not arrive in time (no app answers it)."""
+    body = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 class _Lingering:

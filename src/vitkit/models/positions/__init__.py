@@ -53,7 +53,7 @@ from .relative import (
     relative_position_index,
     resize_relative_table,
 )
-from .rope import ROPES, Rope, RotaryEmbedding, apply_rope, rotary, rotate_pairs
+from .rope import ROPES, Rope, RotaryEmbedding, apply_rope, kept_rotations, rotary, rotate_pairs
 
 #: Every parameter a kind may create (position tables are exempt from weight decay).
 PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col")
@@ -406,6 +406,7 @@ __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_g
            "square_table_side", "StateFit",
            "RelativeBiasTable",
            "RelativePositionBias", "relative_log_coords", "RelativePositionMlp", "Rope", "rotate_pairs", "apply_rope",
+           "kept_rotations",
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
            "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
            "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict"]

@@ -44,6 +44,16 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     return torch.cat([x[..., :skip, :], rotated], dim=-2) if skip else rotated
 
 
+def kept_rotations(rope: Rope, keep: torch.Tensor) -> Rope:
+    """The rotations of the patches ``keep`` (B, K) picks, per image, as (B, heads or 1, K, head_dim): MAE's
+    encoder sees each image's visible patches alone (timm's ``apply_keep_indices_nlc`` for its patch dropout)."""
+    def pick(table: torch.Tensor) -> torch.Tensor:  # (..., N, d) -> (B, ..., K, d)
+        picked = table.movedim(-2, 0)[keep].movedim(1, -2)
+        return picked if picked.ndim == 4 else picked.unsqueeze(1)
+
+    return Rope(pick(rope.sin), pick(rope.cos), rope.half)
+
+
 #: Rotary kinds, each rotating the patches' queries and keys in every attention layer by angles that are
 #: linear in their 2D position (Su et al. 2021, in 2D as Heo et al. 2024), with no parameters but
 #: 'mixed''s:
