@@ -215,7 +215,8 @@ def test_two_replicas_answer_as_vitkit_predict_and_sigterm_stops_every_ray_proce
                 pytest.skip(f"Ray cannot start a local instance here: {why}")
             pytest.fail(f"vitkit serve --ray did not start:\n{err.text[-3000:]}")
         url, address = started.group(1), started.group(2)
-        assert json.loads(proc.stdout.readline())["url"] == url  # --json's ready line (Ray's was never written)
+        line = json.loads(proc.stdout.readline())  # --json's ready line (Ray's was never written), with serve's keys
+        assert line["url"] == url and f"{line['host']}:{line['port']}" in url and line["runtime"] == "ray"
         assert httpx.get(url + "/readyz", timeout=30).status_code == 200
         _answers_as_predict(url, weights, tmp_path)
         _a_burst_past_the_queue_is_refused_not_queued(url)

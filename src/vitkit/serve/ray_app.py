@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
+from urllib.parse import urlsplit
 
 from ..extras import first_line, require
 from .app import ServeOptions
@@ -164,7 +165,9 @@ def serve_ray(weights: str, plan: RayPlan, host: str = "127.0.0.1", port: int = 
         say(f"serving {weights} with {_replica_words(plan)} on Ray Serve at {url}{kept}  -- page {url}/, API "
             f"{url}/docs; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C or SIGTERM stops")
         if ready is not None:
-            ready({"url": url, "weights": weights, "runtime": "ray", "replicas": _replica_words(plan)})
+            where = urlsplit(url)  # (the keys of serve's own ready line, which scripts read: host and port too)
+            ready({"url": url, "host": where.hostname, "port": where.port, "weights": weights, "runtime": "ray",
+                   "replicas": _replica_words(plan)})
         threading.Event().wait()  # until a signal raises here
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the command line's handler
         pass
