@@ -235,7 +235,8 @@ class TokenModel(SaveMixin, nn.Module):
         attention (L may be fewer than the grid's patches: MAE encodes the visible ones only, ``keep``)."""
         attns: List[torch.Tensor] = []
         for i, blk in enumerate(self.blocks):
-            x, attn = self._layer(i, blk, x, grid, return_attention, keep)
+            # (keep only where given: a family's own _layer, as the docs' toy one, takes the five arguments)
+            x, attn = self._layer(i, blk, x, grid, return_attention, *(() if keep is None else (keep,)))
             if return_attention:
                 attns.append(attn)
         return self._finish(x, attns if return_attention else None), attns

@@ -300,10 +300,8 @@ class ConViT(TokenModel):
             return torch.zeros(0, self.config.num_heads)
         return torch.stack([a.gates() for a in layers])
 
-    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool,
-               keep: Optional[torch.Tensor] = None):
-        """GPSA layers see the patches (and their grid); the class token joins before the first MHSA layer (the
-        full grid always: ``keep`` is never given, as no objective pre-trains a ConViT)."""
+    def _layer(self, i: int, blk: nn.Module, x: torch.Tensor, grid: IntPair, return_attention: bool):
+        """GPSA layers see the patches (and their grid); the class token joins before the first MHSA layer."""
         if i < self.local_up_to_layer:
             return self._checkpointed(blk, x, grid, return_attention)
         if i == self.local_up_to_layer:
