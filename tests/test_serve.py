@@ -407,15 +407,25 @@ def test_a_client_that_sends_its_whole_body_first_reads_the_413_not_a_reset(serv
         assert answer.status == 413 and answer.getheader("connection") == "close", size
         assert json.loads(answer.read())["error"] == f"the body is {size:,} bytes; this server takes at most 1,000,000"
         client.close()
-    with socket.create_connection((host, int(port))) as endless:  # sends for ever: closed one LINGER_S after
-        endless.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
-        endless.settimeout(10)
-        started, cut = time.monotonic(), False
-        with contextlib.suppress(OSError):
-            while time.monotonic() - started < 8:
-                endless.sendall(b"x" * 65536)
-        cut = time.monotonic() - started < 8
-    assert cut, "the server read a never-ending body past its linger"
+    def endless(pause):
+        """Seconds and bytes a client sending for ever (``pause`` between 64 kB) got out before the server cut it."""
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+            started, sent = time.monotonic(), 0
+            with contextlib.suppress(OSError):
+                while time.monotonic() - started < 8:
+                    sent += client.send(b"x" * 65536)
+                    time.sleep(pause)
+            return time.monotonic() - started, sent
+
+    seconds, sent = endless(pause=0.01)  # a slow one: cut by the time (LINGER_S here 1 s; the socket buffers
+    assert seconds < 6 and sent < 20_000_000, (seconds, sent)  # take a few MB more before the client sees the cut)
+    seconds, sent = endless(pause=0)  # a fast one: cut by the bytes, 32 MiB at most read and dropped
+    assert sent < protocol.LINGER_BYTES + 20_000_000, (seconds, sent)
+    monkeypatch.setattr(protocol, "LINGER_CONNECTIONS", 0)  # as many as the server lets linger do already:
+    monkeypatch.setattr(protocol, "LINGER_S", 4.0)
+    seconds, sent = endless(pause=0.01)  # the next is closed at once, as before lingering
+    assert seconds < 2, (seconds, sent)
     assert post(running.url, photo(1)).status_code == 200  # the server answers on
 
 

@@ -19,6 +19,10 @@ from typing import Any, List, Optional
 
 #: the longest a connection is held after its answer, reading the rest of a refused body to throw it away
 LINGER_S = 5.0
+#: the most bytes read so (a client whose body runs on gets the reset it would have got: no event loop is spent on
+#: a flood, which reads at gigabytes a second over loopback), and the most connections doing it at once
+LINGER_BYTES = 32 * 1024 * 1024
+LINGER_CONNECTIONS = 8
 #: uvicorn's log line for each request h11 cannot read
 INVALID_LINE = "Invalid HTTP request received."
 
@@ -30,28 +34,29 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    late, said = _late_answer(timeout_s), [False]
+    late, said, lingering_now = _late_answer(timeout_s), [False], [0]
 
     class Connection(H11Protocol):
         header_timer: Optional[asyncio.TimerHandle] = None
-        lingering = False
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.logger = _InvalidSaidOnce(self.logger, said)
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(_Lingering(transport, self))
+            super().connection_made(_Lingering(transport, self, lingering_now))
             self._watch()
 
         def data_received(self, data: bytes) -> None:
-            if self.lingering:  # the rest of a refused body: read, so that the close is no reset, and dropped
+            if self.transport.lingering:  # the rest of a refused body: read, so that the close is no reset, and dropped
+                self.transport.drop(len(data))
                 return
             super().data_received(data)
             self._watch()
 
         def connection_lost(self, exc) -> None:
             self._unwatch()
+            self.transport.ended()
             super().connection_lost(exc)
 
         def _watch(self) -> None:
@@ -93,33 +98,50 @@ def _late_answer(timeout_s: float) -> bytes:
 
 class _Lingering:
     """A connection's transport whose ``close()``, while the client is still sending a body, ends our side (FIN after
-    the answer) and reads for up to :data:`LINGER_S` before it closes; every other call is the transport's."""
+    the answer) and reads for up to :data:`LINGER_S` and :data:`LINGER_BYTES` before it closes (at once where
+    :data:`LINGER_CONNECTIONS` already linger: ``lingering_now``, the server's count); every other call is the
+    transport's."""
 
-    def __init__(self, transport: Any, protocol: Any) -> None:
-        self._transport, self._protocol = transport, protocol
+    def __init__(self, transport: Any, protocol: Any, lingering_now: List[int]) -> None:
+        self._transport, self._protocol, self._now = transport, protocol, lingering_now
+        self.lingering, self._drained, self._until = False, 0, 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
     def is_closing(self) -> bool:  # (uvicorn writes nothing more once it is)
-        return self._protocol.lingering or self._transport.is_closing()
+        return self.lingering or self._transport.is_closing()
 
     def close(self) -> None:
         import h11
 
         transport, protocol = self._transport, self._protocol
-        if protocol.lingering or transport.is_closing() or protocol.conn.their_state is not h11.SEND_BODY \
-                or not transport.can_write_eof():
+        if self.lingering or transport.is_closing() or protocol.conn.their_state is not h11.SEND_BODY \
+                or not transport.can_write_eof() or self._now[0] >= LINGER_CONNECTIONS:
             transport.close()
             return
-        protocol.lingering = True
         try:
             transport.write_eof()
         except (OSError, RuntimeError):
             transport.close()
             return
+        self.lingering, self._until = True, protocol.loop.time() + LINGER_S
+        self._now[0] += 1
         transport.resume_reading()  # (uvicorn pauses reading while a handler has not asked for the body)
         protocol.loop.call_later(LINGER_S, transport.close)
+
+    def drop(self, size: int) -> None:
+        """``size`` bytes read while lingering, dropped; past the limits, the close (checked here too: on a loop too
+        busy for the timer to be on time, the data still says when)."""
+        self._drained += size
+        if self._drained > LINGER_BYTES or self._protocol.loop.time() > self._until:
+            self._transport.close()
+
+    def ended(self) -> None:
+        """The connection is gone: it lingers no more."""
+        if self.lingering:
+            self.lingering = False
+            self._now[0] -= 1
 
 
 class _InvalidSaidOnce:
