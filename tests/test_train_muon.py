@@ -136,7 +136,7 @@ def test_another_optimizer_leaves_the_recipes_muon_settings_behind_and_says_so()
     """--optimizer sgd over the default run's Muon recipe: its momentum 0.95 reached SGD in silence."""
     from vitkit.train.config_types import ConfigNote
 
-    with pytest.warns(ConfigNote, match=r"--optimizer sgd replaces recipe fmnist's muon: its momentum 0.95 goes back "
+    with pytest.warns(ConfigNote, match=r"optimizer sgd replaces recipe fmnist's muon: its momentum 0.95 goes back "
                                         r"to 0.9; its learning rate 0.002 is muon's, not sgd's: choose one with --lr"):
         sgd = resolve_config("fmnist", optimizer="sgd")
     assert (sgd.optimizer, sgd.momentum, sgd.muon_lr_scale) == ("sgd", 0.9, 1.0)

@@ -150,7 +150,7 @@ FINETUNE_RECIPES = {"fmnist": "fmnist-adamw", "fmnist-fp32": "fmnist-fp32-adamw"
 
 
 #: the fields a recipe sets for its optimizer alone: they go with it when a run names another optimizer
-_OPTIMIZER_FIELDS = {"muon": ("momentum", "muon_lr_scale"), "sgd": ("momentum",)}
+OPTIMIZER_FIELDS = {"muon": ("momentum", "muon_lr_scale"), "sgd": ("momentum",)}
 
 
 def for_other_optimizer(recipe: str, values: Dict[str, Any], chosen: Mapping[str, Any], defaults: Mapping[str, Any],
@@ -161,14 +161,15 @@ def for_other_optimizer(recipe: str, values: Dict[str, Any], chosen: Mapping[str
     mine, theirs = values.get("optimizer"), RECIPES[recipe].get("optimizer", default_optimizer)
     if "optimizer" not in chosen or mine == theirs:
         return ""
-    reset = [k for k in _OPTIMIZER_FIELDS.get(theirs, ()) if k in RECIPES[recipe] and k not in chosen]
+    reset = [k for k in OPTIMIZER_FIELDS.get(theirs, ()) if k in RECIPES[recipe] and k not in chosen]
     said = [f"its {k} {_show(values[k])} goes back to {_show(defaults[k])}" for k in reset  # (what mine reads)
-            if k in _OPTIMIZER_FIELDS.get(mine, ()) and values[k] != defaults[k]]
+            if k in OPTIMIZER_FIELDS.get(mine, ()) and values[k] != defaults[k]]
     values.update({k: defaults[k] for k in reset})
     if "lr" not in chosen and "sgd" in (mine, theirs):
-        said.append(f"its learning rate {_show(values.get('lr', defaults['lr']))} is {theirs}'s, not {mine}'s: "
+        per = f" per {values['lr_scale_batch']} images of batch" if values.get("lr_scale_batch") else ""
+        said.append(f"its learning rate {_show(values.get('lr', defaults['lr']))}{per} is {theirs}'s, not {mine}'s: "
                     f"choose one with --lr")
-    return f"--optimizer {mine} replaces recipe {recipe}'s {theirs}: {'; '.join(said)}" if said else ""
+    return f"optimizer {mine} replaces recipe {recipe}'s {theirs}: {'; '.join(said)}" if said else ""
 
 
 def default_recipe(precision: str = "auto", device: Any = None) -> Tuple[str, str]:
@@ -218,5 +219,5 @@ def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -
     return recipe
 
 
-__all__ = ["DEFAULT_RECIPES", "FINETUNE_RECIPES", "PRETRAIN_RECIPES", "RECIPES", "default_recipe",
+__all__ = ["DEFAULT_RECIPES", "FINETUNE_RECIPES", "OPTIMIZER_FIELDS", "PRETRAIN_RECIPES", "RECIPES", "default_recipe",
            "for_other_optimizer", "recipe_in_effect", "resolve_width"]
