@@ -193,6 +193,24 @@ def test_every_objective_pre_trains_an_eva_style_encoder_and_saves_it_as_one(obj
         assert max_diff(model.encoder(x), plain(x)) == 0
 
 
+def test_layouts_that_cannot_hold_an_encoder_say_why_in_words(tmp_path):
+    """A CLIP-style encoder to Hugging Face's ViTMAE was a bare "no Hugging Face name for parameter
+    'norm_pre.weight'", and an EVA MAE to the official layout "would have encoder EVA state dict: ..."."""
+    from vitkit.models.eva import EvaConfig
+    from vitkit.weights import WeightsError, export_weights
+
+    clip = make("mae", tiny(pre_norm=True))
+    with pytest.raises(WeightsError, match=r"^cannot export to Hugging Face ViT: HF ViT has no norm after the "
+                                           r"embedding \(CLIP's ln_pre"):
+        export_weights(clip, tmp_path / "hf", "hf")
+    eva = make("mae", EvaConfig(**{**dict(img_size=32, patch_size=4, in_chans=3, **TINY), "rope": "axial"}))
+    with pytest.raises(WeightsError, match=r"^the official MAE layout holds a plain ViT, not an EVA encoder"):
+        export_weights(eva, tmp_path / "eva.pth", "mae")
+    with pytest.raises(WeightsError, match=r"HF ViT has no rotary positions \(an EVA-style model"):
+        export_weights(eva, tmp_path / "hf2", "hf")
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
 @pytest.mark.parametrize("objective", ["simmim", "mpp", "mae"])
 def test_load_weights_takes_a_pretraining_state_dict_and_refuses_another_objective(objective):
     a, b = randomize(make(objective, tiny())), make(objective, tiny())

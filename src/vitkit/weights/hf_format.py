@@ -144,7 +144,7 @@ def layers_from_native(sd: Mapping[str, torch.Tensor], prefix: str, hf_prefix: s
         elif name in inv_block:
             out[f"{hf_prefix}{i}.{inv_block[name]}.{leaf}"] = value.contiguous()
         else:
-            raise WeightsError(f"no Hugging Face name for parameter {key!r}")
+            raise _no_place(key)
     return out
 
 
@@ -165,7 +165,7 @@ def from_native(model) -> Dict[str, torch.Tensor]:
     inv_top = {v: k for k, v in _TOP_NAMES.items() if not k.startswith("cls_classifier.")}
     for key in sd:
         if not (key.startswith(("pos_embed", "cls_token", "head.", "pre_logits.", "blocks.")) or key in inv_top):
-            raise WeightsError(f"no Hugging Face name for parameter {key!r}")
+            raise _no_place(key)
     out = layers_from_native(sd, "blocks.", f"{root}encoder.layer.", cfg.embed_dim)
     for native, hf in inv_top.items():
         if native in sd and not native.startswith(("head.", "head_dist.", "pre_logits.")):
@@ -182,8 +182,19 @@ def from_native(model) -> Dict[str, torch.Tensor]:
     return out
 
 
+def _no_place(key: str) -> WeightsError:
+    """A parameter Hugging Face's ViT has no layer for (one _check_exportable does not name: said the same way)."""
+    return WeightsError(f"cannot export to Hugging Face ViT: it has no layer for {key!r}; export it as 'vitkit' or "
+                        f"'timm'")
+
+
 def _check_exportable(cfg: ViTConfig) -> None:
     problems = []
+    if getattr(cfg, "rope", "none") != "none":
+        problems.append("HF ViT has no rotary positions (an EVA-style model: export it as 'vitkit' or 'timm')")
+    if cfg.pre_norm:
+        problems.append("HF ViT has no norm after the embedding (CLIP's ln_pre: a CLIP tower exports as "
+                        "CLIPVisionModel)")
     if cfg.backbone is not None and cfg.backbone.get("type") == "resnetv2":
         problems.append("a ResNet hybrid is not an HF ViT (transformers' ViTHybrid/BiT layout is not "
                         "implemented); export it as 'vitkit', 'timm' or 'npz'")

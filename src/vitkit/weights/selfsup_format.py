@@ -33,6 +33,7 @@ from torch import nn
 
 from ..files import atomic_path, write_json
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
+from ..models.vit import ViTConfig
 from ..selfsup import CONFIG_KEY, Pretrainer
 from ..selfsup.masking import block_tiling
 from . import hf_format, timm_format
@@ -170,6 +171,9 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
         if path.suffix.lower() not in (".pth", ".pt"):
             raise WeightsError(f"MAE export: the official checkpoints are .pth files, not {path.name!r}")
         _need_class_token(enc, "the official MAE layout")
+        if type(enc.config) is not ViTConfig:  # (its shapes were read back as another model, in garbled words)
+            raise WeightsError(f"the official MAE layout holds a plain ViT, not an {enc.config.KIND} encoder "
+                               f"(rotary positions are no tensors); export it as 'vitkit' (or its encoder as 'timm')")
         encoder_sd = timm_format.from_native(enc)  # timm names; any position kind as its full table
         shapes = mae_shape_losses(encoder_sd, model)
         if shapes:  # a pre-training model loads as it was saved: no keyword could set them back
