@@ -41,6 +41,13 @@ def run_record(run_dir: Path) -> dict:
     }
 
 
+def _score(summary: dict) -> str:
+    """A run's result in words: its test top-1, or a pre-training run's loss on the test images (it has no top-1)."""
+    if summary.get("test_top1") is not None:
+        return f"test top-1 {100 * summary['test_top1']:.2f}%"
+    return f"pre-training loss {summary.get('test_loss', float('nan')):.4f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="finished run directories")
@@ -61,12 +68,11 @@ def main(argv=None) -> int:
     write_json_atomic(out, data)
     for name, r in data["runs"].items():
         s = r["summary"]
-        print(f"{name}: {s['model']} test top-1 {100 * s['test_top1']:.2f}% in {s['seconds']:.0f} s, "
+        print(f"{name}: {s['model']} {_score(s)} in {s['seconds']:.0f} s, "
               f"{s['train_img_s']:.0f} img/s (spread {r['img_s_spread']})")
     print(f"wrote {out}")
     if args.plot:
-        curves = {f"{name}: test {100 * r['summary']['test_top1']:.2f}": r["val_curve"]
-                  for name, r in data["runs"].items()}
+        curves = {f"{name}: {_score(r['summary'])}": r["val_curve"] for name, r in data["runs"].items()}
         plot_val_curves(curves, args.plot, goal=args.goal_top1, title=f"{args.kind}: validation top-1",
                         goal_label="goal (test top-1)")
         print(f"wrote {args.plot}")

@@ -58,3 +58,7 @@ def test_collect_runs_writes_results_and_figure(tmp_path, monkeypatch):
     assert rec["val_curve"] == [[1, pytest.approx(0.83)], [2, pytest.approx(0.86)], [3, pytest.approx(0.89)]]
     assert rec["img_s_spread"] == {"min": 91.0, "median": 92.0, "max": 93.0}
     assert Image.open(fig).size == (880, 495)
+    # a pre-training run has no top-1: it was a KeyError after the file was written; its loss is said instead
+    (run / "summary.json").write_text(json.dumps({"model": "m", "test_loss": 0.43, "seconds": 10.0,
+                                                  "train_img_s": 100.0}))
+    assert collect_runs.main([str(run), "--kind", "t", "--out", str(out)]) == 0
