@@ -5,7 +5,8 @@ know needs on top of it.
 - uvicorn's own 400 (a request h11 cannot read) in the one JSON error shape, counted in ``/metrics``, and its log
   line said once per server: a scanner's garbage wrote one line per request.
 - A lingering close: an answer given while the client's body is still coming (a 413 read off Content-Length, a 408,
-  a drain's 503) is followed by a few seconds of reading, and throwing away, what comes, before the close. Closing
+  a drain's 503) is followed by reading, and throwing away, what comes (:data:`LINGER_S`, :data:`LINGER_BYTES`,
+  :data:`LINGER_CONNECTIONS` at a time) before the close. Closing
   a socket with bytes unread sends a reset, and a client that sends its whole body before it reads (Python's
   ``http.client``, ``requests``) read "connection reset" in place of the answer. nginx's ``lingering_close``
   does the same.
