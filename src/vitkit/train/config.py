@@ -501,7 +501,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     chosen = {**from_file, **given}  # what a person wrote: kept from fitting, and over a recipe's warm-up
     changing = {**file_choices(from_file, {**below, **RECIPES[recipe]}), **given}  # what a file changes (min_lr)
     unread = {**file_choices(from_file, below, RECIPES[recipe]), **given}  # of it, what is off the field's default
-    optimizer_note = for_other_optimizer(recipe, values, chosen, below, TrainConfig.optimizer)
+    optimizer_note = for_other_optimizer(recipe, values, chosen, below)
     if "warmup_steps" in chosen and "warmup_epochs" not in chosen and values.get("warmup_epochs") is not None:
         values["warmup_epochs"] = None  # the steps asked for, not the recipe's epochs (a 37k-step warm-up)
     if values.get("objective", "classify") != "classify":

@@ -153,12 +153,17 @@ FINETUNE_RECIPES = {"fmnist": "fmnist-adamw", "fmnist-fp32": "fmnist-fp32-adamw"
 OPTIMIZER_FIELDS = {"muon": ("momentum", "muon_lr_scale"), "sgd": ("momentum",)}
 
 
-def for_other_optimizer(recipe: str, values: Dict[str, Any], chosen: Mapping[str, Any], defaults: Mapping[str, Any],
-                        default_optimizer: str) -> str:
+def recipe_optimizer(recipe: Optional[str], defaults: Mapping[str, Any]) -> str:
+    """The optimizer ``recipe`` trains with: its own, else the field's default (``defaults``: TrainConfig's)."""
+    return RECIPES.get(recipe or "", {}).get("optimizer", defaults["optimizer"])
+
+
+def for_other_optimizer(recipe: str, values: Dict[str, Any], chosen: Mapping[str, Any],
+                        defaults: Mapping[str, Any]) -> str:
     """``--optimizer sgd`` over a Muon recipe: the recipe's momentum and lr scale were Muon's (0.95 reached SGD in
     silence), so they return to the fields' defaults. The note returned names those the new optimizer reads, and
     says the lr was chosen for the recipe's optimizer where the two step on different scales (SGD and the rest)."""
-    mine, theirs = values.get("optimizer"), RECIPES[recipe].get("optimizer", default_optimizer)
+    mine, theirs = values.get("optimizer"), recipe_optimizer(recipe, defaults)
     if "optimizer" not in chosen or mine == theirs:
         return ""
     reset = [k for k in OPTIMIZER_FIELDS.get(theirs, ()) if k in RECIPES[recipe] and k not in chosen]
@@ -220,4 +225,4 @@ def _named_by_file(file: Optional[str], recipe: str, precision: Optional[str]) -
 
 
 __all__ = ["DEFAULT_RECIPES", "FINETUNE_RECIPES", "OPTIMIZER_FIELDS", "PRETRAIN_RECIPES", "RECIPES", "default_recipe",
-           "for_other_optimizer", "recipe_in_effect", "resolve_width"]
+           "for_other_optimizer", "recipe_in_effect", "recipe_optimizer", "resolve_width"]

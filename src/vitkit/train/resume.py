@@ -14,7 +14,7 @@ from ..machine import usable_cores
 from .chosen import file_choices
 from .config import OBJECTIVE_OPTIONS, RENAMED, TrainConfig, deep_merge, field_kinds
 from .config_types import as_saved
-from .recipes import OPTIMIZER_FIELDS, RECIPES
+from .recipes import OPTIMIZER_FIELDS, RECIPES, recipe_optimizer
 
 #: Fields that describe the machine a run executes on or how its end is scored, not what it
 #: learns: ``--resume`` takes them from the new invocation where they are set (e.g. two threads
@@ -159,7 +159,7 @@ def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], 
     merged = {k: v for k, v in file_choices(values, RECIPES.get(recipe, {}), defaults).items()
               if k in kinds and k not in RUNTIME_FIELDS}
     optimizer = values.get("optimizer")  # another optimizer than the recipe's: its settings are the run's own, even
-    if optimizer != RECIPES.get(recipe, {}).get("optimizer", defaults["optimizer"]):  # where equal to the recipe's
+    if optimizer != recipe_optimizer(recipe, defaults):  # where equal to the recipe's
         merged.update({k: values[k] for k in (*OPTIMIZER_FIELDS.get(optimizer, ()), "lr") if k in values})
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return recipe, merged
