@@ -129,7 +129,7 @@ class Endpoint:
         with batcher.arriving():
             body, ctype = await self._body(request)
             deadline = time.monotonic() + self.options.timeout_s
-            x, name = await self._in_worker(self._decoded, body, ctype, deadline, deadline=deadline)
+            x, name = await self._in_worker(self._decoded, body, ctype, deadline=deadline)
         try:
             result = await asyncio.wait_for(batcher.submit(x), max(deadline - time.monotonic(), 0.001))
         except QueueFull:
@@ -160,10 +160,10 @@ class Endpoint:
         return self.served.rollout_png(*image_of(body, ctype), deadline)
 
     async def _in_worker(self, fn, *args: Any, deadline: float):
-        """``fn(*args)`` (a form read and its image decoded, a rollout) in a worker thread, as many at once as
-        the default executor runs; past ``max_queue`` requests waiting for one, 503; past the deadline, 504.
-        (Without this the executor's own queue grew without bound: neither the timeout nor the queue limit
-        saw it.)"""
+        """``fn(*args, deadline)`` (a form read and its image decoded, a rollout: each waits for the pixel budget
+        until the deadline too) in a worker thread, as many at once as the default executor runs; past
+        ``max_queue`` requests waiting for one, 503; past the deadline, 504. (Without this the executor's own
+        queue grew without bound: neither the timeout nor the queue limit saw it.)"""
         if self.waiting >= self.options.max_queue:
             raise self._at_capacity()
         self.waiting += 1
@@ -173,7 +173,7 @@ class Endpoint:
             raise self._too_late() from None
         finally:
             self.waiting -= 1
-        job = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        job = asyncio.get_running_loop().run_in_executor(None, fn, *args, deadline)
         job.add_done_callback(self._worker_done)  # the thread cannot be stopped: its slot frees when it ends
         try:
             return await asyncio.wait_for(asyncio.shield(job), max(deadline - time.monotonic(), 0.001))
@@ -224,7 +224,7 @@ class Endpoint:
         _only_query(request)
         body, ctype = await self._body(request)
         deadline = time.monotonic() + self.options.timeout_s
-        png = await self._in_worker(self._rollout_png, body, ctype, deadline, deadline=deadline)
+        png = await self._in_worker(self._rollout_png, body, ctype, deadline=deadline)
         return Response(png, media_type="image/png")
 
     async def healthz(self):
