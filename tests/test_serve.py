@@ -723,6 +723,11 @@ def test_the_api_key_guards_every_route_but_the_probes_and_the_page(serving):
         mixed = post(running.url, photo(1), headers={**both, **wrong})
         assert mixed.status_code == 401 and mixed.json()["error"] == "X-API-Key and Authorization: Bearer carry " \
             "different keys: send the API key in one of them", wrong
+    for twice in ([("Authorization", "Basic dTpw"), ("Authorization", "Bearer s3cret")],
+                  [("X-API-Key", "s3cret"), ("X-API-Key", "s3cret")]):  # (only the first was read)
+        repeated = post(running.url, photo(1), headers=twice)
+        assert repeated.status_code == 401 and repeated.json()["error"] == \
+            f"2 {twice[0][0]} headers were sent: send one", twice
     assert httpx.get(running.url + "/metrics").status_code == 401
     for open_path in ("/healthz", "/readyz", "/"):
         assert httpx.get(running.url + open_path).status_code == 200

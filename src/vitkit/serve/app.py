@@ -429,7 +429,11 @@ ROUTES = ("/predict", "/embed", "/rollout", "/healthz", "/readyz", "/metrics", "
 
 def _key_problem(headers, key: str) -> str:
     """Why a request's key is refused ('' where it is the server's). Two keys that differ are refused as such,
-    whichever is right: one of them was a mistake, and "wrong API key" beside a right Bearer token said neither."""
+    whichever is right: one of them was a mistake, and "wrong API key" beside a right Bearer token said neither. A
+    header sent twice is refused too: only the first was read (a Basic line before a Bearer one hid the key)."""
+    for name in ("Authorization", "X-API-Key"):
+        if len(headers.getlist(name)) > 1:
+            return f"{len(headers.getlist(name))} {name} headers were sent: send one"
     given = [headers.get("x-api-key") or ""]
     auth = headers.get("authorization") or ""
     given += [auth[7:].strip()] if auth.lower().startswith("bearer ") else []
