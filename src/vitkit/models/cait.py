@@ -39,7 +39,7 @@ from .registry import Family, register_family, register_model
 
 def layer_scale_init(depth: int) -> float:
     """The paper's LayerScale epsilon for a network of ``depth`` self-attention layers
-    (section 3.1): 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper. The released models
+    (section 3.1): 0.1 up to depth 18, 1e-5 up to depth 24, 1e-6 deeper. The released models
     (official code = timm) follow it except XXS-36, trained with 1e-5: the registered names
     carry their own value (``CAIT_VARIANTS``)."""
     if depth <= 18:

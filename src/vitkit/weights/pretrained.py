@@ -21,6 +21,7 @@ from ..models import build_from_config, config_from_dict, family_of, get_model_c
 from ..models.config_base import fit_channel_stats
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
+from ..models.sizes import to_2tuple
 from ..selfsup import pretrainer_from_configs
 from ..utils import check_switches
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
@@ -378,12 +379,14 @@ def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
              or config.qk_norm or config.attn_norm or config.mlp_norm)
     assumed = [what for field, what in UNSTORED.items() if field not in overrides] if later else []
     prefix = int(config.class_token) + int(config.distill_token) + config.reg_tokens
-    if (config.pos_embed == "learned" and config.no_embed_class and prefix and not config.reg_tokens
-            and "img_size" not in overrides):
+    # a size asked for settles the reading only where it is the table's own (another one is a resampling of it)
+    saved_at = overrides.get("img_size") is not None and to_2tuple(overrides["img_size"]) == tuple(config.img_size)
+    if config.pos_embed == "learned" and config.no_embed_class and prefix and not config.reg_tokens and \
+            not saved_at:
         h, w = config.grid_size
         assumed.append(f"the position table over the patches only ({h}x{w}, DeiT III's and FlexiViT's form; "
                        f"a class slot before {h * w - 1} patches of a non-square grid reads the same: img_size= "
-                       f"for that)")
+                       f"the size it was saved at, for that)")
     if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
         h, w = config.img_size
         assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
