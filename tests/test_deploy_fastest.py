@@ -68,6 +68,7 @@ def test_int8_asked_for_goes_where_it_can_run(monkeypatch, tmp_path):
 def test_a_missing_runtime_falls_back_and_names_the_extra():
     choice = fastest(ZEN4, installed={"torch", "onnxruntime"})  # no OpenVINO: the next measured path
     assert (choice.runtime, choice.quantize) == ("onnxruntime", "int8")
+    assert choice.why.endswith("; openvino int8, faster here, is not installed: pip install 'vitkit[openvino]'")
     bare = fastest(ZEN3, installed={"torch"})
     assert (bare.runtime, bare.quantize) == ("torch", None)
     assert "pip install 'vitkit[onnx]'" in bare.why

@@ -120,6 +120,11 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; OpenVINO int8, faster here, "
                               f"calibrates on images and the model's classes name no built-in dataset "
                               f"(--calibration FOLDER)", choice.precision)
+            if choice is not usable[0]:  # a faster one is missing: said, as where none is installed
+                best = usable[0]
+                missing = f"{best.runtime} {best.quantize or best.precision}, faster here, is not installed"
+                return Choice(choice.runtime, choice.quantize,
+                              f"{choice.why}; {missing}: pip install '{extras[best.runtime]}'", choice.precision)
             return choice
     best = usable[0]
     return Choice("torch", None, f"{best.why}; not installed here: pip install '{extras[best.runtime]}'")
