@@ -76,7 +76,8 @@ def add_serve(verb) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine "
                                                        "only; another needs an API key)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed) [default: 8000]")
-    p.add_argument("--api-key", help="required of every request but /healthz, /readyz and the page (default: "
+    p.add_argument("--api-key", help="required of every request but /healthz, /readyz, the page, its images and the "
+                                     "API's description (/docs, /redoc, /openapi.json) (default: "
                                      "VITKIT_API_KEY; none on 127.0.0.1)")
     p.add_argument("--max-batch", type=int, default=32, help="images per batched forward pass [default: 32]")
     p.add_argument("--max-wait-ms", type=float, default=5.0,

@@ -62,7 +62,7 @@ class OnnxConfig:
 class OnnxModel(nn.Module):
     """An exported model run by ONNX Runtime (see the module docstring).
 
-    ``threads`` (default: torch's thread count, which ``vitkit --threads`` sets): a batch is cut
+    ``threads`` (default: torch's thread count, which the ``--threads`` of ``vitkit serve`` sets): a batch is cut
     into that many parts, each run on a one-thread session at once; a lone image runs on a session
     with that many intra-op threads. DINOv2-S/14 int8 at batch 32 on a 2-core Zen 4: alone as fast
     as one session on both threads (24.4 against 23.4 img/s), beside one busy Python loop 0.69 of
@@ -307,7 +307,7 @@ def check_onnx_file(path: Path) -> None:
 
 
 def thread_count(threads: Optional[int]) -> int:
-    """The threads a runtime is given: ``threads``, or torch's count (what ``vitkit --threads`` sets)."""
+    """The threads a runtime is given: ``threads``, or torch's count (what ``vitkit serve --threads`` sets)."""
     if threads is None or threads == 0:
         return torch.get_num_threads()
     if not _is_int(threads) or threads < 1:

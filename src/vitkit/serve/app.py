@@ -29,7 +29,7 @@ try:  # the request type the routes are annotated with (FastAPI reads annotation
 except ImportError:  # pragma: no cover - create_app says which extra installs it
     Request = Any  # type: ignore[misc,assignment]
 
-#: the largest --max-batch: a server runs its largest batch on blank images before it listens (serve.model.warm)
+#: the largest --max-batch: a server runs its largest batch on blank images before it takes requests (serve.model.warm)
 MAX_BATCH = 1024
 #: endpoints open without the API key (probes, the page and its example image, and the API's description: a
 #: browser cannot send a key to open /docs, whose Authorize button then sends it with every call it tries)
@@ -53,7 +53,8 @@ class ServeOptions:
     timeout_s: float = 30.0
     #: classes in an answer unless the request asks (?top_k=)
     top_k: int = 5
-    #: required of every request but the probes and the page (Authorization: Bearer KEY or X-API-Key)
+    #: required of every request but OPEN_PATHS' (the probes, the page, its images and the API's description) and
+    #: the docs' assets (Authorization: Bearer KEY or X-API-Key)
     api_key: Optional[str] = None
 
     def problems(self) -> list:
@@ -63,7 +64,7 @@ class ServeOptions:
                 out.append(f"--{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
         if self.max_batch > MAX_BATCH:
             out.append(f"--max-batch must be at most {MAX_BATCH:,} (the server runs its largest batch once before it "
-                       f"listens), not {self.max_batch:,}")
+                       f"takes requests), not {self.max_batch:,}")
         if not 0 <= self.max_wait_ms <= 10_000:
             out.append(f"--max-wait-ms must be between 0 and 10000, not {self.max_wait_ms}")
         if not 0 < self.timeout_s <= 3600:

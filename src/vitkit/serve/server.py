@@ -190,7 +190,8 @@ def serve(weights: str, host: str = "127.0.0.1", port: int = 8000, runtime: Opti
     """Serve the classifier ``weights`` name (a run folder, a weights file or folder, an ``.onnx`` or
     OpenVINO ``.xml``) on ``runtime`` until SIGINT or SIGTERM, which drain it (``calibration``: the
     images a calibrated int8 export calibrates on). ``ready`` is given the address once the socket
-    listens and the model is warm (``url``, ``host``, ``port``, ``weights``, ``runtime``): with
+    listens and the model is warm (``url``, ``host``, ``port``, ``weights``, ``runtime``,
+    ``precision``): with
     ``port=0`` the only way to learn the port the system chose. ``stand_ins`` (img_size, mean, std,
     labels): an ``.onnx`` file without vitkit's metadata, as ``vitkit predict`` takes them. Returns whether
     a second signal stopped it at once (requests in flight cut off), rather than a drain."""

@@ -23,6 +23,7 @@ def list_studies() -> List[str]:
 
 
 def get_study(name: str) -> Study:
+    """The study registered as ``name`` (:func:`list_studies`); an unknown name is refused with the list."""
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; the studies: {', '.join(STUDIES)}")
     return importlib.import_module(f".{STUDIES[name]}", __name__).STUDY
