@@ -334,7 +334,9 @@ def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_pat
     server = forks.popen("serve", path, "--port", "0", "--json", *stand_ins, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
-        url = json.loads(server.stdout.readline())["url"]
+        ready = json.loads(server.stdout.readline())
+        url = ready["url"]
+        assert ready["precision"] == "onnxruntime, precision not recorded: no vitkit metadata"  # (was "unknown")
         request = urllib.request.Request(url + "/predict?top_k=3", data=(tmp_path / "b.png").read_bytes())
         got = json.load(urllib.request.urlopen(request, timeout=60))["top"]
         assert [t["label"] for t in got] == [t["label"] for t in want]

@@ -195,6 +195,8 @@ def runtime_label(model: nn.Module) -> str:
         if quantization in ("none", "unknown"):
             return f"openvino {model.precision}"
         return "openvino int8 (NNCF, calibrated)" if quantization == "int8-static" else f"openvino {quantization}"
+    if quantization == "unknown":  # a file exported elsewhere records none ("onnxruntime unknown" said nothing)
+        return "onnxruntime, precision not recorded: no vitkit metadata"
     return "onnxruntime " + ("fp32" if quantization == "none" else quantization)
 
 
