@@ -282,8 +282,7 @@ def config_file(tmp_path, name, text):
     ("c.yaml", "crop_pad: -2\n", "crop_pad must be >= 0, not -2"),
     ("c.yaml", "lr: fast\n", 'lr "fast" is not a finite number'),
     ("c.yaml", "max_steps: 12.5\n", "max_steps 12.5 is not an integer"),
-    ("c.yaml", "img_size: [32, 48]\n", "img_size [32, 48] is not an integer (one side: vitkit train trains square "
-                                       "images"),
+    ("c.yaml", "img_size: [32, 48, 3]\n", "img_size [32, 48, 3] is not an integer or two (height, width)"),
     ("c.yaml", "name: 123\n", "name 123 is not text (quote it)"),
     ("c.yaml", "x: [\n", "is not valid YAML at line 2, column 1"),
     ("c.yml", "a:\n\tb: 1\n", "(YAML indents with spaces, not tabs)"),

@@ -183,6 +183,32 @@ def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
     assert model.config.img_size == (40, 40) and model.pos_embed.shape[1] == 100
 
 
+@real
+def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch, capsys):
+    """--img-size H W: a run at 28x40, then --init from it at 32x48 (its position grid resampled). The flag took one
+    side only, while --model-args img_size with --init named `--img-size H W` as the way to ask for it."""
+    from vitkit.cli import main
+
+    monkeypatch.setenv("VITKIT_TINY", "1")  # a few steps: what is tested is the size, not the learning
+    common = ["--threads", "1", "--runs-dir", str(tmp_path), "--no-progress"]
+    assert main(["train", "--img-size", "28", "40", "--name", "a", *common]) == 0
+    assert main(["train", "--init", str(tmp_path / "a"), "--img-size", "32", "48", "--name", "b", *common]) == 0
+    model = vitkit.from_pretrained(tmp_path / "b" / "model").eval()
+    assert model.config.img_size == (32, 48) and model(torch.zeros(1, 1, 32, 48)).shape == (1, 10)
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["img_size"] == [32, 48]
+    assert main(["train", "--resume", str(tmp_path / "b"), "--img-size", "32", "48", "--no-progress"]) == 0
+    assert main(["train", "--img-size", "28", "28", "--name", "square", *common]) == 0  # a square's sides: its one
+    assert json.loads((tmp_path / "square" / "config.json").read_text())["img_size"] == 28
+    capsys.readouterr()
+    for argv, words in ((["--img-size", "28", "40", "5"], "--img-size takes one value or two (H W), not 28 40 5"),
+                        (["--img-size", "none", "40"], "--img-size takes one value or two (H W), not none 40"),
+                        (["--img-size", "0", "40"], "img_size must be >= 1, not [0, 40]")):
+        assert main(["train", *argv, "--name", "bad", *common]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_init_on_in_memory_images_predicts_on_the_whole_image_as_training_saw_it(tmp_path):
     """In-memory images are trained and scored whole; an --init run kept the weights' crop (timm's 0.9), so
     predict and the exports cropped the images the model never saw cropped (SigLIP: 0.07 off)."""

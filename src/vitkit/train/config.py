@@ -12,7 +12,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .. import tiny
 from ..extras import require
@@ -31,13 +31,16 @@ from .config_types import (
     HF_FIELDS,
     OFF,
     RANGES,
+    TUPLES,
     ConfigNote,
     _above,
     _below,
     _range_words,
     _show,
+    as_tuples,
     check_value,
     kinds_of,
+    sides,
 )
 from .recipes import PRETRAIN_RECIPES, RECIPES, for_other_optimizer, recipe_in_effect, resolve_width  # noqa: F401
 
@@ -118,9 +121,9 @@ class TrainConfig:
     lora_targets: str = "qkv,proj,fc1,fc2"
     #: Freeze the embedding and the first N blocks (with any --finetune).
     freeze_blocks: int = 0
-    #: Train and evaluate at this square size (in-memory images are resized on the device);
-    #: none: the data's own size.
-    img_size: Optional[int] = None
+    #: Train and evaluate at this size: one side (a square) or height and width (in-memory images are resized on
+    #: the device); none: the data's own size.
+    img_size: Optional[Union[int, Tuple[int, int]]] = None
     #: Epochs to train: passes over the training images (--max-steps, when given, decides instead;
     #: the default run's batch 128 learned 0.8 points more than 256 in 2 epochs, at the same img/s).
     epochs: float = 6.0
@@ -279,9 +282,8 @@ class TrainConfig:
                     for name, choices in CHOICES.items() if getattr(self, name) not in choices]
         for name, low, high, note in RANGES:
             value = getattr(self, name)
-            if value is None:
-                continue
-            if (low is not None and not _above(value, low)) or (high is not None and not _below(value, high)):
+            if value is not None and any((low is not None and not _above(v, low)) or
+                                         (high is not None and not _below(v, high)) for v in sides(value)):
                 problems.append(f"{name} must be {_range_words(low, high)}, not {_show(value)}{note}")
         if self.max_steps is None and self.epochs <= 0:
             problems.append(f"epochs must be > 0 (or give max_steps), not {_show(self.epochs)}")
@@ -316,8 +318,8 @@ class TrainConfig:
         from ..models.config_base import MAX_IMG_SIZE  # here: the command line's flags need no torch
 
         problems = []
-        if self.img_size is not None and self.img_size > MAX_IMG_SIZE:
-            problems.append(f"img_size {self.img_size} is past the {MAX_IMG_SIZE:,} px vitkit trains at")
+        if self.img_size is not None and max(sides(self.img_size)) > MAX_IMG_SIZE:
+            problems.append(f"img_size {_show(self.img_size)} is past the {MAX_IMG_SIZE:,} px vitkit trains at")
         cores = usable_cores()
         if self.threads is not None and self.threads > cores:
             problems.append(f"threads must be at most the {cores} core(s) this process may use, not {self.threads} "
@@ -406,8 +408,7 @@ class TrainConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
+        return {k: list(v) if k in TUPLES and isinstance(v, tuple) else v for k, v in d.items()}
 
 
 #: The pre-training options of TrainConfig and the objectives each applies to.
@@ -517,8 +518,7 @@ def resolve_config(recipe: Optional[str] = None, file: Optional[str] = None, **o
     refuse_unknown(values, set(below), RENAMED, file, from_file)
     if not isinstance(values.get("model_args", {}), Mapping):
         raise ValueError(f"model_args must be a JSON object of model options, not {values['model_args']!r}")
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
+    values = as_tuples(values)
     recipe_only = set(RECIPES[recipe]) & set(OBJECTIVE_OPTIONS) - set(chosen)
     with _naming(file, {k for k in from_file if k not in given}, recipe, recipe_only):
         cfg = _checked(values)

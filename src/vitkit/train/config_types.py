@@ -1,5 +1,5 @@
 """What a training option's value may be, as people write it (flags, YAML, JSON): each kind of field
-(int, float, bool, str, pair, mapping) checked and, for a config file, unambiguous numbers coerced
+(int, float, bool, str, pair, size, mapping) checked and, for a config file, unambiguous numbers coerced
 (a quoted "1e-3" is the number 0.001, JSON's 1e4 the count 10000), with a ConfigNote saying so; the words and
 ranges the fields take (CHOICES, RANGES); and OFF, the command line's way to switch one off.
 
@@ -19,7 +19,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 #: A number written as text: YAML 1.1 reads 1e-3 and 1e4 (no dot) as strings.
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _EXPECTED = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "text",
-             "pair": "two numbers", "mapping": "a mapping of model options"}
+             "pair": "two numbers", "size": "an integer or two (height, width)",
+             "mapping": "a mapping of model options"}
+#: the fields read as tuples where a file or the command line gives lists
+TUPLES = ("betas", "img_size")
 
 
 class ConfigNote(UserWarning):
@@ -29,18 +32,20 @@ class ConfigNote(UserWarning):
 
 def kinds_of(cls: type) -> Dict[str, Tuple[str, bool]]:
     """Each field of a dataclass whose annotations are text (``from __future__ import annotations``)
-    -> its kind (int, float, bool, str, pair, mapping) and whether it may be none."""
+    -> its kind (int, float, bool, str, pair, size, mapping) and whether it may be none."""
     kinds = {}
     for f in dataclasses.fields(cls):
         text = str(f.type)
         optional = text.startswith("Optional[")
         base = text[len("Optional["):-1] if optional else text
-        kinds[f.name] = ({"Tuple[float, float]": "pair", "Dict[str, Any]": "mapping"}.get(base, base), optional)
+        kinds[f.name] = ({"Tuple[float, float]": "pair", "Union[int, Tuple[int, int]]": "size",
+                          "Dict[str, Any]": "mapping"}.get(base, base), optional)
     return kinds
 
 
 def _show(value: Any) -> str:
     """A value as the user wrote it, for messages (YAML's dates and JSON's floats included)."""
+    value = list(value) if isinstance(value, tuple) else value  # (a size's two sides, as a file writes them)
     text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -52,13 +57,18 @@ def check_value(name: str, value: Any, kind: str, optional: bool,
     field, the value and what is allowed, or a note saying what was coerced."""
     if value is None:
         return None, None if optional else f"{name} cannot be none ({_EXPECTED[kind]} is expected)", None
-    if kind == "pair":
+    if kind == "size" and not isinstance(value, (list, tuple)):  # one side: a square
+        return _number(name, value, "int", coerce)
+    if kind in ("pair", "size"):  # (a size's two sides: height and width)
         if not isinstance(value, (list, tuple)) or len(value) != 2:
-            return value, f"{name} {_show(list(value) if isinstance(value, tuple) else value)} is not two numbers", None
-        pair = [_number(name, v, "float", coerce) for v in value]
+            return value, f"{name} {_show(list(value) if isinstance(value, tuple) else value)} is not " \
+                          f"{_EXPECTED[kind]}", None
+        pair = [_number(name, v, "float" if kind == "pair" else "int", coerce) for v in value]
         bad = next((p for _, p, _ in pair if p), None)
         notes = [n for _, _, n in pair if n]
-        return tuple(v for v, _, _ in pair), bad, "; ".join(notes) or None
+        read = tuple(v for v, _, _ in pair)
+        square = kind == "size" and not bad and read[0] == read[1]  # a square's two sides: its one (as --img-size)
+        return read[0] if square else read, bad, "; ".join(notes) or None
     if kind == "mapping":
         if not isinstance(value, Mapping):
             return value, f"{name} must be a mapping of model options, e.g. {{\"depth\": 4}}, not {_show(value)}", None
@@ -79,9 +89,7 @@ def _number(name: str, value: Any, kind: str, coerce: bool) -> Tuple[Any, Option
     what = _EXPECTED[kind]
     read = value
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        square = " (one side: vitkit train trains square images; a trained model loads at any height and width)" \
-            if name == "img_size" and isinstance(value, (list, tuple)) else ""
-        return value, f"{name} {_show(value)} is not {what}{square}", None
+        return value, f"{name} {_show(value)} is not {what}", None
     if isinstance(value, str):
         if not coerce or not _NUMBER.fullmatch(value.strip()):
             return value, f"{name} {_show(value)} is not {what}", None
@@ -98,6 +106,16 @@ def _number(name: str, value: Any, kind: str, coerce: bool) -> Tuple[Any, Option
         return read, None, (f"{name} {_show(value)} read as {read}" if read is not value else None)
     note = f"{name} {_show(value)} read as {float(read):g}" if isinstance(value, str) else None
     return float(read) if isinstance(read, float) else read, None, note
+
+
+def sides(value: Any) -> tuple:
+    """A value's numbers, for the range checks: a size's two sides, or the one number."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def as_tuples(values: Dict[str, Any]) -> Dict[str, Any]:
+    """``values`` with TUPLES' fields as tuples, as TrainConfig holds them (a file and config.json hold lists)."""
+    return {k: tuple(v) if k in TUPLES and isinstance(v, list) else v for k, v in values.items()}
 
 
 def _non_finite(value: Any, where: str = "") -> Optional[str]:
@@ -200,4 +218,5 @@ def _range_words(low: Any, high: Any) -> str:
     return f"in {left}{number(low)}, {number(high)}{right}"
 
 
-__all__ = ["CHOICES", "HF_FIELDS", "OFF", "RANGES", "ConfigNote", "check_value", "kinds_of"]
+__all__ = ["CHOICES", "HF_FIELDS", "OFF", "RANGES", "TUPLES", "ConfigNote", "as_tuples", "check_value", "kinds_of",
+           "sides"]

@@ -24,6 +24,7 @@ from ..data.shards import ShardDataset
 from ..data.tensors import load_split_tensors, to_tensors  # noqa: F401 (re-exported)
 from ..evaluate.dataset import scored_positions
 from ..machine import first_process_on_machine
+from ..models.sizes import to_2tuple
 from .batches import FolderBatches, Layout, MemoryBatches, MicroBatch, ShardBatches
 from .config import TrainConfig
 
@@ -136,10 +137,11 @@ class RunData:
     #: the test split's images where --test-size scores fewer of them (None: all are scored)
     test_split: Optional[int] = None
 
-    def model_args(self, img_size: Optional[int]) -> Dict[str, Any]:
+    def model_args(self, img_size: Any) -> Dict[str, Any]:
+        """The new data's model options; ``img_size``: --img-size (one side or height and width), else the data's."""
         args: Dict[str, Any] = dict(in_chans=self.in_chans, num_classes=len(self.classes),
                                     label_names=list(self.classes))
-        size = (img_size,) * 2 if img_size else self.img_size
+        size = to_2tuple(img_size) if img_size else self.img_size
         if size:
             args["img_size"] = tuple(size)
         return args

@@ -13,7 +13,7 @@ from ..files import as_argument
 from ..machine import usable_cores
 from .chosen import file_choices
 from .config import OBJECTIVE_OPTIONS, RENAMED, TrainConfig, deep_merge, field_kinds
-from .config_types import as_saved
+from .config_types import as_saved, as_tuples
 from .recipes import OPTIMIZER_FIELDS, RECIPES, recipe_optimizer
 
 #: Fields that describe the machine a run executes on or how its end is scored, not what it
@@ -75,8 +75,7 @@ def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[
     unknown = sorted(set(values) - set(field_kinds()))
     if unknown:
         raise ValueError(f"{Path(run_dir) / 'config.json'} has fields no training run has: {', '.join(unknown)}")
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
+    values = as_tuples(values)
     if isinstance(values.get("threads"), int) and values["threads"] > usable_cores():
         values["threads"] = usable_cores()  # saved on a larger machine: this one's cores
     cfg = TrainConfig(**values)
