@@ -1047,6 +1047,27 @@ def test_a_model_past_the_memory_is_refused_before_it_is_built(monkeypatch):
     memory.check_model_fits(vitkit.ViTConfig())  # ViT-B/16 fits in 64 GiB
 
 
+def test_a_position_table_past_the_memory_is_refused_before_it_is_built(monkeypatch):
+    """`--img-size 16384` on the default model: its sine-cosine table (4096 x 4096 tokens, 6 GiB) was built twice
+    (once more to count the parameters on the meta device) in five float64 pieces, and the kernel killed the run
+    without a word. The table is now built alone, never on the meta device, and one too large is refused first."""
+    from vitkit.models.positions.absolute import sincos_2d_pos_embed
+    from vitkit.train import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 16 * 2 ** 30)
+    big = vitkit.create_model("vit_fmnist", img_size=28).config.replace(img_size=16384, pos_embed="learned")
+    with pytest.raises(ValueError, match=r"^the model's position table for its 4096x4096 grid \(16384x16384 px\) holds "
+                                         r"16,777,216 x 96 values: the model needs at least 24.0 GiB and 16.0 GiB "
+                                         r"are free: lower --img-size$"):
+        memory.check_model_fits(big)
+    memory.check_model_fits(big.replace(pos_embed="sincos2d"))  # 6 GiB: built, then the batches are refused
+    started = time.time()
+    with torch.device("meta"):  # counting parameters: nothing computed, nothing held
+        table = sincos_2d_pos_embed((4096, 4096), 96)
+    assert table.device.type == "meta" and table.shape == (1, 4096 * 4096, 96) and table.dtype == torch.float32
+    assert time.time() - started < 1
+
+
 @real
 def test_a_batch_past_the_memory_is_refused_before_the_run_folder(tmp_path):
     line = one_line(cli("train", "--runs-dir", tmp_path, "--batch-size", "100000000", "--model", "vit_fmnist",

@@ -18,17 +18,38 @@ from ..models.complexity import complexity, head_params, memory_floor, params_fl
 TRAINED_PARAM_BYTES = 16
 
 
+#: the position kinds built as a table of tokens x width with the model (learned_2d's rows and columns are small)
+TABLE_KINDS = ("learned", "sincos2d")
+
+
 def check_model_fits(config: Any) -> None:
     """Refuse a model whose weights and optimiser state alone exceed the free memory, from its
-    config, before it is built."""
+    config, before it is built; its position table too, which grows with the image (a fixed one at
+    16,384 px is gigabytes: the build was killed by the kernel, without a word)."""
     params, available = params_floor(config), available_memory()
-    if params is None or available is None or params * TRAINED_PARAM_BYTES <= available:
+    if params is None or available is None:
         return
+    table, weights = _table_bytes(config), params * TRAINED_PARAM_BYTES
+    if table + weights <= available:
+        return
+    if table > weights:
+        (h, w), (ih, iw) = config.grid_size, config.img_size
+        raise ValueError(f"the model's position table for its {h}x{w} grid ({ih}x{iw} px) holds {h * w:,} x "
+                         f"{config.embed_dim} values: the model needs at least {(table + weights) / 2 ** 30:,.1f} GiB "
+                         f"and {available / 2 ** 30:,.1f} GiB are free: lower --img-size")
     head = head_params(config)
     what = (f"its head for {config.num_classes:,} classes" if 2 * head > params else
             f"{getattr(config, 'depth', '?')} blocks of width {getattr(config, 'embed_dim', '?')}")
     raise ValueError(f"the model ({what}) has at least {params:,} parameters: training them needs at least "
                      f"{params * TRAINED_PARAM_BYTES / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free")
+
+
+def _table_bytes(config: Any) -> int:
+    """The bytes of the position table the model builds (a learned one with its gradient and Adam's moments)."""
+    if getattr(config, "pos_embed", None) not in TABLE_KINDS or not hasattr(config, "grid_size"):
+        return 0
+    h, w = config.grid_size
+    return h * w * config.embed_dim * (TRAINED_PARAM_BYTES if config.pos_embed == "learned" else 4)
 
 
 def check_batches_fit(config: Any, micro_batch: int, eval_batch: int) -> None:

@@ -70,7 +70,8 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
 SINCOS_SPACINGS = ("big_vision", "mae")
 
 
-@computed_on_cpu
+@computed_on_cpu(shape=lambda grid_size, dim, *args, **kwargs: (1, grid_size[0] * grid_size[1], dim),
+                 dtype=torch.float32)  # (counting a model on the meta device computes no table)
 def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000.0,
                         spacing: str = "big_vision") -> torch.Tensor:
     """Fixed 2D sine-cosine embedding, laid out as big_vision's ``posemb_sincos_2d``.
@@ -84,12 +85,14 @@ def sincos_2d_pos_embed(grid_size: IntPair, dim: int, temperature: float = 10000
     if spacing not in SINCOS_SPACINGS:
         raise ValueError(f"spacing must be one of {SINCOS_SPACINGS}, got {spacing!r}")
     gh, gw = grid_size
-    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64),
-                          torch.arange(gw, dtype=torch.float64), indexing="ij")
     quarter = dim // 4
     omega = torch.arange(quarter, dtype=torch.float64) / (quarter if spacing == "mae" else max(quarter - 1, 1))
     omega = 1.0 / temperature ** omega
-    y = y.flatten()[:, None] * omega[None, :]
-    x = x.flatten()[:, None] * omega[None, :]
-    pe = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
-    return pe.float().unsqueeze(0)
+    # each axis's angles once (float64, as the references), spread over the grid in the float32 table: the table
+    # alone in memory (a float64 copy per term held five times it: a large grid's build was killed by the kernel)
+    x = torch.arange(gw, dtype=torch.float64)[:, None] * omega[None, :]
+    y = torch.arange(gh, dtype=torch.float64)[:, None] * omega[None, :]
+    pe = torch.empty(gh, gw, 4, quarter)
+    for i, part in enumerate((x.sin()[None], x.cos()[None], y.sin()[:, None], y.cos()[:, None])):
+        pe[:, :, i] = part.float()
+    return pe.reshape(1, gh * gw, dim)
