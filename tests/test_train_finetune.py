@@ -192,6 +192,18 @@ def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch
     monkeypatch.setenv("VITKIT_TINY", "1")  # a few steps: what is tested is the size, not the learning
     common = ["--threads", "1", "--runs-dir", str(tmp_path), "--no-progress"]
     assert main(["train", "--img-size", "28", "40", "--name", "a", *common]) == 0
+    # predict and the exports see an image as training did: Fashion-MNIST's 28x28 stretched whole to 28x40 (they
+    # resized it to 40x40 and cut 12 rows: 2.8 apart, half the top classes changed)
+    from PIL import Image
+
+    from vitkit.data import datasets
+    from vitkit.evaluate.metrics import prepare_batch
+
+    first = vitkit.from_pretrained(tmp_path / "a")
+    images = torch.from_numpy(datasets.load_split("fashion-mnist", "test", None).images[:4]).reshape(4, 1, 28, 28)
+    trained = prepare_batch(images, first.config)
+    predicted = torch.cat([vitkit.preprocess(first, Image.fromarray(i[0].numpy())) for i in images])
+    assert first.config.crop_mode == "squash" and (trained - predicted).abs().mean() < 0.03  # (bicubic's two forms)
     assert main(["train", "--init", str(tmp_path / "a"), "--img-size", "32", "48", "--name", "b", *common]) == 0
     model = vitkit.from_pretrained(tmp_path / "b" / "model").eval()
     assert model.config.img_size == (32, 48) and model(torch.zeros(1, 1, 32, 48)).shape == (1, 10)
@@ -199,6 +211,7 @@ def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch
     assert main(["train", "--resume", str(tmp_path / "b"), "--img-size", "32", "48", "--no-progress"]) == 0
     assert main(["train", "--img-size", "28", "28", "--name", "square", *common]) == 0  # a square's sides: its one
     assert json.loads((tmp_path / "square" / "config.json").read_text())["img_size"] == 28
+    assert vitkit.from_pretrained(tmp_path / "square").config.crop_mode == "center"  # (its shape is the data's)
     capsys.readouterr()
     for argv, words in ((["--img-size", "28", "40", "5"], "--img-size takes one value or two (H W), not 28 40 5"),
                         (["--img-size", "none", "40"], "--img-size takes one value or two (H W), not none 40"),

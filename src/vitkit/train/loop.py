@@ -136,10 +136,11 @@ def _starting(run: Run) -> str:
     where = f"{cfg.dataset}" if run.dist.device.type != "cpu" else \
         f"{cfg.dataset} ({threads} CPU thread{'s' if threads != 1 else ''}, parallel over {run.parallel_how})"
     why = why_precision(cfg.precision, run.dist.device)
-    stored = run.data.train.first_size() if run.data.kind == "folder" else None
+    stored = run.data.train.first_size() if run.data.kind == "folder" else run.data.img_size
     size = tuple(encoder_of(run.model).config.img_size)
-    if stored and tuple(stored) != size:  # a folder's images are resized to the model's input: say so
-        where += (f"; its images ({stored[0]}x{stored[1]}, the first) resized to {size[0]}x{size[1]}, the model's "
+    if stored and tuple(stored) != size:  # the images are resized to the model's input: say so
+        first = ", the first" if run.data.kind == "folder" else ", whole" if run.data.kind == "memory" else ""
+        where += (f"; its images ({stored[0]}x{stored[1]}{first}) resized to {size[0]}x{size[1]}, the model's "
                   f"size (--img-size chooses)")
     if run.data.kind == "folder" and encoder_of(run.model).config.in_chans == 1 and run.data.train.holds_colour():
         where += "; its colour images read as grey, the model's one channel (--model-args '{\"in_chans\": 3}' keeps " \

@@ -58,6 +58,9 @@ def data_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
     args = data.model_args(cfg.img_size)
     if data.kind == "memory":
         args["crop_pct"] = 1.0
+        (h, w), (dh, dw) = args.get("img_size") or (1, 1), data.img_size or (1, 1)
+        if h * dw != w * dh:  # stretched to another shape: predict and the exports squash an image as training did
+            args["crop_mode"] = "squash"  # (they cut a 28x28 image's rows to fill 28x40: half the classes changed)
     return args
 
 
