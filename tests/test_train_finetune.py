@@ -183,6 +183,31 @@ def test_model_trained_at_28px_fine_tunes_at_40px(tmp_path):
     assert model.config.img_size == (40, 40) and model.pos_embed.shape[1] == 100
 
 
+def test_init_reads_a_bare_table_of_two_readings_at_the_runs_size(tmp_path, images, monkeypatch):
+    """25 slots of a bare timm file: a 5x5 table, or a class slot before the 4x6 patches of 64x96 px. --init at
+    --img-size 64 96 read it as 5x5 and resampled that to 4x6 (0.26 off timm in silence); it is read at the run's
+    size now, as from_pretrained(img_size=) reads it: timm's logits. A size past the memory is refused before the
+    build with --init too (it went straight to a 13 GB allocation)."""
+    import timm
+    from safetensors.torch import save_file
+
+    from conftest import max_diff, randomize
+    from vitkit.train import memory
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=(64, 96), num_classes=3)).eval()
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "amb.safetensors"))
+    data = dict(img_size=(64, 96), in_chans=3, num_classes=3, label_names=None)
+    with pytest.warns(UserWarning) as said:
+        model = model_from_init(str(tmp_path / "amb.safetensors"), data, {}, "keep", log=lambda *a: None).eval()
+    assert not any("position table over the patches only" in str(w.message) for w in said)  # (the size settled it)
+    x = images(2, 64, 96)
+    with torch.no_grad():
+        assert max_diff(ref(x), model(x)) <= 1e-5
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 ** 30)
+    with pytest.raises(ValueError, match=r"position table for its 1024x1024 grid \(16384x16384 px\)"):
+        model_from_init(str(tmp_path / "amb.safetensors"), {**data, "img_size": (16384, 16384)}, {}, "new")
+
+
 @real
 def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch, capsys):
     """--img-size H W: a run at 28x40, then --init from it at 32x48 (its position grid resampled). The flag took one

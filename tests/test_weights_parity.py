@@ -119,7 +119,7 @@ def test_a_class_slot_before_a_non_square_grid_is_never_read_as_a_square_table(t
     with pytest.warns(UserWarning, match=r"a class slot before 24 patches of a non-square grid reads the same"):
         guessed = vitkit.from_pretrained(path)  # without a size: the square table, and a warning saying so
     assert tuple(guessed.patch_embed.grid_size) == (5, 5)
-    with pytest.warns(UserWarning, match=r"reads the same: img_size= the size it was saved at"):
+    with pytest.warns(UserWarning, match=r"reads the same: img_size= \(--img-size\) the size it was saved at"):
         vitkit.from_pretrained(path, img_size=224)  # another size resamples the 5x5 reading (it said nothing)
     with pytest.warns(UserWarning):  # (the normalisation is a guess)
         at_size = vitkit.from_pretrained(path, img_size=(64, 96)).eval()

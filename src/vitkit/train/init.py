@@ -23,8 +23,9 @@ from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import config_for_source, note_guesses, open_fields, weights_path
+from ..weights.pretrained import note_guesses, open_fields, stored_config, weights_path
 from .config import resolve_width
+from .memory import check_model_fits
 
 HEAD_MODES = ("new", "keep")
 
@@ -51,7 +52,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     if not path.exists():
         raise FileNotFoundError(f"--init weights not found: {path}")
     src = read_source(path)
-    stored = config_for_source(src)
+    # the run's size reads a table its tensors leave open (a non-square grid, or 25 slots of two readings)
+    stored = stored_config(src, {"img_size": data_args.get("img_size")})
     check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
     note_guesses(stored, src, model_args)
     _check_model_args(model_args, stored, source, open_fields(stored, src))
@@ -70,6 +72,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         raise WeightsError(f"init_head='keep' needs the same classes in the same order: {why}; "
                            f"use --init-head new for a new head")
     config = stored.replace(**fit_channel_stats(stored, overrides))
+    check_model_fits(config)  # before it is built: an image size past the memory must not fill it first
     model = build_from_config(config)
     # a new head: every classifier (a distilled DeiT's head_dist too) and the pre-logits layer start afresh
     exclude = (*(f"{name}." for name in model.head_names()), "pre_logits.") if head == "new" else ()

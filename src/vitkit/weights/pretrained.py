@@ -100,7 +100,7 @@ def config_for_source(src: Source, **overrides: Any):
     return timm_format.infer_config(sd, **overrides)
 
 
-def _stored_config(src: Source, overrides: Mapping[str, Any]):
+def stored_config(src: Source, overrides: Mapping[str, Any]):
     """The source's configuration; where it cannot be read alone (a position table of no square grid,
     where nothing stores the size) and an ``img_size`` is asked for, read at that size: what is wrong
     with that reading is then the error (the same one, where the size was not the reason)."""
@@ -114,7 +114,10 @@ def _stored_config(src: Source, overrides: Mapping[str, Any]):
     if size is not None and src.config_json is None and getattr(config, "no_embed_class", False) and \
             config.class_token and not config.reg_tokens:
         # 25 slots: a 5 x 5 table over the patches only, or a class slot before the 4 x 6 patches of 64 x 96 px
-        at_size = config_for_source(src, img_size=size)
+        try:
+            at_size = config_for_source(src, img_size=size)
+        except WeightsError:  # a size the table cannot be read at: the one reading, resampled to it
+            return config
         if not at_size.no_embed_class:
             return at_size
     return config
@@ -386,7 +389,7 @@ def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
         h, w = config.grid_size
         assumed.append(f"the position table over the patches only ({h}x{w}, DeiT III's and FlexiViT's form; "
                        f"a class slot before {h * w - 1} patches of a non-square grid reads the same: img_size= "
-                       f"the size it was saved at, for that)")
+                       f"(--img-size) the size it was saved at, for that)")
     if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
         h, w = config.img_size
         assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
@@ -461,7 +464,7 @@ def _config_to_build(src: Source, model_name: Optional[str], overrides: Mapping[
     a config; else the source's own, read once, a name given beside it checked against it and then dropped."""
     if model_name and src.config_json is None:
         return _named_config(src, model_name), model_name
-    stored = _stored_config(src, overrides)
+    stored = stored_config(src, overrides)
     if model_name:
         _check_named_agrees(src, model_name, stored)
     return stored, None
