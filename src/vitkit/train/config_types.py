@@ -46,7 +46,10 @@ def kinds_of(cls: type) -> Dict[str, Tuple[str, bool]]:
 def _show(value: Any) -> str:
     """A value as the user wrote it, for messages (YAML's dates and JSON's floats included)."""
     value = list(value) if isinstance(value, tuple) else value  # (a size's two sides, as a file writes them)
-    text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+    try:  # as JSON (and YAML) write it: null, not None; a date or another object as Python shows it
+        text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None), list, dict)) else repr(value)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -58,13 +61,16 @@ def check_value(name: str, value: Any, kind: str, optional: bool,
     if value is None:
         return None, None if optional else f"{name} cannot be none ({_EXPECTED[kind]} is expected)", None
     if kind == "size" and not isinstance(value, (list, tuple)):  # one side: a square
-        return _number(name, value, "int", coerce)
+        read, bad, note = _number(name, value, "int", coerce)
+        return read, bad and f"{name} {_show(value)} is not {_EXPECTED[kind]}", note
     if kind in ("pair", "size"):  # (a size's two sides: height and width)
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             return value, f"{name} {_show(list(value) if isinstance(value, tuple) else value)} is not " \
                           f"{_EXPECTED[kind]}", None
         pair = [_number(name, v, "float" if kind == "pair" else "int", coerce) for v in value]
         bad = next((p for _, p, _ in pair if p), None)
+        if bad and kind == "size":  # the value as written, not one side of it ("img_size null")
+            bad = f"{name} {_show(value)} is not {_EXPECTED[kind]}"
         notes = [n for _, _, n in pair if n]
         read = tuple(v for v, _, _ in pair)
         square = kind == "size" and not bad and read[0] == read[1]  # a square's two sides: its one (as --img-size)
