@@ -234,6 +234,10 @@ def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch
     assert model.config.img_size == (32, 48) and model(torch.zeros(1, 1, 32, 48)).shape == (1, 10)
     assert json.loads((tmp_path / "b" / "config.json").read_text())["img_size"] == [32, 48]
     assert main(["train", "--resume", str(tmp_path / "b"), "--img-size", "32", "48", "--no-progress"]) == 0
+    capsys.readouterr()  # a taken name is the one line, before the --init weights are read and said
+    assert main(["train", "--init", str(tmp_path / "a"), "--finetune", "lora", "--name", "b", *common]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "run directory" in err and "already exists" in err, (out, err)
     assert main(["train", "--img-size", "28", "28", "--name", "square", *common]) == 0  # a square's sides: its one
     assert json.loads((tmp_path / "square" / "config.json").read_text())["img_size"] == 28
     assert vitkit.from_pretrained(tmp_path / "square").config.crop_mode == "center"  # (its shape is the data's)

@@ -74,8 +74,8 @@ def refuse_unused(cfg: Any, chosen: Mapping[str, Any], changing: Mapping[str, An
                          f"labels); leave {'them' if len(decided) > 1 else 'it'} out")
     size = (cfg.model_args or {}).get("img_size")
     if cfg.img_size is not None and size is not None and _sizes_differ(cfg.img_size, size):
-        raise ValueError(f"--img-size {_show(cfg.img_size)} and model_args img_size {_show(size)} differ (the model was "
-                         f"built at the second and the run's config said the first): give the size once")
+        raise ValueError(f"--img-size {_show(cfg.img_size)} and model_args img_size {_show(size)} differ (the model "
+                         f"was built at the second and the run's config said the first): give the size once")
     if "min_lr" in changing and cfg.min_lr > cfg.lr:  # the floor is never above the peak (schedule.lr_at)
         raise ValueError(f"--min-lr {_show(cfg.min_lr)} is above the peak learning rate {_show(cfg.lr)}: the "
                          f"schedule decays from lr to min_lr, so it would rise instead")

@@ -53,7 +53,7 @@ from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
 from .resume import RUNTIME_FIELDS, read_run_json, resumed_config
-from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir  # noqa: F401 (re-exported)
+from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir, refuse_a_taken_name  # noqa: F401
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
 from .state import Run  # noqa: F401 (vitkit.train.loop.Run, where it was)
@@ -70,9 +70,9 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
     if resume and is_finished(Path(resume)):
         return finished_summary(Path(resume), log, cfg.test_tta)
-    if resume:  # the saved configuration; only the machine's fields (threads, ...) may change
-        cfg = resumed_config(resume, cfg, asked)
+    cfg = resumed_config(resume, cfg, asked) if resume else cfg  # a resume: the saved config, the machine's fields
     cfg.validate()
+    refuse_a_taken_name(cfg.runs_dir, None if resume else cfg.name)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dist_info = distributed.setup()

@@ -9,7 +9,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ..files import as_argument
 from ..runlock import RunLock
@@ -54,6 +54,17 @@ def new_run_dir(run: Run) -> Path:
             run.log(f"reusing {path}: the run there stopped before its first checkpoint (nothing to resume)")
         return path
     raise FileExistsError(f"no free run directory named {base}-N in {cfg.runs_dir}")
+
+
+def refuse_a_taken_name(runs_dir: str, name: Optional[str]) -> None:
+    """A --name whose folder holds a run (a checkpoint or its summary) is refused before the data and the model are
+    read, so that the refusal is the only line (an --init run said what it loaded first); new_run_dir decides the
+    rest (a folder that is no run's, one a refused run left)."""
+    path = Path(runs_dir) / name.replace("/", "-") if name else None
+    if path is not None and path.is_dir() and ((path / "summary.json").is_file()
+                                               or any((path / "checkpoints").glob("*.pt"))):
+        raise FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to "
+                              f"continue it or another --name")
 
 
 #: What a run writes before its first checkpoint: a folder holding only these (its lock free)
