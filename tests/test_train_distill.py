@@ -92,13 +92,15 @@ def test_config_needs_a_teacher_and_sane_weights():
 @pytest.mark.slow
 def test_a_deit_student_distils_from_a_vitkit_teacher(tmp_path):
     teacher_dir = tmp_path / "teacher"
-    randomize(vitkit.create_model("vit_fmnist_hybrid")).save_pretrained(teacher_dir)
+    randomize(vitkit.create_model("vit_fmnist_hybrid", img_size=32)).save_pretrained(teacher_dir)  # another size
     cfg = resolve_config("fmnist", model="vit_fmnist", max_steps=30, batch_size=64, warmup_steps=5,
                          val_size=500, test_size=1000, runs_dir=str(tmp_path), name="student", checkpoint_every=30,
                          progress=False,
                          model_args={"class_token": True, "global_pool": "token", "distill_token": True},
                          distill="hard", teacher=str(teacher_dir))
-    summary = train(cfg)
+    logs = []
+    summary = train(cfg, log=logs.append)
+    assert any(line.endswith(f"from {teacher_dir}, which sees each 28x28 batch resized to its 32x32") for line in logs)
     rows = [json.loads(r) for r in (tmp_path / "student" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     assert all(torch.isfinite(torch.tensor(losses))) and summary["steps"] == 30

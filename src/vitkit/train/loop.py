@@ -234,7 +234,9 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,
         run.student_input = InputSpec.of(model.config)
         if getattr(model, "head_dist", None) is not None:  # not a distillation token read as a prefix alone
             model.set_distilled_training(True)
-        run.note(f"distilling ({cfg.distill}) from {cfg.teacher}")
+        (th, tw), (sh, sw) = run.teacher.spec.img_size, run.student_input.img_size
+        run.note(f"distilling ({cfg.distill}) from {cfg.teacher}" + (f", which sees each {sh}x{sw} batch resized to "
+                                                                      f"its {th}x{tw}" if (th, tw) != (sh, sw) else ""))
     return run
 
 
