@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..files import as_argument
-from ..runlock import RunLock
+from ..runlock import RunLock, holder
 from .checkpoint import checkpoint_paths, checkpoint_step
 from .resume import saved_field
 from .state import Run
@@ -61,8 +61,11 @@ def refuse_a_taken_name(runs_dir: str, name: Optional[str]) -> None:
     read, so that the refusal is the only line (an --init run said what it loaded first); new_run_dir decides the
     rest (a folder that is no run's, one a refused run left)."""
     path = Path(runs_dir) / name.replace("/", "-") if name else None
-    if path is not None and path.is_dir() and ((path / "summary.json").is_file()
-                                               or any((path / "checkpoints").glob("*.pt"))):
+    if path is None or not path.is_dir():
+        return
+    if holder(path):  # a run writing there: RunLocked names it, as new_run_dir would
+        RunLock(path).acquire().release()
+    if (path / "summary.json").is_file() or any((path / "checkpoints").glob("*.pt")):
         raise FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to "
                               f"continue it or another --name")
 
