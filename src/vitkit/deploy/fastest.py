@@ -114,20 +114,19 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
         return Choice("torch", None, f"{isa}; no runtime was measured faster on this instruction set")
     extras = {"openvino": "vitkit[openvino]", "onnxruntime": "vitkit[onnx]"}
     usable = [c for c in order if calibrated or not c.calibrated]
+    best = usable[0]
+    install = f"pip install '{extras[best.runtime]}'"
     for choice in usable:
         if choice.runtime in installed:
             if not calibrated and order[0].calibrated and order[0].runtime in installed:  # passed over: no images
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; OpenVINO int8, faster here, "
                               f"calibrates on images and the model's classes name no built-in dataset "
                               f"(--calibration FOLDER)", choice.precision)
-            if choice is not usable[0]:  # a faster one is missing: said, as where none is installed
-                best = usable[0]
+            if choice is not best:  # a faster one is missing: said, as where none is installed
                 missing = f"{best.runtime} {best.quantize or best.precision}, faster here, is not installed"
-                return Choice(choice.runtime, choice.quantize,
-                              f"{choice.why}; {missing}: pip install '{extras[best.runtime]}'", choice.precision)
+                return Choice(choice.runtime, choice.quantize, f"{choice.why}; {missing}: {install}", choice.precision)
             return choice
-    best = usable[0]
-    return Choice("torch", None, f"{best.why}; not installed here: pip install '{extras[best.runtime]}'")
+    return Choice("torch", None, f"{best.why}; not installed here: {install}")
 
 
 __all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]

@@ -42,12 +42,10 @@ def new_run_dir(run: Run) -> Path:
                 if not ran_here:  # a folder without vitkit's lock file is left as it was: the lock file made goes
                     run.lock.path.unlink(missing_ok=True)  # (left, it made someone's folder a run's the next time,
                 run.lock.release()  # whose config.json was then removed as an abandoned run's)
-                if not ran_here and not any((path / "checkpoints").glob("*.pt")) \
-                        and not (path / "summary.json").is_file():
+                if not ran_here and not _holds_a_run(path):
                     raise FileExistsError(f"run directory {path} exists and is no vitkit run's folder (no .lock "
                                           f"file, no checkpoints): pass another --name")
-                raise FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to "
-                                      f"continue it or another --name")
+                raise _taken(path)
             for leftover in ABANDONED_FILES:  # a run that stopped before saving anything: its name is free
                 target = path / leftover
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
@@ -65,9 +63,18 @@ def refuse_a_taken_name(runs_dir: str, name: Optional[str]) -> None:
         return
     if holder(path):  # a run writing there: RunLocked names it, as new_run_dir would
         RunLock(path).acquire().release()
-    if (path / "summary.json").is_file() or any((path / "checkpoints").glob("*.pt")):
-        raise FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to "
-                              f"continue it or another --name")
+    if _holds_a_run(path):
+        raise _taken(path)
+
+
+def _holds_a_run(path: Path) -> bool:
+    """Whether a folder holds what a run leaves worth resuming or keeping: a checkpoint, or its summary."""
+    return (path / "summary.json").is_file() or any((path / "checkpoints").glob("*.pt"))
+
+
+def _taken(path: Path) -> FileExistsError:
+    return FileExistsError(f"run directory {path} already exists; pass --resume {as_argument(path)} to continue it "
+                           f"or another --name")
 
 
 #: What a run writes before its first checkpoint: a folder holding only these (its lock free)

@@ -103,7 +103,9 @@ def config_for_source(src: Source, **overrides: Any):
 def stored_config(src: Source, overrides: Mapping[str, Any]):
     """The source's configuration; where it cannot be read alone (a position table of no square grid,
     where nothing stores the size) and an ``img_size`` is asked for, read at that size: what is wrong
-    with that reading is then the error (the same one, where the size was not the reason)."""
+    with that reading is then the error (the same one, where the size was not the reason). A bare table
+    that reads two ways (25 slots: 5 x 5, or a class slot before 4 x 6) is read at the size asked for
+    where that size reads it (``from_pretrained`` and ``train --init`` both)."""
     size = overrides.get("img_size")
     try:
         config = config_for_source(src)
