@@ -171,6 +171,35 @@ def test_predict_top_k_with_class_names(capsys, tiny_weights, photo):
     assert code == 2 and "image not found" in err
 
 
+def test_the_model_verbs_take_threads(capsys, tiny_weights, photo, monkeypatch):
+    """predict, eval, fewshot, inspect and convert ran on every core whatever else ran beside them (only train,
+    study and serve had --threads), so a process sharing the CPU could not take its share. The count is torch's
+    during the verb's work, which ONNX Runtime and OpenVINO models take too."""
+    import vitkit.evaluate
+    from vitkit.deploy.runtime import thread_count
+
+    _, path = tiny_weights
+    seen = []
+    real = vitkit.evaluate.predict_images
+
+    def watched(*args, **kwargs):
+        seen.append((torch.get_num_threads(), thread_count(None)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitkit.evaluate, "predict_images", watched)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        code, out, _ = run(capsys, "predict", "--weights", str(path), str(photo), "--threads", "1")
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0 and "%" in out and seen == [(1, 1)]
+    for verb in ("eval", "fewshot", "inspect", "convert"):
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        assert "--threads N" in capsys.readouterr().out, verb
+
+
 def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, photo, tmp_path, caplog):
     """`vitkit predict photos/` was refused ("a folder, not an image file"); timm's inference script
     reads a folder. Now its images, subfolders included, sorted, hidden files and non-images left out;
@@ -320,6 +349,8 @@ def test_a_closed_stdout_is_no_error_and_no_verb_is_one():
     (["info", "B/16", "--img-size", "224", "224", "224"], "--img-size takes one value or two (H W), not 3"),
     (["info", "B/16", "--patch-size", "0"], "patch_size must be positive"),
     (["train", "--threads", "0"], "threads must be >= 1"),
+    (["eval", "--weights", "w", "--threads", "0"], "--threads must be >= 1, not 0"),
+    (["convert", "a", "b", "--to", "timm", "--threads", "100000"], "--threads must be at most the"),
     (["--json", "models"], "unrecognized arguments: --json (--json goes after the verb: vitkit models --json"),
 ])
 def test_command_line_mistakes_are_one_line_without_the_usage_block(argv, words, capsys):

@@ -44,6 +44,36 @@ def load_model(args: argparse.Namespace, **kwargs):
     return read_weights(source, args.model, say_for(args.verb), **kwargs)
 
 
+def add_threads_flag(p: argparse.ArgumentParser, work: str) -> None:
+    """``--threads`` for a verb whose time is the model's: a process that shares the CPU should take its share,
+    and torch's default takes every core (``use_threads`` sets it before the weights are read)."""
+    p.add_argument("--threads", type=int, metavar="N",
+                   help=f"CPU threads for {work} (default: torch's, every core; processes that share a CPU "
+                        f"should split it)")
+    p.set_defaults(sets_threads=True)
+
+
+def check_threads(threads) -> None:
+    """One line for a thread count this process cannot use (torch crashed past about 10,000)."""
+    from ..machine import usable_cores
+
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, not {threads}")
+    if threads is not None and threads > usable_cores():
+        raise ValueError(f"--threads must be at most the {usable_cores()} core(s) this process may use, not "
+                         f"{threads}")
+
+
+def use_threads(args: argparse.Namespace) -> None:
+    """The verb's ``--threads`` (from ``add_threads_flag``), checked and given to torch, whose count the ONNX
+    Runtime and OpenVINO models take too."""
+    if getattr(args, "sets_threads", False) and args.threads is not None:
+        check_threads(args.threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 #: the stand-in flags' argparse names (an .onnx file without vitkit metadata; a bare state dict's normalisation)
 STAND_INS = ("img_size", "mean", "std", "labels")
 

@@ -24,6 +24,7 @@ from ..errors import AnsweredError, describe_error, is_user_error
 from ..machine import first_process_alive, first_process_on_machine, under_torchrun
 from ..progress import library_bars
 from ..signals import Terminated, expect_worker_deaths, interrupt, own_signals, report_unraisable_unless_noted
+from .common import use_threads
 from .parser import build_parser
 
 
@@ -232,6 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _check_thread_variable()
         _check_one_process(args.verb)
+        use_threads(args)
         with library_bars(not getattr(args, "no_progress", False)):
             code = int(args.func(args) or 0)
         # a buffered stdout (a pipe, without PYTHONUNBUFFERED) still holds the verb's lines: flushed

@@ -13,6 +13,7 @@ from .common import (
     add_hf_flags,
     add_runtime_flags,
     add_stand_in_flags,
+    add_threads_flag,
     load_model,
     print_json,
     runtime_model,
@@ -148,6 +149,7 @@ def add_predict(verb) -> None:
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_threads_flag(p, "the model")
     add_runtime_flags(p)
     add_stand_in_flags(p)
     p.set_defaults(func=cmd_predict)
@@ -179,6 +181,7 @@ def add_eval(verb) -> None:
     p.add_argument("--out", metavar="DIR", help="folder to write confusion_matrix.png and eval.json into "
                                                 "(default: print only, write nothing)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_threads_flag(p, "the model")
     p.set_defaults(func=cmd_eval)
 
 
@@ -198,5 +201,6 @@ def add_fewshot(verb) -> None:
                    help="training images to draw shots and the held-out split from (0: all)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_threads_flag(p, "the features")
     p.set_defaults(func=cmd_fewshot)
 

@@ -6,7 +6,7 @@ import argparse
 import warnings
 
 from ..files import check_output
-from .common import load_model, print_json
+from .common import add_threads_flag, load_model, print_json
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -43,5 +43,6 @@ def add_inspect(verb) -> None:
                                                 "model.safetensors; NAME-2, ... where other weights' report is)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_threads_flag(p, "the analyses")
     p.set_defaults(func=cmd_inspect)
 

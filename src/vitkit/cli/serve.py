@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..machine import usable_cores
-from .common import say_for, stand_ins_of
+from .common import check_threads, say_for, stand_ins_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -24,9 +23,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("; ".join(problems))
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
-    if args.threads is not None and not args.ray and args.threads > usable_cores():  # torch crashed past ~10,000
-        raise ValueError(f"--threads must be at most the {usable_cores()} core(s) this process may use, not "
-                         f"{args.threads}")
+    if not args.ray:  # (Ray's replicas have their own machines' cores)
+        check_threads(args.threads)
     ready = (lambda where: print(json.dumps(where), flush=True)) if args.json else None  # one line on stdout
     stand_ins = stand_ins_of(args)
     if args.ray:

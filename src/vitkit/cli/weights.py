@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..files import check_output
-from .common import add_calibration_flag, fmt_bytes, fmt_int, load_model, print_json
+from .common import add_calibration_flag, add_threads_flag, fmt_bytes, fmt_int, load_model, print_json
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -192,6 +192,7 @@ def add_convert(verb) -> None:
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
+    add_threads_flag(p, "the export and int8 calibration")
     p.add_argument("--interpolation", choices=CHOICES["init_interpolation"][1:],  # (--init-interpolation's)
                    help="how a position table of another size is resampled (default: as the weights' library "
                         "does: bicubic; FlexiViT's and the official .npz files' bilinear; bilinear-aligned: the "
