@@ -75,6 +75,24 @@ def test_a_missing_runtime_falls_back_and_names_the_extra():
     assert "pip install 'vitkit[openvino]'" in fastest(ZEN4, installed={"torch"}).why
 
 
+def test_openvino_without_nncf_is_named_by_what_is_missing(monkeypatch):
+    """With OpenVINO installed and NNCF not, the choice said "openvino int8 ... is not installed"."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    present = {"onnxruntime", "onnx", "openvino"}
+    packages = {"onnxruntime", "onnx", "openvino", "nncf"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if name in present else None)
+                        if name in packages else real(name, *a))
+    assert fastest_mod.installed_runtimes() == {"torch", "onnxruntime"}
+    choice = fastest(ZEN4)
+    assert (choice.runtime, choice.quantize) == ("onnxruntime", "int8")
+    assert choice.why.endswith("; openvino int8, faster here, needs nncf, which is not installed: "
+                               "pip install 'vitkit[openvino]'"), choice.why
+    present -= {"openvino"}
+    assert fastest(ZEN4).why.endswith("; openvino int8, faster here, is not installed: pip install 'vitkit[openvino]'")
+
+
 def test_the_flags_read_agree_with_torchs_own_probe():
     capability = torch.backends.cpu.get_cpu_capability()  # ATen's dispatch level: its own CPUID reading
     flags = cpu_flags()

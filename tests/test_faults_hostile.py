@@ -1068,6 +1068,32 @@ def test_a_position_table_past_the_memory_is_refused_before_it_is_built(monkeypa
     assert time.time() - started < 1
 
 
+def test_maes_decoder_table_counts_and_its_frozen_encoder_table_counts_once(monkeypatch):
+    """MAE's decoder holds a second fixed table over the whole grid at its own width, which the bound left out (at
+    4096 px the tables took 1.4x what was counted); a learned encoder table MAE holds fixed has no gradient and no
+    Adam moments, which the bound counted."""
+    from vitkit.selfsup import MAE, MAEConfig
+    from vitkit.train import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 16 * 2 ** 30)
+    big = vitkit.create_model("vit_fmnist", img_size=28).config.replace(img_size=16384, num_classes=0)
+    memory.check_model_fits(big)  # the encoder's sine-cosine table alone: 6 GiB
+    with pytest.raises(ValueError, match=r"^the model's position tables for its 4096x4096 grid \(16384x16384 px\) "
+                                         r"hold 16,777,216 x \(96 \+ the decoder's 512\) values: the model needs at "
+                                         r"least 38.\d GiB and 16.0 GiB are free: lower --img-size$"):
+        memory.check_model_fits(big, MAEConfig())
+    small = MAEConfig(decoder_dim=32, decoder_heads=4, decoder_mlp_dim=64, decoder_depth=1)
+    memory.check_model_fits(big.replace(pos_embed="learned"), small)  # 6 + 2 GiB, frozen: it fits
+    with pytest.raises(ValueError, match="position table for its 4096x4096 grid"):
+        memory.check_model_fits(big.replace(pos_embed="learned"))  # trained: 24 GiB
+    # what MAE builds: its decoder's table is the encoder's grid at the decoder's width, in float32, and a learned
+    # encoder table is not trained
+    mae = MAE(vitkit.create_model("vit_fmnist", img_size=28).config.replace(num_classes=0, pos_embed="learned"), small)
+    decoder_table = mae.decoder_pos_embed[0, mae.encoder.num_prefix_tokens:]
+    assert memory._decoder_table_bytes(mae.encoder.config, small) == decoder_table.numel() * 4
+    assert decoder_table.dtype == torch.float32 and not mae.encoder.pos_embed.requires_grad
+
+
 @real
 def test_a_batch_past_the_memory_is_refused_before_the_run_folder(tmp_path):
     line = one_line(cli("train", "--runs-dir", tmp_path, "--batch-size", "100000000", "--model", "vit_fmnist",

@@ -65,14 +65,22 @@ def cpu_flags() -> frozenset:
     return frozenset()
 
 
+#: the packages each runtime's path needs (OpenVINO's model is read from an ONNX export, its int8 made by NNCF)
+PACKAGES = {"onnxruntime": ("onnxruntime", "onnx"), "openvino": ("onnxruntime", "onnx", "openvino", "nncf")}
+
+
 def installed_runtimes() -> frozenset:
     """The runtimes whose packages are importable here (int8 on OpenVINO also needs NNCF)."""
-    have = {"torch"}
-    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnx"):
-        have.add("onnxruntime")
-        if importlib.util.find_spec("openvino") and importlib.util.find_spec("nncf"):
-            have.add("openvino")
-    return frozenset(have)
+    return frozenset({"torch"} | {r for r, packages in PACKAGES.items()
+                                  if all(importlib.util.find_spec(p) for p in packages)})
+
+
+def _not_installed(runtime: str) -> str:
+    """"is not installed", or the packages missing beside an installed runtime (OpenVINO without NNCF)."""
+    absent = [p for p in PACKAGES[runtime] if not importlib.util.find_spec(p)]
+    if absent and runtime not in absent:
+        return f"needs {' and '.join(absent)}, which {'is' if len(absent) == 1 else 'are'} not installed"
+    return "is not installed"
 
 
 def _isa(flags: frozenset) -> str:
@@ -123,7 +131,8 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                               f"calibrates on images and the model's classes name no built-in dataset "
                               f"(--calibration FOLDER)", choice.precision)
             if choice is not best:  # a faster one is missing: said, as where none is installed
-                missing = f"{best.runtime} {best.quantize or best.precision}, faster here, is not installed"
+                missing = f"{best.runtime} {best.quantize or best.precision}, faster here, " \
+                          f"{_not_installed(best.runtime)}"
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; {missing}: {install}", choice.precision)
             return choice
     return Choice("torch", None, f"{best.why}; not installed here: {install}")

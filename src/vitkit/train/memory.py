@@ -22,21 +22,29 @@ TRAINED_PARAM_BYTES = 16
 TABLE_KINDS = ("learned", "sincos2d")
 
 
-def check_model_fits(config: Any) -> None:
+def check_model_fits(config: Any, objective: Any = None) -> None:
     """Refuse a model whose weights and optimiser state alone exceed the free memory, from its
     config, before it is built; its position table too, which grows with the image (a fixed one at
-    16,384 px is gigabytes: the build was killed by the kernel, without a word)."""
+    16,384 px is gigabytes: the build was killed by the kernel, without a word). ``objective``: a
+    pre-training objective's config, whose decoder (MAE's) counts too: its fixed table is the
+    encoder's grid at the decoder's width."""
     params, available = params_floor(config), available_memory()
     if params is None or available is None:
         return
-    table, weights = _table_bytes(config), params * TRAINED_PARAM_BYTES
+    params += _decoder_params(objective)
+    frozen = bool(getattr(objective, "fixed_pos_embed", False))  # MAE holds a learned encoder table fixed
+    table = _table_bytes(config, frozen) + _decoder_table_bytes(config, objective)
+    weights = params * TRAINED_PARAM_BYTES
     if table + weights <= available:
         return
     if table > weights:
         (h, w), (ih, iw) = config.grid_size, config.img_size
-        raise ValueError(f"the model's position table for its {h}x{w} grid ({ih}x{iw} px) holds {h * w:,} x "
-                         f"{config.embed_dim} values: the model needs at least {(table + weights) / 2 ** 30:,.1f} GiB "
-                         f"and {available / 2 ** 30:,.1f} GiB are free: lower --img-size")
+        decoder = getattr(objective, "decoder_dim", 0)
+        width = f"({config.embed_dim} + the decoder's {decoder})" if decoder else f"{config.embed_dim}"
+        raise ValueError(f"the model's position table{'s' if decoder else ''} for its {h}x{w} grid ({ih}x{iw} px) "
+                         f"hold{'' if decoder else 's'} {h * w:,} x {width} values: the model needs at least "
+                         f"{(table + weights) / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free: lower "
+                         f"--img-size")
     head = head_params(config)
     what = (f"its head for {config.num_classes:,} classes" if 2 * head > params else
             f"{getattr(config, 'depth', '?')} blocks of width {getattr(config, 'embed_dim', '?')}")
@@ -44,12 +52,29 @@ def check_model_fits(config: Any) -> None:
                      f"{params * TRAINED_PARAM_BYTES / 2 ** 30:,.1f} GiB and {available / 2 ** 30:,.1f} GiB are free")
 
 
-def _table_bytes(config: Any) -> int:
-    """The bytes of the position table the model builds (a learned one with its gradient and Adam's moments)."""
+def _table_bytes(config: Any, frozen: bool = False) -> int:
+    """The bytes of the position table the model builds (a learned one with its gradient and Adam's moments,
+    unless ``frozen``)."""
     if getattr(config, "pos_embed", None) not in TABLE_KINDS or not hasattr(config, "grid_size"):
         return 0
     h, w = config.grid_size
-    return h * w * config.embed_dim * (TRAINED_PARAM_BYTES if config.pos_embed == "learned" else 4)
+    return h * w * config.embed_dim * (TRAINED_PARAM_BYTES if config.pos_embed == "learned" and not frozen else 4)
+
+
+def _decoder_table_bytes(config: Any, objective: Any) -> int:
+    """MAE's decoder's fixed sine-cosine table: the encoder's grid at the decoder's width, float32."""
+    if not getattr(objective, "decoder_dim", None) or not hasattr(config, "grid_size"):
+        return 0
+    h, w = config.grid_size
+    return h * w * objective.decoder_dim * 4
+
+
+def _decoder_params(objective: Any) -> int:
+    """A lower bound of MAE's decoder's parameters: each block's qkv, projection and MLP matrices."""
+    if not getattr(objective, "decoder_dim", None):
+        return 0
+    width, mlp = objective.decoder_dim, objective.decoder_mlp_dim
+    return objective.decoder_depth * (4 * width * width + 2 * width * mlp)
 
 
 def check_batches_fit(config: Any, micro_batch: int, eval_batch: int) -> None:

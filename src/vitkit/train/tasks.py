@@ -26,7 +26,7 @@ from ..files import as_argument
 from ..models import build_from_config, config_from_dict, get_model_config
 from ..parallel import BatchParallel, add_in_order
 from ..progress import track
-from ..selfsup import Pretrainer, create_pretrainer, encoder_of
+from ..selfsup import Pretrainer, encoder_of, objective_class
 from ..utils import seed_for
 from . import finetune
 from .batches import MicroBatch, generator
@@ -181,8 +181,9 @@ class Pretraining:
                     ) -> nn.Module:
         encoder = get_model_config(cfg.model).replace(**{**model_args_for(cfg, data), "num_classes": 0,
                                                          "label_names": None})
-        check_model_fits(encoder)
-        model = create_pretrainer(cfg.objective, encoder, **cfg.objective_options())
+        objective = objective_class(cfg.objective).config_cls().replace(**cfg.objective_options())
+        check_model_fits(encoder, objective)  # (MAE's decoder and its table too)
+        model = objective_class(cfg.objective)(encoder, objective)
         problems = model.draw_problems()  # the masks it will draw, checked before the run folder is made
         if problems:
             raise ValueError(f"invalid {cfg.objective} config: " + "; ".join(problems))
