@@ -113,6 +113,40 @@ def test_default_images_are_the_scikit_image_photos(tmp_path, saved_model):
     assert (tmp_path / "out" / "rollout_4.png").is_file()
 
 
+def test_a_model_that_names_a_datasets_classes_is_shown_its_test_images_at_any_size(tmp_path, monkeypatch):
+    """A Fashion-MNIST run trained at 28x40 was inspected on scikit-image's astronaut, chelsea, coffee and rocket:
+    only a 28x28 grey model was shown Fashion-MNIST. Its classes say what it should see, at whatever size (CIFAR's
+    too, where they are on disk; nothing is downloaded for a figure)."""
+    from vitkit.data import cifar
+    from vitkit.data import fashion_mnist as fm
+    from vitkit.data.fashion_mnist import ArrayDataset
+    from vitkit.inspect import inspect_model
+    from vitkit.inspect.report import default_images
+
+    if not fm._complete(fm.DEBIAN_DIR):
+        pytest.skip("Debian dataset-fashion-mnist not installed")
+    test = fm.load_split("test")
+    wide = randomize(vitkit.create_model("vit_fmnist", img_size=(28, 40), label_names=test.classes))
+    result = inspect_model(wide, tmp_path / "out", progress=False)
+    assert [p[0] for p in result.predictions] == \
+        [f"fashion-mnist test #{i} (true: {test.classes[test.labels[i]].replace('/', ' or ')})" for i in range(4)]
+    pixels = np.random.default_rng(0).integers(0, 255, (4, 32, 32, 3), dtype=np.uint8)
+    asked = []
+
+    def on_disk(split, variant, download):
+        asked.append((split, variant, download))
+        return ArrayDataset(pixels, np.array([3, 8, 8, 0]), list(cifar.CIFAR10_CLASSES))
+
+    monkeypatch.setattr(cifar, "load_split", on_disk)
+    rgb = vitkit.create_model("vit_fmnist", in_chans=3, img_size=32, label_names=list(cifar.CIFAR10_CLASSES))
+    named = default_images(rgb)
+    assert asked == [("test", "cifar10", False)] and named[0][0] == "cifar10 test #0 (true: cat)"
+    assert np.array_equal(np.asarray(named[1][1]), pixels[1])
+    pytest.importorskip("skimage")
+    monkeypatch.setattr(cifar, "load_split", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError("absent")))
+    assert [n for n, _ in default_images(rgb)] == ["astronaut", "chelsea", "coffee", "rocket"]
+
+
 # ------------------------------------------------------------------ in a real browser
 
 @pytest.mark.slow

@@ -35,8 +35,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_inspect(verb) -> None:
     p = verb("inspect", "the paper's analyses as PNG figures and a self-contained report.html")
     p.add_argument("--weights", required=True, help="file, folder or hf-hub:org/name")
-    p.add_argument("--image", nargs="+", help="image files or folders (default: scikit-image's sample photos, or "
-                                             "Fashion-MNIST test images for a 28x28 grey model)")
+    p.add_argument("--image", nargs="+",
+                   help="image files or folders (default: the first test images of the dataset whose classes the "
+                        "model names, where they are on disk, or Fashion-MNIST's for a 28x28 grey model; else "
+                        "scikit-image's sample photos)")
     p.add_argument("--out", metavar="DIR", help="folder to write the figures and report.html into (default: "
                                                 "RUN/inspect for a run's model, RUN/inspect-step_N for its checkpoint, "
                                                 "else runs/inspect-NAME: NAME the file's, or its folder's for a "

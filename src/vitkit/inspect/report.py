@@ -2,8 +2,9 @@
 
 The report embeds its images as data URIs, so it is one file that opens offline and can be
 mailed or attached. Without images given, the inputs are the photos that ship inside
-scikit-image (astronaut, chelsea, coffee, rocket), or for a 28x28 one-channel model the
-first Fashion-MNIST test images.
+scikit-image (astronaut, chelsea, coffee, rocket), or the first test images of the dataset whose
+classes the model names (Fashion-MNIST, CIFAR-10, CIFAR-100; at any image size) where they are on
+disk, and Fashion-MNIST's for a 28x28 one-channel model without class names.
 """
 
 from __future__ import annotations
@@ -78,14 +79,20 @@ class InspectResult:
 
 
 def default_images(model: nn.Module) -> List[Tuple[str, Image.Image]]:
-    """(name, PIL image) inputs when none are given (see the module notes)."""
-    cfg = model.config
-    if cfg.in_chans == 1 and tuple(cfg.img_size) == (28, 28):
-        try:
-            from ..data import fashion_mnist
+    """(name, PIL image) inputs when none are given (see the module notes): a Fashion-MNIST model
+    trained at 28x40 was shown the astronaut, where it should see what it learned."""
+    from ..data import cifar, fashion_mnist
+    from ..data.datasets import dataset_for_labels
 
-            test = fashion_mnist.load_split("test", download=False)
-            return [(f"fashion-mnist test #{i} (true: {test.classes[test.labels[i]].replace('/', ' or ')})",
+    cfg = model.config
+    name = dataset_for_labels(getattr(cfg, "label_names", None))
+    if name is None and cfg.in_chans == 1 and tuple(cfg.img_size) == (28, 28):
+        name = "fashion-mnist"
+    if name is not None:
+        try:  # what is on disk: nothing is downloaded for a figure
+            test = fashion_mnist.load_split("test", download=False) if name == "fashion-mnist" else \
+                cifar.load_split("test", variant=name, download=False)
+            return [(f"{name} test #{i} (true: {test.classes[test.labels[i]].replace('/', ' or ')})",
                      Image.fromarray(test.images[i])) for i in range(4)]
         except (OSError, ValueError):
             pass
