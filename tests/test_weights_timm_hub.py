@@ -473,7 +473,40 @@ def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, ca
     assert err.count("\n") == 1 and "mean (0.4,) has 1 value for in_chans 3: give one a channel" in err
     assert main(run + ["--labels", "a", "b", "c"]) == 2  # it said the file "carries its own preprocessing"
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "its size and classes are its tensors'" in err and "--mean and --std stand in" in err, err
+    assert "its classes are its tensors'" in err and "--mean and --std stand in" in err, err
+
+
+def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_path, capsys):
+    """A bare file of a model trained at 32x64 (33 slots: a class slot and 4 x 8 patches) could be loaded by
+    from_pretrained(img_size=) alone: predict and info said "pass img_size=", which neither could. --img-size
+    now reads it there; predict's answer is timm's own on timm's own evaluation transform."""
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    from vitkit.cli import main
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", depth=1, img_size=(32, 64), patch_size=8,
+                                      num_classes=3, embed_dim=64, num_heads=1)).eval()
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    photo = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 90, 3), dtype=np.uint8)).save(photo)
+    run = ["predict", str(photo), "--weights", str(tmp_path / "w.safetensors"), "--json", "--top-k", "3"]
+    assert main(run) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "position embedding with 32 patch slots; pass img_size= (--img-size H W)" in err[0], err
+    assert main(run + ["--img-size", "32", "64"]) == 0
+    top = {t["label"]: t["probability"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
+    config = timm.data.resolve_data_config({"input_size": (3, 32, 64)}, model=ref)  # (timm's vit: 0.5s, 0.9 crop)
+    assert config["crop_pct"] == 0.9 and config["mean"] == (0.5, 0.5, 0.5)
+    x = timm.data.create_transform(**config)(Image.open(photo).convert("RGB"))[None]
+    with torch.no_grad():
+        theirs = ref(x).softmax(-1)[0]
+    assert max(abs(top[f"class {i}"] - theirs[i].item()) for i in range(3)) < 1e-5, (top, theirs)
+    assert main(["info", str(tmp_path / "w.safetensors"), "--img-size", "32", "64"]) == 0
+    assert "grid 4 x 8 = 32 patches" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "w.safetensors")]) == 2
+    assert "pass img_size= (--img-size H W)" in capsys.readouterr().out
 
 
 def test_timm_06s_single_dict_config_reads_as_timm_reads_it(tmp_path, images):

@@ -82,7 +82,8 @@ def add_stand_in_flags(p: argparse.ArgumentParser) -> None:
     """What an .onnx file without vitkit's metadata needs (and a bare state dict's normalisation): `vitkit predict`
     and `vitkit serve` take the same."""
     p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
-                   help="an .onnx file without vitkit metadata: its input H W (or one value)")
+                   help="an .onnx file without vitkit metadata: its input H W (or one value); a bare state dict "
+                        "whose position table holds no square grid: the size it was trained at")
     p.add_argument("--mean", type=float, nargs="+",
                    help="an .onnx file without vitkit metadata or a bare state dict: per-channel mean")
     p.add_argument("--std", type=float, nargs="+",

@@ -100,7 +100,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.name} is an exported graph, fixed at the size it was exported at: "
                              f"{' and '.join(flags)} {'apply' if len(flags) > 1 else 'applies'} to weights and "
                              f"model names")
-        source = describe_graph(args.name) if is_graph(args.name) else describe_source(args.name)
+        source = describe_graph(args.name) if is_graph(args.name) else \
+            describe_source(args.name, overrides.get("img_size"))  # (a bare table is read at the size given)
         if "refused" in source or "note" in source or source.get("pretraining") and "config" not in source:
             if args.json:
                 print_json({k: v for k, v in source.items() if k != "config"})
@@ -175,7 +176,8 @@ def add_info(verb) -> None:
     p = verb("info", "parameters, FLOPs, tokens and attention memory of a model; what a weights file or folder is")
     p.add_argument("name", help="registered name, size string ('B/16'), or a weights file / folder / hf-hub:org/name "
                                 "(its layout and the architecture it loads as, before loading it)")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX", help="H W (or one value)")
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help="H W (or one value): the size to cost; a bare state dict's position table is read at it")
     p.add_argument("--patch-size", type=int, metavar="P")
     p.set_defaults(func=cmd_info)
 

@@ -78,8 +78,9 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
     if given:
         from ..weights.pretrained import without_preprocessing
 
-        own_words = (f"{source} holds weights: its size and classes are its tensors' (for a file of tensors only, "
-                     f"--mean and --std stand in for its normalisation)" if without_preprocessing(source) else
+        own_words = (f"{source} holds weights: its classes are its tensors' (for a file of tensors only, --mean "
+                     f"and --std stand in for its normalisation, --img-size for a size its position table leaves "
+                     f"open)" if without_preprocessing(source) else
                      f"{source} carries its own preprocessing")
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in given)} stand"
                          f"{'s' if len(given) == 1 else ''} in for the metadata of an "
@@ -101,6 +102,14 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
 
             return runner(export_apart(model, Path(folder) / name, runtime, quantize, calibration))
         return runner(export(model, Path(folder) / name, quantize=quantize, calibration=calibration))
+
+
+def one_size(values: Any) -> Any:
+    """--img-size's one or two values as a model takes them: a side, or (height, width)."""
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if len(values) not in (1, 2):
+        raise ValueError(f"--img-size takes one value or two (H W), not {len(values)}")
+    return values[0] if len(values) == 1 or values[0] == values[1] else tuple(values)
 
 
 def read_weights(source: PathLike, model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,
@@ -160,11 +169,14 @@ def load_classifier(weights: PathLike, runtime: Optional[str] = None, quantize: 
         return check_classifier(load_for_runtime(weights, runtime, quantize, **stand_ins), weights)
     from ..weights.pretrained import without_preprocessing
 
-    normalised = {k: stand_ins.pop(k) for k in ("mean", "std") if stand_ins.get(k) is not None}
-    if normalised and not without_preprocessing(weights):
-        stand_ins.update(normalised)  # refused below: the source carries its own
-        normalised = {}
-    model = check_classifier(read_weights(weights, model_name, say, **normalised), weights)
+    # a bare state dict's normalisation, and its size where the position table leaves it open (70 slots: 7x10)
+    read_as = {k: stand_ins.pop(k) for k in ("mean", "std", "img_size") if stand_ins.get(k) is not None}
+    if read_as and not without_preprocessing(weights):
+        stand_ins.update(read_as)  # refused below: the source carries its own
+        read_as = {}
+    if "img_size" in read_as:
+        read_as["img_size"] = one_size(read_as["img_size"])
+    model = check_classifier(read_weights(weights, model_name, say, **read_as), weights)
     # the choice waits for the model: OpenVINO's int8 needs images to calibrate on, which its classes may not name
     runtime, quantize, chosen = resolve_runtime(weights, runtime, quantize,
                                                 calibration is not None or can_calibrate(model))

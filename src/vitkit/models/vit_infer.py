@@ -163,7 +163,7 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
             return grid_at_size(slots, prefix, backbone, patch, tuple(given))
         if side * side != n or not n:
             raise ValueError(f"cannot infer the image size from a position embedding with {n} "
-                             f"patch slots; pass img_size=")
+                             f"patch slots; pass img_size= (--img-size H W)")
     elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
         offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
         side = positions.square_table_side(offsets)

@@ -360,7 +360,8 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
             side = _square_side(n - src_prefix)
             if side is None:
                 raise WeightsError(f"pos_embed has {n} slots: not a square grid plus {src_prefix} prefix "
-                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid")
+                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid; build "
+                                   f"the model at the size it was trained at (img_size=, --img-size H W)")
             src_grid = (side, side)
         if src_prefix < prefix:
             # Prefix tokens the source adds after the positions (big_vision, timm

@@ -134,10 +134,11 @@ def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
     return hf_towers.run_size(cj, src.preprocessor_json)
 
 
-def describe_source(source: PathLike) -> Dict[str, Any]:
+def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
     """What a weights file or folder is, before any model is built: its layout, what it calls itself
     (a timm architecture, a Hugging Face class, open_clip), the vitkit config it loads as (or why it
-    does not), and its tensors (count, parameters, dtypes). A pre-training source gives its encoder."""
+    does not), and its tensors (count, parameters, dtypes). A pre-training source gives its encoder.
+    ``img_size``: the size a bare table that stores none is read at (:func:`stored_config`)."""
     path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)")
@@ -160,7 +161,7 @@ def describe_source(source: PathLike) -> Dict[str, Any]:
         values=int(sum(getattr(t, "numel", lambda: t.size)() for t in tensors)),
         dtypes=sorted({str(getattr(t, "dtype", "?")).replace("torch.", "") for t in tensors}))
     try:
-        info["config"] = config_for_source(src)
+        info["config"] = stored_config(src, {"img_size": img_size} if img_size is not None else {})
         if not src.pretraining:  # what from_pretrained checks next: a file it refuses is not said to load
             _check_loads(info["config"], src)
         if plan := saved_features(src):  # a saved backbone: what features_only=True returns
