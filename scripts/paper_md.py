@@ -25,8 +25,9 @@ PAGE = ROOT / "docs" / "paper.md"
 INTRO = """# The paper's experiments
 
 Each claim below is a study that anyone can rerun with one command (`vitkit study NAME`), on two
-CPU cores in one to two hours. Each section gives the training time its runs took; they shared
-the machine with another study or the test suite, so a quiet machine is faster. The models,
+CPU cores in under an hour to about two hours of training (the two analysis studies in seconds).
+Each section gives the training time its runs took; they shared the machine with another study or
+the test suite, so a quiet machine is faster. The models,
 recipes and analyses are vitkit's own; the data is Fashion-MNIST by default (`--dataset` and
 `--data-dir` take any other: CIFAR, an image folder, tar shards, a Hugging Face dataset).
 Every arm runs with three seeds; a difference counts when the means are further apart than twice

@@ -111,7 +111,7 @@ def test_pretrain_offers_no_fine_tuning_flags_and_its_resume_lines_are_its_own(t
         str(e.value)
 
 
-def test_pretraining_on_files_says_where_its_few_shot_score_comes_from(tmp_path):
+def test_pretraining_on_files_says_where_its_few_shot_score_comes_from(tmp_path, capsys):
     """The closing few-shot probe reads an in-memory dataset; on an image folder it was left out without a word."""
     import numpy as np
     from PIL import Image
@@ -133,6 +133,24 @@ def test_pretraining_on_files_says_where_its_few_shot_score_comes_from(tmp_path)
     assert any("no few-shot evaluation: the run's probe needs an in-memory dataset" in line and
                f"vitkit fewshot --weights {tmp_path / 'runs' / 'r'} --dataset folder --data-dir" in line
                for line in said), said
+    # tar shards: the command it named (--dataset shards) was refused by vitkit fewshot (a stream has no pool)
+    import dataclasses
+
+    from vitkit.cli import main
+    from vitkit.data.shard_writer import folder_to_shards
+
+    for split in ("train", "test"):
+        folder_to_shards(tmp_path / "d" / split, tmp_path / "s" / split)
+    said.clear()
+    train(dataclasses.replace(cfg, dataset="shards", data_dir=str(tmp_path / "s"), name="s"), log=said.append)
+    note = next(line for line in said if "no few-shot evaluation" in line)
+    assert note.endswith(f"vitkit fewshot --weights {tmp_path / 'runs' / 's'} --dataset folder --data-dir DIR scores "
+                         f"the image folder the shards were written from"), note
+    # the command it names reads the folder (8 images are too few for a probe: refused past the dataset's check)
+    assert main(["fewshot", "--weights", str(tmp_path / "runs" / "s"), "--dataset", "folder", "--data-dir",
+                 str(tmp_path / "d"), "--shots", "1", "--seeds", "1", "--no-progress", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "need 51 training images per class; 2 of 2 classes have fewer (class 'a': 4)" in err, err
 
 
 def test_layer_decay_scales_each_layer_and_leaves_the_head_at_lr():

@@ -44,7 +44,8 @@ class Registers(Study):
              "attention maps; a few register tokens remove the outliers and smooth the maps, at no cost in "
              "accuracy (Darcet et al. 2024)")
     setting = ("the default model of `vitkit train` (vit_fmnist_hybrid: a conv stem, one transformer layer of width "
-               "96, 7x7 tokens, mean pooling) with its recipe (9 epochs), 0 and 4 registers; 500 Fashion-MNIST test "
+               "96, 7x7 tokens, mean pooling) with recipe fmnist-adamw (AdamW, 9 epochs), 0 and 4 registers; 500 "
+               "Fashion-MNIST test "
                "images: the share of outlier patch norms (above Q3 + 3 IQR), max/median norm, the patches' "
                "attention to the registers, and the roughness of the attention rollout")
     paper = {"source": "Darcet et al. 2024, Fig. 2-4 and Table 2: DINOv2 ViT-g, OpenCLIP ViT-L, DeiT III ViT-B/L",

@@ -241,10 +241,14 @@ class Pretraining:
             except ValueError as e:  # too few labelled images per class for the shots
                 run.note(f"no few-shot evaluation: {e}")
         elif run.cfg.fewshot and run.data.kind != "memory":  # it was left out without a word
-            run.note(f"no few-shot evaluation: the run's probe needs an in-memory dataset (fashion-mnist, cifar10); "
-                     f"vitkit fewshot --weights {as_argument(run.run_dir)} --dataset {run.cfg.dataset}"
-                     + (f" --data-dir {as_argument(run.cfg.data_dir)}" if run.cfg.data_dir else "")
-                     + " scores these images")
+            probe = "no few-shot evaluation: the run's probe needs an in-memory dataset (fashion-mnist, cifar10); "
+            if run.cfg.dataset == "shards":  # (vitkit fewshot draws a random pool, which a stream does not offer)
+                run.note(probe + f"vitkit fewshot --weights {as_argument(run.run_dir)} --dataset folder --data-dir "
+                                 f"DIR scores the image folder the shards were written from")
+            else:
+                run.note(probe + f"vitkit fewshot --weights {as_argument(run.run_dir)} --dataset {run.cfg.dataset}"
+                         + (f" --data-dir {as_argument(run.cfg.data_dir)}" if run.cfg.data_dir else "")
+                         + " scores these images")
         return out
 
 
