@@ -45,9 +45,8 @@ class Registers(Study):
              "accuracy (Darcet et al. 2024)")
     setting = ("the default model of `vitkit train` (vit_fmnist_hybrid: a conv stem, one transformer layer of width "
                "96, 7x7 tokens, mean pooling) with recipe fmnist-adamw (AdamW, 9 epochs), 0 and 4 registers; 500 "
-               "Fashion-MNIST test "
-               "images: the share of outlier patch norms (above Q3 + 3 IQR), max/median norm, the patches' "
-               "attention to the registers, and the roughness of the attention rollout")
+               "Fashion-MNIST test images: the share of outlier patch norms (above Q3 + 3 IQR), max/median norm, the "
+               "patches' attention to the registers, and the roughness of the attention rollout")
     paper = {"source": "Darcet et al. 2024, Fig. 2-4 and Table 2: DINOv2 ViT-g, OpenCLIP ViT-L, DeiT III ViT-B/L",
              "outlier_share": "about 2% of patch tokens with norm > 150 (DINOv2 ViT-g), none with registers"}
     notes = ("The paper sees the outliers only in models large and long-trained enough (ViT-L and bigger, after "
