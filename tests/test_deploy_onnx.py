@@ -296,6 +296,50 @@ def test_a_graph_that_ends_in_softmax_is_not_softmaxed_again(tmp_path):
         OnnxModel(tmp_path / "batch.onnx", **stand_ins)
 
 
+class _TwoOutputs(torch.nn.Module):
+    """A foreign export with its features before its logits (or a binary model's one logit)."""
+
+    def __init__(self, model, one_logit: bool = False):
+        super().__init__()
+        self.model, self.one_logit = model, one_logit
+
+    def forward(self, x):
+        features = self.model.forward_head(self.model.forward_features(x), pre_logits=True)
+        return features.sum(-1, keepdim=True) if self.one_logit else (features, self.model.head(features))
+
+
+def foreign_graphs(folder):
+    """A seeded timm classifier exported by plain torch.onnx at a fixed batch of 1 (its default) as ``batch1.onnx``,
+    with its features as a first output as ``two.onnx`` and as one logit as ``one.onnx``; (images, its logits)."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5).eval()
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.zeros(1, 3, 32, 32),), str(folder / "batch1.onnx"), dynamo=False)
+        for name, net in (("two", _TwoOutputs(model)), ("one", _TwoOutputs(model, True))):
+            torch.onnx.export(net, (torch.zeros(2, 3, 32, 32),), str(folder / f"{name}.onnx"), dynamo=False,
+                              dynamic_axes={"x": {0: "b"}}, input_names=["x"])
+        x = torch.randn(3, 3, 32, 32)
+        return x, model(x)
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_foreign_graphs_vitkit_cannot_rank_are_refused_and_one_of_batch_1_runs_image_by_image(tmp_path):
+    """A graph with its features as first output had them ranked as classes; one with one logit answered "class 0,
+    100%" for every image; one exported at batch 1 (torch.onnx.export's default) failed on two images or more."""
+    x, want = foreign_graphs(tmp_path)
+    stand_ins = dict(img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    with pytest.raises(OnnxMetadataError, match=r"two.onnx is no image model vitkit can run: it has 2 outputs \(.* "
+                                                r"192\], .* 5\]\), where vitkit reads a classifier's one"):
+        OnnxModel(tmp_path / "two.onnx", **stand_ins)
+    with pytest.raises(OnnxMetadataError, match=r"one.onnx is no image model vitkit can run: its output '.*' holds one "
+                                                r"value an image \(a binary logit or a score\)"):
+        OnnxModel(tmp_path / "one.onnx", **stand_ins)
+    fixed = OnnxModel(tmp_path / "batch1.onnx", **stand_ins)
+    assert fixed.per_image and max_diff(fixed(x), want) <= 1e-5
+
+
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
 def test_an_onnx_file_without_vitkit_metadata_asks_for_its_preprocessing(tmp_path, capsys):
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3))

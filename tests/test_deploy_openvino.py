@@ -200,6 +200,7 @@ def test_bad_files_and_options_are_one_line_each(tmp_path, capsys):
     shutil.copy(good, mixed)
     deeper = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3))
     shutil.copy(export_openvino(deeper, tmp_path / "deeper.xml").with_suffix(".bin"), mixed.with_suffix(".bin"))
+    capsys.readouterr()  # (its progress line, on a slow or busy machine)
     one_line([*predict, str(mixed)], "the two are not one export (a .bin of another model, or cut)")
     alone = tmp_path / "alone.xml"  # the .bin forgotten
     shutil.copy(good, alone)
@@ -517,6 +518,24 @@ def test_vitkit_info_says_what_an_ir_is(tmp_path, capsys):
     path.with_suffix(".bin").unlink()
     assert main(["info", str(path)]) == 2
     assert "its weights file m.bin is missing" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_a_foreign_ir_of_batch_1_runs_image_by_image_and_two_outputs_are_refused(tmp_path):
+    """As an ONNX graph's (test_deploy_onnx): an IR converted from an export at batch 1 failed on two images or more
+    ("Exception from src/inference/src/cpp/infer_request.cpp"), and one with two outputs had the first read."""
+    import openvino as ov
+
+    from test_deploy_onnx import foreign_graphs
+
+    x, want = foreign_graphs(tmp_path)
+    for name in ("batch1", "two"):
+        ov.save_model(ov.convert_model(str(tmp_path / f"{name}.onnx")), str(tmp_path / f"{name}.xml"),
+                      compress_to_fp16=False)
+    fixed = OpenVinoModel(tmp_path / "batch1.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    assert fixed.per_image and (fixed(x) - want).abs().max() <= 1e-5
+    with pytest.raises(OnnxMetadataError, match=r"two.xml is no image model vitkit can run: it has 2 outputs"):
+        OpenVinoModel(tmp_path / "two.xml", precision="fp32", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

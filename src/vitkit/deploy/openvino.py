@@ -224,6 +224,8 @@ class OpenVinoModel(OnnxModel):
             raise OnnxMetadataError(f"OpenVINO cannot compile {self.path}: {openvino_words(e)}") from None
 
     def _run(self, array):
+        if self.per_image and len(array) > 1:  # an IR of batch 1: its images one at a time
+            return np.concatenate([self._run(array[i:i + 1]) for i in range(len(array))])
         slices = parts(len(array), self.streams)
         with self._lock:
             if len(slices) == 1:

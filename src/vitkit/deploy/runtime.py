@@ -83,6 +83,8 @@ class OnnxModel(nn.Module):
     #: the graph ends in Softmax (a foreign export's "prob" output): its outputs are read as probabilities, not
     #: softmaxed a second time (40% where the model said 100%)
     probabilities = False
+    #: one image per run (see the class notes; a graph exported at batch 1 too)
+    per_image = False
 
     def __init__(self, path: PathLike, threads: Optional[int] = None, img_size: Optional[Sequence[int]] = None,
                  mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
@@ -146,11 +148,18 @@ class OnnxModel(nn.Module):
         elif inputs[0].type != "tensor(float)":
             problems.append(f"its input {inputs[0].name!r} is {inputs[0].type}, not tensor(float) (vitkit feeds "
                             f"normalised float32 pixels)")
-        if len(outputs) < 1 or len(outputs[0].shape) != 2:
-            problems.append(f"its first output has shape {outputs[0].shape if outputs else 'none'}, not "
-                            f"(batch, classes)")
+        if len(outputs) > 1:  # (the first was read: a features output before the logits was ranked as classes)
+            problems.append(f"it has {len(outputs)} outputs ({', '.join(f'{o.name} {o.shape}' for o in outputs)}), "
+                            f"where vitkit reads a classifier's one (batch, classes): export the classes' alone")
+        elif len(outputs) < 1 or len(outputs[0].shape) != 2:
+            problems.append(f"its output has shape {outputs[0].shape if outputs else 'none'}, not (batch, classes)")
+        elif outputs[0].shape[1] == 1:  # (softmaxed over one value, every image was "class 0, 100%")
+            problems.append(f"its output {outputs[0].name!r} holds one value an image (a binary logit or a score), "
+                            f"where vitkit ranks two or more classes that exclude one another")
         if problems:
             raise OnnxMetadataError(f"{self.path} is no image model vitkit can run: " + "; ".join(problems))
+        if inputs[0].shape[0] == 1:  # exported at batch 1 (torch.onnx.export's default): fed one image at a time
+            self.per_image = True
 
     def _check_claims(self, in_shape, out_shape) -> None:
         """What the file's metadata says (its config, and the input_size and labels entries for
