@@ -348,6 +348,21 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
                 "--no-progress", "--max-images", "50"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["count"] == 50 and first["split_images"] == 300
+    # the first 50 in the shards' order (read with tarfile), whatever the batch size: two workers interleaved their
+    # batches, so a batch of 500 scored one worker's share (samples 0, 2, 4, ...) and a batch of 1 both
+    import tarfile
+
+    labels = []
+    for shard in sorted((tmp_path / "s" / "test").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            labels += [int(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".cls")]
+    names, order = (tmp_path / "s" / "test" / "classes.txt").read_text().split(), list(first["per_class"])
+    counted = np.bincount([order.index(names[label]) for label in labels[:50]], minlength=len(order))
+    assert np.sum(first["confusion"], axis=1).tolist() == counted.tolist()
+    for batch in ("1", "7"):
+        assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"), "--json",
+                    "--no-progress", "--max-images", "50", "--batch-size", batch]) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["confusion"] == first["confusion"], batch
     index = json.loads((tmp_path / "s" / "test" / "meta.json").read_text())  # out of date: one shard rewritten
     stale = dict(index, shards={**index["shards"], sorted(index["shards"])[0]: 60}, num_samples=290)
     (tmp_path / "s" / "test" / "meta.json").write_text(json.dumps(stale))

@@ -228,7 +228,7 @@ def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch
     images = torch.from_numpy(datasets.load_split("fashion-mnist", "test", None).images[:4]).reshape(4, 1, 28, 28)
     trained = prepare_batch(images, first.config)
     predicted = torch.cat([vitkit.preprocess(first, Image.fromarray(i[0].numpy())) for i in images])
-    assert first.config.crop_mode == "squash" and (trained - predicted).abs().mean() < 0.03  # (bicubic's two forms)
+    assert first.config.crop_mode == "squash" and (trained - predicted).abs().mean() < 0.005  # (PIL's bicubic both)
     assert main(["train", "--init", str(tmp_path / "a"), "--img-size", "32", "48", "--name", "b", *common]) == 0
     model = vitkit.from_pretrained(tmp_path / "b" / "model").eval()
     assert model.config.img_size == (32, 48) and model(torch.zeros(1, 1, 32, 48)).shape == (1, 10)

@@ -257,10 +257,13 @@ def _in_models_numbers(names: Optional[Sequence[str]], classes: Sequence[str]
                        ) -> Tuple[Sequence[str], Optional[torch.Tensor]]:
     """(the classes as the model numbers them, the data's label -> the model's) where a Hugging Face split or shards
     hold the model's classes in another order (refused, "evaluate them on their own dataset", on the very data the
-    run trained on, whose splits may order their ClassLabels apart); (``classes``, None) otherwise."""
+    run trained on, whose splits may order their ClassLabels apart), or some of them (a test folder without one
+    class's folder was refused as other classes, where an empty folder of it scored the rest); (``classes``,
+    None) otherwise."""
     names = [str(n) for n in names or ()]
-    if not names or names == list(classes) or sorted(names) != sorted(map(str, classes)) or \
-            len(set(names)) < len(names):
+    held = [str(c) for c in classes]
+    if not names or names == held or not set(held) <= set(names) or len(set(names)) < len(names) or \
+            len(set(held)) < len(held):
         return classes, None
     index = {name: i for i, name in enumerate(names)}
     return names, torch.tensor([index[str(c)] for c in classes])
@@ -286,7 +289,8 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
                  tta: str, progress: bool) -> DatasetScore:
     """A split of image files (an image folder, a Hugging Face split, tar shards) decoded in DataLoader
     workers; unusable files skipped and named. ``max_images``: a fixed random sample of N (of a stream, the first
-    N it gives: its order is fixed, the shards in order dealt to two workers)."""
+    N in its shards' order, read by one worker: two interleave their batches, so which N came first depended on
+    the batch size)."""
     from torch.utils.data import IterableDataset, Subset
 
     from ..data.loader import decoded_batches
@@ -297,8 +301,10 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     stream = isinstance(data, IterableDataset)
     total = data.num_samples if stream else len(data)
     wanted = total if max_images is None else min(max_images, total)
+    first_only = stream and wanted < total
     batches = decoded_batches(data if stream or wanted == total else
-                              Subset(data, scored_positions(total, wanted).tolist()), batch_size, 2, skipped)
+                              Subset(data, scored_positions(total, wanted).tolist()), batch_size,
+                              1 if first_only else 2, skipped)
     if order is not None:
         batches = ((x, order[y]) for x, y in batches)
     whole = stream and max_images is None  # every sample the stream gives, whatever its index counted
@@ -312,7 +318,7 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
         warnings.warn(f"{dataset} {split_name}: its index (meta.json) counts {total:,} samples, its shards hold "
                       f"{read:,}: every one was scored; rewrite the index (write_shards writes it)", stacklevel=2)
         total = read
-    return DatasetScore(report, dataset, split_name, total, skipped, first_only=stream and wanted < total)
+    return DatasetScore(report, dataset, split_name, total, skipped, first_only=first_only)
 
 
 def _first(batches, n: int):
