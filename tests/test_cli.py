@@ -200,6 +200,24 @@ def test_the_model_verbs_take_threads(capsys, tiny_weights, photo, monkeypatch):
         assert "--threads N" in capsys.readouterr().out, verb
 
 
+def test_a_sigterm_while_an_error_is_said_ends_with_its_code_not_a_traceback(monkeypatch, capsys):
+    """SIGTERM arriving while the error line was printed (a script that read the --json error and stopped the
+    process) raised Terminated out of the error handler: a traceback and exit 1."""
+    import vitkit.cli.entry as entry
+    from vitkit.signals import Terminated
+
+    said = []
+
+    def print_then_signalled(*args, **kwargs):
+        said.append(args)
+        raise Terminated()
+
+    monkeypatch.setattr(entry, "describe_error", lambda e: "missing.jpg: image not found")
+    monkeypatch.setattr(entry, "print", print_then_signalled, raising=False)
+    assert entry.main(["predict", "missing.jpg", "--weights", "nowhere"]) == 143
+    assert said and "Traceback" not in capsys.readouterr().err
+
+
 def test_predict_on_a_folder_predicts_the_images_under_it(capsys, tiny_weights, photo, tmp_path, caplog):
     """`vitkit predict photos/` was refused ("a folder, not an image file"); timm's inference script
     reads a folder. Now its images, subfolders included, sorted, hidden files and non-images left out;

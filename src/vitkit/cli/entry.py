@@ -249,7 +249,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _error(args.verb, e, debug)
         return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
-        return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
+        try:
+            return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
+        except KeyboardInterrupt as stop:  # a signal while the error is said: its exit code, not a traceback
+            if debug:
+                raise
+            return 143 if isinstance(stop, Terminated) else 130
     finally:
         # the handlers first: a SIGTERM landing here (torchrun ending a rank that has said its error) raised in
         # the middle of this block, a traceback after the line
