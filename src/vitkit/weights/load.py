@@ -68,6 +68,9 @@ class Source:
     timm_with_config: bool = False
     #: an open_clip tower that timm builds (``visual.trunk.*``), read as the timm state dict it holds
     open_clip_trunk: bool = False
+    #: its projection is open_clip's linear one beside timm's model (``visual.head.proj``), which pools as its
+    #: ``timm_pool`` says (not timm's own head, as EVA-02's and Perception Encoder's towers use)
+    open_clip_projection: bool = False
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -164,9 +167,11 @@ def _read_file(path: Path) -> Source:
     tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
     tensors = backbone_model(tensors, str(path))
     trunk = open_clip_format.is_timm_tower(tensors)
+    projection = trunk and "visual.head.proj.weight" in tensors
     if trunk:  # timm's model under open_clip's names: read as timm's state dict
         tensors = open_clip_format.timm_tower(tensors)
-    src = Source(tensors, detect_format(tensors.keys()), path=path, open_clip_trunk=trunk)
+    src = Source(tensors, detect_format(tensors.keys()), path=path, open_clip_trunk=trunk,
+                 open_clip_projection=projection)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
     # a training checkpoint names its model: read as the hub config it stands for (a name from DeiT's
     # registry that timm lacks, such as DeiT III's deit_base_patch16_LS: the tensors say, as before)

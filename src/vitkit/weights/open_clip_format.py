@@ -152,6 +152,19 @@ def timm_tower_config(open_clip_config: Optional[Mapping[str, Any]], sd: Mapping
             "model_args": args, "pretrained_cfg": pretrained}
 
 
+def bare_trunk_defaults(sd: Mapping[str, Any], projection: bool) -> Dict[str, Any]:
+    """What open_clip builds a timm-built tower with where no ``open_clip_config.json`` says (``sd``: timm's
+    names): its head is an embedding's projection, not classes; a linear ``projection`` beside timm's model
+    pools as vision_cfg's default ``timm_pool``, 'avg' after timm's own norm; CLIP's normalisation, the whole
+    image resized. A bare file was read as a classifier of the class token, 1.4 off ``encode_image``."""
+    out: Dict[str, Any] = {"mean": CLIP_MEAN, "std": CLIP_STD, "interpolation": "bicubic", "crop_pct": 1.0}
+    if projection:
+        out.update(global_pool="avg", fc_norm="fc_norm.weight" in sd)
+    if "head.weight" in sd:
+        out["head_kind"] = "projection"
+    return out
+
+
 def readout(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, Any]] = None) -> Tuple[str, Optional[bool]]:
     """(global_pool, fc_norm) of a tower: its vision_cfg's ``pool_type`` and ``final_ln_after_pool`` (ln_post
     after the pooling), or for a bare file the class token, but CLIPA's patch mean normalised after it where

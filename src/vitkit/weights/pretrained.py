@@ -97,6 +97,8 @@ def config_for_source(src: Source, **overrides: Any):
         return npz_format.infer_config(sd, facts, **overrides)
     if src.pretraining == "mae":  # the official MAE layout: ImageNet statistics, as MAE trains
         overrides = {**selfsup_format.official_mae_encoder_overrides(), **overrides}
+    if src.open_clip_trunk:  # a bare tower timm built: open_clip's defaults, where its config would say
+        overrides = {**open_clip_format.bare_trunk_defaults(sd, src.open_clip_projection), **overrides}
     return timm_format.infer_config(sd, **overrides)
 
 
@@ -325,7 +327,12 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
     if src.config_json is not None or src.format != "timm":
         return []
     said = []
-    if "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
+    if src.open_clip_trunk:
+        pool = "timm_pool 'avg' after the norm, " if src.open_clip_projection else ""
+        said.append(f"an open_clip tower built by timm, without its open_clip_config.json: read with open_clip's "
+                    f"defaults ({pool}its head an embedding's projection, CLIP's normalisation, the whole image "
+                    f"resized); the folder with open_clip_config.json removes the guess")
+    elif "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
         said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
                     f"{_numbers(config.std)}, and its resize as {config.interpolation} to the centre "
                     f"{config.crop_pct:g} ({config.crop_mode}); a model trained with another (DeiT's, DINOv2's and "
