@@ -494,7 +494,8 @@ def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_pa
     run = ["predict", str(photo), "--weights", str(tmp_path / "w.safetensors"), "--json", "--top-k", "3"]
     assert main(run) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "position embedding with 32 patch slots; pass img_size= (--img-size H W)" in err[0], err
+    assert len(err) == 1 and "position embedding with 33 slots (no square grid with or without its 1 prefix slot(s)); " \
+                             "pass img_size= (--img-size H W)" in err[0], err
     assert main(run + ["--img-size", "32", "64"]) == 0
     top = {t["label"]: t["probability"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
     config = timm.data.resolve_data_config({"input_size": (3, 32, 64)}, model=ref)  # (timm's vit: 0.5s, 0.9 crop)
@@ -507,6 +508,16 @@ def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_pa
     assert "grid 4 x 8 = 32 patches" in capsys.readouterr().out
     assert main(["info", str(tmp_path / "w.safetensors")]) == 2
     assert "pass img_size= (--img-size H W)" in capsys.readouterr().out
+    # convert too (it named --img-size, which it did not have): timm reads the file it writes as its own
+    from safetensors.torch import load_file
+
+    assert main(["convert", str(tmp_path / "w.safetensors"), str(tmp_path / "t.safetensors"), "--to", "timm",
+                 "--img-size", "32", "64"]) == 0
+    back = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=(32, 64), patch_size=8, num_classes=3,
+                             embed_dim=64, num_heads=1).eval()
+    back.load_state_dict(load_file(str(tmp_path / "t.safetensors")), strict=True)
+    with torch.no_grad():
+        assert max_diff(back(x), ref(x)) <= 1e-6
 
 
 def test_timm_06s_single_dict_config_reads_as_timm_reads_it(tmp_path, images):

@@ -13,6 +13,7 @@ from .common import add_calibration_flag, add_threads_flag, fmt_bytes, fmt_int, 
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from ..deploy.choose import one_size
     from ..deploy.quantize import calibrates
     from ..weights import export_weights
     from ..weights.export import ExportWarning, check_destination
@@ -34,7 +35,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     replaced = _replaced(Path(args.dst))
     # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
     # weights layout keeps the weights as they are stored (the position table at the config's size)
-    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"))
+    size = {"img_size": one_size(args.img_size)} if args.img_size else {}  # (a bare table's, or one to resample to)
+    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"),
+                       **size)
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
     from ..weights.pretrained import source_half_dtype
@@ -192,6 +195,9 @@ def add_convert(verb) -> None:
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help="H W (or one value): the size the model is written at, its position table resampled to it "
+                        "(--interpolation); a bare state dict whose table holds no square grid is read at it")
     add_threads_flag(p, "the export and int8 calibration")
     p.add_argument("--interpolation", choices=CHOICES["init_interpolation"][1:],  # (--init-interpolation's)
                    help="how a position table of another size is resampled (default: as the weights' library "

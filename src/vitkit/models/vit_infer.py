@@ -162,8 +162,10 @@ def _infer_img_size(sd: Mapping[str, Any], pos_embed: str, class_token: bool, pr
         if side * side != n and given is not None:
             return grid_at_size(slots, prefix, backbone, patch, tuple(given))
         if side * side != n or not n:
-            raise ValueError(f"cannot infer the image size from a position embedding with {n} "
-                             f"patch slots; pass img_size= (--img-size H W)")
+            held = f"{slots} slots (no square grid with or without its {prefix} prefix slot(s))" if prefix else \
+                f"{n} patch slots"  # (a DeiT III table holds no class slot: "5 patch slots" of its 6 misled)
+            raise ValueError(f"cannot infer the image size from a position embedding with {held}; pass img_size= "
+                             f"(--img-size H W)")
     elif pos_embed == "relative":  # (2 g - 1)^2 offsets (+ 3 rows for a class token): a square grid
         offsets = int(sd[f"blocks.0.{positions.RELATIVE_TABLE}"].shape[0]) - 3 * int(class_token)
         side = positions.square_table_side(offsets)
