@@ -10,6 +10,7 @@ import torch
 import vitkit
 from conftest import max_diff, randomize
 from vitkit.weights.io import WeightsError
+from vitkit.weights.pretrained import GuessWarning
 
 timm = pytest.importorskip("timm")
 from timm.models import save_for_hf  # noqa: E402
@@ -437,10 +438,20 @@ def test_bare_beit_files_are_read_off_their_tables_with_parity(tmp_path, images)
             a, b = ref(x), ours(x)
         assert ours.config.img_size == tuple(ref.patch_embed.img_size)
         assert max_diff(a, b) <= 1e-5 * max(1.0, a.abs().max().item())
-    ref = timm.create_model("beit_base_patch16_224", depth=1, img_size=(32, 64))  # 3 x 7 offsets, or 7 x 3?
+    ref = randomize(timm.create_model("beit_base_patch16_224", depth=1, img_size=(32, 64)))  # 3 x 7, or 7 x 3?
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
-    with pytest.raises(WeightsError, match="relative-bias table of 24 rows .* from its hub folder"):
+    with pytest.raises(WeightsError, match=r"relative-bias table of 24 rows .* pass img_size= \(--img-size H W\), "
+                                           r"or load it from its hub folder"):
         vitkit.from_pretrained(tmp_path / "w.safetensors")
+    # with its size given, read at it (it was refused all the same); a size of another table, refused by its rows
+    with pytest.warns(GuessWarning):
+        ours = vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=(32, 64)).eval()
+    x = images(2, 32, 64)
+    with torch.no_grad():
+        assert max_diff(ref(x), ours(x)) <= 1e-5 * max(1.0, ref(x).abs().max().item())
+    with pytest.raises(WeightsError, match=r"a relative-bias table of 24 rows is no 2x2 grid of 16x16 patches "
+                                           r"\(32x32 px\), which has 12: give the size it was trained at"):
+        vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=(32, 32))
 
 
 def test_predict_takes_a_bare_files_normalisation_from_mean_and_std(tmp_path, capsys):
@@ -494,8 +505,8 @@ def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_pa
     run = ["predict", str(photo), "--weights", str(tmp_path / "w.safetensors"), "--json", "--top-k", "3"]
     assert main(run) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "position embedding with 33 slots (no square grid with or without its 1 prefix slot(s)); " \
-                             "pass img_size= (--img-size H W)" in err[0], err
+    assert len(err) == 1 and "position embedding with 33 slots (no square grid with or without its 1 prefix " \
+                             "slot(s)); pass img_size= (--img-size H W)" in err[0], err
     assert main(run + ["--img-size", "32", "64"]) == 0
     top = {t["label"]: t["probability"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
     config = timm.data.resolve_data_config({"input_size": (3, 32, 64)}, model=ref)  # (timm's vit: 0.5s, 0.9 crop)
@@ -518,6 +529,26 @@ def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_pa
     back.load_state_dict(load_file(str(tmp_path / "t.safetensors")), strict=True)
     with torch.no_grad():
         assert max_diff(back(x), ref(x)) <= 1e-6
+
+
+@pytest.mark.parametrize("kw", [{}, {"class_token": False, "global_pool": "avg"}, {"no_embed_class": True}])
+def test_a_bare_square_table_asked_for_a_grid_of_as_many_slots_is_resampled(kw, tmp_path):
+    """A bare 64 px file (a 4x4 table) asked for at 32x128 (2x8: as many slots) had its table copied into the new
+    grid as it was, 2.5e-3 off timm's resampling; it is resampled from the grid it was read as, as timm does."""
+    from safetensors.torch import save_file
+    from timm.layers import resample_abs_pos_embed
+
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", img_size=64, depth=1, num_classes=4, **kw)).eval()
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    with pytest.warns(GuessWarning):
+        ours = vitkit.from_pretrained(tmp_path / "w.safetensors", img_size=(32, 128)).eval()
+    theirs = timm.create_model("vit_tiny_patch16_224", img_size=(32, 128), depth=1, num_classes=4, **kw).eval()
+    sd = dict(ref.state_dict())
+    sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], (2, 8), num_prefix_tokens=0 if kw else 1)
+    theirs.load_state_dict(sd)
+    x = torch.randn(2, 3, 32, 128)
+    with torch.no_grad():
+        assert max_diff(ours(x), theirs(x)) <= 1e-5
 
 
 def test_timm_06s_single_dict_config_reads_as_timm_reads_it(tmp_path, images):

@@ -217,6 +217,22 @@ def is_eva_state_dict(keys: Collection[str]) -> bool:
         "rope.freqs" in keys or any(k.endswith((".gamma_1", ".attn.q_proj.weight", ".attn.q_bias")) for k in keys))
 
 
+def _size_of_table(rows: int, patch: Tuple[int, int], given: Any) -> Tuple[int, int]:
+    """The image size a BEiT relative-bias table of no square grid was made at: the size asked for, where its
+    (2 gh - 1)(2 gw - 1) + 3 rows are the table's (a bare file was refused even with its size given)."""
+    if given is None:
+        raise ValueError(f"cannot infer the image size from a relative-bias table of {rows} rows (a square grid "
+                         f"has (2 g - 1)^2 + 3; another shape has several readings): pass img_size= (--img-size H "
+                         f"W), or load it from its hub folder")
+    h, w = (given, given) if isinstance(given, int) else tuple(given)
+    gh, gw = h // patch[0], w // patch[1]
+    if (2 * gh - 1) * (2 * gw - 1) + 3 != rows:
+        raise ValueError(f"a relative-bias table of {rows} rows is no {gh}x{gw} grid of {patch[0]}x{patch[1]} "
+                         f"patches ({h}x{w} px), which has {(2 * gh - 1) * (2 * gw - 1) + 3}: give the size it was "
+                         f"trained at")
+    return h, w
+
+
 def infer_eva_config(sd: Mapping[str, Any], **overrides: Any) -> EvaConfig:
     """BEiT's architecture off its tensors (its heads are its tables' columns, its grid their rows); the rotary
     models are refused: no tensor holds their positions."""
@@ -229,11 +245,9 @@ def infer_eva_config(sd: Mapping[str, Any], **overrides: Any) -> EvaConfig:
     D, C, ph, pw = (int(n) for n in sd["patch_embed.proj.weight"].shape)
     rows, heads = (int(n) for n in sd[BEIT_TABLE].shape)
     side = positions.square_table_side(rows - 3)  # the class token's three rows off
-    if side is None:
-        raise ValueError(f"cannot infer the image size from a relative-bias table of {rows} rows (a square grid "
-                         f"has (2 g - 1)^2 + 3; another shape has several readings): load it from its hub folder")
+    size = _size_of_table(rows, (ph, pw), overrides.get("img_size")) if side is None else (side * ph, side * pw)
     fields: Dict[str, Any] = dict(
-        name=None, embed_dim=D, in_chans=C, patch_size=(ph, pw), img_size=(side * ph, side * pw), num_heads=heads,
+        name=None, embed_dim=D, in_chans=C, patch_size=(ph, pw), img_size=size, num_heads=heads,
         depth=1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks.")),
         mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]),
         init_values=0.1 if "blocks.0.gamma_1" in sd else None,

@@ -71,6 +71,9 @@ class Source:
     #: its projection is open_clip's linear one beside timm's model (``visual.head.proj``), which pools as its
     #: ``timm_pool`` says (not timm's own head, as EVA-02's and Perception Encoder's towers use)
     open_clip_projection: bool = False
+    #: the grid a bare table was read as (``pretrained.stored_config``): loaded into a model of another grid, it is
+    #: resampled from it (a 4x4 table was copied as it was into a 2x8 grid: as many slots)
+    table_grid: Optional[Tuple[int, int]] = None
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -311,6 +314,8 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
             grid = getattr(config_from_dict(src.config_json["config"]), "grid_size", None)
             if grid is not None:
                 facts["grid"] = grid
+        elif src.table_grid is not None:
+            facts["grid"] = src.table_grid
     return sd, facts
 
 

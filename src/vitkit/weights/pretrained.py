@@ -103,6 +103,15 @@ def config_for_source(src: Source, **overrides: Any):
 
 
 def stored_config(src: Source, overrides: Mapping[str, Any]):
+    """The source's configuration (:func:`_read_config`); a bare timm table's grid is kept on ``src`` for the
+    loader, which resamples it from that grid (``Source.table_grid``)."""
+    config = _read_config(src, overrides)
+    if src.config_json is None and src.format == "timm" and "pos_embed" in src.tensors:
+        src.table_grid = tuple(config.grid_size) if hasattr(config, "grid_size") else None
+    return config
+
+
+def _read_config(src: Source, overrides: Mapping[str, Any]):
     """The source's configuration; where it cannot be read alone (a position table of no square grid,
     where nothing stores the size) and an ``img_size`` is asked for, read at that size: what is wrong
     with that reading is then the error (the same one, where the size was not the reason). A bare table
