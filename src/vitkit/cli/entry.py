@@ -10,6 +10,7 @@ import errno
 import functools
 import gc
 import json
+import logging
 import os
 import re
 import select
@@ -52,6 +53,19 @@ def _one_line_warnings(verb: str):
 
     warnings.showwarning = show
     return previous
+
+
+class _OneLineLogs(logging.Handler):
+    """The library's log lines (a skipped file, files left out of a folder) as the verb's notes: Python's
+    last-resort handler printed them bare, the one kind of line without ``vitkit VERB:`` before it."""
+
+    def __init__(self, verb: str):
+        super().__init__(logging.WARNING)
+        self.verb = verb
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if first_process_on_machine():
+            print(f"vitkit {self.verb}: note: {' '.join(record.getMessage().split())}", file=sys.stderr)
 
 
 def _said_by_first_process(e: BaseException) -> bool:
@@ -229,6 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous_int = signal.signal(signal.SIGINT, _on_sigint) \
         if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous_warn = _one_line_warnings(args.verb)
+    logs = _OneLineLogs(args.verb)
+    logging.getLogger("vitkit").addHandler(logs)
     previous_chld = signal.getsignal(signal.SIGCHLD) if main_thread else None  # see expect_worker_deaths
     try:
         _check_thread_variable()
@@ -263,6 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
         warnings.showwarning = previous_warn
+        logging.getLogger("vitkit").removeHandler(logs)
         if main_thread:
             own_signals(False)
             sys.unraisablehook = previous_unraisable
