@@ -209,6 +209,28 @@ def test_init_reads_a_bare_table_of_two_readings_at_the_runs_size(tmp_path, imag
 
 
 @real
+def test_a_three_channel_model_trains_on_grey_images_as_predict_feeds_it(tmp_path, monkeypatch):
+    """--model-args '{"in_chans": 3}' on Fashion-MNIST was refused ("mean/std need 3 values": the data's one grey
+    statistic); the grey images are fed as three equal channels, and a PNG of one reaches the model as in training."""
+    from PIL import Image
+
+    from conftest import max_diff
+    from vitkit.cli import main
+    from vitkit.data import datasets
+    from vitkit.evaluate.metrics import prepare_batch
+
+    monkeypatch.setenv("VITKIT_TINY", "1")
+    assert main(["train", "--model-args", '{"in_chans": 3}', "--name", "rgb", "--threads", "1", "--runs-dir",
+                 str(tmp_path), "--no-progress"]) == 0
+    model = vitkit.from_pretrained(tmp_path / "rgb")
+    assert model.config.in_chans == 3 and len(set(model.config.mean)) == 1 and len(model.config.std) == 3
+    images = torch.from_numpy(datasets.load_split("fashion-mnist", "test", None).images[:4]).reshape(4, 1, 28, 28)
+    trained = prepare_batch(images, model.config)
+    predicted = torch.cat([vitkit.preprocess(model, Image.fromarray(i[0].numpy())) for i in images])
+    assert trained.shape == predicted.shape == (4, 3, 28, 28) and max_diff(trained, predicted) <= 1e-6
+
+
+@real
 def test_a_run_trains_and_fine_tunes_at_a_height_and_width(tmp_path, monkeypatch, capsys):
     """--img-size H W: a run at 28x40, then --init from it at 32x48 (its position grid resampled). The flag took one
     side only, while --model-args img_size with --init named `--img-size H W` as the way to ask for it."""

@@ -66,8 +66,12 @@ def data_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
 
 def model_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
     """The model's config overrides: the data's size, channels, classes and statistics, then the run's."""
-    stats = {"mean": data.mean, "std": data.std}
-    return {**data_args_for(cfg, data), **stats, **resolve_width(cfg.model_args, get_model_config(cfg.model))}
+    own = resolve_width(cfg.model_args, get_model_config(cfg.model))
+    stats = {"mean": tuple(data.mean), "std": tuple(data.std)}
+    channels = own.get("in_chans")
+    if isinstance(channels, int) and channels > 1 and len(stats["mean"]) == 1:  # grey images fed as RGB, as
+        stats = {k: v * channels for k, v in stats.items()}  # prepare_batch repeats them ("mean/std need 3 values")
+    return {**data_args_for(cfg, data), **stats, **own}
 
 
 class Classification:
