@@ -228,6 +228,10 @@ def test_a_three_channel_model_trains_on_grey_images_as_predict_feeds_it(tmp_pat
     trained = prepare_batch(images, model.config)
     predicted = torch.cat([vitkit.preprocess(model, Image.fromarray(i[0].numpy())) for i in images])
     assert trained.shape == predicted.shape == (4, 3, 28, 28) and max_diff(trained, predicted) <= 1e-6
+    # 4 channels trained, and then predict and inspect could not feed it (an image has 1 or 3): refused first
+    assert main(["train", "--model-args", '{"in_chans": 4}', "--name", "four", "--threads", "1", "--runs-dir",
+                 str(tmp_path), "--no-progress"]) == 2
+    assert not (tmp_path / "four").exists()
 
 
 @real

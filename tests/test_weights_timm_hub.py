@@ -529,6 +529,13 @@ def test_predict_and_info_read_a_bare_table_of_no_square_grid_at_img_size(tmp_pa
     back.load_state_dict(load_file(str(tmp_path / "t.safetensors")), strict=True)
     with torch.no_grad():
         assert max_diff(back(x), ref(x)) <= 1e-6
+    # and inspect and fewshot, which the same error sent to a flag they did not have
+    assert main(["inspect", "--weights", str(tmp_path / "w.safetensors"), "--image", str(photo), "--out",
+                 str(tmp_path / "ins"), "--img-size", "32", "64", "--no-progress"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fewshot", "--help"])
+    assert "--img-size PX" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kw", [{}, {"class_token": False, "global_pool": "avg"}, {"no_embed_class": True}])

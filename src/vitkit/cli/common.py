@@ -74,6 +74,21 @@ def use_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+def add_size_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--img-size`` for a verb that reads weights as a model (convert, fewshot, inspect): the size it runs at,
+    and the one a bare state dict's table of no square grid is read at, which its error asks for."""
+    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+                   help=f"H W (or one value): the size {what}, its position table resampled to it; a bare state "
+                        f"dict whose table holds no square grid is read at it")
+
+
+def size_of(args: argparse.Namespace) -> dict:
+    """``load_model``'s ``img_size`` from ``--img-size`` (none where it was not given)."""
+    from ..deploy.choose import one_size
+
+    return {"img_size": one_size(args.img_size)} if getattr(args, "img_size", None) else {}
+
+
 #: the stand-in flags' argparse names (an .onnx file without vitkit metadata; a bare state dict's normalisation)
 STAND_INS = ("img_size", "mean", "std", "labels")
 

@@ -12,12 +12,14 @@ from ..files import check_output
 from .common import (
     add_hf_flags,
     add_runtime_flags,
+    add_size_flag,
     add_stand_in_flags,
     add_threads_flag,
     load_model,
     print_json,
     runtime_model,
     runtime_name,
+    size_of,
 )
 
 
@@ -121,7 +123,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     if args.dataset:
         check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key,
                          args.hf_test_split)
-    model = load_model(args, encoder_only=True)  # a pre-training model's ViT
+    model = load_model(args, encoder_only=True, **size_of(args))  # a pre-training model's ViT
     dataset, data_dir, note = fewshot_data_of(model, args.weights, args.dataset, args.data_dir)
     if note:
         warnings.warn(note, stacklevel=1)  # (the command line's one "vitkit fewshot: note:" line)
@@ -201,6 +203,7 @@ def add_fewshot(verb) -> None:
                    help="training images to draw shots and the held-out split from (0: all)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_size_flag(p, "the features are computed at")
     add_threads_flag(p, "the features")
     p.set_defaults(func=cmd_fewshot)
 

@@ -6,7 +6,7 @@ import argparse
 import warnings
 
 from ..files import check_output
-from .common import add_threads_flag, load_model, print_json
+from .common import add_size_flag, add_threads_flag, load_model, print_json, size_of
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if out != str(chosen):
             warnings.warn(f"{chosen} holds the report of other weights; this one goes to {out}", stacklevel=1)
     check_output(out, "folder", "--out")
-    model = load_model(args)
+    model = load_model(args, **size_of(args))
     result = inspect_model(model, out, args.image, title=str(args.weights),
                            progress=not args.no_progress)
     if args.json:
@@ -45,6 +45,7 @@ def add_inspect(verb) -> None:
                                                 "model.safetensors; NAME-2, ... where other weights' report is)")
     p.add_argument("--model", help="architecture name when the weights have no config")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_size_flag(p, "the model is inspected at")
     add_threads_flag(p, "the analyses")
     p.set_defaults(func=cmd_inspect)
 

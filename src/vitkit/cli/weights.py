@@ -9,11 +9,19 @@ from pathlib import Path
 from typing import Optional
 
 from ..files import check_output
-from .common import add_calibration_flag, add_threads_flag, fmt_bytes, fmt_int, load_model, print_json
+from .common import (
+    add_calibration_flag,
+    add_size_flag,
+    add_threads_flag,
+    fmt_bytes,
+    fmt_int,
+    load_model,
+    print_json,
+    size_of,
+)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from ..deploy.choose import one_size
     from ..deploy.quantize import calibrates
     from ..weights import export_weights
     from ..weights.export import ExportWarning, check_destination
@@ -35,9 +43,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     replaced = _replaced(Path(args.dst))
     # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
     # weights layout keeps the weights as they are stored (the position table at the config's size)
-    size = {"img_size": one_size(args.img_size)} if args.img_size else {}  # (a bare table's, or one to resample to)
     model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"),
-                       **size)
+                       **size_of(args))
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
     from ..weights.pretrained import source_half_dtype
@@ -195,9 +202,7 @@ def add_convert(verb) -> None:
     p.add_argument("--opset", type=int, help="onnx: the ONNX opset (default: the exporter's)")
     p.add_argument("--model", help="architecture name when the source has no config")
     p.add_argument("--scan", action="store_true", help="big_vision: stack blocks on a depth axis")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
-                   help="H W (or one value): the size the model is written at, its position table resampled to it "
-                        "(--interpolation); a bare state dict whose table holds no square grid is read at it")
+    add_size_flag(p, "the model is written at (--interpolation)")
     add_threads_flag(p, "the export and int8 calibration")
     p.add_argument("--interpolation", choices=CHOICES["init_interpolation"][1:],  # (--init-interpolation's)
                    help="how a position table of another size is resampled (default: as the weights' library "

@@ -62,11 +62,12 @@ def _table_bytes(config: Any, frozen: bool = False) -> int:
 
 
 def _decoder_table_bytes(config: Any, objective: Any) -> int:
-    """MAE's decoder's fixed sine-cosine table: the encoder's grid at the decoder's width, float32."""
+    """MAE's decoder's fixed sine-cosine table: the encoder's grid at the decoder's width, float32, held and its
+    values computed once beside it (``selfsup.mae.fill_mae_pos_table``)."""
     if not getattr(objective, "decoder_dim", None) or not hasattr(config, "grid_size"):
         return 0
     h, w = config.grid_size
-    return h * w * objective.decoder_dim * 4
+    return 2 * h * w * objective.decoder_dim * 4
 
 
 def _decoder_params(objective: Any) -> int:

@@ -70,7 +70,10 @@ def model_args_for(cfg: TrainConfig, data: RunData) -> Dict[str, Any]:
     stats = {"mean": tuple(data.mean), "std": tuple(data.std)}
     channels = own.get("in_chans")
     if isinstance(channels, int) and channels > 1 and len(stats["mean"]) == 1:  # grey images fed as RGB, as
-        stats = {k: v * channels for k, v in stats.items()}  # prepare_batch repeats them ("mean/std need 3 values")
+        if channels != 3:  # prepare_batch repeats them (they were refused: "mean/std need 3 values")
+            raise ValueError(f"in_chans {channels} in --model-args: {cfg.dataset}'s images are grey, fed to a model "
+                             f"of 1 channel or 3 (RGB, the grey repeated), which predict and the exports feed alike")
+        stats = {k: v * channels for k, v in stats.items()}
     return {**data_args_for(cfg, data), **stats, **own}
 
 

@@ -337,10 +337,11 @@ def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None
         return []
     said = []
     if src.open_clip_trunk:
-        pool = "timm_pool 'avg' after the norm, " if src.open_clip_projection else ""
+        read = ["timm_pool 'avg' after the norm"] if src.open_clip_projection else []
+        read += ["its head an embedding's projection"] if "head.weight" in src.tensors else []
+        read += ["CLIP's normalisation", "the whole image resized"]
         said.append(f"an open_clip tower built by timm, without its open_clip_config.json: read with open_clip's "
-                    f"defaults ({pool}its head an embedding's projection, CLIP's normalisation, the whole image "
-                    f"resized); the folder with open_clip_config.json removes the guess")
+                    f"defaults ({', '.join(read)}); the folder with open_clip_config.json removes the guess")
     elif "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
         said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
                     f"{_numbers(config.std)}, and its resize as {config.interpolation} to the centre "
