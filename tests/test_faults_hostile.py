@@ -135,7 +135,7 @@ def test_an_onnx_file_whose_metadata_lies_is_refused(capsys, onnx_file, image, t
     (dict(in_type=TensorProto.UINT8), "its input 'x' is tensor(uint8), not tensor(float)"),
     (dict(in_shape=("N", 28, 28)), "not one (batch, channels, height, width)"),
     (dict(out_shape=("N", 10, 1), extra=[helper.make_node("Unsqueeze", ["y0", "axes"], ["y"])]),
-     "first output has shape ['N', 10, 1], not (batch, classes)"),
+     "its output has shape ['N', 10, 1], not (batch, classes)"),
 ])
 def test_an_onnx_graph_vitkit_cannot_feed_is_one_line(capsys, image, tmp_path, graph, words):
     path = foreign_graph(tmp_path / "g.onnx", **graph)

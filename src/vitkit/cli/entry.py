@@ -217,21 +217,41 @@ def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt) -> int:
     return code
 
 
+def _parsed(argv: Optional[Sequence[str]]) -> Optional[argparse.Namespace]:
+    """The verb and its values, each mistake one line (exit 2 by argparse); None where no verb was given: the help
+    on stderr, as an error (it was exit 0, as if something ran)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if extra:  # said by the verb's own parser, which knows the flags that were meant
+        (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return None
+    verbs[args.verb].check_values(args)
+    return args
+
+
+def _error_said(verb: str, e: Exception, debug: bool, as_json: bool) -> int:
+    """:func:`_error`, and a signal arriving while its line is printed ends with the signal's code, not a
+    traceback (a script that read the --json error and stopped the process)."""
+    try:
+        return _error(verb, e, debug, as_json)
+    except KeyboardInterrupt as stop:
+        if debug:
+            raise
+        return 143 if isinstance(stop, Terminated) else 130
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: one verb, and every way it can end as one line on stderr: 0 done, 2 an
     error (said in words; ``VITKIT_DEBUG=1`` shows its traceback), 130 Ctrl-C, 143 SIGTERM."""
     for name in ("stdout", "stderr"):  # closed (`vitkit models >&-`): Python has None there, and the work done was
         if getattr(sys, name) is None:  # "unexpected AttributeError" at the flush; its lines go nowhere, as asked
             setattr(sys, name, open(os.devnull, "w"))
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if extra:  # said by the verb's own parser, which knows the flags that were meant
-        (verbs.get(getattr(args, "verb", None)) or parser).unknown(extra)
-    if not getattr(args, "func", None):  # no verb: the help, as an error (it was exit 0, as if something ran)
-        parser.print_help(sys.stderr)
+    args = _parsed(argv)
+    if args is None:
         return 2
-    verbs[args.verb].check_values(args)
     debug = bool(os.environ.get("VITKIT_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
     previous_unraisable = sys.unraisablehook
@@ -265,12 +285,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _error(args.verb, e, debug)
         return 141  # `vitkit models | head`: the reader took what it wanted; quiet, as `cat` is (128 + SIGPIPE)
     except Exception as e:
-        try:
-            return _error(args.verb, e, debug, bool(getattr(args, "json", False)))
-        except KeyboardInterrupt as stop:  # a signal while the error is said: its exit code, not a traceback
-            if debug:
-                raise
-            return 143 if isinstance(stop, Terminated) else 130
+        return _error_said(args.verb, e, debug, bool(getattr(args, "json", False)))
     finally:
         # the handlers first: a SIGTERM landing here (torchrun ending a rank that has said its error) raised in
         # the middle of this block, a traceback after the line
