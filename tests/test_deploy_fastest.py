@@ -91,6 +91,11 @@ def test_openvino_without_nncf_is_named_by_what_is_missing(monkeypatch):
                                "pip install 'vitkit[openvino]'"), choice.why
     present -= {"openvino"}
     assert fastest(ZEN4).why.endswith("; openvino int8, faster here, is not installed: pip install 'vitkit[openvino]'")
+    present -= {"onnx"}  # ONNX Runtime without onnx, on AVX2: it said "not installed here" of no package
+    bare = fastest(ZEN3)
+    assert (bare.runtime, bare.quantize) == ("torch", None)
+    assert bare.why.endswith("; onnxruntime needs onnx, which is not installed here: pip install 'vitkit[onnx]'"), \
+        bare.why
 
 
 def test_the_flags_read_agree_with_torchs_own_probe():

@@ -338,6 +338,13 @@ def test_foreign_graphs_vitkit_cannot_rank_are_refused_and_one_of_batch_1_runs_i
         OnnxModel(tmp_path / "one.onnx", **stand_ins)
     fixed = OnnxModel(tmp_path / "batch1.onnx", **stand_ins)
     assert fixed.per_image and max_diff(fixed(x), want) <= 1e-5
+    # another fixed batch is said with the numbers ONNX Runtime gives on its second line (its first was cut there)
+    import timm
+
+    torch.onnx.export(timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=5),
+                      (torch.zeros(4, 3, 32, 32),), str(tmp_path / "batch4.onnx"), dynamo=False)
+    with pytest.raises(OnnxMetadataError, match=r"for the following indices index: 0 Got: 3 Expected: 4"):
+        OnnxModel(tmp_path / "batch4.onnx", threads=1, **stand_ins)(x)
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

@@ -135,7 +135,8 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                           f"{_not_installed(best.runtime)}"
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; {missing}: {install}", choice.precision)
             return choice
-    return Choice("torch", None, f"{best.why}; not installed here: {install}")
+    missing = _not_installed(best.runtime).replace("is not installed", "is not installed here")
+    return Choice("torch", None, f"{best.why}; {best.runtime} {missing}: {install}")
 
 
 __all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]

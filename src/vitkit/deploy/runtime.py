@@ -246,7 +246,7 @@ class OnnxModel(nn.Module):
             out = self._run(array)
         except Exception as e:  # the runtime's own error types (Fail, InvalidArgument, ...): one line naming the file
             raise OnnxMetadataError(f"{self.runtime} could not run {self.path} on a batch of shape "
-                                    f"{tuple(array.shape)}: {first_line(e)}") from None
+                                    f"{tuple(array.shape)}: {_runtime_words(e)}") from None
         classes = self.config.num_classes
         if self.probabilities:  # a graph that ends in Softmax: its log is what a softmax reads back as itself
             out = np.log(np.clip(out, np.finfo(np.float32).tiny, None))
@@ -322,6 +322,15 @@ def thread_count(threads: Optional[int]) -> int:
     if not _is_int(threads) or threads < 1:
         raise ValueError(f"threads must be a whole number of at least 1, not {threads!r}")
     return threads
+
+
+def _runtime_words(e: BaseException) -> str:
+    """A runtime's error in one line: ONNX Runtime's first line ends "for the following indices" and its next says
+    which ("index: 0 Got: 5 Expected: 4"), which the first line alone left out."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return "no detail"
+    return " ".join(lines[:2]) if lines[0].rstrip().endswith(("indices", ":")) and len(lines) > 1 else lines[0]
 
 
 def _brief(value: Any) -> str:
