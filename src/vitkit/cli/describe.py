@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .common import fmt_bytes, fmt_int, print_json, table
+from .common import fmt_bytes, fmt_int, print_json, size_of, table
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -84,10 +84,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..models.complexity import complexity
 
     overrides: Dict[str, Any] = {}
-    if args.img_size:
-        if len(args.img_size) > 2:
-            raise ValueError(f"--img-size takes one value or two (H W), not {len(args.img_size)}")
-        overrides["img_size"] = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
+    overrides.update(size_of(args))
     if args.patch_size is not None:
         overrides["patch_size"] = args.patch_size
     source: Optional[Dict[str, Any]] = None

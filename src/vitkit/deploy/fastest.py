@@ -75,12 +75,13 @@ def installed_runtimes() -> frozenset:
                                   if all(importlib.util.find_spec(p) for p in packages)})
 
 
-def _not_installed(runtime: str) -> str:
-    """"is not installed", or the packages missing beside an installed runtime (OpenVINO without NNCF)."""
+def _not_installed(runtime: str, where: str = "") -> str:
+    """"is not installed", or the packages missing beside an installed runtime (OpenVINO without NNCF);
+    ``where`` ends the words (" here")."""
     absent = [p for p in PACKAGES[runtime] if not importlib.util.find_spec(p)]
     if absent and runtime not in absent:
-        return f"needs {' and '.join(absent)}, which {'is' if len(absent) == 1 else 'are'} not installed"
-    return "is not installed"
+        return f"needs {' and '.join(absent)}, which {'is' if len(absent) == 1 else 'are'} not installed{where}"
+    return f"is not installed{where}"
 
 
 def _isa(flags: frozenset) -> str:
@@ -135,8 +136,7 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                           f"{_not_installed(best.runtime)}"
                 return Choice(choice.runtime, choice.quantize, f"{choice.why}; {missing}: {install}", choice.precision)
             return choice
-    missing = _not_installed(best.runtime).replace("is not installed", "is not installed here")
-    return Choice("torch", None, f"{best.why}; {best.runtime} {missing}: {install}")
+    return Choice("torch", None, f"{best.why}; {best.runtime} {_not_installed(best.runtime, ' here')}: {install}")
 
 
 __all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]

@@ -65,8 +65,9 @@ class MAEConfig(PretrainConfig):
 
 def mae_pos_table(grid: Tuple[int, int], dim: int, prefix: int) -> torch.Tensor:
     """(1, prefix + gh*gw, dim): MAE's fixed sine-cosine positions with zero prefix slots."""
-    table = sincos_2d_pos_embed(grid, dim, spacing="mae")
-    return torch.cat([table.new_zeros(1, prefix, dim), table], dim=1)
+    table = torch.empty(1, prefix + grid[0] * grid[1], dim)
+    fill_mae_pos_table(table, grid, prefix)
+    return table
 
 
 @torch.no_grad()
