@@ -47,6 +47,7 @@ from torch.torch_version import TorchVersion
 from .._version import __version__
 from ..extras import require
 from ..files import PathLike, said_as_disk_full, work_folder
+from ..models import positions
 from ..progress import working
 from .quantize import CalibrationSource
 
@@ -93,6 +94,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
     onnx_modules("ONNX export")  # said before any work when onnx is missing
     if exporter == "dynamo":
         require("onnxscript", "onnx", "ONNX export (the dynamo exporter; or exporter='torchscript')")
+    model = positions.at_img_size(model)  # the graph's one size: a table held at another is written resampled to it
     config = model.config
     path.parent.mkdir(parents=True, exist_ok=True)
     # built in a private folder beside the target, then renamed over it: a crash leaves no half file,

@@ -157,12 +157,13 @@ class TokenModel(SaveMixin, nn.Module):
     def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:
         """Change the native input size; position embeddings are resampled in place. A size the config refuses
         changes nothing (a negative one set the grid to -1x-1 before torch refused it, and every later call failed)."""
-        img_size = to_2tuple(img_size)
-        self.config.replace(img_size=img_size)  # checked first: patch size divides it, positive, bounded
+        # a table held at another size (pos_embed_size) is resampled to the new one, as timm's set_input_size does
+        sizes = {"img_size": to_2tuple(img_size), "pos_embed_size": None}
+        self.config.replace(**sizes)  # checked first: patch size divides it, positive, bounded
         old_grid = self.patch_embed.grid_size
-        self.patch_embed.set_img_size(img_size)
+        self.patch_embed.set_img_size(sizes["img_size"])
         positions.resample_(self, old_grid, self.patch_embed.grid_size)
-        self.config = self.config.replace(img_size=img_size)
+        self.config = self.config.replace(**sizes)
 
     def patch_pos_embed(self, grid: IntPair) -> Optional[torch.Tensor]:
         """The (1, gh*gw, D) position embedding of the patch tokens of a grid (None without one)."""

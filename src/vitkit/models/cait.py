@@ -250,7 +250,7 @@ class CaiT(TokenModel):
         self.num_prefix_tokens = 1  # in the output sequence [class, patches]
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        positions.build(self, "learned", self.patch_embed.grid_size, D)  # the table covers the patches only
+        positions.build(self, "learned", cfg.table_grid, D)  # the table covers the patches only
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate) if cfg.pos_drop_rate > 0 else None
         eps = cfg.layer_scale_init
         self.blocks = nn.ModuleList([

@@ -292,6 +292,10 @@ class TokenConfig(ImageConfig):
     attn_impl: str = "auto"
     #: any input size at run time, position embeddings resampled for its grid
     dynamic_img_size: bool = False
+    #: the image size the learned position table is held at where it is not ``img_size`` (None: img_size's):
+    #: timm's ``dynamic_img_size`` model saved at one size and served at another keeps its table and resamples
+    #: it to each input's grid in the forward; so does vitkit, and every input size gets timm's answer
+    pos_embed_size: Optional[Tuple[int, int]] = None
     #: How position embeddings are resampled for a new grid (dynamic size, set_input_size).
     pos_embed_interpolation: str = "bicubic"
     pos_embed_antialias: bool = True
@@ -307,6 +311,14 @@ class TokenConfig(ImageConfig):
             except (TypeError, ValueError):
                 raise ValueError(f"invalid {self.KIND} config: {name} must be an int or a pair (H, W) of ints, "
                                  f"got {getattr(self, name)!r}") from None
+        if self.pos_embed_size is not None:
+            try:
+                self.pos_embed_size = to_2tuple(self.pos_embed_size)
+            except (TypeError, ValueError):
+                raise ValueError(f"invalid {self.KIND} config: pos_embed_size must be an int or a pair (H, W) of "
+                                 f"ints, got {self.pos_embed_size!r}") from None
+            if self.pos_embed_size == self.img_size:  # one size: the table is img_size's
+                self.pos_embed_size = None
         self.validate()
 
     def validate(self) -> None:
@@ -345,6 +357,7 @@ class TokenConfig(ImageConfig):
         problems += self.family_problems()
         if min(self.img_size) > 0 and min(self.patch_size) > 0 and not too_large:  # (its nearest multiples: too)
             problems += self.grid_problems()
+        problems += self._table_size_problems()
         problems += self._io_problems()
         if problems:
             raise ValueError(f"invalid {self.KIND} config: " + "; ".join(problems))
@@ -363,9 +376,38 @@ class TokenConfig(ImageConfig):
         return [f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
                 f"(nearest multiples: {' / '.join(' or '.join(map(str, n)) for n in near)})"]
 
+    def _table_size_problems(self) -> List[str]:
+        """``pos_embed_size``: a learned table's, whole patches, in a model that resamples it to each input."""
+        size = self.pos_embed_size
+        if size is None:
+            return []
+        if min(size) <= 0 or max(size) > MAX_IMG_SIZE:
+            return [f"pos_embed_size must be positive and at most {MAX_IMG_SIZE:,} px a side, got {size}"]
+        problems = []
+        if self.dynamic_img_size is not True:
+            problems.append("pos_embed_size needs dynamic_img_size=True: a table held at another size than img_size "
+                            "is resampled to each input's grid, as timm's dynamic_img_size model does")
+        kind = getattr(self, "pos_embed", "learned")
+        if kind != "learned":
+            problems.append(f"pos_embed_size is the size of a learned table: it needs pos_embed='learned', "
+                            f"not {kind!r}")
+        if getattr(self, "backbone", None) is not None:
+            problems.append("pos_embed_size is for a patch embedding's grid, not a hybrid's backbone")
+        elif min(self.patch_size) > 0 and any(s % p for s, p in zip(size, self.patch_size)) \
+                and not getattr(self, "crop_remainder", False):  # (SigLIP so400m/14's 384 px: 27x27 patches)
+            problems.append(f"pos_embed_size {size} is not divisible by patch_size {self.patch_size}")
+        return problems
+
     @property
     def grid_size(self) -> IntPair:
         return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def table_grid(self) -> IntPair:
+        """The grid the learned position table is held at: ``pos_embed_size``'s, else the image's."""
+        if self.pos_embed_size is None:
+            return self.grid_size
+        return (self.pos_embed_size[0] // self.patch_size[0], self.pos_embed_size[1] // self.patch_size[1])
 
     @property
     def token_patch_size(self) -> IntPair:

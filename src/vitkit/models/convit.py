@@ -253,7 +253,7 @@ class ConViT(TokenModel):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.num_prefix_tokens = 1
-        positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D)  # the table covers the patches only
+        positions.build(self, cfg.pos_embed, cfg.table_grid, D)  # the table covers the patches only
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
         rates = linear_drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList([

@@ -320,7 +320,7 @@ class VisionTransformer(TokenModel):
         #: DeiT: while training with a teacher, return (class logits, distillation logits).
         self.distilled_training = False
         slots = 0 if cfg.no_embed_class else self.num_prefix_tokens
-        positions.build(self, cfg.pos_embed, self.patch_embed.grid_size, D, slots=slots)
+        positions.build(self, cfg.pos_embed, cfg.table_grid, D, slots=slots)
         self.build_rope()
         self.pos_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
         self.norm_pre = norm(D) if cfg.pre_norm else None

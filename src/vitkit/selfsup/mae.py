@@ -117,7 +117,7 @@ class MAE(Pretrainer):
         nn.init.normal_(self.mask_token, std=0.02)
         fill_mae_pos_table(self.decoder_pos_embed, self.grid, enc.num_prefix_tokens)
         if enc.pos_embed_kind == "learned" and self.config.fixed_pos_embed:
-            fill_mae_pos_table(enc.pos_embed, self.grid, enc.pos_embed_prefix_tokens)
+            fill_mae_pos_table(enc.pos_embed, enc.pos_embed_grid, enc.pos_embed_prefix_tokens)  # (its held grid)
             enc.pos_embed.requires_grad_(False)
 
     def draw(self, batch: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:

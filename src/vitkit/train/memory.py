@@ -57,7 +57,7 @@ def _table_bytes(config: Any, frozen: bool = False) -> int:
     unless ``frozen``)."""
     if getattr(config, "pos_embed", None) not in TABLE_KINDS or not hasattr(config, "grid_size"):
         return 0
-    h, w = config.grid_size
+    h, w = getattr(config, "table_grid", config.grid_size)  # (a learned table may be held at another size)
     return h * w * config.embed_dim * (TRAINED_PARAM_BYTES if config.pos_embed == "learned" and not frozen else 4)
 
 

@@ -68,7 +68,7 @@ def _slots_what(config: Any, sd: Mapping[str, Any]) -> str:
     """What a position table of the wrong length holds, in words: another grid, or the config's grid with
     another number of prefix slots (a class token, registers, a table over the patches only: the config of
     another family, where "a grid of another image size" sent the user after the size)."""
-    grid, table = getattr(config, "grid_size", None), sd.get("pos_embed")
+    grid, table = getattr(config, "table_grid", None), sd.get("pos_embed")
     own = getattr(config, "num_prefix_tokens", None)
     if not grid or table is None or table.dim() != 3 or own is None:
         return "position slots (a grid of another image size)"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..files import PathLike, atomic_path, check_output, weights_folder, write_json
-from ..models import family_of
+from ..models import family_of, positions
 from ..models.features import FeatureModel
 from ..models.serialize import save_pretrained
 from ..runlock import run_settings
@@ -122,6 +122,7 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
                            f"export them as {', '.join(repr(f) for f in ('vitkit',) + fam.layouts)}")
     if format == "timm":
         return _export_timm(model, path)
+    model = _table_at_img_size(model, format)
     if format == "hf":
         return _export_hf(model, path)
     if format in ("npz", "big_vision"):
@@ -144,6 +145,19 @@ def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
                       f"keep them",
                       ExportWarning, stacklevel=3)
     return path
+
+
+def _table_at_img_size(model: nn.Module, format: str) -> nn.Module:
+    """The layouts of one image size (Hugging Face's, the npz files) get a table held at another size
+    (``pos_embed_size``) resampled to the model's own, as it computes at that size; said, since other sizes lose."""
+    served = positions.at_img_size(model)
+    if served is not model:
+        held, grid = positions.table_grid(model), served.patch_embed.grid_size
+        warnings.warn(f"the position table, held at {held[0]}x{held[1]} (pos_embed_size) and resampled to each "
+                      f"input's grid, is written resampled to {grid[0]}x{grid[1]} (img_size): the "
+                      f"{_LAYOUT_NAMES[format]} layout holds one size; export as 'vitkit' or 'timm' to keep it",
+                      ExportWarning, stacklevel=3)
+    return served
 
 
 def _replacing(path: Path, save) -> Path:

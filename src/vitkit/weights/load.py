@@ -311,7 +311,7 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         sd = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
               for k, v in tensors.items()}
         if src.format == "vitkit" and src.config_json:
-            grid = getattr(config_from_dict(src.config_json["config"]), "grid_size", None)
+            grid = getattr(config_from_dict(src.config_json["config"]), "table_grid", None)
             if grid is not None:
                 facts["grid"] = grid
         elif src.table_grid is not None:
@@ -330,7 +330,7 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
     the form every layout stores); the model's other kinds fit their own parameters."""
     if getattr(model, "pos_embed_kind", None) is None:
         return  # a CNN: no positions
-    grid = tuple(model.patch_embed.grid_size)
+    grid = positions.table_grid(model)
     if "pos_embed" in sd and model.pos_embed is not None:
         pos = sd["pos_embed"]
         if pos.dim() != 3 or pos.shape[0] != 1:

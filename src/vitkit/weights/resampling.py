@@ -11,6 +11,7 @@ from torch import nn
 
 from ..models import build_from_config, config_from_dict
 from ..models.layers import INTERPOLATIONS
+from ..models.positions import table_grid
 from . import timm_format
 
 
@@ -36,7 +37,7 @@ def stored_table(src: Any) -> Dict[str, Any]:
         return {}
     if getattr(stored, "pos_embed_kind", None) is None:
         return {}  # a CNN: no positions
-    facts: Dict[str, Any] = {"grid": tuple(stored.patch_embed.grid_size)}
+    facts: Dict[str, Any] = {"grid": table_grid(stored)}
     if getattr(stored, "pos_embed", None) is not None:
         facts["pos_slots"] = stored.pos_embed_prefix_tokens
     return facts

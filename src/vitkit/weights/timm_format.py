@@ -294,9 +294,9 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
 
     The base configuration is the registered model of that name, else the one read off the
     shapes; timm's arguments are translated by the family (``Family.timm_args``). A model built with
-    ``dynamic_img_size`` runs at ``pretrained_cfg``'s input size, as timm's data config feeds it (its table,
-    resampled to that grid each forward, is resampled once while loading); ``stored``: the size its table was
-    saved at (``model_args``' img_size), which the loader reads.
+    ``dynamic_img_size`` runs at ``pretrained_cfg``'s input size, as timm's data config feeds it, its learned table
+    held at the size it was saved at (``pos_embed_size``: ``model_args``' img_size) and resampled to each input's
+    grid, as timm does; ``stored``: the model at the size its table was saved at, which the loader reads.
     """
     for key in ("pretrained_cfg", "model_args"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
@@ -328,7 +328,11 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         served = tuple(pre["input_size"][1:])
         dynamic = args.get("dynamic_img_size", getattr(config, "dynamic_img_size", False))  # (DINOv3's by default)
         if dynamic and not stored:  # (it ran at model_args' size: other answers than timm's)
+            table = kw.get("img_size", getattr(config, "img_size", None))
             kw["img_size"] = served
+            if hasattr(config, "pos_embed_size") and kw.get("pos_embed", getattr(config, "pos_embed", "learned")) \
+                    == "learned" and "img_size" not in overrides:  # (a size asked for: the table is resampled to it)
+                kw["pos_embed_size"] = table  # timm keeps its table at that size, resampled to each input's grid
         kw.setdefault("img_size", served)
     if kw.get("num_classes") and projection_head(arch, pre):
         kw["head_kind"] = "projection"

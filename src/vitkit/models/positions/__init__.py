@@ -73,12 +73,14 @@ def _learned_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> Non
 
 def _learned_table(model: nn.Module, grid: IntPair) -> torch.Tensor:
     table = model.pos_embed[:, model.pos_embed_prefix_tokens:]
-    return resample_pos_embed(table, grid, model.patch_embed.grid_size, 0, *_resample_args(model))
+    return resample_pos_embed(table, grid, model.pos_embed_grid, 0, *_resample_args(model))
 
 
 def _learned_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
-    model.pos_embed = nn.Parameter(resample_pos_embed(model.pos_embed.data, new, old, model.pos_embed_prefix_tokens,
-                                                      *_resample_args(model)))
+    # from the grid the table is held at (``config.pos_embed_size``'s where it is not the image's)
+    model.pos_embed = nn.Parameter(resample_pos_embed(model.pos_embed.data, new, model.pos_embed_grid,
+                                                      model.pos_embed_prefix_tokens, *_resample_args(model)))
+    model.pos_embed_grid = tuple(new)
 
 
 # ----------------------------------------------------------------------------- learned_2d (row + column)
@@ -309,10 +311,13 @@ def check(kind: str, dim: int, allowed: Sequence[str] = tuple(KINDS)) -> List[st
 
 def build(model: nn.Module, kind: str, grid: IntPair, dim: int, slots: int = 0) -> None:
     """Create ``kind``'s parameters on ``model`` for its native ``grid``; the learned table gets
-    ``slots`` prefix slots in front of the patches (the ViT's class / distillation tokens)."""
+    ``slots`` prefix slots in front of the patches (the ViT's class / distillation tokens). The grid is the
+    config's ``table_grid``: a learned table may be held at another grid than the image's (``pos_embed_size``),
+    kept as ``model.pos_embed_grid`` and resampled to each input's grid."""
     for name in PARAMETER_NAMES:
         setattr(model, name, None)
     model.pos_embed_kind = kind
+    model.pos_embed_grid = tuple(grid)
     model.pos_embed_prefix_tokens = slots if kind == "learned" else 0
     KINDS[kind].build(model, tuple(grid), dim, model.pos_embed_prefix_tokens)
 
@@ -354,7 +359,7 @@ def add(model: nn.Module, x: torch.Tensor, grid: IntPair, prefix: List[torch.Ten
 
     Prefix tokens take their slots of the learned table when it has them, else no position.
     """
-    if model.pos_embed_kind == "learned" and tuple(grid) == tuple(model.patch_embed.grid_size) \
+    if model.pos_embed_kind == "learned" and tuple(grid) == model.pos_embed_grid \
             and model.pos_embed_prefix_tokens == sum(t.shape[1] for t in prefix):
         # The common case: the stored table (with its prefix slots) as it is, in one addition.
         if prefix:
@@ -395,6 +400,26 @@ def full_table(model: nn.Module) -> Optional[torch.Tensor]:
     return torch.cat([prefix, patches.detach()], dim=1)
 
 
+def table_grid(model: nn.Module) -> IntPair:
+    """The grid the model's position table is held at (:func:`build`): the image's unless its config's
+    ``pos_embed_size`` names another."""
+    return tuple(getattr(model, "pos_embed_grid", None) or model.patch_embed.grid_size)
+
+
+def at_img_size(model: nn.Module) -> nn.Module:
+    """``model`` with its learned table at the image size's grid: itself where it is held there, else a copy
+    resampled to it (the layouts that hold one size: Hugging Face's, the npz files, an exported graph)."""
+    if getattr(model, "pos_embed_kind", None) != "learned" or table_grid(model) == tuple(model.patch_embed.grid_size):
+        return model
+    import copy
+
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        _learned_resample(model, model.pos_embed_grid, tuple(model.patch_embed.grid_size))
+    model.config = model.config.replace(pos_embed_size=None)
+    return model
+
+
 def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, fit: StateFit) -> List[str]:
     """Fit the state dict's parameters of the model's kind (other than the learned table) to the
     model's grid; returns what was resampled."""
@@ -409,4 +434,5 @@ __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_g
            "kept_rotations",
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
            "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
-           "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict"]
+           "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict", "table_grid",
+           "at_img_size"]

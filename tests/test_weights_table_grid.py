@@ -1,0 +1,124 @@
+"""A position table held at another size than the model runs at: timm's ``dynamic_img_size`` model saved at one
+size (``model_args``' img_size, its table's grid) and served at another (``pretrained_cfg``'s input size). timm keeps
+the table and resamples it to each input's grid in the forward; vitkit resampled it once while loading, so it was
+off timm at every other input size and its exports held the smaller table. Checked against timm itself."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.weights.export import ExportWarning
+
+timm = pytest.importorskip("timm")
+from timm.models import save_for_hf  # noqa: E402
+
+#: saved at 64 px (a 4x4 table), served at 48 (3x3): the table must not shrink to the served grid
+SAVED, SERVED = 64, 48
+
+
+def _folder(tmp_path, name="vit_tiny_patch16_224", served=SERVED, **kw):
+    args = {"img_size": SAVED, "depth": 2, "dynamic_img_size": True, **kw}
+    ref = randomize(timm.create_model(name, num_classes=5, **args)).eval()
+    ref.pretrained_cfg = {**ref.pretrained_cfg, "input_size": (3, served, served), "crop_pct": 1.0}
+    save_for_hf(ref, tmp_path / "hub", model_args=args, safe_serialization=True)
+    return ref, tmp_path / "hub"
+
+
+@pytest.mark.parametrize("name, kw", [("vit_tiny_patch16_224", {}),
+                                      ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg"}),
+                                      ("vit_small_patch14_reg4_dinov2", {"embed_dim": 64, "num_heads": 2,
+                                                                         "img_size": 56, "served": 42})])
+def test_the_table_stays_at_its_saved_grid_and_every_input_size_matches_timm(tmp_path, name, kw, images):
+    ref, folder = _folder(tmp_path, name, **kw)
+    ours = vitkit.from_pretrained(folder).eval()
+    patch = ours.config.patch_size[0]
+    assert tuple(ours.config.img_size) == (3 * patch, 3 * patch)  # the size timm's data config feeds
+    assert torch.equal(ours.pos_embed, ref.pos_embed)  # the stored table, not one resampled to the served grid
+    for h, w in ((3 * patch, 3 * patch), (4 * patch, 4 * patch), (8 * patch, 8 * patch), (3 * patch, 7 * patch)):
+        x = images(2, h, w)
+        with torch.no_grad():
+            want = ref(x)
+            assert max_diff(ours(x), want) <= 1e-5 * max(1.0, want.abs().max().item()), (h, w)
+
+
+def test_saved_by_vitkit_and_exported_for_timm_the_table_keeps_its_slots(tmp_path, images):
+    ref, folder = _folder(tmp_path)
+    ours = vitkit.from_pretrained(folder)
+    ours.save_pretrained(tmp_path / "again")
+    vitkit.export_weights(ours, tmp_path / "timm.safetensors", format="timm")
+    x = images(2, 80, 80)
+    with torch.no_grad():
+        want = ref(x)
+        for path in (tmp_path / "again", tmp_path / "timm.safetensors"):
+            back = vitkit.from_pretrained(path).eval()
+            assert tuple(back.config.img_size) == (SERVED, SERVED) and back.pos_embed.shape == ref.pos_embed.shape
+            assert max_diff(back(x), want) <= 1e-5
+        theirs = timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=SAVED, depth=2,
+                                   dynamic_img_size=True).eval()
+        from safetensors.torch import load_file
+        theirs.load_state_dict(load_file(tmp_path / "timm.safetensors"))  # strict: every slot where timm keeps it
+        assert max_diff(theirs(x), want) <= 1e-5
+
+
+def test_set_input_size_resamples_the_saved_table_as_timm_does(tmp_path, images):
+    ref, folder = _folder(tmp_path)
+    ours = vitkit.from_pretrained(folder)
+    resized = copy.deepcopy(ref)
+    resized.set_input_size(img_size=(32, 80))
+    ours.set_input_size((32, 80))
+    assert ours.config.pos_embed_size is None and ours.pos_embed.shape == resized.pos_embed.shape
+    x = images(2, 32, 80)
+    with torch.no_grad():
+        assert max_diff(ours(x), resized(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt, name", [("hf", "hf"), ("npz", "m.npz")])
+def test_layouts_of_one_size_get_the_table_at_the_served_size_and_say_so(tmp_path, fmt, name, images):
+    _, folder = _folder(tmp_path)
+    ours = vitkit.from_pretrained(folder).eval()
+    with pytest.warns(ExportWarning, match=r"position table, held at 4x4 .* written resampled to 3x3"):
+        vitkit.export_weights(ours, tmp_path / name, format=fmt)
+    assert ours.pos_embed.shape[1] == 1 + 16  # the model exported is unchanged
+    x = images(2, SERVED, SERVED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = vitkit.from_pretrained(tmp_path / name, **({"mean": ours.config.mean, "std": ours.config.std,
+                                                           "gelu": "exact"} if fmt == "npz" else {})).eval()
+    with torch.no_grad():
+        assert max_diff(back(x), ours(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"pos_embed_size": 64}, "pos_embed_size needs dynamic_img_size=True"),
+    ({"pos_embed_size": 64, "dynamic_img_size": True, "pos_embed": "sincos2d"}, "needs pos_embed='learned'"),
+    ({"pos_embed_size": 60, "dynamic_img_size": True}, "pos_embed_size (60, 60) is not divisible by patch_size"),
+    ({"pos_embed_size": 0, "dynamic_img_size": True}, "pos_embed_size must be positive"),
+    ({"pos_embed_size": "big", "dynamic_img_size": True}, "pos_embed_size must be an int or a pair"),
+])
+def test_a_table_size_the_model_cannot_hold_is_refused_in_one_line(fields, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=48, **fields)
+
+
+def test_a_table_size_equal_to_the_image_size_is_no_second_size():
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=48, pos_embed_size=48, dynamic_img_size=True)
+    assert model.config.pos_embed_size is None and model.pos_embed.shape[1] == 1 + 9
+
+
+def test_an_onnx_export_computes_what_the_model_computes_at_its_size(tmp_path, images):
+    ort = pytest.importorskip("onnxruntime")
+    from vitkit.deploy import export_onnx
+
+    _, folder = _folder(tmp_path)
+    ours = vitkit.from_pretrained(folder).eval()
+    path = export_onnx(ours, tmp_path / "m.onnx", exporter="torchscript")
+    assert ours.pos_embed.shape[1] == 1 + 16
+    x = images(3, SERVED, SERVED)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    with torch.no_grad():
+        assert max_diff(got, ours(x)) <= 1e-4
