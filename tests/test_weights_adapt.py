@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import vitkit
 from conftest import max_diff, randomize
 from vitkit.models.layers import adapt_input_channels, resample_patch_embed
+from vitkit.weights.io import WeightsError
 from vitkit.weights.load import AdaptNote
 
 timm_layers = pytest.importorskip("timm.layers")
@@ -171,3 +172,25 @@ def test_load_weights_refuses_what_it_would_load_nothing_into_or_misread():
         vitkit.load_weights(model, ref.state_dict(), strict="yes")
     with pytest.raises(ValueError, match=r"must be one of bicubic, bilinear, bilinear-aligned, not 'nearest'"):
         vitkit.load_weights(model, ref.state_dict(), interpolation="nearest")
+
+
+@pytest.mark.parametrize("saved, named, words", [
+    ("vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
+     r"the weights hold no reg_token where the model \(vit_small_patch14_reg4_dinov2\) has register tokens"),
+    ("vit_small_patch14_reg4_dinov2", "vit_small_patch14_dinov2",
+     r"the weights hold reg_token \(register tokens\) where the model \(vit_small_patch14_dinov2\) has none"),
+    ("deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224", r"the weights hold dist_token"),
+])
+def test_weights_of_other_prefix_tokens_than_the_named_model_are_refused_naming_the_tokens(tmp_path, saved, named,
+                                                                                           words):
+    """A DINOv2 without registers loaded by a registers name was refused as 'pos_embed has 17 slots: not a square
+    grid' (its class slot, which the named model's table has none of): the tokens are the cause, and are named."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    size = 56 if "patch14" in saved else 64
+    ref = timm.create_model(saved, depth=1, img_size=size, num_classes=0)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "w.safetensors")
+    for kw in ({}, {"img_size": size}):
+        with pytest.raises(WeightsError, match=words):
+            vitkit.from_pretrained(tmp_path / "w.safetensors", model_name=named, num_classes=0, **kw)

@@ -182,6 +182,17 @@ def test_a_position_table_cut_short_of_its_config_is_refused(tmp_path):
         vitkit.from_pretrained(folder)
 
 
+def test_a_hub_config_whose_patch_size_its_filters_do_not_have_is_refused_naming_the_patch(tmp_path):
+    """model_args patch_size [16, 8] beside 16x16 filters was refused as a position table 'cut' (5 slots where 9)."""
+    _, folder = _saved(tmp_path, "vit_tiny_patch16_224", depth=1, img_size=32)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["patch_size"] = [16, 8]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match=r"the config says patch_size 16x8 where its weights hold 16x16 px patch "
+                                           r"filters\): it was edited or mixed"):
+        vitkit.from_pretrained(folder)
+
+
 @pytest.mark.parametrize("name, kw", [
     ("vit_little_patch16_reg4_gap_256", dict(depth=2, img_size=64, num_classes=7)),
     ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64)),

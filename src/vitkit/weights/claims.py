@@ -4,12 +4,13 @@ what its tensors hold: a file that contradicts itself is refused by name, never 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, List, Mapping
 
 import torch
 from torch import nn
 
 from ..models import build_from_config
+from ..models.sizes import to_2tuple
 from .io import WeightsError
 from .load import Source, shape_problems, to_native
 
@@ -41,13 +42,30 @@ def check_claims(config: Any, src: Source) -> None:
              for key, dim, field, what in checks
              if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
     fired = list({key: (key, said) for key, said in fired}.values())  # one line for a filter wrong both ways
-    problems = [p for _, p in fired]
+    problems = [p for _, p in fired] + _timm_patch_claim(src, sd)
     if src.format == "vitkit":  # vitkit's own names: every other tensor is the config's too
         said = tuple(key.rsplit(".", 1)[0] for key, _ in fired)
         problems += [p for p in shape_problems(sd, target) if not said or not p.startswith(said)]
     if problems:
         raise WeightsError(f"{src.path or 'the weights'}: its config does not match its weights (the config says "
                            f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it")
+
+
+def _timm_patch_claim(src: Source, sd: Mapping[str, Any]) -> List[str]:
+    """A timm hub config.json's own ``patch_size`` against its patch filters: a folder edited or mixed was refused as
+    a cut position table. Read off the file itself: the built config may carry a size asked for (filters resampled)."""
+    args = (src.config_json or {}).get("model_args")
+    weight = sd.get("patch_embed.proj.weight")
+    if src.format != "timm" or not isinstance(args, Mapping) or args.get("patch_size") is None \
+            or not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        return []
+    try:
+        claimed = to_2tuple(args["patch_size"])
+    except ValueError:
+        return []  # (the config's own check says it)
+    held = tuple(weight.shape[2:])
+    return [] if claimed == held else [f"patch_size {claimed[0]}x{claimed[1]} where its weights hold "
+                                       f"{held[0]}x{held[1]} px patch filters"]
 
 
 def _claimed(config: Any, field: str) -> str:

@@ -386,6 +386,28 @@ def _adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappi
     report.resampled.extend(positions.fit_state_dict(sd, model, fit))
 
 
+#: the prefix tokens a token model may have, and what each is in words
+_PREFIX_TOKENS = (("cls_token", "a class token"), ("dist_token", "a distillation token"),
+                  ("reg_token", "register tokens"))
+
+
+def _check_prefix_tokens(sd: Mapping[str, Any], model: nn.Module, exclude: Sequence[str]) -> None:
+    """The weights' prefix tokens against the model's, named before their position table is fitted: a DINOv2
+    without registers loaded by a registers name was refused as a table of no square grid."""
+    for key, what in _PREFIX_TOKENS:
+        if key.startswith(tuple(exclude)) or not hasattr(model, key):
+            continue
+        ours = getattr(model, key) is not None
+        if ours == (key in sd):
+            continue
+        name = getattr(getattr(model, "config", None), "name", None)
+        model_is = f"the model ({name})" if name else "the model"
+        said = (f"the weights hold no {key} where {model_is} has {what}" if ours
+                else f"the weights hold {key} ({what}) where {model_is} has none")
+        raise WeightsError(f"{said}: they are another architecture's; load them by their own architecture's name, "
+                           f"or without one (their tensors say what they are)")
+
+
 def _first_conv(model: nn.Module) -> Optional[str]:
     """Name of the convolution that sees the image: the patch projection of a ViT, the stem
     of a hybrid's CNN or of a ResNet (the first Conv2d registered)."""
@@ -551,6 +573,8 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     facts = {**stored_table(src), **facts}
     report = LoadReport(src.format)
     fit = positions.StateFit(interpolation, antialias, aligned, facts.get("grid"))
+    if strict:
+        _check_prefix_tokens(sd, model, exclude)
     _adapt_pos_embed(sd, model, facts, fit, report)
     adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
                if m]
