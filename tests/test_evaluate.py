@@ -45,6 +45,18 @@ def test_cli_eval_on_fashion_mnist(tmp_path, capsys):
     assert (tmp_path / "confusion_matrix.png").is_file()
 
 
+def test_an_eval_out_folder_that_takes_no_files_is_refused_before_the_evaluation(tmp_path, capsys, monkeypatch):
+    """--out /proc/x passed the check (root may write anywhere, as access() says) and failed after the whole split was
+    scored, in words that did not name --out."""
+    import vitkit.evaluate
+
+    vitkit.create_model("vit_fmnist", depth=1, label_names=list(fm.CLASSES)).save_pretrained(tmp_path / "m")
+    monkeypatch.setattr(vitkit.evaluate, "score_dataset", lambda *a, **k: pytest.fail("scored before the check"))
+    assert main(["eval", "--weights", str(tmp_path / "m"), "--out", "/proc/vitkit-eval-out"]) == 2
+    assert capsys.readouterr().err.strip() == ("vitkit eval: error: --out /proc/vitkit-eval-out cannot be written: "
+                                               "/proc takes no new files (No such file or directory)")
+
+
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
 def test_cli_eval_max_images_scores_a_fixed_sample_of_the_split(tmp_path, capsys):
     torch.manual_seed(0)

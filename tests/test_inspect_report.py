@@ -211,6 +211,8 @@ def test_a_rope_models_report_says_why_it_has_no_position_figure_and_images_are_
 
 
 def test_an_out_folder_that_cannot_be_made_is_said_by_its_own_name(tmp_path, saved_model, capsys):
-    """--out /proc/o9 said "No such file or directory: /proc/.o9.5z0tfzy9.work", the staging folder's name."""
+    """--out /proc/o9 said "No such file or directory: /proc/.o9.5z0tfzy9.work", the staging folder's name; then
+    "No such file or directory: /proc/vitkit-o9" after the analyses: now --out, before them."""
     assert cli(["inspect", "--weights", str(saved_model), "--out", "/proc/vitkit-o9"]) == 2
-    assert capsys.readouterr().err.strip() == "vitkit inspect: error: No such file or directory: /proc/vitkit-o9"
+    assert capsys.readouterr().err.strip() == ("vitkit inspect: error: --out /proc/vitkit-o9 cannot be written: /proc "
+                                               "takes no new files (No such file or directory)")
