@@ -397,12 +397,20 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
     finally:
         for p, data in kept.items():
             p.write_bytes(data)
-    (tmp_path / "d" / "train" / "coat").mkdir()
-    (tmp_path / "d" / "train" / "coat" / "0.png").write_bytes(train_x[0]["bytes"])
+    (tmp_path / "d" / "train" / "coat").mkdir()  # a test folder without a class's folder: the rest scored, as eval
+    for i in range(51):  # does (it was refused); the probe holds 50 images of each class out
+        (tmp_path / "d" / "train" / "coat" / f"{i}.png").write_bytes(train_x[i]["bytes"])
+    assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
+                "--shots", "1", "--seeds", "1", "--json", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert [r["shots"] for r in json.loads(out.strip().splitlines()[-1])["results"]] == [1]
+    assert "note: the test split holds no images of 1 of the classes the probes are fitted on (coat)" in err
+    (tmp_path / "d" / "test" / "hat").mkdir()  # a class the probes are not fitted on: refused
+    (tmp_path / "d" / "test" / "hat" / "0.png").write_bytes(train_x[0]["bytes"])
     assert cli(["fewshot", "--weights", str(run), "--dataset", "folder", "--data-dir", str(tmp_path / "d"),
                 "--no-progress"]) == 2
-    assert "differ between its splits: other classes (train/: 4, test/: 3; only in train/: 'coat')" in \
-        capsys.readouterr().err
+    assert "differ between its splits: other classes (train/: 4, test/: 4; only in train/: 'coat'; only in test/: " \
+           "'hat')" in capsys.readouterr().err
     assert cli(["fewshot", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s")]) == 2
     assert "few-shot draws a random pool of training images, which tar shards (a stream) do not offer" in \
         capsys.readouterr().err

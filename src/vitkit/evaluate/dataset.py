@@ -281,8 +281,17 @@ def _folder_splits(model, data_dir: Optional[str], roles: Sequence[str], progres
                              channels_of(model), progress=progress) for role in roles}
     if len(out) == 2 and (why := class_difference(out["train"].classes, out["test"].classes,
                                                   (f"{train.name}/", f"{test.name}/"))):
-        raise ValueError(f"the class folders of {train.parent} differ between its splits: {why}")
+        if not set(out["test"].classes) < set(out["train"].classes):
+            raise ValueError(f"the class folders of {train.parent} differ between its splits: {why}")
+        _numbered_as(out["test"], out["train"].classes)  # a test folder without some classes: the rest scored, said
     return out
+
+
+def _numbered_as(data, classes: Sequence[str]) -> None:
+    """Renumber an image folder's samples by ``classes``, a superset of its own (the train split's)."""
+    index = {name: i for i, name in enumerate(classes)}
+    data.samples = [(path, index[data.classes[label]]) for path, label in data.samples]
+    data.classes, data.class_to_idx = list(classes), index
 
 
 def _score_files(model, dataset: str, data, split_name: str, max_images: Optional[int], batch_size: int,
