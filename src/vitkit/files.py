@@ -394,7 +394,7 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
         raise ValueError(f"{what} {path} cannot be made: {ancestor} is a file, not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: no permission to write in {ancestor}")
-    try:  # what access() cannot tell (root may "write" anywhere): a folder that takes no files (/proc, a full inode table)
+    try:  # what access() cannot tell (root may "write" anywhere): a folder that takes no files (/proc, no inodes)
         with tempfile.TemporaryFile(dir=ancestor):
             pass
     except OSError as e:
