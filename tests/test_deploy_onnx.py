@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from PIL import Image
+from torch import nn
 
 import forks
 import vitkit
@@ -345,6 +346,48 @@ def test_foreign_graphs_vitkit_cannot_rank_are_refused_and_one_of_batch_1_runs_i
                       (torch.zeros(4, 3, 32, 32),), str(tmp_path / "batch4.onnx"), dynamo=False)
     with pytest.raises(OnnxMetadataError, match=r"for the following indices index: 0 Got: 3 Expected: 4"):
         OnnxModel(tmp_path / "batch4.onnx", threads=1, **stand_ins)(x)
+
+
+class _ChannelsLast(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):  # (batch, height, width, channels), as TensorFlow's exports take images
+        return self.model(x.permute(0, 3, 1, 2))
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_a_channels_last_graph_is_refused_as_one(tmp_path):
+    """An NHWC graph was refused as "--mean has 3 values for 32 channels", with no word of its layout."""
+    import timm
+
+    model = _ChannelsLast(timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, num_classes=4).eval())
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.zeros(2, 32, 32, 3),), str(tmp_path / "nhwc.onnx"), dynamo=False,
+                          input_names=["x"], dynamic_axes={"x": {0: "b"}})
+    with pytest.raises(OnnxMetadataError, match=r"its input 'x' is \['b', 32, 32, 3\]: channels last \(batch, "
+                                                r"height, width, channels\), where vitkit feeds \(batch, channels"):
+        OnnxModel(tmp_path / "nhwc.onnx", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+
+
+@pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export
+def test_an_error_onnx_runtime_raises_is_one_line_without_its_own_log_above_it(tmp_path, capfd):
+    """A graph of any channel count fed three: ONNX Runtime's C++ log printed the error in colour on stderr (a
+    time stamp, a node name) before vitkit's line said it again."""
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, num_classes=4, in_chans=1).eval()
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.zeros(2, 1, 32, 32),), str(tmp_path / "g.onnx"), dynamo=False,
+                          input_names=["x"], dynamic_axes={"x": {0: "b", 1: "c"}})
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+    capfd.readouterr()
+    assert main(["predict", str(tmp_path / "a.png"), "--weights", str(tmp_path / "g.onnx"), "--img-size", "32",
+                 "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if "note:" not in line]
+    assert len(err) == 1 and err[0].startswith("vitkit predict: error: ONNX Runtime could not run") and \
+        "Input channels C is not equal to kernel channels" in err[0], err
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

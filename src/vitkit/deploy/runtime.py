@@ -33,6 +33,11 @@ from ..parallel import BatchParallel, parts
 from .onnx_export import BACKBONE_OUTPUT, CONFIG_KEY, onnx_modules
 
 
+def _channels_last(shape) -> bool:
+    """A graph input laid out (batch, height, width, channels): 1 or 3 last, more than 4 where the channels go."""
+    return isinstance(shape[3], int) and shape[3] in (1, 3) and isinstance(shape[1], int) and shape[1] > 4
+
+
 class StandInNote(UserWarning):
     """How a graph without vitkit's metadata is preprocessed where its stand-ins say nothing (the crop)."""
 
@@ -127,7 +132,8 @@ class OnnxModel(nn.Module):
     def _session(self, ort: Any, threads: int) -> Any:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        options.log_severity_level = 3  # errors only: ORT's notes on unused initializers are not the user's
+        options.log_severity_level = 4  # fatal only: its notes on unused initializers are not the user's, and an
+        # error it raises is said in vitkit's one line (its own log printed the same error above it, in colour)
         try:
             return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         except Exception as e:
@@ -145,6 +151,10 @@ class OnnxModel(nn.Module):
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
             problems.append(f"it takes {len(inputs)} input(s) of shape(s) {[i.shape for i in inputs]}, not one "
                             f"(batch, channels, height, width)")
+        elif _channels_last(inputs[0].shape):  # (refused as "--mean has 3 values for 32 channels")
+            problems.append(f"its input {inputs[0].name!r} is {inputs[0].shape}: channels last (batch, height, width, "
+                            f"channels), where vitkit feeds (batch, channels, height, width); export it channels "
+                            f"first")
         elif inputs[0].type != "tensor(float)":
             problems.append(f"its input {inputs[0].name!r} is {inputs[0].type}, not tensor(float) (vitkit feeds "
                             f"normalised float32 pixels)")
