@@ -297,6 +297,22 @@ def test_a_verbs_quiet_bars_end_with_it_and_the_users_variable_decides(monkeypat
     enable_progress_bars()
 
 
+def _damage_samples(shard, data, positions):
+    """Rewrite tar shard ``shard`` from its bytes ``data`` with the images of the samples at ``positions`` cut."""
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(shard, "w") as out:
+        keys = list(dict.fromkeys(m.name.rsplit(".", 1)[0] for m in src.getmembers()))
+        cut = {keys[i] for i in positions}
+        for member in src.getmembers():
+            body = src.extractfile(member).read()
+            if member.name.rsplit(".", 1)[0] in cut and not member.name.endswith(".cls"):
+                body = body[:20]
+            member.size = len(body)
+            out.addfile(member, io.BytesIO(body))
+
+
 def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, capsys):
     """`vitkit eval --dataset folder --data-dir D` (what a folder-trained run is evaluated on) said
     "folder is a file dataset: it is read through a DataLoader, not into memory", and `--dataset
@@ -363,6 +379,15 @@ def test_an_image_folder_evaluates_as_its_rows_do(trained, hf_data, tmp_path, ca
         assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"), "--json",
                     "--no-progress", "--max-images", "50", "--batch-size", batch]) == 0
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["confusion"] == first["confusion"], batch
+    shard = sorted((tmp_path / "s" / "test").glob("*.tar"))[0]  # samples 0-69
+    kept = shard.read_bytes()
+    for damaged, skipped in (((55,), None), ((10, 55), 1)):  # past the first 50: not read, not counted as skipped
+        _damage_samples(shard, kept, damaged)
+        assert cli(["eval", "--weights", str(run), "--dataset", "shards", "--data-dir", str(tmp_path / "s"),
+                    "--json", "--no-progress", "--max-images", "50", "--batch-size", "500"]) == 0
+        scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert scored["count"] == 50 and scored.get("skipped") == skipped, damaged
+    shard.write_bytes(kept)
     index = json.loads((tmp_path / "s" / "test" / "meta.json").read_text())  # out of date: one shard rewritten
     stale = dict(index, shards={**index["shards"], sorted(index["shards"])[0]: 60}, num_samples=290)
     (tmp_path / "s" / "test" / "meta.json").write_text(json.dumps(stale))

@@ -311,9 +311,11 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     total = data.num_samples if stream else len(data)
     wanted = total if max_images is None else min(max_images, total)
     first_only = stream and wanted < total
-    batches = decoded_batches(data if stream or wanted == total else
-                              Subset(data, scored_positions(total, wanted).tolist()), batch_size,
-                              1 if first_only else 2, skipped)
+    if first_only:  # decoded one by one, none past the N-th (a bad one there was counted as skipped), then batched
+        batches = _first_batched(decoded_batches(data, 1, 1, skipped), wanted, batch_size)
+    else:
+        batches = decoded_batches(data if stream or wanted == total else
+                                  Subset(data, scored_positions(total, wanted).tolist()), batch_size, 2, skipped)
     if order is not None:
         batches = ((x, order[y]) for x, y in batches)
     whole = stream and max_images is None  # every sample the stream gives, whatever its index counted
@@ -338,6 +340,22 @@ def _first(batches, n: int):
             return
         yield x[:n - seen], y[:n - seen]
         seen += len(y)
+
+
+def _first_batched(samples, n: int, batch_size: int):
+    """The first ``n`` of one-sample batches, in batches of ``batch_size``: nothing is read past the ``n``-th."""
+    xs, ys, seen = [], [], 0
+    for x, y in samples:
+        xs.append(x)
+        ys.append(y)
+        seen += len(y)
+        if len(xs) == batch_size or seen >= n:
+            yield torch.cat(xs), torch.cat(ys)
+            xs, ys = [], []
+        if seen >= n:
+            return
+    if xs:
+        yield torch.cat(xs), torch.cat(ys)
 
 
 def channels_of(model) -> int:
