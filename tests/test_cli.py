@@ -364,7 +364,7 @@ def test_a_closed_stdout_is_no_error_and_no_verb_is_one():
     (["train", "--out", "runs"], "--out runs (vitkit train writes into --runs-dir DIR, its run's folder named by "
                                  "--name)"),  # (it said "did you mean --cutmix?")
     (["info", "B/16", "--img-size", "x"], "argument --img-size: invalid int value: 'x'"),
-    (["info", "B/16", "--img-size", "224", "224", "224"], "--img-size takes one value or two (H W), not 3"),
+    (["info", "B/16", "--img-size", "224", "224", "224"], "--img-size takes one value or two (H W), not 224 224 224"),
     (["info", "B/16", "--patch-size", "0"], "patch_size must be positive"),
     (["train", "--threads", "0"], "threads must be >= 1"),
     (["eval", "--weights", "w", "--threads", "0"], "--threads must be >= 1, not 0"),

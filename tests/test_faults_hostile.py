@@ -1024,7 +1024,7 @@ def test_a_stop_right_after_a_checkpoint_lands_names_it_and_resume_goes_on(tmp_p
     (["train", "--img-size", "100000"], "img_size 100000 is past the 16,384 px"),
     pytest.param(["train", "--model-args", '{"img_size": 100000}'], "img_size (100000, 100000) is past 16,384 px",
                  marks=real),
-    (["info", "B/16", "--img-size", "16", "16", "16"], "--img-size takes one value or two (H W), not 3"),
+    (["info", "B/16", "--img-size", "16", "16", "16"], "--img-size takes one value or two (H W), not 16 16 16"),
 ])
 def test_absurd_sizes_are_one_line(tmp_path, capsys, argv, words):
     line = one_line(in_process(capsys, *argv, *(["--runs-dir", tmp_path / "runs"] if argv[0] == "train" else [])))
@@ -1104,7 +1104,7 @@ def test_a_batch_past_the_memory_is_refused_before_the_run_folder(tmp_path):
 
 def test_foreign_onnx_sizes_are_bounded(capsys, image, tmp_path):
     path = foreign_graph(tmp_path / "g.onnx", in_shape=("N", 1, "H", "W"))  # any size: only the bound says no
-    for size, words in ((["16", "16", "16"], "--img-size takes one value or two (H W), not 3"),
+    for size, words in ((["16", "16", "16"], "--img-size takes one value or two (H W), not 16 16 16"),
                         (["60000"], "--img-size must be between 1 and 16,384 px, not 60000 60000")):
         line = one_line(in_process(capsys, "predict", "--weights", path, image, "--img-size", *size, "--mean", 0.5,
                                    "--std", 0.5))

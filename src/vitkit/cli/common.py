@@ -84,7 +84,7 @@ def add_size_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 def size_of(args: argparse.Namespace) -> dict:
     """``load_model``'s ``img_size`` from ``--img-size`` (none where it was not given)."""
-    from ..deploy.choose import one_size
+    from ..models.sizes import one_size
 
     return {"img_size": one_size(args.img_size)} if getattr(args, "img_size", None) else {}
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ..files import as_argument, check_output
 from .common import fmt_int
@@ -28,7 +28,10 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
         if not isinstance(overrides["model_args"], dict):
             raise ValueError(f"--model-args must be a JSON object of model options, e.g. '{{\"depth\": 4}}', "
                              f"not {json.dumps(overrides['model_args'])}")
-    overrides["img_size"] = _one_size(overrides["img_size"])
+    if overrides["img_size"] is not None:
+        from ..models.sizes import one_size  # (here: --help answers without importing torch)
+
+        overrides["img_size"] = one_size(overrides["img_size"])
     if args.no_progress:
         overrides["progress"] = False
     recipe = args.recipe  # none: the config file's, else the objective's or the precision's (recipe_in_effect)
@@ -153,17 +156,6 @@ def _train_fields():
     return {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in ("recipe", "progress", "objective")}
 
 
-def _one_size(size: Optional[List[Any]]):
-    """--img-size's values as TrainConfig holds them: one side (a square's two sides too), (height, width), or none."""
-    if size is None:
-        return None
-    if len(size) == 1:
-        return size[0]
-    if len(size) > 2 or not all(isinstance(side, int) for side in size):  # (`none` is a size alone)
-        raise ValueError(f"--img-size takes one value or two (H W), not {' '.join(map(str, size))}")
-    return size[0] if size[0] == size[1] else tuple(size)
-
-
 def _optional(parse):
     """A flag type that also takes ``none`` (or ``off``): switch the optional field off."""
     from ..train.config import OFF
@@ -210,7 +202,7 @@ def _add_train_flags(p: argparse.ArgumentParser, pretrain: bool = False) -> None
             p.add_argument(flag, metavar="JSON", help=help)
         elif name == "betas":
             p.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), help=help)
-        elif name == "img_size":  # one side, or H W (read by _one_size)
+        elif name == "img_size":  # one side, or H W (read by one_size)
             p.add_argument(flag, type=_optional(int), nargs="+", metavar="PX", help=help)
         elif "bool" in kind:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from torch import nn
 
 from ..files import PathLike, as_argument, work_folder
+from ..models.sizes import one_size
 from .onnx_export import export_onnx
 from .openvino import OpenVinoModel, export_openvino, is_openvino
 from .quantize import CalibrationSource, calibrates, can_calibrate
@@ -102,14 +103,6 @@ def load_for_runtime(source: PathLike, runtime: Optional[str] = None, quantize: 
 
             return runner(export_apart(model, Path(folder) / name, runtime, quantize, calibration))
         return runner(export(model, Path(folder) / name, quantize=quantize, calibration=calibration))
-
-
-def one_size(values: Any) -> Any:
-    """--img-size's one or two values as a model takes them: a side, or (height, width)."""
-    values = list(values) if isinstance(values, (list, tuple)) else [values]
-    if len(values) not in (1, 2):
-        raise ValueError(f"--img-size takes one value or two (H W), not {len(values)}")
-    return values[0] if len(values) == 1 or values[0] == values[1] else tuple(values)
 
 
 def read_weights(source: PathLike, model_name: Optional[str] = None, say: Optional[Callable[[str], None]] = None,

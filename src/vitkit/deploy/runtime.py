@@ -29,6 +29,7 @@ from ..extras import first_line
 from ..files import PathLike
 from ..models.config_base import MAX_IMG_SIZE, _is_int, pixel_scale_problem
 from ..models.patch import check_pixel_tensor
+from ..models.sizes import one_size
 from ..parallel import BatchParallel, parts
 from .onnx_export import BACKBONE_OUTPUT, CONFIG_KEY, onnx_modules
 
@@ -222,9 +223,11 @@ class OnnxModel(nn.Module):
                                     f"{', '.join('--' + k.replace('_', '-') for k in missing)} "
                                     f"(and --labels for class names), or re-export it with vitkit")
         chans = in_shape[1] if isinstance(in_shape[1], int) else len(mean)
-        if len(img_size) not in (1, 2):
-            raise OnnxMetadataError(f"--img-size takes one value or two (H W), not {len(img_size)}")
-        size = tuple(img_size) if len(img_size) == 2 else (img_size[0], img_size[0])
+        try:
+            side = one_size(img_size)
+        except ValueError as e:
+            raise OnnxMetadataError(str(e)) from None
+        size = side if isinstance(side, tuple) else (side, side)
         classes = out_shape[-1] if isinstance(out_shape[-1], int) else 0
         problems = [f"--{k} has {len(v)} values for {chans} channels" for k, v in (("mean", mean), ("std", std))
                     if len(v) != chans]

@@ -5,7 +5,7 @@ embedding and the layers all read sizes."""
 from __future__ import annotations
 
 import operator
-from typing import Sequence, Tuple, Union
+from typing import Any, Sequence, Tuple, Union
 
 IntPair = Tuple[int, int]
 
@@ -29,3 +29,12 @@ def _whole(value) -> bool:
     except TypeError:
         return False
     return True
+
+
+def one_size(values: Any, flag: str = "--img-size") -> Any:
+    """A size flag's one or two values as a model takes them: a side (as given: ``none`` too), or (height,
+    width), two equal sides one. One rule and one wording for every verb (the values given are said)."""
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if len(values) not in (1, 2) or (len(values) == 2 and not all(_whole(v) for v in values)):
+        raise ValueError(f"{flag} takes one value or two (H W), not {' '.join(map(str, values))}")
+    return values[0] if len(values) == 1 or values[0] == values[1] else tuple(values)
