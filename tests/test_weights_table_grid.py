@@ -122,3 +122,76 @@ def test_an_onnx_export_computes_what_the_model_computes_at_its_size(tmp_path, i
     got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
     with torch.no_grad():
         assert max_diff(got, ours(x)) <= 1e-4
+
+
+def test_a_size_asked_for_or_one_size_resamples_the_table_once_as_timm_does(tmp_path, images):
+    """timm's create_model(img_size=80) resamples the saved table to 80 px; vitkit kept it at 64 (off timm by 4e-3 at
+    48), and dynamic_img_size=False on such a folder was refused naming pos_embed_size, which nobody had set."""
+    ref, folder = _folder(tmp_path)
+    theirs = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=80).eval()
+    ours = vitkit.from_pretrained(folder, img_size=80)
+    assert ours.config.pos_embed_size is None and ours.pos_embed.shape == theirs.pos_embed.shape == (1, 26, 192)
+    fixed = vitkit.from_pretrained(folder, dynamic_img_size=False)
+    assert fixed.config.pos_embed_size is None and fixed.pos_embed.shape[1] == 1 + 9
+    with torch.no_grad():
+        for size in (48, 80, 112):
+            x = images(2, size, size)
+            assert max_diff(ours(x), theirs(x)) <= 1e-5, size
+        x = images(2, SERVED, SERVED)
+        assert max_diff(fixed(x), ref(x)) <= 1e-5
+    assert vitkit.from_pretrained(folder, img_size=SERVED).config.pos_embed_size == (SAVED, SAVED)  # its own size
+
+
+def test_load_weights_into_a_model_built_at_the_served_size_resamples_the_table_to_it(tmp_path, images):
+    """load_weights refused the folder as "another architecture: pos_embed_size (64, 64) (not null)"."""
+    ref, folder = _folder(tmp_path)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=2, num_classes=5, img_size=SERVED, dynamic_img_size=True)
+    vitkit.load_weights(model, folder)
+    resized = copy.deepcopy(ref)
+    resized.set_input_size(img_size=SERVED)
+    x = images(2, SERVED, SERVED)
+    with torch.no_grad():
+        assert model.pos_embed.shape[1] == 1 + 9 and max_diff(model.eval()(x), resized(x)) <= 1e-5
+
+
+def test_a_backbone_and_a_pre_training_model_get_the_table_at_their_size_in_one_size_layouts(tmp_path, images):
+    """A backbone's ONNX graph kept the resampling inside (torchscript cannot export antialiased bicubic: a
+    traceback); a pre-training model's Hugging Face folder held the 4x4 table under a 48 px config, which neither
+    transformers nor vitkit could read."""
+    from vitkit.deploy import export_onnx
+    from vitkit.selfsup import create_pretrainer
+
+    _, folder = _folder(tmp_path)
+    backbone = vitkit.from_pretrained(folder, features_only=True, out_indices=(0, 1))
+    export_onnx(backbone, tmp_path / "f.onnx", exporter="torchscript")
+    encoder = vitkit.from_pretrained(folder, num_classes=0).config
+    mae = create_pretrainer("mae", encoder, decoder_depth=1, decoder_dim=32, decoder_heads=2)
+    with pytest.warns(ExportWarning, match=r"held at 4x4 .* written resampled to 3x3"):
+        vitkit.export_weights(mae, tmp_path / "mae_hf", format="hf")
+    back = vitkit.from_pretrained(tmp_path / "mae_hf")
+    assert back.encoder.pos_embed.shape[1] == 1 + 9 and back.encoder.config.pos_embed_size is None
+
+
+def test_info_says_where_the_table_is_held_and_convert_counts_what_it_wrote(tmp_path, capsys):
+    from vitkit.cli import main
+
+    _, folder = _folder(tmp_path)
+    assert main(["info", str(folder)]) == 0
+    assert "positions   a learned table held at 4 x 4 (pos_embed_size 64 x 64), resampled to each input's grid" in \
+        capsys.readouterr().out
+    assert main(["convert", str(folder), str(tmp_path / "hf"), "--to", "hf", "--threads", "1"]) == 0
+    written = sum(p.numel() for p in vitkit.from_pretrained(tmp_path / "hf").parameters())
+    assert f"(hf, {written:,} parameters)" in capsys.readouterr().out
+
+
+def test_a_table_size_given_as_one_side_is_the_weights_own_and_one_smaller_than_a_patch_is_refused(tmp_path):
+    from vitkit.train.init import _check_model_args
+
+    _, folder = _folder(tmp_path)
+    stored = vitkit.from_pretrained(folder).config
+    _check_model_args({"pos_embed_size": SAVED}, stored, str(folder))  # 64 is (64, 64): no contradiction
+    with pytest.raises(ValueError, match="pos_embed_size=80"):
+        _check_model_args({"pos_embed_size": 80}, stored, str(folder))
+    with pytest.raises(ValueError, match=r"pos_embed_size \(8, 8\) is smaller than one patch \(16, 16\)"):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=48, dynamic_img_size=True, crop_remainder=True,
+                            pos_embed_size=8)

@@ -146,6 +146,10 @@ def _print_costs(c, config, d: Dict[str, Any]) -> None:
     print(f"  patches     {ph} x {pw} -> grid {gh} x {gw} = {gh * gw:,} patches"
           + (f" + {prefix} prefix token{'s' if prefix > 1 else ''} = {c.tokens:,} tokens" if prefix
              else f" = {c.tokens:,} tokens"))
+    if getattr(config, "pos_embed_size", None) is not None:
+        (th, tw), (sh, sw) = config.table_grid, config.pos_embed_size
+        print(f"  positions   a learned table held at {th} x {tw} (pos_embed_size {sh} x {sw}), resampled to each "
+              f"input's grid")
     print(f"  encoder     width {config.embed_dim}, {c.depth} layers, {c.heads} heads, MLP {config.mlp_dim}")
     print(f"  parameters  {fmt_int(c.params)}")
     print(f"  compute     {c.macs / 1e9:.3f} GMACs = {c.flops / 1e9:.3f} GFLOPs per image "

@@ -60,6 +60,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     arch = getattr(model.config, "architecture", None) or f"{model.config.objective} pre-training (vit)"
     whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
+    if args.to not in ("vitkit", "timm"):  # the layouts of one size: a table held at another written at img_size
+        from ..models.positions import at_img_size
+
+        written = at_img_size(written)
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
             "params": sum(p.numel() for p in written.parameters()),
             "dtype": str(half).replace("torch.", "") if half else "float32"}

@@ -205,6 +205,22 @@ def fit_channel_stats(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def fit_table_size(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """A learned table held at another size (``pos_embed_size``) meets the overrides as timm's
+    ``create_model(img_size=...)`` meets its saved table: another image size asked for, or a model of one size
+    (``dynamic_img_size=False``), has it resampled to ``img_size`` once while loading; else it stays held."""
+    if getattr(stored, "pos_embed_size", None) is None or "pos_embed_size" in overrides:
+        return overrides
+    size = overrides.get("img_size")
+    try:
+        asked = size is not None and to_2tuple(size) != tuple(stored.img_size)
+    except ValueError:
+        asked = True  # (the config's own check says what is wrong with it)
+    if asked or overrides.get("dynamic_img_size") is False:
+        return {**overrides, "pos_embed_size": None}
+    return overrides
+
+
 def no_classes(config: Any) -> Optional[str]:
     """Why a model's outputs are no class scores (None: they are): no head, or a projection (``head_kind``)."""
     classes = getattr(config, "num_classes", 0)
@@ -393,6 +409,8 @@ class TokenConfig(ImageConfig):
                             f"not {kind!r}")
         if getattr(self, "backbone", None) is not None:
             problems.append("pos_embed_size is for a patch embedding's grid, not a hybrid's backbone")
+        elif min(self.patch_size) > 0 and any(s < p for s, p in zip(size, self.patch_size)):
+            problems.append(f"pos_embed_size {size} is smaller than one patch {self.patch_size}")
         elif min(self.patch_size) > 0 and any(s % p for s, p in zip(size, self.patch_size)) \
                 and not getattr(self, "crop_remainder", False):  # (SigLIP so400m/14's 384 px: 27x27 patches)
             problems.append(f"pos_embed_size {size} is not divisible by patch_size {self.patch_size}")

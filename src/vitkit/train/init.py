@@ -18,7 +18,7 @@ from torch import nn
 
 from ..data.datasets import class_difference
 from ..models import build_from_config
-from ..models.config_base import fit_channel_stats, no_classes
+from ..models.config_base import fit_channel_stats, fit_table_size, no_classes
 from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
@@ -71,7 +71,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     elif why := class_difference(stored.label_names, data_args.get("label_names")):
         raise WeightsError(f"init_head='keep' needs the same classes in the same order: {why}; "
                            f"use --init-head new for a new head")
-    config = stored.replace(**fit_channel_stats(stored, overrides))
+    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides)))
     check_model_fits(config)  # before it is built: an image size past the memory must not fill it first
     model = build_from_config(config)
     # a new head: every classifier (a distilled DeiT's head_dist too) and the pre-logits layer start afresh
@@ -122,6 +122,10 @@ def _check_model_args(model_args: Dict[str, Any], stored: Any, source: str, unhe
 
 
 def _differs(given: Any, stored: Any) -> bool:
-    """A sequence given as a list differs from the config's tuple only where the values do."""
-    return (list(given) if isinstance(given, (list, tuple)) else given) != (
-        list(stored) if isinstance(stored, (list, tuple)) else stored)
+    """A sequence given as a list differs from the config's tuple only where the values do; one side given for a
+    square size (64 for (64, 64)) is that size."""
+    given = list(given) if isinstance(given, (list, tuple)) else given
+    stored = list(stored) if isinstance(stored, (list, tuple)) else stored
+    if isinstance(stored, list) and len(stored) == 2 and not isinstance(given, list):
+        given = [given, given]
+    return given != stored

@@ -99,6 +99,8 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     if format in ("vitkit", "hf") and path.suffix.lower() in _FILE_SUFFIXES:  # (the command line refused it)
         raise WeightsError(f"the {format!r} layout is a folder (config.json, model.safetensors, ...); {path} is a "
                            f"file name: give a folder")
+    if format not in ("vitkit", "timm"):  # the layouts of one size
+        model = _table_at_img_size(model, format)
     if isinstance(model, Pretrainer):
         if format == "vitkit":
             return _replacing(path, model.save_pretrained)
@@ -122,7 +124,6 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
                            f"export them as {', '.join(repr(f) for f in ('vitkit',) + fam.layouts)}")
     if format == "timm":
         return _export_timm(model, path)
-    model = _table_at_img_size(model, format)
     if format == "hf":
         return _export_hf(model, path)
     if format in ("npz", "big_vision"):
@@ -148,15 +149,18 @@ def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
 
 
 def _table_at_img_size(model: nn.Module, format: str) -> nn.Module:
-    """The layouts of one image size (Hugging Face's, the npz files) get a table held at another size
-    (``pos_embed_size``) resampled to the model's own, as it computes at that size; said, since other sizes lose."""
+    """The layouts of one image size (Hugging Face's, the npz and MAE files) get a table held at another size
+    (``pos_embed_size``) resampled to the model's own, as it computes at that size; said, since other sizes lose.
+    A pre-training model's encoder too."""
+    if not positions.held_apart(model):
+        return model
     served = positions.at_img_size(model)
-    if served is not model:
-        held, grid = positions.table_grid(model), served.patch_embed.grid_size
-        warnings.warn(f"the position table, held at {held[0]}x{held[1]} (pos_embed_size) and resampled to each "
-                      f"input's grid, is written resampled to {grid[0]}x{grid[1]} (img_size): the "
-                      f"{_LAYOUT_NAMES[format]} layout holds one size; export as 'vitkit' or 'timm' to keep it",
-                      ExportWarning, stacklevel=3)
+    inner = model.encoder if isinstance(model, Pretrainer) else model
+    held, grid = positions.table_grid(inner), inner.patch_embed.grid_size
+    warnings.warn(f"the position table, held at {held[0]}x{held[1]} (pos_embed_size) and resampled to each "
+                  f"input's grid, is written resampled to {grid[0]}x{grid[1]} (img_size): the "
+                  f"{_LAYOUT_NAMES[format]} layout holds one size; export as 'vitkit' or 'timm' to keep it",
+                  ExportWarning, stacklevel=3)
     return served
 
 

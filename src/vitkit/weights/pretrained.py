@@ -18,7 +18,7 @@ from torch import nn
 
 from ..files import PathLike
 from ..models import build_from_config, config_from_dict, family_of, get_model_config
-from ..models.config_base import fit_channel_stats
+from ..models.config_base import fit_channel_stats, fit_table_size
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..models.sizes import to_2tuple
@@ -251,7 +251,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
                           f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
                           f"images of another shape get other pixels than transformers gives them", GuessWarning,
                           stacklevel=2)
-    config = stored.replace(**fit_channel_stats(stored, overrides))
+    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides)))
     _check_overrides_compute_the_same(src, stored, config, strict)
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()

@@ -1,18 +1,21 @@
 """How a loaded position table meets a model of another size: the grid and prefix slots the weights' own
 config says their table has (:func:`stored_table`), and the resampling, as the weights' library resamples or as
-the caller names it (:func:`load_resampling`). :mod:`.load` adapts the tensors with both."""
+the caller names it (:func:`load_resampling`); the table fitted to the model with both (:func:`adapt_pos_embed`),
+after the prefix tokens it has slots for are checked against the model's (:func:`check_prefix_tokens`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import math
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..models import build_from_config, config_from_dict
-from ..models.layers import INTERPOLATIONS
+from ..models import build_from_config, config_from_dict, positions
+from ..models.layers import INTERPOLATIONS, resample_pos_embed
 from ..models.positions import table_grid
 from . import timm_format
+from .io import WeightsError
 
 
 def stored_table(src: Any) -> Dict[str, Any]:
@@ -84,4 +87,94 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     return interpolation, antialias, aligned
 
 
-__all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "check_load_interpolation", "load_resampling", "stored_table"]
+def _square_side(n: int) -> Optional[int]:
+    side = int(round(math.sqrt(n))) if n > 0 else 0
+    return side if side * side == n and n > 0 else None
+
+
+def adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mapping[str, Any],
+                     fit: positions.StateFit, report: Any) -> None:
+    """Fit the source position table to the model: prefix slots and grid size (a flat table,
+    the form every layout stores); the model's other kinds fit their own parameters."""
+    if getattr(model, "pos_embed_kind", None) is None:
+        return  # a CNN: no positions
+    grid = positions.table_grid(model)
+    if "pos_embed" in sd and model.pos_embed is not None:
+        pos = sd["pos_embed"]
+        if pos.dim() != 3 or pos.shape[0] != 1:
+            raise WeightsError(f"pos_embed has shape {tuple(pos.shape)}, expected (1, tokens, width)")
+        # CaiT's and ConViT's tables cover the patches only although their outputs have a class token.
+        prefix = model.pos_embed_prefix_tokens
+        n = pos.shape[1]
+        src_grid = facts.get("grid")
+        area = grid[0] * grid[1]
+        if src_grid is not None:
+            src_prefix = n - src_grid[0] * src_grid[1]
+            slots = facts.get("pos_slots")
+            if slots is not None and src_prefix != slots:
+                raise WeightsError(f"pos_embed has {n} slots where the weights' own config ({src_grid[0]}x"
+                                   f"{src_grid[1]} patches, {slots} prefix slot(s)) needs "
+                                   f"{slots + src_grid[0] * src_grid[1]}: the table was cut, or the config edited "
+                                   f"or mixed with other weights")
+        elif facts.get("pos_has_class_slot") is False:
+            src_prefix = 0
+        elif n in (prefix + area, area):  # the model's own grid, with or without prefix slots
+            src_prefix = n - area
+        elif _square_side(n - prefix) is None and _square_side(n):
+            side = _square_side(n)
+            raise WeightsError(
+                f"pos_embed has {n} slots: a {side}x{side} grid without a class slot, or {n - prefix} patches "
+                f"of a non-square grid after {prefix} prefix slot(s), and the weights do not say which; build "
+                f"the model at the source's image size (img_size=(H, W)), or with no_embed_class=True for a "
+                f"table over the patches only, then load")
+        else:
+            src_prefix = prefix
+        if not 0 <= src_prefix <= prefix:
+            raise WeightsError(f"pos_embed has {n} slots: {src_prefix} prefix slots do not fit a model "
+                               f"with {prefix} prefix token(s)")
+        if src_grid is None and n - src_prefix == area:
+            src_grid = grid
+        if src_grid is None:
+            side = _square_side(n - src_prefix)
+            if side is None:
+                raise WeightsError(f"pos_embed has {n} slots: not a square grid plus {src_prefix} prefix "
+                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid; build "
+                                   f"the model at the size it was trained at (img_size=, --img-size H W)")
+            src_grid = (side, side)
+        if src_prefix < prefix:
+            # Prefix tokens the source adds after the positions (big_vision, timm
+            # no_embed_class): a zero slot is exactly "no position" for them.
+            pad = pos.new_zeros(1, prefix - src_prefix, pos.shape[-1])
+            pos = torch.cat([pad, pos], dim=1)
+        if tuple(src_grid) != grid:
+            pos = resample_pos_embed(pos, grid, tuple(src_grid), prefix, fit.interpolation, fit.antialias,
+                                     fit.align_corners)
+            report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} ({fit.said})")
+        sd["pos_embed"] = pos
+    report.resampled.extend(positions.fit_state_dict(sd, model, fit))
+
+
+#: the prefix tokens a token model may have, and what each is in words
+_PREFIX_TOKENS = (("cls_token", "a class token"), ("dist_token", "a distillation token"),
+                  ("reg_token", "register tokens"))
+
+
+def check_prefix_tokens(sd: Mapping[str, Any], model: nn.Module, exclude: Sequence[str]) -> None:
+    """The weights' prefix tokens against the model's, named before their position table is fitted: a DINOv2
+    without registers loaded by a registers name was refused as a table of no square grid."""
+    for key, what in _PREFIX_TOKENS:
+        if key.startswith(tuple(exclude)) or not hasattr(model, key):
+            continue
+        ours = getattr(model, key) is not None
+        if ours == (key in sd):
+            continue
+        name = getattr(getattr(model, "config", None), "name", None)
+        model_is = f"the model ({name})" if name else "the model"
+        said = (f"the weights hold no {key} where {model_is} has {what}" if ours
+                else f"the weights hold {key} ({what}) where {model_is} has none")
+        raise WeightsError(f"{said}: they are another architecture's; load them by their own architecture's name, "
+                           f"or without one (their tensors say what they are)")
+
+
+__all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "adapt_pos_embed", "check_load_interpolation",
+           "check_prefix_tokens", "load_resampling", "stored_table"]

@@ -57,7 +57,7 @@ EDITABLE = _NOT_IN_WEIGHTS
 
 #: Fields two configs of the same architecture may differ in: what a loader adapts (size, classes,
 #: channels) and how positions are stored (2D / sine-cosine tables are exported as a learned one).
-_ADAPTED = frozenset({"img_size", "num_classes", "in_chans", "pos_embed"})
+_ADAPTED = frozenset({"img_size", "num_classes", "in_chans", "pos_embed", "pos_embed_size"})
 
 
 def architecture_differences(config, other) -> List[str]:

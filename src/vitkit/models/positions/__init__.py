@@ -406,18 +406,35 @@ def table_grid(model: nn.Module) -> IntPair:
     return tuple(getattr(model, "pos_embed_grid", None) or model.patch_embed.grid_size)
 
 
-def at_img_size(model: nn.Module) -> nn.Module:
-    """``model`` with its learned table at the image size's grid: itself where it is held there, else a copy
+def _token_model(module: nn.Module) -> Optional[nn.Module]:
+    """The model with positions in ``module``: itself, a backbone's model or a pre-training model's encoder."""
+    for inner in (module, getattr(module, "model", None), getattr(module, "encoder", None)):
+        if isinstance(inner, nn.Module) and getattr(inner, "pos_embed_kind", None) is not None:
+            return inner
+    return None
+
+
+def held_apart(module: nn.Module) -> bool:
+    """Whether the learned table of ``module`` (a model, a backbone, a pre-training model) is held at another grid
+    than its image size's (``pos_embed_size``)."""
+    model = _token_model(module)
+    return model is not None and model.pos_embed_kind == "learned" and \
+        table_grid(model) != tuple(model.patch_embed.grid_size)
+
+
+def at_img_size(module: nn.Module) -> nn.Module:
+    """``module`` with its learned table at the image size's grid: itself where it is held there, else a copy
     resampled to it (the layouts that hold one size: Hugging Face's, the npz files, an exported graph)."""
-    if getattr(model, "pos_embed_kind", None) != "learned" or table_grid(model) == tuple(model.patch_embed.grid_size):
-        return model
+    if not held_apart(module):
+        return module
     import copy
 
-    model = copy.deepcopy(model)
+    module = copy.deepcopy(module)
+    model = _token_model(module)
     with torch.no_grad():
         _learned_resample(model, model.pos_embed_grid, tuple(model.patch_embed.grid_size))
     model.config = model.config.replace(pos_embed_size=None)
-    return model
+    return module
 
 
 def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, fit: StateFit) -> List[str]:
@@ -435,4 +452,4 @@ __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_g
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
            "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
            "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict", "table_grid",
-           "at_img_size"]
+           "held_apart", "at_img_size"]
