@@ -369,6 +369,21 @@ def test_a_channels_last_graph_is_refused_as_one(tmp_path):
     with pytest.raises(OnnxMetadataError, match=r"its input 'x' is \['b', 32, 32, 3\]: channels last \(batch, "
                                                 r"height, width, channels\), where vitkit feeds \(batch, channels"):
         OnnxModel(tmp_path / "nhwc.onnx", img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    rgba = _ChannelsLast(timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, num_classes=4,
+                                           in_chans=4).eval())
+    for name, net, example, axes in (("any.onnx", model, torch.zeros(2, 32, 32, 3), {0: "b", 1: "h", 2: "w"}),
+                                     ("rgba.onnx", rgba, torch.zeros(2, 32, 32, 4), {0: "b"})):
+        with torch.no_grad():
+            torch.onnx.export(net, (example,), str(tmp_path / name), dynamo=False, input_names=["x"],
+                              dynamic_axes={"x": axes})
+        with pytest.raises(OnnxMetadataError, match=r"channels last"):
+            OnnxModel(tmp_path / name, img_size=[32], mean=[0.5] * 3, std=[0.5] * 3)
+    # vitkit's own export of 12 channels and 1 px wide images says its channels: not taken for channels last
+    ours = randomize(vitkit.create_model("vit_tiny_patch16_224", depth=1, num_classes=4, in_chans=12,
+                                         img_size=(64, 1), patch_size=(8, 1)))
+    x = torch.randn(2, 12, 64, 1)
+    with torch.no_grad():
+        assert max_diff(OnnxModel(export_onnx(ours, tmp_path / "c12.onnx"))(x), ours(x)) <= 1e-4
 
 
 @pytest.mark.filterwarnings("ignore")  # the tracer's notes, from plain torch.onnx.export

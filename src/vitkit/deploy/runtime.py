@@ -35,8 +35,9 @@ from .onnx_export import BACKBONE_OUTPUT, CONFIG_KEY, onnx_modules
 
 
 def _channels_last(shape) -> bool:
-    """A graph input laid out (batch, height, width, channels): 1 or 3 last, more than 4 where the channels go."""
-    return isinstance(shape[3], int) and shape[3] in (1, 3) and isinstance(shape[1], int) and shape[1] > 4
+    """A foreign graph's input laid out (batch, height, width, channels): 1, 3 or 4 (RGBA) last, where the
+    channels go neither 1 nor 3 (a size, or a named dimension). vitkit's own exports say their channels."""
+    return isinstance(shape[3], int) and shape[3] in (1, 3, 4) and shape[1] not in (1, 3)
 
 
 class StandInNote(UserWarning):
@@ -152,7 +153,8 @@ class OnnxModel(nn.Module):
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
             problems.append(f"it takes {len(inputs)} input(s) of shape(s) {[i.shape for i in inputs]}, not one "
                             f"(batch, channels, height, width)")
-        elif _channels_last(inputs[0].shape):  # (refused as "--mean has 3 values for 32 channels")
+        elif CONFIG_KEY not in self.metadata and _channels_last(inputs[0].shape):  # ("--mean has 3 values for 32
+            # channels"; a vitkit export of 12 channels and 1 px wide images is what its config says)
             problems.append(f"its input {inputs[0].name!r} is {inputs[0].shape}: channels last (batch, height, width, "
                             f"channels), where vitkit feeds (batch, channels, height, width); export it channels "
                             f"first")
