@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils.data import IterableDataset
 
+from ..data.images import Skipped
 from .fewshot import (
     HOLDOUT_PER_CLASS,
     FewShotResult,
@@ -300,7 +302,7 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     workers; unusable files skipped and named. ``max_images``: a fixed random sample of N (of a stream, the first
     N in its shards' order, read by one worker: two interleave their batches, so which N came first depended on
     the batch size)."""
-    from torch.utils.data import IterableDataset, Subset
+    from torch.utils.data import Subset
 
     from ..data.loader import decoded_batches
 
@@ -311,8 +313,8 @@ def _score_files(model, dataset: str, data, split_name: str, max_images: Optiona
     total = data.num_samples if stream else len(data)
     wanted = total if max_images is None else min(max_images, total)
     first_only = stream and wanted < total
-    if first_only:  # decoded one by one, none past the N-th (a bad one there was counted as skipped), then batched
-        batches = _first_batched(decoded_batches(data, 1, 1, skipped), wanted, batch_size)
+    if first_only:  # the worker stops at the N-th readable (a bad one past it was named and counted as skipped)
+        batches = decoded_batches(_FirstReadable(data, wanted), batch_size, 1, skipped)
     else:
         batches = decoded_batches(data if stream or wanted == total else
                                   Subset(data, scored_positions(total, wanted).tolist()), batch_size, 2, skipped)
@@ -342,20 +344,20 @@ def _first(batches, n: int):
         seen += len(y)
 
 
-def _first_batched(samples, n: int, batch_size: int):
-    """The first ``n`` of one-sample batches, in batches of ``batch_size``: nothing is read past the ``n``-th."""
-    xs, ys, seen = [], [], 0
-    for x, y in samples:
-        xs.append(x)
-        ys.append(y)
-        seen += len(y)
-        if len(xs) == batch_size or seen >= n:
-            yield torch.cat(xs), torch.cat(ys)
-            xs, ys = [], []
-        if seen >= n:
-            return
-    if xs:
-        yield torch.cat(xs), torch.cat(ys)
+class _FirstReadable(IterableDataset):
+    """A stream's first ``n`` readable samples, and the unreadable ones among them: stopped where it is decoded
+    (in the DataLoader's worker), so nothing past the ``n``-th is read, named or counted."""
+
+    def __init__(self, data, n: int):
+        self.data, self.n = data, n
+
+    def __iter__(self):
+        readable = 0
+        for item in self.data:
+            yield item
+            readable += not isinstance(item, Skipped)
+            if readable >= self.n:
+                return
 
 
 def channels_of(model) -> int:
