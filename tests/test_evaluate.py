@@ -55,6 +55,15 @@ def test_an_eval_out_folder_that_takes_no_files_is_refused_before_the_evaluation
     assert main(["eval", "--weights", str(tmp_path / "m"), "--out", "/proc/vitkit-eval-out"]) == 2
     assert capsys.readouterr().err.strip() == ("vitkit eval: error: --out /proc/vitkit-eval-out cannot be written: "
                                                "/proc takes no new files (No such file or directory)")
+    import errno
+
+    def full(*args, **kwargs):  # a file system without a free inode (or block): said naming --out, not replaced
+        raise OSError(errno.ENOSPC, "No space left on device")  # by the bare disk-full line
+
+    monkeypatch.setattr(vitkit.files.tempfile, "TemporaryFile", full)
+    assert main(["eval", "--weights", str(tmp_path / "m"), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == (f"vitkit eval: error: --out {tmp_path / 'x'} cannot be written: "
+                                               f"{tmp_path} takes no new files (its file system is full)")
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")

@@ -397,9 +397,9 @@ def check_output(path: PathLike, kind: str, what: str = "output") -> Path:
     try:  # what access() cannot tell (root may "write" anywhere): a folder that takes no files (/proc, no inodes)
         with tempfile.TemporaryFile(dir=ancestor):
             pass
-    except OSError as e:
-        raise ValueError(f"{what} {path} cannot be written: {ancestor} takes no new files "
-                         f"({e.strerror or e})") from None
+    except OSError as e:  # (a full one said in words the disk-full line does not replace: it names the flag)
+        why = "its file system is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror or str(e)
+        raise ValueError(f"{what} {path} cannot be written: {ancestor} takes no new files ({why})") from None
     return path
 
 
