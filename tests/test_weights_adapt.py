@@ -176,9 +176,11 @@ def test_load_weights_refuses_what_it_would_load_nothing_into_or_misread():
 
 @pytest.mark.parametrize("saved, named, words", [
     ("vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
-     r"the weights hold no reg_token where the model \(vit_small_patch14_reg4_dinov2\) has register tokens"),
+     r"the weights hold no reg_token where the model \(vit_small_patch14_reg4_dinov2, reg_tokens=4\) has register "
+     r"tokens: load them into a model with the tokens they hold"),
     ("vit_small_patch14_reg4_dinov2", "vit_small_patch14_dinov2",
-     r"the weights hold reg_token \(register tokens\) where the model \(vit_small_patch14_dinov2\) has none"),
+     r"the weights hold reg_token \(register tokens\) where the model \(vit_small_patch14_dinov2, reg_tokens=0\) "
+     r"has none"),
     ("deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224", r"the weights hold dist_token"),
 ])
 def test_weights_of_other_prefix_tokens_than_the_named_model_are_refused_naming_the_tokens(tmp_path, saved, named,
@@ -194,3 +196,14 @@ def test_weights_of_other_prefix_tokens_than_the_named_model_are_refused_naming_
     for kw in ({}, {"img_size": size}):
         with pytest.raises(WeightsError, match=words):
             vitkit.from_pretrained(tmp_path / "w.safetensors", model_name=named, num_classes=0, **kw)
+
+
+def test_weights_loaded_into_a_model_built_without_their_class_token_name_the_field_it_was_built_with(tmp_path):
+    """A model of the weights' own name built with class_token=False was told the weights are "another
+    architecture's: load them by their own architecture's name", which it had."""
+    weights = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
+    model = vitkit.create_model("vit_tiny_patch16_224", class_token=False, global_pool="avg", img_size=32, depth=1)
+    with pytest.raises(WeightsError, match=r"the weights hold cls_token \(a class token\) where the model "
+                                           r"\(vit_tiny_patch16_224, class_token=false\) has none: load them into a "
+                                           r"model with the tokens they hold"):
+        vitkit.load_weights(model, weights.state_dict())

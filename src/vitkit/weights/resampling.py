@@ -5,6 +5,7 @@ after the prefix tokens it has slots for are checked against the model's (:func:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -154,26 +155,29 @@ def adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappin
     report.resampled.extend(positions.fit_state_dict(sd, model, fit))
 
 
-#: the prefix tokens a token model may have, and what each is in words
-_PREFIX_TOKENS = (("cls_token", "a class token"), ("dist_token", "a distillation token"),
-                  ("reg_token", "register tokens"))
+#: the prefix tokens a token model may have: the tensor, the config field that makes it, what it is in words
+_PREFIX_TOKENS = (("cls_token", "class_token", "a class token"),
+                  ("dist_token", "distill_token", "a distillation token"),
+                  ("reg_token", "reg_tokens", "register tokens"))
 
 
 def check_prefix_tokens(sd: Mapping[str, Any], model: nn.Module, exclude: Sequence[str]) -> None:
     """The weights' prefix tokens against the model's, named before their position table is fitted: a DINOv2
     without registers loaded by a registers name was refused as a table of no square grid."""
-    for key, what in _PREFIX_TOKENS:
+    for key, field, what in _PREFIX_TOKENS:
         if key.startswith(tuple(exclude)) or not hasattr(model, key):
             continue
         ours = getattr(model, key) is not None
         if ours == (key in sd):
             continue
-        name = getattr(getattr(model, "config", None), "name", None)
-        model_is = f"the model ({name})" if name else "the model"
+        config = getattr(model, "config", None)
+        name = getattr(config, "name", None)
+        built = f"{field}={json.dumps(getattr(config, field, ours))}"
+        model_is = f"the model ({name}, {built})" if name else f"the model ({built})"
         said = (f"the weights hold no {key} where {model_is} has {what}" if ours
                 else f"the weights hold {key} ({what}) where {model_is} has none")
-        raise WeightsError(f"{said}: they are another architecture's; load them by their own architecture's name, "
-                           f"or without one (their tensors say what they are)")
+        raise WeightsError(f"{said}: load them into a model with the tokens they hold (by their own architecture's "
+                           f"name, or without one: their tensors say what they are)")
 
 
 __all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "adapt_pos_embed", "check_load_interpolation",
