@@ -324,6 +324,18 @@ def test_a_hub_entry_refuses_another_architectures_weights(tmp_path):
         torch.hub.load(str(ROOT), "vit_tiny_patch16_224", str(saved), source="local", depth=2)
 
 
+@pytest.mark.parametrize("kind", ["none", "relative"])
+def test_a_hub_entry_refuses_weights_of_another_position_kind_and_takes_another_form_of_its_table(tmp_path, kind):
+    """vit_fmnist (a sine-cosine table) given a run's model without positions, or with a bias in every attention
+    layer, returned that model under its name: the form of a table was skipped, and these are no table."""
+    saved = vitkit.create_model("vit_fmnist", pos_embed=kind).save_pretrained(tmp_path / kind)
+    with pytest.raises(ValueError, match=rf'holds another architecture than vit_fmnist: .*pos_embed "{kind}" '
+                                         r'\(not "sincos2d"\)'):
+        torch.hub.load(str(ROOT), "vit_fmnist", str(saved), source="local")
+    learned = vitkit.create_model("vit_fmnist", pos_embed="learned").save_pretrained(tmp_path / "learned")
+    assert torch.hub.load(str(ROOT), "vit_fmnist", str(learned), source="local").config.pos_embed == "learned"
+
+
 def test_hubconf_lists_every_registered_model():
     """torch.hub.list reads GitHub only; its rule (every public callable of hubconf.py) applied here."""
     spec = importlib.util.spec_from_file_location("vitkit_hubconf", ROOT / "hubconf.py")
@@ -363,6 +375,26 @@ def test_vitkit_push_uploads_a_run_and_dry_run_only_writes(tmp_path, monkeypatch
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
     assert len(FakeApi.instances) == 1
+
+
+@pytest.mark.parametrize("damage, words", [(None, "is missing"), ("{x", "cannot be read (Expecting property name"),
+                                           ("[1]", "is not the run's summary (a JSON list, not an object)")])
+def test_a_run_whose_summary_is_gone_or_damaged_is_refused_not_pushed_without_its_scores(tmp_path, capsys, damage,
+                                                                                         words):
+    """The card lost the scores and the note a test-scale run (VITKIT_TINY) carries, with exit 0 and no word: a
+    tiny run could pass for a result."""
+    from vitkit.cli import main
+
+    run = fake_run(tmp_path)
+    if damage is None:
+        (run / "summary.json").unlink()
+    else:
+        (run / "summary.json").write_text(damage)
+    for source in (run, run / "model"):
+        assert main(["push", str(source), "me/vit", "--dry-run", str(tmp_path / "look")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"summary.json {words}" in err and "the card's scores come from it" in err
+        assert not (tmp_path / "look").exists()
 
 
 def test_a_half_precision_source_is_pushed_in_its_own_precision(tmp_path):

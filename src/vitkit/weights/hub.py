@@ -68,10 +68,10 @@ def save_for_hub(model_or_run: Union[nn.Module, PathLike], folder: PathLike, rep
                            f"or files left there would be pushed too)")
     check_output(folder, "folder", "the hub folder")
     model, run = _model_and_run(model_or_run)
+    summary = _run_summary(run) if run is not None else None  # (before anything is written)
     with new_folder(folder):  # a failure (a full disk) removes what was written
         model.save_pretrained(folder)
         figures = _copy_figures(run, folder) if run is not None else []
-        summary = _read_json(run / "summary.json") if run is not None else None
         config = json.loads((folder / "config.json").read_text())
         params = sum(p.numel() for p in model.parameters())
         write_text(folder / CARD_NAME, model_card(config, params, repo_id, summary, figures))
@@ -91,7 +91,7 @@ def _model_and_run(source: Union[nn.Module, PathLike]) -> Tuple[nn.Module, Optio
     if why := unfinished_run(str(path)):
         raise WeightsError(why)
     run = path if run_model_folder(path) is not None else None
-    if run is None and path.name == "model" and (path.parent / "summary.json").is_file():
+    if run is None and path.name == "model" and run_model_folder(path.parent) is not None:
         run = path.parent  # runs/NAME/model: its run's scores and figures belong on the card too
     model = from_pretrained(path)
     half = source_half_dtype(run_model_folder(path) or path)
@@ -109,12 +109,23 @@ def _copy_figures(run: Path, folder: Path) -> List[Path]:
     return list(copied.values())
 
 
-def _read_json(path: Path) -> Optional[Dict[str, Any]]:
+def _run_summary(run: Path) -> Dict[str, Any]:
+    """A finished run's ``summary.json``: its scores, and the note a test-scale run (VITKIT_TINY) carries. A run
+    whose summary is gone or damaged is refused: it pushed a card without either, so a tiny run passed for a result."""
+    path = run / "summary.json"
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):  # a run without its summary still pushes, without scores
-        return None
-    return data if isinstance(data, dict) else None
+    except FileNotFoundError:
+        why = "is missing"
+    except (OSError, ValueError) as e:
+        why = f"cannot be read ({' '.join(str(e).split())[:80]})"
+    else:
+        if isinstance(data, dict):
+            return data
+        why = f"is not the run's summary (a JSON {type(data).__name__}, not an object)"
+    raise WeightsError(f"{path} {why}: the card's scores come from it, and a test-scale run's note; restore it (a "
+                       f"run rewrites it as it finishes), or push a copy of {run / 'model'} apart from its run, "
+                       f"without scores")
 
 
 # ------------------------------------------------------------------ the model card
