@@ -610,6 +610,10 @@ def test_a_forms_parts_are_read_at_their_delimiters_only():
     body = (b'--B\r\nContent-Disposition: form-data; name="file"\r\nContent-Transfer-Encoding: base64\r\n\r\n'
             + base64.encodebytes(photo(1)) + b"\r\n--B--\r\n")  # an old client's encoding: decoded, as before
     assert image_of(body, "multipart/form-data; boundary=B")[0] == photo(1)
+    body = (b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\nContent-Transfer-Encoding: '
+            b"base64\r\n\r\n!!!@@@###\r\n--B--\r\n")  # no byte of the alphabet: was "the request has no image bytes"
+    with pytest.raises(HttpError, match="the file's base64 transfer encoding could not be decoded"):
+        image_of(body, "multipart/form-data; boundary=B")
     # the delimiter line as RFC 2046 has it (the delimiter at a line's start, then "--" or blanks only): a payload
     # line starting with the boundary's bytes stays payload, a preamble mentioning them decides no line ending
     tricky = b"DA\n--BTA\n--B--TA\r\n" + b"x--B" * 70  # (70 times: the old count of the bytes refused it)

@@ -83,8 +83,8 @@ def _decoded(headers: Message, payload: bytes) -> bytes:
     if "uu" in encoding:  # x-uuencode: the standard library decodes it with a module gone in Python 3.13
         raise FormError(f"the file's transfer encoding {encoding} is not read: send the file's bytes as they are")
     try:
-        if encoding == "base64":
-            return base64.b64decode(payload)
+        if encoding == "base64":  # its line breaks aside, every byte must be of the alphabet: others were dropped
+            return base64.b64decode(b"".join(payload.split()), validate=True)  # (all of them: "no image bytes")
         if encoding == "quoted-printable":
             return quopri.decodestring(payload)
     except (binascii.Error, ValueError):
