@@ -310,6 +310,36 @@ def test_a_run_another_study_process_writes_is_never_removed(tmp_path):
         lock.release()
 
 
+def test_a_run_another_study_process_finished_meanwhile_is_kept_and_said_in_the_studys_words(tmp_path, monkeypatch):
+    """The same study twice at once: the first copy finished a run between the second's look and its training. The
+    second said train's "pass --resume ... or another --name" (a study has neither), and its clean-up of a run it
+    took for abandoned could have removed the finished one."""
+    from vitkit.studies import base
+
+    study = get_study("position-embeddings")
+    options = Options(seeds=(0,), smoke=True, threads=1)
+    arm = study.arms(options)[0]
+    run = tmp_path / f"{arm.key}-s0"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")  # finished by the other copy, after this one looked
+    with pytest.raises(FileExistsError, match=r"was started by another process meanwhile: is this study running in "
+                                              r"another process\? Run it again once that one ends"):
+        base.discard_unstarted(run)
+    assert (run / "summary.json").is_file()
+    (run / "summary.json").unlink()  # made after the clean-up: train refuses the taken name, in the study's words
+    real = base.discard_unstarted
+
+    def then_finished(r):  # the other copy makes and finishes the run right after this one's clean-up
+        real(r)
+        r.mkdir()
+        (r / "summary.json").write_text("{}")
+
+    monkeypatch.setattr(base, "discard_unstarted", then_finished)
+    with pytest.raises(ValueError, match=r"failed: .* was started by another process meanwhile") as got:
+        train_run(arm, 0, options, study, tmp_path)
+    assert "--resume" not in str(got.value) and (run / "summary.json").is_file()
+
+
 def test_a_run_to_resume_that_another_process_writes_is_said_in_the_studys_words(tmp_path):
     """An interrupted run the study would resume, locked by another process: the study says what a study does
     (wait, or another --work), not the run's "--resume it then", which the study itself does."""

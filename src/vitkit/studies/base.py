@@ -173,6 +173,8 @@ def discard_unstarted(run: Path) -> None:
         return
     if who := holder(run):
         raise study_locked(run, who)
+    if (run / "summary.json").is_file() or any((run / "checkpoints").glob("*.pt")):  # run meanwhile by another
+        raise study_raced(run)  # process (it was not when this one looked): kept, never removed
     shutil.rmtree(run)
 
 
@@ -182,6 +184,14 @@ def study_locked(run: Path, who: str) -> OSError:
 
     return RunLocked(f"{run} is being written by {who}: is this study running in another process? Wait for it "
                      f"to finish (the study then reuses its runs), or give this one another --work", run, who)
+
+
+def study_raced(run: Path) -> FileExistsError:
+    """The study's words for a run another process started or finished while this one was about to train it (a
+    run's own would say --resume or --name, which a study has neither of)."""
+    return FileExistsError(f"{run} was started by another process meanwhile: is this study running in another "
+                           f"process? Run it again once that one ends (it then reuses the run), or give this one "
+                           f"another --work")
 
 
 def run_name(arm: Arm, seed: int) -> str:
@@ -215,6 +225,10 @@ def run_training(what: str, recipe: Optional[str] = None, file: Optional[str] = 
             return train(cfg, resume=resume, log=lambda line: None, asked=["progress"] + ["threads"] * bool(threads))
         except RunLocked as e:
             raise study_locked(e.folder or Path(resume or "."), e.writer) from None
+        except FileExistsError:  # a new run's folder another process made meanwhile (train's words name --resume)
+            if resume is not None or cfg.name is None:
+                raise
+            raise study_raced(Path(cfg.runs_dir) / cfg.name) from None
 
     return json.loads(json.dumps(calling(what, run)))  # as its summary.json holds it (string keys, lists)
 
