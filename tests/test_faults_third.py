@@ -149,6 +149,12 @@ def test_a_torn_summary_of_a_study_run_is_named_and_the_last_results_stay(tmp_pa
         (stage / "figures").mkdir()
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()
             if not p.name.endswith(".partial.json")} == written
+    (tmp_path / "o2" / "b.json").mkdir(parents=True)  # a folder where a file goes: named, not the staging file
+    with pytest.raises(ValueError, match=r"o2/b.json is a folder, in the way of the file to write there"), \
+            files_together(tmp_path / "o2") as stage:
+        (stage / "a.json").write_text("{}")
+        (stage / "b.json").write_text("{}")
+    assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["b.json"]  # nothing written, no staging left
 
 
 def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_does(tmp_path, capsys):

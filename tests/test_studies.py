@@ -6,6 +6,7 @@ docs/paper.md quoting only numbers that its results files hold."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -338,6 +339,11 @@ def test_a_run_another_study_process_finished_meanwhile_is_kept_and_said_in_the_
     with pytest.raises(ValueError, match=r"failed: .* was started by another process meanwhile") as got:
         train_run(arm, 0, options, study, tmp_path)
     assert "--resume" not in str(got.value) and (run / "summary.json").is_file()
+    monkeypatch.undo()
+    shutil.rmtree(run)
+    run.write_text("junk")  # a file where the run's folder goes: named, not a bare "Not a directory"
+    with pytest.raises(ValueError, match=r"-s0 is a file where the study keeps that run's folder: move or remove it"):
+        train_run(arm, 0, options, study, tmp_path)
 
 
 def test_a_run_to_resume_that_another_process_writes_is_said_in_the_studys_words(tmp_path):

@@ -274,6 +274,9 @@ def files_together(folder: PathLike) -> Iterator[Path]:
         staged = sorted(p for p in stage.iterdir() if p.name != _OWNER)
         if any(p.is_dir() for p in staged):  # a folder's rename over a full one fails half-way through the set
             raise ValueError(f"files_together installs files, not folders: {[p.name for p in staged if p.is_dir()]}")
+        if in_way := [out / p.name for p in staged if (out / p.name).is_dir()]:  # (the rename named the staging
+            raise ValueError(f"{in_way[0]} is a folder, in the way of the file to write there: move or remove "
+                             f"it (nothing was written)")  # folder's file, gone by the time it was read)
         with interrupts_deferred():
             for path in staged:
                 os.replace(path, out / path.name)

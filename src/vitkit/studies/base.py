@@ -171,6 +171,8 @@ def discard_unstarted(run: Path) -> None:
 
     if not run.exists():
         return
+    if not run.is_dir():  # (a bare "Not a directory")
+        raise ValueError(f"{run} is a file where the study keeps that run's folder: move or remove it")
     if who := holder(run):
         raise study_locked(run, who)
     if (run / "summary.json").is_file() or any((run / "checkpoints").glob("*.pt")):  # run meanwhile by another
