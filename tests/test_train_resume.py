@@ -52,6 +52,11 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
         f"written: lr {config['lr'] * 10} (the run trained with {config['lr']})" in edited.stderr, edited.stderr
     assert edited.stderr.strip().splitlines()[-1].startswith("vitkit train: error: ") and "Traceback" not in \
         edited.stderr and not (run / "summary.json").exists()
+    for model in ("S/16", "vit_fmnist"):  # another model: one that does not build at 28 px was refused as that
+        (run / "config.json").write_text(json.dumps({**config, "model": model}))  # model's problem, the other by
+        edited = forks.run("train", "--resume", run, "--no-progress", env=env)  # its tensors' shapes
+        assert edited.returncode == 2 and f"was changed after the checkpoint step_00000008.pt was written: model " \
+            f"\"{model}\" (the run trained with \"{config['model']}\")" in edited.stderr, edited.stderr
     # as if written by a version without a field the run trained at its default (muon_lr_scale before 2026-12-05;
     # here mixup, at 0 in this run): no change (every run saved before muon_lr_scale was refused)
     (run / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "mixup"}))

@@ -70,8 +70,9 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
     if resume and is_finished(Path(resume)):
         return finished_summary(Path(resume), log, cfg.test_tta)
-    cfg = resumed_config(resume, cfg, asked) if resume else cfg  # a resume: the saved config, the machine's fields
-    cfg.validate()
+    with _said_as_an_edit(resume):
+        cfg = resumed_config(resume, cfg, asked) if resume else cfg  # a resume: the saved config and the
+        cfg.validate()  # machine's fields
     refuse_a_taken_name(cfg.runs_dir, None if resume else cfg.name)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -79,7 +80,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     run = None
     discard = finished = False
     try:
-        run = build(cfg, dist_info, log, saved_init_model(resume) if resume and cfg.init else None)
+        with _said_as_an_edit(resume):
+            run = build(cfg, dist_info, log, saved_init_model(resume) if resume and cfg.init else None)
         restore(run, resume)
         run.note(_starting(run))
         for line in run.fit_notes:  # none on resume: a resumed config records no chosen fields
@@ -278,13 +280,13 @@ def _load_state(run: Run, run_dir: Path) -> None:
     if found is None:
         raise FileNotFoundError(f"cannot resume: no checkpoints in {run_dir / 'checkpoints'}")
     state, path = found
+    _check_same_config(run, state.get("config"), path)  # (an edited model said as the edit, before its shapes)
     problems = shape_problems(state["model"], run.model.state_dict())
     if problems:  # a config.json edited since the checkpoint was written
         built = f"the model --init {run.cfg.init} builds" if run.cfg.init else f"model {run.cfg.model!r}"
         raise ValueError(f"the checkpoint {path} does not fit {built} as its run's config.json says: "
                          f"{'; '.join(problems)}")
     _check_same_data(run, state.get("data"), path)
-    _check_same_config(run, state.get("config"), path)
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
@@ -324,15 +326,48 @@ def _check_same_config(run: Run, saved: Optional[Dict[str, Any]], path: Path) ->
     and config.json then claiming it for every step): refused, naming what changed (None: an older checkpoint)."""
     if saved is None:
         return
-    now, default = _deciding(run.cfg), _deciding(TrainConfig())
-    # a field newer than the checkpoint (muon_lr_scale in a run from before it) trained at its default
-    saved = {**default, **saved}
+    saved = {**_deciding(TrainConfig()), **saved}  # a field newer than the checkpoint trained at its default
+    if said := _changes(_deciding(run.cfg), saved):
+        raise ValueError(_changed_since(run.run_dir, path, said))
+
+
+def _changes(now: Dict[str, Any], saved: Dict[str, Any]) -> str:
+    """The fields ``now`` holds otherwise than a checkpoint's ``saved`` ones, in words ('' for none)."""
     changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    if changed:
-        said = "; ".join(f"{k} {json.dumps(now.get(k))} (the run trained with {json.dumps(saved.get(k))})"
-                         for k in changed[:3])
-        raise ValueError(f"{run.run_dir / 'config.json'} was changed after the checkpoint {path.name} was written: "
-                         f"{said}; a run continues as it started: undo the change, or start a new run")
+    return "; ".join(f"{k} {json.dumps(now.get(k))} (the run trained with {json.dumps(saved.get(k))})"
+                     for k in changed[:3])
+
+
+def _changed_since(run_dir: Path, path: Path, said: str) -> str:
+    return (f"{run_dir / 'config.json'} was changed after the checkpoint {path.name} was written: {said}; a run "
+            f"continues as it started: undo the change, or start a new run")
+
+
+@contextlib.contextmanager
+def _said_as_an_edit(resume: Optional[str]):
+    """A resumed run's config.json edited since its checkpoint into one that does not build (a model of another
+    patch: "img_size is not divisible by patch_size") is said as the edit it is."""
+    try:
+        yield
+    except ValueError:
+        if resume and (edited := _edited_since_checkpoint(Path(resume))):
+            raise ValueError(edited) from None
+        raise
+
+
+def _edited_since_checkpoint(run_dir: Path) -> Optional[str]:
+    """Why a run's config.json that no longer builds was edited since its last checkpoint (None: it was not, or
+    nothing tells): its model renamed to one of another patch, say, was refused as that model's problem."""
+    try:
+        raw = json.loads((run_dir / "config.json").read_text())
+        found = load_intact(run_dir, log=lambda line: None)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or found is None or not isinstance(found[0].get("config"), dict):
+        return None
+    saved = {k: v for k, v in found[0]["config"].items() if k in raw}
+    said = _changes({k: raw[k] for k in saved}, saved)
+    return _changed_since(run_dir, found[1], said) if said else None
 
 
 def _data_facts(run: Run) -> Dict[str, Any]:
