@@ -494,6 +494,15 @@ def test_outputs_are_checked_before_the_work_starts(capsys, model_dir, image, tm
     assert f"is a symbolic link to {tmp_path / 'nowhere' / 'w.pth'}, which does not exist" in line, line
     line = one_line(in_process(capsys, "inspect", "--weights", model_dir, "--out", tmp_path / "o", "--image", image))
     assert "--out" in line and "is a file" in line, line
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")  # was "a symbolic link to loop2, which does not exist"
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    line = one_line(in_process(capsys, "info", tmp_path / "loop1"))
+    assert f"is a symbolic link to {tmp_path / 'loop2'}, which leads back to it (a loop of links)" in line, line
+    import pickle
+
+    (tmp_path / "plain.pth").write_bytes(pickle.dumps({"w": [1.0, 2.0]}, protocol=4))  # was "Unsupported operand 149"
+    line = one_line(in_process(capsys, "info", tmp_path / "plain.pth"))
+    assert "(a plain pickle, not a torch.save file (Unsupported operand 149); vitkit never unpickles those)" in line
     line = one_line(in_process(capsys, "push", model_dir, "org/name", "--dry-run", tmp_path / "o"))
     assert "--dry-run" in line and "is a file" in line, line
     line = one_line(in_process(capsys, "train", "--runs-dir", tmp_path / "o"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -111,8 +112,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             named = get_model_config(args.name)
         except ValueError:  # no model of that name: a path that is not there is said as predict says it
             if Path(args.name).is_symlink():
+                end = "which leads back to it (a loop of links)" if _link_loop(Path(args.name)) else \
+                    "which does not exist"
                 raise ValueError(f"weights not found: {args.name} is a symbolic link to {os.readlink(args.name)}, "
-                                 f"which does not exist") from None
+                                 f"{end}") from None
             if _looks_like_path(args.name):
                 raise ValueError(f"weights not found: {args.name} (no such file or folder; nor a model name: "
                                  f"see vitkit models)") from None
@@ -135,6 +138,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\n".join(_source_lines({**source, "config": config})) if source is not None else f"{args.name}")
     _print_costs(c, config, d)
     return 0
+
+
+def _link_loop(path: Path) -> bool:
+    """Whether the symbolic link ``path`` leads back to itself (it was said to point at a link "which does not
+    exist")."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # (Python 3.11's "Symlink loop")
+        return True
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def _print_costs(c, config, d: Dict[str, Any]) -> None:

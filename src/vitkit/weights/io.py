@@ -249,8 +249,10 @@ def _unpickling_error(path: Path, error: Exception) -> WeightsError:
             f"other than tensors could run code; vitkit only loads tensors. Re-save the weights as "
             f"safetensors (or a plain state dict) in an environment you trust")
     detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
-    return WeightsError(f"{path} is not a PyTorch checkpoint of tensors that vitkit can read "
-                        f"({detail.group(1).strip() if detail else 'not a torch.save file'})")
+    said = detail.group(1).strip() if detail else "not a torch.save file"
+    if said.startswith("Unsupported operand"):  # (a pickle's framing opcode, torch.save never writes it)
+        said = f"a plain pickle, not a torch.save file ({said}); vitkit never unpickles those"
+    return WeightsError(f"{path} is not a PyTorch checkpoint of tensors that vitkit can read ({said})")
 
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: Path, metadata: Optional[Dict[str, str]] = None) -> None:
