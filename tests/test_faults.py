@@ -167,6 +167,15 @@ def test_resume_skips_a_zero_byte_or_truncated_checkpoint_and_says_so(tmp_path):
         state, path = load_intact(run, log=said.append)
         assert state["step"] == 4 and path.name == "step_00000004.pt"
     assert len(said) == 2 and all("does not load" in s and "step_00000008.pt" in s for s in said)
+    # set aside by the resume: kept for a look, and not one of the checkpoints keep_checkpoints counts (a junk step 8
+    # was kept over the good step 4 the run had resumed from)
+    from vitkit.train.checkpoint import set_aside_unreadable
+
+    set_aside_unreadable(run, path, log=said.append)
+    assert said[-1] == "set step_00000008.pt, which does not load, aside as step_00000008.pt.unreadable"
+    save_checkpoint(run, 5, {"model": {"w": torch.full((2,), 5.0)}, "step": 5}, keep=2)
+    assert [p.name for p in checkpoint_paths(run)] == ["step_00000004.pt", "step_00000005.pt"]
+    assert len((run / "checkpoints" / "step_00000008.pt.unreadable").read_bytes()) == 40  # the torn file, kept
 
 
 def test_resume_refuses_a_crafted_checkpoint_by_name(tmp_path):

@@ -5,12 +5,14 @@ A checkpoint is written only when every tensor of its model and optimiser state 
 that is read back (``weights_only``) before it is renamed into place; then the oldest beyond
 ``keep`` are deleted, so the newest finite checkpoint is never the one removed. Resuming takes
 the newest checkpoint that loads; a zero-byte or truncated one (a full disk, a kill at the
-wrong moment on a file system without atomic rename) is skipped and said so. A checkpoint
+wrong moment on a file system without atomic rename) is skipped and said so, then set aside as
+``*.unreadable`` by the resume. A checkpoint
 that asks to build Python objects is refused by name, never loaded.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -119,6 +121,17 @@ def load_intact(run_dir: Path, log: Callable[[str], None] = print) -> Optional[T
         raise OSError(f"none of the {len(paths)} checkpoints in {Path(run_dir) / 'checkpoints'} loads; "
                       f"the run cannot be resumed")
     return None
+
+
+def set_aside_unreadable(run_dir: Path, used: Path, log: Callable[[str], None] = print) -> None:
+    """Rename the checkpoints newer than ``used`` (the newest that loads: the newer ones did not) to ``*.unreadable``:
+    kept for a look, out of the run's count, so that ``keep_checkpoints`` prunes none of the good ones to keep a
+    damaged one (a junk step 9 was kept, the step 1 the run resumed from removed)."""
+    for path in checkpoint_paths(run_dir):
+        if checkpoint_step(path) > checkpoint_step(used):
+            aside = path.with_name(path.name + ".unreadable")
+            os.replace(path, aside)
+            log(f"set {path.name}, which does not load, aside as {aside.name}")
 
 
 def load_latest(run_dir: Path) -> Optional[Dict[str, Any]]:

@@ -41,7 +41,14 @@ from ..utils import seed_for
 from ..weights.load import shape_problems
 from . import distributed, finetune
 from .batches import Layout, MicroBatch
-from .checkpoint import NonFiniteState, checkpoint_paths, checkpoint_step, load_intact, save_checkpoint
+from .checkpoint import (
+    NonFiniteState,
+    checkpoint_paths,
+    checkpoint_step,
+    load_intact,
+    save_checkpoint,
+    set_aside_unreadable,
+)
 from .config import TrainConfig
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, load_teacher
@@ -280,6 +287,8 @@ def _load_state(run: Run, run_dir: Path) -> None:
     if found is None:
         raise FileNotFoundError(f"cannot resume: no checkpoints in {run_dir / 'checkpoints'}")
     state, path = found
+    if run.main:
+        set_aside_unreadable(run_dir, path, log=run.note)
     _check_same_config(run, state.get("config"), path)  # (an edited model said as the edit, before its shapes)
     problems = shape_problems(state["model"], run.model.state_dict())
     if problems:  # a config.json edited since the checkpoint was written
