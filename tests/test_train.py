@@ -169,6 +169,12 @@ def test_resume_with_a_checkpoint_of_another_architecture_is_a_clear_error(tmp_p
     cfg["max_steps"] = 6
     config_path.write_text(json.dumps(cfg))
     (tmp_path / "run" / "summary.json").unlink()  # a run stopped at step 4 of 6: resuming runs
+    with pytest.raises(ValueError, match=r"config.json was changed after the checkpoint step_00000004.pt was written: "
+                                         r"max_steps 6 \(the run trained with 4\); model_args \{\"embed_dim\": 64"):
+        train(small(tmp_path), resume=str(tmp_path / "run"))  # (said as the edit, before the shapes it makes)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step_00000004.pt", weights_only=True)
+    del state["config"]  # a checkpoint from before configs were recorded: the shapes say it
+    torch.save(state, tmp_path / "run" / "checkpoints" / "step_00000004.pt")
     with pytest.raises(ValueError, match=f"does not fit model '{DEFAULT_MODEL}'"):
         train(small(tmp_path), resume=str(tmp_path / "run"))
 

@@ -77,9 +77,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
     ``resume``, ``asked`` names the runtime fields of ``cfg`` to keep (see ``resumed_config``)."""
     if resume and is_finished(Path(resume)):
         return finished_summary(Path(resume), log, cfg.test_tta)
-    with _said_as_an_edit(resume):
-        cfg = resumed_config(resume, cfg, asked) if resume else cfg  # a resume: the saved config and the
-        cfg.validate()  # machine's fields
+    cfg = _config_to_run(cfg, resume, asked)
     refuse_a_taken_name(cfg.runs_dir, None if resume else cfg.name)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -350,6 +348,14 @@ def _changes(now: Dict[str, Any], saved: Dict[str, Any]) -> str:
 def _changed_since(run_dir: Path, path: Path, said: str) -> str:
     return (f"{run_dir / 'config.json'} was changed after the checkpoint {path.name} was written: {said}; a run "
             f"continues as it started: undo the change, or start a new run")
+
+
+def _config_to_run(cfg: TrainConfig, resume: Optional[str], asked: Optional[Iterable[str]]) -> TrainConfig:
+    """The checked config the run trains with: ``cfg``, or a resume's saved one with the machine's fields."""
+    with _said_as_an_edit(resume):
+        cfg = resumed_config(resume, cfg, asked) if resume else cfg
+        cfg.validate()
+    return cfg
 
 
 @contextlib.contextmanager

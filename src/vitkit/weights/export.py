@@ -99,7 +99,7 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     if format in ("vitkit", "hf") and path.suffix.lower() in _FILE_SUFFIXES:  # (the command line refused it)
         raise WeightsError(f"the {format!r} layout is a folder (config.json, model.safetensors, ...); {path} is a "
                            f"file name: give a folder")
-    if format not in ("vitkit", "timm"):  # the layouts of one size
+    if format in ("hf", "npz", "big_vision") or (format == "mae" and isinstance(model, Pretrainer)):  # one size
         model = _table_at_img_size(model, format)
     if isinstance(model, Pretrainer):
         if format == "vitkit":
