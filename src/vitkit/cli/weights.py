@@ -60,12 +60,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     arch = getattr(model.config, "architecture", None) or f"{model.config.objective} pre-training (vit)"
     whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
-    if args.to not in ("vitkit", "timm"):  # the layouts of one size: a table held at another written at img_size
-        from ..models.positions import at_img_size
+    from ..models.positions import parameters_at_img_size  # (one-size layouts: a held table written at img_size)
 
-        written = at_img_size(written)
-    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch,
-            "params": sum(p.numel() for p in written.parameters()),
+    params = sum(p.numel() for p in written.parameters()) if args.to in ("vitkit", "timm") else \
+        parameters_at_img_size(written)
+    info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch, "params": params,
             "dtype": str(half).replace("torch.", "") if half else "float32"}
     if args.json:
         print_json(info)

@@ -155,7 +155,7 @@ def _table_at_img_size(model: nn.Module, format: str) -> nn.Module:
     if not positions.held_apart(model):
         return model
     served = positions.at_img_size(model)
-    inner = model.encoder if isinstance(model, Pretrainer) else model
+    inner = positions.token_model(model)
     held, grid = positions.table_grid(inner), inner.patch_embed.grid_size
     warnings.warn(f"the position table, held at {held[0]}x{held[1]} (pos_embed_size) and resampled to each "
                   f"input's grid, is written resampled to {grid[0]}x{grid[1]} (img_size): the "

@@ -406,7 +406,7 @@ def table_grid(model: nn.Module) -> IntPair:
     return tuple(getattr(model, "pos_embed_grid", None) or model.patch_embed.grid_size)
 
 
-def _token_model(module: nn.Module) -> Optional[nn.Module]:
+def token_model(module: nn.Module) -> Optional[nn.Module]:
     """The model with positions in ``module``: itself, a backbone's model or a pre-training model's encoder."""
     for inner in (module, getattr(module, "model", None), getattr(module, "encoder", None)):
         if isinstance(inner, nn.Module) and getattr(inner, "pos_embed_kind", None) is not None:
@@ -417,9 +417,19 @@ def _token_model(module: nn.Module) -> Optional[nn.Module]:
 def held_apart(module: nn.Module) -> bool:
     """Whether the learned table of ``module`` (a model, a backbone, a pre-training model) is held at another grid
     than its image size's (``pos_embed_size``)."""
-    model = _token_model(module)
+    model = token_model(module)
     return model is not None and model.pos_embed_kind == "learned" and \
         table_grid(model) != tuple(model.patch_embed.grid_size)
+
+
+def parameters_at_img_size(module: nn.Module) -> int:
+    """The parameter count of :func:`at_img_size`'s ``module``, without the copy it makes."""
+    count = sum(p.numel() for p in module.parameters())
+    if held_apart(module):
+        model = token_model(module)
+        (th, tw), (gh, gw) = table_grid(model), model.patch_embed.grid_size
+        count -= (th * tw - gh * gw) * model.pos_embed.shape[-1]
+    return count
 
 
 def at_img_size(module: nn.Module) -> nn.Module:
@@ -430,7 +440,7 @@ def at_img_size(module: nn.Module) -> nn.Module:
     import copy
 
     module = copy.deepcopy(module)
-    model = _token_model(module)
+    model = token_model(module)
     with torch.no_grad():
         _learned_resample(model, model.pos_embed_grid, tuple(model.patch_embed.grid_size))
     model.config = model.config.replace(pos_embed_size=None)
@@ -452,4 +462,4 @@ __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_g
            "PARAMETER_NAMES", "RELATIVE_TABLE", "RELATIVE_LEAF", "ROPES", "RotaryEmbedding", "rotary",
            "PosEmbedKind", "KINDS", "check", "build", "attach", "parameters", "attention_bias", "patch_table",
            "resample_", "add", "add_to_patches", "join_prefix", "full_table", "fit_state_dict", "table_grid",
-           "held_apart", "at_img_size"]
+           "token_model", "held_apart", "parameters_at_img_size", "at_img_size"]
