@@ -513,6 +513,16 @@ def test_a_finished_run_whose_summary_or_model_is_damaged_is_scored_again_and_a_
     (runs / "r").rename(runs / "moved")
     assert cli(["train", "--resume", str(runs / "moved"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run_dir"] == str((runs / "moved").resolve())
+    # its checkpoints removed to save space: finished, as with its config.json removed ("no checkpoints", exit 2)
+    shutil.rmtree(runs / "moved" / "checkpoints")
+    for removed in ("checkpoints", "config.json"):
+        (runs / "moved" / "config.json").unlink(missing_ok=removed == "config.json")
+        assert cli(["train", "--resume", str(runs / "moved"), "--json"]) == 0, removed
+        out, err = capsys.readouterr()
+        assert "finished at step 2: nothing to resume" in err and json.loads(out)["test_top1"] == scores, err
+    shutil.rmtree(runs / "moved" / "model")  # nothing left to resume from or to show: refused
+    assert cli(["train", "--resume", str(runs / "moved")]) == 2
+    assert "error: cannot resume: " in capsys.readouterr().err
 
 
 def test_a_split_none_of_whose_images_can_be_read_is_no_zero_score(tmp_path, capsys):

@@ -91,17 +91,22 @@ def _abandoned(path: Path) -> bool:
 def is_finished(run_dir: Path) -> bool:
     """A run is complete when its summary.json (written last) stands and its newest checkpoint is
     the step the summary ends at; without that checkpoint (a kill before it, or a file removed),
-    resuming goes on from the newest one there is."""
+    resuming goes on from the newest one there is. With no checkpoint at all (removed to save space
+    after the run) a summary and a model that stand are a finished run: "no checkpoints to resume"
+    said of it disagreed with the same run whose config.json was removed ("finished")."""
     summary, checkpoints = run_dir / "summary.json", checkpoint_paths(run_dir)
-    if not summary.is_file() or not checkpoints:
+    if not summary.is_file():
         return False
+    model = (run_dir / "model" / "config.json").is_file()
     try:
         steps = json.loads(summary.read_text()).get("steps")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:  # (said without a file: "Invalid
         # control character at: line 1 column 12")
-        return _resumed_anew(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
+        return bool(checkpoints) and _resumed_anew(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
+    if not checkpoints:
+        return model and isinstance(steps, int)
     done = isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps
-    if done and not (run_dir / "model" / "config.json").is_file():  # (each verb sent the user to the other)
+    if done and not model:  # (each verb sent the user to the other)
         return _resumed_anew(run_dir, "its model/ is gone")
     return done
 
