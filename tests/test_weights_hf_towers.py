@@ -242,7 +242,7 @@ def _naflex(x, patch):
 @pytest.mark.parametrize("cls", ["Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"])
 def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_path, images):
     """SigLIP 2's NaFlex tower resamples its base table (here 4 x 4) to each image's grid, bilinear and
-    antialiased: vitkit does the same at every input size (square, wide, tall)."""
+    antialiased: vitkit does the same at every input size (square, wide, tall), built at any size."""
     vision = dict(SMALL, num_patches=16)
     vision.pop("image_size")
     config = T.Siglip2VisionConfig(**vision) if cls == "Siglip2VisionModel" else T.Siglip2Config(
@@ -250,7 +250,9 @@ def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_p
     ref = randomize(getattr(T, cls)(config)).eval()
     ref.save_pretrained(tmp_path)
     ours = vitkit.from_pretrained(tmp_path)
-    for h, w in [(32, 32), (32, 48), (56, 24)]:
+    asked = vitkit.from_pretrained(tmp_path, img_size=48)  # built at another size: the 4x4 table held as stored
+    assert asked.config.pos_embed_size == (32, 32)  # (it was resampled once at loading, bicubic: 1.7e-4 off at 48)
+    for h, w in [(32, 32), (32, 48), (56, 24), (48, 48)]:
         x = images(2, h, w)
         with torch.no_grad():
             if cls == "Siglip2Model":
@@ -259,7 +261,7 @@ def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_p
             else:
                 out = ref(**_naflex(x, 8))
                 want = out.logits if hasattr(out, "logits") else out.pooler_output
-            assert _close(want, ours(x)), (h, w)
+            assert _close(want, ours(x)) and _close(want, asked(x)), (h, w)
 
 
 def test_aimv2_pre_trained_towers_load_and_its_lit_head_is_refused(tmp_path, images):
@@ -308,8 +310,25 @@ def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_ru
     assert vitkit.from_pretrained(tmp_path / "hf", at_processor_size=False).config.img_size == (56, 56)
     from vitkit.cli import main
 
+    # the table held as stored, resampled to each input as transformers resamples it: equal at every size (another
+    # size was refused, and one asked for had the table resampled from the processor's size: 3e-3 off)
+    asked = vitkit.from_pretrained(tmp_path / "hf", img_size=48)
+    for size in (40, 48, 56, 64):
+        x = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            assert _close(_pooled(ref, x), ours(x)) and _close(_pooled(ref, x), asked(x)), size
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm.safetensors"), "--to", "timm"]) == 0
-    assert vitkit.from_pretrained(tmp_path / "timm.safetensors").config.img_size == (56, 56)  # the table as stored
+    timm_file = vitkit.from_pretrained(tmp_path / "timm.safetensors").config  # the table as stored, served at 40
+    assert (timm_file.img_size, timm_file.pos_embed_size) == ((40, 40), (56, 56))
+    # written back as transformers' DINOv2: its processor and its table as they were (the processor made 56 px crops)
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    again = getattr(T, cls).from_pretrained(tmp_path / "back").eval()
+    processed = T.AutoImageProcessor.from_pretrained(tmp_path / "back", backend="pil")(
+        images=photo, return_tensors="pt").pixel_values
+    assert torch.equal(processed, x := processor(images=photo, return_tensors="pt").pixel_values)
+    for x in (x, torch.randn(2, 3, 56, 56)):
+        with torch.no_grad():
+            assert _close(_pooled(ref, x), _pooled(again, x))
 
 
 def test_a_folder_whose_config_is_another_models_says_what_disagrees(tmp_path):

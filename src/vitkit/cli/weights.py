@@ -41,9 +41,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"--scan applies to --to big_vision, not --to {args.to}")
     check_destination(args.src, args.dst, args.to)  # before the work
     replaced = _replaced(Path(args.dst))
-    # a graph runs the model as its source's library does (a transformers DINOv2 at its processor's size); a
-    # weights layout keeps the weights as they are stored (the position table at the config's size)
-    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to in ("onnx", "openvino"),
+    # a transformers DINOv2 at the size its processor makes, as transformers runs it: a graph at that size, the
+    # layouts that say their input size with the table held as stored; the official files hold no input size
+    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to not in ONE_SIZE_LAYOUTS,
                        **size_of(args))
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
@@ -61,9 +61,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
     from ..models.positions import parameters_at_img_size  # (one-size layouts: a held table written at img_size)
+    from ..weights.hf_towers import holds_table_apart
 
-    params = sum(p.numel() for p in written.parameters()) if args.to in ("vitkit", "timm") else \
-        parameters_at_img_size(written)
+    held = args.to in ("vitkit", "timm") or args.to == "hf" and holds_table_apart(written.config)
+    params = sum(p.numel() for p in written.parameters()) if held else parameters_at_img_size(written)
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch, "params": params,
             "dtype": str(half).replace("torch.", "") if half else "float32"}
     if args.json:
@@ -95,6 +96,8 @@ def _said_replaced(code: int, replaced: Optional[str], dst: str) -> int:
 
 #: the layouts whose files keep a half-precision source's precision (vit_jax and big_vision files are float32)
 HALF_LAYOUTS = ("vitkit", "timm", "hf", "mae")
+#: layouts without an input size of their own: a transformers DINOv2 is written as stored, not at its processor's
+ONE_SIZE_LAYOUTS = ("npz", "big_vision", "mae")
 
 
 def _convert_onnx(model, args: argparse.Namespace) -> int:

@@ -205,17 +205,24 @@ def fit_channel_stats(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def fit_table_size(stored: Any, overrides: Dict[str, Any]) -> Dict[str, Any]:
+def fit_table_size(stored: Any, overrides: Dict[str, Any], every_call: bool = False) -> Dict[str, Any]:
     """A learned table held at another size (``pos_embed_size``) meets the overrides as timm's
     ``create_model(img_size=...)`` meets its saved table: another image size asked for, or a model of one size
-    (``dynamic_img_size=False``), has it resampled to ``img_size`` once while loading; else it stays held."""
-    if getattr(stored, "pos_embed_size", None) is None or "pos_embed_size" in overrides:
+    (``dynamic_img_size=False``), has it resampled to ``img_size`` once while loading; else it stays held.
+    ``every_call``: the source's library resamples the table as stored to every input (transformers' DINOv2
+    and SigLIP 2): a model of any size built from it holds the table where it was stored, equal at every size."""
+    if "pos_embed_size" in overrides:
         return overrides
     size = overrides.get("img_size")
     try:
         asked = size is not None and to_2tuple(size) != tuple(stored.img_size)
     except ValueError:
         asked = True  # (the config's own check says what is wrong with it)
+    dynamic = overrides.get("dynamic_img_size", getattr(stored, "dynamic_img_size", False))
+    if every_call and asked and dynamic and getattr(stored, "pos_embed", None) == "learned":
+        return {**overrides, "pos_embed_size": stored.pos_embed_size or stored.img_size}
+    if getattr(stored, "pos_embed_size", None) is None:
+        return overrides
     if asked or overrides.get("dynamic_img_size") is False:
         return {**overrides, "pos_embed_size": None}
     return overrides

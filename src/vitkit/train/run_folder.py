@@ -102,7 +102,8 @@ def is_finished(run_dir: Path) -> bool:
         steps = json.loads(summary.read_text()).get("steps")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:  # (said without a file: "Invalid
         # control character at: line 1 column 12")
-        return bool(checkpoints) and _resumed_anew(run_dir, f"its summary.json cannot be read ({type(e).__name__}: {e})")
+        why = f"its summary.json cannot be read ({type(e).__name__}: {e})"
+        return bool(checkpoints) and _resumed_anew(run_dir, why)
     if not checkpoints:
         return model and isinstance(steps, int)
     done = isinstance(steps, int) and checkpoint_step(checkpoints[-1]) >= steps

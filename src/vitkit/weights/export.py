@@ -151,8 +151,9 @@ def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
 def _table_at_img_size(model: nn.Module, format: str) -> nn.Module:
     """The layouts of one image size (Hugging Face's, the npz and MAE files) get a table held at another size
     (``pos_embed_size``) resampled to the model's own, as it computes at that size; said, since other sizes lose.
-    A pre-training model's encoder too."""
-    if not positions.held_apart(model):
+    A pre-training model's encoder too. transformers' DINOv2 keeps it held (it resamples the table as stored)."""
+    if not positions.held_apart(model) or format == "hf" and hf_towers.holds_table_apart(
+            positions.token_model(model).config):
         return model
     served = positions.at_img_size(model)
     inner = positions.token_model(model)

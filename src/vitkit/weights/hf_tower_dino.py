@@ -74,7 +74,7 @@ def _dinov2_config(hf: Mapping[str, Any], sd: Mapping[str, Any]) -> ViTConfig:
         mlp_dim=((int(hidden * 2 / 3) + 7) // 8 * 8) if swiglu else hidden, norm_eps=hf.get("layer_norm_eps", 1e-6),
         gelu=_act(hf), qkv_bias=hf.get("qkv_bias", True), init_values=hf.get("layerscale_value", 1.0),
         reg_tokens=registers, no_embed_class=bool(registers), num_classes=0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-        crop_pct=0.875)
+        crop_pct=0.875, dynamic_img_size=True)  # transformers runs any size, its table resampled on each call
 
 
 def _dinov2_out(sd: Dict[str, torch.Tensor], config: ViTConfig) -> Dict[str, torch.Tensor]:
@@ -118,7 +118,8 @@ def _dinov2_hf_config(config: ViTConfig) -> Dict[str, Any]:
     out = dict(model_type="dinov2_with_registers" if config.reg_tokens else "dinov2",
                architectures=["Dinov2WithRegistersModel" if config.reg_tokens else "Dinov2Model"],
                hidden_size=config.embed_dim, num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
-               mlp_ratio=config.mlp_dim // config.embed_dim if not swiglu else 4, image_size=config.img_size[0],
+               mlp_ratio=config.mlp_dim // config.embed_dim if not swiglu else 4,
+               image_size=(config.pos_embed_size or config.img_size)[0],  # the table's (resampled to each input)
                patch_size=config.patch_size[0], num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
                hidden_act=HF_ACT_NAMES[config.gelu], qkv_bias=config.qkv_bias,
                layerscale_value=config.init_values, use_swiglu_ffn=swiglu)

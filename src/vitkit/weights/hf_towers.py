@@ -83,6 +83,10 @@ PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "
 #: DINOv3's rotations follow the grid): read at the processor's size, not the config's. facebook/dinov2-*
 #: folders say image_size 518 and crop 224: vitkit ran them at 518 px, other features than transformers' (0.4 off)
 AT_PROCESSOR_SIZE = ("dinov2", "dinov2_with_registers", "dinov3_vit")
+#: towers whose learned table transformers resamples from the stored one to every input's grid: a model built
+#: at another size holds it where it was stored (``pos_embed_size``), not resampled once (then again from there:
+#: 1.7e-4 off SigLIP 2 at the size asked, its table resampled bicubic at loading where transformers' is bilinear)
+TABLE_EVERY_CALL = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
 
 
 def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
@@ -219,6 +223,18 @@ def run_size(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]]) -
     return processor_size(preprocessor, kind) if preprocessor and kind in AT_PROCESSOR_SIZE else None
 
 
+def table_every_call(hf: Mapping[str, Any]) -> bool:
+    """transformers resamples this tower's stored table to each input's grid (:data:`TABLE_EVERY_CALL`)."""
+    return tower_of(hf)[0] in TABLE_EVERY_CALL
+
+
+def holds_table_apart(config: Any) -> bool:
+    """The tower ``config`` exports to keeps its table held at another size (``pos_embed_size``, square) as it is:
+    transformers resamples it to each input, as the model does (its config's ``image_size`` is the table's)."""
+    size = getattr(config, "pos_embed_size", None)
+    return size is not None and size[0] == size[1] and layout_of(config) in TABLE_EVERY_CALL
+
+
 def layout_of(config: Any) -> Optional[str]:
     """The tower's model_type a vitkit config exports to (the first whose problems are none), or None."""
     kind = next((k for k in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit")
@@ -295,4 +311,5 @@ def _classifier_from_native(sd: Dict[str, torch.Tensor], config: Any, kind: str,
 
 
 __all__ = ["TOWERS", "TWO_TOWERS", "MODEL_TYPES", "tower_of", "to_native", "config_from_hf", "preprocessing",
-           "layout_of", "from_native", "export_problems", "vision_part", "preprocessor_to_hf"]
+           "layout_of", "table_every_call", "holds_table_apart", "from_native", "export_problems", "vision_part",
+           "preprocessor_to_hf"]

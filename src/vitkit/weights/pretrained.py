@@ -136,6 +136,12 @@ def _read_config(src: Source, overrides: Mapping[str, Any]):
     return config
 
 
+def table_every_call(src: Source) -> bool:
+    """The source's library resamples its stored position table to every input (:func:`.hf_towers.table_every_call`)."""
+    cj = src.config_json or {}
+    return src.format == "hf" and cj.get("model_type") in hf_towers.MODEL_TYPES and hf_towers.table_every_call(cj)
+
+
 def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
     """The size a transformers folder's image processor runs its tower at, where that and not its config decides
     it (:func:`.hf_towers.run_size`); None for every other source."""
@@ -182,9 +188,11 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         return info
     info["assumed"] = guesses(info["config"], src)
     if (size := processor_run_size(src)) and size != tuple(info["config"].img_size):  # what from_pretrained builds
-        info["config"] = info["config"].replace(img_size=size)
+        stored = info["config"]
+        info["config"] = stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(src)))
+        table = "held as stored and resampled to each input's grid" if info["config"].pos_embed_size else "resampled"
         info["assumed"].append(f"built at {size[0]}x{size[1]}, the size its image processor makes (transformers "
-                               f"runs it so), its position table resampled; at_processor_size=False keeps its "
+                               f"runs it so), its position table {table}; at_processor_size=False keeps its "
                                f"config's size")
     return info
 
@@ -251,7 +259,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
                           f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
                           f"images of another shape get other pixels than transformers gives them", GuessWarning,
                           stacklevel=2)
-    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides)))
+    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides), table_every_call(src)))
     _check_overrides_compute_the_same(src, stored, config, strict)
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
