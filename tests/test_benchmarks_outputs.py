@@ -672,3 +672,31 @@ def test_the_scheduler_share_is_water_filling_per_thread_or_per_session(monkeypa
     assert scheduler_share(1, "python", 4, own_session=True) == 0.75  # the loop's session takes 1 of 4 cores
     assert abs(scheduler_share(2, "torch", 4, own_session=True) - 1 / 3) < 1e-9
     assert scheduler_share(0, "python", 2, own_session=True) == 1.0
+
+
+@pytest.mark.full
+def test_ov_profile_smoke_says_where_int8_time_goes_and_its_ceiling(dirs, tmp_path):
+    """benchmarks/ov_profile.py at its smallest: a real int8 export profiled by OpenVINO's counters; the int8
+    products' share is of the int8 kernels only (the float first and last layers are not), and the ceiling is
+    the stream's speed over that share, times the streams, against timm's fastest read from a bench_onnx file."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    import ov_profile
+
+    onnx = tmp_path / "onnx.json"
+    onnx.write_text(json.dumps({"rows": [{"model": "vit_tiny_patch16_224", "batch": 4, "paths": {
+        "timm bf16": {"median_img_s": 100.0}, "timm bf16 in parts": {"median_img_s": 900.0},
+        "ov int8": {"median_img_s": 800.0}}}]}))
+    assert ov_profile.main(["--quick", "--streams", "2", "--onnx-json", str(onnx)]) == 0
+    written = list((dirs[1]).glob("ov_profile_*.json"))
+    assert len(written) == 1 and not dirs[0].exists()
+    row = json.loads(written[0].read_text())["row"]
+    shares = row["shares_by_kind"]
+    assert abs(sum(shares.values()) - 1) < 1e-6 and any("FullyConnected" in k and "8" in k for k in shares)
+    assert row["products_share"] == pytest.approx(sum(v for k, v in shares.items() if ov_profile.int8_product(k)))
+    assert 0 < row["products_share"] < 1 and row["timm_fastest_img_s"] == 100.0  # not timm's in parts
+    assert row["ceiling_img_s"] == pytest.approx(row["stream_img_s"] / row["products_share"] * 2)
+    assert row["ceiling_over_timm"] == pytest.approx(row["ceiling_img_s"] / 100.0)
+    assert not ov_profile.int8_product("FullyConnected brgemm_avx512_bf16")
+    with pytest.raises(SystemExit):
+        ov_profile.parse_args(["--batch", "0"])
