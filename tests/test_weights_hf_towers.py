@@ -97,13 +97,19 @@ def test_hugging_face_tower_classifiers_load_with_their_logits(case, tmp_path, i
 
 
 def test_dinov3_at_a_non_square_size_as_transformers(tmp_path, images):
-    """DINOv3 takes any size (its rotary angles follow the grid): a 48x80 image against transformers'."""
+    """DINOv3 takes any size (its rotary angles follow the grid): a 48x80 image against transformers'. Built at its
+    processor's size, it was said to have its position table resampled (it has none)."""
     ref = randomize(T.DINOv3ViTModel(T.DINOv3ViTConfig(**SMALL, num_register_tokens=4))).eval()
     ref.save_pretrained(tmp_path)
     ours = vitkit.from_pretrained(tmp_path)
     x = images(2, 48, 80)
     with torch.no_grad():
         assert _close(_pooled(ref, x), ours(x))
+    from vitkit.weights.pretrained import describe_source
+
+    T.BitImageProcessor(crop_size={"height": 24, "width": 24}).save_pretrained(tmp_path)  # a table it has none of
+    said = describe_source(tmp_path)["assumed"][-1]
+    assert "built at 24x24" in said and "its rotary positions following the grid" in said and "table" not in said
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -286,7 +292,7 @@ def test_aimv2_pre_trained_towers_load_and_its_lit_head_is_refused(tmp_path, ima
 
 
 @pytest.mark.parametrize("cls", ["Dinov2Model", "Dinov2WithRegistersModel"])
-def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_runs_it(cls, tmp_path):
+def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_runs_it(cls, tmp_path, capsys):
     """facebook/dinov2-* folders say image_size 518 and their processor crops 224: vitkit built them at 518 and
     fed them 518 px images, other features than transformers' pipeline gives (0.4 off on a small tower). Read at
     the processor's size, the table resampled as transformers resamples it on every call; a weights layout
@@ -317,6 +323,8 @@ def test_a_dinov2_folder_runs_at_the_size_its_processor_makes_as_transformers_ru
         x = torch.randn(2, 3, size, size)
         with torch.no_grad():
             assert _close(_pooled(ref, x), ours(x)) and _close(_pooled(ref, x), asked(x)), size
+    assert main(["info", str(tmp_path / "hf")]) == 0
+    assert "its position table held as stored and resampled to each input's grid" in capsys.readouterr().out
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm.safetensors"), "--to", "timm"]) == 0
     timm_file = vitkit.from_pretrained(tmp_path / "timm.safetensors").config  # the table as stored, served at 40
     assert (timm_file.img_size, timm_file.pos_embed_size) == ((40, 40), (56, 56))

@@ -190,10 +190,11 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
     if (size := processor_run_size(src)) and size != tuple(info["config"].img_size):  # what from_pretrained builds
         stored = info["config"]
         info["config"] = stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(src)))
-        table = "held as stored and resampled to each input's grid" if info["config"].pos_embed_size else "resampled"
+        table = ("its rotary positions following the grid" if getattr(stored, "pos_embed", None) == "none" else
+                 "its position table held as stored and resampled to each input's grid"
+                 if info["config"].pos_embed_size else "its position table resampled")
         info["assumed"].append(f"built at {size[0]}x{size[1]}, the size its image processor makes (transformers "
-                               f"runs it so), its position table {table}; at_processor_size=False keeps its "
-                               f"config's size")
+                               f"runs it so), {table}; at_processor_size=False keeps its config's size")
     return info
 
 
