@@ -189,8 +189,18 @@ def test_a_hub_config_whose_patch_size_its_filters_do_not_have_is_refused_naming
     config["model_args"]["patch_size"] = [16, 8]
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match=r"the config says patch_size 16x8 where its weights hold 16x16 px patch "
-                                           r"filters\): it was edited or mixed"):
+                                           r"filters\): it was edited or mixed.*ask for another: from_pretrained\("
+                                           r"path, patch_size=N\)"):
         vitkit.from_pretrained(folder)
+    # what the refusal says to do gives what timm's local-dir: gives the edited folder (its filters resampled)
+    timm = pytest.importorskip("timm")
+    reference = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    config["model_args"]["patch_size"] = 16
+    (folder / "config.json").write_text(json.dumps(config))
+    ours = vitkit.from_pretrained(folder, patch_size=(16, 8))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (ours(x) - reference(x)).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("name, kw", [

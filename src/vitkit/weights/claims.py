@@ -42,13 +42,18 @@ def check_claims(config: Any, src: Source) -> None:
              for key, dim, field, what in checks
              if key in sd and key in target and sd[key].dim() > dim and sd[key].shape[dim] != target[key].shape[dim]]
     fired = list({key: (key, said) for key, said in fired}.values())  # one line for a filter wrong both ways
-    problems = [p for _, p in fired] + _timm_patch_claim(src, sd)
+    patch = _timm_patch_claim(src, sd)
+    problems = [p for _, p in fired] + patch
     if src.format == "vitkit":  # vitkit's own names: every other tensor is the config's too
         said = tuple(key.rsplit(".", 1)[0] for key, _ in fired)
         problems += [p for p in shape_problems(sd, target) if not said or not p.startswith(said)]
-    if problems:
+    if problems:  # (timm's local-dir: resamples filters under an edited patch_size; the way to ask for that here)
+        other = (" (to run its filters at other patches, resampled as timm resamples them, keep its patch_size and "
+                 "ask for another: from_pretrained(path, patch_size=N), or vitkit train --init with --model-args "
+                 "'{\"patch_size\": N}')") if patch else ""
         raise WeightsError(f"{src.path or 'the weights'}: its config does not match its weights (the config says "
-                           f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it")
+                           f"{'; '.join(problems)}): it was edited or mixed with other weights; fix or re-save it"
+                           + other)
 
 
 def _timm_patch_claim(src: Source, sd: Mapping[str, Any]) -> List[str]:
