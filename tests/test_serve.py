@@ -367,6 +367,31 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
     assert 'vitkit_requests_total{code="408",endpoint="/predict"} 1' in counted, counted
 
 
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(serving):
+    """A client that shuts its sending side once the whole request is out (netcat, a script's shutdown(SHUT_WR))
+    got no answer: uvicorn closed the connection on the end of its input and dropped the one being made. Now
+    answered, then closed; a request cut short by the half-close is closed without one."""
+    running = serving(max_wait_ms=0, timeout_s=5)
+    host, port = running.url.removeprefix("http://").split(":")
+    data = photo(1)
+    head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(data)}\r\n\r\n"
+    for body, answered in ((data, True), (data[:100], False)):
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(head.encode() + body)
+            client.shutdown(socket.SHUT_WR)
+            client.settimeout(10)
+            reply = b""
+            while chunk := client.recv(65536):
+                reply += chunk
+        if answered:
+            status, _, rest = reply.partition(b"\r\n")
+            assert status == b"HTTP/1.1 200 OK", reply[:300]  # (and closed: the read above ended)
+            assert json.loads(rest.partition(b"\r\n\r\n")[2])["top"], reply[:300]
+        else:
+            assert reply == b"", reply[:300]
+    assert post(running.url, data).status_code == 200
+
+
 def test_a_body_refused_or_late_closes_its_connection(serving):
     """After a 413 (from Content-Length, before the body) or a 408 (the body too slow) the connection stayed open:
     uvicorn read the rest of the declared body (8 GB in 6 s) and a client trickling a byte every few seconds held
@@ -446,7 +471,8 @@ def uvicorn_log():
 
 def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(serving, uvicorn_log):
     """A bad Content-Length or a request line that is none was uvicorn's plain-text "Invalid HTTP request
-    received.": JSON now, as every other answer, and the connection closed. uvicorn logged that line for each."""
+    received.": JSON now, as every other answer, and the connection closed. uvicorn logged that line for each, and
+    answered 400 where h11 says 431 or 501."""
     running = serving(max_wait_ms=0)
     host, port = running.url.removeprefix("http://").split(":")
     logged = uvicorn_log()
@@ -468,8 +494,33 @@ def test_a_request_uvicorn_cannot_read_is_answered_in_the_one_error_shape(servin
     assert 'vitkit_requests_total{code="400",endpoint="other"} 2' in counted, counted
     # uvicorn logged a line for each (a scanner's garbage filled the log): the first is said, with where the rest go
     said = [r.getMessage() for r in logged if r.getMessage().startswith("Invalid HTTP request")]
-    assert said == ["Invalid HTTP request received: answered 400; the next ones are counted in /metrics "
-                    "(vitkit_requests_total, endpoint other, code 400), not logged"], said
+    assert said == ["Invalid HTTP request received: answered in JSON (400; 431 headers too large; 501 a transfer "
+                    "coding it does not read); the next ones are counted in /metrics (vitkit_requests_total, "
+                    "endpoint other), not logged"], said
+    # headers too large: 431 (uvicorn said 400, and only where h11 saw them still arriving: sent at once they were
+    # read), and a transfer coding h11 does not read: 501, as h11 says
+    big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    for request, pieces, status in ((big, 1, b"431"), (big, 40, b"431"),
+                                    (b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 1,
+                                     b"501")):
+        with socket.create_connection((host, int(port))) as client:
+            client.settimeout(10)
+            step = -(-len(request) // pieces)
+            with contextlib.suppress(OSError):
+                for i in range(0, len(request), step):
+                    client.sendall(request[i:i + step])
+                    time.sleep(0.01 if pieces > 1 else 0)
+            reply = b""
+            with contextlib.suppress(OSError):
+                while chunk := client.recv(4096):
+                    reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 " + status) and b"application/json" in head, (pieces, reply[:300])
+        assert json.loads(body)["error"], body
+    counted = httpx.get(running.url + "/metrics").text
+    assert 'vitkit_requests_total{code="431",endpoint="other"} 2' in counted, counted
+    assert 'vitkit_requests_total{code="501",endpoint="other"} 1' in counted, counted
+    assert httpx.get(running.url + "/healthz", headers={"X-Fine": "a" * 8_000}).json() == {"status": "ok"}
 
 
 def test_a_drain_waits_for_a_stalled_upload_only_a_few_seconds(serving, monkeypatch):

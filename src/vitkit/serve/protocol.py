@@ -4,6 +4,7 @@ know needs on top of it.
 - A deadline for a request's headers: a connection that sent none was held for ever.
 - uvicorn's own 400 (a request h11 cannot read) in the one JSON error shape, counted in ``/metrics``, and its log
   line said once per server: a scanner's garbage wrote one line per request.
+- A client that half-closes after its whole request still gets its answer (uvicorn closed at once).
 - A lingering close: an answer given while the client's body is still coming (a 413 read off Content-Length, a 408,
   a drain's 503) is followed by reading, and throwing away, what comes (:data:`LINGER_S`, :data:`LINGER_BYTES`,
   :data:`LINGER_CONNECTIONS` at a time) before the close. Closing
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 #: the longest a connection is held after its answer, reading the rest of a refused body to throw it away
 LINGER_S = 5.0
@@ -26,6 +27,9 @@ LINGER_BYTES = 32 * 1024 * 1024
 LINGER_CONNECTIONS = 8
 #: uvicorn's log line for each request h11 cannot read
 INVALID_LINE = "Invalid HTTP request received."
+#: the most bytes of a request line and headers read (h11's buffer limit, which it applies only to headers still
+#: arriving: the same headers in one packet passed, in two got a 400): past it, a 431
+MAX_HEADER_BYTES = 16 * 1024
 
 
 def connection_protocol(timeout_s: float, metrics: Any) -> type:
@@ -43,6 +47,24 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.logger = _InvalidSaidOnce(self.logger, said)
+            self.refusal: Tuple[int, str] = (400, "")
+            self.conn.next_event = self._next_event(self.conn.next_event)
+
+        def _next_event(self, read):
+            """h11's next event, its status for a request it cannot read kept (431 headers too large, 501 a
+            transfer coding: uvicorn answered 400 to all), and headers past :data:`MAX_HEADER_BYTES` refused."""
+            def next_event():
+                try:
+                    event = read()
+                except h11.RemoteProtocolError as e:
+                    self.refusal = (e.error_status_hint, "")
+                    raise
+                if isinstance(event, h11.Request) and _header_bytes(event) > MAX_HEADER_BYTES:
+                    self.refusal = (431, f"its request line and headers are over {MAX_HEADER_BYTES:,} bytes, the "
+                                         f"most this server reads")
+                    raise h11.RemoteProtocolError("request headers too large", 431)
+                return event
+            return next_event
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(_Lingering(transport, self, lingering_now))
@@ -54,6 +76,15 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
                 return
             super().data_received(data)
             self._watch()
+
+        def eof_received(self) -> Optional[bool]:
+            """A client that half-closes once its whole request is sent (``shutdown(SHUT_WR)``: netcat, some
+            scripts) gets its answer, then the close; uvicorn closed at once and the answer was dropped. A request
+            not yet whole, or none, is closed as before."""
+            if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.DONE:
+                self.cycle.keep_alive = False
+                return True  # (asyncio: keep the transport open for writing)
+            return None
 
         def connection_lost(self, exc) -> None:
             self._unwatch()
@@ -69,8 +100,9 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
                 self.header_timer = self.loop.call_later(timeout_s, self._too_late)
 
         def send_400_response(self, msg: str) -> None:  # uvicorn's own 400: in the one error shape, JSON
-            if _unreadable(self, msg):
-                metrics.inc("vitkit_requests_total", endpoint="other", code="400")
+            status, why = self.refusal
+            if _unreadable(self, status, why or f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"):
+                metrics.inc("vitkit_requests_total", endpoint="other", code=str(status))
 
         def _unwatch(self) -> None:
             if self.header_timer is not None:
@@ -160,21 +192,31 @@ class _InvalidSaidOnce:
             if self._said[0]:
                 return
             self._said[0] = True
-            msg = ("Invalid HTTP request received: answered 400; the next ones are counted in /metrics "
-                   "(vitkit_requests_total, endpoint other, code 400), not logged")
+            msg = ("Invalid HTTP request received: answered in JSON (400; 431 headers too large; 501 a transfer "
+                   "coding it does not read); the next ones are counted in /metrics (vitkit_requests_total, "
+                   "endpoint other), not logged")
         self._logger.warning(msg, *args, **kwargs)
 
 
-def _unreadable(protocol: Any, msg: str) -> bool:
+def _header_bytes(request: Any) -> int:
+    """The bytes of an h11 request's line and headers as they came (within a few: separators)."""
+    return len(request.method) + len(request.target) + 12 + sum(len(k) + len(v) + 4 for k, v in request.headers)
+
+
+def _unreadable(protocol: Any, status: int, error: str) -> bool:
     """uvicorn's answer to a request h11 cannot read (a bad Content-Length, a line that is no request line) as
-    JSON, as every other answer (it was plain text); nothing where an answer of ours already began. Returns
-    whether it was sent."""
+    JSON, as every other answer (it was plain text), with h11's status for it; nothing where an answer of ours
+    already began. Returns whether it was sent."""
+    import http
+
     import h11
 
-    body = json.dumps({"error": f"the request could not be read as HTTP/1.1 ({msg.rstrip('.')})"}).encode()
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]  # (not chunked where h11 read the request line)
+    reason = http.HTTPStatus(status).phrase.encode()
     try:
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+        for event in (h11.Response(status_code=status, headers=headers, reason=reason), h11.Data(data=body),
                       h11.EndOfMessage()):
             protocol.transport.write(protocol.conn.send(event))
     except h11.LocalProtocolError:  # (a 413 sent before a torn body)
