@@ -452,6 +452,8 @@ def test_errors_of_every_kind_are_named_in_one_line():
     assert describe_error(PermissionError(13, "Permission denied", "/root/x")) == "Permission denied: /root/x"
     assert describe_error(OSError(28, "No space left on device")).startswith("no space left on device: free some")
     assert describe_error(DiskFull("/d/f.pt")).startswith("no space left on device while writing /d/f.pt; nothing")
+    assert describe_error(OSError(errno.EFBIG, "File too large", "/d/f")) == (
+        "a file grew past the largest this process may write (its file-size limit: ulimit -f) while writing /d/f")
 
 
 def test_an_unexpected_error_is_one_line_and_debug_shows_where(monkeypatch, capsys):
@@ -662,6 +664,24 @@ def test_convert_and_push_on_a_full_disk_are_one_line_and_leave_nothing(small_di
     line = one_line(cli("push", src, "org/name", "--dry-run", small_disk / "card"))
     assert "no space left on device while writing" in line, line
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_write_past_the_file_size_limit_is_one_line_and_leaves_nothing(tmp_path):
+    """Under a file-size limit (``ulimit -f``: EFBIG) convert ended in "unexpected SafetensorError: ... File too large
+    (os error 27) ... please report it"; the ONNX exporter's OSError was said as its own failure."""
+    import resource
+
+    src = tmp_path / "src"
+    randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2)).save_pretrained(src)
+    limit = 200_000  # bytes: under the model's 2.2 MB
+    for dst, to in (("out.safetensors", "timm"), ("hf", "hf"), ("out.onnx", "onnx")):
+        done = subprocess.run([sys.executable, "-m", "vitkit", "convert", str(src), str(tmp_path / dst), "--to", to],
+                              capture_output=True, text=True, env=ENV, cwd=tmp_path,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+        line = one_line(done)
+        assert line.startswith("vitkit convert: error: the file grew past the largest this process may write (its "
+                               "file-size limit: ulimit -f) while writing ") and "nothing was replaced" in line, line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["src"], to
 
 
 def test_openvino_and_onnx_int8_exports_on_a_full_disk_are_one_line(small_disk, tmp_path):

@@ -9,7 +9,7 @@ import sys
 def describe_error(e: BaseException) -> str:
     """One line for an exception that reached the command line: the message of an input error
     as it is, the others named in plain words (the traceback is one VITKIT_DEBUG=1 away)."""
-    from .files import is_disk_full
+    from .files import DiskFull, is_disk_full, too_large
 
     text = " ".join(str(e).split()) if str(e).strip() else ""
     if text.startswith("Caught ") and "Original Traceback" in text:  # re-raised from a DataLoader worker
@@ -17,8 +17,11 @@ def describe_error(e: BaseException) -> str:
         text = last.split(": ", 1)[1].strip() if ": " in last else last.strip()
     if is_disk_full(e, "."):
         where = f" while writing {e.filename}" if getattr(e, "filename", None) else ""
-        return text if "no space left on device while writing" in text else \
-            f"no space left on device{where}: free some space and run it again"
+        if isinstance(e, DiskFull):
+            return text
+        if too_large(e):
+            return f"a file grew past the largest this process may write (its file-size limit: ulimit -f){where}"
+        return f"no space left on device{where}: free some space and run it again"
     if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and any(
             words in text for words in ("can't allocate memory", "DefaultCPUAllocator", "out of memory"))):
         return (f"out of memory ({text or 'MemoryError'}): use a smaller --batch-size, --img-size or model, or "

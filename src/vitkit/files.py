@@ -28,15 +28,27 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 class DiskFull(OSError):
-    """A write ran out of space (or quota); the message names the file. An OSError with errno
-    ENOSPC, so code that checks for full disks the usual way still does."""
+    """A write ran out of space (or quota), or past the process's file-size limit (``too_large``: ``ulimit -f``,
+    said as an internal error before); the message names the file. An OSError with errno ENOSPC (EFBIG), so code
+    that checks for full disks the usual way still does."""
 
-    def __init__(self, path: PathLike, what: str = "nothing was replaced (the previous file, if any, is intact)"):
-        super().__init__(errno.ENOSPC, f"no space left on device while writing {path}; {what}")
-        self.path = Path(path)
+    def __init__(self, path: PathLike, what: str = "nothing was replaced (the previous file, if any, is intact)",
+                 too_large: bool = False):
+        words = ("the file grew past the largest this process may write (its file-size limit: ulimit -f)"
+                 if too_large else "no space left on device")
+        super().__init__(errno.EFBIG if too_large else errno.ENOSPC, f"{words} while writing {path}; {what}")
+        self.path, self.too_large = Path(path), too_large
 
     def __str__(self) -> str:  # the words, without OSError's "[Errno 28]"
         return self.strerror
+
+
+def too_large(error: BaseException) -> bool:
+    """Whether ``error`` is a write past the process's file-size limit (EFBIG; safetensors says it in its text)."""
+    if isinstance(error, DiskFull):
+        return error.too_large
+    return isinstance(error, OSError) and error.errno == errno.EFBIG or any(
+        words in str(error) for words in ("os error 27", "[Errno 27] File too large"))
 
 
 def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> bool:
@@ -47,7 +59,8 @@ def is_disk_full(error: BaseException, folder: Optional[PathLike] = None) -> boo
     if isinstance(error, DiskFull) or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
         return True
     text = str(error)
-    if any(words in text for words in ("No space left on device", "StorageFull", "Disk quota exceeded", "os error 28")):
+    if too_large(error) or any(words in text for words in ("No space left on device", "StorageFull",
+                                                           "Disk quota exceeded", "os error 28")):
         return True
     if folder is not None and any(words in text for words in WRITER_WORDS):
         free = getattr(error, FREE_AT_FAILURE, None)  # (a work folder's files, removed since, held the space)
@@ -67,7 +80,7 @@ def said_as_disk_full(path: PathLike, what: str = "nothing was replaced (the pre
         yield
     except Exception as e:
         if is_disk_full(e, Path(folder) if folder is not None else Path(path).parent):
-            raise DiskFull(path, what) from e
+            raise DiskFull(path, what, too_large(e)) from e
         raise
 
 
@@ -135,7 +148,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         if full:
-            raise DiskFull(path) from e
+            raise DiskFull(path, too_large=too_large(e)) from e
         if isinstance(e, OSError) and e.filename == tmp and e.errno is not None:  # the file meant, not its temporary
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
@@ -332,7 +345,8 @@ def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[O
     if named is None or not named.is_relative_to(staging):
         return None
     meant = folder / named.relative_to(staging)
-    return DiskFull(meant) if isinstance(error, DiskFull) else OSError(error.errno, error.strerror, str(meant))
+    return DiskFull(meant, too_large=error.too_large) if isinstance(error, DiskFull) else \
+        OSError(error.errno, error.strerror, str(meant))
 
 
 @contextlib.contextmanager

@@ -76,7 +76,7 @@ def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int) 
             back = torch.load(tmp, map_location="cpu", weights_only=True)  # a file that cannot be read never counts
             if back.get("step") != step:
                 raise OSError(f"checkpoint {path} did not read back as written (step {back.get('step')!r})")
-    except DiskFull:
+    except DiskFull as full:
         kept = checkpoint_paths(run_dir)
         if not kept:
             raise
@@ -84,7 +84,7 @@ def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int) 
         raise DiskFull(path, f"the checkpoints before are intact (the newest of step {checkpoint_step(kept[-1])}); "
                              f"a checkpoint is written beside the ones kept before the oldest goes, so "
                              f"--keep-checkpoints {keep} needs room for {keep + 1} of {size:,.1f} MB: free some "
-                             f"space, then --resume the run") from None
+                             f"space, then --resume the run", full.too_large) from None
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
