@@ -139,9 +139,21 @@ def test_an_mae_the_official_layout_would_read_back_as_another_model_is_refused(
         export_weights(odd, tmp_path / "odd.pth", "mae")
     assert not (tmp_path / "odd.pth").exists()
     model = mae_vitb_like()  # heads of 64 channels and 16 in the decoder; mean 0.5 (not MAE's)
-    with pytest.warns(ExportWarning, match=r"read back with MAE's input statistics: mean \[0.485, 0.456, 0.406\] "
-                                           r"\(this model: \[0.5, 0.5, 0.5\]\)"):
+    with pytest.warns(ExportWarning, match=r"read back with MAE's input statistics and settings: mean \[0.485, "
+                                           r"0.456, 0.406\] \(this model: \[0.5, 0.5, 0.5\]\)"):
         export_weights(model, tmp_path / "mae.pth", "mae")
+    # MAE's masking and loss are not in the file either: read back, its defaults (they were dropped in silence)
+    other = MAE(enc.replace(num_heads=1), decoder_dim=32, decoder_depth=1, decoder_heads=16, decoder_mlp_dim=64,
+                mask_ratio=0.5, norm_pix_loss=False)
+    with pytest.warns(ExportWarning, match=r"mask_ratio 0.75 \(this model: 0.5\); norm_pix_loss true \(this model: "
+                                           r"false\)"):
+        export_weights(other, tmp_path / "other.pth", "mae")
+    back = vitkit.from_pretrained(tmp_path / "other.pth")
+    assert (back.config.mask_ratio, back.config.norm_pix_loss) == (0.75, True)  # what the note says
+    for encoder, said in ((back.encoder, "an encoder without a decoder"), (vitkit.create_model(
+            "vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3), "a classifier")):  # (both: "a classifier")
+        with pytest.raises(WeightsError, match=f"this is {said} \\(export it as 'timm'"):
+            export_weights(encoder, tmp_path / "enc.pth", "mae")
 
 
 def test_official_mae_encoder_loads_as_timm_loads_it(tmp_path):

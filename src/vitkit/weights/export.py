@@ -115,8 +115,10 @@ def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: 
     if format == "vitkit":
         return _replacing(path, lambda into: save_pretrained(model, into))
     if format == "mae":
-        raise WeightsError("the official MAE layout holds MAE pre-training models; this is a classifier "
-                           "(export it as 'timm': MAE's fine-tuned checkpoints are timm state dicts)")
+        what = "a classifier" if getattr(model.config, "num_classes", 0) else "an encoder without a decoder"
+        raise WeightsError(f"the official MAE layout holds MAE pre-training models; this is {what} "
+                           f"(export it as 'timm': MAE's fine-tuned checkpoints and released encoders are timm state "
+                           f"dicts)")
     fam = family_of(model.config)
     if format not in fam.layouts:
         raise WeightsError(f"{fam.config_cls.KIND} models (architecture {fam.name!r}) have no {_LAYOUT_NAMES[format]} "
@@ -205,10 +207,12 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
 
 
 def _mae_statistics_note(model: Pretrainer, path: Path) -> None:
-    """The official MAE checkpoint is read back with ImageNet's mean and std: other statistics are said."""
+    """The official MAE checkpoint is read back with ImageNet's mean and std and MAE's masking and loss: other
+    values are said."""
     statistics = selfsup_format.mae_statistics_losses(model)
     if statistics:
-        warnings.warn(f"{path} holds tensors only, read back with MAE's input statistics: {'; '.join(statistics)}; "
+        warnings.warn(f"{path} holds tensors only, read back with MAE's input statistics and settings: "
+                      f"{'; '.join(statistics)}; "
                       f"this model's are not kept (export as 'vitkit' or 'hf', which keep them)", ExportWarning,
                       stacklevel=3)
 
