@@ -157,6 +157,33 @@ def test_the_torchscript_exporter_matches_too_and_headless_models_export_feature
     assert read_metadata(path)["vitkit.exporter"] == "torchscript"
 
 
+def test_a_torchscript_failure_writes_no_graph_to_stdout_and_a_graph_that_computes_otherwise_is_refused(tmp_path,
+                                                                                                         capfd):
+    """The tracer wrote the whole graph to stdout when its ONNX pass failed (torch turns its log on for every export:
+    280 lines before --json's one object); RoPE-Mixed failed so ("All tensors must have the same rank"), and a graph
+    made to pass did not run: refused before any work, naming the exporter that works."""
+    from vitkit.deploy.onnx_export import OnnxExportError
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1))
+    model.forward = lambda x: torch.fft.fft2(x).real.mean(dim=(2, 3))  # no ONNX form in the tracer's opsets
+    capfd.readouterr()
+    with pytest.raises(OnnxExportError, match=r"torch.onnx.export \(torchscript\) failed"):
+        export_onnx(model, tmp_path / "f.onnx", exporter="torchscript", progress=False)
+    out, err = capfd.readouterr()
+    assert "graph(" not in out + err and not list(tmp_path.iterdir()), out[:300]
+    # a graph that does not compute the model is refused, not written: here the tracer keeps the batch it saw
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1))
+    forward = model.forward
+    model.forward = lambda x: forward(x)[: int(x.shape[0])]  # traced at batch 2: "[:2]" at every batch
+    with pytest.raises(OnnxExportError, match=r"the torchscript exporter's graph of VisionTransformer \(vit\) does "
+                                              r"not compute the model: at batch 3 it gave shape \(2, 1000\)"):
+        export_onnx(model, tmp_path / "b.onnx", exporter="torchscript", progress=False)
+    assert not list(tmp_path.iterdir())
+    mixed = vitkit.create_model("vit_small_patch16_rope_mixed_224", img_size=32, depth=1)
+    with pytest.raises(OnnxExportError, match="RoPE-Mixed's learned rotations export with the dynamo exporter"):
+        export_onnx(mixed, tmp_path / "m.onnx", exporter="torchscript", progress=False)
+
+
 def test_attention_is_exported_as_separate_q_k_v_that_ort_fuses_and_the_model_is_left_as_it_was(tmp_path):
     """q, k and v are three MatMuls on their own weights (views of the fused qkv rows), in the
     graph ONNX Runtime's transformer optimizer turns into its Attention op; the fused graph still

@@ -40,6 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.torch_version import TorchVersion
@@ -104,6 +105,7 @@ def export_onnx(model: nn.Module, path: PathLike, *, exporter: str = "dynamo", o
             working(f"exporting {path.name} to ONNX ({exporter})", progress) as said:
         fp32 = Path(work) / "fp32.onnx"
         _export_graph(model, fp32, exporter, opset)
+        _check_graph(model, fp32, exporter)
         final = fp32
         if quantize:
             said.label = f"quantizing {path.name} ({quantize})"
@@ -153,6 +155,9 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
         problems.append(f"the ONNX file's name must end in .onnx, not {path.name!r}")
     if exporter not in EXPORTERS:
         problems.append(f"exporter must be one of {', '.join(EXPORTERS)}, not {exporter!r}")
+    elif exporter == "torchscript" and getattr(getattr(model, "config", None), "rope", "none") == "mixed":
+        problems.append("RoPE-Mixed's learned rotations export with the dynamo exporter (the default) only: "
+                        "torchscript's tracer failed on them, and a graph made to pass it did not run")
     elif TorchVersion(torch.__version__) < MIN_TORCH:  # the onnx extra asks for it; this says so where it was not
         problems.append(f"ONNX export needs torch {MIN_TORCH} or newer, not {torch.__version__} (2.4's exporter lacks "
                         f"the arguments vitkit passes; 2.6's and 2.7's torch.export fail on its models): "
@@ -239,6 +244,48 @@ def separate_qkv(model: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, name, child)
 
 
+def _check_graph(model: nn.Module, graph: Path, exporter: str) -> None:
+    """The exported graph run once by ONNX Runtime at batch 1 and 3 against the model: an exporter's graph that
+    does not compute the model, or keeps the traced batch, is refused here, not written (a RoPE-Mixed graph the
+    tracer made ran at no batch size, and was written with exit 0)."""
+    _, ort = onnx_modules("ONNX export")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = 1, 4
+    h, w = model.config.img_size
+    try:
+        session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        for batch in (1, 3):
+            x = torch.randn(batch, model.config.in_chans, h, w, generator=torch.Generator().manual_seed(batch))
+            with torch.no_grad():
+                expected = model(x)
+            expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+            got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+            for want, have in zip(expected, got):
+                want = want.float().numpy()
+                if have.shape != want.shape:
+                    raise ValueError(f"at batch {batch} it gave shape {have.shape} where the model gives {want.shape}")
+                far = float(np.abs(have - want).max())
+                if far > 1e-3 * max(1.0, float(np.abs(want).max())):
+                    raise ValueError(f"at batch {batch} its outputs are {far:.2g} off the model's")
+    except Exception as e:
+        words = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxExportError(f"the {exporter} exporter's graph of {type(model).__name__} "
+                              f"({getattr(model.config, 'architecture', '?')}) does not compute the model: "
+                              f"{words}") from None
+
+
+@contextlib.contextmanager
+def _no_jit_log():
+    """The tracer without its ONNX log: torch turns it on for every export (its check reads the function, not its
+    answer) and, on a failure, wrote the whole graph to stdout (280 lines before ``--json``'s one object)."""
+    log = torch._C._jit_onnx_log
+    torch._C._jit_onnx_log = lambda *args: None
+    try:
+        yield
+    finally:
+        torch._C._jit_onnx_log = log
+
+
 def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[int]) -> None:
     """The fp32 graph, batch dimension dynamic. The example batch is 2: an exporter may
     specialise a dimension of size 1 into a constant."""
@@ -255,9 +302,10 @@ def _export_graph(model: nn.Module, path: Path, exporter: str, opset: Optional[i
                                   input_names=[INPUT_NAME], output_names=outputs, opset_version=opset,
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
             else:
-                torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=opset or 17,
-                                  input_names=[INPUT_NAME], output_names=outputs,
-                                  dynamic_axes={INPUT_NAME: {0: "batch"}, **{o: {0: "batch"} for o in outputs}})
+                with _no_jit_log():
+                    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=opset or 17,
+                                      input_names=[INPUT_NAME], output_names=outputs,
+                                      dynamic_axes={INPUT_NAME: {0: "batch"}, **{o: {0: "batch"} for o in outputs}})
     except Exception as e:
         if stop := _stop_inside(e):  # torch.export wraps a signal's KeyboardInterrupt in its own error
             raise stop from None
