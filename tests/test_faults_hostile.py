@@ -442,7 +442,12 @@ def test_a_damaged_run_config_is_one_line_on_resume(tmp_path):
 def test_errors_of_every_kind_are_named_in_one_line():
     from vitkit.cli import describe_error
 
-    assert describe_error(MemoryError()).startswith("out of memory (MemoryError): use a smaller --batch-size")
+    assert describe_error(MemoryError()).startswith("out of memory (MemoryError): use a smaller --img-size or model "
+                                                    "(or --batch-size, where the command takes one)")
+    # numpy's, from a data worker (re-raised as a RuntimeError): was "unexpected RuntimeError ... please report it"
+    worker = RuntimeError("Caught MemoryError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+                          "last):\nnumpy._core._exceptions._ArrayMemoryError: Unable to allocate 22.4 MiB for an array")
+    assert describe_error(worker).startswith("out of memory (Unable to allocate 22.4 MiB for an array): use a")
     alloc = RuntimeError("[enforce fail at alloc_cpu.cpp:124] DefaultCPUAllocator: can't allocate memory: you tried "
                          "to allocate 1099511627776 bytes.\nError code 12")
     assert describe_error(alloc).startswith("out of memory ([enforce fail") and "\n" not in describe_error(alloc)

@@ -575,13 +575,19 @@ def test_eval_of_a_run_reads_its_own_data_and_classes_by_name_in_any_layout(tmp_
     capsys.readouterr()
     out = tmp_path / "out"
     out.mkdir()
-    (out / "eval.json").write_text("{}")
-    assert cli(["eval", "--weights", str(tmp_path / "runs" / "r"), "--no-progress", "--json", "--out",
-                str(out)]) == 0
+    evaluate = ["eval", "--weights", str(tmp_path / "runs" / "r"), "--no-progress", "--json", "--out", str(out)]
+    for mine in ("eval.json", "confusion_matrix.png"):  # the user's own files of those names: refused, kept
+        (out / mine).write_text("{}")
+        assert cli(evaluate) == 2
+        assert f"{out} holds {mine}, which no earlier vitkit eval there wrote" in capsys.readouterr().out
+        assert (out / mine).read_text() == "{}"
+        (out / mine).unlink()
+    for _ in range(2):
+        assert cli(evaluate) == 0
     said = capsys.readouterr()
-    result = json.loads(said.out)
+    result = json.loads(said.out.splitlines()[-1])
     assert result["dataset"] == "folder" and result["count"] == 24 and result["top5"] is None
-    assert f"note: {out} held eval.json before: replaced" in said.err
+    assert f"note: {out} held eval.json and confusion_matrix.png before: replaced" in said.err  # its own: said
     model = vitkit.from_pretrained(tmp_path / "runs" / "r")
     flipped = model.config.replace(label_names=["b", "a"])  # the same head read with its rows named the other way
     other = build_from_config(flipped)

@@ -22,10 +22,11 @@ def describe_error(e: BaseException) -> str:
         if too_large(e):
             return f"a file grew past the largest this process may write (its file-size limit: ulimit -f){where}"
         return f"no space left on device{where}: free some space and run it again"
-    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and any(
-            words in text for words in ("can't allocate memory", "DefaultCPUAllocator", "out of memory"))):
-        return (f"out of memory ({text or 'MemoryError'}): use a smaller --batch-size, --img-size or model, or "
-                f"free memory")
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and any(  # (numpy's in a data worker: "Unable
+            words in text for words in ("can't allocate memory", "DefaultCPUAllocator", "out of memory",  # to ...")
+                                        "Unable to allocate"))):
+        return (f"out of memory ({text or 'MemoryError'}): use a smaller --img-size or model (or --batch-size, where "
+                f"the command takes one), or free memory")
     if isinstance(e, RecursionError):
         return "the input is nested too deeply to read (a recursion limit was reached)"
     if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 13] ...: 'x'"

@@ -62,6 +62,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_hf_options(args.dataset, args.data_dir, args.hf_split, args.image_key, args.label_key)
     if args.out:  # checked before the evaluation, not after it
         check_output(args.out, "folder", "--out")
+        held = _earlier_eval_files(Path(args.out))
     model = runtime_model(args)
     dataset, data_dir = args.dataset, args.data_dir
     if not dataset and (found := run_data_of(args.weights, data_dir)):  # a run's own data, as the run's last
@@ -80,8 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result["skipped"] = len(score.skipped)
     png = None
     if args.out:  # files only where asked: the confusion matrix and the numbers beside it
-        held = [n for n in ("eval.json", "confusion_matrix.png") if (Path(args.out) / n).is_file()]
-        if held:  # replaced, as convert replaces, but said (an earlier evaluation's numbers went in silence)
+        if held:  # an earlier evaluation's: replaced, as convert replaces, but said (its numbers went in silence)
             warnings.warn(f"{args.out} held {' and '.join(held)} before: replaced", stacklevel=1)
         with files_together(args.out) as stage:  # a failure (a full disk, a signal) leaves what was there
             png = result["confusion_png"] = str(Path(args.out) / "confusion_matrix.png")
@@ -92,6 +92,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     _print_score(args, score, runtime_name(model), png)
     return 0
+
+
+#: what an earlier ``vitkit eval --out`` wrote there
+EVAL_FILES = ("eval.json", "confusion_matrix.png")
+
+
+def _earlier_eval_files(out: Path) -> list:
+    """The files of :data:`EVAL_FILES` in ``out``, each an earlier evaluation's (replaced, and said); a file of
+    those names that no evaluation wrote is the user's and refused, before any work, as ``inspect`` refuses
+    (an eval.json and a picture of the user's were replaced). An evaluation's eval.json is a JSON object with its
+    scores; the confusion matrix is its where that eval.json stands beside it."""
+    held = [n for n in EVAL_FILES if (out / n).is_file()]
+    ours = False
+    if "eval.json" in held:
+        try:
+            saved = json.loads((out / "eval.json").read_text())
+            ours = isinstance(saved, dict) and {"weights", "dataset", "split", "top1"} <= set(saved)
+        except (OSError, UnicodeDecodeError, ValueError):
+            ours = False
+    if held and not ours:
+        raise ValueError(f"{out} holds {' and '.join(held)}, which no earlier vitkit eval there wrote: the "
+                         f"evaluation would replace {'it' if len(held) == 1 else 'them'}; give another --out")
+    return held
 
 
 def _print_score(args: argparse.Namespace, score, runtime: str, png) -> None:
