@@ -68,7 +68,8 @@ def test_a_second_report_into_the_same_folder_replaces_the_first_whole(tmp_path,
 
 def test_a_report_replaces_only_what_an_earlier_report_wrote_and_never_inspects_it(tmp_path, saved_model, capsys):
     """Every rollout_*.png in --out was taken for an old figure and deleted (the image being inspected too), a
-    user's filter_pca.png was replaced, and `--image DIR --out DIR` inspected its own figures the second time."""
+    user's filter_pca.png was replaced, and `--image DIR --out DIR` inspected its own figures the second time (and
+    `--out` elsewhere still took a report in DIR for photos)."""
     out = tmp_path / "photos"
     out.mkdir()
     for i, name in enumerate(("rollout_7.png", "cat.png")):
@@ -79,6 +80,10 @@ def test_a_report_replaces_only_what_an_earlier_report_wrote_and_never_inspects_
         said = json.loads(capsys.readouterr().out)
         assert len(said["predictions"]) == 2, said  # cat.png and rollout_7.png, never the report's own figures
     assert (out / "rollout_7.png").read_bytes() == mine and (out / "rollout_2.png").is_file()
+    # a report in the images' folder, the new one written elsewhere: its figures are not photos either
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(out), "--out", str(tmp_path / "new"),
+                "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["predictions"]) == 2
     assert cli(["inspect", "--weights", str(saved_model), "--image", str(out / "cat.png"), "--out", str(out)]) == 0
     assert not (out / "rollout_2.png").exists() and (out / "rollout_7.png").read_bytes() == mine
     capsys.readouterr()

@@ -381,15 +381,18 @@ def _checked(images: Any, pca_components: Any) -> Optional[List[Union[str, Path]
 
 
 def _images_to_inspect(images: Optional[Sequence[Union[str, Path]]], out: Path) -> Optional[List[Path]]:
-    """The files given, and the images under the folders given, but an earlier report's own figures in ``out``
-    (``--image DIR --out DIR`` inspected them the second time); at most :data:`MAX_IMAGES`."""
+    """The files given, and the images under the folders given, but an earlier report's own figures, in ``out``
+    or in any folder the images are in (``--image DIR --out DIR`` inspected them the second time, and so did
+    ``--image DIR --out DIR/new`` with a report in DIR); at most :data:`MAX_IMAGES`."""
     from ..data.folder import image_files
 
     if not images:
         return None
     given = [Path(p) for p in images]
-    earlier = {p.resolve() for p in report_files(out)}
-    found = [p for p in image_files(images) if Path(p) in given or Path(p).resolve() not in earlier]
+    listed = image_files(images)
+    folders = {out, *(Path(p).parent for p in listed if Path(p) not in given)}
+    earlier = {p.resolve() for folder in folders for p in report_files(folder)}
+    found = [p for p in listed if Path(p) in given or Path(p).resolve() not in earlier]
     if len(found) > MAX_IMAGES:
         raise ValueError(f"{len(found):,} images to inspect: at most {MAX_IMAGES} (one figure each, all held at "
                          f"once); pass a few of them, or classify many with vitkit predict")
