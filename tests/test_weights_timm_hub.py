@@ -65,22 +65,39 @@ def test_a_hub_folder_saved_at_a_non_square_size_is_resampled_from_its_own_grid(
 
 @pytest.mark.parametrize("dropped", [("crop_pct",), ("mean", "std"), ("crop_pct", "mean", "std", "interpolation",
                                                                     "crop_mode")])
-def test_a_hub_config_that_leaves_preprocessing_out_is_preprocessed_as_timm_loads_it(tmp_path, dropped):
+@pytest.mark.parametrize("as_null", [False, True])
+def test_a_hub_config_that_leaves_preprocessing_out_is_preprocessed_as_timm_loads_it(tmp_path, dropped, as_null):
     """timm reads a folder's pretrained_cfg into its PretrainedCfg, whose defaults (crop 0.875, ImageNet's
-    statistics) fill what the file leaves out; vitkit took the architecture's (0.9, mean 0.5): up to 2.0 off."""
+    statistics) fill what the file leaves out, or gives as null; vitkit took the architecture's (0.9, mean 0.5):
+    up to 2.0 off, and refused the nulls ("crop_pct must be a number")."""
     import numpy as np
     from PIL import Image
 
     _, folder = _saved(tmp_path, "vit_tiny_patch16_224", num_classes=5)
     config = json.loads((folder / "config.json").read_text())
     for key in dropped:
-        del config["pretrained_cfg"][key]
+        if as_null:
+            config["pretrained_cfg"][key] = None
+        else:
+            del config["pretrained_cfg"][key]
     (folder / "config.json").write_text(json.dumps(config))
     theirs = timm.create_model(f"local-dir:{folder}")
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8))
     ours = vitkit.preprocess(vitkit.from_pretrained(folder), image)[0]
     assert torch.equal(ours, transform(image))
+
+
+def test_a_hub_input_size_that_is_no_size_is_refused(tmp_path):
+    """pretrained_cfg input_size [3, "x", 70] was taken without a word (model_args' size used)."""
+    _, folder = _saved(tmp_path, "vit_tiny_patch16_224", num_classes=5, img_size=32, depth=1)
+    config = json.loads((folder / "config.json").read_text())
+    for size in ([3, "x", 70], [3, 32], [3, 0, 32], "224"):
+        config["pretrained_cfg"]["input_size"] = size
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(WeightsError, match=r"pretrained_cfg input_size must be \[channels, height, width\] in "
+                                               r"whole numbers, not "):
+            vitkit.from_pretrained(folder)
 
 
 def test_a_dynamic_size_model_runs_at_the_size_timms_data_config_feeds_it(tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -266,7 +266,7 @@ def with_timm_defaults(cfg: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]
     pre = cfg["pretrained_cfg"] if nested else cfg
     if not isinstance(pre, dict):
         return cfg  # said where it is read
-    missing = {k: v for k, v in TIMM_CFG_DEFAULTS.items() if k not in pre}
+    missing = {k: v for k, v in TIMM_CFG_DEFAULTS.items() if pre.get(k) is None}  # (null: absent, as timm reads it)
     if not missing:
         return cfg
     return {**cfg, "pretrained_cfg": {**pre, **missing}} if nested else {**cfg, **missing}
@@ -300,6 +300,16 @@ def projection_head(arch: str, pretrained_cfg: Mapping[str, Any]) -> bool:
     return bool(tag) and any(n in base for n in _TOWER_NAMES) and "ft" not in tag.split("_")
 
 
+def _input_size(value: Any) -> Tuple[int, int]:
+    """pretrained_cfg's ``input_size`` (channels, height, width) -> (height, width); anything else refused (a size
+    of ``"x"`` was taken without a word where model_args gave one)."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise WeightsError(f"pretrained_cfg input_size must be [channels, height, width] in whole numbers, not "
+                           f"{json.dumps(value)[:80]}")
+    return int(value[1]), int(value[2])
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool = False, **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
@@ -331,12 +341,12 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         kw["global_pool"] = cfg["global_pool"]
     channels = kw.get("in_chans", getattr(config, "in_chans", 3))
     for key in ("mean", "std", "crop_pct", "interpolation", "crop_mode"):
-        if key in pre:
+        if pre.get(key) is not None:  # (null: timm's data config takes it as absent)
             kw[key] = tuple(pre[key]) if isinstance(pre[key], list) else pre[key]
             if key in ("mean", "std") and isinstance(kw[key], tuple) and len(kw[key]) == 1 and channels != 1:
                 kw[key] *= channels  # one value for every channel: timm's Normalize spreads it
-    if "input_size" in pre:
-        served = tuple(pre["input_size"][1:])
+    if pre.get("input_size") is not None:
+        served = _input_size(pre["input_size"])
         dynamic = args.get("dynamic_img_size", getattr(config, "dynamic_img_size", False))  # (DINOv3's by default)
         if dynamic and not stored:  # (it ran at model_args' size: other answers than timm's)
             table = kw.get("img_size", getattr(config, "img_size", None))
