@@ -257,6 +257,13 @@ def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_p
     ref.save_pretrained(tmp_path)
     ours = vitkit.from_pretrained(tmp_path)
     asked = vitkit.from_pretrained(tmp_path, img_size=48)  # built at another size: the 4x4 table held as stored
+    if cls == "Siglip2VisionModel":  # its NaFlex processor keeps each image's aspect: vitkit's pipeline does not
+        T.Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(tmp_path)
+        from vitkit.weights.pretrained import GuessWarning
+
+        with pytest.warns(GuessWarning, match=r"its image processor \(SigLIP 2's NaFlex\) resizes each image to a "
+                                              r"grid of at most 16 patches keeping its aspect"):
+            vitkit.from_pretrained(tmp_path)
     assert asked.config.pos_embed_size == (32, 32)  # (it was resampled once at loading, bicubic: 1.7e-4 off at 48)
     for h, w in [(32, 32), (32, 48), (56, 24), (48, 48)]:
         x = images(2, h, w)
