@@ -43,28 +43,13 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
 
     class Connection(H11Protocol):
         header_timer: Optional[asyncio.TimerHandle] = None
+        refusal: Tuple[int, str] = (400, "")  # (the status and words for a request h11 cannot read: _read_events)
+        eof_received = _half_closed
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.logger = _InvalidSaidOnce(self.logger, said)
-            self.refusal: Tuple[int, str] = (400, "")
-            self.conn.next_event = self._next_event(self.conn.next_event)
-
-        def _next_event(self, read):
-            """h11's next event, its status for a request it cannot read kept (431 headers too large, 501 a
-            transfer coding: uvicorn answered 400 to all), and headers past :data:`MAX_HEADER_BYTES` refused."""
-            def next_event():
-                try:
-                    event = read()
-                except h11.RemoteProtocolError as e:
-                    self.refusal = (e.error_status_hint, "")
-                    raise
-                if isinstance(event, h11.Request) and _header_bytes(event) > MAX_HEADER_BYTES:
-                    self.refusal = (431, f"its request line and headers are over {MAX_HEADER_BYTES:,} bytes, the "
-                                         f"most this server reads")
-                    raise h11.RemoteProtocolError("request headers too large", 431)
-                return event
-            return next_event
+            self.conn.next_event = _read_events(self, self.conn.next_event)
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(_Lingering(transport, self, lingering_now))
@@ -76,15 +61,6 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
                 return
             super().data_received(data)
             self._watch()
-
-        def eof_received(self) -> Optional[bool]:
-            """A client that half-closes once its whole request is sent (``shutdown(SHUT_WR)``: netcat, some
-            scripts) gets its answer, then the close; uvicorn closed at once and the answer was dropped. A request
-            not yet whole, or none, is closed as before."""
-            if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.DONE:
-                self.cycle.keep_alive = False
-                return True  # (asyncio: keep the transport open for writing)
-            return None
 
         def connection_lost(self, exc) -> None:
             self._unwatch()
@@ -111,15 +87,56 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
 
         def _too_late(self) -> None:
             self.header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                # a first request, or a next one begun after our answer (an idle kept-alive connection is closed in
-                # silence, as uvicorn closes it: a 408 there could be read as the answer to the client's next request)
-                if self.cycle is None or (self.cycle.response_complete and self.conn.trailing_data[0]):
-                    self.transport.write(late)
-                    metrics.inc("vitkit_requests_total", endpoint="other", code="408")
-                self.transport.close()
+            _headers_late(self, late, metrics)
 
     return Connection
+
+
+def _headers_late(protocol: Any, late: bytes, metrics: Any) -> None:
+    """A connection whose request headers did not come in time: closed, after the 408 ``late`` where it began a
+    request (a first one, or a next one begun after our answer); an idle kept-alive connection is closed in
+    silence, as uvicorn closes it (a 408 there could be read as the answer to the client's next request)."""
+    import h11
+
+    if protocol.conn.their_state is h11.IDLE and not protocol.transport.is_closing():
+        cycle = protocol.cycle
+        if cycle is None or (cycle.response_complete and protocol.conn.trailing_data[0]):
+            protocol.transport.write(late)
+            metrics.inc("vitkit_requests_total", endpoint="other", code="408")
+        protocol.transport.close()
+
+
+def _read_events(protocol: Any, read):
+    """h11's ``next_event`` for ``protocol``'s connection, its status for a request it cannot read kept (431 headers
+    too large, 501 a transfer coding: uvicorn answered 400 to all), and headers past :data:`MAX_HEADER_BYTES`
+    refused (h11 counts them only while they arrive)."""
+    import h11
+
+    def next_event():
+        try:
+            event = read()
+        except h11.RemoteProtocolError as e:
+            protocol.refusal = (e.error_status_hint, "")
+            raise
+        if isinstance(event, h11.Request) and _header_bytes(event) > MAX_HEADER_BYTES:
+            protocol.refusal = (431, f"its request line and headers are over {MAX_HEADER_BYTES:,} bytes, the most "
+                                     f"this server reads")
+            raise h11.RemoteProtocolError("request headers too large", 431)
+        return event
+    return next_event
+
+
+def _half_closed(protocol: Any) -> Optional[bool]:
+    """A client that half-closes once its whole request is sent (``shutdown(SHUT_WR)``: netcat, some scripts) gets its
+    answer, then the close (asyncio: True keeps the transport open for writing); uvicorn closed at once and the
+    answer was dropped. A request not yet whole, or none, is closed as before."""
+    import h11
+
+    cycle = protocol.cycle
+    if cycle is not None and not cycle.response_complete and protocol.conn.their_state is h11.DONE:
+        cycle.keep_alive = False
+        return True
+    return None
 
 
 def _late_answer(timeout_s: float) -> bytes:
