@@ -47,7 +47,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                        **size_of(args))
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
-    from ..weights.pretrained import source_half_dtype
+    from ..weights.export import source_half_dtype
 
     half = source_half_dtype(args.src) if args.to in HALF_LAYOUTS else None
     if half is not None:  # a float16 or bfloat16 source is written as it was stored, not twice its size

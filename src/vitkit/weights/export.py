@@ -6,6 +6,7 @@ import json
 import math
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -71,6 +72,18 @@ def check_destination(src: str, dst: str, to: str) -> None:
     hit = sorted(str(p) for p in {p.resolve() for p in reads} & {p.resolve() for p in writes} if p.exists())
     if hit:
         raise ValueError(f"DST {dst} would overwrite {hit[0]}, which SRC {src} is read from: write somewhere else")
+
+
+def source_half_dtype(source: PathLike) -> Optional[torch.dtype]:
+    """The half precision a ``.safetensors`` source (a file, or a folder's weights) stores its floats in, else None:
+    what a copy of it in another layout keeps (not twice its size as float32)."""
+    from .io import stored_half_dtype
+    from .load import folder_weights
+    from .pretrained import weights_path
+
+    path = weights_path(source)
+    path = folder_weights(path) if path.is_dir() else path
+    return stored_half_dtype(path) if path is not None else None
 
 
 def export_weights(model: nn.Module, path: PathLike, format: str = "npz", scan: bool = False) -> Path:

@@ -27,9 +27,10 @@ from .._version import __version__
 from ..extras import require
 from ..files import PathLike, check_output, copy_file, new_folder, write_text
 from ..runlock import unfinished_run
+from .export import source_half_dtype
 from .hub_download import HUB_PREFIX, hub_failure
 from .io import WeightsError
-from .pretrained import from_pretrained, run_model_folder, source_half_dtype
+from .pretrained import from_pretrained, run_model_folder
 
 CARD_NAME = "README.md"
 FIGURES = "figures"

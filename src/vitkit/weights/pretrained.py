@@ -253,14 +253,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if not model_name:
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
-    if at_processor_size and overrides.get("img_size") is None and (size := processor_run_size(src)):
-        overrides = {**overrides, "img_size": size}
-        if size[0] != size[1] and getattr(stored, "crop_mode", "") == "center":
-            warnings.warn(f"{path}: its image processor resizes the shorter side and then crops {size[0]}x{size[1]}; "
-                          f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
-                          f"images of another shape get other pixels than transformers gives them", GuessWarning,
-                          stacklevel=2)
-    _naflex_note(src, path)
+    overrides = _processor_run(src, stored, overrides, path, at_processor_size)
     config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides), table_every_call(src)))
     _check_overrides_compute_the_same(src, stored, config, strict)
     model = build_from_config(config)
@@ -280,6 +273,21 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     return model
 
 
+def _processor_run(src: Source, stored: Any, overrides: Dict[str, Any], path: Path, at_processor_size: bool
+                   ) -> Dict[str, Any]:
+    """The overrides with the size a transformers folder's processor runs it at (where asked and none is given),
+    and what that pipeline does otherwise than vitkit's said."""
+    if at_processor_size and overrides.get("img_size") is None and (size := processor_run_size(src)):
+        overrides = {**overrides, "img_size": size}
+        if size[0] != size[1] and getattr(stored, "crop_mode", "") == "center":
+            warnings.warn(f"{path}: its image processor resizes the shorter side and then crops {size[0]}x{size[1]}; "
+                          f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
+                          f"images of another shape get other pixels than transformers gives them", GuessWarning,
+                          stacklevel=4)
+    _naflex_note(src, path)
+    return overrides
+
+
 def _naflex_note(src: Source, path: Path) -> None:
     """SigLIP 2's NaFlex processor (``max_num_patches``) resizes each image to a grid of its own, keeping its
     aspect; vitkit's pipeline resizes every image to the model's size: said, since on an image of another shape
@@ -291,18 +299,7 @@ def _naflex_note(src: Source, path: Path) -> None:
                       f"{patches} patches keeping its aspect; vitkit's resizes every image to the model's size: "
                       f"images of another shape get other pixels and features than transformers' pipeline gives "
                       f"(the model itself runs any grid: resize to the grid you want and call it)", GuessWarning,
-                      stacklevel=3)
-
-
-def source_half_dtype(source: PathLike) -> Optional[torch.dtype]:
-    """The half precision a ``.safetensors`` source (a file, or a folder's weights) stores its floats in, else None:
-    what a copy of it in another layout keeps (not twice its size as float32)."""
-    from .io import stored_half_dtype
-    from .load import folder_weights
-
-    path = weights_path(source)
-    path = folder_weights(path) if path.is_dir() else path
-    return stored_half_dtype(path) if path is not None else None
+                      stacklevel=4)
 
 
 def saved_features(src: Source) -> Optional[Tuple[List[int], bool]]:
