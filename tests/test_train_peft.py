@@ -284,6 +284,27 @@ def test_timms_optimizer_factory_decays_a_vitkit_model_by_layer_as_vitkit_does(n
     assert theirs == ours and len(set(ours.values())) == 5  # embedding, 3 blocks, the rest
 
 
+def test_cait_decays_its_class_attention_blocks_as_timm_decays_its_own_cait():
+    """timm's CaiT overlaps its class-attention blocks with the last self-attention blocks and puts the final norm
+    with the last block; vitkit gave both the head's full rate (x1 where timm's gives 0.25 and 0.5). Against
+    timm's own model of the same names."""
+    from timm.optim import create_optimizer_v2
+
+    from vitkit.train import resolve_config
+    from vitkit.train.optim import make_optimizer
+
+    def scales(model, optimizer):
+        names = {id(p): n for n, p in model.named_parameters()}
+        return {names[id(p)]: round(group["lr_scale"], 6) for group in optimizer.param_groups for p in group["params"]}
+
+    timm = pytest.importorskip("timm")
+    theirs = timm.create_model("cait_xxs24_224", depth=3, img_size=32, num_classes=3)
+    ours = vitkit.create_model("cait_xxs24_224", depth=3, img_size=32, num_classes=3)
+    want = scales(theirs, create_optimizer_v2(theirs, "adamw", lr=1e-3, layer_decay=0.5))
+    got = scales(ours, make_optimizer(ours, resolve_config("fmnist-adamw", layer_decay=0.5)))
+    assert got == want and want["blocks_token_only.0.attn.q.weight"] == 0.25 and want["norm.weight"] == 0.5
+
+
 @real
 @pytest.mark.slow
 def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
@@ -307,3 +328,58 @@ def test_fine_tuning_from_a_timm_hub_folder_of_a_later_vit(tmp_path):
     # the run's record names the model it trained (it said the recipe's default model, vit_fmnist)
     assert json.loads((tmp_path / "eva" / "config.json").read_text())["model"] == summary["model"] \
         == "eva02_base_patch14_224"
+
+
+def test_what_init_starts_afresh_beside_the_head_trains_in_every_mode_and_a_readout_may_change(tmp_path, capsys):
+    """A new pre-logits layer or a new readout stayed at its random start under --finetune head and lora (only the
+    head trained); another global_pool than the weights' ended in a loader error (timm builds it afresh); CaiT's
+    default new head was refused ("unknown option representation_size"). The fresh parts train, on resume too."""
+    import numpy as np
+    from PIL import Image
+    from timm.models import save_for_hf
+
+    from vitkit.cli import main
+    from vitkit.train.checkpoint import checkpoint_paths
+
+    timm = pytest.importorskip("timm")
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "d" / split / name).mkdir(parents=True)
+            for i in range(8):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "d" / split /
+                                                                                        name / f"{i}.png")
+    for arch in ("vit_base_patch16_siglip_224", "cait_xxs24_224", "vit_small_patch14_reg4_dinov2"):
+        save_for_hf(timm.create_model(arch, depth=1, img_size=32, embed_dim=64, num_heads=2, num_classes=0,
+                                      **({"patch_size": 8} if "patch14" in arch else {})),
+                    str(tmp_path / arch), safe_serialization=True)
+    common = ["--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--img-size", "32", "--batch-size", "4",
+              "--val-size", "2", "--no-progress", "--threads", "1", "--runs-dir", str(tmp_path / "runs"),
+              "--max-steps", "2", "--checkpoint-every", "1", "--lr", "0.01"]
+    siglip = str(tmp_path / "vit_base_patch16_siglip_224")
+
+    def changed(run):  # the tensors the step-2 model holds other than the step-1 checkpoint's
+        first = torch.load(checkpoint_paths(run)[0], weights_only=True)["model"]
+        last = load_file(run / "model" / "model.safetensors")
+        return {k.rsplit(".", 1)[0] for k in first if k in last and not torch.equal(first[k], last[k])}
+
+    for mode in ("head", "lora"):
+        name = f"pre-{mode}"
+        assert main(["train", "--init", str(tmp_path / "vit_small_patch14_reg4_dinov2"), "--finetune", mode,
+                     "--model-args", '{"representation_size": 16}', "--name", name, *common]) == 0, \
+            capsys.readouterr().err
+        run = tmp_path / "runs" / name
+        moved = changed(run)
+        assert {"pre_logits.fc", "head"} <= moved and "norm" not in moved, moved
+        assert json.loads((run / "init_model.json").read_text())["fresh_parts"] == ["pre_logits"]
+    (run / "summary.json").unlink()
+    checkpoint_paths(run)[-1].unlink()  # a resume builds from init_model.json: the fresh layer trains there too
+    assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
+    assert "pre_logits.fc" in changed(run)
+    capsys.readouterr()
+    assert main(["train", "--init", siglip, "--finetune", "head", "--model-args", '{"global_pool": "avg"}',
+                 "--name", "avg", *common]) == 0, capsys.readouterr().err
+    assert "new readout: attn_pool, fc_norm, norm" in capsys.readouterr().err
+    assert "fc_norm" in changed(tmp_path / "runs" / "avg")
+    assert main(["train", "--init", str(tmp_path / "cait_xxs24_224"), "--name", "cait", *common]) == 0, \
+        capsys.readouterr().err

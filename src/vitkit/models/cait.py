@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import positions
-from .base import TokenModel
+from .base import LayerGroups, TokenModel
 from .complexity import Complexity, token_complexity
 from .config_base import IMAGENET_MEAN, IMAGENET_STD, TokenConfig
 from .layers import Linear, Mlp, PatchEmbed, drop_path
@@ -232,6 +232,22 @@ class ClassAttentionBlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
+
+@dataclass(frozen=True)
+class ClassAttentionLayers(LayerGroups):
+    """CaiT's layers for layer-wise decay, as timm's ``group_matcher`` numbers them: the class-attention blocks
+    overlap the last self-attention blocks (``blocks_token_only.i``: layer ``i + depth - token_only + 1``) and the
+    final norm is the last block's; they took the head's full rate (x1 where timm's gives 0.25 and 0.5)."""
+
+    token_only: int = 2
+
+    def layer_of(self, name: str, depth: int) -> int:
+        if name.startswith("blocks_token_only."):
+            return int(name.split(".")[1]) + depth - self.token_only + 1
+        if name.startswith("norm."):
+            return depth
+        return super().layer_of(name, depth)
+
 class CaiT(TokenModel):
     """CaiT: patch embedding + positions, talking-heads LayerScale layers on the patches,
     class-attention layers for the class token, final LayerNorm on [class, patches], head.
@@ -263,6 +279,7 @@ class CaiT(TokenModel):
         self.norm = nn.LayerNorm(D, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate) if cfg.drop_rate > 0 else None
         self.head = self._new_head(cfg.num_classes)
+        self.layer_groups = ClassAttentionLayers(embed=TokenModel.layer_groups.embed, token_only=cfg.cls_depth)
         self.init_weights()
 
     @torch.no_grad()
@@ -291,6 +308,12 @@ class CaiT(TokenModel):
             if attns is not None:
                 attns.append(attn)
         return self.norm(torch.cat((cls, x), dim=1))
+
+    def group_matcher(self, coarse: bool = False):
+        """:attr:`layer_groups` in timm's form (a callable, as timm's CaiT gives it): the class-attention blocks
+        overlap the last self-attention blocks for timm's optimizer factory too."""
+        groups, depth = self.layer_groups, len(self.blocks)
+        return lambda name: groups.layer_of(name, depth)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits; ``pre_logits=True`` stops at the pooled features (head dropout after pooling)."""

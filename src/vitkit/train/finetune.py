@@ -84,7 +84,8 @@ def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
 def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha: float = 16.0,
             lora_targets: Sequence[str] = DEFAULT_TARGETS, freeze_blocks: int = 0) -> nn.Module:
     """Make only what ``mode`` trains trainable (in place; LoRA wraps the target layers) and return
-    the model. The heads always train: fine-tuning starts them from zero."""
+    the model. The heads always train: fine-tuning starts them from zero; so do the parts ``--init`` started
+    afresh beside them (``model.fresh_parts``: a new pre-logits layer, a new MAP pool or fc_norm)."""
     if mode not in MODES:
         raise ValueError(f"finetune must be one of {', '.join(MODES)}, got {mode!r}")
     blocks = getattr(model, "blocks", nn.ModuleList())
@@ -111,7 +112,7 @@ def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha
             p.requires_grad_(name.endswith(BIASES))
     elif mode == "head":
         model.requires_grad_(False)
-    for name in heads:
+    for name in (*heads, *getattr(model, "fresh_parts", ())):  # (the parts --init started afresh: model_from_init)
         getattr(model, name).requires_grad_(True)
     if freeze_blocks:  # the embedding too: the parameters the family puts in layer 0
         embedding = layer_groups(model).embed
@@ -139,9 +140,10 @@ def save_adapters(model: nn.Module, folder: Union[str, Path]) -> Optional[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {PEFT_PREFIX + k: v.detach().contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
-    # the heads train beside the adapters: peft's modules_to_save carries them, or the adapters
-    # would reload onto a model with the head it started with (a zero one, for a new head)
-    heads = [h for h in _heads(model) if isinstance(getattr(model, h, None), nn.Module)]
+    # the heads (and the parts --init started afresh) train beside the adapters: peft's modules_to_save carries
+    # them, or the adapters would reload onto a model with the head it started with (a zero one, for a new head)
+    heads = [h for h in (*_heads(model), *getattr(model, "fresh_parts", ()))
+             if isinstance(getattr(model, h, None), nn.Module)]
     for head in heads:
         for name, value in getattr(model, head).state_dict().items():
             tensors[f"{PEFT_PREFIX}{head}.{name}"] = value.detach().contiguous()

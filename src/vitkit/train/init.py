@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Collection, Dict
+from typing import Any, Collection, Dict, Tuple
 
+import torch
 from torch import nn
 
 from ..data.datasets import class_difference
@@ -59,7 +60,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     _check_model_args(model_args, stored, source, open_fields(stored, src))
     overrides = {**data_args, **resolve_width(model_args, stored)}
     if head == "new":
-        overrides.setdefault("representation_size", None)
+        if hasattr(stored, "representation_size"):  # (CaiT's config has none: its new head was refused)
+            overrides.setdefault("representation_size", None)
         overrides["head_kind"] = "classes"
     elif stored.head_kind != "classes" or not stored.num_classes:  # (a pre-trained encoder: "the weights have 0")
         raise WeightsError(f"init_head='keep' keeps a classifier: {source} has "
@@ -76,8 +78,8 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     model = build_from_config(config)
     # a new head: every classifier (a distilled DeiT's head_dist too) and the pre-logits layer start afresh
     exclude = (*(f"{name}." for name in model.head_names()), "pre_logits.") if head == "new" else ()
-    if getattr(config, "global_pool", None) == "map" and getattr(stored, "global_pool", None) != "map":
-        exclude = (*exclude, "attn_pool.")  # a MAP readout asked of weights without one: new, as the head is
+    changed = _readout_changed(stored, model)
+    exclude = (*exclude, *(f"{part}." for part in changed))
     with warnings.catch_warnings():  # the log line below says what was adapted
         warnings.simplefilter("ignore", AdaptNote)
         # the position table resampled as the source's library resamples it (as from_pretrained does), or as named
@@ -85,9 +87,31 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
                            interpolation=None if interpolation == "auto" else interpolation)
     if head == "new":
         model.reset_classifier(config.num_classes)
+    # what starts afresh beside the heads trains in every mode, as the heads do (a new MAP pool or pre-logits
+    # layer stayed at its random start under --finetune head and lora)
+    model.fresh_parts = tuple(p for p in (*changed, *(("pre_logits",) if head == "new" else ())) if _holds(model, p))
     log(f"initialised from {source} ({report.format}); head: {head}" + _objective_left_out(src)
-        + "".join(f"; {r}" for r in report.resampled))
+        + (f"; new readout: {', '.join(changed)}" if changed else "") + "".join(f"; {r}" for r in report.resampled))
     return model
+
+
+#: the parts of a readout (the pooling and the norm before the head) another global_pool or fc_norm makes or drops
+READOUT_PARTS = ("attn_pool", "fc_norm", "norm")
+
+
+def _readout_changed(stored: Any, model: nn.Module) -> Tuple[str, ...]:
+    """The readout parts (:data:`READOUT_PARTS`) the model and the weights' own architecture do not both hold: a
+    readout asked of the weights (another global_pool, fc_norm) starts them afresh or leaves the weights' out, as
+    timm does (it was a loader's "missing from the checkpoint: fc_norm.bias, ...")."""
+    with torch.device("meta"):
+        own = build_from_config(stored.replace(num_classes=0))
+    return tuple(p for p in READOUT_PARTS if _holds(own, p) != _holds(model, p))
+
+
+def _holds(model: nn.Module, part: str) -> bool:
+    """``model`` has a ``part`` with parameters (not None, not an Identity)."""
+    module = getattr(model, part, None)
+    return isinstance(module, nn.Module) and any(True for _ in module.parameters())
 
 
 def _objective_left_out(src) -> str:

@@ -64,7 +64,7 @@ from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
 from .state import Run  # noqa: F401 (vitkit.train.loop.Run, where it was)
-from .tasks import INIT_MODEL, autocast, task_for
+from .tasks import FRESH_PARTS, INIT_MODEL, autocast, task_for
 from .throughput import NonFiniteLoss, Window, busy_cpu_note, train_throughput
 from .tracking import MetricsLog
 
@@ -260,7 +260,8 @@ def restore(run: Run, resume: Optional[str]) -> None:
                 values["model"] = run.model_name
             write_json(run.run_dir / "config.json", values)
             if run.cfg.init:  # what the --init weights built: a resume needs neither them nor their reading again
-                write_json(run.run_dir / INIT_MODEL, run.model.config.to_dict())
+                fresh = list(getattr(run.model, "fresh_parts", ()))  # (started afresh: trains as the heads do)
+                write_json(run.run_dir / INIT_MODEL, {**run.model.config.to_dict(), FRESH_PARTS: fresh})
     else:
         run.run_dir = Path(resume)
         if run.main:

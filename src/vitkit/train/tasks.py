@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: a run folder's file holding the model config an --init run built (written at its start, before any checkpoint)
 INIT_MODEL = "init_model.json"
+#: its entry naming the parts --init started afresh beside the heads (they train in every mode: a resume too)
+FRESH_PARTS = "fresh_parts"
 
 #: the few-shot evaluation a pre-training run ends with: shots per class, seeds, training pool
 FEWSHOT_SHOTS, FEWSHOT_SEEDS, FEWSHOT_POOL = (1, 5, 10, 25), 3, 10_000
@@ -90,7 +92,10 @@ class Classification:
         (the checkpoint holds every weight: the --init file may be gone or replaced since)."""
         said: List[str] = []  # said once the fine-tuning flags fit the model: a refusal is the only line
         if cfg.init and saved_init is not None:
-            model = build_from_config(config_from_dict(saved_init))
+            saved = dict(saved_init)
+            fresh = saved.pop(FRESH_PARTS, [])  # (a run from before it was written: none)
+            model = build_from_config(config_from_dict(saved))
+            model.fresh_parts = tuple(fresh)
             said.append(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
             model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head,
