@@ -492,3 +492,30 @@ def test_a_file_missing_a_query_says_which_part(tmp_path):
     with pytest.raises(WeightsError, match=r"layer 1's attention lacks its query weight \(the file holds its key and "
                                            r"value weight\)"):
         vitkit.from_pretrained(tmp_path)
+
+
+def test_a_folder_that_mixes_one_library_s_config_with_the_other_s_tensors_is_refused(tmp_path):
+    """A Hugging Face config.json beside timm's tensor names was read as that config over tensors it does not
+    describe (an edited head count trained a 4-head model from 2-head tensors, 0.41 off timm's); timm's config.json
+    beside transformers' names was said to lack a config."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    vit = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+               patch_size=8)
+    for folder in ("hf_config", "timm_config"):
+        T.ViTModel(T.ViTConfig(**vit), add_pooling_layer=False).save_pretrained(tmp_path / folder)
+    ref = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2,
+                            num_classes=0)
+    save_file(ref.state_dict(), tmp_path / "hf_config" / "model.safetensors")
+    (tmp_path / "timm_config" / "config.json").write_text(json.dumps(
+        {"architecture": "vit_tiny_patch16_224", "num_classes": 0, "model_args": dict(
+            img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2)}))
+    for folder, said in (("hf_config", "is a Hugging Face config (model_type 'vit') where model.safetensors holds "
+                                       "timm's tensor names: the two were mixed"),
+                         ("timm_config", "is timm's (architecture 'vit_tiny_patch16_224') where model.safetensors "
+                                         "holds Hugging Face's tensor names: the two were mixed")):
+        with pytest.raises(WeightsError, match=re.escape(said)):
+            vitkit.from_pretrained(tmp_path / folder)
+    (tmp_path / "hf_config" / "model.safetensors").rename(tmp_path / "alone.safetensors")
+    assert vitkit.from_pretrained(tmp_path / "alone.safetensors").config.embed_dim == 64  # alone: a bare timm file

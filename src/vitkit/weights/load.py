@@ -127,6 +127,23 @@ def _check_config_kind(folder: Path, config_json: Optional[Dict[str, Any]]) -> N
                            f"fix it, or load the weights file alone (what its tensors do not hold is then said)")
 
 
+def _check_layouts_agree(folder: Path, weights: Path, layout: str, config_json: Optional[Dict[str, Any]]) -> None:
+    """A Hugging Face config.json beside timm's tensor names was read as that config's architecture over tensors
+    it did not describe (an edited head count trained a 4-head model from 2-head tensors, 0.41 off timm's), and
+    timm's config.json beside transformers' names was said to lack its config: the mix is said as one."""
+    if not isinstance(config_json, dict) or config_json.get("format") == "vitkit":
+        return
+    kind, arch = config_json.get("model_type"), config_json.get("architecture")
+    said = None
+    if kind not in (None, "timm_wrapper") and not arch and layout == "timm":
+        said = f"is a Hugging Face config (model_type {kind!r}) where {weights.name} holds timm's tensor names"
+    elif arch and kind is None and layout == "hf":
+        said = f"is timm's (architecture {arch!r}) where {weights.name} holds Hugging Face's tensor names"
+    if said:
+        raise WeightsError(f"{folder / 'config.json'} {said}: the two were mixed; put each beside its own "
+                           f"weights (a weights file is read with the config.json beside it)")
+
+
 def folder_weights(folder: Path) -> Optional[Path]:
     """The weight file (or shard index) of a folder that :func:`read_source` reads, None if it has none."""
     return next((folder / n for n in WEIGHT_FILES + SHARD_INDEXES if (folder / n).is_file()), None)
@@ -241,6 +258,7 @@ def _read_folder(path: Path) -> Source:
         raise
     if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
         _check_config_kind(path, config_json)
+    _check_layouts_agree(path, weights, src.format, config_json)
     _check_same_model(path, src.config_json, config_json)
     if config_json is not None:  # else the file's own (a vitkit model.safetensors carries its config)
         src.config_json = timm_format.with_timm_defaults(config_json)
