@@ -103,6 +103,8 @@ def test_bitfit_head_and_frozen_blocks():
     (dict(mode="lora", lora_targets=("qkv", "query")),
      r"--lora-targets query: not a linear layer .* fc1, fc2, proj, qkv"),
     (dict(mode="full", freeze_blocks=3), "--freeze-blocks 3: the model has 2 blocks"),
+    (dict(mode="lora", freeze_blocks=2), "--freeze-blocks 2 freezes every block that holds a LoRA adapter"),  # (taken:
+    # its adapters never trained)
     (dict(mode="prompt"), "finetune must be one of full, lora, bitfit, head"),
 ])
 def test_bad_finetune_options(call, words):

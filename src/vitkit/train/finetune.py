@@ -120,6 +120,9 @@ def prepare(model: nn.Module, mode: str = "full", lora_rank: int = 8, lora_alpha
             if name.startswith(embedding):
                 p.requires_grad_(False)
         blocks[:freeze_blocks].requires_grad_(False)
+        if mode == "lora" and not any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n):
+            raise ValueError(f"--freeze-blocks {freeze_blocks} freezes every block that holds a LoRA adapter: only "
+                             f"the head would train (--finetune head says so), or freeze fewer blocks")
     return model
 
 
