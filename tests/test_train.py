@@ -135,6 +135,9 @@ def test_the_schedule_never_rises_and_a_floor_above_the_peak_is_refused():
         resolve_config("fmnist", freeze_blocks=2)
     with pytest.raises(ValueError, match=r"freeze_blocks=1 does nothing with finetune='head'"):  # (taken in silence)
         resolve_config("fmnist", init="x", finetune="head", freeze_blocks=1)
+    with pytest.raises(ValueError, match=r"layer_decay=0.5 does nothing with finetune='head'"):  # (taken in silence)
+        resolve_config("fmnist", init="x", finetune="head", layer_decay=0.5)
+    assert resolve_config("fmnist", init="x", finetune="lora", layer_decay=0.5).layer_decay == 0.5
     with pytest.raises(ValueError, match=r"init_interpolation='bilinear-aligned' needs --init WEIGHTS"):
         resolve_config("fmnist", init_interpolation="bilinear-aligned")
     with pytest.raises(ValueError, match=r"init_interpolation must be auto, bicubic, bilinear or bilinear-aligned, "

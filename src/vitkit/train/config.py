@@ -298,6 +298,9 @@ class TrainConfig:
             problems.append(f"freeze_blocks={self.freeze_blocks} " + ("needs --init WEIGHTS (it freezes the first "
                             "blocks of existing weights)" if not self.init else "does nothing with finetune='head' "
                             "(only the head trains): drop it, or use it with full, lora or bitfit"))
+        if self.finetune == "head" and self.init and self.layer_decay not in (None, 1, 1.0):  # (taken: x1 for all)
+            problems.append(f"layer_decay={_show(self.layer_decay)} does nothing with finetune='head' (what trains is "
+                            f"after the blocks: the rate's x1): drop it, or use it with full, lora or bitfit")
         if not [t for t in self.lora_targets.split(",") if t.strip()]:
             problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
