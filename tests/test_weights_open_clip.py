@@ -255,6 +255,9 @@ TIMM_TOWERS = {
     "avg-linear": dict(timm_model_name="vit_tiny_patch16_224", timm_pool="avg", timm_proj="linear"),
     "token-linear-bias": dict(timm_model_name="vit_tiny_patch16_224", timm_pool="token", timm_proj="linear",
                               timm_proj_bias=True),
+    # an EVA model's norms under a linear projection (refused: "timm Eva model_args fc_norm are not read")
+    "eva02-token-linear": dict(timm_model_name="eva02_tiny_patch14_224", timm_pool="token", timm_proj="linear"),
+    "eva02-avg-linear": dict(timm_model_name="eva02_tiny_patch14_224", timm_pool="avg", timm_proj="linear"),
 }
 
 

@@ -265,10 +265,10 @@ _EVA_RENAMED = {"num_reg_tokens": "reg_tokens", "scale_attn_inner": "attn_norm",
                 "qkv_fused": "qkv_fused", "qk_norm": "qk_norm", "init_values": "init_values",
                 "attn_only_layer_scale": "attn_only_layer_scale", "class_token": "class_token",
                 "no_embed_class": "no_embed_class", "embed_dim": "embed_dim", "drop_path_rate": "drop_path_rate",
-                "attn_drop_rate": "attn_drop_rate"}
+                "attn_drop_rate": "attn_drop_rate", "use_fc_norm": "fc_norm"}
 _EVA_INERT = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "qkv_bias", "dynamic_img_size",
               "depth", "num_heads", "drop_rate", "pos_drop_rate", "proj_drop_rate", "patch_drop_rate",
-              "head_init_scale", "dynamic_img_pad", "mlp_ratio", "use_fc_norm", "use_post_transformer_norm",
+              "head_init_scale", "dynamic_img_pad", "mlp_ratio", "use_post_transformer_norm",
               "use_abs_pos_emb", "use_rot_pos_emb", "rope_type", "ref_feat_shape", "attn_type",
               "attn_pool_num_heads", "attn_pool_mlp_ratio", "swiglu_mlp", "swiglu_align_to", "num_kv_heads")
 
@@ -281,7 +281,7 @@ def eva_timm_args(args: Mapping[str, Any], config: EvaConfig) -> Dict[str, Any]:
     if unknown:
         raise ValueError(f"timm Eva model_args {', '.join(unknown)} are not read by vitkit; remove them or build the "
                          f"model with vitkit's fields")
-    fixed = [k for k in ("swiglu_mlp", "swiglu_align_to", "use_fc_norm", "use_post_transformer_norm", "rope_type",
+    fixed = [k for k in ("swiglu_mlp", "swiglu_align_to", "use_post_transformer_norm", "rope_type",
                          "attn_type", "num_kv_heads") if k in args]
     if fixed:
         raise ValueError(f"timm Eva model_args {', '.join(fixed)} change the architecture of its name; vitkit reads "

@@ -299,8 +299,7 @@ class TrainConfig:
                             "blocks of existing weights)" if not self.init else "does nothing with finetune='head' "
                             "(only the head trains): drop it, or use it with full, lora or bitfit"))
         if self.finetune == "head" and self.init and self.layer_decay not in (None, 1, 1.0):  # (taken: x1 for all)
-            problems.append(f"layer_decay={_show(self.layer_decay)} does nothing with finetune='head' (what trains is "
-                            f"after the blocks: the rate's x1): drop it, or use it with full, lora or bitfit")
+            problems.append(f"layer_decay={_show(self.layer_decay)} does nothing with finetune='head': drop it")
         if not [t for t in self.lora_targets.split(",") if t.strip()]:
             problems.append("lora_targets must name at least one layer (e.g. qkv,proj,fc1,fc2)")
         if self.distill != "none" and not self.teacher:
@@ -379,8 +378,7 @@ class TrainConfig:
             require("torchvision", "train", "torchvision teachers (--teacher torchvision:NAME:FILE)")
 
     def objective_problems(self) -> list:
-        """A pre-training run's options fit its objective; classification uses none of them,
-        and pre-training none of classification's label machinery."""
+        """A pre-training run's options fit its objective: classification uses none, pre-training no labels."""
         from ..selfsup import OBJECTIVES, objective_class
 
         if self.objective not in ("classify",) + tuple(OBJECTIVES):
@@ -428,15 +426,14 @@ LABEL_FIELDS: Dict[str, Any] = {"mixup": 0.0, "cutmix": 0.0, "label_smoothing": 
 
 @functools.lru_cache(maxsize=None)
 def field_kinds() -> Dict[str, Tuple[str, bool]]:
-    """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none
-    (read once from the annotations; callers only read the mapping)."""
+    """Each TrainConfig field's kind (int, float, bool, str, pair, mapping) and whether it may be none (once)."""
     return kinds_of(TrainConfig)
 
 
 def check_field(name: str, value: Any, coerce: bool = False) -> Tuple[Any, Optional[str], Optional[str]]:
-    """``(value, problem, note)`` for one field: the value (coerced when ``coerce`` and it is
-    unambiguous: "1e-3" or 1e4 for a number, 1e4 for an integer), a problem naming the field, the
-    value and what is allowed, or a note saying what was coerced."""
+    """``(value, problem, note)`` for one field: the value (coerced when ``coerce`` and it is unambiguous: "1e-3"
+    or 1e4 for a number, 1e4 for an integer), a problem naming the field, the value and what is allowed, or a note
+    saying what was coerced."""
     kind, optional = field_kinds()[name]
     return check_value(name, value, kind, optional, coerce)
 

@@ -147,9 +147,18 @@ def timm_tower_config(open_clip_config: Optional[Mapping[str, Any]], sd: Mapping
         pretrained["input_size"] = [3, *((size, size) if isinstance(size, int) else size)]
     args: Dict[str, Any] = {"global_pool": pool} if pool else {}
     if pool and proj == "linear":  # timm's model built at its own pooling, then pooled another way: its norms stay
-        args["fc_norm"] = "fc_norm.weight" in sd
+        args["use_fc_norm" if _eva(name) else "fc_norm"] = "fc_norm.weight" in sd  # (timm's Eva names it so)
     return {"architecture": name, "num_classes": int(head.shape[0]) if head is not None else 0,
             "model_args": args, "pretrained_cfg": pretrained}
+
+
+def _eva(name: str) -> bool:
+    """timm's architecture ``name`` is one of its Eva family (EVA-02, Perception Encoder, ...)."""
+    from ..models import family_of, get_model_config
+    from .timm_format import is_known_architecture
+
+    base = name.split(".")[0]
+    return is_known_architecture(base) and family_of(get_model_config(base)).name == "eva"
 
 
 def bare_trunk_defaults(sd: Mapping[str, Any], projection: bool) -> Dict[str, Any]:
