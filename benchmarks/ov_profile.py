@@ -53,7 +53,7 @@ def int8_product(kind: str) -> bool:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="vit_base_patch16_siglip_224")
+    p.add_argument("--model", default=None, help="default: vit_base_patch16_siglip_224 (--quick: vit_tiny_patch16_224)")
     p.add_argument("--img-size", type=int, default=None, help="default: the model's own")
     p.add_argument("--batch", type=int, default=16, help="images per stream (default 16: a batch of 32 on 2 streams)")
     p.add_argument("--streams", type=int, default=None, help="streams the ceiling counts (default: the cores)")
@@ -64,22 +64,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="results file or folder (default: benchmarks/results/)")
     args = p.parse_args(argv)
     if args.quick:
-        args.model, args.img_size, args.batch, args.rounds = "vit_tiny_patch16_224", 32, 2, 1
+        args.model, args.img_size, args.batch, args.rounds = args.model or "vit_tiny_patch16_224", 32, 2, 1
+    args.model = args.model or "vit_base_patch16_siglip_224"
     for name in ("batch", "rounds", "streams"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name} must be at least 1, got {value}")
     if args.timm_img_s is not None and args.onnx_json:
         p.error("give timm's speed once: --timm-img-s or --onnx-json")
+    if args.onnx_json and not os.path.isfile(args.onnx_json):
+        p.error(f"--onnx-json {args.onnx_json}: no such file")
     return args
+
+
+def refuse(message: str) -> None:
+    """One line and exit 2, as argparse refuses a flag."""
+    print(f"ov_profile: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def timm_fastest(path: str, model: str, batch: int) -> float:
     """timm's fastest img/s in a bench_onnx.py row of ``model`` at ``batch`` (the whole batch, all streams)."""
-    with open(path) as f:
-        rows = [r for r in json.load(f)["rows"] if r["model"] == model and r["batch"] == batch]
+    try:
+        with open(path) as f:
+            rows = [r for r in json.load(f)["rows"] if r["model"] == model and r["batch"] == batch]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        refuse(f"{path} is no bench_onnx.py results file ({type(e).__name__}: {e})")
     if not rows:
-        raise SystemExit(f"ov_profile: {path} has no row of {model} at batch {batch}")
+        refuse(f"{path} has no row of {model} at batch {batch}")
     paths = rows[0]["paths"]
     return max(v["median_img_s"] for k, v in paths.items() if k.startswith("timm") and "in parts" not in k)
 
@@ -120,7 +132,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device("cpu")
     info = machine_info(device, limits=False)
-    model = vitkit.create_model(args.model, **({"img_size": args.img_size} if args.img_size else {})).eval()
+    streams = args.streams or info["cpu_affinity"]
+    timm = timm_fastest(args.onnx_json, args.model, args.batch * streams) if args.onnx_json else args.timm_img_s
+    try:
+        model = vitkit.create_model(args.model, **({"img_size": args.img_size} if args.img_size else {})).eval()
+    except ValueError as e:
+        refuse(str(e))
     size = tuple(model.config.img_size)
     calibration = torch.randint(0, 256, (2 * args.batch, 3, *size), dtype=torch.uint8,
                                 generator=torch.Generator().manual_seed(0))
@@ -132,9 +149,7 @@ def main(argv=None) -> int:
     total = sum(kinds.values())
     products = sum(v for k, v in kinds.items() if int8_product(k))
     share = products / total if total else 0.0
-    streams = args.streams or info["cpu_affinity"]
     ceiling = measured["img_s"] / share * streams if share else None
-    timm = timm_fastest(args.onnx_json, args.model, args.batch * streams) if args.onnx_json else args.timm_img_s
     row = {"model": args.model, "img_size": list(size), "batch_per_stream": args.batch, "streams": streams,
            "stream_img_s": measured["img_s"], "float_precision": measured["precision"],
            "products_share": share, "ceiling_img_s": ceiling, "timm_fastest_img_s": timm,
