@@ -519,3 +519,23 @@ def test_a_folder_that_mixes_one_library_s_config_with_the_other_s_tensors_is_re
             vitkit.from_pretrained(tmp_path / folder)
     (tmp_path / "hf_config" / "model.safetensors").rename(tmp_path / "alone.safetensors")
     assert vitkit.from_pretrained(tmp_path / "alone.safetensors").config.embed_dim == 64  # alone: a bare timm file
+
+
+def test_a_dinov2_folder_with_a_non_square_crop_is_written_back_as_it_was(tmp_path):
+    """A DINOv2 whose processor crops 32x48 (transformers runs it) was refused by convert --to hf: "a 32x48 image in
+    8x8 patches (DINOv2's config holds one side of each: a square)". Its config holds the table's side; the crop
+    stays the processor's."""
+    from vitkit.cli import main
+
+    ref = randomize(T.Dinov2Model(T.Dinov2Config(**{**SMALL, "image_size": 32}))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    processor = T.BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 48})
+    processor.save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    back = T.Dinov2Model.from_pretrained(tmp_path / "back").eval()
+    assert json.loads((tmp_path / "back" / "preprocessor_config.json").read_text())["crop_size"] == {"height": 32,
+                                                                                                    "width": 48}
+    for h, w in ((32, 48), (40, 40)):
+        x = torch.randn(2, 3, h, w)
+        with torch.no_grad():
+            assert _close(_pooled(ref, x), _pooled(back, x))

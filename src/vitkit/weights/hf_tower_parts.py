@@ -356,7 +356,9 @@ def _problems(config: Any, want: Mapping[str, Any], what: str, patch_bias: bool,
     model was written as its height alone: a folder transformers refused, or read back at another size)."""
     problems = [f"{k}={getattr(config, k, None)!r} (it needs {v!r})" for k, v in want.items()
                 if getattr(config, k, None) != v]
-    sides = (*getattr(config, "img_size", (0, 0)), *getattr(config, "patch_size", (0, 0)))
+    # (a table held apart, pos_embed_size, is what the config's image_size says: the input's size is the processor's)
+    sides = (*(getattr(config, "pos_embed_size", None) or getattr(config, "img_size", (0, 0))),
+             *getattr(config, "patch_size", (0, 0)))
     if square and (sides[0] != sides[1] or sides[2] != sides[3]):
         problems.append(f"a {sides[0]}x{sides[1]} image in {sides[2]}x{sides[3]} patches ({what}'s config holds one "
                         f"side of each: a square)")
