@@ -179,6 +179,10 @@ def test_a_torchscript_failure_writes_no_graph_to_stdout_and_a_graph_that_comput
                                               r"not compute the model: at batch 3 it gave shape \(2, 1000\)"):
         export_onnx(model, tmp_path / "b.onnx", exporter="torchscript", progress=False)
     assert not list(tmp_path.iterdir())
+    for dtype in (torch.float16, torch.bfloat16):  # a model cast by hand: the exporters' own words (escape codes)
+        with pytest.raises(OnnxExportError, match=f"export_onnx writes float32 graphs; this model holds "
+                                                  f"{str(dtype)[6:]} weights: export model.float()"):
+            export_onnx(model.to(dtype), tmp_path / "h.onnx", progress=False)
     mixed = vitkit.create_model("vit_small_patch16_rope_mixed_224", img_size=32, depth=1)
     with pytest.raises(OnnxExportError, match="RoPE-Mixed's learned rotations export with the dynamo exporter"):
         export_onnx(mixed, tmp_path / "m.onnx", exporter="torchscript", progress=False)

@@ -148,6 +148,10 @@ def _problems(model, path, exporter, opset, quantize, calibration, quantizations
                         f"or fine-tune it first")
     elif not hasattr(getattr(model, "config", None), "img_size"):
         problems.append(f"export_onnx takes a vitkit model (with a .config), not {type(model).__name__}")
+    elif halves := sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()} - {"float32"}):
+        # (the exporters failed on it in their own words: escape codes, or example images of another dtype)
+        problems.append(f"export_onnx writes float32 graphs; this model holds {', '.join(halves)} weights: export "
+                        f"model.float() (int8 comes from quantize=)")
     elif params * 4 >= PROTO_LIMIT:
         problems.append(f"{model.config.architecture} has {params:,} parameters: "
                         f"over 2 GB in fp32, past the single-file ONNX limit vitkit writes")
