@@ -381,7 +381,9 @@ def test_what_init_starts_afresh_beside_the_head_trains_in_every_mode_and_a_read
     capsys.readouterr()
     assert main(["train", "--init", siglip, "--finetune", "head", "--model-args", '{"global_pool": "avg"}',
                  "--name", "avg", *common]) == 0, capsys.readouterr().err
-    assert "new readout: attn_pool, fc_norm, norm" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "started afresh beside it: fc_norm; the weights' attn_pool, norm left out (the readout asked has none)" \
+        in said, said
     assert "fc_norm" in changed(tmp_path / "runs" / "avg")
     assert main(["train", "--init", str(tmp_path / "cait_xxs24_224"), "--name", "cait", *common]) == 0, \
         capsys.readouterr().err

@@ -90,8 +90,11 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     # what starts afresh beside the heads trains in every mode, as the heads do (a new MAP pool or pre-logits
     # layer stayed at its random start under --finetune head and lora)
     model.fresh_parts = tuple(p for p in (*changed, *(("pre_logits",) if head == "new" else ())) if _holds(model, p))
+    dropped = [p for p in changed if p not in model.fresh_parts]
     log(f"initialised from {source} ({report.format}); head: {head}" + _objective_left_out(src)
-        + (f"; new readout: {', '.join(changed)}" if changed else "") + "".join(f"; {r}" for r in report.resampled))
+        + (f"; started afresh beside it: {', '.join(model.fresh_parts)}" if model.fresh_parts else "")
+        + (f"; the weights' {', '.join(dropped)} left out (the readout asked has none)" if dropped else "")
+        + "".join(f"; {r}" for r in report.resampled))
     return model
 
 
