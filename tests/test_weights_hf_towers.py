@@ -539,3 +539,30 @@ def test_a_dinov2_folder_with_a_non_square_crop_is_written_back_as_it_was(tmp_pa
         x = torch.randn(2, 3, h, w)
         with torch.no_grad():
             assert _close(_pooled(ref, x), _pooled(back, x))
+
+
+def test_fine_tuning_a_dinov2_folder_trains_at_its_processor_s_size(tmp_path, capsys):
+    """train --init of a transformers DINOv2 trained at its config's image_size (facebook/dinov2-*: 518 px, 5x the
+    tokens of the 224 its processor makes, and other sizes than predict and eval of the same folder use)."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    randomize(T.Dinov2Model(T.Dinov2Config(**{**SMALL, "image_size": 64}))).save_pretrained(tmp_path / "hf")
+    T.BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        tmp_path / "hf")
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "d" / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 255, (40, 44, 3), dtype=np.uint8)).save(
+                    tmp_path / "d" / split / name / f"{i}.png")
+    assert main(["train", "--init", str(tmp_path / "hf"), "--finetune", "head", "--dataset", "folder", "--data-dir",
+                 str(tmp_path / "d"), "--batch-size", "2", "--val-size", "1", "--max-steps", "1", "--no-progress",
+                 "--threads", "1", "--runs-dir", str(tmp_path / "runs"), "--name", "r"]) == 0
+    said = capsys.readouterr()
+    assert "resized to 32x32, the model's size" in said.out + said.err
+    trained = vitkit.from_pretrained(tmp_path / "runs" / "r").config
+    assert (trained.img_size, trained.pos_embed_size) == ((32, 32), (64, 64))  # as from_pretrained builds the folder

@@ -24,7 +24,14 @@ from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import note_guesses, open_fields, stored_config, weights_path
+from ..weights.pretrained import (
+    note_guesses,
+    open_fields,
+    processor_run_size,
+    stored_config,
+    table_every_call,
+    weights_path,
+)
 from .config import resolve_width
 from .memory import check_model_fits
 
@@ -54,7 +61,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         raise FileNotFoundError(f"--init weights not found: {path}")
     src = read_source(path)
     # the run's size reads a table its tensors leave open (a non-square grid, or 25 slots of two readings)
-    stored = stored_config(src, {"img_size": data_args.get("img_size")})
+    stored = _stored(src, data_args.get("img_size"))
     check_claims(stored, src)  # a config.json that contradicts its weights is refused here too
     note_guesses(stored, src, model_args)
     _check_model_args(model_args, stored, source, open_fields(stored, src))
@@ -96,6 +103,15 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         + (f"; the weights' {', '.join(dropped)} left out (the readout asked has none)" if dropped else "")
         + "".join(f"; {r}" for r in report.resampled))
     return model
+
+
+def _stored(src: Any, img_size: Any) -> Any:
+    """The --init weights' config at ``img_size`` (a bare table's size), else as from_pretrained builds it: a
+    transformers DINOv2 at its processor's size (224, not its config's 518: 5x the tokens), its table held."""
+    stored = stored_config(src, {"img_size": img_size})
+    if img_size is None and (size := processor_run_size(src)):
+        stored = stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(src)))
+    return stored
 
 
 #: the parts of a readout (the pooling and the norm before the head) another global_pool or fc_norm makes or drops
