@@ -389,6 +389,15 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(serving):
             assert json.loads(rest.partition(b"\r\n\r\n")[2])["top"], reply[:300]
         else:
             assert reply == b"", reply[:300]
+    # three whole requests pipelined, then the half-close: each answered (only the first was), then the close
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall((head.encode() + data) * 3)
+        client.shutdown(socket.SHUT_WR)
+        client.settimeout(10)
+        reply = b""
+        while chunk := client.recv(65536):
+            reply += chunk
+    assert reply.count(b"HTTP/1.1 200 OK") == 3, reply[:300]
     assert post(running.url, data).status_code == 200
 
 

@@ -44,7 +44,7 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
     class Connection(H11Protocol):
         header_timer: Optional[asyncio.TimerHandle] = None
         refusal: Tuple[int, str] = (400, "")  # (the status and words for a request h11 cannot read: _read_events)
-        eof_received = _half_closed
+        eof_received, on_response_complete, half_closed = _half_closed, _after_answer, False
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -128,15 +128,27 @@ def _read_events(protocol: Any, read):
 
 def _half_closed(protocol: Any) -> Optional[bool]:
     """A client that half-closes once its whole request is sent (``shutdown(SHUT_WR)``: netcat, some scripts) gets its
-    answer, then the close (asyncio: True keeps the transport open for writing); uvicorn closed at once and the
-    answer was dropped. A request not yet whole, or none, is closed as before."""
+    answer, and every whole request it pipelined before, then the close (:func:`_after_answer`; asyncio: True keeps
+    the transport open for writing); uvicorn closed at once and the answer was dropped. A request not yet whole, or
+    none, is closed as before."""
     import h11
 
     cycle = protocol.cycle
     if cycle is not None and not cycle.response_complete and protocol.conn.their_state is h11.DONE:
-        cycle.keep_alive = False
+        protocol.half_closed = True
         return True
     return None
+
+
+def _after_answer(protocol: Any) -> None:
+    """uvicorn's end of an answer (the next pipelined request started), then, for a client that half-closed, the
+    close once no request is left: nothing more can come."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    H11Protocol.on_response_complete(protocol)
+    if protocol.half_closed and protocol.conn.their_state is h11.IDLE and not protocol.transport.is_closing():
+        protocol.transport.close()
 
 
 def _late_answer(timeout_s: float) -> bytes:
