@@ -296,6 +296,14 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
                           ExportWarning, stacklevel=3)
     else:
         raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
+    config = model.config
+    if getattr(config, "dynamic_img_size", False) and getattr(config, "pos_embed", None) == "learned" and (
+            config.pos_embed_interpolation, config.pos_embed_antialias) != ("bicubic", True):
+        way = f"{config.pos_embed_interpolation}{', antialiased' if config.pos_embed_antialias else ''}"
+        warnings.warn(f"{path}: timm resamples a dynamic model's position table bicubic and antialiased to every "
+                      f"input of another grid; this model resamples it {way} (as transformers does): in timm its "
+                      f"outputs at other sizes than its table's differ (vitkit reads the file as this model)",
+                      ExportWarning, stacklevel=3)
     note = timm_format.timm_function_note(model)
     if note:  # a timm user would load it under that name strictly, and compute something else
         warnings.warn(f"{path}: {note}" + ("" if note.startswith("timm builds") else
