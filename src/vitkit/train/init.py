@@ -24,14 +24,7 @@ from ..runlock import unfinished_run
 from ..weights.claims import check_claims
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import (
-    note_guesses,
-    open_fields,
-    processor_run_size,
-    stored_config,
-    table_every_call,
-    weights_path,
-)
+from ..weights.pretrained import note_guesses, open_fields, processor_run_config, stored_config, weights_path
 from .config import resolve_width
 from .memory import check_model_fits
 
@@ -109,9 +102,7 @@ def _stored(src: Any, img_size: Any) -> Any:
     """The --init weights' config at ``img_size`` (a bare table's size), else as from_pretrained builds it: a
     transformers DINOv2 at its processor's size (224, not its config's 518: 5x the tokens), its table held."""
     stored = stored_config(src, {"img_size": img_size})
-    if img_size is None and (size := processor_run_size(src)):
-        stored = stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(src)))
-    return stored
+    return processor_run_config(src, stored) if img_size is None else stored
 
 
 #: the parts of a readout (the pooling and the norm before the head) another global_pool or fc_norm makes or drops

@@ -228,6 +228,17 @@ def table_every_call(hf: Mapping[str, Any]) -> bool:
     return tower_of(hf)[0] in TABLE_EVERY_CALL
 
 
+def run_config(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]], stored: Any) -> Any:
+    """``stored`` as transformers runs the tower: at its processor's size (:func:`run_size`), the table held where
+    transformers resamples it from on every call (:data:`TABLE_EVERY_CALL`); as it is where no other size is made."""
+    from ..models.config_base import fit_table_size
+
+    size = run_size(hf, preprocessor)
+    if size is None or size == tuple(stored.img_size):
+        return stored
+    return stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(hf)))
+
+
 def holds_table_apart(config: Any) -> bool:
     """The tower ``config`` exports to keeps its table held at another size (``pos_embed_size``, square) as it is:
     transformers resamples it to each input, as the model does (its config's ``image_size`` is the table's)."""
@@ -311,5 +322,5 @@ def _classifier_from_native(sd: Dict[str, torch.Tensor], config: Any, kind: str,
 
 
 __all__ = ["TOWERS", "TWO_TOWERS", "MODEL_TYPES", "tower_of", "to_native", "config_from_hf", "preprocessing",
-           "layout_of", "table_every_call", "holds_table_apart", "from_native", "export_problems", "vision_part",
-           "preprocessor_to_hf"]
+           "layout_of", "table_every_call", "run_config", "holds_table_apart", "from_native", "export_problems",
+           "vision_part", "preprocessor_to_hf"]

@@ -136,19 +136,21 @@ def _read_config(src: Source, overrides: Mapping[str, Any]):
     return config
 
 
-def table_every_call(src: Source) -> bool:
-    """The source's library resamples its stored position table to every input (:func:`.hf_towers.table_every_call`)."""
+def _tower_config(src: Source) -> Optional[Mapping[str, Any]]:
+    """The config.json of a transformers vision tower's folder (None: any other source)."""
     cj = src.config_json or {}
-    return src.format == "hf" and cj.get("model_type") in hf_towers.MODEL_TYPES and hf_towers.table_every_call(cj)
+    return cj if src.format == "hf" and cj.get("model_type") in hf_towers.MODEL_TYPES else None
 
 
 def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
-    """The size a transformers folder's image processor runs its tower at, where that and not its config decides
-    it (:func:`.hf_towers.run_size`); None for every other source."""
-    cj = src.config_json or {}
-    if src.format != "hf" or cj.get("model_type") not in hf_towers.MODEL_TYPES:
-        return None
-    return hf_towers.run_size(cj, src.preprocessor_json)
+    """The size a transformers folder's image processor runs its tower at (:func:`.hf_towers.run_size`); None for
+    every other source."""
+    return None if (cj := _tower_config(src)) is None else hf_towers.run_size(cj, src.preprocessor_json)
+
+
+def processor_run_config(src: Source, stored: Any) -> Any:
+    """``stored`` as transformers runs the folder (:func:`.hf_towers.run_config`); as it is for any other source."""
+    return stored if (cj := _tower_config(src)) is None else hf_towers.run_config(cj, src.preprocessor_json, stored)
 
 
 def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
@@ -187,9 +189,8 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         info["refused"] = " ".join(str(e).split())
         return info
     info["assumed"] = guesses(info["config"], src)
-    if (size := processor_run_size(src)) and size != tuple(info["config"].img_size):  # what from_pretrained builds
-        stored = info["config"]
-        info["config"] = stored.replace(**fit_table_size(stored, {"img_size": size}, table_every_call(src)))
+    stored, info["config"] = info["config"], processor_run_config(src, info["config"])  # what from_pretrained builds
+    if (size := info["config"].img_size) != stored.img_size:
         table = ("its rotary positions following the grid" if getattr(stored, "pos_embed", None) == "none" else
                  "its position table held as stored and resampled to each input's grid"
                  if info["config"].pos_embed_size else "its position table resampled")
@@ -254,7 +255,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
         check_claims(stored, src)
         note_guesses(stored, src, overrides)
     overrides = _processor_run(src, stored, overrides, path, at_processor_size)
-    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides), table_every_call(src)))
+    every_call = (cj := _tower_config(src)) is not None and hf_towers.table_every_call(cj)  # (transformers' towers)
+    config = stored.replace(**fit_table_size(stored, fit_channel_stats(stored, overrides), every_call))
     _check_overrides_compute_the_same(src, stored, config, strict)
     model = build_from_config(config)
     exclude: Tuple[str, ...] = ()
