@@ -14,9 +14,8 @@ layer-wise learning-rate decay (:class:`LayerGroups`, timm's ``group_matcher``) 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -140,13 +139,13 @@ class TokenModel(SaveMixin, nn.Module):
         return {n for n, _ in self.named_parameters()
                 if n in self.NO_WEIGHT_DECAY or n.endswith(positions.RELATIVE_LEAF)}
 
-    def group_matcher(self, coarse: bool = False) -> dict:
+    def group_matcher(self, coarse: bool = False) -> Callable[[str], int]:
         """:attr:`layer_groups` in timm's form, so that timm's optimizer factory (``layer_decay=``) groups the
         parameters as vitkit's does: the embedding, then a group per block, the rest last (``coarse``: the same,
-        a block is one group either way). Without it timm gave 54 of 56 tensors the scale 1."""
-        groups = self.layer_groups
-        return {"stem": "^(?:" + "|".join(re.escape(p) for p in groups.embed) + ")",
-                "blocks": [(rf"^{re.escape(groups.blocks)}(\d+)\.", None)]}
+        a block is one group either way). Without it timm gave 54 of 56 tensors the scale 1. A callable (as timm's
+        CaiT gives it), so that a family's own ``layer_of`` (CaiT's class-attention blocks) is its grouping too."""
+        groups, depth = self.layer_groups, len(getattr(self, "blocks", ()))
+        return lambda name: groups.layer_of(name, depth)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if not isinstance(enable, bool):  # set_grad_checkpointing('no') switched it on

@@ -232,7 +232,6 @@ class ClassAttentionBlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-
 @dataclass(frozen=True)
 class ClassAttentionLayers(LayerGroups):
     """CaiT's layers for layer-wise decay, as timm's ``group_matcher`` numbers them: the class-attention blocks
@@ -247,6 +246,7 @@ class ClassAttentionLayers(LayerGroups):
         if name.startswith("norm."):
             return depth
         return super().layer_of(name, depth)
+
 
 class CaiT(TokenModel):
     """CaiT: patch embedding + positions, talking-heads LayerScale layers on the patches,
@@ -308,12 +308,6 @@ class CaiT(TokenModel):
             if attns is not None:
                 attns.append(attn)
         return self.norm(torch.cat((cls, x), dim=1))
-
-    def group_matcher(self, coarse: bool = False):
-        """:attr:`layer_groups` in timm's form (a callable, as timm's CaiT gives it): the class-attention blocks
-        overlap the last self-attention blocks for timm's optimizer factory too."""
-        groups, depth = self.layer_groups, len(self.blocks)
-        return lambda name: groups.layer_of(name, depth)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits; ``pre_logits=True`` stops at the pooled features (head dropout after pooling)."""
