@@ -61,9 +61,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     whole = getattr(model.config, "architecture", None) or args.to in ("vitkit", "hf", "mae")
     written = model if whole else model.encoder  # layouts without a decoder hold the encoder
     from ..models.positions import parameters_at_img_size  # (one-size layouts: a held table written at img_size)
-    from ..weights.hf_towers import holds_table_apart
+    from ..weights.export import writes_held_table
 
-    held = args.to in ("vitkit", "timm") or args.to == "hf" and holds_table_apart(written.config)
+    held = writes_held_table(written, args.to)
     params = sum(p.numel() for p in written.parameters()) if held else parameters_at_img_size(written)
     info = {"src": args.src, "dst": str(out), "format": args.to, "architecture": arch, "params": params,
             "dtype": str(half).replace("torch.", "") if half else "float32"}

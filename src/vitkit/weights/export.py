@@ -163,12 +163,20 @@ def _export_npz(model: nn.Module, path: Path, format: str, scan: bool) -> Path:
     return path
 
 
+def writes_held_table(model: nn.Module, format: str) -> bool:
+    """Whether ``format`` writes a table held at another size (``pos_embed_size``) as it is held: vitkit's and timm's
+    layouts, and transformers' DINOv2 (which resamples the table as stored); the others hold one size."""
+    if format == "hf":
+        inner = positions.token_model(model)
+        return inner is not None and hf_towers.holds_table_apart(inner.config)
+    return format not in ("npz", "big_vision", "mae")
+
+
 def _table_at_img_size(model: nn.Module, format: str) -> nn.Module:
     """The layouts of one image size (Hugging Face's, the npz and MAE files) get a table held at another size
     (``pos_embed_size``) resampled to the model's own, as it computes at that size; said, since other sizes lose.
-    A pre-training model's encoder too. transformers' DINOv2 keeps it held (it resamples the table as stored)."""
-    if not positions.held_apart(model) or format == "hf" and hf_towers.holds_table_apart(
-            positions.token_model(model).config):
+    A pre-training model's encoder too (:func:`writes_held_table`)."""
+    if not positions.held_apart(model) or writes_held_table(model, format):
         return model
     served = positions.at_img_size(model)
     inner = positions.token_model(model)
