@@ -378,6 +378,13 @@ def test_what_init_starts_afresh_beside_the_head_trains_in_every_mode_and_a_read
     checkpoint_paths(run)[-1].unlink()  # a resume builds from init_model.json: the fresh layer trains there too
     assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
     assert "pre_logits.fc" in changed(run)
+    saved = json.loads((run / "init_model.json").read_text())
+    for bad, said in ((["pre_logit"], "fresh_parts names 'pre_logit'"), ("pre_logits", "must be a list")):
+        (run / "init_model.json").write_text(json.dumps({**saved, "fresh_parts": bad}))  # edited by hand: one line
+        (run / "summary.json").unlink(missing_ok=True)
+        capsys.readouterr()
+        assert main(["train", "--resume", str(run)]) == 2
+        assert said in capsys.readouterr().err
     capsys.readouterr()
     assert main(["train", "--init", siglip, "--finetune", "head", "--model-args", '{"global_pool": "avg"}',
                  "--name", "avg", *common]) == 0, capsys.readouterr().err

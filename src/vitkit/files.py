@@ -132,6 +132,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     read a shared run. A full disk is a :class:`DiskFull` naming the file.
     """
     path = Path(path)
+    made = _missing_folders(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path.parent, path.name, recursive=False)
     fd, tmp = None, None
@@ -147,6 +148,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        _remove_empty(made)  # a failed write (a download refused offline) leaves no empty folder it made
         if full:
             raise DiskFull(path, too_large=too_large(e)) from e
         if isinstance(e, OSError) and e.filename == tmp and e.errno is not None:  # the file meant, not its temporary
@@ -155,6 +157,24 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _missing_folders(folder: Path) -> List[Path]:
+    """``folder`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: List[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) while it is empty: another writer's file keeps it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 #: The suffix of atomic_path's temporaries.

@@ -118,6 +118,18 @@ def _readout_changed(stored: Any, model: nn.Module) -> Tuple[str, ...]:
     return tuple(p for p in READOUT_PARTS if _holds(own, p) != _holds(model, p))
 
 
+def saved_fresh_parts(model: nn.Module, listed: Any, where: str) -> Tuple[str, ...]:
+    """The parts a run's saved --init architecture says were started afresh, checked against the model it builds
+    (a hand-edited list ended in a traceback, or froze a part the run had trained)."""
+    if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+        raise ValueError(f"{where}: fresh_parts must be a list of the model's part names, got {listed!r}")
+    unknown = [p for p in listed if not _holds(model, p)]
+    if unknown:
+        raise ValueError(f"{where}: fresh_parts names {', '.join(map(repr, unknown))}, which the model it builds has "
+                         f"no trainable part of that name for (edited since the run wrote it?)")
+    return tuple(listed)
+
+
 def _holds(model: nn.Module, part: str) -> bool:
     """``model`` has a ``part`` with parameters (not None, not an Identity)."""
     module = getattr(model, part, None)

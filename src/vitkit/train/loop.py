@@ -59,7 +59,7 @@ from .optim import layer_decay_line, layer_of, make_optimizer  # noqa: F401 (lay
 from .plot import plot_curves
 from .precision import pick_precision, why_precision
 from .progress import Progress
-from .resume import RUNTIME_FIELDS, read_run_json, resumed_config
+from .resume import RUNTIME_FIELDS, read_run_json, resumed_config, saved_values
 from .run_folder import ABANDONED_FILES, finished_summary, is_finished, new_run_dir, refuse_a_taken_name  # noqa: F401
 from .run_folder import new_run_dir as _new_run_dir  # noqa: F401 (vitkit.train.loop._new_run_dir, where it was)
 from .schedule import lr_at
@@ -374,8 +374,8 @@ def _said_as_an_edit(resume: Optional[str]):
 def _edited_since_checkpoint(run_dir: Path) -> Optional[str]:
     """Why a run's config.json that no longer builds was edited since its last checkpoint (None: it was not, or
     nothing tells): its model renamed to one of another patch, say, was refused as that model's problem."""
-    try:
-        raw = json.loads((run_dir / "config.json").read_text())
+    try:  # (as a resume reads it: an --init run's model is the architecture its weights built, not a field)
+        raw = saved_values(str(run_dir))
         found = load_intact(run_dir, log=lambda line: None)
     except (OSError, ValueError):
         return None

@@ -29,11 +29,11 @@ RUNTIME_FLAGS = {"progress": "--no-progress", "tensorboard": "--[no-]tensorboard
 def saved_field(run_dir: str, name: str) -> Any:
     """One field of a run folder's saved configuration, its default where the file predates the
     field (None: not a run folder), e.g. what it learns (``objective``)."""
-    values = _saved_values(run_dir)
+    values = saved_values(run_dir)
     return None if values is None else values.get(name, getattr(TrainConfig(), name))
 
 
-def _saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
+def saved_values(run_dir: str) -> Optional[Dict[str, Any]]:
     """The fields a run saved in its ``config.json`` (None: not a run directory)."""
     values = read_run_json(Path(run_dir) / "config.json", "a run's configuration")
     if values is None:
@@ -64,7 +64,7 @@ def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[
     asked for: ``asked`` names them (the command line's flags, so ``--tensorboard`` on a run
     saved without it counts although it is the default); None takes those that differ from the
     defaults (a call from Python, which cannot tell a default from a choice)."""
-    values = _saved_values(run_dir)
+    values = saved_values(run_dir)
     if values is None:
         raise FileNotFoundError(f"cannot resume: {Path(run_dir) / 'config.json'} not found "
                                 f"(is {run_dir} a run directory?)")
@@ -86,7 +86,7 @@ def resumed_config(run_dir: str, current: TrainConfig, asked: Optional[Iterable[
 def resume_conflicts(run_dir: str, overrides: Dict[str, Any]) -> list:
     """Explicit options (None: not given) that ``--resume`` would have to ignore: any field
     outside RUNTIME_FIELDS whose value differs from the saved one."""
-    values = _saved_values(run_dir)
+    values = saved_values(run_dir)
     if values is None:
         return []  # not a run directory: resuming says so
     out = []
@@ -148,7 +148,7 @@ def check_resume(run_dir: str, overrides: Dict[str, Any], verb: str,
 def with_saved(run_dir: str, overrides: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Any]]:
     """The run's recipe and the values a resume is checked with: the saved ones where no flag gives one (the
     flags alone were checked as a new run: a LoRA run's own --finetune lora was refused for lacking --init)."""
-    values = _saved_values(run_dir)
+    values = saved_values(run_dir)
     if values is None:
         return None, overrides  # not a run folder: resuming says so
     recipe = values.pop("recipe", None)

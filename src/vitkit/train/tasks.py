@@ -33,7 +33,7 @@ from .batches import MicroBatch, generator
 from .config import TrainConfig, resolve_width
 from .data import RunData
 from .distill import distillation_loss, split_outputs
-from .init import model_from_init
+from .init import model_from_init, saved_fresh_parts
 from .memory import check_model_fits
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class Classification:
             saved = dict(saved_init)
             fresh = saved.pop(FRESH_PARTS, [])  # (a run from before it was written: none)
             model = build_from_config(config_from_dict(saved))
-            model.fresh_parts = tuple(fresh)
+            model.fresh_parts = saved_fresh_parts(model, fresh, f"the run's {INIT_MODEL}")
             said.append(f"the --init architecture as {INIT_MODEL} holds it (the weights come from the checkpoint)")
         elif cfg.init:  # fine-tuning: the architecture and normalisation come from the weights
             model = model_from_init(cfg.init, data_args_for(cfg, data), cfg.model_args, cfg.init_head,
