@@ -370,7 +370,7 @@ def test_slow_and_vanishing_clients_leave_the_server_answering(serving):
 def test_a_client_that_half_closes_after_its_request_gets_its_answer(serving):
     """A client that shuts its sending side once the whole request is out (netcat, a script's shutdown(SHUT_WR))
     got no answer: uvicorn closed the connection on the end of its input and dropped the one being made. Now
-    answered, then closed; a request cut short by the half-close is closed without one."""
+    answered, then closed; a request cut short by the half-close gets a 400 that says so (it got nothing)."""
     running = serving(max_wait_ms=0, timeout_s=5)
     host, port = running.url.removeprefix("http://").split(":")
     data = photo(1)
@@ -388,7 +388,10 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(serving):
             assert status == b"HTTP/1.1 200 OK", reply[:300]  # (and closed: the read above ended)
             assert json.loads(rest.partition(b"\r\n\r\n")[2])["top"], reply[:300]
         else:
-            assert reply == b"", reply[:300]
+            status, _, rest = reply.partition(b"\r\n")
+            assert status == b"HTTP/1.1 400 Bad Request", reply[:300]
+            assert "ended before the bytes its Content-Length promised" in json.loads(
+                rest.partition(b"\r\n\r\n")[2])["error"], reply[:300]
     # three whole requests pipelined, then the half-close: each answered (only the first was), then the close
     with socket.create_connection((host, int(port))) as client:
         client.sendall((head.encode() + data) * 3)
@@ -399,6 +402,8 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(serving):
             reply += chunk
     assert reply.count(b"HTTP/1.1 200 OK") == 3, reply[:300]
     assert post(running.url, data).status_code == 200
+    counted = httpx.get(running.url + "/metrics").text
+    assert 'vitkit_requests_total{code="400",endpoint="other"} 1' in counted, counted
 
 
 def test_a_body_refused_or_late_closes_its_connection(serving):

@@ -4,7 +4,8 @@ know needs on top of it.
 - A deadline for a request's headers: a connection that sent none was held for ever.
 - uvicorn's own 400 (a request h11 cannot read) in the one JSON error shape, counted in ``/metrics``, and its log
   line said once per server: a scanner's garbage wrote one line per request.
-- A client that half-closes after its whole request still gets its answer (uvicorn closed at once).
+- A client that half-closes after its whole request still gets its answer (uvicorn closed at once); one that
+  half-closes part-way through its body gets a 400 that says so (it got nothing).
 - A lingering close: an answer given while the client's body is still coming (a 413 read off Content-Length, a 408,
   a drain's 503) is followed by reading, and throwing away, what comes (:data:`LINGER_S`, :data:`LINGER_BYTES`,
   :data:`LINGER_CONNECTIONS` at a time) before the close. Closing
@@ -44,7 +45,7 @@ def connection_protocol(timeout_s: float, metrics: Any) -> type:
     class Connection(H11Protocol):
         header_timer: Optional[asyncio.TimerHandle] = None
         refusal: Tuple[int, str] = (400, "")  # (the status and words for a request h11 cannot read: _read_events)
-        eof_received, on_response_complete, half_closed = _half_closed, _after_answer, False
+        eof_received, on_response_complete, half_closed, counted = _at_eof, _after_answer, False, metrics
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -138,6 +139,28 @@ def _half_closed(protocol: Any) -> Optional[bool]:
         protocol.half_closed = True
         return True
     return None
+
+
+def _at_eof(protocol: Any) -> Optional[bool]:
+    """The end of the client's input: a body cut short gets its 400 (counted in ``/metrics``), a whole request its
+    answer (:func:`_half_closed`)."""
+    if _body_cut_short(protocol):
+        protocol.counted.inc("vitkit_requests_total", endpoint="other", code="400")
+        return None
+    return _half_closed(protocol)
+
+
+def _body_cut_short(protocol: Any) -> bool:
+    """A client that half-closes while the body its Content-Length promised is still owed gets a 400 that says so,
+    then the close (it was closed without a word: a script with a wrong length read nothing). Returns whether it was
+    that; the handler waiting for the body is told the client left, as on any close."""
+    import h11
+
+    cycle = protocol.cycle
+    if cycle is None or cycle.response_started or protocol.conn.their_state is not h11.SEND_BODY:
+        return False
+    return _unreadable(protocol, 400, "the request's body ended before the bytes its Content-Length promised (the "
+                                      "client closed its sending side)")
 
 
 def _after_answer(protocol: Any) -> None:
