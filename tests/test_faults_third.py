@@ -9,6 +9,7 @@ words of the message and what is left on disk.
 import errno
 import json
 import re
+import signal
 import time
 from types import SimpleNamespace
 
@@ -920,3 +921,48 @@ def test_a_worker_that_died_of_sigterm_before_its_note_is_the_stop():
     with pytest.raises(Terminated):
         for _ in loader_batches(_DiesOfSigterm(), batch_size=4, num_workers=2):
             pass
+
+
+class _ExitsWith(torch.utils.data.Dataset):
+    """A worker that ends itself at sample 9: of SIGTERM with its default action, or with an exit code."""
+
+    def __init__(self, code=None):
+        self.code = code
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 9:
+            import os
+
+            time.sleep(0.3)  # while the main process is in its caller's code, past the first batch
+            if self.code is not None:
+                os._exit(self.code)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("code, stop", [(None, "Terminated"), (3, "RuntimeError")])
+def test_a_worker_death_between_batches_is_raised_at_the_next_batch_not_in_the_callers_code(code, stop):
+    """torch's SIGCHLD handler raised a worker's death wherever the main thread was: in the caller's own code
+    between two batches (a test's loop body, pytest's traceback code: a crashed xdist worker), where nothing
+    turns it into the stop it means. The death is noted and raised by the loader at its next batch: a SIGTERM
+    as the stop it means, any other death as torch's error."""
+    from vitkit.data.loader import loader_batches
+    from vitkit.signals import Terminated
+
+    before = signal.getsignal(signal.SIGCHLD)
+    raised_in_caller, seen = [], 0
+    with pytest.raises(Terminated if stop == "Terminated" else RuntimeError) as raised:
+        for _ in loader_batches(_ExitsWith(code), batch_size=4, num_workers=2):
+            seen += 1
+            try:
+                time.sleep(0.5)  # the worker dies while this process waits here
+            except RuntimeError as e:
+                raised_in_caller.append(str(e))
+    assert raised_in_caller == [] and seen >= 1
+    if code is not None:
+        assert "exited unexpectedly" in str(raised.value)
+    assert signal.getsignal(signal.SIGCHLD) is before  # the loader's handler is gone with it

@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import signal
+import threading
 from typing import Any, Iterator, List, Tuple
 
+from torch._C import _error_if_any_worker_fails
 from torch.utils.data import DataLoader, Dataset
 
-from ..signals import Terminated, interrupts_deferred, stop_received
+from ..signals import Terminated, interrupts_deferred, stop_received, worker_stop
 
 
 def _note_sigterm(flag: Any, worker_id: int) -> None:
@@ -38,8 +40,11 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
         yield from DataLoader(dataset, **options)
         return
     flag = multiprocessing.RawValue("b", 0)
+    deaths: List[RuntimeError] = []
 
-    def check() -> None:  # a worker's note, or a stop of this process Python could only report
+    def check() -> None:  # a worker's note or death, or a stop of this process Python could only report
+        if deaths and not flag.value:
+            raise worker_stop(deaths[0]) or deaths[0]
         stop = Terminated() if flag.value else stop_received()
         if stop is not None:
             raise stop
@@ -47,8 +52,17 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
     loader = DataLoader(dataset, worker_init_fn=functools.partial(_note_sigterm, flag), **options)
     with interrupts_deferred():  # the workers' start: a stop raised inside it (or inside its at-fork
         batches = iter(loader)   # hooks, where it is lost) leaves an iterator whose __del__ fails
+    waiting = [False]  # whether this process waits inside the loader, where a death is raised as torch raises it
+    previous = _note_deaths_in(deaths, waiting)
     try:
-        for batch in batches:
+        while True:
+            waiting[0] = True
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                waiting[0] = False
             check()
             yield batch
             check()
@@ -56,6 +70,36 @@ def loader_batches(dataset: Dataset, **options: Any) -> Iterator[Any]:
         if flag.value or _died_of(batches, signal.SIGTERM):  # then ended it before this process asked, or one that
             raise Terminated() from None                     # came before its note could be made: the stop it means
         raise
+    finally:
+        del batches  # its workers shut down here (unless a traceback holds it), while a death is only noted
+        _put_back(previous, deaths)
+
+
+def _note_deaths_in(deaths: List[RuntimeError], waiting: List[bool]) -> Any:
+    """While this process's main thread iterates a loader, a worker's death between batches is noted for the
+    next one, not raised wherever the main thread is then (torch's SIGCHLD handler raises it there: inside the
+    caller's own code, or pytest's, as a RuntimeError nothing expects); one while it waits for a batch is raised
+    at once, as torch does. Returns the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_child_ended(signum: int, frame: Any) -> None:
+        try:
+            _error_if_any_worker_fails()
+        except RuntimeError as e:
+            if waiting[0]:
+                raise
+            deaths.append(e)
+    on_child_ended.deaths = deaths  # type: ignore[attr-defined]
+    return signal.signal(signal.SIGCHLD, on_child_ended)
+
+
+def _put_back(previous: Any, deaths: List[RuntimeError]) -> None:
+    """The SIGCHLD handler before the loader's, unless a stop replaced the loader's meanwhile (see
+    :func:`~vitkit.signals.expect_worker_deaths`)."""
+    if threading.current_thread() is threading.main_thread() \
+            and getattr(signal.getsignal(signal.SIGCHLD), "deaths", None) is deaths:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL if previous is None else previous)
 
 
 def _died_of(batches: Any, signum: int) -> bool:
