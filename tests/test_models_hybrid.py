@@ -369,7 +369,8 @@ def test_grey_input_adapts_the_cnn_stem():
     rgb = randomize(VisionTransformer(hybrid_config((1,), img_size=32)))
     grey = VisionTransformer(hybrid_config((1,), img_size=32, in_chans=1))
     report = vitkit.load_weights(grey, rgb.state_dict())
-    assert any("patch_embed.backbone.stem.conv.weight 3 -> 1" in r for r in report.resampled)
+    assert report.adapted == ["patch_embed.backbone.stem.conv.weight 3 -> 1 input channels (summed, as timm's "
+                              "adapt_input_conv)"] and report.resampled == []
     assert torch.allclose(grey.patch_embed.backbone.stem.conv.weight,
                           rgb.patch_embed.backbone.stem.conv.weight.sum(1, keepdim=True))
 

@@ -43,6 +43,21 @@ def test_init_adapts_grid_channels_and_replaces_the_head(tmp_path):
     assert len(new.config.mean) == 1 and new.config.mean[0] == pytest.approx(sum(old.config.mean) / 3)
 
 
+def test_an_init_interpolation_that_resamples_nothing_is_refused_and_one_that_does_is_used(tmp_path):
+    """--init-interpolation at the weights' own size did nothing and was taken without a word (grey data's
+    summed filters are an adaptation, not a resampling); at another size it is the resampling used."""
+    old = _rgb_model(tmp_path)
+    same = dict(img_size=(32, 32), in_chans=1, num_classes=5, label_names=None)
+    with pytest.raises(ValueError, match=r"init_interpolation='bilinear' resamples .* need none at 32x32 px"):
+        model_from_init(str(tmp_path / "rgb"), same, {}, "new", log=lambda *a: None, interpolation="bilinear")
+    logs = []
+    new = model_from_init(str(tmp_path / "rgb"), {**same, "img_size": (48, 48)}, {}, "new", log=logs.append,
+                          interpolation="bilinear")
+    expected = resample_pos_embed(old.pos_embed.detach(), (6, 6), (4, 4), 1, "bilinear", True)
+    torch.testing.assert_close(new.pos_embed.detach(), expected)
+    assert "pos_embed 4x4 -> 6x6 (bilinear, antialiased)" in logs[0]
+
+
 def test_grey_init_computes_what_the_rgb_model_computed_on_grey_images(tmp_path):
     old = _rgb_model(tmp_path).eval()
     data = dict(img_size=(32, 32), in_chans=1, num_classes=5, label_names=None)

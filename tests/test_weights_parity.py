@@ -79,6 +79,37 @@ def test_pos_embed_resampling_matches_timm():
     assert max_diff(ours_384.pos_embed.detach(), expected) <= 1e-6
 
 
+def test_convert_says_what_it_resampled_and_refuses_an_interpolation_that_resamples_nothing(tmp_path, capsys):
+    """`vitkit convert --interpolation` took the flag and wrote the model at its stored size without a word (the
+    flag did nothing), and a resampled table was never said. The table written is timm's resampling of it."""
+    from safetensors.torch import load_file
+    from timm.layers import resample_abs_pos_embed
+    from timm.models import save_for_hf
+
+    from vitkit.cli import main
+
+    args = {"num_classes": 2, "img_size": 64, "depth": 1}
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", **args)).eval()
+    src = tmp_path / "hub"  # timm's hub layout: its config says 64 px
+    save_for_hf(ref, src, model_args=args, safe_serialization=True)
+    for size in ([], ["--img-size", "64"]):
+        assert main(["convert", str(src), str(tmp_path / "same"), "--to", "vitkit", "--interpolation", "bilinear",
+                     "--threads", "1", *size]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--interpolation bilinear resamples" in err and "need none" in err
+        assert not (tmp_path / "same").exists()
+    assert main(["convert", str(src), str(tmp_path / "big"), "--to", "vitkit", "--interpolation", "bilinear",
+                 "--img-size", "96", "--threads", "1"]) == 0
+    assert "note: resampled pos_embed 4x4 -> 6x6 (bilinear, antialiased)" in capsys.readouterr().err
+    written = load_file(tmp_path / "big" / "model.safetensors")["pos_embed"]
+    expected = resample_abs_pos_embed(ref.pos_embed.detach(), new_size=(6, 6), num_prefix_tokens=1,
+                                      interpolation="bilinear", antialias=True)
+    assert max_diff(written, expected) <= 1e-6
+    model, report = vitkit.from_pretrained(src, img_size=96, output_loading_info=True)  # transformers' keyword
+    assert report.format == "timm" and report.resampled == ["pos_embed 4x4 -> 6x6 (bicubic, antialiased)"]
+    assert isinstance(vitkit.from_pretrained(src), torch.nn.Module)
+
+
 def test_timm_api_classifier_and_intermediates_of_a_model_without_prefix_tokens(images):
     """get_classifier() (timm's: missing) and forward_intermediates(return_prefix_tokens=True) on a model without
     prefix tokens: timm returns the maps alone, vitkit returned (map, empty) pairs."""

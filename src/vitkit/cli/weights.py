@@ -6,7 +6,7 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from ..files import check_output
 from .common import (
@@ -43,8 +43,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     replaced = _replaced(Path(args.dst))
     # a transformers DINOv2 at the size its processor makes, as transformers runs it: a graph at that size, the
     # layouts that say their input size with the table held as stored; the official files hold no input size
-    model = load_model(args, interpolation=args.interpolation, at_processor_size=args.to not in ONE_SIZE_LAYOUTS,
-                       **size_of(args))
+    model, report = load_model(args, interpolation=args.interpolation, output_loading_info=True,
+                               at_processor_size=args.to not in ONE_SIZE_LAYOUTS, **size_of(args))
+    _say_resampled(model, report.resampled, args.interpolation)
     if args.to in ("onnx", "openvino"):
         return _said_replaced(_convert_onnx(model, args), replaced, args.dst)
     from ..weights.export import source_half_dtype
@@ -73,6 +74,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({args.to}, {fmt_int(info['params'])} parameters"
               + (f", {info['dtype']} as the source" if half else "") + ")")
     return _said_replaced(0, replaced, args.dst)
+
+
+def _say_resampled(model, resampled: List[str], interpolation: Optional[str]) -> None:
+    """What loading resampled to the size asked, said (a table or filters of another size compute another function
+    than the stored ones); --interpolation where nothing was resampled did nothing, and is refused before the work."""
+    if interpolation and not resampled:
+        held = getattr(model.config, "pos_embed_size", None)
+        how = (f"; the model holds its table at {held[0]}x{held[1]} and resamples it to each input's grid as its "
+               f"config says ({model.config.pos_embed_interpolation})" if held else "")
+        raise ValueError(f"--interpolation {interpolation} resamples a position table or patch filters of another "
+                         f"size while the weights load, and these need none at the size asked{how}: give --img-size "
+                         f"H W to write the model at another size, or leave --interpolation out")
+    for what in resampled:
+        print(f"vitkit convert: note: resampled {what}", file=sys.stderr)
 
 
 def _replaced(dst: Path) -> Optional[str]:

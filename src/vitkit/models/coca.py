@@ -132,7 +132,7 @@ def is_coca_state_dict(keys: Collection[str]) -> bool:
 
 def infer_coca_config(sd: Mapping[str, Any], **overrides: Any) -> CoCaConfig:
     """The tower off its shapes, with open_clip's defaults for what no tensor holds (said by
-    :func:`vitkit.weights.pretrained.note_guesses`): the pooler's 8 heads, eps 1e-5, exact GELU. A head of the
+    :func:`vitkit.weights.guesses.note_guesses`): the pooler's 8 heads, eps 1e-5, exact GELU. A head of the
     queries' width is the image-text projection."""
     size = overrides.get("img_size")
     kw = vit_fields(sd, to_2tuple(size) if size is not None else None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Collection, Dict, Tuple
+from typing import Any, Collection, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -22,9 +22,10 @@ from ..models import build_from_config
 from ..models.config_base import fit_channel_stats, fit_table_size, no_classes
 from ..runlock import unfinished_run
 from ..weights.claims import check_claims
+from ..weights.guesses import note_guesses, open_fields
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
-from ..weights.pretrained import note_guesses, open_fields, processor_run_config, stored_config, weights_path
+from ..weights.pretrained import processor_run_config, stored_config, weights_path
 from .config import resolve_width
 from .memory import check_model_fits
 
@@ -85,6 +86,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         # the position table resampled as the source's library resamples it (as from_pretrained does), or as named
         report = load_into(model, src, strict=True, exclude=exclude,
                            interpolation=None if interpolation == "auto" else interpolation)
+    _check_resampled(interpolation, report.resampled, config.img_size)
     if head == "new":
         model.reset_classifier(config.num_classes)
     # what starts afresh beside the heads trains in every mode, as the heads do (a new MAP pool or pre-logits
@@ -94,8 +96,16 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     log(f"initialised from {source} ({report.format}); head: {head}" + _objective_left_out(src)
         + (f"; started afresh beside it: {', '.join(model.fresh_parts)}" if model.fresh_parts else "")
         + (f"; the weights' {', '.join(dropped)} left out (the readout asked has none)" if dropped else "")
-        + "".join(f"; {r}" for r in report.resampled))
+        + "".join(f"; {r}" for r in report.adapted + report.resampled))
     return model
+
+
+def _check_resampled(interpolation: str, resampled: List[str], img_size: Tuple[int, int]) -> None:
+    """An --init-interpolation that resampled nothing did nothing: refused before the run, as convert refuses it."""
+    if interpolation != "auto" and not resampled:
+        raise ValueError(f"init_interpolation={interpolation!r} resamples the --init weights' position table or patch "
+                         f"filters to the data's size, and they need none at {img_size[0]}x{img_size[1]} px: leave it "
+                         f"out (or fine-tune at another --img-size)")
 
 
 def _stored(src: Any, img_size: Any) -> Any:

@@ -34,16 +34,19 @@ CONFIG_METADATA_KEY = "vitkit_config"
 
 @dataclass
 class LoadReport:
-    """What a load did: the source format, and every name that did not line up."""
+    """What a load did: the source format, every name that did not line up, what was resampled to the model's size
+    (a position table, patch filters: by the load's interpolation) and what was adapted otherwise (input
+    channels)."""
 
     format: str
     missing: List[str] = field(default_factory=list)
     unexpected: List[str] = field(default_factory=list)
     resampled: List[str] = field(default_factory=list)
+    adapted: List[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"format: {self.format}"]
-        for name in ("missing", "unexpected", "resampled"):
+        for name in ("missing", "unexpected", "resampled", "adapted"):
             items = getattr(self, name)
             if items:
                 lines.append(f"{name} ({len(items)}): {', '.join(items)}")
@@ -504,9 +507,10 @@ def load_into(model: nn.Module, source: Union[PathLike, Mapping[str, Any], Sourc
     if strict:
         check_prefix_tokens(sd, model, exclude)
     adapt_pos_embed(sd, model, facts, fit, report)
-    adapted = [m for m in (_adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias))
-               if m]
-    report.resampled += adapted
+    channels, patches = _adapt_input_channels(sd, model), _adapt_patch_size(sd, model, interpolation, antialias)
+    report.adapted += [channels] if channels else []
+    report.resampled += [patches] if patches else []
+    adapted = [m for m in (channels, patches) if m]
     out = load_state_dict_checked(model, sd, strict, exclude, report, copy, file_names=src.tensors.keys())
     # filters that compute another function are said; a position grid is the expected case
     for what in adapted if copy else ():
@@ -530,4 +534,5 @@ def _load_pretrainer(model: Pretrainer, src: Source, strict: bool, interpolation
     report.missing += [f"encoder.{k}" for k in encoder.missing]
     report.unexpected += [f"encoder.{k}" for k in encoder.unexpected]
     report.resampled += encoder.resampled
+    report.adapted += encoder.adapted
     return report

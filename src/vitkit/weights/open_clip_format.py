@@ -9,7 +9,7 @@ ln_2, mlp.c_fc, mlp.c_proj}`` (``ls_1.gamma`` / ``ls_2.gamma`` with LayerScale),
 
 The tensors do not hold the activation: OpenAI's weights were trained with QuickGELU, LAION's with
 GELU. A hub folder's ``open_clip_config.json`` says which (``model_cfg.quick_gelu``) and gives the
-preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights.pretrained.GuessWarning`
+preprocessing; a bare file is read with exact GELU and a :class:`~vitkit.weights.guesses.GuessWarning`
 says so (``gelu='quick'`` for OpenAI's). Heads are width / ``head_width`` (64, or 80-112 for the
 widths of ViT-H/g/bigG/e, as open_clip's configs set it).
 The readout is the class token, or the patch tokens' mean (``pool_type='avg'``) with ``ln_post`` before or after
@@ -45,7 +45,7 @@ WIDE_HEAD_WIDTHS = {1280: 80, 1408: 88, 1664: 104, 1792: 112}
 #: ResNet towers' widths: a ViT of those is read with a note)
 PLAIN_WIDTHS = (384, 512, 768, 896, 1024)
 #: open_clip's preprocess_cfg resize_mode -> vitkit's crop_mode (its "longest" pads to a square, which vitkit does
-#: not: read as "center" and said, ``pretrained.guesses``)
+#: not: read as "center" and said, ``guesses.guesses``)
 RESIZE_MODES = {"shortest": "center", "squash": "squash"}
 #: the file names of open_clip's hub repositories, after vitkit's own in a folder
 WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")

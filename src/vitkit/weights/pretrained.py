@@ -21,16 +21,16 @@ from ..models import build_from_config, config_from_dict, family_of, get_model_c
 from ..models.config_base import fit_channel_stats, fit_table_size
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
-from ..models.sizes import to_2tuple
 from ..selfsup import pretrainer_from_configs
 from ..utils import check_switches
 from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
 from .claims import check_claims
+from .guesses import GuessWarning, guesses, note_guesses
 from .hf_backbone import backbone_plan
 from .hf_tower_parts import ProcessorConfigError
 from .hub_download import HUB_PREFIX, download_from_hub, hub_failure  # noqa: F401 (re-exported)
 from .io import WeightsError
-from .load import WEIGHT_FILES, AdaptNote, Source, load_into, read_source, to_native
+from .load import WEIGHT_FILES, AdaptNote, LoadReport, Source, load_into, read_source, to_native
 
 
 def _config_file(src: Source) -> str:
@@ -208,10 +208,10 @@ def _check_loads(config: Any, src: Source) -> None:
     _load_described(model, src, src.config_json, copy=False)
 
 
-def _load_described(model: nn.Module, src: Source, described: Optional[Mapping[str, Any]], **how: Any) -> None:
+def _load_described(model: nn.Module, src: Source, described: Optional[Mapping[str, Any]], **how: Any) -> LoadReport:
     """``load_into``; tensors of other shapes than the architecture a config file ``described`` say which file."""
     try:
-        load_into(model, src, **how)
+        return load_into(model, src, **how)
     except WeightsError as e:
         if described is None or not str(e).startswith("shape mismatch"):
             raise
@@ -221,7 +221,8 @@ def _load_described(model: nn.Module, src: Source, described: Optional[Mapping[s
 def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: bool = True,
                     interpolation: Optional[str] = None, encoder_only: bool = False, features_only: bool = False,
                     out_indices: Optional[Union[int, Sequence[int]]] = None, pyramid: bool = False,
-                    pyramid_channels: int = 256, at_processor_size: bool = True, **overrides: Any) -> nn.Module:
+                    pyramid_channels: int = 256, at_processor_size: bool = True, output_loading_info: bool = False,
+                    **overrides: Any) -> nn.Module:
     """Build a model and load its weights from a folder, a file or ``"hf-hub:org/name"``.
 
     ``model_name`` forces the architecture (``"vit_small_patch16_224"``) instead of reading it
@@ -241,15 +242,18 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     A transformers DINOv2 or DINOv3 folder is built at the size its image processor makes, as transformers
     runs it (``facebook/dinov2-*``: 224 px, its 518 px table resampled as transformers resamples it);
     ``at_processor_size=False`` builds it at its config's ``image_size`` (the table as it is stored).
+    ``output_loading_info=True`` returns ``(model, report)``, as transformers' ``from_pretrained`` does: the
+    :class:`~vitkit.weights.load.LoadReport` names the source's format and what was resampled to fit the model.
     """
     check_switches("from_pretrained", strict=strict, encoder_only=encoder_only, features_only=features_only,
-                   pyramid=pyramid, at_processor_size=at_processor_size)
+                   pyramid=pyramid, at_processor_size=at_processor_size, output_loading_info=output_loading_info)
     path = weights_path(source)
     if not path.exists():
         raise WeightsError(f"weights not found: {path} (no such file or folder)" + _name_hint(str(source)))
     src = read_source(path)
     if src.pretraining and not (encoder_only or features_only):  # a backbone is the encoder
-        return _pretrainer(src, model_name, strict, interpolation, overrides)
+        model, report = _pretrainer(src, model_name, strict, interpolation, overrides)
+        return (model, report) if output_loading_info else model
     stored, model_name = _config_to_build(src, model_name, overrides)
     if not model_name:
         check_claims(stored, src)
@@ -263,8 +267,8 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
     if config.num_classes != stored.num_classes:  # every classifier (a distilled DeiT's head_dist too) is new
         exclude = tuple(f"{name}." for name in model.head_names())
     # resampled to another size as the source's library resamples it (resampling.load_resampling)
-    _load_described(model, src, None if model_name else src.config_json, strict=strict, interpolation=interpolation,
-                    exclude=exclude)
+    report = _load_described(model, src, None if model_name else src.config_json, strict=strict,
+                             interpolation=interpolation, exclude=exclude)
     norm = False
     if features_only and out_indices is None:  # a saved backbone or a transformers one: the maps it returns
         depth = len(getattr(model, "blocks", ()))
@@ -272,7 +276,7 @@ def from_pretrained(source: PathLike, model_name: Optional[str] = None, strict: 
         out_indices, norm = plan or (None, False)
     model = as_features(model, features_only, out_indices, pyramid, pyramid_channels, norm)
     model.eval()
-    return model
+    return (model, report) if output_loading_info else model
 
 
 def _processor_run(src: Source, stored: Any, overrides: Dict[str, Any], path: Path, at_processor_size: bool
@@ -317,130 +321,8 @@ def saved_features(src: Source) -> Optional[Tuple[List[int], bool]]:
     return blocks, norm
 
 
-class GuessWarning(UserWarning):
-    """An architecture read off a bare state dict's shapes in a field the shapes do not hold."""
-
-
-def note_guesses(config: Any, src: Source, overrides: Dict[str, Any]) -> None:
-    """Say, once per load, which fields of an architecture read off bare tensors were guessed (:func:`guesses`):
-    a wrong guess changes every output without an error."""
-    for guess in guesses(config, src, overrides):
-        warnings.warn(f"{src.path} holds tensors only: {guess}", GuessWarning, stacklevel=3)
-
-
-def guesses(config: Any, src: Source, overrides: Optional[Dict[str, Any]] = None) -> list:
-    """What an architecture read off bare tensors took for fields no tensor holds, a sentence each: open_clip's
-    activation (and a resize_mode of its config that vitkit has no equivalent for); the input normalisation; a
-    fused qkv matrix's number of heads (width / 64 outside the paper's table); and what :func:`_unstored` names.
-    Empty for a source with its config, or where ``overrides`` set the field."""
-    overrides = overrides or {}
-    if src.format == "open_clip":
-        said = []
-        # an open_clip_config.json without its model_cfg says no more than none (it was read without a note)
-        bare = not isinstance((src.open_clip_config or {}).get("model_cfg"), Mapping)
-        if bare and "gelu" not in overrides:
-            said.append("open_clip's activation is not stored and was read as exact GELU (LAION's); OpenAI's CLIP "
-                        "weights need gelu='quick' (or the folder with open_clip_config.json)")
-        if bare and "num_heads" not in overrides and not open_clip_format.heads_known(
-                config.embed_dim):
-            said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
-                        f"{config.embed_dim} / 64, open_clip's default head width); a tower trained with another "
-                        f"needs num_heads= (or the folder with open_clip_config.json)")
-        if bare and config.global_pool == "avg":
-            said.append("its readout is not stored: a tower without ln_pre was read as CLIPA's (the patch tokens' "
-                        "mean, ln_post after it; every open_clip config without ln_pre pools so; or the folder with "
-                        "open_clip_config.json)")
-        mode = open_clip_format.unread_resize_mode(src.open_clip_config)
-        if mode and "crop_mode" not in overrides:
-            said.append(f"its preprocess_cfg resize_mode {mode!r} is not one vitkit does ('shortest', 'squash'; "
-                        f"open_clip's 'longest' pads to a square): images are resized and centre-cropped instead "
-                        f"(crop_mode='center'); pass crop_mode= to choose")
-        return said
-    if src.config_json is not None or src.format != "timm":
-        return []
-    said = []
-    if src.open_clip_trunk:
-        read = ["timm_pool 'avg' after the norm"] if src.open_clip_projection else []
-        read += ["its head an embedding's projection"] if "head.weight" in src.tensors else []
-        read += ["CLIP's normalisation", "the whole image resized"]
-        said.append(f"an open_clip tower built by timm, without its open_clip_config.json: read with open_clip's "
-                    f"defaults ({', '.join(read)}); the folder with open_clip_config.json removes the guess")
-    elif "mean" not in overrides and "std" not in overrides:  # preprocessing: every image predict/eval/train feeds
-        said.append(f"its input normalisation is not stored and was read as mean {_numbers(config.mean)} std "
-                    f"{_numbers(config.std)}, and its resize as {config.interpolation} to the centre "
-                    f"{config.crop_pct:g} ({config.crop_mode}); a model trained with another (DeiT's, DINOv2's and "
-                    f"BEiT v2's are ImageNet's, CLIP's its own) needs mean= and std= (vitkit predict --mean --std; "
-                    f"crop_pct= and interpolation= in Python)")
-    if getattr(config, "architecture", None) == "coca" and not overrides:
-        said.append("what no tensor holds was assumed as open_clip builds CoCa: LayerNorm eps 1e-5, exact GELU, the "
-                    "pooler's 8 heads, the tower's heads 64 wide, a head of the pooler's width the projection; load "
-                    "open_clip's folder (open_clip_config.json) to be sure")
-    if getattr(config, "architecture", None) != "vit":
-        return said
-    from ..models.vit import HEADS_BY_WIDTH
-
-    if config.embed_dim not in HEADS_BY_WIDTH and "num_heads" not in overrides:
-        said.append(f"its number of heads is not stored and was read as {config.num_heads} (width "
-                    f"{config.embed_dim} / 64); if the model had another, load it with its architecture "
-                    f"(--model NAME, model_name=) or num_heads= (vitkit train --init: --model-args)")
-    assumed = _unstored(config, src, overrides)
-    if assumed:
-        said.append(f"what no tensor holds was assumed: {'; '.join(assumed)}. Load it with its architecture "
-                    f"(--model NAME, model_name=) or from its hub folder to be sure")
-    return said
-
-
-def open_fields(config: Any, src: Source) -> frozenset:
-    """The config fields a bare source's tensors do not hold (what :func:`guesses` says were taken for them):
-    fine-tuning's --model-args may set them, where a field the weights do hold is refused (a bare file's guessed
-    1 head was "the weights'", and every way the notes named to give the true count was refused)."""
-    preprocessing = {"mean", "std", "crop_pct", "interpolation", "crop_mode"}
-    if src.format == "open_clip":
-        bare = not isinstance((src.open_clip_config or {}).get("model_cfg"), Mapping)
-        return frozenset({"gelu", "num_heads", *preprocessing} if bare else ())
-    if src.config_json is not None or src.format != "timm":
-        return frozenset()
-    if getattr(config, "architecture", None) != "vit":
-        return frozenset(preprocessing)
-    from ..models.vit import UNSTORED
-
-    return frozenset({*preprocessing, "num_heads", *UNSTORED})
-
-
-def _numbers(values: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
-
-
-def _unstored(config: Any, src: Source, overrides: Dict[str, Any]) -> list:
-    """What a bare ViT state dict leaves open where it matters. The original ViTs and DeiT (a class token, plain
-    blocks) are read as they were built; a file with anything of the later ViTs (registers, a pre-norm, a MAP
-    head, SwiGLU, RMSNorm, q/k or sub-norms, or no class token: timm's gap, SigLIP-gap, relpos and rpn models)
-    could have any of UNSTORED's fields otherwise (a SigLIP-gap file's tanh GELU, BEiT-3's eps 1e-5, an rpn
-    file's post-norm blocks change every output without an error). Also the image size, where the positions
-    hold no grid (a relative-bias MLP's bias depends on it). A field in ``overrides`` is not a guess."""
-    from ..models.vit import UNSTORED
-
-    later = (any(n in src.tensors for n in ("reg_token", "norm_pre.weight", "attn_pool.latent"))
-             or config.mlp != "mlp" or config.norm == "rmsnorm" or not config.class_token
-             or config.qk_norm or config.attn_norm or config.mlp_norm)
-    assumed = [what for field, what in UNSTORED.items() if field not in overrides] if later else []
-    prefix = int(config.class_token) + int(config.distill_token) + config.reg_tokens
-    # a size asked for settles the reading only where it is the table's own (another one is a resampling of it)
-    saved_at = overrides.get("img_size") is not None and to_2tuple(overrides["img_size"]) == tuple(config.img_size)
-    if config.pos_embed == "learned" and config.no_embed_class and prefix and not config.reg_tokens and \
-            not saved_at:
-        h, w = config.grid_size
-        assumed.append(f"the position table over the patches only ({h}x{w}, DeiT III's and FlexiViT's form; "
-                       f"a class slot before {h * w - 1} patches of a non-square grid reads the same: img_size= "
-                       f"(--img-size) the size it was saved at, for that)")
-    if config.pos_embed in ("relative_mlp", "none") and "img_size" not in overrides:
-        h, w = config.img_size
-        assumed.append(f"the image size ({h}x{w} px: its positions hold no grid; img_size= for another)")
-    return assumed
-
-
 def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolation: Optional[str],
-                overrides: Dict[str, Any]) -> nn.Module:
+                overrides: Dict[str, Any]) -> Tuple[nn.Module, LoadReport]:
     """The pre-training model a source holds, at its own size (fine-tuning changes sizes)."""
     if model_name or overrides:
         given = ", ".join(([f"model_name={model_name!r}"] if model_name else []) + sorted(overrides))
@@ -455,8 +337,8 @@ def _pretrainer(src: Source, model_name: Optional[str], strict: bool, interpolat
         raise WeightsError(f"{src.path or 'the weights'}: {' '.join(str(e).split())}: its {src.pretraining} "
                            f"pre-training model cannot be built; its encoder loads (encoder_only=True, or "
                            f"vitkit train --init)") from None
-    load_into(model, src, strict=strict, interpolation=interpolation)
-    return model.eval()
+    report = load_into(model, src, strict=strict, interpolation=interpolation)
+    return model.eval(), report
 
 
 def _name_hint(source: str) -> str:
