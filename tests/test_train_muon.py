@@ -162,8 +162,8 @@ def test_a_muon_run_learns_and_resumes_bitwise(tmp_path):
     rows = [json.loads(r) for r in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     assert losses[-1] < 0.75 * losses[0] and summary["test_top1"] > 0.55  # chance is 0.1
-    train(config("resumed", 80))
-    run = tmp_path / "resumed"
+    run = tmp_path / "resumed"  # the same run, as if it had stopped after step 40
+    shutil.copytree(tmp_path / "straight", run)
     (run / "checkpoints" / "step_00000080.pt").unlink()  # as if it had stopped after step 40
     shutil.rmtree(run / "model")
     assert train(config("ignored", 80), resume=str(run), log=lambda line: None)["resumed_at_step"] == 40

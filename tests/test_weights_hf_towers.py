@@ -455,8 +455,28 @@ def test_a_file_without_the_part_its_class_always_holds_is_refused(cls, config, 
 
 
 def test_a_siglip_without_a_head_by_its_config_or_a_classifier_loads(tmp_path, images):
-    T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL, vision_use_head=False)).save_pretrained(tmp_path / "plain")
-    assert vitkit.from_pretrained(tmp_path / "plain").config.global_pool == "avg"
+    """A SigLIP tower without its head (PaliGemma's: vision_use_head false) was written back as an IJepaModel (the
+    same function, another class and layout): it is written as it came, and transformers reads the same tokens."""
+    hf = T.SiglipVisionModel(T.SiglipVisionConfig(**SMALL, vision_use_head=False)).eval()
+    hf.save_pretrained(tmp_path / "plain")
+    plain = vitkit.from_pretrained(tmp_path / "plain")
+    assert plain.config.global_pool == "avg"
+    vitkit.export_weights(plain, tmp_path / "back", "hf")
+    back = T.AutoModel.from_pretrained(tmp_path / "back").eval()
+    assert type(back).__name__ == "SiglipVisionModel" and back.config.vision_use_head is False
+    with torch.no_grad():
+        tokens = hf(pixel_values=images(2, 32, 32)).last_hidden_state
+        assert _close(back(pixel_values=images(2, 32, 32)).last_hidden_state, tokens)
+        assert _close(plain(images(2, 32, 32)), tokens.mean(1))
+    timm = pytest.importorskip("timm")  # timm's SigLIP without its head, the same way
+    kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=0)
+    ref = randomize(timm.create_model("vit_base_patch16_siglip_gap_224", **kw)).eval()
+    ours = vitkit.create_model("vit_base_patch16_siglip_gap_224", **kw)
+    ours.load_state_dict(ref.state_dict())
+    vitkit.export_weights(ours, tmp_path / "timm_gap", "hf")
+    theirs = T.SiglipVisionModel.from_pretrained(tmp_path / "timm_gap").eval()
+    with torch.no_grad():
+        assert _close(theirs(pixel_values=images(2, 32, 32)).last_hidden_state, ref.forward_features(images(2, 32, 32)))
     hf = T.SiglipForImageClassification(T.SiglipConfig(text_config=TEXT, vision_config=SMALL, num_labels=3)).eval()
     hf.save_pretrained(tmp_path / "classes")
     model = vitkit.from_pretrained(tmp_path / "classes").eval()

@@ -181,8 +181,12 @@ def _siglip_problems(config: Any) -> List[str]:
     if config.global_pool == "map" and (config.map_heads not in (None, config.num_heads)
                                         or config.map_mlp_dim not in (None, config.mlp_dim)):
         problems.append("SigLIP's head uses the blocks' heads and MLP width")
-    if config.global_pool != "map":
-        problems.append("SigLIP's tower reads out with its attention pool (global_pool='map')")
+    # without its head (vision_use_head false, PaliGemma's tower) it holds the normed tokens, read as their mean: a
+    # SigLIP by its GELU (big_vision's tanh) or its name (timm's SigLIP-gap, exact GELU), else I-JEPA's layout
+    siglip = config.gelu == "tanh" or "siglip" in (getattr(config, "name", None) or "")
+    if config.global_pool != "map" and not (config.global_pool == "avg" and not config.use_fc_norm and siglip):
+        problems.append("SigLIP's tower reads out with its attention pool (global_pool='map'), or without it "
+                        "(vision_use_head false) the mean of its normed tokens (global_pool='avg', no fc_norm)")
     return problems
 
 
@@ -191,7 +195,7 @@ def _siglip_hf_config(config: ViTConfig) -> Dict[str, Any]:
                 num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
                 intermediate_size=config.mlp_dim, image_size=config.img_size[0], patch_size=config.patch_size[0],
                 num_channels=config.in_chans, layer_norm_eps=config.norm_eps,
-                hidden_act=HF_ACT_NAMES[config.gelu], vision_use_head=True)
+                hidden_act=HF_ACT_NAMES[config.gelu], vision_use_head=config.global_pool == "map")
 
 
 
