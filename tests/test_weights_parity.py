@@ -110,6 +110,19 @@ def test_convert_says_what_it_resampled_and_refuses_an_interpolation_that_resamp
     assert isinstance(vitkit.from_pretrained(src), torch.nn.Module)
 
 
+def test_weights_of_another_architecture_by_a_name_are_said_to_be_that_not_a_size(tmp_path):
+    """A DeiT III name over DINOv2's tensors (a class slot before its 4x4 grid; DeiT III's table has none) was
+    told to "build the model at the size it was trained at": every size was refused as well."""
+    from safetensors.torch import save_file
+
+    ref = timm.create_model("vit_small_patch14_dinov2", img_size=56, depth=1, embed_dim=64, num_heads=2)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "dinov2.safetensors")
+    with pytest.raises(WeightsError, match=r"17 slots: .* it reads as 1 prefix slot\(s\) before a 4x4 grid, which the "
+                                           r"model \(deit3_small_patch16_224\) has no slots for: weights of another "
+                                           r"architecture"):
+        vitkit.from_pretrained(tmp_path / "dinov2.safetensors", model_name="deit3_small_patch16_224")
+
+
 def test_timm_api_classifier_and_intermediates_of_a_model_without_prefix_tokens(images):
     """get_classifier() (timm's: missing) and forward_intermediates(return_prefix_tokens=True) on a model without
     prefix tokens: timm returns the maps alone, vitkit returned (map, empty) pairs."""

@@ -139,8 +139,8 @@ def adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappin
             side = _square_side(n - src_prefix)
             if side is None:
                 raise WeightsError(f"pos_embed has {n} slots: not a square grid plus {src_prefix} prefix "
-                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid; build "
-                                   f"the model at the size it was trained at (img_size=, --img-size H W)")
+                                   f"slot(s); cannot resample it to the model's {grid[0]}x{grid[1]} grid; "
+                                   + _other_prefix(n, src_prefix, model))
             src_grid = (side, side)
         if src_prefix < prefix:
             # Prefix tokens the source adds after the positions (big_vision, timm
@@ -153,6 +153,21 @@ def adapt_pos_embed(sd: Dict[str, torch.Tensor], model: nn.Module, facts: Mappin
             report.resampled.append(f"pos_embed {src_grid[0]}x{src_grid[1]} -> {grid[0]}x{grid[1]} ({fit.said})")
         sd["pos_embed"] = pos
     report.resampled.extend(positions.fit_state_dict(sd, model, fit))
+
+
+def _other_prefix(n: int, prefix: int, model: nn.Module) -> str:
+    """The advice for a table of no square grid after the model's prefix slots: where it is one after another count
+    of them (DINOv2's class slot before its grid, loaded by a DeiT III name whose table has none), the weights are
+    of another architecture, and no image size makes them fit; else the size they were trained at may."""
+    at_size = "build the model at the size it was trained at (img_size=, --img-size H W)"
+    other = next(((k, side) for k in range(1, 6) if k != prefix and (side := _square_side(n - k))), None)
+    if other is None:
+        return at_size
+    name = getattr(getattr(model, "config", None), "name", None)
+    return (f"it reads as {other[0]} prefix slot(s) before a {other[1]}x{other[1]} grid, which the model"
+            f"{f' ({name})' if name else ''} has no slots for: weights of another architecture (load them by their "
+            f"own name, or without one: their tensors say what they are); for a table of a non-square grid, "
+            f"{at_size}")
 
 
 #: the prefix tokens a token model may have: the tensor, the config field that makes it, what it is in words
