@@ -158,6 +158,36 @@ def test_a_torn_summary_of_a_study_run_is_named_and_the_last_results_stay(tmp_pa
     assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["b.json"]  # nothing written, no staging left
 
 
+def test_two_writers_of_files_that_belong_together_install_one_whole_set_after_the_other(tmp_path):
+    """Two `vitkit eval --out DIR` at once renamed their files in one by one, interleaved: one's confusion matrix
+    beside the other's numbers. The renames hold a lock on the folder: a writer waits for the other's whole set."""
+    import fcntl
+    import os
+    import threading
+
+    from vitkit.files import files_together
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another writer, part-way through its renames
+
+    def write():
+        with files_together(out) as stage:
+            (stage / "eval.json").write_text("b")
+            (stage / "confusion_matrix.png").write_text("b")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(timeout=1.0)
+    assert writer.is_alive() and not (out / "eval.json").exists()  # it waits, with nothing of its set in place
+    for name in ("eval.json", "confusion_matrix.png"):
+        (out / name).write_text("a")  # the other's set, whole
+    os.close(fd)
+    writer.join(timeout=30)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"eval.json": "b", "confusion_matrix.png": "b"}
+
+
 def test_a_timm_safetensors_export_reads_back_with_the_model_named_as_the_pth_does(tmp_path, capsys):
     torch.manual_seed(0)
     model = vitkit.create_model("vit_fmnist_hybrid").eval()  # sine-cosine positions: timm's files hold a table

@@ -15,7 +15,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Union
 
 from .signals import interrupts_deferred
 
@@ -310,8 +310,8 @@ def files_together(folder: PathLike) -> Iterator[Path]:
         if in_way := [out / p.name for p in staged if (out / p.name).is_dir()]:  # (the rename named the staging
             raise ValueError(f"{in_way[0]} is a folder, in the way of the file to write there: move or remove "
                              f"it (nothing was written)")  # folder's file, gone by the time it was read)
-        with interrupts_deferred():
-            for path in staged:
+        with interrupts_deferred(), held(out):  # two writers at once: one whole set, then the other's (they
+            for path in staged:                 # interleaved: one's figure beside the other's numbers)
                 os.replace(path, out / path.name)
 
 
@@ -369,11 +369,16 @@ def _as_written(error: BaseException, staging: Path, folder: Path) -> Optional[O
         OSError(error.errno, error.strerror, str(meant))
 
 
-@contextlib.contextmanager
-def parent_held(folder: Path) -> Iterator[None]:
+def parent_held(folder: Path) -> ContextManager[None]:
     """An exclusive flock on ``folder``'s parent while a model is moved into ``folder`` (renames only: brief), or
     a file pair into place beside it (an OpenVINO IR's .xml and .bin)."""
-    fd = os.open(folder.parent, os.O_RDONLY)
+    return held(folder.parent)
+
+
+@contextlib.contextmanager
+def held(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``folder`` while files that belong together are renamed into it."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
