@@ -182,6 +182,14 @@ def test_info_says_where_the_table_is_held_and_convert_counts_what_it_wrote(tmp_
     assert main(["convert", str(folder), str(tmp_path / "hf"), "--to", "hf", "--threads", "1"]) == 0
     written = sum(p.numel() for p in vitkit.from_pretrained(tmp_path / "hf").parameters())
     assert f"(hf, {written:,} parameters)" in capsys.readouterr().out
+    # a held table is resampled by its own rule to each input: --interpolation does nothing but at another size
+    assert main(["convert", str(folder), str(tmp_path / "v"), "--to", "vitkit", "--interpolation", "bilinear",
+                 "--threads", "1"]) == 2
+    assert "holds its table as stored (for 64x64 px), resampled to each input's grid as its config says (bicubic): " \
+           "give --img-size H W" in capsys.readouterr().err
+    assert main(["convert", str(folder), str(tmp_path / "v"), "--to", "vitkit", "--interpolation", "bilinear",
+                 "--img-size", "32", "--threads", "1"]) == 0
+    assert "note: resampled pos_embed 4x4 -> 2x2 (bilinear, antialiased)" in capsys.readouterr().err
 
 
 def test_a_table_size_given_as_one_side_is_the_weights_own_and_one_smaller_than_a_patch_is_refused(tmp_path):

@@ -81,11 +81,12 @@ def _say_resampled(model, resampled: List[str], interpolation: Optional[str]) ->
     than the stored ones); --interpolation where nothing was resampled did nothing, and is refused before the work."""
     if interpolation and not resampled:
         held = getattr(model.config, "pos_embed_size", None)
-        how = (f"; the model holds its table at {held[0]}x{held[1]} and resamples it to each input's grid as its "
-               f"config says ({model.config.pos_embed_interpolation})" if held else "")
+        what = (f"this model holds its table as stored (for {held[0]}x{held[1]} px), resampled to each input's grid "
+                f"as its config says ({model.config.pos_embed_interpolation})" if held else
+                "these need none at the size asked")
         raise ValueError(f"--interpolation {interpolation} resamples a position table or patch filters of another "
-                         f"size while the weights load, and these need none at the size asked{how}: give --img-size "
-                         f"H W to write the model at another size, or leave --interpolation out")
+                         f"size while the weights load, and {what}: give --img-size H W to write the model at "
+                         f"another size, or leave --interpolation out")
     for what in resampled:
         print(f"vitkit convert: note: resampled {what}", file=sys.stderr)
 
