@@ -12,7 +12,9 @@ against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
   ONNX Runtime int8 0.6-1.9x.
 - AVX2 without VNNI (AMD Zen 3, most laptops and cloud VMs of a few years ago): ONNX Runtime's
   dynamic int8 was the fastest, 1.57x (DINOv2-S/14) to 1.90x (ViT-B/16); OpenVINO int8 only
-  1.09x there: its int8 kernels are built on VNNI's dot products.
+  1.09x there: its int8 kernels are built on VNNI's dot products. Where AVX2 runs on 128-bit units (an AMD
+  EPYC of family 23, Zen 1's), int8's products are no faster than fp32's: ONNX Runtime int8 tied OpenVINO fp32
+  (ViT-S/16, 1.17x timm's eager fp32), so the rule's choice is as fast as any there, not faster.
 
 VNNI without the rest (AVX-VNNI, AVX-512 VNNI without bf16) is what OpenVINO's int8 kernels use;
 those machines were not measured and get OpenVINO int8 by that rule. OpenVINO's int8 is NNCF's,
