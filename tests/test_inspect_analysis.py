@@ -162,6 +162,28 @@ def test_learned_similarity_on_a_non_square_grid():
         pos_embed_similarity(tiny(pos_embed="none"))
 
 
+def test_the_similarity_figure_lays_each_positions_tile_where_the_position_is(tmp_path, monkeypatch):
+    """The figure is one image of tiles (a subplot a tile took seconds at 14x14): tile (i, j) is position (i, j)'s
+    similarity map, on a non-square grid too, with background between tiles."""
+    import matplotlib.axes
+    import numpy as np
+
+    from vitkit.inspect.figures import pos_embed_similarity_grid
+
+    shown = []
+    draw = matplotlib.axes.Axes.imshow
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda ax, data, **kw: shown.append(data) or draw(ax, data,
+                                                                                                          **kw))
+    sim = torch.arange(4 * 6 * 4 * 6, dtype=torch.float32).reshape(4, 6, 4, 6) / (4 * 6 * 4 * 6)
+    assert pos_embed_similarity_grid(sim, tmp_path / "s.png").stat().st_size > 1000
+    (mosaic,) = shown
+    gap = 1
+    for i, j in itertools.product(range(4), range(6)):
+        top, left = i * (4 + gap), j * (6 + gap)
+        assert np.array_equal(mosaic[top:top + 4, left:left + 6], sim[i, j].numpy())
+    assert mosaic.mask[4].all() and mosaic.mask[:, 6].all()  # the gaps: drawn as background
+
+
 def test_filter_pca_components_orthonormal_and_variance_sorted():
     model = tiny(embed_dim=64)
     comps, explained = embedding_filters_pca(model, k=28)
