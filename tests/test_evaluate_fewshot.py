@@ -134,12 +134,13 @@ def test_a_pool_too_small_for_the_shots_names_the_pool(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
-def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, capsys):
+def test_fewshot_without_dataset_takes_the_models_or_its_runs_or_asks(tmp_path, capsys, monkeypatch):
     """--dataset defaulted to fashion-mnist whatever the weights: a model trained on ImageNet folders was scored
     "1-shot 23.92%" on Fashion-MNIST without a word. The weights' class names pick the dataset, as eval's do; a
     pre-training run's encoder (no classes) takes the dataset its run trained on; anything else is asked for."""
     from vitkit.data.datasets import CLASS_NAMES
 
+    monkeypatch.setenv("VITKIT_TINY", "1")  # the dataset chosen is checked, not the scores: 100 test images
     torch.manual_seed(0)
     args = ["--shots", "1", "--seeds", "1", "--pool", "1000", "--no-progress", "--json"]
     vitkit.create_model("vit_fmnist", depth=1, label_names=[f"n0{i}" for i in range(10)]).save_pretrained(
