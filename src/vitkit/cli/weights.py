@@ -79,13 +79,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def _say_resampled(model, resampled: List[str], interpolation: Optional[str]) -> None:
     """What loading resampled to the size asked, said (a table or filters of another size compute another function
     than the stored ones); --interpolation where nothing was resampled did nothing, and is refused before the work."""
-    if interpolation and not resampled:
-        held = getattr(model.config, "pos_embed_size", None)
-        what = (f"this model holds its table as stored (for {held[0]}x{held[1]} px), resampled to each input's grid "
-                f"as its config says ({model.config.pos_embed_interpolation})" if held else
-                "these need none at the size asked")
+    from ..weights.resampling import interpolation_unused
+
+    why = interpolation_unused(resampled, model.config) if interpolation else None
+    if why:
         raise ValueError(f"--interpolation {interpolation} resamples a position table or patch filters of another "
-                         f"size while the weights load, and {what}: give --img-size H W to write the model at "
+                         f"size while the weights load, and {why}: give --img-size H W to write the model at "
                          f"another size, or leave --interpolation out")
     for what in resampled:
         print(f"vitkit convert: note: resampled {what}", file=sys.stderr)

@@ -26,6 +26,7 @@ from ..weights.guesses import note_guesses, open_fields
 from ..weights.io import WeightsError
 from ..weights.load import AdaptNote, load_into, read_source
 from ..weights.pretrained import processor_run_config, stored_config, weights_path
+from ..weights.resampling import interpolation_unused
 from .config import resolve_width
 from .memory import check_model_fits
 
@@ -86,7 +87,7 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
         # the position table resampled as the source's library resamples it (as from_pretrained does), or as named
         report = load_into(model, src, strict=True, exclude=exclude,
                            interpolation=None if interpolation == "auto" else interpolation)
-    _check_resampled(interpolation, report.resampled, config.img_size)
+    _check_resampled(interpolation, report.resampled, model.config)
     if head == "new":
         model.reset_classifier(config.num_classes)
     # what starts afresh beside the heads trains in every mode, as the heads do (a new MAP pool or pre-logits
@@ -100,12 +101,12 @@ def model_from_init(source: str, data_args: Dict[str, Any], model_args: Dict[str
     return model
 
 
-def _check_resampled(interpolation: str, resampled: List[str], img_size: Tuple[int, int]) -> None:
+def _check_resampled(interpolation: str, resampled: List[str], config: Any) -> None:
     """An --init-interpolation that resampled nothing did nothing: refused before the run, as convert refuses it."""
-    if interpolation != "auto" and not resampled:
+    why = interpolation_unused(resampled, config) if interpolation != "auto" else None
+    if why:
         raise ValueError(f"init_interpolation={interpolation!r} resamples the --init weights' position table or patch "
-                         f"filters to the data's size, and they need none at {img_size[0]}x{img_size[1]} px: leave it "
-                         f"out (or fine-tune at another --img-size)")
+                         f"filters to the data's size, and {why}: leave it out (or fine-tune at another --img-size)")
 
 
 def _stored(src: Any, img_size: Any) -> Any:

@@ -59,6 +59,20 @@ RADIO_ALIGN_CORNERS = ("base_patch16_radio_v3", "huge_patch16_radio_v3")
 LOAD_INTERPOLATIONS = (*(m for m in INTERPOLATIONS if m != "nearest"), "bilinear-aligned")
 
 
+def interpolation_unused(resampled: Sequence[str], config: Any) -> Optional[str]:
+    """Why an interpolation named for a load did nothing (None where it resampled something, ``resampled`` being
+    the load's :class:`~.load.LoadReport` list): the weights fit the model built from ``config`` as stored, or the
+    model holds its table as stored and resamples it to each input by its own rule. convert's --interpolation and
+    train's --init-interpolation refuse it with these words."""
+    if resampled:
+        return None
+    held = getattr(config, "pos_embed_size", None)
+    if held:
+        return (f"this model holds its table as stored (for {held[0]}x{held[1]} px), resampled to each input's grid "
+                f"as its config says ({config.pos_embed_interpolation})")
+    return f"these need none at {config.img_size[0]}x{config.img_size[1]} px"
+
+
 def check_load_interpolation(interpolation: Optional[str]) -> None:
     """Refuse an ``interpolation`` loading does not take (None: as the weights' library resamples)."""
     if interpolation is not None and interpolation not in LOAD_INTERPOLATIONS:
@@ -196,4 +210,5 @@ def check_prefix_tokens(sd: Mapping[str, Any], model: nn.Module, exclude: Sequen
 
 
 __all__ = ["LOAD_INTERPOLATIONS", "RADIO_ALIGN_CORNERS", "adapt_pos_embed", "check_load_interpolation",
+           "interpolation_unused",
            "check_prefix_tokens", "load_resampling", "stored_table"]
