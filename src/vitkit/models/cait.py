@@ -198,8 +198,8 @@ class LayerScaleBlock(nn.Module):
         self.attn = TalkingHeadAttention(dim, num_heads, qkv_bias, attn_drop, proj_drop)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, mlp_dim, "exact", proj_drop)
-        self.gamma_1 = nn.Parameter(init_values * torch.ones(dim))
-        self.gamma_2 = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma_1 = nn.Parameter(torch.full((dim,), float(init_values)))
+        self.gamma_2 = nn.Parameter(torch.full((dim,), float(init_values)))
         self.drop_path = float(drop_path)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
@@ -219,8 +219,8 @@ class ClassAttentionBlock(nn.Module):
         self.attn = ClassAttention(dim, num_heads, qkv_bias, impl=attn_impl)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, mlp_dim, "exact")
-        self.gamma_1 = nn.Parameter(init_values * torch.ones(dim))
-        self.gamma_2 = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma_1 = nn.Parameter(torch.full((dim,), float(init_values)))
+        self.gamma_2 = nn.Parameter(torch.full((dim,), float(init_values)))
 
     def forward(self, x: torch.Tensor, cls: torch.Tensor, return_attention: bool = False):
         y, attn = self.attn(self.norm1(torch.cat((cls, x), dim=1)), return_attention)
