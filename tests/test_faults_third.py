@@ -501,6 +501,8 @@ def test_a_child_that_ended_just_before_a_sigterm_is_no_traceback(monkeypatch):
     (["serve", "--weights", "w"],  # predict's flag; serve's weights are its argument
      "unrecognized arguments: --weights (WEIGHTS is an argument of vitkit serve, without a flag: vitkit serve "
      "WEIGHTS ...)"),
+    (["info", "--model", "Ti/16"],  # train's flag; info's model is its argument
+     "unrecognized arguments: --model (MODEL is an argument of vitkit info, without a flag: vitkit info MODEL ...)"),
     (["predict", "--weights", "w.onnx", "--labels", "cat", "dog", "x/a.png", "b.png"],  # no images left
      "required: images (x/a.png, b.png were read as --labels's values: put files before --labels, or end its"),
     (["predict", "--weights", "w.onnx", "--mean", "-.5", "-0.5", "0", "x/a.png"],  # negative numbers are values

@@ -44,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
         import difflib
 
         flags = [f for f in self._option_string_actions if f.startswith("--")]
-        positional = {a.dest.replace("_", "-"): a for a in self._actions if not a.option_strings and a.nargs != 0}
+        positional = {(a.metavar or a.dest).lower().replace("_", "-"): a  # info's MODEL: other verbs' --model
+                      for a in self._actions if not a.option_strings and a.nargs != 0}
         given = [w.split("=")[0][2:] for w in words if w.startswith("--")]
         meant = next((positional[w] for w in given if w in positional), None)
         if meant is not None:  # `vitkit serve --weights w`: the flag of other verbs is an argument here
