@@ -166,7 +166,7 @@ def _faster_here(to: str, quantize) -> "str | None":
     flag = {"onnxruntime": "onnx", "openvino": "openvino"}.get(choice.runtime)
     if flag is None or (flag, quantize) == (to, choice.quantize):
         return None
-    return f"{choice.describe()}: --to {flag} --quantize {choice.quantize}"
+    return f"{choice.describe()}: --to {flag}" + (f" --quantize {choice.quantize}" if choice.quantize else "")
 
 
 def cmd_push(args: argparse.Namespace) -> int:

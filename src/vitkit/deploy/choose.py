@@ -41,10 +41,10 @@ def resolve_runtime(source: PathLike, runtime: Optional[str], quantize: Optional
     if is_onnx(source) or is_openvino(source):
         return None, quantize, f"{source} runs on its own runtime"
     choice = fastest(calibrated=calibrated)
-    # int8 asked for where the choice has none (or only OpenVINO's calibrated one, without images; or
-    # int8-static, an ONNX format): ONNX Runtime, which has every kind everywhere
-    if quantize and (choice.runtime == "torch" or quantize == "int8-static"
-                     or (choice.runtime == "openvino" and not calibrated)):
+    # int8 asked for where the choice is a float path (torch; OpenVINO's fp32 or bf16, which is chosen where its
+    # int8 is slower or has no images to calibrate on), or int8-static, an ONNX format: ONNX Runtime, which has
+    # every kind everywhere
+    if quantize and (choice.quantize is None or quantize == "int8-static"):
         return "onnxruntime", quantize, f"onnxruntime {quantize} (--quantize; {choice.why})"
     return choice.runtime, quantize or choice.quantize, choice.describe()
 

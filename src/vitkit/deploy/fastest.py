@@ -14,7 +14,9 @@ against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
   dynamic int8 was the fastest, 1.57x (DINOv2-S/14) to 1.90x (ViT-B/16); OpenVINO int8 only
   1.09x there: its int8 kernels are built on VNNI's dot products. Where AVX2 runs on 128-bit units (an AMD
   EPYC of family 23, Zen 1's), int8's products are no faster than fp32's: ONNX Runtime int8 tied OpenVINO fp32
-  (ViT-S/16, 1.17x timm's eager fp32), so the rule's choice is as fast as any there, not faster.
+  (ViT-S/16, 7.7 img/s each, 1.17x timm's eager fp32; ONNX Runtime fp32 7.1, OpenVINO int8 6.2). Flags do not
+  tell those units apart, the CPU's family and model do (AMD's family 23 before model 0x30, Zen 2): there the
+  choice is OpenVINO fp32, as fast and exact, where it is installed, and ONNX Runtime int8 otherwise.
 
 VNNI without the rest (AVX-VNNI, AVX-512 VNNI without bf16) is what OpenVINO's int8 kernels use;
 those machines were not measured and get OpenVINO int8 by that rule. OpenVINO's int8 is NNCF's,
@@ -55,16 +57,35 @@ class Choice:
         return calibrates(self.runtime, self.quantize)
 
 
-def cpu_flags() -> frozenset:
-    """The instruction-set flags this CPU reports (Linux's /proc/cpuinfo; empty elsewhere)."""
+def _cpuinfo(path: str = "/proc/cpuinfo") -> dict:
+    """The first processor's fields of Linux's /proc/cpuinfo (empty elsewhere)."""
+    fields: dict = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break  # the first processor's block ends
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
+    """The instruction-set flags this CPU reports (Linux's /proc/cpuinfo; empty elsewhere)."""
+    return frozenset(_cpuinfo(path).get("flags", "").split())
+
+
+def half_width_avx2(path: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU runs AVX2 on 128-bit units: AMD's family 23 before model 0x30 (Zen 1 and Zen+; Zen 2 is
+    model 0x31 on), whose flags are those of the 256-bit kinds."""
+    info = _cpuinfo(path)
+    try:
+        family, model = int(info.get("cpu family", "")), int(info.get("model", ""))
+    except ValueError:
+        return False
+    return info.get("vendor_id") == "AuthenticAMD" and family == 23 and model < 0x30
 
 
 #: the packages each runtime's path needs (OpenVINO's model is read from an ONNX export, its int8 made by NNCF)
@@ -97,12 +118,15 @@ def _isa(flags: frozenset) -> str:
 
 
 def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[str]] = None,
-            calibrated: bool = True) -> Choice:
+            calibrated: bool = True, half_width: Optional[bool] = None) -> Choice:
     """The fastest measured runtime and precision for a CPU with ``flags`` (default: this one's)
     among the ``installed`` runtimes (default: this environment's); ``why`` names the instruction
     set, and the extra to install when a faster runtime is missing. ``calibrated=False``: the
     model has no images to calibrate int8 on (:func:`vitkit.deploy.quantize.can_calibrate`), so
-    the fastest path that needs none (``why`` says what it stands in for)."""
+    the fastest path that needs none (``why`` says what it stands in for); ``half_width`` (default: this CPU's
+    :func:`half_width_avx2`): AVX2 on 128-bit units, where int8 does not pay."""
+    if half_width is None:  # this CPU's where its flags are read; flags given describe another
+        half_width = flags is None and half_width_avx2()
     flags = cpu_flags() if flags is None else frozenset(flags)
     installed = installed_runtimes() if installed is None else frozenset(installed)
     isa = _isa(flags)
@@ -118,6 +142,11 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
             order = [Choice("openvino", "int8", f"{isa}; OpenVINO's int8 kernels use VNNI: 2.2-2.8x timm's fastest "
                                                 f"on Zen 4"),
                      Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 1.2-1.9x timm's fastest on Zen 4")]
+    elif "avx2" in flags and half_width:  # a tie: the exact path where it is installed, no advice to install it
+        tie = "ONNX Runtime int8 and OpenVINO fp32 tied, 1.17x timm's eager fp32 on an AMD EPYC of family 23"
+        order = [Choice("openvino", None, f"{isa} on 128-bit units, where int8 products are no faster than fp32's: "
+                                          f"{tie}; fp32 is exact")] if "openvino" in installed else [
+            Choice("onnxruntime", "int8", f"{isa} on 128-bit units: {tie}; ONNX Runtime fp32 0.92x")]
     elif "avx2" in flags:
         order = [Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime's dynamic int8 ran 1.6-1.9x timm's fastest on "
                                                f"Zen 3, OpenVINO int8 1.1x")]
@@ -141,4 +170,4 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
     return Choice("torch", None, f"{best.why}; {best.runtime} {_not_installed(best.runtime, ' here')}: {install}")
 
 
-__all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "installed_runtimes"]
+__all__ = ["Choice", "VNNI_FLAGS", "cpu_flags", "fastest", "half_width_avx2", "installed_runtimes"]
