@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -260,6 +261,22 @@ def pytest_configure(config):
     other at every OpenMP barrier. The commands tests start as processes keep their own threads."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_in_pytest_tmp(tmp_path_factory):
+    """What the tests and the processes they start put in the temporary folder (torchrun's
+    ``torchelastic_*`` logs, the ``pymp-*`` folders of killed workers, Chromium's profiles) goes
+    under pytest's own temporary folder, which pytest prunes, not loose in /tmp."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("scratch"))
+    tempfile.tempdir = None  # read TMPDIR again
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 # ------------------------------------------------------------------ serving (test_serve*.py)
