@@ -190,8 +190,9 @@ def add_models(verb) -> None:
 
 def add_info(verb) -> None:
     p = verb("info", "parameters, FLOPs, tokens and attention memory of a model; what a weights file or folder is")
-    p.add_argument("name", metavar="MODEL", help="registered name, size string ('B/16'), or a weights file / folder / hf-hub:org/name "
-                                "(its layout and the architecture it loads as, before loading it)")
+    p.add_argument("name", metavar="MODEL",
+                   help="registered name, size string ('B/16'), or a weights file / folder / hf-hub:org/name "
+                        "(its layout and the architecture it loads as, before loading it)")
     p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
                    help="H W (or one value): the size to cost; a bare state dict's position table is read at it")
     p.add_argument("--patch-size", type=int, metavar="P")
