@@ -50,6 +50,18 @@ def test_models_table_and_json(capsys):
     assert next(r for r in rows if r["name"] == "vit_tiny_patch16_224")["params"] == 5_717_416
 
 
+def test_models_says_its_count_on_stderr_once_it_takes_a_while(capsys, monkeypatch):
+    """Counting all 256 models' parameters took 12 s of silence on a slow CPU: a bar after DELAY_S, on stderr."""
+    from vitkit import progress
+
+    code, quick, err = run(capsys, "models", "--json", "--filter", "vit_tiny_patch16_[0-9]*")
+    assert code == 0 and err == ""  # a short count says nothing
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    code, out, err = run(capsys, "models", "--json", "--filter", "vit_tiny_patch16_[0-9]*")
+    assert code == 0 and out == quick  # stdout stays the table alone
+    assert "counting parameters" in err and "2/2 models" in err, err
+
+
 def test_info_human_and_json(capsys):
     code, out, _ = run(capsys, "info", "B/16")
     assert code == 0 and "86,567,656" in out and "197 x 197" in out

@@ -14,11 +14,13 @@ from .common import fmt_bytes, fmt_int, print_json, size_of, table
 def cmd_models(args: argparse.Namespace) -> int:
     from ..models import get_model_config, list_models
     from ..models.complexity import complexity
+    from ..progress import track
 
     names = list_models(args.filter)
     if not names:
         raise ValueError(f"no model matches {args.filter!r}")
-    infos = [(n, complexity(get_model_config(n))) for n in names]
+    # each count builds the model on the meta device: all 256 take about 10 s on a slow CPU (a bar after 5 s)
+    infos = [(n, complexity(get_model_config(n))) for n in track(names, "counting parameters", unit="models")]
     if args.json:
         print_json([{"name": n, **c.to_dict()} for n, c in infos])
         return 0
