@@ -14,7 +14,8 @@ against timm's fastest PyTorch path on the same cores; docs/benchmarks.md):
   dynamic int8 was the fastest, 1.57x (DINOv2-S/14) to 1.90x (ViT-B/16); OpenVINO int8 only
   1.09x there: its int8 kernels are built on VNNI's dot products. Where AVX2 runs on 128-bit units (an AMD
   EPYC of family 23, Zen 1's), int8's products are no faster than fp32's: ONNX Runtime int8 tied OpenVINO fp32
-  (ViT-S/16, 7.7 img/s each, 1.17x timm's eager fp32; ONNX Runtime fp32 7.1, OpenVINO int8 6.2). Flags do not
+  (ViT-S/16, 7.7 img/s each, 1.17x timm's eager fp32; ONNX Runtime fp32 7.1, OpenVINO int8 6.2; ViT-Ti/16 26.5
+  and 26.4, ViT-B/16 2.07 and 2.03, the spread of three rounds 3-6%). Flags do not
   tell those units apart, the CPU's family and model do (AMD's family 23 before model 0x30, Zen 2): there the
   choice is OpenVINO fp32, as fast and exact, where it is installed, and ONNX Runtime int8 otherwise.
 
@@ -143,7 +144,8 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                                                 f"on Zen 4"),
                      Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime int8 ran 1.2-1.9x timm's fastest on Zen 4")]
     elif "avx2" in flags and half_width:  # a tie: the exact path where it is installed, no advice to install it
-        tie = "ONNX Runtime int8 and OpenVINO fp32 tied, 1.17x timm's eager fp32 on an AMD EPYC of family 23"
+        tie = ("ONNX Runtime int8 and OpenVINO fp32 within 2% of each other, 1.04-1.17x timm's eager fp32 on an AMD "
+               "EPYC of family 23")
         order = [Choice("openvino", None, f"{isa} on 128-bit units, where int8 products are no faster than fp32's: "
                                           f"{tie}; fp32 is exact")] if "openvino" in installed else [
             Choice("onnxruntime", "int8", f"{isa} on 128-bit units: {tie}; ONNX Runtime fp32 0.92x")]
