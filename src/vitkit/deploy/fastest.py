@@ -148,7 +148,7 @@ def fastest(flags: Optional[Iterable[str]] = None, installed: Optional[Iterable[
                "EPYC of family 23")
         order = [Choice("openvino", None, f"{isa} on 128-bit units, where int8 products are no faster than fp32's: "
                                           f"{tie}; fp32 is exact")] if "openvino" in installed else [
-            Choice("onnxruntime", "int8", f"{isa} on 128-bit units: {tie}; ONNX Runtime fp32 0.92x")]
+            Choice("onnxruntime", "int8", f"{isa} on 128-bit units: {tie}; ONNX Runtime fp32 0.91-0.92x its int8")]
     elif "avx2" in flags:
         order = [Choice("onnxruntime", "int8", f"{isa}; ONNX Runtime's dynamic int8 ran 1.6-1.9x timm's fastest on "
                                                f"Zen 3, OpenVINO int8 1.1x")]
