@@ -90,18 +90,10 @@ def cpu_flags() -> list:
 
 def cpu_family_model() -> str | None:
     """"family F model M" from /proc/cpuinfo: what tells a Zen 3 from a Zen 4 when lscpu says only "AMD EPYC"."""
-    found = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("cpu family", "model") and key.strip() not in found:
-                    found[key.strip()] = value.strip()
-                if len(found) == 2:
-                    return f"family {found['cpu family']} model {found['model']}"
-    except OSError:
-        pass
-    return None
+    from vitkit.machine import cpu_info
+
+    info = cpu_info()
+    return f"family {info['cpu family']} model {info['model']}" if "cpu family" in info and "model" in info else None
 
 
 def git_revision() -> str | None:

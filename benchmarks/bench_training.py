@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.machine import native_bf16_cpu
+from vitkit.machine import cpu_info, native_bf16_cpu
 from vitkit.models.complexity import complexity
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import make_optimizer
@@ -83,20 +83,14 @@ TIMM_NO_DROPOUT = dict(NO_DROPOUT, proj_drop_rate=0.0, pos_drop_rate=0.0, patch_
 
 def cpu_details() -> dict:
     """What /proc/cpuinfo says (lscpu's name can be generic in a VM) and its bf16 features."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
+    cpu, info = cpu_info(), {}
+    if not cpu:
         return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and "cpuinfo_model" not in info:
-            info["cpuinfo_model"] = value.strip()
-        if key.strip() == "flags" and "cpu_flags" not in info:
-            flags = set(value.split())
-            info["cpu_flags"] = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile",
-                                                "avx512_fp16"})
+    if "model name" in cpu:
+        info["cpuinfo_model"] = cpu["model name"]
+    if "flags" in cpu:
+        info["cpu_flags"] = sorted(set(cpu["flags"].split()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16",
+                                                                "amx_tile", "avx512_fp16"})
     info["mkldnn_bf16_supported"] = native_bf16_cpu()  # the probe pick_precision uses
     return info
 

@@ -1,12 +1,12 @@
-"""What this machine offers a run: memory left, usable cores, native bf16 on the CPU, and which of a
-torchrun job's processes on it is the first."""
+"""What this machine offers a run: memory left, usable cores, what the CPU says of itself, native bf16 on
+the CPU, and which of a torchrun job's processes on it is the first."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 
 def available_memory() -> Optional[int]:
@@ -68,6 +68,21 @@ def usable_cores() -> int:
     with contextlib.suppress(AttributeError, OSError):
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 1
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> Dict[str, str]:
+    """The first processor's fields of Linux's /proc/cpuinfo (``vendor_id``, ``cpu family``, ``model``,
+    ``model name``, ``flags`` ...; empty elsewhere): what tells a Zen 1 from a Zen 3 where the flags and a VM's
+    name ("AMD EPYC") are the same."""
+    fields: Dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block ends
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 def native_bf16_cpu() -> bool:

@@ -33,6 +33,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from ..machine import cpu_info
+
 #: flags of /proc/cpuinfo that decide the choice
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -58,30 +60,15 @@ class Choice:
         return calibrates(self.runtime, self.quantize)
 
 
-def _cpuinfo(path: str = "/proc/cpuinfo") -> dict:
-    """The first processor's fields of Linux's /proc/cpuinfo (empty elsewhere)."""
-    fields: dict = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block ends
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
     """The instruction-set flags this CPU reports (Linux's /proc/cpuinfo; empty elsewhere)."""
-    return frozenset(_cpuinfo(path).get("flags", "").split())
+    return frozenset(cpu_info(path).get("flags", "").split())
 
 
 def half_width_avx2(path: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU runs AVX2 on 128-bit units: AMD's family 23 before model 0x30 (Zen 1 and Zen+; Zen 2 is
     model 0x31 on), whose flags are those of the 256-bit kinds."""
-    info = _cpuinfo(path)
+    info = cpu_info(path)
     try:
         family, model = int(info.get("cpu family", "")), int(info.get("model", ""))
     except ValueError:

@@ -381,13 +381,9 @@ def machine() -> Dict[str, Any]:
     import torch
 
     from .. import __version__
+    from ..machine import cpu_info
 
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
-    except OSError:
-        pass
+    cpu = cpu_info().get("model name", "")
     return {"platform": platform.platform(), "cpu_model": cpu or platform.processor(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "vitkit": __version__}
 
