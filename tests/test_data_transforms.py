@@ -22,7 +22,7 @@ def noise_image(w, h, seed=0):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
 
 
-@pytest.mark.parametrize("crop_mode", ["center", "squash"])
+@pytest.mark.parametrize("crop_mode", ["center", "squash", "border"])
 @pytest.mark.parametrize("img_size", [32, (24, 40), (40, 24)])
 @pytest.mark.parametrize("crop_pct", [0.875, 0.9, 1.0])
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
@@ -39,14 +39,17 @@ def test_eval_transform_is_timms_pixel_for_pixel(img_size, crop_pct, interpolati
         assert torch.allclose(ours(im), expected, atol=1e-6), (w, h)
 
 
-def test_a_squashed_image_keeps_all_of_it_and_a_bad_crop_mode_is_one_line():
+def test_a_squashed_or_bordered_image_keeps_all_of_it_and_a_bad_crop_mode_is_one_line():
     im = Image.new("RGB", (60, 20), (255, 0, 0))
     im.paste((0, 0, 255), (50, 0, 60, 20))  # a blue band on the right, outside a centre crop of the short side
     squashed = EvalTransform((16, 16), (0, 0, 0), (1, 1, 1), 1.0, "bilinear", "squash")(im)
     centred = EvalTransform((16, 16), (0, 0, 0), (1, 1, 1), 1.0, "bilinear")(im)
     assert squashed[2, :, -1].min() > 0.9 and centred[2].max() < 0.1
+    # border: the long side to 16 (60 x 20 -> 16 x 5), rows above and below in the mean's colour (0.2 -> 51 / 255)
+    bordered = EvalTransform((16, 16), (0.2, 0.2, 0.2), (1, 1, 1), 1.0, "bilinear", "border")(im) + 0.2
+    assert bordered[2, 8, -1] > 0.9 and torch.allclose(bordered[:, :5], torch.tensor(51 / 255))
     with pytest.raises(ValueError, match="crop_mode must be one of"):
-        EvalTransform((16, 16), MEAN, STD, 1.0, "bilinear", "border")
+        EvalTransform((16, 16), MEAN, STD, 1.0, "bilinear", "crop")
     with pytest.raises(ValueError, match="crop_mode must be one of"):
         vitkit.create_model("vit_fmnist", crop_mode="crop")
 

@@ -10,7 +10,9 @@ target and keeps the aspect (timm's ``ResizeKeepRatio``); with ``crop_mode='squa
 image to that height and width, its aspect not kept (timm's ``crop_mode='squash'``, and Hugging
 Face's processors that resize to a height and width) -- then the centre ``size`` is cut
 (offsets rounded as torchvision's ``CenterCrop``, or floored as transformers' processors:
-``crop_offset``). Pure Pillow + numpy, so prediction needs
+``crop_offset``). With ``crop_mode='border'`` the longer side goes to the scale size instead, and
+the image is padded to the model's size with the mean's colour (timm's ``ResizeKeepRatio(longest=1)``
+and ``CenterCropOrPad``): nothing is cut off. Pure Pillow + numpy, so prediction needs
 no torchvision.
 """
 
@@ -51,6 +53,9 @@ def eval_resize_size(image_size: Tuple[int, int], img_size: Tuple[int, int], cro
     sh, sw = math.floor(img_size[0] / crop_pct), math.floor(img_size[1] / crop_pct)
     if crop_mode == "squash":
         return sw, sh
+    if crop_mode == "border":  # the longer side (relative to the size) to it, the other in proportion
+        ratio = max(h / sh, w / sw)
+        return round(w / ratio), round(h / ratio)
     if sh == sw:  # the shorter side to the scale size, the longer one truncated
         return (sh, int(sh * h / w)) if w <= h else (int(sh * w / h), sh)
     ratio = min(h / sh, w / sw)
@@ -84,6 +89,8 @@ class EvalTransform:
             raise ValueError(f"std must be positive, got {tuple(std)}")
         self.img_size = tuple(img_size)
         self.mean = np.asarray(mean, dtype=np.float32)[:, None, None]
+        #: the padding's colour (``border``): timm's round(255 * mean) of the mean as given (0.3: 76, float32's 77)
+        self.fill = [round(255 * float(m)) for m in mean]
         self.std = np.asarray(std, dtype=np.float32)[:, None, None]
         self.crop_pct = crop_pct
         self.crop_mode = crop_mode
@@ -113,11 +120,22 @@ class EvalTransform:
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
+        if self.crop_mode == "border" and (w < tw or h < th):
+            im, w, h = self._pad(im, max(w, tw), max(h, th)), max(w, tw), max(h, th)
         if self.crop_offset == "floor":  # transformers' processors
             left, top = (w - tw) // 2, (h - th) // 2
         else:  # torchvision's CenterCrop (timm's)
             left, top = int(round((w - tw) / 2.0)), int(round((h - th) / 2.0))
         return im.crop((left, top, left + tw, top + th))
+
+    def _pad(self, im: Image.Image, width: int, height: int) -> Image.Image:
+        """``im`` in the middle of a ``width`` x ``height`` canvas of the mean's colour (timm's ``CenterCropOrPad``:
+        the odd pixel of a margin on the right and at the bottom)."""
+        bands = len(im.getbands())
+        fill = tuple(self.fill[i % len(self.fill)] for i in range(bands))
+        canvas = Image.new(im.mode, (width, height), fill[0] if bands == 1 else fill)
+        canvas.paste(im, ((width - im.size[0]) // 2, (height - im.size[1]) // 2))
+        return canvas
 
     def __call__(self, im: Image.Image) -> torch.Tensor:
         pixels = np.asarray(self.view(im))

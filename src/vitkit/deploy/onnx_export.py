@@ -362,8 +362,9 @@ def metadata_for(config: Any, exporter: str, quantize: Optional[str]) -> Dict[st
         "crop_pct": json.dumps(config.crop_pct),
         "preprocessing": (f"RGB (or grey for 1 channel) resized by {config.interpolation} so the centre crop of "
                           f"{config.crop_pct:g} is {h}x{w}"
-                          + (" (the whole image to that, its aspect not kept)"
-                             if getattr(config, "crop_mode", "center") == "squash" else "")
+                          + {"squash": " (the whole image to that, its aspect not kept)",
+                             "border": " (its longer side to that, the rest padded with the mean's colour)"}.get(
+                              getattr(config, "crop_mode", "center"), "")
                           + ", scaled to [0, 1], then (x - mean) / std per channel; "
                           f"input {INPUT_NAME} float32 (batch, {config.in_chans}, {h}, {w})"
                           + ("; built with dynamic_img_size, exported at this size"

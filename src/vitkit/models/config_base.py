@@ -26,8 +26,10 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 GLOBAL_POOLS = ("token", "avg")
-#: how evaluation resizes an image before its centre crop (``crop_mode``): aspect kept, or squashed
-CROP_MODES = ("center", "squash")
+#: how evaluation resizes an image before its centre crop (``crop_mode``): the shorter side to the size, aspect
+#: kept; the whole image squashed to it; or the longer side to it, the rest padded with the mean (timm's
+#: ``'border'``: no pixel lost, DeepSeek's encoder)
+CROP_MODES = ("center", "squash", "border")
 #: how the centre crop's odd margin is split (``crop_offset``)
 CROP_OFFSETS = ("round", "floor")
 #: what a head's outputs are (``head_kind``): class logits, or a projection into an image-text space (CLIP's

@@ -216,6 +216,11 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
                       f"(as timm) resizes a non-square model's images to cover {h}x{w} keeping their aspect: "
                       f"transformers' pixels will differ on images of another shape than {h}:{w} "
                       f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=3)
+    if getattr(model.config, "crop_mode", "center") == "border":
+        warnings.warn(f"{path}: Hugging Face's image processors do not pad (crop_mode='border': the longer side to "
+                      f"the size, the rest in the mean's colour): its processor resizes the shorter side and crops, "
+                      f"so transformers' pixels will differ on images that are not {h}:{w}", ExportWarning,
+                      stacklevel=3)
     _odd_margin_note(model.config, path)
     floats = {t.dtype for t in sd.values() if t.is_floating_point()}
     if len(floats) == 1:  # as transformers' save_pretrained writes it: dtype="auto" (4.x) reads it

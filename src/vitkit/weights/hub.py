@@ -180,7 +180,8 @@ def _model_rows(config: Dict[str, Any], params: int, pretraining: Optional[Dict[
     rows = [("architecture", arch), ("parameters", f"{params:,}"),
             ("input", f"{config.get('in_chans', 3)} x {h} x {w}, {config.get('interpolation', 'bicubic')} resize, "
                       f"crop fraction {config.get('crop_pct', 1.0)}"
-                      + (" (squashed: aspect not kept)" if config.get("crop_mode") == "squash" else "")),
+                      + {"squash": " (squashed: aspect not kept)",
+                         "border": " (whole image, padded with the mean)"}.get(config.get("crop_mode"), "")),
             ("normalisation", f"mean {_numbers(config.get('mean'))}, std {_numbers(config.get('std'))}"),
             ("classes", "none: an image-text projection, {} wide".format(config.get("num_classes"))
              if config.get("head_kind") == "projection" and config.get("num_classes")
@@ -195,6 +196,8 @@ def _resize_words(crop_mode: Optional[str], h: Any, w: Any) -> str:
     """How the evaluation resize meets the model's size (data/transforms.eval_resize_size), in words."""
     if crop_mode == "squash":
         return f"the whole image resized to {h} x {w} / crop fraction"
+    if crop_mode == "border":
+        return f"the longer side resized to fit {h} x {w} / crop fraction, the rest padded with the mean's colour"
     if h == w:
         return f"the shorter side resized to {h} / crop fraction"
     return f"resized, keeping its aspect, to cover {h} x {w} / crop fraction"
