@@ -10,6 +10,7 @@ from .cait import CaiT, CaiTConfig
 from .coca import CoCa, CoCaConfig  # noqa: E402
 from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
+from .deepseek import Deepseek, DeepseekConfig  # noqa: E402
 from .eva import Eva, EvaConfig  # noqa: E402
 from .hybrid import HybridEmbed
 from .layers import (
@@ -43,7 +44,7 @@ from .resnetv2 import ResNetV2, ResNetV2Config
 from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
-    "ConViT", "ConViTConfig", "Eva", "EvaConfig", "CoCa", "CoCaConfig",
+    "ConViT", "ConViTConfig", "Eva", "EvaConfig", "Deepseek", "DeepseekConfig", "CoCa", "CoCaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

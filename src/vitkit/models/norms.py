@@ -20,18 +20,19 @@ GELUS = ("exact", "tanh", "quick")
 
 
 class RmsNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension; ``weight`` as timm's RmsNorm names it."""
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension; ``weight`` as timm's RmsNorm names it.
+    ``affine=False``: no weight (DeepSeek's norm after pooling, timm's ``RmsNormFp32(affine=False)``)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True):
         super().__init__()
-        self.eps = float(eps)
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.dim, self.eps = int(dim), float(eps)
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}" + ("" if self.weight is not None else ", affine=False")
 
 
 def norm_factory(kind: str = "layernorm", eps: float = 1e-6) -> NormFactory:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..files import PathLike
-from ..models import build_from_config, config_from_dict, family_of, get_model_config
+from ..models import build_from_config, config_from_dict, deepseek, family_of, get_model_config
 from ..models.config_base import fit_channel_stats, fit_table_size
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
@@ -92,7 +92,8 @@ def config_for_source(src: Source, **overrides: Any):
             return dino_format.infer_config(src.tensors, **overrides)
         except (ValueError, TypeError) as e:
             raise WeightsError(f"official DINO checkpoint: {e}") from None
-    sd, facts = to_native(src)
+    # (DeepSeek's classifier in timm's names is read by its family, which says what no tensor holds)
+    sd, facts = (src.tensors, {}) if deepseek.is_timm_layout(src.tensors) else to_native(src)
     if src.format in ("npz", "big_vision"):
         return npz_format.infer_config(sd, facts, **overrides)
     if src.pretraining == "mae":  # the official MAE layout: ImageNet statistics, as MAE trains
@@ -359,7 +360,11 @@ def weights_path(source: PathLike) -> Path:
     """The local file or folder of ``source``: ``"hf-hub:org/name"`` is downloaded first; a
     training run's folder (``runs/NAME``) stands for the model it saved (``runs/NAME/model``)."""
     if not isinstance(source, (str, os.PathLike)) or not str(source):  # None was pathlib's TypeError
-        raise WeightsError(f"weights are a file, a folder or hf-hub:NAME, not {source!r}")
+        # (a state dict's repr printed every tensor into the message)
+        what = repr(source) if source is None or isinstance(source, (str, int, float, bool)) else \
+            f"a {type(source).__name__}" + (" (a state dict loads into a model: vitkit.load_weights(model, sd))"
+                                            if isinstance(source, Mapping) else "")
+        raise WeightsError(f"weights are a file, a folder or hf-hub:NAME, not {what}")
     text = str(source)
     path = download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
     return run_model_folder(path) or path

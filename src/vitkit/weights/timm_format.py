@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..models import config_from_dict, family_of, family_of_state_dict, get_model_config, list_models
+from ..models import config_from_dict, deepseek, family_of, family_of_state_dict, get_model_config, list_models
 from ..models.positions import full_table
 from .io import WeightsError
 
@@ -210,6 +210,9 @@ def known_architecture(arch: str) -> str:
     is refused by name, never guessed from the tensor names (another architecture can share them: timm's
     residual post-norm ViT has a pre-norm ViT's names and other logits)."""
     base = arch.split(".")[0]
+    if base in deepseek.UNBUILT:
+        raise WeightsError(f"timm architecture {base!r} is {deepseek.UNBUILT[base]}, which vitkit does not build "
+                           f"(its encoder and classifier, deepseek_vit_412m, it does)")
     if not is_known_architecture(base):
         raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
                            f"as another from its tensor names; load the weights with model_name= a vitkit "
