@@ -259,9 +259,17 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_configure(config):
     """An xdist worker computes on one thread: two workers with every core each would wait on each
-    other at every OpenMP barrier. The commands tests start as processes keep their own threads."""
+    other at every OpenMP barrier. The commands tests start as processes keep their own threads.
+
+    The controller imports vitkit's warning classes up front: xdist rebuilds a worker's warning there by
+    importing its class's module, and its import of ``vitkit.weights.export`` first (an ExportWarning) met
+    the package half-built ("cannot import name 'EXPORT_FORMATS' from partially initialized module": an
+    internal error that ended the run; test_benchmarks_outputs.py and test_weights_parity.py together, three
+    runs of three; none with the package imported first)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    elif getattr(config.option, "numprocesses", None):
+        import vitkit.weights  # noqa: F401  (every module whose warnings the workers send: models, data, weights)
 
 
 @pytest.fixture(scope="session", autouse=True)
