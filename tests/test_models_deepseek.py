@@ -80,6 +80,14 @@ def test_a_bare_file_is_not_guessed_and_reads_with_its_name(tmp_path):
         assert max_diff(model(x), ref(x)) < 1e-5
 
 
+def test_a_state_dict_given_to_from_pretrained_is_named_not_printed():
+    """from_pretrained(state_dict) printed every tensor of the dict into its one line (thousands of lines)."""
+    with pytest.raises(WeightsError) as e:
+        vitkit.from_pretrained(_timm().state_dict())
+    assert str(e.value) == ("weights are a file, a folder or hf-hub:NAME, not an OrderedDict (a state dict loads into "
+                            "a model: vitkit.load_weights(model, sd))")
+
+
 def test_the_vlm_projector_variants_are_refused_by_name(tmp_path):
     """timm's _align and _enc models read out through DeepSeek's aligner (a 3 x 3 pixel-unshuffle and two layers to
     the language model's width), which vitkit does not build: each is one line, never the encoder without it."""

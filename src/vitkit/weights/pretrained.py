@@ -361,9 +361,11 @@ def weights_path(source: PathLike) -> Path:
     training run's folder (``runs/NAME``) stands for the model it saved (``runs/NAME/model``)."""
     if not isinstance(source, (str, os.PathLike)) or not str(source):  # None was pathlib's TypeError
         # (a state dict's repr printed every tensor into the message)
+        kind = type(source).__name__
         what = repr(source) if source is None or isinstance(source, (str, int, float, bool)) else \
-            f"a {type(source).__name__}" + (" (a state dict loads into a model: vitkit.load_weights(model, sd))"
-                                            if isinstance(source, Mapping) else "")
+            f"{'an' if kind[0] in 'AEIOUaeiou' else 'a'} {kind}" + (
+                " (a state dict loads into a model: vitkit.load_weights(model, sd))" if isinstance(source, Mapping)
+                else "")
         raise WeightsError(f"weights are a file, a folder or hf-hub:NAME, not {what}")
     text = str(source)
     path = download_from_hub(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
