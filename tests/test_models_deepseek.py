@@ -136,3 +136,11 @@ def test_without_the_pooled_norm_the_pooled_mean_is_read_raw():
     x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
         assert max_diff(model(x), ref(x)) < 1e-5
+
+
+def test_pre_training_says_why_it_refuses_the_family():
+    from vitkit.selfsup import create_pretrainer
+
+    with pytest.raises(ValueError, match="mae pre-trains a plain ViT or an EVA-style one, not 'deepseek': the "
+                                         "objectives are not built for DeepSeek's family"):
+        create_pretrainer("mae", _ours(num_classes=0))

@@ -104,7 +104,10 @@ def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
                "convit": "ConViT's gated positional attention works over the full patch grid",
                "resnetv2": "a ResNetV2 is a CNN without patch tokens",
                "coca": "the pre-training encoder is built as a plain ViT, without CoCa's attention-pool "
-                       "heads"}.get(arch, "it is no ViT")
+                       "heads",
+               "deepseek": "the objectives are not built for DeepSeek's family (its weights in timm's names are "
+                           "an encoder and a head, as a pre-training model's are: not yet told apart)"}.get(
+                   arch, "it is no ViT")
         raise ValueError(f"{objective} pre-trains a plain ViT or an EVA-style one, not {arch!r}: {why}; pre-train "
                          f"a ViT (e.g. --model vit_fmnist) and fine-tune it")
     if config.backbone is not None:
