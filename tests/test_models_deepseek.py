@@ -24,7 +24,7 @@ SMALL = dict(img_size=56, embed_dim=64, depth=2, num_heads=4, num_classes=7)
 
 def _ours(**kw):
     """vitkit's model of SMALL's shape (SwiGLU 176 = int(64 x 2.75), as timm's mlp_ratio makes it)."""
-    return vitkit.create_model("deepseek_vit_412m", **SMALL, mlp_dim=176, **kw).eval()
+    return vitkit.create_model("deepseek_vit_412m", **{**SMALL, "mlp_dim": 176, **kw}).eval()
 
 
 def _timm(**kw):
