@@ -93,8 +93,8 @@ def test_the_vlm_projector_variants_are_refused_by_name(tmp_path):
     the language model's width), which vitkit does not build: each is one line, never the encoder without it."""
     for name in ("deepseek_vit_412m_align", "deepseek_vit_412m_enc"):
         torch.manual_seed(0)
-        kw = dict(SMALL, out_features=32) if name.endswith("_enc") else dict(SMALL, out_features=32)
-        if name.endswith("_enc"):
+        kw = dict(SMALL, out_features=32)
+        if name.endswith("_enc"):  # (timm's encoder takes no class count)
             kw.pop("num_classes")
         ref = timm.create_model(name, **kw)
         save_for_hf(ref, str(tmp_path / name), safe_serialization=True)

@@ -121,7 +121,8 @@ class EvalTransform:
         th, tw = self.img_size
         w, h = im.size
         if self.crop_mode == "border" and (w < tw or h < th):
-            im, w, h = self._pad(im, max(w, tw), max(h, th)), max(w, tw), max(h, th)
+            im = self._pad(im, max(w, tw), max(h, th))
+            w, h = im.size
         if self.crop_offset == "floor":  # transformers' processors
             left, top = (w - tw) // 2, (h - th) // 2
         else:  # torchvision's CenterCrop (timm's)
