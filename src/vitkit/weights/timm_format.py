@@ -1,4 +1,5 @@
-"""timm's layout: vitkit's parameter names are timm's, so reading is the identity.
+"""timm's layout: vitkit's parameter names are timm's, so reading is the identity (one exception: timm's
+DeepSeek classifier keeps its encoder under ``encoder.``, moved by :func:`vitkit.models.deepseek.from_timm`).
 
 What differs is each family's business (its :class:`vitkit.models.Family`): ``to_timm``
 writes what timm has no module for (a ViT's 2D / sincos position embedding as the equivalent
