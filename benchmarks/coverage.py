@@ -5,7 +5,8 @@ vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, b
 ``--max-params`` (1B by default), timm builds it with random weights (every parameter noised, so no
 mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub (``config.json`` +
 ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)`` loads it,
-and the fp32 outputs of two images (logits, or pooled features for towers without a head) are compared.
+and the fp32 outputs of two images (logits, or pooled features for towers without a head; where timm's
+model gives tokens, DeepSeek's ``_enc`` the language model's, vitkit's ``forward_features``) are compared.
 A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|) (or, past it, when both
 agree within 1e-9 of that in float64: the rounding of a deep stack, said in the row); ``refused`` when vitkit
 says in one line why it cannot (the line is kept); ``mismatch`` when it loads and computes something
@@ -126,12 +127,18 @@ def wide(ref, folder: Path, size: list, fp64: bool = True) -> dict:
     try:
         expected = ref(x).float()
         ours = vitkit.from_pretrained(folder, img_size=new)
-        got = ours(x).float()
+        got = output(ours, x, expected).float()
     except Exception as e:
         return dict(status="error", message=one_line(e), img_size=list(new))
     ok, found = agreement(expected, got, x, ref if fp64 else None, ours)
     found.pop("output_scale")
     return dict(status="parity" if ok else "mismatch", **found, img_size=list(new))
+
+
+def output(ours, x: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """vitkit's answer to compare with timm's: the forward's, or where timm's model gives tokens (DeepSeek's
+    ``_enc``: the language model's), ``forward_features``'."""
+    return ours(x) if expected.dim() == 2 else ours.forward_features(x)
 
 
 def agreement(expected: torch.Tensor, got: torch.Tensor, x: torch.Tensor, ref=None, ours=None) -> tuple:
@@ -144,7 +151,8 @@ def agreement(expected: torch.Tensor, got: torch.Tensor, x: torch.Tensor, ref=No
     ok = diff <= TOLERANCE * scale
     if not ok and ref is not None and got.shape == expected.shape:
         with torch.no_grad():
-            found["fp64_max_diff"] = (ref.double()(x.double()) - ours.double()(x.double())).abs().max().item()
+            found["fp64_max_diff"] = (ref.double()(x.double()) - output(ours.double(), x.double(), expected)
+                                      ).abs().max().item()
         ref.float(), ours.float()  # .double() converted them in place: --wide runs them in fp32 after
         ok = found["fp64_max_diff"] <= FP64_TOLERANCE * scale
     return ok, found
@@ -204,7 +212,7 @@ def check(name: str, module: str, params: int, large: float, workdir: Path, bare
     try:
         with torch.no_grad():
             try:
-                got = ours(x).float()
+                got = output(ours, x, expected).float()
             except ValueError as e:  # timm's input size against the image size vitkit read (or said it assumed)
                 row.update(status="guessed" if assumed else "refused", message=one_line(e),
                            seconds=round(time.perf_counter() - start, 1))

@@ -115,8 +115,9 @@ LATER = {
                                                                          num_classes=5)),
     "beit_relative": ("beitv2_base_patch16_224", dict(img_size=32, **SMALL)),
     "relpos_mlp_shared": ("vit_srelpos_small_patch16_224", dict(img_size=32, **SMALL)),
-    "deepseek_bias_free_swiglu_pooled_rmsnorm": ("deepseek_vit_412m", dict(img_size=28, embed_dim=64, num_heads=4,
-                                                                          mlp_dim=176, **SMALL)),
+    # (and the VLM projector: 3 x 4 patches zero-padded to 3 x 6, two 3 x 3 blocks)
+    "deepseek_bias_free_swiglu_pooled_rmsnorm_projector": ("deepseek_vit_412m_align", dict(
+        img_size=(42, 56), embed_dim=64, num_heads=4, mlp_dim=176, projector_dim=32, **SMALL)),
 }
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -1,6 +1,6 @@
-"""DeepSeek's vision encoder (timm's ``deepseek_vit_412m``): timm's parameter count, timm's outputs from timm's own
-hub folder and state dict (fp32, 1e-5) at its size and another, written back in timm's names, and the parts vitkit
-does not build (the VLM projector) refused by name."""
+"""DeepSeek's vision encoder (timm's ``deepseek_vit_412m``, ``_align``, ``_enc``): timm's parameter counts, timm's
+outputs from timm's own hub folders and state dicts (fp32, 1e-5) at its size and others (the VLM projector's blocks
+padded), written back in timm's names, and what vitkit does not read refused in one line."""
 
 import json
 
@@ -64,6 +64,8 @@ def test_the_timm_layout_written_back_is_what_timm_loads(tmp_path):
     x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
         assert max_diff(again(x), ref(x)) < 1e-5
+        # and vitkit reads its own export back (its config in the metadata; it was refused as "mixed")
+        assert max_diff(vitkit.from_pretrained(tmp_path / "back.safetensors")(x), ref(x)) < 1e-5
 
 
 def test_a_bare_file_is_not_guessed_and_reads_with_its_name(tmp_path):
@@ -88,26 +90,102 @@ def test_a_state_dict_given_to_from_pretrained_is_named_not_printed():
                             "a model: vitkit.load_weights(model, sd))")
 
 
-def test_the_vlm_projector_variants_are_refused_by_name(tmp_path):
-    """timm's _align and _enc models read out through DeepSeek's aligner (a 3 x 3 pixel-unshuffle and two layers to
-    the language model's width), which vitkit does not build: each is one line, never the encoder without it."""
+def _projector(name, **kw):
+    """timm's _align classifier or _enc encoder of SMALL's shape, its projector 48 wide, noised."""
+    torch.manual_seed(0)
+    kw = {**SMALL, "out_features": 48, **kw}
+    if name.endswith("_enc"):  # (timm's encoder takes no class count)
+        kw.pop("num_classes")
+    return randomize(timm.create_model(name, **kw), scale=0.2)
+
+
+@pytest.mark.parametrize("name", ["deepseek_vit_412m_align", "deepseek_vit_412m_enc"])
+def test_timms_projector_models_load_with_parity_their_tokens_and_pooled_output(name, tmp_path):
+    """DeepSeek's VLM projector: 3 x 3 blocks of patches side by side channel-major, the grid zero-padded at the
+    bottom and right (4 x 4 -> 6 x 6, 3 x 5 -> 3 x 6), two layers to the language model's width. timm's config.json
+    has no width (timm reads it off the checkpoint's tag): vitkit reads it off the tensors."""
+    ref = _projector(name)
+    save_for_hf(ref, str(tmp_path / "ds"), safe_serialization=True)
+    config = json.loads((tmp_path / "ds" / "config.json").read_text())
+    config["model_args"].pop("out_features")  # as a tagged checkpoint's: the width is the tag's
+    (tmp_path / "ds" / "config.json").write_text(json.dumps(config))
+    model = vitkit.from_pretrained(tmp_path / "ds")
+    assert model.config.projector_dim == 48 and model.config.pooled_norm == name.endswith("_align")
+    for size in [(56, 56), (42, 70), (70, 28)]:
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            tokens = ref(x) if name.endswith("_enc") else ref.forward_features(x)
+            assert tokens.shape[1] == -(-size[0] // 42) * -(-size[1] // 42)
+            assert max_diff(model.forward_features(x), tokens) < 1e-5, size
+            if name.endswith("_align"):
+                assert max_diff(model(x), ref(x)) < 1e-5, size
+            else:  # (timm's encoder does not pool: vitkit's pools the tokens it gives)
+                assert max_diff(model(x), tokens.mean(1)) < 1e-5, size
+    assert count_params(model.config) == sum(p.numel() for p in ref.parameters())
+
+
+def test_the_412m_projector_models_have_timms_parameter_counts():
     for name in ("deepseek_vit_412m_align", "deepseek_vit_412m_enc"):
-        torch.manual_seed(0)
-        kw = dict(SMALL, out_features=32)
-        if name.endswith("_enc"):  # (timm's encoder takes no class count)
-            kw.pop("num_classes")
-        ref = timm.create_model(name, **kw)
-        save_for_hf(ref, str(tmp_path / name), safe_serialization=True)
-        with pytest.raises(WeightsError, match=f"{name}' is DeepSeek's encoder .*VLM projector") as e:
-            vitkit.from_pretrained(tmp_path / name)
-        assert "\n" not in str(e.value)
-    sd = timm.create_model("deepseek_vit_412m_align", **SMALL, out_features=32).state_dict()
-    with pytest.raises(WeightsError, match=r"with its VLM projector \(encoder.aligner.fc1.bias"):
-        vitkit.load_weights(_ours(), sd)
+        with torch.device("meta"):
+            theirs = sum(p.numel() for p in timm.create_model(name).parameters())
+        assert count_params(get_model_config(name)) == theirs == 485_253_120, name
+
+
+@pytest.mark.parametrize("name", ["deepseek_vit_412m_align", "deepseek_vit_412m_enc"])
+def test_a_projector_model_written_back_is_what_timm_loads(name, tmp_path):
+    """timm's _enc names are vitkit's own (no encoder. prefix, no head); the classifier's move the prefix."""
+    ref = _projector(name).eval()
+    model = vitkit.create_model(name, **{k: v for k, v in SMALL.items() if not name.endswith("_enc") or
+                                         k != "num_classes"}, mlp_dim=176, projector_dim=48).eval()
+    vitkit.load_weights(model, ref.state_dict())
+    vitkit.export_weights(model, tmp_path / "back.safetensors", format="timm")
+    again = _projector(name).eval()
+    from safetensors.torch import load_file
+
+    again.load_state_dict(load_file(tmp_path / "back.safetensors"))  # strict: timm's own names, nothing else
+    x = torch.randn(2, 3, 56, 42)
+    with torch.no_grad():
+        assert max_diff(again(x), ref(x)) < 1e-5
+    assert max_diff(vitkit.from_pretrained(tmp_path / "back.safetensors")(x), model(x)) < 1e-5
+
+
+def test_timms_encoder_pooling_its_patches_has_no_projector(tmp_path):
+    """timm's _enc built with global_pool='avg' has no projector and returns the patches' mean."""
+    ref = _projector("deepseek_vit_412m_enc", global_pool="avg")
+    save_for_hf(ref, str(tmp_path / "ds"), safe_serialization=True)
+    model = vitkit.from_pretrained(tmp_path / "ds")
+    assert model.aligner is None and not model.config.projector_dim
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        assert max_diff(model(x), ref(x)) < 1e-5
+
+
+def test_projector_files_that_do_not_fit_are_one_line(tmp_path):
+    sd = _projector("deepseek_vit_412m_align", num_classes=0).state_dict()
+    with pytest.raises(WeightsError, match="aligner.fc1") as e:  # a plain encoder: the projector's tensors are not
+        vitkit.load_weights(_ours(num_classes=0), sd)  # its own
+    assert "\n" not in str(e.value)
+    ref = _projector("deepseek_vit_412m_enc")
+    save_for_hf(ref, str(tmp_path / "ds"), safe_serialization=True)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "ds" / "model.safetensors")
+    tensors["aligner.fc1.weight"] = tensors["aligner.fc1.weight"][:, :500].contiguous()  # no r x r of 64
+    save_file(tensors, tmp_path / "ds" / "model.safetensors")
+    with pytest.raises(WeightsError, match="takes 500 inputs: no r x r blocks of 64-wide patches"):
+        vitkit.from_pretrained(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("field, value", [("projector_dim", -1), ("projector_dim", 4.5), ("projector_ratio", 0),
+                                          ("projector_ratio", True)])
+def test_bad_projector_fields_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        _ours(**{field: value})
 
 
 @pytest.mark.parametrize("args, words", [
-    ({"encoder_pool": "align", "out_features": 32}, "build the VLM projector"),
+    ({"global_pool": ""}, "vitkit pools the patches"),
+    ({"encoder_pool": "token"}, "vitkit pools the patches"),
     ({"dynamic_img_pad": True}, "dynamic_img_pad"),
     ({"rope_type": "mixed"}, "rope_type are not read"),
 ])

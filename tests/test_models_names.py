@@ -63,7 +63,7 @@ def test_name_builds_timms_architecture(name):
     theirs = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
     mine = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     if ours.config.architecture == "deepseek":  # timm's classifier holds the encoder under encoder. (to_timm's)
-        mine = {(k if k.startswith("head.") else deepseek.TIMM_PREFIX + k): v for k, v in mine.items()}
+        mine = {deepseek.timm_name(k, ours.config): v for k, v in mine.items()}
     assert mine == theirs
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 

@@ -38,6 +38,7 @@ from .registry import (
     register_architecture,
     register_family,
     register_model,
+    renamed_in_timm,
     unregister_family,
 )
 from .resnetv2 import ResNetV2, ResNetV2Config
@@ -51,6 +52,6 @@ __all__ = [
     "VIT_SIZES", "build_from_config", "config_from_dict", "create_model", "get_model_config",
     "list_models", "register_architecture", "register_model", "ViTConfig", "VisionTransformer",
     "count_parameters", "num_tokens", "Family", "register_family", "unregister_family", "family", "family_of",
-    "families", "family_of_state_dict", "TokenModel", "TokenConfig", "ConfigMixin", "fast_inference",
+    "families", "family_of_state_dict", "renamed_in_timm", "TokenModel", "TokenConfig", "ConfigMixin", "fast_inference",
     "compile_for_inference",
 ]

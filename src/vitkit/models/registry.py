@@ -67,6 +67,12 @@ class Family:
     analyses: Tuple[str, ...] = ()
     #: whether the models are patch-token transformers (``vitkit info``, inspection) or CNNs
     tokens: bool = True
+    #: timm's state dict -> vitkit's names, for a family whose timm names are not vitkit's (None: they are;
+    #: DeepSeek's classifier keeps its encoder under ``encoder.``); ``matches`` recognises timm's names
+    from_timm: Optional[Callable[[Mapping[str, Any]], Dict[str, Any]]] = None
+    #: (a timm hub folder's tensors, the base config) -> fields its ``config.json`` leaves to the tensors (timm
+    #: resolves DeepSeek's projector width from the checkpoint's tag)
+    hub_tensor_fields: Callable[[Mapping[str, Any], Any], Dict[str, Any]] = _no_args
 
 
 _FAMILIES: Dict[str, Family] = {}
@@ -107,6 +113,12 @@ def family_of_state_dict(keys: Collection[str]) -> Optional[Family]:
     """The family whose state dicts have these key names, or None."""
     keys = list(keys)
     return next((f for f in families() if f.matches(keys)), None)
+
+
+def renamed_in_timm(keys: Collection[str]) -> Optional[Family]:
+    """The family whose timm names these are, where they are not vitkit's (``Family.from_timm``), or None."""
+    keys = list(keys)
+    return next((f for f in families() if f.from_timm is not None and f.matches(keys)), None)
 
 
 def register_architecture(name: str, config_cls: type, model_cls: type) -> None:
@@ -221,5 +233,6 @@ def as_features(model: nn.Module, features_only: bool, out_indices: Optional[Uni
 
 
 __all__ = ["Family", "register_family", "unregister_family", "family", "family_of", "families",
-           "family_of_state_dict", "register_architecture", "build_from_config", "config_from_dict", "ModelEntry",
-           "register_model", "register_name_pattern", "list_models", "get_model_config", "create_model", "as_features"]
+           "family_of_state_dict", "renamed_in_timm", "register_architecture", "build_from_config", "config_from_dict",
+           "ModelEntry", "register_model", "register_name_pattern", "list_models", "get_model_config", "create_model",
+           "as_features"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import List
 
-from ..models import deepseek, family_of_state_dict
+from ..models import family_of_state_dict, renamed_in_timm
 from . import dino_format, hf_format, npz_format, open_clip_format
 from .io import WeightsError
 
@@ -14,8 +14,8 @@ from .io import WeightsError
 def detect_format(keys) -> str:
     """Name the layout of a flat state dict from its key names."""
     keys = list(keys)
-    if deepseek.is_timm_layout(keys):
-        return "timm"  # timm's DeepSeek classifier keeps its encoder under encoder. (no pre-training objective)
+    if renamed_in_timm(keys) is not None:
+        return "timm"  # a family's own timm names (DeepSeek's classifier: its encoder under encoder.)
     if any(k.startswith("encoder.patch_embed.") for k in keys):
         return "vitkit"  # a vitkit pre-training model: its ViT under encoder., the objective's parts beside it
     found = npz_format.detect_layout(keys)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..files import PathLike, as_argument
-from ..models import config_from_dict, deepseek, family_of_state_dict, positions
+from ..models import config_from_dict, family_of_state_dict, positions, renamed_in_timm
 from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
@@ -336,11 +336,9 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
                 facts["grid"] = grid
         elif src.table_grid is not None:
             facts["grid"] = src.table_grid
-        if src.format == "timm" and deepseek.is_timm_layout(sd):
-            try:
-                sd = deepseek.from_timm(sd)  # its encoder under encoder.: vitkit's names are the encoder's
-            except ValueError as e:
-                raise WeightsError(str(e)) from None
+        renamed = renamed_in_timm(sd) if src.format == "timm" or src.timm_with_config else None
+        if renamed is not None:
+            sd = renamed.from_timm(sd)  # (DeepSeek's classifier: its encoder under encoder.)
     return sd, facts
 
 

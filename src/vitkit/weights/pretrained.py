@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..files import PathLike
-from ..models import build_from_config, config_from_dict, deepseek, family_of, get_model_config
+from ..models import build_from_config, config_from_dict, family_of, get_model_config, renamed_in_timm
 from ..models.config_base import fit_channel_stats, fit_table_size
 from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
@@ -92,8 +92,8 @@ def config_for_source(src: Source, **overrides: Any):
             return dino_format.infer_config(src.tensors, **overrides)
         except (ValueError, TypeError) as e:
             raise WeightsError(f"official DINO checkpoint: {e}") from None
-    # (DeepSeek's classifier in timm's names is read by its family, which says what no tensor holds)
-    sd, facts = (src.tensors, {}) if deepseek.is_timm_layout(src.tensors) else to_native(src)
+    # (a family's own timm names are read by that family, which says what no tensor holds: DeepSeek's rotations)
+    sd, facts = (src.tensors, {}) if renamed_in_timm(src.tensors) is not None else to_native(src)
     if src.format in ("npz", "big_vision"):
         return npz_format.infer_config(sd, facts, **overrides)
     if src.pretraining == "mae":  # the official MAE layout: ImageNet statistics, as MAE trains

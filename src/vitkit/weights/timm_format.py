@@ -1,5 +1,5 @@
-"""timm's layout: vitkit's parameter names are timm's, so reading is the identity (one exception: timm's
-DeepSeek classifier keeps its encoder under ``encoder.``, moved by :func:`vitkit.models.deepseek.from_timm`).
+"""timm's layout: vitkit's parameter names are timm's, so reading is the identity (the exception says so itself,
+``Family.from_timm``: timm's DeepSeek classifier keeps its encoder under ``encoder.``).
 
 What differs is each family's business (its :class:`vitkit.models.Family`): ``to_timm``
 writes what timm has no module for (a ViT's 2D / sincos position embedding as the equivalent
@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..models import config_from_dict, deepseek, family_of, family_of_state_dict, get_model_config, list_models
+from ..models import config_from_dict, family_of, family_of_state_dict, get_model_config, list_models
 from ..models.positions import full_table
 from .io import WeightsError
 
@@ -211,9 +211,6 @@ def known_architecture(arch: str) -> str:
     is refused by name, never guessed from the tensor names (another architecture can share them: timm's
     residual post-norm ViT has a pre-norm ViT's names and other logits)."""
     base = arch.split(".")[0]
-    if base in deepseek.UNBUILT:
-        raise WeightsError(f"timm architecture {base!r} is {deepseek.UNBUILT[base]}, which vitkit does not build "
-                           f"(its encoder and classifier, deepseek_vit_412m, it does)")
     if not is_known_architecture(base):
         raise WeightsError(f"timm architecture {base!r} is not one vitkit knows (see `vitkit models`): it is not read "
                            f"as another from its tensor names; load the weights with model_name= a vitkit "
@@ -372,5 +369,6 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
                       f"{kw['num_classes']} classes: read without names", UserWarning, stacklevel=2)
     known = set(config.to_dict())
     kw = {k: v for k, v in kw.items() if k in known}
+    kw.update(family_of(config).hub_tensor_fields(sd, config.replace(**kw)))  # what only the tensors say
     kw.update(overrides)
     return config.replace(**kw)
