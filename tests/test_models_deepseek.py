@@ -222,3 +222,12 @@ def test_pre_training_says_why_it_refuses_the_family():
     with pytest.raises(ValueError, match="mae pre-trains a plain ViT or an EVA-style one, not 'deepseek': the "
                                          "objectives are not built for DeepSeek's family"):
         create_pretrainer("mae", _ours(num_classes=0))
+
+
+def test_info_says_the_projector_and_the_border_crop(tmp_path, capsys):
+    from conftest import in_process
+
+    save_for_hf(_projector("deepseek_vit_412m_enc"), str(tmp_path / "ds"), safe_serialization=True)
+    out = in_process(capsys, "info", str(tmp_path / "ds")).stdout
+    assert "a VLM projector (3x3 patches -> 48 wide; forward_features gives its tokens)" in out
+    assert "crop 1.0 (the whole image, padded)" in out

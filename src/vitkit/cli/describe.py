@@ -55,14 +55,26 @@ def _source_lines(info: Dict[str, Any]) -> List[str]:
         return lines
     c = info["config"]
     regs = getattr(c, "reg_tokens", 0)
+    crop = _CROP_WORDS.get(getattr(c, "crop_mode", ""), "")
     extra = [f"{regs} register{'s' if regs != 1 else ''}" if regs else "",
              f"rotary positions ({c.rope})" if getattr(c, "rope", "none") != "none" else "",
-             f"pooling {c.global_pool}", _head(c), f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}"
-             + (" (squashed)" if getattr(c, "crop_mode", "center") == "squash" else "")]
+             _projector(c), f"pooling {c.global_pool}", _head(c),
+             f"mean {list(c.mean)} std {list(c.std)}, crop {c.crop_pct}{crop}"]
     lines.append(f"  vitkit      architecture {c.architecture!r}" + (f" ({c.name})" if c.name else "") + ": "
                  + ", ".join(e for e in extra if e))
     lines += [f"  assumed     {guess}" for guess in info.get("assumed", ())]  # a bare file: what its tensors do not say
     return lines
+
+
+#: crop modes other than the centre crop, as ``vitkit info`` says them
+_CROP_WORDS = {"squash": " (squashed)", "border": " (the whole image, padded)"}
+
+
+def _projector(config) -> str:
+    """DeepSeek's VLM projector, where the model has one: what ``forward_features`` gives."""
+    width = getattr(config, "projector_dim", 0)
+    r = getattr(config, "projector_ratio", 0)
+    return f"a VLM projector ({r}x{r} patches -> {width:,} wide; forward_features gives its tokens)" if width else ""
 
 
 def _head(config) -> str:

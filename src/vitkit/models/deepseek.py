@@ -33,6 +33,7 @@ from torch import nn
 
 from .config_base import _is_int
 from .eva import Eva, EvaConfig
+from .layers import Linear
 from .mlp import make_mlp
 from .norms import RmsNorm
 from .registry import Family, register_family, register_model
@@ -102,9 +103,9 @@ class Aligner(nn.Module):
     def __init__(self, dim: int, ratio: int, width: int):
         super().__init__()
         self.ratio = ratio
-        self.fc1 = nn.Linear(dim * ratio * ratio, width)
+        self.fc1 = Linear(dim * ratio * ratio, width)  # (vitkit's: fast_inference keeps their autocast copies)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(width, width)
+        self.fc2 = Linear(width, width)
 
     def forward(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         """Patches (B, gh*gw, D) -> tokens (B, ceil(gh/r) * ceil(gw/r), width)."""

@@ -311,6 +311,20 @@ def _input_size(value: Any) -> Tuple[int, int]:
     return int(value[1]), int(value[2])
 
 
+def _label_names(names: Any, num_classes: Any) -> Dict[str, Any]:
+    """A hub config.json's ``label_names`` (a list, or a dict by index) -> the field, where there is one name for
+    each class; names for another count are said and left out."""
+    if isinstance(names, dict):
+        names = [names.get(str(i), names.get(i)) for i in range(len(names))]
+    if isinstance(names, list) and num_classes is not None and len(names) == num_classes and None not in names:
+        return {"label_names": [str(n) for n in names]}
+    if isinstance(names, list) and names and isinstance(num_classes, int) and num_classes:
+        # (a headless build, transformers' TimmWrapperModel of a classifier, has no classes to name)
+        warnings.warn(f"the config.json's label_names ({len(names)}) are not one name for each of the head's "
+                      f"{num_classes} classes: read without names", UserWarning, stacklevel=3)
+    return {}
+
+
 def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool = False, **overrides: Any):
     """A timm hub ``config.json`` (``architecture``, ``model_args``, ``pretrained_cfg``) -> config.
 
@@ -358,15 +372,7 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
         kw.setdefault("img_size", served)
     if kw.get("num_classes") and projection_head(arch, pre):
         kw["head_kind"] = "projection"
-    names = cfg.get("label_names")
-    if isinstance(names, dict):
-        names = [names.get(str(i), names.get(i)) for i in range(len(names))]
-    if isinstance(names, list) and len(names) == kw.get("num_classes", -1) and None not in names:
-        kw["label_names"] = [str(n) for n in names]
-    elif isinstance(names, list) and names and isinstance(kw.get("num_classes"), int) and kw["num_classes"]:
-        # (a headless build, transformers' TimmWrapperModel of a classifier, has no classes to name)
-        warnings.warn(f"the config.json's label_names ({len(names)}) are not one name for each of the head's "
-                      f"{kw['num_classes']} classes: read without names", UserWarning, stacklevel=2)
+    kw.update(_label_names(cfg.get("label_names"), kw.get("num_classes")))
     known = set(config.to_dict())
     kw = {k: v for k, v in kw.items() if k in known}
     kw.update(family_of(config).hub_tensor_fields(sd, config.replace(**kw)))  # what only the tensors say
