@@ -231,3 +231,80 @@ def test_info_says_the_projector_and_the_border_crop(tmp_path, capsys):
     out = in_process(capsys, "info", str(tmp_path / "ds")).stdout
     assert "a VLM projector (3x3 patches -> 48 wide; forward_features gives its tokens)" in out
     assert "crop 1.0 (the whole image, padded)" in out
+
+
+def _deepseeks_own(ref) -> dict:
+    """timm's _enc weights in DeepSeek's own names (its shard's vision. and aligner., the patch embedding a linear
+    layer), beside a language model's tensors (whose norm and head names collide with timm's)."""
+    sd = {}
+    for k, v in ref.state_dict().items():
+        if k.startswith("aligner."):
+            sd[k.replace(".fc1.", ".w1.").replace(".fc2.", ".w2.")] = v
+            continue
+        for ours, theirs in ((".attn.qkv.", ".attn.wqkv."), (".attn.proj.", ".attn.wo."), (".mlp.fc1.", ".mlp.w1."),
+                             (".mlp.fc2.", ".mlp.w2.")):
+            k = k.replace(ours, theirs)
+        sd["vision." + k] = v.flatten(1) if k == "patch_embed.proj.weight" else v
+    return {**sd, "embed.weight": torch.randn(10, 8), "norm.weight": torch.ones(8), "head.weight": torch.randn(10, 8),
+            "layers.0.attn.wq.weight": torch.randn(8, 8)}
+
+
+def test_deepseeks_own_shard_reads_as_timms_filter_reads_it(tmp_path):
+    """DeepSeek's first shard (the vision tower and projector among the language model's tensors): timm's own
+    checkpoint filter and vitkit read it into the same model; the architecture is read off the shapes (heads of
+    64, as the 412M tower's)."""
+    from safetensors.torch import save_file
+    from timm.models.deepseek_vit import checkpoint_filter_fn_encoder
+
+    torch.manual_seed(0)
+    shape = dict(img_size=56, embed_dim=128, depth=2, num_heads=2, out_features=48)
+    own = _deepseeks_own(randomize(timm.create_model("deepseek_vit_412m_enc", **shape), scale=0.2))
+    ref = timm.create_model("deepseek_vit_412m_enc", **shape).eval()
+    ref.load_state_dict(checkpoint_filter_fn_encoder(own, ref))  # strict: timm's reading of DeepSeek's names
+    save_file({k: v.contiguous() for k, v in own.items()}, tmp_path / "model-00001-of-00048.safetensors")
+    model = vitkit.from_pretrained(tmp_path / "model-00001-of-00048.safetensors")
+    assert (model.config.projector_dim, model.config.num_heads, model.config.depth) == (48, 2, 2)
+    x = torch.randn(2, 3, 56, 70)
+    with torch.no_grad():
+        assert max_diff(model.forward_features(x), ref(x)) < 1e-5
+
+
+@pytest.mark.parametrize("width, size", [(5120, 546), (4096, 392), (None, 546)])
+def test_a_deepseek_shards_size_is_its_checkpoints(width, size):
+    """V4.1-Flash's projector is 5,120 wide and its images 546 px; V4-Flash-Vision-Exp's 4,096 and 392 (timm's
+    configs); the tower alone is the 412M encoder at 546."""
+    from vitkit.weights import deepseek_format
+
+    with torch.device("meta"):
+        own = _deepseeks_own(timm.create_model("deepseek_vit_412m_enc", out_features=width or 8, depth=2))
+    if width is None:
+        own = {k: v for k, v in own.items() if not k.startswith("aligner.")}
+    config = deepseek_format.infer_config(own)
+    assert config.img_size == (size, size) and config.projector_dim == (width or 0)
+    assert (config.embed_dim, config.num_heads, config.mlp_dim, config.patch_size) == (1024, 16, 2816, (14, 14))
+    assert config.pooled_norm == (width is None)  # (the tower alone: the 412M classifier's headless readout)
+
+
+def test_deepseek_shards_that_do_not_fit_are_one_line(tmp_path):
+    from safetensors.torch import save_file
+
+    own = _deepseeks_own(_projector("deepseek_vit_412m_enc"))
+    own["vision.patch_embed.proj.weight"] = own["vision.patch_embed.proj.weight"][:, :500].contiguous()
+    save_file({k: v.contiguous() for k, v in own.items()}, tmp_path / "odd.safetensors")
+    with pytest.raises(WeightsError, match="DeepSeek checkpoint: DeepSeek's patch embedding takes 500 values"):
+        vitkit.from_pretrained(tmp_path / "odd.safetensors")
+    llm = {k: v for k, v in own.items() if not k.startswith(("vision.", "aligner."))}
+    save_file(llm, tmp_path / "llm.safetensors")  # a later shard: the language model alone
+    with pytest.raises(WeightsError, match="unrecognised weight layout"):
+        vitkit.from_pretrained(tmp_path / "llm.safetensors")
+
+
+def test_info_says_a_deepseek_shard_is_its_vision_tower_and_what_is_left_out(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from conftest import in_process
+
+    save_file(_deepseeks_own(_projector("deepseek_vit_412m_enc")), tmp_path / "shard.safetensors")
+    out = in_process(capsys, "info", str(tmp_path / "shard.safetensors")).stdout
+    assert "layout      deepseek (DeepSeek's own: its vision tower; 4 tensors of its language model left out)" in out
+    assert "(deepseek_vit_412m_enc)" in out

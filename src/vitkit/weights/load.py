@@ -19,7 +19,16 @@ from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed
 from ..models.serialize import CONFIG_JSON_METADATA_KEY
 from ..selfsup import Pretrainer
-from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from . import (
+    deepseek_format,
+    dino_format,
+    hf_format,
+    hf_towers,
+    npz_format,
+    open_clip_format,
+    selfsup_format,
+    timm_format,
+)
 from .file_names import missing_by_file_names
 from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata, unwrap_state_dict
 from .layouts import detect_format
@@ -27,7 +36,7 @@ from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, s
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -322,6 +331,8 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})
+    elif src.format == "deepseek":
+        sd = deepseek_format.to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

@@ -23,7 +23,16 @@ from ..models.registry import as_features
 from ..models.serialize import NATIVE_FORMAT_VERSION
 from ..selfsup import pretrainer_from_configs
 from ..utils import check_switches
-from . import dino_format, hf_format, hf_towers, npz_format, open_clip_format, selfsup_format, timm_format
+from . import (
+    deepseek_format,
+    dino_format,
+    hf_format,
+    hf_towers,
+    npz_format,
+    open_clip_format,
+    selfsup_format,
+    timm_format,
+)
 from .claims import check_claims
 from .guesses import GuessWarning, guesses, note_guesses
 from .hf_backbone import backbone_plan
@@ -39,6 +48,11 @@ def _config_file(src: Source) -> str:
         return "config.json"
     folder_config = src.path.parent / "config.json"
     return str(folder_config) if folder_config.is_file() and src.path.name in WEIGHT_FILES else str(src.path)
+
+
+#: layouts of a model's own release -> (the reader of its architecture, what the file is called in a refusal)
+_RELEASES = {"dino": (dino_format.infer_config, "official DINO checkpoint"),
+             "deepseek": (deepseek_format.infer_config, "DeepSeek checkpoint")}
 
 
 def config_for_source(src: Source, **overrides: Any):
@@ -87,11 +101,11 @@ def config_for_source(src: Source, **overrides: Any):
             raise WeightsError(f"{_config_file(src)}: {' '.join(str(e).split())}") from None
     if src.format == "open_clip":
         return open_clip_format.infer_config(src.tensors, src.open_clip_config, **overrides)
-    if src.format == "dino":
+    if src.format in _RELEASES:  # a release's own names: its reader reads the architecture off the shapes
         try:
-            return dino_format.infer_config(src.tensors, **overrides)
-        except (ValueError, TypeError) as e:
-            raise WeightsError(f"official DINO checkpoint: {e}") from None
+            return _RELEASES[src.format][0](src.tensors, **overrides)
+        except (ValueError, TypeError, KeyError) as e:
+            raise WeightsError(f"{_RELEASES[src.format][1]}: {' '.join(str(e).split())}") from None
     # (a family's own timm names are read by that family, which says what no tensor holds: DeepSeek's rotations)
     sd, facts = (src.tensors, {}) if renamed_in_timm(src.tensors) is not None else to_native(src)
     if src.format in ("npz", "big_vision"):
@@ -174,6 +188,10 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         own = f"open_clip image tower built by timm: {own or 'no open_clip_config.json'}"
     if src.timm_with_config:  # what timm reads; vitkit reads the config beside it
         own = "vitkit's config in its metadata"
+    if src.format == "deepseek":
+        others = sum(not k.startswith((deepseek_format.VISION, deepseek_format.ALIGNER)) for k in src.tensors)
+        own = "DeepSeek's own: its vision tower" + (f"; {others:,} tensors of its language model left out" if others
+                                                    else "")
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
         path=str(path), format="timm" if src.timm_with_config else src.format, source_name=own,
