@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
 
 MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
-           "eva", "beit", "deepseek_vit")
+           "eva", "beit", "deepseek_vit", "qwen3_vit")
 TOLERANCE = 1e-5
 #: past the fp32 tolerance, the same check in float64 (models up to FP64_CHECK parameters) tells rounding
 #: from another function
@@ -96,12 +96,13 @@ def noised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def small_size(model) -> tuple | None:
-    """A smaller image size for a large model (a multiple of its patch, about 112 px), or None."""
-    embed = getattr(model, "patch_embed", None) or getattr(getattr(model, "encoder", None), "patch_embed", None)
-    patch = getattr(embed, "patch_size", None)  # (DeepSeek's classifier keeps it in its encoder)
+    """A smaller image size for a large model (a multiple of its patch, about 112 px; of its merger's blocks of
+    patches where it has one: Qwen3's), or None."""
+    inner = getattr(model, "encoder", None) or model  # (timm's VLM classifiers keep the ViT in their encoder)
+    patch = getattr(getattr(inner, "patch_embed", None), "patch_size", None)
     if patch is None:
         return None
-    p = patch[0] if isinstance(patch, (tuple, list)) else patch
+    p = (patch[0] if isinstance(patch, (tuple, list)) else patch) * getattr(inner, "merge_size", 1)
     side = max(1, round(112 / p)) * p
     return (side, side)
 

@@ -118,6 +118,9 @@ LATER = {
     # (and the VLM projector: 3 x 4 patches zero-padded to 3 x 6, two 3 x 3 blocks)
     "deepseek_bias_free_swiglu_pooled_rmsnorm_projector": ("deepseek_vit_412m_align", dict(
         img_size=(42, 56), embed_dim=64, num_heads=4, mlp_dim=176, projector_dim=32, **SMALL)),
+    # (a learned table resampled with its corners aligned beside rotary positions, and Qwen's merger)
+    "qwen3_table_rope_merger": ("qwen3_vit_88m_merge", dict(img_size=(64, 96), embed_dim=64, num_heads=4,
+                                                            projector_dim=32, pos_embed_size=96, **SMALL)),
 }
 
 @pytest.mark.parametrize("threads", [1, 2])

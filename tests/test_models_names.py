@@ -7,7 +7,8 @@ import torch
 
 import vitkit
 from conftest import max_diff, randomize
-from vitkit.models import deepseek
+from vitkit.models import family_of
+from vitkit.models.vlm_tower import TimmNames
 
 timm = pytest.importorskip("timm")
 TOL = 1e-5
@@ -62,8 +63,8 @@ def test_name_builds_timms_architecture(name):
         ref = timm.create_model(name, **({"num_classes": ours.num_classes} if name in PAPER_HEADS else {}))
     theirs = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
     mine = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
-    if ours.config.architecture == "deepseek":  # timm's classifier holds the encoder under encoder. (to_timm's)
-        mine = {deepseek.timm_name(k, ours.config): v for k, v in mine.items()}
+    if family_of(ours.config).from_timm is not None:  # timm's VLM towers: the classifier's encoder under encoder.
+        mine = {TimmNames.timm_name(k, ours.config): v for k, v in mine.items()}
     assert mine == theirs
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 

@@ -310,8 +310,10 @@ def _export_timm(model: nn.Module, path: Path) -> Path:
     else:
         raise WeightsError(f"timm export: use a .safetensors or .pth file name, not {path.name!r}")
     config = model.config
+    fixed = getattr(type(config), "FIXED", {})  # (a family whose timm model resamples its own way: Qwen3's)
     if getattr(config, "dynamic_img_size", False) and getattr(config, "pos_embed", None) == "learned" and (
-            config.pos_embed_interpolation, config.pos_embed_antialias) != ("bicubic", True):
+            config.pos_embed_interpolation, config.pos_embed_antialias) != ("bicubic", True) and \
+            "pos_embed_interpolation" not in fixed:
         way = f"{config.pos_embed_interpolation}{', antialiased' if config.pos_embed_antialias else ''}"
         warnings.warn(f"{path}: timm resamples a dynamic model's position table bicubic and antialiased to every "
                       f"input of another grid; this model resamples it {way} (as transformers does): in timm its "

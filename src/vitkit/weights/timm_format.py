@@ -368,7 +368,8 @@ def config_from_hub(cfg: Mapping[str, Any], sd: Mapping[str, Any], stored: bool 
             kw["img_size"] = served
             if hasattr(config, "pos_embed_size") and kw.get("pos_embed", getattr(config, "pos_embed", "learned")) \
                     == "learned" and "img_size" not in overrides:  # (a size asked for: the table is resampled to it)
-                kw["pos_embed_size"] = table  # timm keeps its table at that size, resampled to each input's grid
+                kw.setdefault("pos_embed_size", table)  # timm keeps its table at that size (or at the family's:
+                # Qwen3's pos_embed_grid_size), resampled to each input's grid
         kw.setdefault("img_size", served)
     if kw.get("num_classes") and projection_head(arch, pre):
         kw["head_kind"] = "projection"

@@ -60,8 +60,8 @@ PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col")
 
 
 def _resample_args(model: nn.Module):
-    cfg = model.config
-    return cfg.pos_embed_interpolation, cfg.pos_embed_antialias
+    cfg = model.config  # (corners aligned: Qwen3's towers resample their table so, the one family that does)
+    return cfg.pos_embed_interpolation, cfg.pos_embed_antialias, getattr(cfg, "pos_embed_align_corners", False)
 
 
 # ----------------------------------------------------------------------------- learned (1D table)

@@ -1,0 +1,122 @@
+"""Qwen3's vision encoder (timm's ``qwen3_vit_*``, ``_merge``, ``_enc``): timm's outputs from timm's own hub folders
+and state dicts (fp32, 1e-5) at its size and others (the 48 x 48 table resampled with its corners aligned, the
+merger's 2 x 2 blocks), written back in timm's names, and what vitkit does not read refused in one line. (Every
+registered name's parameter names and count: test_models_names.)"""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, randomize
+from vitkit.models.complexity import count_params
+from vitkit.weights.io import WeightsError
+
+timm = pytest.importorskip("timm")
+pytest.importorskip("timm.models.qwen3_vit")
+from timm.models import save_for_hf  # noqa: E402
+
+#: a small Qwen3 (two blocks of 64, four heads, a 6 x 6 table): every part of the released models, fast
+SMALL = dict(img_size=64, embed_dim=64, depth=2, num_heads=4, pos_embed_grid_size=6)
+#: sizes whose grids are whole 2 x 2 blocks: the table's own, wider (upsampled), taller, smaller
+SIZES = [(96, 96), (64, 128), (160, 64), (32, 32)]
+
+
+def _timm(name, **kw):
+    torch.manual_seed(0)
+    kw = {**SMALL, **kw}
+    if name.endswith("_merge") or name.endswith("_enc"):
+        kw.setdefault("out_features", 48)
+    return randomize(timm.create_model(name, **kw), scale=0.2).eval()
+
+
+def _saved(ref, folder, drop_width=True):
+    save_for_hf(ref, str(folder), safe_serialization=True)
+    config = json.loads((folder / "config.json").read_text())
+    if drop_width:
+        config["model_args"].pop("out_features", None)  # as a tagged checkpoint's: the width is the tag's
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("name, kw", [("qwen3_vit_88m", dict(num_classes=5)), ("qwen3_vit_88m_merge", {}),
+                                      ("qwen3_vit_88m_enc", {}), ("qwen3_vit_88m_merge", dict(final_norm=False))])
+def test_timms_hub_folders_load_with_parity_at_every_size(name, kw, tmp_path):
+    """The learned table resampled bilinearly with its corners aligned to each grid (up and down), the rotary
+    positions on the patches' indices, the GELU-tanh MLP, no final norm; the merger's per-patch norm, 2 x 2 blocks
+    in row-major order and two layers; the pooled mean through a LayerNorm without weight."""
+    ref = _timm(name, **kw)
+    model = vitkit.from_pretrained(_saved(ref, tmp_path / "q"))
+    assert type(model).__name__ == "Qwen3" and model.config.crop_mode == "squash"
+    for size in SIZES:
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected = ref(x)
+            got = model(x) if expected.dim() == 2 else model.forward_features(x)
+            assert max_diff(got, expected) < 1e-5, size
+            if name.endswith("_merge"):
+                assert max_diff(model.forward_features(x), ref.forward_features(x)) < 1e-5, size
+    assert count_params(model.config) == sum(p.numel() for p in ref.parameters())
+
+
+@pytest.mark.parametrize("name", ["qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])
+def test_the_timm_layout_written_back_is_what_timm_loads(name, tmp_path):
+    ref = _timm(name)
+    model = vitkit.from_pretrained(_saved(ref, tmp_path / "q", drop_width=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no word of another resampling: timm's Qwen3 resamples as vitkit's)
+        vitkit.export_weights(model, tmp_path / "back.safetensors", format="timm")
+    again = _timm(name)
+    from safetensors.torch import load_file
+
+    again.load_state_dict(load_file(tmp_path / "back.safetensors"))  # strict: timm's own names, nothing else
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        assert max_diff(again(x), ref(x)) < 1e-5
+        assert max_diff(vitkit.from_pretrained(tmp_path / "back.safetensors")(x), model(x)) < 1e-5
+
+
+def test_timms_encoder_pooling_its_patches_has_no_projector(tmp_path):
+    ref = _timm("qwen3_vit_88m_enc", global_pool="avg")
+    model = vitkit.from_pretrained(_saved(ref, tmp_path / "q"))
+    assert model.merger is None and not model.config.projector_dim
+    x = torch.randn(2, 3, 48, 80)  # (an odd grid: no merger to need whole blocks)
+    with torch.no_grad():
+        assert max_diff(model(x), ref(x)) < 1e-5
+
+
+def test_a_grid_of_no_whole_blocks_is_one_line_for_the_merger():
+    model = vitkit.create_model("qwen3_vit_88m_merge", img_size=64, embed_dim=64, depth=1, num_heads=4,
+                                projector_dim=8)
+    with pytest.raises(ValueError, match="whole 2x2 blocks of patches: a grid of 3x4 patches is not"):
+        model(torch.randn(1, 3, 48, 64))
+
+
+@pytest.mark.parametrize("args, words", [({"global_pool": ""}, "vitkit pools the patches"),
+                                         ({"act_layer": "relu"}, "act_layer is not read"),
+                                         ({"deepstack": True}, "deepstack are not read")])
+def test_model_args_vitkit_does_not_build_are_one_line(tmp_path, args, words):
+    folder = _saved(_timm("qwen3_vit_88m"), tmp_path / "q")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"].update(args)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match=words) as e:
+        vitkit.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [("pos_embed_align_corners", False), ("final_norm", True), ("gelu", "exact"),
+                                          ("class_token", True), ("projector_dim", -2)])
+def test_a_field_that_would_make_another_model_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        vitkit.create_model("qwen3_vit_88m", depth=1, **{field: value})
+
+
+def test_a_bare_file_is_not_guessed(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file(_timm("qwen3_vit_88m_merge").state_dict(), tmp_path / "bare.safetensors")
+    with pytest.raises(WeightsError, match="does not hold its rotary positions"):
+        vitkit.from_pretrained(tmp_path / "bare.safetensors")
