@@ -26,7 +26,7 @@ SIZES = [(96, 96), (64, 128), (160, 64), (32, 32)]
 
 def _timm(name, **kw):
     torch.manual_seed(0)
-    kw = {**SMALL, **kw}
+    kw = {k: v for k, v in {**SMALL, **kw}.items() if v is not None}
     if name.endswith("_merge") or name.endswith("_enc"):
         kw.setdefault("out_features", 48)
     return randomize(timm.create_model(name, **kw), scale=0.2).eval()
@@ -76,6 +76,18 @@ def test_the_timm_layout_written_back_is_what_timm_loads(name, tmp_path):
     with torch.no_grad():
         assert max_diff(again(x), ref(x)) < 1e-5
         assert max_diff(vitkit.from_pretrained(tmp_path / "back.safetensors")(x), model(x)) < 1e-5
+
+
+def test_a_model_built_at_another_size_keeps_its_48_by_48_table(tmp_path):
+    """timm builds the table at pos_embed_grid_size (48 unless given) whatever img_size the model is built at: the
+    hub config.json's img_size is not the table's (it was read as the table's and refused as cut)."""
+    ref = _timm("qwen3_vit_88m_enc", img_size=64, depth=1, pos_embed_grid_size=None)
+    assert ref.pos_embed.shape[1] == 48 * 48
+    model = vitkit.from_pretrained(_saved(ref, tmp_path / "q"))
+    assert model.pos_embed.shape[1] == 48 * 48
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        assert max_diff(model.forward_features(x), ref(x)) < 1e-5
 
 
 def test_timms_encoder_pooling_its_patches_has_no_projector(tmp_path):

@@ -141,11 +141,10 @@ def qwen3_timm_args(args: Mapping[str, Any], config: Qwen3Config) -> Dict[str, A
     if args.get("act_layer") is not None:
         raise ValueError("timm Qwen3 ViT model_args act_layer is not read by vitkit (its MLP's GELU is the tanh form)")
     kw = tower_timm_args(args, config, _RENAMED, _INERT, "merge")
-    side = args.get("pos_embed_grid_size")
-    if side is not None:
-        patch = args.get("patch_size", config.patch_size)
-        ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
-        kw["pos_embed_size"] = (side * ph, side * pw)
+    side = args.get("pos_embed_grid_size") or TABLE_GRID  # (whatever img_size the model was built at)
+    patch = args.get("patch_size") or config.patch_size
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    kw["pos_embed_size"] = (side * ph, side * pw)
     return kw
 
 
