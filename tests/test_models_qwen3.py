@@ -132,3 +132,20 @@ def test_a_bare_file_is_not_guessed(tmp_path):
     save_file(_timm("qwen3_vit_88m_merge").state_dict(), tmp_path / "bare.safetensors")
     with pytest.raises(WeightsError, match="does not hold its rotary positions"):
         vitkit.from_pretrained(tmp_path / "bare.safetensors")
+
+
+def test_pre_training_says_why_it_refuses_the_family():
+    from vitkit.selfsup import create_pretrainer
+
+    with pytest.raises(ValueError, match="simmim pre-trains a plain ViT or an EVA-style one, not 'qwen3': the "
+                                         "objectives are not built for Qwen3's family"):
+        create_pretrainer("simmim", vitkit.create_model("qwen3_vit_88m", depth=1, img_size=64))
+
+
+def test_info_says_the_merger_and_the_table(tmp_path, capsys):
+    from conftest import in_process
+
+    folder = _saved(_timm("qwen3_vit_88m_enc", depth=1), tmp_path / "q")
+    out = in_process(capsys, "info", str(folder)).stdout
+    assert "layout      timm (qwen3_vit_88m_enc)" in out
+    assert "a VLM projector (2x2 patches -> 48 wide; forward_features gives its tokens)" in out

@@ -105,9 +105,9 @@ def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
                "resnetv2": "a ResNetV2 is a CNN without patch tokens",
                "coca": "the pre-training encoder is built as a plain ViT, without CoCa's attention-pool "
                        "heads",
-               "deepseek": "the objectives are not built for DeepSeek's family (its weights in timm's names are "
-                           "an encoder and a head, as a pre-training model's are: not yet told apart)"}.get(
-                   arch, "it is no ViT")
+               **{tower: f"the objectives are not built for {kind}'s family (its weights in timm's names are "
+                         f"an encoder and a head, as a pre-training model's are: not yet told apart)"
+                  for tower, kind in (("deepseek", "DeepSeek"), ("qwen3", "Qwen3"))}}.get(arch, "it is no ViT")
         raise ValueError(f"{objective} pre-trains a plain ViT or an EVA-style one, not {arch!r}: {why}; pre-train "
                          f"a ViT (e.g. --model vit_fmnist) and fine-tune it")
     if config.backbone is not None:
