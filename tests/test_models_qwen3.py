@@ -149,3 +149,79 @@ def test_info_says_the_merger_and_the_table(tmp_path, capsys):
     out = in_process(capsys, "info", str(folder)).stdout
     assert "layout      timm (qwen3_vit_88m_enc)" in out
     assert "a VLM projector (2x2 patches -> 48 wide; forward_features gives its tokens)" in out
+
+
+def _hf_tower(**kw):
+    """transformers' Qwen3-VL vision tower (the reference code), small: two blocks of 128 in heads of 64 (as the
+    released widths' 64 or 72), a 6 x 6 table, a DeepStack projector after block 0."""
+    from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
+
+    torch.manual_seed(0)
+    config = Qwen3VLVisionConfig(**{**dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=2,
+                                           patch_size=16, out_hidden_size=48, num_position_embeddings=36,
+                                           deepstack_visual_indexes=[0]), **kw})
+    return randomize(Qwen3VLVisionModel(config), scale=0.2).eval()
+
+
+def _hf_patches(x, patch=16, merge=2, frames=2):
+    """Images (1, C, H, W) -> the flat patches Qwen's image processor gives its tower (each 2 x 2 block's four
+    patches together, each patch's two frames the same image), and the grid."""
+    _, c, h, w = x.shape
+    gh, gw = h // patch, w // patch
+    p = x.repeat(frames, 1, 1, 1).reshape(1, frames, c, gh // merge, merge, patch, gw // merge, merge, patch)
+    p = p.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, c * frames * patch * patch)
+    return p, torch.tensor([[1, gh, gw]])
+
+
+def test_qwens_own_checkpoint_reads_as_transformers_computes_it(tmp_path, capsys):
+    """A Qwen3-VL checkpoint's tower (model.visual.*, its 3D patch embedding over two frames, its table an
+    embedding of the slots, a DeepStack projector) beside the language model's tensors: vitkit's tokens for the
+    language model are transformers' reference tower's (its pooler_output) at the table's size and others."""
+    from safetensors.torch import save_file
+
+    from conftest import in_process
+
+    ref = _hf_tower()
+    sd = {"model.visual." + k: v.contiguous() for k, v in ref.state_dict().items()}
+    sd.update({"model.language_model.embed_tokens.weight": torch.randn(10, 8), "lm_head.weight": torch.randn(10, 8)})
+    save_file(sd, tmp_path / "model-00001-of-00002.safetensors")
+    model = vitkit.from_pretrained(tmp_path / "model-00001-of-00002.safetensors")
+    assert (model.config.num_heads, model.config.projector_dim, model.pos_embed.shape[1]) == (2, 48, 36)
+    for size in [(96, 96), (64, 128), (160, 64)]:
+        x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            expected = ref(*_hf_patches(x)).pooler_output  # (tokens of ~50: fp32 rounds them to ~1e-4, as
+            scale = max(1.0, expected.abs().max().item())  # transformers' own fp32 and fp64 outputs differ)
+            assert max_diff(model.forward_features(x)[0], expected) < 1e-5 * scale, size
+    out = in_process(capsys, "info", str(tmp_path / "model-00001-of-00002.safetensors")).stdout
+    assert ("layout      qwen (Qwen's own: its vision tower; 2 tensors of its language model; 6 of its DeepStack "
+            "projectors left out)") in out
+    assert "architecture 'qwen3': rotary positions" in out  # (no released width: no released name)
+
+
+def test_a_qwen_vlm_folder_reads_its_tower_alone_with_the_heads_its_config_says(tmp_path):
+    """A Qwen3-VL repository as the hub has it (config.json with vision_config, a shard index, the language model
+    in shards of its own): only the tower's shard is read (the language model's, gigabytes, is not opened: here it
+    is not even a weights file), and the heads are its vision_config's (4 of 36 channels, which no width says)."""
+    from safetensors.torch import save_file
+
+    ref = _hf_tower(hidden_size=144, num_heads=4)
+    tower = {"model.visual." + k: v.contiguous() for k, v in ref.state_dict().items()}
+    save_file(tower, tmp_path / "model-00002-of-00002.safetensors")
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"not read")
+    weight_map = {**{k: "model-00002-of-00002.safetensors" for k in tower},
+                  "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": [
+        "Qwen3VLForConditionalGeneration"], "vision_config": ref.config.to_dict(), "text_config": {}}))
+    model = vitkit.from_pretrained(tmp_path)
+    assert model.config.num_heads == 4
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = ref(*_hf_patches(x)).pooler_output
+        assert max_diff(model.forward_features(x)[0], expected) < 1e-5 * max(1.0, expected.abs().max().item())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["vision_config"]["hidden_act"] = "silu"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="hidden_act 'silu'"):
+        vitkit.from_pretrained(tmp_path)

@@ -39,6 +39,11 @@ def detect(keys) -> bool:
     return any(k.startswith(VISION + "blocks.") and ".attn.wqkv." in k for k in keys)
 
 
+def tower_names(names) -> list:
+    """Of a checkpoint's tensor names, its tower's and its projector's (what :func:`to_native` reads)."""
+    return [n for n in names if n.startswith((VISION, ALIGNER))]
+
+
 def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     """DeepSeek's names -> vitkit's (the language model's tensors left out)."""
     out: Dict[str, torch.Tensor] = {}
@@ -85,8 +90,16 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
         side = IMG_SIZE_BY_WIDTH.get(int(fc1.shape[0]))
         if side is not None:
             kw["img_size"] = side
+    if width != 1024:
+        kw["name"] = None  # (no released tower of this width: no name to give it)
     kw.update(overrides)
     return get_model_config(base).replace(**kw)
 
 
-__all__ = ["detect", "to_native", "infer_config"]
+def left_out(sd: Mapping[str, Any]) -> str:
+    """What reading the tower leaves out of the file, as ``vitkit info`` says it."""
+    others = sum(not k.startswith((VISION, ALIGNER)) for k in sd)
+    return f"{others:,} tensors of its language model" if others else ""
+
+
+__all__ = ["detect", "tower_names", "to_native", "infer_config", "left_out"]

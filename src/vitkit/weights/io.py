@@ -18,7 +18,7 @@ import struct
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -92,10 +92,11 @@ TIMM_WRAPPER_PREFIX = "timm_model."
 SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def read_sharded(index: PathLike) -> Dict[str, object]:
+def read_sharded(index: PathLike, select: Optional[Callable[[List[str]], List[str]]] = None) -> Dict[str, object]:
     """The tensors of a sharded checkpoint: its index's ``weight_map`` (tensor -> shard file beside it), every
     shard read as any weight file is (safely), each tensor from the shard the index names. An index naming a
-    file outside its folder, a missing shard, or a tensor not where the index says is refused in one line."""
+    file outside its folder, a missing shard, or a tensor not where the index says is refused in one line.
+    ``select``: the names to read of all the index's (a VLM's tower: only the shards that hold it are read)."""
     index = Path(index)
     try:
         data = json.loads(index.read_text())
@@ -106,8 +107,8 @@ def read_sharded(index: PathLike) -> Dict[str, object]:
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise WeightsError(f"{index}: a shard index needs a \"weight_map\" of tensor names to shard files")
     by_shard: Dict[str, list] = {}
-    for name, shard in weight_map.items():
-        by_shard.setdefault(shard, []).append(name)
+    for name in (select(list(weight_map)) if select is not None else weight_map):
+        by_shard.setdefault(weight_map[name], []).append(name)
     out: Dict[str, object] = {}
     for shard, wanted in sorted(by_shard.items()):
         if Path(shard).name != shard or shard in (".", ".."):

@@ -26,6 +26,7 @@ from . import (
     hf_towers,
     npz_format,
     open_clip_format,
+    qwen_format,
     selfsup_format,
     timm_format,
 )
@@ -36,7 +37,7 @@ from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, s
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -156,6 +157,15 @@ def _check_layouts_agree(folder: Path, weights: Path, layout: str, config_json: 
                            f"weights (a weights file is read with the config.json beside it)")
 
 
+def vlm_tower_names(names: List[str]) -> List[str]:
+    """Of a sharded checkpoint's tensor names, those to read: a VLM's tower alone (Qwen's, DeepSeek's: the shards
+    of its language model, gigabytes, are not read), else all."""
+    for reader in (qwen_format, deepseek_format):
+        if reader.detect(names):
+            return reader.tower_names(names)
+    return names
+
+
 def folder_weights(folder: Path) -> Optional[Path]:
     """The weight file (or shard index) of a folder that :func:`read_source` reads, None if it has none."""
     return next((folder / n for n in WEIGHT_FILES + SHARD_INDEXES if (folder / n).is_file()), None)
@@ -195,7 +205,8 @@ def read_source(path: PathLike) -> Source:
 def _read_file(path: Path) -> Source:
     """A weight file alone: its tensors, and the config its metadata or its run holds."""
     run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
-    tensors, facts = (read_sharded(path), {}) if path.name.endswith(".index.json") else read_weight_file(path)
+    tensors, facts = (read_sharded(path, vlm_tower_names), {}) if path.name.endswith(".index.json") \
+        else read_weight_file(path)
     tensors = backbone_model(tensors, str(path))
     trunk = open_clip_format.is_timm_tower(tensors)
     projection = trunk and "visual.head.proj.weight" in tensors
@@ -331,8 +342,8 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})
-    elif src.format == "deepseek":
-        sd = deepseek_format.to_native(tensors)
+    elif src.format in ("deepseek", "qwen"):
+        sd = (deepseek_format if src.format == "deepseek" else qwen_format).to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

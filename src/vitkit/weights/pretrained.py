@@ -30,6 +30,7 @@ from . import (
     hf_towers,
     npz_format,
     open_clip_format,
+    qwen_format,
     selfsup_format,
     timm_format,
 )
@@ -52,26 +53,36 @@ def _config_file(src: Source) -> str:
 
 #: layouts of a model's own release -> (the reader of its architecture, what the file is called in a refusal)
 _RELEASES = {"dino": (dino_format.infer_config, "official DINO checkpoint"),
-             "deepseek": (deepseek_format.infer_config, "DeepSeek checkpoint")}
+             "deepseek": (deepseek_format.infer_config, "DeepSeek checkpoint"),
+             "qwen": (qwen_format.infer_config, "Qwen checkpoint")}
+#: the VLMs' own checkpoints: the tower read out of them (what is left out, said by ``vitkit info``)
+_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format)}
+
+
+def _vitkit_config(src: Source, cj: Mapping[str, Any], overrides: Mapping[str, Any]):
+    """A vitkit config.json's model (its format version checked; a bad field said as that file's)."""
+    where = _config_file(src)
+    if not isinstance(cj.get("config"), dict):
+        raise WeightsError(f"{where}: a vitkit config.json needs a \"config\" object "
+                           f"(the model's fields), got {cj.get('config')!r}")
+    version = cj.get("format_version", NATIVE_FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version > NATIVE_FORMAT_VERSION:
+        raise WeightsError(f"{where}: format_version {version!r} is newer than the {NATIVE_FORMAT_VERSION} this "
+                           f"vitkit reads (upgrade vitkit)")
+    try:
+        return config_from_dict(cj["config"]).replace(**overrides)
+    except (ValueError, TypeError) as e:  # which file holds the bad field
+        raise WeightsError(f"{where}: {' '.join(str(e).split())}") from None
 
 
 def config_for_source(src: Source, **overrides: Any):
     """The model configuration a source describes (its config file, else its shapes)."""
     cj = src.config_json
     if cj and cj.get("format") == "vitkit":
-        where = _config_file(src)
-        if not isinstance(cj.get("config"), dict):
-            raise WeightsError(f"{where}: a vitkit config.json needs a \"config\" object "
-                               f"(the model's fields), got {cj.get('config')!r}")
-        version = cj.get("format_version", NATIVE_FORMAT_VERSION)
-        if not isinstance(version, int) or isinstance(version, bool) or version > NATIVE_FORMAT_VERSION:
-            raise WeightsError(f"{where}: format_version {version!r} is newer than the {NATIVE_FORMAT_VERSION} this "
-                               f"vitkit reads (upgrade vitkit)")
-        try:
-            return config_from_dict(cj["config"]).replace(**overrides)
-        except (ValueError, TypeError) as e:  # which file holds the bad field
-            raise WeightsError(f"{where}: {' '.join(str(e).split())}") from None
-    if cj and cj.get("model_type") not in (None, "timm_wrapper"):  # transformers' TimmWrapper: a timm hub config
+        return _vitkit_config(src, cj, overrides)
+    if src.format == "qwen" and cj:  # a Qwen VLM's folder: its tower read, the heads from its vision_config
+        overrides = {**qwen_format.vision_config(cj), **overrides}
+    elif cj and cj.get("model_type") not in (None, "timm_wrapper"):  # transformers' TimmWrapper: a timm hub config
         try:
             if cj.get("model_type") in hf_towers.MODEL_TYPES:
                 return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
@@ -188,10 +199,10 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         own = f"open_clip image tower built by timm: {own or 'no open_clip_config.json'}"
     if src.timm_with_config:  # what timm reads; vitkit reads the config beside it
         own = "vitkit's config in its metadata"
-    if src.format == "deepseek":
-        others = sum(not k.startswith((deepseek_format.VISION, deepseek_format.ALIGNER)) for k in src.tensors)
-        own = "DeepSeek's own: its vision tower" + (f"; {others:,} tensors of its language model left out" if others
-                                                    else "")
+    if src.format in _VLM_RELEASES:
+        who, reader = _VLM_RELEASES[src.format]
+        said = reader.left_out(src.tensors)
+        own = f"{who}'s own: its vision tower" + (f"; {said} left out" if said else "")
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
         path=str(path), format="timm" if src.timm_with_config else src.format, source_name=own,
