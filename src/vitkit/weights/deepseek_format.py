@@ -96,10 +96,16 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     return get_model_config(base).replace(**kw)
 
 
+def vision_config(config_json: Any) -> Dict[str, Any]:
+    """What a DeepSeek VLM's config.json says of its tower that its tensors do not: nothing vitkit reads (the
+    shapes give it all; the heads are of 64 channels)."""
+    return {}
+
+
 def left_out(sd: Mapping[str, Any]) -> str:
     """What reading the tower leaves out of the file, as ``vitkit info`` says it."""
     others = sum(not k.startswith((VISION, ALIGNER)) for k in sd)
     return f"{others:,} tensors of its language model" if others else ""
 
 
-__all__ = ["detect", "tower_names", "to_native", "infer_config", "left_out"]
+__all__ = ["detect", "vision_config", "tower_names", "to_native", "infer_config", "left_out"]

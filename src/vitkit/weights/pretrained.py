@@ -80,8 +80,8 @@ def config_for_source(src: Source, **overrides: Any):
     cj = src.config_json
     if cj and cj.get("format") == "vitkit":
         return _vitkit_config(src, cj, overrides)
-    if src.format == "qwen" and cj:  # a Qwen VLM's folder: its tower read, the heads from its vision_config
-        overrides = {**qwen_format.vision_config(cj), **overrides}
+    if src.format in _VLM_RELEASES and cj:  # a VLM's folder: its tower read (Qwen's heads from its vision_config)
+        overrides = {**_VLM_RELEASES[src.format][1].vision_config(cj), **overrides}
     elif cj and cj.get("model_type") not in (None, "timm_wrapper"):  # transformers' TimmWrapper: a timm hub config
         try:
             if cj.get("model_type") in hf_towers.MODEL_TYPES:
