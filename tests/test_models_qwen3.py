@@ -104,6 +104,10 @@ def test_a_grid_of_no_whole_blocks_is_one_line_for_the_merger():
                                 projector_dim=8)
     with pytest.raises(ValueError, match="whole 2x2 blocks of patches: a grid of 3x4 patches is not"):
         model(torch.randn(1, 3, 48, 64))
+    with pytest.raises(ValueError, match=r"img_size \(48, 64\) is a grid of 3x4 patches, not of whole 2x2 blocks for "
+                                         r"the merger: give it a multiple of 32x32 px"):  # (said before any data)
+        vitkit.create_model("qwen3_vit_88m_merge", img_size=(48, 64), depth=1)
+    assert vitkit.create_model("qwen3_vit_88m", img_size=(48, 64), depth=1).config.grid_size == (3, 4)  # no merger
 
 
 @pytest.mark.parametrize("args, words", [({"global_pool": ""}, "vitkit pools the patches"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -63,6 +63,15 @@ class Qwen3Config(TowerConfig):
     img_size: Any = 768
     pos_embed_size: Optional[Any] = 768
     norm_eps: float = 1e-6
+
+    def family_problems(self) -> List[str]:
+        problems = super().family_problems()
+        r = self.projector_ratio
+        if self.projector_dim and not problems and any(g % r for g in self.grid_size):
+            (gh, gw), (ph, pw) = self.grid_size, self.patch_size
+            problems.append(f"img_size {tuple(self.img_size)} is a grid of {gh}x{gw} patches, not of whole {r}x{r} "
+                            f"blocks for the merger: give it a multiple of {r * ph}x{r * pw} px")
+        return problems
 
 
 class Merger(nn.Module):
