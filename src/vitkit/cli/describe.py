@@ -71,7 +71,8 @@ _CROP_WORDS = {"squash": " (squashed)", "border": " (the whole image, padded)"}
 
 
 def _projector(config) -> str:
-    """DeepSeek's VLM projector, where the model has one: what ``forward_features`` gives."""
+    """A VLM tower's projector (DeepSeek's aligner, Qwen's merger), where the model has one: what
+    ``forward_features`` gives."""
     width = getattr(config, "projector_dim", 0)
     r = getattr(config, "projector_ratio", 0)
     return f"a VLM projector ({r}x{r} patches -> {width:,} wide; forward_features gives its tokens)" if width else ""
