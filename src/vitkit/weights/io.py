@@ -55,10 +55,12 @@ def read_tensors(path: PathLike) -> Dict[str, object]:
     return read_weight_file(path)[0]
 
 
-def read_weight_file(path: PathLike) -> Tuple[Dict[str, object], Dict[str, Any]]:
+def read_weight_file(path: PathLike, select: Optional[Callable[[List[str]], List[str]]] = None
+                     ) -> Tuple[Dict[str, object], Dict[str, Any]]:
     """A weight file's tensors, and what a training checkpoint says of its model beside them
     (:func:`_training_facts`: ``{"arch": ..., "args": {...}, "script": "timm" or "deit"}``; ``{}``
-    for any other file)."""
+    for any other file). ``select``: the names to read of a ``.safetensors`` file's (a VLM's tower: the language
+    model's tensors beside it, gigabytes, are not read)."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"weights file not found: {path}")
@@ -70,7 +72,7 @@ def read_weight_file(path: PathLike) -> Tuple[Dict[str, object], Dict[str, Any]]
     if suffix in (".safetensors", ".npz") + TORCH_SUFFIXES and path.stat().st_size == 0:
         raise WeightsError(f"{path} is empty (0 bytes): not a checkpoint (an interrupted download or copy?)")
     if suffix == ".safetensors":
-        return _unwrapped_timm(_read_safetensors(path)), {}
+        return _unwrapped_timm(_read_safetensors(path, select)), {}
     if suffix == ".npz":
         return _read_npz(path), {}
     if suffix in TORCH_SUFFIXES:
@@ -163,12 +165,15 @@ def _unwrapped_timm(sd: Dict[str, object]) -> Dict[str, object]:
     return sd
 
 
-def _read_safetensors(path: Path) -> Dict[str, object]:
-    from safetensors import SafetensorError
+def _read_safetensors(path: Path, select: Optional[Callable[[List[str]], List[str]]] = None) -> Dict[str, object]:
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     try:
-        return dict(load_file(str(path), device="cpu"))
+        if select is None:
+            return dict(load_file(str(path), device="cpu"))
+        with safe_open(str(path), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in select(list(f.keys()))}
     except (SafetensorError, OSError, ValueError) as e:
         raise WeightsError(f"{path} is not a readable safetensors file: {e}") from e
 

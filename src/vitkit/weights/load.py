@@ -86,6 +86,8 @@ class Source:
     #: the grid a bare table was read as (``pretrained.stored_config``): loaded into a model of another grid, it is
     #: resampled from it (a 4x4 table was copied as it was into a 2x8 grid: as many slots)
     table_grid: Optional[Tuple[int, int]] = None
+    #: the names of the tensors not read (a VLM's language model beside its tower: ``vlm_tower_names``)
+    unread: List[str] = field(default_factory=list)
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -205,15 +207,22 @@ def read_source(path: PathLike) -> Source:
 def _read_file(path: Path) -> Source:
     """A weight file alone: its tensors, and the config its metadata or its run holds."""
     run_model = _run_model_config(path)  # a vitkit run's checkpoint: read with the architecture the run saved
-    tensors, facts = (read_sharded(path, vlm_tower_names), {}) if path.name.endswith(".index.json") \
-        else read_weight_file(path)
+    unread: List[str] = []
+
+    def select(names: List[str]) -> List[str]:  # a VLM's tower alone (the names of what is not read kept)
+        chosen = vlm_tower_names(names)
+        unread.extend(sorted(set(names) - set(chosen)))
+        return chosen
+
+    tensors, facts = (read_sharded(path, select), {}) if path.name.endswith(".index.json") \
+        else read_weight_file(path, select)
     tensors = backbone_model(tensors, str(path))
     trunk = open_clip_format.is_timm_tower(tensors)
     projection = trunk and "visual.head.proj.weight" in tensors
     if trunk:  # timm's model under open_clip's names: read as timm's state dict
         tensors = open_clip_format.timm_tower(tensors)
     src = Source(tensors, detect_format(tensors.keys()), path=path, open_clip_trunk=trunk,
-                 open_clip_projection=projection)
+                 open_clip_projection=projection, unread=unread)
     src.pretraining = selfsup_format.detect(tensors.keys(), None)
     # a training checkpoint names its model: read as the hub config it stands for (a name from DeiT's
     # registry that timm lacks, such as DeiT III's deit_base_patch16_LS: the tensors say, as before)

@@ -201,7 +201,7 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         own = "vitkit's config in its metadata"
     if src.format in _VLM_RELEASES:
         who, reader = _VLM_RELEASES[src.format]
-        said = reader.left_out(src.tensors)
+        said = reader.left_out(list(src.tensors) + src.unread)
         own = f"{who}'s own: its vision tower" + (f"; {said} left out" if said else "")
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
