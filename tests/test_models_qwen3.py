@@ -155,16 +155,18 @@ def test_info_says_the_merger_and_the_table(tmp_path, capsys):
     assert "a VLM projector (2x2 patches -> 48 wide; forward_features gives its tokens)" in out
 
 
-def _hf_tower(**kw):
-    """transformers' Qwen3-VL vision tower (the reference code), small: two blocks of 128 in heads of 64 (as the
-    released widths' 64 or 72), a 6 x 6 table, a DeepStack projector after block 0."""
-    from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
+def _hf_tower(qwen35=False, **kw):
+    """transformers' Qwen3-VL vision tower (the reference code; Qwen3.5's, which has no DeepStack, with qwen35),
+    small: two blocks of 128 in heads of 64 (as the released widths' 64 or 72), a 6 x 6 table, a DeepStack
+    projector after block 0."""
+    import transformers
 
     torch.manual_seed(0)
-    config = Qwen3VLVisionConfig(**{**dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=2,
-                                           patch_size=16, out_hidden_size=48, num_position_embeddings=36,
-                                           deepstack_visual_indexes=[0]), **kw})
-    return randomize(Qwen3VLVisionModel(config), scale=0.2).eval()
+    kw = {**dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=2, patch_size=16, out_hidden_size=48,
+                 num_position_embeddings=36), **({} if qwen35 else dict(deepstack_visual_indexes=[0])), **kw}
+    config, model = ((transformers.Qwen3_5VisionConfig, transformers.Qwen3_5VisionModel) if qwen35 else
+                     (transformers.Qwen3VLVisionConfig, transformers.Qwen3VLVisionModel))
+    return randomize(model(config(**kw)), scale=0.2).eval()
 
 
 def _hf_patches(x, patch=16, merge=2, frames=2):
@@ -175,6 +177,19 @@ def _hf_patches(x, patch=16, merge=2, frames=2):
     p = x.repeat(frames, 1, 1, 1).reshape(1, frames, c, gh // merge, merge, patch, gw // merge, merge, patch)
     p = p.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, c * frames * patch * patch)
     return p, torch.tensor([[1, gh, gw]])
+
+
+def test_a_qwen35_checkpoint_reads_as_transformers_computes_it_too(tmp_path):
+    """Qwen3.5's tower (transformers' Qwen3_5VisionModel: Qwen3-VL's without the DeepStack projectors)."""
+    from safetensors.torch import save_file
+
+    ref = _hf_tower(qwen35=True)
+    save_file({"model.visual." + k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "q.safetensors")
+    model = vitkit.from_pretrained(tmp_path / "q.safetensors")
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = ref(*_hf_patches(x)).pooler_output
+        assert max_diff(model.forward_features(x)[0], expected) < 1e-5 * max(1.0, expected.abs().max().item())
 
 
 def test_qwens_own_checkpoint_reads_as_transformers_computes_it(tmp_path, capsys):
