@@ -15,7 +15,6 @@ a multiple of the patch. Its own parts:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Mapping, Tuple
 
@@ -27,7 +26,16 @@ from .layers import Linear
 from .mlp import make_mlp
 from .norms import RmsNorm
 from .registry import Family, register_family, register_model
-from .vlm_tower import TIMM_PREFIX, TimmNames, Tower, TowerConfig, blocks_of, tower_complexity, tower_timm_args
+from .vlm_tower import (
+    TIMM_INERT,
+    TIMM_RENAMED,
+    TimmNames,
+    Tower,
+    TowerConfig,
+    blocks_of,
+    tower_complexity,
+    tower_timm_args,
+)
 
 #: timm's names: the encoder's tensors (no class token, no table, bias-free MLP layers), the projector's beside them
 NAMES = TimmNames(encoder=r"patch_embed\.proj\.(weight|bias)|norm\.weight|blocks\.\d+\.(norm[12]\.weight|"
@@ -40,9 +48,8 @@ class DeepseekConfig(TowerConfig):
     """DeepSeek's vision encoder (see the module notes): an EVA-style config with its fixed parts."""
 
     KIND: ClassVar[str] = "DeepSeek ViT"
-    FIXED: ClassVar[Dict[str, Any]] = dict(
-        rope="axial", rope_half=True, pos_embed="none", class_token=False, fc_norm=False, k_bias=True,
-        norm="rmsnorm", mlp="swiglu_packed", qkv_fused=True, reg_tokens=0, init_values=None, pre_norm=False)
+    FIXED: ClassVar[Tuple[str, ...]] = ("rope", "rope_half", "pos_embed", "class_token", "fc_norm", "k_bias", "norm",
+                                        "mlp", "qkv_fused", "reg_tokens", "init_values", "pre_norm")
     #: DeepSeek-V4.1-Flash's hidden size
     LLM_WIDTH: ClassVar[int] = 5120
 
@@ -104,41 +111,25 @@ def deepseek_complexity(config: DeepseekConfig):
     return tower_complexity(config, lambda c: blocks_of(c, pad=True) * (D * r * r * P + P * P))
 
 
-def hub_tensor_fields(sd: Mapping[str, Any], config: DeepseekConfig) -> Dict[str, Any]:
-    """The projector's width and ratio off its first layer, where the config has one (timm resolves the width from
-    the checkpoint's tag: V4.1-Flash's 5,120, V4-Flash-Vision-Exp's 4,096; a hub config.json holds neither)."""
-    fc1, embed = NAMES.local(sd, "aligner.fc1.weight"), NAMES.local(sd, "patch_embed.proj.weight")
-    if not config.projector_dim or fc1 is None or embed is None or len(fc1.shape) != 2:
-        return {}  # (projector tensors in a file of a model without one: refused by the loader as unexpected)
-    ratio = math.isqrt(int(fc1.shape[1]) // int(embed.shape[0]))
-    if ratio * ratio * int(embed.shape[0]) != int(fc1.shape[1]):
-        raise ValueError(f"the VLM projector's first layer takes {int(fc1.shape[1])} inputs: no r x r blocks of "
-                         f"{int(embed.shape[0])}-wide patches")
-    return {"projector_dim": int(fc1.shape[0]), "projector_ratio": ratio}
-
-
 def infer_deepseek_config(sd: Mapping[str, Any], **overrides: Any) -> DeepseekConfig:
     raise ValueError("a DeepSeek ViT state dict does not hold its rotary positions (no tensors): load it with its "
                      "architecture (model_name= or --model deepseek_vit_412m), or from its hub folder")
 
 
 #: timm's DeepseekVitClassifier / DeepseekVitEncoder arguments -> DeepseekConfig fields
-_RENAMED = {"embed_dim": "embed_dim", "rope_temperature": "rope_temperature", "norm_eps": "norm_eps",
-            "final_norm": "pooled_norm", "drop_path_rate": "drop_path_rate", "attn_drop_rate": "attn_drop_rate",
-            "out_features": "projector_dim", "downsample_ratio": "projector_ratio"}
-_INERT = ("img_size", "patch_size", "in_chans", "num_classes", "depth", "num_heads", "drop_rate", "proj_drop_rate",
-          "mlp_ratio")
+_RENAMED = {**TIMM_RENAMED, "downsample_ratio": "projector_ratio"}
 
 
 def deepseek_timm_args(args: Mapping[str, Any], config: DeepseekConfig) -> Dict[str, Any]:
     """timm's ``model_args`` -> fields (:func:`.vlm_tower.tower_timm_args`; its projector is 'align')."""
-    return tower_timm_args(args, config, _RENAMED, _INERT, "align", padded=("dynamic_img_pad",))
+    return tower_timm_args(args, config, _RENAMED, TIMM_INERT, "align", padded=("dynamic_img_pad",))
 
 
 FAMILY = register_family(Family(
     name="deepseek", config_cls=DeepseekConfig, model_cls=Deepseek, complexity=deepseek_complexity,
     matches=NAMES.is_timm_layout, infer_config=infer_deepseek_config, detect_priority=20, to_timm=NAMES.to_timm,
-    timm_args=deepseek_timm_args, layouts=("timm",), from_timm=NAMES.from_timm, hub_tensor_fields=hub_tensor_fields))
+    timm_args=deepseek_timm_args, layouts=("timm",), from_timm=NAMES.from_timm,
+    hub_tensor_fields=NAMES.projector_fields))
 
 #: timm's names -> the models: 32 blocks of 1,024 (16 heads), SwiGLU 2,816, patch 14, its two checkpoints' size
 #: (DeepSeek-V4.1-Flash's: 546 px, 39 x 39 patches), the whole image kept (crop_mode='border'); the projector to
@@ -153,8 +144,4 @@ register_model("deepseek_vit_412m_enc", _DEEPSEEK_412M.replace(projector_dim=512
                "timm's deepseek_vit_412m_enc (the encoder and its VLM projector: forward_features gives the "
                "language model's tokens)")
 
-is_timm_layout, from_timm, to_timm = NAMES.is_timm_layout, NAMES.from_timm, NAMES.to_timm
-timm_name = NAMES.timm_name
-
-__all__ = ["DeepseekConfig", "Deepseek", "Aligner", "FAMILY", "NAMES", "TIMM_PREFIX", "is_timm_layout", "from_timm",
-           "to_timm", "timm_name", "hub_tensor_fields"]
+__all__ = ["DeepseekConfig", "Deepseek", "Aligner", "FAMILY", "NAMES"]

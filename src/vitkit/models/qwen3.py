@@ -17,7 +17,6 @@ GELU and a last layer to the language model's width (1,024 to 5,120 by checkpoin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
@@ -26,7 +25,16 @@ from torch import nn
 
 from .layers import Linear
 from .registry import Family, register_family, register_model
-from .vlm_tower import TimmNames, Tower, TowerConfig, blocks_of, tower_complexity, tower_timm_args
+from .vlm_tower import (
+    TIMM_INERT,
+    TIMM_RENAMED,
+    TimmNames,
+    Tower,
+    TowerConfig,
+    blocks_of,
+    tower_complexity,
+    tower_timm_args,
+)
 
 #: timm's names: the encoder's tensors (a table, no class token, no final norm), the projector's beside them
 NAMES = TimmNames(encoder=r"pos_embed|patch_embed\.proj\.(weight|bias)|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|"
@@ -41,10 +49,10 @@ class Qwen3Config(TowerConfig):
     """Qwen3's vision encoder (see the module notes): an EVA-style config with its fixed parts."""
 
     KIND: ClassVar[str] = "Qwen3 ViT"
-    FIXED: ClassVar[Dict[str, Any]] = dict(
-        rope="axial", rope_half=True, pos_embed="learned", class_token=False, fc_norm=False, final_norm=False,
-        k_bias=True, norm="layernorm", mlp="mlp", gelu="tanh", qkv_fused=True, reg_tokens=0, init_values=None,
-        pre_norm=False, pos_embed_interpolation="bilinear", pos_embed_antialias=False, pos_embed_align_corners=True)
+    FIXED: ClassVar[Tuple[str, ...]] = (
+        "rope", "rope_half", "pos_embed", "class_token", "fc_norm", "final_norm", "k_bias", "norm", "mlp", "gelu",
+        "qkv_fused", "reg_tokens", "init_values", "pre_norm", "pos_embed_interpolation", "pos_embed_antialias",
+        "pos_embed_align_corners")
     #: Qwen3.5-9B's hidden size (each registered size has its default checkpoint's)
     LLM_WIDTH: ClassVar[int] = 4096
 
@@ -116,32 +124,14 @@ def qwen3_complexity(config: Qwen3Config):
     return tower_complexity(config, lambda c: blocks_of(c, pad=False) * hidden * (hidden + c.projector_dim))
 
 
-def hub_tensor_fields(sd: Mapping[str, Any], config: Qwen3Config) -> Dict[str, Any]:
-    """The projector's width off its last layer and its ratio off its first, where the config has one (timm
-    resolves the width from the checkpoint's tag; a hub config.json holds neither)."""
-    fc1, fc2 = NAMES.local(sd, "merger.fc1.weight"), NAMES.local(sd, "merger.fc2.weight")
-    embed = NAMES.local(sd, "patch_embed.proj.weight")
-    width = int(embed.shape[0]) if embed is not None else config.embed_dim
-    if not config.projector_dim or fc1 is None or fc2 is None or len(fc1.shape) != 2:
-        return {}  # (projector tensors in a file of a model without one: refused by the loader as unexpected)
-    ratio = math.isqrt(int(fc1.shape[1]) // width)
-    if ratio * ratio * width != int(fc1.shape[1]):
-        raise ValueError(f"the VLM projector's first layer takes {int(fc1.shape[1])} inputs: no r x r blocks of "
-                         f"{width}-wide patches")
-    return {"projector_dim": int(fc2.shape[0]), "projector_ratio": ratio}
-
-
 def infer_qwen3_config(sd: Mapping[str, Any], **overrides: Any) -> Qwen3Config:
     raise ValueError("a Qwen3 ViT state dict does not hold its rotary positions (no tensors): load it with its "
                      "architecture (model_name= or --model qwen3_vit_416m, ...), or from its hub folder")
 
 
-#: timm's Qwen3VitClassifier / Qwen3VitEncoder arguments -> Qwen3Config fields
-_RENAMED = {"embed_dim": "embed_dim", "rope_temperature": "rope_temperature", "norm_eps": "norm_eps",
-            "final_norm": "pooled_norm", "drop_path_rate": "drop_path_rate", "attn_drop_rate": "attn_drop_rate",
-            "out_features": "projector_dim", "merge_size": "projector_ratio"}
-_INERT = ("img_size", "patch_size", "in_chans", "num_classes", "depth", "num_heads", "drop_rate", "proj_drop_rate",
-          "mlp_ratio", "pos_embed_grid_size", "act_layer")
+#: timm's Qwen3VitClassifier / Qwen3VitEncoder arguments -> Qwen3Config fields (the table's side: qwen3_timm_args)
+_RENAMED = {**TIMM_RENAMED, "merge_size": "projector_ratio"}
+_INERT = TIMM_INERT + ("pos_embed_grid_size", "act_layer")
 
 
 def qwen3_timm_args(args: Mapping[str, Any], config: Qwen3Config) -> Dict[str, Any]:
@@ -160,7 +150,8 @@ def qwen3_timm_args(args: Mapping[str, Any], config: Qwen3Config) -> Dict[str, A
 FAMILY = register_family(Family(
     name="qwen3", config_cls=Qwen3Config, model_cls=Qwen3, complexity=qwen3_complexity, matches=NAMES.is_timm_layout,
     infer_config=infer_qwen3_config, detect_priority=20, to_timm=NAMES.to_timm, timm_args=qwen3_timm_args,
-    layouts=("timm",), from_timm=NAMES.from_timm, hub_tensor_fields=hub_tensor_fields))
+    layouts=("timm",), from_timm=NAMES.from_timm,
+    hub_tensor_fields=NAMES.projector_fields))
 
 #: timm's names -> the models (patch 16, 768 px, the 48 x 48 table, the whole image squashed to the square), each
 #: projector to its default checkpoint's width (another checkpoint's is read off its tensors)
@@ -178,6 +169,4 @@ for _size, (_width, _depth, _heads, _mlp, _llm, _source) in _SIZES.items():
                    f"timm's qwen3_vit_{_size}_enc (the encoder and its VLM projector: forward_features gives the "
                    f"language model's tokens)")
 
-timm_name = NAMES.timm_name
-
-__all__ = ["Qwen3Config", "Qwen3", "Merger", "FAMILY", "NAMES", "timm_name", "hub_tensor_fields"]
+__all__ = ["Qwen3Config", "Qwen3", "Merger", "FAMILY", "NAMES"]

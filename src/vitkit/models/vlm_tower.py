@@ -45,15 +45,16 @@ class TowerConfig(EvaConfig):
     projector_dim: int = 0
     #: the projector's r x r blocks of patches
     projector_ratio: int = 2
-    #: the fields whose values make the family (another value would make another model)
-    FIXED: ClassVar[Dict[str, Any]] = {}
+    #: the fields whose defaults make the family (another value would make another model)
+    FIXED: ClassVar[Tuple[str, ...]] = ()
     #: the projector's width in the family's registered models (a checkpoint's is read off its tensors)
     LLM_WIDTH: ClassVar[int] = 0
 
     def family_problems(self) -> List[str]:
         problems = super().family_problems()
-        problems += [f"{k} is {v!r} in a {self.KIND}, got {getattr(self, k)!r}" for k, v in self.FIXED.items()
-                     if getattr(self, k) != v]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        problems += [f"{k} is {defaults[k]!r} in a {self.KIND}, got {getattr(self, k)!r}" for k in self.FIXED
+                     if getattr(self, k) != defaults[k]]
         if self.global_pool != "avg":
             problems.append(f"a {self.KIND} pools the mean of its patches (global_pool='avg'), got "
                             f"{self.global_pool!r}")
@@ -77,8 +78,8 @@ class Tower(Eva):
     """A VLM's vision tower (see the module notes); the family builds its projector and its pooled norm."""
 
     config_cls = TowerConfig
-    #: the projector's attribute: its timm name (DeepSeek's ``aligner``, Qwen's ``merger``)
-    PROJECTOR: ClassVar[str] = "aligner"
+    #: the projector's attribute: its timm name (DeepSeek's ``aligner``, Qwen's ``merger``; each family's own)
+    PROJECTOR: ClassVar[str]
 
     def __init__(self, config=None, **overrides: Any):
         super().__init__(config, **overrides)
@@ -134,6 +135,13 @@ def tower_complexity(config: TowerConfig, projector_macs: Callable[[TowerConfig]
     return dataclasses.replace(c, macs=macs, attn_macs_share=c.attn_macs_share * c.macs / macs)
 
 
+def blocks_ratio(inputs: int, width: int) -> Optional[int]:
+    """The r of a projector's first layer taking ``inputs`` values of r x r blocks of ``width``-wide patches (None:
+    no such r)."""
+    ratio = math.isqrt(inputs // width) if width > 0 else 0
+    return ratio if ratio and ratio * ratio * width == inputs else None
+
+
 def blocks_of(config: TowerConfig, pad: bool) -> int:
     """How many r x r blocks of patches the projector makes (the grid padded to a multiple of r, or divisible)."""
     (gh, gw), r = config.grid_size, config.projector_ratio
@@ -160,9 +168,12 @@ class TimmNames:
         """Whether these are timm's tensors of this family: its classifier's, or its encoder's with the projector."""
         keys = list(keys)
         if TIMM_PREFIX + self.telltale in keys:
-            return all(self._pattern(TIMM_PREFIX).fullmatch(k) for k in keys)
-        return any(k.startswith(self.projector + ".") for k in keys) and self.telltale in keys and all(
-            self._pattern("").fullmatch(k) for k in keys)
+            pattern = self._pattern(TIMM_PREFIX)
+            return all(pattern.fullmatch(k) for k in keys)
+        if not any(k.startswith(self.projector + ".") for k in keys) or self.telltale not in keys:
+            return False
+        pattern = self._pattern("")
+        return all(pattern.fullmatch(k) for k in keys)
 
     @staticmethod
     def from_timm(sd: Mapping[str, Any]) -> Dict[str, Any]:
@@ -183,6 +194,29 @@ class TimmNames:
     def local(self, sd: Mapping[str, Any], name: str) -> Any:
         """A tensor by vitkit's name, in timm's classifier names or the encoder's (None where absent)."""
         return next((sd[k] for k in (name, TIMM_PREFIX + name) if k in sd), None)
+
+    def projector_fields(self, sd: Mapping[str, Any], config: TowerConfig) -> Dict[str, Any]:
+        """``Family.hub_tensor_fields``: the projector's width off its last layer and its ratio off its first, where
+        the config has one (timm resolves the width from the checkpoint's tag; a hub config.json holds neither)."""
+        fc1, fc2 = (self.local(sd, f"{self.projector}.{fc}.weight") for fc in ("fc1", "fc2"))
+        if not config.projector_dim or fc1 is None or fc2 is None or len(fc1.shape) != 2:
+            return {}  # (projector tensors in a file of a model without one: refused by the loader as unexpected)
+        embed = self.local(sd, "patch_embed.proj.weight")
+        width = int(embed.shape[0]) if embed is not None else config.embed_dim
+        ratio = blocks_ratio(int(fc1.shape[1]), width)
+        if ratio is None:
+            raise ValueError(f"the VLM projector's first layer takes {int(fc1.shape[1])} inputs: no r x r blocks of "
+                             f"{width}-wide patches")
+        return {"projector_dim": int(fc2.shape[0]), "projector_ratio": ratio}
+
+
+#: timm's tower arguments -> fields, as both families name them (each adds its projector's ratio)
+TIMM_RENAMED = {"embed_dim": "embed_dim", "rope_temperature": "rope_temperature", "norm_eps": "norm_eps",
+                "final_norm": "pooled_norm", "drop_path_rate": "drop_path_rate", "attn_drop_rate": "attn_drop_rate",
+                "out_features": "projector_dim"}
+#: timm's tower arguments the registered model's fields already say (or that change nothing computed)
+TIMM_INERT = ("img_size", "patch_size", "in_chans", "num_classes", "depth", "num_heads", "drop_rate",
+              "proj_drop_rate", "mlp_ratio")
 
 
 def tower_timm_args(args: Mapping[str, Any], config: TowerConfig, renamed: Mapping[str, str],
@@ -219,5 +253,5 @@ def tower_timm_args(args: Mapping[str, Any], config: TowerConfig, renamed: Mappi
     return kw
 
 
-__all__ = ["TIMM_PREFIX", "TowerConfig", "Tower", "TimmNames", "tower_complexity", "tower_timm_args", "blocks_of",
-           "init_linears_"]
+__all__ = ["TIMM_PREFIX", "TIMM_RENAMED", "TIMM_INERT", "TowerConfig", "Tower", "TimmNames", "tower_complexity",
+           "tower_timm_args", "blocks_of", "blocks_ratio", "init_linears_"]

@@ -18,13 +18,14 @@ configs pair them); any multiple of the patch runs.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Dict, Mapping
 
 import torch
 
 from ..models import get_model_config
+from ..models.vlm_tower import blocks_ratio
 from .io import WeightsError
+from .names import depth_of
 
 VISION, ALIGNER = "vision.", "aligner."
 HEAD_WIDTH = 64
@@ -75,14 +76,14 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     embed = sd[VISION + "patch_embed.proj.weight"]
     width = int(embed.shape[0])
     patch = _patch(embed) if embed.dim() == 2 else (int(embed.shape[2]), int(embed.shape[3]))
-    depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"vision\.blocks\.(\d+)\.", k)] if m)
+    depth = depth_of(sd, VISION + "blocks.")
     kw: Dict[str, Any] = dict(embed_dim=width, depth=depth, num_heads=max(1, width // HEAD_WIDTH),
                               patch_size=patch, mlp_dim=int(sd[VISION + "blocks.0.mlp.w2.weight"].shape[1]))
     fc1 = sd.get(ALIGNER + "w1.weight")
     base = "deepseek_vit_412m"
     if fc1 is not None:
-        ratio = math.isqrt(int(fc1.shape[1]) // width)
-        if ratio * ratio * width != int(fc1.shape[1]):
+        ratio = blocks_ratio(int(fc1.shape[1]), width)
+        if ratio is None:
             raise WeightsError(f"DeepSeek's projector takes {int(fc1.shape[1])} inputs: no r x r blocks of "
                                f"{width}-wide patches")
         base = "deepseek_vit_412m_enc"  # (the tower and its projector: the language model's tokens)

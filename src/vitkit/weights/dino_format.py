@@ -27,6 +27,7 @@ import torch
 from ..models import EvaConfig, ViTConfig
 from ..models.config_base import IMAGENET_MEAN, IMAGENET_STD
 from .io import WeightsError
+from .names import depth_of
 
 HEAD_WIDTH = 64
 _DROPPED = ("mask_token", "local_cls_norm.", "projectors.")
@@ -69,7 +70,7 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     """The architecture of an official checkpoint (``sd``: its own names)."""
     kind = detect(sd)
     width, chans, ph, pw = (int(s) for s in sd["patch_embed.proj.weight"].shape)
-    depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"blocks\.(\d+)\.", k)] if m)
+    depth = depth_of(sd, "blocks.")
     registers = int(sd.get("register_tokens", sd.get("storage_tokens", torch.zeros(1, 0, 1))).shape[1])
     common = dict(in_chans=chans, patch_size=(ph, pw), embed_dim=width, depth=depth,
                   num_heads=max(1, width // HEAD_WIDTH), reg_tokens=registers, num_classes=0, mean=IMAGENET_MEAN,

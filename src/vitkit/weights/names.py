@@ -1,4 +1,5 @@
-"""Renaming a foreign layout's tensors by pattern rules (Hugging Face's towers, open_clip)."""
+"""Renaming a foreign layout's tensors by pattern rules (Hugging Face's towers, open_clip), and reading the depth
+off a layout's block names."""
 
 from __future__ import annotations
 
@@ -23,4 +24,11 @@ def rename(sd: Mapping[str, Any], rules: Rules) -> Dict[str, Any]:
     return out
 
 
-__all__ = ["Rules", "rename"]
+def depth_of(keys, prefix: str) -> int:
+    """How many blocks a state dict's names hold, numbered after ``prefix`` (``blocks.`` -> ``blocks.N.*``); a
+    ValueError where none is."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    return 1 + max(int(m.group(1)) for k in keys for m in [pattern.match(k)] if m)
+
+
+__all__ = ["Rules", "rename", "depth_of"]

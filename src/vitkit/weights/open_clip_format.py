@@ -34,7 +34,7 @@ from ..models.coca import check_open_clip_pool
 from ..models.config_base import per_channel
 from ..models.vit_names import CLIP_MEAN, CLIP_STD
 from .io import WeightsError
-from .names import rename
+from .names import depth_of, rename
 
 #: open_clip's default width of one head
 HEAD_WIDTH = 64
@@ -273,7 +273,7 @@ def infer_config(sd: Mapping[str, Any], open_clip_config: Optional[Mapping[str, 
                            f"pre-trained model sets it) is not one vitkit reads")
     conv, pos = sd["visual.conv1.weight"], sd["visual.positional_embedding"]
     width, chans, ph, pw = (int(s) for s in conv.shape)
-    depth = 1 + max(int(m.group(1)) for k in sd for m in [re.match(r"visual\.transformer\.resblocks\.(\d+)\.", k)] if m)
+    depth = depth_of(sd, "visual.transformer.resblocks.")
     patches = int(pos.shape[0]) - 1
     vision = _vision_cfg(open_clip_config) or {}
     model_cfg = (open_clip_config or {}).get("model_cfg") or {}

@@ -19,13 +19,14 @@ of 72 channels), else of 64 channels; the table's side from its slots.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Dict, Mapping, Optional
 
 import torch
 
 from ..models import get_model_config
+from ..models.vlm_tower import blocks_ratio
 from .io import WeightsError
+from .names import depth_of
 
 PREFIXES = ("vlm.model.visual.", "model.visual.", "visual.")
 #: the released towers' heads by width (1,152 is 16 heads of 72 channels), and their names in timm
@@ -93,7 +94,7 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     tower = tower_tensors(sd)
     embed = tower["patch_embed.proj.weight"]
     width, patch = int(embed.shape[0]), (int(embed.shape[-2]), int(embed.shape[-1]))
-    depth = 1 + max(int(m.group(1)) for k in tower for m in [re.match(r"blocks\.(\d+)\.", k)] if m)
+    depth = depth_of(tower, "blocks.")
     slots = int(tower["pos_embed.weight"].shape[0])
     side = math.isqrt(slots)
     if side * side != slots:
@@ -105,8 +106,8 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     size = SIZES_BY_WIDTH.get(width)
     base = f"qwen3_vit_{size or '416m'}"
     if fc1 is not None and fc2 is not None:
-        ratio = math.isqrt(int(fc1.shape[1]) // width)
-        if ratio * ratio * width != int(fc1.shape[1]):
+        ratio = blocks_ratio(int(fc1.shape[1]), width)
+        if ratio is None:
             raise WeightsError(f"Qwen's merger takes {int(fc1.shape[1])} inputs: no r x r blocks of {width}-wide "
                                f"patches")
         base += "_enc"  # (the tower and its merger: the language model's tokens)
