@@ -1,8 +1,8 @@
 """Which of timm's ViT-family architectures vitkit loads with parity, from timm's own hub layout.
 
 For every architecture with pretrained weights in timm's ViT-family modules (vision_transformer,
-vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, beit) up to
-``--max-params`` (1B by default), timm builds it with random weights (every parameter noised, so no
+vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, beit, deepseek_vit, qwen3_vit,
+naflexvit) up to ``--max-params`` (1B by default), timm builds it with random weights (every parameter noised, so no
 mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub (``config.json`` +
 ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)`` loads it,
 and the fp32 outputs of two images (logits, or pooled features for towers without a head; where timm's
@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
 
 MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
-           "eva", "beit", "deepseek_vit", "qwen3_vit")
+           "eva", "beit", "deepseek_vit", "qwen3_vit", "naflexvit")
 TOLERANCE = 1e-5
 #: past the fp32 tolerance, the same check in float64 (models up to FP64_CHECK parameters) tells rounding
 #: from another function
@@ -99,7 +99,8 @@ def small_size(model) -> tuple | None:
     """A smaller image size for a large model (a multiple of its patch, about 112 px; of its merger's blocks of
     patches where it has one: Qwen3's), or None."""
     inner = getattr(model, "encoder", None) or model  # (timm's VLM classifiers keep the ViT in their encoder)
-    patch = getattr(getattr(inner, "patch_embed", None), "patch_size", None)
+    embed = getattr(inner, "patch_embed", None) or getattr(inner, "embeds", None)  # (NaFlexViT's: embeds)
+    patch = getattr(embed, "patch_size", None)
     if patch is None:
         return None
     p = (patch[0] if isinstance(patch, (tuple, list)) else patch) * getattr(inner, "merge_size", 1)

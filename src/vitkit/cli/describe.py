@@ -178,8 +178,11 @@ def _print_costs(c, config, d: Dict[str, Any]) -> None:
              else f" = {c.tokens:,} tokens"))
     if getattr(config, "pos_embed_size", None) is not None:
         (th, tw), (sh, sw) = config.table_grid, config.pos_embed_size
-        print(f"  positions   a learned table held at {th} x {tw} (pos_embed_size {sh} x {sw}), resampled to each "
-              f"input's grid")
+        tables = "a row and a column table (added)" if config.pos_embed == "factorized" else "a learned table"
+        how = ", kept square and cropped (the aspect ratio kept)" if getattr(config, "pos_embed_ar_preserving",
+                                                                           False) else ""
+        print(f"  positions   {tables} held at {th} x {tw} (pos_embed_size {sh} x {sw}), resampled to each "
+              f"input's grid{how}")
     print(f"  encoder     width {config.embed_dim}, {c.depth} layers, {c.heads} heads, MLP {config.mlp_dim}")
     print(f"  parameters  {fmt_int(c.params)}")
     print(f"  compute     {c.macs / 1e9:.3f} GMACs = {c.flops / 1e9:.3f} GFLOPs per image "

@@ -24,6 +24,7 @@ from .layers import (
     fast_inference,
     resample_pos_embed,
 )
+from .naflexvit import NaFlexConfig, NaFlexViT  # noqa: E402
 from .qwen3 import Qwen3, Qwen3Config  # noqa: E402
 from .registry import (
     Family,
@@ -46,8 +47,8 @@ from .resnetv2 import ResNetV2, ResNetV2Config
 from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
-    "ConViT", "ConViTConfig", "Eva", "EvaConfig", "Deepseek", "DeepseekConfig", "Qwen3", "Qwen3Config", "CoCa",
-    "CoCaConfig",
+    "ConViT", "ConViTConfig", "Eva", "EvaConfig", "Deepseek", "DeepseekConfig", "Qwen3", "Qwen3Config", "NaFlexViT",
+    "NaFlexConfig", "CoCa", "CoCaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

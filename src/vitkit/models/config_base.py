@@ -212,7 +212,8 @@ def fit_table_size(stored: Any, overrides: Dict[str, Any], every_call: bool = Fa
     ``create_model(img_size=...)`` meets its saved table: another image size asked for, or a model of one size
     (``dynamic_img_size=False``), has it resampled to ``img_size`` once while loading; else it stays held.
     ``every_call``: the source's library resamples the table as stored to every input (transformers' DINOv2
-    and SigLIP 2): a model of any size built from it holds the table where it was stored, equal at every size."""
+    and SigLIP 2; timm's NaFlexViT, whose config says ``TABLE_HELD``): a model of any size built from it holds the
+    table where it was stored, equal at every size."""
     if "pos_embed_size" in overrides:
         return overrides
     size = overrides.get("img_size")
@@ -221,7 +222,8 @@ def fit_table_size(stored: Any, overrides: Dict[str, Any], every_call: bool = Fa
     except ValueError:
         asked = True  # (the config's own check says what is wrong with it)
     dynamic = overrides.get("dynamic_img_size", getattr(stored, "dynamic_img_size", False))
-    if every_call and asked and dynamic and getattr(stored, "pos_embed", None) == "learned":
+    every_call = every_call or getattr(stored, "TABLE_HELD", False)  # (a family whose library always does: NaFlex)
+    if every_call and asked and dynamic and getattr(stored, "pos_embed", None) in ("learned", "factorized"):
         return {**overrides, "pos_embed_size": stored.pos_embed_size or stored.img_size}
     if getattr(stored, "pos_embed_size", None) is None:
         return overrides
@@ -413,9 +415,9 @@ class TokenConfig(ImageConfig):
             problems.append("pos_embed_size needs dynamic_img_size=True: a table held at another size than img_size "
                             "is resampled to each input's grid, as timm's dynamic_img_size model does")
         kind = getattr(self, "pos_embed", "learned")
-        if kind != "learned":
-            problems.append(f"pos_embed_size is the size of a learned table: it needs pos_embed='learned', "
-                            f"not {kind!r}")
+        if kind not in ("learned", "factorized"):
+            problems.append(f"pos_embed_size is the size of a learned table: it needs pos_embed='learned' (or "
+                            f"timm's NaFlex 'factorized'), not {kind!r}")
         if getattr(self, "backbone", None) is not None:
             problems.append("pos_embed_size is for a patch embedding's grid, not a hybrid's backbone")
         elif min(self.patch_size) > 0 and any(s < p for s, p in zip(size, self.patch_size)):

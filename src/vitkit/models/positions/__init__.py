@@ -9,7 +9,8 @@ this module; a new kind is one new row here.
 
 Parameter names are timm's: ``pos_embed`` (the learned table, with ``pos_embed_prefix_tokens``
 slots for prefix tokens in front of the patches when the family has them), and vitkit's own
-``pos_embed_row`` / ``pos_embed_col`` for the paper's 2D ablation. ``sincos2d`` keeps its
+``pos_embed_row`` / ``pos_embed_col`` for the paper's 2D ablation, ``pos_embed_y`` / ``pos_embed_x`` for timm's
+NaFlex ``factorized`` tables (a full-width row and column table, added). ``sincos2d`` keeps its
 fixed table in the non-persistent buffer ``pos_embed_fixed``. The resampling follows the
 model's ``config.pos_embed_interpolation`` and ``config.pos_embed_antialias``.
 
@@ -40,6 +41,7 @@ from ..sizes import IntPair
 from .absolute import (
     INTERPOLATIONS,
     SINCOS_SPACINGS,
+    resample_line,
     resample_pos_embed,
     resample_pos_embed_grid,
     sincos_2d_pos_embed,
@@ -56,12 +58,15 @@ from .relative import (
 from .rope import ROPES, Rope, RotaryEmbedding, apply_rope, kept_rotations, rotary, rotate_pairs
 
 #: Every parameter a kind may create (position tables are exempt from weight decay).
-PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col")
+PARAMETER_NAMES = ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_y", "pos_embed_x")
 
 
 def _resample_args(model: nn.Module):
-    cfg = model.config  # (corners aligned: Qwen3's towers resample their table so, the one family that does)
-    return cfg.pos_embed_interpolation, cfg.pos_embed_antialias, getattr(cfg, "pos_embed_align_corners", False)
+    """(interpolation, antialias, corners aligned, aspect ratio kept): Qwen3's towers and RADIO align the corners,
+    timm's NaFlex models keep the aspect ratio (the families that do have the fields)."""
+    cfg = model.config
+    return (cfg.pos_embed_interpolation, cfg.pos_embed_antialias, getattr(cfg, "pos_embed_align_corners", False),
+            getattr(cfg, "pos_embed_ar_preserving", False))
 
 
 # ----------------------------------------------------------------------------- learned (1D table)
@@ -104,7 +109,7 @@ def _resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str
 
 
 def _2d_tables(model: nn.Module, grid: IntPair):
-    args = _resample_args(model)
+    args = _resample_args(model)[:3]
     return (_resample_axis(model.pos_embed_row, 0, grid[0], *args),
             _resample_axis(model.pos_embed_col, 1, grid[1], *args))
 
@@ -127,6 +132,39 @@ def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, 
         if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
             notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} ({fit.said})")
             sd[key] = _resample_axis(sd[key], axis, grid[axis], fit.interpolation, fit.antialias, fit.align_corners)
+    return notes
+
+
+# ----------------------------------------------------------------------------- factorized (row + column, summed)
+
+
+def _factorized_build(model: nn.Module, grid: IntPair, dim: int, slots: int) -> None:
+    # timm's NaFlex "factorized": a full-width table per axis, added (the paper's 2D ablation concatenates halves)
+    model.pos_embed_y = nn.Parameter(torch.zeros(1, grid[0], dim))
+    model.pos_embed_x = nn.Parameter(torch.zeros(1, grid[1], dim))
+
+
+def _factorized_tables(model: nn.Module, grid: IntPair):
+    square = max(grid) if _resample_args(model)[3] else None
+    return resample_line(model.pos_embed_y, grid[0], square), resample_line(model.pos_embed_x, grid[1], square)
+
+
+def _factorized_table(model: nn.Module, grid: IntPair) -> torch.Tensor:
+    y, x = _factorized_tables(model, grid)
+    return (y[:, :, None, :] + x[:, None, :, :]).reshape(1, grid[0] * grid[1], -1)
+
+
+def _factorized_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
+    y, x = _factorized_tables(model, new)
+    model.pos_embed_y, model.pos_embed_x = nn.Parameter(y.detach()), nn.Parameter(x.detach())
+
+
+def _factorized_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
+    notes = []
+    for axis, key in enumerate(("pos_embed_y", "pos_embed_x")):
+        if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
+            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} (linear)")
+            sd[key] = resample_line(sd[key], grid[axis])
     return notes
 
 
@@ -291,6 +329,9 @@ KINDS: Dict[str, PosEmbedKind] = {
     "learned": PosEmbedKind(_learned_build, _learned_table, _learned_resample),
     "learned_2d": PosEmbedKind(_2d_build, _2d_table, _2d_resample, width_multiple=2, fit_state=_2d_fit_state),
     "sincos2d": PosEmbedKind(_sincos_build, _sincos_table, _sincos_resample, width_multiple=4),
+    # timm's NaFlexViT pos_embed='factorized': a row and a column table added, each resampled linearly
+    "factorized": PosEmbedKind(_factorized_build, _factorized_table, _factorized_resample,
+                               fit_state=_factorized_fit_state),
     "none": PosEmbedKind(_nothing, _nothing, _nothing),
     "relative": PosEmbedKind(_nothing, _nothing, _relative_resample, fit_state=_relative_fit_state,
                              attach=_relative_attach),
@@ -448,9 +489,9 @@ def at_img_size(module: nn.Module) -> nn.Module:
 
 
 def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, fit: StateFit) -> List[str]:
-    """Fit the state dict's parameters of the model's kind (other than the learned table) to the
-    model's grid; returns what was resampled."""
-    return KINDS[model.pos_embed_kind].fit_state(sd, model, tuple(model.patch_embed.grid_size), fit)
+    """Fit the state dict's parameters of the model's kind (other than the learned table) to the grid the model
+    holds them at (its image's, or ``pos_embed_size``'s: NaFlex's factorised tables); returns what was resampled."""
+    return KINDS[model.pos_embed_kind].fit_state(sd, model, table_grid(model), fit)
 
 
 __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_grid", "resample_pos_embed",

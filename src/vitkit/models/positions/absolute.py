@@ -17,13 +17,15 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 
 
 def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation: str = "bicubic",
-                            antialias: bool = True, align_corners: bool = False) -> torch.Tensor:
+                            antialias: bool = True, align_corners: bool = False, square: bool = False) -> torch.Tensor:
     """Resample a (1, gh, gw, D) grid of embeddings to (1, H', W', D).
 
     ``bicubic`` with ``antialias=True`` is timm's default (DeiT, timm checkpoints);
     the official JAX code resizes bilinearly with the corners aligned (scipy's zoom); Hugging Face uses bicubic
     without antialias. ``align_corners``: the corner embeddings stay the corners' (that zoom; timm's loader for
-    RADIO v3 base and huge).
+    RADIO v3 base and huge). ``square``: the aspect ratio kept (timm's NaFlex ``pos_embed_ar_preserving``): the
+    table is resampled to a square of the longer side and its top-left H' x W' taken, so a row of patches has the
+    same positions whatever the image's height.
     """
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
@@ -33,15 +35,27 @@ def resample_pos_embed_grid(grid: torch.Tensor, new_size: IntPair, interpolation
     antialias = antialias and mode != "nearest"
     dtype = grid.dtype
     x = grid.float().permute(0, 3, 1, 2)
-    x = F.interpolate(x, size=tuple(new_size), mode=mode, antialias=antialias,
+    size = (max(new_size),) * 2 if square else tuple(new_size)
+    x = F.interpolate(x, size=size, mode=mode, antialias=antialias,
                       align_corners=None if mode == "nearest" else align_corners)
-    return x.permute(0, 2, 3, 1).to(dtype)
+    return x[:, :, :new_size[0], :new_size[1]].permute(0, 2, 3, 1).to(dtype)
+
+
+def resample_line(table: torch.Tensor, size: int, square_of: Optional[int] = None) -> torch.Tensor:
+    """A (1, n, D) table of one axis resampled linearly to ``size`` entries (timm's NaFlex factorised tables:
+    linear, corners not aligned, whatever the 2D tables' mode); ``square_of``: resampled to that length and its
+    first ``size`` entries taken (the aspect ratio kept, as :func:`resample_pos_embed_grid`'s ``square``)."""
+    length = square_of or size
+    if table.shape[1] != length:
+        table = F.interpolate(table.permute(0, 2, 1).float(), size=length, mode="linear",
+                              align_corners=False).permute(0, 2, 1).to(table.dtype)
+    return table[:, :size]
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
                        old_size: Optional[IntPair] = None, num_prefix_tokens: int = 1,
-                       interpolation: str = "bicubic", antialias: bool = True, align_corners: bool = False
-                       ) -> torch.Tensor:
+                       interpolation: str = "bicubic", antialias: bool = True, align_corners: bool = False,
+                       square: bool = False) -> torch.Tensor:
     """Resample a flat (1, prefix + gh*gw, D) table to a new grid, prefix slots kept apart.
 
     ``old_size`` defaults to a square grid; a table whose patch count is not a square
@@ -62,7 +76,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: IntPair,
         return pos_embed
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     grid = patches.reshape(1, old_size[0], old_size[1], -1)
-    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias, align_corners)
+    grid = resample_pos_embed_grid(grid, new_size, interpolation, antialias, align_corners, square)
     return torch.cat([prefix, grid.reshape(1, -1, grid.shape[-1])], dim=1)
 
 
