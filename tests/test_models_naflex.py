@@ -134,6 +134,9 @@ def test_fields_a_naflex_vit_does_not_have_are_refused(fields, said):
 @pytest.mark.parametrize("args, said", [
     ({"embed_proj_type": "conv"}, "embed_proj_type='conv' are not built by vitkit"),
     ({"rope_type": "axial"}, "rope_type='axial' are not built by vitkit"),
+    ({"pos_embed_grid_size": "x"}, "timm model_args pos_embed_grid_size must be an int or a pair .H, W. of ints, "
+                                   "got 'x'"),
+    ({"pos_embed_interp_mode": "area"}, "pos_embed_interpolation must be one of"),
 ])
 def test_timm_model_args_vitkit_does_not_build_are_refused_by_name(args, said, tmp_path):
     ref = _timm("naflexvit_base_patch16_gap")

@@ -68,9 +68,6 @@ class NaFlexConfig(ViTConfig):
                      if getattr(self, name) != value]
         if self.pos_embed not in NAFLEX_POS_EMBEDS:
             problems.append(f"a {self.KIND}'s pos_embed is one of {NAFLEX_POS_EMBEDS}, got {self.pos_embed!r}")
-        for name in ("pos_embed_ar_preserving", "pos_embed_align_corners"):
-            if not isinstance(getattr(self, name), bool):
-                problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         return problems
 
 
@@ -167,9 +164,14 @@ def naflex_timm_args(args: Mapping[str, Any], config: NaFlexConfig) -> Dict[str,
     here, the rest as a ViT's (:func:`.vit_timm.vit_timm_args`)."""
     kw = {ours: args[theirs] for theirs, ours in _RENAMED.items() if args.get(theirs) is not None}
     # the table's size is its own grid's, whatever img_size timm is given (which only a plain ViT's table follows)
-    grid = args.get("pos_embed_grid_size") or config.table_grid
-    patch = to_2tuple(args.get("patch_size", config.patch_size))
-    kw["pos_embed_size"] = (to_2tuple(grid)[0] * patch[0], to_2tuple(grid)[1] * patch[1])
+    sides = []
+    for name, default in (("pos_embed_grid_size", config.table_grid), ("patch_size", config.patch_size)):
+        try:
+            sides.append(to_2tuple(args.get(name) or default))
+        except (TypeError, ValueError):
+            raise ValueError(f"timm model_args {name} must be an int or a pair (H, W) of ints, got "
+                             f"{args.get(name)!r}") from None
+    kw["pos_embed_size"] = (sides[0][0] * sides[1][0], sides[0][1] * sides[1][1])
     odd = [f"{k}={args[k]!r}" for k, value in _INERT.items() if k in args and args[k] != value]
     if odd:
         raise ValueError(f"timm NaFlexViT model_args {', '.join(odd)} are not built by vitkit")
