@@ -14,12 +14,12 @@ from vitkit.data import fashion_mnist as fm
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")]
 
-# 16 steps of 64, killed once step 8 is checkpointed (after the warm-up; the next checkpoint is the
+# 16 steps of 16, killed once step 8 is checkpointed (after the warm-up; the next checkpoint is the
 # last, 8 steps later, so the kill lands between them): every random stream a resume must restore
 # (crop, flip, dropout, stochastic depth) is drawn. Rows every 2 steps: each comes once in the
 # end, a row the killed run wrote past its checkpoint included.
 ARGS = ["--max-steps", "16", "--checkpoint-every", "8", "--keep-checkpoints", "5", "--log-every", "2",
-        "--val-size", "200", "--batch-size", "64", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress",
+        "--val-size", "200", "--batch-size", "16", "--warmup-steps", "4", "--crop-pad", "2", "--hflip", "--no-progress",
         "--threads", "1", "--model-args", '{"drop_path_rate": 0.1, "drop_rate": 0.1}', "--test-size", "200"]
 
 
