@@ -143,9 +143,7 @@ def infer_naflex_config(sd: Mapping[str, Any], **overrides: Any) -> NaFlexConfig
         kind, (gh, gw) = "none", (16, 16)
     kw.update(pos_embed=kind, pos_embed_size=(gh * ph, gw * pw), img_size=(gh * ph, gw * pw),
               num_heads=HEADS_BY_WIDTH.get(kw["embed_dim"], max(1, kw["embed_dim"] // 64)))
-    kw.update(overrides)
-    if "img_size" in overrides and "pos_embed_size" not in overrides:
-        kw["pos_embed_size"] = (gh * ph, gw * pw)
+    kw.update(overrides)  # (an img_size asked for leaves the table's size: timm's NaFlexViT ignores it for the table)
     return NaFlexConfig(**kw)
 
 
@@ -182,14 +180,10 @@ def naflex_timm_args(args: Mapping[str, Any], config: NaFlexConfig) -> Dict[str,
     return {**vit_timm_args(rest, config), **kw}
 
 
-def naflex_timm_config(config: NaFlexConfig) -> Dict[str, Any]:
-    return config.to_dict()
-
-
 FAMILY = register_family(Family(
     name="naflexvit", config_cls=NaFlexConfig, model_cls=NaFlexViT, complexity=vit_complexity,
     matches=is_naflex_state_dict, infer_config=infer_naflex_config, detect_priority=20, to_timm=naflex_to_timm,
-    timm_args=naflex_timm_args, timm_config=naflex_timm_config, layouts=("timm",), from_timm=naflex_from_timm))
+    timm_args=naflex_timm_args, layouts=("timm",), from_timm=naflex_from_timm))
 
 
 # ----------------------------------------------------------------------------- timm's names

@@ -126,13 +126,20 @@ def _2d_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
     model.pos_embed_row, model.pos_embed_col = nn.Parameter(row.detach()), nn.Parameter(col.detach())
 
 
-def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
+def _fit_axis_tables(sd: Dict[str, torch.Tensor], keys: Sequence[str], grid: IntPair, said: str,
+                     resample: Callable[[torch.Tensor, int, int], torch.Tensor]) -> List[str]:
+    """A loaded row and column table (``keys``) each fitted to the grid's side by ``resample(table, axis, size)``."""
     notes = []
-    for axis, key in enumerate(("pos_embed_row", "pos_embed_col")):
+    for axis, key in enumerate(keys):
         if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
-            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} ({fit.said})")
-            sd[key] = _resample_axis(sd[key], axis, grid[axis], fit.interpolation, fit.antialias, fit.align_corners)
+            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} ({said})")
+            sd[key] = resample(sd[key], axis, grid[axis])
     return notes
+
+
+def _2d_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
+    return _fit_axis_tables(sd, ("pos_embed_row", "pos_embed_col"), grid, fit.said, lambda table, axis, size: (
+        _resample_axis(table, axis, size, fit.interpolation, fit.antialias, fit.align_corners)))
 
 
 # ----------------------------------------------------------------------------- factorized (row + column, summed)
@@ -160,12 +167,8 @@ def _factorized_resample(model: nn.Module, old: IntPair, new: IntPair) -> None:
 
 
 def _factorized_fit_state(sd: Dict[str, torch.Tensor], model: nn.Module, grid: IntPair, fit: "StateFit") -> List[str]:
-    notes = []
-    for axis, key in enumerate(("pos_embed_y", "pos_embed_x")):
-        if key in sd and sd[key].dim() == 3 and sd[key].shape[1] != grid[axis]:
-            notes.append(f"{key} {sd[key].shape[1]} -> {grid[axis]} (linear)")
-            sd[key] = resample_line(sd[key], grid[axis])
-    return notes
+    return _fit_axis_tables(sd, ("pos_embed_y", "pos_embed_x"), grid, "linear",
+                            lambda table, axis, size: resample_line(table, size))
 
 
 # ----------------------------------------------------------------------------- sincos2d (fixed)
