@@ -20,8 +20,10 @@ from conftest import randomize, trained_briefly
 from vitkit.cli import main
 from vitkit.data import fashion_mnist as fm
 from vitkit.deploy import OpenVinoModel, export_openvino  # (the public names, as docs/shipping.md uses them)
+from vitkit.deploy.openvino_int8 import no_telemetry
 from vitkit.deploy.runtime import OnnxMetadataError
 
+no_telemetry()  # as vitkit imports OpenVINO (imported here first, its telemetry forked ~20 processes per export)
 ov = pytest.importorskip("openvino")
 FAMILIES = {
     "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, depth=2, num_classes=5)),
@@ -73,38 +75,39 @@ def test_an_ir_replaced_part_way_leaves_no_old_xml_beside_new_weights(tmp_path, 
         torch.testing.assert_close(OpenVinoModel(path, precision="fp32")(x), second.eval()(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(precision, tmp_path):
+def test_a_batch_runs_in_parts_on_the_streams_and_one_image_on_both_threads(tmp_path):
     """Each image's output is the one it gets alone (and in fp32 the one PyTorch gives), whatever
-    part of a batch it ran in; a batch never compiles the latency model, one image does (once)."""
+    part of a batch it ran in; a batch never compiles the latency model, one image does (once).
+    In fp32 and in bf16, from one export."""
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2,
                                           num_classes=5), scale=0.3).eval()
     path = export_openvino(model, tmp_path / "m.xml")
-    ir = OpenVinoModel(path, threads=2, precision=precision)
-    assert ir.streams == 2 and "streams=2" in repr(ir)
-    x = torch.randn(7, 3, 32, 32)
-    whole = ir(x)
-    assert ir._latency is None  # the batch ran on the throughput streams
-    alone = torch.cat([ir(x[i:i + 1]) for i in range(len(x))])
-    latency = ir._latency
-    assert latency is not None and ir(x[:1]) is not None and ir._latency is latency
-    torch.testing.assert_close(whole, alone, rtol=0, atol=0)
-    torch.testing.assert_close(torch.cat([ir(x[:2]), ir(x[2:])]), whole, rtol=0, atol=0)
-    if precision == "fp32":  # (bf16 against PyTorch: test_bf16_and_int8_agree_with_pytorch_on_a_trained_model)
-        with torch.inference_mode():
-            torch.testing.assert_close(whole, model(x), rtol=1e-4, atol=1e-4)
-    # a wrong batch is one line, and the requests serve the next batch as before: both parts fail, and
-    # one of them was still running when the other's failure was read ("Infer Request is busy" in
-    # about 1 of 10 tries before every part was waited on): 30 tries
-    for _ in range(30):
-        with pytest.raises(OnnxMetadataError, match="could not run"):
-            ir(torch.randn(4, 3, 48, 48))
-        torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
+    for precision in ("fp32", "bf16"):
+        ir = OpenVinoModel(path, threads=2, precision=precision)
+        assert ir.streams == 2 and "streams=2" in repr(ir)
+        x = torch.randn(7, 3, 32, 32)
+        whole = ir(x)
+        assert ir._latency is None  # the batch ran on the throughput streams
+        alone = torch.cat([ir(x[i:i + 1]) for i in range(len(x))])
+        latency = ir._latency
+        assert latency is not None and ir(x[:1]) is not None and ir._latency is latency
+        torch.testing.assert_close(whole, alone, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([ir(x[:2]), ir(x[2:])]), whole, rtol=0, atol=0)
+        if precision == "fp32":  # (bf16 against PyTorch: test_bf16_and_int8_agree_with_pytorch_on_a_trained_model)
+            with torch.inference_mode():
+                torch.testing.assert_close(whole, model(x), rtol=1e-4, atol=1e-4)
+        # a wrong batch is one line, and the requests serve the next batch as before: both parts fail, and
+        # one of them was still running when the other's failure was read ("Infer Request is busy" in
+        # about 1 of 10 tries before every part was waited on): 30 tries
+        for _ in range(30):
+            with pytest.raises(OnnxMetadataError, match="could not run"):
+                ir(torch.randn(4, 3, 48, 48))
+            torch.testing.assert_close(ir(x), whole, rtol=0, atol=0)
+        one = OpenVinoModel(path, threads=1, precision=precision)  # one thread: one stream, one compilation
+        assert one.streams == 1 and one._latency is one.compiled
+        torch.testing.assert_close(one(x), whole, rtol=1e-4 if precision == "fp32" else 1e-2, atol=1e-4)
     with pytest.raises(ValueError, match="threads must be a whole number of at least 1, not -2"):
         OpenVinoModel(path, threads=-2)
-    one = OpenVinoModel(path, threads=1, precision=precision)  # one thread: one stream, one compilation
-    assert one.streams == 1 and one._latency is one.compiled
-    torch.testing.assert_close(one(x), whole, rtol=1e-4 if precision == "fp32" else 1e-2, atol=1e-4)
 
 
 def test_the_runtime_info_holds_the_onnx_files_metadata(tmp_path):
@@ -311,30 +314,24 @@ def test_a_quantizing_process_that_dies_says_how(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # nothing written either way
 
 
-def test_an_export_sends_no_telemetry_and_forks_nothing(tmp_path):
-    """Out of pytest (where NNCF quiets itself), with no consent file and no CI variable, OpenVINO's
-    converter forked about 25 processes per export to send usage events, and one of them, forked while a
-    thread held the resolver's lock, hung `vitkit convert` for good: vitkit leaves their package out."""
-    script = ("import os, sys; forks = []; os.register_at_fork(before=lambda: forks.append(1)); import vitkit; "
-              "from vitkit.deploy.openvino import _nncf, export_openvino; "
-              "m = vitkit.create_model('vit_tiny_patch16_224', img_size=32, patch_size=8, depth=1, num_classes=3); "
-              "export_openvino(m.eval(), sys.argv[1]); _nncf(); from nncf.telemetry import wrapper; "
-              "print(len(forks), sys.modules.get('openvino_telemetry'), type(wrapper.telemetry).__name__)")
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV", "TF_BUILD", "JENKINS_URL")}
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m.xml")], capture_output=True, text=True,
-                          env={**env, "HOME": str(tmp_path)}, timeout=300)  # HOME: no consent file
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-3:] == ["0", "None", "MagicMock"], done.stdout  # NNCF's stub is a MagicMock
-
-
 @pytest.fixture(scope="module")
 def trained():
     """A small model trained for a few seconds on real Fashion-MNIST (enough to make decisions)."""
     return trained_briefly("vit_fmnist_hybrid")
 
 
+@pytest.fixture(scope="module")
+def trained_ir(trained, tmp_path_factory):
+    """A folder of the trained model's weights (w) and its fp32 IR by `vitkit convert` (m.xml): one export for
+    the bf16 check and eval's."""
+    folder = tmp_path_factory.mktemp("trained")
+    trained.save_pretrained(folder / "w")
+    assert main(["convert", str(folder / "w"), str(folder / "m.xml"), "--to", "openvino"]) == 0
+    return folder
+
+
 @pytest.mark.slow
-def test_bf16_and_int8_agree_with_pytorch_on_a_trained_model(trained, tmp_path):
+def test_bf16_and_int8_agree_with_pytorch_on_a_trained_model(trained, trained_ir, tmp_path):
     from vitkit.evaluate.metrics import prepare_batch
 
     test = fm.load_split("test")
@@ -343,24 +340,22 @@ def test_bf16_and_int8_agree_with_pytorch_on_a_trained_model(trained, tmp_path):
     with torch.inference_mode():
         want = trained(x).argmax(-1)
     assert (want == labels).float().mean() > 0.6  # it learned (chance is 0.1): agreement is about decisions
-    bf16 = OpenVinoModel(export_openvino(trained, tmp_path / "f.xml"), precision="bf16")
+    bf16 = OpenVinoModel(trained_ir / "m.xml", precision="bf16")
     # int8 without calibration= takes 256 training images of the dataset the labels name
     q = OpenVinoModel(export_openvino(trained, tmp_path / "q.xml", quantize="int8"), precision="fp32")
     assert q.quantization == "int8-static"
-    assert (tmp_path / "q.bin").stat().st_size < 0.6 * (tmp_path / "f.bin").stat().st_size  # int8 weights
+    assert (tmp_path / "q.bin").stat().st_size < 0.6 * (trained_ir / "m.bin").stat().st_size  # int8 weights
     for runtime in (bf16, q):
         agree = (runtime(x).argmax(-1) == want).float().mean().item()
         assert agree > 0.95, (runtime, agree)
 
 
-def test_eval_on_openvino_matches_eval_on_torch(trained, tmp_path, capsys, monkeypatch):
+def test_eval_on_openvino_matches_eval_on_torch(trained_ir, capsys, monkeypatch):
     monkeypatch.setenv("VITKIT_TINY", "1")  # the first 100 test images (vitkit/tiny.py)
-    trained.save_pretrained(tmp_path / "w")
-    assert main(["convert", str(tmp_path / "w"), str(tmp_path / "m.xml"), "--to", "openvino"]) == 0
-    capsys.readouterr()
+    capsys.readouterr()  # (convert's line, where trained_ir was made in this test's setup)
     results = {}
     for runtime, weights in (("torch", "w"), ("openvino", "w"), ("file", "m.xml")):
-        argv = ["eval", "--weights", str(tmp_path / weights), "--json", "--no-progress"]
+        argv = ["eval", "--weights", str(trained_ir / weights), "--json", "--no-progress"]
         assert main(argv + (["--runtime", runtime] if runtime != "file" else [])) == 0
         results[runtime] = json.loads(capsys.readouterr().out)
     assert results["openvino"]["precision"].startswith("openvino ") and results["torch"]["precision"] == "fp32"
@@ -426,35 +421,79 @@ def test_int8_of_a_trained_later_vit_agrees_with_fp32_on_both_runtimes(case, tmp
         assert result[runtime] > 0.95, (case, runtime, result)
 
 
-def _kept_float_shapes(folder: str, name: str = "vit_base_patch16_siglip_224", num_classes: int = 10) -> dict:
-    import openvino as ov
+#: a SigLIP-style classifier (its MAP head) and a features model (no classifier), each exported apart
+APART_MODELS = {"siglip": ("vit_base_patch16_siglip_224", dict(num_classes=10, **LATER_SMALL)),
+                "headless": ("vit_small_patch14_dinov2", dict(num_classes=0, **LATER_SMALL))}
 
-    from vitkit.deploy.openvino_int8 import kept_float
-
-    model = vitkit.create_model(name, num_classes=num_classes, **LATER_SMALL).eval()
-    ir = ov.Core().read_model(str(export_openvino(model, Path(folder) / "f.xml")))
+#: The child of `apart`: the forks counted from the start, each of APART_MODELS exported by vitkit, then NNCF
+#: imported (out of pytest: NNCF turns its telemetry off where pytest is imported); what was forked, OpenVINO's
+#: telemetry package, NNCF's telemetry, and the layers int8 leaves float in each IR (kinds, MatMul output shapes).
+APART = """
+import json, os, sys
+forks = []
+os.register_at_fork(before=lambda: forks.append(1))
+import vitkit
+from vitkit.deploy.openvino import _nncf, export_openvino
+from vitkit.deploy.openvino_int8 import kept_float
+folder, models = sys.argv[1], json.loads(sys.argv[2])
+irs = {case: export_openvino(vitkit.create_model(name, **overrides).eval(), os.path.join(folder, case + ".xml"))
+       for case, (name, overrides) in models.items()}
+_nncf()
+from nncf.telemetry import wrapper
+import openvino as ov
+said = {"forks": len(forks), "openvino_telemetry": repr(sys.modules.get("openvino_telemetry")),
+        "nncf_telemetry": type(wrapper.telemetry).__name__}
+for case, path in irs.items():
+    ir = ov.Core().read_model(str(path))
     kept = [op for op in ir.get_ordered_ops() if op.get_friendly_name() in kept_float(ir)]
-    return {"kinds": sorted(op.get_type_name() for op in kept),
-            "shapes": [[d.get_length() if d.is_static else None for d in op.get_output_partial_shape(0)]
-                       for op in kept if op.get_type_name() == "MatMul"]}
+    said[case] = {"kinds": sorted(op.get_type_name() for op in kept),
+                  "shapes": [[d.get_length() if d.is_static else None for d in op.get_output_partial_shape(0)]
+                             for op in kept if op.get_type_name() == "MatMul"]}
+print(json.dumps(said))
+"""
 
 
-def test_nncf_keeps_the_pixels_layer_the_classifier_and_the_map_query_float(tmp_path):
+@pytest.fixture(scope="session")  # (not "module": conftest.py would put its tests in the trained model's group)
+def apart(tmp_path_factory):
+    """What APART's process said: a fresh one (see _in_child: the suite's process crashed at the kept-float checks,
+    twice) with no consent file (HOME) and no CI variable. One process for the three tests below (their own xdist
+    group): each start (Python, torch, vitkit, the first export) took 15 to 20 s of a 2-core EPYC's suite."""
+    folder = tmp_path_factory.mktemp("apart")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV", "TF_BUILD", "JENKINS_URL")}
+    done = subprocess.run([sys.executable, "-c", APART, str(folder), json.dumps(APART_MODELS)], capture_output=True,
+                          text=True, timeout=600, env={**env, "HOME": str(folder),
+                                                      "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.xdist_group("openvino_apart")
+def test_nncf_keeps_the_pixels_layer_the_classifier_and_the_map_query_float(apart):
     """The layers int8 leaves float, read off the IR: the patch embedding (not the MAP head's
     projection of its learned query, which comes first in graph order and sees no pixel), the
     classifier, and the products over the pooled query alone."""
-    result = _in_child("_kept_float_shapes", str(tmp_path))
+    result = apart["siglip"]
     # the conv stem; the pooled query's attention output, its MLP's two layers and the logits: four
     # products, not five (the query's own projection, also one token wide, sees no pixel)
     assert result["kinds"] == ["Convolution"] + ["MatMul"] * 4
     assert all(len(s) == 2 or s[-2] == 1 for s in result["shapes"])  # one token or the logits
 
 
-def test_nncf_quantizes_a_headless_models_last_block(tmp_path):
+@pytest.mark.xdist_group("openvino_apart")
+def test_nncf_quantizes_a_headless_models_last_block(apart):
     """A features model (no classifier) keeps only its pixels layer float: its last product is a block's
     over every token, as cheap to quantize as the others (kept float, 5% of DINOv2-S/14's int8 speed)."""
-    result = _in_child("_kept_float_shapes", str(tmp_path), "vit_small_patch14_dinov2", 0)
-    assert result["kinds"] == ["Convolution"]
+    assert apart["headless"]["kinds"] == ["Convolution"]
+
+
+@pytest.mark.xdist_group("openvino_apart")
+def test_an_export_sends_no_telemetry_and_forks_nothing(apart):
+    """Out of pytest (where NNCF quiets itself), with no consent file and no CI variable, OpenVINO's
+    converter forked about 25 processes per export to send usage events, and one of them, forked while a
+    thread held the resolver's lock, hung `vitkit convert` for good: vitkit leaves their package out.
+    (APART's two exports, then NNCF's import.)"""
+    said = [apart[k] for k in ("forks", "openvino_telemetry", "nncf_telemetry")]
+    assert said == [0, "None", "MagicMock"], said  # NNCF's stub is a MagicMock
 
 
 def test_vitkit_serve_answers_from_an_ir_as_predict_does(tmp_path):
