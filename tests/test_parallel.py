@@ -2,6 +2,7 @@
 operations inside a run, and torch's own threads wherever parts would make a run unrepeatable."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from safetensors.torch import load_file
 import vitkit
 from vitkit.data import fashion_mnist as fm
 from vitkit.parallel import BatchParallel, PartedModel, choose, for_inference, parts, stochastic_modules
-from vitkit.train import resolve_config, train
+from vitkit.train import muon, resolve_config, train
+from vitkit.train.optim import hidden_matrices
 from vitkit.train.tasks import Classification
 from vitkit.utils import usable_cores
 
@@ -62,6 +64,13 @@ def test_a_run_computes_its_parts_on_two_threads_with_single_threaded_operations
         return real_loss(self, run, x, y, extra)
 
     monkeypatch.setattr(Classification, "loss", spy)
+    real_orthogonalize, orthogonalized = muon.orthogonalize, []
+
+    def spy_muon(update):  # Muon's matrices (the recipe's optimiser) share the parts' workers too
+        orthogonalized.append((threading.current_thread().name, torch.get_num_threads()))
+        return real_orthogonalize(update)
+
+    monkeypatch.setattr(muon, "orthogonalize", spy_muon)
     lines = []
     train(resolve_config("fmnist", max_steps=3, batch_size=32, runs_dir=str(tmp_path), name="r", progress=False,
                          val_size=100, threads=2, tensorboard=False, test_size=100), log=lines.append)
@@ -69,7 +78,27 @@ def test_a_run_computes_its_parts_on_two_threads_with_single_threaded_operations
     assert {threads for _, threads, _ in seen} == {1}
     assert {n for _, _, n in seen} == {16}
     assert len({name for name, _, _ in seen}) == 2 and all(name.startswith("vitkit-part") for name, _, _ in seen)
+    assert len(orthogonalized) == 3 * len(hidden_matrices(vitkit.create_model("vit_fmnist_hybrid")))
+    assert {name for name, _ in orthogonalized} == {name for name, _, _ in seen}
+    assert {threads for _, threads in orthogonalized} == {1}
     assert torch.get_num_threads() == 2  # the run's --threads again once it ends, not the parts' 1
+
+
+def test_spread_shares_pieces_out_by_cost_and_gives_their_results_in_order():
+    """Each item's result where its item was; the costliest items on different workers, each worker's in turn."""
+    where = {}
+
+    def square(x):
+        where[x] = threading.current_thread().name
+        time.sleep(0.02)  # (a worker that finished at once could take the other share too: two threads kept)
+        return x * x
+
+    items, costs = [1, 2, 3, 4, 5], [1, 9, 1, 8, 1]
+    assert BatchParallel(2).spread(square, items, costs) == [1, 4, 9, 16, 25]
+    assert where[2] != where[4] and {where[2], where[4]} == set(where.values())  # 9 and 8 apart, then the 1s
+    assert [where[x] for x in (1, 3, 5)].count(where[4]) == 2
+    assert BatchParallel(1).spread(square, items, costs) == [1, 4, 9, 16, 25]
+    assert BatchParallel(4).spread(square, [], []) == []
 
 
 def test_random_layers_keep_torchs_threads_and_batch_refuses_them_by_name():

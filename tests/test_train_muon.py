@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 
 import vitkit
 from vitkit.data import fashion_mnist as fm
+from vitkit.parallel import BatchParallel
 from vitkit.selfsup import create_pretrainer
 from vitkit.train import resolve_config, train
-from vitkit.train.muon import Muon, orthogonalize
+from vitkit.train.muon import Muon, in_turn, orthogonalize
 from vitkit.train.optim import hidden_matrices, make_optimizer
 
 real = pytest.mark.skipif(not fm._complete(fm.DEBIAN_DIR), reason="Debian dataset-fashion-mnist not installed")
@@ -39,6 +40,35 @@ def test_a_matrix_steps_as_torch_muon_steps_it(shape):
     # torch orthogonalises in bf16, vitkit in fp32: 1% of the distance moved; a step without Nesterov's
     # look-ahead, or without the RMS scale, lands tens of percent away
     assert (theirs - ours).abs().max() < 0.03 * moved
+
+
+def test_matrices_spread_over_workers_step_to_the_bit_as_in_turn():
+    """A run split over batch parts hands Muon's orthogonalisations to its workers: the same numbers as one
+    thread doing them all, each matrix once; AdamW's parameters are not handed out."""
+    torch.manual_seed(0)
+    shapes = [(64, 48), (48, 96), (32, 8, 3, 3), (16,)]
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    handed = []
+
+    def spread(fn, items, costs):
+        handed.append(len(items))
+        return BatchParallel(2).spread(fn, items, costs)
+
+    runs = []
+    for how in (in_turn, spread):
+        params = [torch.nn.Parameter(s.clone()) for s in start]
+        opt = Muon([{"params": params[:3], "muon": True, "weight_decay": 0.1}, {"params": params[3:]}], lr=0.01)
+        opt.spread = how
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # (the workers' operations are single-threaded, as under a run's parts)
+        try:
+            _steps(opt, params, grads)
+        finally:
+            torch.set_num_threads(threads)
+        runs.append(params)
+    assert handed == [3, 3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(*runs)) and not torch.equal(runs[0][0], start[0])
 
 
 def test_the_other_parameters_step_as_torch_adamw_steps_them():

@@ -81,6 +81,25 @@ class BatchParallel:
             if collecting:
                 gc.enable()
 
+    def spread(self, fn: Callable[[Any], Any], items: Sequence[Any], costs: Sequence[float]) -> List[Any]:
+        """``[fn(item) for item in items]``, the items shared out among the workers (the costliest first, each to
+        the worker with the least so far: a fixed share for given costs) and each worker's run one after another:
+        work of many independent pieces, such as Muon's matrices, on every core without a barrier between them."""
+        if self.workers == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        shares: List[List[int]] = [[] for _ in range(self.workers)]
+        loads = [0.0] * self.workers
+        for i in sorted(range(len(items)), key=lambda i: (-costs[i], i)):
+            least = loads.index(min(loads))
+            shares[least].append(i)
+            loads[least] += costs[i]
+        done = self.run(lambda part: [fn(items[i]) for i in shares[part.start]], self.workers)  # part i: [i, i+1)
+        results: List[Any] = [None] * len(items)
+        for share, values in zip(shares, done):
+            for i, value in zip(share, values):
+                results[i] = value
+        return results
+
     @contextlib.contextmanager
     def single_threaded_ops(self) -> Iterator[None]:
         """Operations on one thread each while the block runs (the workers are the parallelism)."""

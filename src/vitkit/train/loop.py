@@ -233,6 +233,8 @@ def build(cfg: TrainConfig, dist_info: distributed.DistInfo, log=print,
                          f"the warm-up)"]
     run.parallel, run.parallel_how = choose(cfg.cpu_parallel, torch.get_num_threads(), device, world, model,
                                             cfg.compile)
+    if run.parallel is not None and hasattr(run.optimizer, "spread"):  # Muon's matrices on every worker
+        run.optimizer.spread = run.parallel.spread
     note = busy_cpu_note(cfg.threads) if run.parallel is None and main and world == 1 and device.type == "cpu" else None
     if note:
         log(note)
