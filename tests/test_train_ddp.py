@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import vitkit_here
+from conftest import in_process, vitkit_here
 from vitkit.data import fashion_mnist as fm
 
 pytestmark = [pytest.mark.slow,
@@ -27,29 +27,54 @@ def losses(run: Path):
             if "train_loss" in line]
 
 
-def test_two_gloo_processes_match_one(tmp_path):
-    """Pre-training too: each rank keeps its part of masks drawn for the whole micro-batch (MPP's
-    corruption draws the most: its mask, the 80/10/10 kinds and the source patches). One torchrun job runs both
-    verbs, each process calling ``python -m vitkit``'s main for one and then the other (a second run in a process
-    is what a study does): a job of its own per verb cost another start of torchrun and of its two processes."""
+def _torchrun() -> str:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"
-    verbs = {"train": ["train"], "pretrain-mpp": ["pretrain", "--objective", "mpp", "--no-fewshot"]}
+    return torchrun
+
+
+VERBS = {"train": ["train"], "pretrain-mpp": ["pretrain", "--objective", "mpp", "--no-fewshot"]}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """One torchrun job of 2 processes for two tests (each start of torchrun and its two processes cost 10-15 s on a
+    2-core EPYC): each process calls ``python -m vitkit``'s main for each verb (a second run in a process is what a
+    study does), then train() twice more: run c refused on every rank after joining the job (the library's train()
+    refuses its batch there; the command line before), and run d, which cannot join a job its group has left."""
+    runs = tmp_path_factory.mktemp("two")
+    script = runs / "both.py"
+    script.write_text("import os\nimport sys\nfrom vitkit.cli import main\nfrom vitkit.train import resolve_config, "
+                      "train\n" + "".join(
+                          f"if main({[*verb, *ARGS, '--runs-dir', str(runs), '--name', f'two-{name}']!r}):\n"
+                          f"    sys.exit(2)\n" for name, verb in VERBS.items()) + f"""
+for name, batch in (("c", 33), ("d", 16)):
+    cfg = resolve_config("fmnist", max_steps=2, batch_size=batch, val_size=50, test_size=50,
+                         model_args={{"depth": 1}}, runs_dir={str(runs)!r}, name=name, progress=False,
+                         tensorboard=False, threads=1)
+    try:
+        train(cfg, log=lambda m: None)
+    except Exception as e:  # c fails on every rank; d then cannot join a job its group has left
+        os.write(2, f"{{name}} {{type(e).__name__}} {{e}}\\n".encode())  # one write: the ranks' lines never mix
+""")
+    job = subprocess.run([_torchrun(), "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
+                         text=True, timeout=300)
+    return runs, job
+
+
+def test_two_gloo_processes_match_one(tmp_path, two_processes):
+    """Pre-training too: each rank keeps its part of masks drawn for the whole micro-batch (MPP's
+    corruption draws the most: its mask, the 80/10/10 kinds and the source patches)."""
+    runs, two = two_processes
     # the one process: this one (the command's own code, without a second start of Python and torch;
     # its --threads 1 is given back after)
-    for name, verb in verbs.items():
+    for name, verb in VERBS.items():
         assert vitkit_here(*verb, *ARGS, "--runs-dir", tmp_path, "--name", f"one-{name}") == 0, name
-    script = tmp_path / "both.py"
-    script.write_text("import sys\nfrom vitkit.cli import main\n" + "".join(
-        f"if main({[*verb, *ARGS, '--runs-dir', str(tmp_path), '--name', f'two-{name}']!r}):\n    sys.exit(2)\n"
-        for name, verb in verbs.items()))
-    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
-                         text=True)
     assert two.returncode == 0, two.stderr[-2000:]
     summaries = [json.loads(line) for line in two.stdout.splitlines() if line.startswith("{")]
     assert [s["processes"] for s in summaries] == [2, 2]  # rank 0 reports, once per run
-    for name in verbs:
-        a, b = losses(tmp_path / f"one-{name}"), losses(tmp_path / f"two-{name}")
+    for name in VERBS:
+        a, b = losses(tmp_path / f"one-{name}"), losses(runs / f"two-{name}")
         assert len(a) == len(b) == 8, name
         assert a[-1] < a[0] - 0.05, f"the comparison needs a run that learns ({name})"
         # fp32 sums in another order (an all-reduce of two halves against one batch), grown over 8 steps: relative
@@ -81,10 +106,10 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     import signal
     import time
 
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     args = [a for a in ARGS if a not in ("--json",)]
     args[args.index("--max-steps") + 1] = "100000"
-    job = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
+    args[args.index("--batch-size") + 1] = "16"  # (a stop proves nothing more in steps of 64: 1-2 s more a job)
+    job = subprocess.Popen([_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
                             "--checkpoint-every", "2", "--runs-dir", str(tmp_path), "--name", "stopped"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -113,49 +138,56 @@ def test_a_stop_of_one_rank_ends_the_whole_job(tmp_path, rank, how):
     assert list((tmp_path / "stopped").glob("checkpoints/step_*.pt"))
 
 
-def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path):
+def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path, two_processes, capsys, monkeypatch):
     """Under torchrun every rank said an input error (twice), and an error rank 0 alone met (its folder taken)
     left rank 1 with gloo's "unexpected RuntimeError ... please report it"; a second train() in one process
     (what a study does) waited for ever joining the process group again, and vitkit study ran on every rank."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     args = [a for a in ARGS if a not in ("--json",)]
     args[args.index("--max-steps") + 1] = "2"
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("someone's")
     (tmp_path / "note.yaml").write_text('lr: "2e-3"\n')  # a config note: said once, as errors are
+    # taken: rank 0 alone, after the job is joined; 33: every rank (before the data: test_an_undividable_batch...)
     for extra, said in ((["--name", "taken"], "run directory"), (["--name", "odd", "--batch-size", "33", "--config",
                                                                    str(tmp_path / "note.yaml")],
                                                                   "batch_size 33 must divide")):
-        job = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
+        job = subprocess.run([_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "train", *args,
                               "--runs-dir", str(tmp_path), *extra], capture_output=True, text=True, timeout=300)
         lines = [line for line in job.stderr.splitlines() if line.startswith("vitkit train:")]
         errors = [line for line in lines if ": error: " in line]
         assert job.returncode != 0 and len(errors) == 1 and said in errors[0], job.stderr[-2000:]
         assert len(lines) == 1 + ("--config" in extra), lines
-    study = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vitkit", "study",
-                            "position-embeddings", "--smoke", "--work", str(tmp_path / "s")],
-                           capture_output=True, text=True, timeout=300)
-    assert [line for line in study.stderr.splitlines() if line.startswith("vitkit study:")] == [
+    # the study's refusal, in this process as torchrun's first process sees it (a job of its own proved no more:
+    # its other process's silence is the 33 job's and the test below's, torchrun's variables the jobs' above)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    study = in_process(capsys, "study", "position-embeddings", "--smoke", "--work", tmp_path / "s")
+    assert study.returncode == 2 and [line for line in study.stderr.splitlines() if line.startswith("vitkit")] == [
         "vitkit study: error: vitkit study runs in one process, not under torchrun (each rank would run all of it): "
         "run it without torchrun (vitkit train and pretrain use its processes)"], study.stderr[-2000:]
-    script = tmp_path / "twice.py"
-    script.write_text(f"""
-import os
-from vitkit.train import resolve_config, train
-for name, batch in (("a", 16), ("b", 16), ("c", 33), ("d", 16)):
-    cfg = resolve_config("fmnist", max_steps=2, batch_size=batch, val_size=50, test_size=50,
-                         model_args={{"depth": 1}}, runs_dir={str(tmp_path)!r}, name=name, progress=False,
-                         tensorboard=False, threads=1)
-    try:
-        train(cfg, log=lambda m: None)
-    except Exception as e:  # c fails on every rank; d then cannot join a job its group has left
-        os.write(2, f"{{name}} {{type(e).__name__}} {{e}}\\n".encode())  # one write: the two ranks' lines never mix
-""")
-    twice = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
-                           text=True, timeout=300)
+    runs, twice = two_processes  # (each process trained, then pre-trained)
     assert twice.returncode == 0, twice.stderr[-2000:]
-    assert [json.loads((tmp_path / name / "summary.json").read_text())["processes"] for name in "ab"] == [2, 2]
+    ran = [json.loads((runs / f"two-{name}" / "summary.json").read_text())["processes"] for name in VERBS]
+    assert ran == [2, 2]
+    assert "c ValueError batch_size 33 must divide" in twice.stderr  # (after joining: the group ended)
     assert "d RuntimeError a run that stopped under torchrun ended this process's part in the job" in twice.stderr
+
+
+def test_an_undividable_batch_is_refused_before_the_data_is_read(tmp_path, capsys, monkeypatch):
+    """--batch-size 33 of 2 processes was refused after the data was read, the job joined and the model built
+    (11 s of a torchrun job on a 2-core EPYC): now before, in one line."""
+    from vitkit.train import loop
+
+    def read(*a, **k):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(loop, "open_data", read)
+    monkeypatch.setattr(loop.distributed, "setup", read)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (no LOCAL_RANK: not torchrun's, so this process says its error)
+    done = in_process(capsys, "train", *ARGS, "--batch-size", "33", "--runs-dir", tmp_path, "--name", "odd")
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "vitkit train: error: batch_size 33 must divide into 1 accumulation steps x 2 processes"], done.stderr
+    assert not (tmp_path / "odd").exists()
 
 
 def test_each_rank_draws_its_own_dropout_and_drop_path_masks():
@@ -216,28 +248,33 @@ def test_a_rank_knows_when_its_machines_first_process_is_gone(tmp_path):
 def test_a_rank_that_leaves_its_error_to_the_first_waits_for_it_to_say_it(tmp_path):
     """A rank whose error the first process says exited at once, and torchrun stopped the first before its line (on
     a busy machine, still importing): the job ended without a word (a fresh clone's make test, 2026-12-06: the study
-    above). It waits while its first process runs, and goes quietly when torchrun stops it."""
+    above). It waits while its first process runs, and goes quietly when torchrun stops it, or once the first ends.
+    (Both ranks wait beside one first process: one after another, their waits cost 7 s.)"""
     import os
     import signal
     import time
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "WORLD_SIZE": "2"}
     said = [sys.executable, "-m", "vitkit", "study", "position-embeddings", "--smoke", "--work", str(tmp_path / "s")]
-    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"], env={**env, "LOCAL_RANK": "0"})
-    start = time.monotonic()
-    second = subprocess.run(said, env={**env, "LOCAL_RANK": "1"}, capture_output=True, text=True, timeout=60)
-    assert second.returncode == 2 and second.stderr == "" and first.poll() is not None, second.stderr
-    assert time.monotonic() - start >= 3.5  # (its error comes within a second)
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**env, "LOCAL_RANK": "0"})
-    try:  # the first has failed: torchrun's SIGTERM ends the wait, without a line
-        second = subprocess.Popen(said, env={**env, "LOCAL_RANK": "1"}, stderr=subprocess.PIPE, text=True)
-        time.sleep(3)
-        assert second.poll() is None
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=30) == 2 and second.stderr.read() == ""
+    seconds = []
+    try:
+        seconds += [subprocess.Popen(said, env={**env, "LOCAL_RANK": "1"}, stderr=subprocess.PIPE, text=True)
+                   for _ in range(2)]
+        time.sleep(4)  # (its error comes within a second)
+        assert [s.poll() for s in seconds] == [None, None]
+        seconds[0].send_signal(signal.SIGTERM)  # the first has failed: torchrun's SIGTERM ends the wait, without a line
+        assert seconds[0].wait(timeout=30) == 2 and seconds[0].stderr.read() == ""
+        assert seconds[1].poll() is None
+        first.kill()  # the first said its line and ended: the other goes, without a line
+        first.wait()
+        assert seconds[1].wait(timeout=20) == 2 and seconds[1].stderr.read() == ""
     finally:
         first.kill()
         first.wait()
+        for s in seconds:
+            s.kill()
+            s.wait()
 
 
 def test_a_ctrl_c_is_never_read_as_another_ranks_death():

@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..parallel import BatchParallel
+from .batches import Layout
 from .config import TrainConfig
 
 #: the fewest optimiser steps an epoch of a small dataset gets (by a smaller batch, down to MIN_BATCH)
@@ -38,6 +39,15 @@ def chosen_fields(cfg: TrainConfig) -> Optional[frozenset]:
     """The fields a person set (flags, config file), as :func:`~vitkit.train.resolve_config`
     recorded them; None where unknown (a TrainConfig made directly, a resumed run): nothing is fitted."""
     return getattr(cfg, "chosen", None)
+
+
+def refuse_an_undividable_batch(cfg: TrainConfig, world: int) -> None:
+    """The batch refused before the data is read and the job joined, where it will not be fitted to the data (a
+    person chose it, or --micro-batch decides its layout): the same refusal came after the data, the process group
+    and the model (about 11 s of a 2-process torchrun job on a 2-core EPYC). One nobody chose is checked after."""
+    chosen = chosen_fields(cfg)
+    if chosen is None or "batch_size" in chosen or cfg.micro_batch is not None:  # (fit_to_data leaves it as it is)
+        Layout.fitting(cfg.batch_size, cfg.accum_steps, world, 0, cfg.micro_batch)
 
 
 def fit_to_data(cfg: TrainConfig, n_train: int, world: int = 1) -> Tuple[TrainConfig, List[str]]:
