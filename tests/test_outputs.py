@@ -34,6 +34,17 @@ def run(tmp_path_factory):
     return root / "runs" / "r"
 
 
+@pytest.fixture(scope="module")
+def one_image(tmp_path_factory):
+    """One test image for the inspect reports whose folders are checked here: the default four images'
+    figures would prove nothing more about where a report goes (each is a figure more per report)."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("image") / "boot.png"
+    Image.fromarray(fm.load_split("test").images[0]).save(path)
+    return ["--image", str(path)]
+
+
 def files(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -50,18 +61,20 @@ def test_eval_writes_nothing_without_out_and_both_files_with_it(run, tmp_path, m
     assert json.loads((tmp_path / "ev" / "eval.json").read_text()) == printed
 
 
-def test_inspect_writes_beside_the_run_or_under_runs_never_into_the_current_folder(run, tmp_path, monkeypatch):
+def test_inspect_writes_beside_the_run_or_under_runs_never_into_the_current_folder(run, tmp_path, monkeypatch,
+                                                                                   one_image):
     monkeypatch.chdir(tmp_path)
-    assert main(["inspect", "--weights", str(run), "--json"]) == 0
+    assert main(["inspect", "--weights", str(run), *one_image, "--json"]) == 0
     assert files(tmp_path) == []
     assert (run / "inspect" / "report.html").is_file()
     vitkit.from_pretrained(run).save_pretrained(tmp_path / "weights" / "my model")
-    assert main(["inspect", "--weights", str(tmp_path / "weights" / "my model"), "--json"]) == 0
+    assert main(["inspect", "--weights", str(tmp_path / "weights" / "my model"), *one_image, "--json"]) == 0
     assert (tmp_path / "runs" / "inspect-my-model" / "report.html").is_file()
     assert {p.name for p in tmp_path.iterdir()} == {"weights", "runs"}
 
 
-def test_inspect_names_the_folder_by_the_model_and_keeps_two_models_apart(run, tmp_path, monkeypatch, capsys):
+def test_inspect_names_the_folder_by_the_model_and_keeps_two_models_apart(run, tmp_path, monkeypatch, capsys,
+                                                                          one_image):
     """A run's model.safetensors went to runs/inspect-model, as every model.safetensors did, and its checkpoint
     to runs/inspect-step_N: the next model of the same file name replaced the report without a word. A run's
     file goes beside the run, a generic file name takes its folder's, and a taken name another free one."""
@@ -70,18 +83,18 @@ def test_inspect_names_the_folder_by_the_model_and_keeps_two_models_apart(run, t
     for weights, folder in ((run, run / "inspect"), (run / "model", run / "inspect"),  # one model, three spellings
                             (run / "model" / "model.safetensors", run / "inspect"),
                             (checkpoint, run / f"inspect-{checkpoint.stem}")):
-        assert main(["inspect", "--weights", str(weights), "--no-progress"]) == 0
+        assert main(["inspect", "--weights", str(weights), *one_image, "--no-progress"]) == 0
         assert (folder / "report.html").is_file() and "other weights" not in capsys.readouterr().err, weights
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("inspect")) == [
         "inspect", f"inspect-{checkpoint.stem}"]
     model = vitkit.from_pretrained(run)
     for i, where in enumerate(("a/net", "b/net")):
         model.save_pretrained(tmp_path / where)
-        assert main(["inspect", "--weights", f"{where}/model.safetensors", "--no-progress"]) == 0
+        assert main(["inspect", "--weights", f"{where}/model.safetensors", *one_image, "--no-progress"]) == 0
         assert ("holds the report of other weights" in capsys.readouterr().err) == (i == 1)
     first, second = (tmp_path / "runs" / name / "report.html" for name in ("inspect-net", "inspect-net-2"))
     assert "a/net/model.safetensors" in first.read_text() and "b/net/model.safetensors" in second.read_text()
-    assert main(["inspect", "--weights", str(tmp_path / "a/net/model.safetensors"), "--no-progress"]) == 0
+    assert main(["inspect", "--weights", str(tmp_path / "a/net/model.safetensors"), *one_image, "--no-progress"]) == 0
     assert "other weights" not in capsys.readouterr().err  # its own report, by another spelling of its path
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["inspect-net", "inspect-net-2"]
 
@@ -97,7 +110,9 @@ def test_a_run_folder_is_read_as_its_model_by_every_verb(run, tmp_path, monkeypa
     x = torch.rand(2, 1, 28, 28)
     assert torch.equal(direct.eval()(x), via_run.eval()(x))
     verbs = [["predict", "--weights", str(run), str(image), "--top-k", "2"],
-             ["fewshot", "--weights", str(run), "--shots", "1", "--seeds", "1"],
+             # a pool of 1,000 (1 shot + 50 held out per class need 51 of each), not test scale's 3,000: a third of
+             # the features, for a line that says what was read
+             ["fewshot", "--weights", str(run), "--shots", "1", "--seeds", "1", "--pool", "1000"],
              ["convert", str(run), str(tmp_path / "w.safetensors"), "--to", "timm"]]
     for argv in verbs:
         assert main(argv) == 0, argv

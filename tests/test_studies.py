@@ -179,6 +179,11 @@ def test_a_killed_study_finishes_without_repeating_its_runs(tmp_path, tiny, monk
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     stamp = first.stat().st_mtime_ns
+    # finished with three of its five kinds: the run kept, the one the kill interrupted and one never started
+    # are all there is to prove; the other two were a third of this test's time
+    from vitkit.studies import positions
+
+    monkeypatch.setattr(positions, "KINDS", positions.KINDS[:3])
     assert vitkit_here(*args) == 0  # started again: in this process (VITKIT_TINY is set here too)
     assert first.stat().st_mtime_ns == stamp  # reused, not trained again
     results = json.loads((tmp_path / "out" / "position-embeddings.json").read_text())
