@@ -18,7 +18,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import forks
-from conftest import kill_at_checkpoint
+from conftest import kill_at_checkpoint, vitkit_here
 from vitkit.cli import main as cli
 from vitkit.data import fashion_mnist as fm
 from vitkit.data.images import Skipped, decode_image
@@ -257,14 +257,12 @@ def test_a_parquet_folder_evaluates_with_the_class_names(trained, hf_data, capsy
 def test_no_progress_silences_the_datasets_packages_bars_too(trained, hf_data, tmp_path):
     """`--no-progress` left datasets' own bars on stderr ("Generating train split: 0 examples ...", and
     "Downloading data: 100%" for files already on the disk); without it they stay, as the datasets package draws
-    them. Each run reads the Parquet folder into a fresh cache, where the bars are drawn."""
-    import subprocess
-
+    them. Each run reads the Parquet folder into a fresh cache, where the bars are drawn. (A forked process: the
+    fork server has not imported the datasets package, so each child imports it under its own variables.)"""
     def stderr(*flags, cache):
         env = {k: v for k, v in os.environ.items() if not k.endswith("_DISABLE_PROGRESS_BARS")}
-        done = subprocess.run([sys.executable, "-m", "vitkit", "eval", "--weights", str(trained[0]), "--dataset",
-                               f"hf:{hf_data[1]}", "--max-images", "20", *flags], capture_output=True, text=True,
-                              env={**env, "HF_DATASETS_CACHE": str(tmp_path / cache), "OMP_NUM_THREADS": "1"})
+        done = forks.run("eval", "--weights", trained[0], "--dataset", f"hf:{hf_data[1]}", "--max-images", "20",
+                         *flags, env={**env, "HF_DATASETS_CACHE": str(tmp_path / cache), "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stderr
 
@@ -448,7 +446,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, hf_data):
             "--val-size", "90", "--warmup-steps", "4", "--hflip", "--no-progress", "--threads", "1",
             "--workers", "1", "--runs-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONHASHSEED="0", HF_DATASETS_CACHE=str(hf_data[2]))
-    forks.run(*args, "--name", "straight", check=True, env=env)
+    assert vitkit_here(*args, "--name", "straight") == 0  # the run the killed one must match: in this process
     run = tmp_path / "killed"
     kill_at_checkpoint([*args, "--name", "killed"], env, run, 4)
     done = forks.run("train", "--resume", run, "--no-progress", env=env)
@@ -595,8 +593,8 @@ def test_a_missing_datasets_package_names_the_extra(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_a_saved_dataset_pre_trains_without_its_labels(tmp_path, hf_data, capsys):
     assert cli(["pretrain", "--objective", "mae", "--dataset", f"hf:{hf_data[0]}", "--max-steps", "6",
-                "--batch-size", "30", "--workers", "0", "--runs-dir", str(tmp_path), "--name", "mae", "--no-progress",
-                "--json"]) == 0
+                "--model-args", json.dumps(TINY), "--batch-size", "30", "--workers", "0", "--runs-dir", str(tmp_path),
+                "--name", "mae", "--no-progress", "--json"]) == 0  # (the small model: labels are what is tested)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["objective"] == "mae" and summary["steps"] == 6 and summary["dataset"] == f"hf:{hf_data[0]}"
 
