@@ -700,3 +700,33 @@ def test_ov_profile_smoke_says_where_int8_time_goes_and_its_ceiling(dirs, tmp_pa
     assert not ov_profile.int8_product("FullyConnected brgemm_avx512_bf16")
     with pytest.raises(SystemExit):
         ov_profile.parse_args(["--batch", "0"])
+
+
+def test_suite_time_reads_a_make_test_log_and_says_whether_the_tests_met_the_goal(dirs, monkeypatch, tmp_path, capsys):
+    """issue 42's suite goal from what `time make test` printed: each pytest's counts and seconds, the slowest
+    tests, bash's real; a log that holds no pytest summary is one line (exit 2) and writes nothing."""
+    import suite_time
+
+    _no_limits(monkeypatch, suite_time)
+    results, _ = dirs
+    log = tmp_path / "make-test.log"
+    log.write_text("bash scripts/setup-system.sh\n============ slowest 20 durations ============\n"
+                   "99.15s call     tests/test_docs.py::test_x[README.md]\n"
+                   "33.72s setup    tests/test_b.py::test_y@test_b\n"
+                   "2363 passed, 8 skipped, 180 warnings in 1003.36s (0:16:43)\n"
+                   "= 20 passed, 1 failed in 94.50s (0:01:34) =\n\nreal\t22m7.079s\nuser\t36m1.0s\n")
+    assert suite_time.main(["--from-log", str(log), "--commit", "abc"]) == 0
+    [path] = results.glob("suite_*.json")
+    data = json.loads(path.read_text())
+    assert data["pytest"] == [{"passed": 2363, "skipped": 8, "seconds": 1003.36},
+                              {"passed": 20, "failed": 1, "seconds": 94.5}]
+    assert [r["seconds"] for r in data["slowest"]] == [99.15, 33.72] and data["slowest"][1]["phase"] == "setup"
+    assert data["total_s"] == 22 * 60 + 7.079 and data["commit"] == "abc" and data["machine"]["cpu_model"] == "x"
+    assert data["verdict"].startswith("not met") and data["verdict"].endswith("; 1 failed")  # 18.3 min, one failed
+    log.write_text(log.read_text().replace("20 passed, 1 failed", "21 passed"))
+    assert suite_time.main(["--from-log", str(log), "--out", str(tmp_path / "ok.json")]) == 0
+    assert json.loads((tmp_path / "ok.json").read_text())["verdict"].startswith("met (goal: make test's tests <= 20")
+    capsys.readouterr()
+    log.write_text("make: *** [Makefile:12] Error 1\n")
+    assert suite_time.main(["--from-log", str(log), "--out", str(tmp_path / "bad.json")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "bad.json").exists()
