@@ -190,6 +190,19 @@ def test_an_undividable_batch_is_refused_before_the_data_is_read(tmp_path, capsy
     assert not (tmp_path / "odd").exists()
 
 
+@pytest.mark.parametrize("env, said", [({"WORLD_SIZE": "abc"}, "WORLD_SIZE must be a whole number of at least 1"),
+                                       ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be a whole number of at least 1"),
+                                       ({"WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK must be a whole number")])
+def test_a_launchers_variable_that_is_no_number_is_one_line_naming_it(tmp_path, capsys, monkeypatch, env, said):
+    """WORLD_SIZE=abc said "invalid literal for int() with base 10: 'abc'"; LOCAL_RANK=x beside WORLD_SIZE=2 read as
+    torchrun's second process, which leaves its error to the first: it ended without a word."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    done = in_process(capsys, "train", *ARGS, "--runs-dir", tmp_path, "--name", "r")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and said in done.stderr, done.stderr
+    assert repr(list(env.values())[-1]) in done.stderr and not (tmp_path / "r").exists()
+
+
 def test_each_rank_draws_its_own_dropout_and_drop_path_masks():
     """Every rank started from the seed the weights were initialised with, so under torchrun each drew the same
     drop-path masks for its part of the batch (recorded: [0,1,1,0] then [0,1,1,1] on both ranks). A step's

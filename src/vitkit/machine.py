@@ -28,10 +28,26 @@ def available_memory() -> Optional[int]:
     return min(found) if found else None
 
 
+def launcher_number(name: str, default: int, least: int = 0) -> int:
+    """The whole number a launcher's variable ``name`` holds (WORLD_SIZE, LOCAL_RANK), ``default`` where it is unset;
+    another value is one line naming the variable (int() said only "invalid literal for int() with base 10")."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise ValueError(f"the environment variable {name} must be a whole number of at least {least} (torchrun "
+                         f"sets it), not {value!r}")
+    return number
+
+
 def under_torchrun() -> bool:
     """A process of a torchrun job (its WORLD_SIZE and LOCAL_RANK; another launcher's WORLD_SIZE alone is not)."""
     try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("LOCAL_RANK", "").isdigit()
     except ValueError:
         return False
 

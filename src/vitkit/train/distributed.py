@@ -8,12 +8,13 @@ trajectory as one process with the whole batch. Rank 0 alone writes files.
 from __future__ import annotations
 
 import atexit
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..machine import launcher_number
 
 
 @dataclass
@@ -29,8 +30,7 @@ class DistInfo:
 
 def setup() -> DistInfo:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK), if any."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world, local_rank = launcher_number("WORLD_SIZE", 1, least=1), launcher_number("LOCAL_RANK", 0)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
