@@ -59,19 +59,20 @@ def parse_log(text: str) -> dict:
 
 
 def run_fresh(clone: Path) -> dict:
-    """`make setup` then `make test` in a fresh clone of HEAD, in a clean environment; each timed."""
+    """`make setup` then `make test` in a fresh clone of HEAD, in a clean environment; each timed. A set-up that
+    fails ends it (ValueError); failing tests are recorded (make test's exit code, pytest's counts)."""
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     env = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/local/bin:/usr/bin:/bin"}
-    seconds, logs = {}, []
+    seconds, done = {}, None
     for target in ("setup", "test"):
         start = time.monotonic()
         done = subprocess.run(["make", target], cwd=clone, env=env, capture_output=True, text=True)
         seconds[target] = time.monotonic() - start
-        logs.append(done.stdout + done.stderr)
-        if done.returncode:
-            raise SystemExit(f"make {target} failed (exit {done.returncode}):\n{logs[-1][-3000:]}")
-    record = parse_log(logs[-1])
-    record.update(total_s=seconds["setup"] + seconds["test"], setup_s=seconds["setup"], test_s=seconds["test"])
+        if target == "setup" and done.returncode:
+            raise ValueError(f"make setup failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    record = parse_log(done.stdout + done.stderr)
+    record.update(total_s=seconds["setup"] + seconds["test"], setup_s=seconds["setup"], test_s=seconds["test"],
+                  exit_code=done.returncode)
     return record
 
 
@@ -82,9 +83,12 @@ def verdict(record: dict) -> str:
     line = f"the tests took {tests / 60:.1f} min ({parts})"
     if record.get("total_s"):
         line += f", {record['total_s'] / 60:.1f} min with set-up"
-    met = tests <= GOAL_SECONDS and not failed
-    return f"{'met' if met else 'not met'} (goal: make test's tests <= {GOAL_SECONDS // 60} min): {line}" + (
-        f"; {failed} failed" if failed else "")
+    met = tests <= GOAL_SECONDS and not failed and not record.get("exit_code")
+    if failed:
+        line += f"; {failed} failed"
+    if record.get("exit_code"):
+        line += f"; make test exited {record['exit_code']}"
+    return f"{'met' if met else 'not met'} (goal: make test's tests <= {GOAL_SECONDS // 60} min): {line}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -98,17 +102,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device("cpu")
-    info = machine_info(device)  # (a log's run was on this machine: its limits are measured now)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    if args.from_log:
-        try:
+    try:
+        if args.from_log:  # (read before the machine is measured: a bad log costs no GEMMs)
             record = parse_log(Path(args.from_log).read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            print(f"suite_time: error: {args.from_log}: {e}", file=sys.stderr)
-            return 2
-    else:
-        with tempfile.TemporaryDirectory(prefix="vitkit-suite-") as folder:
-            record = run_fresh(Path(folder) / "clone")
+            info = machine_info(device)  # (the log's run was on this machine: its limits are measured now)
+        else:
+            info = machine_info(device)  # before the run, on the quiet machine
+            with tempfile.TemporaryDirectory(prefix="vitkit-suite-") as folder:
+                record = run_fresh(Path(folder) / "clone")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        print(f"suite_time: error: {args.from_log or 'make test'}: {e}", file=sys.stderr)
+        return 2
     if "limits" in info:
         info["limits"] = close_limits(info["limits"])
     results = {"benchmark": "suite", "command": "make test", "commit": args.commit or head, "machine": info,

@@ -726,6 +726,8 @@ def test_suite_time_reads_a_make_test_log_and_says_whether_the_tests_met_the_goa
     log.write_text(log.read_text().replace("20 passed, 1 failed", "21 passed"))
     assert suite_time.main(["--from-log", str(log), "--out", str(tmp_path / "ok.json")]) == 0
     assert json.loads((tmp_path / "ok.json").read_text())["verdict"].startswith("met (goal: make test's tests <= 20")
+    exited = suite_time.verdict({"pytest": [{"passed": 3, "seconds": 10.0}], "exit_code": 2})  # (a run's own make test)
+    assert exited.startswith("not met") and exited.endswith("; make test exited 2")
     capsys.readouterr()
     log.write_text("make: *** [Makefile:12] Error 1\n")
     assert suite_time.main(["--from-log", str(log), "--out", str(tmp_path / "bad.json")]) == 2
