@@ -109,6 +109,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     info = machine_info(torch.device("cpu"))
     info["threads"] = torch.get_num_threads()
+    out = results_path(args.out, dated_name("compile", torch.device("cpu"), info), smoke=args.quick)
     print(describe(info["limits"]), flush=True)
     # bf16 only where it is native: emulated, one row would take hours and measure nothing
     amps = (True, False) if native_bf16_cpu() else (False,)
@@ -128,7 +129,6 @@ def main(argv=None) -> int:
                   f"ratio {row['ratio_compiled_over_eager']:.3f}; MFU eager "
                   f"{row['mfu']['eager']['fraction_of_limit'] or 0:.1%}, compiled "
                   f"{row['mfu']['compiled']['fraction_of_limit'] or 0:.1%}", flush=True)
-    out = results_path(args.out, dated_name("compile", torch.device("cpu"), info), smoke=args.quick)
     info["limits"] = close_limits(info["limits"])
     write_json_atomic(out, {"benchmark": "compile", "machine": info, "settings": vars(args), "rows": rows})
     print(f"wrote {out}")

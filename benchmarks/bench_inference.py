@@ -39,6 +39,7 @@ import timm
 import torch
 
 import vitkit
+from vitkit.files import check_output
 from vitkit.machine import native_bf16_cpu
 from vitkit.models.complexity import complexity
 
@@ -156,8 +157,20 @@ def results_path(out, name: str, smoke: bool = False) -> str:
     and :data:`SMOKE_DIR` for a smoke check."""
     if out:
         out = str(out)
-        return os.path.join(out, name) if os.path.isdir(out) or out.endswith(("/", os.sep)) else out
-    return os.path.join(SMOKE_DIR if smoke else RESULTS_DIR, name)
+        path = os.path.join(out, name) if os.path.isdir(out) or out.endswith(("/", os.sep)) else out
+    else:
+        path = os.path.join(SMOKE_DIR if smoke else RESULTS_DIR, name)
+    try:  # said before the run, not after its minutes of measuring
+        check_output(path, "file", "--out" if out else "the results file")
+    except ValueError as e:
+        _refuse(str(e))
+    return path
+
+
+def _refuse(message: str) -> None:
+    """One line naming the script, exit code 2 (argparse's), no traceback."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def work_dir(given, name: str, smoke: bool = False) -> Path:
@@ -309,21 +322,28 @@ def fmt_row(cells) -> str:
 
 
 def write_json_atomic(path: str, data: dict) -> None:
-    """Temp file + os.replace: an interrupted run never leaves a half-written result file."""
+    """Temp file + os.replace: an interrupted run never leaves a half-written result file. Where the
+    file cannot be written after all (a disk that filled during the run), the results go to stdout
+    after one line that says so: a run's minutes of measuring are not lost."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench-", suffix=".json.tmp")
+    tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench-", suffix=".json.tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    except BaseException as e:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if not isinstance(e, OSError):
+            raise
+        print(json.dumps(data, indent=2))
+        _refuse(f"{path}: {e.strerror or e} (the results are above, on stdout)")
 
 
 # ---------------------------------------------------------------------------- main

@@ -66,6 +66,8 @@ def main(argv=None) -> int:
     for label, tree in trees.items():
         if not (tree / "src" / "vitkit").is_dir():
             raise SystemExit(f"--{label} {tree}: no src/vitkit there")
+    info = machine_info(torch.device("cpu"))  # (before the runs: an unwritable --out is said now, not after them)
+    out = results_path(args.out, dated_name("revisions", torch.device("cpu"), info))
     runs = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="vitkit-compare-") as tmp:
         for r in range(args.rounds):
@@ -79,8 +81,6 @@ def main(argv=None) -> int:
     ratio = medians["after"]["train_img_s"] / medians["before"]["train_img_s"]
     print(f"median img/s: before {medians['before']['train_img_s']:.0f}, after {medians['after']['train_img_s']:.0f} "
           f"(after / before {ratio:.3f})")
-    info = machine_info(torch.device("cpu"))
-    out = results_path(args.out, dated_name("revisions", torch.device("cpu"), info))
     write_json_atomic(out, {"benchmark": "compare_revisions", "machine": info, "train_args": args.train_args,
                             "revisions": {k: git_revision(t) for k, t in trees.items()}, "runs": runs,
                             "medians": medians, "img_s_after_over_before": round(ratio, 3)})

@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     device = torch.device("cpu")
     info = machine_info(device, limits=False)
     streams = args.streams or info["cpu_affinity"]
+    out = results_path(args.out, dated_name("ov_profile", device, info), smoke=args.quick)
     timm = timm_fastest(args.onnx_json, args.model, args.batch * streams) if args.onnx_json else args.timm_img_s
     try:
         model = vitkit.create_model(args.model, **({"img_size": args.img_size} if args.img_size else {})).eval()
@@ -163,7 +164,6 @@ def main(argv=None) -> int:
           f"at {ceiling:.1f} img/s" if ceiling else "no int8 products measured")
     if row["ceiling_over_timm"]:
         print(f"timm's fastest {timm:.2f} img/s: the ceiling is {row['ceiling_over_timm']:.2f}x it")
-    out = results_path(args.out, dated_name("ov_profile", device, info), smoke=args.quick)
     write_json_atomic(out, {"benchmark": "ov_profile", "machine": info, "settings": {
         **vars(args), "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}, "row": row})
     print(f"wrote {out}")

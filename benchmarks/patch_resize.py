@@ -58,6 +58,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     import vitkit
     from vitkit.data import fashion_mnist
 
+    device = torch.device("cpu")
+    info = machine_info(device, limits=False)
+    out = results_path(args.out, dated_name("patch_resize", device, info))  # (an unwritable --out: said first)
     base = vitkit.from_pretrained(args.weights)
     if tuple(base.config.patch_size) != (4, 4) or tuple(base.config.img_size) != (28, 28):
         raise SystemExit(f"--weights: expected a 28 px model with 4 px patches, got {base.config.img_size} px, "
@@ -76,9 +79,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows[f"{patch}px@{size}"] = row
         print(f"patch {patch:2d} px, {size} px images: pseudo-inverse {100 * row['pinv_top1']:.2f}%"
               + (f", interpolated {100 * row['interpolated_top1']:.2f}%" if "interpolated_top1" in row else ""))
-    device = torch.device("cpu")
-    info = machine_info(device, limits=False)
-    out = results_path(args.out, dated_name("patch_resize", device, info))
     write_json_atomic(out, {"benchmark": "patch_resize", "machine": info, "weights": args.weights, "rows": rows})
     print(f"wrote {out}")
     return 0

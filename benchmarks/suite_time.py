@@ -104,11 +104,12 @@ def main(argv=None) -> int:
     device = torch.device("cpu")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     try:
-        if args.from_log:  # (read before the machine is measured: a bad log costs no GEMMs)
-            record = parse_log(Path(args.from_log).read_text())
-            info = machine_info(device)  # (the log's run was on this machine: its limits are measured now)
-        else:
-            info = machine_info(device)  # before the run, on the quiet machine
+        # a bad log is read before the machine is measured (it costs no GEMMs); a fresh run's machine is
+        # measured before the run, on the quiet machine; the log's run was on this machine
+        record = parse_log(Path(args.from_log).read_text()) if args.from_log else None
+        info = machine_info(device)
+        out = results_path(args.out, dated_name("suite", device, info))  # (an unwritable --out: said now)
+        if record is None:
             with tempfile.TemporaryDirectory(prefix="vitkit-suite-") as folder:
                 record = run_fresh(Path(folder) / "clone")
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
                "goal": f"make test's tests within {GOAL_SECONDS // 60} min on 2 cores without bf16", **record}
     results["verdict"] = verdict(record)
     print(results["verdict"])
-    write_json_atomic(results_path(args.out, dated_name("suite", device, info)), results)
+    write_json_atomic(out, results)
     return 0
 
 

@@ -732,3 +732,14 @@ def test_suite_time_reads_a_make_test_log_and_says_whether_the_tests_met_the_goa
     log.write_text("make: *** [Makefile:12] Error 1\n")
     assert suite_time.main(["--from-log", str(log), "--out", str(tmp_path / "bad.json")]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "bad.json").exists()
+    # an --out that cannot be written is said before the 20 minutes of the run, not after them
+    monkeypatch.setattr(suite_time, "run_fresh", lambda clone: pytest.fail("the suite ran before --out was checked"))
+    with pytest.raises(SystemExit) as e:
+        suite_time.main(["--out", str(log / "r.json")])  # under a file
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    import bench_inference  # and a file that cannot be written at the end after all: its results on stdout
+
+    with pytest.raises(SystemExit) as e:
+        bench_inference.write_json_atomic(str(log / "r.json"), {"verdict": "met"})
+    said = capsys.readouterr()
+    assert e.value.code == 2 and json.loads(said.out) == {"verdict": "met"} and said.err.count("\n") == 1
