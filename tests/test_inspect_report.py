@@ -55,8 +55,16 @@ def test_a_second_report_into_the_same_folder_replaces_the_first_whole(tmp_path,
     out = tmp_path / "inspect"
     assert cli(["inspect", "--weights", str(saved_model), "--image", *map(str, photos), "--out", str(out)]) == 0
     (out / "notes.txt").write_text("mine")
-    assert cli(["inspect", "--weights", str(saved_model), "--image", str(photos[0]), "--out", str(out)]) == 0
+    eight_filters = Image.open(out / "filter_pca.png").size[0]  # all 8 of width 8: two rows of up to 7
     capsys.readouterr()
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(photos[0]), "--out", str(out),
+                "--pca-components", "0"]) == 2  # said in one line before the model is read; the report stays
+    assert capsys.readouterr().err.strip().endswith("--pca-components must be a positive integer, not 0")
+    assert (out / "rollout_3.png").exists()
+    assert cli(["inspect", "--weights", str(saved_model), "--image", str(photos[0]), "--out", str(out),
+                "--pca-components", "3"]) == 0
+    capsys.readouterr()
+    assert Image.open(out / "filter_pca.png").size[0] < 0.7 * eight_filters  # one row of 3 (the title keeps some width)
     assert not (out / "rollout_2.png").exists() and not (out / "rollout_3.png").exists()
     assert (out / "rollout_1.png").is_file() and (out / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left

@@ -20,8 +20,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if out != str(chosen):
             warnings.warn(f"{chosen} holds the report of other weights; this one goes to {out}", stacklevel=1)
     check_output(out, "folder", "--out")
+    if args.pca_components < 1:  # (before the model is read: inspect_model says it only after)
+        raise ValueError(f"--pca-components must be a positive integer, not {args.pca_components}")
     model = load_model(args, **size_of(args))
-    result = inspect_model(model, out, args.image, title=str(args.weights),
+    result = inspect_model(model, out, args.image, title=str(args.weights), pca_components=args.pca_components,
                            progress=not args.no_progress)
     if args.json:
         print_json(result.to_dict())
@@ -44,6 +46,9 @@ def add_inspect(verb) -> None:
                                                 "else runs/inspect-NAME: NAME the file's, or its folder's for a "
                                                 "model.safetensors; NAME-2, ... where other weights' report is)")
     p.add_argument("--model", help="architecture name when the weights have no config")
+    p.add_argument("--pca-components", type=int, default=28, metavar="N",
+                   help="principal components of the patch-embedding filters drawn (the paper's Fig. 7 shows 28; "
+                        "at most the filters' count or size) [default: 28]")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     add_size_flag(p, "the model is inspected at")
     add_threads_flag(p, "the analyses")
