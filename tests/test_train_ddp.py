@@ -40,21 +40,22 @@ VERBS = {"train": ["train"], "pretrain-mpp": ["pretrain", "--objective", "mpp", 
 def two_processes(tmp_path_factory):
     """One torchrun job of 2 processes for two tests (each start of torchrun and its two processes cost 10-15 s on a
     2-core EPYC): each process calls ``python -m vitkit``'s main for each verb (a second run in a process is what a
-    study does), then train() twice more: run c refused on every rank after joining the job (the library's train()
-    refuses its batch there; the command line before), and run d, which cannot join a job its group has left."""
+    study does), then train() three times more: run b33 refused on every rank before joining the job (its batch),
+    run c refused on every rank after joining it (its --init weights are not there), and run d, which cannot join
+    a job its group has left."""
     runs = tmp_path_factory.mktemp("two")
     script = runs / "both.py"
     script.write_text("import os\nimport sys\nfrom vitkit.cli import main\nfrom vitkit.train import resolve_config, "
                       "train\n" + "".join(
                           f"if main({[*verb, *ARGS, '--runs-dir', str(runs), '--name', f'two-{name}']!r}):\n"
                           f"    sys.exit(2)\n" for name, verb in VERBS.items()) + f"""
-for name, batch in (("c", 33), ("d", 16)):
+for name, batch, init in (("b33", 33, None), ("c", 16, {str(runs / "missing")!r}), ("d", 16, None)):
     cfg = resolve_config("fmnist", max_steps=2, batch_size=batch, val_size=50, test_size=50,
                          model_args={{"depth": 1}}, runs_dir={str(runs)!r}, name=name, progress=False,
-                         tensorboard=False, threads=1)
+                         tensorboard=False, threads=1, init=init)
     try:
         train(cfg, log=lambda m: None)
-    except Exception as e:  # c fails on every rank; d then cannot join a job its group has left
+    except Exception as e:  # b33 and c fail on every rank; d then cannot join a job its group has left
         os.write(2, f"{{name}} {{type(e).__name__}} {{e}}\\n".encode())  # one write: the ranks' lines never mix
 """)
     job = subprocess.run([_torchrun(), "--standalone", "--nproc-per-node", "2", str(script)], capture_output=True,
@@ -169,7 +170,8 @@ def test_an_error_is_said_once_and_a_process_may_train_twice(tmp_path, two_proce
     assert twice.returncode == 0, twice.stderr[-2000:]
     ran = [json.loads((runs / f"two-{name}" / "summary.json").read_text())["processes"] for name in VERBS]
     assert ran == [2, 2]
-    assert "c ValueError batch_size 33 must divide" in twice.stderr  # (after joining: the group ended)
+    assert "b33 ValueError batch_size 33 must divide" in twice.stderr  # (before joining: the group goes on)
+    assert "c FileNotFoundError" in twice.stderr  # (after joining: the group ended)
     assert "d RuntimeError a run that stopped under torchrun ended this process's part in the job" in twice.stderr
 
 
@@ -188,6 +190,12 @@ def test_an_undividable_batch_is_refused_before_the_data_is_read(tmp_path, capsy
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "vitkit train: error: batch_size 33 must divide into 1 accumulation steps x 2 processes"], done.stderr
     assert not (tmp_path / "odd").exists()
+    from vitkit.train import resolve_config, train  # the library's train(), what a script under torchrun calls
+
+    cfg = resolve_config("fmnist", batch_size=33, runs_dir=str(tmp_path), name="lib", progress=False)
+    with pytest.raises(ValueError, match="^batch_size 33 must divide into 1 accumulation steps x 2 processes$"):
+        train(cfg, log=lambda m: None)
+    assert not (tmp_path / "lib").exists()
 
 
 @pytest.mark.parametrize("env, said", [({"WORLD_SIZE": "abc"}, "WORLD_SIZE must be a whole number of at least 1"),

@@ -47,13 +47,9 @@ def train_config(args: argparse.Namespace, objective: Optional[str] = None):
 def _run(cfg, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """Train (or pre-train); the summary to print, or None when it was printed as JSON or this
     process is not the one that reports (under torchrun, rank 0 reports)."""
-    from ..machine import launcher_number
     from ..train import train
-    from ..train.fit import refuse_an_undividable_batch
     from ..train.resume import RUNTIME_FIELDS
 
-    if not args.resume:  # (a resumed run's batch is its saved one; a finished run's summary needs none)
-        refuse_an_undividable_batch(cfg, launcher_number("WORLD_SIZE", 1, least=1))
     asked = [f for f in RUNTIME_FIELDS if getattr(args, f, None) is not None] + ["progress"] * args.no_progress
     first = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 says what every rank would
     summary = train(cfg, resume=args.resume, log=lambda m: print(m, file=sys.stderr) if first else None, asked=asked)

@@ -30,7 +30,7 @@ import torch
 
 from .. import tiny
 from ..files import as_argument, remove_stale_temporaries, said_as_disk_full, write_json
-from ..machine import first_process_alive
+from ..machine import first_process_alive, launcher_number
 from ..models import get_model_config
 from ..models.complexity import complexity
 from ..parallel import add_in_order, choose
@@ -53,7 +53,7 @@ from .config import TrainConfig
 from .data import RunData, load_split_tensors, open_data, to_tensors  # noqa: F401 (re-exported)
 from .distill import InputSpec, load_teacher
 from .ema import ModelEma
-from .fit import cost_line, fit_to_data
+from .fit import cost_line, fit_to_data, refuse_an_undividable_batch
 from .memory import check_batches_fit
 from .optim import layer_decay_line, layer_of, make_optimizer  # noqa: F401 (layer_of: vitkit.train.loop's, where it was)
 from .plot import plot_curves
@@ -354,10 +354,14 @@ def _changed_since(run_dir: Path, path: Path, said: str) -> str:
 
 
 def _config_to_run(cfg: TrainConfig, resume: Optional[str], asked: Optional[Iterable[str]]) -> TrainConfig:
-    """The checked config the run trains with: ``cfg``, or a resume's saved one with the machine's fields."""
+    """The checked config the run trains with: ``cfg``, or a resume's saved one with the machine's fields. A new
+    run's batch that the launcher's processes cannot share is refused here, before the data is read and the job
+    joined (a resumed run's batch is its saved one)."""
     with _said_as_an_edit(resume):
         cfg = resumed_config(resume, cfg, asked) if resume else cfg
         cfg.validate()
+    if not resume:
+        refuse_an_undividable_batch(cfg, launcher_number("WORLD_SIZE", 1, least=1))
     return cfg
 
 
