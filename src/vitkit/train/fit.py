@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -100,24 +100,35 @@ TIMED_SHARE = 0.05
 
 
 def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, amp: Optional[torch.dtype],
-              device: torch.device, timed: bool = True, parallel: Optional[BatchParallel] = None) -> str:
+              device: torch.device, timed: bool = True, parallel: Optional[BatchParallel] = None,
+              optimizer: Any = None, steps: int = 0, processes: int = 1) -> str:
     """What the run costs: training operations (3x the forward pass's) per image, times the images
     it will see, and the seconds that takes on this machine from one timed step of ``micro_batch``
-    random images (at most 32, and at most :data:`TIMED_STEP_FLOPS` worth) through ``model`` (its
-    state, gradients and random streams untouched), and at most :data:`TIMED_SHARE` of ``images``;
-    in parts on ``parallel``'s workers where the run's steps are (beside a busy process, torch's own
-    threads stall at every operation's barrier: "about 59 min" for a run of 208 s)."""
+    random images (at most :data:`TIMED_STEP_FLOPS` worth, and at most :data:`TIMED_SHARE` of
+    ``images``) through ``model`` (its state, gradients and random streams untouched), each of the
+    ``processes`` taking its share; in parts on ``parallel``'s workers where the run's steps are
+    (beside a busy process, torch's own threads stall at every operation's barrier: "about 59 min"
+    for a run of 208 s). An ``optimizer`` whose step costs time of its own (Muon's orthogonalisations)
+    adds it for each of the ``steps``. Timed on 32 images where the run's steps take 128, the default
+    run's estimate was 4 min for 3 min 8 s of training (a Zen 4): a part of 16 images a thread runs
+    slower per image than one of 64."""
     per_image = 6 * macs  # forward 2 x MACs, backward twice the forward
     total = per_image * images
     line = f"cost: {per_image / 1e9:,.2f} GFLOPs of training per image x {images:,} images = {_flops(total)}"
     if not timed:  # pre-training: the encoder's whole pass (masking and a decoder change it), not timed
         return line + " (the encoder's full pass; masking and a decoder change it)"
-    n = max(1, min(micro_batch, 32, int(TIMED_STEP_FLOPS // per_image), int(images * TIMED_SHARE)))
+    n = max(1, min(micro_batch, int(TIMED_STEP_FLOPS // per_image), int(images * TIMED_SHARE)))
     with parallel.single_threaded_ops() if parallel is not None else contextlib.nullcontext():
         seconds = _time_step(model, n, amp, device, parallel)
+        step_seconds = optimizer.orthogonalisation_seconds() if hasattr(optimizer, "orthogonalisation_seconds") \
+            else 0.0
     if seconds is None:
         return line
-    return line + f"; {_about(seconds / n * images)} here (one timed step of {n} image{'s' if n > 1 else ''})"
+    how = f"one timed step of {n} image{'s' if n > 1 else ''}"
+    if step_seconds:
+        each = _duration(step_seconds) if step_seconds >= 1 else f"{step_seconds:.2g} s"
+        how += f"; Muon's orthogonalisations {each} a step"
+    return line + f"; {_about(seconds / n * images / processes + step_seconds * steps)} here ({how})"
 
 
 def _time_step(model: torch.nn.Module, n: int, amp: Optional[torch.dtype], device: torch.device,

@@ -94,10 +94,7 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, log=print,
         if cfg.layer_decay is not None and cfg.layer_decay != 1:
             run.note(layer_decay_line(run.model, cfg.layer_decay))
         if run.main and run.start < run.total:
-            encoder = encoder_of(run.model)
-            run.note(cost_line(encoder, complexity(encoder.config).macs, (run.total - run.start) * run.cfg.batch_size,
-                               run.layout.local, run.amp, run.dist.device, timed=cfg.objective == "classify",
-                               parallel=run.parallel))
+            run.note(_cost(run))
         with run.parallel.single_threaded_ops() if run.parallel is not None else contextlib.nullcontext():
             loop(run)
             summary = summarise(run)
@@ -351,6 +348,14 @@ def _changes(now: Dict[str, Any], saved: Dict[str, Any]) -> str:
 def _changed_since(run_dir: Path, path: Path, said: str) -> str:
     return (f"{run_dir / 'config.json'} was changed after the checkpoint {path.name} was written: {said}; a run "
             f"continues as it started: undo the change, or start a new run")
+
+
+def _cost(run: Run) -> str:
+    """The line of what the steps still to run cost (:func:`~.fit.cost_line`)."""
+    encoder, steps = encoder_of(run.model), run.total - run.start
+    return cost_line(encoder, complexity(encoder.config).macs, steps * run.cfg.batch_size, run.layout.local, run.amp,
+                     run.dist.device, timed=run.cfg.objective == "classify", parallel=run.parallel,
+                     optimizer=run.optimizer, steps=steps, processes=run.dist.world)
 
 
 def _config_to_run(cfg: TrainConfig, resume: Optional[str], asked: Optional[Iterable[str]]) -> TrainConfig:
