@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements-dev.txt scripts/setup-system.sh
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
-# The main job: train the default ViT on Fashion-MNIST (3.5 to 5 minutes on 2 CPU cores: its recipe
+# The main job: train the default ViT on Fashion-MNIST (3 to 5 minutes on 2 CPU cores: its recipe
 # follows the precision the CPU trains in, bf16 or fp32), in
 # its own lighter environment: torch and vitkit's `train` extra, not the test suite's references.
 DEMO_VENV  ?= .venv-demo
