@@ -120,10 +120,10 @@ def cost_line(model: torch.nn.Module, macs: int, images: int, micro_batch: int, 
     n = max(1, min(micro_batch, int(TIMED_STEP_FLOPS // per_image), int(images * TIMED_SHARE)))
     with parallel.single_threaded_ops() if parallel is not None else contextlib.nullcontext():
         seconds = _time_step(model, n, amp, device, parallel)
+        if seconds is None:  # (a model without a config's size: nothing to time a step of)
+            return line
         step_seconds = optimizer.orthogonalisation_seconds() if hasattr(optimizer, "orthogonalisation_seconds") \
             else 0.0
-    if seconds is None:
-        return line
     how = f"one timed step of {n} image{'s' if n > 1 else ''}"
     if step_seconds:
         each = _duration(step_seconds) if step_seconds >= 1 else f"{step_seconds:.2g} s"
