@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -276,15 +277,25 @@ def pytest_configure(config):
 def scratch_in_pytest_tmp(tmp_path_factory):
     """What the tests and the processes they start put in the temporary folder (torchrun's
     ``torchelastic_*`` logs, the ``pymp-*`` folders of killed workers, Chromium's profiles) goes
-    under pytest's own temporary folder, which pytest prunes, not loose in /tmp."""
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("scratch"))
+    under pytest's own temporary folder, which pytest prunes, not loose in /tmp; so does the
+    ``datasets`` package's cache (the hf: runs' Arrow files and lock files were left in the
+    user's ~/.cache/huggingface/datasets: seven after one run of the suite)."""
+    places = {"TMPDIR": "scratch", "HF_DATASETS_CACHE": "hf-datasets"}
+    before = {name: os.environ.get(name) for name in places}
+    for name, folder in places.items():
+        os.environ[name] = str(tmp_path_factory.mktemp(folder))
     tempfile.tempdir = None  # read TMPDIR again
+    hf = sys.modules.get("datasets")  # (imported while collecting test_data_hf.py: it read the variable then)
+    if hf is not None:
+        hf_before, hf.config.HF_DATASETS_CACHE = hf.config.HF_DATASETS_CACHE, Path(os.environ["HF_DATASETS_CACHE"])
     yield
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
+    if hf is not None:
+        hf.config.HF_DATASETS_CACHE = hf_before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     tempfile.tempdir = None
 
 
