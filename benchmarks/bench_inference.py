@@ -163,13 +163,13 @@ def results_path(out, name: str, smoke: bool = False) -> str:
     try:  # said before the run, not after its minutes of measuring
         check_output(path, "file", "--out" if out else "the results file")
     except ValueError as e:
-        _refuse(str(e))
+        refuse(str(e))
     return path
 
 
-def _refuse(message: str) -> None:
+def refuse(message: str) -> None:
     """One line naming the script, exit code 2 (argparse's), no traceback."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    print(f"{Path(sys.argv[0]).stem}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -343,7 +343,7 @@ def write_json_atomic(path: str, data: dict) -> None:
         if not isinstance(e, OSError):
             raise
         print(json.dumps(data, indent=2))
-        _refuse(f"{path}: {e.strerror or e} (the results are above, on stdout)")
+        refuse(f"{path}: {e.strerror or e} (the results are above, on stdout)")
 
 
 # ---------------------------------------------------------------------------- main

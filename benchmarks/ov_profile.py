@@ -39,7 +39,7 @@ import vitkit
 from vitkit.deploy.openvino import export_openvino
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark, however run
-from bench_inference import dated_name, machine_info, results_path, write_json_atomic  # noqa: E402
+from bench_inference import dated_name, machine_info, refuse, results_path, write_json_atomic  # noqa: E402
 
 #: OpenVINO's node types of the linear layers (its legacy form included): int8 where their kernel's name says so
 PRODUCTS = ("FullyConnected", "FullyConnectedQuantizedLegacy")
@@ -75,12 +75,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.onnx_json and not os.path.isfile(args.onnx_json):
         p.error(f"--onnx-json {args.onnx_json}: no such file")
     return args
-
-
-def refuse(message: str) -> None:
-    """One line and exit 2, as argparse refuses a flag."""
-    print(f"ov_profile: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def timm_fastest(path: str, model: str, batch: int) -> float:
