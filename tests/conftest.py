@@ -58,6 +58,23 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def model_args_refusal(folder: Path, args: dict) -> str:
+    """The one line ``vitkit.from_pretrained`` refuses a timm hub folder with once its config.json's ``model_args``
+    take ``args`` (timm's arguments vitkit does not build)."""
+    import json
+
+    import vitkit
+    from vitkit.weights.io import WeightsError
+
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"].update(args)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError) as e:
+        vitkit.from_pretrained(folder)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
 @pytest.fixture
 def images():
     def make(batch=2, h=224, w=224, c=3, seed=1):

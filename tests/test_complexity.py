@@ -35,6 +35,8 @@ def test_macs_match_flop_counter(kw):
     ("vit_pwee_patch16_reg1_gap_256", dict(depth=2, img_size=64)),  # parallel blocks
     ("deepseek_vit_412m_align", dict(depth=2, img_size=(56, 70), embed_dim=64, num_heads=4, mlp_dim=176,
                                      projector_dim=48, num_classes=10)),  # DeepSeek's VLM projector, padded blocks
+    ("samvit_base_patch16", dict(depth=3, img_size=(80, 112), embed_dim=64, num_heads=4, window_size=3, neck_chans=32,
+                                 global_attn_indexes=(1,), num_classes=10)),  # SAM: padded windows, offsets, neck
     ("qwen3_vit_88m_merge", dict(depth=2, img_size=(64, 96), embed_dim=64, num_heads=4, projector_dim=48,
                                  num_classes=10)),  # Qwen's merger
 ])

@@ -189,6 +189,12 @@ def _print_costs(c, config, d: Dict[str, Any]) -> None:
           f"(attention mixing {100 * c.attn_macs_share:.1f}%)")
     print(f"  attention   {c.heads} heads x {c.tokens:,} x {c.tokens:,} = {fmt_int(c.attn_entries_per_layer)} "
           f"weights per image and layer = {fmt_bytes(c.attn_bytes_per_layer_fp32)} in fp32")
+    if getattr(config, "window_size", 0):  # (SAM's windowed blocks: their maps are the windows')
+        side, windowed = config.window_size, sum(not config.is_global(i) for i in range(config.depth))
+        hp, wp = -(-gh // side) * side, -(-gw // side) * side
+        print(f"  windows     {windowed} of {c.depth} layers attend within {side} x {side} windows "
+              f"({fmt_int(side ** 4)} weights each; the grid padded to {hp} x {wp}: {hp * wp // side ** 2} windows), "
+              f"the other {c.depth - windowed} over the whole grid")
     print("  the quadratic cost, per head and layer:")
     print(f"    {ph}x{pw} patches as tokens   {fmt_int(c.tokens):>12} tokens -> "
           f"{fmt_int(patch_entries)} attention weights ({fmt_bytes(4 * patch_entries)})")

@@ -12,7 +12,8 @@ Face's processors that resize to a height and width) -- then the centre ``size``
 (offsets rounded as torchvision's ``CenterCrop``, or floored as transformers' processors:
 ``crop_offset``). With ``crop_mode='border'`` the longer side goes to the scale size instead, and
 the image is padded to the model's size with the mean's colour (timm's ``ResizeKeepRatio(longest=1)``
-and ``CenterCropOrPad``): nothing is cut off. Pure Pillow + numpy, so prediction needs
+and ``CenterCropOrPad``): nothing is cut off; ``crop_offset='start'`` keeps it at the top left and pads the
+right and bottom of the normalised image with zeros (SAM's processor). Pure Pillow + numpy, so prediction needs
 no torchvision.
 """
 
@@ -110,20 +111,24 @@ class EvalTransform:
                                   f"{MAX_RESIZED_PIXELS:,} pixels): crop it nearer to the model's aspect ratio")
         return im.resize(size, self.resample)
 
-    def view(self, im: Image.Image) -> Image.Image:
+    def view(self, im: Image.Image, pad: bool = True) -> Image.Image:
         """The pixels the model sees: in its channels (RGB or grey, converted as :func:`.images.to_rgb` converts a
         decoded file: a palette, 16-bit grey or an alpha channel read as ``preprocess`` reads them), resized,
-        centre-cropped, before normalisation."""
+        centre-cropped, before normalisation. ``pad=False``: a border mode's image without its padding."""
         channels = len(self.mean)
         if channels in (1, 3) and im.mode != ("L" if channels == 1 else "RGB"):  # (other counts: as given)
             im = to_rgb(im, channels)
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
+        if self.crop_mode == "border" and not pad:
+            return im.crop((0, 0, min(w, tw), min(h, th))) if self.crop_offset == "start" else im
         if self.crop_mode == "border" and (w < tw or h < th):
             im = self._pad(im, max(w, tw), max(h, th))
             w, h = im.size
-        if self.crop_offset == "floor":  # transformers' processors
+        if self.crop_offset == "start":  # (SAM's: the image at the top left, padded at the right and bottom)
+            left = top = 0
+        elif self.crop_offset == "floor":  # transformers' processors
             left, top = (w - tw) // 2, (h - th) // 2
         else:  # torchvision's CenterCrop (timm's)
             left, top = int(round((w - tw) / 2.0)), int(round((h - th) / 2.0))
@@ -131,15 +136,17 @@ class EvalTransform:
 
     def _pad(self, im: Image.Image, width: int, height: int) -> Image.Image:
         """``im`` in the middle of a ``width`` x ``height`` canvas of the mean's colour (timm's ``CenterCropOrPad``:
-        the odd pixel of a margin on the right and at the bottom)."""
+        the odd pixel of a margin on the right and at the bottom), or at its top left (``crop_offset='start'``)."""
         bands = len(im.getbands())
         fill = tuple(self.fill[i % len(self.fill)] for i in range(bands))
         canvas = Image.new(im.mode, (width, height), fill[0] if bands == 1 else fill)
-        canvas.paste(im, ((width - im.size[0]) // 2, (height - im.size[1]) // 2))
+        start = self.crop_offset == "start"
+        canvas.paste(im, (0, 0) if start else ((width - im.size[0]) // 2, (height - im.size[1]) // 2))
         return canvas
 
     def __call__(self, im: Image.Image) -> torch.Tensor:
-        pixels = np.asarray(self.view(im))
+        start = self.crop_mode == "border" and self.crop_offset == "start"  # (SAM's: zeros after normalising)
+        pixels = np.asarray(self.view(im, pad=not start))
         pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
         # timm's arithmetic ((x / 255 - mean) / std, bit for bit) in one float buffer, channels first:
         # a quarter of the time of converting, broadcasting over a transposed view and copying
@@ -147,6 +154,9 @@ class EvalTransform:
         np.divide(pixels, np.float32(255.0), out=arr, dtype=np.float32)
         np.subtract(arr, self.mean, out=arr)
         np.divide(arr, self.std, out=arr)
+        if start:  # the normalised image padded with zeros at the right and bottom, as SAM's processor pads it
+            (th, tw), (_, h, w) = self.img_size, arr.shape
+            arr = np.pad(arr, ((0, 0), (0, th - h), (0, tw - w)))
         return torch.from_numpy(arr)
 
     def __repr__(self) -> str:

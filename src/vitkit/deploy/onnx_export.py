@@ -234,11 +234,12 @@ class SeparateQKV(nn.Module):
 def separate_qkv(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` with every self-attention layer (:class:`~vitkit.models.layers.Attention` and its kinds)
     swapped for :class:`SeparateQKV` while the block runs, the originals put back after (on an error too).
-    Other attention kinds (ConViT's gated, CaiT's talking-heads and class attention) are exported as they are."""
+    Other attention kinds (ConViT's gated, CaiT's talking-heads and class attention, a kind that says
+    ``exported_as_is``: SAM's, whose bias is computed from its queries) are exported as they are."""
     from ..models.layers import Attention
 
-    swapped = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if isinstance(child, Attention)]
+    swapped = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if isinstance(child, Attention) and not getattr(child, "exported_as_is", False)]
     try:
         for parent, name, child in swapped:
             setattr(parent, name, SeparateQKV(child))
@@ -363,8 +364,9 @@ def metadata_for(config: Any, exporter: str, quantize: Optional[str]) -> Dict[st
         "preprocessing": (f"RGB (or grey for 1 channel) resized by {config.interpolation} so the centre crop of "
                           f"{config.crop_pct:g} is {h}x{w}"
                           + {"squash": " (the whole image to that, its aspect not kept)",
-                             "border": " (its longer side to that, the rest padded with the mean's colour)"}.get(
-                              getattr(config, "crop_mode", "center"), "")
+                             "border": " (its longer side to that, the rest padded with the mean's colour"
+                                       + (" at the right and bottom)" if getattr(config, "crop_offset", "") == "start"
+                                          else ")")}.get(getattr(config, "crop_mode", "center"), "")
                           + ", scaled to [0, 1], then (x - mean) / std per channel; "
                           f"input {INPUT_NAME} float32 (batch, {config.in_chans}, {h}, {w})"
                           + ("; built with dynamic_img_size, exported at this size"

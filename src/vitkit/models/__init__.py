@@ -1,7 +1,8 @@
 """Model definitions. Imports nothing of vitkit above ``models/`` (see docs/architecture.md).
 
 Importing this package registers every family (each file registers its own, see
-:mod:`.registry`): ViT (with DeiT and the hybrids), the ResNetV2 classifier, CaiT, ConViT.
+:mod:`.registry`): ViT (with DeiT and the hybrids), the ResNetV2 classifier, CaiT, ConViT and the later
+ViTs (EVA, the VLM towers, NaFlexViT, SAM's encoder).
 """
 
 from . import vit_names  # noqa: F401,E402  (timm's names of the later ViTs)
@@ -44,11 +45,12 @@ from .registry import (
     unregister_family,
 )
 from .resnetv2 import ResNetV2, ResNetV2Config
+from .sam import SamConfig, SamViT  # noqa: E402
 from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_tokens
 
 __all__ = [
     "ConViT", "ConViTConfig", "Eva", "EvaConfig", "Deepseek", "DeepseekConfig", "Qwen3", "Qwen3Config", "NaFlexViT",
-    "NaFlexConfig", "CoCa", "CoCaConfig",
+    "NaFlexConfig", "SamViT", "SamConfig", "CoCa", "CoCaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

@@ -30,8 +30,10 @@ GLOBAL_POOLS = ("token", "avg")
 #: kept; the whole image squashed to it; or the longer side to it, the rest padded with the mean (timm's
 #: ``'border'``: no pixel lost, DeepSeek's encoder)
 CROP_MODES = ("center", "squash", "border")
-#: how the centre crop's odd margin is split (``crop_offset``)
-CROP_OFFSETS = ("round", "floor")
+#: how the centre crop's odd margin is split (``crop_offset``): rounded (torchvision's), floored (transformers'), or
+#: none at all, the crop (or ``'border'``'s padding) anchored at the top left: SAM's processor pads at the right
+#: and bottom ('start')
+CROP_OFFSETS = ("round", "floor", "start")
 #: what a head's outputs are (``head_kind``): class logits, or a projection into an image-text space (CLIP's
 #: and SigLIP's towers as open_clip and transformers' ...WithProjection hold them), which are no classes
 HEAD_KINDS = ("classes", "projection")

@@ -105,6 +105,8 @@ def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
                "resnetv2": "a ResNetV2 is a CNN without patch tokens",
                "coca": "the pre-training encoder is built as a plain ViT, without CoCa's attention-pool "
                        "heads",
+               "sam": "SAM's windows and offset tables span the whole grid (MAE encodes the visible patches alone), "
+                      "and its neck is no token decoder's input",
                **{tower: f"the objectives are not built for {kind}'s family (its weights in timm's names are "
                          f"an encoder and a head, as a pre-training model's are: not yet told apart)"
                   for tower, kind in (("deepseek", "DeepSeek"), ("qwen3", "Qwen3"))}}.get(arch, "it is no ViT")

@@ -210,18 +210,7 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         sd, config, processor = (hf_format.from_native(model), hf_format.config_to_hf(model.config),
                                  hf_format.preprocessor_to_hf(model.config))
         _pooler_note(model.config, path)
-    h, w = model.config.img_size
-    if h != w and getattr(model.config, "crop_mode", "center") == "center":
-        warnings.warn(f"{path}: Hugging Face's image processors resize the shorter side and then crop, where vitkit "
-                      f"(as timm) resizes a non-square model's images to cover {h}x{w} keeping their aspect: "
-                      f"transformers' pixels will differ on images of another shape than {h}:{w} "
-                      f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=3)
-    if getattr(model.config, "crop_mode", "center") == "border":
-        warnings.warn(f"{path}: Hugging Face's image processors do not pad (crop_mode='border': the longer side to "
-                      f"the size, the rest in the mean's colour): its processor resizes the shorter side and crops, "
-                      f"so transformers' pixels will differ on images that are not {h}:{w}", ExportWarning,
-                      stacklevel=3)
-    _odd_margin_note(model.config, path)
+    _processor_notes(model.config, path, kind)
     floats = {t.dtype for t in sd.values() if t.is_floating_point()}
     if len(floats) == 1:  # as transformers' save_pretrained writes it: dtype="auto" (4.x) reads it
         config["dtype"] = str(floats.pop()).replace("torch.", "")
@@ -230,6 +219,31 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
         write_json(into / "config.json", config)
         write_json(into / "preprocessor_config.json", processor)
     return path
+
+
+def _processor_notes(config, path: Path, kind: Optional[str]) -> None:
+    """What the folder's image processor does otherwise than vitkit's preprocessing, said (SAM's processor pads at
+    the right and bottom: exact for crop_mode='border' with crop_offset='start', SAM's own)."""
+    if kind == "sam_vision_model":
+        if (config.crop_mode, config.crop_offset) != ("border", "start"):
+            warnings.warn(f"{path}: transformers' SamImageProcessor resizes the longer side and pads the image at the "
+                          f"right and bottom (SAM's preprocessing), where this model's is crop_mode="
+                          f"{config.crop_mode!r}: transformers' pixels will differ on images that are not square "
+                          f"(crop_mode='border' with crop_offset='start' is written exactly)", ExportWarning,
+                          stacklevel=4)
+        return
+    h, w = config.img_size
+    if h != w and getattr(config, "crop_mode", "center") == "center":
+        warnings.warn(f"{path}: Hugging Face's image processors resize the shorter side and then crop, where vitkit "
+                      f"(as timm) resizes a non-square model's images to cover {h}x{w} keeping their aspect: "
+                      f"transformers' pixels will differ on images of another shape than {h}:{w} "
+                      f"(crop_mode='squash' is written exactly)", ExportWarning, stacklevel=4)
+    if getattr(config, "crop_mode", "center") == "border":
+        warnings.warn(f"{path}: Hugging Face's image processors do not pad (crop_mode='border': the longer side to "
+                      f"the size, the rest in the mean's colour): its processor resizes the shorter side and crops, "
+                      f"so transformers' pixels will differ on images that are not {h}:{w}", ExportWarning,
+                      stacklevel=4)
+    _odd_margin_note(config, path)
 
 
 def _mae_statistics_note(model: Pretrainer, path: Path) -> None:
@@ -259,7 +273,7 @@ def _odd_margin_note(config, path: Path) -> None:
         warnings.warn(f"{path}: at {h}x{w} the centre crop's margin is odd ({min(scaled)} px cut to {min(h, w)}): "
                       f"transformers' processor floors its half where vitkit rounds it, so it cuts every image one "
                       f"pixel over (other inputs, other answers); a size whose margin is even (or crop_pct 1) is "
-                      f"written exactly", ExportWarning, stacklevel=3)
+                      f"written exactly", ExportWarning, stacklevel=5)
 
 
 def _pooler_note(config, path: Path) -> None:

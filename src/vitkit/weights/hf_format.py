@@ -64,9 +64,9 @@ _GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu
 
 
 def is_hf(keys) -> bool:
-    """Hugging Face names: ViT's and DINOv2's patch projection, CLIP's and SigLIP's, DINOv3's, AIMv2's."""
+    """Hugging Face names: ViT's and DINOv2's patch projection, CLIP's and SigLIP's, DINOv3's, AIMv2's, SAM's."""
     return any(k.endswith(("embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight",
-                           "embeddings.patch_embed.weight"))
+                           "embeddings.patch_embed.weight", "vision_encoder.patch_embed.projection.weight"))
                or k == "embeddings.patch_embeddings.weight" for k in keys)
 
 

@@ -52,6 +52,8 @@ PROCESSOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "BitImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
     "DINOv3ViTImageProcessor": _defaults({"height": 224, "width": 224}, 2, _IMAGENET),
     "ConvNextImageProcessor": {**_defaults({"shortest_edge": 384}, 3, _HALF), "crop_pct": 224 / 256},
+    "SamImageProcessor": {**_defaults({"longest_edge": 1024}, 2, _IMAGENET), "do_pad": True,
+                          "pad_size": {"height": 1024, "width": 1024}},
 }
 #: ConvNeXt's processor: a shorter side under this is resized to side / crop_pct and centre-cropped to a square
 #: of the side, from it up the image is warped to that square (transformers' ConvNextImageProcessor.resize)
@@ -63,7 +65,8 @@ MODEL_TYPE_PROCESSORS = {
     **dict.fromkeys(("beit", "data2vec-vision"), "BeitImageProcessor"),
     **dict.fromkeys(("clip", "clip_vision_model", "aimv2", "aimv2_vision_model"), "CLIPImageProcessor"),
     **dict.fromkeys(("siglip", "siglip_vision_model"), "SiglipImageProcessor"),
-    **dict.fromkeys(("dinov2", "dinov2_with_registers"), "BitImageProcessor"), "dinov3_vit": "DINOv3ViTImageProcessor"}
+    **dict.fromkeys(("dinov2", "dinov2_with_registers"), "BitImageProcessor"), "dinov3_vit": "DINOv3ViTImageProcessor",
+    **dict.fromkeys(("sam", "sam_vision_model"), "SamImageProcessor")}
 
 
 def processor_class(pre: Mapping[str, Any], model_type: Optional[str] = None) -> str:
@@ -136,6 +139,8 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
                                    f"to resize with it")
     if resample in _RESAMPLE_NAMES:
         out["interpolation"] = _RESAMPLE_NAMES[resample]
+    if kind == "SamImageProcessor":
+        return {**out, **_sam_padding(pre)}
     size, crop = _size_and_crop(pre, kind)
     if kind == "ConvNextImageProcessor":  # its crop_pct was left unread (a 36 px resize read as 32)
         return {**out, **_convnext_crop(pre, size)}
@@ -150,6 +155,29 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
     elif pre.get("do_center_crop") is False or out.get("crop_mode") == "squash":
         out["crop_pct"] = 1.0
     return out
+
+
+def _sam_padding(pre: Mapping[str, Any]) -> Dict[str, Any]:
+    """SAM's processor: the longer side to ``size``'s ``longest_edge``, the image padded at the right and bottom to
+    the square ``pad_size`` (``crop_mode='border'`` anchored at the top left); another size or no padding (an
+    image of its own shape) is refused."""
+    size, pad = pre.get("size"), pre.get("pad_size")
+    longest = size.get("longest_edge") if isinstance(size, Mapping) else None
+    if not pre.get("do_pad") or not _is_int(longest) or not isinstance(pad, Mapping) or \
+            (pad.get("height"), pad.get("width")) != (longest, longest):
+        raise ProcessorConfigError(f"SamImageProcessor with size {size!r}, pad_size {pad!r} and do_pad "
+                                   f"{pre.get('do_pad')!r}: vitkit reads SAM's (the longer side to longest_edge, the "
+                                   f"image padded at the right and bottom to a square of that side)")
+    return {"crop_mode": "border", "crop_offset": "start", "crop_pct": 1.0}
+
+
+def sam_processor_fields(config: Any) -> Dict[str, Any]:
+    """vitkit's preprocessing as SAM's processor's config (:func:`_sam_padding` reads it back)."""
+    side = max(config.img_size)
+    return {"do_resize": True, "do_rescale": True, "do_normalize": True, "do_pad": True,
+            "image_mean": list(config.mean), "image_std": list(config.std), "size": {"longest_edge": side},
+            "pad_size": {"height": side, "width": side},
+            "resample": {v: k for k, v in _RESAMPLE_NAMES.items()}[config.interpolation]}
 
 
 def _convnext_crop(pre: Mapping[str, Any], size: Mapping[str, float]) -> Dict[str, Any]:

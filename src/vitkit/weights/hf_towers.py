@@ -26,6 +26,9 @@ and how vitkit reads it (the facts that decide parity):
 - ``dinov3_vit``: DINOv3's rotary positions (theta 100), registers, q and v biases without a k bias,
   ``up_proj``/``down_proj`` (or ``gate_proj`` too: SwiGLU); its pooled output is the normalised class
   token (``global_pool='token'``, where timm's DINOv3 averages the patches).
+- ``sam_vision_model`` and ``sam`` (``SamVisionModel``, ``SamModel``'s ``vision_encoder``; the prompt encoder and
+  mask decoder are left out): Segment Anything's encoder, windows, decomposed relative positions and the neck;
+  see :mod:`.hf_tower_sam`.
 - ``beit`` and ``data2vec-vision`` (``BeitModel``, ``BeitForImageClassification`` and data2vec-vision's
   same layout): the classifier too; relative position bias tables per layer, or one shared (read into
   each); see :mod:`.hf_tower_beit`.
@@ -53,7 +56,9 @@ from .hf_tower_parts import (
     preprocessing,
     processor_fields,
     processor_size,
+    sam_processor_fields,
 )
+from .hf_tower_sam import SAM_TOWER
 from .io import WeightsError
 
 # ----------------------------------------------------------------------------- the table
@@ -69,10 +74,11 @@ TOWERS: Dict[str, Tower] = {
     "beit": BEIT_TOWER,
     "data2vec-vision": DATA2VEC_VISION_TOWER,
     "aimv2_vision_model": AIMV2_TOWER,
+    "sam_vision_model": SAM_TOWER,
 }
 #: two-tower (image and text) checkpoints: their vision config and tower
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
-              "aimv2": "aimv2_vision_model"}
+              "aimv2": "aimv2_vision_model", "sam": "sam_vision_model"}
 MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
 #: the towers whose position table transformers resamples (``interpolate_pos_encoding``) bicubic without
 #: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
@@ -139,8 +145,8 @@ _AS_TOWER = {"clip_vision_model": (dict(global_pool="token", final_norm=True), "
 
 def _classifier_kind(config: Any) -> Optional[str]:
     """The tower whose ...ForImageClassification ``config`` is (its pooling and a head), or None."""
-    if not getattr(config, "num_classes", 0):
-        return None
+    if not getattr(config, "num_classes", 0) or getattr(config, "architecture", "vit") != "vit":
+        return None  # (the classifiers are of ViT towers: another family's config cannot take their pooling)
     for kind, (fields, _, _) in _AS_TOWER.items():
         if kind == "siglip_vision_model" and config.gelu != "tanh":
             continue  # a class-token-free ViT of another activation is written as I-JEPA's (:mod:`.hf_format`)
@@ -248,7 +254,8 @@ def holds_table_apart(config: Any) -> bool:
 
 def layout_of(config: Any) -> Optional[str]:
     """The tower's model_type a vitkit config exports to (the first whose problems are none), or None."""
-    kind = next((k for k in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit")
+    kind = next((k for k in ("clip_vision_model", "siglip_vision_model", "dinov2", "dinov3_vit", "beit",
+                             "sam_vision_model")
                  if not TOWERS[k].problems(config)), None) or _classifier_kind(config)
     return "dinov2_with_registers" if kind == "dinov2" and config.reg_tokens else kind
 
@@ -256,7 +263,8 @@ def layout_of(config: Any) -> Optional[str]:
 def export_problems(config: Any) -> Dict[str, List[str]]:
     """Per tower of the config's family, what keeps ``config`` from its layout (for one message naming the
     nearest): an EVA-style model can only be DINOv3, a ViT one of the others."""
-    kinds = ("dinov3_vit", "beit") if getattr(config, "architecture", "vit") == "eva" else (
+    arch = getattr(config, "architecture", "vit")
+    kinds = ("dinov3_vit", "beit") if arch == "eva" else ("sam_vision_model",) if arch == "sam" else (
         "clip_vision_model", "siglip_vision_model", "dinov2")
     out: Dict[str, List[str]] = {}
     for kind in kinds:  # a classifier's own class first ("dinov2 cannot hold num_classes=3" hid that one)
@@ -276,12 +284,15 @@ def export_problems(config: Any) -> Dict[str, List[str]]:
 
 _PROCESSORS = {"clip_vision_model": "CLIPImageProcessor", "siglip_vision_model": "SiglipImageProcessor",
                "dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor",
-               "dinov3_vit": "DINOv3ViTImageProcessor", "beit": "BeitImageProcessor"}
+               "dinov3_vit": "DINOv3ViTImageProcessor", "beit": "BeitImageProcessor",
+               "sam_vision_model": "SamImageProcessor"}
 
 
 def preprocessor_to_hf(config: Any, kind: str) -> Dict[str, Any]:
-    """The tower's image processor config for vitkit's preprocessing (:func:`.hf_tower_parts.processor_fields`)."""
-    return {"image_processor_type": _PROCESSORS[kind], **processor_fields(config)}
+    """The tower's image processor config for vitkit's preprocessing (:func:`.hf_tower_parts.processor_fields`;
+    SAM's processor pads: :func:`.hf_tower_parts.sam_processor_fields`)."""
+    fields = sam_processor_fields(config) if kind == "sam_vision_model" else processor_fields(config)
+    return {"image_processor_type": _PROCESSORS[kind], **fields}
 
 
 def from_native(model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:

@@ -27,6 +27,7 @@ from . import (
     npz_format,
     open_clip_format,
     qwen_format,
+    sam_format,
     selfsup_format,
     timm_format,
 )
@@ -37,7 +38,7 @@ from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, s
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen", "sam")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -351,8 +352,8 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})
-    elif src.format in ("deepseek", "qwen"):
-        sd = (deepseek_format if src.format == "deepseek" else qwen_format).to_native(tensors)
+    elif src.format in ("deepseek", "qwen", "sam"):
+        sd = {"deepseek": deepseek_format, "qwen": qwen_format, "sam": sam_format}[src.format].to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

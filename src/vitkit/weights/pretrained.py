@@ -31,6 +31,7 @@ from . import (
     npz_format,
     open_clip_format,
     qwen_format,
+    sam_format,
     selfsup_format,
     timm_format,
 )
@@ -54,9 +55,10 @@ def _config_file(src: Source) -> str:
 #: layouts of a model's own release -> (the reader of its architecture, what the file is called in a refusal)
 _RELEASES = {"dino": (dino_format.infer_config, "official DINO checkpoint"),
              "deepseek": (deepseek_format.infer_config, "DeepSeek checkpoint"),
-             "qwen": (qwen_format.infer_config, "Qwen checkpoint")}
-#: the VLMs' own checkpoints: the tower read out of them (what is left out, said by ``vitkit info``)
-_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format)}
+             "qwen": (qwen_format.infer_config, "Qwen checkpoint"),
+             "sam": (sam_format.infer_config, "SAM checkpoint")}
+#: the VLMs' and SAM's own checkpoints: the tower read out of them (what is left out, said by ``vitkit info``)
+_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format), "sam": ("SAM", sam_format)}
 
 
 def _vitkit_config(src: Source, cj: Mapping[str, Any], overrides: Mapping[str, Any]):

@@ -493,8 +493,11 @@ def at_img_size(module: nn.Module) -> nn.Module:
 
 def fit_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, fit: StateFit) -> List[str]:
     """Fit the state dict's parameters of the model's kind (other than the learned table) to the grid the model
-    holds them at (its image's, or ``pos_embed_size``'s: NaFlex's factorised tables); returns what was resampled."""
-    return KINDS[model.pos_embed_kind].fit_state(sd, model, table_grid(model), fit)
+    holds them at (its image's, or ``pos_embed_size``'s: NaFlex's factorised tables), and those a family keeps in
+    its blocks (``fit_own_tables``: SAM's offset tables); returns what was resampled."""
+    said = KINDS[model.pos_embed_kind].fit_state(sd, model, table_grid(model), fit)
+    own = getattr(model, "fit_own_tables", None)
+    return said + (own(sd) if own is not None else [])
 
 
 __all__ = ["IntPair", "INTERPOLATIONS", "SINCOS_SPACINGS", "resample_pos_embed_grid", "resample_pos_embed",
