@@ -2,10 +2,10 @@
 
 For every architecture with pretrained weights in timm's ViT-family modules (vision_transformer,
 vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, beit, deepseek_vit, qwen3_vit,
-naflexvit) up to ``--max-params`` (1B by default), timm builds it with random weights (every parameter noised, so no
-mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub (``config.json`` +
-``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)`` loads it,
-and the fp32 outputs of two images (logits, or pooled features for towers without a head; where timm's
+naflexvit, vision_transformer_sam) up to ``--max-params`` (1B by default), timm builds it with random weights
+(every parameter noised, so no mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub
+(``config.json`` + ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)``
+loads it, and the fp32 outputs of two images (logits, or pooled features for towers without a head; where timm's
 model gives tokens, DeepSeek's ``_enc`` the language model's, vitkit's ``forward_features``) are compared.
 A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|) (or, past it, when both
 agree within 1e-9 of that in float64: the rounding of a deep stack, said in the row); ``refused`` when vitkit
@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
 
 MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
-           "eva", "beit", "deepseek_vit", "qwen3_vit", "naflexvit")
+           "eva", "beit", "deepseek_vit", "qwen3_vit", "naflexvit", "vision_transformer_sam")
 TOLERANCE = 1e-5
 #: past the fp32 tolerance, the same check in float64 (models up to FP64_CHECK parameters) tells rounding
 #: from another function
