@@ -29,6 +29,9 @@ FAMILIES = {
     "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, depth=2, num_classes=5)),
     "vit_fmnist_hybrid": ("vit_fmnist_hybrid", dict(num_classes=10)),
     "cait": ("cait_xxs24_224", dict(img_size=32, patch_size=8, depth=2, num_classes=5)),
+    # (SAM: windows over a padded grid, the offsets' einsums, the neck's convolutions)
+    "sam": ("samvit_base_patch16", dict(img_size=(48, 80), window_size=2, global_attn_indexes=(1,), depth=2,
+                                        embed_dim=64, num_heads=4, neck_chans=16, num_classes=5)),
 }
 
 

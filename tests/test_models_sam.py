@@ -235,6 +235,10 @@ def test_sams_own_checkpoint_reads_as_transformers_computes_it(tmp_path, capsys)
     out = in_process(capsys, "info", str(tmp_path / "sam_vit_t.pth")).stdout
     assert "layout      sam (SAM's own: its vision tower; 2 tensors of its prompt encoder and mask decoder left out)" \
         in out
+    del sd["image_encoder.blocks.1.attn.rel_pos_h"]  # (a file cut short)
+    torch.save(sd, tmp_path / "cut.pth")
+    with pytest.raises(WeightsError, match="the SAM ViT state dict is partial: blocks.1.attn.rel_pos_h missing"):
+        vitkit.from_pretrained(tmp_path / "cut.pth")
 
 
 def test_windowed_attention_weights_are_placed_on_the_grid():

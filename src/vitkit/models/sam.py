@@ -425,9 +425,14 @@ def infer_sam_config(sd: Mapping[str, Any], **overrides: Any) -> SamConfig:
     D, _, ph, pw = (int(s) for s in weight.shape)
     depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
     tables = [(sd.get(f"blocks.{i}.attn.rel_pos_h"), sd.get(f"blocks.{i}.attn.rel_pos_w")) for i in range(depth)]
-    if any(t is None for pair in tables for t in pair):
+    missing = [f"blocks.{i}.attn.rel_pos_{axis}" for i, pair in enumerate(tables) for axis, t in zip("hw", pair)
+               if t is None]
+    if len(missing) == 2 * depth:
         raise ValueError("a SAM ViT state dict without relative position tables does not say which blocks attend in "
                          "windows: load it with its architecture (model_name=samvit_base_patch16_224, ...)")
+    if missing:
+        raise ValueError(f"the SAM ViT state dict is partial: {', '.join(missing[:3])} missing, where the other "
+                         f"blocks have their offset tables")
     lengths = [(int(h.shape[0]), int(w.shape[0])) for h, w in tables]
     if getattr(pos, "dim", lambda: 0)() == 4:
         grid = (int(pos.shape[1]), int(pos.shape[2]))
