@@ -232,3 +232,26 @@ def test_an_out_folder_that_cannot_be_made_is_said_by_its_own_name(tmp_path, sav
     assert cli(["inspect", "--weights", str(saved_model), "--out", "/proc/vitkit-o9"]) == 2
     assert capsys.readouterr().err.strip() == ("vitkit inspect: error: --out /proc/vitkit-o9 cannot be written: /proc "
                                                "takes no new files (No such file or directory)")
+
+
+def test_attention_maps_larger_than_the_memory_are_refused_and_large_ones_go_fewer_a_pass(tmp_path, saved_model,
+                                                                                           capsys, monkeypatch):
+    """Sixteen images a pass held every layer's maps of all sixteen at once: 46 GiB for DINOv2-L/14 at 518 px,
+    155 GiB for SAM's ViT-B at 1,024 (killed for memory). Each pass now takes what fits in MAP_BUDGET, and a model
+    whose maps of one image do not fit in the free memory is one line, exit 2, before any image is read."""
+    import vitkit.machine
+    from vitkit.inspect import report
+    from vitkit.models import get_model_config
+
+    monkeypatch.setattr(vitkit.machine, "available_memory", lambda: 64 * 2 ** 30)
+    assert report.images_a_pass(get_model_config("vit_base_patch16_224")) == report.CHUNK  # 22 MB an image
+    assert report.images_a_pass(get_model_config("vit_large_patch14_dinov2")) == 1  # 2.9 GiB an image
+    assert report.images_a_pass(get_model_config("vit_base_patch16_384")) == 2 ** 31 // (12 * 12 * 577 ** 2 * 4) == 11
+    monkeypatch.setattr(vitkit.machine, "available_memory", lambda: 1000)  # (bytes)
+    out = tmp_path / "inspect"
+    assert cli(["inspect", "--weights", str(saved_model), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"vitkit inspect: error: the attention maps of one image at 32x32 px take 0\.0 GiB \(2 layers "
+                        r"x 2 heads x 64 x 64 tokens, fp32\), twice that at once, and 0\.0 GiB are free: inspect at a "
+                        r"smaller --img-size", err), err
+    assert not out.exists()

@@ -200,19 +200,40 @@ SIGNED_NOTE = ("No attention rollout, attention per layer or attention distance:
 #: Images per forward pass of the per-image analyses: bounds the attention maps held at once
 #: (ViT-B/16 at 224: 12 layers x 12 heads x 197^2 floats, 22 MB an image) and paces the progress line.
 CHUNK = 16
+#: The attention maps one pass may hold: fewer images a pass where each one's take more (DINOv2-L/14 at 518 px,
+#: 2.9 GB an image; SAM's ViT-B at 1,024 px, 9.7 GB: 16 of them were asked for at once)
+MAP_BUDGET = 2 * 2 ** 30
 #: Images one inspection takes: one rollout figure each, and the whole set in memory at once (token
 #: norms over every image); a folder of thousands is vitkit predict's work, not a report's.
 MAX_IMAGES = 64
 
 
-def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progress, maps: bool = True
-               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+def images_a_pass(config: Any) -> int:
+    """How many images a pass of the per-image analyses takes (:data:`CHUNK`, fewer where their attention maps
+    pass :data:`MAP_BUDGET`); a model whose maps of one image do not fit in the free memory (twice: the maps and
+    the softmax's) is refused in one line, before anything runs (it was killed for memory)."""
+    from ..machine import available_memory
+    from ..models.complexity import complexity
+
+    c = complexity(config)
+    one = c.depth * c.attn_bytes_per_layer_fp32
+    free = available_memory()
+    if free is not None and 2 * one > free:
+        (h, w), n = c.img_size, c.tokens
+        raise ValueError(f"the attention maps of one image at {h}x{w} px take {one / 2 ** 30:,.1f} GiB ({c.depth} "
+                         f"layers x {c.heads} heads x {n:,} x {n:,} tokens, fp32), twice that at once, and "
+                         f"{free / 2 ** 30:,.1f} GiB are free: inspect at a smaller --img-size")
+    return max(1, min(CHUNK, MAP_BUDGET // max(one, 1)))
+
+
+def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progress, maps: bool = True,
+               chunk: int = CHUNK) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(class probabilities (B, classes) or None, rollout maps (B, gh, gw), mean attention distance
-    (layers, heads) over all images) of ``x``, ``CHUNK`` images a pass; without ``maps`` (differential
+    (layers, heads) over all images) of ``x``, ``chunk`` images a pass; without ``maps`` (differential
     attention) no rollout and no distance (None)."""
     probs, rollouts, distance = [], [], torch.zeros(())
-    for i in range(0, len(x), CHUNK):
-        part = x[i:i + CHUNK]
+    for i in range(0, len(x), chunk):
+        part = x[i:i + chunk]
         if with_probs:
             probs.append(model(part).float().softmax(-1).cpu())
         if maps:
@@ -322,13 +343,12 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
     pretrainer, model = (model, model.encoder) if is_pretrainer(model) else (None, model)
     cfg = model.config
     signed = maps_not_distributions(model)  # maps that are no distributions: no map figures, and why
-    maps = signed is None
-    out = Path(out_dir)
+    maps, chunk, out = signed is None, images_a_pass(cfg), Path(out_dir)
     with waiting_bar(None, "inspecting", progress, unit="steps") as bar:
         named = [] if images else default_images(model)
         n = len(images) if images else len(named)
         # every advance() below: images loaded, reconstruction, chunks, rollout figures, _model_figures'
-        bar.total = (2 if maps else 1) * n + int(pretrainer is not None) + -(-n // CHUNK) + \
+        bar.total = (2 if maps else 1) * n + int(pretrainer is not None) + -(-n // chunk) + \
             len(family_of(cfg).analyses) + (6 if maps else 4)
         if not images:
             bar.advance(n)  # the default images: loaded already
@@ -349,7 +369,8 @@ def inspect_model(model: nn.Module, out_dir: Union[str, Path], images: Optional[
                     note="(norm_pix_loss: predictions shown with each patch's true mean and variance)"
                     if getattr(pretrainer.config, "norm_pix_loss", False) else "")
                 bar.advance()
-            probs, rollout, distance = _per_image(model, x, pretrainer is None and not no_classes(cfg), bar, maps)
+            probs, rollout, distance = _per_image(model, x, pretrainer is None and not no_classes(cfg), bar, maps,
+                                                  chunk)
             _check_finite(probs)
             for (name, _), p in zip(named, probs if probs is not None else []):
                 result.predictions.append((name, label_for(int(p.argmax()), cfg.label_names), float(p.max())))
