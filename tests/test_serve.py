@@ -149,6 +149,20 @@ def test_a_model_whose_maps_are_no_distributions_has_no_rollout_and_says_why(ser
     assert post(running.url, photo(5)).status_code == 200
 
 
+def test_a_model_whose_maps_would_not_fit_in_the_memory_has_no_rollout_and_says_why(serving, monkeypatch):
+    """SAM's ViT-H at 1,024 px holds 32 GiB of maps an image: /rollout was a request that took the server's
+    memory; it is a 501 that says so (as vitkit inspect refuses it), and /predict still answers."""
+    import vitkit.machine
+
+    monkeypatch.setattr(vitkit.machine, "available_memory", lambda: 1000)  # (bytes)
+    running = serving(max_wait_ms=0)
+    got = post(running.url, photo(5), "/rollout")
+    assert got.status_code == 501 and re.search(r"no attention rollout for this model: the attention maps of one "
+                                                r"image at \d+x\d+ px take .* serve a smaller --img-size$",
+                                                got.json()["error"]), got.text
+    assert post(running.url, photo(5)).status_code == 200
+
+
 # ------------------------------------------------------------------ batching
 
 

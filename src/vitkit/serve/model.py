@@ -247,10 +247,17 @@ class ServedModel:
         return Answer([(i, label_for(i, self.labels), v) for i, v in zip(indices.tolist(), values.tolist())])
 
     def no_rollout(self) -> Optional[str]:
-        """Why this model has no attention rollout to draw (None: it has one): maps that are no distributions."""
+        """Why this model has no attention rollout to draw (None: it has one): maps that are no distributions, or
+        maps of one image that the free memory cannot hold (``vitkit inspect``'s refusal)."""
         from ..inspect.analysis import maps_not_distributions
+        from ..inspect.report import images_a_pass
 
-        return maps_not_distributions(self._encoder())
+        encoder = self._encoder()
+        try:
+            images_a_pass(encoder.config)
+        except ValueError as e:
+            return str(e).replace("inspect at a smaller --img-size", "serve a smaller --img-size")
+        return maps_not_distributions(encoder)
 
     def rollout_png(self, data: bytes, name: str = "upload", deadline: Optional[float] = None) -> bytes:
         """The paper's attention rollout over the image, as a PNG (the PyTorch runtime only)."""
