@@ -37,6 +37,9 @@ def test_macs_match_flop_counter(kw):
                                      projector_dim=48, num_classes=10)),  # DeepSeek's VLM projector, padded blocks
     ("samvit_base_patch16", dict(depth=3, img_size=(80, 112), embed_dim=64, num_heads=4, window_size=3, neck_chans=32,
                                  global_attn_indexes=(1,), num_classes=10)),  # SAM: padded windows, offsets, neck
+    ("gemma4_vit_570m", dict(depth=2, img_size=(48, 80), embed_dim=64, num_heads=4, kv_heads=2, mlp_dim=96,
+                             num_classes=10)),  # Gemma 4: separate q/k/v/o, grouped-query, the gated MLP
+    ("gemma4_vit_167m_enc", dict(depth=1, img_size=(96, 48), embed_dim=64, num_heads=4, mlp_dim=96)),  # soft tokens
     ("qwen3_vit_88m_merge", dict(depth=2, img_size=(64, 96), embed_dim=64, num_heads=4, projector_dim=48,
                                  num_classes=10)),  # Qwen's merger
 ])

@@ -122,6 +122,9 @@ LATER = {
     # (a learned table resampled with its corners aligned beside rotary positions, and Qwen's merger)
     "qwen3_table_rope_merger": ("qwen3_vit_88m_merge", dict(img_size=(64, 96), embed_dim=64, num_heads=4,
                                                             projector_dim=32, pos_embed_size=96, **SMALL)),
+    # (clamped projections, q/k/v norms, rotary halves, sandwich norms, grouped-query attention, a gated MLP)
+    "gemma4_clamps_sandwich_gqa": ("gemma4_vit_167m", dict(img_size=(32, 48), embed_dim=64, num_heads=4, kv_heads=2,
+                                                           mlp_dim=96, **SMALL)),
     # (windows over a grid padded to whole ones, the decomposed relative positions, the neck; a head)
     "sam_windows_offsets_neck": ("samvit_base_patch16", dict(img_size=(48, 80), window_size=2, global_attn_indexes=(1,),
                                                              embed_dim=64, num_heads=4, neck_chans=16, **SMALL)),

@@ -211,7 +211,9 @@ def embedding_filters(model: nn.Module) -> torch.Tensor:
     """The filters that look at pixels: the patch projection (D, C, P, P) of a plain ViT; for a
     hybrid, whose projection sees CNN features, the CNN's first convolution (as it is applied:
     weight-standardised where the layer standardises)."""
-    backbone = getattr(model.patch_embed, "backbone", None)
+    backbone, own = getattr(model.patch_embed, "backbone", None), getattr(model.patch_embed, "filters", None)
+    if own is not None:  # (a linear projection over the flattened patches: Gemma 4's, as filters)
+        return own().detach().float()
     if backbone is None:
         return model.patch_embed.proj.weight.detach().float()
     first = next(m for m in backbone.modules() if isinstance(m, nn.Conv2d))

@@ -2,7 +2,7 @@
 
 Importing this package registers every family (each file registers its own, see
 :mod:`.registry`): ViT (with DeiT and the hybrids), the ResNetV2 classifier, CaiT, ConViT and the later
-ViTs (EVA, the VLM towers, NaFlexViT, SAM's encoder).
+ViTs (EVA, the VLM towers, NaFlexViT, SAM's and Gemma 4's encoders).
 """
 
 from . import vit_names  # noqa: F401,E402  (timm's names of the later ViTs)
@@ -13,6 +13,7 @@ from .config_base import ConfigMixin, TokenConfig
 from .convit import ConViT, ConViTConfig
 from .deepseek import Deepseek, DeepseekConfig  # noqa: E402
 from .eva import Eva, EvaConfig  # noqa: E402
+from .gemma4 import Gemma4Config, Gemma4ViT  # noqa: E402
 from .hybrid import HybridEmbed
 from .layers import (
     Attention,
@@ -50,7 +51,7 @@ from .vit import VIT_SIZES, VisionTransformer, ViTConfig, count_parameters, num_
 
 __all__ = [
     "ConViT", "ConViTConfig", "Eva", "EvaConfig", "Deepseek", "DeepseekConfig", "Qwen3", "Qwen3Config", "NaFlexViT",
-    "NaFlexConfig", "SamViT", "SamConfig", "CoCa", "CoCaConfig",
+    "NaFlexConfig", "SamViT", "SamConfig", "Gemma4ViT", "Gemma4Config", "CoCa", "CoCaConfig",
     "CaiT", "CaiTConfig",
     "HybridEmbed", "ResNetV2", "ResNetV2Config",
     "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "resample_pos_embed",

@@ -224,6 +224,11 @@ class TokenModel(SaveMixin, nn.Module):
         """The last layer's tokens -> the final normalised tokens (further maps appended to ``attns``)."""
         return self.norm(x)
 
+    def finish_on(self, x: torch.Tensor, grid: IntPair, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """The last layer's tokens of ``grid`` -> the final ones (:meth:`_finish`; a family whose finish reads the
+        grid overrides this: SAM's neck, Gemma 4's soft tokens)."""
+        return self._finish(x, attns)
+
     def encode(self, x: torch.Tensor, return_attention: bool = False):
         """Images -> final normalised tokens (B, N, D) and, when asked, per-layer attention."""
         x, grid = self.embed(x)
@@ -239,7 +244,7 @@ class TokenModel(SaveMixin, nn.Module):
             x, attn = self._layer(i, blk, x, grid, return_attention, *(() if keep is None else (keep,)))
             if return_attention:
                 attns.append(attn)
-        return self._finish(x, attns if return_attention else None), attns
+        return self.finish_on(x, grid, attns if return_attention else None), attns
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.encode(x)[0]
@@ -286,7 +291,7 @@ class TokenModel(SaveMixin, nn.Module):
                 outs.append((spatial, prefix) if return_prefix_tokens and prefix.shape[1] else spatial)
         if intermediates_only:
             return outs
-        return self._finish(x), outs
+        return self.finish_on(x, grid), outs
 
     def extra_repr(self) -> str:
         c = self.config

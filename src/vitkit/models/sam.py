@@ -303,14 +303,8 @@ class SamViT(VisionTransformer):
                              "patches (MAE encodes the visible ones only)")
         return self._checkpointed(blk, x, return_attention, grid)
 
-    def encode_tokens(self, x: torch.Tensor, grid: IntPair, return_attention: bool = False,
-                      keep: Optional[torch.Tensor] = None):
-        attns: List[torch.Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            x, attn = self._layer(i, blk, x, grid, return_attention, keep)
-            if return_attention:
-                attns.append(attn)
-        return self.neck(x, grid), attns
+    def finish_on(self, x: torch.Tensor, grid: IntPair, attns: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        return self.neck(x, grid)
 
     def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
                               norm: bool = False, output_fmt: str = "NCHW", return_prefix_tokens: bool = False,
@@ -324,7 +318,7 @@ class SamViT(VisionTransformer):
             x, _ = self._layer(i, blk, x, grid, False)
             if i in take:
                 outs.append(patch_tokens_as(self.neck(x, grid) if norm else x, grid, output_fmt))
-        return outs if intermediates_only else (self.neck(x, grid), outs)
+        return outs if intermediates_only else (self.finish_on(x, grid), outs)
 
     @torch.no_grad()
     def set_input_size(self, img_size: Union[int, Sequence[int]]) -> None:

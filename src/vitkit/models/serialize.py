@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Mapping, Sequence
 
+import torch
 from torch import nn
 
 from .._version import __version__
@@ -73,7 +74,7 @@ def _check_rebuildable(model: nn.Module) -> None:
                          f"{' ...' if len(problems) > 3 else ''}): from_pretrained could not rebuild it; after "
                          f"replacing a layer by assignment, use model.reset_classifier(n) (a new head) or a config "
                          f"that builds it")
-    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    bad = non_finite(model.state_dict(), getattr(model, "UNBOUNDED", ()))
     if bad:
         raise ValueError(f"the model holds NaN or infinite values ({', '.join(bad[:3])}"
                          f"{' ...' if len(bad) > 3 else ''}): weights from_pretrained refuses; nothing was written")
@@ -91,4 +92,17 @@ class SaveMixin:
         return save_pretrained(self, directory)  # type: ignore[arg-type]
 
 
-__all__ = ["save_pretrained", "SaveMixin", "native_config_dict", "CONFIG_NAME", "WEIGHTS_NAME"]
+def non_finite(sd: Mapping[str, Any], unbounded: Sequence[str] = ()) -> List[str]:
+    """The floating tensors of a state dict that hold NaN or inf; one whose name ends in one of ``unbounded`` (a
+    family's clamp bounds, its ``UNBOUNDED``: inf is no bound, Gemma 4's) may be infinite, NaN never."""
+    def bad(name: str, value: Any) -> bool:
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            return False
+        if name.endswith(tuple(unbounded)):
+            return bool(torch.isnan(value).any())
+        return not bool(torch.isfinite(value).all())
+
+    return [k for k, v in sd.items() if bad(k, v)]
+
+
+__all__ = ["save_pretrained", "SaveMixin", "native_config_dict", "non_finite", "CONFIG_NAME", "WEIGHTS_NAME"]

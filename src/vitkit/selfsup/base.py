@@ -107,6 +107,7 @@ def encoder_config(config: ViTConfig, objective: str) -> ViTConfig:
                        "heads",
                "sam": "SAM's windows and offset tables span the whole grid (MAE encodes the visible patches alone), "
                       "and its neck is no token decoder's input",
+               "gemma4": "Gemma 4's sandwich blocks, clamps and soft tokens are not built into the objectives",
                **{tower: f"the objectives are not built for {kind}'s family (its weights in timm's names are "
                          f"an encoder and a head, as a pre-training model's are: not yet told apart)"
                   for tower, kind in (("deepseek", "DeepSeek"), ("qwen3", "Qwen3"))}}.get(arch, "it is no ViT")
@@ -144,6 +145,8 @@ class Pretrainer(nn.Module):
         super().__init__()
         if isinstance(encoder, str):
             encoder = get_model_config(encoder)
+        if isinstance(encoder, nn.Module) and not isinstance(encoder, VisionTransformer):  # (another family's model)
+            encoder = getattr(encoder, "config", encoder)
         if isinstance(encoder, VisionTransformer):
             enc_cfg = encoder_config(encoder.config, self.objective)
             if enc_cfg.num_classes != encoder.config.num_classes or encoder.config.representation_size:

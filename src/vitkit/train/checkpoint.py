@@ -16,11 +16,12 @@ import os
 import pickle
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..files import DiskFull, atomic_path
+from ..models.serialize import non_finite
 from ..weights.io import UNREADABLE_TORCH_FILE, unsafe_object
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -55,16 +56,21 @@ def _tensors(obj: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(v)
 
 
-def non_finite_parts(state: Dict[str, Any]) -> List[str]:
-    """The parts of a checkpoint state (model, optimizer, ema) holding NaN or inf."""
-    return [part for part in ("model", "optimizer", "ema") if part in state and any(
-        t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in _tensors(state[part]))]
+def non_finite_parts(state: Dict[str, Any], unbounded: Sequence[str] = ()) -> List[str]:
+    """The parts of a checkpoint state (model, optimizer, ema) holding NaN or inf (the model's and its average's
+    clamp bounds, ``unbounded``, may be infinite: :func:`vitkit.models.serialize.non_finite`)."""
+    def broken(part: str) -> bool:
+        if part in ("model", "ema"):
+            return bool(non_finite(state[part], unbounded))
+        return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in _tensors(state[part]))
+
+    return [part for part in ("model", "optimizer", "ema") if part in state and broken(part)]
 
 
-def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as ``checkpoints/step_N.pt``: checked finite, written to a temporary file,
-    read back, renamed; then the oldest beyond ``keep`` are deleted."""
-    bad = non_finite_parts(state)
+def save_checkpoint(run_dir: Path, step: int, state: Dict[str, Any], keep: int, unbounded: Sequence[str] = ()) -> Path:
+    """Write ``state`` as ``checkpoints/step_N.pt``: checked finite (``unbounded``: the model's bounds that may be
+    infinite), written to a temporary file, read back, renamed; then the oldest beyond ``keep`` are deleted."""
+    bad = non_finite_parts(state, unbounded)
     if bad:
         raise NonFiniteState(f"the {' and '.join(bad)} state at step {step} is not finite")
     folder = Path(run_dir) / "checkpoints"

@@ -542,7 +542,8 @@ def _checkpoint(run: Run, step: int) -> Optional[Path]:
     if run.ema is not None:
         state["ema"] = run.ema.state_dict()
     try:
-        return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints)
+        return save_checkpoint(run.run_dir, step, state, run.cfg.keep_checkpoints,
+                               getattr(run.model, "UNBOUNDED", ()))
     except NonFiniteState as e:
         raise NonFiniteLoss(f"{e} although every loss before was finite: {run.stopping()}") from None
 

@@ -17,7 +17,7 @@ from ..files import PathLike, as_argument
 from ..models import config_from_dict, family_of_state_dict, positions, renamed_in_timm
 from ..models.features import FeatureModel
 from ..models.layers import adapt_input_channels, resample_patch_embed
-from ..models.serialize import CONFIG_JSON_METADATA_KEY
+from ..models.serialize import CONFIG_JSON_METADATA_KEY, non_finite
 from ..selfsup import Pretrainer
 from . import (
     deepseek_format,
@@ -397,13 +397,29 @@ def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module) -> Opti
     """
     name = _first_conv(model)
     if name is None:
-        return None
+        return _adapt_linear_patches(sd, model)
     key = f"{name}.weight"
     target = model.get_submodule(name).weight
     if key not in sd or sd[key].dim() != 4 or sd[key].shape[1] == target.shape[1]:
         return None
     have, want = sd[key].shape[1], target.shape[1]
     sd[key] = adapt_input_channels(sd[key], want)
+    how = "summed" if want == 1 else f"repeated and scaled by {have}/{want}"
+    return f"{key} {have} -> {want} input channels ({how}, as timm's adapt_input_conv)"
+
+
+def _adapt_linear_patches(sd: Dict[str, torch.Tensor], model: nn.Module) -> Optional[str]:
+    """:func:`_adapt_input_channels` for a linear patch projection over each patch flattened channel first (Gemma
+    4's ``input_proj``): the same filters, held flat."""
+    embed = getattr(model, "patch_embed", None)
+    proj, key = getattr(embed, "input_proj", None), "patch_embed.input_proj.weight"
+    if proj is None or key not in sd or sd[key].dim() != 2 or tuple(sd[key].shape) == tuple(proj.weight.shape):
+        return None
+    (ph, pw), want, (width, flat) = embed.patch_size, embed.in_chans, sd[key].shape
+    have = flat // (ph * pw)
+    if have * ph * pw != flat or have == want:
+        return None  # (another patch size or width: the shape check names it)
+    sd[key] = adapt_input_channels(sd[key].reshape(width, have, ph, pw), want).reshape(width, want * ph * pw)
     how = "summed" if want == 1 else f"repeated and scaled by {have}/{want}"
     return f"{key} {have} -> {want} input channels ({how}, as timm's adapt_input_conv)"
 
@@ -462,7 +478,7 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, torch.Tensor], st
                            f"weights: a quantized file (its scales kept apart) is not weights as they stand; load "
                            f"the float file, or dequantize it first; nothing was loaded")
     # NaN or inf would run: predict printed 'nan%' and eval scored every image as class 0, with exit 0
-    broken = [k for k, v in source.items() if k in target and v.is_floating_point() and not torch.isfinite(v).all()]
+    broken = [k for k in non_finite(source, getattr(model, "UNBOUNDED", ())) if k in target]
     if broken:
         raise WeightsError(f"non-finite values (NaN or inf) in {_names(broken, 5)}: the file is damaged or was saved "
                            f"from a run that diverged; nothing was loaded")

@@ -1,0 +1,173 @@
+"""Gemma 4's vision encoder (timm's ``gemma4_vit_{167m,570m}`` and ``_enc``): timm's outputs from timm's own hub
+folders (fp32, 1e-5 of the output's scale) at its size and others (the position tables looked up, the rotary halves,
+clamped projections with finite bounds, grouped-query attention, the soft tokens' 3 x 3 blocks and their
+standardisation), written back in timm's names, and what vitkit does not read refused in one line. (Every registered
+name's parameter names and count: test_models_names; the cost: test_complexity; ONNX: test_deploy_onnx.)"""
+
+import re
+
+import pytest
+import torch
+
+import vitkit
+from conftest import max_diff, model_args_refusal, randomize
+from vitkit.models.complexity import count_params
+from vitkit.weights.io import WeightsError
+
+timm = pytest.importorskip("timm")
+pytest.importorskip("timm.models.gemma4_vit")
+from timm.models import save_for_hf  # noqa: E402
+
+#: a small Gemma 4 (two blocks of 64 in heads of 16, tables of 64 slots): every part of the released ones, fast
+SMALL = dict(img_size=96, depth=2, embed_dim=64, num_heads=4, head_dim=16, intermediate_size=128,
+             position_embedding_size=64)
+#: the model's own size, wide, tall (grids of whole 3 x 3 blocks for the soft tokens)
+SIZES = [(96, 96), (48, 144), (144, 96)]
+
+
+def _timm(name, **kw):
+    """timm's model with random weights and, where it has them, finite clamps (they clip) and a standardisation."""
+    torch.manual_seed(0)
+    model = randomize(timm.create_model(name, **{**SMALL, **kw}), scale=0.2).eval()
+    g = torch.Generator().manual_seed(1)
+    for module in model.modules():
+        if getattr(module, "use_clipped", False):
+            module.input_min.fill_(-1.5), module.input_max.fill_(1.5)
+            module.output_min.fill_(-0.8), module.output_max.fill_(0.9)
+        if getattr(module, "std_bias", None) is not None:
+            module.std_bias.copy_(torch.randn(module.std_bias.shape, generator=g))
+            module.std_scale.copy_(torch.rand(module.std_scale.shape, generator=g) + 0.5)
+    return model
+
+
+@pytest.mark.parametrize("name, kw", [("gemma4_vit_167m", dict(num_classes=5)), ("gemma4_vit_167m_enc", {}),
+                                      ("gemma4_vit_570m", dict(num_classes=3, num_kv_heads=2)),
+                                      ("gemma4_vit_570m_enc", {})])
+def test_timms_hub_folders_load_with_parity_at_every_size(name, kw, tmp_path):
+    ref = _timm(name, **kw)
+    save_for_hf(ref, str(tmp_path / "g"), safe_serialization=True)
+    model = vitkit.from_pretrained(tmp_path / "g")
+    assert type(model).__name__ == "Gemma4ViT" and model.config.mean == (0.0, 0.0, 0.0)  # (it scales [0, 1] itself)
+    for size in SIZES:
+        x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            expected = ref(x)
+            got = model(x) if expected.dim() == 2 else model.forward_features(x)  # (_enc: the soft tokens)
+            assert got.shape == expected.shape and max_diff(got, expected) < 1e-5 * max(1.0, expected.abs().max()), size
+            explicit, _ = model(x, return_attention=True)  # (the maps' path: the same function)
+            assert max_diff(explicit, model(x)) < 1e-5 * max(1.0, explicit.abs().max())
+    assert count_params(model.config) == sum(p.numel() for p in ref.parameters())
+
+
+@pytest.mark.parametrize("name", ["gemma4_vit_167m", "gemma4_vit_570m_enc"])
+def test_the_timm_layout_written_back_is_what_timm_loads(name, tmp_path):
+    from safetensors.torch import load_file
+
+    kw = dict(num_classes=4) if not name.endswith("_enc") else {}
+    ref = _timm(name, **kw)
+    save_for_hf(ref, str(tmp_path / "g"), safe_serialization=True)
+    model = vitkit.from_pretrained(tmp_path / "g")
+    vitkit.export_weights(model, tmp_path / "back.safetensors", format="timm")
+    again = timm.create_model(name, **{**SMALL, **kw})
+    again.load_state_dict(load_file(tmp_path / "back.safetensors"))  # strict: timm's names, clamps, std buffers
+    x = torch.rand(2, 3, 96, 144)
+    with torch.no_grad():
+        assert max_diff(again.eval()(x), ref(x)) == 0
+        assert max_diff(vitkit.from_pretrained(tmp_path / "back.safetensors")(x), model(x)) == 0
+
+
+def test_unbounded_clamps_load_and_a_nan_bound_is_refused(tmp_path):
+    """timm's default bounds are infinite (no clamp): they load; a NaN in one is a damaged file."""
+    from safetensors.torch import load_file, save_file
+
+    ref = randomize(timm.create_model("gemma4_vit_167m", **SMALL), scale=0.2).eval()
+    save_for_hf(ref, str(tmp_path / "g"), safe_serialization=True)
+    model = vitkit.from_pretrained(tmp_path / "g")
+    assert model.blocks[0].attn.q_proj.input_max.item() == float("inf")
+    x = torch.rand(1, 3, 96, 96)
+    with torch.no_grad():
+        assert max_diff(model(x), ref(x)) < 1e-5
+    sd = load_file(tmp_path / "g" / "model.safetensors")
+    sd["encoder.blocks.1.attn.v_proj.output_min"] = torch.tensor(float("nan"))
+    save_file(sd, tmp_path / "g" / "model.safetensors")
+    with pytest.raises(WeightsError, match=r"non-finite values \(NaN or inf\) in blocks.1.attn.v_proj.output_min"):
+        vitkit.from_pretrained(tmp_path / "g")
+
+
+def test_a_grid_of_no_whole_blocks_is_one_line_for_the_soft_tokens():
+    model = vitkit.create_model("gemma4_vit_167m_enc", img_size=96, embed_dim=64, depth=1, num_heads=4)
+    with pytest.raises(ValueError, match="soft tokens average whole 3x3 blocks of patches: a grid of 3x4 patches"):
+        model(torch.rand(1, 3, 48, 64))
+    with pytest.raises(ValueError, match=r"img_size \(48, 64\) is a grid of 3x4 patches, not of whole 3x3 blocks "
+                                         r"for the soft tokens: give it a multiple of 48x48 px"):
+        vitkit.create_model("gemma4_vit_167m_enc", img_size=(48, 64), depth=1)
+    assert vitkit.create_model("gemma4_vit_167m", img_size=(48, 64), depth=1).config.grid_size == (3, 4)
+
+
+@pytest.mark.parametrize("args, words", [({"head_dim": 32}, "head_dim=32: vitkit's heads are the width's share"),
+                                         ({"act_layer": "relu"}, "act_layer is not read"),
+                                         ({"encoder_pool": "soft"}, "encoder_pool='soft': vitkit reads"),
+                                         ({"rope_type": "mixed"}, "rope_type are not read")])
+def test_model_args_vitkit_does_not_build_are_one_line(tmp_path, args, words):
+    save_for_hf(_timm("gemma4_vit_167m"), str(tmp_path / "g"), safe_serialization=True)
+    assert re.search(words, model_args_refusal(tmp_path / "g", args))
+
+
+@pytest.mark.parametrize("field, value", [("kv_heads", 5), ("pool_kernel", 0), ("table_size", -1),
+                                          ("clipped", "yes"), ("global_pool", "token")])
+def test_a_field_that_would_make_another_model_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        vitkit.create_model("gemma4_vit_167m", depth=1, **{field: value})
+
+
+def test_a_grid_past_the_position_tables_and_a_bare_file_are_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    model = vitkit.create_model("gemma4_vit_167m", img_size=32, depth=1, table_size=3)
+    with pytest.raises(ValueError, match="a grid of 4x4 patches is past the position tables' 3 slots"):
+        model(torch.rand(1, 3, 64, 64))
+    with pytest.raises(ValueError, match=r"img_size \(64, 64\) is a grid of 4x4 patches, past the position tables' "
+                                         r"3 slots"):
+        vitkit.create_model("gemma4_vit_167m", img_size=64, depth=1, table_size=3)
+    save_file(_timm("gemma4_vit_167m").state_dict(), tmp_path / "bare.safetensors")
+    with pytest.raises(WeightsError, match="holds neither its rotary positions' base nor its readout"):
+        vitkit.from_pretrained(tmp_path / "bare.safetensors")
+
+
+def test_pre_training_says_why_it_refuses_the_family():
+    from vitkit.selfsup import create_pretrainer
+
+    with pytest.raises(ValueError, match="mae pre-trains a plain ViT or an EVA-style one, not 'gemma4': Gemma 4's"):
+        create_pretrainer("mae", vitkit.create_model("gemma4_vit_167m", depth=1, img_size=96))
+
+
+def test_a_grey_model_from_rgb_weights_and_its_save_and_checkpoint_keep_unbounded_clamps(tmp_path):
+    """Fine-tuning on grey images: the linear patch projection's channels summed as a convolution's are (a grey
+    image gives the answer its RGB copy had); a model whose clamps have no bounds is saved, and its training
+    checkpoint is written (both refused infinite values: a run stopped at its first checkpoint)."""
+    from vitkit.train.checkpoint import non_finite_parts
+
+    ref = randomize(timm.create_model("gemma4_vit_167m", **{**SMALL, "num_classes": 3}), scale=0.2).eval()
+    save_for_hf(ref, str(tmp_path / "g"), safe_serialization=True)
+    grey = vitkit.from_pretrained(tmp_path / "g", in_chans=1)
+    x = torch.rand(2, 1, 96, 96)
+    with torch.no_grad():
+        assert max_diff(grey(x), ref(x.repeat(1, 3, 1, 1))) < 1e-5
+    grey.save_pretrained(tmp_path / "saved")
+    assert vitkit.from_pretrained(tmp_path / "saved").blocks[0].mlp.up_proj.output_min.item() == float("-inf")
+    state = {"model": grey.state_dict(), "ema": grey.state_dict()}
+    assert non_finite_parts(state, grey.UNBOUNDED) == [] and non_finite_parts(state) == ["model", "ema"]
+    state["model"]["blocks.0.attn.q_proj.input_min"] = torch.tensor(float("nan"))
+    assert non_finite_parts(state, grey.UNBOUNDED) == ["model"]
+
+
+def test_inspection_draws_its_filters_and_looked_up_positions():
+    from vitkit.inspect import embedding_filters, pos_embed_similarity
+
+    model = vitkit.create_model("gemma4_vit_167m", img_size=48, depth=1, embed_dim=64, num_heads=4, table_size=8)
+    weight = model.patch_embed.input_proj.weight
+    assert torch.equal(embedding_filters(model)[5, 1, 2], weight[5, 256 + 2 * 16:256 + 3 * 16])  # channel 1, row 2
+    table = model.patch_embed.position_embedding_table.detach()
+    sim = pos_embed_similarity(model)
+    a, b = table[0, 1] + table[1, 2], table[0, 0] + table[1, 1]  # (row 2, column 1) and (row 1, column 0)
+    assert torch.allclose(sim[2, 1, 1, 0], torch.nn.functional.cosine_similarity(a, b, dim=0), atol=1e-6)
