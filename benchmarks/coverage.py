@@ -2,9 +2,9 @@
 
 For every architecture with pretrained weights in timm's ViT-family modules (vision_transformer,
 vision_transformer_hybrid, vision_transformer_relpos, deit, cait, convit, eva, beit, deepseek_vit, qwen3_vit,
-naflexvit, vision_transformer_sam) up to ``--max-params`` (1B by default), timm builds it with random weights
-(every parameter noised, so no mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the Hub
-(``config.json`` + ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)``
+naflexvit, vision_transformer_sam, gemma4_vit) up to ``--max-params`` (1B by default), timm builds it with random
+weights (every parameter noised, so no mapping is trivial) and saves it as ``timm.models.save_for_hf`` does for the
+Hub (``config.json`` + ``model.safetensors``: what ``hf-hub:timm/...`` delivers); ``vitkit.from_pretrained(folder)``
 loads it, and the fp32 outputs of two images (logits, or pooled features for towers without a head; where timm's
 model gives tokens, DeepSeek's ``_enc`` the language model's, vitkit's ``forward_features``) are compared.
 A row is ``parity`` when max |difference| <= 1e-5 x max(1, max |timm's output|) (or, past it, when both
@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from bench_inference import dated_name, git_revision, machine_info, results_path  # noqa: E402
 
 MODULES = ("vision_transformer", "vision_transformer_hybrid", "vision_transformer_relpos", "deit", "cait", "convit",
-           "eva", "beit", "deepseek_vit", "qwen3_vit", "naflexvit", "vision_transformer_sam")
+           "eva", "beit", "deepseek_vit", "qwen3_vit", "naflexvit", "vision_transformer_sam", "gemma4_vit")
 TOLERANCE = 1e-5
 #: past the fp32 tolerance, the same check in float64 (models up to FP64_CHECK parameters) tells rounding
 #: from another function
@@ -96,14 +96,15 @@ def noised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def small_size(model) -> tuple | None:
-    """A smaller image size for a large model (a multiple of its patch, about 112 px; of its merger's blocks of
-    patches where it has one: Qwen3's), or None."""
+    """A smaller image size for a large model (a multiple of its patch, about 112 px; of its merger's or soft
+    tokens' blocks of patches where it has them: Qwen3's, Gemma 4's), or None."""
     inner = getattr(model, "encoder", None) or model  # (timm's VLM classifiers keep the ViT in their encoder)
     embed = getattr(inner, "patch_embed", None) or getattr(inner, "embeds", None)  # (NaFlexViT's: embeds)
     patch = getattr(embed, "patch_size", None)
     if patch is None:
         return None
-    p = (patch[0] if isinstance(patch, (tuple, list)) else patch) * getattr(inner, "merge_size", 1)
+    p = (patch[0] if isinstance(patch, (tuple, list)) else patch) * getattr(inner, "merge_size", 1) * \
+        getattr(inner, "pooling_kernel_size", 1)  # (Gemma 4's soft tokens: whole 3 x 3 blocks of patches)
     side = max(1, round(112 / p)) * p
     return (side, side)
 
