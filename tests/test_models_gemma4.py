@@ -171,3 +171,89 @@ def test_inspection_draws_its_filters_and_looked_up_positions():
     sim = pos_embed_similarity(model)
     a, b = table[0, 1] + table[1, 2], table[0, 0] + table[1, 1]  # (row 2, column 1) and (row 1, column 0)
     assert torch.allclose(sim[2, 1, 1, 0], torch.nn.functional.cosine_similarity(a, b, dim=0), atol=1e-6)
+
+
+def _hf_tower(**kw):
+    """transformers' Gemma 4 vision tower (the reference code timm's is checked against), small, with finite clamps
+    and a standardisation."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma4VisionConfig(**{**dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, position_embedding_size=64, use_clipped_linears=True, standardize=True), **kw})
+    tower = randomize(transformers.Gemma4VisionModel(config), scale=0.2).eval()
+    for module in tower.modules():
+        if hasattr(module, "input_min"):
+            module.input_min.fill_(-1.5), module.input_max.fill_(1.5)
+            module.output_min.fill_(-0.8), module.output_max.fill_(0.9)
+    return tower
+
+
+def _hf_soft_tokens(tower, x, patch=16):
+    """transformers' soft tokens of images (B, C, H, W): its patches flattened channel first, their (x, y)."""
+    B, C, H, W = x.shape
+    gh, gw = H // patch, W // patch
+    patches = x.reshape(B, C, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, -1)
+    rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    where = torch.stack([cols.flatten(), rows.flatten()], dim=-1).expand(B, -1, -1)
+    with torch.no_grad():
+        return tower(pixel_values=patches, pixel_position_ids=where).last_hidden_state.reshape(B, -1, tower.config
+                                                                                              .hidden_size)
+
+
+def test_gemmas_own_checkpoint_and_folder_read_as_transformers_computes_them(tmp_path, capsys):
+    """Gemma4Model's vision tower beside its language model's tensors (model.vision_tower.*, read off the shapes:
+    grouped-query heads, clamps, the standardisation), and a Gemma4VisionModel folder: vitkit's soft tokens are
+    transformers' (its tower's last_hidden_state) on wide and tall images."""
+    from safetensors.torch import save_file
+
+    from conftest import in_process
+
+    tower = _hf_tower()
+    sd = {"model.vision_tower." + k: v.contiguous() for k, v in tower.state_dict().items()}
+    sd.update({"model.embed_vision.embedding_projection.weight": torch.randn(8, 64),
+               "model.language_model.embed_tokens.weight": torch.randn(10, 8)})
+    save_file(sd, tmp_path / "model-00001-of-00002.safetensors")
+    tower.save_pretrained(tmp_path / "tower")
+    for source in (tmp_path / "model-00001-of-00002.safetensors", tmp_path / "tower"):
+        model = vitkit.from_pretrained(source)
+        c = model.config
+        assert (c.num_heads, c.kv_heads, c.clipped, c.standardize, c.global_pool) == (4, 2, True, True, "soft")
+        for size in [(96, 144), (144, 48)]:
+            x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(3))
+            expected = _hf_soft_tokens(tower, x)
+            with torch.no_grad():
+                assert max_diff(model.forward_features(x), expected) < 1e-5 * max(1.0, expected.abs().max()), size
+    out = in_process(capsys, "info", str(tmp_path / "model-00001-of-00002.safetensors")).stdout
+    assert "layout      gemma4 (Gemma 4's own: its vision tower; 2 tensors of its language model and projections " \
+           "left out)" in out
+
+
+def test_a_gemma4_vlm_folder_reads_its_tower_shards_alone(tmp_path):
+    """A Gemma 4 repository as the hub has it (config.json with vision_config, a shard index, the language model in
+    shards of its own): only the tower's shard is read (the other is not even a weights file here); an activation
+    other than the tower's in its vision_config is refused in one line."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tower = _hf_tower(use_clipped_linears=False, standardize=False, num_key_value_heads=4)
+    weights = {"model.vision_tower." + k: v.contiguous() for k, v in tower.state_dict().items()}
+    save_file(weights, tmp_path / "model-00002-of-00002.safetensors")
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"not read")
+    weight_map = {**{k: "model-00002-of-00002.safetensors" for k in weights},
+                  "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "architectures": [
+        "Gemma4ForConditionalGeneration"], "vision_config": tower.config.to_dict(), "text_config": {}}))
+    model = vitkit.from_pretrained(tmp_path)
+    assert model.config.kv_heads is None and not model.config.clipped
+    x = torch.rand(1, 3, 96, 96)
+    expected = _hf_soft_tokens(tower, x)
+    with torch.no_grad():
+        assert max_diff(model.forward_features(x), expected) < 1e-5 * max(1.0, expected.abs().max())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["vision_config"]["hidden_activation"] = "silu"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="hidden_activation 'silu'"):
+        vitkit.from_pretrained(tmp_path)

@@ -17,7 +17,8 @@ A ViT of RMSNorms without a class token, whose parts are its own:
 The classifier averages the patches, normalises them by an RMSNorm without weight, and maps them to the classes.
 The ``_enc`` encoder (``global_pool='soft'``) ends in the VLM's soft tokens: each 3 x 3 block of patches averaged
 (a grid of whole blocks), times sqrt(width), and for the 570M tower standardised by two stored vectors
-(``std_bias``, ``std_scale``); ``forward_features`` gives them, ``model(x)`` their mean.
+(``std_bias``, ``std_scale``); ``forward_features`` gives them, ``model(x)`` their mean. Gemma 4's own checkpoints
+(transformers' names) are read by :mod:`vitkit.weights.gemma4_format`.
 """
 
 from __future__ import annotations

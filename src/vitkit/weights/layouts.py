@@ -7,7 +7,16 @@ import re
 from typing import List
 
 from ..models import family_of_state_dict, renamed_in_timm
-from . import deepseek_format, dino_format, hf_format, npz_format, open_clip_format, qwen_format, sam_format
+from . import (
+    deepseek_format,
+    dino_format,
+    gemma4_format,
+    hf_format,
+    npz_format,
+    open_clip_format,
+    qwen_format,
+    sam_format,
+)
 from .io import WeightsError
 
 
@@ -31,6 +40,8 @@ def detect_format(keys) -> str:
         return "deepseek"  # DeepSeek's own shard: its vision tower under vision., the language model beside it
     if qwen_format.detect(keys):
         return "qwen"  # Qwen's own checkpoint: its vision tower under model.visual., the language model beside it
+    if gemma4_format.detect(keys):
+        return "gemma4"  # Gemma 4's own checkpoint: its vision tower under model.vision_tower., the rest beside it
     if sam_format.detect(keys):
         return "sam"  # SAM's own checkpoint: its image encoder under image_encoder., the prompt encoder beside it
     if family_of_state_dict(keys) is not None:
@@ -41,7 +52,7 @@ def detect_format(keys) -> str:
                            f"has (first keys: {preview}): the file is partial")
     raise WeightsError(f"unrecognised weight layout (first keys: {preview}); expected vitkit/timm, Hugging Face "
                        f"(ViT, DeiT, I-JEPA, CLIP, SigLIP, DINOv2, DINOv3, BEiT, AIMv2, SAM), open_clip, DINO's, "
-                       f"DeepSeek's, Qwen's or SAM's releases, or official vit_jax / big_vision npz names")
+                       f"DeepSeek's, Qwen's, Gemma 4's or SAM's releases, or official vit_jax / big_vision npz names")
 
 
 #: the transformer layers' names of the layouts one file could mix (a timm half and a Hugging Face half was refused

@@ -22,6 +22,7 @@ from ..selfsup import Pretrainer
 from . import (
     deepseek_format,
     dino_format,
+    gemma4_format,
     hf_format,
     hf_towers,
     npz_format,
@@ -38,7 +39,7 @@ from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, s
 
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
-FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen", "sam")
+FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen", "gemma4", "sam")
 #: The safetensors metadata key under which a timm export stores the vitkit config describing it.
 CONFIG_METADATA_KEY = "vitkit_config"
 
@@ -163,7 +164,7 @@ def _check_layouts_agree(folder: Path, weights: Path, layout: str, config_json: 
 def vlm_tower_names(names: List[str]) -> List[str]:
     """Of a sharded checkpoint's tensor names, those to read: a VLM's tower alone (Qwen's, DeepSeek's: the shards
     of its language model, gigabytes, are not read), else all."""
-    for reader in (qwen_format, deepseek_format):
+    for reader in (qwen_format, deepseek_format, gemma4_format):
         if reader.detect(names):
             return reader.tower_names(names)
     return names
@@ -352,8 +353,9 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})
-    elif src.format in ("deepseek", "qwen", "sam"):
-        sd = {"deepseek": deepseek_format, "qwen": qwen_format, "sam": sam_format}[src.format].to_native(tensors)
+    elif src.format in ("deepseek", "qwen", "gemma4", "sam"):
+        sd = {"deepseek": deepseek_format, "qwen": qwen_format, "gemma4": gemma4_format,
+              "sam": sam_format}[src.format].to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:

@@ -26,6 +26,7 @@ from ..utils import check_switches
 from . import (
     deepseek_format,
     dino_format,
+    gemma4_format,
     hf_format,
     hf_towers,
     npz_format,
@@ -56,9 +57,11 @@ def _config_file(src: Source) -> str:
 _RELEASES = {"dino": (dino_format.infer_config, "official DINO checkpoint"),
              "deepseek": (deepseek_format.infer_config, "DeepSeek checkpoint"),
              "qwen": (qwen_format.infer_config, "Qwen checkpoint"),
+             "gemma4": (gemma4_format.infer_config, "Gemma 4 checkpoint"),
              "sam": (sam_format.infer_config, "SAM checkpoint")}
 #: the VLMs' and SAM's own checkpoints: the tower read out of them (what is left out, said by ``vitkit info``)
-_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format), "sam": ("SAM", sam_format)}
+_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format),
+                 "gemma4": ("Gemma 4", gemma4_format), "sam": ("SAM", sam_format)}
 
 
 def _vitkit_config(src: Source, cj: Mapping[str, Any], overrides: Mapping[str, Any]):

@@ -52,10 +52,15 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     return infer_sam_config(_in_timms_names(sd), **{"norm_eps": SAM_EPS, **SAM_PREPROCESSING, **overrides})
 
 
+def vision_config(config_json: Any) -> Dict[str, Any]:
+    """A SAM checkpoint's own file says all its tower is (its config is a SamModel folder's, read as such)."""
+    return {}
+
+
 def left_out(sd: Mapping[str, Any]) -> str:
     """What reading the encoder leaves out of the file, as ``vitkit info`` says it."""
     others = sum(not k.startswith(PREFIX) for k in sd)
     return f"{others:,} tensors of its prompt encoder and mask decoder" if others else ""
 
 
-__all__ = ["detect", "tower_names", "to_native", "infer_config", "left_out", "PREFIX", "SAM_EPS"]
+__all__ = ["detect", "tower_names", "to_native", "infer_config", "vision_config", "left_out", "PREFIX", "SAM_EPS"]
