@@ -257,3 +257,21 @@ def test_a_gemma4_vlm_folder_reads_its_tower_shards_alone(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match="hidden_activation 'silu'"):
         vitkit.from_pretrained(tmp_path)
+
+
+def test_bf16_autocast_normalises_in_float32_without_torchs_mixed_dtype_note():
+    """Under bf16 autocast an RMSNorm's tokens are bf16 and its weight float32: torch's rms_norm took its slow
+    mixed-dtype path and said so on every run ('Mismatch dtype between input and weight'); the tokens are now
+    normalised in float32, as autocast normalises a LayerNorm's, and come back bf16."""
+    import warnings
+
+    from vitkit.models.norms import RmsNorm
+
+    norm = randomize(RmsNorm(64), scale=0.3)
+    x = torch.randn(4, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = norm(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    assert max_diff(got, norm(x.bfloat16().float())) <= 2 ** -8 * norm(x).abs().max()  # (one bf16 rounding)

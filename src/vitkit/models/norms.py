@@ -29,6 +29,9 @@ class RmsNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None and x.dtype != self.weight.dtype:  # (autocast's bf16 tokens: normalised in the
+            # weight's float32, as autocast normalises a LayerNorm's; torch's mixed-dtype fallback said so each run)
+            return F.rms_norm(x.to(self.weight.dtype), (self.dim,), self.weight, self.eps).to(x.dtype)
         return F.rms_norm(x, (self.dim,), self.weight, self.eps)
 
     def extra_repr(self) -> str:
