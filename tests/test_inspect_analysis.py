@@ -184,6 +184,30 @@ def test_the_similarity_figure_lays_each_positions_tile_where_the_position_is(tm
     assert mosaic.mask[4].all() and mosaic.mask[:, 6].all()  # the gaps: drawn as background
 
 
+def test_a_large_grids_similarity_figure_draws_evenly_spaced_positions(tmp_path, monkeypatch):
+    """SAM's 64x64 grid drew 4,096 tiles into a 59-inch figure (most of a 10-minute inspection); past 16 a side
+    the tiles are of evenly spaced positions, the first and last kept, and the title says how many."""
+    import matplotlib.axes
+    import numpy as np
+
+    from vitkit.inspect.figures import MAX_TILES, pos_embed_similarity_grid
+
+    shown, titles = [], []
+    draw, title = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda ax, data, **kw: shown.append(data) or draw(ax, data,
+                                                                                                          **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, text, **kw: titles.append(text) or title(
+        ax, text, **kw))
+    sim = torch.rand(40, 20, 40, 20, generator=torch.Generator().manual_seed(0))
+    pos_embed_similarity_grid(sim, tmp_path / "s.png")
+    (mosaic,), gap = shown, round(0.15 * 40)
+    assert mosaic.shape == (MAX_TILES * (40 + gap) - gap, MAX_TILES * (20 + gap) - gap)
+    assert np.array_equal(mosaic[:40, :20], sim[0, 0].numpy())  # the first position
+    last = (MAX_TILES - 1) * (40 + gap), (MAX_TILES - 1) * (20 + gap)
+    assert np.array_equal(mosaic[last[0]:last[0] + 40, last[1]:last[1] + 20], sim[39, 19].numpy())  # the last
+    assert titles == [f"position embedding similarity ({MAX_TILES}x{MAX_TILES} of 40x20 positions)"]
+
+
 def test_filter_pca_components_orthonormal_and_variance_sorted():
     model = tiny(embed_dim=64)
     comps, explained = embedding_filters_pca(model, k=28)

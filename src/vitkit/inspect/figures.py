@@ -147,19 +147,25 @@ def convit_gates_plot(gates: torch.Tensor, path: PathLike) -> Path:
     return _save(fig, path)
 
 
+#: the most tiles a side of the position-similarity figure draws (a 64 x 64 grid, SAM's at 1,024 px, drew 4,096
+#: tiles into a 59-inch figure, most of a 10-minute inspection and a report of tens of megabytes)
+MAX_TILES = 16
+
+
 def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
     """For each patch position, its cosine similarity to every other (the paper's Fig. 7 centre): one tile a
     position, the tiles laid out as the grid, drawn as one image (a subplot a tile took 0.4 s at 7x7 and
-    seconds at ViT-B/16's 14x14)."""
+    seconds at ViT-B/16's 14x14); past :data:`MAX_TILES` a side, tiles of evenly spaced positions."""
     plt = pyplot()
     gh, gw = sim.shape[:2]
+    rows, cols = (np.unique(np.linspace(0, n - 1, min(n, MAX_TILES)).round().astype(int)) for n in (gh, gw))
     gap = max(1, round(0.15 * max(gh, gw)))  # pixels of background between tiles
-    mosaic = np.full((gh * (gh + gap) - gap, gw * (gw + gap) - gap), np.nan, dtype=np.float32)
-    for i in range(gh):
-        for j in range(gw):
-            top, left = i * (gh + gap), j * (gw + gap)
+    mosaic = np.full((len(rows) * (gh + gap) - gap, len(cols) * (gw + gap) - gap), np.nan, dtype=np.float32)
+    for a, i in enumerate(rows):
+        for b, j in enumerate(cols):
+            top, left = a * (gh + gap), b * (gw + gap)
             mosaic[top:top + gh, left:left + gw] = sim[i, j].numpy()
-    fig, ax = plt.subplots(figsize=(0.9 * gw + 1.6, 0.9 * gh))
+    fig, ax = plt.subplots(figsize=(0.9 * len(cols) + 1.6, 0.9 * len(rows)))
     # one colour scale for all tiles, from the lowest similarity to 1: a fixed -1..1 scale
     # shows smooth (e.g. sine-cosine) embeddings, all above ~0.7, as one flat colour
     low = min(float(sim.min()), 0.99)
@@ -168,7 +174,8 @@ def pos_embed_similarity_grid(sim: torch.Tensor, path: PathLike) -> Path:
     shown = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=low, vmax=1, interpolation="nearest")
     ax.axis("off")
     fig.colorbar(shown, ax=ax, shrink=0.8, label="cosine similarity")
-    ax.set_title("position embedding similarity")  # (above the tiles: a suptitle sat far above a square grid)
+    shown_of = "" if (len(rows), len(cols)) == (gh, gw) else f" ({len(rows)}x{len(cols)} of {gh}x{gw} positions)"
+    ax.set_title(f"position embedding similarity{shown_of}")  # (above the tiles: a suptitle sat far above a grid)
     return _save(fig, path)
 
 
