@@ -4,6 +4,7 @@ import json
 import re
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -255,3 +256,23 @@ def test_attention_maps_larger_than_the_memory_are_refused_and_large_ones_go_few
                         r"x 2 heads x 64 x 64 tokens, fp32\), twice that at once, and 0\.0 GiB are free: inspect at a "
                         r"smaller --img-size", err), err
     assert not out.exists()
+
+
+def test_the_rollout_and_the_distance_share_one_pass_of_attention_maps(tmp_path, saved_model):
+    """Each asked the model for its maps: two forward passes with every layer's maps (31 s an image for SAM's
+    ViT-B at 1,024 px); one pass now serves both, with the same figures' numbers as each function alone."""
+    from vitkit.inspect import attention_rollout, mean_attention_distance
+    from vitkit.inspect.report import inspect_model
+
+    model = vitkit.from_pretrained(saved_model)
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
+    forward, passes = model.forward, []
+    model.forward = lambda x, return_attention=False: passes.append(return_attention) or forward(x, return_attention)
+    inspect_model(model, tmp_path / "out", [photo], progress=False)
+    assert passes.count(True) == 2  # the chunk's maps once, and the figure of the attention per layer
+    model.forward = forward
+    x = vitkit.preprocess(model, photo)
+    maps = vitkit.inspect.attention_maps(model, x)
+    assert torch.equal(attention_rollout(model, x, maps=maps), attention_rollout(model, x))
+    assert torch.equal(mean_attention_distance(model, x, maps=maps), mean_attention_distance(model, x))

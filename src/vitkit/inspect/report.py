@@ -236,10 +236,12 @@ def _per_image(model: nn.Module, x: torch.Tensor, with_probs: bool, bar: Progres
         part = x[i:i + chunk]
         if with_probs:
             probs.append(model(part).float().softmax(-1).cpu())
-        if maps:
-            rollouts.append(attention_rollout(model, part).cpu())
+        if maps:  # (one forward pass for both: the maps are most of the time at 4,096 tokens)
+            held = attention_maps(model, part)
+            rollouts.append(attention_rollout(model, part, maps=held).cpu())
             # every chunk's mean over its images, weighted by its images: the mean over all of them
-            distance = distance + mean_attention_distance(model, part).cpu() * len(part)
+            distance = distance + mean_attention_distance(model, part, maps=held).cpu() * len(part)
+            del held
         bar.advance()
     if not maps:
         return (torch.cat(probs) if probs else None), None, None
