@@ -4,8 +4,8 @@ import json
 import re
 
 import numpy as np
-import torch
 import pytest
+import torch
 from PIL import Image
 
 import vitkit
