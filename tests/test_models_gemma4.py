@@ -275,3 +275,22 @@ def test_bf16_autocast_normalises_in_float32_without_torchs_mixed_dtype_note():
             got = norm(x.bfloat16())
     assert got.dtype == torch.bfloat16
     assert max_diff(got, norm(x.bfloat16().float())) <= 2 ** -8 * norm(x).abs().max()  # (one bf16 rounding)
+
+
+def test_a_vlm_towers_soft_tokens_take_a_head_as_timms_classifier_over_them(tmp_path):
+    """Fine-tuning a Gemma 4 VLM's tower (read as _enc) gives it a head over the mean of its soft tokens (it was
+    refused: "global_pool='soft' ... has no classes"); written in timm's names it is timm's classifier with
+    encoder_pool='soft', which loads it strictly and computes the same."""
+    from safetensors.torch import load_file
+
+    ref = _timm("gemma4_vit_570m_enc")
+    save_for_hf(ref, str(tmp_path / "g"), safe_serialization=True)
+    model = randomize(vitkit.from_pretrained(tmp_path / "g", num_classes=5), seed=2)
+    assert model.config.global_pool == "soft" and model.head.weight.shape == (5, 64)
+    vitkit.export_weights(model, tmp_path / "head.safetensors", format="timm")
+    theirs = timm.create_model("gemma4_vit_570m", **SMALL, num_classes=5, encoder_pool="soft", final_norm=False)
+    theirs.load_state_dict(load_file(tmp_path / "head.safetensors"))
+    x = torch.rand(2, 3, 96, 144)
+    with torch.no_grad():
+        expected = theirs.eval()(x)
+        assert max_diff(model(x), expected) < 1e-5 * max(1.0, expected.abs().max())

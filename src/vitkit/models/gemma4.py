@@ -50,7 +50,8 @@ class Gemma4Config(TokenConfig):
     """Gemma 4's vision encoder (see the module notes)."""
 
     KIND: ClassVar[str] = "Gemma 4 ViT"
-    #: the classifier's readout (the patches' mean), or the encoder's soft tokens (their mean for ``model(x)``)
+    #: the classifier's readout (the patches' mean), or the encoder's soft tokens (their mean for ``model(x)`` and
+    #: a head: timm's classifier with ``encoder_pool='soft'``, what fine-tuning a VLM's tower makes)
     POOLS: ClassVar[Tuple[str, ...]] = ("avg", "soft")
 
     architecture: str = "gemma4"
@@ -93,8 +94,6 @@ class Gemma4Config(TokenConfig):
                 problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0:
             problems.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
-        if self.global_pool == "soft" and self.num_classes:
-            problems.append("global_pool='soft' gives the VLM's tokens: it has no classes (num_classes=0)")
         return problems
 
     def grid_problems(self) -> List[str]:
@@ -286,7 +285,7 @@ class Gemma4ViT(TokenModel):
         self.blocks = nn.ModuleList(Gemma4Block(cfg, rate) for rate in linear_drop_path_rates(cfg.drop_path_rate,
                                                                                              cfg.depth))
         self.norm = nn.Identity()
-        self.fc_norm = RmsNorm(D, cfg.norm_eps, affine=False) if cfg.final_norm and cfg.global_pool == "avg" else None
+        self.fc_norm = RmsNorm(D, cfg.norm_eps, affine=False) if cfg.final_norm else None
         if cfg.standardize:
             self.register_buffer("std_bias", torch.zeros(D))
             self.register_buffer("std_scale", torch.ones(D))
@@ -376,8 +375,9 @@ def gemma4_from_timm(sd: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def gemma4_to_timm(model: Gemma4ViT) -> Dict[str, torch.Tensor]:
-    """vitkit's model -> timm's: the classifier's encoder under ``encoder.``, the head beside it."""
-    classifier = model.config.global_pool != "soft"
+    """vitkit's model -> timm's: the classifier's encoder under ``encoder.``, the head beside it (a head over the soft
+    tokens: timm's classifier with ``encoder_pool='soft'``)."""
+    classifier = model.config.global_pool != "soft" or model.config.num_classes > 0
     return {(TIMM_PREFIX + k if classifier and not k.startswith("head.") else k): v.detach().cpu().contiguous()
             for k, v in model.state_dict().items()}
 
