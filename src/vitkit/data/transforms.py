@@ -114,15 +114,16 @@ class EvalTransform:
     def view(self, im: Image.Image, pad: bool = True) -> Image.Image:
         """The pixels the model sees: in its channels (RGB or grey, converted as :func:`.images.to_rgb` converts a
         decoded file: a palette, 16-bit grey or an alpha channel read as ``preprocess`` reads them), resized,
-        centre-cropped, before normalisation. ``pad=False``: a border mode's image without its padding."""
+        centre-cropped, before normalisation. ``pad=False``: the resized image without the padding ``'border'``
+        with ``crop_offset='start'`` adds after normalising (SAM's: :meth:`__call__`)."""
         channels = len(self.mean)
         if channels in (1, 3) and im.mode != ("L" if channels == 1 else "RGB"):  # (other counts: as given)
             im = to_rgb(im, channels)
         im = self.resize(im)
         th, tw = self.img_size
         w, h = im.size
-        if self.crop_mode == "border" and not pad:
-            return im.crop((0, 0, min(w, tw), min(h, th))) if self.crop_offset == "start" else im
+        if not pad:
+            return im.crop((0, 0, min(w, tw), min(h, th)))
         if self.crop_mode == "border" and (w < tw or h < th):
             im = self._pad(im, max(w, tw), max(h, th))
             w, h = im.size

@@ -208,10 +208,11 @@ MAP_BUDGET = 2 * 2 ** 30
 MAX_IMAGES = 64
 
 
-def images_a_pass(config: Any) -> int:
+def images_a_pass(config: Any, remedy: str = "inspect at a smaller --img-size") -> int:
     """How many images a pass of the per-image analyses takes (:data:`CHUNK`, fewer where their attention maps
     pass :data:`MAP_BUDGET`); a model whose maps of one image do not fit in the free memory (twice: the maps and
-    the softmax's) is refused in one line, before anything runs (it was killed for memory)."""
+    the softmax's) is refused in one line, before anything runs (it was killed for memory); ``remedy``: what
+    the line tells to do instead."""
     from ..machine import available_memory
     from ..models.complexity import complexity
 
@@ -222,7 +223,7 @@ def images_a_pass(config: Any) -> int:
         (h, w), n = c.img_size, c.tokens
         raise ValueError(f"the attention maps of one image at {h}x{w} px take {one / 2 ** 30:,.1f} GiB ({c.depth} "
                          f"layers x {c.heads} heads x {n:,} x {n:,} tokens, fp32), twice that at once, and "
-                         f"{free / 2 ** 30:,.1f} GiB are free: inspect at a smaller --img-size")
+                         f"{free / 2 ** 30:,.1f} GiB are free: {remedy}")
     return max(1, min(CHUNK, MAP_BUDGET // max(one, 1)))
 
 

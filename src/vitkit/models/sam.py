@@ -142,7 +142,7 @@ def axis_offsets(table: torch.Tensor, size: int) -> torch.Tensor:
     axis of ``size`` tokens; a table of another length is stretched linearly first (SAM's, timm's)."""
     n = 2 * size - 1
     if table.shape[0] != n:
-        table = F.interpolate(table.t()[None].float(), size=n, mode="linear")[0].t().to(table.dtype)
+        table = axis_offsets_table(table, n)
     pos = torch.arange(size, device=table.device)
     return table[pos[:, None] - pos[None, :] + (size - 1)]
 
@@ -329,7 +329,7 @@ class SamViT(VisionTransformer):
         for name, table in list(self.named_parameters()):
             if (side := self.global_table_side(name)) is not None and table.shape[0] != side:
                 module, leaf = self.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
-                setattr(module, leaf, nn.Parameter(axis_offsets_table(table, side)))
+                setattr(module, leaf, nn.Parameter(axis_offsets_table(table.detach(), side)))
 
     def global_table_side(self, name: str) -> Optional[int]:
         """The rows a global block's offset table ``name`` has at the model's grid (None: no such table)."""
@@ -352,7 +352,7 @@ class SamViT(VisionTransformer):
 
 def axis_offsets_table(table: torch.Tensor, rows: int) -> torch.Tensor:
     """A (L, d) offset table stretched linearly to ``rows`` offsets (:func:`axis_offsets`' stretch)."""
-    return F.interpolate(table.detach().t()[None].float(), size=rows, mode="linear")[0].t().to(table.dtype)
+    return F.interpolate(table.t()[None].float(), size=rows, mode="linear")[0].t().to(table.dtype)
 
 
 # ----------------------------------------------------------------------------- cost

@@ -254,9 +254,9 @@ class ServedModel:
 
         encoder = self._encoder()
         try:
-            images_a_pass(encoder.config)
+            images_a_pass(encoder.config, "serve a smaller --img-size")
         except ValueError as e:
-            return str(e).replace("inspect at a smaller --img-size", "serve a smaller --img-size")
+            return str(e)
         return maps_not_distributions(encoder)
 
     def rollout_png(self, data: bytes, name: str = "upload", deadline: Optional[float] = None) -> bytes:

@@ -174,10 +174,8 @@ def _sam_padding(pre: Mapping[str, Any]) -> Dict[str, Any]:
 def sam_processor_fields(config: Any) -> Dict[str, Any]:
     """vitkit's preprocessing as SAM's processor's config (:func:`_sam_padding` reads it back)."""
     side = max(config.img_size)
-    return {"do_resize": True, "do_rescale": True, "do_normalize": True, "do_pad": True,
-            "image_mean": list(config.mean), "image_std": list(config.std), "size": {"longest_edge": side},
-            "pad_size": {"height": side, "width": side},
-            "resample": {v: k for k, v in _RESAMPLE_NAMES.items()}[config.interpolation]}
+    return {**_statistics_fields(config), "do_pad": True, "size": {"longest_edge": side},
+            "pad_size": {"height": side, "width": side}}
 
 
 def _convnext_crop(pre: Mapping[str, Any], size: Mapping[str, float]) -> Dict[str, Any]:
@@ -275,14 +273,19 @@ def _crop_pct(crop: float, side: float) -> float:
     return pct if math.floor(crop / pct) == side else min(1.0, crop / (side + 1e-6))
 
 
+def _statistics_fields(config: Any) -> Dict[str, Any]:
+    """What every written processor config holds: resized, rescaled, normalised by the config's mean and std with
+    its filter."""
+    return {"do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": list(config.mean),
+            "image_std": list(config.std), "resample": {v: k for k, v in _RESAMPLE_NAMES.items()}[config.interpolation]}
+
+
 def processor_fields(config: Any) -> Dict[str, Any]:
     """vitkit's evaluation preprocessing as an image processor's config (what :func:`preprocessing` reads back):
     ``squash``: the whole image to ``floor(size / crop_pct)``, then the centre crop where ``crop_pct`` < 1;
     ``center``: the shorter side to it and the centre crop."""
     h, w = config.img_size
-    out: Dict[str, Any] = {"do_resize": True, "do_rescale": True, "do_normalize": True,
-                           "image_mean": list(config.mean), "image_std": list(config.std),
-                           "resample": {v: k for k, v in _RESAMPLE_NAMES.items()}[config.interpolation]}
+    out = _statistics_fields(config)
     scale_h, scale_w = math.floor(h / config.crop_pct), math.floor(w / config.crop_pct)
     if getattr(config, "crop_mode", "center") == "squash":
         out["size"] = {"height": scale_h, "width": scale_w}

@@ -37,6 +37,8 @@ from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, saf
 from .layouts import detect_format
 from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, stored_table
 
+#: the layouts of a model's own release that hold a tower among other parts, and their readers
+RELEASE_TOWERS = {"deepseek": deepseek_format, "qwen": qwen_format, "gemma4": gemma4_format, "sam": sam_format}
 #: Weight file names looked for inside a folder, in order of preference.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.npz") + open_clip_format.WEIGHT_FILES
 FORMATS = ("vitkit", "timm", "hf", "npz", "big_vision", "open_clip", "dino", "deepseek", "qwen", "gemma4", "sam")
@@ -353,9 +355,8 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     elif src.format == "dino":
         sd = dino_format.to_native({k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
                                     for k, v in tensors.items()})
-    elif src.format in ("deepseek", "qwen", "gemma4", "sam"):
-        sd = {"deepseek": deepseek_format, "qwen": qwen_format, "gemma4": gemma4_format,
-              "sam": sam_format}[src.format].to_native(tensors)
+    elif src.format in RELEASE_TOWERS:
+        sd = RELEASE_TOWERS[src.format].to_native(tensors)
     elif src.format == "hf":
         sd = hf_format.to_native(tensors)
         if src.config_json:
@@ -406,8 +407,7 @@ def _adapt_input_channels(sd: Dict[str, torch.Tensor], model: nn.Module) -> Opti
         return None
     have, want = sd[key].shape[1], target.shape[1]
     sd[key] = adapt_input_channels(sd[key], want)
-    how = "summed" if want == 1 else f"repeated and scaled by {have}/{want}"
-    return f"{key} {have} -> {want} input channels ({how}, as timm's adapt_input_conv)"
+    return _channels_note(key, have, want)
 
 
 def _adapt_linear_patches(sd: Dict[str, torch.Tensor], model: nn.Module) -> Optional[str]:
@@ -422,6 +422,10 @@ def _adapt_linear_patches(sd: Dict[str, torch.Tensor], model: nn.Module) -> Opti
     if have * ph * pw != flat or have == want:
         return None  # (another patch size or width: the shape check names it)
     sd[key] = adapt_input_channels(sd[key].reshape(width, have, ph, pw), want).reshape(width, want * ph * pw)
+    return _channels_note(key, have, want)
+
+
+def _channels_note(key: str, have: int, want: int) -> str:
     how = "summed" if want == 1 else f"repeated and scaled by {have}/{want}"
     return f"{key} {have} -> {want} input channels ({how}, as timm's adapt_input_conv)"
 

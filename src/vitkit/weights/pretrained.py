@@ -42,7 +42,7 @@ from .hf_backbone import backbone_plan
 from .hf_tower_parts import ProcessorConfigError
 from .hub_download import HUB_PREFIX, download_from_hub, hub_failure  # noqa: F401 (re-exported)
 from .io import WeightsError
-from .load import WEIGHT_FILES, AdaptNote, LoadReport, Source, load_into, read_source, to_native
+from .load import RELEASE_TOWERS, WEIGHT_FILES, AdaptNote, LoadReport, Source, load_into, read_source, to_native
 
 
 def _config_file(src: Source) -> str:
@@ -60,8 +60,8 @@ _RELEASES = {"dino": (dino_format.infer_config, "official DINO checkpoint"),
              "gemma4": (gemma4_format.infer_config, "Gemma 4 checkpoint"),
              "sam": (sam_format.infer_config, "SAM checkpoint")}
 #: the VLMs' and SAM's own checkpoints: the tower read out of them (what is left out, said by ``vitkit info``)
-_VLM_RELEASES = {"deepseek": ("DeepSeek", deepseek_format), "qwen": ("Qwen", qwen_format),
-                 "gemma4": ("Gemma 4", gemma4_format), "sam": ("SAM", sam_format)}
+_VLM_RELEASES = {layout: (who, RELEASE_TOWERS[layout]) for layout, who in (
+    ("deepseek", "DeepSeek"), ("qwen", "Qwen"), ("gemma4", "Gemma 4"), ("sam", "SAM"))}
 
 
 def _vitkit_config(src: Source, cj: Mapping[str, Any], overrides: Mapping[str, Any]):
