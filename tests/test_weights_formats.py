@@ -701,7 +701,8 @@ def test_hub_download_uses_snapshot_download(tmp_path, monkeypatch, images):
     fake = fake_snapshot_download(tmp_path / "repo", calls)
     monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=fake))
     model = vitkit.from_pretrained("hf-hub:someone/tiny-vit@v1")
-    assert calls == [("someone/tiny-vit", ("config.json", "preprocessor_config.json", "model.safetensors"), "v1")]
+    assert calls == [("someone/tiny-vit", ("config.json", "preprocessor_config.json", "processor_config.json",
+                                              "model.safetensors"), "v1")]
     x = images(1, 32, 32)
     assert max_diff(model(x), src(x)) == 0
 

@@ -274,3 +274,79 @@ def test_convnexts_processor_warps_from_384_and_crops_by_its_default_below(side,
     for photo in _photos(ours.config.crop_mode):
         assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
                               atol=1e-5)
+
+
+def _whole_processor(folder, image_processor, **rest):
+    """A whole processor's config as transformers 5's ``ProcessorMixin.save_pretrained`` writes it (CLIP's and
+    SigLIP's processors hold a tokenizer too): its image processor's under ``image_processor``."""
+    fields = {**image_processor.to_dict(), "image_processor_type": type(image_processor).__name__}
+    (folder / "processor_config.json").write_text(json.dumps({"image_processor": fields, **rest}))
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-an-older-preprocessor-config"])
+def test_a_whole_processors_config_is_read_first_as_transformers_reads_it(beside, tmp_path):
+    """Before, only preprocessor_config.json was read: a folder saved with its whole processor (CLIPProcessor's
+    save_pretrained) was fed the class's defaults, 224 px shortest side where its processor resizes to 256 and
+    crops, silently; beside an older preprocessor_config.json, transformers takes the whole processor's."""
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path)
+    if beside:
+        T.CLIPImageProcessor(size={"shortest_edge": 224}).save_pretrained(tmp_path)
+    _whole_processor(tmp_path, T.CLIPImageProcessor(size={"shortest_edge": 256}, resample=2),
+                     processor_class="CLIPProcessor")
+    ours = vitkit.from_pretrained(tmp_path)
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    assert processor.size["shortest_edge"] == 256
+    for photo in _photos("center"):
+        assert torch.allclose(vitkit.preprocess(ours, photo), processor(images=photo, return_tensors="pt").pixel_values,
+                              atol=1e-5)
+    assert ours.config.interpolation == "bilinear"
+
+
+def test_a_processor_saved_by_transformers_itself_is_read(tmp_path):
+    """SAM's processor (no tokenizer) saved by transformers' own ProcessorMixin: processor_config.json alone
+    (its statistics here not SAM's ImageNet ones, which vitkit takes where a folder has none)."""
+    T.SamVisionModel(T.SamVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=64,
+                                       patch_size=16, output_channels=16, global_attn_indexes=[0], mlp_dim=64,
+                                       window_size=2)).save_pretrained(tmp_path)
+    T.SamProcessor(image_processor=T.SamImageProcessor(size={"longest_edge": 64}, pad_size={"height": 64, "width": 64},
+                                                       image_mean=[0.5] * 3, image_std=[0.25] * 3)
+                   ).save_pretrained(tmp_path)
+    assert not (tmp_path / "preprocessor_config.json").exists()
+    ours = vitkit.from_pretrained(tmp_path)
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    for photo in _photos("border"):
+        want = processor(images=photo, return_tensors="pt").pixel_values
+        assert torch.allclose(vitkit.preprocess(ours, photo), want, atol=1e-5)
+
+
+def test_an_export_over_a_whole_processors_config_replaces_its_image_processor_and_keeps_the_rest(tmp_path):
+    """transformers reads the whole processor's file first: one left from the folder's earlier model (its
+    image processor resized to 256) would have given transformers that model's pixels for this one."""
+    folder = tmp_path / "hf"
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(folder)
+    _whole_processor(folder, T.CLIPImageProcessor(size={"shortest_edge": 256}), processor_class="CLIPProcessor",
+                     extra_setting=7)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=64, num_classes=0, crop_pct=1.0,
+                                crop_mode="squash")
+    vitkit.export_weights(model, folder, "hf")
+    whole = json.loads((folder / "processor_config.json").read_text())
+    assert (whole["processor_class"], whole["extra_setting"]) == ("CLIPProcessor", 7)
+    processor = T.AutoImageProcessor.from_pretrained(folder, use_fast=False)
+    photo = Image.fromarray(skimage_data.chelsea())
+    assert torch.allclose(processor(images=photo, return_tensors="pt").pixel_values, vitkit.preprocess(model, photo),
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("nested, said", [([1, 2], "\"image_processor\" must be a JSON object"),
+                                          ({"image_processor_type": "CLIPImageProcessor", "size": "big"}, "size")])
+def test_a_broken_whole_processors_config_is_one_line_naming_that_file(nested, said, tmp_path, capsys):
+    from vitkit.cli import main
+
+    T.CLIPVisionModel(T.CLIPVisionConfig(**SMALL)).save_pretrained(tmp_path)
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": nested}))
+    with pytest.raises(vitkit.weights.WeightsError, match=said) as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(tmp_path / "processor_config.json"))
+    assert main(["info", str(tmp_path)]) == 2
+    said = capsys.readouterr()
+    assert "processor_config.json" in said.out + said.err and "Traceback" not in said.err

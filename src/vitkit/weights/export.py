@@ -28,8 +28,8 @@ _LAYOUT_NAMES = {"timm": "timm", "hf": "Hugging Face", "npz": "official JAX", "b
 
 
 #: The files a folder of weights is read from, and those ``vitkit`` and ``hf`` folders are written as.
-FOLDER_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin", "model.pth",
-                "model.npz")
+FOLDER_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "model.safetensors",
+                "pytorch_model.bin", "model.pth", "model.npz")
 #: Suffixes of a file, never of a folder to write into.
 _FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json")
 
@@ -217,7 +217,7 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
         save_safetensors(sd, into / "model.safetensors")
         write_json(into / "config.json", config)
-        write_json(into / "preprocessor_config.json", processor)
+        hf_format.write_preprocessor(into, path, processor)
     return path
 
 

@@ -16,15 +16,22 @@ pooler (dense + tanh on the class token) is the paper's pre-logits layer.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from ..files import write_json
 from ..models import ViTConfig
 from ..models.positions import full_table
 from .hf_tower_parts import labels_from_hf, labels_to_hf, preprocessing, processor_fields
 from .io import WeightsError
+
+#: an image processor's config saved alone, and a whole processor's (its image processor's under "image_processor":
+#: what transformers 5 writes for CLIP's, SigLIP's, a VLM's processor, and reads before the other)
+PREPROCESSOR_FILE, PROCESSOR_FILE = "preprocessor_config.json", "processor_config.json"
 
 #: a layer's parameters: ``encoder.layer.N.`` on the hub and in saved files, ``layers.N.`` in a
 #: transformers 5 model's own state dict
@@ -262,6 +269,20 @@ def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
     kind = "BitImageProcessor" if "shortest_edge" in fields["size"] else \
         "DeiTImageProcessor" if fields.get("do_center_crop") else "ViTImageProcessor"
     return {"image_processor_type": kind, **fields}
+
+
+def write_preprocessor(into: Path, held: Path, processor: Dict[str, Any]) -> None:
+    """``processor`` written into ``into`` (the folder being written as ``held``) as ``preprocessor_config.json``;
+    where ``held`` has a whole processor's ``processor_config.json``, whose image processor transformers reads
+    first, that file too, its ``image_processor`` replaced and the rest (the processor's class, its text side's
+    settings) kept: a stale one would give transformers the old model's preprocessing."""
+    write_json(into / PREPROCESSOR_FILE, processor)
+    try:
+        whole = json.loads((held / PROCESSOR_FILE).read_text())
+    except (OSError, ValueError):  # none (or none readable: replaced by nothing, as a model file the folder held)
+        return
+    if isinstance(whole, dict) and "image_processor" in whole:
+        write_json(into / PROCESSOR_FILE, {**whole, "image_processor": processor})
 
 
 def config_from_hf(hf: Mapping[str, Any], sd: Optional[Mapping[str, Any]] = None,

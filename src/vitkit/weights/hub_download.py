@@ -15,7 +15,7 @@ HUB_PREFIX = "hf-hub:"
 #: What ``hf-hub:`` fetches of a repository: the configs, then one weight file. safetensors is
 #: asked for alone first because timm and transformers repositories carry it beside
 #: ``pytorch_model.bin``: both would double the download.
-_HUB_CONFIG_FILES = ("config.json", "preprocessor_config.json")
+_HUB_CONFIG_FILES = ("config.json", "preprocessor_config.json", "processor_config.json")
 _HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.npz")
 #: a checkpoint saved in shards (transformers past ``max_shard_size``): the index and the files it names
 _HUB_SHARDS = {"model.safetensors": ("model.safetensors.index.json", "model-*-of-*.safetensors"),
@@ -66,7 +66,7 @@ def _hub_kind(e: BaseException) -> Tuple[str, Optional[int]]:
 
 
 def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
-    """Fetch ``config.json`` (and ``preprocessor_config.json``) and one weight file of
+    """Fetch ``config.json`` (and the image processor's config) and one weight file of
     ``org/name[@revision]`` into the Hugging Face cache (an open_clip repository: its
     ``open_clip_config.json`` and weights); return their folder."""
     repo, _, revision = spec.partition("@")

@@ -33,6 +33,7 @@ from . import (
     timm_format,
 )
 from .file_names import missing_by_file_names
+from .hf_format import PREPROCESSOR_FILE, PROCESSOR_FILE
 from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata, unwrap_state_dict
 from .layouts import detect_format
 from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, stored_table
@@ -75,6 +76,8 @@ class Source:
     format: str
     config_json: Optional[Dict[str, Any]] = None
     preprocessor_json: Optional[Dict[str, Any]] = None
+    #: the file ``preprocessor_json`` was read from, as an error names it (:func:`read_image_processor`)
+    preprocessor_file: str = PREPROCESSOR_FILE
     path: Optional[Path] = None
     #: the objective of a pre-training model (simmim, mpp, mae), else None
     pretraining: Optional[str] = None
@@ -107,7 +110,21 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
 
 
 #: the configs a reader takes from a weights folder beside its weights
-FOLDER_CONFIGS = ("config.json", "preprocessor_config.json", open_clip_format.CONFIG_FILE)
+FOLDER_CONFIGS = ("config.json", PREPROCESSOR_FILE, PROCESSOR_FILE, open_clip_format.CONFIG_FILE)
+
+
+def read_image_processor(folder: Path) -> Tuple[Optional[Dict[str, Any]], str]:
+    """A folder's image processor config and the file it is read from, as transformers' ``AutoImageProcessor``
+    reads it: the ``image_processor`` inside ``processor_config.json`` (what a whole processor's ``save_pretrained``
+    writes since transformers 5: CLIP's, SigLIP's, a VLM's), else ``preprocessor_config.json``."""
+    processor = _read_json(folder / PROCESSOR_FILE)
+    nested = (processor or {}).get("image_processor")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise WeightsError(f"{folder / PROCESSOR_FILE}: its \"image_processor\" must be a JSON object, not "
+                               f"{type(nested).__name__}")
+        return nested, f"{PROCESSOR_FILE} (its image_processor)"
+    return _read_json(folder / PREPROCESSOR_FILE), PREPROCESSOR_FILE
 
 
 def model_files(folder: Path) -> List[Path]:
@@ -298,7 +315,7 @@ def _read_folder(path: Path) -> Source:
     _check_same_model(path, src.config_json, config_json)
     if config_json is not None:  # else the file's own (a vitkit model.safetensors carries its config)
         src.config_json = timm_format.with_timm_defaults(config_json)
-    src.preprocessor_json = _read_json(path / "preprocessor_config.json")
+    src.preprocessor_json, src.preprocessor_file = read_image_processor(path)
     src.open_clip_config = open_clip_config
     if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
         src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)

@@ -93,7 +93,7 @@ def config_for_source(src: Source, **overrides: Any):
                 return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
             return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
         except WeightsError as e:  # which file said it
-            name = "preprocessor_config.json" if isinstance(e, ProcessorConfigError) else "config.json"
+            name = src.preprocessor_file if isinstance(e, ProcessorConfigError) else "config.json"
             raise WeightsError(f"{src.path.parent / name if src.path else name}: {e}") from None
     if src.pretraining and src.format == "vitkit":
         raise WeightsError("a vitkit pre-training model needs its config.json (its objective's options): "

@@ -210,7 +210,7 @@ def export(model: Pretrainer, path: Path, fmt: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     save_safetensors(sd, path / "model.safetensors")
     write_json(path / "config.json", hf_cfg)
-    write_json(path / "preprocessor_config.json", hf_format.preprocessor_to_hf(enc.config))
+    hf_format.write_preprocessor(path, path, hf_format.preprocessor_to_hf(enc.config))
     return path
 
 
