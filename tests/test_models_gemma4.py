@@ -13,6 +13,7 @@ import vitkit
 from conftest import max_diff, model_args_refusal, randomize
 from vitkit.models.complexity import count_params
 from vitkit.weights.io import WeightsError
+from vitkit.weights.pretrained import GuessWarning
 
 timm = pytest.importorskip("timm")
 pytest.importorskip("timm.models.gemma4_vit")
@@ -248,6 +249,16 @@ def test_a_gemma4_vlm_folder_reads_its_tower_shards_alone(tmp_path):
         "Gemma4ForConditionalGeneration"], "vision_config": tower.config.to_dict(), "text_config": {}}))
     model = vitkit.from_pretrained(tmp_path)
     assert model.config.kv_heads is None and not model.config.clipped
+    # its processor (a Gemma4Processor's file, as transformers 5 saves it) keeps each image's aspect: said
+    transformers = pytest.importorskip("transformers")
+    fields = {**transformers.Gemma4ImageProcessor(max_soft_tokens=70).to_dict(),
+              "image_processor_type": "Gemma4ImageProcessor"}
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": fields,
+                                                                "processor_class": "Gemma4Processor"}))
+    with pytest.warns(GuessWarning, match=r"its image processor \(Gemma 4's\) resizes each image to at most 630 "
+                                          r"patches \(70 soft tokens\), its sides multiples of 48 px, keeping its "
+                                          r"aspect; vitkit's resizes every image to the model's size \(768x768\)"):
+        vitkit.from_pretrained(tmp_path)
     x = torch.rand(1, 3, 96, 96)
     expected = _hf_soft_tokens(tower, x)
     with torch.no_grad():

@@ -14,6 +14,7 @@ import vitkit
 from conftest import max_diff, model_args_refusal, randomize
 from vitkit.models.complexity import count_params
 from vitkit.weights.io import WeightsError
+from vitkit.weights.pretrained import GuessWarning
 
 timm = pytest.importorskip("timm")
 pytest.importorskip("timm.models.qwen3_vit")
@@ -230,6 +231,11 @@ def test_a_qwen_vlm_folder_reads_its_tower_alone_with_the_heads_its_config_says(
         "Qwen3VLForConditionalGeneration"], "vision_config": ref.config.to_dict(), "text_config": {}}))
     model = vitkit.from_pretrained(tmp_path)
     assert model.config.num_heads == 4
+    processor = pytest.importorskip("transformers").Qwen2VLImageProcessor(patch_size=16, merge_size=2)
+    processor.save_pretrained(tmp_path)  # (it resizes each image to a size of its own)
+    with pytest.warns(GuessWarning, match=r"its image processor \(Qwen's\) resizes each image to between 3,136 and "
+                                          r"1,003,520 pixels, its sides multiples of 32 px, keeping its aspect"):
+        vitkit.from_pretrained(tmp_path)
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = ref(*_hf_patches(x)).pooler_output

@@ -261,7 +261,7 @@ def test_siglip2_naflex_folders_give_transformers_outputs_at_any_grid(cls, tmp_p
         T.Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(tmp_path)
         from vitkit.weights.pretrained import GuessWarning
 
-        with pytest.warns(GuessWarning, match=r"its image processor \(SigLIP 2's NaFlex\) resizes each image to a "
+        with pytest.warns(GuessWarning, match=r"its image processor \(SigLIP 2.s NaFlex\) resizes each image to a "
                                               r"grid of at most 16 patches keeping its aspect"):
             vitkit.from_pretrained(tmp_path)
     assert asked.config.pos_embed_size == (32, 32)  # (it was resampled once at loading, bicubic: 1.7e-4 off at 48)

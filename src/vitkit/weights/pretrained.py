@@ -325,22 +325,44 @@ def _processor_run(src: Source, stored: Any, overrides: Dict[str, Any], path: Pa
                           f"vitkit resizes images to cover {size[0]}x{size[1]} keeping their aspect (timm's way): "
                           f"images of another shape get other pixels than transformers gives them", GuessWarning,
                           stacklevel=4)
-    _naflex_note(src, path)
+    _per_image_note(src, path, overrides.get("img_size") or getattr(stored, "img_size", None))
     return overrides
 
 
-def _naflex_note(src: Source, path: Path) -> None:
-    """SigLIP 2's NaFlex processor (``max_num_patches``) resizes each image to a grid of its own, keeping its
+def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
+    """What an image processor that resizes each image to a size of its own (keeping its aspect, within a budget
+    of patches or pixels: the VLMs' processors) does, in words; None for one that resizes every image alike."""
+    def field(name: str, default: Any = None) -> Any:
+        value = pre.get(name, default)
+        return value if type(value) is int and value > 0 else None  # (anything else: said as the processor's)
+
+    if field("max_num_patches"):
+        return f"(SigLIP 2's NaFlex) resizes each image to a grid of at most {field('max_num_patches')} patches"
+    if field("max_soft_tokens"):
+        k, side = field("pooling_kernel_size", 3) or 3, field("patch_size", 16) or 16
+        return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
+                f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
+    size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
+    if field("merge_size") and field("temporal_patch_size"):  # Qwen's (min_pixels and max_pixels, or in its size)
+        low = field("min_pixels") or (size.get("shortest_edge") if type(size.get("shortest_edge")) is int else None)
+        high = field("max_pixels") or (size.get("longest_edge") if type(size.get("longest_edge")) is int else None)
+        bounds = f"between {low:,} and {high:,} pixels" if low and high else "about its own size"
+        return (f"(Qwen's) resizes each image to {bounds}, its sides multiples of "
+                f"{field('merge_size') * (field('patch_size', 14) or 14)} px,")
+    return None
+
+
+def _per_image_note(src: Source, path: Path, img_size: Any) -> None:
+    """A VLM's processor (SigLIP 2's NaFlex, Gemma 4's, Qwen's) resizes each image to a grid of its own, keeping its
     aspect; vitkit's pipeline resizes every image to the model's size: said, since on an image of another shape
-    the pixels, and the features, are not transformers' (0.23 off on a 420x300 photo; a square one is equal)."""
-    pre = src.preprocessor_json or {}
-    patches = pre.get("max_num_patches") if src.format == "hf" else None
-    if patches is not None:
-        warnings.warn(f"{path}: its image processor (SigLIP 2's NaFlex) resizes each image to a grid of at most "
-                      f"{patches} patches keeping its aspect; vitkit's resizes every image to the model's size: "
-                      f"images of another shape get other pixels and features than transformers' pipeline gives "
-                      f"(the model itself runs any grid: resize to the grid you want and call it)", GuessWarning,
-                      stacklevel=4)
+    the pixels, and the features, are not transformers' (0.23 off on a 420x300 photo with NaFlex's)."""
+    what = _per_image_resize(src.preprocessor_json or {})
+    if what is not None:
+        h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size or ("?", "?"))
+        warnings.warn(f"{path}: its image processor {what} keeping its aspect; vitkit's resizes every image to the "
+                      f"model's size ({h}x{w}): images of another shape or size get other pixels and features than "
+                      f"transformers' pipeline gives (the model itself runs any grid: resize to the grid you want and "
+                      f"call it)", GuessWarning, stacklevel=4)
 
 
 def saved_features(src: Source) -> Optional[Tuple[List[int], bool]]:
