@@ -270,6 +270,50 @@ def test_a_gemma4_vlm_folder_reads_its_tower_shards_alone(tmp_path):
         vitkit.from_pretrained(tmp_path)
 
 
+def test_an_encoder_is_written_as_transformers_gemma4_vision_model(tmp_path):
+    """Both ways: Gemma 4's own tower read and written back is its tensors, loaded strictly by transformers; an
+    encoder of other blocks and rotary base (random here) is computed by transformers as by vitkit, and read back
+    with them (before, a folder's own base and blocks were left out for the released towers' 100 and 3)."""
+    from vitkit.weights.export import ExportWarning
+
+    transformers = pytest.importorskip("transformers")
+    tower = _hf_tower()
+    tower.save_pretrained(tmp_path / "tower")
+    with pytest.warns(ExportWarning, match="no image processor is written: Gemma 4's"):
+        vitkit.export_weights(vitkit.from_pretrained(tmp_path / "tower"), tmp_path / "back", "hf")
+    back, info = transformers.Gemma4VisionModel.from_pretrained(tmp_path / "back", output_loading_info=True)
+    assert not any(info.values())
+    original = tower.state_dict()
+    assert all(torch.equal(value, original[name]) for name, value in back.state_dict().items())
+    ours = vitkit.create_model("gemma4_vit_167m_enc", depth=2, embed_dim=64, num_heads=4, kv_heads=2, mlp_dim=96,
+                               pool_kernel=2, rope_theta=50.0, table_size=32, img_size=96)
+    randomize(ours, scale=0.2)
+    with pytest.warns(ExportWarning):
+        vitkit.export_weights(ours, tmp_path / "other", "hf")
+    theirs = transformers.Gemma4VisionModel.from_pretrained(tmp_path / "other").eval()
+    again = vitkit.from_pretrained(tmp_path / "other")
+    assert (again.config.pool_kernel, again.config.rope_theta) == (2, 50.0)
+    for size in [(64, 96), (96, 32)]:
+        x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
+        expected = _hf_soft_tokens(theirs, x)
+        with torch.no_grad():
+            assert max_diff(ours.forward_features(x), expected) < 1e-5 * max(1.0, expected.abs().max()), size
+            assert max_diff(again.forward_features(x), expected) < 1e-5 * max(1.0, expected.abs().max()), size
+
+
+@pytest.mark.parametrize("change, words", [(dict(num_classes=3), "a classifier"), (dict(in_chans=1), "in_chans=1")])
+def test_what_gemma4_vision_model_cannot_hold_is_one_line(change, words, tmp_path, capsys):
+    from conftest import in_process
+
+    model = vitkit.create_model("gemma4_vit_167m_enc", depth=1, embed_dim=64, num_heads=4, mlp_dim=96, **change)
+    with pytest.raises(WeightsError, match=f"Gemma4VisionModel cannot hold {words}") as info:
+        vitkit.export_weights(model, tmp_path / "hf", "hf")
+    assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
+    model.save_pretrained(tmp_path / "saved")
+    said = in_process(capsys, "convert", str(tmp_path / "saved"), str(tmp_path / "hf"), "--to", "hf")
+    assert said.returncode == 2 and words in said.stderr and "Traceback" not in said.stderr
+
+
 def test_bf16_autocast_normalises_in_float32_without_torchs_mixed_dtype_note():
     """Under bf16 autocast an RMSNorm's tokens are bf16 and its weight float32: torch's rms_norm took its slow
     mixed-dtype path and said so on every run ('Mismatch dtype between input and weight'); the tokens are now

@@ -423,7 +423,7 @@ def gemma4_timm_args(args: Mapping[str, Any], config: Gemma4Config) -> Dict[str,
 FAMILY = register_family(Family(
     name="gemma4", config_cls=Gemma4Config, model_cls=Gemma4ViT, complexity=gemma4_complexity,
     matches=is_gemma4_state_dict, infer_config=infer_gemma4_config, detect_priority=20, to_timm=gemma4_to_timm,
-    timm_args=gemma4_timm_args, layouts=("timm",), from_timm=gemma4_from_timm))
+    timm_args=gemma4_timm_args, layouts=("timm", "hf"), from_timm=gemma4_from_timm))
 
 #: timm's names -> (width, depth, heads, MLP width, the 570M's standardisation, the 167M's clamps, the VLMs)
 _SIZES = {"167m": (768, 16, 12, 3072, False, True, "Gemma 4 E2B and E4B"),

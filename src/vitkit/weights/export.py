@@ -18,7 +18,7 @@ from ..models.features import FeatureModel
 from ..models.serialize import save_pretrained
 from ..runlock import run_settings
 from ..selfsup import Pretrainer
-from . import hf_format, hf_towers, npz_format, selfsup_format, timm_format
+from . import gemma4_format, hf_format, hf_towers, npz_format, selfsup_format, timm_format
 from .io import WeightsError, save_safetensors
 from .load import CONFIG_METADATA_KEY, model_files
 
@@ -198,8 +198,12 @@ def _replacing(path: Path, save) -> Path:
 
 def _export_hf(model: nn.Module, path: Path) -> Path:
     """A Hugging Face folder: the vision tower the model is (CLIP, SigLIP, DINOv2, DINOv3), else a ViT."""
-    kind = hf_towers.layout_of(model.config)
-    if kind is not None:
+    gemma4 = model.config.architecture == "gemma4"  # (its processor resizes each image within a budget: not written)
+    kind = "gemma4_vision" if gemma4 else hf_towers.layout_of(model.config)
+    processor: Optional[dict] = None
+    if gemma4:
+        sd, config = gemma4_format.from_native(model)
+    elif kind is not None:
         sd, config = hf_towers.from_native(model)
         processor = hf_towers.preprocessor_to_hf(model.config, kind)
     elif model.config.architecture != "vit" or _later_vit(model.config):
@@ -217,13 +221,20 @@ def _export_hf(model: nn.Module, path: Path) -> Path:
     with weights_folder(path, model_files) as into:  # a failure leaves the folder as it was (or none)
         save_safetensors(sd, into / "model.safetensors")
         write_json(into / "config.json", config)
-        hf_format.write_preprocessor(into, path, processor)
+        if processor is not None:
+            hf_format.write_preprocessor(into, path, processor)
     return path
 
 
 def _processor_notes(config, path: Path, kind: Optional[str]) -> None:
     """What the folder's image processor does otherwise than vitkit's preprocessing, said (SAM's processor pads at
     the right and bottom: exact for crop_mode='border' with crop_offset='start', SAM's own)."""
+    if kind == "gemma4_vision":
+        warnings.warn(f"{path}: no image processor is written: Gemma 4's (Gemma4ImageProcessor, the Gemma 4 "
+                      f"repository's) resizes each image to its own grid within a budget of soft tokens, keeping its "
+                      f"aspect, and scales it to [0, 1], where this model's pipeline resizes every image to "
+                      f"{config.img_size[0]}x{config.img_size[1]}", ExportWarning, stacklevel=4)
+        return
     if kind == "sam_vision_model":
         if (config.crop_mode, config.crop_offset) != ("border", "start"):
             warnings.warn(f"{path}: transformers' SamImageProcessor resizes the longer side and pads the image at the "

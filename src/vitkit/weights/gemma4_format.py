@@ -1,7 +1,7 @@
 """Gemma 4's own checkpoints (the ``google/gemma-4-*`` repositories transformers loads: ``Gemma4Model``'s vision tower
 under ``model.vision_tower.``, or a ``Gemma4VisionModel`` saved alone), read into vitkit's Gemma 4 encoder
-(:mod:`vitkit.models.gemma4`) as timm's ``checkpoint_filter_fn`` reads them. Read-only: timm's names are the layout
-vitkit writes it in.
+(:mod:`vitkit.models.gemma4`) as timm's ``checkpoint_filter_fn`` reads them, and the encoder written back as a
+``Gemma4VisionModel`` folder (the ``_enc`` encoder: the soft tokens; a classifier has no transformers class).
 
 - transformers' names are timm's but for ``patch_embedder.`` (timm's ``patch_embed.``), ``encoder.layers.N.``
   (``blocks.N.``), ``self_attn`` (``attn``) and the four norms (``input_layernorm``, ``post_attention_layernorm``,
@@ -9,15 +9,17 @@ vitkit writes it in.
 - Every tensor beside the tower (the language model's, the audio tower's, ``embed_vision``: the projection of the
   soft tokens into the language model) is left out, and a folder's shards that hold none of the tower are not read.
 - The architecture is read off the shapes: the heads' width off ``q_norm``, the key and value heads off ``k_proj``,
-  the clamps and the standardisation by their tensors; the rotary base (100) and the soft tokens' 3 x 3 blocks are
-  every Gemma 4 tower's. It is read as the ``_enc`` encoder: its outputs are the soft tokens transformers' tower gives.
+  the clamps and the standardisation by their tensors; the rotary base and the soft tokens' blocks off the
+  ``vision_config`` where there is one (every released tower's: 100 and 3 x 3). It is read as the ``_enc`` encoder:
+  its outputs are the soft tokens transformers' tower gives.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
+from torch import nn
 
 from ..models import get_model_config
 from .io import WeightsError
@@ -66,13 +68,60 @@ def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
 
 def vision_config(config_json: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """What a Gemma 4 folder's config.json (``vision_config``, or a ``Gemma4VisionModel``'s own) says that the
-    tensors do not; an activation or a rotary base other than the tower's is refused."""
+    tensors do not: the norms' eps, the rotary base, the soft tokens' blocks (before, a folder's own base or blocks
+    were left out for the released towers' 100 and 3); an activation, a rotary kind or a bias vitkit's tower does
+    not have is refused."""
     cj = config_json or {}
     vision = cj.get("vision_config") if isinstance(cj.get("vision_config"), Mapping) else cj
     act = vision.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise WeightsError(f"Gemma 4's vision_config hidden_activation {act!r}: vitkit's tower gates with GELU-tanh")
-    return {"norm_eps": vision["rms_norm_eps"]} if vision.get("rms_norm_eps") is not None else {}
+    if vision.get("attention_bias"):
+        raise WeightsError("Gemma 4's vision_config attention_bias true: vitkit's tower's projections have no bias")
+    rope = vision.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") not in ("axial", "default"):
+        raise WeightsError(f"Gemma 4's vision_config rope_parameters {rope!r}: vitkit's tower turns each head's "
+                           f"halves by the column and the row (rope_type 'axial')")
+    out = {"norm_eps": vision.get("rms_norm_eps"), "rope_theta": rope.get("rope_theta"),
+           "pool_kernel": vision.get("pooling_kernel_size")}
+    return {k: v for k, v in out.items() if v is not None}  # (a value of the wrong kind: the config refuses it)
+
+
+def export_problems(config: Any) -> List[str]:
+    """What keeps a vitkit Gemma 4 model from transformers' ``Gemma4VisionModel`` (empty: it can be written)."""
+    problems = []
+    if getattr(config, "architecture", None) != "gemma4":
+        return [f"architecture {getattr(config, 'architecture', None)!r} (Gemma4VisionModel is Gemma 4's tower)"]
+    if config.num_classes or config.global_pool != "soft":
+        problems.append("a classifier (Gemma4VisionModel gives the soft tokens: export the _enc encoder, or as "
+                        "'timm')")
+    if config.in_chans != 3:
+        problems.append(f"in_chans={config.in_chans} (its patch projection reads 3 channels)")
+    if config.patch_size[0] != config.patch_size[1]:
+        problems.append(f"patch_size {tuple(config.patch_size)} (its patches are square)")
+    return problems
+
+
+def from_native(model: nn.Module) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """A vitkit Gemma 4 encoder -> (transformers' ``Gemma4VisionModel`` state dict, its config.json)."""
+    c = model.config
+    if problems := export_problems(c):
+        raise WeightsError(f"no Hugging Face class expresses this model: Gemma4VisionModel cannot hold "
+                           f"{'; '.join(problems)}")
+    sd = {}
+    for key, value in model.state_dict().items():
+        for theirs, ours in _RENAMES:
+            key = key.replace(ours, theirs)
+        sd[key] = value.detach().cpu().contiguous()
+    heads = c.num_heads
+    hf = dict(model_type="gemma4_vision", architectures=["Gemma4VisionModel"], hidden_size=c.embed_dim,
+              intermediate_size=c.mlp_dim, num_hidden_layers=c.depth, num_attention_heads=heads,
+              num_key_value_heads=c.kv_heads or heads, head_dim=c.embed_dim // heads,
+              hidden_activation="gelu_pytorch_tanh", rms_norm_eps=c.norm_eps, attention_bias=False,
+              rope_parameters={"rope_theta": float(c.rope_theta), "rope_type": "axial"},
+              pooling_kernel_size=c.pool_kernel, patch_size=c.patch_size[0], position_embedding_size=c.table_size,
+              use_clipped_linears=c.clipped, standardize=c.standardize)
+    return sd, hf
 
 
 def infer_config(sd: Mapping[str, Any], **overrides: Any):
@@ -93,7 +142,11 @@ def infer_config(sd: Mapping[str, Any], **overrides: Any):
     if kw["kv_heads"] == kw["num_heads"]:
         kw["kv_heads"] = None
     kw.update(overrides)
-    return get_model_config("gemma4_vit_570m_enc").replace(**kw)
+    base = get_model_config("gemma4_vit_570m_enc")
+    k, slots = kw.get("pool_kernel", base.pool_kernel), kw["table_size"]
+    if "img_size" not in overrides and type(k) is int and 0 < k <= slots < base.img_size[0] // side:
+        kw["img_size"] = (slots - slots % k) * side  # (a table smaller than the released: its largest grid of blocks)
+    return base.replace(**kw)
 
 
 def left_out(sd: Mapping[str, Any]) -> str:
@@ -103,4 +156,5 @@ def left_out(sd: Mapping[str, Any]) -> str:
     return f"{others:,} tensors of its language model and projections" if others else ""
 
 
-__all__ = ["detect", "vision_config", "tower_names", "to_native", "infer_config", "left_out"]
+__all__ = ["detect", "vision_config", "tower_names", "to_native", "infer_config", "left_out", "export_problems",
+           "from_native"]

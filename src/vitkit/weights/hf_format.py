@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -269,6 +269,33 @@ def preprocessor_to_hf(cfg: ViTConfig) -> Dict[str, Any]:
     kind = "BitImageProcessor" if "shortest_edge" in fields["size"] else \
         "DeiTImageProcessor" if fields.get("do_center_crop") else "ViTImageProcessor"
     return {"image_processor_type": kind, **fields}
+
+
+def read_json_object(path: Path) -> Optional[Dict[str, Any]]:
+    """A JSON file that must hold an object (a config), or None where there is no file."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WeightsError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def read_image_processor(folder: Path) -> Tuple[Optional[Dict[str, Any]], str]:
+    """A folder's image processor config and the file it is read from, as transformers' ``AutoImageProcessor``
+    reads it: the ``image_processor`` inside ``processor_config.json`` (what a whole processor's ``save_pretrained``
+    writes since transformers 5: CLIP's, SigLIP's, a VLM's), else ``preprocessor_config.json``."""
+    processor = read_json_object(folder / PROCESSOR_FILE)
+    nested = (processor or {}).get("image_processor")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise WeightsError(f"{folder / PROCESSOR_FILE}: its \"image_processor\" must be a JSON object, not "
+                               f"{type(nested).__name__}")
+        return nested, f"{PROCESSOR_FILE} (its image_processor)"
+    return read_json_object(folder / PREPROCESSOR_FILE), PREPROCESSOR_FILE
 
 
 def write_preprocessor(into: Path, held: Path, processor: Dict[str, Any]) -> None:

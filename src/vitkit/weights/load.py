@@ -33,7 +33,7 @@ from . import (
     timm_format,
 )
 from .file_names import missing_by_file_names
-from .hf_format import PREPROCESSOR_FILE, PROCESSOR_FILE
+from .hf_format import PREPROCESSOR_FILE, PROCESSOR_FILE, read_json_object
 from .io import SHARD_INDEXES, WeightsError, read_sharded, read_weight_file, safetensors_metadata, unwrap_state_dict
 from .layouts import detect_format
 from .resampling import adapt_pos_embed, check_prefix_tokens, load_resampling, stored_table
@@ -76,7 +76,7 @@ class Source:
     format: str
     config_json: Optional[Dict[str, Any]] = None
     preprocessor_json: Optional[Dict[str, Any]] = None
-    #: the file ``preprocessor_json`` was read from, as an error names it (:func:`read_image_processor`)
+    #: the file ``preprocessor_json`` was read from, as an error names it (:func:`.hf_format.read_image_processor`)
     preprocessor_file: str = PREPROCESSOR_FILE
     path: Optional[Path] = None
     #: the objective of a pre-training model (simmim, mpp, mae), else None
@@ -97,34 +97,8 @@ class Source:
     unread: List[str] = field(default_factory=list)
 
 
-def _read_json(path: Path) -> Optional[Dict[str, Any]]:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WeightsError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise WeightsError(f"{path} must hold a JSON object, not {type(data).__name__}")
-    return data
-
-
 #: the configs a reader takes from a weights folder beside its weights
 FOLDER_CONFIGS = ("config.json", PREPROCESSOR_FILE, PROCESSOR_FILE, open_clip_format.CONFIG_FILE)
-
-
-def read_image_processor(folder: Path) -> Tuple[Optional[Dict[str, Any]], str]:
-    """A folder's image processor config and the file it is read from, as transformers' ``AutoImageProcessor``
-    reads it: the ``image_processor`` inside ``processor_config.json`` (what a whole processor's ``save_pretrained``
-    writes since transformers 5: CLIP's, SigLIP's, a VLM's), else ``preprocessor_config.json``."""
-    processor = _read_json(folder / PROCESSOR_FILE)
-    nested = (processor or {}).get("image_processor")
-    if nested is not None:
-        if not isinstance(nested, dict):
-            raise WeightsError(f"{folder / PROCESSOR_FILE}: its \"image_processor\" must be a JSON object, not "
-                               f"{type(nested).__name__}")
-        return nested, f"{PROCESSOR_FILE} (its image_processor)"
-    return _read_json(folder / PREPROCESSOR_FILE), PREPROCESSOR_FILE
 
 
 def model_files(folder: Path) -> List[Path]:
@@ -203,10 +177,10 @@ def _run_model_config(path: Path) -> Optional[Dict[str, Any]]:
     if path.parent.name != "checkpoints" or not path.name.startswith("step_") or path.suffix != ".pt" \
             or not (run / "config.json").is_file():
         return None
-    finished = _read_json(run / "model" / "config.json")
+    finished = read_json_object(run / "model" / "config.json")
     if finished is not None:
         return finished
-    started = _read_json(run / "init_model.json")
+    started = read_json_object(run / "init_model.json")
     if started is not None:
         return {"format": "vitkit", "config": started}
     raise WeightsError(f"{path} is a checkpoint of the run {run}, which has not finished: its architecture is saved "
@@ -299,11 +273,11 @@ def _read_folder(path: Path) -> Source:
         raise WeightsError(f"no weights in folder {path}: expected one of {', '.join(WEIGHT_FILES)} (or a "
                            f"shard index: {', '.join(SHARD_INDEXES)})"
                            f" (found: {', '.join(found) or 'nothing'})")
-    open_clip_config = _read_json(path / open_clip_format.CONFIG_FILE)
+    open_clip_config = read_json_object(path / open_clip_format.CONFIG_FILE)
     # open_clip's file is read with open_clip's config: a config.json beside them describes the repository's
     # other file (timm's or transformers' model.safetensors), absent here (it made another function, 0.05 off)
     own = weights.name in open_clip_format.WEIGHT_FILES and open_clip_config is not None
-    config_json = None if own else _read_json(path / "config.json")
+    config_json = None if own else read_json_object(path / "config.json")
     try:
         src = _read_file(weights)
     except WeightsError:
@@ -315,7 +289,7 @@ def _read_folder(path: Path) -> Source:
     _check_same_model(path, src.config_json, config_json)
     if config_json is not None:  # else the file's own (a vitkit model.safetensors carries its config)
         src.config_json = timm_format.with_timm_defaults(config_json)
-    src.preprocessor_json, src.preprocessor_file = read_image_processor(path)
+    src.preprocessor_json, src.preprocessor_file = hf_format.read_image_processor(path)
     src.open_clip_config = open_clip_config
     if src.open_clip_trunk and config_json is None:  # the timm model its open_clip config names
         src.config_json = open_clip_format.timm_tower_config(src.open_clip_config, src.tensors)
