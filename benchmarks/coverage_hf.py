@@ -51,15 +51,21 @@ write_markdown, write_results = _timm_coverage.write_markdown, _timm_coverage.wr
 #: the ViT-family image model types (dense-prediction heads on a ViT, DPT and the like, are out of scope)
 MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-vision", "dinov2",
                "dinov2_with_registers", "dinov3_vit", "clip", "clip_vision_model", "siglip", "siglip_vision_model",
-               "siglip2", "siglip2_vision_model", "aimv2", "aimv2_vision_model", "vitdet", "timm_wrapper")
+               "siglip2", "siglip2_vision_model", "aimv2", "aimv2_vision_model", "vitdet", "timm_wrapper",
+               "metaclip_2", "metaclip_2_vision_model", "chinese_clip", "chinese_clip_vision_model", "altclip",
+               "altclip_vision_model", "owlvit", "owlvit_vision_model", "sam", "sam_vision_model", "sam_hq",
+               "sam_hq_vision_model", "gemma4_vision")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
+         "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
+         "altclip_vision_model": ("AltCLIPVisionModel",), "owlvit_vision_model": ("OwlViTVisionModel",),
          "deit": ("DeiTForImageClassificationWithTeacher", "DeiTForImageClassification")}
 VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
               patch_size=8)
 TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
             max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2")
+TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2", "metaclip_2", "chinese_clip", "altclip", "owlvit", "sam",
+              "sam_hq")
 TABLE = ("<!-- hf-coverage-table:start -->", "<!-- hf-coverage-table:end -->")
 #: the non-square size every class is compared at too (a 4 x 6 grid of 8-pixel patches)
 WIDE = (32, 48)
@@ -88,6 +94,10 @@ def config_for(kind: str, cls: str):
         **{k: v for k, v in VISION.items() if k != "image_size"}, "num_patches": 16}  # NaFlex: a 4 x 4 base table
     if kind.startswith("aimv2"):
         vision = dict(VISION, use_head=False)  # the pre-trained models (the LiT ones' pooling head is refused)
+    if kind.startswith("sam"):  # windows of 2 x 2 patches, the second block global, a neck of 32 channels
+        vision = dict(VISION, mlp_dim=128, window_size=2, global_attn_indexes=[1], output_channels=32)
+    if kind == "gemma4_vision":  # the soft tokens of 2 x 2 blocks (the released 3 x 3 need a grid of whole blocks)
+        vision = dict(VISION, pooling_kernel_size=2, position_embedding_size=16, num_key_value_heads=2, head_dim=16)
     if kind in TWO_TOWERS:
         return config_class(vision_config=vision, text_config=TEXT, **labels)
     if kind.startswith("siglip2"):
@@ -109,10 +119,15 @@ def config_for(kind: str, cls: str):
 def inputs(cls: str, x: torch.Tensor) -> dict:
     """transformers' inputs of a batch: the pixels, or for SigLIP 2's NaFlex classes the patches flattened
     (row, column, channel) with their grid and an all-valid mask."""
-    if not cls.startswith("Siglip2"):
-        return dict(pixel_values=x)
     b, c, h, w = x.shape
     p = VISION["patch_size"]
+    if cls.startswith("Gemma4"):  # each patch flattened channel first, its (column, row)
+        rows, cols = torch.meshgrid(torch.arange(h // p), torch.arange(w // p), indexing="ij")
+        where = torch.stack([cols.flatten(), rows.flatten()], dim=-1).expand(b, -1, -1)
+        flat = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), -1)
+        return dict(pixel_values=flat, pixel_position_ids=where)
+    if not cls.startswith("Siglip2"):
+        return dict(pixel_values=x)
     flat = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), -1)
     return dict(pixel_values=flat, spatial_shapes=torch.tensor([[h // p, w // p]] * b),
                 pixel_attention_mask=torch.ones(b, flat.shape[1], dtype=torch.long))
@@ -124,6 +139,13 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
     if cls.endswith("Backbone"):  # every map the config names, as one tensor
         return torch.cat([m.flatten() for m in ref(pixel_values=x).feature_maps]), torch.cat(
             [m.flatten() for m in ours(x)])
+    if cls.startswith("Sam"):  # the neck's map (B, C, h, w), vitkit's as tokens
+        out = ref.get_image_embeddings(pixel_values=x) if hasattr(ref, "get_image_embeddings") else ref(
+            pixel_values=x).last_hidden_state
+        return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2), ours.forward_features(x)
+    if cls.startswith("Gemma4"):  # the soft tokens
+        return ref(**inputs(cls, x)).last_hidden_state.reshape(x.shape[0], -1, ref.config.hidden_size), \
+            ours.forward_features(x)
     if cls.startswith("Aimv2"):  # no pooled output without the LiT head: the tokens
         tower = ref.vision_model if hasattr(ref, "vision_model") else ref
         return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)

@@ -30,6 +30,10 @@ CASES = {
     "beit": (T.BeitModel, T.BeitConfig, T.BeitImageProcessor, {}, "squash"),
     "siglip": (T.SiglipVisionModel, T.SiglipVisionConfig, T.SiglipImageProcessor, {}, "squash"),
     "clip": (T.CLIPVisionModel, T.CLIPVisionConfig, T.CLIPImageProcessor, {}, "center"),
+    "chinese_clip": (T.ChineseCLIPVisionModel, T.ChineseCLIPVisionConfig, T.ChineseCLIPImageProcessor, {}, "center"),
+    # (its default 768 px with a 224 px model is a folder transformers cannot run either: the sizes as released pair)
+    "owlvit": (T.OwlViTVisionModel, T.OwlViTVisionConfig, T.OwlViTImageProcessor,
+               dict(size={"height": 224, "width": 224}), "squash"),
     "dinov2": (T.Dinov2Model, T.Dinov2Config, T.BitImageProcessor, DINO, "center"),
     # its crop_pct was left unread: a resize to 224 with no crop where transformers resizes to 256, then crops
     "convnext": (T.ViTModel, T.ViTConfig, T.ConvNextImageProcessor, dict(size={"shortest_edge": 224}, crop_pct=0.875),

@@ -5,6 +5,7 @@ own classes with the same outputs, and back."""
 
 import json
 import re
+import warnings
 
 import pytest
 import torch
@@ -589,3 +590,83 @@ def test_fine_tuning_a_dinov2_folder_trains_at_its_processor_s_size(tmp_path, ca
     assert "resized to 32x32, the model's size" in said.out + said.err
     trained = vitkit.from_pretrained(tmp_path / "runs" / "r").config
     assert (trained.img_size, trained.pos_embed_size) == ((32, 32), (64, 64))  # as from_pretrained builds the folder
+
+
+ALT_TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+SAM = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=16, mlp_dim=64,
+           output_channels=16, global_attn_indexes=[1], window_size=2)
+#: other releases' towers in CLIP's or SAM's layout: (class, config, its output for images x)
+RELEASES = {
+    "MetaClip2VisionModel": lambda: T.MetaClip2VisionConfig(**SMALL),
+    "MetaClip2VisionModelWithProjection": lambda: T.MetaClip2VisionConfig(**SMALL, projection_dim=16),
+    "MetaClip2Model": lambda: T.MetaClip2Config(vision_config=SMALL, text_config=TEXT, projection_dim=16),
+    "MetaClip2ForImageClassification": lambda: T.MetaClip2Config(vision_config=SMALL, text_config=TEXT, num_labels=3),
+    "ChineseCLIPVisionModel": lambda: T.ChineseCLIPVisionConfig(**SMALL),
+    "ChineseCLIPModel": lambda: T.ChineseCLIPConfig(vision_config=SMALL, text_config=ALT_TEXT, projection_dim=16),
+    "AltCLIPVisionModel": lambda: T.AltCLIPVisionConfig(**SMALL),
+    "AltCLIPModel": lambda: T.AltCLIPConfig(vision_config=SMALL, text_config=dict(ALT_TEXT, project_dim=16),
+                                            projection_dim=16),
+    "OwlViTVisionModel": lambda: T.OwlViTVisionConfig(**SMALL),
+    "OwlViTModel": lambda: T.OwlViTConfig(vision_config=SMALL, text_config=TEXT, projection_dim=16),
+    "SamHQVisionModel": lambda: T.SamHQVisionConfig(**SAM),
+    "SamHQModel": lambda: T.SamHQConfig(vision_config=SAM),
+}
+
+
+def _release_output(ref, x):
+    """What the class gives an image: the image embedding of a two-tower model, a classifier's logits, SAM's
+    neck map as tokens (vitkit's forward_features), else the pooled or projected output."""
+    with torch.no_grad():
+        if isinstance(ref, T.SamHQModel):
+            out = ref.get_image_embeddings(pixel_values=x)
+            return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2)
+        if isinstance(ref, T.SamHQVisionModel):
+            return ref(pixel_values=x).last_hidden_state.flatten(2).transpose(1, 2)
+        if hasattr(ref, "get_image_features") and "Vision" not in type(ref).__name__:
+            out = ref.get_image_features(pixel_values=x)
+            return out if isinstance(out, torch.Tensor) else out.pooler_output
+        out = ref(pixel_values=x)
+        return next(getattr(out, f) for f in ("logits", "image_embeds", "pooler_output") if hasattr(out, f))
+
+
+@pytest.mark.parametrize("cls", sorted(RELEASES))
+def test_other_releases_towers_in_clips_or_sams_layout_load_with_parity(cls, tmp_path, images):
+    """MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's names and function, SAM-HQ's
+    encoder SAM's (before, their model_types were refused): transformers' outputs, and at a non-square size where
+    transformers resamples the table (interpolate_pos_encoding); written back as CLIP's or SAM's class."""
+    ref = randomize(getattr(T, cls)(RELEASES[cls]())).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    ours = vitkit.from_pretrained(tmp_path / "hf")
+    side = 64 if cls.startswith("Sam") else 32
+    x = images(2, side, side)
+    sam = cls.startswith("Sam")
+    with torch.no_grad():
+        assert _close(_release_output(ref, x), ours.forward_features(x) if sam else ours(x))
+    if cls.endswith("VisionModel") and not sam:
+        wide = images(2, 32, 48)
+        stretched = vitkit.from_pretrained(tmp_path / "hf", dynamic_img_size=True)
+        with torch.no_grad():
+            want = ref(pixel_values=wide, interpolate_pos_encoding=True).pooler_output
+            assert _close(want, stretched(wide))
+    if cls.endswith(("VisionModel", "WithProjection")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ExportWarning)  # (the same function and preprocessing: nothing to say)
+            vitkit.export_weights(ours, tmp_path / "back", "hf")
+        written = "SamVisionModel" if sam else re.sub(r"^(MetaClip2|ChineseCLIP|AltCLIP|OwlViT)", "CLIP", cls)
+        again = getattr(T, written).from_pretrained(tmp_path / "back").eval()
+        with torch.no_grad():
+            want = again(pixel_values=x).last_hidden_state.flatten(2).transpose(1, 2) if sam else \
+                _release_output(again, x)
+            assert _close(_release_output(ref, x), want)
+
+
+def test_an_owlvit_detector_is_refused_naming_the_class_that_holds_its_tower(tmp_path, capsys):
+    """Its model_type is the two-tower model's (owlvit): its class and box heads read every image token."""
+    from conftest import in_process
+
+    T.OwlViTForObjectDetection(T.OwlViTConfig(vision_config=SMALL, text_config=TEXT)).save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match="OwlViTForObjectDetection is an object detector .* OwlViTModel's") as e:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(e.value)
+    said = in_process(capsys, "info", str(tmp_path))
+    assert said.returncode == 2 and "OwlViTModel.from_pretrained loads it" in said.stdout

@@ -26,14 +26,15 @@ from .names import rename
 
 # ----------------------------------------------------------------------------- CLIP
 
+#: (AltCLIP's checkpoints name the layers ``encoder.layer.N``, as transformers saves them for its hub files)
 _CLIP_RULES = [
     (r"embeddings\.patch_embedding\.weight", "patch_embed.proj.weight"),
-    (r"pre_layrnorm\.(weight|bias)", r"norm_pre.\1"),
+    (r"pre_lay(?:r|er)norm\.(weight|bias)", r"norm_pre.\1"),  # (CLIP's misspelt name; OWL-ViT's spelt)
     (r"post_layernorm\.(weight|bias)", r"norm.\1"),
-    (r"encoder\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-    (r"encoder\.layers\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
-    (r"encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"encoder\.layers?\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"encoder\.layers?\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"encoder\.layers?\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
+    (r"encoder\.layers?\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
     (r"visual_projection\.weight", "head.weight"),
 ]
 

@@ -31,7 +31,8 @@ _OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 _RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 _UNUSED_FILTERS = {1: "LANCZOS", 4: "BOX", 5: "HAMMING"}
 #: the processors whose integer ``size`` is the shorter side (the others': a square height and width)
-_SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
+_SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "ChineseCLIPImageProcessor", "BitImageProcessor",
+                             "ConvNextImageProcessor")
 _HALF, _OPENAI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), (CLIP_MEAN, CLIP_STD)
 _IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)
 
@@ -48,7 +49,9 @@ PROCESSOR_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "DeiTImageProcessor": _defaults({"height": 256, "width": 256}, 3, _HALF, crop=224),
     "BeitImageProcessor": _defaults({"height": 224, "width": 224}, 3, _HALF),
     "SiglipImageProcessor": _defaults({"height": 224, "width": 224}, 3, _HALF),
-    "CLIPImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
+    **dict.fromkeys(("CLIPImageProcessor", "ChineseCLIPImageProcessor"), _defaults({"shortest_edge": 224}, 3,
+                                                                                    _OPENAI, crop=224)),
+    "OwlViTImageProcessor": _defaults({"height": 768, "width": 768}, 3, _OPENAI),
     "BitImageProcessor": _defaults({"shortest_edge": 224}, 3, _OPENAI, crop=224),
     "DINOv3ViTImageProcessor": _defaults({"height": 224, "width": 224}, 2, _IMAGENET),
     "ConvNextImageProcessor": {**_defaults({"shortest_edge": 384}, 3, _HALF), "crop_pct": 224 / 256},
@@ -63,10 +66,13 @@ CONVNEXT_WARP = 384
 MODEL_TYPE_PROCESSORS = {
     **dict.fromkeys(("vit", "vit_mae", "vit_msn", "ijepa"), "ViTImageProcessor"), "deit": "DeiTImageProcessor",
     **dict.fromkeys(("beit", "data2vec-vision"), "BeitImageProcessor"),
-    **dict.fromkeys(("clip", "clip_vision_model", "aimv2", "aimv2_vision_model"), "CLIPImageProcessor"),
+    **dict.fromkeys(("clip", "clip_vision_model", "aimv2", "aimv2_vision_model", "metaclip_2",
+                     "metaclip_2_vision_model", "altclip", "altclip_vision_model"), "CLIPImageProcessor"),
+    **dict.fromkeys(("chinese_clip", "chinese_clip_vision_model"), "ChineseCLIPImageProcessor"),
+    **dict.fromkeys(("owlvit", "owlvit_vision_model"), "OwlViTImageProcessor"),
     **dict.fromkeys(("siglip", "siglip_vision_model"), "SiglipImageProcessor"),
     **dict.fromkeys(("dinov2", "dinov2_with_registers"), "BitImageProcessor"), "dinov3_vit": "DINOv3ViTImageProcessor",
-    **dict.fromkeys(("sam", "sam_vision_model"), "SamImageProcessor")}
+    **dict.fromkeys(("sam", "sam_vision_model", "sam_hq", "sam_hq_vision_model"), "SamImageProcessor")}
 
 
 def processor_class(pre: Mapping[str, Any], model_type: Optional[str] = None) -> str:

@@ -76,10 +76,16 @@ TOWERS: Dict[str, Tower] = {
     "aimv2_vision_model": AIMV2_TOWER,
     "sam_vision_model": SAM_TOWER,
 }
+#: other releases' towers that are another tower's layout (its names, its function): read as it, written as it
+#: (MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's; SAM-HQ's encoder is SAM's)
+SAME_LAYOUT = {**dict.fromkeys(("metaclip_2_vision_model", "chinese_clip_vision_model", "altclip_vision_model",
+                                "owlvit_vision_model"), "clip_vision_model"), "sam_hq_vision_model": "sam_vision_model"}
 #: two-tower (image and text) checkpoints: their vision config and tower
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
-              "aimv2": "aimv2_vision_model", "sam": "sam_vision_model"}
-MODEL_TYPES = tuple(TOWERS) + tuple(TWO_TOWERS)
+              "aimv2": "aimv2_vision_model", "sam": "sam_vision_model",
+              **dict.fromkeys(("metaclip_2", "chinese_clip", "altclip", "owlvit"), "clip_vision_model"),
+              "sam_hq": "sam_vision_model"}
+MODEL_TYPES = tuple(TOWERS) + tuple(SAME_LAYOUT) + tuple(TWO_TOWERS)
 #: the towers whose position table transformers resamples (``interpolate_pos_encoding``) bicubic without
 #: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
 #: size it computes what transformers computes (DINOv2 with registers antialiases; SigLIP 2 resamples its own
@@ -95,14 +101,23 @@ AT_PROCESSOR_SIZE = ("dinov2", "dinov2_with_registers", "dinov3_vit")
 TABLE_EVERY_CALL = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
 
 
+#: detectors of a model_type vitkit reads the towers of: refused by class, naming the class that holds the tower
+DETECTORS = {"OwlViTForObjectDetection": "OwlViTModel"}
+
+
 def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
     """(the tower's model_type, the tower's own config) of a config.json."""
+    for cls in set(hf.get("architectures") or ()) & set(DETECTORS):
+        raise WeightsError(f"{cls} is an object detector (its class and box heads read every image token), where "
+                           f"vitkit reads image towers and classifiers: its image tower is {DETECTORS[cls]}'s "
+                           f"(transformers' {DETECTORS[cls]}.from_pretrained loads it from this folder; save that)")
     kind = hf.get("model_type")
     if kind in TWO_TOWERS:
         vision = hf.get("vision_config")
         if not isinstance(vision, Mapping):
             raise WeightsError(f"a {kind} config.json without a vision_config object")
         return TWO_TOWERS[kind], vision
+    kind = SAME_LAYOUT.get(kind, kind)
     if kind not in TOWERS:
         raise WeightsError(f"Hugging Face model_type {kind!r} is not one of vitkit's ({', '.join(MODEL_TYPES)}, vit)")
     return kind, hf
@@ -190,7 +205,8 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
             count = int(head["head.weight"].shape[0])
             labels = labels_from_hf(hf, count)
             config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
-        fields = preprocessing(preprocessor, kind, tower.get("num_channels", 3)) if preprocessor else {}
+        fields = preprocessing(preprocessor, hf.get("model_type"), tower.get("num_channels", 3)) if preprocessor \
+            else {}  # (a processor config naming no class: the folder's model_type's, as AutoImageProcessor picks)
         if kind in PLAIN_BICUBIC:
             fields["pos_embed_antialias"] = False
         return config.replace(**{**fields, **overrides})
@@ -201,8 +217,9 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
 
 
 #: the part a class always holds, by the class its config names: (the part's tensors' prefix, the part in words)
-_PARTS_OF_CLASS = {"CLIPModel": ("visual_projection.", "its visual_projection"),
-                   "CLIPVisionModelWithProjection": ("visual_projection.", "its visual_projection"),
+_PARTS_OF_CLASS = {**dict.fromkeys(("CLIPModel", "CLIPVisionModelWithProjection", "MetaClip2Model",
+                                     "MetaClip2VisionModelWithProjection", "ChineseCLIPModel", "AltCLIPModel",
+                                     "OwlViTModel"), ("visual_projection.", "its visual_projection")),
                    "SiglipModel": ("head.", "its attention-pool head"),
                    "SiglipVisionModel": ("head.", "its attention-pool head"),
                    "Siglip2Model": ("head.", "its attention-pool head"),
