@@ -214,6 +214,24 @@ def test_qwens_own_checkpoint_reads_as_transformers_computes_it(tmp_path, capsys
     assert "architecture 'qwen3': rotary positions" in out  # (no released width: no released name)
 
 
+@pytest.mark.parametrize("qwen35", [False, True], ids=["Qwen3VLVisionModel", "Qwen3_5VisionModel"])
+def test_a_tower_saved_alone_by_transformers_loads_with_the_heads_its_config_says(qwen35, tmp_path, capsys):
+    """``model.visual.save_pretrained(folder)``: Qwen's names without a prefix, its config the tower's own (before,
+    refused as "a Hugging Face config where model.safetensors holds timm's tensor names: the two were mixed")."""
+    from conftest import in_process
+
+    ref = _hf_tower(qwen35=qwen35, num_heads=4)  # (4 heads of 32 channels: a count no width says)
+    ref.save_pretrained(tmp_path)
+    model = vitkit.from_pretrained(tmp_path)
+    assert model.config.num_heads == 4
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = ref(*_hf_patches(x)).pooler_output
+        assert max_diff(model.forward_features(x)[0], expected) < 1e-5 * max(1.0, expected.abs().max().item())
+    said = in_process(capsys, "info", str(tmp_path))
+    assert said.returncode == 0 and "layout      qwen (Qwen's own: its vision tower" in said.stdout
+
+
 def test_a_qwen_vlm_folder_reads_its_tower_alone_with_the_heads_its_config_says(tmp_path):
     """A Qwen3-VL repository as the hub has it (config.json with vision_config, a shard index, the language model
     in shards of its own): only the tower's shard is read (the language model's, gigabytes, is not opened: here it

@@ -3,7 +3,8 @@
 qwen3`). Read-only: timm's names are the layout vitkit writes it in.
 
 - The vision tower is under ``model.visual.`` (``visual.`` in a tower saved alone, ``vlm.model.visual.`` in
-  Qwen-Drive's); every other tensor is the language model's and is left out, and so are the DeepStack projectors
+  Qwen-Drive's, none in a ``Qwen3VLVisionModel`` or ``Qwen3_5VisionModel`` folder, whose config is its own);
+  every other tensor is the language model's and is left out, and so are the DeepStack projectors
   (``deepstack_merger_list``: mid-block tokens for the language model's first layers, no part of the tower's
   output; its blocks' tokens are ``forward_intermediates``').
 - ``mlp.linear_fc1`` / ``linear_fc2`` and ``merger.linear_fc1`` / ``linear_fc2`` are timm's ``fc1`` / ``fc2``;
@@ -28,7 +29,9 @@ from ..models.vlm_tower import blocks_ratio
 from .io import WeightsError
 from .names import depth_of
 
-PREFIXES = ("vlm.model.visual.", "model.visual.", "visual.")
+#: where the tower is: beside Qwen-Drive's, a VLM's or its own language model, or alone (a ``Qwen3VLVisionModel`` or
+#: ``Qwen3_5VisionModel`` saved by itself: its own names, told from timm's by ``mlp.linear_fc1``)
+PREFIXES = ("vlm.model.visual.", "model.visual.", "visual.", "")
 #: the released towers' heads by width (1,152 is 16 heads of 72 channels), and their names in timm
 HEADS_BY_WIDTH = {768: 12, 1024: 16, 1152: 16}
 SIZES_BY_WIDTH = {768: "88m", 1024: "306m", 1152: "416m"}
@@ -77,9 +80,11 @@ def to_native(sd: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
 
 
 def vision_config(config_json: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The fields a Qwen VLM's config.json (``vision_config``: transformers' Qwen3VLVisionConfig) says that its
-    tensors do not: the heads; an activation other than the tanh GELU is refused."""
-    vision = (config_json or {}).get("vision_config")
+    """The fields a Qwen VLM's config.json (``vision_config``: transformers' Qwen3VLVisionConfig), or a tower's saved
+    alone, says that its tensors do not: the heads; an activation other than the tanh GELU is refused."""
+    cj = config_json or {}
+    vision = cj.get("vision_config") if "vision_config" in cj else cj if str(cj.get("model_type", "")).endswith(
+        "_vision") else None  # (a tower saved alone: its config is the vision config)
     if not isinstance(vision, Mapping):
         return {}
     act = vision.get("hidden_act", "gelu_pytorch_tanh")
