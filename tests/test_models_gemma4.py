@@ -301,6 +301,21 @@ def test_an_encoder_is_written_as_transformers_gemma4_vision_model(tmp_path):
             assert max_diff(again.forward_features(x), expected) < 1e-5 * max(1.0, expected.abs().max()), size
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("attention_bias", True, "attention_bias true: vitkit's tower's projections have no bias"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 100.0}, "rope_parameters .*rope_type 'axial'"),
+    ("pooling_kernel_size", 0, "pool_kernel must be a positive integer, got 0")])
+def test_a_vision_config_vitkits_tower_does_not_compute_is_one_line(field, value, words, tmp_path):
+    import json
+
+    _hf_tower().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(WeightsError, match=words) as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("change, words", [(dict(num_classes=3), "a classifier"), (dict(in_chans=1), "in_chans=1")])
 def test_what_gemma4_vision_model_cannot_hold_is_one_line(change, words, tmp_path, capsys):
     from conftest import in_process
