@@ -54,7 +54,7 @@ MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-v
                "siglip2", "siglip2_vision_model", "aimv2", "aimv2_vision_model", "vitdet", "timm_wrapper",
                "metaclip_2", "metaclip_2_vision_model", "chinese_clip", "chinese_clip_vision_model", "altclip",
                "altclip_vision_model", "owlvit", "owlvit_vision_model", "sam", "sam_vision_model", "sam_hq",
-               "sam_hq_vision_model", "gemma4_vision")
+               "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
          "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
@@ -66,6 +66,8 @@ TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
             max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
 TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2", "metaclip_2", "chinese_clip", "altclip", "owlvit", "sam",
               "sam_hq")
+#: VLMs whose tower vitkit reads beside their language model (compared: the tower's tokens)
+VLMS = ("smolvlm", "idefics3")
 TABLE = ("<!-- hf-coverage-table:start -->", "<!-- hf-coverage-table:end -->")
 #: the non-square size every class is compared at too (a 4 x 6 grid of 8-pixel patches)
 WIDE = (32, 48)
@@ -100,6 +102,8 @@ def config_for(kind: str, cls: str):
         vision = dict(VISION, pooling_kernel_size=2, position_embedding_size=16, num_key_value_heads=2, head_dim=16)
     if kind in TWO_TOWERS:
         return config_class(vision_config=vision, text_config=TEXT, **labels)
+    if kind in VLMS:  # a language model of one layer beside the tower
+        return config_class(vision_config=vision, text_config=dict(TEXT, num_key_value_heads=2), scale_factor=2)
     if kind.startswith("siglip2"):
         return config_class(**vision, **labels)
     if kind == "timm_wrapper":
@@ -143,6 +147,9 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
         out = ref.get_image_embeddings(pixel_values=x) if hasattr(ref, "get_image_embeddings") else ref(
             pixel_values=x).last_hidden_state
         return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2), ours.forward_features(x)
+    if cls.startswith(("SmolVLM", "Idefics3")):  # the tower's tokens (its language model is not read)
+        tower = ref.model.vision_model if hasattr(ref, "model") else getattr(ref, "vision_model", ref)
+        return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)
     if cls.startswith("Gemma4"):  # the soft tokens
         return ref(**inputs(cls, x)).last_hidden_state.reshape(x.shape[0], -1, ref.config.hidden_size), \
             ours.forward_features(x)

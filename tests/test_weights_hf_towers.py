@@ -670,3 +670,54 @@ def test_an_owlvit_detector_is_refused_naming_the_class_that_holds_its_tower(tmp
     assert "\n" not in str(e.value)
     said = in_process(capsys, "info", str(tmp_path))
     assert said.returncode == 2 and "OwlViTModel.from_pretrained loads it" in said.stdout
+
+
+@pytest.mark.parametrize("vlm", ["SmolVLM", "Idefics3"])
+def test_a_smolvlm_or_idefics3_folder_reads_its_siglip_tower_alone(vlm, tmp_path, images, capsys):
+    """Their tower is SigLIP's without its head, beside the language model under model.vision_model.: its tokens are
+    transformers' at every size (at another grid transformers buckets the positions: the table's nearest slots, where
+    vitkit's default bicubic resampling was 0.26-0.56 off); a shard of the language model alone
+    is not read (here it is not even a weights file). Their processor gives the whole image squashed to the tower's
+    size and tiles: vitkit's view is the whole image (0.7% of the range apart on average from the processor's with
+    its filter bicubic, which resizes three times in a row), and the tiles are said (before, each model_type was
+    refused)."""
+    from PIL import Image
+
+    from conftest import in_process
+    from vitkit.weights.pretrained import GuessWarning
+
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2, vocab_size=128)
+    config = getattr(T, f"{vlm}Config")(vision_config=SMALL, text_config=text, scale_factor=2)
+    ref = randomize(getattr(T, f"{vlm}ForConditionalGeneration")(config)).eval()
+    ref.save_pretrained(tmp_path, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    text_only = sorted(set(index.values()) - {f for k, f in index.items() if k.startswith("model.vision_model.")})
+    assert text_only
+    for shard in text_only:
+        (tmp_path / shard).write_bytes(b"not read")
+    ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        want = ref.model.vision_model(pixel_values=x).last_hidden_state
+        assert _close(want, ours.forward_features(x)) and _close(want.mean(dim=1), ours(x))
+    # at other grids its positions are the table's nearest slots (bucketed): so at any size, and built at one
+    anywhere, at_48 = vitkit.from_pretrained(tmp_path, dynamic_img_size=True), vitkit.from_pretrained(tmp_path,
+                                                                                                      img_size=48)
+    for h, w in [(32, 48), (56, 24), (48, 48)]:
+        x = images(1, h, w)
+        with torch.no_grad():
+            want = ref.model.vision_model(pixel_values=x).last_hidden_state
+            assert _close(want, anywhere.forward_features(x)), (h, w)
+            assert (h, w) != (48, 48) or _close(want, at_48.forward_features(x))
+    said = in_process(capsys, "info", str(tmp_path))
+    assert said.returncode == 0 and "tensors of its language model and connector left out" in said.stdout
+    getattr(T, f"{vlm}ImageProcessorPil")(max_image_size={"longest_edge": 32}, size={"longest_edge": 64},
+                                          resample=3).save_pretrained(tmp_path)
+    with pytest.warns(GuessWarning, match=r"\(SmolVLM's or Idefics3's\) gives the whole image squashed to 32 px"):
+        ours = vitkit.from_pretrained(tmp_path)
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    photo = Image.fromarray(pytest.importorskip("skimage.data").chelsea())
+    views = processor(images=[photo], return_tensors="pt")["pixel_values"][0]
+    diff = (views[-1] - vitkit.preprocess(ours, photo)[0]).abs()  # (it resizes three times in a row, vitkit once)
+    assert views.shape[0] > 1 and diff.max() < 0.15 and diff.mean() < 0.01  # (here 0.094 and 0.0068 of a 2 range)

@@ -23,7 +23,7 @@ _ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "g
 HF_ACT_NAMES = {"exact": "gelu", "quick": "quick_gelu", "tanh": "gelu_pytorch_tanh"}
 #: what the vision part of a two-tower checkpoint is prefixed with, and what of it is the other tower's
 _VISION_PREFIX = "vision_model."
-_OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+_OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias", "connector.")  # (connector: a VLM's)
 
 
 #: PIL's resampling filters (a processor's ``resample``) vitkit resizes with; the others (LANCZOS, BOX, HAMMING)

@@ -77,14 +77,19 @@ TOWERS: Dict[str, Tower] = {
     "sam_vision_model": SAM_TOWER,
 }
 #: other releases' towers that are another tower's layout (its names, its function): read as it, written as it
-#: (MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's; SAM-HQ's encoder is SAM's)
+#: (MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's; SAM-HQ's encoder is SAM's;
+#: SmolVLM's and Idefics3's are SigLIP's without its head, the positions of a whole image at its size its own)
 SAME_LAYOUT = {**dict.fromkeys(("metaclip_2_vision_model", "chinese_clip_vision_model", "altclip_vision_model",
-                                "owlvit_vision_model"), "clip_vision_model"), "sam_hq_vision_model": "sam_vision_model"}
+                                "owlvit_vision_model"), "clip_vision_model"), "sam_hq_vision_model": "sam_vision_model",
+               **dict.fromkeys(("smolvlm_vision", "idefics3_vision"), "siglip_vision_model")}
+#: VLMs whose tower is read from beside their language model (``model.vision_model.``; the rest is not read)
+VLMS = {"smolvlm": "siglip_vision_model", "idefics3": "siglip_vision_model"}
+VLM_PREFIX = "model.vision_model."
 #: two-tower (image and text) checkpoints: their vision config and tower
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
               "aimv2": "aimv2_vision_model", "sam": "sam_vision_model",
               **dict.fromkeys(("metaclip_2", "chinese_clip", "altclip", "owlvit"), "clip_vision_model"),
-              "sam_hq": "sam_vision_model"}
+              "sam_hq": "sam_vision_model", **VLMS}
 MODEL_TYPES = tuple(TOWERS) + tuple(SAME_LAYOUT) + tuple(TWO_TOWERS)
 #: the towers whose position table transformers resamples (``interpolate_pos_encoding``) bicubic without
 #: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
@@ -126,11 +131,12 @@ def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
 def vision_part(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The vision tower's tensors of a (possibly two-tower) checkpoint, without its prefix (the text
     tower, text projection and logit scale are left out: a vision model has no use for them)."""
-    prefix = next((p for p in (_VISION_PREFIX,) + _BASE_PREFIXES if any(k.startswith(p) for k in sd)), None)
+    prefix = next((p for p in (_VISION_PREFIX, VLM_PREFIX) + _BASE_PREFIXES if any(k.startswith(p) for k in sd)),
+                  None)
     out = {}
     for key, value in sd.items():
-        if key.startswith(_OTHER_TOWER):
-            continue
+        if key.startswith(_OTHER_TOWER) or (prefix == VLM_PREFIX and not key.startswith(prefix)):
+            continue  # (a VLM's language model and connector: not the tower's)
         if prefix and key.startswith(prefix):
             key = key[len(prefix):]
         out[key] = value
@@ -205,10 +211,14 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
             count = int(head["head.weight"].shape[0])
             labels = labels_from_hf(hf, count)
             config = config.replace(num_classes=count, label_names=labels, **_CLASSIFIERS[kind][0])
+        if preprocessor and hf.get("model_type") in TILING:
+            preprocessor = whole_image_view(preprocessor, tower)
         fields = preprocessing(preprocessor, hf.get("model_type"), tower.get("num_channels", 3)) if preprocessor \
             else {}  # (a processor config naming no class: the folder's model_type's, as AutoImageProcessor picks)
         if kind in PLAIN_BICUBIC:
             fields["pos_embed_antialias"] = False
+        if hf.get("model_type") in TILING:  # its positions at another grid: the table's nearest slots (bucketed)
+            fields.update(pos_embed_interpolation="nearest", pos_embed_antialias=False)
         return config.replace(**{**fields, **overrides})
     except WeightsError:  # said by the part that read it (a processor's field, a classifier's labels)
         raise
@@ -224,6 +234,21 @@ _PARTS_OF_CLASS = {**dict.fromkeys(("CLIPModel", "CLIPVisionModelWithProjection"
                    "SiglipVisionModel": ("head.", "its attention-pool head"),
                    "Siglip2Model": ("head.", "its attention-pool head"),
                    "Siglip2VisionModel": ("head.", "its attention-pool head")}
+
+
+#: the towers whose processor cuts each image into tiles and adds the whole image (SmolVLM's, Idefics3's)
+TILING = ("smolvlm", "idefics3", "smolvlm_vision", "idefics3_vision")
+
+
+def whole_image_view(pre: Mapping[str, Any], tower: Mapping[str, Any]) -> Dict[str, Any]:
+    """SmolVLM's or Idefics3's processor as the view of the whole image it adds to the tiles: every image resized to
+    the tower's size, its aspect not kept (SigLIP's processor), with the processor's scaling and statistics; its
+    LANCZOS filter, which vitkit's resize does not use, read as bicubic, and its three resizes in a row as one
+    (0.7% of the range apart on average; said on loading: pretrained's note)."""
+    side = tower.get("image_size", 224)
+    kept = {k: pre[k] for k in ("do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std") if k in pre}
+    return {"image_processor_type": "SiglipImageProcessor", "size": {"height": side, "width": side}, "resample": 3,
+            **kept}
 
 
 def _check_parts_held(hf: Mapping[str, Any], tower: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
@@ -248,7 +273,7 @@ def run_size(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]]) -
 
 def table_every_call(hf: Mapping[str, Any]) -> bool:
     """transformers resamples this tower's stored table to each input's grid (:data:`TABLE_EVERY_CALL`)."""
-    return tower_of(hf)[0] in TABLE_EVERY_CALL
+    return tower_of(hf)[0] in TABLE_EVERY_CALL or hf.get("model_type") in TILING
 
 
 def run_config(hf: Mapping[str, Any], preprocessor: Optional[Mapping[str, Any]], stored: Any) -> Any:

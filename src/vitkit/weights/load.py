@@ -160,7 +160,8 @@ def vlm_tower_names(names: List[str]) -> List[str]:
     for reader in (qwen_format, deepseek_format, gemma4_format):
         if reader.detect(names):
             return reader.tower_names(names)
-    return names
+    tower = [n for n in names if n.startswith(hf_towers.VLM_PREFIX)]  # (SmolVLM's, Idefics3's: transformers' names)
+    return tower if tower and any(n.startswith("model.text_model.") for n in names) else names
 
 
 def folder_weights(folder: Path) -> Optional[Path]:

@@ -208,6 +208,8 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         who, reader = _VLM_RELEASES[src.format]
         said = reader.left_out(list(src.tensors) + src.unread)
         own = f"{who}'s own: its vision tower" + (f"; {said} left out" if said else "")
+    elif src.unread:  # (a transformers VLM's folder: SmolVLM's, Idefics3's)
+        own = f"{own}: its vision tower; {len(src.unread):,} tensors of its language model and connector left out"
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
         path=str(path), format="timm" if src.timm_with_config else src.format, source_name=own,
@@ -343,6 +345,11 @@ def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
         return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
                 f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
     size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
+    tile = pre.get("max_image_size") if isinstance(pre.get("max_image_size"), Mapping) else {}
+    if pre.get("do_image_splitting") and type(tile.get("longest_edge")) is int:  # SmolVLM's, Idefics3's
+        return (f"(SmolVLM's or Idefics3's) gives the whole image squashed to {tile['longest_edge']} px (LANCZOS, "
+                f"resized three times: vitkit's one view, resized once, bicubic) and tiles of {tile['longest_edge']} "
+                f"px cut from it resized to a longer side of {size.get('longest_edge', '?')} px,")
     if field("merge_size") and field("temporal_patch_size"):  # Qwen's (min_pixels and max_pixels, or in its size)
         low = field("min_pixels") or (size.get("shortest_edge") if type(size.get("shortest_edge")) is int else None)
         high = field("max_pixels") or (size.get("longest_edge") if type(size.get("longest_edge")) is int else None)

@@ -87,7 +87,8 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     bicubic was 4e-4 to 0.13 off timm's FlexiViT, 0.2 off its RADIO), and the official npz files' bilinear without
     (timm's ``_load_weights``; the official vit_jax code's ``bilinear-aligned`` differs from it by up to a third of
     a smooth table's spread: named, it is used); a transformers tower's antialiasing is its config's (none for CLIP's
-    and DINOv2's). Returns (interpolation, antialias, align_corners)."""
+    and DINOv2's); a model that takes the nearest slots at every grid (SmolVLM's and Idefics3's towers bucket the
+    positions) takes them while loading too. Returns (interpolation, antialias, align_corners)."""
     check_load_interpolation(interpolation)
     if interpolation == "bilinear-aligned":  # scipy's zoom: no antialiasing, whichever way the grid changes
         return "bilinear", bool(antialias), True
@@ -95,6 +96,8 @@ def load_resampling(model: nn.Module, interpolation: Optional[str], antialias: O
     name = str(getattr(config, "name", None) or "")
     timm_bilinear = "flexi" in name or "radio" in name or source_format in ("npz", "big_vision")
     aligned = interpolation is None and any(n in name for n in RADIO_ALIGN_CORNERS)
+    if interpolation is None and getattr(config, "pos_embed_interpolation", None) == "nearest":
+        return "nearest", False, False  # (its positions are the table's nearest slots at any grid: SmolVLM's)
     if interpolation is None:
         interpolation = "bilinear" if timm_bilinear else "bicubic"
     if antialias is None:
