@@ -54,7 +54,8 @@ MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-v
                "siglip2", "siglip2_vision_model", "aimv2", "aimv2_vision_model", "vitdet", "timm_wrapper",
                "metaclip_2", "metaclip_2_vision_model", "chinese_clip", "chinese_clip_vision_model", "altclip",
                "altclip_vision_model", "owlvit", "owlvit_vision_model", "sam", "sam_vision_model", "sam_hq",
-               "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision")
+               "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision",
+               "llava", "llava_next", "llava_onevision", "vipllava", "paligemma", "gemma3", "aya_vision", "mistral3")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
          "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
@@ -66,8 +67,17 @@ TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
             max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
 TWO_TOWERS = ("clip", "siglip", "siglip2", "aimv2", "metaclip_2", "chinese_clip", "altclip", "owlvit", "sam",
               "sam_hq")
-#: VLMs whose tower vitkit reads beside their language model (compared: the tower's tokens)
+#: VLMs whose tower vitkit reads beside their language model (compared: the tower's tokens), and VLMs of other
+#: model_types around a tower (compared: its pooled output), with that tower's model_type and their language model's
 VLMS = ("smolvlm", "idefics3")
+TOWER_VLMS = {"llava": ("clip_vision_model", "llama"), "llava_next": ("clip_vision_model", "llama"),
+              "llava_onevision": ("siglip_vision_model", "qwen2"), "vipllava": ("clip_vision_model", "llama"),
+              "paligemma": ("siglip_vision_model", "gemma"), "gemma3": ("siglip_vision_model", "gemma3_text"),
+              "aya_vision": ("siglip_vision_model", "cohere2"), "mistral3": ("pixtral", "mistral")}
+VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3")
+#: what a VLM's config needs at this size (Gemma 3 pools the 4 x 4 grid to 2 x 2 tokens; OneVision's tiles)
+VLM_EXTRA = {"gemma3": dict(mm_tokens_per_image=4), "llava_onevision": dict(image_grid_pinpoints=[[32, 32], [32, 64]]),
+             "vipllava": dict(vision_feature_layers=[-2, -1])}
 TABLE = ("<!-- hf-coverage-table:start -->", "<!-- hf-coverage-table:end -->")
 #: the non-square size every class is compared at too (a 4 x 6 grid of 8-pixel patches)
 WIDE = (32, 48)
@@ -102,6 +112,10 @@ def config_for(kind: str, cls: str):
         vision = dict(VISION, pooling_kernel_size=2, position_embedding_size=16, num_key_value_heads=2, head_dim=16)
     if kind in TWO_TOWERS:
         return config_class(vision_config=vision, text_config=TEXT, **labels)
+    if kind in TOWER_VLMS:
+        tower, language = TOWER_VLMS[kind]
+        return config_class(vision_config=dict(vision, model_type=tower), text_config=dict(
+            TEXT, num_key_value_heads=2, model_type=language, vocab_size=128, head_dim=16), **VLM_EXTRA.get(kind, {}))
     if kind in VLMS:  # a language model of one layer beside the tower
         return config_class(vision_config=vision, text_config=dict(TEXT, num_key_value_heads=2), scale_factor=2)
     if kind.startswith("siglip2"):
@@ -147,6 +161,9 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
         out = ref.get_image_embeddings(pixel_values=x) if hasattr(ref, "get_image_embeddings") else ref(
             pixel_values=x).last_hidden_state
         return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2), ours.forward_features(x)
+    if cls.startswith(VLM_CLASSES):  # the tower's pooled output
+        tower = (ref.model if hasattr(ref, "model") else ref).vision_tower
+        return tower(pixel_values=x, **kw).pooler_output, ours(x)
     if cls.startswith(("SmolVLM", "Idefics3")):  # the tower's tokens (its language model is not read)
         tower = ref.model.vision_model if hasattr(ref, "model") else getattr(ref, "vision_model", ref)
         return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)
@@ -213,7 +230,8 @@ def wide(ref, folder: Path, cls: str, backbone: dict) -> dict:
     ``dynamic_img_size`` against transformers with ``interpolate_pos_encoding`` where its forward takes it
     (DINOv2's and the RoPE models' always resample). ``n/a``: transformers does not run the class there."""
     x = torch.randn(2, 3, WIDE[0], WIDE[1], generator=torch.Generator().manual_seed(2))
-    takes = "interpolate_pos_encoding" in inspect.signature(ref.forward).parameters
+    takes = "interpolate_pos_encoding" in inspect.signature(ref.forward).parameters or cls.startswith(
+        VLM_CLASSES)  # (their tower takes it: outputs calls it)
     try:
         ours = vitkit.from_pretrained(folder, dynamic_img_size=True, **backbone)
     except Exception as e:

@@ -711,7 +711,7 @@ def test_a_smolvlm_or_idefics3_folder_reads_its_siglip_tower_alone(vlm, tmp_path
             assert _close(want, anywhere.forward_features(x)), (h, w)
             assert (h, w) != (48, 48) or _close(want, at_48.forward_features(x))
     said = in_process(capsys, "info", str(tmp_path))
-    assert said.returncode == 0 and "tensors of its language model and connector left out" in said.stdout
+    assert said.returncode == 0 and "tensors of its language model and projector left out" in said.stdout
     getattr(T, f"{vlm}ImageProcessorPil")(max_image_size={"longest_edge": 32}, size={"longest_edge": 64},
                                           resample=3).save_pretrained(tmp_path)
     with pytest.warns(GuessWarning, match=r"\(SmolVLM's or Idefics3's\) gives the whole image squashed to 32 px"):
@@ -721,3 +721,77 @@ def test_a_smolvlm_or_idefics3_folder_reads_its_siglip_tower_alone(vlm, tmp_path
     views = processor(images=[photo], return_tensors="pt")["pixel_values"][0]
     diff = (views[-1] - vitkit.preprocess(ours, photo)[0]).abs()  # (it resizes three times in a row, vitkit once)
     assert views.shape[0] > 1 and diff.max() < 0.15 and diff.mean() < 0.01  # (here 0.094 and 0.0068 of a 2 range)
+
+
+LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=2, vocab_size=128)
+#: VLMs of other model_types around a tower vitkit reads: (class prefix, config, the tower's model_type)
+VLM_TOWERS = {
+    "Llava": (lambda: T.LlavaConfig(vision_config=dict(SMALL, model_type="clip_vision_model"), text_config=LLAMA)),
+    "LlavaNext": (lambda: T.LlavaNextConfig(vision_config=dict(SMALL, model_type="clip_vision_model"),
+                                            text_config=LLAMA)),
+    "PaliGemma": (lambda: T.PaliGemmaConfig(vision_config=dict(SMALL, model_type="siglip_vision_model"),
+                                            text_config=dict(LLAMA, model_type="gemma"))),
+    "AyaVision": (lambda: T.AyaVisionConfig(vision_config=dict(SMALL, model_type="siglip_vision_model"),
+                                            text_config=dict(LLAMA, model_type="cohere2"))),
+    "Gemma3": (lambda: T.Gemma3Config(vision_config=dict(SMALL, model_type="siglip_vision_model"), text_config=dict(
+        LLAMA, model_type="gemma3_text", head_dim=16), mm_tokens_per_image=4)),
+}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["as-saved", "hub-names"])
+@pytest.mark.parametrize("vlm", sorted(VLM_TOWERS))
+def test_a_vlm_of_another_model_type_reads_its_tower_alone(vlm, legacy, tmp_path, images, capsys):
+    """LLaVA's CLIP, PaliGemma's, Gemma 3's and Aya Vision's SigLIP: a vision_config of a tower vitkit reads, under
+    vision_tower. (the hub's older files: vision_tower.vision_model.) beside the language model and projector,
+    which are not read: the tower's pooled output (before, each model_type was refused by name). LLaVA's language
+    model is fed one block's tokens: said, with the call that gives them, and it does give them."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import in_process
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(getattr(T, f"{vlm}ForConditionalGeneration")(VLM_TOWERS[vlm]())).eval()
+    ref.save_pretrained(tmp_path)
+    if legacy:  # as the hub's llava-hf and google/paligemma files name them
+        sd = load_file(tmp_path / "model.safetensors")
+        save_file({re.sub(r"^vision_tower\.", "vision_tower.vision_model.", k): v for k, v in sd.items()},
+                  tmp_path / "model.safetensors")
+    llava = vlm.startswith("Llava")
+    with pytest.warns(GuessWarning, match=r"fed the tower's tokens after block -2 \(its patches") if llava else \
+            warnings.catch_warnings():
+        ours = vitkit.from_pretrained(tmp_path)
+    x = images(2, 32, 32)
+    tower = ref.model.vision_tower
+    with torch.no_grad():
+        out = tower(pixel_values=x, output_hidden_states=True)
+        assert _close(out.pooler_output, ours(x))
+        if llava:  # what LLaVA feeds its language model: block -2's patches
+            fed = ours.forward_intermediates(x, indices=[-2], output_fmt="NLC", intermediates_only=True)[0]
+            assert _close(out.hidden_states[-2][:, 1:], fed)
+    said = in_process(capsys, "info", str(tmp_path))
+    assert said.returncode == 0 and "tensors of its language model and projector left out" in said.stdout
+
+
+def test_llava_nexts_processor_is_read_and_its_tiles_said(tmp_path):
+    """Its processor (CLIP's fields and grid pinpoints for tiles) loads; the tiles are said."""
+    from vitkit.weights.pretrained import GuessWarning
+
+    T.LlavaNextForConditionalGeneration(VLM_TOWERS["LlavaNext"]()).save_pretrained(tmp_path)
+    T.LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                              image_grid_pinpoints=[[32, 64], [64, 32]]).save_pretrained(tmp_path)
+    with pytest.warns(GuessWarning, match=r"\(LLaVA-NeXT's\) gives the whole image and tiles of it resized to the "
+                                          r"nearest of its 2 grid pinpoints"):
+        ours = vitkit.from_pretrained(tmp_path)
+    assert (ours.config.img_size, ours.config.crop_mode) == ((32, 32), "center")
+
+
+def test_a_vlm_whose_tower_vitkit_does_not_read_is_one_line_naming_the_tower(tmp_path):
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=32, patch_size=8, head_dim=16)
+    T.Mistral3ForConditionalGeneration(T.Mistral3Config(vision_config=vision, text_config=dict(
+        LLAMA, model_type="mistral"))).save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match=r"model_type 'mistral3' is a VLM whose vision tower \('pixtral'\) is not "
+                                           r"one vitkit reads") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value)

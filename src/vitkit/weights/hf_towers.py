@@ -85,6 +85,12 @@ SAME_LAYOUT = {**dict.fromkeys(("metaclip_2_vision_model", "chinese_clip_vision_
 #: VLMs whose tower is read from beside their language model (``model.vision_model.``; the rest is not read)
 VLMS = {"smolvlm": "siglip_vision_model", "idefics3": "siglip_vision_model"}
 VLM_PREFIX = "model.vision_model."
+#: where a VLM of another model_type (LLaVA's, PaliGemma's, Aya Vision's: a ``vision_config`` of a tower vitkit
+#: reads) keeps its tower, as transformers saves it and as the hub's files have it; then SmolVLM's
+VLM_TOWER_PREFIXES = ("model.vision_tower.vision_model.", "vision_tower.vision_model.", "model.vision_tower.",
+                      "vision_tower.", VLM_PREFIX)
+#: the language model's names beside a VLM's tower (what tells a VLM's checkpoint from a tower's)
+LANGUAGE_PREFIXES = ("model.text_model.", "language_model.", "model.language_model.")
 #: two-tower (image and text) checkpoints: their vision config and tower
 TWO_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model",
               "aimv2": "aimv2_vision_model", "sam": "sam_vision_model",
@@ -110,6 +116,20 @@ TABLE_EVERY_CALL = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
 DETECTORS = {"OwlViTForObjectDetection": "OwlViTModel"}
 
 
+def vlm_vision_config(hf: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The ``vision_config`` of a VLM of a model_type vitkit does not list whose tower is one it reads (LLaVA's
+    CLIP, PaliGemma's SigLIP, ...), else None."""
+    vision = hf.get("vision_config")
+    if hf.get("model_type") in MODEL_TYPES or not isinstance(vision, Mapping):
+        return None
+    return vision if vision.get("model_type") in tuple(TOWERS) + tuple(SAME_LAYOUT) else None
+
+
+def reads(hf: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a config.json is one of the towers' (its model_type, or a VLM's tower: :func:`vlm_vision_config`)."""
+    return isinstance(hf, Mapping) and (hf.get("model_type") in MODEL_TYPES or vlm_vision_config(hf) is not None)
+
+
 def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
     """(the tower's model_type, the tower's own config) of a config.json."""
     for cls in set(hf.get("architectures") or ()) & set(DETECTORS):
@@ -117,6 +137,8 @@ def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
                            f"vitkit reads image towers and classifiers: its image tower is {DETECTORS[cls]}'s "
                            f"(transformers' {DETECTORS[cls]}.from_pretrained loads it from this folder; save that)")
     kind = hf.get("model_type")
+    if (vision := vlm_vision_config(hf)) is not None:  # LLaVA's, PaliGemma's, ...: a tower vitkit reads inside
+        return SAME_LAYOUT.get(vision["model_type"], vision["model_type"]), vision
     if kind in TWO_TOWERS:
         vision = hf.get("vision_config")
         if not isinstance(vision, Mapping):
@@ -131,12 +153,12 @@ def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
 def vision_part(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The vision tower's tensors of a (possibly two-tower) checkpoint, without its prefix (the text
     tower, text projection and logit scale are left out: a vision model has no use for them)."""
-    prefix = next((p for p in (_VISION_PREFIX, VLM_PREFIX) + _BASE_PREFIXES if any(k.startswith(p) for k in sd)),
-                  None)
+    prefix = next((p for p in VLM_TOWER_PREFIXES + (_VISION_PREFIX,) + _BASE_PREFIXES
+                   if any(k.startswith(p) for k in sd)), None)
     out = {}
     for key, value in sd.items():
-        if key.startswith(_OTHER_TOWER) or (prefix == VLM_PREFIX and not key.startswith(prefix)):
-            continue  # (a VLM's language model and connector: not the tower's)
+        if key.startswith(_OTHER_TOWER) or (prefix in VLM_TOWER_PREFIXES and not key.startswith(prefix)):
+            continue  # (a VLM's language model, connector and projector: not the tower's)
         if prefix and key.startswith(prefix):
             key = key[len(prefix):]
         out[key] = value
@@ -374,6 +396,6 @@ def _classifier_from_native(sd: Dict[str, torch.Tensor], config: Any, kind: str,
     return {**{prefix + k: v for k, v in tower.items()}, **head}, hf
 
 
-__all__ = ["TOWERS", "TWO_TOWERS", "MODEL_TYPES", "tower_of", "to_native", "config_from_hf", "preprocessing",
-           "layout_of", "table_every_call", "run_config", "holds_table_apart", "from_native", "export_problems",
-           "vision_part", "preprocessor_to_hf"]
+__all__ = ["TOWERS", "TWO_TOWERS", "MODEL_TYPES", "reads", "vlm_vision_config", "tower_of", "to_native",
+           "config_from_hf", "preprocessing", "layout_of", "table_every_call", "run_config", "holds_table_apart",
+           "from_native", "export_problems", "vision_part", "preprocessor_to_hf"]

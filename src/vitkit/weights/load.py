@@ -123,7 +123,12 @@ def _unknown_architecture(config_json: Optional[Dict[str, Any]]) -> None:
         timm_format.known_architecture(str(arch))
     kind = (config_json or {}).get("model_type")
     known = tuple(hf_format.MODEL_TYPES) + hf_towers.MODEL_TYPES
-    if isinstance(kind, str) and kind not in known + ("timm_wrapper",):
+    if isinstance(kind, str) and kind not in known + ("timm_wrapper",) and not hf_towers.reads(config_json):
+        vision = (config_json or {}).get("vision_config")
+        tower = vision.get("model_type") if isinstance(vision, dict) else None
+        if isinstance(tower, str):  # a VLM whose tower is of another kind (Mistral 3's Pixtral)
+            raise WeightsError(f"Hugging Face model_type {kind!r} is a VLM whose vision tower ({tower!r}) is not one "
+                               f"vitkit reads (it reads a VLM's {', '.join(tuple(hf_towers.TOWERS))} tower)")
         raise WeightsError(f"Hugging Face model_type {kind!r} is not one vitkit reads ({', '.join(known)})")
 
 
@@ -160,8 +165,8 @@ def vlm_tower_names(names: List[str]) -> List[str]:
     for reader in (qwen_format, deepseek_format, gemma4_format):
         if reader.detect(names):
             return reader.tower_names(names)
-    tower = [n for n in names if n.startswith(hf_towers.VLM_PREFIX)]  # (SmolVLM's, Idefics3's: transformers' names)
-    return tower if tower and any(n.startswith("model.text_model.") for n in names) else names
+    tower = [n for n in names if n.startswith(hf_towers.VLM_TOWER_PREFIXES)]  # (transformers' VLMs: LLaVA's, ...)
+    return tower if tower and any(n.startswith(hf_towers.LANGUAGE_PREFIXES) for n in names) else names
 
 
 def folder_weights(folder: Path) -> Optional[Path]:
@@ -339,7 +344,7 @@ def to_native(src: Source) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         tensors = selfsup_format.split(src.pretraining, src.format, tensors)[0]
     if src.format in ("npz", "big_vision"):
         sd, facts = npz_format.to_native(tensors)
-    elif src.format == "hf" and src.config_json and src.config_json.get("model_type") in hf_towers.MODEL_TYPES:
+    elif src.format == "hf" and hf_towers.reads(src.config_json):
         sd = hf_towers.to_native(tensors, src.config_json)
         facts["grid"] = hf_towers.config_from_hf(src.config_json, tensors).grid_size
     elif src.format == "open_clip":

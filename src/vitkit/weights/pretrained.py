@@ -89,7 +89,7 @@ def config_for_source(src: Source, **overrides: Any):
         overrides = {**_VLM_RELEASES[src.format][1].vision_config(cj), **overrides}
     elif cj and cj.get("model_type") not in (None, "timm_wrapper"):  # transformers' TimmWrapper: a timm hub config
         try:
-            if cj.get("model_type") in hf_towers.MODEL_TYPES:
+            if hf_towers.reads(cj):
                 return hf_towers.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
             return hf_format.config_from_hf(cj, src.tensors, src.preprocessor_json, **overrides)
         except WeightsError as e:  # which file said it
@@ -170,7 +170,7 @@ def _read_config(src: Source, overrides: Mapping[str, Any]):
 def _tower_config(src: Source) -> Optional[Mapping[str, Any]]:
     """The config.json of a transformers vision tower's folder (None: any other source)."""
     cj = src.config_json or {}
-    return cj if src.format == "hf" and cj.get("model_type") in hf_towers.MODEL_TYPES else None
+    return cj if src.format == "hf" and hf_towers.reads(cj) else None
 
 
 def processor_run_size(src: Source) -> Optional[Tuple[int, int]]:
@@ -209,7 +209,7 @@ def describe_source(source: PathLike, img_size: Any = None) -> Dict[str, Any]:
         said = reader.left_out(list(src.tensors) + src.unread)
         own = f"{who}'s own: its vision tower" + (f"; {said} left out" if said else "")
     elif src.unread:  # (a transformers VLM's folder: SmolVLM's, Idefics3's)
-        own = f"{own}: its vision tower; {len(src.unread):,} tensors of its language model and connector left out"
+        own = f"{own}: its vision tower; {len(src.unread):,} tensors of its language model and projector left out"
     tensors = list(src.tensors.values())
     info: Dict[str, Any] = dict(
         path=str(path), format="timm" if src.timm_with_config else src.format, source_name=own,
@@ -328,7 +328,22 @@ def _processor_run(src: Source, stored: Any, overrides: Dict[str, Any], path: Pa
                           f"images of another shape get other pixels than transformers gives them", GuessWarning,
                           stacklevel=4)
     _per_image_note(src, path, overrides.get("img_size") or getattr(stored, "img_size", None))
+    _feature_layer_note(src, path)
     return overrides
+
+
+def _feature_layer_note(src: Source, path: Path) -> None:
+    """A LLaVA-style VLM feeds its language model the tokens of one of its tower's blocks (``vision_feature_layer``;
+    the class token dropped by its ``default`` strategy), where vitkit's model is the whole tower: said, with the
+    call that gives those tokens."""
+    cj = src.config_json or {}
+    layer = cj.get("vision_feature_layer") if src.format == "hf" and hf_towers.vlm_vision_config(cj) else None
+    if type(layer) is int:
+        which = "its patches (the class token dropped)" if cj.get("vision_feature_select_strategy",
+                                                                   "default") == "default" else "every token"
+        warnings.warn(f"{path}: its language model is fed the tower's tokens after block {layer} ({which}), where "
+                      f"vitkit's model is the whole tower: model.forward_intermediates(x, indices=[{layer}], "
+                      f"output_fmt='NLC') gives them", GuessWarning, stacklevel=4)
 
 
 def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
@@ -345,6 +360,9 @@ def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
         return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
                 f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
     size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
+    if isinstance(pre.get("image_grid_pinpoints"), list) and pre["image_grid_pinpoints"]:  # LLaVA-NeXT's, OneVision's
+        return ("(LLaVA-NeXT's) gives the whole image and tiles of it resized to the nearest of its "
+                f"{len(pre['image_grid_pinpoints'])} grid pinpoints,")
     tile = pre.get("max_image_size") if isinstance(pre.get("max_image_size"), Mapping) else {}
     if pre.get("do_image_splitting") and type(tile.get("longest_edge")) is int:  # SmolVLM's, Idefics3's
         return (f"(SmolVLM's or Idefics3's) gives the whole image squashed to {tile['longest_edge']} px (LANCZOS, "
