@@ -55,7 +55,8 @@ MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-v
                "metaclip_2", "metaclip_2_vision_model", "chinese_clip", "chinese_clip_vision_model", "altclip",
                "altclip_vision_model", "owlvit", "owlvit_vision_model", "sam", "sam_vision_model", "sam_hq",
                "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision",
-               "llava", "llava_next", "llava_onevision", "vipllava", "paligemma", "gemma3", "aya_vision", "mistral3")
+               "llava", "llava_next", "llava_onevision", "vipllava", "paligemma", "gemma3", "aya_vision", "mistral3",
+               "internvl_vision", "internvl")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
          "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
@@ -73,8 +74,9 @@ VLMS = ("smolvlm", "idefics3")
 TOWER_VLMS = {"llava": ("clip_vision_model", "llama"), "llava_next": ("clip_vision_model", "llama"),
               "llava_onevision": ("siglip_vision_model", "qwen2"), "vipllava": ("clip_vision_model", "llama"),
               "paligemma": ("siglip_vision_model", "gemma"), "gemma3": ("siglip_vision_model", "gemma3_text"),
-              "aya_vision": ("siglip_vision_model", "cohere2"), "mistral3": ("pixtral", "mistral")}
-VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3")
+              "aya_vision": ("siglip_vision_model", "cohere2"), "mistral3": ("pixtral", "mistral"),
+              "internvl": ("internvl_vision", "qwen2")}
+VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3", "InternVLModel", "InternVLFor")
 #: what a VLM's config needs at this size (Gemma 3 pools the 4 x 4 grid to 2 x 2 tokens; OneVision's tiles)
 VLM_EXTRA = {"gemma3": dict(mm_tokens_per_image=4), "llava_onevision": dict(image_grid_pinpoints=[[32, 32], [32, 64]]),
              "vipllava": dict(vision_feature_layers=[-2, -1])}
@@ -162,8 +164,9 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
             pixel_values=x).last_hidden_state
         return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2), ours.forward_features(x)
     if cls.startswith(VLM_CLASSES):  # the tower's pooled output
-        tower = (ref.model if hasattr(ref, "model") else ref).vision_tower
-        return tower(pixel_values=x, **kw).pooler_output, ours(x)
+        out = (ref.model if hasattr(ref, "model") else ref).vision_tower(pixel_values=x, **kw)
+        pooled = getattr(out, "pooler_output", None)  # (InternViT's has none: its tokens)
+        return (out.last_hidden_state, ours.forward_features(x)) if pooled is None else (pooled, ours(x))
     if cls.startswith(("SmolVLM", "Idefics3")):  # the tower's tokens (its language model is not read)
         tower = ref.model.vision_model if hasattr(ref, "model") else getattr(ref, "vision_model", ref)
         return tower(pixel_values=x).last_hidden_state, ours.forward_features(x)

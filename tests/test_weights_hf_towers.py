@@ -795,3 +795,44 @@ def test_a_vlm_whose_tower_vitkit_does_not_read_is_one_line_naming_the_tower(tmp
                                            r"one vitkit reads") as info:
         vitkit.from_pretrained(tmp_path)
     assert "\n" not in str(info.value)
+
+
+INTERNVIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=[32, 32],
+                 patch_size=[8, 8])
+
+
+@pytest.mark.parametrize("options", [{}, dict(attention_bias=True), dict(use_mean_pooling=False)],
+                         ids=["released", "qkv-bias", "final-norm"])
+def test_internvit_and_internvl_folders_load_with_parity(options, tmp_path, images):
+    """InternViT (InternVL's tower: a class token, LayerScale as lambda_1 / lambda_2, q / k / v apart): transformers'
+    last_hidden_state, from its own folder and from InternVL's beside its language model; InternVL's tiles are said
+    (before, both model_types were refused)."""
+    from vitkit.weights.pretrained import GuessWarning
+
+    ref = randomize(T.InternVLVisionModel(T.InternVLVisionConfig(**INTERNVIT, **options))).eval()
+    ref.save_pretrained(tmp_path / "tower")
+    vlm = randomize(T.InternVLForConditionalGeneration(T.InternVLConfig(
+        vision_config=dict(INTERNVIT, **options), text_config=dict(LLAMA, model_type="qwen2")))).eval()
+    vlm.save_pretrained(tmp_path / "vlm")
+    T.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True).save_pretrained(tmp_path / "vlm")
+    with pytest.warns(GuessWarning, match=r"\(InternVL's\) gives tiles of the image on a grid of 1 to 12 of them"):
+        from_vlm = vitkit.from_pretrained(tmp_path / "vlm")
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        for tower, ours in ((ref, vitkit.from_pretrained(tmp_path / "tower")), (vlm.model.vision_tower, from_vlm)):
+            want = tower(pixel_values=x).last_hidden_state
+            assert _close(want, ours.forward_features(x))
+    assert from_vlm.config.crop_mode == "squash" and from_vlm.config.img_size == (32, 32)
+    # at another grid transformers resamples the stored table on every call, bicubic without antialiasing
+    anywhere = vitkit.from_pretrained(tmp_path / "tower", dynamic_img_size=True)
+    x = images(1, 32, 48)
+    with torch.no_grad():
+        assert _close(ref(pixel_values=x).last_hidden_state, anywhere.forward_features(x))
+
+
+@pytest.mark.parametrize("options", [dict(norm_type="rms_norm"), dict(use_qk_norm=True)])
+def test_internvits_6b_tower_is_one_line(options, tmp_path):
+    T.InternVLVisionModel(T.InternVLVisionConfig(**INTERNVIT, **options)).save_pretrained(tmp_path)
+    with pytest.raises(WeightsError, match="InternViT's 6B tower .* is not read; its 300M tower") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value)

@@ -47,6 +47,7 @@ from .hf_tower_aimv2 import AIMV2_TOWER
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
+from .hf_tower_internvl import INTERNVL_TOWER
 from .hf_tower_parts import (
     _OTHER_TOWER,
     _VISION_PREFIX,
@@ -75,6 +76,7 @@ TOWERS: Dict[str, Tower] = {
     "data2vec-vision": DATA2VEC_VISION_TOWER,
     "aimv2_vision_model": AIMV2_TOWER,
     "sam_vision_model": SAM_TOWER,
+    "internvl_vision": INTERNVL_TOWER,
 }
 #: other releases' towers that are another tower's layout (its names, its function): read as it, written as it
 #: (MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's; SAM-HQ's encoder is SAM's;
@@ -101,7 +103,7 @@ MODEL_TYPES = tuple(TOWERS) + tuple(SAME_LAYOUT) + tuple(TWO_TOWERS)
 #: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
 #: size it computes what transformers computes (DINOv2 with registers antialiases; SigLIP 2 resamples its own
 #: way; DINOv3 has no table)
-PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision")
+PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision", "internvl_vision")
 #: towers transformers runs at whatever size their processor makes (DINOv2's table is resampled on each call,
 #: DINOv3's rotations follow the grid): read at the processor's size, not the config's. facebook/dinov2-*
 #: folders say image_size 518 and crop 224: vitkit ran them at 518 px, other features than transformers' (0.4 off)
@@ -109,7 +111,7 @@ AT_PROCESSOR_SIZE = ("dinov2", "dinov2_with_registers", "dinov3_vit")
 #: towers whose learned table transformers resamples from the stored one to every input's grid: a model built
 #: at another size holds it where it was stored (``pos_embed_size``), not resampled once (then again from there:
 #: 1.7e-4 off SigLIP 2 at the size asked, its table resampled bicubic at loading where transformers' is bilinear)
-TABLE_EVERY_CALL = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
+TABLE_EVERY_CALL = ("dinov2", "dinov2_with_registers", "siglip2_vision_model", "internvl_vision")
 
 
 #: detectors of a model_type vitkit reads the towers of: refused by class, naming the class that holds the tower
