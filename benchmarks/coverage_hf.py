@@ -56,11 +56,14 @@ MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-v
                "altclip_vision_model", "owlvit", "owlvit_vision_model", "sam", "sam_vision_model", "sam_hq",
                "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision",
                "llava", "llava_next", "llava_onevision", "vipllava", "paligemma", "gemma3", "aya_vision", "mistral3",
-               "internvl_vision", "internvl")
+               "internvl_vision", "internvl", "blip", "blip_vision_model", "blip-2", "blip_2_vision_model",
+               "instructblip", "instructblip_vision_model")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
          "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
          "altclip_vision_model": ("AltCLIPVisionModel",), "owlvit_vision_model": ("OwlViTVisionModel",),
+         "blip_vision_model": ("BlipVisionModel",), "blip_2_vision_model": ("Blip2VisionModel",),
+         "instructblip_vision_model": ("InstructBlipVisionModel",), "blip": ("BlipForImageTextRetrieval",),
          "deit": ("DeiTForImageClassificationWithTeacher", "DeiTForImageClassification")}
 VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
               patch_size=8)
@@ -77,6 +80,7 @@ TOWER_VLMS = {"llava": ("clip_vision_model", "llama"), "llava_next": ("clip_visi
               "aya_vision": ("siglip_vision_model", "cohere2"), "mistral3": ("pixtral", "mistral"),
               "internvl": ("internvl_vision", "qwen2")}
 VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3", "InternVLModel", "InternVLFor")
+BLIP_MODELS = ("blip", "blip-2", "instructblip")
 #: what a VLM's config needs at this size (Gemma 3 pools the 4 x 4 grid to 2 x 2 tokens; OneVision's tiles)
 VLM_EXTRA = {"gemma3": dict(mm_tokens_per_image=4), "llava_onevision": dict(image_grid_pinpoints=[[32, 32], [32, 64]]),
              "vipllava": dict(vision_feature_layers=[-2, -1])}
@@ -114,6 +118,15 @@ def config_for(kind: str, cls: str):
         vision = dict(VISION, pooling_kernel_size=2, position_embedding_size=16, num_key_value_heads=2, head_dim=16)
     if kind in TWO_TOWERS:
         return config_class(vision_config=vision, text_config=TEXT, **labels)
+    if kind in BLIP_MODELS:  # a text model (BLIP's decoder; BLIP-2's Q-Former and OPT) of one layer
+        text = dict(TEXT, encoder_hidden_size=VISION["hidden_size"], vocab_size=128)
+        if kind == "blip":
+            return config_class(vision_config=vision, text_config=text, projection_dim=16)
+        qformer = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       encoder_hidden_size=VISION["hidden_size"])
+        return config_class(vision_config=vision, qformer_config=qformer, num_query_tokens=4, text_config=dict(
+            model_type="opt", hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+            word_embed_proj_dim=32))
     if kind in TOWER_VLMS:
         tower, language = TOWER_VLMS[kind]
         return config_class(vision_config=dict(vision, model_type=tower), text_config=dict(
@@ -163,6 +176,9 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
         out = ref.get_image_embeddings(pixel_values=x) if hasattr(ref, "get_image_embeddings") else ref(
             pixel_values=x).last_hidden_state
         return (out[0] if isinstance(out, (tuple, list)) else out).flatten(2).transpose(1, 2), ours.forward_features(x)
+    if cls.startswith(("Blip", "InstructBlip")):  # the encoder's tokens (what their Q-Formers and decoders read)
+        tower = ref if "Vision" in cls else ref.vision_model
+        return tower(pixel_values=x, **kw).last_hidden_state, ours.forward_features(x)
     if cls.startswith(VLM_CLASSES):  # the tower's pooled output
         out = (ref.model if hasattr(ref, "model") else ref).vision_tower(pixel_values=x, **kw)
         pooled = getattr(out, "pooler_output", None)  # (InternViT's has none: its tokens)
@@ -234,7 +250,7 @@ def wide(ref, folder: Path, cls: str, backbone: dict) -> dict:
     (DINOv2's and the RoPE models' always resample). ``n/a``: transformers does not run the class there."""
     x = torch.randn(2, 3, WIDE[0], WIDE[1], generator=torch.Generator().manual_seed(2))
     takes = "interpolate_pos_encoding" in inspect.signature(ref.forward).parameters or cls.startswith(
-        VLM_CLASSES)  # (their tower takes it: outputs calls it)
+        VLM_CLASSES + ("Blip", "InstructBlip"))  # (their tower takes it: outputs calls it)
     try:
         ours = vitkit.from_pretrained(folder, dynamic_img_size=True, **backbone)
     except Exception as e:

@@ -836,3 +836,37 @@ def test_internvits_6b_tower_is_one_line(options, tmp_path):
     with pytest.raises(WeightsError, match="InternViT's 6B tower .* is not read; its 300M tower") as info:
         vitkit.from_pretrained(tmp_path)
     assert "\n" not in str(info.value)
+
+
+BLIP_TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+                 encoder_hidden_size=32)
+#: BLIP's, BLIP-2's and InstructBLIP's encoders alone and inside their models
+BLIPS = {
+    "BlipVisionModel": lambda: T.BlipVisionConfig(**SMALL),
+    "Blip2VisionModel": lambda: T.Blip2VisionConfig(**SMALL),
+    "InstructBlipVisionModel": lambda: T.InstructBlipVisionConfig(**SMALL),
+    "BlipForConditionalGeneration": lambda: T.BlipConfig(vision_config=SMALL, text_config=BLIP_TEXT),
+    "BlipModel": lambda: T.BlipConfig(vision_config=SMALL, text_config=BLIP_TEXT, projection_dim=16),
+    "Blip2ForConditionalGeneration": lambda: T.Blip2Config(
+        vision_config=SMALL, num_query_tokens=4, qformer_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, encoder_hidden_size=64),
+        text_config=dict(model_type="opt", hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=128, word_embed_proj_dim=32)),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(BLIPS))
+def test_blip_encoders_load_with_parity_alone_and_inside_their_models(cls, tmp_path, images):
+    """A fused qkv (BLIP-2's without the key's bias), ``projection``, ``post_layernorm`` over every token: vitkit's
+    forward_features is transformers' last_hidden_state (what their Q-Formers and text decoders read), at the model's
+    size and at another (its table resampled bicubic without antialiasing); the rest of a model is not read (before,
+    each model_type was refused)."""
+    ref = randomize(getattr(T, cls)(BLIPS[cls]())).eval()
+    ref.save_pretrained(tmp_path)
+    tower = ref if "Vision" in cls else ref.vision_model
+    ours, anywhere = vitkit.from_pretrained(tmp_path), vitkit.from_pretrained(tmp_path, dynamic_img_size=True)
+    with torch.no_grad():
+        x, wide = images(2, 32, 32), images(1, 32, 48)
+        assert _close(tower(pixel_values=x).last_hidden_state, ours.forward_features(x))
+        assert _close(tower(pixel_values=wide, interpolate_pos_encoding=True).last_hidden_state,
+                      anywhere.forward_features(wide))

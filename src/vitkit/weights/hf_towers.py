@@ -45,6 +45,7 @@ import torch
 
 from .hf_tower_aimv2 import AIMV2_TOWER
 from .hf_tower_beit import BEIT_TOWER, DATA2VEC_VISION_TOWER
+from .hf_tower_blip import BLIP_TOWER
 from .hf_tower_clip import CLIP_TOWER, SIGLIP2_TOWER, SIGLIP_TOWER
 from .hf_tower_dino import DINOV2_REGISTERS_TOWER, DINOV2_TOWER, DINOV3_TOWER
 from .hf_tower_internvl import INTERNVL_TOWER
@@ -77,6 +78,7 @@ TOWERS: Dict[str, Tower] = {
     "aimv2_vision_model": AIMV2_TOWER,
     "sam_vision_model": SAM_TOWER,
     "internvl_vision": INTERNVL_TOWER,
+    **dict.fromkeys(("blip_vision_model", "blip_2_vision_model", "instructblip_vision_model"), BLIP_TOWER),
 }
 #: other releases' towers that are another tower's layout (its names, its function): read as it, written as it
 #: (MetaCLIP 2's, Chinese-CLIP's, AltCLIP's and OWL-ViT's image towers are CLIP's; SAM-HQ's encoder is SAM's;
@@ -103,7 +105,8 @@ MODEL_TYPES = tuple(TOWERS) + tuple(SAME_LAYOUT) + tuple(TWO_TOWERS)
 #: antialiasing, where timm antialiases: vitkit reads them with transformers' resampling, so at any image
 #: size it computes what transformers computes (DINOv2 with registers antialiases; SigLIP 2 resamples its own
 #: way; DINOv3 has no table)
-PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision", "internvl_vision")
+PLAIN_BICUBIC = ("clip_vision_model", "siglip_vision_model", "dinov2", "beit", "data2vec-vision", "internvl_vision",
+                 "blip_vision_model", "blip_2_vision_model", "instructblip_vision_model")
 #: towers transformers runs at whatever size their processor makes (DINOv2's table is resampled on each call,
 #: DINOv3's rotations follow the grid): read at the processor's size, not the config's. facebook/dinov2-*
 #: folders say image_size 518 and crop 224: vitkit ran them at 518 px, other features than transformers' (0.4 off)
@@ -152,14 +155,15 @@ def tower_of(hf: Mapping[str, Any]) -> Tuple[str, Mapping[str, Any]]:
     return kind, hf
 
 
-def vision_part(sd: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def vision_part(sd: Mapping[str, torch.Tensor], only_tower: bool = False) -> Dict[str, torch.Tensor]:
     """The vision tower's tensors of a (possibly two-tower) checkpoint, without its prefix (the text
     tower, text projection and logit scale are left out: a vision model has no use for them)."""
     prefix = next((p for p in VLM_TOWER_PREFIXES + (_VISION_PREFIX,) + _BASE_PREFIXES
                    if any(k.startswith(p) for k in sd)), None)
     out = {}
     for key, value in sd.items():
-        if key.startswith(_OTHER_TOWER) or (prefix in VLM_TOWER_PREFIXES and not key.startswith(prefix)):
+        if key.startswith(_OTHER_TOWER) or ((only_tower or prefix in VLM_TOWER_PREFIXES) and prefix and
+                                            not key.startswith(prefix)):
             continue  # (a VLM's language model, connector and projector: not the tower's)
         if prefix and key.startswith(prefix):
             key = key[len(prefix):]
@@ -214,7 +218,8 @@ def _without_classifier(kind: str, sd: Dict[str, torch.Tensor]) -> Dict[str, tor
 
 def to_native(sd: Mapping[str, torch.Tensor], hf: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     kind, tower = tower_of(hf)
-    tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in vision_part(sd).items()}
+    tensors = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+               for k, v in vision_part(sd, vlm_vision_config(hf) is not None).items()}
     head = _without_classifier(kind, tensors)
     return {**TOWERS[kind].to_native(tensors, tower), **head}
 
@@ -226,7 +231,7 @@ def config_from_hf(hf: Mapping[str, Any], sd: Mapping[str, Any], preprocessor: O
         if not isinstance(tower.get(key), int) or isinstance(tower.get(key), bool):
             raise WeightsError(f"the {kind} config needs an integer {key}, got {tower.get(key)!r}")
     try:
-        tensors = dict(vision_part(sd))
+        tensors = dict(vision_part(sd, vlm_vision_config(hf) is not None))
         head = _without_classifier(kind, tensors)
         if not head:
             _check_parts_held(hf, tower, tensors)

@@ -165,7 +165,7 @@ def vlm_tower_names(names: List[str]) -> List[str]:
     for reader in (qwen_format, deepseek_format, gemma4_format):
         if reader.detect(names):
             return reader.tower_names(names)
-    tower = [n for n in names if n.startswith(hf_towers.VLM_TOWER_PREFIXES)]  # (transformers' VLMs: LLaVA's, ...)
+    tower = [n for n in names if n.startswith(hf_towers.VLM_TOWER_PREFIXES + ("vision_model.",))]  # (LLaVA's, BLIP-2's)
     return tower if tower and any(n.startswith(hf_towers.LANGUAGE_PREFIXES) for n in names) else names
 
 
