@@ -57,7 +57,8 @@ MODEL_TYPES = ("vit", "vit_mae", "vit_msn", "deit", "ijepa", "beit", "data2vec-v
                "sam_hq_vision_model", "gemma4_vision", "smolvlm", "smolvlm_vision", "idefics3", "idefics3_vision",
                "llava", "llava_next", "llava_onevision", "vipllava", "paligemma", "gemma3", "aya_vision", "mistral3",
                "internvl_vision", "internvl", "blip", "blip_vision_model", "blip-2", "blip_2_vision_model",
-               "instructblip", "instructblip_vision_model")
+               "instructblip", "instructblip_vision_model", "deepseek_vl", "cohere2_vision", "llava_next_video",
+               "lfm2_vl")
 #: classes the auto mappings do not name
 EXTRA = {"clip_vision_model": ("CLIPVisionModelWithProjection",), "beit": ("BeitForMaskedImageModeling",),
          "metaclip_2_vision_model": ("MetaClip2VisionModel", "MetaClip2VisionModelWithProjection"),
@@ -78,8 +79,11 @@ TOWER_VLMS = {"llava": ("clip_vision_model", "llama"), "llava_next": ("clip_visi
               "llava_onevision": ("siglip_vision_model", "qwen2"), "vipllava": ("clip_vision_model", "llama"),
               "paligemma": ("siglip_vision_model", "gemma"), "gemma3": ("siglip_vision_model", "gemma3_text"),
               "aya_vision": ("siglip_vision_model", "cohere2"), "mistral3": ("pixtral", "mistral"),
-              "internvl": ("internvl_vision", "qwen2")}
-VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3", "InternVLModel", "InternVLFor")
+              "internvl": ("internvl_vision", "qwen2"), "deepseek_vl": ("siglip_vision_model", "llama"),
+              "cohere2_vision": ("siglip_vision_model", "cohere2"), "llava_next_video": ("clip_vision_model", "llama"),
+              "lfm2_vl": ("siglip2_vision_model", "lfm2")}
+VLM_CLASSES = ("Llava", "VipLlava", "PaliGemma", "Gemma3", "AyaVision", "Mistral3", "InternVLModel", "InternVLFor",
+               "DeepseekVL", "Cohere2Vision", "Lfm2Vl")
 BLIP_MODELS = ("blip", "blip-2", "instructblip")
 #: what a VLM's config needs at this size (Gemma 3 pools the 4 x 4 grid to 2 x 2 tokens; OneVision's tiles)
 VLM_EXTRA = {"gemma3": dict(mm_tokens_per_image=4), "llava_onevision": dict(image_grid_pinpoints=[[32, 32], [32, 64]]),
@@ -180,7 +184,9 @@ def outputs(ref, ours, cls: str, x: torch.Tensor, **kw):
         tower = ref if "Vision" in cls else ref.vision_model
         return tower(pixel_values=x, **kw).last_hidden_state, ours.forward_features(x)
     if cls.startswith(VLM_CLASSES):  # the tower's pooled output
-        out = (ref.model if hasattr(ref, "model") else ref).vision_tower(pixel_values=x, **kw)
+        inner = ref.model if hasattr(ref, "model") else ref
+        tower = getattr(inner, "vision_tower", None) or inner.vision_model  # (DeepSeek-VL's: vision_model)
+        out = tower(**inputs("Siglip2" if cls.startswith("Lfm2Vl") else cls, x), **kw)  # (LFM2-VL's: NaFlex)
         pooled = getattr(out, "pooler_output", None)  # (InternViT's has none: its tokens)
         return (out.last_hidden_state, ours.forward_features(x)) if pooled is None else (pooled, ours(x))
     if cls.startswith(("SmolVLM", "Idefics3")):  # the tower's tokens (its language model is not read)

@@ -354,3 +354,21 @@ def test_a_broken_whole_processors_config_is_one_line_naming_that_file(nested, s
     assert main(["info", str(tmp_path)]) == 2
     said = capsys.readouterr()
     assert "processor_config.json" in said.out + said.err and "Traceback" not in said.err
+
+
+def test_deepseek_vls_processor_pads_the_resized_image_to_a_square(tmp_path):
+    """DeepSeek-VL's processor resizes the longer side and pads the image to a square in its background colour
+    (the mean's, rounded to whole grey levels): read as crop_mode='border', every pixel of the image transformers'
+    and the padding within 0.02 (before, read as a squash of the whole image: up to 1.5 apart on a long photo)."""
+    small = dict(SMALL, image_size=32, patch_size=8)
+    T.DeepseekVLForConditionalGeneration(T.DeepseekVLConfig(
+        vision_config=dict(small, model_type="siglip_vision_model"), text_config=dict(
+            model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, vocab_size=128))).save_pretrained(tmp_path)
+    T.DeepseekVLImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    ours = vitkit.from_pretrained(tmp_path)
+    assert ours.config.crop_mode == "border"
+    processor = T.AutoImageProcessor.from_pretrained(tmp_path, use_fast=False)
+    for photo in _photos("border"):
+        want = processor(images=photo, return_tensors="pt").pixel_values
+        assert (vitkit.preprocess(ours, photo) - want).abs().max() < 0.02

@@ -815,7 +815,8 @@ def test_internvit_and_internvl_folders_load_with_parity(options, tmp_path, imag
         vision_config=dict(INTERNVIT, **options), text_config=dict(LLAMA, model_type="qwen2")))).eval()
     vlm.save_pretrained(tmp_path / "vlm")
     T.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True).save_pretrained(tmp_path / "vlm")
-    with pytest.warns(GuessWarning, match=r"\(InternVL's\) gives tiles of the image on a grid of 1 to 12 of them"):
+    with pytest.warns(GuessWarning, match=r"\(InternVL's or Cohere's tiling\) gives tiles of the image on a grid of 1 "
+                                          r"to 12 of them"):
         from_vlm = vitkit.from_pretrained(tmp_path / "vlm")
     x = images(2, 32, 32)
     with torch.no_grad():

@@ -160,6 +160,8 @@ def _preprocessing(pre: Mapping[str, Any], model_type: Optional[str], channels: 
         out["crop_pct"] = _crop_pct(float(crop_side), float(side))
     elif pre.get("do_center_crop") is False or out.get("crop_mode") == "squash":
         out["crop_pct"] = 1.0
+    if pre.get("do_pad") and pre.get("background_color") is not None and size.get("height") == size.get("width"):
+        out.update(crop_mode="border", crop_pct=1.0)  # DeepSeek-VL's: the longer side to the size, padded to a square
     return out
 
 

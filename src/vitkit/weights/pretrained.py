@@ -360,9 +360,12 @@ def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
         return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
                 f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
     size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
-    if pre.get("crop_to_patches") is True and field("max_patches"):  # InternVL's (GOT-OCR 2's processor)
-        return (f"(InternVL's) gives tiles of the image on a grid of 1 to {field('max_patches')} of them, nearest "
-                f"its aspect, and the whole image after them,")
+    if pre.get("crop_to_patches") is True and field("max_patches"):  # InternVL's (GOT-OCR 2's processor), Cohere's
+        return (f"(InternVL's or Cohere's tiling) gives tiles of the image on a grid of 1 to {field('max_patches')} "
+                f"of them, nearest its aspect, and the whole image after them,")
+    if pre.get("do_image_splitting") and field("tile_size") and field("max_image_tokens"):  # LFM2-VL's
+        return (f"(LFM2-VL's) resizes each image to at most {field('max_image_tokens')} image tokens and cuts a large "
+                f"one into tiles of {field('tile_size')} px beside a thumbnail,")
     if isinstance(pre.get("image_grid_pinpoints"), list) and pre["image_grid_pinpoints"]:  # LLaVA-NeXT's, OneVision's
         return ("(LLaVA-NeXT's) gives the whole image and tiles of it resized to the nearest of its "
                 f"{len(pre['image_grid_pinpoints'])} grid pinpoints,")
