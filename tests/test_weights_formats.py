@@ -719,7 +719,7 @@ def test_hub_download_asks_for_other_weights_only_without_safetensors(tmp_path, 
     assert len(calls) == 1 and not (folder / "pytorch_model.bin").exists()
     (tmp_path / "repo" / "model.safetensors").rename(tmp_path / "repo" / "elsewhere.safetensors")
     folder = vitkit.weights.download_from_hub("org/bin-only@other")
-    assert calls[-2:] == [("org/bin-only", ("model.safetensors.index.json", "model-*-of-*.safetensors"), "other"),
+    assert calls[-2:] == [("org/bin-only", ("model.safetensors.index.json",), "other"),
                           ("org/bin-only", ("pytorch_model.bin", "model.npz", "pytorch_model.bin.index.json",
                                             "pytorch_model-*-of-*.bin"), "other")]
     assert (folder / "pytorch_model.bin").read_bytes() == b"not fetched" and (folder / "config.json").is_file()
@@ -762,7 +762,7 @@ def test_a_checkpoint_saved_in_shards_loads_from_its_folder_and_the_hub(tmp_path
     monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(
         snapshot_download=fake_snapshot_download(tmp_path / "repo", calls)))
     folder = vitkit.weights.download_from_hub("org/sharded")
-    assert sorted(p.name for p in folder.glob("model-*")) == shards and len(calls) == 2
+    assert sorted(p.name for p in folder.glob("model-*")) == shards and len(calls) == 3  # (the index, then shards)
     index = tmp_path / "repo" / "model.safetensors.index.json"
     saved = json.loads(index.read_text())
     for weight_map, message in [({**saved["weight_map"], "extra": "../outside.safetensors"}, "files beside"),

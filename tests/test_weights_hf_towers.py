@@ -871,3 +871,28 @@ def test_blip_encoders_load_with_parity_alone_and_inside_their_models(cls, tmp_p
         assert _close(tower(pixel_values=x).last_hidden_state, ours.forward_features(x))
         assert _close(tower(pixel_values=wide, interpolate_pos_encoding=True).last_hidden_state,
                       anywhere.forward_features(wide))
+
+
+def test_a_vlm_on_the_hub_downloads_only_its_towers_shards(tmp_path, monkeypatch, images):
+    """hf-hub: of a sharded VLM fetched every shard (its language model fills most of them); now the index first,
+    then the shards that hold its tower, and the tower loads with transformers' outputs."""
+    import sys
+    import types
+
+    from conftest import fake_snapshot_download
+
+    ref = randomize(T.LlavaForConditionalGeneration(VLM_TOWERS["Llava"]())).eval()
+    ref.save_pretrained(tmp_path / "repo", max_shard_size="40KB")
+    weight_map = json.loads((tmp_path / "repo" / "model.safetensors.index.json").read_text())["weight_map"]
+    towers = {f for k, f in weight_map.items() if k.startswith("vision_tower.")}
+    assert set(weight_map.values()) - towers
+    calls = []
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(
+        snapshot_download=fake_snapshot_download(tmp_path / "repo", calls)))
+    with pytest.warns(UserWarning):  # (LLaVA's vision_feature_layer, said)
+        ours = vitkit.from_pretrained("hf-hub:org/llava")
+    folder = vitkit.weights.download_from_hub("org/llava")
+    assert {p.name for p in folder.glob("model-*")} == towers
+    x = images(2, 32, 32)
+    with torch.no_grad():
+        assert _close(ref.model.vision_tower(pixel_values=x).pooler_output, ours(x))

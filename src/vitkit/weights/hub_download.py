@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -83,8 +84,11 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
 
     folder = fetch(_HUB_CONFIG_FILES + _HUB_WEIGHT_FILES[:1])
     if not (folder / _HUB_WEIGHT_FILES[0]).is_file():  # the same revision's snapshot folder, another layout
-        folder = fetch(_HUB_SHARDS["model.safetensors"])
-        if not (folder / _HUB_SHARDS["model.safetensors"][0]).is_file():
+        index = _HUB_SHARDS["model.safetensors"][0]
+        folder = fetch((index,))
+        if (folder / index).is_file():  # the shards that hold what is read: a VLM's tower alone, not its LM's
+            folder = fetch(shards_to_read(folder / index) or _HUB_SHARDS["model.safetensors"][1:])
+        else:
             folder = fetch(_HUB_WEIGHT_FILES[1:] + _HUB_SHARDS["pytorch_model.bin"])
     at = f"{repo}@{revision}" if revision else repo
     indexes = tuple(files[0] for files in _HUB_SHARDS.values())
@@ -103,6 +107,19 @@ def download_from_hub(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
     if not any((folder / name).is_file() for name in _HUB_WEIGHT_FILES + indexes):
         raise WeightsError(f"{at!r} has none of {', '.join(_HUB_WEIGHT_FILES)} (nor a shard index)")
     return folder
+
+
+def shards_to_read(index: Path) -> Tuple[str, ...]:
+    """The shard files of a downloaded index that hold what the loader reads (every one, but for a VLM's checkpoint
+    only those holding its tower: :func:`~vitkit.weights.load.vlm_tower_names`; its language model fills most of
+    them); () where the index cannot say (the loader then says why)."""
+    from .load import vlm_tower_names
+
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        return tuple(sorted({weight_map[n] for n in vlm_tower_names(list(weight_map))}))
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return ()
 
 
 def _download_problem(repo: str, revision: str, e: BaseException) -> str:

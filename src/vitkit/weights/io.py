@@ -142,7 +142,8 @@ def stored_half_dtype(path: PathLike) -> Optional[torch.dtype]:
             shards = sorted(set(json.loads(path.read_text()).get("weight_map", {}).values()))
         except (OSError, ValueError, AttributeError):
             return None
-        files = [path.parent / Path(str(s)).name for s in shards]
+        files = [f for f in (path.parent / Path(str(s)).name for s in shards) if f.is_file()]  # (a VLM's tower's
+        # shards alone may have been downloaded: hub_download.shards_to_read)
     else:
         files = [path]
     if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
