@@ -896,3 +896,16 @@ def test_a_vlm_on_the_hub_downloads_only_its_towers_shards(tmp_path, monkeypatch
     x = images(2, 32, 32)
     with torch.no_grad():
         assert _close(ref.model.vision_tower(pixel_values=x).pooler_output, ours(x))
+
+
+def test_a_vlm_checkpoint_without_its_tower_says_so(tmp_path):
+    """Its language model's tensors alone: said as that, where it was "unrecognised weight layout"."""
+    from safetensors.torch import load_file, save_file
+
+    T.LlavaForConditionalGeneration(VLM_TOWERS["Llava"]()).save_pretrained(tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in sd.items() if not k.startswith("vision_tower.")}, tmp_path / "model.safetensors")
+    with pytest.raises(WeightsError, match="is a llava VLM's, with a clip_vision_model tower, where its weights hold "
+                                           "none of the tower's tensors") as info:
+        vitkit.from_pretrained(tmp_path)
+    assert "\n" not in str(info.value)

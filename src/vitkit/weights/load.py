@@ -288,6 +288,10 @@ def _read_folder(path: Path) -> Source:
         src = _read_file(weights)
     except WeightsError:
         _unknown_architecture(config_json)  # a timm folder of a model vitkit lacks: said by its name
+        if isinstance(config_json, dict) and (vision := hf_towers.vlm_vision_config(config_json)) is not None:
+            raise WeightsError(f"{path / 'config.json'} is a {config_json.get('model_type')} VLM's, with a "
+                               f"{vision.get('model_type')} tower, where its weights hold none of the tower's tensors "
+                               f"({', '.join(hf_towers.VLM_TOWER_PREFIXES[:4])}...): only its language model's?")
         raise
     if src.format != "hf":  # (Hugging Face tensors: their missing model_type is said as transformers says it)
         _check_config_kind(path, config_json)
