@@ -17,17 +17,15 @@ import torch
 
 from ..models import ViTConfig
 from ..models.vit_names import CLIP_MEAN, CLIP_STD
+from .hf_tower_clip import CLIP_FAMILY_RULES
 from .hf_tower_parts import _act, _pair, read_only_tower
 from .io import WeightsError
 from .names import rename
 
 _RULES = [
-    (r"embeddings\.patch_embedding\.(weight|bias)", r"patch_embed.proj.\1"),
+    *CLIP_FAMILY_RULES,
     (r"encoder\.layers\.(\d+)\.self_attn\.qkv\.(weight|bias)", r"blocks.\1.attn.qkv.\2"),
     (r"encoder\.layers\.(\d+)\.self_attn\.projection\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-    (r"encoder\.layers\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
-    (r"encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-    (r"post_layernorm\.(weight|bias)", r"norm.\1"),
 ]
 
 

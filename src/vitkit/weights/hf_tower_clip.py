@@ -26,15 +26,22 @@ from .names import rename
 
 # ----------------------------------------------------------------------------- CLIP
 
-#: (AltCLIP's checkpoints name the layers ``encoder.layer.N``, as transformers saves them for its hub files)
-_CLIP_RULES = [
-    (r"embeddings\.patch_embedding\.weight", "patch_embed.proj.weight"),
-    (r"pre_lay(?:r|er)norm\.(weight|bias)", r"norm_pre.\1"),  # (CLIP's misspelt name; OWL-ViT's spelt)
+#: what CLIP's, SigLIP's and BLIP's towers name alike: the patch projection, each layer's norms and MLP, the norm
+#: after the blocks (AltCLIP's checkpoints name the layers ``encoder.layer.N``, as transformers saves them for its hub)
+CLIP_FAMILY_RULES = [
+    (r"embeddings\.patch_embedding\.(weight|bias)", r"patch_embed.proj.\1"),
     (r"post_layernorm\.(weight|bias)", r"norm.\1"),
-    (r"encoder\.layers?\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"encoder\.layers?\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
     (r"encoder\.layers?\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
     (r"encoder\.layers?\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+]
+#: the attention's separate projections (CLIP's and SigLIP's)
+_SEPARATE_QKV_RULES = [
+    (r"encoder\.layers?\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"encoder\.layers?\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+]
+_CLIP_RULES = [
+    *CLIP_FAMILY_RULES, *_SEPARATE_QKV_RULES,
+    (r"pre_lay(?:r|er)norm\.(weight|bias)", r"norm_pre.\1"),  # (CLIP's misspelt name; OWL-ViT's spelt)
     (r"visual_projection\.weight", "head.weight"),
 ]
 
@@ -111,12 +118,7 @@ def _clip_hf_config(config: ViTConfig) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- SigLIP
 
 _SIGLIP_RULES = [
-    (r"embeddings\.patch_embedding\.(weight|bias)", r"patch_embed.proj.\1"),
-    (r"post_layernorm\.(weight|bias)", r"norm.\1"),
-    (r"encoder\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-    (r"encoder\.layers\.(\d+)\.layer_norm(1|2)\.(weight|bias)", r"blocks.\1.norm\2.\3"),
-    (r"encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    *CLIP_FAMILY_RULES, *_SEPARATE_QKV_RULES,
     (r"head\.attention\.out_proj\.(weight|bias)", r"attn_pool.proj.\1"),
     (r"head\.layernorm\.(weight|bias)", r"attn_pool.norm.\1"),
     (r"head\.mlp\.(fc1|fc2)\.(weight|bias)", r"attn_pool.mlp.\1.\2"),
