@@ -186,6 +186,44 @@ def sam_processor_fields(config: Any) -> Dict[str, Any]:
             "pad_size": {"height": side, "width": side}}
 
 
+def per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
+    """What an image processor that resizes each image to a size of its own (keeping its aspect, within a budget
+    of patches or pixels, or in tiles: the VLMs' processors) does, in words, for the note on loading
+    (:mod:`.pretrained`); None for one that resizes every image alike, which :func:`preprocessing` reads."""
+    def field(name: str, default: Any = None) -> Any:
+        value = pre.get(name, default)
+        return value if type(value) is int and value > 0 else None  # (anything else: said as the processor's)
+
+    if field("max_num_patches"):
+        return f"(SigLIP 2's NaFlex) resizes each image to a grid of at most {field('max_num_patches')} patches"
+    if field("max_soft_tokens"):
+        k, side = field("pooling_kernel_size", 3) or 3, field("patch_size", 16) or 16
+        return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
+                f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
+    size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
+    if pre.get("crop_to_patches") is True and field("max_patches"):  # InternVL's (GOT-OCR 2's processor), Cohere's
+        return (f"(InternVL's or Cohere's tiling) gives tiles of the image on a grid of 1 to {field('max_patches')} "
+                f"of them, nearest its aspect, and the whole image after them,")
+    if pre.get("do_image_splitting") and field("tile_size") and field("max_image_tokens"):  # LFM2-VL's
+        return (f"(LFM2-VL's) resizes each image to at most {field('max_image_tokens')} image tokens and cuts a large "
+                f"one into tiles of {field('tile_size')} px beside a thumbnail,")
+    if isinstance(pre.get("image_grid_pinpoints"), list) and pre["image_grid_pinpoints"]:  # LLaVA-NeXT's, OneVision's
+        return ("(LLaVA-NeXT's) gives the whole image and tiles of it resized to the nearest of its "
+                f"{len(pre['image_grid_pinpoints'])} grid pinpoints,")
+    tile = pre.get("max_image_size") if isinstance(pre.get("max_image_size"), Mapping) else {}
+    if pre.get("do_image_splitting") and type(tile.get("longest_edge")) is int:  # SmolVLM's, Idefics3's
+        return (f"(SmolVLM's or Idefics3's) gives the whole image squashed to {tile['longest_edge']} px (LANCZOS, "
+                f"resized three times: vitkit's one view, resized once, bicubic) and tiles of {tile['longest_edge']} "
+                f"px cut from it resized to a longer side of {size.get('longest_edge', '?')} px,")
+    if field("merge_size") and field("temporal_patch_size"):  # Qwen's (min_pixels and max_pixels, or in its size)
+        low = field("min_pixels") or (size.get("shortest_edge") if type(size.get("shortest_edge")) is int else None)
+        high = field("max_pixels") or (size.get("longest_edge") if type(size.get("longest_edge")) is int else None)
+        bounds = f"between {low:,} and {high:,} pixels" if low and high else "about its own size"
+        return (f"(Qwen's) resizes each image to {bounds}, its sides multiples of "
+                f"{field('merge_size') * (field('patch_size', 14) or 14)} px,")
+    return None
+
+
 def _convnext_crop(pre: Mapping[str, Any], size: Mapping[str, float]) -> Dict[str, Any]:
     side, pct = size.get("shortest_edge"), pre.get("crop_pct")
     if not side:

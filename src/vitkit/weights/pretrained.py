@@ -39,7 +39,7 @@ from . import (
 from .claims import check_claims
 from .guesses import GuessWarning, guesses, note_guesses
 from .hf_backbone import backbone_plan
-from .hf_tower_parts import ProcessorConfigError
+from .hf_tower_parts import ProcessorConfigError, per_image_resize
 from .hub_download import HUB_PREFIX, download_from_hub, hub_failure  # noqa: F401 (re-exported)
 from .io import WeightsError
 from .load import RELEASE_TOWERS, WEIGHT_FILES, AdaptNote, LoadReport, Source, load_into, read_source, to_native
@@ -346,48 +346,11 @@ def _feature_layer_note(src: Source, path: Path) -> None:
                       f"output_fmt='NLC') gives them", GuessWarning, stacklevel=4)
 
 
-def _per_image_resize(pre: Mapping[str, Any]) -> Optional[str]:
-    """What an image processor that resizes each image to a size of its own (keeping its aspect, within a budget
-    of patches or pixels: the VLMs' processors) does, in words; None for one that resizes every image alike."""
-    def field(name: str, default: Any = None) -> Any:
-        value = pre.get(name, default)
-        return value if type(value) is int and value > 0 else None  # (anything else: said as the processor's)
-
-    if field("max_num_patches"):
-        return f"(SigLIP 2's NaFlex) resizes each image to a grid of at most {field('max_num_patches')} patches"
-    if field("max_soft_tokens"):
-        k, side = field("pooling_kernel_size", 3) or 3, field("patch_size", 16) or 16
-        return (f"(Gemma 4's) resizes each image to at most {field('max_soft_tokens') * k * k:,} patches "
-                f"({field('max_soft_tokens')} soft tokens), its sides multiples of {k * side} px,")
-    size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
-    if pre.get("crop_to_patches") is True and field("max_patches"):  # InternVL's (GOT-OCR 2's processor), Cohere's
-        return (f"(InternVL's or Cohere's tiling) gives tiles of the image on a grid of 1 to {field('max_patches')} "
-                f"of them, nearest its aspect, and the whole image after them,")
-    if pre.get("do_image_splitting") and field("tile_size") and field("max_image_tokens"):  # LFM2-VL's
-        return (f"(LFM2-VL's) resizes each image to at most {field('max_image_tokens')} image tokens and cuts a large "
-                f"one into tiles of {field('tile_size')} px beside a thumbnail,")
-    if isinstance(pre.get("image_grid_pinpoints"), list) and pre["image_grid_pinpoints"]:  # LLaVA-NeXT's, OneVision's
-        return ("(LLaVA-NeXT's) gives the whole image and tiles of it resized to the nearest of its "
-                f"{len(pre['image_grid_pinpoints'])} grid pinpoints,")
-    tile = pre.get("max_image_size") if isinstance(pre.get("max_image_size"), Mapping) else {}
-    if pre.get("do_image_splitting") and type(tile.get("longest_edge")) is int:  # SmolVLM's, Idefics3's
-        return (f"(SmolVLM's or Idefics3's) gives the whole image squashed to {tile['longest_edge']} px (LANCZOS, "
-                f"resized three times: vitkit's one view, resized once, bicubic) and tiles of {tile['longest_edge']} "
-                f"px cut from it resized to a longer side of {size.get('longest_edge', '?')} px,")
-    if field("merge_size") and field("temporal_patch_size"):  # Qwen's (min_pixels and max_pixels, or in its size)
-        low = field("min_pixels") or (size.get("shortest_edge") if type(size.get("shortest_edge")) is int else None)
-        high = field("max_pixels") or (size.get("longest_edge") if type(size.get("longest_edge")) is int else None)
-        bounds = f"between {low:,} and {high:,} pixels" if low and high else "about its own size"
-        return (f"(Qwen's) resizes each image to {bounds}, its sides multiples of "
-                f"{field('merge_size') * (field('patch_size', 14) or 14)} px,")
-    return None
-
-
 def _per_image_note(src: Source, path: Path, img_size: Any) -> None:
     """A VLM's processor (SigLIP 2's NaFlex, Gemma 4's, Qwen's) resizes each image to a grid of its own, keeping its
     aspect; vitkit's pipeline resizes every image to the model's size: said, since on an image of another shape
     the pixels, and the features, are not transformers' (0.23 off on a 420x300 photo with NaFlex's)."""
-    what = _per_image_resize(src.preprocessor_json or {})
+    what = per_image_resize(src.preprocessor_json or {})
     if what is not None:
         h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size or ("?", "?"))
         warnings.warn(f"{path}: its image processor {what} keeping its aspect; vitkit's resizes every image to the "
