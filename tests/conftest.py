@@ -82,6 +82,22 @@ def images():
     return make
 
 
+def vlm_repository(folder, tower, language_tensor, config):
+    """A VLM's hub repository as the tests of reading its tower need it: ``tower`` (its tensors under the VLM's names)
+    in one shard, the language model in another that is no weights file at all (opening it would fail), the index
+    naming both (``language_tensor``: one name the second shard holds), and ``config`` as config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tower.items()}, folder / "model-00001-of-00002.safetensors")
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"not read")
+    weight_map = {**dict.fromkeys(tower, "model-00001-of-00002.safetensors"),
+                  language_tensor: "model-00002-of-00002.safetensors"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def fake_snapshot_download(remote, calls):
     """huggingface_hub.snapshot_download serving the files of ``remote`` (a local folder) that match
     allow_patterns, copied to a cache folder as the real one does; records (repo, patterns, revision)."""

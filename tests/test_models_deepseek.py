@@ -313,18 +313,13 @@ def test_info_says_a_deepseek_shard_is_its_vision_tower_and_what_is_left_out(tmp
 def test_a_deepseek_vlm_folder_reads_its_tower_shard_alone(tmp_path):
     """A DeepSeek VLM repository (its config.json, a shard index, the language model in other shards: here not
     even weights files, so never opened) reads as its first shard does."""
-    from safetensors.torch import save_file
+    from conftest import vlm_repository
 
     torch.manual_seed(0)  # (heads of 64, as the released tower's: a shard does not say them)
     ref = randomize(timm.create_model("deepseek_vit_412m_enc", img_size=56, embed_dim=128, depth=2, num_heads=2,
                                       out_features=48), scale=0.2).eval()
-    own = {k: v.contiguous() for k, v in _deepseeks_own(ref).items() if k.startswith(("vision.", "aligner."))}
-    save_file(own, tmp_path / "model-00001-of-00002.safetensors")
-    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"not read")
-    weight_map = {**{k: "model-00001-of-00002.safetensors" for k in own},
-                  "layers.0.attn.wq.weight": "model-00002-of-00002.safetensors"}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v4", "hidden_size": 4096}))
+    own = {k: v for k, v in _deepseeks_own(ref).items() if k.startswith(("vision.", "aligner."))}
+    vlm_repository(tmp_path, own, "layers.0.attn.wq.weight", {"model_type": "deepseek_v4", "hidden_size": 4096})
     model = vitkit.from_pretrained(tmp_path)
     x = torch.randn(2, 3, 56, 70)
     with torch.no_grad():

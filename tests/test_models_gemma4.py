@@ -236,17 +236,13 @@ def test_a_gemma4_vlm_folder_reads_its_tower_shards_alone(tmp_path):
     other than the tower's in its vision_config is refused in one line."""
     import json
 
-    from safetensors.torch import save_file
+    from conftest import vlm_repository
 
     tower = _hf_tower(use_clipped_linears=False, standardize=False, num_key_value_heads=4)
-    weights = {"model.vision_tower." + k: v.contiguous() for k, v in tower.state_dict().items()}
-    save_file(weights, tmp_path / "model-00002-of-00002.safetensors")
-    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"not read")
-    weight_map = {**{k: "model-00002-of-00002.safetensors" for k in weights},
-                  "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "architectures": [
-        "Gemma4ForConditionalGeneration"], "vision_config": tower.config.to_dict(), "text_config": {}}))
+    vlm_repository(tmp_path, {"model.vision_tower." + k: v for k, v in tower.state_dict().items()},
+                   "model.language_model.embed_tokens.weight", {
+                       "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+                       "vision_config": tower.config.to_dict(), "text_config": {}})
     model = vitkit.from_pretrained(tmp_path)
     assert model.config.kv_heads is None and not model.config.clipped
     # its processor (a Gemma4Processor's file, as transformers 5 saves it) keeps each image's aspect: said

@@ -236,17 +236,13 @@ def test_a_qwen_vlm_folder_reads_its_tower_alone_with_the_heads_its_config_says(
     """A Qwen3-VL repository as the hub has it (config.json with vision_config, a shard index, the language model
     in shards of its own): only the tower's shard is read (the language model's, gigabytes, is not opened: here it
     is not even a weights file), and the heads are its vision_config's (4 of 36 channels, which no width says)."""
-    from safetensors.torch import save_file
+    from conftest import vlm_repository
 
     ref = _hf_tower(hidden_size=144, num_heads=4)
-    tower = {"model.visual." + k: v.contiguous() for k, v in ref.state_dict().items()}
-    save_file(tower, tmp_path / "model-00002-of-00002.safetensors")
-    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"not read")
-    weight_map = {**{k: "model-00002-of-00002.safetensors" for k in tower},
-                  "model.language_model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": [
-        "Qwen3VLForConditionalGeneration"], "vision_config": ref.config.to_dict(), "text_config": {}}))
+    vlm_repository(tmp_path, {"model.visual." + k: v for k, v in ref.state_dict().items()},
+                   "model.language_model.embed_tokens.weight", {
+                       "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"],
+                       "vision_config": ref.config.to_dict(), "text_config": {}})
     model = vitkit.from_pretrained(tmp_path)
     assert model.config.num_heads == 4
     processor = pytest.importorskip("transformers").Qwen2VLImageProcessor(patch_size=16, merge_size=2)
